@@ -1,0 +1,104 @@
+"""Model implementations and ``load(source)``, which picks one by the checkpoint's model_type.
+
+A model is an ``nn.Module`` whose ``forward(step, kv_cache)`` returns the logits of the step's
+sampled positions, and which tells the engine its cache geometry: ``num_layers``,
+``num_kv_heads``, ``head_dim``, ``vocab_size``, ``max_position``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from . import weights
+from .gpt2 import GPT2, GPT2Spec
+from .llama import Llama, LlamaSpec
+
+ARCHITECTURES = {
+    "gpt2": (GPT2Spec, GPT2),
+    "llama": (LlamaSpec, Llama),
+    "qwen2": (LlamaSpec, Llama),
+    "mistral": (LlamaSpec, Llama),
+}
+
+
+@dataclass
+class Checkpoint:
+    model: nn.Module
+    eos_token_ids: frozenset[int]
+    tokenizer: object | None = None
+    name: str = "model"
+    config: dict = field(default_factory=dict, repr=False)
+
+
+def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
+    """None picks float32 on CPU (half precision is slow there) and bfloat16 on CUDA."""
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, str):
+        aliases = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16",
+                   "fp64": "float64", "double": "float64"}
+        resolved = getattr(torch, aliases.get(dtype, dtype), None)
+        if not isinstance(resolved, torch.dtype):
+            raise ValueError(f"unknown dtype {dtype!r}; use float32, float16, bfloat16 or float64")
+        dtype = resolved
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch dtype, got {dtype!r}")
+    return dtype
+
+
+def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """Our module for a transformers-style config and state dict, its weights cast to ``dtype``."""
+    kind = config.get("model_type")
+    if kind not in ARCHITECTURES:
+        raise ValueError(f"unsupported model_type {kind!r}; supported: {', '.join(sorted(ARCHITECTURES))}")
+    spec_type, model_type = ARCHITECTURES[kind]
+    spec = spec_type.from_hf(config)
+    with torch.device("meta"):  # no time spent initialising weights that are about to be replaced
+        model = model_type(spec)
+    try:
+        state = model_type.convert(tensors, spec)
+    except KeyError as missing:
+        raise ValueError(f"the {kind} checkpoint is missing tensor {missing.args[0]}") from None
+    model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, assign=True)
+    if getattr(spec, "tie_word_embeddings", False):
+        model.lm_head.weight = model.embed.weight
+    return model.to(device).eval().requires_grad_(False)
+
+
+def load(source=None, *, device="cpu", dtype=None) -> Checkpoint:
+    """Load a checkpoint: None (the embedded default model), a Hugging Face directory, a .gguf
+    file, or an in-memory transformers causal LM."""
+    device = torch.device(device)
+    if isinstance(source, nn.Module):
+        return _from_transformers(source, device, dtype)
+    if source is None:
+        from .gguf import default_model_path
+        source = default_model_path()
+    path = Path(source).expanduser()
+    if path.is_dir() and not (path / "config.json").exists() and len(list(path.glob("*.gguf"))) == 1:
+        path = next(path.glob("*.gguf"))
+    if path.suffix == ".gguf":
+        from .gguf import load_gguf
+        return load_gguf(path, device, resolve_dtype(dtype, device))
+    if not path.exists():
+        raise FileNotFoundError(f"no checkpoint at {path}: expected a directory with config.json or a .gguf file")
+    config = weights.read_config(path)
+    model = build(config, weights.read_tensors(path), resolve_dtype(dtype, device), device)
+    return Checkpoint(model, weights.read_eos_ids(path, config), weights.read_tokenizer(path), path.name, config)
+
+
+def _from_transformers(hf_model: nn.Module, device, dtype) -> Checkpoint:
+    config = getattr(hf_model, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        raise TypeError(f"expected a transformers PreTrainedModel, got {type(hf_model).__name__}")
+    dtype = resolve_dtype(dtype if dtype is not None else hf_model.dtype, device)
+    config = config.to_dict()
+    model = build(config, hf_model.state_dict(), dtype, device)
+    generation = getattr(hf_model, "generation_config", None)
+    eos = getattr(generation, "eos_token_id", None)
+    eos = weights.eos_set(eos if eos is not None else config.get("eos_token_id"))
+    return Checkpoint(model, eos, None, config.get("_name_or_path") or config["model_type"], config)

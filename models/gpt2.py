@@ -1,0 +1,87 @@
+"""GPT-2 over the paged KV cache: learned positions, LayerNorm, fused QKV, GELU (tanh) MLP."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layers import AttentionMasks, paged_attention
+
+
+@dataclass
+class GPT2Spec:
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    inner_size: int
+    max_position: int
+    eps: float
+
+    @classmethod
+    def from_hf(cls, c: dict) -> "GPT2Spec":
+        if c.get("scale_attn_by_inverse_layer_idx"):
+            raise ValueError("gpt2 checkpoints with scale_attn_by_inverse_layer_idx are not supported")
+        act = c.get("activation_function", "gelu_new")
+        if act not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise ValueError(f"unsupported activation_function {act!r} for gpt2; supported: gelu_new")
+        return cls(
+            vocab_size=c["vocab_size"], hidden_size=c["n_embd"], num_layers=c["n_layer"],
+            num_heads=c["n_head"], inner_size=c.get("n_inner") or 4 * c["n_embd"],
+            max_position=c["n_positions"], eps=c.get("layer_norm_epsilon", 1e-5),
+        )
+
+
+class Block(nn.Module):
+    def __init__(self, s: GPT2Spec):
+        super().__init__()
+        self.heads, self.dim = s.num_heads, s.hidden_size // s.num_heads
+        self.ln1 = nn.LayerNorm(s.hidden_size, eps=s.eps)
+        self.qkv = nn.Linear(s.hidden_size, 3 * s.hidden_size)
+        self.attn_out = nn.Linear(s.hidden_size, s.hidden_size)
+        self.ln2 = nn.LayerNorm(s.hidden_size, eps=s.eps)
+        self.fc = nn.Linear(s.hidden_size, s.inner_size)
+        self.proj = nn.Linear(s.inner_size, s.hidden_size)
+
+    def forward(self, x, cache, step, masks):
+        q, k, v = self.qkv(self.ln1(x)).view(-1, 3, self.heads, self.dim).unbind(1)
+        o = paged_attention(q, k, v, cache, step, masks, self.dim ** -0.5)
+        x = x + self.attn_out(o.flatten(1))
+        return x + self.proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class GPT2(nn.Module):
+    def __init__(self, s: GPT2Spec):
+        super().__init__()
+        self.spec = s
+        self.num_layers, self.num_kv_heads, self.head_dim = s.num_layers, s.num_heads, s.hidden_size // s.num_heads
+        self.vocab_size, self.max_position = s.vocab_size, s.max_position
+        self.wte = nn.Embedding(s.vocab_size, s.hidden_size)
+        self.wpe = nn.Embedding(s.max_position, s.hidden_size)
+        self.layers = nn.ModuleList(Block(s) for _ in range(s.num_layers))
+        self.ln_f = nn.LayerNorm(s.hidden_size, eps=s.eps)
+
+    def forward(self, step, kv_cache) -> torch.Tensor:
+        """Logits [S, vocab] for the step's sampled positions only."""
+        x = self.wte(step.input_ids) + self.wpe(step.positions)
+        masks = AttentionMasks(step)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, kv_cache.layer(i), step, masks)
+        return F.linear(self.ln_f(x[step.sample_indices]), self.wte.weight)  # tied LM head
+
+    @staticmethod
+    def convert(hf: dict[str, torch.Tensor], s: GPT2Spec) -> dict[str, torch.Tensor]:
+        """Transformers' names -> this module's. GPT-2 stores Conv1D weights as [in, out]."""
+        hf = {k.removeprefix("transformer."): v for k, v in hf.items()}
+        out = {name: hf[name] for name in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias")}
+        names = {"ln_1": "ln1", "ln_2": "ln2", "attn.c_attn": "qkv", "attn.c_proj": "attn_out",
+                 "mlp.c_fc": "fc", "mlp.c_proj": "proj"}
+        for i in range(s.num_layers):
+            for theirs, ours in names.items():
+                weight = hf[f"h.{i}.{theirs}.weight"]
+                out[f"layers.{i}.{ours}.weight"] = weight if theirs.startswith("ln") else weight.t()
+                out[f"layers.{i}.{ours}.bias"] = hf[f"h.{i}.{theirs}.bias"]
+        return out

@@ -1,0 +1,123 @@
+"""Building blocks shared by the models: attention over the paged KV cache, rotary embeddings,
+RMSNorm. They read a StepInput and know nothing of requests, threads or scheduling."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class AttentionMasks:
+    """The masks of one step, built once per forward and shared by every layer.
+
+    Decode tokens attend to their whole context (or its last ``window`` keys); a prefill chunk
+    attends causally to everything before it, including earlier chunks and cached prefixes.
+    """
+
+    def __init__(self, step, window: int | None = None):
+        self.decode = None
+        if step.num_decodes:
+            width = step.decode_block_tables.shape[1] * step.block_size
+            keys = torch.arange(width, device=step.positions.device)
+            lens = step.decode_context_lens[:, None]
+            mask = keys < lens
+            if window is not None:
+                mask &= keys >= lens - window
+            self.decode = mask[:, None, None, :]
+        self.prefill = []
+        for chunk in step.prefills:
+            n = chunk.end - chunk.start
+            if chunk.first_position == 0 and window is None:
+                self.prefill.append(None)  # plain causal: lets SDPA take its fastest path
+                continue
+            queries = torch.arange(chunk.first_position, chunk.first_position + n, device=step.positions.device)
+            keys = torch.arange(chunk.first_position + n, device=step.positions.device)
+            mask = keys[None, :] <= queries[:, None]
+            if window is not None:
+                mask &= keys[None, :] > queries[:, None] - window
+            self.prefill.append(mask)
+
+
+def paged_attention(q, k, v, cache, step, masks: AttentionMasks, scale: float) -> torch.Tensor:
+    """q: [T, heads, dim]; k, v: [T, kv_heads, dim]. Writes the step's K/V into the pool, then
+    attends through block tables. Returns [T, heads, dim]."""
+    k_cache, v_cache = cache
+    kv_heads, dim = k.shape[1], k.shape[2]
+    k_cache.view(-1, kv_heads, dim).index_copy_(0, step.slot_mapping, k)
+    v_cache.view(-1, kv_heads, dim).index_copy_(0, step.slot_mapping, v)
+    gqa = q.shape[1] != kv_heads
+    out = torch.empty_like(q)
+    nd = step.num_decodes
+    if nd:
+        tables = step.decode_block_tables
+        keys = k_cache[tables].flatten(1, 2).transpose(1, 2)      # [nd, kv_heads, L, dim]
+        values = v_cache[tables].flatten(1, 2).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q[:nd, :, None, :], keys, values, attn_mask=masks.decode,
+                                           scale=scale, enable_gqa=gqa)
+        out[:nd] = o[:, :, 0, :]
+    for chunk, mask in zip(step.prefills, masks.prefill):
+        length = chunk.first_position + chunk.end - chunk.start
+        keys = k_cache[chunk.block_table].flatten(0, 1)[:length].transpose(0, 1)[None]
+        values = v_cache[chunk.block_table].flatten(0, 1)[:length].transpose(0, 1)[None]
+        queries = q[chunk.start:chunk.end].transpose(0, 1)[None]
+        o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=mask is None,
+                                           scale=scale, enable_gqa=gqa)
+        out[chunk.start:chunk.end] = o[0].transpose(0, 1)
+    return out
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        # Normalise in float32 at least, as transformers does, then return to the model's dtype.
+        dtype = x.dtype
+        h = x.to(torch.promote_types(dtype, torch.float32))
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding with the checkpoint's rope settings (default, linear, llama3)."""
+
+    def __init__(self, head_dim: int, theta: float, scaling: dict | None = None):
+        super().__init__()
+        # float32, as transformers computes it, so that float64 runs match it bit for bit.
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim)
+        kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+        if kind == "linear":
+            inv_freq = inv_freq / scaling["factor"]
+        elif kind == "llama3":
+            inv_freq = _llama3_frequencies(inv_freq, scaling)
+        elif kind != "default":
+            raise ValueError(f"unsupported rope scaling {kind!r}; supported: default, linear, llama3")
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions, dtype):
+        """cos and sin for each position, [T, 1, head_dim], computed once per step."""
+        freqs = positions[:, None].float() * self.inv_freq.float()[None, :]
+        angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x, cos, sin):
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _llama3_frequencies(inv_freq, scaling):
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_context = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old_context / wavelen - low) / (high - low)
+    scaled = torch.where(wavelen > old_context / low, inv_freq / factor, inv_freq)
+    middle = (wavelen <= old_context / low) & (wavelen >= old_context / high)
+    return torch.where(middle, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)

@@ -1,0 +1,50 @@
+"""Readers for Hugging Face checkpoint directories: config, tensors, EOS ids, tokenizer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+
+def read_config(directory: Path) -> dict:
+    path = directory / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory} is not a Hugging Face checkpoint: it has no config.json")
+    return json.loads(path.read_text())
+
+
+def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint: *.safetensors, else pytorch_model*.bin loaded with
+    weights_only=True (no pickled code runs)."""
+    files = sorted(directory.glob("*.safetensors"))
+    if files:
+        from safetensors.torch import load_file
+        return {name: t for f in files for name, t in load_file(f).items()}
+    files = sorted(directory.glob("pytorch_model*.bin"))
+    if files:
+        return {name: t for f in files
+                for name, t in torch.load(f, map_location="cpu", weights_only=True).items()}
+    raise FileNotFoundError(f"{directory} has no *.safetensors or pytorch_model*.bin weights")
+
+
+def read_eos_ids(directory: Path, config: dict) -> frozenset[int]:
+    generation = directory / "generation_config.json"
+    eos = json.loads(generation.read_text()).get("eos_token_id") if generation.is_file() else None
+    return eos_set(eos if eos is not None else config.get("eos_token_id"))
+
+
+def eos_set(eos) -> frozenset[int]:
+    if eos is None:
+        return frozenset()
+    return frozenset([eos] if isinstance(eos, int) else eos)
+
+
+def read_tokenizer(directory: Path):
+    """The checkpoint's tokenizer, or None when it ships none."""
+    names = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+    if not any((directory / n).is_file() for n in names):
+        return None
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(directory)

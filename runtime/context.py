@@ -1,0 +1,105 @@
+"""One request's state: its tokens, its KV blocks and the queue its consumer blocks on."""
+
+from __future__ import annotations
+
+import queue
+import time
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+from .config import GenerationConfig
+
+END = -1  # what fetch returns once a stream has ended
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Put in a queue instead of a token: the fetch that takes it raises ``error``."""
+
+    error: BaseException
+
+
+class ResponseContext:
+    """A request from launch until its consumer has fetched the end of the stream.
+
+    ``tokens`` holds the prompt followed by every generated token. ``num_computed`` counts the
+    tokens whose K/V are in the cache; a step processes ``tokens[num_computed:]`` (or a chunk of
+    it) and samples when it reaches the end. That one rule covers prefill, chunked prefill,
+    decode and recompute after preemption. Only the loop thread mutates it after launch, except
+    ``aborted`` and the queue, which are guarded by the engine's lock.
+    """
+
+    def __init__(self, handle: int, prompt: list[int], config: GenerationConfig, arrival: int,
+                 max_context: int, eos_token_ids: frozenset[int], device: torch.device):
+        self.handle = handle
+        self.config = config
+        self.tokens = list(prompt)
+        self.num_prompt = len(prompt)
+        self.num_computed = 0
+        self.num_cached = 0  # prompt tokens served from the prefix cache
+        self.block_table: list[int] = []
+        self.arrival = arrival
+        self.status = Status.WAITING
+        self.finish_reason: str | None = None
+        self.aborted = False
+        self.queue: queue.Queue = queue.Queue()
+        self.max_length = min(max_context, self.num_prompt + config.max_new_tokens)
+        stops = set(config.stop_token_ids)
+        if not config.ignore_eos:
+            stops |= eos_token_ids
+        self.stop_ids = frozenset(stops)
+        self.generator = None
+        if config.do_sample and config.seed is not None:
+            self.generator = torch.Generator(device).manual_seed(config.seed)
+        self.launch_time = time.perf_counter()
+        self.first_token_time: float | None = None
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.tokens) - self.num_prompt
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.num_prompt:]
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def append(self, token: int) -> bool:
+        """Record a sampled token, hand it to the consumer, and say whether the stream ended."""
+        if self.first_token_time is None:
+            self.first_token_time = time.perf_counter()
+        self.tokens.append(token)
+        self.queue.put(token)
+        if token in self.stop_ids:
+            return self.finish("stop")
+        if len(self.tokens) >= self.max_length:
+            return self.finish("length")
+        return False
+
+    def finish(self, reason: str) -> bool:
+        self.status = Status.FINISHED
+        self.finish_reason = reason
+        self.queue.put(END)
+        return True
+
+    def fail(self, error: BaseException) -> None:
+        self.status = Status.FINISHED
+        self.finish_reason = "error"
+        self.queue.put(Failure(error))
+
+    def discard_unfetched(self) -> None:
+        while True:
+            try:
+                self.queue.get_nowait()
+            except queue.Empty:
+                return

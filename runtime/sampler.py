@@ -1,0 +1,63 @@
+"""Batched sampling: penalties, temperature, top-k, top-p and per-request seeds for the whole
+step at once, then a single device-to-host transfer."""
+
+from __future__ import annotations
+
+import torch
+
+
+def sample(logits: torch.Tensor, contexts, generator: torch.Generator) -> list[int]:
+    """One token per row of ``logits`` [S, vocab]; row i belongs to ``contexts[i]``."""
+    configs = [ctx.config for ctx in contexts]
+    penalised = [i for i, c in enumerate(configs) if c.repetition_penalty != 1.0]
+    if penalised:
+        logits = apply_repetition_penalty(logits, [contexts[i] for i in penalised], penalised)
+    tokens = logits.argmax(dim=-1)
+    sampled = [i for i, c in enumerate(configs) if c.do_sample]
+    if sampled:
+        rows = torch.tensor(sampled, device=logits.device)
+        probs, order = filtered_probs(logits[rows].float(), [configs[i] for i in sampled])
+        seeded = [j for j, i in enumerate(sampled) if contexts[i].generator is not None]
+        if len(seeded) < len(sampled):
+            draws = torch.multinomial(probs, 1, generator=generator)[:, 0]
+        else:
+            draws = torch.empty(len(sampled), dtype=torch.long, device=logits.device)
+        for j in seeded:  # a request's own generator makes its draws independent of its batch-mates
+            draws[j] = torch.multinomial(probs[j], 1, generator=contexts[sampled[j]].generator)[0]
+        tokens[rows] = order.gather(1, draws[:, None])[:, 0] if order is not None else draws
+    return tokens.tolist()
+
+
+def apply_repetition_penalty(logits, contexts, rows):
+    """transformers' rule: a token already in the prompt or output has its logit divided by the
+    penalty when positive, multiplied when negative."""
+    logits = logits.clone()
+    width = max(len(ctx.tokens) for ctx in contexts)
+    ids = torch.tensor([ctx.tokens + ctx.tokens[:1] * (width - len(ctx.tokens)) for ctx in contexts],
+                       device=logits.device)
+    penalty = torch.tensor([ctx.config.repetition_penalty for ctx in contexts],
+                           dtype=logits.dtype, device=logits.device)[:, None]
+    rows = torch.tensor(rows, device=logits.device)
+    scores = logits[rows].gather(1, ids)
+    scores = torch.where(scores < 0, scores * penalty, scores / penalty)
+    logits[rows] = logits[rows].scatter(1, ids, scores)
+    return logits
+
+
+def filtered_probs(logits, configs):
+    """Probabilities after temperature, top-k and top-p. When a filter is on, they come in
+    descending order with the permutation that maps back to vocabulary ids; else order is None."""
+    device = logits.device
+    temperature = torch.tensor([c.temperature for c in configs], dtype=logits.dtype, device=device)[:, None]
+    logits = logits / temperature
+    if all(c.top_k == 0 and c.top_p >= 1.0 for c in configs):
+        return logits.softmax(-1), None
+    logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(logits.shape[-1], device=device)[None, :]
+    top_k = torch.tensor([c.top_k or logits.shape[-1] for c in configs], device=device)[:, None]
+    logits = logits.masked_fill(ranks >= top_k, float("-inf"))
+    probs = logits.softmax(-1)
+    top_p = torch.tensor([c.top_p for c in configs], dtype=probs.dtype, device=device)[:, None]
+    outside = (probs.cumsum(-1) - probs) >= top_p  # the first token is always kept
+    probs = probs.masked_fill(outside, 0.0)
+    return probs / probs.sum(-1, keepdim=True), order

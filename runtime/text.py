@@ -1,0 +1,115 @@
+"""The text layer over the token API: prompts and chat messages in, text pieces out.
+
+Runs in the caller's thread; the loop thread never touches a tokenizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from .config import GenerationConfig
+
+END = -1
+
+
+class Detokenizer:
+    """Turns a growing token list into text pieces without splitting a multi-byte character.
+
+    Decodes a short window of recent tokens twice (with and without the newest) and emits the
+    difference, holding back while the newest bytes are an incomplete character ("\\ufffd").
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.tokens: list[int] = []
+        self.prefix_offset = 0  # start of the window decoded for context
+        self.read_offset = 0    # tokens before this are already emitted
+
+    def push(self, token: int) -> str:
+        self.tokens.append(token)
+        prefix = self._decode(self.tokens[self.prefix_offset:self.read_offset])
+        full = self._decode(self.tokens[self.prefix_offset:])
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
+            return full[len(prefix):]
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is still held back at the end of the stream."""
+        prefix = self._decode(self.tokens[self.prefix_offset:self.read_offset])
+        full = self._decode(self.tokens[self.prefix_offset:])
+        self.prefix_offset = self.read_offset = len(self.tokens)
+        return full[len(prefix):]
+
+    def _decode(self, tokens):
+        return self.tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+class TextAPI:
+    """Mixed into Engine: needs ``tokenizer``, ``launch_response_tokens``, ``fetch_response_tokens``
+    and ``abort_response``."""
+
+    def encode(self, prompt) -> list[int]:
+        """A str is tokenized as is; a list of {"role", "content"} messages goes through the
+        tokenizer's chat template with the assistant's turn opened."""
+        tokenizer = self._require_tokenizer()
+        if isinstance(prompt, str):
+            return tokenizer(prompt)["input_ids"]
+        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
+            for i, message in enumerate(prompt):
+                if not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
+                    raise ValueError(f"message {i} needs a str 'role' and a str 'content', got {message!r}")
+            if tokenizer.chat_template is None:
+                raise ValueError(f"the tokenizer of {self.name} has no chat template; pass a str prompt")
+            encoded = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
+            return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+        raise TypeError(f"prompt must be a str or a non-empty list of chat messages, got {type(prompt).__name__}")
+
+    def launch_response(self, prompt, config: GenerationConfig | None = None) -> int:
+        """Tokenize ``prompt`` and launch it; returns the token handle (see launch_response_tokens)."""
+        return self.launch_response_tokens(self.encode(prompt), config)
+
+    def stream_response(self, prompt, config: GenerationConfig | None = None) -> Iterator[str]:
+        """Yield text pieces as tokens arrive. Stops at EOS, a stop token, ``max_new_tokens`` or a
+        ``config.stop`` string (which is not returned). Closing the iterator early aborts the request."""
+        config = self._check_config(config)
+        handle = self.launch_response(prompt, config)
+        return self._stream_text(handle, config.stop)
+
+    def response(self, prompt, config: GenerationConfig | None = None) -> str:
+        """The whole answer; blocks until it is done. Equal to joining stream_response's pieces."""
+        return "".join(self.stream_response(prompt, config))
+
+    def _stream_text(self, handle: int, stops: tuple[str, ...]) -> Iterator[str]:
+        detokenizer = Detokenizer(self.tokenizer)
+        hold = max(map(len, stops), default=1) - 1  # a stop string may still be completing
+        text, emitted, ended = "", 0, False
+        try:
+            while not ended:
+                token = self.fetch_response_tokens(handle)
+                ended = token == END
+                text += detokenizer.flush() if ended else detokenizer.push(token)
+                # Held-back text ensures a stop string never starts before `emitted`.
+                cut = min((i for i in (text.find(s, emitted) for s in stops) if i >= 0), default=-1)
+                if cut >= 0:
+                    if cut > emitted:
+                        yield text[emitted:cut]
+                    return
+                safe = len(text) if ended else len(text) - hold
+                if safe > emitted:
+                    yield text[emitted:safe]
+                    emitted = safe
+        finally:
+            if not ended:  # stopped by a stop string, an error, or a consumer that let go
+                try:
+                    self.abort_response(handle)
+                    while self.fetch_response_tokens(handle) != END:
+                        pass
+                except (KeyError, RuntimeError):  # already released, or the engine shut down
+                    pass
+
+    def _require_tokenizer(self):
+        if self.tokenizer is None:
+            raise RuntimeError(f"{self.name} was loaded without a tokenizer; use the token API "
+                               "(launch_response_tokens) or load a checkpoint that ships one")
+        return self.tokenizer
