@@ -50,19 +50,24 @@ def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
     return dtype
 
 
-def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> nn.Module:
-    """Our module for a transformers-style config and state dict, its weights cast to ``dtype``."""
+def architecture(config: dict):
+    """(spec type, module type) for a config's model_type, or a ValueError naming the supported ones."""
     kind = config.get("model_type")
     if kind not in ARCHITECTURES:
         raise ValueError(f"unsupported model_type {kind!r}; supported: {', '.join(sorted(ARCHITECTURES))}")
-    spec_type, model_type = ARCHITECTURES[kind]
+    return ARCHITECTURES[kind]
+
+
+def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """Our module for a transformers-style config and state dict, its weights cast to ``dtype``."""
+    spec_type, model_type = architecture(config)
     spec = spec_type.from_hf(config)
     with torch.device("meta"):  # no time spent initialising weights that are about to be replaced
         model = model_type(spec)
     try:
         state = model_type.convert(tensors, spec)
     except KeyError as missing:
-        raise ValueError(f"the {kind} checkpoint is missing tensor {missing.args[0]}") from None
+        raise ValueError(f"the {config['model_type']} checkpoint is missing tensor {missing.args[0]}") from None
     model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, assign=True)
     if getattr(spec, "tie_word_embeddings", False):
         model.lm_head.weight = model.embed.weight
@@ -87,6 +92,7 @@ def load(source=None, *, device="cpu", dtype=None) -> Checkpoint:
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}: expected a directory with config.json or a .gguf file")
     config = weights.read_config(path)
+    architecture(config)  # an unsupported type fails before any tensor is read
     model = build(config, weights.read_tensors(path), resolve_dtype(dtype, device), device)
     return Checkpoint(model, weights.read_eos_ids(path, config), weights.read_tokenizer(path), path.name, config)
 

@@ -48,6 +48,7 @@ class Engine(TextAPI):
                                 self.model.num_kv_heads, self.model.head_dim, dtype, device)
         self.allocator = BlockAllocator(num_blocks, options.block_size, options.enable_prefix_caching)
         self.scheduler = Scheduler(options, self.allocator)
+        self.vocab_size, self.max_position = self.model.vocab_size, self.model.max_position
         self.max_context = min(self.model.max_position, num_blocks * options.block_size)
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
@@ -257,7 +258,7 @@ class Engine(TextAPI):
         tokens = list(tokens)
         if not tokens:
             raise ValueError("input_tokens is empty: a prompt needs at least one token")
-        vocab = self.model.vocab_size
+        vocab = self.vocab_size
         for i, t in enumerate(tokens):
             if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
                 raise TypeError(f"input_tokens[{i}] is {t!r} ({type(t).__name__}), not an int token id")
@@ -265,7 +266,7 @@ class Engine(TextAPI):
                 raise ValueError(f"input_tokens[{i}] = {t} is outside the vocabulary [0, {vocab})")
         if len(tokens) >= self.max_context:
             raise ValueError(f"the prompt has {len(tokens)} tokens; the context holds {self.max_context} "
-                             f"(model limit {self.model.max_position}, KV pool {self.allocator.num_blocks} "
+                             f"(model limit {self.max_position}, KV pool {self.allocator.num_blocks} "
                              f"blocks of {self.options.block_size}), leaving no room to generate")
         return [int(t) for t in tokens]
 

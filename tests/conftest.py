@@ -1,0 +1,69 @@
+"""Small random-weight models of each supported architecture, in float64 so that greedy
+comparisons with transformers are exact rather than at the mercy of float32 ties."""
+
+import random
+
+import pytest
+import torch
+import transformers
+
+VOCAB = 256
+EOS = 3
+
+CONFIGS = {
+    "gpt2": lambda: transformers.GPT2Config(
+        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256, eos_token_id=EOS, bos_token_id=1),
+    "llama": lambda: transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 64}),
+    "qwen2": lambda: transformers.Qwen2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        tie_word_embeddings=True),
+    "mistral": lambda: transformers.MistralConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, sliding_window=24),
+}
+MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.LlamaForCausalLM,
+                 "qwen2": transformers.Qwen2ForCausalLM, "mistral": transformers.MistralForCausalLM}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--stress", action="store_true", help="run the large threaded stress sizes")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--stress"):
+        skip = pytest.mark.skip(reason="large stress size: run with --stress")
+        for item in items:
+            if "stress" in item.keywords:
+                item.add_marker(skip)
+
+
+def tiny_model(arch: str, seed: int = 0):
+    torch.manual_seed(seed)
+    return MODEL_CLASSES[arch](CONFIGS[arch]()).to(torch.float64).eval()
+
+
+@pytest.fixture(scope="session", params=sorted(CONFIGS))
+def hf_model(request):
+    return tiny_model(request.param)
+
+
+@pytest.fixture(scope="session")
+def llama():
+    return tiny_model("llama")
+
+
+def reference(hf, prompt, max_new_tokens, **kwargs):
+    """transformers' greedy generate() of one request alone: what every engine stream must equal."""
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+                          pad_token_id=0, **kwargs)
+    return out[0, len(prompt):].tolist()
+
+
+def random_prompt(rng: random.Random, low: int, high: int) -> list[int]:
+    return [rng.randrange(4, VOCAB) for _ in range(rng.randint(low, high))]

@@ -1,0 +1,178 @@
+"""The public contract of the token API: what blocks, what returns -1, what raises."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from runtime import Engine, EngineClosed, GenerationConfig, GenerationFailed
+
+from .conftest import VOCAB, reference
+
+
+class Hooked:
+    """Wraps the engine's model to slow each step down or to fail steps on demand."""
+
+    def __init__(self, model, delay=0.0, poison=None):
+        self.model, self.delay, self.poison, self.calls = model, delay, poison, 0
+
+    def __call__(self, step, kv_cache):
+        self.calls += 1
+        time.sleep(self.delay)
+        if self.poison is not None and bool((step.input_ids == self.poison).any()):
+            raise RuntimeError("injected fault")
+        return self.model(step, kv_cache)
+
+
+@pytest.fixture
+def engine(llama):
+    with Engine.from_pretrained(llama, max_batch_size=8) as engine:
+        yield engine
+
+
+def slow(engine, delay=0.02):
+    engine.model = Hooked(engine.model, delay=delay)
+    return engine
+
+
+LONG = GenerationConfig(max_new_tokens=200, ignore_eos=True)
+
+
+def test_loop_thread_starts_lazily_on_first_launch(engine):
+    assert engine._thread is None
+    assert not [t for t in threading.enumerate() if t.name == "loom-engine-loop" and t.ident is None]
+    handle = engine.launch_response_tokens([5, 6, 7], {"max_new_tokens": 2})
+    assert engine._thread is not None and engine._thread.is_alive()
+    list(engine.stream_response_tokens(handle))
+
+
+def test_end_of_stream_then_handle_is_released(engine):
+    handle = engine.launch_response_tokens([5, 6, 7], {"max_new_tokens": 3, "ignore_eos": True})
+    tokens = [engine.fetch_response_tokens(handle) for _ in range(3)]
+    assert all(t >= 0 for t in tokens)
+    assert engine.fetch_response_tokens(handle) == -1
+    with pytest.raises(KeyError, match="unknown handle"):
+        engine.fetch_response_tokens(handle)
+
+
+def test_unknown_handle(engine):
+    for call in (engine.fetch_response_tokens, engine.abort_response):
+        with pytest.raises(KeyError, match="unknown handle 12345"):
+            call(12345)
+
+
+def test_timeout_then_fetch_again(engine):
+    slow(engine, delay=0.3)
+    handle = engine.launch_response_tokens([5, 6, 7], {"max_new_tokens": 2, "ignore_eos": True})
+    with pytest.raises(TimeoutError, match="within 0.01 s"):
+        engine.fetch_response_tokens(handle, timeout=0.01)
+    assert len(list(engine.stream_response_tokens(handle, timeout=10))) == 2
+
+
+def test_abort_frees_blocks_and_ends_stream(engine):
+    slow(engine)
+    handle = engine.launch_response_tokens(list(range(4, 60)), LONG)
+    other = engine.launch_response_tokens([9, 10, 11], {"max_new_tokens": 5, "ignore_eos": True})
+    engine.fetch_response_tokens(handle, timeout=10)
+    engine.abort_response(handle)
+    assert engine.fetch_response_tokens(handle, timeout=1) == -1
+    with pytest.raises(KeyError):
+        engine.fetch_response_tokens(handle)
+    assert len(list(engine.stream_response_tokens(other, timeout=10))) == 5  # others go on
+    stats = engine.stats()
+    assert stats["running"] == 0 and stats["free_kv_blocks"] == stats["total_kv_blocks"]
+
+
+def test_abort_a_waiting_request(llama):
+    with Engine.from_pretrained(llama, max_batch_size=1) as engine:
+        slow(engine)
+        first = engine.launch_response_tokens([5, 6], LONG)
+        queued = engine.launch_response_tokens([7, 8], LONG)
+        assert engine.stats()["waiting"] >= 1
+        engine.abort_response(queued)
+        assert engine.fetch_response_tokens(queued, timeout=1) == -1
+        engine.abort_response(first)
+        assert engine.stats()["waiting"] == 0
+
+
+def test_shutdown_wakes_blocked_fetchers(engine):
+    slow(engine, delay=0.05)
+    handles = [engine.launch_response_tokens([5 + i, 6], LONG) for i in range(4)]
+    errors = []
+
+    def consume(handle):
+        try:
+            for _ in engine.stream_response_tokens(handle):
+                pass
+        except EngineClosed as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=consume, args=(h,)) for h in handles]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    engine.shutdown()
+    for t in threads:
+        t.join(timeout=5)
+    assert not any(t.is_alive() for t in threads)
+    assert len(errors) == 4
+    with pytest.raises(EngineClosed, match="shut down"):
+        engine.launch_response_tokens([5, 6])
+    engine.shutdown()  # idempotent
+
+
+def test_fault_in_forward_fails_only_that_steps_requests(llama):
+    with Engine.from_pretrained(llama) as engine:
+        engine.model = Hooked(engine.model, poison=VOCAB - 1)
+        bad = engine.launch_response_tokens([5, VOCAB - 1, 7], {"max_new_tokens": 4})
+        with pytest.raises(GenerationFailed, match="injected fault") as info:
+            engine.fetch_response_tokens(bad, timeout=10)
+        assert isinstance(info.value.__cause__, RuntimeError)
+        good = [9, 10, 11]
+        out = list(engine.stream_response_tokens(engine.launch_response_tokens(good, {"max_new_tokens": 6})))
+        assert out == reference(llama, good, 6)
+        stats = engine.stats()
+        assert stats["step_failures"] == 1 and stats["free_kv_blocks"] == stats["total_kv_blocks"]
+
+
+def test_idle_engine_uses_no_cpu(engine):
+    list(engine.stream_response_tokens(engine.launch_response_tokens([5, 6, 7], {"max_new_tokens": 4})))
+    start = time.process_time()
+    time.sleep(1.0)
+    assert time.process_time() - start < 0.05
+
+
+def test_priority_policy_runs_higher_priority_first(llama):
+    with Engine.from_pretrained(llama, max_batch_size=1, policy="priority") as engine:
+        slow(engine, delay=0.01)
+        blocker = engine.launch_response_tokens([5, 6], {"max_new_tokens": 20, "ignore_eos": True})
+        low = engine.launch_response_tokens([7, 8], {"max_new_tokens": 5, "ignore_eos": True, "priority": 0})
+        high = engine.launch_response_tokens([9, 10], {"max_new_tokens": 5, "ignore_eos": True, "priority": 5})
+        finished = {}
+        for name, h in (("blocker", blocker), ("low", low), ("high", high)):
+            threading.Thread(target=lambda n=name, h=h: (list(engine.stream_response_tokens(h)),
+                                                          finished.__setitem__(n, time.perf_counter()))).start()
+        deadline = time.time() + 20
+        while len(finished) < 3 and time.time() < deadline:
+            time.sleep(0.01)
+        assert finished["high"] < finished["low"]
+
+
+def test_seeded_sampling_is_reproducible_across_batches(engine):
+    config = GenerationConfig(max_new_tokens=12, do_sample=True, temperature=0.9, top_k=50, top_p=0.9,
+                              seed=1234, ignore_eos=True)
+    alone = list(engine.stream_response_tokens(engine.launch_response_tokens([5, 6, 7], config)))
+    crowd = [engine.launch_response_tokens([i + 4, 8], GenerationConfig(max_new_tokens=12, do_sample=True))
+             for i in range(5)]
+    again = engine.launch_response_tokens([5, 6, 7], config)
+    assert list(engine.stream_response_tokens(again)) == alone
+    for h in crowd:
+        list(engine.stream_response_tokens(h))
+
+
+def test_numpy_and_tensor_prompts(engine, llama):
+    for prompt in (np.array([5, 6, 7]), torch.tensor([5, 6, 7])):
+        h = engine.launch_response_tokens(prompt, {"max_new_tokens": 3})
+        assert list(engine.stream_response_tokens(h)) == reference(llama, [5, 6, 7], 3)

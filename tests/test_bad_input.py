@@ -1,0 +1,101 @@
+"""Every bad input gets an error that says what is wrong, and the engine keeps serving.
+Each row here is a row of the table in docs/reliability.md."""
+
+import pytest
+import torch
+
+from runtime import Engine, GenerationConfig
+
+from .conftest import VOCAB
+
+BAD_PROMPTS = [
+    ([], ValueError, "empty"),
+    ("hello", TypeError, "use launch_response for text"),
+    (5, TypeError, "sequence of token ids"),
+    ([1, "a"], TypeError, r"input_tokens\[1\] is 'a'"),
+    ([1, 2.5], TypeError, r"input_tokens\[1\] is 2.5"),
+    ([True], TypeError, "not an int token id"),
+    ([1, -1], ValueError, r"input_tokens\[1\] = -1 is outside the vocabulary"),
+    ([VOCAB], ValueError, f"outside the vocabulary \\[0, {VOCAB}\\)"),
+    ([5] * 256, ValueError, "the prompt has 256 tokens; the context holds 256"),
+    (torch.ones(2, 3, dtype=torch.long), ValueError, "must be 1-D"),
+    (torch.ones(3), TypeError, "must hold integers"),
+]
+
+BAD_CONFIGS = [
+    (dict(max_new_tokens=0), ValueError, "max_new_tokens must be >= 1"),
+    (dict(max_new_tokens=2.0), TypeError, "max_new_tokens must be an int"),
+    (dict(temperature=0.0), ValueError, r"temperature must be in \(0.0"),
+    (dict(temperature="hot"), TypeError, "temperature must be a number"),
+    (dict(top_k=-1), ValueError, "top_k must be >= 0"),
+    (dict(top_p=1.5), ValueError, r"top_p must be in \(0.0, 1.0\]"),
+    (dict(top_p=0.0), ValueError, r"top_p must be in \(0.0, 1.0\]"),
+    (dict(repetition_penalty=0), ValueError, "repetition_penalty must be in"),
+    (dict(do_sample="yes"), TypeError, "do_sample must be a bool"),
+    (dict(seed=-3), ValueError, "seed must be >= 0"),
+    (dict(stop_token_ids=["x"]), TypeError, "each of stop_token_ids must be an int"),
+    (dict(stop=[""]), ValueError, "non-empty str"),
+    (dict(nonsense=1), TypeError, "unexpected keyword argument 'nonsense'"),
+]
+
+BAD_OPTIONS = [
+    (dict(max_batch_size=0), ValueError, "max_batch_size must be >= 1"),
+    (dict(max_batch_tokens=4, max_batch_size=8), ValueError, "must be >= max_batch_size"),
+    (dict(block_size=0), ValueError, "block_size must be >= 1"),
+    (dict(policy="lifo"), ValueError, "policy must be one of"),
+    (dict(num_kv_blocks=-1), ValueError, "num_kv_blocks must be >= 1"),
+    (dict(max_waiting=-1), ValueError, "max_waiting must be >= 0"),
+    (dict(batch_size=4), TypeError, r"unknown engine option\(s\) \['batch_size'\]"),
+    (dict(kv_cache_bytes=10), ValueError, "cannot hold one KV block"),
+]
+
+
+@pytest.fixture(scope="module")
+def engine(llama):
+    with Engine.from_pretrained(llama) as engine:
+        yield engine
+
+
+@pytest.mark.parametrize("prompt,error,message", BAD_PROMPTS)
+def test_bad_prompt(engine, prompt, error, message):
+    with pytest.raises(error, match=message):
+        engine.launch_response_tokens(prompt)
+    assert list(engine.stream_response_tokens(engine.launch_response_tokens([5, 6], {"max_new_tokens": 2})))
+
+
+@pytest.mark.parametrize("fields,error,message", BAD_CONFIGS)
+def test_bad_generation_config(engine, fields, error, message):
+    with pytest.raises(error, match=message):
+        engine.launch_response_tokens([5, 6], fields)
+    with pytest.raises(error, match=message):
+        GenerationConfig(**fields)
+
+
+def test_config_of_the_wrong_type(engine):
+    with pytest.raises(TypeError, match="config must be a GenerationConfig"):
+        engine.launch_response_tokens([5, 6], 0.5)
+
+
+@pytest.mark.parametrize("options,error,message", BAD_OPTIONS)
+def test_bad_engine_option(llama, options, error, message):
+    with pytest.raises(error, match=message):
+        Engine.from_pretrained(llama, **options)
+
+
+def test_bad_sources(tmp_path, llama):
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        Engine.from_pretrained(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        Engine.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "bert"}')
+    with pytest.raises(ValueError, match="unsupported model_type 'bert'; supported: gpt2, llama, mistral, qwen2"):
+        Engine.from_pretrained(tmp_path)
+    with pytest.raises(TypeError, match="expected a transformers PreTrainedModel"):
+        Engine.from_pretrained(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="unknown dtype 'float7'"):
+        Engine.from_pretrained(llama, dtype="float7")
+
+
+def test_text_api_without_tokenizer(engine):
+    with pytest.raises(RuntimeError, match="loaded without a tokenizer"):
+        engine.response("hello")

@@ -1,0 +1,84 @@
+"""Every greedy stream equals transformers' generate() of that request alone, whatever else
+runs beside it: many threads, more requests than max_batch_size, chunked prefill, preemption."""
+
+import random
+import threading
+
+import pytest
+import torch
+
+from runtime import Engine, GenerationConfig
+
+from .conftest import random_prompt, reference, tiny_model
+
+
+def run_threaded(engine, prompts, new_tokens, threads=8):
+    results = {}
+
+    def worker(indices):
+        handles = [(i, engine.launch_response_tokens(prompts[i], GenerationConfig(max_new_tokens=new_tokens[i])))
+                   for i in indices]
+        for i, h in handles:
+            results[i] = list(engine.stream_response_tokens(h, timeout=60))
+
+    pool = [threading.Thread(target=worker, args=(range(t, len(prompts), threads),)) for t in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in pool), "a worker thread hung"
+    return results
+
+
+def test_threaded_greedy_streams_match_transformers(hf_model):
+    rng = random.Random(1)
+    prompts = [random_prompt(rng, 1, 40) for _ in range(24)]
+    new_tokens = [rng.randint(1, 24) for _ in prompts]
+    # 24 blocks of 4 tokens: far less than 24 requests need at once, so requests are preempted.
+    with Engine.from_pretrained(hf_model, max_batch_size=6, max_batch_tokens=32, block_size=4,
+                                num_kv_blocks=24) as engine:
+        results = run_threaded(engine, prompts, new_tokens)
+        stats = engine.stats()
+    for i, prompt in enumerate(prompts):
+        assert results[i] == reference(hf_model, prompt, new_tokens[i]), f"request {i} diverged"
+    assert stats["preemptions"] > 0
+    assert stats["running"] == stats["waiting"] == stats["open_handles"] == 0
+    assert stats["free_kv_blocks"] == stats["total_kv_blocks"]
+
+
+def test_long_prompt_is_prefilled_in_chunks(llama):
+    prompt = random_prompt(random.Random(2), 150, 150)
+    with Engine.from_pretrained(llama, max_batch_tokens=16, max_batch_size=4) as engine:
+        tokens = list(engine.stream_response_tokens(engine.launch_response_tokens(prompt, {"max_new_tokens": 12})))
+        assert engine.stats()["steps"] >= 150 // 16 + 11
+    assert tokens == reference(llama, prompt, 12)
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
+def test_loads_a_checkpoint_directory(tmp_path, fmt):
+    hf = tiny_model("qwen2", seed=3)
+    hf.save_pretrained(tmp_path)
+    if fmt == "bin":  # transformers 5 writes only safetensors; build the legacy layout by hand
+        (tmp_path / "model.safetensors").unlink()
+        torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
+    prompt = [5, 6, 7, 8, 9]
+    with Engine.from_pretrained(tmp_path, dtype=torch.float64) as engine:
+        out = list(engine.stream_response_tokens(engine.launch_response_tokens(prompt, {"max_new_tokens": 10})))
+    assert out == reference(hf, prompt, 10)
+
+
+def test_eos_ends_the_stream_unless_ignored(llama):
+    prompt = [10, 11, 12]
+    free_run = reference(llama, prompt, 8, eos_token_id=None)
+    eos = free_run[3]  # pretend the 4th generated token is EOS
+    with Engine.from_pretrained(llama) as engine:
+        engine.eos_token_ids = frozenset([eos])
+        stopped = list(engine.stream_response_tokens(engine.launch_response_tokens(prompt, {"max_new_tokens": 8})))
+        ignored = list(engine.stream_response_tokens(
+            engine.launch_response_tokens(prompt, {"max_new_tokens": 8, "ignore_eos": True})))
+        by_stop_id = list(engine.stream_response_tokens(
+            engine.launch_response_tokens(prompt, {"max_new_tokens": 8, "stop_token_ids": [free_run[1]],
+                                                   "ignore_eos": True})))
+    assert stopped == free_run[:free_run.index(eos) + 1]
+    assert ignored == free_run
+    assert by_stop_id == free_run[:2]
