@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
+import numpy as np
 import torch
 
 
@@ -17,7 +18,13 @@ class KVCache:
 
     def __init__(self, num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device):
         shape = (2, num_layers, num_blocks, block_size, num_kv_heads, head_dim)
-        self.data = torch.zeros(shape, dtype=dtype, device=device)
+        if torch.device(device).type == "cpu":
+            # calloc'd pages: zero (so masked, never-written slots hold no NaN) yet committed
+            # only as blocks are used, so a generous pool costs nothing up front.
+            size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+            self.data = torch.from_numpy(np.zeros(size, dtype=np.uint8)).view(dtype).view(shape)
+        else:
+            self.data = torch.zeros(shape, dtype=dtype, device=device)
         self.block_size = block_size
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -67,3 +67,11 @@ def reference(hf, prompt, max_new_tokens, **kwargs):
 
 def random_prompt(rng: random.Random, low: int, high: int) -> list[int]:
     return [rng.randrange(4, VOCAB) for _ in range(rng.randint(low, high))]
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    """The embedded default model (SmolLM2-135M-Instruct, Q4_1 GGUF) in float64."""
+    from runtime import Engine
+    with Engine.from_pretrained(dtype=torch.float64, max_batch_size=16) as engine:
+        yield engine

