@@ -14,6 +14,17 @@ from .config import GenerationConfig
 END = -1  # what fetch returns once a stream has ended
 
 
+class Handle(int):
+    """A request's id, equal to (and hashing as) that int. When the application drops its last
+    reference, the request is released: aborted if still running, its tokens discarded. The
+    release is queued, not done here: __del__ may run in any thread, even one holding the lock."""
+
+    def __del__(self):
+        dropped = getattr(self, "dropped", None)
+        if dropped is not None:
+            dropped.append(int(self))  # deque.append is atomic
+
+
 class Status(Enum):
     WAITING = "waiting"
     RUNNING = "running"

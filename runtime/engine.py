@@ -8,6 +8,7 @@ import itertools
 import queue
 import threading
 import weakref
+from collections import deque
 from collections.abc import Iterator
 
 import numpy as np
@@ -17,7 +18,7 @@ import models
 
 from . import batch, sampler
 from .config import EngineOptions, GenerationConfig
-from .context import END, Failure, ResponseContext
+from .context import END, Failure, Handle, ResponseContext
 from .errors import EngineBusy, EngineClosed, GenerationFailed
 from .kv_cache import BlockAllocator, KVCache
 from .scheduler import Scheduler
@@ -53,6 +54,7 @@ class Engine(TextAPI):
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
         self._contexts: dict[int, ResponseContext] = {}
+        self._dropped: deque[int] = deque()  # handles the application let go of (see Handle)
         self._handles = itertools.count()
         self._thread: threading.Thread | None = None
         self._closed: BaseException | None = None
@@ -81,15 +83,18 @@ class Engine(TextAPI):
         with self._lock:
             if self._closed is not None:
                 raise EngineClosed("the engine is shut down; no new requests") from self._closed
+            self._release_dropped()  # abandoned handles go at the latest when the next request comes
             bound = self.options.max_waiting
             if bound is not None and len(self.scheduler.waiting) >= bound:
                 raise EngineBusy(f"{bound} requests are already waiting (max_waiting={bound}); retry later")
-            handle = next(self._handles)
-            ctx = ResponseContext(handle, prompt, config, handle, self.max_context, self.eos_token_ids, self.device)
-            self._contexts[handle] = ctx
+            number = next(self._handles)
+            ctx = ResponseContext(number, prompt, config, number, self.max_context, self.eos_token_ids, self.device)
+            self._contexts[number] = ctx
             self.scheduler.add(ctx)
             self._wakeup.notify()
         self._ensure_loop()
+        handle = Handle(number)
+        handle.dropped = self._dropped
         return handle
 
     def fetch_response_tokens(self, handle: int, timeout: float | None = None) -> int:
@@ -182,6 +187,7 @@ class Engine(TextAPI):
                             self._wakeup.wait()
                         if self._closed is not None:
                             return
+                        self._release_dropped()
                         plan = self.scheduler.schedule()
                         if not plan:  # work exists but none fits yet; wait for a change
                             self._wakeup.wait(0.01)
@@ -219,6 +225,18 @@ class Engine(TextAPI):
                     if ctx.append(token):
                         self._counters["requests_finished"] += 1
                         self.scheduler.remove(ctx)
+                    elif not self.scheduler.runnable(ctx):
+                        self.scheduler.preempt(ctx)  # holds no blocks while its consumer catches up
+
+    def _release_dropped(self) -> None:
+        while self._dropped:
+            ctx = self._contexts.pop(self._dropped.popleft(), None)
+            if ctx is not None:
+                self.scheduler.remove(ctx)
+                if not ctx.finished:
+                    ctx.aborted = True
+                    ctx.finish("abort")
+                ctx.discard_unfetched()
 
     def _close(self, error: BaseException, cause: BaseException | None = None) -> None:
         if cause is not None:

@@ -73,9 +73,6 @@ class Scheduler:
         plan = StepPlan()
         budget = self.options.max_batch_tokens
         self.running.sort(key=self.precedence)
-        for ctx in list(self.running):
-            if not self.runnable(ctx):
-                self.preempt(ctx)  # holds no blocks while its consumer catches up
         # Decodes first, so that a long prefill never starves the requests already streaming.
         for ctx in sorted(self.running, key=lambda c: len(c.tokens) - c.num_computed > 1):
             if ctx.status is not Status.RUNNING or budget == 0:
