@@ -24,6 +24,16 @@ class Handle(int):
         if dropped is not None:
             dropped.append(int(self))  # deque.append is atomic
 
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens whose K/V came from the prefix cache (at the request's last admission)."""
+        return self.context.num_cached
+
+    @property
+    def finish_reason(self) -> str | None:
+        """"stop", "length", "abort", "error", or None while the request runs."""
+        return self.context.finish_reason
+
 
 class Status(Enum):
     WAITING = "waiting"

@@ -94,7 +94,7 @@ class Engine(TextAPI):
             self._wakeup.notify()
         self._ensure_loop()
         handle = Handle(number)
-        handle.dropped = self._dropped
+        handle.dropped, handle.context = self._dropped, ctx
         return handle
 
     def fetch_response_tokens(self, handle: int, timeout: float | None = None) -> int:
