@@ -115,5 +115,8 @@ def main(argv=None) -> int:
     add_sampling_arguments(p)
     p.set_defaults(run=generate)
 
+    from . import bench_suite
+    bench_suite.add_parser(commands, add_model_arguments)
+
     args = parser.parse_args(argv)
     return args.run(args) or 0

@@ -30,6 +30,15 @@ class Handle(int):
         return self.context.num_cached
 
     @property
+    def token_times(self) -> list[float]:
+        """time.perf_counter() at which each token was handed to the queue."""
+        return self.context.token_times
+
+    @property
+    def launch_time(self) -> float:
+        return self.context.launch_time
+
+    @property
     def finish_reason(self) -> str | None:
         """"stop", "length", "abort", "error", or None while the request runs."""
         return self.context.finish_reason
@@ -81,7 +90,7 @@ class ResponseContext:
         if config.do_sample and config.seed is not None:
             self.generator = torch.Generator(device).manual_seed(config.seed)
         self.launch_time = time.perf_counter()
-        self.first_token_time: float | None = None
+        self.token_times: list[float] = []  # when each token was put in the queue (TTFT, TPOT, hand-off)
 
     @property
     def num_generated(self) -> int:
@@ -95,10 +104,9 @@ class ResponseContext:
     def finished(self) -> bool:
         return self.status is Status.FINISHED
 
-    def append(self, token: int) -> bool:
+    def append(self, token: int, now: float) -> bool:
         """Record a sampled token, hand it to the consumer, and say whether the stream ended."""
-        if self.first_token_time is None:
-            self.first_token_time = time.perf_counter()
+        self.token_times.append(now)
         self.tokens.append(token)
         self.queue.put(token)
         if token in self.stop_ids:

@@ -7,6 +7,7 @@ import atexit
 import itertools
 import queue
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Iterator
@@ -219,10 +220,11 @@ class Engine(TextAPI):
                     ctx.num_computed += n
                     ctx.hashed = self.allocator.register_full_blocks(
                         ctx.tokens, ctx.block_table, ctx.num_computed, *ctx.hashed)
+            now = time.perf_counter()
             for ctx, token in zip(sampling, tokens):
                 if not ctx.finished:
                     self._counters["tokens_generated"] += 1
-                    if ctx.append(token):
+                    if ctx.append(token, now):
                         self._counters["requests_finished"] += 1
                         self.scheduler.remove(ctx)
                     elif not self.scheduler.runnable(ctx):

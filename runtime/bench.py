@@ -1,0 +1,242 @@
+"""``python -m runtime bench``: Loom side by side with what users would pick instead, on the same
+model, machine and process: transformers' generate() one request at a time behind a lock, as one
+static padded batch, transformers' continuous batching (generate_batch), and the pure model
+forward with no runtime around it."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from . import batch as batching
+from .config import GenerationConfig
+from .context import ResponseContext
+from .kv_cache import BlockAllocator, KVCache
+from .scheduler import StepPlan
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    new_tokens: int
+    arrival: float = 0.0  # seconds after the start of the run
+
+
+@dataclass
+class Run:
+    """One system on one workload: what was produced, when, and how long it took."""
+
+    system: str
+    workload: str
+    concurrency: int
+    tokens: int = 0
+    seconds: float = 0.0
+    ttft: list[float] = field(default_factory=list)
+    tpot: list[float] = field(default_factory=list)
+    handoff: list[float] = field(default_factory=list)
+    note: str = ""
+
+    def record(self, start: float, times: list[float]) -> None:
+        self.tokens += len(times)
+        if times:
+            self.ttft.append(times[0] - start)
+        if len(times) > 1:
+            self.tpot.append((times[-1] - times[0]) / (len(times) - 1))
+
+    def summary(self) -> dict:
+        pct = lambda xs, q: float(np.percentile(xs, q)) * 1000 if xs else None
+        return {
+            "system": self.system, "workload": self.workload, "concurrency": self.concurrency,
+            "tokens": self.tokens, "seconds": round(self.seconds, 3),
+            "throughput": self.tokens / self.seconds if self.seconds else None,
+            "ttft_p50_ms": pct(self.ttft, 50), "ttft_p99_ms": pct(self.ttft, 99),
+            "tpot_p50_ms": pct(self.tpot, 50), "tpot_p99_ms": pct(self.tpot, 99),
+            "handoff_p50_ms": pct(self.handoff, 50), "handoff_p99_ms": pct(self.handoff, 99),
+            "note": self.note,
+        }
+
+
+def run_loom(engine, requests: list[Request], workload: str, progress=None) -> Run:
+    """Each request in its own worker thread: wait for its arrival, launch, fetch every token."""
+    run = Run("loom", workload, len(requests))
+    lock = threading.Lock()
+    start = time.perf_counter()
+
+    def client(request: Request):
+        time.sleep(max(0.0, start + request.arrival - time.perf_counter()))
+        launched = time.perf_counter()
+        handle = engine.launch_response_tokens(request.prompt, GenerationConfig(
+            max_new_tokens=request.new_tokens, ignore_eos=True))
+        fetched = []
+        while engine.fetch_response_tokens(handle) != -1:
+            fetched.append(time.perf_counter())
+        with lock:
+            run.record(launched, fetched)
+            run.handoff += [got - put for got, put in zip(fetched, handle.token_times)]
+            if progress:
+                progress.update()
+
+    threads = [threading.Thread(target=client, args=(r,)) for r in requests]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    run.seconds = time.perf_counter() - start
+    return run
+
+
+def run_pure_forward(model, requests: list[Request], workload: str, block_size=16, max_batch_tokens=2048) -> Run:
+    """The same steps Loom takes for requests that all arrive at once with equal lengths, timed
+    around model.forward alone: inputs prebuilt, no scheduling, sampling or delivery."""
+    run = Run("pure forward", workload, len(requests), note="model forward only")
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    length = max(len(r.prompt) + r.new_tokens for r in requests)
+    blocks = -(-length // block_size)
+    kv = KVCache(model.num_layers, blocks * len(requests), block_size, model.num_kv_heads, model.head_dim, dtype, device)
+    allocator = BlockAllocator(blocks * len(requests), block_size, False)
+    contexts = []
+    for i, r in enumerate(requests):
+        ctx = ResponseContext(i, r.prompt, GenerationConfig(max_new_tokens=r.new_tokens), i, length, frozenset(), device)
+        ctx.block_table = allocator.allocate(blocks)
+        contexts.append(ctx)
+    steps = []
+    while any(c.num_generated < c.config.max_new_tokens for c in contexts):
+        plan, budget = StepPlan(), max_batch_tokens
+        for ctx in contexts:
+            n = min(len(ctx.tokens) - ctx.num_computed, budget)
+            if ctx.num_generated < ctx.config.max_new_tokens and n:
+                plan.work.append((ctx, n))
+                budget -= n
+        plan.work.sort(key=lambda w: w[1] != 1)
+        plan.num_decodes = sum(1 for _, n in plan.work if n == 1)
+        steps.append(batching.build(plan, block_size, device))
+        for ctx, n in plan.work:
+            ctx.num_computed += n
+            if ctx.num_computed == len(ctx.tokens):
+                ctx.tokens.append(ctx.tokens[-1])
+    with torch.inference_mode():
+        model(steps[-1], kv)  # warm up
+        synchronize(device)
+        start = time.perf_counter()
+        for step in steps:
+            model(step, kv)
+        synchronize(device)
+        run.seconds = time.perf_counter() - start
+    run.tokens = sum(r.new_tokens for r in requests)
+    return run
+
+
+def run_hf_serial(hf, requests: list[Request], workload: str, limit: int, progress=None) -> Run:
+    """What a naive multithreaded app does: each thread calls generate() under one shared lock."""
+    chosen = requests[:limit]
+    run = Run("transformers serial", workload, len(chosen), note=f"first {len(chosen)} requests")
+    lock, record_lock = threading.Lock(), threading.Lock()
+    start = time.perf_counter()
+
+    def client(request: Request):
+        launched = time.perf_counter()
+        streamer = TimingStreamer()
+        with lock:
+            hf.generate(torch.tensor([request.prompt], device=hf.device), attention_mask=None, streamer=streamer,
+                        **greedy(request.new_tokens))
+        with record_lock:
+            run.record(launched, streamer.times)
+            if progress:
+                progress.update()
+
+    threads = [threading.Thread(target=client, args=(r,)) for r in chosen]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    run.seconds = time.perf_counter() - start
+    return run
+
+
+def run_hf_static(hf, requests: list[Request], workload: str, batch_size: int, progress=None) -> Run:
+    """Static batches in arrival order: a batch starts when its last request has arrived and the
+    previous batch is done, pads prompts on the left, and runs until its longest answer ends."""
+    run = Run("transformers static", workload, batch_size, note=f"batches of {batch_size}")
+    start = time.perf_counter()
+    for first in range(0, len(requests), batch_size):
+        group = requests[first:first + batch_size]
+        time.sleep(max(0.0, start + max(r.arrival for r in group) - time.perf_counter()))
+        width = max(len(r.prompt) for r in group)
+        ids = torch.tensor([[0] * (width - len(r.prompt)) + r.prompt for r in group], device=hf.device)
+        mask = torch.tensor([[0] * (width - len(r.prompt)) + [1] * len(r.prompt) for r in group], device=hf.device)
+        streamer = TimingStreamer()
+        hf.generate(ids, attention_mask=mask, streamer=streamer, **greedy(max(r.new_tokens for r in group)))
+        for r in group:
+            run.record(start + r.arrival, streamer.times[:r.new_tokens])
+        if progress:
+            progress.update(len(group))
+    run.seconds = time.perf_counter() - start
+    return run
+
+
+def run_hf_continuous(hf, requests: list[Request], workload: str, progress=None) -> Run:
+    """transformers' own continuous batching manager: each request is added at its arrival time
+    with its own max_new_tokens; the manager is started and warmed up before the clock starts."""
+    run = Run("transformers continuous", workload, len(requests))
+    manager = hf.init_continuous_batching(generation_config=greedy_config(max(r.new_tokens for r in requests)))
+    manager.start()
+    try:
+        manager.add_request(requests[0].prompt, request_id="warm-up", max_new_tokens=2)
+        manager.get_result(request_id="warm-up", timeout=600)
+        start = time.perf_counter()
+        for i, r in enumerate(requests):
+            time.sleep(max(0.0, start + r.arrival - time.perf_counter()))
+            manager.add_request(r.prompt, request_id=str(i), max_new_tokens=r.new_tokens, record_timestamps=True)
+        for _ in requests:
+            out = manager.get_result(timeout=600)
+            if out is None:
+                raise TimeoutError("transformers' continuous batching returned no result within 600 s")
+            run.record(out.created_time, list(out.timestamps or []))
+            if progress:
+                progress.update()
+        run.seconds = time.perf_counter() - start
+    finally:
+        manager.stop(block=True)
+    return run
+
+
+class TimingStreamer:
+    """A transformers streamer that notes when each generation step hands out its tokens."""
+
+    def __init__(self):
+        self.times, self.prompt_seen = [], False
+
+    def put(self, value):
+        if self.prompt_seen:
+            self.times.append(time.perf_counter())
+        self.prompt_seen = True
+
+    def end(self):
+        pass
+
+
+def greedy_config(new_tokens: int):
+    from transformers import GenerationConfig as HFConfig
+    return HFConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+
+
+def greedy(new_tokens: int) -> dict:
+    return {"generation_config": greedy_config(new_tokens)}
+
+
+def synchronize(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def random_requests(count, prompt_len, new_tokens, vocab, seed=0, arrivals=None) -> list[Request]:
+    rng = random.Random(seed)
+    lengths = new_tokens if isinstance(new_tokens, list) else [new_tokens] * count
+    return [Request([rng.randrange(vocab) for _ in range(prompt_len)], lengths[i], arrivals[i] if arrivals else 0.0)
+            for i in range(count)]
