@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from . import weights
+from .layers import prepack_linears
 from .gpt2 import GPT2, GPT2Spec
 from .llama import Llama, LlamaSpec
 
@@ -69,9 +70,11 @@ def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, de
     except KeyError as missing:
         raise ValueError(f"the {config['model_type']} checkpoint is missing tensor {missing.args[0]}") from None
     model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, assign=True)
-    if getattr(spec, "tie_word_embeddings", False):
-        model.lm_head.weight = model.embed.weight
-    return model.to(device).eval().requires_grad_(False)
+    model.tie_embeddings()  # assign=True loaded the tied names as two tensors
+    model = model.to(device).eval().requires_grad_(False)
+    if device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available():
+        prepack_linears(model)
+    return model
 
 
 def load(source=None, *, device="cpu", dtype=None) -> Checkpoint:

@@ -63,6 +63,11 @@ class GPT2(nn.Module):
         self.wpe = nn.Embedding(s.max_position, s.hidden_size)
         self.layers = nn.ModuleList(Block(s) for _ in range(s.num_layers))
         self.ln_f = nn.LayerNorm(s.hidden_size, eps=s.eps)
+        self.lm_head = nn.Linear(s.hidden_size, s.vocab_size, bias=False)
+        self.tie_embeddings()
+
+    def tie_embeddings(self):
+        self.lm_head.weight = self.wte.weight
 
     def forward(self, step, kv_cache) -> torch.Tensor:
         """Logits [S, vocab] for the step's sampled positions only."""
@@ -70,13 +75,14 @@ class GPT2(nn.Module):
         masks = AttentionMasks(step)
         for i, layer in enumerate(self.layers):
             x = layer(x, kv_cache.layer(i), step, masks)
-        return F.linear(self.ln_f(x[step.sample_indices]), self.wte.weight)  # tied LM head
+        return self.lm_head(self.ln_f(x[step.sample_indices]))
 
     @staticmethod
     def convert(hf: dict[str, torch.Tensor], s: GPT2Spec) -> dict[str, torch.Tensor]:
         """Transformers' names -> this module's. GPT-2 stores Conv1D weights as [in, out]."""
         hf = {k.removeprefix("transformer."): v for k, v in hf.items()}
         out = {name: hf[name] for name in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias")}
+        out["lm_head.weight"] = hf["wte.weight"]
         names = {"ln_1": "ln1", "ln_2": "ln2", "attn.c_attn": "qkv", "attn.c_proj": "attn_out",
                  "mlp.c_fc": "fc", "mlp.c_proj": "proj"}
         for i in range(s.num_layers):

@@ -114,9 +114,12 @@ class Llama(nn.Module):
         self.layers = nn.ModuleList(Block(s) for _ in range(s.num_layers))
         self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.lm_head = nn.Linear(s.hidden_size, s.vocab_size, bias=False)
-        if s.tie_word_embeddings:
-            self.lm_head.weight = self.embed.weight
+        self.tie_embeddings()
         self.rotary = Rotary(s.head_dim, s.rope_theta, s.rope_scaling)
+
+    def tie_embeddings(self):
+        if self.spec.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
 
     def forward(self, step, kv_cache) -> torch.Tensor:
         """Logits [S, vocab] for the step's sampled positions only."""

@@ -117,6 +117,14 @@ def main(argv=None) -> int:
 
     from . import bench_suite
     bench_suite.add_parser(commands, add_model_arguments)
+    try:
+        from . import server
+    except ImportError as missing:  # FastAPI and uvicorn are the "server" extra
+        p = commands.add_parser("serve", help="OpenAI-compatible HTTP server (needs: pip install -e '.[server]')")
+        p.set_defaults(run=lambda args: sys.exit(f"serve needs FastAPI and uvicorn ({missing}): "
+                                                 "pip install -e '.[server]'"))
+    else:
+        server.add_parser(commands, add_model_arguments)
 
     args = parser.parse_args(argv)
     return args.run(args) or 0

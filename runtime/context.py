@@ -81,6 +81,7 @@ class ResponseContext:
         self.finish_reason: str | None = None
         self.aborted = False
         self.queue: queue.Queue = queue.Queue()
+        self.waker = None  # set by an asyncio consumer waiting on this queue (Engine.fetch_async)
         self.max_length = min(max_context, self.num_prompt + config.max_new_tokens)
         stops = set(config.stop_token_ids)
         if not config.ignore_eos:
@@ -108,7 +109,7 @@ class ResponseContext:
         """Record a sampled token, hand it to the consumer, and say whether the stream ended."""
         self.token_times.append(now)
         self.tokens.append(token)
-        self.queue.put(token)
+        self.put(token)
         if token in self.stop_ids:
             return self.finish("stop")
         if len(self.tokens) >= self.max_length:
@@ -118,13 +119,19 @@ class ResponseContext:
     def finish(self, reason: str) -> bool:
         self.status = Status.FINISHED
         self.finish_reason = reason
-        self.queue.put(END)
+        self.put(END)
         return True
 
     def fail(self, error: BaseException) -> None:
         self.status = Status.FINISHED
         self.finish_reason = "error"
-        self.queue.put(Failure(error))
+        self.put(Failure(error))
+
+    def put(self, item) -> None:
+        self.queue.put(item)
+        waker, self.waker = self.waker, None
+        if waker is not None:
+            waker()
 
     def discard_unfetched(self) -> None:
         while True:

@@ -3,6 +3,7 @@ main-loop thread that runs every live request in a single batched forward per st
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import itertools
 import queue
@@ -103,13 +104,41 @@ class Engine(TextAPI):
         which releases the handle. Raises KeyError for an unknown or released handle,
         TimeoutError when ``timeout`` seconds pass first, GenerationFailed or EngineClosed
         (with the cause) when the request failed."""
-        ctx = self._contexts.get(handle)  # a single dict read is atomic; no lock needed
-        if ctx is None:
-            raise KeyError(f"unknown handle {handle!r}: never launched, or its stream already ended")
+        ctx = self._context(handle)
         try:
             item = ctx.queue.get(timeout=timeout)
         except queue.Empty:
             raise TimeoutError(f"no token for handle {handle} within {timeout} s") from None
+        return self._take(handle, ctx, item)
+
+    async def fetch_async(self, handle: int, timeout: float | None = None) -> int:
+        """fetch_response_tokens for asyncio: awaits without blocking the event loop or a thread.
+        The loop thread wakes the awaiting task through call_soon_threadsafe; nothing polls."""
+        ctx = self._context(handle)
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                return self._take(handle, ctx, ctx.queue.get_nowait())
+            except queue.Empty:
+                pass
+            ready = loop.create_future()
+            ctx.waker = lambda: loop.call_soon_threadsafe(lambda: ready.done() or ready.set_result(None))
+            if not ctx.queue.empty():  # a token arrived before the waker was in place
+                ctx.waker = None
+                continue
+            try:
+                await asyncio.wait_for(ready, timeout)
+            except asyncio.TimeoutError:
+                ctx.waker = None
+                raise TimeoutError(f"no token for handle {handle} within {timeout} s") from None
+
+    def _context(self, handle: int) -> ResponseContext:
+        ctx = self._contexts.get(handle)  # a single dict read is atomic; no lock needed
+        if ctx is None:
+            raise KeyError(f"unknown handle {handle!r}: never launched, or its stream already ended")
+        return ctx
+
+    def _take(self, handle: int, ctx: ResponseContext, item) -> int:
         if item == END or isinstance(item, Failure):
             with self._lock:
                 self._contexts.pop(handle, None)
@@ -130,9 +159,7 @@ class Engine(TextAPI):
         """Stop a request at the next step boundary: its blocks are freed, unfetched tokens are
         discarded, and the next fetch returns -1. Raises KeyError for an unknown handle."""
         with self._lock:
-            ctx = self._contexts.get(handle)
-            if ctx is None:
-                raise KeyError(f"unknown handle {handle!r}: never launched, or its stream already ended")
+            ctx = self._context(handle)
             ctx.aborted = True
             # Safe while a forward runs: freed blocks are handed out again only by the next schedule.
             self.scheduler.remove(ctx)
@@ -220,11 +247,10 @@ class Engine(TextAPI):
                     ctx.num_computed += n
                     ctx.hashed = self.allocator.register_full_blocks(
                         ctx.tokens, ctx.block_table, ctx.num_computed, *ctx.hashed)
-            now = time.perf_counter()
             for ctx, token in zip(sampling, tokens):
                 if not ctx.finished:
                     self._counters["tokens_generated"] += 1
-                    if ctx.append(token, now):
+                    if ctx.append(token, time.perf_counter()):
                         self._counters["requests_finished"] += 1
                         self.scheduler.remove(ctx)
                     elif not self.scheduler.runnable(ctx):

@@ -5,7 +5,7 @@ Runs in the caller's thread; the loop thread never touches a tokenizer.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 from .config import GenerationConfig
 
@@ -45,9 +45,37 @@ class Detokenizer:
         return self.tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
+class TextAssembler:
+    """Tokens in, text pieces out, for one stream: detokenizes, finds ``stop`` strings, and holds
+    back text that may be the start of one, so that a stop string is never returned."""
+
+    def __init__(self, tokenizer, stops: tuple[str, ...]):
+        self.detokenizer = Detokenizer(tokenizer)
+        self.stops = stops
+        self.hold = max(map(len, stops), default=1) - 1
+        self.text, self.emitted = "", 0
+        self.stopped = False  # a stop string was found
+
+    def add(self, token: int) -> str:
+        """The text that is safe to emit after ``token`` (END flushes the rest)."""
+        ended = token == END
+        self.text += self.detokenizer.flush() if ended else self.detokenizer.push(token)
+        # Held-back text ensures a stop string never starts before `emitted`.
+        cut = min((i for i in (self.text.find(s, self.emitted) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped = True
+            end = cut
+        else:
+            end = len(self.text) if ended else len(self.text) - self.hold
+        if end <= self.emitted:
+            return ""
+        piece, self.emitted = self.text[self.emitted:end], end
+        return piece
+
+
 class TextAPI:
-    """Mixed into Engine: needs ``tokenizer``, ``launch_response_tokens``, ``fetch_response_tokens``
-    and ``abort_response``."""
+    """Mixed into Engine: needs ``tokenizer``, ``launch_response_tokens``, ``fetch_response_tokens``,
+    ``fetch_async`` and ``abort_response``."""
 
     def encode(self, prompt) -> list[int]:
         """A str is tokenized as is; a list of {"role", "content"} messages goes through the
@@ -73,40 +101,50 @@ class TextAPI:
         """Yield text pieces as tokens arrive. Stops at EOS, a stop token, ``max_new_tokens`` or a
         ``config.stop`` string (which is not returned). Closing the iterator early aborts the request."""
         config = self._check_config(config)
-        handle = self.launch_response(prompt, config)
-        return self._stream_text(handle, config.stop)
+        return self.stream_text(self.launch_response(prompt, config), config.stop)
 
     def response(self, prompt, config: GenerationConfig | None = None) -> str:
         """The whole answer; blocks until it is done. Equal to joining stream_response's pieces."""
         return "".join(self.stream_response(prompt, config))
 
-    def _stream_text(self, handle: int, stops: tuple[str, ...]) -> Iterator[str]:
-        detokenizer = Detokenizer(self.tokenizer)
-        hold = max(map(len, stops), default=1) - 1  # a stop string may still be completing
-        text, emitted, ended = "", 0, False
+    async def astream_response(self, prompt, config: GenerationConfig | None = None) -> AsyncIterator[str]:
+        """stream_response for asyncio: awaits tokens without blocking the event loop."""
+        config = self._check_config(config)
+        async for piece in self.astream_text(self.launch_response(prompt, config), config.stop):
+            yield piece
+
+    def stream_text(self, handle: int, stops: tuple[str, ...] = ()) -> Iterator[str]:
+        """The text of a launched request, piece by piece; aborts it if left early."""
+        text = TextAssembler(self._require_tokenizer(), stops)
+        token = None
         try:
-            while not ended:
+            while token != END and not text.stopped:
                 token = self.fetch_response_tokens(handle)
-                ended = token == END
-                text += detokenizer.flush() if ended else detokenizer.push(token)
-                # Held-back text ensures a stop string never starts before `emitted`.
-                cut = min((i for i in (text.find(s, emitted) for s in stops) if i >= 0), default=-1)
-                if cut >= 0:
-                    if cut > emitted:
-                        yield text[emitted:cut]
-                    return
-                safe = len(text) if ended else len(text) - hold
-                if safe > emitted:
-                    yield text[emitted:safe]
-                    emitted = safe
+                if piece := text.add(token):
+                    yield piece
         finally:
-            if not ended:  # stopped by a stop string, an error, or a consumer that let go
-                try:
-                    self.abort_response(handle)
-                    while self.fetch_response_tokens(handle) != END:
-                        pass
-                except (KeyError, RuntimeError):  # already released, or the engine shut down
-                    pass
+            if token != END:  # a stop string, an error, or a consumer that let go
+                self._release(handle)
+
+    async def astream_text(self, handle: int, stops: tuple[str, ...] = ()) -> AsyncIterator[str]:
+        text = TextAssembler(self._require_tokenizer(), stops)
+        token = None
+        try:
+            while token != END and not text.stopped:
+                token = await self.fetch_async(handle)
+                if piece := text.add(token):
+                    yield piece
+        finally:
+            if token != END:  # includes the task being cancelled: a client that went away
+                self._release(handle)
+
+    def _release(self, handle: int) -> None:
+        try:
+            self.abort_response(handle)
+            while self.fetch_response_tokens(handle, timeout=0) != END:  # abort left only -1
+                pass
+        except (KeyError, RuntimeError, TimeoutError):  # already released, or the engine shut down
+            pass
 
     def _require_tokenizer(self):
         if self.tokenizer is None:

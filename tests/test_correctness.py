@@ -82,3 +82,26 @@ def test_eos_ends_the_stream_unless_ignored(llama):
     assert stopped == free_run[:free_run.index(eos) + 1]
     assert ignored == free_run
     assert by_stop_id == free_run[:2]
+
+
+def test_float32_cpu_model_with_prepacked_linears_matches_transformers():
+    """float32 on CPU swaps nn.Linear for oneDNN's prepacked one: logits must stay transformers'."""
+    from models.layers import OneDNNLinear
+
+    from runtime import batch
+    from runtime.context import ResponseContext
+    from runtime.scheduler import StepPlan
+    for arch in ("gpt2", "llama"):
+        hf = tiny_model(arch).float()
+        engine = Engine.from_pretrained(hf)
+        assert isinstance(engine.model.layers[0].mlp.down if arch == "llama" else engine.model.layers[0].fc,
+                          OneDNNLinear)
+        prompt = [5, 9, 17, 33, 2, 60, 7]
+        ctx = ResponseContext(0, prompt, GenerationConfig(), 0, 256, frozenset(), torch.device("cpu"))
+        ctx.block_table = engine.allocator.allocate(1)
+        step = batch.build(StepPlan([(ctx, len(prompt))], 0), engine.options.block_size, torch.device("cpu"))
+        with torch.no_grad():
+            ours = engine.model(step, engine.kv_cache)[0]
+            theirs = hf(torch.tensor([prompt])).logits[0, -1]
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+        engine.shutdown()
