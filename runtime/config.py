@@ -88,7 +88,8 @@ class EngineOptions:
     kv_cache_bytes     memory budget for the pool when num_kv_blocks is None
                        (None: 2 GiB on CPU, 60% of free memory on CUDA)
     policy             "fcfs" (arrival order) or "priority" (GenerationConfig.priority, larger first)
-    max_waiting        bound on requests waiting for admission; launch past it raises EngineBusy
+    max_waiting        bound on the backlog: waiting requests beyond the batch's free slots;
+                       a launch past it raises EngineBusy
     max_unfetched_tokens  a request whose consumer lags this many tokens behind is paused
     enable_prefix_caching reuse KV blocks of identical prompt prefixes across requests
     """

@@ -87,7 +87,7 @@ class Engine(TextAPI):
                 raise EngineClosed("the engine is shut down; no new requests") from self._closed
             self._release_dropped()  # abandoned handles go at the latest when the next request comes
             bound = self.options.max_waiting
-            if bound is not None and len(self.scheduler.waiting) >= bound:
+            if bound is not None and self._backlog() >= bound:
                 raise EngineBusy(f"{bound} requests are already waiting (max_waiting={bound}); retry later")
             number = next(self._handles)
             ctx = ResponseContext(number, prompt, config, number, self.max_context, self.eos_token_ids, self.device)
@@ -255,6 +255,11 @@ class Engine(TextAPI):
                         self.scheduler.remove(ctx)
                     elif not self.scheduler.runnable(ctx):
                         self.scheduler.preempt(ctx)  # holds no blocks while its consumer catches up
+
+    def _backlog(self) -> int:
+        """Waiting requests beyond the batch's free slots: those the next step cannot admit."""
+        free_slots = max(0, self.options.max_batch_size - len(self.scheduler.running))
+        return max(0, len(self.scheduler.waiting) - free_slots)
 
     def _release_dropped(self) -> None:
         while self._dropped:

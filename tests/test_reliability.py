@@ -28,9 +28,7 @@ def wait_until(condition, seconds=10.0):
 def test_launch_past_max_waiting_raises_engine_busy(llama):
     with Engine.from_pretrained(llama, max_batch_size=1, max_waiting=2) as engine:
         engine.model = Hooked(engine.model, delay=0.02)
-        handles = [engine.launch_response_tokens([5, 6], LONG)]
-        wait_until(lambda: engine.stats()["running"] == 1)
-        handles += [engine.launch_response_tokens([5, 6], LONG) for _ in range(2)]
+        handles = [engine.launch_response_tokens([5, 6], LONG) for _ in range(3)]  # a burst: 1 runs, 2 wait
         with pytest.raises(EngineBusy, match="2 requests are already waiting"):
             engine.launch_response_tokens([5, 6], LONG)
         engine.abort_response(handles[0])

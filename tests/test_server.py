@@ -12,7 +12,7 @@ import pytest
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
-from runtime import Engine, GenerationConfig  # noqa: E402
+from runtime import Engine, EngineBusy, GenerationConfig  # noqa: E402
 from runtime.server import create_app  # noqa: E402
 
 KEY = "test-key"
@@ -132,9 +132,16 @@ def test_wrong_key_is_401(server):
 
 def test_waiting_bound_is_429(server, client):
     engine = server[0]
-    blockers = [engine.launch_response_tokens([1, 2, 3], GenerationConfig(max_new_tokens=400, ignore_eos=True))
-                for _ in range(16 + 4)]  # fill the running batch and the waiting queue
+    blockers = []
+    deadline = time.monotonic() + 30
     try:
+        while engine.stats()["running"] < 16 or engine.stats()["waiting"] < 4:  # fill batch, then queue
+            assert time.monotonic() < deadline
+            try:
+                blockers.append(engine.launch_response_tokens(
+                    [1, 2, 3], GenerationConfig(max_new_tokens=400, ignore_eos=True)))
+            except EngineBusy:
+                time.sleep(0.01)
         with pytest.raises(openai.RateLimitError) as info:
             client.chat.completions.create(model=MODEL, messages=ask(1), max_tokens=4)
         assert info.value.body["code"] == "engine_busy"
