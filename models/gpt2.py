@@ -46,9 +46,9 @@ class Block(nn.Module):
         self.fc = nn.Linear(s.hidden_size, s.inner_size)
         self.proj = nn.Linear(s.inner_size, s.hidden_size)
 
-    def forward(self, x, cache, step, masks):
+    def forward(self, x, kv_cache, layer, step, masks):
         q, k, v = self.qkv(self.ln1(x)).view(-1, 3, self.heads, self.dim).unbind(1)
-        o = paged_attention(q, k, v, cache, step, masks, self.dim ** -0.5)
+        o = paged_attention(q, k, v, kv_cache, layer, step, masks, self.dim ** -0.5)
         x = x + self.attn_out(o.flatten(1))
         return x + self.proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
@@ -74,7 +74,7 @@ class GPT2(nn.Module):
         x = self.wte(step.input_ids) + self.wpe(step.positions)
         masks = AttentionMasks(step)
         for i, layer in enumerate(self.layers):
-            x = layer(x, kv_cache.layer(i), step, masks)
+            x = layer(x, kv_cache, i, step, masks)
         return self.lm_head(self.ln_f(x[step.sample_indices]))
 
     @staticmethod

@@ -18,15 +18,15 @@ class AttentionMasks:
     """
 
     def __init__(self, step, window: int | None = None):
-        self.decode = None
-        if step.num_decodes:
-            width = step.decode_block_tables.shape[1] * step.block_size
+        self.decode = []
+        for group in step.decode_groups:
+            width = group.block_tables.shape[1] * step.block_size
             keys = torch.arange(width, device=step.positions.device)
-            lens = step.decode_context_lens[:, None]
+            lens = group.context_lens[:, None]
             mask = keys < lens
             if window is not None:
                 mask &= keys >= lens - window
-            self.decode = mask[:, None, None, :]
+            self.decode.append(mask[:, None, None, :])
         self.prefill = []
         for chunk in step.prefills:
             n = chunk.end - chunk.start
@@ -41,29 +41,28 @@ class AttentionMasks:
             self.prefill.append(mask)
 
 
-def paged_attention(q, k, v, cache, step, masks: AttentionMasks, scale: float) -> torch.Tensor:
+def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, scale: float) -> torch.Tensor:
     """q: [T, heads, dim]; k, v: [T, kv_heads, dim]. Writes the step's K/V into the pool, then
     attends through block tables. Returns [T, heads, dim]."""
-    k_cache, v_cache = cache
+    k_cache, v_cache = kv_cache.layer(layer)
     kv_heads, dim = k.shape[1], k.shape[2]
     k_cache.view(-1, kv_heads, dim).index_copy_(0, step.slot_mapping, k)
     v_cache.view(-1, kv_heads, dim).index_copy_(0, step.slot_mapping, v)
     gqa = q.shape[1] != kv_heads
     out = torch.empty_like(q)
-    nd = step.num_decodes
-    if nd:
+    for group, mask in zip(step.decode_groups, masks.decode):
         # index_select copies whole blocks; advanced indexing (cache[tables]) measured 8x slower.
-        tables = step.decode_block_tables
-        shape = (nd, -1, kv_heads, dim)
-        keys = k_cache.index_select(0, tables.flatten()).view(shape).transpose(1, 2)  # [nd, kv_heads, L, dim]
-        values = v_cache.index_select(0, tables.flatten()).view(shape).transpose(1, 2)
-        o = F.scaled_dot_product_attention(q[:nd, :, None, :], keys, values, attn_mask=masks.decode,
+        blocks = group.block_tables.flatten()
+        shape = (group.end - group.start, -1, kv_heads, dim)
+        keys = kv_cache.gather(k_cache, blocks, 0).view(shape).transpose(1, 2)  # [n, kv_heads, L, dim]
+        values = kv_cache.gather(v_cache, blocks, 1).view(shape).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q[group.start:group.end, :, None, :], keys, values, attn_mask=mask,
                                            scale=scale, enable_gqa=gqa)
-        out[:nd] = o[:, :, 0, :]
+        out[group.start:group.end] = o[:, :, 0, :]
     for chunk, mask in zip(step.prefills, masks.prefill):
         length = chunk.first_position + chunk.end - chunk.start
-        keys = k_cache.index_select(0, chunk.block_table).flatten(0, 1)[:length].transpose(0, 1)[None]
-        values = v_cache.index_select(0, chunk.block_table).flatten(0, 1)[:length].transpose(0, 1)[None]
+        keys = kv_cache.gather(k_cache, chunk.block_table, 0).flatten(0, 1)[:length].transpose(0, 1)[None]
+        values = kv_cache.gather(v_cache, chunk.block_table, 1).flatten(0, 1)[:length].transpose(0, 1)[None]
         queries = q[chunk.start:chunk.end].transpose(0, 1)[None]
         o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=mask is None,
                                            scale=scale, enable_gqa=gqa)

@@ -72,11 +72,11 @@ class Attention(nn.Module):
         self.out = nn.Linear(s.num_heads * s.head_dim, s.hidden_size, bias=s.out_bias)
         self.scale = s.head_dim ** -0.5
 
-    def forward(self, x, cos, sin, cache, step, masks):
+    def forward(self, x, cos, sin, kv_cache, layer, step, masks):
         q, k, v = self.qkv(x).split([self.heads * self.dim, self.kv_heads * self.dim, self.kv_heads * self.dim], -1)
         q = apply_rotary(q.view(-1, self.heads, self.dim), cos, sin)
         k = apply_rotary(k.view(-1, self.kv_heads, self.dim), cos, sin)
-        o = paged_attention(q, k, v.view(-1, self.kv_heads, self.dim), cache, step, masks, self.scale)
+        o = paged_attention(q, k, v.view(-1, self.kv_heads, self.dim), kv_cache, layer, step, masks, self.scale)
         return self.out(o.flatten(1))
 
 
@@ -99,8 +99,8 @@ class Block(nn.Module):
         self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.mlp = MLP(s)
 
-    def forward(self, x, cos, sin, cache, step, masks):
-        x = x + self.attn(self.input_norm(x), cos, sin, cache, step, masks)
+    def forward(self, x, cos, sin, kv_cache, layer, step, masks):
+        x = x + self.attn(self.input_norm(x), cos, sin, kv_cache, layer, step, masks)
         return x + self.mlp(self.post_norm(x))
 
 
@@ -127,7 +127,7 @@ class Llama(nn.Module):
         cos, sin = self.rotary(step.positions, x.dtype)
         masks = AttentionMasks(step, self.spec.sliding_window)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, kv_cache.layer(i), step, masks)
+            x = layer(x, cos, sin, kv_cache, i, step, masks)
         return self.lm_head(self.norm(x[step.sample_indices]))
 
     @staticmethod

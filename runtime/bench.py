@@ -122,8 +122,7 @@ def run_pure_forward(model, requests: list[Request], workload: str, block_size=1
             if ctx.num_generated < ctx.config.max_new_tokens and n:
                 plan.work.append((ctx, n))
                 budget -= n
-        plan.work.sort(key=lambda w: w[1] != 1)
-        plan.num_decodes = sum(1 for _, n in plan.work if n == 1)
+        plan.order()
         steps.append(batching.build(plan, block_size, device))
         for ctx, n in plan.work:
             ctx.num_computed += n

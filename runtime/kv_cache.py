@@ -26,9 +26,21 @@ class KVCache:
         else:
             self.data = torch.zeros(shape, dtype=dtype, device=device)
         self.block_size = block_size
+        self.scratch = [torch.empty(0, dtype=dtype, device=device) for _ in range(2)]  # for K, for V
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.data[0, index], self.data[1, index]
+
+    def gather(self, cache: torch.Tensor, blocks: torch.Tensor, which: int) -> torch.Tensor:
+        """``cache[blocks]`` (which: 0 for K, 1 for V) into a buffer reused by every layer and step.
+        A fresh tensor of this size (100+ MB for a large decode batch) comes from new pages each
+        time, and the page faults measured 10x the copy itself. Only the loop thread calls this."""
+        shape = (blocks.numel(),) + tuple(cache.shape[1:])
+        need = torch.Size(shape).numel()
+        if self.scratch[which].numel() < need:
+            self.scratch[which] = torch.empty(need + need // 4, dtype=cache.dtype, device=cache.device)
+        out = self.scratch[which][:need].view(shape)
+        return torch.index_select(cache, 0, blocks, out=out)
 
     @staticmethod
     def bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype) -> int:

@@ -22,6 +22,12 @@ class StepPlan:
     def __bool__(self):
         return bool(self.work)
 
+    def order(self) -> None:
+        """One-token entries (decodes, and any 1-token chunk) first, longest context first, so that
+        batch.build can group them by length for the batched decode attention."""
+        self.work.sort(key=lambda w: (w[1] != 1, -w[0].num_computed if w[1] == 1 else 0))
+        self.num_decodes = sum(1 for _, n in self.work if n == 1)
+
     def drop(self, ctx: ResponseContext) -> int:
         """Take a preempted request out of the plan; returns the tokens it had been given."""
         for i, (c, n) in enumerate(self.work):
@@ -90,9 +96,7 @@ class Scheduler:
                 plan.work.append((ctx, n))
                 budget -= n
         self.admit(plan, budget)
-        # One-token entries (decodes, and any 1-token chunk) share the batched decode attention.
-        plan.work.sort(key=lambda w: w[1] != 1)
-        plan.num_decodes = sum(1 for _, n in plan.work if n == 1)
+        plan.order()
         return plan
 
     def admit(self, plan: StepPlan, budget: int) -> None:

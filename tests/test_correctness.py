@@ -99,7 +99,9 @@ def test_float32_cpu_model_with_prepacked_linears_matches_transformers():
         prompt = [5, 9, 17, 33, 2, 60, 7]
         ctx = ResponseContext(0, prompt, GenerationConfig(), 0, 256, frozenset(), torch.device("cpu"))
         ctx.block_table = engine.allocator.allocate(1)
-        step = batch.build(StepPlan([(ctx, len(prompt))], 0), engine.options.block_size, torch.device("cpu"))
+        plan = StepPlan([(ctx, len(prompt))])
+        plan.order()
+        step = batch.build(plan, engine.options.block_size, torch.device("cpu"))
         with torch.no_grad():
             ours = engine.model(step, engine.kv_cache)[0]
             theirs = hf(torch.tensor([prompt])).logits[0, -1]
