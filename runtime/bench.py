@@ -90,13 +90,7 @@ def run_loom(engine, requests: list[Request], workload: str, progress=None) -> R
             if progress:
                 progress.update()
 
-    threads = [threading.Thread(target=client, args=(r,)) for r in requests]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    run.seconds = time.perf_counter() - start
-    return run
+    return one_thread_each(client, requests, run, start)
 
 
 def run_pure_forward(model, requests: list[Request], workload: str, block_size=16, max_batch_tokens=2048) -> Run:
@@ -160,13 +154,7 @@ def run_hf_serial(hf, requests: list[Request], workload: str, limit: int, progre
             if progress:
                 progress.update()
 
-    threads = [threading.Thread(target=client, args=(r,)) for r in chosen]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    run.seconds = time.perf_counter() - start
-    return run
+    return one_thread_each(client, chosen, run, start)
 
 
 def run_hf_static(hf, requests: list[Request], workload: str, batch_size: int, progress=None) -> Run:
@@ -214,6 +202,17 @@ def run_hf_continuous(hf, requests: list[Request], workload: str, progress=None)
         run.seconds = time.perf_counter() - start
     finally:
         manager.stop(block=True)
+    return run
+
+
+def one_thread_each(client, requests: list[Request], run: Run, start: float) -> Run:
+    """Run ``client(request)`` in a thread per request, as an application would, and time it all."""
+    threads = [threading.Thread(target=client, args=(r,)) for r in requests]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    run.seconds = time.perf_counter() - start
     return run
 
 
