@@ -1,0 +1,46 @@
+"""The command line as a user runs it: python -m runtime ..."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from runtime.cli import main
+
+
+@pytest.mark.parametrize("command", ["chat", "generate", "bench", "serve"])
+def test_every_subcommand_explains_itself(command, capsys):
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ("--model", "--device", "--dtype"):
+        assert flag in text
+
+
+def test_generate_answers_every_prompt_in_order(tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("What is 2 plus 2?\nName a colour.\n\nWhat is the capital of Italy?\n")
+    out = tmp_path / "answers.jsonl"
+    assert main(["generate", str(prompts), "--chat", "--max-new-tokens", "12", "--output", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["prompt"] for r in rows] == ["What is 2 plus 2?", "Name a colour.", "What is the capital of Italy?"]
+    assert all(r["response"].strip() for r in rows)
+
+
+def test_chat_streams_answers_until_an_empty_line():
+    done = subprocess.run([sys.executable, "-m", "runtime", "chat", "--max-new-tokens", "16"],
+                          input="What is the capital of France?\n\n", capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "bot> " in done.stdout and "Paris" in done.stdout
+
+
+def test_bench_smoke_run_writes_table_json_and_plot(tmp_path):
+    assert main(["bench", "--smoke", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    systems = {(r["workload"], r["system"]) for r in report["runs"]}
+    assert ("W1", "loom") in systems and ("W1", "transformers static") in systems
+    assert ("W4", "loom, prefix cache on") in systems
+    assert all(r["tokens"] > 0 and r["throughput"] > 0 for r in report["runs"])
+    assert (tmp_path / "bench.png").stat().st_size > 1000
