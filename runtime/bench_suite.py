@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import platform
+from functools import partial
 import random
 import time
 from pathlib import Path
@@ -79,12 +80,12 @@ def main(args) -> int:
     if args.sweep:
         for c in [int(x) for x in args.sweep.split(",")]:
             requests = bench.random_requests(c, 16, args.sweep_tokens, hf.config.vocab_size, seed=c)
-            for name in ("loom", "pure", "static"):
+            runners = {"loom": partial(bench.run_loom, engine, requests, "sweep"),
+                       "pure": lambda bar, requests=requests: bench.run_pure_forward(engine.model, requests, "sweep"),
+                       "static": partial(bench.run_hf_static, hf, requests, "sweep", c)}
+            for name, runner in runners.items():
                 if name in systems:
-                    run = {"loom": lambda bar: bench.run_loom(engine, requests, "sweep", bar),
-                           "pure": lambda bar: bench.run_pure_forward(engine.model, requests, "sweep"),
-                           "static": lambda bar: bench.run_hf_static(hf, requests, "sweep", c, bar)}[name]
-                    measure(f"sweep {c} {name}", run, c)
+                    measure(f"sweep {c} {name}", runner, c)
     if {"w1", "w2", "w4"} & set(workloads) or args.sweep:
         engine.shutdown()
     if "w3" in workloads:

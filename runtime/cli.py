@@ -120,9 +120,9 @@ def main(argv=None) -> int:
     try:
         from . import server
     except ImportError as missing:  # FastAPI and uvicorn are the "server" extra
+        why = f"serve needs FastAPI and uvicorn ({missing}): pip install -e '.[server]'"
         p = commands.add_parser("serve", help="OpenAI-compatible HTTP server (needs: pip install -e '.[server]')")
-        p.set_defaults(run=lambda args: sys.exit(f"serve needs FastAPI and uvicorn ({missing}): "
-                                                 "pip install -e '.[server]'"))
+        p.set_defaults(run=lambda args: sys.exit(why))
     else:
         server.add_parser(commands, add_model_arguments)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import itertools
 import queue
 import threading
@@ -28,6 +29,11 @@ from .text import TextAPI
 
 _live_engines: weakref.WeakSet = weakref.WeakSet()
 atexit.register(lambda: [engine.shutdown() for engine in list(_live_engines)])
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():  # a timed-out wait cancelled it
+        future.set_result(None)
 
 
 class Engine(TextAPI):
@@ -122,7 +128,7 @@ class Engine(TextAPI):
             except queue.Empty:
                 pass
             ready = loop.create_future()
-            ctx.waker = lambda: loop.call_soon_threadsafe(lambda: ready.done() or ready.set_result(None))
+            ctx.waker = functools.partial(loop.call_soon_threadsafe, _resolve, ready)
             if not ctx.queue.empty():  # a token arrived before the waker was in place
                 ctx.waker = None
                 continue

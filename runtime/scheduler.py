@@ -63,8 +63,7 @@ class Scheduler:
 
     def add(self, ctx: ResponseContext) -> None:
         ctx.status = Status.WAITING
-        keys = [self.precedence(c) for c in self.waiting]
-        self.waiting.insert(bisect.bisect(keys, self.precedence(ctx)), ctx)
+        bisect.insort(self.waiting, ctx, key=self.precedence)
 
     def remove(self, ctx: ResponseContext) -> None:
         """Drop a request from whichever list holds it and free its blocks."""
