@@ -5,6 +5,7 @@ disconnects mid-stream cancels its handler, whose stream aborts the request at o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -71,7 +72,16 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
                default_max_tokens: int = 256) -> FastAPI:
     name = model_name or engine.name
     metrics = Metrics(engine)
-    app = FastAPI(title="Loom", description="OpenAI-compatible API over a Loom engine")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_):
+        yield
+        # uvicorn runs this after draining open connections on SIGTERM/SIGINT (and then re-raises
+        # the signal, so code after uvicorn.run may never run).
+        engine.shutdown()
+        print("loom: engine shut down", flush=True)
+
+    app = FastAPI(title="Loom", description="OpenAI-compatible API over a Loom engine", lifespan=lifespan)
 
     @app.exception_handler(APIError)
     async def api_error(_, error: APIError):
@@ -206,8 +216,7 @@ def serve(args) -> int:
                                     max_batch_size=args.max_batch_size, max_waiting=args.max_waiting)
     app = create_app(engine, args.model_name, args.api_key)
     print(f"serving {args.model_name or engine.name} on http://{args.host}:{args.port}/v1", flush=True)
-    try:  # uvicorn turns SIGTERM/SIGINT into a graceful stop: no new connections, open ones finish
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=30)
-    finally:
-        engine.shutdown()
+    # SIGTERM/SIGINT: uvicorn stops accepting, lets open requests finish (30 s at most), then the
+    # app's lifespan shuts the engine down.
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=30)
     return 0

@@ -190,3 +190,29 @@ def test_async_api(server):
     text, tokens = asyncio.run(main())
     assert text == engine.response(ask(4), GenerationConfig(max_new_tokens=12))
     assert len(tokens) == 5
+
+
+def test_serve_command_stops_on_sigterm():
+    import signal
+    import subprocess
+    import sys
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "runtime", "serve", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "server did not come up"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        # uvicorn drains, runs the app's shutdown, then re-raises SIGTERM: -15 is the expected code.
+        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
+        assert "loom: engine shut down" in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
