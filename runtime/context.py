@@ -64,7 +64,7 @@ class ResponseContext:
     tokens whose K/V are in the cache; a step processes ``tokens[num_computed:]`` (or a chunk of
     it) and samples when it reaches the end. That one rule covers prefill, chunked prefill,
     decode and recompute after preemption. Only the loop thread mutates it after launch, except
-    ``aborted`` and the queue, which are guarded by the engine's lock.
+    for finishing by abort and the queue, which are guarded by the engine's lock.
     """
 
     def __init__(self, handle: int, prompt: list[int], config: GenerationConfig, arrival: int,
@@ -79,7 +79,6 @@ class ResponseContext:
         self.arrival = arrival
         self.status = Status.WAITING
         self.finish_reason: str | None = None
-        self.aborted = False
         # SimpleQueue is queue's C implementation: its wake-up path is cheaper than Queue's Python
         # conditions, which measured a lower fetch hand-off (p50 0.95 -> 0.7 ms, 64 consumers).
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -98,10 +97,6 @@ class ResponseContext:
     @property
     def num_generated(self) -> int:
         return len(self.tokens) - self.num_prompt
-
-    @property
-    def generated(self) -> list[int]:
-        return self.tokens[self.num_prompt:]
 
     @property
     def finished(self) -> bool:

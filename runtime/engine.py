@@ -166,7 +166,6 @@ class Engine(TextAPI):
         discarded, and the next fetch returns -1. Raises KeyError for an unknown handle."""
         with self._lock:
             ctx = self._context(handle)
-            ctx.aborted = True
             # Safe while a forward runs: freed blocks are handed out again only by the next schedule.
             self.scheduler.remove(ctx)
             ctx.discard_unfetched()
@@ -273,7 +272,6 @@ class Engine(TextAPI):
             if ctx is not None:
                 self.scheduler.remove(ctx)
                 if not ctx.finished:
-                    ctx.aborted = True
                     ctx.finish("abort")
                 ctx.discard_unfetched()
 

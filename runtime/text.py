@@ -8,8 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 
 from .config import GenerationConfig
-
-END = -1
+from .context import END
 
 
 class Detokenizer:
