@@ -72,7 +72,8 @@ def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, de
     model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, assign=True)
     model.tie_embeddings()  # assign=True loaded the tied names as two tensors
     model = model.to(device).eval().requires_grad_(False)
-    if device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available():
+    if (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         prepack_linears(model)
     return model
 

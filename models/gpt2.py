@@ -72,7 +72,7 @@ class GPT2(nn.Module):
     def forward(self, step, kv_cache) -> torch.Tensor:
         """Logits [S, vocab] for the step's sampled positions only."""
         x = self.wte(step.input_ids) + self.wpe(step.positions)
-        masks = AttentionMasks(step)
+        masks = AttentionMasks(step, x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, kv_cache, i, step, masks)
         return self.lm_head(self.ln_f(x[step.sample_indices]))

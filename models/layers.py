@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import paged_decode
+
 
 class AttentionMasks:
     """The masks of one step, built once per forward and shared by every layer.
@@ -17,9 +19,12 @@ class AttentionMasks:
     attends causally to everything before it, including earlier chunks and cached prefixes.
     """
 
-    def __init__(self, step, window: int | None = None):
+    def __init__(self, step, dtype: torch.dtype, window: int | None = None):
+        self.window = window
+        # The CPU kernel bounds each context itself; the torch path needs padded masks.
+        self.decode_on_kernel = paged_decode.supports(step.positions.device, dtype)
         self.decode = []
-        for group in step.decode_groups:
+        for group in [] if self.decode_on_kernel else step.decode_groups:
             width = group.block_tables.shape[1] * step.block_size
             keys = torch.arange(width, device=step.positions.device)
             lens = group.context_lens[:, None]
@@ -50,6 +55,11 @@ def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, 
     v_cache.view(-1, kv_heads, dim).index_copy_(0, step.slot_mapping, v)
     gqa = q.shape[1] != kv_heads
     out = torch.empty_like(q)
+    if masks.decode_on_kernel:
+        for group in step.decode_groups:
+            rows = slice(group.start, group.end)
+            paged_decode.decode_attention(q[rows], k_cache, v_cache, group.block_tables, group.context_lens,
+                                          out[rows], scale, masks.window)
     for group, mask in zip(step.decode_groups, masks.decode):
         # index_select copies whole blocks; advanced indexing (cache[tables]) measured 8x slower.
         blocks = group.block_tables.flatten()
@@ -73,15 +83,19 @@ def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, 
 class OneDNNLinear(nn.Module):
     """nn.Linear with its weight converted once to oneDNN's layout. On the 2-core CPU this
     measured 1.2-1.8x nn.Linear's GEMM rate at decode batch sizes (the LM head most), and took
-    ~21% off a GPT-2 small decode step. oneDNN takes float32 (and bfloat16) only."""
+    ~21% off a GPT-2 small decode step. oneDNN takes float32 (and bfloat16) only.
+
+    ``mkldnn::_linear_pointwise`` (the op torch's compiler emits for frozen CPU linears) takes and
+    returns dense tensors; the public ``mkldnn_linear`` needs both converted, which cost 8% of a
+    GPT-2 decode step at 64 sequences (the 64 x 50257 logits the most)."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.register_buffer("weight", linear.weight.detach().to_mkldnn())
-        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to_mkldnn())
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
 
     def forward(self, x):
-        return torch.ops.aten.mkldnn_linear(x.to_mkldnn(), self.weight, self.bias).to_dense()
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
 
 def prepack_linears(module: nn.Module) -> None:

@@ -125,7 +125,7 @@ class Llama(nn.Module):
         """Logits [S, vocab] for the step's sampled positions only."""
         x = self.embed(step.input_ids)
         cos, sin = self.rotary(step.positions, x.dtype)
-        masks = AttentionMasks(step, self.spec.sliding_window)
+        masks = AttentionMasks(step, x.dtype, self.spec.sliding_window)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, kv_cache, i, step, masks)
         return self.lm_head(self.norm(x[step.sample_indices]))

@@ -1,0 +1,109 @@
+// Decode attention read straight from the paged KV pool: one query token per sequence, each
+// sequence's keys and values found through its block table. The torch path first gathers every
+// sequence's blocks into a padded buffer and then runs SDPA over it, so the cache is read twice
+// and written once per layer; here each key and each value is read once, and nothing is padded.
+//
+// Plain C++ with OpenMP and no torch headers: it builds in about a second, and the OpenMP
+// runtime it needs is the one torch has already loaded (same soname), so the thread count set
+// with torch.set_num_threads applies here too. Called through ctypes, which releases the GIL.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <omp.h>
+
+namespace {
+
+template <typename T>
+void decode_attention(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache,
+                      const int64_t* block_tables, int64_t max_blocks, const int64_t* context_lens,
+                      T* out, int64_t out_stride, int64_t num_seqs, int64_t heads, int64_t kv_heads,
+                      int64_t dim, int64_t block_size, int64_t window, double scale) {
+    const int64_t group = heads / kv_heads;  // query heads sharing one K/V head (GQA)
+    const int64_t slot_stride = kv_heads * dim;
+    // A task is a sequence and a run of its KV heads. Whole sequences keep the reads sequential
+    // (a token's keys for all heads are one contiguous row); with few sequences, split the heads
+    // so that every thread has work.
+    const int64_t splits = num_seqs >= 4 * omp_get_max_threads() ? 1 : kv_heads;
+
+#pragma omp parallel
+    {
+        std::vector<T> scores;  // [heads of the task, keys]
+        std::vector<T> acc(heads * dim);
+        std::vector<T> inv_sum(heads);
+
+#pragma omp for collapse(2) schedule(dynamic)
+        for (int64_t s = 0; s < num_seqs; ++s) {
+            for (int64_t split = 0; split < splits; ++split) {
+                const int64_t kv_first = split * kv_heads / splits, kv_end = (split + 1) * kv_heads / splits;
+                const int64_t h_first = kv_first * group, h_count = (kv_end - kv_first) * group;
+                const int64_t end = context_lens[s];
+                const int64_t first = window > 0 ? std::max<int64_t>(0, end - window) : 0;
+                const int64_t n = end - first;
+                const int64_t* table = block_tables + s * max_blocks;
+                const T* qs = q + s * q_stride + h_first * dim;
+                scores.resize(h_count * n);
+
+                // Scores, one read of each key.
+                for (int64_t t = first; t < end; ++t) {
+                    const int64_t slot = table[t / block_size] * block_size + t % block_size;
+                    const T* keys = k_cache + slot * slot_stride + kv_first * dim;
+                    for (int64_t h = 0; h < h_count; ++h) {
+                        const T* qh = qs + h * dim;
+                        const T* key = keys + (h / group) * dim;
+                        T dot = 0;
+#pragma omp simd reduction(+ : dot)
+                        for (int64_t d = 0; d < dim; ++d) dot += qh[d] * key[d];
+                        scores[h * n + (t - first)] = dot * static_cast<T>(scale);
+                    }
+                }
+
+                // Softmax per query head; the 1/sum is applied to the output once.
+                for (int64_t h = 0; h < h_count; ++h) {
+                    T* row = scores.data() + h * n;
+                    const T peak = *std::max_element(row, row + n);
+                    T sum = 0;
+                    for (int64_t i = 0; i < n; ++i) {
+                        row[i] = std::exp(row[i] - peak);
+                        sum += row[i];
+                    }
+                    inv_sum[h] = T(1) / sum;
+                }
+
+                // Weighted values, one read of each value.
+                std::fill(acc.begin(), acc.begin() + h_count * dim, T(0));
+                for (int64_t t = first; t < end; ++t) {
+                    const int64_t slot = table[t / block_size] * block_size + t % block_size;
+                    const T* values = v_cache + slot * slot_stride + kv_first * dim;
+                    for (int64_t h = 0; h < h_count; ++h) {
+                        const T p = scores[h * n + (t - first)];
+                        const T* value = values + (h / group) * dim;
+                        T* ah = acc.data() + h * dim;
+#pragma omp simd
+                        for (int64_t d = 0; d < dim; ++d) ah[d] += p * value[d];
+                    }
+                }
+                T* o = out + s * out_stride + h_first * dim;
+                for (int64_t h = 0; h < h_count; ++h)
+                    for (int64_t d = 0; d < dim; ++d) o[h * dim + d] = acc[h * dim + d] * inv_sum[h];
+            }
+        }
+    }
+}
+
+}  // namespace
+
+#define LOOM_DECODE_ATTENTION(NAME, T)                                                              \
+    extern "C" void NAME(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache,          \
+                         const int64_t* block_tables, int64_t max_blocks, const int64_t* context_lens, \
+                         T* out, int64_t out_stride, int64_t num_seqs, int64_t heads, int64_t kv_heads, \
+                         int64_t dim, int64_t block_size, int64_t window, double scale) {           \
+        decode_attention<T>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, context_lens,  \
+                            out, out_stride, num_seqs, heads, kv_heads, dim, block_size, window,    \
+                            scale);                                                                 \
+    }
+
+LOOM_DECODE_ATTENTION(loom_decode_attention_f32, float)
+LOOM_DECODE_ATTENTION(loom_decode_attention_f64, double)

@@ -1,0 +1,77 @@
+"""The CPU decode-attention kernel against the torch path it replaces (gather + masked SDPA), and
+the engine with the kernel switched off, so that the fallback stays correct too."""
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models import paged_decode
+from runtime import Engine
+
+from .conftest import random_prompt, reference
+from .test_correctness import run_threaded
+
+pytestmark = pytest.mark.skipif(paged_decode.kernel() is None, reason="no C++ compiler: the kernel is not built")
+
+
+def reference_attention(q, k_cache, v_cache, tables, lens, scale, window):
+    n, heads, dim = q.shape
+    _, block_size, kv_heads, _ = k_cache.shape
+    keys = k_cache[tables].flatten(1, 2).transpose(1, 2)  # [n, kv_heads, blocks * block_size, dim]
+    values = v_cache[tables].flatten(1, 2).transpose(1, 2)
+    positions = torch.arange(keys.shape[2])
+    mask = positions < lens[:, None]
+    if window:
+        mask &= positions >= lens[:, None] - window
+    return F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=mask[:, None, None], scale=scale,
+                                          enable_gqa=heads != kv_heads)[:, :, 0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("num_seqs", [1, 3, 40])  # few: heads split across threads; many: whole sequences
+@pytest.mark.parametrize("heads,kv_heads,window", [(4, 4, None), (8, 2, None), (6, 1, None), (4, 2, 7)])
+def test_kernel_matches_gather_and_sdpa(dtype, num_seqs, heads, kv_heads, window):
+    gen = torch.Generator().manual_seed(num_seqs * 100 + heads)
+    dim, block_size, num_blocks, max_blocks = 16, 4, 400, 9
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=gen, dtype=dtype)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=gen, dtype=dtype)
+    tables = torch.randperm(num_blocks, generator=gen)[:num_seqs * max_blocks].view(num_seqs, max_blocks)
+    lens = torch.randint(1, max_blocks * block_size + 1, (num_seqs,), generator=gen)
+    # q as a view into a fused qkv output, as the models pass it: rows are not contiguous.
+    q = torch.randn(num_seqs, 3, heads, dim, generator=gen, dtype=dtype)[:, 0]
+    out = torch.full_like(q, float("nan"))
+    paged_decode.decode_attention(q, k_cache, v_cache, tables, lens, out, dim ** -0.5, window)
+    expected = reference_attention(q, k_cache, v_cache, tables, lens, dim ** -0.5, window)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
+
+
+def test_kernel_refuses_rows_it_cannot_walk():
+    q = torch.randn(2, 4, 8).transpose(1, 2)  # heads not contiguous
+    cache = torch.zeros(4, 4, 8, 4)
+    with pytest.raises(ValueError, match="contiguous"):
+        paged_decode.decode_attention(q, cache, cache, torch.zeros(2, 1, dtype=torch.int64), torch.ones(2),
+                                      torch.empty(2, 8, 4), 1.0, None)
+
+
+def test_torch_path_without_the_kernel_matches_transformers(hf_model, monkeypatch):
+    """Where no compiler is found, decode attention runs on gather + SDPA: still exact."""
+    monkeypatch.setattr(paged_decode, "_library", None)
+    rng = random.Random(5)
+    prompts = [random_prompt(rng, 1, 30) for _ in range(12)]
+    new_tokens = [rng.randint(1, 20) for _ in prompts]
+    with Engine.from_pretrained(hf_model, max_batch_size=6, max_batch_tokens=32, block_size=4,
+                                num_kv_blocks=24) as engine:
+        results = run_threaded(engine, prompts, new_tokens, threads=4)
+    for i, prompt in enumerate(prompts):
+        assert results[i] == reference(hf_model, prompt, new_tokens[i]), f"request {i} diverged"
+
+
+def test_a_failed_build_falls_back_with_a_warning(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOOM_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails
+    with pytest.warns(UserWarning, match="torch path"):
+        assert paged_decode._load() is None
+    assert not list(tmp_path.rglob("*.so")), "a failed build must leave nothing behind in the cache"
