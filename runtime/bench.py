@@ -5,6 +5,7 @@ forward with no runtime around it."""
 
 from __future__ import annotations
 
+import queue
 import random
 import threading
 import time
@@ -86,17 +87,49 @@ def run_loom(engine, requests: list[Request], workload: str, progress=None) -> R
             fetched.append(time.perf_counter())
         with lock:
             run.record(launched, fetched)
-            run.handoff += [got - put for got, put in zip(fetched, handle.token_times)]
+            run.handoff += [got - sampled for got, sampled in zip(fetched, handle.token_times)]
             if progress:
                 progress.update()
 
     return one_thread_each(client, requests, run, start)
 
 
+def run_queue_floor(consumers: int, rounds: int = 50, pause: float = 0.02) -> Run:
+    """The hand-off floor of Python threads on this machine, with no engine: ``consumers``
+    threads block on their own SimpleQueue; each round one thread puts a timestamp in every queue
+    and then sleeps, holding no GIL, while the consumers wake and take it. Loom's hand-off can
+    approach this, not beat it: every woken consumer needs the GIL in turn."""
+    run = Run("queue floor", "sweep", consumers, note="threads + SimpleQueue, no engine")
+    queues = [queue.SimpleQueue() for _ in range(consumers)]
+    lock = threading.Lock()
+
+    def consumer(q: queue.SimpleQueue):
+        waits = []
+        while (put := q.get()) is not None:
+            waits.append(time.perf_counter() - put)
+        with lock:
+            run.handoff += waits
+
+    threads = [threading.Thread(target=consumer, args=(q,)) for q in queues]
+    for t in threads:
+        t.start()
+    time.sleep(pause)
+    for _ in range(rounds):
+        for q in queues:
+            q.put(time.perf_counter())
+        time.sleep(pause)
+    for q in queues:
+        q.put(None)
+    for t in threads:
+        t.join()
+    run.tokens = len(run.handoff)
+    return run
+
+
 def run_pure_forward(model, requests: list[Request], workload: str, block_size=16, max_batch_tokens=2048) -> Run:
     """The same steps Loom takes for requests that all arrive at once with equal lengths, timed
     around model.forward alone: inputs prebuilt, no scheduling, sampling or delivery."""
-    run = Run("pure forward", workload, len(requests), note="model forward only")
+    run = Run("pure forward", workload, len(requests), note="model forward only; TPOT = decode step")
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     length = max(len(r.prompt) + r.new_tokens for r in requests)
@@ -126,10 +159,14 @@ def run_pure_forward(model, requests: list[Request], workload: str, block_size=1
         kv.data.zero_()  # commit the lazily allocated pool before the clock starts, as for Loom
         model(steps[-1], kv)  # warm up
         synchronize(device)
-        start = time.perf_counter()
+        start = last = time.perf_counter()
         for step in steps:
             model(step, kv)
-        synchronize(device)
+            synchronize(device)
+            now = time.perf_counter()
+            if not step.prefills:  # every request gains a token: the step time is its TPOT
+                run.tpot.append(now - last)
+            last = now
         run.seconds = time.perf_counter() - start
     run.tokens = sum(r.new_tokens for r in requests)
     return run

@@ -54,7 +54,10 @@ def main(args) -> int:
             run = fn(bar)
         runs.append(run)
         summary = run.summary()
-        tqdm.write(f"  {run.workload:<4} {run.system:<24} {summary['throughput']:9.1f} tok/s")
+        if summary["throughput"] is not None:
+            tqdm.write(f"  {run.workload:<4} {run.system:<24} {summary['throughput']:9.1f} tok/s")
+        else:
+            tqdm.write(f"  {run.workload:<4} {run.system:<24} hand-off p99 {summary['handoff_p99_ms']:.3f} ms")
         return run
 
     if {"w1", "w2", "w4"} & set(workloads) or args.sweep:
@@ -86,6 +89,8 @@ def main(args) -> int:
             for name, runner in runners.items():
                 if name in systems:
                     measure(f"sweep {c} {name}", runner, c)
+            if "loom" in systems:
+                measure(f"sweep {c} queue floor", lambda bar, c=c: bench.run_queue_floor(c, 5 if args.smoke else 50), c)
     if {"w1", "w2", "w4"} & set(workloads) or args.sweep:
         engine.shutdown()
     if "w3" in workloads:
@@ -192,7 +197,7 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    sweep = [r for r in rows if r["workload"] == "sweep"]
+    sweep = [r for r in rows if r["workload"] == "sweep" and r["throughput"] is not None]
     for system in dict.fromkeys(r["system"] for r in sweep):
         points = sorted((r["concurrency"], r["throughput"]) for r in sweep if r["system"] == system)
         ax.plot(*zip(*points), marker="o", label=system)

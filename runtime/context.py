@@ -31,7 +31,7 @@ class Handle(int):
 
     @property
     def token_times(self) -> list[float]:
-        """time.perf_counter() at which each token was handed to the queue."""
+        """time.perf_counter() at which each token was sampled (its step's sampler returned)."""
         return self.context.token_times
 
     @property
@@ -92,7 +92,7 @@ class ResponseContext:
         if config.do_sample and config.seed is not None:
             self.generator = torch.Generator(device).manual_seed(config.seed)
         self.launch_time = time.perf_counter()
-        self.token_times: list[float] = []  # when each token was put in the queue (TTFT, TPOT, hand-off)
+        self.token_times: list[float] = []  # when each token was sampled (TTFT, TPOT, hand-off)
 
     @property
     def num_generated(self) -> int:
@@ -102,9 +102,9 @@ class ResponseContext:
     def finished(self) -> bool:
         return self.status is Status.FINISHED
 
-    def append(self, token: int, now: float) -> bool:
+    def append(self, token: int, sampled_at: float) -> bool:
         """Record a sampled token, hand it to the consumer, and say whether the stream ended."""
-        self.token_times.append(now)
+        self.token_times.append(sampled_at)
         self.tokens.append(token)
         self.put(token)
         if token in self.stop_ids:

@@ -235,6 +235,7 @@ class Engine(TextAPI):
             step = batch.build(plan, self.options.block_size, self.device)
             logits = self.model(step, self.kv_cache)
             tokens = sampler.sample(logits, sampling, self._generator)
+            produced = time.perf_counter()  # hand-off latency counts from here, bookkeeping included
         except Exception as error:
             with self._lock:
                 self._counters["step_failures"] += 1
@@ -255,7 +256,7 @@ class Engine(TextAPI):
             for ctx, token in zip(sampling, tokens):
                 if not ctx.finished:
                     self._counters["tokens_generated"] += 1
-                    if ctx.append(token, time.perf_counter()):
+                    if ctx.append(token, produced):
                         self._counters["requests_finished"] += 1
                         self.scheduler.remove(ctx)
                     elif not self.scheduler.runnable(ctx):
