@@ -42,5 +42,9 @@ def test_bench_smoke_run_writes_table_json_and_plot(tmp_path):
     systems = {(r["workload"], r["system"]) for r in report["runs"]}
     assert ("W1", "loom") in systems and ("W1", "transformers static") in systems
     assert ("W4", "loom, prefix cache on") in systems
-    assert all(r["tokens"] > 0 and r["throughput"] > 0 for r in report["runs"])
+    floors = [r for r in report["runs"] if r["system"] == "queue floor"]
+    assert floors and all(r["handoff_p99_ms"] > 0 for r in floors)
+    assert all(r["tokens"] > 0 and r["throughput"] > 0 for r in report["runs"] if r not in floors)
+    pure = next(r for r in report["runs"] if r["system"] == "pure forward")
+    assert pure["tpot_p50_ms"] > 0  # its decode step time, the runtime-overhead baseline
     assert (tmp_path / "bench.png").stat().st_size > 1000
