@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import weights
+from . import paged_decode, weights
 from .layers import prepack_linears
 from .gpt2 import GPT2, GPT2Spec
 from .llama import Llama, LlamaSpec
@@ -75,6 +75,7 @@ def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, de
     if (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         prepack_linears(model)
+    paged_decode.supports(device, dtype)  # build the CPU kernel now (once per machine), not in the first step
     return model
 
 
