@@ -23,8 +23,11 @@ class AttentionMasks:
         self.window = window
         # The CPU kernel bounds each context itself; the torch path needs padded masks.
         self.decode_on_kernel = paged_decode.supports(step.positions.device, dtype)
-        self.decode = []
-        for group in [] if self.decode_on_kernel else step.decode_groups:
+        self.decode = []  # one mask per decode group; None where the kernel needs none
+        for group in step.decode_groups:
+            if self.decode_on_kernel:
+                self.decode.append(None)
+                continue
             width = group.block_tables.shape[1] * step.block_size
             keys = torch.arange(width, device=step.positions.device)
             lens = group.context_lens[:, None]
@@ -55,20 +58,20 @@ def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, 
     v_cache.view(-1, kv_heads, dim).index_copy_(0, step.slot_mapping, v)
     gqa = q.shape[1] != kv_heads
     out = torch.empty_like(q)
-    if masks.decode_on_kernel:
-        for group in step.decode_groups:
-            rows = slice(group.start, group.end)
+    for group, mask in zip(step.decode_groups, masks.decode):
+        rows = slice(group.start, group.end)
+        if masks.decode_on_kernel:  # one read of each key and value, straight from the pool
             paged_decode.decode_attention(q[rows], k_cache, v_cache, group.block_tables, group.context_lens,
                                           out[rows], scale, masks.window)
-    for group, mask in zip(step.decode_groups, masks.decode):
+            continue
         # index_select copies whole blocks; advanced indexing (cache[tables]) measured 8x slower.
         blocks = group.block_tables.flatten()
         shape = (group.end - group.start, -1, kv_heads, dim)
         keys = kv_cache.gather(k_cache, blocks, 0).view(shape).transpose(1, 2)  # [n, kv_heads, L, dim]
         values = kv_cache.gather(v_cache, blocks, 1).view(shape).transpose(1, 2)
-        o = F.scaled_dot_product_attention(q[group.start:group.end, :, None, :], keys, values, attn_mask=mask,
-                                           scale=scale, enable_gqa=gqa)
-        out[group.start:group.end] = o[:, :, 0, :]
+        o = F.scaled_dot_product_attention(q[rows, :, None, :], keys, values, attn_mask=mask, scale=scale,
+                                           enable_gqa=gqa)
+        out[rows] = o[:, :, 0, :]
     for chunk, mask in zip(step.prefills, masks.prefill):
         length = chunk.first_position + chunk.end - chunk.start
         keys = kv_cache.gather(k_cache, chunk.block_table, 0).flatten(0, 1)[:length].transpose(0, 1)[None]
@@ -86,7 +89,7 @@ class OneDNNLinear(nn.Module):
     ~21% off a GPT-2 small decode step. oneDNN takes float32 (and bfloat16) only.
 
     ``mkldnn::_linear_pointwise`` (the op torch's compiler emits for frozen CPU linears) takes and
-    returns dense tensors; the public ``mkldnn_linear`` needs both converted, which cost 8% of a
+    returns dense tensors; the public ``mkldnn_linear`` needs both converted, which took 9% of a
     GPT-2 decode step at 64 sequences (the 64 x 50257 logits the most)."""
 
     def __init__(self, linear: nn.Linear):
