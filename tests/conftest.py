@@ -2,6 +2,7 @@
 comparisons with transformers are exact rather than at the mercy of float32 ties."""
 
 import random
+import threading
 
 import pytest
 import torch
@@ -75,3 +76,23 @@ def smollm():
     from runtime import Engine
     with Engine.from_pretrained(dtype=torch.float64, max_batch_size=16) as engine:
         yield engine
+
+
+def run_threaded(engine, prompts, new_tokens, threads=8):
+    """Launch and fetch every prompt from ``threads`` worker threads; {index: tokens}."""
+    from runtime import GenerationConfig
+    results = {}
+
+    def worker(indices):
+        handles = [(i, engine.launch_response_tokens(prompts[i], GenerationConfig(max_new_tokens=new_tokens[i])))
+                   for i in indices]
+        for i, h in handles:
+            results[i] = list(engine.stream_response_tokens(h, timeout=60))
+
+    pool = [threading.Thread(target=worker, args=(range(t, len(prompts), threads),)) for t in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in pool), "a worker thread hung"
+    return results

@@ -2,32 +2,13 @@
 runs beside it: many threads, more requests than max_batch_size, chunked prefill, preemption."""
 
 import random
-import threading
 
 import pytest
 import torch
 
 from runtime import Engine, GenerationConfig
 
-from .conftest import random_prompt, reference, tiny_model
-
-
-def run_threaded(engine, prompts, new_tokens, threads=8):
-    results = {}
-
-    def worker(indices):
-        handles = [(i, engine.launch_response_tokens(prompts[i], GenerationConfig(max_new_tokens=new_tokens[i])))
-                   for i in indices]
-        for i, h in handles:
-            results[i] = list(engine.stream_response_tokens(h, timeout=60))
-
-    pool = [threading.Thread(target=worker, args=(range(t, len(prompts), threads),)) for t in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in pool), "a worker thread hung"
-    return results
+from .conftest import random_prompt, reference, run_threaded, tiny_model
 
 
 def test_threaded_greedy_streams_match_transformers(hf_model):

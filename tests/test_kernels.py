@@ -10,8 +10,7 @@ import torch.nn.functional as F
 from models import paged_decode
 from runtime import Engine
 
-from .conftest import random_prompt, reference
-from .test_correctness import run_threaded
+from .conftest import random_prompt, reference, run_threaded
 
 pytestmark = pytest.mark.skipif(paged_decode.kernel() is None, reason="no C++ compiler: the kernel is not built")
 
