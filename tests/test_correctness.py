@@ -6,12 +6,18 @@ import random
 import pytest
 import torch
 
+from models import paged_decode
 from runtime import Engine, GenerationConfig
 
 from .conftest import random_prompt, reference, run_threaded, tiny_model
 
 
-def test_threaded_greedy_streams_match_transformers(hf_model):
+@pytest.mark.parametrize("decode_path", ["kernel", "torch"])
+def test_threaded_greedy_streams_match_transformers(hf_model, decode_path, monkeypatch):
+    if decode_path == "torch":  # as where no C++ compiler is found: gather + SDPA
+        monkeypatch.setattr(paged_decode, "_library", None)
+    elif paged_decode.kernel() is None:
+        pytest.skip("no C++ compiler: the decode kernel is not built")
     rng = random.Random(1)
     prompts = [random_prompt(rng, 1, 40) for _ in range(24)]
     new_tokens = [rng.randint(1, 24) for _ in prompts]
