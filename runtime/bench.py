@@ -74,6 +74,9 @@ def run_loom(engine, requests: list[Request], workload: str, progress=None) -> R
     """Each request in its own worker thread: wait for its arrival, launch, fetch every token."""
     warm_up_loom(engine, requests)
     run = Run("loom", workload, len(requests))
+    # The figures are summed up after the run: a consumer doing its accounting as its stream ends
+    # would hold the GIL while the engine hands tokens to the others, and show up in their hand-off.
+    streams = []
     lock = threading.Lock()
     start = time.perf_counter()
 
@@ -85,13 +88,16 @@ def run_loom(engine, requests: list[Request], workload: str, progress=None) -> R
         fetched = []
         while engine.fetch_response_tokens(handle) != -1:
             fetched.append(time.perf_counter())
-        with lock:
-            run.record(launched, fetched)
-            run.handoff += [got - sampled for got, sampled in zip(fetched, handle.token_times)]
-            if progress:
+        streams.append((launched, fetched, handle.token_times))  # list.append is atomic
+        if progress:
+            with lock:
                 progress.update()
 
-    return one_thread_each(client, requests, run, start)
+    one_thread_each(client, requests, run, start)
+    for launched, fetched, sampled in streams:
+        run.record(launched, fetched)
+        run.handoff += [got - made for got, made in zip(fetched, sampled)]
+    return run
 
 
 def run_queue_floor(consumers: int, rounds: int = 50, pause: float = 0.02) -> Run:
