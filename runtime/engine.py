@@ -279,7 +279,9 @@ class Engine(TextAPI):
         operators, and the tail of the hand-off grows to milliseconds. Their work is done on
         these cores either way; doing it first costs the forward little."""
         while any(not ctx.queue.empty() for ctx in waiting) and time.perf_counter() < deadline:
-            time.sleep(50e-6)  # releases the GIL, which each woken consumer needs in turn
+            # Sleeping releases the GIL, which each woken consumer needs in turn. Polling every 50 us
+            # instead made them wait for it more often (p99 at 16 consumers 0.97-1.20 ms, not 0.82-0.91).
+            time.sleep(200e-6)
 
     def _backlog(self) -> int:
         """Waiting requests beyond the batch's free slots: those the next step cannot admit."""

@@ -12,7 +12,7 @@ def sample(logits: torch.Tensor, contexts, generator: torch.Generator) -> list[i
     penalised = [i for i, c in enumerate(configs) if c.repetition_penalty != 1.0]
     if penalised:
         logits = apply_repetition_penalty(logits, [contexts[i] for i in penalised], penalised)
-    tokens = logits.argmax(dim=-1)
+    tokens = greedy(logits)
     sampled = [i for i, c in enumerate(configs) if c.do_sample]
     if sampled:
         rows = torch.tensor(sampled, device=logits.device)
@@ -26,6 +26,26 @@ def sample(logits: torch.Tensor, contexts, generator: torch.Generator) -> list[i
             draws[j] = torch.multinomial(probs[j], 1, generator=contexts[sampled[j]].generator)[0]
         tokens[rows] = order.gather(1, draws[:, None])[:, 0] if order is not None else draws
     return tokens.tolist()
+
+
+def greedy(logits: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+    """The index of each row's largest logit; the first one on ties, as ``torch.argmax``.
+
+    On the CPU torch's argmax is not vectorised: 2.6 ms for [64, 50257] float32 on the 2-core
+    machine, while amax takes 0.12. So: the max of each chunk of the row, the first chunk that
+    holds the row's max, and argmax inside that chunk alone (0.25 ms in all)."""
+    rows, vocab = logits.shape
+    whole = vocab // chunk
+    if logits.device.type != "cpu" or whole < 2:
+        return logits.argmax(dim=-1)
+    maxes = logits[:, :whole * chunk].unflatten(1, (whole, chunk)).amax(-1)
+    if whole * chunk < vocab:
+        maxes = torch.cat([maxes, logits[:, whole * chunk:].amax(-1, keepdim=True)], 1)
+    first = maxes.argmax(-1)
+    # Columns past the vocabulary (in a short last chunk) repeat its last column, after it: argmax
+    # still finds the first place of the max.
+    cols = (first[:, None] * chunk + torch.arange(chunk, device=logits.device)).clamp_max(vocab - 1)
+    return first * chunk + logits.gather(1, cols).argmax(-1)
 
 
 def apply_repetition_penalty(logits, contexts, rows):
