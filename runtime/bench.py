@@ -40,6 +40,7 @@ class Run:
     ttft: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
     handoff: list[float] = field(default_factory=list)
+    steal: float | None = None  # % of CPU time the hypervisor gave to other guests meanwhile
     note: str = ""
 
     def record(self, start: float, times: list[float]) -> None:
@@ -58,8 +59,27 @@ class Run:
             "ttft_p50_ms": pct(self.ttft, 50), "ttft_p99_ms": pct(self.ttft, 99),
             "tpot_p50_ms": pct(self.tpot, 50), "tpot_p99_ms": pct(self.tpot, 99),
             "handoff_p50_ms": pct(self.handoff, 50), "handoff_p99_ms": pct(self.handoff, 99),
+            "steal_pct": self.steal,
             "note": self.note,
         }
+
+
+def cpu_time_counters() -> tuple[int, int] | None:
+    """(stolen, total) CPU time since boot, in clock ticks, from /proc/stat; None off Linux.
+    Stolen time is what the hypervisor gave to other guests: on a shared VM it explains runs
+    that differ by tens of percent."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(x) for x in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return fields[7], sum(fields)
+
+
+def steal_percent(before, after) -> float | None:
+    if before is None or after is None or after[1] == before[1]:
+        return None
+    return 100.0 * (after[0] - before[0]) / (after[1] - before[1])
 
 
 def warm_up_loom(engine, requests: list[Request]) -> None:

@@ -50,8 +50,10 @@ def main(args) -> int:
     runs: list[bench.Run] = []
 
     def measure(name, fn, count):
+        counters = bench.cpu_time_counters()
         with tqdm(total=count, desc=name, unit="req", leave=False) as bar:
             run = fn(bar)
+        run.steal = bench.steal_percent(counters, bench.cpu_time_counters())
         runs.append(run)
         summary = run.summary()
         if summary["throughput"] is not None:
@@ -79,7 +81,7 @@ def main(args) -> int:
         if "continuous" in systems:
             measure("W2 continuous", lambda bar: bench.run_hf_continuous(hf, requests, "W2", bar), count)
     if "w4" in workloads:
-        runs.extend(prefix_workload(hf, args))
+        prefix_workload(measure, hf, args)
     if args.sweep:
         for c in [int(x) for x in args.sweep.split(",")]:
             requests = bench.random_requests(c, 16, args.sweep_tokens, hf.config.vocab_size, seed=c)
@@ -130,22 +132,23 @@ def real_model_workload(measure, systems, args) -> None:
     engine.shutdown()
 
 
-def prefix_workload(hf, args) -> list[bench.Run]:
+def prefix_workload(measure, hf, args) -> None:
     """W4: 32 requests sharing a 384-token system prompt, each with a short distinct question."""
     rng = random.Random(4)
     shared = [rng.randrange(hf.config.vocab_size) for _ in range(24 if args.smoke else 384)]
     requests = [Request(shared + [rng.randrange(hf.config.vocab_size) for _ in range(12)], 4 if args.smoke else 16)
                 for _ in range(8 if args.smoke else 32)]
-    runs = []
     for caching in (False, True):
         engine = make_engine(hf, args, enable_prefix_caching=caching)
-        run = bench.run_loom(engine, requests, "W4")
-        run.system = f"loom, prefix cache {'on' if caching else 'off'}"
-        run.note = f"hit rate {engine.stats()['prefix_cache_hit_rate']:.0%}"
+
+        def run(bar, engine=engine, caching=caching):
+            run = bench.run_loom(engine, requests, "W4", bar)
+            run.system = f"loom, prefix cache {'on' if caching else 'off'}"
+            run.note = f"hit rate {engine.stats()['prefix_cache_hit_rate']:.0%}"
+            return run
+
+        measure(f"W4 prefix cache {'on' if caching else 'off'}", run, len(requests))
         engine.shutdown()
-        runs.append(run)
-        print(f"  W4   {run.system:<24} {run.seconds:7.2f} s, TTFT p50 {run.summary()['ttft_p50_ms']:.0f} ms")
-    return runs
 
 
 def make_engine(hf, args, **options):
@@ -180,14 +183,15 @@ def report(runs: list[bench.Run], args) -> int:
 
 def format_table(rows: list[dict]) -> str:
     fmt = lambda v, spec: "-" if v is None else format(v, spec)
-    lines = ["| workload | system | requests | tokens | s | tok/s | TTFT p50/p99 ms | TPOT p50/p99 ms | hand-off p50/p99 ms | note |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| workload | system | requests | tokens | s | tok/s | TTFT p50/p99 ms | TPOT p50/p99 ms | hand-off p50/p99 ms | steal % | note |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(
             f"| {r['workload']} | {r['system']} | {r['concurrency']} | {r['tokens']} | {r['seconds']:.2f} | "
             f"{fmt(r['throughput'], '.1f')} | {fmt(r['ttft_p50_ms'], '.0f')}/{fmt(r['ttft_p99_ms'], '.0f')} | "
             f"{fmt(r['tpot_p50_ms'], '.1f')}/{fmt(r['tpot_p99_ms'], '.1f')} | "
-            f"{fmt(r['handoff_p50_ms'], '.3f')}/{fmt(r['handoff_p99_ms'], '.3f')} | {r['note']} |")
+            f"{fmt(r['handoff_p50_ms'], '.3f')}/{fmt(r['handoff_p99_ms'], '.3f')} | "
+            f"{fmt(r['steal_pct'], '.1f')} | {r['note']} |")
     return "\n".join(lines)
 
 
