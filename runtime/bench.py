@@ -155,7 +155,7 @@ def run_queue_floor(consumers: int, rounds: int = 50, pause: float = 0.02) -> Ru
 def run_pure_forward(model, requests: list[Request], workload: str, block_size=16, max_batch_tokens=2048) -> Run:
     """The same steps Loom takes for requests that all arrive at once with equal lengths, timed
     around model.forward alone: inputs prebuilt, no scheduling, sampling or delivery."""
-    run = Run("pure forward", workload, len(requests), note="model forward only; TPOT = decode step")
+    run = Run("pure forward", workload, len(requests), note="model forward only, Loom's steps")
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     length = max(len(r.prompt) + r.new_tokens for r in requests)
@@ -167,7 +167,7 @@ def run_pure_forward(model, requests: list[Request], workload: str, block_size=1
         ctx = ResponseContext(i, r.prompt, GenerationConfig(max_new_tokens=r.new_tokens), i, length, frozenset(), device)
         ctx.block_table = allocator.allocate(blocks)
         contexts.append(ctx)
-    steps = []
+    steps, sampled_by = [], []  # each step, and the requests that gain a token in it
     while any(c.num_generated < c.config.max_new_tokens for c in contexts):
         plan, budget = StepPlan(), max_batch_tokens
         for ctx in contexts:
@@ -177,24 +177,27 @@ def run_pure_forward(model, requests: list[Request], workload: str, block_size=1
                 budget -= n
         plan.order()
         steps.append(batching.build(plan, block_size, device))
+        sampled_by.append([])
         for ctx, n in plan.work:
             ctx.num_computed += n
             if ctx.num_computed == len(ctx.tokens):
                 ctx.tokens.append(ctx.tokens[-1])
+                sampled_by[-1].append(ctx.handle)
+    token_times = [[] for _ in requests]
     with torch.inference_mode():
         kv.data.zero_()  # commit the lazily allocated pool before the clock starts, as for Loom
         model(steps[-1], kv)  # warm up
         synchronize(device)
-        start = last = time.perf_counter()
-        for step in steps:
+        start = time.perf_counter()
+        for step, sampled in zip(steps, sampled_by):
             model(step, kv)
             synchronize(device)
             now = time.perf_counter()
-            if not step.prefills:  # every request gains a token: the step time is its TPOT
-                run.tpot.append(now - last)
-            last = now
+            for i in sampled:
+                token_times[i].append(now)
         run.seconds = time.perf_counter() - start
-    run.tokens = sum(r.new_tokens for r in requests)
+    for times in token_times:  # the same arithmetic as Loom's: TTFT from the start, TPOT per request
+        run.record(start, times)
     return run
 
 
