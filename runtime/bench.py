@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from . import batch as batching
+from . import openmp
 from .config import GenerationConfig
 from .context import ResponseContext
 from .kv_cache import BlockAllocator, KVCache
@@ -93,6 +94,7 @@ def warm_up_loom(engine, requests: list[Request]) -> None:
 def run_loom(engine, requests: list[Request], workload: str, progress=None) -> Run:
     """Each request in its own worker thread: wait for its arrival, launch, fetch every token."""
     warm_up_loom(engine, requests)
+    openmp.release_thread_pool()  # this thread's warm-up and baselines left it workers: openmp.py
     run = Run("loom", workload, len(requests))
     # The figures are summed up after the run: a consumer doing its accounting as its stream ends
     # would hold the GIL while the engine hands tokens to the others, and show up in their hand-off.
@@ -207,6 +209,7 @@ def run_hf_serial(hf, requests: list[Request], workload: str, limit: int, progre
     run = Run("transformers serial", workload, len(chosen), note=f"first {len(chosen)} requests")
     hf.generate(torch.tensor([chosen[0].prompt], device=hf.device), **greedy(2))  # warm-up, untimed
     lock, record_lock = threading.Lock(), threading.Lock()
+    openmp.release_thread_pool()  # generate() runs on other threads, as Loom's forward does
     start = time.perf_counter()
 
     def client(request: Request):
@@ -254,6 +257,7 @@ def run_hf_continuous(hf, requests: list[Request], workload: str, progress=None)
     try:
         manager.add_request(requests[0].prompt, request_id="warm-up", max_new_tokens=2)
         manager.get_result(request_id="warm-up", timeout=600)
+        openmp.release_thread_pool()  # the manager's thread runs the forwards, as Loom's does
         start = time.perf_counter()
         for i, r in enumerate(requests):
             time.sleep(max(0.0, start + r.arrival - time.perf_counter()))

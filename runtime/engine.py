@@ -19,7 +19,7 @@ import torch
 
 import models
 
-from . import batch, sampler
+from . import batch, openmp, sampler
 from .config import EngineOptions, GenerationConfig
 from .context import END, Failure, Handle, ResponseContext
 from .errors import EngineBusy, EngineClosed, GenerationFailed
@@ -75,6 +75,10 @@ class Engine(TextAPI):
         self._generator = torch.Generator(device).manual_seed(options.seed)
         self._counters = {"steps": 0, "tokens_generated": 0, "requests_finished": 0, "step_failures": 0}
         _live_engines.add(self)
+        if device.type == "cpu":
+            # Loading ran on this thread and left it a pool of OpenMP workers; beside the loop
+            # thread's own, libgomp would stop letting either spin (see openmp.py).
+            openmp.release_thread_pool()
 
     @classmethod
     def from_pretrained(cls, source=None, *, device="cpu", dtype=None, **options) -> "Engine":
@@ -252,6 +256,8 @@ class Engine(TextAPI):
                         failure.__cause__ = error
                         ctx.fail(failure)
             return
+        if self.device.type == "cpu":  # its idle worker would spin on the core a consumer needs next
+            openmp.release_thread_pool()
         with self._lock:
             self._counters["steps"] += 1
             for ctx, n in plan.work:
