@@ -28,6 +28,8 @@ def add_parser(commands, add_model_arguments) -> None:
     p.add_argument("--serial-limit", type=int, default=4,
                    help="requests the one-at-a-time baseline runs (its rate does not depend on the count)")
     p.add_argument("--w2-window", type=float, default=10.0, help="W2 arrivals spread over this many seconds")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run every W1 system this many times, interleaved; the table shows each one's median run")
     p.add_argument("--sweep", default="1,4,16,64", help="concurrencies for the throughput plot ('' to skip)")
     p.add_argument("--sweep-tokens", type=int, default=64, help="tokens per request in the sweep")
     p.add_argument("--smoke", action="store_true", help="a seconds-long run on a tiny model (for CI)")
@@ -67,7 +69,7 @@ def main(args) -> int:
         engine = make_engine(hf, args)
     if "w1" in workloads:
         requests = bench.random_requests(args.requests, 16, args.new_tokens, hf.config.vocab_size)
-        compare(measure, engine, hf, requests, "W1", systems, args)
+        compare(measure, engine, hf, requests, "W1", systems, args, args.repeat)
     if "w2" in workloads:
         count = 8 if args.smoke else 256
         rng = random.Random(2)
@@ -100,19 +102,22 @@ def main(args) -> int:
     return report(runs, args)
 
 
-def compare(measure, engine, hf, requests, name, systems, args) -> None:
+def compare(measure, engine, hf, requests, name, systems, args, repeat=1) -> None:
+    """Every system on the same requests; with ``repeat``, round after round of all of them, so
+    that a slow minute of this shared machine falls on one run of each rather than on one system."""
     count = len(requests)
-    if "loom" in systems:
-        measure(f"{name} loom", lambda bar: bench.run_loom(engine, requests, name, bar), count)
-    if "pure" in systems:
-        measure(f"{name} pure forward", lambda bar: bench.run_pure_forward(engine.model, requests, name), count)
-    if "serial" in systems:
-        measure(f"{name} serial", lambda bar: bench.run_hf_serial(hf, requests, name, args.serial_limit, bar),
-                args.serial_limit)
-    if "static" in systems:
-        measure(f"{name} static", lambda bar: bench.run_hf_static(hf, requests, name, count, bar), count)
-    if "continuous" in systems and hasattr(hf, "generate_batch"):
-        measure(f"{name} continuous", lambda bar: bench.run_hf_continuous(hf, requests, name, bar), count)
+    for _ in range(repeat):
+        if "loom" in systems:
+            measure(f"{name} loom", lambda bar: bench.run_loom(engine, requests, name, bar), count)
+        if "pure" in systems:
+            measure(f"{name} pure forward", lambda bar: bench.run_pure_forward(engine.model, requests, name), count)
+        if "serial" in systems:
+            measure(f"{name} serial", lambda bar: bench.run_hf_serial(hf, requests, name, args.serial_limit, bar),
+                    args.serial_limit)
+        if "static" in systems:
+            measure(f"{name} static", lambda bar: bench.run_hf_static(hf, requests, name, count, bar), count)
+        if "continuous" in systems and hasattr(hf, "generate_batch"):
+            measure(f"{name} continuous", lambda bar: bench.run_hf_continuous(hf, requests, name, bar), count)
 
 
 def real_model_workload(measure, systems, args) -> None:
@@ -173,12 +178,33 @@ def report(runs: list[bench.Run], args) -> int:
                "cuda": torch.cuda.get_device_name() if torch.device(args.device).type == "cuda" else None,
                "date": time.strftime("%Y-%m-%d")}
     (out / "bench.json").write_text(json.dumps({"machine": machine, "runs": rows}, indent=1))
+    rows = median_runs(rows)
     table = format_table(rows)
     (out / "bench.md").write_text(table + "\n")
     print(table)
     plot(rows, out / "bench.png")
     print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'bench.png'}")
     return 0
+
+
+def median_runs(rows: list[dict]) -> list[dict]:
+    """One row per workload, system and concurrency: the run of median throughput where it ran
+    more than once (bench.json keeps them all), its note giving the range."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["workload"], r["system"], r["concurrency"]), []).append(r)
+    chosen = []
+    for runs in groups.values():
+        if len(runs) == 1 or runs[0]["throughput"] is None:
+            chosen.append(runs[0])
+            continue
+        ranked = sorted(runs, key=lambda r: r["throughput"])
+        low, high = ranked[0]["throughput"], ranked[-1]["throughput"]
+        median = dict(ranked[(len(ranked) - 1) // 2])
+        spread = f"median of {len(runs)} runs ({low:.1f}-{high:.1f} tok/s)"
+        median["note"] = f"{median['note']}; {spread}" if median["note"] else spread
+        chosen.append(median)
+    return chosen
 
 
 def format_table(rows: list[dict]) -> str:

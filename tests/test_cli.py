@@ -37,8 +37,11 @@ def test_chat_streams_answers_until_an_empty_line():
 
 
 def test_bench_smoke_run_writes_table_json_and_plot(tmp_path):
-    assert main(["bench", "--smoke", "--out", str(tmp_path)]) == 0
+    assert main(["bench", "--smoke", "--repeat", "2", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "bench.json").read_text())
+    assert sum(r["workload"] == "W1" and r["system"] == "loom" for r in report["runs"]) == 2
+    loom_row = next(line for line in (tmp_path / "bench.md").read_text().splitlines() if line.startswith("| W1 | loom "))
+    assert "median of 2 runs" in loom_row  # the table shows one row per system: its median run
     systems = {(r["workload"], r["system"]) for r in report["runs"]}
     assert ("W1", "loom") in systems and ("W1", "transformers static") in systems
     assert ("W4", "loom, prefix cache on") in systems
