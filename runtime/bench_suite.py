@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 from functools import partial
@@ -28,7 +29,7 @@ def add_parser(commands, add_model_arguments) -> None:
     p.add_argument("--serial-limit", type=int, default=4,
                    help="requests the one-at-a-time baseline runs (its rate does not depend on the count)")
     p.add_argument("--w2-window", type=float, default=10.0, help="W2 arrivals spread over this many seconds")
-    p.add_argument("--repeat", type=int, default=1,
+    p.add_argument("--repeat", type=at_least_one, default=1,
                    help="run every W1 system this many times, interleaved; the table shows each one's median run")
     p.add_argument("--sweep", default="1,4,16,64", help="concurrencies for the throughput plot ('' to skip)")
     p.add_argument("--sweep-tokens", type=int, default=64, help="tokens per request in the sweep")
@@ -36,6 +37,13 @@ def add_parser(commands, add_model_arguments) -> None:
     p.add_argument("--out", default="bench-results", help="directory for bench.json and bench.png")
     add_model_arguments(p)
     p.set_defaults(run=main, max_batch_size=128)
+
+
+def at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
 
 
 def main(args) -> int:

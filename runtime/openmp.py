@@ -10,8 +10,9 @@ woke a sleeping worker through the kernel (11,400 voluntary context switches in 
 main thread (W1 decode step p50 125.7 against 116.9 ms over 5 runs). So the engine gives back the
 loading thread's pool once, and the loop thread's own after every step: a worker left spinning
 would hold a core for milliseconds while the consumers of the step's tokens wait for one (hand-off
-p99 at 4 consumers 2.8-3.6 ms, against 0.4-0.55 ms with the release). A new pool costs ~0.07 ms
-at the next forward's first operator; the release ~0.16 ms.
+p99 at 4 consumers 2.3-4.9 ms when the loop gave its pool back only when idle; 0.39, 0.39 and 2.79
+ms in three runs giving it back after every step). A new pool costs ~0.07 ms at the next
+forward's first operator; the release 0.12-0.16 ms.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ def release_thread_pool() -> bool:
 
 def _find_libgomp() -> ctypes.CDLL | None:
     global _libgomp
+    if _libgomp is not False:  # the loop thread calls this every step: no lock once looked up
+        return _libgomp
     with _lock:
         if _libgomp is False:
             import torch  # noqa: F401  (loads torch's libgomp, which dlopen then finds by its soname)
