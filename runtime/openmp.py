@@ -18,32 +18,25 @@ forward's first operator; the release 0.12-0.16 ms.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
-import threading
 
 OMP_PAUSE_SOFT = 1
-_lock = threading.Lock()
-_libgomp: ctypes.CDLL | None | bool = False  # False: not looked up yet; None: not in this process
 
 
 def release_thread_pool() -> bool:
     """Free the OpenMP workers of the calling thread (not inside a parallel region) and say
     whether it did. A no-op where torch does not use libgomp (macOS, Windows, Intel OpenMP)."""
-    library = _find_libgomp()
+    library = _libgomp()
     return library is not None and library.omp_pause_resource_all(OMP_PAUSE_SOFT) == 0
 
 
-def _find_libgomp() -> ctypes.CDLL | None:
-    global _libgomp
-    if _libgomp is not False:  # the loop thread calls this every step: no lock once looked up
-        return _libgomp
-    with _lock:
-        if _libgomp is False:
-            import torch  # noqa: F401  (loads torch's libgomp, which dlopen then finds by its soname)
-            try:
-                library = ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-                library.omp_pause_resource_all.argtypes = [ctypes.c_int]
-                _libgomp = library
-            except (OSError, AttributeError):  # not loaded, or older than OpenMP 5 (GCC 9)
-                _libgomp = None
-        return _libgomp
+@functools.cache  # two threads racing here would both find the same loaded library: no lock needed
+def _libgomp() -> ctypes.CDLL | None:
+    import torch  # noqa: F401  (loads torch's libgomp, which dlopen then finds by its soname)
+    try:
+        library = ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        library.omp_pause_resource_all.argtypes = [ctypes.c_int]
+        return library
+    except (OSError, AttributeError):  # not loaded, or older than OpenMP 5 (GCC 9)
+        return None
