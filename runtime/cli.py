@@ -1,12 +1,55 @@
-"""``python -m runtime``: chat, generate, bench and serve over one engine."""
+"""``python -m runtime``: chat, generate, bench and serve. All argument parsing lives here, and
+``load_engine`` is the one place an Engine is built from command-line arguments. Everything a
+command can check (its settings, its input file, its optional dependencies) is checked before
+the model loads."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+EXTRAS = {"serve": ("server", ("fastapi", "uvicorn")), "bench": ("bench", ("matplotlib",))}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runtime", description="Loom: an in-process LLM runtime.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = commands.add_parser("chat", help="interactive chat that streams the answer",
+                            description="Chat with the model; each answer streams as it is generated. "
+                                        "Ctrl-C stops the answer; Ctrl-C at the prompt, Ctrl-D or an empty line quits.")
+    add_model_arguments(p)
+    add_sampling_arguments(p)
+    p.add_argument("--system", default=None, help="a system message to start the conversation with")
+    p.set_defaults(run=chat)
+
+    p = commands.add_parser("generate", help="answer many prompts at once, with a progress bar",
+                            description="Answer every line of PROMPTS concurrently; writes JSON lines "
+                                        '{"prompt", "response"} in input order.')
+    p.add_argument("prompts", help="a file with one prompt per line, or - for stdin")
+    p.add_argument("--raw", action="store_true",
+                   help="send each prompt as plain text (default: as a user chat message, when the model "
+                        "has a chat template)")
+    p.add_argument("--output", default=None, help="write JSON lines here instead of stdout")
+    add_model_arguments(p)
+    add_sampling_arguments(p)
+    p.set_defaults(run=generate)
+
+    add_bench_parser(commands)
+    add_serve_parser(commands)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args) or 0
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+# -- arguments shared by the commands ------------------------------------------------------------
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
@@ -20,32 +63,47 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("sampling")
+    group = parser.add_argument_group("sampling (greedy unless --temperature > 0 or --top-p < 1)")
     group.add_argument("--max-new-tokens", type=int, default=256, help="tokens generated at most (default: 256)")
-    group.add_argument("--temperature", type=float, default=None,
-                       help="sample at this temperature; greedy when not given")
+    group.add_argument("--temperature", type=float, default=None, help="sample at this temperature; 0 is greedy")
     group.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0, off)")
     group.add_argument("--seed", type=int, default=None, help="per-request seed for reproducible sampling")
 
 
-def load_engine(args):
-    from . import Engine
-    return Engine.from_pretrained(args.model, device=args.device, dtype=args.dtype,
-                                  max_batch_size=args.max_batch_size)
+def load_engine(args, source=None, **options):
+    """The engine a command runs on: ``source`` (default: --model) with the command's options."""
+    from runtime import Engine
+    options.setdefault("max_batch_size", args.max_batch_size)
+    return Engine.from_pretrained(args.model if source is None else source, device=args.device, dtype=args.dtype,
+                                  **options)
 
 
 def generation_config(args):
-    from . import GenerationConfig
-    sampled = args.temperature is not None
-    return GenerationConfig(max_new_tokens=args.max_new_tokens, do_sample=sampled,
-                            temperature=args.temperature if sampled else 1.0, top_p=args.top_p, seed=args.seed)
+    """The sampling arguments as a GenerationConfig; a bad value exits with its message at once."""
+    from runtime import GenerationConfig
+    try:
+        return GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                                seed=args.seed)
+    except (TypeError, ValueError) as error:
+        sys.exit(f"error: {error}")
 
+
+def require_extra(command: str) -> None:
+    extra, modules = EXTRAS[command]
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        sys.exit(f"error: '{command}' needs {', '.join(missing)}, which is not installed: "
+                 f"pip install -e '.[{extra}]'")
+
+
+# -- chat and generate ---------------------------------------------------------------------------
 
 def chat(args) -> int:
-    engine = load_engine(args)
     config = generation_config(args)
+    engine = load_engine(args)
     messages = [{"role": "system", "content": args.system}] if args.system else []
-    print(f"Chatting with {engine.name}. Empty line or Ctrl-D to quit.", file=sys.stderr)
+    print(f"Chatting with {engine.name}. Ctrl-C stops an answer; an empty line, Ctrl-D or Ctrl-C here quits.",
+          file=sys.stderr)
     with engine:
         while True:
             try:
@@ -57,10 +115,14 @@ def chat(args) -> int:
                 return 0
             messages.append({"role": "user", "content": line})
             print("bot> ", end="", flush=True)
-            reply = []
-            for piece in engine.stream_response(messages, config):
-                reply.append(piece)
-                print(piece, end="", flush=True)
+            reply, pieces = [], engine.stream_response(messages, config)
+            try:
+                for piece in pieces:
+                    reply.append(piece)
+                    print(piece, end="", flush=True)
+            except KeyboardInterrupt:
+                pieces.close()  # aborts the request: its KV blocks are freed at once
+                print(" [stopped]", end="")
             print()
             messages.append({"role": "assistant", "content": "".join(reply)})
 
@@ -68,15 +130,18 @@ def chat(args) -> int:
 def generate(args) -> int:
     from tqdm import tqdm
 
-    source = sys.stdin if args.prompts == "-" else open(args.prompts, encoding="utf-8")
+    config = generation_config(args)
+    try:
+        source = sys.stdin if args.prompts == "-" else open(args.prompts, encoding="utf-8")
+    except OSError as error:
+        sys.exit(f"error: cannot read prompts from {args.prompts}: {error.strerror}")
     with source:
         prompts = [line.rstrip("\n") for line in source if line.strip()]
     if not prompts:
-        print("no prompts: give one per line", file=sys.stderr)
-        return 2
+        sys.exit("error: no prompts: give one per line")
     engine = load_engine(args)
-    config = generation_config(args)
-    as_input = (lambda p: [{"role": "user", "content": p}]) if args.chat else (lambda p: p)
+    chat_template = not args.raw and engine.tokenizer is not None and engine.tokenizer.chat_template is not None
+    as_input = (lambda p: [{"role": "user", "content": p}]) if chat_template else (lambda p: p)
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     with engine, tqdm(total=len(prompts), desc="generating", unit="req", file=sys.stderr) as bar:
         def one(prompt):
@@ -94,37 +159,61 @@ def generate(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m runtime", description="Loom: an in-process LLM runtime.")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+# -- bench -----------------------------------------------------------------------------------
 
-    p = commands.add_parser("chat", help="interactive chat that streams the answer",
-                            description="Chat with the model; each answer streams as it is generated.")
+def add_bench_parser(commands) -> None:
+    from runtime.bench.workloads import SYSTEMS
+
+    p = commands.add_parser("bench", help="benchmark against transformers and the pure forward",
+                            description="Run workloads W1-W4 side by side with transformers; print a table, "
+                                        "write bench.json, bench.md and bench.png to --out. Needs the 'bench' extra.")
+    p.add_argument("--workloads", default="w1,w2,w3,w4", help="comma-separated subset of w1,w2,w3,w4")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
+    p.add_argument("--new-tokens", type=int, default=128, help="W1 tokens per request (default: 128)")
+    p.add_argument("--requests", type=int, default=64, help="W1 requests, all launched at once (default: 64)")
+    p.add_argument("--serial-limit", type=int, default=4,
+                   help="requests the one-at-a-time baseline runs (its rate does not depend on the count)")
+    p.add_argument("--w2-window", type=float, default=10.0, help="W2 arrivals spread over this many seconds")
+    p.add_argument("--repeat", type=at_least_one, default=1,
+                   help="run every W1 system this many times, interleaved; the table shows each one's median run")
+    p.add_argument("--sweep", default="1,4,16,64", help="concurrencies for the throughput plot ('' to skip)")
+    p.add_argument("--sweep-tokens", type=int, default=64, help="tokens per request in the sweep")
+    p.add_argument("--smoke", action="store_true", help="a seconds-long run on a tiny model (for CI)")
+    p.add_argument("--out", default="bench-results", help="directory for bench.json, bench.md and bench.png")
     add_model_arguments(p)
-    add_sampling_arguments(p)
-    p.add_argument("--system", default=None, help="a system message to start the conversation with")
-    p.set_defaults(run=chat)
+    p.set_defaults(run=bench, max_batch_size=128)
 
-    p = commands.add_parser("generate", help="answer many prompts at once, with a progress bar",
-                            description="Answer every line of PROMPTS concurrently; writes JSON lines "
-                                        '{"prompt", "response"} in input order.')
-    p.add_argument("prompts", help="a file with one prompt per line, or - for stdin")
-    p.add_argument("--chat", action="store_true", help="send each prompt as a user chat message")
-    p.add_argument("--output", default=None, help="write JSON lines here instead of stdout")
+
+def at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
+def bench(args) -> int:
+    require_extra("bench")
+    from runtime.bench import workloads
+    return workloads.main(args, load_engine)
+
+
+# -- serve -----------------------------------------------------------------------------------
+
+def add_serve_parser(commands) -> None:
+    p = commands.add_parser("serve", help="OpenAI-compatible HTTP server",
+                            description="Serve the model over an OpenAI-compatible HTTP API (FastAPI + uvicorn; "
+                                        "the 'server' extra). Ctrl-C stops at once; SIGTERM drains open requests.")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/ routes")
+    p.add_argument("--max-waiting", type=int, default=None, help="requests allowed to wait; past it: HTTP 429")
+    p.add_argument("--model-name", default=None, help="the model id clients send (default: the checkpoint's name)")
     add_model_arguments(p)
-    add_sampling_arguments(p)
-    p.set_defaults(run=generate)
+    p.set_defaults(run=serve)
 
-    from . import bench_suite
-    bench_suite.add_parser(commands, add_model_arguments)
-    try:
-        from . import server
-    except ImportError as missing:  # FastAPI and uvicorn are the "server" extra
-        why = f"serve needs FastAPI and uvicorn ({missing}): pip install -e '.[server]'"
-        p = commands.add_parser("serve", help="OpenAI-compatible HTTP server (needs: pip install -e '.[server]')")
-        p.set_defaults(run=lambda args: sys.exit(why))
-    else:
-        server.add_parser(commands, add_model_arguments)
 
-    args = parser.parse_args(argv)
-    return args.run(args) or 0
+def serve(args) -> int:
+    require_extra("serve")
+    from runtime import serve as server
+    server.run(load_engine(args, max_waiting=args.max_waiting), args.host, args.port, args.model_name, args.api_key)
+    return 0

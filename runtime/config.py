@@ -2,46 +2,73 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from numbers import Integral, Real
 
 POLICIES = ("fcfs", "priority")
 
 
-def _check_int(name, value, minimum, *, optional=False):
+def _check_int(name, value, minimum, *, optional=False, maximum=None):
     if value is None and optional:
         return
     if isinstance(value, bool) or not isinstance(value, Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
 
 
-def _check_real(name, value, low, high, *, low_open=False):
+def _check_real(name, value, low, high, *, low_open=False, optional=False):
+    if value is None and optional:
+        return
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}")
     too_low = value <= low if low_open else value < low
     if too_low or value > high:
         bracket = "(" if low_open else "["
         raise ValueError(f"{name} must be in {bracket}{low}, {high}], got {value}")
 
 
+def _check_bool(name, value, *, optional=False):
+    if value is None and optional:
+        return
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+
+
+# A temperature below this samples as greedy decoding would (the softmax is one-hot in float32
+# anyway); treating it as greedy keeps 1/temperature finite.
+GREEDY_TEMPERATURE = 1e-5
+
+
 @dataclass
 class GenerationConfig:
     """How one request generates. Names follow transformers' GenerationConfig.
 
-    Greedy unless ``do_sample`` is set. ``top_k=0`` and ``top_p=1.0`` disable those filters.
+    Greedy or sampled, one rule everywhere (in-process, the command line, the server):
+    ``do_sample`` decides when given; left as None, a request samples exactly when it sets a
+    sampling knob (``temperature`` > 0, ``top_k`` > 0 or ``top_p`` < 1). ``temperature=0`` is
+    greedy (as OpenAI's API has it); ``do_sample=False`` beside a sampling knob warns that the
+    knob is ignored, as transformers does; ``do_sample=True`` with ``temperature=0`` is an error.
     ``priority`` matters only under the engine's ``policy="priority"``: larger runs first.
-    ``stop`` strings apply to the text API (they need a tokenizer); they end generation
-    and are not returned.
+    ``stop`` strings apply to the text API (they need a tokenizer); they end generation and are
+    not returned. ``stop_token_ids`` (and EOS, unless ``ignore_eos``) end it too, and are
+    delivered as the stream's last token, as transformers' generate() returns them.
     """
 
     max_new_tokens: int = 128
-    temperature: float = 1.0
+    temperature: float | None = None
     top_k: int = 0
     top_p: float = 1.0
     repetition_penalty: float = 1.0
-    do_sample: bool = False
+    do_sample: bool | None = None
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
@@ -50,31 +77,50 @@ class GenerationConfig:
 
     def __post_init__(self):
         _check_int("max_new_tokens", self.max_new_tokens, 1)
-        _check_real("temperature", self.temperature, 0.0, float("inf"), low_open=True)
+        _check_real("temperature", self.temperature, 0.0, float("inf"), optional=True)
         _check_int("top_k", self.top_k, 0)
         _check_real("top_p", self.top_p, 0.0, 1.0, low_open=True)
         _check_real("repetition_penalty", self.repetition_penalty, 0.0, float("inf"), low_open=True)
-        if not isinstance(self.do_sample, bool):
-            raise TypeError(f"do_sample must be a bool, got {self.do_sample!r}")
-        if not isinstance(self.ignore_eos, bool):
-            raise TypeError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
-        _check_int("seed", self.seed, 0, optional=True)
-        _check_int("priority", self.priority, -(2**31))
+        _check_bool("do_sample", self.do_sample, optional=True)
+        _check_bool("ignore_eos", self.ignore_eos)
+        _check_int("seed", self.seed, 0, optional=True, maximum=2**64 - 1)  # torch.Generator's range
+        _check_int("priority", self.priority, -(2**31), maximum=2**31 - 1)
         if isinstance(self.stop_token_ids, Integral):
             self.stop_token_ids = (self.stop_token_ids,)
+        if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(self.stop_token_ids, Iterable):
+            raise TypeError(f"stop_token_ids must be a list of ints, got {self.stop_token_ids!r}")
         self.stop_token_ids = tuple(self.stop_token_ids)
         for token in self.stop_token_ids:
             _check_int("each of stop_token_ids", token, 0)
         if isinstance(self.stop, str):
             self.stop = (self.stop,)
+        if not isinstance(self.stop, Iterable):
+            raise TypeError(f"stop must be a str or a list of str, got {self.stop!r}")
         self.stop = tuple(self.stop)
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"each stop string must be a non-empty str, got {s!r}")
+        knobs = [name for name, on in (("temperature", (self.temperature or 0) > 0), ("top_k", self.top_k > 0),
+                                       ("top_p", self.top_p < 1.0)) if on]
+        if self.do_sample and self.temperature == 0:
+            raise ValueError("do_sample=True with temperature=0: a temperature must be > 0 to sample; "
+                             "for greedy decoding leave do_sample unset or False")
+        if self.do_sample is False and knobs:
+            warnings.warn(f"do_sample=False, so {', '.join(knobs)} is ignored and decoding is greedy; "
+                          "set do_sample=True (or leave it unset) to sample", UserWarning, stacklevel=3)
 
     @property
-    def greedy(self) -> bool:
-        return not self.do_sample
+    def sampled(self) -> bool:
+        """Whether tokens are drawn at random (else greedy), by the rule in the class docstring."""
+        if self.do_sample is None:
+            wanted = self.temperature is not None or self.top_k > 0 or self.top_p < 1.0
+        else:
+            wanted = self.do_sample
+        return wanted and self.sampling_temperature >= GREEDY_TEMPERATURE
+
+    @property
+    def sampling_temperature(self) -> float:
+        return 1.0 if self.temperature is None else self.temperature
 
 
 @dataclass
@@ -131,3 +177,48 @@ class EngineOptions:
         if unknown:
             raise TypeError(f"unknown engine option(s) {unknown}; known options: {sorted(known)}")
         return cls(**options)
+
+
+def check_config(config) -> GenerationConfig:
+    """A GenerationConfig from None, a dict of its fields, or one already made."""
+    if config is None:
+        return GenerationConfig()
+    if isinstance(config, dict):
+        return GenerationConfig(**config)
+    if not isinstance(config, GenerationConfig):
+        raise TypeError(f"config must be a GenerationConfig, a dict or None, got {type(config).__name__}")
+    return config
+
+
+def check_prompt(tokens: Any, vocab_size: int) -> list[int]:
+    """A prompt as a list of ids in [0, vocab_size): from a sequence, a 1-D tensor or array."""
+    if hasattr(tokens, "ndim") and hasattr(tokens, "dtype"):  # a torch tensor or numpy array
+        if tokens.ndim != 1:
+            raise ValueError(f"input_tokens must be 1-D, got shape {tuple(tokens.shape)}")
+        if not _integer_dtype(tokens.dtype):
+            raise TypeError(f"input_tokens must hold integers, got dtype {tokens.dtype}")
+        tokens = tokens.tolist()
+    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Iterable):
+        raise TypeError(f"input_tokens must be a sequence of token ids, got {type(tokens).__name__}"
+                        + (" (use launch_response for text)" if isinstance(tokens, str) else ""))
+    tokens = list(tokens)
+    if not tokens:
+        raise ValueError("input_tokens is empty: a prompt needs at least one token")
+    for i, t in enumerate(tokens):
+        if isinstance(t, bool) or not isinstance(t, Integral):
+            raise TypeError(f"input_tokens[{i}] is {t!r} ({type(t).__name__}), not an int token id")
+        if not 0 <= t < vocab_size:
+            raise ValueError(f"input_tokens[{i}] = {t} is outside the vocabulary [0, {vocab_size})")
+    return [int(t) for t in tokens]
+
+
+def check_stop_token_ids(config: GenerationConfig, vocab_size: int) -> None:
+    for token in config.stop_token_ids:
+        if token >= vocab_size:
+            raise ValueError(f"stop_token_ids holds {token}, outside the vocabulary [0, {vocab_size})")
+
+
+def _integer_dtype(dtype) -> bool:
+    if hasattr(dtype, "is_floating_point"):  # torch; a bool tensor fails later, element by element
+        return not (dtype.is_floating_point or dtype.is_complex)
+    return getattr(dtype, "kind", None) in ("i", "u", "b")  # numpy

@@ -16,8 +16,9 @@ END = -1  # what fetch returns once a stream has ended
 
 class Handle(int):
     """A request's id, equal to (and hashing as) that int. When the application drops its last
-    reference, the request is released: aborted if still running, its tokens discarded. The
-    release is queued, not done here: __del__ may run in any thread, even one holding the lock."""
+    reference, the request is released: aborted if still running, its tokens discarded, and any
+    thread blocked fetching it by its int id woken with HandleReleased. The release is queued,
+    not done here: __del__ may run in any thread, even one holding the engine's lock."""
 
     def __del__(self):
         dropped = getattr(self, "dropped", None)
@@ -43,6 +44,10 @@ class Handle(int):
         """"stop", "length", "abort", "error", or None while the request runs."""
         return self.context.finish_reason
 
+    @property
+    def num_generated(self) -> int:
+        return self.context.num_generated
+
 
 class Status(Enum):
     WAITING = "waiting"
@@ -63,34 +68,36 @@ class ResponseContext:
     ``tokens`` holds the prompt followed by every generated token. ``num_computed`` counts the
     tokens whose K/V are in the cache; a step processes ``tokens[num_computed:]`` (or a chunk of
     it) and samples when it reaches the end. That one rule covers prefill, chunked prefill,
-    decode and recompute after preemption. Only the loop thread mutates it after launch, except
-    for finishing by abort and the queue, which are guarded by the engine's lock.
+    decode and recompute after preemption. The loop thread changes it under the engine's lock;
+    the consumer only takes from its queue and counts what it took.
     """
 
-    def __init__(self, handle: int, prompt: list[int], config: GenerationConfig, arrival: int,
-                 max_context: int, eos_token_ids: frozenset[int], device: torch.device):
+    def __init__(self, handle: int, prompt: list[int], config: GenerationConfig, max_context: int,
+                 eos_token_ids: frozenset[int], device: torch.device):
         self.handle = handle
         self.config = config
         self.tokens = list(prompt)
         self.num_prompt = len(prompt)
         self.num_computed = 0
-        self.num_cached = 0  # prompt tokens served from the prefix cache
+        self.num_cached = 0        # prompt tokens served from the prefix cache
         self.block_table: list[int] = []
-        self.arrival = arrival
+        self.num_hashed_blocks = 0  # leading blocks already named in the prefix cache ...
+        self.chain_hash = None      # ... and the chained hash after them
         self.status = Status.WAITING
         self.finish_reason: str | None = None
         # SimpleQueue is queue's C implementation: its wake-up path is cheaper than Queue's Python
-        # conditions, which measured a lower fetch hand-off (p50 0.95 -> 0.7 ms, 64 consumers).
+        # conditions (docs/benchmarks.md).
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.waker = None  # set by an asyncio consumer waiting on this queue (Engine.fetch_async)
-        self.consumer_blocked = False  # a thread is blocked in get() on this queue
+        self.num_fetched = 0        # tokens the consumer has taken
+        self.waker = None           # set by an asyncio consumer waiting on this queue (Engine.fetch_async)
+        self.consumer_blocked = False
         self.max_length = min(max_context, self.num_prompt + config.max_new_tokens)
         stops = set(config.stop_token_ids)
         if not config.ignore_eos:
             stops |= eos_token_ids
         self.stop_ids = frozenset(stops)
         self.generator = None
-        if config.do_sample and config.seed is not None:
+        if config.sampled and config.seed is not None:
             self.generator = torch.Generator(device).manual_seed(config.seed)
         self.launch_time = time.perf_counter()
         self.token_times: list[float] = []  # when each token was sampled (TTFT, TPOT, hand-off)
@@ -98,6 +105,10 @@ class ResponseContext:
     @property
     def num_generated(self) -> int:
         return len(self.tokens) - self.num_prompt
+
+    @property
+    def num_unfetched(self) -> int:
+        return self.num_generated - self.num_fetched
 
     @property
     def finished(self) -> bool:
@@ -108,34 +119,30 @@ class ResponseContext:
         """Whether a consumer (a thread or an asyncio task) is waiting for this stream's next item."""
         return self.consumer_blocked or self.waker is not None
 
-    def get(self, timeout: float | None):
-        """The consumer's blocking take; raises queue.Empty after ``timeout`` seconds."""
-        self.consumer_blocked = True
-        try:
-            return self.queue.get(timeout=timeout)
-        finally:
-            self.consumer_blocked = False
+    # -- the loop thread's side (under the engine's lock) -----------------------------------------
 
-    def append(self, token: int, sampled_at: float) -> bool:
-        """Record a sampled token, hand it to the consumer, and say whether the stream ended."""
+    def record(self, token: int, sampled_at: float) -> bool:
+        """Add a sampled token; say whether it ends the request (a stop token, or its length)."""
         self.token_times.append(sampled_at)
         self.tokens.append(token)
-        self.put(token)
         if token in self.stop_ids:
-            return self.finish("stop")
-        if len(self.tokens) >= self.max_length:
-            return self.finish("length")
-        return False
+            self.finish("stop")
+        elif len(self.tokens) >= self.max_length:
+            self.finish("length")
+        return self.finished
 
-    def finish(self, reason: str) -> bool:
+    def finish(self, reason: str) -> None:
         self.status = Status.FINISHED
         self.finish_reason = reason
-        self.put(END)
-        return True
+
+    def deliver(self, token: int) -> None:
+        """Hand a recorded token to the consumer, and the end of the stream after the last."""
+        self.put(token)
+        if self.finished:
+            self.put(END)
 
     def fail(self, error: BaseException) -> None:
-        self.status = Status.FINISHED
-        self.finish_reason = "error"
+        self.finish("error")
         self.put(Failure(error))
 
     def put(self, item) -> None:
@@ -150,3 +157,13 @@ class ResponseContext:
                 self.queue.get_nowait()
             except queue.Empty:
                 return
+
+    # -- the consumer's side -------------------------------------------------------------------
+
+    def get(self, timeout: float | None):
+        """The consumer's blocking take; raises queue.Empty after ``timeout`` seconds."""
+        self.consumer_blocked = True
+        try:
+            return self.queue.get(timeout=timeout)
+        finally:
+            self.consumer_blocked = False

@@ -6,35 +6,36 @@ from __future__ import annotations
 import asyncio
 import atexit
 import functools
-import itertools
+import os
 import queue
 import threading
 import time
+import warnings
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 
-import numpy as np
 import torch
 
 import models
+from models.step import KVCache, StepInput
 
-from . import batch, openmp, sampler
-from .config import EngineOptions, GenerationConfig
+from . import openmp, sampler
+from .block_allocator import BlockAllocator
+from .config import EngineOptions, GenerationConfig, check_config, check_prompt, check_stop_token_ids
 from .context import END, Failure, Handle, ResponseContext
-from .errors import EngineBusy, EngineClosed, GenerationFailed
-from .kv_cache import BlockAllocator, KVCache
-from .scheduler import Scheduler
+from .errors import ContextLimitWarning, EngineBusy, EngineClosed, GenerationFailed, HandleReleased
+from .scheduler import Scheduler, StepPlan
 from .text import TextAPI
 
 _live_engines: weakref.WeakSet = weakref.WeakSet()
 atexit.register(lambda: [engine.shutdown() for engine in list(_live_engines)])
 
-
 # How long after sampling, at most, the loop thread leaves the CPU to consumers blocked in fetch
 # (Engine._let_consumers_take): on 2 cores the 64th consumer holds its token about 2 ms after
 # sampling. A consumer slower than that costs its step this much, no more.
 CONSUMER_GRACE_S = 0.003
+ENDED_REMEMBERED = 4096  # ended handles whose reason a later fetch can still name
 
 
 def _resolve(future: asyncio.Future) -> None:
@@ -46,7 +47,9 @@ class Engine(TextAPI):
     """Continuous batching for many threads over one model.
 
     Every public method is thread-safe. The loop thread starts on the first launch and holds
-    the lock only to schedule and to deliver, never across the forward.
+    the lock only to schedule and to deliver, never across the forward. Between steps it holds
+    the engine only weakly: an engine the application drops (without shutdown) is collected,
+    and its loop thread ends.
     """
 
     def __init__(self, checkpoint: models.Checkpoint, device: torch.device, options: EngineOptions):
@@ -59,17 +62,20 @@ class Engine(TextAPI):
         dtype = next(self.model.parameters()).dtype
         geometry = (self.model.num_layers, options.block_size, self.model.num_kv_heads, self.model.head_dim)
         num_blocks = options.num_kv_blocks or self._blocks_in_budget(KVCache.bytes_per_block(*geometry, dtype))
-        self.kv_cache = KVCache(self.model.num_layers, num_blocks, options.block_size,
-                                self.model.num_kv_heads, self.model.head_dim, dtype, device)
+        self.kv_cache = KVCache(self.model.num_layers, num_blocks, *geometry[1:], dtype, device)
         self.allocator = BlockAllocator(num_blocks, options.block_size, options.enable_prefix_caching)
         self.scheduler = Scheduler(options, self.allocator)
         self.vocab_size, self.max_position = self.model.vocab_size, self.model.max_position
         self.max_context = min(self.model.max_position, num_blocks * options.block_size)
-        self._lock = threading.Lock()
+        # Reentrant: the weakref callback that wakes the loop may run wherever the last reference
+        # to the engine goes, even in the loop thread while it holds the lock.
+        self._lock = threading.RLock()
         self._wakeup = threading.Condition(self._lock)
         self._contexts: dict[int, ResponseContext] = {}
+        self._ended: OrderedDict[int, str] = OrderedDict()  # recent handles gone, and why
         self._dropped: deque[int] = deque()  # handles the application let go of (see Handle)
-        self._handles = itertools.count()
+        self._launched = 0  # handles are 0, 1, 2, ... in launch order
+        self._pid = os.getpid()
         self._thread: threading.Thread | None = None
         self._closed: BaseException | None = None
         self._generator = torch.Generator(device).manual_seed(options.seed)
@@ -90,23 +96,27 @@ class Engine(TextAPI):
 
     # -- the application's side -------------------------------------------------------------
 
-    def launch_response_tokens(self, input_tokens, config: GenerationConfig | None = None) -> int:
+    def launch_response_tokens(self, input_tokens, config: GenerationConfig | None = None) -> Handle:
         """Register a request and return its handle at once; never blocks on generation.
 
-        Raises TypeError/ValueError for a bad prompt or config, EngineBusy when the waiting
-        queue is full, EngineClosed after shutdown.
+        Keep the returned Handle while you fetch: dropping it releases the request. Raises
+        TypeError/ValueError for a bad prompt or config, EngineBusy when the waiting queue is
+        full, EngineClosed after shutdown. Warns (ContextLimitWarning) when the context ends
+        before ``max_new_tokens`` could be generated.
         """
-        config = self._check_config(config)
-        prompt = self._check_prompt(input_tokens)
+        config = check_config(config)
+        check_stop_token_ids(config, self.vocab_size)
+        prompt = check_prompt(input_tokens, self.vocab_size)
+        self._check_room(len(prompt), config.max_new_tokens)
         with self._lock:
             if self._closed is not None:
-                raise EngineClosed("the engine is shut down; no new requests") from self._closed
+                raise EngineClosed(f"the engine is closed; no new requests ({self._closed})") from self._closed
             self._release_dropped()  # abandoned handles go at the latest when the next request comes
             bound = self.options.max_waiting
             if bound is not None and self._backlog() >= bound:
                 raise EngineBusy(f"{bound} requests are already waiting (max_waiting={bound}); retry later")
-            number = next(self._handles)
-            ctx = ResponseContext(number, prompt, config, number, self.max_context, self.eos_token_ids, self.device)
+            number, self._launched = self._launched, self._launched + 1
+            ctx = ResponseContext(number, prompt, config, self.max_context, self.eos_token_ids, self.device)
             self._contexts[number] = ctx
             self.scheduler.add(ctx)
             self._wakeup.notify()
@@ -116,10 +126,10 @@ class Engine(TextAPI):
         return handle
 
     def fetch_response_tokens(self, handle: int, timeout: float | None = None) -> int:
-        """Block until ``handle``'s next token and return it; -1 once the stream has ended,
-        which releases the handle. Raises KeyError for an unknown or released handle,
-        TimeoutError when ``timeout`` seconds pass first, GenerationFailed or EngineClosed
-        (with the cause) when the request failed."""
+        """Block until ``handle``'s next token and return it; -1 once the stream has ended (also
+        after an abort), which releases the handle. Raises KeyError for a handle never launched
+        or already released (HandleReleased says which), TimeoutError when ``timeout`` seconds
+        pass first, GenerationFailed or EngineClosed (with the cause) when the request failed."""
         ctx = self._context(handle)
         try:
             item = ctx.get(timeout)
@@ -148,24 +158,6 @@ class Engine(TextAPI):
                 ctx.waker = None
                 raise TimeoutError(f"no token for handle {handle} within {timeout} s") from None
 
-    def _context(self, handle: int) -> ResponseContext:
-        ctx = self._contexts.get(handle)  # a single dict read is atomic; no lock needed
-        if ctx is None:
-            raise KeyError(f"unknown handle {handle!r}: never launched, or its stream already ended")
-        return ctx
-
-    def _take(self, handle: int, ctx: ResponseContext, item) -> int:
-        if item == END or isinstance(item, Failure):
-            with self._lock:
-                self._contexts.pop(handle, None)
-            if isinstance(item, Failure):
-                raise item.error
-            return END
-        if ctx.queue.qsize() == self.options.max_unfetched_tokens - 1:
-            with self._lock:  # the consumer caught up: a paused request may run again
-                self._wakeup.notify()
-        return item
-
     def stream_response_tokens(self, handle: int, timeout: float | None = None) -> Iterator[int]:
         """Iterate over ``handle``'s tokens until the end of its stream (not yielding -1)."""
         while (token := self.fetch_response_tokens(handle, timeout)) != END:
@@ -173,13 +165,20 @@ class Engine(TextAPI):
 
     def abort_response(self, handle: int) -> None:
         """Stop a request at the next step boundary: its blocks are freed, unfetched tokens are
-        discarded, and the next fetch returns -1. Raises KeyError for an unknown handle."""
+        discarded, and the next fetch returns -1. Idempotent, and a no-op once the stream's -1 was
+        fetched or the handle released; KeyError only for a handle this engine never launched."""
         with self._lock:
-            ctx = self._context(handle)
+            ctx = self._contexts.get(handle)
+            if ctx is None:
+                if handle in self._ended or self._was_launched(handle):
+                    return
+                raise KeyError(f"unknown handle {handle!r}: this engine never launched it")
             # Safe while a forward runs: freed blocks are handed out again only by the next schedule.
             self.scheduler.remove(ctx)
             ctx.discard_unfetched()
-            ctx.finish("abort")
+            if not ctx.finished:
+                ctx.finish("abort")
+            ctx.put(END)
 
     def shutdown(self) -> None:
         """Stop the loop (after the step in flight) and fail every unfinished request with
@@ -218,64 +217,62 @@ class Engine(TextAPI):
         if self._thread is None:  # double-checked: the common path takes no lock
             with self._lock:
                 if self._thread is None and self._closed is None:
-                    self._thread = threading.Thread(target=self._loop, name="loom-engine-loop", daemon=True)
+                    wakeup = self._wakeup
+                    owner = weakref.ref(self, lambda _: _notify(wakeup))
+                    self._thread = threading.Thread(target=_run_loop, args=(owner, wakeup),
+                                                    name="loom-engine-loop", daemon=True)
                     self._thread.start()
 
-    def _loop(self) -> None:
-        try:
-            with torch.inference_mode():
-                while True:
-                    with self._lock:
-                        while self._closed is None and not self.scheduler.has_work():
-                            self._wakeup.wait()
-                        if self._closed is not None:
-                            return
-                        self._release_dropped()
-                        plan = self.scheduler.schedule()
-                        if not plan:  # work exists but none fits yet; wait for a change
-                            self._wakeup.wait(0.01)
-                            continue
-                    self._step(plan)
-        except BaseException as error:  # the loop cannot go on: nobody may wait forever
-            self._close(EngineClosed(f"the engine loop died: {error!r}"), cause=error)
+    def _plan(self) -> StepPlan | None:
+        """Under the lock: the next step's plan; None when there is no runnable work at all."""
+        self._release_dropped()
+        return self.scheduler.schedule() if self.scheduler.has_work() else None
 
-    def _step(self, plan) -> None:
-        sampling = batch.sampling_contexts(plan)
+    def _step(self, plan: StepPlan) -> None:
+        """schedule (done) -> build -> forward -> sample -> apply -> deliver."""
+        sampling = plan.sampling()
         try:
-            step = batch.build(plan, self.options.block_size, self.device)
+            step = StepInput.flatten(plan.sequences(), self.options.block_size, self.device)
             logits = self.model(step, self.kv_cache)
-            tokens = sampler.sample(logits, sampling, self._generator)
-            produced = time.perf_counter()  # hand-off latency counts from here, bookkeeping included
         except Exception as error:
-            with self._lock:
-                self._counters["step_failures"] += 1
-                for ctx, _ in plan.work:
-                    if not ctx.finished:
-                        self.scheduler.remove(ctx)
-                        failure = GenerationFailed(f"request {ctx.handle} failed in a step: {error!r}")
-                        failure.__cause__ = error
-                        ctx.fail(failure)
+            self._fail_step([e.ctx for e in plan.entries], error)
             return
+        tokens = self._sample(logits, sampling)
+        produced = time.perf_counter()  # hand-off latency counts from here, bookkeeping included
         if self.device.type == "cpu":  # its idle worker would spin on the core a consumer needs next
             openmp.release_thread_pool()
         with self._lock:
             self._counters["steps"] += 1
-            for ctx, n in plan.work:
-                if not ctx.finished:  # aborted during the forward: its blocks are gone
-                    ctx.num_computed += n
-                    ctx.hashed = self.allocator.register_full_blocks(
-                        ctx.tokens, ctx.block_table, ctx.num_computed, *ctx.hashed)
             waiting = [ctx for ctx in sampling if ctx.consumer_waiting and not ctx.finished]
-            for ctx, token in zip(sampling, tokens):
-                if not ctx.finished:
-                    self._counters["tokens_generated"] += 1
-                    if ctx.append(token, produced):
-                        self._counters["requests_finished"] += 1
-                        self.scheduler.remove(ctx)
-                    elif not self.scheduler.runnable(ctx):
-                        self.scheduler.preempt(ctx)  # holds no blocks while its consumer catches up
+            delivered = self.scheduler.postprocess(plan, sampling, tokens, produced)
+            for ctx, token in delivered:
+                ctx.deliver(token)
+            self._counters["tokens_generated"] += len(delivered)
+            self._counters["requests_finished"] += sum(ctx.finished for ctx, _ in delivered)
         if self.device.type == "cpu":
             self._let_consumers_take(waiting, produced + CONSUMER_GRACE_S)
+
+    def _sample(self, logits: torch.Tensor, sampling: list[ResponseContext]) -> list[int]:
+        """The step's tokens. If sampling the batch raises, each row is sampled alone and only
+        the requests whose own sampling fails are failed (their token is then END)."""
+        try:
+            return sampler.sample(logits, sampling, self._generator)
+        except Exception:
+            tokens = sampler.sample_each(logits, sampling, self._generator)
+        failed = [(ctx, t) for ctx, t in zip(sampling, tokens) if isinstance(t, BaseException)]
+        for ctx, error in failed:
+            self._fail_step([ctx], error)
+        return [END if isinstance(t, BaseException) else t for t in tokens]
+
+    def _fail_step(self, contexts: list[ResponseContext], error: BaseException) -> None:
+        with self._lock:
+            self._counters["step_failures"] += 1
+            for ctx in contexts:
+                if not ctx.finished:
+                    self.scheduler.remove(ctx)
+                    failure = GenerationFailed(f"request {ctx.handle} failed in a step: {error!r}")
+                    failure.__cause__ = error
+                    ctx.fail(failure)
 
     @staticmethod
     def _let_consumers_take(waiting: list[ResponseContext], deadline: float) -> None:
@@ -285,9 +282,43 @@ class Engine(TextAPI):
         operators, and the tail of the hand-off grows to milliseconds. Their work is done on
         these cores either way; doing it first costs the forward little."""
         while any(not ctx.queue.empty() for ctx in waiting) and time.perf_counter() < deadline:
-            # Sleeping releases the GIL, which each woken consumer needs in turn. Polling every 50 us
-            # instead made them wait for it more often (p99 at 16 consumers 0.97-1.20 ms, not 0.82-0.91).
-            time.sleep(200e-6)
+            time.sleep(200e-6)  # sleeping releases the GIL, which each woken consumer needs in turn
+
+    # -- bookkeeping under the lock ----------------------------------------------------------
+
+    def _context(self, handle: int) -> ResponseContext:
+        ctx = self._contexts.get(handle)  # a single dict read is atomic; no lock needed
+        if ctx is None:
+            reason = self._ended.get(handle)
+            if reason is not None:
+                raise HandleReleased(f"handle {handle} was released: {reason}")
+            if self._was_launched(handle):
+                raise HandleReleased(f"handle {handle} was released long ago (its stream ended, or its "
+                                     "Handle was dropped)")
+            raise KeyError(f"unknown handle {handle!r}: this engine never launched it")
+        return ctx
+
+    def _take(self, handle: int, ctx: ResponseContext, item) -> int:
+        if item == END or isinstance(item, Failure):
+            self._forget(handle, "its stream ended and -1 was fetched" if item == END else "its request failed")
+            if isinstance(item, Failure):
+                raise item.error
+            return END
+        ctx.num_fetched += 1
+        if ctx.num_unfetched == self.options.max_unfetched_tokens - 1:
+            with self._lock:  # the consumer caught up: a paused request may run again
+                self._wakeup.notify()
+        return item
+
+    def _forget(self, handle: int, reason: str) -> None:
+        with self._lock:
+            if self._contexts.pop(handle, None) is not None:
+                self._ended[handle] = reason
+                if len(self._ended) > ENDED_REMEMBERED:
+                    self._ended.popitem(last=False)
+
+    def _was_launched(self, handle) -> bool:
+        return isinstance(handle, int) and 0 <= handle < self._launched
 
     def _backlog(self) -> int:
         """Waiting requests beyond the batch's free slots: those the next step cannot admit."""
@@ -295,13 +326,20 @@ class Engine(TextAPI):
         return max(0, len(self.scheduler.waiting) - free_slots)
 
     def _release_dropped(self) -> None:
+        """Release the requests whose Handle the application dropped; a thread blocked fetching
+        one by its int id wakes with HandleReleased."""
         while self._dropped:
-            ctx = self._contexts.pop(self._dropped.popleft(), None)
-            if ctx is not None:
-                self.scheduler.remove(ctx)
-                if not ctx.finished:
-                    ctx.finish("abort")
-                ctx.discard_unfetched()
+            handle = self._dropped.popleft()
+            ctx = self._contexts.get(handle)
+            if ctx is None:
+                continue
+            self.scheduler.remove(ctx)
+            if not ctx.finished:
+                ctx.finish("abort")
+            ctx.discard_unfetched()
+            reason = "its Handle object was dropped (keep the Handle, not int(handle), while you fetch)"
+            ctx.put(Failure(HandleReleased(f"handle {handle} was released: {reason}")))
+            self._forget(handle, reason)
 
     def _close(self, error: BaseException, cause: BaseException | None = None) -> None:
         if cause is not None:
@@ -316,42 +354,28 @@ class Engine(TextAPI):
                     ctx.fail(error)
             self._wakeup.notify_all()
 
+    def _after_fork_in_child(self) -> None:
+        """The loop thread did not survive os.fork(), and the lock may have been held by a thread
+        that no longer exists: give the child fresh ones and a closed engine that says why."""
+        self._lock = threading.RLock()
+        self._wakeup = threading.Condition(self._lock)
+        self._thread = None
+        self._close(EngineClosed(f"this engine was created in process {self._pid} and cannot be used in the "
+                                 f"forked child {os.getpid()} (its loop thread does not survive os.fork()); "
+                                 "create a new Engine in the child"))
+
     # -- validation ---------------------------------------------------------------------------
 
-    @staticmethod
-    def _check_config(config) -> GenerationConfig:
-        if config is None:
-            return GenerationConfig()
-        if isinstance(config, dict):
-            return GenerationConfig(**config)
-        if not isinstance(config, GenerationConfig):
-            raise TypeError(f"config must be a GenerationConfig, a dict or None, got {type(config).__name__}")
-        return config
-
-    def _check_prompt(self, tokens) -> list[int]:
-        if isinstance(tokens, (torch.Tensor, np.ndarray)):
-            if tokens.ndim != 1:
-                raise ValueError(f"input_tokens must be 1-D, got shape {tuple(tokens.shape)}")
-            if tokens.dtype.is_floating_point if isinstance(tokens, torch.Tensor) else tokens.dtype.kind not in "iu":
-                raise TypeError(f"input_tokens must hold integers, got dtype {tokens.dtype}")
-            tokens = tokens.tolist()
-        if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__iter__"):
-            raise TypeError(f"input_tokens must be a sequence of token ids, got {type(tokens).__name__}"
-                            + (" (use launch_response for text)" if isinstance(tokens, str) else ""))
-        tokens = list(tokens)
-        if not tokens:
-            raise ValueError("input_tokens is empty: a prompt needs at least one token")
-        vocab = self.vocab_size
-        for i, t in enumerate(tokens):
-            if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
-                raise TypeError(f"input_tokens[{i}] is {t!r} ({type(t).__name__}), not an int token id")
-            if not 0 <= t < vocab:
-                raise ValueError(f"input_tokens[{i}] = {t} is outside the vocabulary [0, {vocab})")
-        if len(tokens) >= self.max_context:
-            raise ValueError(f"the prompt has {len(tokens)} tokens; the context holds {self.max_context} "
+    def _check_room(self, prompt_length: int, max_new_tokens: int) -> None:
+        if prompt_length >= self.max_context:
+            raise ValueError(f"the prompt has {prompt_length} tokens; the context holds {self.max_context} "
                              f"(model limit {self.max_position}, KV pool {self.allocator.num_blocks} "
                              f"blocks of {self.options.block_size}), leaving no room to generate")
-        return [int(t) for t in tokens]
+        room = self.max_context - prompt_length
+        if max_new_tokens > room:
+            warnings.warn(f"max_new_tokens={max_new_tokens}, but the context holds {self.max_context} tokens and "
+                          f"the prompt has {prompt_length}: at most {room} tokens will be generated "
+                          "(finish_reason 'length')", ContextLimitWarning, stacklevel=3)
 
     def _blocks_in_budget(self, block_bytes: int) -> int:
         budget = self.options.kv_cache_bytes
@@ -363,3 +387,40 @@ class Engine(TextAPI):
         if blocks < 1:
             raise ValueError(f"kv_cache_bytes={budget} cannot hold one KV block of {block_bytes} bytes")
         return blocks
+
+
+def _run_loop(owner: weakref.ref, wakeup: threading.Condition) -> None:
+    """The loop thread: schedule under the lock, step outside it, sleep on ``wakeup`` when there
+    is nothing to run. Like concurrent.futures' workers, it holds its engine only through a weak
+    reference between steps, so an engine the application drops is collected and the loop ends."""
+    with torch.inference_mode():
+        while (engine := owner()) is not None:
+            try:
+                with wakeup:
+                    if engine._closed is not None:
+                        return
+                    plan = engine._plan()
+                    if not plan:  # None: nothing runnable; empty: work that does not fit yet
+                        engine = None  # sleep without keeping the engine alive
+                        wakeup.wait(None if plan is None else 0.01)
+                        continue
+                engine._step(plan)
+            except BaseException as error:  # the loop cannot go on: nobody may wait forever
+                if engine is not None:
+                    engine._close(EngineClosed(f"the engine loop died: {error!r}"), cause=error)
+                return
+            del engine, plan
+
+
+def _notify(wakeup: threading.Condition) -> None:
+    with wakeup:
+        wakeup.notify_all()
+
+
+def _after_fork_in_child() -> None:
+    for engine in list(_live_engines):
+        engine._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -13,7 +13,7 @@ def sample(logits: torch.Tensor, contexts, generator: torch.Generator) -> list[i
     if penalised:
         logits = apply_repetition_penalty(logits, [contexts[i] for i in penalised], penalised)
     tokens = greedy(logits)
-    sampled = [i for i, c in enumerate(configs) if c.do_sample]
+    sampled = [i for i, c in enumerate(configs) if c.sampled]
     if sampled:
         rows = torch.tensor(sampled, device=logits.device)
         probs, order = filtered_probs(logits[rows].float(), [configs[i] for i in sampled])
@@ -26,6 +26,18 @@ def sample(logits: torch.Tensor, contexts, generator: torch.Generator) -> list[i
             draws[j] = torch.multinomial(probs[j], 1, generator=contexts[sampled[j]].generator)[0]
         tokens[rows] = order.gather(1, draws[:, None])[:, 0] if order is not None else draws
     return tokens.tolist()
+
+
+def sample_each(logits: torch.Tensor, contexts, generator: torch.Generator) -> list[int | BaseException]:
+    """``sample`` one row at a time, for a step whose batched sampling raised: each row gets its
+    token, or the exception its own sampling raised, so that one request's failure stays its own."""
+    out = []
+    for i, ctx in enumerate(contexts):
+        try:
+            out += sample(logits[i:i + 1], [ctx], generator)
+        except Exception as error:  # noqa: BLE001 - handed to that request's consumer
+            out.append(error)
+    return out
 
 
 def greedy(logits: torch.Tensor, chunk: int = 256) -> torch.Tensor:
@@ -50,31 +62,35 @@ def greedy(logits: torch.Tensor, chunk: int = 256) -> torch.Tensor:
 
 def apply_repetition_penalty(logits, contexts, rows):
     """transformers' rule: a token already in the prompt or output has its logit divided by the
-    penalty when positive, multiplied when negative."""
+    penalty when positive, multiplied when negative. Results stay finite whatever the penalty,
+    so that sampling after it never meets inf - inf."""
     logits = logits.clone()
     width = max(len(ctx.tokens) for ctx in contexts)
     ids = torch.tensor([ctx.tokens + ctx.tokens[:1] * (width - len(ctx.tokens)) for ctx in contexts],
                        device=logits.device)
     penalty = torch.tensor([ctx.config.repetition_penalty for ctx in contexts],
-                           dtype=logits.dtype, device=logits.device)[:, None]
+                           dtype=torch.float64, device=logits.device)[:, None]
     rows = torch.tensor(rows, device=logits.device)
-    scores = logits[rows].gather(1, ids)
+    scores = logits[rows].gather(1, ids).double()
     scores = torch.where(scores < 0, scores * penalty, scores / penalty)
-    logits[rows] = logits[rows].scatter(1, ids, scores)
+    limit = torch.finfo(logits.dtype).max
+    logits[rows] = logits[rows].scatter(1, ids, scores.clamp(-limit, limit).to(logits.dtype))
     return logits
 
 
 def filtered_probs(logits, configs):
     """Probabilities after temperature, top-k and top-p. When a filter is on, they come in
-    descending order with the permutation that maps back to vocabulary ids; else order is None."""
-    device = logits.device
-    temperature = torch.tensor([c.temperature for c in configs], dtype=logits.dtype, device=device)[:, None]
-    logits = logits / temperature
+    descending order with the permutation that maps back to vocabulary ids; else order is None.
+    The row's max is subtracted before dividing by the temperature: every logit is then <= 0 and
+    the max is exactly 0, so no temperature that validation lets through overflows the softmax."""
+    device, vocab = logits.device, logits.shape[-1]
+    temperature = torch.tensor([c.sampling_temperature for c in configs], dtype=logits.dtype, device=device)[:, None]
+    logits = (logits - logits.amax(-1, keepdim=True)) / temperature
     if all(c.top_k == 0 and c.top_p >= 1.0 for c in configs):
         return logits.softmax(-1), None
     logits, order = logits.sort(dim=-1, descending=True)
-    ranks = torch.arange(logits.shape[-1], device=device)[None, :]
-    top_k = torch.tensor([c.top_k or logits.shape[-1] for c in configs], device=device)[:, None]
+    ranks = torch.arange(vocab, device=device)[None, :]
+    top_k = torch.tensor([min(c.top_k, vocab) or vocab for c in configs], device=device)[:, None]
     logits = logits.masked_fill(ranks >= top_k, float("-inf"))
     probs = logits.softmax(-1)
     top_p = torch.tensor([c.top_p for c in configs], dtype=probs.dtype, device=device)[:, None]

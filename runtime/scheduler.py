@@ -1,40 +1,60 @@
 """Which requests run in the next step, and how many tokens each: admission, the token budget,
-chunked prefill, preemption by recompute, and the order policy (FCFS or priority)."""
+chunked prefill, preemption by recompute, the order policy (FCFS or priority), and applying a
+step's results to the requests and their blocks."""
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
 
+from models.step import Sequence
+
+from .block_allocator import BlockAllocator
 from .config import EngineOptions
 from .context import ResponseContext, Status
-from .kv_cache import BlockAllocator
+
+
+@dataclass
+class Scheduled:
+    """A request in a step, computing ``num_tokens`` of its tokens from ``ctx.num_computed`` on."""
+
+    ctx: ResponseContext
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        return self.ctx.num_computed + self.num_tokens == len(self.ctx.tokens)
 
 
 @dataclass
 class StepPlan:
-    """The work of one step: each scheduled request with the number of tokens it computes.
-    Decodes (one token each) come first, then prefill chunks."""
+    """The work of one step, one-token entries (decodes) first, longest context first, so that
+    the flat batch can group them by length for the batched decode attention."""
 
-    work: list[tuple[ResponseContext, int]] = field(default_factory=list)
-    num_decodes: int = 0
+    entries: list[Scheduled] = field(default_factory=list)
 
     def __bool__(self):
-        return bool(self.work)
+        return bool(self.entries)
 
     def order(self) -> None:
-        """One-token entries (decodes, and any 1-token chunk) first, longest context first, so that
-        batch.build can group them by length for the batched decode attention."""
-        self.work.sort(key=lambda w: (w[1] != 1, -w[0].num_computed if w[1] == 1 else 0))
-        self.num_decodes = sum(1 for _, n in self.work if n == 1)
+        self.entries.sort(key=lambda e: (e.num_tokens != 1, -e.ctx.num_computed if e.num_tokens == 1 else 0))
 
     def drop(self, ctx: ResponseContext) -> int:
         """Take a preempted request out of the plan; returns the tokens it had been given."""
-        for i, (c, n) in enumerate(self.work):
-            if c is ctx:
-                del self.work[i]
-                return n
+        for i, entry in enumerate(self.entries):
+            if entry.ctx is ctx:
+                del self.entries[i]
+                return entry.num_tokens
         return 0
+
+    def sampling(self) -> list[ResponseContext]:
+        """The requests that sample this step, in the order of the step's sampled rows."""
+        return [e.ctx for e in self.entries if e.samples]
+
+    def sequences(self) -> list[Sequence]:
+        """The plan as the model contract's Sequences (see models/step.py)."""
+        return [Sequence(e.ctx.tokens[e.ctx.num_computed:e.ctx.num_computed + e.num_tokens], e.ctx.num_computed,
+                         e.ctx.block_table, e.samples) for e in self.entries]
 
 
 class Scheduler:
@@ -51,15 +71,15 @@ class Scheduler:
 
     def precedence(self, ctx: ResponseContext):
         if self.options.policy == "priority":
-            return (-ctx.config.priority, ctx.arrival)
-        return (ctx.arrival,)
+            return (-ctx.config.priority, ctx.handle)
+        return (ctx.handle,)  # handles count up: arrival order
 
     def has_work(self) -> bool:
         return any(self.runnable(c) for c in self.running) or any(self.runnable(c) for c in self.waiting)
 
     def runnable(self, ctx: ResponseContext) -> bool:
         """False while the request's consumer lags too far behind: it must fetch first."""
-        return ctx.queue.qsize() < self.options.max_unfetched_tokens
+        return ctx.num_unfetched < self.options.max_unfetched_tokens
 
     def add(self, ctx: ResponseContext) -> None:
         ctx.status = Status.WAITING
@@ -92,7 +112,7 @@ class Scheduler:
                     break
             else:
                 ctx.block_table += self.allocator.allocate(need)
-                plan.work.append((ctx, n))
+                plan.entries.append(Scheduled(ctx, n))
                 budget -= n
         self.admit(plan, budget)
         plan.order()
@@ -107,7 +127,7 @@ class Scheduler:
             cached = self.allocator.match_prefix(ctx.tokens)
             ctx.block_table = cached
             ctx.num_computed = ctx.num_cached = len(cached) * self.block_size
-            ctx.hashed = (len(cached), self.allocator.chain_hash(cached))
+            ctx.num_hashed_blocks, ctx.chain_hash = len(cached), self.allocator.chain_hash(cached)
             n = min(len(ctx.tokens) - ctx.num_computed, budget)
             need = self.blocks_for(ctx.num_computed + n) - len(cached)
             # The watermark keeps room for running requests to grow; an idle engine needs none.
@@ -122,14 +142,37 @@ class Scheduler:
             self.running.append(ctx)
             self.prompt_tokens += len(ctx.tokens)
             self.cached_tokens += ctx.num_cached
-            plan.work.append((ctx, n))
+            plan.entries.append(Scheduled(ctx, n))
             budget -= n
+
+    def postprocess(self, plan: StepPlan, sampling: list[ResponseContext], tokens: list[int],
+                    sampled_at: float) -> list[tuple[ResponseContext, int]]:
+        """Apply a step's results: each request's computed tokens advance and its full blocks are
+        named for the prefix cache; each sampled token is recorded; a finished request frees its
+        blocks, and one whose consumer lags too far is paused without any. Requests aborted
+        during the forward are skipped. Returns the (request, token) pairs to deliver."""
+        for entry in plan.entries:
+            ctx = entry.ctx
+            if not ctx.finished:
+                ctx.num_computed += entry.num_tokens
+                ctx.num_hashed_blocks, ctx.chain_hash = self.allocator.register_full_blocks(
+                    ctx.tokens, ctx.block_table, ctx.num_computed, ctx.num_hashed_blocks, ctx.chain_hash)
+        delivered = []
+        for ctx, token in zip(sampling, tokens):
+            if ctx.finished:
+                continue
+            delivered.append((ctx, token))
+            if ctx.record(token, sampled_at):
+                self.remove(ctx)
+            elif not self.runnable(ctx):
+                self.preempt(ctx)  # holds no blocks while its consumer catches up
+        return delivered
 
     def preempt(self, ctx: ResponseContext) -> None:
         """Free a running request's blocks and send it back to wait; it recomputes its tokens later."""
         self.running.remove(ctx)
         self.allocator.release(ctx.block_table)
-        ctx.block_table, ctx.num_computed, ctx.hashed = [], 0, (0, None)
+        ctx.block_table, ctx.num_computed, ctx.num_hashed_blocks, ctx.chain_hash = [], 0, 0, None
         self.num_preemptions += 1
         self.add(ctx)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 
-from .config import GenerationConfig
+from .config import GenerationConfig, check_config
 from .context import END
 
 
@@ -99,7 +99,7 @@ class TextAPI:
     def stream_response(self, prompt, config: GenerationConfig | None = None) -> Iterator[str]:
         """Yield text pieces as tokens arrive. Stops at EOS, a stop token, ``max_new_tokens`` or a
         ``config.stop`` string (which is not returned). Closing the iterator early aborts the request."""
-        config = self._check_config(config)
+        config = check_config(config)
         return self.stream_text(self.launch_response(prompt, config), config.stop)
 
     def response(self, prompt, config: GenerationConfig | None = None) -> str:
@@ -108,7 +108,7 @@ class TextAPI:
 
     async def astream_response(self, prompt, config: GenerationConfig | None = None) -> AsyncIterator[str]:
         """stream_response for asyncio: awaits tokens without blocking the event loop."""
-        config = self._check_config(config)
+        config = check_config(config)
         async for piece in self.astream_text(self.launch_response(prompt, config), config.stop):
             yield piece
 

@@ -33,14 +33,17 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
 
 def pytest_addoption(parser):
     parser.addoption("--stress", action="store_true", help="run the large threaded stress sizes")
+    parser.addoption("--timing", action="store_true",
+                     help="run the tests whose outcome depends on how busy the machine is")
 
 
 def pytest_collection_modifyitems(config, items):
-    if not config.getoption("--stress"):
-        skip = pytest.mark.skip(reason="large stress size: run with --stress")
-        for item in items:
-            if "stress" in item.keywords:
-                item.add_marker(skip)
+    for marker, why in (("stress", "large stress size: run with --stress"),
+                        ("timing", "depends on an idle machine: run with --timing")):
+        if not config.getoption(f"--{marker}"):
+            for item in items:
+                if marker in item.keywords:
+                    item.add_marker(pytest.mark.skip(reason=why))
 
 
 def tiny_model(arch: str, seed: int = 0):

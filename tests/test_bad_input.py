@@ -25,16 +25,25 @@ BAD_PROMPTS = [
 BAD_CONFIGS = [
     (dict(max_new_tokens=0), ValueError, "max_new_tokens must be >= 1"),
     (dict(max_new_tokens=2.0), TypeError, "max_new_tokens must be an int"),
-    (dict(temperature=0.0), ValueError, r"temperature must be in \(0.0"),
+    (dict(temperature=-0.5), ValueError, r"temperature must be in \[0.0, inf\]"),
+    (dict(temperature=float("nan")), ValueError, "temperature must be a finite number, got nan"),
+    (dict(temperature=float("inf")), ValueError, "temperature must be a finite number, got inf"),
     (dict(temperature="hot"), TypeError, "temperature must be a number"),
+    (dict(do_sample=True, temperature=0), ValueError, "do_sample=True with temperature=0"),
     (dict(top_k=-1), ValueError, "top_k must be >= 0"),
     (dict(top_p=1.5), ValueError, r"top_p must be in \(0.0, 1.0\]"),
     (dict(top_p=0.0), ValueError, r"top_p must be in \(0.0, 1.0\]"),
+    (dict(top_p=float("nan")), ValueError, "top_p must be a finite number"),
     (dict(repetition_penalty=0), ValueError, "repetition_penalty must be in"),
+    (dict(repetition_penalty=float("inf")), ValueError, "repetition_penalty must be a finite number"),
     (dict(do_sample="yes"), TypeError, "do_sample must be a bool"),
     (dict(seed=-3), ValueError, "seed must be >= 0"),
+    (dict(seed=2**64), ValueError, "seed must be <= 18446744073709551615"),
+    (dict(priority=2**40), ValueError, "priority must be <= 2147483647"),
     (dict(stop_token_ids=["x"]), TypeError, "each of stop_token_ids must be an int"),
+    (dict(stop_token_ids="ab"), TypeError, "stop_token_ids must be a list of ints"),
     (dict(stop=[""]), ValueError, "non-empty str"),
+    (dict(stop=5), TypeError, "stop must be a str or a list of str"),
     (dict(nonsense=1), TypeError, "unexpected keyword argument 'nonsense'"),
 ]
 
@@ -69,6 +78,11 @@ def test_bad_generation_config(engine, fields, error, message):
         engine.launch_response_tokens([5, 6], fields)
     with pytest.raises(error, match=message):
         GenerationConfig(**fields)
+
+
+def test_stop_token_outside_the_vocabulary_is_refused_at_launch(engine):
+    with pytest.raises(ValueError, match=f"stop_token_ids holds {10**9}, outside the vocabulary \\[0, {VOCAB}\\)"):
+        engine.launch_response_tokens([5, 6], {"stop_token_ids": [10**9]})
 
 
 def test_config_of_the_wrong_type(engine):

@@ -1,6 +1,7 @@
 """The command line as a user runs it: python -m runtime ..."""
 
 import json
+import signal
 import subprocess
 import sys
 
@@ -19,14 +20,47 @@ def test_every_subcommand_explains_itself(command, capsys):
         assert flag in text
 
 
-def test_generate_answers_every_prompt_in_order(tmp_path):
+def test_generate_answers_every_prompt_in_order_through_the_chat_template(tmp_path):
     prompts = tmp_path / "prompts.txt"
-    prompts.write_text("What is 2 plus 2?\nName a colour.\n\nWhat is the capital of Italy?\n")
+    prompts.write_text("What is 2 plus 2?\nName a colour.\n\nWhat is the capital of France?\n")
     out = tmp_path / "answers.jsonl"
-    assert main(["generate", str(prompts), "--chat", "--max-new-tokens", "12", "--output", str(out)]) == 0
+    assert main(["generate", str(prompts), "--max-new-tokens", "12", "--output", str(out)]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["prompt"] for r in rows] == ["What is 2 plus 2?", "Name a colour.", "What is the capital of Italy?"]
+    assert [r["prompt"] for r in rows] == ["What is 2 plus 2?", "Name a colour.", "What is the capital of France?"]
     assert all(r["response"].strip() for r in rows)
+    assert "Paris" in rows[2]["response"]  # an instruct model answers its chat template, not raw text
+
+
+def test_generate_raw_sends_the_text_as_is(tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The capital of France is\n")
+    out = tmp_path / "answers.jsonl"
+    assert main(["generate", str(prompts), "--raw", "--max-new-tokens", "4", "--output", str(out)]) == 0
+    assert json.loads(out.read_text())["prompt"] == "The capital of France is"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["generate", "no-such-file.txt"], "error: cannot read prompts from no-such-file.txt: No such file"),
+    (["generate", "-", "--temperature", "-1"], "error: temperature must be in [0.0, inf], got -1.0"),
+    (["chat", "--top-p", "2"], "error: top_p must be in (0.0, 1.0], got 2.0"),
+])
+def test_bad_arguments_fail_in_one_line_before_the_model_loads(argv, message, capsys, monkeypatch):
+    import runtime.cli
+    monkeypatch.setattr(runtime.cli, "load_engine", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert str(done.value.code).startswith(message)
+
+
+@pytest.mark.parametrize("command", ["serve", "bench"])
+def test_a_missing_extra_is_named_with_its_install_command(command, monkeypatch):
+    import runtime.cli
+    extra, _ = runtime.cli.EXTRAS[command]
+    monkeypatch.setitem(runtime.cli.EXTRAS, command, (extra, ("no_such_module_for_loom",)))
+    monkeypatch.setattr(runtime.cli, "load_engine", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(SystemExit) as done:
+        main([command])
+    assert f"pip install -e '.[{extra}]'" in str(done.value.code)
 
 
 def test_chat_streams_answers_until_an_empty_line():
@@ -36,6 +70,23 @@ def test_chat_streams_answers_until_an_empty_line():
     assert "bot> " in done.stdout and "Paris" in done.stdout
 
 
+def test_ctrl_c_stops_the_answer_and_the_chat_goes_on():
+    chat = subprocess.Popen([sys.executable, "-u", "-m", "runtime", "chat", "--max-new-tokens", "100000",
+                             "--temperature", "1", "--seed", "1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        chat.stdin.write("Tell me a very long story.\n")
+        chat.stdin.flush()
+        seen = ""
+        while len(seen) < 40:  # the answer is streaming
+            seen += chat.stdout.read(1)
+        chat.send_signal(signal.SIGINT)
+        out, err = chat.communicate("What is the capital of France?\n\n", timeout=300)
+    finally:
+        chat.kill()
+    assert chat.returncode == 0, err
+    assert "[stopped]" in out and "Traceback" not in err
+    assert out.count("bot> ") + seen.count("bot> ") == 2
 def test_bench_smoke_run_writes_table_json_and_plot(tmp_path):
     assert main(["bench", "--smoke", "--repeat", "2", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "bench.json").read_text())

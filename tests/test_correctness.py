@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 
+import models
 from models import paged_decode
 from runtime import Engine, GenerationConfig
 
@@ -74,23 +75,16 @@ def test_eos_ends_the_stream_unless_ignored(llama):
 def test_float32_cpu_model_with_prepacked_linears_matches_transformers():
     """float32 on CPU swaps nn.Linear for oneDNN's prepacked one: logits must stay transformers'."""
     from models.layers import OneDNNLinear
+    from models.step import KVCache, Sequence, StepInput
 
-    from runtime import batch
-    from runtime.context import ResponseContext
-    from runtime.scheduler import StepPlan
     for arch in ("gpt2", "llama"):
         hf = tiny_model(arch).float()
-        engine = Engine.from_pretrained(hf)
-        assert isinstance(engine.model.layers[0].mlp.down if arch == "llama" else engine.model.layers[0].fc,
-                          OneDNNLinear)
+        model = models.load(hf).model
+        assert isinstance(model.layers[0].mlp.down if arch == "llama" else model.layers[0].fc, OneDNNLinear)
         prompt = [5, 9, 17, 33, 2, 60, 7]
-        ctx = ResponseContext(0, prompt, GenerationConfig(), 0, 256, frozenset(), torch.device("cpu"))
-        ctx.block_table = engine.allocator.allocate(1)
-        plan = StepPlan([(ctx, len(prompt))])
-        plan.order()
-        step = batch.build(plan, engine.options.block_size, torch.device("cpu"))
+        kv = KVCache(model.num_layers, 1, 16, model.num_kv_heads, model.head_dim, torch.float32, "cpu")
+        step = StepInput.flatten([Sequence(prompt, 0, [0], sample=True)], 16, torch.device("cpu"))
         with torch.no_grad():
-            ours = engine.model(step, engine.kv_cache)[0]
+            ours = model(step, kv)[0]
             theirs = hf(torch.tensor([prompt])).logits[0, -1]
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
-        engine.shutdown()

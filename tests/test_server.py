@@ -13,7 +13,7 @@ openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
 from runtime import Engine, EngineBusy, GenerationConfig  # noqa: E402
-from runtime.server import create_app  # noqa: E402
+from runtime.serve import create_app  # noqa: E402
 
 KEY = "test-key"
 MODEL = "smollm2"

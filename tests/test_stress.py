@@ -23,10 +23,10 @@ def client(engine, rng, count, greedy_results, problems):
     for _ in range(count):
         behaviour = rng.choice(BEHAVIOURS)
         prompt = random_prompt(rng, 1, 48)
+        knobs = dict(temperature=rng.uniform(0.5, 1.5), top_k=rng.choice([0, 20]), top_p=rng.choice([1.0, 0.9]))
         config = GenerationConfig(max_new_tokens=rng.randint(1, 32), priority=rng.randint(0, 3),
-                                  do_sample=behaviour == "sampled", temperature=rng.uniform(0.5, 1.5),
-                                  top_k=rng.choice([0, 20]), top_p=rng.choice([1.0, 0.9]),
-                                  seed=rng.choice([None, rng.randrange(1000)]))
+                                  do_sample=behaviour == "sampled", seed=rng.choice([None, rng.randrange(1000)]),
+                                  **(knobs if behaviour == "sampled" else {}))
         handle = engine.launch_response_tokens(prompt, config)
         if behaviour != "never_fetched":
             pending.append((behaviour, prompt, config, handle))

@@ -1,7 +1,7 @@
-"""``python -m runtime bench``: Loom side by side with what users would pick instead, on the same
-model, machine and process: transformers' generate() one request at a time behind a lock, as one
-static padded batch, transformers' continuous batching (generate_batch), and the pure model
-forward with no runtime around it."""
+"""The systems the benchmark runs, each on a list of Requests: Loom through its public API,
+transformers' generate() one request at a time behind a lock, as one static padded batch,
+transformers' continuous batching, and the pure model forward with no runtime around it (built
+through the model contract, models/step.py, as Loom's steps are)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from . import batch as batching
-from . import openmp
-from .config import GenerationConfig
-from .context import ResponseContext
-from .kv_cache import BlockAllocator, KVCache
-from .scheduler import StepPlan
+from models.step import KVCache, Sequence, StepInput
+from runtime import GenerationConfig, openmp
 
 
 @dataclass
@@ -155,36 +151,37 @@ def run_queue_floor(consumers: int, rounds: int = 50, pause: float = 0.02) -> Ru
 
 
 def run_pure_forward(model, requests: list[Request], workload: str, block_size=16, max_batch_tokens=2048) -> Run:
-    """The same steps Loom takes for requests that all arrive at once with equal lengths, timed
-    around model.forward alone: inputs prebuilt, no scheduling, sampling or delivery."""
+    """The steps Loom takes for requests that all arrive at once, timed around model.forward
+    alone: inputs prebuilt, no scheduling, sampling or delivery. Like Loom's scheduler, each
+    step gives every unfinished request its next token (decodes first, longest context first)
+    and then prefill chunks within the token budget."""
     run = Run("pure forward", workload, len(requests), note="model forward only, Loom's steps")
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
-    length = max(len(r.prompt) + r.new_tokens for r in requests)
-    blocks = -(-length // block_size)
+    blocks = -(-max(len(r.prompt) + r.new_tokens for r in requests) // block_size)
     kv = KVCache(model.num_layers, blocks * len(requests), block_size, model.num_kv_heads, model.head_dim, dtype, device)
-    allocator = BlockAllocator(blocks * len(requests), block_size, False)
-    contexts = []
-    for i, r in enumerate(requests):
-        ctx = ResponseContext(i, r.prompt, GenerationConfig(max_new_tokens=r.new_tokens), i, length, frozenset(), device)
-        ctx.block_table = allocator.allocate(blocks)
-        contexts.append(ctx)
+    tables = [list(range(i * blocks, (i + 1) * blocks)) for i in range(len(requests))]
+    tokens = [list(r.prompt) for r in requests]
+    computed = [0] * len(requests)
     steps, sampled_by = [], []  # each step, and the requests that gain a token in it
-    while any(c.num_generated < c.config.max_new_tokens for c in contexts):
-        plan, budget = StepPlan(), max_batch_tokens
-        for ctx in contexts:
-            n = min(len(ctx.tokens) - ctx.num_computed, budget)
-            if ctx.num_generated < ctx.config.max_new_tokens and n:
-                plan.work.append((ctx, n))
+    while True:
+        budget, work = max_batch_tokens, []
+        for i, r in enumerate(requests):
+            n = min(len(tokens[i]) - computed[i], budget)
+            if len(tokens[i]) - len(r.prompt) < r.new_tokens and n:
+                work.append((i, n))
                 budget -= n
-        plan.order()
-        steps.append(batching.build(plan, block_size, device))
-        sampled_by.append([])
-        for ctx, n in plan.work:
-            ctx.num_computed += n
-            if ctx.num_computed == len(ctx.tokens):
-                ctx.tokens.append(ctx.tokens[-1])
-                sampled_by[-1].append(ctx.handle)
+        if not work:
+            break
+        work.sort(key=lambda w: (w[1] != 1, -computed[w[0]] if w[1] == 1 else 0))
+        sequences = [Sequence(tokens[i][computed[i]:computed[i] + n], computed[i], tables[i],
+                              computed[i] + n == len(tokens[i])) for i, n in work]
+        steps.append(StepInput.flatten(sequences, block_size, device))
+        sampled_by.append([i for (i, _), seq in zip(work, sequences) if seq.sample])
+        for i, n in work:
+            computed[i] += n
+            if computed[i] == len(tokens[i]):
+                tokens[i].append(tokens[i][-1])
     token_times = [[] for _ in requests]
     with torch.inference_mode():
         kv.data.zero_()  # commit the lazily allocated pool before the clock starts, as for Loom
@@ -251,8 +248,16 @@ def run_hf_static(hf, requests: list[Request], workload: str, batch_size: int, p
 def run_hf_continuous(hf, requests: list[Request], workload: str, progress=None) -> Run:
     """transformers' own continuous batching manager: each request is added at its arrival time
     with its own max_new_tokens; the manager is started and warmed up before the clock starts."""
+    from transformers.generation import ContinuousBatchingConfig
+
     run = Run("transformers continuous", workload, len(requests))
-    manager = hf.init_continuous_batching(generation_config=greedy_config(max(r.new_tokens for r in requests)))
+    # A KV cache for every request at full length at once, as Loom's pool is sized: left to
+    # itself the manager takes most of the machine's free memory (14.5 GB here), even for a smoke run.
+    page = 256
+    pages = sum(-(-(len(r.prompt) + r.new_tokens) // page) for r in requests)
+    memory = ContinuousBatchingConfig(page_size=page, num_blocks=pages + 1, max_batch_tokens=2048)
+    manager = hf.init_continuous_batching(generation_config=greedy_config(max(r.new_tokens for r in requests)),
+                                          continuous_batching_config=memory)
     manager.start()
     try:
         manager.add_request(requests[0].prompt, request_id="warm-up", max_new_tokens=2)

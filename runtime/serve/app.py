@@ -1,7 +1,9 @@
-"""``python -m runtime serve``: an OpenAI-compatible HTTP server over one shared Engine.
+"""An OpenAI-compatible HTTP app over one shared Engine (``python -m runtime serve``).
 
 Handlers never block the event loop: tokens are awaited through Engine.fetch_async. A client that
-disconnects mid-stream cancels its handler, whose stream aborts the request at once."""
+disconnects mid-stream cancels its handler, whose stream aborts the request at once. Every error
+has OpenAI's JSON shape; a stream that fails after its first chunk ends with an error event, which
+the openai client raises."""
 
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from .config import GenerationConfig
-from .errors import EngineBusy, EngineClosed
+from runtime import EngineBusy, EngineClosed, GenerationConfig, GenerationFailed
+
 from .metrics import Metrics
 
 
@@ -26,18 +28,39 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.kind, self.code, self.param = status, message, kind, code, param
 
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status)
+
+    @classmethod
+    def from_generation(cls, error: BaseException) -> "APIError":
+        """The error of a request that failed after it was accepted."""
+        if isinstance(error, EngineClosed):
+            return cls(503, str(error), "server_error", "engine_closed")
+        return cls(500, f"generation failed: {error}", "server_error", "generation_failed")
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
 
 
 class Message(BaseModel):
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str
+    content: str | list[TextPart]
+
+    def as_chat(self) -> dict:
+        """OpenAI's list-of-parts content joins into the one string a chat template takes."""
+        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return {"role": self.role, "content": text}
 
 
 class Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields Loom does not use
+    # OpenAI clients send fields Loom does not use; NaN and Infinity (which Python's JSON reads)
+    # are refused here rather than deep in a step.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -52,11 +75,10 @@ class Sampling(BaseModel):
     def config(self, default_max_tokens: int) -> GenerationConfig:
         if self.n != 1:
             raise APIError(400, "only n=1 is supported", "invalid_request_error", "unsupported_value", "n")
-        sampled = bool(self.temperature)  # temperature 0 (or none given) means greedy
+        # GenerationConfig's one rule: no temperature or top_p (or temperature 0) is greedy.
         return GenerationConfig(
             max_new_tokens=self.max_completion_tokens or self.max_tokens or default_max_tokens,
-            do_sample=sampled, temperature=self.temperature if sampled else 1.0,
-            top_p=self.top_p or 1.0, seed=self.seed,
+            temperature=self.temperature, top_p=1.0 if self.top_p is None else self.top_p, seed=self.seed,
             stop=tuple([self.stop] if isinstance(self.stop, str) else self.stop or ()))
 
 
@@ -93,6 +115,10 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
         param = ".".join(str(p) for p in first["loc"] if p != "body")
         return APIError(400, f"{param}: {first['msg']}", "invalid_request_error", "invalid_value", param).response()
 
+    @app.exception_handler(Exception)
+    async def unexpected(_, error: Exception):
+        return APIError(500, f"internal error: {error!r}", "server_error", "internal_error").response()
+
     @app.middleware("http")
     async def authenticate(request: Request, call_next):
         if api_key and request.url.path.startswith("/v1/"):
@@ -114,7 +140,7 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest):
-        prompt = [m.model_dump() for m in body.messages]
+        prompt = [m.as_chat() for m in body.messages]
         return await complete(body, prompt, "chat.completion")
 
     @app.post("/v1/completions")
@@ -146,7 +172,11 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
         if body.stream:
             usage = bool((body.stream_options or {}).get("include_usage"))
             return StreamingResponse(reply.events(pieces, usage), media_type="text/event-stream")
-        return reply.whole("".join([piece async for piece in pieces]))
+        try:
+            text = "".join([piece async for piece in pieces])
+        except (GenerationFailed, EngineClosed) as error:
+            raise APIError.from_generation(error) from error
+        return reply.whole(text)
 
     return app
 
@@ -187,8 +217,13 @@ class Reply:
         send = lambda payload: f"data: {json.dumps(payload)}\n\n"
         if self.kind == "chat.completion":
             yield send(self.envelope([self.choice(None, None, first=True, chunk=True)], chunk=True))
-        async for piece in pieces:
-            yield send(self.envelope([self.choice(piece, None, chunk=True)], chunk=True))
+        try:
+            async for piece in pieces:
+                yield send(self.envelope([self.choice(piece, None, chunk=True)], chunk=True))
+        except (GenerationFailed, EngineClosed) as error:
+            yield send(APIError.from_generation(error).body())
+            yield "data: [DONE]\n\n"
+            return
         self.metrics.observe(self.handle)
         yield send(self.envelope([self.choice(None, self.finish_reason(), chunk=True)], chunk=True))
         if include_usage:
@@ -196,27 +231,22 @@ class Reply:
         yield "data: [DONE]\n\n"
 
 
-def add_parser(commands, add_model_arguments) -> None:
-    p = commands.add_parser("serve", help="OpenAI-compatible HTTP server",
-                            description="Serve the model over an OpenAI-compatible HTTP API (FastAPI + uvicorn).")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/ routes")
-    p.add_argument("--max-waiting", type=int, default=None, help="requests allowed to wait; past it: HTTP 429")
-    p.add_argument("--model-name", default=None, help="the model id clients send (default: the checkpoint's name)")
-    add_model_arguments(p)
-    p.set_defaults(run=serve)
+def run(engine, host: str, port: int, model_name: str | None = None, api_key: str | None = None) -> None:
+    """Serve ``engine`` until SIGINT or SIGTERM. SIGTERM (an orchestrator) drains: uvicorn stops
+    accepting and lets open requests finish, 30 s at most. SIGINT (Ctrl-C, a person) stops now:
+    the engine shuts down at once, so open streams end with an error event and [DONE] instead
+    of being cut after the drain timeout. Either way the app's lifespan then shuts the engine down."""
+    import signal
 
-
-def serve(args) -> int:
     import uvicorn
 
-    from .engine import Engine
-    engine = Engine.from_pretrained(args.model, device=args.device, dtype=args.dtype,
-                                    max_batch_size=args.max_batch_size, max_waiting=args.max_waiting)
-    app = create_app(engine, args.model_name, args.api_key)
-    print(f"serving {args.model_name or engine.name} on http://{args.host}:{args.port}/v1", flush=True)
-    # SIGTERM/SIGINT: uvicorn stops accepting, lets open requests finish (30 s at most), then the
-    # app's lifespan shuts the engine down.
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=30)
-    return 0
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            if sig == signal.SIGINT:
+                engine.shutdown()
+            super().handle_exit(sig, frame)
+
+    app = create_app(engine, model_name, api_key)
+    print(f"serving {model_name or engine.name} on http://{host}:{port}/v1", flush=True)
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=30)
+    Server(config).run()

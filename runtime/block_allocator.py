@@ -1,4 +1,5 @@
-"""The paged KV pool: tensors allocated once, a block allocator, and the prefix cache.
+"""The bookkeeping of the paged KV pool: which blocks are free, who holds each, and the prefix
+cache. The tensors themselves are models.step.KVCache; this side is scheduling.
 
 A full block is named by a chained hash of (parent block's hash, the block's tokens), so equal
 prefixes map to equal chains. Blocks are reference-counted; a hashed block that no request holds
@@ -8,44 +9,6 @@ stays resident and is evicted least-recently-used only when no free block is lef
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-
-import numpy as np
-import torch
-
-
-class KVCache:
-    """Per-layer K and V tensors of shape [num_blocks, block_size, num_kv_heads, head_dim]."""
-
-    def __init__(self, num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device):
-        shape = (2, num_layers, num_blocks, block_size, num_kv_heads, head_dim)
-        if torch.device(device).type == "cpu":
-            # calloc'd pages: zero (so masked, never-written slots hold no NaN) yet committed
-            # only as blocks are used, so a generous pool costs nothing up front.
-            size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-            self.data = torch.from_numpy(np.zeros(size, dtype=np.uint8)).view(dtype).view(shape)
-        else:
-            self.data = torch.zeros(shape, dtype=dtype, device=device)
-        self.block_size = block_size
-        self.scratch = [torch.empty(0, dtype=dtype, device=device) for _ in range(2)]  # for K, for V
-
-    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.data[0, index], self.data[1, index]
-
-    def gather(self, cache: torch.Tensor, blocks: torch.Tensor, which: int) -> torch.Tensor:
-        """``cache[blocks]`` (which: 0 for K, 1 for V) into a buffer reused by every layer and step.
-        A fresh tensor of this size (100+ MB for a large decode batch) comes from new pages each
-        time, and the page faults measured 10x the copy itself. Only the loop thread calls this."""
-        shape = (blocks.numel(),) + tuple(cache.shape[1:])
-        need = torch.Size(shape).numel()
-        if self.scratch[which].numel() < need:
-            self.scratch[which] = torch.empty(need + need // 4, dtype=cache.dtype, device=cache.device)
-        out = self.scratch[which][:need].view(shape)
-        return torch.index_select(cache, 0, blocks, out=out)
-
-    @staticmethod
-    def bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype) -> int:
-        element = torch.empty((), dtype=dtype).element_size()
-        return 2 * num_layers * block_size * num_kv_heads * head_dim * element
 
 
 class BlockAllocator:

@@ -1,0 +1,138 @@
+"""The contract between the runtime and the models: what one forward reads (a StepInput) and
+where keys and values live (the KVCache tensors). The runtime builds a StepInput from its
+requests; a model reads it and knows nothing of requests, threads or scheduling.
+
+Every token of a step sits in one 1-D sequence: first the one-token entries (decodes), longest
+context first, then each prefill chunk. Nothing is padded to the longest request. Decode attention
+runs as a few batched calls, one per group of similar context lengths, each padding its block
+tables only to the longest in its group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Sequence:
+    """One request's share of a step: the tokens it computes and where their K/V go."""
+
+    token_ids: list[int]    # the tokens computed this step
+    start: int              # position of the first of them in the request
+    block_table: list[int]  # the request's KV blocks, covering at least start + len(token_ids)
+    sample: bool            # the step ends the request's known tokens: its last logits are sampled
+
+
+@dataclass
+class PrefillChunk:
+    start: int                 # where its tokens begin in the flat batch
+    end: int
+    first_position: int        # position of its first token in its sequence
+    block_table: torch.Tensor  # the blocks that hold positions [0, first_position + end - start)
+
+
+@dataclass
+class DecodeGroup:
+    start: int                  # its one-token entries are tokens [start, end) of the batch
+    end: int
+    block_tables: torch.Tensor  # [end - start, max_blocks], padded with block 0
+    context_lens: torch.Tensor  # [end - start] keys each token attends to
+
+
+# A decode whose table is shorter than this share of its group's longest starts a new group:
+# padding costs copies and attention over masked keys, a group costs a few calls per layer.
+GROUP_FILL = 0.6
+MAX_GROUPS = 4
+
+
+@dataclass
+class StepInput:
+    input_ids: torch.Tensor        # [T]
+    positions: torch.Tensor        # [T]
+    slot_mapping: torch.Tensor     # [T] where each token's K/V is written in the pool
+    decode_groups: list[DecodeGroup]
+    prefills: list[PrefillChunk]
+    sample_indices: torch.Tensor   # [S] flat positions whose logits are sampled
+    block_size: int
+
+    @classmethod
+    def flatten(cls, sequences: list[Sequence], block_size: int, device: torch.device) -> "StepInput":
+        """One flat batch of ``sequences``, which must list one-token entries first, longest
+        context first; sampled rows come out in the order of their sequences."""
+        ids, positions, slots, samples = [], [], [], []
+        tables, context_lens, prefills = [], [], []
+        for seq in sequences:
+            start, first, n = len(ids), seq.start, len(seq.token_ids)
+            span = range(first, first + n)
+            ids += seq.token_ids
+            positions += span
+            table = seq.block_table
+            slots += [table[p // block_size] * block_size + p % block_size for p in span]
+            used = table[:-(-(first + n) // block_size)]
+            if n == 1:
+                tables.append(used)
+                context_lens.append(first + 1)
+            else:
+                prefills.append(PrefillChunk(start, start + n, first, torch.tensor(used, device=device)))
+            if seq.sample:
+                samples.append(start + n - 1)
+
+        as_tensor = lambda data: torch.tensor(data, dtype=torch.long).to(device, non_blocking=True)
+        groups = []
+        for start, end in group_by_length([len(t) for t in tables]):
+            width = len(tables[start])
+            padded = [t + [0] * (width - len(t)) for t in tables[start:end]]
+            groups.append(DecodeGroup(start, end, as_tensor(padded).view(end - start, width),
+                                      as_tensor(context_lens[start:end])))
+        return cls(as_tensor(ids), as_tensor(positions), as_tensor(slots), groups, prefills,
+                   as_tensor(samples), block_size)
+
+
+def group_by_length(widths: list[int]) -> list[tuple[int, int]]:
+    """Split decodes (sorted by block-table width, longest first) into ranges of similar width."""
+    groups, start = [], 0
+    for i, width in enumerate(widths):
+        if width < GROUP_FILL * widths[start] and len(groups) < MAX_GROUPS - 1:
+            groups.append((start, i))
+            start = i
+    return groups + [(start, len(widths))] if widths else []
+
+
+class KVCache:
+    """Per-layer K and V tensors of shape [num_blocks, block_size, num_kv_heads, head_dim],
+    allocated once; a step writes only its new tokens' K/V and reads through block tables."""
+
+    def __init__(self, num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device):
+        shape = (2, num_layers, num_blocks, block_size, num_kv_heads, head_dim)
+        if torch.device(device).type == "cpu":
+            # calloc'd pages: zero (so masked, never-written slots hold no NaN) yet committed
+            # only as blocks are used, so a generous pool costs nothing up front.
+            size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+            self.data = torch.from_numpy(np.zeros(size, dtype=np.uint8)).view(dtype).view(shape)
+        else:
+            self.data = torch.zeros(shape, dtype=dtype, device=device)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.scratch = [torch.empty(0, dtype=dtype, device=device) for _ in range(2)]  # for K, for V
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.data[0, index], self.data[1, index]
+
+    def gather(self, cache: torch.Tensor, blocks: torch.Tensor, which: int) -> torch.Tensor:
+        """``cache[blocks]`` (which: 0 for K, 1 for V) into a buffer reused by every layer and step:
+        a fresh tensor of this size (100+ MB for a large decode batch) comes from new pages each
+        time, and the page faults cost ten times the copy. Only the loop thread calls this."""
+        shape = (blocks.numel(),) + tuple(cache.shape[1:])
+        need = torch.Size(shape).numel()
+        if self.scratch[which].numel() < need:
+            self.scratch[which] = torch.empty(need + need // 4, dtype=cache.dtype, device=cache.device)
+        out = self.scratch[which][:need].view(shape)
+        return torch.index_select(cache, 0, blocks, out=out)
+
+    @staticmethod
+    def bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype) -> int:
+        element = torch.empty((), dtype=dtype).element_size()
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * element

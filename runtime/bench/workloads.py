@@ -1,0 +1,140 @@
+"""The workloads of ``python -m runtime bench`` (W1-W4 and the concurrency sweep), each run by
+every chosen system of harness.py on the same requests."""
+
+from __future__ import annotations
+
+import random
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from . import harness as bench
+from .harness import Request
+from .report import report
+
+SYSTEMS = ("loom", "pure", "serial", "static", "continuous")
+
+
+def main(args, load_engine) -> int:
+    """Run the chosen workloads; ``load_engine(args, source, **options)`` builds each engine."""
+    from tqdm import tqdm
+
+    torch.manual_seed(0)
+    systems = set(args.systems.split(","))
+    workloads = [w for w in args.workloads.split(",") if w]
+    if args.smoke:
+        args.requests, args.new_tokens, args.serial_limit, args.w2_window = 4, 4, 2, 0.2
+        args.sweep, args.sweep_tokens = "1,4", 4
+        workloads = [w for w in workloads if w != "w3"]  # W3 is the real model: seconds to load
+    device = torch.device(args.device)
+    runs: list[bench.Run] = []
+
+    def measure(name, fn, count):
+        counters = bench.cpu_time_counters()
+        with tqdm(total=count, desc=name, unit="req", leave=False) as bar:
+            run = fn(bar)
+        run.steal = bench.steal_percent(counters, bench.cpu_time_counters())
+        runs.append(run)
+        summary = run.summary()
+        if summary["throughput"] is not None:
+            tqdm.write(f"  {run.workload:<4} {run.system:<24} {summary['throughput']:9.1f} tok/s")
+        else:
+            tqdm.write(f"  {run.workload:<4} {run.system:<24} hand-off p99 {summary['handoff_p99_ms']:.3f} ms")
+        return run
+
+    if {"w1", "w2", "w4"} & set(workloads) or args.sweep:
+        hf = gpt2_small(args.smoke).to(device)
+        engine = load_engine(args, hf, kv_cache_bytes=4 << 30)
+    if "w1" in workloads:
+        requests = bench.random_requests(args.requests, 16, args.new_tokens, hf.config.vocab_size)
+        compare(measure, engine, hf, requests, "W1", systems, args, args.repeat)
+    if "w2" in workloads:
+        count = 8 if args.smoke else 256
+        rng = random.Random(2)
+        lengths = [rng.randint(16, 256) if not args.smoke else rng.randint(2, 8) for _ in range(count)]
+        arrivals = sorted(rng.uniform(0, args.w2_window) for _ in range(count))
+        requests = bench.random_requests(count, 32, lengths, hf.config.vocab_size, seed=2, arrivals=arrivals)
+        if "loom" in systems:
+            measure("W2 loom", lambda bar: bench.run_loom(engine, requests, "W2", bar), count)
+        if "static" in systems:
+            measure("W2 static", lambda bar: bench.run_hf_static(hf, requests, "W2", 32, bar), count)
+        if "continuous" in systems:
+            measure("W2 continuous", lambda bar: bench.run_hf_continuous(hf, requests, "W2", bar), count)
+    if "w4" in workloads:
+        prefix_workload(measure, hf, args, load_engine)
+    if args.sweep:
+        for c in [int(x) for x in args.sweep.split(",")]:
+            requests = bench.random_requests(c, 16, args.sweep_tokens, hf.config.vocab_size, seed=c)
+            runners = {"loom": partial(bench.run_loom, engine, requests, "sweep"),
+                       "pure": lambda bar, requests=requests: bench.run_pure_forward(engine.model, requests, "sweep"),
+                       "static": partial(bench.run_hf_static, hf, requests, "sweep", c)}
+            for name, runner in runners.items():
+                if name in systems:
+                    measure(f"sweep {c} {name}", runner, c)
+            if "loom" in systems:
+                measure(f"sweep {c} queue floor", lambda bar, c=c: bench.run_queue_floor(c, 5 if args.smoke else 50), c)
+    if {"w1", "w2", "w4"} & set(workloads) or args.sweep:
+        engine.shutdown()
+    if "w3" in workloads:
+        real_model_workload(measure, systems, args, load_engine)
+    return report(runs, args)
+
+
+def compare(measure, engine, hf, requests, name, systems, args, repeat=1) -> None:
+    """Every system on the same requests; with ``repeat``, round after round of all of them, so
+    that a slow minute of this shared machine falls on one run of each rather than on one system."""
+    count = len(requests)
+    for _ in range(repeat):
+        if "loom" in systems:
+            measure(f"{name} loom", lambda bar: bench.run_loom(engine, requests, name, bar), count)
+        if "pure" in systems:
+            measure(f"{name} pure forward", lambda bar: bench.run_pure_forward(engine.model, requests, name), count)
+        if "serial" in systems:
+            measure(f"{name} serial", lambda bar: bench.run_hf_serial(hf, requests, name, args.serial_limit, bar),
+                    args.serial_limit)
+        if "static" in systems:
+            measure(f"{name} static", lambda bar: bench.run_hf_static(hf, requests, name, count, bar), count)
+        if "continuous" in systems and hasattr(hf, "generate_batch"):
+            measure(f"{name} continuous", lambda bar: bench.run_hf_continuous(hf, requests, name, bar), count)
+
+
+def real_model_workload(measure, systems, args, load_engine) -> None:
+    """W3: the embedded SmolLM2 on chat questions, against transformers' own GGUF load of it."""
+    from models.gguf import default_model_path
+
+    engine = load_engine(args, args.model)
+    topics = ["rivers", "threads", "bread", "stars", "music", "maps", "glass", "bees"] * 4
+    prompts = [engine.encode([{"role": "user", "content": f"Tell me about {t}."}]) for t in topics]
+    requests = [Request(p, 64) for p in prompts]
+    from transformers import AutoModelForCausalLM
+    path = default_model_path() if args.model is None else Path(args.model)
+    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    compare(measure, engine, hf.to(args.device), requests, "W3", systems, args)
+    engine.shutdown()
+
+
+def prefix_workload(measure, hf, args, load_engine) -> None:
+    """W4: 32 requests sharing a 384-token system prompt, each with a short distinct question."""
+    rng = random.Random(4)
+    shared = [rng.randrange(hf.config.vocab_size) for _ in range(24 if args.smoke else 384)]
+    requests = [Request(shared + [rng.randrange(hf.config.vocab_size) for _ in range(12)], 4 if args.smoke else 16)
+                for _ in range(8 if args.smoke else 32)]
+    for caching in (False, True):
+        engine = load_engine(args, hf, kv_cache_bytes=4 << 30, enable_prefix_caching=caching)
+
+        def run(bar, engine=engine, caching=caching):
+            run = bench.run_loom(engine, requests, "W4", bar)
+            run.system = f"loom, prefix cache {'on' if caching else 'off'}"
+            run.note = f"hit rate {engine.stats()['prefix_cache_hit_rate']:.0%}"
+            return run
+
+        measure(f"W4 prefix cache {'on' if caching else 'off'}", run, len(requests))
+        engine.shutdown()
+
+
+def gpt2_small(smoke: bool):
+    """The GPT-2 small architecture with random weights (speed does not depend on them)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=4) if smoke else GPT2Config()
+    return GPT2LMHeadModel(config).eval()
