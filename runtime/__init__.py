@@ -2,6 +2,7 @@
 
 from .config import EngineOptions, GenerationConfig
 from .engine import Engine
-from .errors import EngineBusy, EngineClosed, GenerationFailed
+from .errors import ContextLimitWarning, EngineBusy, EngineClosed, GenerationFailed, HandleReleased
 
-__all__ = ["Engine", "EngineOptions", "GenerationConfig", "EngineBusy", "EngineClosed", "GenerationFailed"]
+__all__ = ["Engine", "EngineOptions", "GenerationConfig", "EngineBusy", "EngineClosed", "GenerationFailed",
+           "HandleReleased", "ContextLimitWarning"]

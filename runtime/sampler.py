@@ -16,7 +16,7 @@ def sample(logits: torch.Tensor, contexts, generator: torch.Generator) -> list[i
     sampled = [i for i, c in enumerate(configs) if c.sampled]
     if sampled:
         rows = torch.tensor(sampled, device=logits.device)
-        probs, order = filtered_probs(logits[rows].float(), [configs[i] for i in sampled])
+        probs, order = filtered_probs(logits[rows], [configs[i] for i in sampled])
         seeded = [j for j, i in enumerate(sampled) if contexts[i].generator is not None]
         if len(seeded) < len(sampled):
             draws = torch.multinomial(probs, 1, generator=generator)[:, 0]
@@ -84,8 +84,9 @@ def filtered_probs(logits, configs):
     The row's max is subtracted before dividing by the temperature: every logit is then <= 0 and
     the max is exactly 0, so no temperature that validation lets through overflows the softmax."""
     device, vocab = logits.device, logits.shape[-1]
+    logits = (logits - logits.amax(-1, keepdim=True)).float()  # in the logits' own dtype: no overflow
     temperature = torch.tensor([c.sampling_temperature for c in configs], dtype=logits.dtype, device=device)[:, None]
-    logits = (logits - logits.amax(-1, keepdim=True)) / temperature
+    logits = logits / temperature
     if all(c.top_k == 0 and c.top_p >= 1.0 for c in configs):
         return logits.softmax(-1), None
     logits, order = logits.sort(dim=-1, descending=True)
@@ -94,6 +95,7 @@ def filtered_probs(logits, configs):
     logits = logits.masked_fill(ranks >= top_k, float("-inf"))
     probs = logits.softmax(-1)
     top_p = torch.tensor([c.top_p for c in configs], dtype=probs.dtype, device=device)[:, None]
-    outside = (probs.cumsum(-1) - probs) >= top_p  # the first token is always kept
+    # The first token is always kept, also where top_p rounds to 0 in float32 (5e-324, say).
+    outside = ((probs.cumsum(-1) - probs) >= top_p) & (ranks > 0)
     probs = probs.masked_fill(outside, 0.0)
     return probs / probs.sum(-1, keepdim=True), order

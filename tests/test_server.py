@@ -192,23 +192,26 @@ def test_async_api(server):
     assert len(tokens) == 5
 
 
-def test_serve_command_stops_on_sigterm():
-    import signal
+def start_serve_command(port):
     import subprocess
     import sys
-    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "runtime", "serve", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, "server did not come up"
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            time.sleep(0.2)
+
+
+def test_serve_command_stops_on_sigterm():
+    import signal
+    proc = start_serve_command(port := free_port())
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "server did not come up"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
         # uvicorn drains, runs the app's shutdown, then re-raises SIGTERM: -15 is the expected code.
         assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
@@ -216,3 +219,113 @@ def test_serve_command_stops_on_sigterm():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_ctrl_c_ends_open_streams_with_an_error_event_and_done():
+    import signal
+    proc = start_serve_command(port := free_port())
+    try:
+        body = {"model": "x", "messages": ask(9), "max_tokens": 5000, "stream": True}
+        model = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"][0]["id"]
+        body["model"] = model
+        events = []
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    if len(events) == 3:  # streaming: now Ctrl-C
+                        proc.send_signal(signal.SIGINT)
+        assert events[-1] == "[DONE]" and '"engine_closed"' in events[-2]
+        assert proc.wait(timeout=30) in (0, 130, -signal.SIGINT)  # 130: the shell's code for Ctrl-C
+        output = proc.stdout.read()
+        assert "loom: engine shut down" in output and "CancelledError" not in output and "Traceback" not in output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_list_of_parts_content_is_joined(server, client):
+    engine = server[0]
+    parts = [{"role": "user", "content": [{"type": "text", "text": "What is 2 "}, {"type": "text", "text": "plus 2?"}]}]
+    reply = client.chat.completions.create(model=MODEL, messages=parts, max_tokens=8)
+    assert reply.choices[0].message.content == engine.response(ask(2), GenerationConfig(max_new_tokens=8))
+
+
+class FailingModel:
+    """The engine's model, failing every step that holds ``poison``."""
+
+    def __init__(self, model, poison):
+        self.model, self.poison = model, poison
+
+    def __call__(self, step, kv_cache):
+        if bool((step.input_ids == self.poison).any()):
+            raise RuntimeError("injected fault")
+        return self.model(step, kv_cache)
+
+
+@pytest.fixture
+def failing(server):
+    engine = server[0]
+    model = engine.model
+    poison = engine.encode("zebra")[-1]
+    engine.model = FailingModel(model, poison)
+    yield [{"role": "user", "content": "zebra"}]
+    engine.model = model
+
+
+def test_a_request_that_fails_gets_an_openai_error_not_plain_text(server, failing):
+    response = httpx.post(server[1] + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                          json={"model": MODEL, "messages": failing, "max_tokens": 4}, timeout=60)
+    assert response.status_code == 500
+    error = response.json()["error"]
+    assert error["code"] == "generation_failed" and "injected fault" in error["message"]
+
+
+def test_a_stream_that_fails_ends_with_an_error_the_client_raises(client, failing):
+    stream = client.chat.completions.create(model=MODEL, messages=failing, max_tokens=4, stream=True)
+    with pytest.raises(openai.APIError, match="injected fault"):
+        for _ in stream:
+            pass
+
+
+def test_fuzzed_request_bodies_get_json_answers_and_never_harm_a_batch_mate(server):
+    """Random bodies, NaN and Infinity included (Python's JSON reads them): each answer is a
+    completion or an OpenAI-shaped 4xx error; a greedy request running beside them is unchanged."""
+    import json
+    import random
+    engine, url = server
+    rng = random.Random(5)
+    pools = {
+        "temperature": [0, 1e-300, 0.7, 2, 3, -1, "x", None, float("nan"), float("inf")],
+        "top_p": [1, 0.5, 1e-300, 0, 2, float("nan"), None],
+        "max_tokens": [1, 2, 0, -5, "2", 2.5, True],
+        "seed": [0, 7, 2**64, -1, 1.5, None],
+        "n": [1, 2, 0],
+        "stop": ["a", ["b", "c"], [], 5, None],
+        "stream": [True, False, "yes"],
+        "messages": [ask(1), [], [{"role": "robot", "content": "x"}], [{"role": "user"}],
+                     [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                     [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}], "hello"],
+        "model": [MODEL, "gpt-4", 5],
+    }
+    mate = threading.Thread(target=lambda: results.append(engine.response(ask(6), GenerationConfig(max_new_tokens=24))))
+    results, statuses = [], {}
+    mate.start()
+    for _ in range(60):
+        body = {"model": MODEL, "messages": ask(1), "max_tokens": 2}
+        for name in rng.sample(sorted(pools), rng.randint(1, 3)):
+            body[name] = rng.choice(pools[name])
+        response = httpx.post(url + "/v1/chat/completions", content=json.dumps(body), timeout=120,
+                              headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+        statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+        assert response.status_code in (200, 400, 404), (body, response.text)
+        if response.status_code != 200:
+            assert response.json()["error"]["message"], body
+        elif response.headers["content-type"].startswith("text/event-stream"):
+            events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+            assert events[-1] == "[DONE]" and all("error" not in json.loads(e) for e in events[:-1]), body
+        else:
+            assert response.json()["choices"][0]["finish_reason"] in ("stop", "length"), body
+    mate.join(timeout=120)
+    assert results == [engine.response(ask(6), GenerationConfig(max_new_tokens=24))]
+    assert statuses.get(200) and statuses.get(400)
