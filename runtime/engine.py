@@ -20,7 +20,7 @@ import torch
 import models
 from models.step import KVCache, StepInput
 
-from . import openmp, sampler
+from . import loop, openmp, sampler
 from .block_allocator import BlockAllocator
 from .config import EngineOptions, GenerationConfig, check_config, check_prompt, check_stop_token_ids
 from .context import END, Failure, Handle, ResponseContext
@@ -31,10 +31,6 @@ from .text import TextAPI
 _live_engines: weakref.WeakSet = weakref.WeakSet()
 atexit.register(lambda: [engine.shutdown() for engine in list(_live_engines)])
 
-# How long after sampling, at most, the loop thread leaves the CPU to consumers blocked in fetch
-# (Engine._let_consumers_take): on 2 cores the 64th consumer holds its token about 2 ms after
-# sampling. A consumer slower than that costs its step this much, no more.
-CONSUMER_GRACE_S = 0.003
 ENDED_REMEMBERED = 4096  # ended handles whose reason a later fetch can still name
 
 
@@ -218,8 +214,8 @@ class Engine(TextAPI):
             with self._lock:
                 if self._thread is None and self._closed is None:
                     wakeup = self._wakeup
-                    owner = weakref.ref(self, lambda _: _notify(wakeup))
-                    self._thread = threading.Thread(target=_run_loop, args=(owner, wakeup),
+                    owner = weakref.ref(self, lambda _: loop.notify(wakeup))
+                    self._thread = threading.Thread(target=loop.run, args=(owner, wakeup),
                                                     name="loom-engine-loop", daemon=True)
                     self._thread.start()
 
@@ -250,7 +246,7 @@ class Engine(TextAPI):
             self._counters["tokens_generated"] += len(delivered)
             self._counters["requests_finished"] += sum(ctx.finished for ctx, _ in delivered)
         if self.device.type == "cpu":
-            self._let_consumers_take(waiting, produced + CONSUMER_GRACE_S)
+            loop.let_consumers_take(waiting, produced + loop.CONSUMER_GRACE_S)
 
     def _sample(self, logits: torch.Tensor, sampling: list[ResponseContext]) -> list[int]:
         """The step's tokens. If sampling the batch raises, each row is sampled alone and only
@@ -273,16 +269,6 @@ class Engine(TextAPI):
                     failure = GenerationFailed(f"request {ctx.handle} failed in a step: {error!r}")
                     failure.__cause__ = error
                     ctx.fail(failure)
-
-    @staticmethod
-    def _let_consumers_take(waiting: list[ResponseContext], deadline: float) -> None:
-        """Hold the next forward until the consumers that were blocked in fetch have their tokens
-        (or the deadline passes). On the CPU the forward occupies every core: a consumer woken
-        during it waits for a core and then for the GIL, which the loop thread keeps between
-        operators, and the tail of the hand-off grows to milliseconds. Their work is done on
-        these cores either way; doing it first costs the forward little."""
-        while any(not ctx.queue.empty() for ctx in waiting) and time.perf_counter() < deadline:
-            time.sleep(200e-6)  # sleeping releases the GIL, which each woken consumer needs in turn
 
     # -- bookkeeping under the lock ----------------------------------------------------------
 
@@ -387,34 +373,6 @@ class Engine(TextAPI):
         if blocks < 1:
             raise ValueError(f"kv_cache_bytes={budget} cannot hold one KV block of {block_bytes} bytes")
         return blocks
-
-
-def _run_loop(owner: weakref.ref, wakeup: threading.Condition) -> None:
-    """The loop thread: schedule under the lock, step outside it, sleep on ``wakeup`` when there
-    is nothing to run. Like concurrent.futures' workers, it holds its engine only through a weak
-    reference between steps, so an engine the application drops is collected and the loop ends."""
-    with torch.inference_mode():
-        while (engine := owner()) is not None:
-            try:
-                with wakeup:
-                    if engine._closed is not None:
-                        return
-                    plan = engine._plan()
-                    if not plan:  # None: nothing runnable; empty: work that does not fit yet
-                        engine = None  # sleep without keeping the engine alive
-                        wakeup.wait(None if plan is None else 0.01)
-                        continue
-                engine._step(plan)
-            except BaseException as error:  # the loop cannot go on: nobody may wait forever
-                if engine is not None:
-                    engine._close(EngineClosed(f"the engine loop died: {error!r}"), cause=error)
-                return
-            del engine, plan
-
-
-def _notify(wakeup: threading.Condition) -> None:
-    with wakeup:
-        wakeup.notify_all()
 
 
 def _after_fork_in_child() -> None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from runtime import Engine, EngineClosed, GenerationConfig, GenerationFailed
+from runtime import loop
 from runtime.context import ResponseContext
 
 from .conftest import VOCAB, reference
@@ -190,7 +191,7 @@ def test_a_consumer_that_never_takes_its_token_delays_a_step_only_until_the_dead
     ctx = ResponseContext(1, [1, 2], GenerationConfig(), 64, frozenset(), torch.device("cpu"))
     ctx.put(7)
     start = time.perf_counter()
-    Engine._let_consumers_take([ctx], start + 0.02)  # returns (the token is never taken) ...
+    loop.let_consumers_take([ctx], start + 0.02)  # returns (the token is never taken) ...
     assert time.perf_counter() - start >= 0.02       # ... once the deadline has passed
 
 

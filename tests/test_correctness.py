@@ -8,7 +8,7 @@ import torch
 
 import models
 from models import paged_decode
-from runtime import Engine, GenerationConfig
+from runtime import Engine
 
 from .conftest import random_prompt, reference, run_threaded, tiny_model
 

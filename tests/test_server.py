@@ -210,7 +210,7 @@ def start_serve_command(port):
 
 def test_serve_command_stops_on_sigterm():
     import signal
-    proc = start_serve_command(port := free_port())
+    proc = start_serve_command(free_port())
     try:
         proc.send_signal(signal.SIGTERM)
         # uvicorn drains, runs the app's shutdown, then re-raises SIGTERM: -15 is the expected code.

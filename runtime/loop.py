@@ -1,0 +1,55 @@
+"""The loop thread's life: how it sleeps, wakes and ends, and how it lets consumers take their
+tokens before the next forward. What it does in a step is Engine._step."""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+
+import torch
+
+from .errors import EngineClosed
+
+# How long after sampling, at most, the loop thread leaves the CPU to consumers blocked in fetch
+# (let_consumers_take): on 2 cores the 64th consumer holds its token about 2 ms after sampling.
+# A consumer slower than that costs its step this much, no more.
+CONSUMER_GRACE_S = 0.003
+
+
+def run(owner: weakref.ref, wakeup: threading.Condition) -> None:
+    """The loop thread: schedule under the lock, step outside it, sleep on ``wakeup`` when there
+    is nothing to run. Like concurrent.futures' workers, it holds its engine only through a weak
+    reference between steps, so an engine the application drops is collected and the loop ends."""
+    with torch.inference_mode():
+        while (engine := owner()) is not None:
+            try:
+                with wakeup:
+                    if engine._closed is not None:
+                        return
+                    plan = engine._plan()
+                    if not plan:  # None: nothing runnable; empty: work that does not fit yet
+                        engine = None  # sleep without keeping the engine alive
+                        wakeup.wait(None if plan is None else 0.01)
+                        continue
+                engine._step(plan)
+            except BaseException as error:  # the loop cannot go on: nobody may wait forever
+                if engine is not None:
+                    engine._close(EngineClosed(f"the engine loop died: {error!r}"), cause=error)
+                return
+            del engine, plan
+
+
+def notify(wakeup: threading.Condition) -> None:
+    with wakeup:
+        wakeup.notify_all()
+
+
+def let_consumers_take(waiting: list, deadline: float) -> None:
+    """Hold the next forward until the consumers that were blocked in fetch have their tokens
+    (or the deadline passes). On the CPU the forward occupies every core: a consumer woken
+    during it waits for a core and then for the GIL, which the loop thread keeps between
+    operators, and the tail of the hand-off grows to milliseconds. Their work is done on
+    these cores either way; doing it first costs the forward little."""
+    while any(not ctx.queue.empty() for ctx in waiting) and time.perf_counter() < deadline:
+        time.sleep(200e-6)  # sleeping releases the GIL, which each woken consumer needs in turn
