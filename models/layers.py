@@ -84,13 +84,9 @@ def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, 
 
 
 class OneDNNLinear(nn.Module):
-    """nn.Linear with its weight converted once to oneDNN's layout. On the 2-core CPU this
-    measured 1.2-1.8x nn.Linear's GEMM rate at decode batch sizes (the LM head most), and took
-    ~21% off a GPT-2 small decode step. oneDNN takes float32 (and bfloat16) only.
-
-    ``mkldnn::_linear_pointwise`` (the op torch's compiler emits for frozen CPU linears) takes and
-    returns dense tensors; the public ``mkldnn_linear`` needs both converted, which took 9% of a
-    GPT-2 decode step at 64 sequences (the 64 x 50257 logits the most)."""
+    """nn.Linear with its weight converted once to oneDNN's layout (float32 and bfloat16 only):
+    a faster GEMM at decode batch sizes. Called through ``mkldnn::_linear_pointwise``, which takes
+    and returns dense tensors; the public ``mkldnn_linear`` needs both converted (docs/benchmarks.md)."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()

@@ -1,10 +1,10 @@
 """The CPU decode-attention kernel (paged_decode.cpp): built with the system C++ compiler on
 first use, cached by source and flags, and called through ctypes.
 
-On the 2-core CPU, decode attention through the torch path (gather each sequence's blocks into a
-padded buffer, then SDPA) took a third of a GPT-2 small decode step at 64 sequences; the kernel
-reads each key and value once. Where no compiler is found or the build fails, ``kernel()``
-returns None and attention stays on the torch path, with one warning that says why.
+It reads each key and value once, straight from the pool through the block tables; the torch path
+(gather into a padded buffer, then SDPA) reads the cache twice and writes it once. Where no compiler
+is found or the build fails, ``kernel()`` returns None and attention stays on the torch path, with
+one warning that says why.
 """
 
 from __future__ import annotations

@@ -41,11 +41,9 @@ def sample_each(logits: torch.Tensor, contexts, generator: torch.Generator) -> l
 
 
 def greedy(logits: torch.Tensor, chunk: int = 256) -> torch.Tensor:
-    """The index of each row's largest logit; the first one on ties, as ``torch.argmax``.
-
-    On the CPU torch's argmax is not vectorised: 2.6 ms for [64, 50257] float32 on the 2-core
-    machine, while amax takes 0.12. So: the max of each chunk of the row, the first chunk that
-    holds the row's max, and argmax inside that chunk alone (0.25 ms in all)."""
+    """The index of each row's largest logit; the first one on ties, as ``torch.argmax``. On the
+    CPU, argmax is not vectorised while amax is (docs/benchmarks.md): the max of each 256-wide
+    chunk, the first chunk that holds the row's max, then argmax inside that chunk alone."""
     vocab = logits.shape[-1]
     whole = vocab // chunk
     if logits.device.type != "cpu" or whole < 2:
