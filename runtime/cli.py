@@ -60,6 +60,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dtype", default=None,
                        help="float32, bfloat16, float16 or float64 (default: float32 on CPU, bfloat16 on CUDA)")
     group.add_argument("--max-batch-size", type=int, default=64, help="requests run per step (default: 64)")
+    group.add_argument("--cpu-threads", type=int, default=None,
+                       help="at most this many threads for the forward on CPU (default: the available cores; "
+                            "fewer while other processes keep them busy)")
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,6 +77,7 @@ def load_engine(args, source=None, **options):
     """The engine a command runs on: ``source`` (default: --model) with the command's options."""
     from runtime import Engine
     options.setdefault("max_batch_size", args.max_batch_size)
+    options.setdefault("cpu_threads", args.cpu_threads)
     return Engine.from_pretrained(args.model if source is None else source, device=args.device, dtype=args.dtype,
                                   **options)
 

@@ -138,6 +138,8 @@ class EngineOptions:
                        a launch past it raises EngineBusy
     max_unfetched_tokens  a request whose consumer lags this many tokens behind is paused
     enable_prefix_caching reuse KV blocks of identical prompt prefixes across requests
+    cpu_threads        at most this many OpenMP threads for the forward on CPU (None: the cores this
+                       process may run on); fewer while other threads or processes keep the cores busy
     """
 
     max_batch_size: int = 64
@@ -149,6 +151,7 @@ class EngineOptions:
     max_waiting: int | None = None
     max_unfetched_tokens: int = 4096
     enable_prefix_caching: bool = True
+    cpu_threads: int | None = None
     seed: int = 0
 
     def __post_init__(self):
@@ -160,6 +163,7 @@ class EngineOptions:
         _check_int("max_waiting", self.max_waiting, 0, optional=True)
         _check_int("max_unfetched_tokens", self.max_unfetched_tokens, 1)
         _check_int("seed", self.seed, 0)
+        _check_int("cpu_threads", self.cpu_threads, 1, optional=True)
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if not isinstance(self.enable_prefix_caching, bool):

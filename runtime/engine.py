@@ -21,6 +21,7 @@ import models
 from models.step import KVCache, StepInput
 
 from . import loop, openmp, sampler
+from .cpu_threads import CpuThreads
 from .block_allocator import BlockAllocator
 from .config import EngineOptions, GenerationConfig, check_config, check_prompt, check_stop_token_ids
 from .context import END, Failure, Handle, ResponseContext
@@ -76,6 +77,7 @@ class Engine(TextAPI):
         self._closed: BaseException | None = None
         self._generator = torch.Generator(device).manual_seed(options.seed)
         self._counters = {"steps": 0, "tokens_generated": 0, "requests_finished": 0, "step_failures": 0}
+        self._cpu_threads = CpuThreads(options.cpu_threads) if device.type == "cpu" else None
         _live_engines.add(self)
         if device.type == "cpu":
             # Loading ran on this thread and left it a pool of OpenMP workers; beside the loop
@@ -198,6 +200,7 @@ class Engine(TextAPI):
                 "prompt_tokens": s.prompt_tokens,
                 "cached_prompt_tokens": s.cached_tokens,
                 "prefix_cache_hit_rate": s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
+                "cpu_threads": self._cpu_threads.count if self._cpu_threads else None,
                 **self._counters,
             }
 
@@ -227,9 +230,14 @@ class Engine(TextAPI):
     def _step(self, plan: StepPlan) -> None:
         """schedule (done) -> build -> forward -> sample -> apply -> deliver."""
         sampling = plan.sampling()
+        threads = self._cpu_threads
         try:
             step = StepInput.flatten(plan.sequences(), self.options.block_size, self.device)
+            if threads is not None:
+                threads.before_forward()
             logits = self.model(step, self.kv_cache)
+            if threads is not None:
+                threads.after_forward()
         except Exception as error:
             self._fail_step([e.ctx for e in plan.entries], error)
             return

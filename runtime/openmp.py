@@ -23,12 +23,27 @@ def release_thread_pool() -> bool:
     return library is not None and library.omp_pause_resource_all(OMP_PAUSE_SOFT) == 0
 
 
+def available() -> bool:
+    return _libgomp() is not None
+
+
+def set_thread_count(count: int) -> bool:
+    """Set the calling thread's OpenMP thread count (libgomp's per-thread nthreads ICV), leaving
+    other threads' alone; say whether it could."""
+    library = _libgomp()
+    if library is None:
+        return False
+    library.omp_set_num_threads(count)
+    return True
+
+
 @functools.cache  # two threads racing here would both find the same loaded library: no lock needed
 def _libgomp() -> ctypes.CDLL | None:
     import torch  # noqa: F401  (loads torch's libgomp, which dlopen then finds by its soname)
     try:
         library = ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
         library.omp_pause_resource_all.argtypes = [ctypes.c_int]
+        library.omp_set_num_threads.argtypes = [ctypes.c_int]
         return library
     except (OSError, AttributeError):  # not loaded, or older than OpenMP 5 (GCC 9)
         return None

@@ -56,6 +56,7 @@ BAD_OPTIONS = [
     (dict(max_waiting=-1), ValueError, "max_waiting must be >= 0"),
     (dict(batch_size=4), TypeError, r"unknown engine option\(s\) \['batch_size'\]"),
     (dict(kv_cache_bytes=10), ValueError, "cannot hold one KV block"),
+    (dict(cpu_threads=0), ValueError, "cpu_threads must be >= 1"),
 ]
 
 

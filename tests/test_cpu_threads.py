@@ -1,0 +1,74 @@
+"""The loop thread's OpenMP thread count: fewer threads while its forwards wait for a core, one
+more after a quiet spell (backing off when a try finds the cores still busy), never more than the
+cap, and never a change to the application's own threads."""
+
+import pytest
+import torch
+
+from runtime import Engine, cpu_threads, openmp
+from runtime.cpu_threads import FIRST_BACKOFF, CpuThreads
+
+
+class Clock:
+    """Fake run-queue wait and wall clock: each step lasts 10 ms and waits ``share`` of it."""
+
+    def __init__(self, monkeypatch):
+        self.wait = self.now = 0
+        monkeypatch.setattr(cpu_threads, "run_queue_wait_ns", lambda: self.wait)
+        monkeypatch.setattr(cpu_threads.time, "perf_counter_ns", lambda: self.now)
+
+    def step(self, threads: CpuThreads, share: float) -> int:
+        threads.before_forward()
+        self.now += 10_000_000
+        self.wait += int(share * 10_000_000)
+        threads.after_forward()
+        return threads.count
+
+
+@pytest.fixture
+def adaptive(monkeypatch):
+    monkeypatch.setattr(cpu_threads, "available_cores", lambda: 4)
+    monkeypatch.setattr(openmp, "set_thread_count", lambda n: True)
+    threads = CpuThreads(None)
+    threads.adaptive = True
+    return threads
+
+
+def test_busy_cores_halve_the_count_and_quiet_ones_bring_threads_back(adaptive, monkeypatch):
+    clock = Clock(monkeypatch)
+    assert adaptive.count == 4
+    assert clock.step(adaptive, 0.5) == 2
+    assert clock.step(adaptive, 0.5) == 1
+    assert clock.step(adaptive, 0.5) == 1  # busy at one thread: stays, no try
+    counts = [clock.step(adaptive, 0.0) for _ in range(FIRST_BACKOFF)]
+    assert counts[-1] == 2 and set(counts[:-1]) == {1}  # a try after FIRST_BACKOFF quiet steps
+    assert clock.step(adaptive, 0.0) == 2  # the try held up
+
+
+def test_a_failed_try_doubles_the_wait_before_the_next(adaptive, monkeypatch):
+    clock = Clock(monkeypatch)
+    clock.step(adaptive, 0.9)
+    clock.step(adaptive, 0.9)
+    assert adaptive.count == 1
+    for _ in range(FIRST_BACKOFF):
+        clock.step(adaptive, 0.0)
+    assert adaptive.count == 2 and adaptive.trying
+    assert clock.step(adaptive, 0.6) == 1  # the try found the cores busy
+    counts = [clock.step(adaptive, 0.0) for _ in range(2 * FIRST_BACKOFF)]
+    assert counts.index(2) == 2 * FIRST_BACKOFF - 1
+
+
+def test_the_cap_bounds_the_count(monkeypatch):
+    monkeypatch.setattr(cpu_threads, "available_cores", lambda: 8)
+    assert CpuThreads(3).max == 3 and CpuThreads(3).count == 3
+    assert CpuThreads(16).max == 8
+    assert not CpuThreads(1).adaptive
+
+
+@pytest.mark.skipif(not openmp.available(), reason="the per-thread count needs libgomp")
+def test_the_engine_sets_only_its_loop_threads_count(llama):
+    before = torch.get_num_threads()
+    with Engine.from_pretrained(llama, cpu_threads=1) as engine:
+        list(engine.stream_response_tokens(engine.launch_response_tokens([5, 6, 7], {"max_new_tokens": 3})))
+        assert engine.stats()["cpu_threads"] == 1
+    assert torch.get_num_threads() == before
