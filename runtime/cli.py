@@ -171,7 +171,9 @@ def add_bench_parser(commands) -> None:
     p = commands.add_parser("bench", help="benchmark against transformers and the pure forward",
                             description="Run workloads W1-W4 side by side with transformers; print a table, "
                                         "write bench.json, bench.md and bench.png to --out. Needs the 'bench' extra.")
-    p.add_argument("--workloads", default="w1,w2,w3,w4", help="comma-separated subset of w1,w2,w3,w4")
+    p.add_argument("--workloads", default="w1,w2,w3,w4",
+                   help="comma-separated subset of w1,w2,w3,w4,w5 (w5: shared cores, the default model at 1, 8 "
+                        "and 64 streams)")
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
     p.add_argument("--new-tokens", type=int, default=128, help="W1 tokens per request (default: 128)")
     p.add_argument("--requests", type=int, default=64, help="W1 requests, all launched at once (default: 64)")
@@ -182,6 +184,10 @@ def add_bench_parser(commands) -> None:
                    help="run every W1 system this many times, interleaved; the table shows each one's median run")
     p.add_argument("--sweep", default="1,4,16,64", help="concurrencies for the throughput plot ('' to skip)")
     p.add_argument("--sweep-tokens", type=int, default=64, help="tokens per request in the sweep")
+    p.add_argument("--shared-tokens", type=int, default=32, help="tokens per request in W5 (default: 32)")
+    p.add_argument("--competitors", type=counts, default=[0],
+                   help="run everything once per count of busy competitor processes on the same cores, "
+                        "e.g. 0,1,2 (default: 0)")
     p.add_argument("--smoke", action="store_true", help="a seconds-long run on a tiny model (for CI)")
     p.add_argument("--out", default="bench-results", help="directory for bench.json, bench.md and bench.png")
     add_model_arguments(p)
@@ -193,6 +199,16 @@ def at_least_one(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
     return value
+
+
+def counts(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated counts like 0,1,2, got {text!r}") from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"counts must be >= 0, got {text!r}")
+    return values
 
 
 def bench(args) -> int:

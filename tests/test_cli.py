@@ -105,3 +105,14 @@ def test_bench_smoke_run_writes_table_json_and_plot(tmp_path):
     if sys.platform == "linux":  # the share of CPU time a hypervisor took meanwhile, from /proc/stat
         assert all(0 <= r["steal_pct"] <= 100 for r in report["runs"])
     assert (tmp_path / "bench.png").stat().st_size > 1000
+    assert all(r["competitors"] == 0 and r["cpu_ms_per_token"] > 0 for r in report["runs"] if r not in floors)
+
+
+def test_bench_runs_beside_busy_competitor_processes(tmp_path):
+    assert main(["bench", "--smoke", "--workloads", "w1", "--systems", "loom,pure", "--sweep", "",
+                 "--competitors", "0,1", "--out", str(tmp_path)]) == 0
+    runs = json.loads((tmp_path / "bench.json").read_text())["runs"]
+    assert sorted((r["system"], r["competitors"]) for r in runs) == [
+        ("loom", 0), ("loom", 1), ("pure forward", 0), ("pure forward", 1)]
+    assert all(r["cpu_ms_per_token"] > 0 for r in runs)
+    assert "| W1 | 1 | loom |" in (tmp_path / "bench.md").read_text()

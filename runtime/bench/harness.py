@@ -38,6 +38,8 @@ class Run:
     tpot: list[float] = field(default_factory=list)
     handoff: list[float] = field(default_factory=list)
     steal: float | None = None  # % of CPU time the hypervisor gave to other guests meanwhile
+    competitors: int = 0        # busy processes the bench ran on the same cores meanwhile
+    cpu_seconds: float | None = None  # CPU time this process used during the run, all threads
     note: str = ""
 
     def record(self, start: float, times: list[float]) -> None:
@@ -56,9 +58,30 @@ class Run:
             "ttft_p50_ms": pct(self.ttft, 50), "ttft_p99_ms": pct(self.ttft, 99),
             "tpot_p50_ms": pct(self.tpot, 50), "tpot_p99_ms": pct(self.tpot, 99),
             "handoff_p50_ms": pct(self.handoff, 50), "handoff_p99_ms": pct(self.handoff, 99),
-            "steal_pct": self.steal,
+            "steal_pct": self.steal, "competitors": self.competitors,
+            "cpu_ms_per_token": 1000 * self.cpu_seconds / self.tokens if self.cpu_seconds and self.tokens else None,
             "note": self.note,
         }
+
+
+class Competitors:
+    """``count`` processes that keep a core busy each (a busy loop, as an application's other
+    work or a neighbour would), for as long as the ``with`` block runs."""
+
+    def __init__(self, count: int):
+        self.count, self.processes = count, []
+
+    def __enter__(self):
+        import subprocess
+        import sys
+        self.processes = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.count)]
+        time.sleep(0.5 if self.count else 0)  # let them start spinning
+        return self
+
+    def __exit__(self, *exc):
+        for process in self.processes:
+            process.kill()
+            process.wait()
 
 
 def cpu_time_counters() -> tuple[int, int] | None:

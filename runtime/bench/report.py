@@ -34,7 +34,7 @@ def median_runs(rows: list[dict]) -> list[dict]:
     more than once (bench.json keeps them all), its note giving the range."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault((r["workload"], r["system"], r["concurrency"]), []).append(r)
+        groups.setdefault((r["workload"], r["system"], r["concurrency"], r["competitors"]), []).append(r)
     chosen = []
     for runs in groups.values():
         if len(runs) == 1 or runs[0]["throughput"] is None:
@@ -51,12 +51,14 @@ def median_runs(rows: list[dict]) -> list[dict]:
 
 def format_table(rows: list[dict]) -> str:
     fmt = lambda v, spec: "-" if v is None else format(v, spec)
-    lines = ["| workload | system | requests | tokens | s | tok/s | TTFT p50/p99 ms | TPOT p50/p99 ms | hand-off p50/p99 ms | steal % | note |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| workload | busy procs | system | requests | tokens | s | tok/s | CPU ms/token | TTFT p50/p99 ms | "
+             "TPOT p50/p99 ms | hand-off p50/p99 ms | steal % | note |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(
-            f"| {r['workload']} | {r['system']} | {r['concurrency']} | {r['tokens']} | {r['seconds']:.2f} | "
-            f"{fmt(r['throughput'], '.1f')} | {fmt(r['ttft_p50_ms'], '.0f')}/{fmt(r['ttft_p99_ms'], '.0f')} | "
+            f"| {r['workload']} | {r['competitors']} | {r['system']} | {r['concurrency']} | {r['tokens']} | "
+            f"{r['seconds']:.2f} | {fmt(r['throughput'], '.1f')} | {fmt(r['cpu_ms_per_token'], '.1f')} | "
+            f"{fmt(r['ttft_p50_ms'], '.0f')}/{fmt(r['ttft_p99_ms'], '.0f')} | "
             f"{fmt(r['tpot_p50_ms'], '.1f')}/{fmt(r['tpot_p99_ms'], '.1f')} | "
             f"{fmt(r['handoff_p50_ms'], '.3f')}/{fmt(r['handoff_p99_ms'], '.3f')} | "
             f"{fmt(r['steal_pct'], '.1f')} | {r['note']} |")
@@ -69,7 +71,7 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    sweep = [r for r in rows if r["workload"] == "sweep" and r["throughput"] is not None]
+    sweep = [r for r in rows if r["workload"] == "sweep" and r["throughput"] is not None and not r["competitors"]]
     for system in dict.fromkeys(r["system"] for r in sweep):
         points = sorted((r["concurrency"], r["throughput"]) for r in sweep if r["system"] == system)
         ax.plot(*zip(*points), marker="o", label=system)

@@ -4,6 +4,7 @@ every chosen system of harness.py on the same requests."""
 from __future__ import annotations
 
 import random
+import time
 from functools import partial
 from pathlib import Path
 
@@ -17,32 +18,50 @@ SYSTEMS = ("loom", "pure", "serial", "static", "continuous")
 
 
 def main(args, load_engine) -> int:
-    """Run the chosen workloads; ``load_engine(args, source, **options)`` builds each engine."""
-    from tqdm import tqdm
-
+    """Run the chosen workloads, once for each count of busy competitor processes;
+    ``load_engine(args, source, **options)`` builds each engine."""
     torch.manual_seed(0)
-    systems = set(args.systems.split(","))
-    workloads = [w for w in args.workloads.split(",") if w]
     if args.smoke:
         args.requests, args.new_tokens, args.serial_limit, args.w2_window = 4, 4, 2, 0.2
-        args.sweep, args.sweep_tokens = "1,4", 4
-        workloads = [w for w in workloads if w != "w3"]  # W3 is the real model: seconds to load
-    device = torch.device(args.device)
+        args.sweep, args.sweep_tokens, args.shared_tokens = "1,4", 4, 4
+        args.workloads = ",".join(w for w in args.workloads.split(",") if w not in ("w3", "w5"))  # the real model
     runs: list[bench.Run] = []
+    for competitors in args.competitors:
+        with bench.Competitors(competitors):
+            run_workloads(args, load_engine, Measure(runs, competitors))
+    return report(runs, args)
 
-    def measure(name, fn, count):
-        counters = bench.cpu_time_counters()
-        with tqdm(total=count, desc=name, unit="req", leave=False) as bar:
+
+class Measure:
+    """Runs one system on one workload with a progress bar and keeps its Run, stamped with the
+    CPU time this process used meanwhile, the hypervisor's steal and the busy competitors."""
+
+    def __init__(self, runs: list, competitors: int):
+        self.runs, self.competitors = runs, competitors
+
+    def __call__(self, name, fn, count):
+        from tqdm import tqdm
+
+        counters, cpu = bench.cpu_time_counters(), time.process_time()
+        with tqdm(total=count, desc=f"{name} ({self.competitors} busy)", unit="req", leave=False) as bar:
             run = fn(bar)
+        run.cpu_seconds = time.process_time() - cpu
         run.steal = bench.steal_percent(counters, bench.cpu_time_counters())
-        runs.append(run)
+        run.competitors = self.competitors
+        self.runs.append(run)
         summary = run.summary()
+        where = f"{run.workload:<6} {run.system:<24} {self.competitors} busy"
         if summary["throughput"] is not None:
-            tqdm.write(f"  {run.workload:<4} {run.system:<24} {summary['throughput']:9.1f} tok/s")
+            tqdm.write(f"  {where} {summary['throughput']:9.1f} tok/s {summary['cpu_ms_per_token'] or 0:8.1f} CPU ms/token")
         else:
-            tqdm.write(f"  {run.workload:<4} {run.system:<24} hand-off p99 {summary['handoff_p99_ms']:.3f} ms")
+            tqdm.write(f"  {where} hand-off p99 {summary['handoff_p99_ms']:.3f} ms")
         return run
 
+
+def run_workloads(args, load_engine, measure: Measure) -> None:
+    systems = set(args.systems.split(","))
+    workloads = [w for w in args.workloads.split(",") if w]
+    device = torch.device(args.device)
     if {"w1", "w2", "w4"} & set(workloads) or args.sweep:
         hf = gpt2_small(args.smoke).to(device)
         engine = load_engine(args, hf, kv_cache_bytes=4 << 30)
@@ -76,9 +95,8 @@ def main(args, load_engine) -> int:
                 measure(f"sweep {c} queue floor", lambda bar, c=c: bench.run_queue_floor(c, 5 if args.smoke else 50), c)
     if {"w1", "w2", "w4"} & set(workloads) or args.sweep:
         engine.shutdown()
-    if "w3" in workloads:
-        real_model_workload(measure, systems, args, load_engine)
-    return report(runs, args)
+    if "w3" in workloads or "w5" in workloads:
+        real_model_workloads(measure, systems, workloads, args, load_engine)
 
 
 def compare(measure, engine, hf, requests, name, systems, args, repeat=1) -> None:
@@ -99,18 +117,25 @@ def compare(measure, engine, hf, requests, name, systems, args, repeat=1) -> Non
             measure(f"{name} continuous", lambda bar: bench.run_hf_continuous(hf, requests, name, bar), count)
 
 
-def real_model_workload(measure, systems, args, load_engine) -> None:
-    """W3: the embedded SmolLM2 on chat questions, against transformers' own GGUF load of it."""
+def real_model_workloads(measure, systems, workloads, args, load_engine) -> None:
+    """On the embedded SmolLM2, against transformers' own GGUF load of it. W3: 32 chat questions,
+    64 new tokens. W5 (shared cores): 1, 8 and 64 concurrent streams of --shared-tokens tokens,
+    EOS ignored, as an embedded runtime's load; run it with --competitors 0,1,2."""
     from models.gguf import default_model_path
 
     engine = load_engine(args, args.model)
-    topics = ["rivers", "threads", "bread", "stars", "music", "maps", "glass", "bees"] * 4
-    prompts = [engine.encode([{"role": "user", "content": f"Tell me about {t}."}]) for t in topics]
-    requests = [Request(p, 64) for p in prompts]
     from transformers import AutoModelForCausalLM
     path = default_model_path() if args.model is None else Path(args.model)
     hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
-    compare(measure, engine, hf.to(args.device), requests, "W3", systems, args)
+    hf = hf.to(args.device)
+    if "w3" in workloads:
+        topics = ["rivers", "threads", "bread", "stars", "music", "maps", "glass", "bees"] * 4
+        prompts = [engine.encode([{"role": "user", "content": f"Tell me about {t}."}]) for t in topics]
+        compare(measure, engine, hf, [Request(p, 64) for p in prompts], "W3", systems, args)
+    if "w5" in workloads:
+        for c in (1, 8, 64):
+            prompts = [engine.encode([{"role": "user", "content": f"Question {i}: tell me a story."}]) for i in range(c)]
+            compare(measure, engine, hf, [Request(p, args.shared_tokens) for p in prompts], f"W5@{c}", systems, args)
     engine.shutdown()
 
 
