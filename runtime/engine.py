@@ -139,14 +139,14 @@ class Engine(TextAPI):
         """fetch_response_tokens for asyncio: awaits without blocking the event loop or a thread.
         The loop thread wakes the awaiting task through call_soon_threadsafe; nothing polls."""
         ctx = self._context(handle)
-        loop = asyncio.get_running_loop()
+        event_loop = asyncio.get_running_loop()
         while True:
             try:
                 return self._take(handle, ctx, ctx.queue.get_nowait())
             except queue.Empty:
                 pass
-            ready = loop.create_future()
-            ctx.waker = functools.partial(loop.call_soon_threadsafe, _resolve, ready)
+            ready = event_loop.create_future()
+            ctx.waker = functools.partial(event_loop.call_soon_threadsafe, _resolve, ready)
             if not ctx.queue.empty():  # a token arrived before the waker was in place
                 ctx.waker = None
                 continue

@@ -223,3 +223,14 @@ def test_numpy_and_tensor_prompts(engine, llama):
     for prompt in (np.array([5, 6, 7]), torch.tensor([5, 6, 7])):
         h = engine.launch_response_tokens(prompt, {"max_new_tokens": 3})
         assert list(engine.stream_response_tokens(h)) == reference(llama, [5, 6, 7], 3)
+
+
+def test_one_rule_for_greedy_or_sampled():
+    assert not GenerationConfig().sampled
+    assert GenerationConfig(temperature=0.7).sampled  # a sampling knob samples, as OpenAI's API does
+    assert GenerationConfig(top_p=0.9).sampled and GenerationConfig(top_k=5).sampled
+    assert not GenerationConfig(temperature=0).sampled  # temperature 0 is greedy
+    assert not GenerationConfig(temperature=1e-300).sampled  # too small to sample: greedy in effect
+    assert GenerationConfig(do_sample=True).sampled
+    with pytest.warns(UserWarning, match="do_sample=False, so temperature is ignored"):
+        assert not GenerationConfig(do_sample=False, temperature=0.7).sampled  # transformers' rule, said aloud
