@@ -13,8 +13,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import paged_decode, weights
+from . import paged_decode
+from . import weights as checkpoint_files
 from .layers import prepack_linears
+from .quantized import check_weights, reduce_linears
 from .gpt2 import GPT2, GPT2Spec
 from .llama import Llama, LlamaSpec
 
@@ -59,8 +61,10 @@ def architecture(config: dict):
     return ARCHITECTURES[kind]
 
 
-def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> nn.Module:
-    """Our module for a transformers-style config and state dict, its weights cast to ``dtype``."""
+def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device,
+          weights: str = "float32") -> nn.Module:
+    """Our module for a transformers-style config and state dict, its weights cast to ``dtype``
+    (``weights`` "float16" or "int8": its linear layers' weights in 16 or 8 bits, see quantized.py)."""
     spec_type, model_type = architecture(config)
     spec = spec_type.from_hf(config)
     with torch.device("meta"):  # no time spent initialising weights that are about to be replaced
@@ -72,19 +76,22 @@ def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, de
     model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, assign=True)
     model.tie_embeddings()  # assign=True loaded the tied names as two tensors
     model = model.to(device).eval().requires_grad_(False)
-    if (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    if weights != "float32":
+        reduce_linears(model, weights)
+    elif (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         prepack_linears(model)
     paged_decode.supports(device, dtype)  # build the CPU kernel now (once per machine), not in the first step
     return model
 
 
-def load(source=None, *, device="cpu", dtype=None) -> Checkpoint:
+def load(source=None, *, device="cpu", dtype=None, weights="float32") -> Checkpoint:
     """Load a checkpoint: None (the embedded default model), a Hugging Face directory, a .gguf
-    file, or an in-memory transformers causal LM."""
+    file, or an in-memory transformers causal LM. ``weights``: "float32" (as loaded, in ``dtype``),
+    "float16" or "int8" (linear layers in 16 or 8 bits on the CPU; see quantized.py)."""
     device = torch.device(device)
     if isinstance(source, nn.Module):
-        return _from_transformers(source, device, dtype)
+        return _from_transformers(source, device, dtype, weights)
     if source is None:
         from .gguf import default_model_path
         source = default_model_path()
@@ -93,23 +100,27 @@ def load(source=None, *, device="cpu", dtype=None) -> Checkpoint:
         path = next(path.glob("*.gguf"))
     if path.suffix == ".gguf":
         from .gguf import load_gguf
-        return load_gguf(path, device, resolve_dtype(dtype, device))
+        dtype = resolve_dtype(dtype, device)
+        return load_gguf(path, device, dtype, check_weights(weights, device, dtype))
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}: expected a directory with config.json or a .gguf file")
-    config = weights.read_config(path)
+    config = checkpoint_files.read_config(path)
     architecture(config)  # an unsupported type fails before any tensor is read
-    model = build(config, weights.read_tensors(path), resolve_dtype(dtype, device), device)
-    return Checkpoint(model, weights.read_eos_ids(path, config), weights.read_tokenizer(path), path.name, config)
+    dtype = resolve_dtype(dtype, device)
+    kind = check_weights(weights, device, dtype)
+    model = build(config, checkpoint_files.read_tensors(path), dtype, device, kind)
+    return Checkpoint(model, checkpoint_files.read_eos_ids(path, config), checkpoint_files.read_tokenizer(path),
+                      path.name, config)
 
 
-def _from_transformers(hf_model: nn.Module, device, dtype) -> Checkpoint:
+def _from_transformers(hf_model: nn.Module, device, dtype, weights) -> Checkpoint:
     config = getattr(hf_model, "config", None)
     if config is None or not hasattr(config, "to_dict"):
         raise TypeError(f"expected a transformers PreTrainedModel, got {type(hf_model).__name__}")
     dtype = resolve_dtype(dtype if dtype is not None else hf_model.dtype, device)
     config = config.to_dict()
-    model = build(config, hf_model.state_dict(), dtype, device)
+    model = build(config, hf_model.state_dict(), dtype, device, check_weights(weights, device, dtype))
     generation = getattr(hf_model, "generation_config", None)
     eos = getattr(generation, "eos_token_id", None)
-    eos = weights.eos_set(eos if eos is not None else config.get("eos_token_id"))
+    eos = checkpoint_files.eos_set(eos if eos is not None else config.get("eos_token_id"))
     return Checkpoint(model, eos, None, config.get("_name_or_path") or config["model_type"], config)

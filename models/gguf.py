@@ -43,7 +43,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("LOOM_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "loom")
 
 
-def load_gguf(path: Path, device: torch.device, dtype: torch.dtype):
+def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, weights: str = "float32"):
     from gguf import GGUFReader
 
     from . import Checkpoint, build
@@ -67,7 +67,7 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype):
                 tensors[name] = _unpermute(tensors[name], heads)
             elif name.endswith("k_proj.weight"):
                 tensors[name] = _unpermute(tensors[name], kv_heads)
-    model = build(config, tensors, dtype, device)
+    model = build(config, tensors, dtype, device, weights)
     eos = _value(reader.fields["tokenizer.ggml.eos_token_id"]) if "tokenizer.ggml.eos_token_id" in reader.fields else None
     return Checkpoint(model, frozenset([eos] if eos is not None else []), _tokenizer(path), path.stem, config)
 

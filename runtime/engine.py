@@ -85,12 +85,14 @@ class Engine(TextAPI):
             openmp.release_thread_pool()
 
     @classmethod
-    def from_pretrained(cls, source=None, *, device="cpu", dtype=None, **options) -> "Engine":
+    def from_pretrained(cls, source=None, *, device="cpu", dtype=None, weights="float32", **options) -> "Engine":
         """Load ``source`` (None: the embedded SmolLM2; a Hugging Face directory; a .gguf file;
-        an in-memory transformers model) and build an engine. ``options`` are EngineOptions."""
+        an in-memory transformers model) and build an engine. ``weights``: "float32" (as loaded,
+        in ``dtype``), "float16" or "int8" (linear layers in 16 or 8 bits on the CPU: a half or a
+        quarter of the weight memory and faster decode; see models/quantized.py). ``options`` are EngineOptions."""
         engine_options = EngineOptions.from_kwargs(options)  # bad options fail before a slow load
         device = torch.device(device)
-        return cls(models.load(source, device=device, dtype=dtype), device, engine_options)
+        return cls(models.load(source, device=device, dtype=dtype, weights=weights), device, engine_options)
 
     # -- the application's side -------------------------------------------------------------
 

@@ -1,0 +1,107 @@
+"""Smaller weights on the CPU (the ``weights=`` option): linear layers whose weights are stored in
+16 or 8 bits, and the matrix products that read them.
+
+Decode at small batches reads every weight once per step, so its speed is the memory it reads.
+Measured on this project's 2-core AVX2 machine (docs/benchmarks.md, "Smaller weights"), against
+oneDNN float32 at 1 to 1024 rows:
+
+- FBGEMM's float16-weight product (float32 activations and sums) is 1.6-2.3x faster at 1-8 rows
+  and still ahead at 1024; greedy output matched float32 over 64 tokens on every prompt tried;
+- FBGEMM's dynamic int8 product is 1.7-5x faster, at the cost of quantizing activations;
+- torch's weight-only kernels (``_weight_int8pack_mm``, ``_weight_int4pack_mm_for_cpu``) are
+  6-60x slower than float32: they are written for AVX-512, which this CPU lacks.
+
+So "float16" and "int8" are FBGEMM's; "int4" is refused with that reason rather than offered
+slower than the float32 it would replace. One product serves every batch size: neither fell
+behind float32 at any measured size. The embedding stays in float32: a lookup reads one row per
+token, not the table (a tied output layer gets its own reduced copy).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+WEIGHTS = ("float32", "float16", "int8")
+INT4_REFUSAL = ("weights='int4' is not offered: torch's only CPU int4 product (_weight_int4pack_mm_for_cpu) "
+                "measured 10-60x slower than float32 on AVX2 CPUs, and FBGEMM has no int4 matrix product; "
+                "use weights='float16' or 'int8' (a half or a quarter of float32's weight memory)")
+
+
+def check_weights(weights: str, device: torch.device, dtype: torch.dtype) -> str:
+    """The ``weights=`` choice, checked against the device and dtype before anything loads."""
+    if weights == "int4":
+        raise ValueError(INT4_REFUSAL)
+    if weights not in WEIGHTS:
+        raise ValueError(f"unknown weights={weights!r}; choose one of {', '.join(WEIGHTS)}")
+    if weights != "float32":
+        if device.type != "cpu" or dtype != torch.float32:
+            raise ValueError(f"weights={weights!r} runs on the CPU with float32 activations; got "
+                             f"device={device.type}, dtype={str(dtype).removeprefix('torch.')}")
+        if "fbgemm" not in torch.backends.quantized.supported_engines:
+            raise ValueError(f"weights={weights!r} needs torch's FBGEMM backend, which this torch build lacks")
+    return weights
+
+
+class Float16Linear(nn.Module):
+    """A linear layer with float16 weights: FBGEMM widens them to float32 in registers, so the
+    activations and the sums stay float32 and only the weights lose precision."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        bias = None if linear.bias is None else linear.bias.detach().float().clone()
+        self.packed = torch.ops.quantized.linear_prepack_fp16(linear.weight.detach().float(), bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic_fp16(x, self.packed)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, float16 weights"
+
+
+class Int8Linear(nn.Module):
+    """A linear layer whose weight is int8 with one scale per output channel, multiplied by
+    FBGEMM's dynamic product, which quantizes its input with one range for the whole tensor.
+
+    One range for a whole step would let a token with large activations (a prompt's first
+    token often has them) coarsen every other row of the batch, and make a request's output
+    depend on its batch-mates. So each row is divided by its own largest magnitude first, and a
+    row holding 1 and -1 is appended: the tensor's range is then always [-1, 1], and each row is
+    quantized exactly as it would be alone. The extra row costs nothing at decode sizes."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        weight = linear.weight.detach().float()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        scales = (weight.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny).double()
+        zero_points = torch.zeros(self.out_features, dtype=torch.long)
+        with warnings.catch_warnings():  # torch marks quantized tensors deprecated; see docs/benchmarks.md
+            warnings.filterwarnings("ignore", message=".*deprecated.*")
+            quantized = torch.quantize_per_channel(weight, scales, zero_points, 0, torch.qint8)
+        self.packed = torch.ops.quantized.linear_prepack(quantized, None)
+        self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
+        self.range_row = torch.zeros(1, self.in_features)
+        self.range_row[0, :2] = torch.tensor([1.0, -1.0])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        magnitude = x.abs().amax(dim=-1, keepdim=True).clamp(min=torch.finfo(x.dtype).tiny)
+        rows = torch.cat([x / magnitude, self.range_row])
+        # reduce_range: 7-bit activations, so that AVX2's 16-bit pair sums cannot saturate.
+        out = torch.ops.quantized.linear_dynamic(rows, self.packed, True)[:-1] * magnitude
+        return out if self.bias is None else out + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per output channel"
+
+
+def reduce_linears(module: nn.Module, weights: str) -> None:
+    """Swap every nn.Linear inside ``module`` for the ``weights`` kind's layer."""
+    layer = {"float16": Float16Linear, "int8": Int8Linear}[weights]
+    for name, child in module.named_children():
+        if isinstance(child, nn.Linear):
+            setattr(module, name, layer(child))
+        else:
+            reduce_linears(child, weights)

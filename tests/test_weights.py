@@ -1,0 +1,68 @@
+"""weights="float16" / "int8": linear layers with smaller weights on the CPU (models/quantized.py)."""
+
+import random
+
+import pytest
+import torch
+from torch import nn
+
+from models.quantized import Float16Linear, Int8Linear
+from runtime import Engine
+
+from .conftest import random_prompt, run_threaded, tiny_model
+
+pytestmark = pytest.mark.skipif("fbgemm" not in torch.backends.quantized.supported_engines,
+                                reason="this torch build has no FBGEMM backend")
+
+
+def linear(rows=96, cols=64, bias=True, seed=0):
+    torch.manual_seed(seed)
+    layer = nn.Linear(cols, rows, bias=bias)
+    return layer.requires_grad_(False)
+
+
+def test_float16_weights_compute_in_float32_with_rounded_weights():
+    layer = linear()
+    x = torch.randn(5, 64)
+    rounded = x @ layer.weight.half().float().t() + layer.bias
+    assert torch.allclose(Float16Linear(layer)(x), rounded, atol=1e-5)
+
+
+def test_int8_is_close_and_each_row_is_quantized_as_if_alone():
+    layer = linear()
+    x = torch.randn(7, 64)
+    x[3] *= 1000  # a row with large activations must not coarsen the others
+    together = Int8Linear(layer)(x)
+    alone = torch.cat([Int8Linear(layer)(row[None]) for row in x])
+    assert torch.equal(together, alone)
+    exact = layer(x)
+    error = (together - exact).abs().amax(-1) / exact.abs().amax(-1)
+    assert error.max() < 0.05, error
+
+
+@pytest.mark.parametrize("weights", ["float16", "int8"])
+def test_engine_streams_with_smaller_weights(weights):
+    """Threaded requests with preemption: each greedy stream equals the same request run alone
+    (an int8 row is quantized as if alone; see Int8Linear)."""
+    model = tiny_model("llama").to(torch.float32)
+    rng = random.Random(3)
+    prompts = [random_prompt(rng, 1, 30) for _ in range(12)]
+    new_tokens = [rng.randint(1, 16) for _ in prompts]
+    options = dict(weights=weights, max_batch_size=6, max_batch_tokens=32, block_size=4, num_kv_blocks=24)
+    with Engine.from_pretrained(model, **options) as engine:
+        assert not any(isinstance(m, nn.Linear) for m in engine.model.modules())
+        together = run_threaded(engine, prompts, new_tokens)
+        assert engine.stats()["preemptions"] > 0
+        alone = [run_threaded(engine, [p], [n], threads=1)[0] for p, n in zip(prompts, new_tokens)]
+    assert [together[i] for i in range(len(prompts))] == alone
+    assert all(0 < len(tokens) <= n for tokens, n in zip(alone, new_tokens))
+
+
+@pytest.mark.parametrize("weights, dtype, message", [
+    ("int4", None, "int4 product"),
+    ("int2", None, "unknown weights='int2'"),
+    ("float16", torch.float64, "float32 activations"),
+])
+def test_bad_weights_choice_is_refused_before_loading(weights, dtype, message, llama):
+    with pytest.raises(ValueError, match=message):
+        Engine.from_pretrained(llama, weights=weights, dtype=dtype)
