@@ -176,8 +176,8 @@ def add_bench_parser(commands) -> None:
                             description="Run workloads W1-W4 side by side with transformers; print a table, "
                                         "write bench.json, bench.md and bench.png to --out. Needs the 'bench' extra.")
     p.add_argument("--workloads", default="w1,w2,w3,w4",
-                   help="comma-separated subset of w1,w2,w3,w4,w5 (w5: shared cores, the default model at 1, 8 "
-                        "and 64 streams)")
+                   help="comma-separated subset of w1,w2,w3,w4,w5,w6 (w5: shared cores, the default model at 1, 8 "
+                        "and 64 streams; w6: against the peers, see --peers)")
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
     p.add_argument("--new-tokens", type=int, default=128, help="W1 tokens per request (default: 128)")
     p.add_argument("--requests", type=int, default=64, help="W1 requests, all launched at once (default: 64)")
@@ -192,6 +192,14 @@ def add_bench_parser(commands) -> None:
     p.add_argument("--competitors", type=counts, default=[0],
                    help="run everything once per count of busy competitor processes on the same cores, "
                         "e.g. 0,1,2 (default: 0)")
+    p.add_argument("--peers", type=peer_list, default=[],
+                   help="also run W6 (the default model at 1, 4, 16 and 64 streams, in-process and through "
+                        "OpenAI-compatible servers) with these runtimes beside Loom: fastllm,llama.cpp; one "
+                        "that is not installed is skipped with how to install it")
+    p.add_argument("--peer-streams", default="1,4,16,64", help="W6 concurrencies (default: 1,4,16,64)")
+    p.add_argument("--llama-server", default=None, help="path of llama.cpp's llama-server (default: on PATH)")
+    p.add_argument("--fastllm-threads", type=at_least_one, default=None,
+                   help="fastllm's CPU threads (default: its own choice)")
     p.add_argument("--smoke", action="store_true", help="a seconds-long run on a tiny model (for CI)")
     p.add_argument("--out", default="bench-results", help="directory for bench.json, bench.md and bench.png")
     add_model_arguments(p)
@@ -213,6 +221,15 @@ def counts(text: str) -> list[int]:
     if any(v < 0 for v in values):
         raise argparse.ArgumentTypeError(f"counts must be >= 0, got {text!r}")
     return values
+
+
+def peer_list(text: str) -> list[str]:
+    from runtime.bench.peers import PEERS
+    chosen = [x for x in text.split(",") if x]
+    unknown = [x for x in chosen if x not in PEERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown peer {unknown[0]!r}; choose from {','.join(PEERS)}")
+    return chosen
 
 
 def bench(args) -> int:

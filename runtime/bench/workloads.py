@@ -3,12 +3,15 @@ every chosen system of harness.py on the same requests."""
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from functools import partial
 from pathlib import Path
 
 import torch
+
+from runtime import GenerationConfig
 
 from . import harness as bench
 from .harness import Request
@@ -45,7 +48,8 @@ class Measure:
         counters, cpu = bench.cpu_time_counters(), time.process_time()
         with tqdm(total=count, desc=f"{name} ({self.competitors} busy)", unit="req", leave=False) as bar:
             run = fn(bar)
-        run.cpu_seconds = time.process_time() - cpu
+        if run.cpu_seconds is None:  # a server's run counts its server process too
+            run.cpu_seconds = time.process_time() - cpu
         run.steal = bench.steal_percent(counters, bench.cpu_time_counters())
         run.competitors = self.competitors
         self.runs.append(run)
@@ -97,6 +101,8 @@ def run_workloads(args, load_engine, measure: Measure) -> None:
         engine.shutdown()
     if "w3" in workloads or "w5" in workloads:
         real_model_workloads(measure, systems, workloads, args, load_engine)
+    if "w6" in workloads or args.peers:
+        peer_workload(measure, args, load_engine)
 
 
 def compare(measure, engine, hf, requests, name, systems, args, repeat=1) -> None:
@@ -163,3 +169,65 @@ def gpt2_small(smoke: bool):
     from transformers import GPT2Config, GPT2LMHeadModel
     config = GPT2Config(n_layer=2, n_embd=64, n_head=4) if smoke else GPT2Config()
     return GPT2LMHeadModel(config).eval()
+
+
+def peer_workload(measure, args, load_engine) -> None:
+    """W6: the default model beside the runtimes users would pick instead, at --peer-streams
+    concurrent streams of 64 new tokens, EOS ignored: in-process, Loom and fastllm (float32);
+    through OpenAI-compatible servers with one shared client, Loom's and llama-server (its F32
+    GGUF and the Q4_1 GGUF as shipped). First, each system's greedy output for 3 prompts is
+    compared with Loom's; the agreement goes in each system's note."""
+    from models.gguf import default_model_path
+
+    from . import peers
+
+    gguf = default_model_path() if args.model is None else Path(args.model)
+    if gguf.suffix != ".gguf":
+        raise SystemExit("W6 runs the peers on a GGUF checkpoint; pass --model FILE.gguf or none (the default)")
+    available = []
+    for peer in args.peers:
+        if (why := peers.missing(peer, args.llama_server)) is not None:
+            print(f"W6: skipping {peer}: {why}")
+        else:
+            available.append(peer)
+    streams = [int(c) for c in args.peer_streams.split(",")]
+    texts = [f"Question {i}: tell me a story about a river." for i in range(max(streams))]
+    checks = texts[:3]
+    engine = load_engine(args, args.model)
+    prompts = [engine.encode(t) for t in texts]
+    greedy32 = GenerationConfig(max_new_tokens=32, ignore_eos=True)
+    reference = [engine.response(t, greedy32) for t in checks]
+    checks_ids = prompts[:len(checks)]
+
+    def agreement(outputs: list[str]) -> str:
+        same = [len(os.path.commonprefix([mine, ours])) for mine, ours in zip(outputs, reference)]
+        return "greedy text equal to Loom's for " + ", ".join(f"{n}/{len(r)}" for n, r in zip(same, reference)) + " chars"
+
+    for c in streams:
+        requests = [Request(p, 64) for p in prompts[:c]]
+        measure(f"W6@{c} loom", lambda bar, r=requests, c=c: label(bench.run_loom(engine, r, f"W6@{c}", bar),
+                                                                  f"loom {args.weights}", ""), c)
+    engine.shutdown()
+    servers = [peers.loom_server(args, args.weights)]
+    if "llama.cpp" in available:
+        servers += [peers.llama_server(peers.f32_gguf(gguf, args.llama_server), "F32", max(streams), args),
+                    peers.llama_server(gguf, gguf.stem.rsplit(".", 1)[-1], max(streams), args)]
+    for server in servers:
+        with server:
+            note = agreement([server.complete(t, 32)[0] for t in checks])
+            for c in streams:
+                measure(f"W6@{c} {server.system}", lambda bar, s=server, c=c, note=note: label(
+                    s.run(texts[:c], 64, f"W6@{c}"), s.system, note), c)
+    if "fastllm" in available:  # last: its library's threads stay in this process
+        fast = peers.FastLLM(peers.hf_directory(gguf), "float32", args.fastllm_threads)
+        note = agreement([engine.tokenizer.decode(fast.generate(p, 32), skip_special_tokens=True) for p in checks_ids])
+        for c in streams:
+            requests = [Request(p, 64) for p in prompts[:c]]
+            measure(f"W6@{c} fastllm", lambda bar, r=requests, c=c, note=note: label(
+                fast.run(r, f"W6@{c}"), "fastllm float32", note), c)
+
+
+def label(run, system: str, note: str):
+    run.system = system
+    run.note = "; ".join(n for n in (run.note, note) if n)
+    return run

@@ -71,6 +71,7 @@ class Sampling(BaseModel):
     n: int = 1
     stream: bool = False
     stream_options: dict | None = None
+    ignore_eos: bool = False  # an extension (vLLM and llama.cpp's server take it too): for benchmarks
 
     def config(self, default_max_tokens: int) -> GenerationConfig:
         if self.n != 1:
@@ -79,7 +80,7 @@ class Sampling(BaseModel):
         return GenerationConfig(
             max_new_tokens=self.max_completion_tokens or self.max_tokens or default_max_tokens,
             temperature=self.temperature, top_p=1.0 if self.top_p is None else self.top_p, seed=self.seed,
-            stop=tuple([self.stop] if isinstance(self.stop, str) else self.stop or ()))
+            stop=tuple([self.stop] if isinstance(self.stop, str) else self.stop or ()), ignore_eos=self.ignore_eos)
 
 
 class ChatRequest(Sampling):
