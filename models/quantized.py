@@ -7,9 +7,10 @@ oneDNN float32 at 1 to 1024 rows:
 
 - FBGEMM's float16-weight product (float32 activations and sums) is 1.6-2.3x faster at 1-8 rows
   and still ahead at 1024; greedy output matched float32 over 64 tokens on every prompt tried;
-- FBGEMM's dynamic int8 product is 1.7-5x faster, at the cost of quantizing activations;
-- torch's weight-only kernels (``_weight_int8pack_mm``, ``_weight_int4pack_mm_for_cpu``) are
-  6-60x slower than float32: they are written for AVX-512, which this CPU lacks.
+- FBGEMM's dynamic int8 product is 1.6-5x faster, at the cost of quantizing activations, and
+  greedy output drifts from float32's after 0-13 tokens on the default model;
+- torch's weight-only kernels are far slower than float32 on this CPU (AVX2, no AVX-512):
+  ``_weight_int8pack_mm`` 3-33x, ``_weight_int4pack_mm_for_cpu`` 7-50x.
 
 So "float16" and "int8" are FBGEMM's; "int4" is refused with that reason rather than offered
 slower than the float32 it would replace. One product serves every batch size: neither fell
@@ -26,7 +27,7 @@ from torch import nn
 
 WEIGHTS = ("float32", "float16", "int8")
 INT4_REFUSAL = ("weights='int4' is not offered: torch's only CPU int4 product (_weight_int4pack_mm_for_cpu) "
-                "measured 10-60x slower than float32 on AVX2 CPUs, and FBGEMM has no int4 matrix product; "
+                "measured 7-50x slower than float32 on an AVX2 CPU, and FBGEMM has no int4 matrix product; "
                 "use weights='float16' or 'int8' (a half or a quarter of float32's weight memory)")
 
 

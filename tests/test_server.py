@@ -102,6 +102,15 @@ def test_completion_with_stop(server, client):
     assert cut.choices[0].finish_reason == "stop"
 
 
+def test_ignore_eos_generates_past_the_end_of_the_answer(client):
+    """The ignore_eos extension (as vLLM and llama.cpp's server take it), which the bench uses."""
+    plain = client.chat.completions.create(model=MODEL, messages=ask(1), max_tokens=48, temperature=0)
+    assert plain.choices[0].finish_reason == "stop" and plain.usage.completion_tokens < 48
+    forced = client.chat.completions.create(model=MODEL, messages=ask(1), max_tokens=48, temperature=0,
+                                            extra_body={"ignore_eos": True})
+    assert forced.choices[0].finish_reason == "length" and forced.usage.completion_tokens == 48
+
+
 def test_seeded_sampling_is_reproducible(client):
     make = lambda: client.chat.completions.create(model=MODEL, messages=ask(5), max_tokens=12, temperature=0.8,
                                                   top_p=0.9, seed=7).choices[0].message.content

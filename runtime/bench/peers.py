@@ -140,13 +140,16 @@ class OpenAIServer:
     def __enter__(self):
         import httpx
 
-        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # Its log goes to a file: a pipe nobody reads fills up and stalls a chatty server.
+        self.log = peer_dir() / f"{self.system.replace(' ', '-')}.log"
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
         self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=600,
                                    limits=httpx.Limits(max_connections=256, max_keepalive_connections=256))
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"{self.system} exited at start: {self.process.stderr.read().decode()[-2000:]}")
+                raise RuntimeError(f"{self.system} exited at start: {self.log.read_text()[-2000:]}")
             try:
                 if self.client.get("/health").status_code == 200:
                     return self
@@ -168,7 +171,9 @@ class OpenAIServer:
         body = {"model": self.model, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0,
                 "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
         text, count = [], 0
-        with self.client.stream("POST", "/v1/completions", json=body) as response:
+        # A connection per request: llama-server may close a kept-alive one after a stream ends,
+        # and the pool would then send the next request into a dead socket.
+        with self.client.stream("POST", "/v1/completions", json=body, headers={"Connection": "close"}) as response:
             response.raise_for_status()
             for line in response.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
