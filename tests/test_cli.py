@@ -121,3 +121,18 @@ def test_bench_runs_beside_busy_competitor_processes(tmp_path):
         ("loom", 0), ("loom", 1), ("pure forward", 0), ("pure forward", 1)]
     assert all(r["cpu_ms_per_token"] > 0 for r in runs)
     assert "| W1 | 1 | loom |" in (tmp_path / "bench.md").read_text()
+
+
+def test_bench_w6_runs_loom_in_process_and_through_its_server(tmp_path, capsys):
+    """W6 without the peers installed: they are skipped with how to install them; Loom's server
+    (through the shared streaming client) gives the same greedy text as Loom in-process."""
+    assert main(["bench", "--workloads", "w6", "--sweep", "", "--peer-streams", "1,2", "--peers", "llama.cpp",
+                 "--llama-server", str(tmp_path / "no-llama-server"), "--out", str(tmp_path)]) == 0
+    assert "W6: skipping llama.cpp: llama-server was not found" in capsys.readouterr().out
+    runs = json.loads((tmp_path / "bench.json").read_text())["runs"]
+    assert sorted((r["system"], r["concurrency"]) for r in runs) == [
+        ("loom float32", 1), ("loom float32", 2), ("loom server float32", 1), ("loom server float32", 2)]
+    assert all(r["tokens"] == 64 * r["concurrency"] and r["cpu_ms_per_token"] > 0 for r in runs)
+    server = next(r for r in runs if r["system"] == "loom server float32")
+    agreement = server["note"].split("greedy text equal to Loom's for ")[1].removesuffix(" chars")
+    assert all(a == b for a, b in (pair.split("/") for pair in agreement.split(", "))), agreement
