@@ -98,17 +98,16 @@ def load(source=None, *, device="cpu", dtype=None, weights="float32") -> Checkpo
     path = Path(source).expanduser()
     if path.is_dir() and not (path / "config.json").exists() and len(list(path.glob("*.gguf"))) == 1:
         path = next(path.glob("*.gguf"))
+    dtype = resolve_dtype(dtype, device)
+    weights = check_weights(weights, device, dtype)  # before any tensor is read or dequantized
     if path.suffix == ".gguf":
         from .gguf import load_gguf
-        dtype = resolve_dtype(dtype, device)
-        return load_gguf(path, device, dtype, check_weights(weights, device, dtype))
+        return load_gguf(path, device, dtype, weights)
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}: expected a directory with config.json or a .gguf file")
     config = checkpoint_files.read_config(path)
     architecture(config)  # an unsupported type fails before any tensor is read
-    dtype = resolve_dtype(dtype, device)
-    kind = check_weights(weights, device, dtype)
-    model = build(config, checkpoint_files.read_tensors(path), dtype, device, kind)
+    model = build(config, checkpoint_files.read_tensors(path), dtype, device, weights)
     return Checkpoint(model, checkpoint_files.read_eos_ids(path, config), checkpoint_files.read_tokenizer(path),
                       path.name, config)
 
