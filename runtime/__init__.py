@@ -3,6 +3,8 @@
 from .config import EngineOptions, GenerationConfig
 from .engine import Engine
 from .errors import ContextLimitWarning, EngineBusy, EngineClosed, GenerationFailed, HandleReleased
+from .sampler import TokenLogprob
+from .text import Completion
 
 __all__ = ["Engine", "EngineOptions", "GenerationConfig", "EngineBusy", "EngineClosed", "GenerationFailed",
-           "HandleReleased", "ContextLimitWarning"]
+           "HandleReleased", "ContextLimitWarning", "Completion", "TokenLogprob"]

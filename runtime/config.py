@@ -46,6 +46,8 @@ def _check_bool(name, value, *, optional=False):
 # A temperature below this samples as greedy decoding would (the softmax is one-hot in float32
 # anyway); treating it as greedy keeps 1/temperature finite.
 GREEDY_TEMPERATURE = 1e-5
+MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
+CONSTRAINTS = ("json_schema", "regex", "choice", "grammar")
 
 
 @dataclass
@@ -61,6 +63,19 @@ class GenerationConfig:
     ``stop`` strings apply to the text API (they need a tokenizer); they end generation and are
     not returned. ``stop_token_ids`` (and EOS, unless ``ignore_eos``) end it too, and are
     delivered as the stream's last token, as transformers' generate() returns them.
+
+    Penalties and bias follow OpenAI's API: ``presence_penalty`` and ``frequency_penalty``
+    (in [-2, 2]) subtract from the logit of each token already generated, once and per
+    occurrence; ``logit_bias`` ({token id: bias in [-100, 100]}) is added to the logits;
+    ``min_p`` drops tokens less likely than min_p times the most likely one (when sampling).
+
+    Structured output, at most one of: ``json_schema`` (a dict, a JSON string or a pydantic model
+    class), ``regex``, ``choice`` (a list of strings), ``grammar`` (Lark, or llama.cpp's GBNF).
+    The output then always matches it; the request ends when the constraint allows nothing more
+    (finish_reason "stop") or at ``max_new_tokens`` ("length"). They need the model's tokenizer.
+
+    ``logprobs=k`` records, for each generated token, its log-probability under the model and
+    the ``k`` most likely alternatives (k in [0, 20]); see Handle.logprobs.
     """
 
     max_new_tokens: int = 128
@@ -74,6 +89,15 @@ class GenerationConfig:
     ignore_eos: bool = False
     priority: int = 0
     stop: tuple[str, ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_p: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    json_schema: Any = None
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    logprobs: int | None = None
 
     def __post_init__(self):
         _check_int("max_new_tokens", self.max_new_tokens, 1)
@@ -100,8 +124,14 @@ class GenerationConfig:
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"each stop string must be a non-empty str, got {s!r}")
+        _check_real("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _check_real("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        _check_real("min_p", self.min_p, 0.0, 1.0)
+        _check_int("logprobs", self.logprobs, 0, optional=True, maximum=MAX_LOGPROBS)
+        self._check_logit_bias()
+        self._check_constraint()
         knobs = [name for name, on in (("temperature", (self.temperature or 0) > 0), ("top_k", self.top_k > 0),
-                                       ("top_p", self.top_p < 1.0)) if on]
+                                       ("top_p", self.top_p < 1.0), ("min_p", self.min_p > 0)) if on]
         if self.do_sample and self.temperature == 0:
             raise ValueError("do_sample=True with temperature=0: a temperature must be > 0 to sample; "
                              "for greedy decoding leave do_sample unset or False")
@@ -109,11 +139,48 @@ class GenerationConfig:
             warnings.warn(f"do_sample=False, so {', '.join(knobs)} is ignored and decoding is greedy; "
                           "set do_sample=True (or leave it unset) to sample", UserWarning, stacklevel=3)
 
+    def _check_logit_bias(self):
+        if self.logit_bias is None:
+            return
+        if not isinstance(self.logit_bias, dict):
+            raise TypeError(f"logit_bias must be a dict of token id to bias, got {self.logit_bias!r}")
+        bias = {}
+        for token, value in self.logit_bias.items():
+            if isinstance(token, str) and token.lstrip("-").isdigit():
+                token = int(token)  # JSON object keys (OpenAI's format) are strings
+            _check_int("each logit_bias token id", token, 0)
+            _check_real(f"logit_bias[{token}]", value, -100.0, 100.0)
+            bias[int(token)] = float(value)
+        self.logit_bias = bias or None
+
+    def _check_constraint(self):
+        given = [name for name in CONSTRAINTS if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"at most one of {', '.join(CONSTRAINTS)} may be set, got {' and '.join(given)}")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise TypeError(f"{name} must be a non-empty str, got {value!r}")
+        if self.choice is not None:
+            if isinstance(self.choice, str) or not isinstance(self.choice, Iterable):
+                raise TypeError(f"choice must be a list of strings, got {self.choice!r}")
+            self.choice = tuple(self.choice)
+            if not self.choice or not all(isinstance(c, str) and c for c in self.choice):
+                raise ValueError(f"choice must be a non-empty list of non-empty strings, got {list(self.choice)!r}")
+        schema = self.json_schema
+        if schema is not None and not (isinstance(schema, (dict, str)) or hasattr(schema, "model_json_schema")):
+            raise TypeError(f"json_schema must be a dict, a JSON string or a pydantic model class, got {schema!r}")
+
+    @property
+    def constraint_kind(self) -> str | None:
+        """Which structured-output field is set ("json_schema", "regex", ...), if any."""
+        return next((name for name in CONSTRAINTS if getattr(self, name) is not None), None)
+
     @property
     def sampled(self) -> bool:
         """Whether tokens are drawn at random (else greedy), by the rule in the class docstring."""
         if self.do_sample is None:
-            wanted = self.temperature is not None or self.top_k > 0 or self.top_p < 1.0
+            wanted = self.temperature is not None or self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0
         else:
             wanted = self.do_sample
         return wanted and self.sampling_temperature >= GREEDY_TEMPERATURE
@@ -216,10 +283,14 @@ def check_prompt(tokens: Any, vocab_size: int) -> list[int]:
     return [int(t) for t in tokens]
 
 
-def check_stop_token_ids(config: GenerationConfig, vocab_size: int) -> None:
+def check_token_ids(config: GenerationConfig, vocab_size: int) -> None:
+    """The config's token ids (stop_token_ids, logit_bias) lie inside the model's vocabulary."""
     for token in config.stop_token_ids:
         if token >= vocab_size:
             raise ValueError(f"stop_token_ids holds {token}, outside the vocabulary [0, {vocab_size})")
+    for token in config.logit_bias or ():
+        if token >= vocab_size:
+            raise ValueError(f"logit_bias names token {token}, outside the vocabulary [0, {vocab_size})")
 
 
 def _integer_dtype(dtype) -> bool:

@@ -48,6 +48,12 @@ class Handle(int):
     def num_generated(self) -> int:
         return self.context.num_generated
 
+    @property
+    def logprobs(self) -> list:
+        """With GenerationConfig(logprobs=k): a TokenLogprob for each generated token, in order
+        (the i-th is in place once the i-th token has been fetched)."""
+        return self.context.logprobs
+
 
 class Status(Enum):
     WAITING = "waiting"
@@ -73,7 +79,7 @@ class ResponseContext:
     """
 
     def __init__(self, handle: int, prompt: list[int], config: GenerationConfig, max_context: int,
-                 eos_token_ids: frozenset[int], device: torch.device):
+                 eos_token_ids: frozenset[int], device: torch.device, constraint=None, leader=None):
         self.handle = handle
         self.config = config
         self.tokens = list(prompt)
@@ -99,6 +105,9 @@ class ResponseContext:
         self.generator = None
         if config.sampled and config.seed is not None:
             self.generator = torch.Generator(device).manual_seed(config.seed)
+        self.constraint = constraint  # structured output's grammar state (constraints.Constraint)
+        self.leader = leader  # another choice of the same prompt, admitted first (Engine.launch_choices)
+        self.logprobs: list = []  # a sampler.TokenLogprob per generated token, with config.logprobs
         self.launch_time = time.perf_counter()
         self.token_times: list[float] = []  # when each token was sampled (TTFT, TPOT, hand-off)
 
@@ -121,11 +130,14 @@ class ResponseContext:
 
     # -- the loop thread's side (under the engine's lock) -----------------------------------------
 
-    def record(self, token: int, sampled_at: float) -> bool:
-        """Add a sampled token; say whether it ends the request (a stop token, or its length)."""
+    def record(self, token: int, sampled_at: float, logprob=None) -> bool:
+        """Add a sampled token; say whether it ends the request (a stop token, the end of its
+        constraint, or its length)."""
         self.token_times.append(sampled_at)
         self.tokens.append(token)
-        if token in self.stop_ids:
+        if logprob is not None:
+            self.logprobs.append(logprob)
+        if token in self.stop_ids or (self.constraint is not None and self.constraint.ended):
             self.finish("stop")
         elif len(self.tokens) >= self.max_length:
             self.finish("length")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import copy
 import functools
 import os
 import queue
@@ -23,7 +24,8 @@ from models.step import KVCache, StepInput
 from . import loop, openmp, sampler
 from .cpu_threads import CpuThreads
 from .block_allocator import BlockAllocator
-from .config import EngineOptions, GenerationConfig, check_config, check_prompt, check_stop_token_ids
+from .config import EngineOptions, GenerationConfig, _check_int, check_config, check_prompt, check_token_ids
+from .constraints import Grammars
 from .context import END, Failure, Handle, ResponseContext
 from .errors import ContextLimitWarning, EngineBusy, EngineClosed, GenerationFailed, HandleReleased
 from .scheduler import Scheduler, StepPlan
@@ -78,6 +80,7 @@ class Engine(TextAPI):
         self._generator = torch.Generator(device).manual_seed(options.seed)
         self._counters = {"steps": 0, "tokens_generated": 0, "requests_finished": 0, "step_failures": 0}
         self._cpu_threads = CpuThreads(options.cpu_threads) if device.type == "cpu" else None
+        self._grammars = Grammars(self.tokenizer, self.vocab_size, self.eos_token_ids)
         _live_engines.add(self)
         if device.type == "cpu":
             # Loading ran on this thread and left it a pool of OpenMP workers; beside the loop
@@ -85,14 +88,20 @@ class Engine(TextAPI):
             openmp.release_thread_pool()
 
     @classmethod
-    def from_pretrained(cls, source=None, *, device="cpu", dtype=None, weights="float32", **options) -> "Engine":
+    def from_pretrained(cls, source=None, *, device="cpu", dtype=None, weights="float32", tokenizer=None,
+                        **options) -> "Engine":
         """Load ``source`` (None: the embedded SmolLM2; a Hugging Face directory; a .gguf file;
         an in-memory transformers model) and build an engine. ``weights``: "float32" (as loaded,
         in ``dtype``), "float16" or "int8" (linear layers in 16 or 8 bits on the CPU: a half or a
-        quarter of the weight memory and faster decode; see models/quantized.py). ``options`` are EngineOptions."""
+        quarter of the weight memory and faster decode; see models/quantized.py). ``tokenizer``: a
+        transformers tokenizer to use instead of the checkpoint's (an in-memory model has none).
+        ``options`` are EngineOptions."""
         engine_options = EngineOptions.from_kwargs(options)  # bad options fail before a slow load
         device = torch.device(device)
-        return cls(models.load(source, device=device, dtype=dtype, weights=weights), device, engine_options)
+        checkpoint = models.load(source, device=device, dtype=dtype, weights=weights)
+        if tokenizer is not None:
+            checkpoint.tokenizer = tokenizer
+        return cls(checkpoint, device, engine_options)
 
     # -- the application's side -------------------------------------------------------------
 
@@ -100,30 +109,60 @@ class Engine(TextAPI):
         """Register a request and return its handle at once; never blocks on generation.
 
         Keep the returned Handle while you fetch: dropping it releases the request. Raises
-        TypeError/ValueError for a bad prompt or config, EngineBusy when the waiting queue is
-        full, EngineClosed after shutdown. Warns (ContextLimitWarning) when the context ends
-        before ``max_new_tokens`` could be generated.
+        TypeError/ValueError for a bad prompt or config (an invalid json_schema, regex or grammar
+        with the grammar engine's message), EngineBusy when the waiting queue is full,
+        EngineClosed after shutdown. Warns (ContextLimitWarning) when the context ends before
+        ``max_new_tokens`` could be generated.
         """
+        return self._launch(input_tokens, config, 1)[0]
+
+    def launch_choices(self, input_tokens, config: GenerationConfig | None = None, n: int = 2) -> list[Handle]:
+        """Launch ``n`` completions of one prompt (OpenAI's ``n``) and return their handles. The
+        first computes the prompt; the others then take its KV blocks from the prefix cache
+        (with enable_prefix_caching) rather than computing them again. With a ``seed``, choice i
+        samples with seed + i, so that the choices differ yet repeat. Raises as launch_response_tokens."""
+        _check_int("n", n, 1)
+        return self._launch(input_tokens, config, n)
+
+    def _launch(self, input_tokens, config, n: int) -> list[Handle]:
         config = check_config(config)
-        check_stop_token_ids(config, self.vocab_size)
+        check_token_ids(config, self.vocab_size)
         prompt = check_prompt(input_tokens, self.vocab_size)
         self._check_room(len(prompt), config.max_new_tokens)
+        constraint = self._grammars.compile(config)  # in the caller's thread: the loop never waits for it
         with self._lock:
             if self._closed is not None:
                 raise EngineClosed(f"the engine is closed; no new requests ({self._closed})") from self._closed
             self._release_dropped()  # abandoned handles go at the latest when the next request comes
             bound = self.options.max_waiting
-            if bound is not None and self._backlog() >= bound:
+            if bound is not None and self._backlog() + n > bound:
                 raise EngineBusy(f"{bound} requests are already waiting (max_waiting={bound}); retry later")
-            number, self._launched = self._launched, self._launched + 1
-            ctx = ResponseContext(number, prompt, config, self.max_context, self.eos_token_ids, self.device)
-            self._contexts[number] = ctx
-            self.scheduler.add(ctx)
+            contexts = []
+            for choice in range(n):
+                number, self._launched = self._launched, self._launched + 1
+                ctx = ResponseContext(number, prompt, self._choice_config(config, choice), self.max_context,
+                                      self.eos_token_ids, self.device,
+                                      constraint=constraint.copy() if constraint and choice else constraint,
+                                      leader=contexts[0] if choice else None)
+                self._contexts[number] = ctx
+                self.scheduler.add(ctx)
+                contexts.append(ctx)
             self._wakeup.notify()
         self._ensure_loop()
-        handle = Handle(number)
-        handle.dropped, handle.context = self._dropped, ctx
-        return handle
+        handles = []
+        for ctx in contexts:
+            handle = Handle(ctx.handle)
+            handle.dropped, handle.context = self._dropped, ctx
+            handles.append(handle)
+        return handles
+
+    @staticmethod
+    def _choice_config(config: GenerationConfig, choice: int) -> GenerationConfig:
+        if choice == 0 or config.seed is None:
+            return config
+        config = copy.copy(config)  # already validated; a seed + choice stays in the generator's range
+        config.seed = (config.seed + choice) % 2**64
+        return config
 
     def fetch_response_tokens(self, handle: int, timeout: float | None = None) -> int:
         """Block until ``handle``'s next token and return it; -1 once the stream has ended (also
@@ -230,9 +269,11 @@ class Engine(TextAPI):
         return self.scheduler.schedule() if self.scheduler.has_work() else None
 
     def _step(self, plan: StepPlan) -> None:
-        """schedule (done) -> build -> forward -> sample -> apply -> deliver."""
+        """schedule (done) -> build -> forward (beside the step's structured-output masks) ->
+        sample -> apply -> deliver."""
         sampling = plan.sampling()
         threads = self._cpu_threads
+        masks = self._grammars.start_masks([ctx.constraint for ctx in sampling])
         try:
             step = StepInput.flatten(plan.sequences(), self.options.block_size, self.device)
             if threads is not None:
@@ -240,17 +281,18 @@ class Engine(TextAPI):
             logits = self.model(step, self.kv_cache)
             if threads is not None:
                 threads.after_forward()
+            bitmask = masks.result() if masks is not None else None
         except Exception as error:
             self._fail_step([e.ctx for e in plan.entries], error)
             return
-        tokens = self._sample(logits, sampling)
+        tokens, logprobs = self._sample(logits, sampling, bitmask)
         produced = time.perf_counter()  # hand-off latency counts from here, bookkeeping included
         if self.device.type == "cpu":  # its idle worker would spin on the core a consumer needs next
             openmp.release_thread_pool()
         with self._lock:
             self._counters["steps"] += 1
             waiting = [ctx for ctx in sampling if ctx.consumer_waiting and not ctx.finished]
-            delivered = self.scheduler.postprocess(plan, sampling, tokens, produced)
+            delivered = self.scheduler.postprocess(plan, sampling, tokens, produced, logprobs)
             for ctx, token in delivered:
                 ctx.deliver(token)
             self._counters["tokens_generated"] += len(delivered)
@@ -258,17 +300,25 @@ class Engine(TextAPI):
         if self.device.type == "cpu":
             loop.let_consumers_take(waiting, produced + loop.CONSUMER_GRACE_S)
 
-    def _sample(self, logits: torch.Tensor, sampling: list[ResponseContext]) -> list[int]:
-        """The step's tokens. If sampling the batch raises, each row is sampled alone and only
-        the requests whose own sampling fails are failed (their token is then END)."""
+    def _sample(self, logits: torch.Tensor, sampling: list[ResponseContext], bitmask):
+        """The step's tokens (and logprobs, see sampler.sample), each constrained request's grammar
+        advanced by its token. If sampling the batch raises, each row is sampled alone; only the
+        requests whose own sampling or grammar fails are failed (their token is then END)."""
         try:
-            return sampler.sample(logits, sampling, self._generator)
+            tokens, logprobs = sampler.sample(logits, sampling, self._generator, bitmask)
         except Exception:
-            tokens = sampler.sample_each(logits, sampling, self._generator)
-        failed = [(ctx, t) for ctx, t in zip(sampling, tokens) if isinstance(t, BaseException)]
-        for ctx, error in failed:
-            self._fail_step([ctx], error)
-        return [END if isinstance(t, BaseException) else t for t in tokens]
+            rows = sampler.sample_each(logits, sampling, self._generator, bitmask)
+            tokens, logprobs = [token for token, _ in rows], [logprob for _, logprob in rows]
+        for i, (ctx, token) in enumerate(zip(sampling, tokens)):
+            if ctx.constraint is not None and not isinstance(token, BaseException) and not ctx.finished:
+                try:
+                    ctx.constraint.accept(token)
+                except ValueError as error:
+                    tokens[i] = error
+        for ctx, error in zip(sampling, tokens):
+            if isinstance(error, BaseException):
+                self._fail_step([ctx], error)
+        return [END if isinstance(t, BaseException) else t for t in tokens], logprobs
 
     def _fail_step(self, contexts: list[ResponseContext], error: BaseException) -> None:
         with self._lock:
@@ -349,6 +399,7 @@ class Engine(TextAPI):
                     self.scheduler.remove(ctx)
                     ctx.fail(error)
             self._wakeup.notify_all()
+        self._grammars.close()
 
     def _after_fork_in_child(self) -> None:
         """The loop thread did not survive os.fork(), and the lock may have been held by a thread
@@ -371,7 +422,7 @@ class Engine(TextAPI):
         if max_new_tokens > room:
             warnings.warn(f"max_new_tokens={max_new_tokens}, but the context holds {self.max_context} tokens and "
                           f"the prompt has {prompt_length}: at most {room} tokens will be generated "
-                          "(finish_reason 'length')", ContextLimitWarning, stacklevel=3)
+                          "(finish_reason 'length')", ContextLimitWarning, stacklevel=4)
 
     def _blocks_in_budget(self, block_bytes: int) -> int:
         budget = self.options.kv_cache_bytes

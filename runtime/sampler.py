@@ -1,17 +1,37 @@
-"""Batched sampling: penalties, temperature, top-k, top-p and per-request seeds for the whole
-step at once, then a single device-to-host transfer."""
+"""Batched sampling: penalties, bias, structured-output masks, temperature, top-k, top-p, min-p
+and per-request seeds for the whole step at once, then a single device-to-host transfer (which
+carries the step's log-probabilities too, when a request asks for them)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from .constraints import apply_masks
 
-def sample(logits: torch.Tensor, contexts, generator: torch.Generator) -> list[int]:
-    """One token per row of ``logits`` [S, vocab]; row i belongs to ``contexts[i]``."""
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model (before penalties, bias, temperature
+    and constraints, as OpenAI and vLLM report it) and the most likely alternatives, best first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+def sample(logits: torch.Tensor, contexts, generator: torch.Generator,
+           bitmask: torch.Tensor | None = None) -> tuple[list[int], list[TokenLogprob | None] | None]:
+    """One token per row of ``logits`` [S, vocab]; row i belongs to ``contexts[i]``, and row i of
+    ``bitmask`` holds its allowed tokens when it has a constraint. Returns the tokens, and each
+    row's TokenLogprob (None where not asked) or None when no row asked."""
     configs = [ctx.config for ctx in contexts]
-    penalised = [i for i, c in enumerate(configs) if c.repetition_penalty != 1.0]
-    if penalised:
-        logits = apply_repetition_penalty(logits, [contexts[i] for i in penalised], penalised)
+    raw = logits
+    logits = apply_penalties(logits, contexts)
+    constrained = [i for i, ctx in enumerate(contexts) if ctx.constraint is not None]
+    if constrained:
+        logits = apply_masks(logits, bitmask, constrained)
     tokens = greedy(logits)
     sampled = [i for i, c in enumerate(configs) if c.sampled]
     if sampled:
@@ -25,19 +45,45 @@ def sample(logits: torch.Tensor, contexts, generator: torch.Generator) -> list[i
         for j in seeded:  # a request's own generator makes its draws independent of its batch-mates
             draws[j] = torch.multinomial(probs[j], 1, generator=contexts[sampled[j]].generator)[0]
         tokens[rows] = order.gather(1, draws[:, None])[:, 0] if order is not None else draws
-    return tokens.tolist()
+    return transfer(tokens, raw, configs)
 
 
-def sample_each(logits: torch.Tensor, contexts, generator: torch.Generator) -> list[int | BaseException]:
+def sample_each(logits: torch.Tensor, contexts, generator: torch.Generator, bitmask: torch.Tensor | None = None):
     """``sample`` one row at a time, for a step whose batched sampling raised: each row gets its
-    token, or the exception its own sampling raised, so that one request's failure stays its own."""
+    (token, logprob), or the exception its own sampling raised, so that one request's failure
+    stays its own."""
     out = []
     for i, ctx in enumerate(contexts):
         try:
-            out += sample(logits[i:i + 1], [ctx], generator)
+            tokens, logprobs = sample(logits[i:i + 1], [ctx], generator,
+                                      None if bitmask is None else bitmask[i:i + 1])
+            out.append((tokens[0], logprobs[0] if logprobs else None))
         except Exception as error:  # noqa: BLE001 - handed to that request's consumer
-            out.append(error)
+            out.append((error, None))
     return out
+
+
+def transfer(tokens: torch.Tensor, raw: torch.Tensor, configs) -> tuple[list[int], list[TokenLogprob | None] | None]:
+    """The step's tokens on the host, with the log-probabilities of the rows that ask for them,
+    in one transfer: a step's logprobs are packed beside its tokens (exact in float64)."""
+    rows = [i for i, c in enumerate(configs) if c.logprobs is not None]
+    if not rows:
+        return tokens.tolist(), None
+    k = max(configs[i].logprobs for i in rows)
+    index = torch.tensor(rows, device=raw.device)
+    logprobs = raw[index].to(torch.promote_types(raw.dtype, torch.float32)).log_softmax(-1)
+    chosen = logprobs.gather(1, tokens[index, None])[:, 0]
+    top_values, top_ids = logprobs.topk(k, dim=-1)
+    packed = torch.cat([tokens.double(), chosen.double(), top_ids.flatten().double(), top_values.flatten().double()])
+    values = packed.tolist()
+    n, r = len(configs), len(rows)
+    host_tokens = [int(t) for t in values[:n]]
+    ids, scores = values[n + r:n + r + r * k], values[n + r + r * k:]
+    out: list[TokenLogprob | None] = [None] * n
+    for j, i in enumerate(rows):
+        top = tuple((int(ids[j * k + m]), scores[j * k + m]) for m in range(configs[i].logprobs))
+        out[i] = TokenLogprob(host_tokens[i], values[n + j], top)
+    return host_tokens, out
 
 
 def greedy(logits: torch.Tensor, chunk: int = 256) -> torch.Tensor:
@@ -56,6 +102,49 @@ def greedy(logits: torch.Tensor, chunk: int = 256) -> torch.Tensor:
     # still finds the first place of the max.
     cols = (first[:, None] * chunk + torch.arange(chunk, device=logits.device)).clamp_max(vocab - 1)
     return first * chunk + logits.gather(1, cols).argmax(-1)
+
+
+def apply_penalties(logits: torch.Tensor, contexts) -> torch.Tensor:
+    """Repetition, presence and frequency penalties and logit_bias, each on the rows that set it."""
+    configs = [ctx.config for ctx in contexts]
+    repeated = [i for i, c in enumerate(configs) if c.repetition_penalty != 1.0]
+    if repeated:
+        logits = apply_repetition_penalty(logits, [contexts[i] for i in repeated], repeated)
+    occurring = [i for i, c in enumerate(configs) if c.presence_penalty or c.frequency_penalty]
+    if occurring:
+        logits = apply_occurrence_penalties(logits, [contexts[i] for i in occurring], occurring)
+    biased = [i for i, c in enumerate(configs) if c.logit_bias]
+    if biased:
+        logits = apply_logit_bias(logits, [configs[i].logit_bias for i in biased], biased)
+    return logits
+
+
+def apply_occurrence_penalties(logits, contexts, rows):
+    """OpenAI's rule, over the generated tokens (not the prompt): a token's logit drops by
+    frequency_penalty for each time it occurred, and by presence_penalty once if it did."""
+    outputs = [ctx.tokens[ctx.num_prompt:] for ctx in contexts]
+    width = max(map(len, outputs))
+    if width == 0:
+        return logits
+    device, dtype = logits.device, logits.dtype
+    ids = torch.tensor([o + [0] * (width - len(o)) for o in outputs], device=device)
+    present = torch.tensor([[1.0] * len(o) + [0.0] * (width - len(o)) for o in outputs], dtype=dtype, device=device)
+    counts = torch.zeros(len(rows), logits.shape[-1], dtype=dtype, device=device).scatter_add_(1, ids, present)
+    frequency = torch.tensor([ctx.config.frequency_penalty for ctx in contexts], dtype=dtype, device=device)[:, None]
+    presence = torch.tensor([ctx.config.presence_penalty for ctx in contexts], dtype=dtype, device=device)[:, None]
+    index = torch.tensor(rows, device=device)
+    logits = logits.clone()
+    logits[index] -= counts * frequency + (counts > 0).to(dtype) * presence
+    return logits
+
+
+def apply_logit_bias(logits, biases: list[dict[int, float]], rows):
+    row_ids = [r for r, bias in zip(rows, biases) for _ in bias]
+    token_ids = [t for bias in biases for t in bias]
+    values = [v for bias in biases for v in bias.values()]
+    device = logits.device
+    return logits.index_put((torch.tensor(row_ids, device=device), torch.tensor(token_ids, device=device)),
+                            torch.tensor(values, dtype=logits.dtype, device=device), accumulate=True)
 
 
 def apply_repetition_penalty(logits, contexts, rows):
@@ -77,7 +166,7 @@ def apply_repetition_penalty(logits, contexts, rows):
 
 
 def filtered_probs(logits, configs):
-    """Probabilities after temperature, top-k and top-p. When a filter is on, they come in
+    """Probabilities after temperature, top-k, top-p and min-p. When a filter is on, they come in
     descending order with the permutation that maps back to vocabulary ids; else order is None.
     The row's max is subtracted before dividing by the temperature: every logit is then <= 0 and
     the max is exactly 0, so no temperature that validation lets through overflows the softmax."""
@@ -86,7 +175,7 @@ def filtered_probs(logits, configs):
     temperature = torch.tensor([c.sampling_temperature for c in configs], dtype=logits.dtype, device=device)[:, None]
     logits = logits / temperature
     if all(c.top_k == 0 and c.top_p >= 1.0 for c in configs):
-        return logits.softmax(-1), None
+        return min_p_filter(logits.softmax(-1), configs), None
     logits, order = logits.sort(dim=-1, descending=True)
     ranks = torch.arange(vocab, device=device)[None, :]
     top_k = torch.tensor([min(c.top_k, vocab) or vocab for c in configs], device=device)[:, None]
@@ -96,4 +185,13 @@ def filtered_probs(logits, configs):
     # The first token is always kept, also where top_p rounds to 0 in float32 (5e-324, say).
     outside = ((probs.cumsum(-1) - probs) >= top_p) & (ranks > 0)
     probs = probs.masked_fill(outside, 0.0)
-    return probs / probs.sum(-1, keepdim=True), order
+    return min_p_filter(probs / probs.sum(-1, keepdim=True), configs), order
+
+
+def min_p_filter(probs, configs):
+    """Drop tokens less likely than min_p times the row's most likely one (which always stays)."""
+    if all(c.min_p == 0 for c in configs):
+        return probs
+    min_p = torch.tensor([c.min_p for c in configs], dtype=probs.dtype, device=probs.device)[:, None]
+    probs = probs.masked_fill(probs < min_p * probs.amax(-1, keepdim=True), 0.0)
+    return probs / probs.sum(-1, keepdim=True)

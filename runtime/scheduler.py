@@ -122,7 +122,7 @@ class Scheduler:
         for ctx in list(self.waiting):
             if budget == 0 or len(self.running) >= self.options.max_batch_size:
                 return
-            if not self.runnable(ctx):
+            if not self.runnable(ctx) or self.follows_unfinished_prefill(ctx):
                 continue
             cached = self.allocator.match_prefix(ctx.tokens)
             ctx.block_table = cached
@@ -146,7 +146,7 @@ class Scheduler:
             budget -= n
 
     def postprocess(self, plan: StepPlan, sampling: list[ResponseContext], tokens: list[int],
-                    sampled_at: float) -> list[tuple[ResponseContext, int]]:
+                    sampled_at: float, logprobs: list | None = None) -> list[tuple[ResponseContext, int]]:
         """Apply a step's results: each request's computed tokens advance and its full blocks are
         named for the prefix cache; each sampled token is recorded; a finished request frees its
         blocks, and one whose consumer lags too far is paused without any. Requests aborted
@@ -158,15 +158,22 @@ class Scheduler:
                 ctx.num_hashed_blocks, ctx.chain_hash = self.allocator.register_full_blocks(
                     ctx.tokens, ctx.block_table, ctx.num_computed, ctx.num_hashed_blocks, ctx.chain_hash)
         delivered = []
-        for ctx, token in zip(sampling, tokens):
+        for i, (ctx, token) in enumerate(zip(sampling, tokens)):
             if ctx.finished:
                 continue
             delivered.append((ctx, token))
-            if ctx.record(token, sampled_at):
+            if ctx.record(token, sampled_at, logprobs[i] if logprobs else None):
                 self.remove(ctx)
             elif not self.runnable(ctx):
                 self.preempt(ctx)  # holds no blocks while its consumer catches up
         return delivered
+
+    @staticmethod
+    def follows_unfinished_prefill(ctx: ResponseContext) -> bool:
+        """A later choice of one prompt waits until the first has computed (and named in the
+        prefix cache) the prompt's blocks, and then takes them instead of recomputing them."""
+        leader = ctx.leader
+        return leader is not None and not leader.finished and leader.num_computed < leader.num_prompt
 
     def preempt(self, ctx: ResponseContext) -> None:
         """Free a running request's blocks and send it back to wait; it recomputes its tokens later."""

@@ -5,10 +5,13 @@ Runs in the caller's thread; the loop thread never touches a tokenizer.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 
 from .config import GenerationConfig, check_config
 from .context import END
+from .sampler import TokenLogprob
 
 
 class Detokenizer:
@@ -72,13 +75,34 @@ class TextAssembler:
         return piece
 
 
-class TextAPI:
-    """Mixed into Engine: needs ``tokenizer``, ``launch_response_tokens``, ``fetch_response_tokens``,
-    ``fetch_async`` and ``abort_response``."""
+@dataclass
+class Completion:
+    """One whole answer of the text API (Engine.complete)."""
 
-    def encode(self, prompt) -> list[int]:
+    text: str
+    token_ids: list[int]     # every generated token, a final stop token included
+    finish_reason: str       # "stop" (EOS, a stop token or string, the constraint's end) or "length"
+    logprobs: list[TokenLogprob] | None = None  # with GenerationConfig(logprobs=k)
+    json_schema: object = field(default=None, repr=False)
+
+    @property
+    def parsed(self):
+        """The text read as JSON: an instance of the pydantic model when ``json_schema`` was one,
+        else the decoded value. Raises ValueError when the text is not JSON (say, cut at
+        max_new_tokens)."""
+        if isinstance(self.json_schema, type) and hasattr(self.json_schema, "model_validate_json"):
+            return self.json_schema.model_validate_json(self.text)
+        return json.loads(self.text)
+
+
+class TextAPI:
+    """Mixed into Engine: needs ``tokenizer``, ``launch_response_tokens``, ``launch_choices``,
+    ``fetch_response_tokens``, ``fetch_async``, ``abort_response`` and ``_grammars``."""
+
+    def encode(self, prompt, tools: list[dict] | None = None) -> list[int]:
         """A str is tokenized as is; a list of {"role", "content"} messages goes through the
-        tokenizer's chat template with the assistant's turn opened."""
+        tokenizer's chat template with the assistant's turn opened (and ``tools``, OpenAI-style
+        function descriptions, for a template that takes them)."""
         tokenizer = self._require_tokenizer()
         if isinstance(prompt, str):
             return tokenizer(prompt)["input_ids"]
@@ -88,7 +112,7 @@ class TextAPI:
                     raise ValueError(f"message {i} needs a str 'role' and a str 'content', got {message!r}")
             if tokenizer.chat_template is None:
                 raise ValueError(f"the tokenizer of {self.name} has no chat template; pass a str prompt")
-            encoded = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
+            encoded = tokenizer.apply_chat_template(list(prompt), tools=tools, add_generation_prompt=True, tokenize=True)
             return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
         raise TypeError(f"prompt must be a str or a non-empty list of chat messages, got {type(prompt).__name__}")
 
@@ -106,15 +130,34 @@ class TextAPI:
         """The whole answer; blocks until it is done. Equal to joining stream_response's pieces."""
         return "".join(self.stream_response(prompt, config))
 
+    def complete(self, prompt, config: GenerationConfig | None = None) -> Completion:
+        """The whole answer with its tokens, finish reason and (when asked) logprobs; blocks."""
+        return self.complete_choices(prompt, config, 1)[0]
+
+    def complete_choices(self, prompt, config: GenerationConfig | None = None, n: int = 2) -> list[Completion]:
+        """``n`` answers to one prompt (see Engine.launch_choices); blocks until all are done."""
+        config = check_config(config)
+        handles = self.launch_choices(self.encode(prompt), config, n)
+        completions = []
+        for handle in handles:
+            text = TextAssembler(self._require_tokenizer(), config.stop)
+            text_pieces = list(self.stream_text(handle, config.stop, text))
+            ctx = handle.context
+            reason = "stop" if text.stopped else ctx.finish_reason
+            completions.append(Completion("".join(text_pieces), ctx.tokens[ctx.num_prompt:], reason,
+                                          list(ctx.logprobs) if config.logprobs is not None else None,
+                                          config.json_schema))
+        return completions
+
     async def astream_response(self, prompt, config: GenerationConfig | None = None) -> AsyncIterator[str]:
         """stream_response for asyncio: awaits tokens without blocking the event loop."""
         config = check_config(config)
         async for piece in self.astream_text(self.launch_response(prompt, config), config.stop):
             yield piece
 
-    def stream_text(self, handle: int, stops: tuple[str, ...] = ()) -> Iterator[str]:
+    def stream_text(self, handle: int, stops: tuple[str, ...] = (), text: TextAssembler | None = None) -> Iterator[str]:
         """The text of a launched request, piece by piece; aborts it if left early."""
-        text = TextAssembler(self._require_tokenizer(), stops)
+        text = text or TextAssembler(self._require_tokenizer(), stops)
         token = None
         try:
             while token != END and not text.stopped:
@@ -136,6 +179,10 @@ class TextAPI:
         finally:
             if token != END:  # includes the task being cancelled: a client that went away
                 self._release(handle)
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for (a piece of a character, for some byte-level tokens)."""
+        return self._grammars.tokenizer().decode_bytes([token])
 
     def _release(self, handle: int) -> None:
         try:

@@ -78,10 +78,10 @@ def test_a_request_whose_sampling_fails_fails_alone(llama, monkeypatch):
     sampling raises fails; its batch-mates get their tokens from that same step."""
     real = runtime.engine.sampler.sample
 
-    def flaky(logits, contexts, generator):
+    def flaky(logits, contexts, generator, bitmask=None):
         if any(ctx.config.seed == 666 for ctx in contexts):
             raise ValueError("sampler exploded")
-        return real(logits, contexts, generator)
+        return real(logits, contexts, generator, bitmask)
 
     monkeypatch.setattr(runtime.engine.sampler, "sample", flaky)
     with Engine.from_pretrained(llama) as engine:

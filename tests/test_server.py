@@ -119,7 +119,13 @@ def test_seeded_sampling_is_reproducible(client):
 
 @pytest.mark.parametrize("kwargs,status,code", [
     (dict(model="gpt-4", messages=ask(1)), 404, "model_not_found"),
-    (dict(model=MODEL, messages=ask(1), n=2), 400, "unsupported_value"),
+    (dict(model=MODEL, messages=ask(1), n=0), 400, "invalid_value"),
+    (dict(model=MODEL, messages=ask(1), logprobs=True, top_logprobs=30), 400, "invalid_value"),
+    (dict(model=MODEL, messages=ask(1), top_logprobs=3), 400, "invalid_value"),
+    (dict(model=MODEL, messages=ask(1), response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "strin"}}}}}), 400, "invalid_value"),
+    (dict(model=MODEL, messages=ask(1), logit_bias={"99999999": 5}), 400, "invalid_value"),
+    (dict(model=MODEL, messages=ask(1), tool_choice="required"), 400, "invalid_value"),
     (dict(model=MODEL, messages=ask(1), temperature=5), 400, "invalid_value"),
     (dict(model=MODEL, messages=ask(1), max_tokens=0), 400, "invalid_value"),
     (dict(model=MODEL, messages=[]), 400, "invalid_value"),

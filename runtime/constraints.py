@@ -1,0 +1,163 @@
+"""Structured output: a request's JSON schema, regex, choice or grammar turned into a token mask
+for each step, with llguidance (docs/structured-output.md says why this engine).
+
+A constrained request owns a ``Constraint`` (one llguidance matcher) from launch on. The loop
+thread starts the step's masks on a helper thread just before the forward, which they overlap
+(llguidance computes without the GIL), applies them to the step's logits in the sampler, and
+advances each matcher by the token it sampled. The grammar ends a request when it allows no
+continuation; EOS is allowed exactly where the grammar accepts.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+# Compact JSON: free whitespace would let a model spend its whole budget on spaces.
+JSON_OPTIONS = {"whitespace_flexible": False}
+
+
+def _llguidance():
+    try:
+        import llguidance
+        import llguidance.hf  # not llguidance.torch: importing it imports torch.compile's machinery
+    except ImportError as error:  # a declared dependency; only a broken install lacks it
+        raise RuntimeError("structured output needs llguidance: pip install llguidance") from error
+    return llguidance
+
+
+def schema_dict(schema) -> dict:
+    """A JSON schema from a dict, a JSON string, or a pydantic model class."""
+    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+        return schema.model_json_schema()
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"json_schema is not valid JSON: {error}") from None
+    if not isinstance(schema, dict):
+        raise TypeError(f"json_schema must be a dict, a JSON string or a pydantic model class, got {schema!r}")
+    return schema
+
+
+def grammar_text(config) -> str | None:
+    """The llguidance grammar of a GenerationConfig's constraint; None when it has none."""
+    if config.constraint_kind is None:
+        return None
+    ll = _llguidance()
+    matcher = ll.LLMatcher
+    if config.json_schema is not None:
+        return matcher.grammar_from_json_schema(schema_dict(config.json_schema), overrides=JSON_OPTIONS)
+    if config.regex is not None:
+        return matcher.grammar_from_regex(config.regex)
+    if config.choice is not None:
+        return matcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in config.choice))
+    if config.grammar is not None:
+        text = config.grammar
+        if "::=" in text:  # GBNF (llama.cpp's grammar format) rather than Lark
+            text = ll.gbnf_to_lark(text)
+        return matcher.grammar_from_lark(text)
+    return None
+
+
+class Constraint:
+    """One request's grammar state: which tokens it allows next, and whether it has ended."""
+
+    def __init__(self, matcher):
+        self.matcher = matcher
+
+    def accept(self, token: int) -> None:
+        """Advance by a sampled token; raises ValueError if the grammar does not allow it (the
+        mask makes that impossible unless the matcher itself failed)."""
+        if not self.matcher.consume_token(token):
+            raise ValueError(f"the grammar refused token {token}: {self.matcher.get_error()}")
+
+    def copy(self) -> "Constraint":
+        """An independent one in the same state (for each choice of Engine.launch_choices)."""
+        return Constraint(self.matcher.deep_copy())
+
+    @property
+    def ended(self) -> bool:
+        """The grammar allows no continuation (it may still allow EOS, which also ends it)."""
+        return self.matcher.is_stopped()
+
+
+class Grammars:
+    """Per engine: the tokenizer as llguidance sees it (made on first use, ~1 s), compiling each
+    request's constraint at launch (in the launching thread), and the step's masks."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: frozenset[int]):
+        self._source = tokenizer
+        self.vocab_size = vocab_size
+        self.eos = sorted(eos_token_ids)
+        self._tokenizer = None
+        self._lock = threading.Lock()
+        self._helper: ThreadPoolExecutor | None = None
+        self._executor = None
+
+    def compile(self, config) -> Constraint | None:
+        """The request's Constraint, or None when it has no constraint. Raises ValueError with
+        llguidance's message for a schema, regex or grammar it cannot compile."""
+        grammar = grammar_text(config)
+        if grammar is None:
+            return None
+        ll = _llguidance()
+        tokenizer = self.tokenizer()
+        error = ll.LLMatcher.validate_grammar(grammar, tokenizer)
+        if error and not error.startswith("WARNING"):
+            raise ValueError(f"invalid {config.constraint_kind}: {error}")
+        matcher = ll.LLMatcher(tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"invalid {config.constraint_kind}: {matcher.get_error()}")
+        return Constraint(matcher)
+
+    def tokenizer(self):
+        with self._lock:
+            if self._tokenizer is None:
+                if self._source is None:
+                    raise ValueError("structured output needs the model's tokenizer, and this checkpoint has "
+                                     "none; pass tokenizer= to Engine.from_pretrained")
+                eos = self.eos or None
+                try:
+                    self._tokenizer = _llguidance().hf.from_tokenizer(self._source, n_vocab=self.vocab_size,
+                                                                      eos_token=eos)
+                except ValueError as error:
+                    raise ValueError(f"structured output needs a fast (Rust) tokenizer: {error}") from None
+            return self._tokenizer
+
+    def start_masks(self, constraints: list[Constraint | None]) -> Future | None:
+        """Begin computing the masks of a step's sampled rows (``constraints[i]`` for row i, None
+        when unconstrained) on a helper thread; None when no row is constrained. The future's
+        result is an int32 bitmask [rows, ceil(vocab / 32)], every bit set on free rows."""
+        rows = [(c.matcher, i) for i, c in enumerate(constraints) if c is not None]
+        if not rows:
+            return None
+        if self._helper is None:
+            ll = _llguidance()
+            self._executor = ll.LLExecutor(num_threads=1)  # beside the forward, on a shared machine
+            self._helper = ThreadPoolExecutor(1, thread_name_prefix="loom-grammar")
+        bitmask = torch.full((len(constraints), (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+        def fill():  # llguidance writes each row's words at its row of the buffer, without the GIL
+            self._executor.unsafe_compute_mask_ptr(rows, bitmask.data_ptr(), bitmask.shape[1] * 4, len(constraints))
+            return bitmask
+
+        return self._helper.submit(fill)
+
+    def close(self) -> None:
+        if self._helper is not None:
+            self._helper.shutdown(wait=False)
+
+
+def apply_masks(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """``logits`` with every token that ``bitmask`` forbids set to -inf, on the given rows."""
+    index = torch.tensor(rows, device=logits.device)
+    words = bitmask[rows].to(logits.device, non_blocking=True)
+    bits = torch.arange(32, dtype=torch.int32, device=logits.device)
+    allowed = ((words[:, :, None] >> bits) & 1).flatten(1)[:, :logits.shape[-1]].bool()
+    logits = logits.clone()
+    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+    return logits
