@@ -34,18 +34,30 @@ def sample(logits: torch.Tensor, contexts, generator: torch.Generator,
         logits = apply_masks(logits, bitmask, constrained)
     tokens = greedy(logits)
     sampled = [i for i, c in enumerate(configs) if c.sampled]
-    if sampled:
-        rows = torch.tensor(sampled, device=logits.device)
-        probs, order = filtered_probs(logits[rows], [configs[i] for i in sampled])
-        seeded = [j for j, i in enumerate(sampled) if contexts[i].generator is not None]
-        if len(seeded) < len(sampled):
-            draws = torch.multinomial(probs, 1, generator=generator)[:, 0]
-        else:
-            draws = torch.empty(len(sampled), dtype=torch.long, device=logits.device)
-        for j in seeded:  # a request's own generator makes its draws independent of its batch-mates
-            draws[j] = torch.multinomial(probs[j], 1, generator=contexts[sampled[j]].generator)[0]
-        tokens[rows] = order.gather(1, draws[:, None])[:, 0] if order is not None else draws
+    # Rows with a top-k or top-p filter draw from sorted probabilities, the others from the
+    # vocabulary's order: apart, so that a seeded request draws the same token whatever its batch-mates.
+    for rows in ([i for i in sampled if not filters(configs[i])], [i for i in sampled if filters(configs[i])]):
+        if rows:
+            tokens[torch.tensor(rows, device=logits.device)] = draw(logits, rows, contexts, generator)
     return transfer(tokens, raw, configs)
+
+
+def filters(config) -> bool:
+    return config.top_k > 0 or config.top_p < 1.0
+
+
+def draw(logits: torch.Tensor, rows: list[int], contexts, generator: torch.Generator) -> torch.Tensor:
+    """A sampled token for each of ``rows``: from the request's own generator when it has a seed."""
+    index = torch.tensor(rows, device=logits.device)
+    probs, order = filtered_probs(logits[index], [contexts[i].config for i in rows])
+    seeded = [j for j, i in enumerate(rows) if contexts[i].generator is not None]
+    if len(seeded) < len(rows):
+        draws = torch.multinomial(probs, 1, generator=generator)[:, 0]
+    else:
+        draws = torch.empty(len(rows), dtype=torch.long, device=logits.device)
+    for j in seeded:  # a request's own generator makes its draws independent of its batch-mates
+        draws[j] = torch.multinomial(probs[j], 1, generator=contexts[rows[j]].generator)[0]
+    return order.gather(1, draws[:, None])[:, 0] if order is not None else draws
 
 
 def sample_each(logits: torch.Tensor, contexts, generator: torch.Generator, bitmask: torch.Tensor | None = None):
@@ -174,7 +186,7 @@ def filtered_probs(logits, configs):
     logits = (logits - logits.amax(-1, keepdim=True)).float()  # in the logits' own dtype: no overflow
     temperature = torch.tensor([c.sampling_temperature for c in configs], dtype=logits.dtype, device=device)[:, None]
     logits = logits / temperature
-    if all(c.top_k == 0 and c.top_p >= 1.0 for c in configs):
+    if not any(filters(c) for c in configs):
         return min_p_filter(logits.softmax(-1), configs), None
     logits, order = logits.sort(dim=-1, descending=True)
     ranks = torch.arange(vocab, device=device)[None, :]
