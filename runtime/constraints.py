@@ -30,9 +30,11 @@ def _llguidance():
 
 
 def schema_dict(schema) -> dict:
-    """A JSON schema from a dict, a JSON string, or a pydantic model class."""
+    """A JSON schema from a dict, a JSON string, or a pydantic model class. A pydantic class's
+    objects get no properties beyond its fields (as OpenAI's strict mode and its parse() helper
+    have it): else a model may add properties until it runs out of tokens."""
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
-        return schema.model_json_schema()
+        return _closed(schema.model_json_schema())
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -40,6 +42,16 @@ def schema_dict(schema) -> dict:
             raise ValueError(f"json_schema is not valid JSON: {error}") from None
     if not isinstance(schema, dict):
         raise TypeError(f"json_schema must be a dict, a JSON string or a pydantic model class, got {schema!r}")
+    return schema
+
+
+def _closed(schema):
+    if isinstance(schema, dict):
+        schema = {key: _closed(value) for key, value in schema.items()}
+        if schema.get("type") == "object" and "properties" in schema:
+            schema.setdefault("additionalProperties", False)
+    elif isinstance(schema, list):
+        schema = [_closed(item) for item in schema]
     return schema
 
 
@@ -153,11 +165,24 @@ class Grammars:
 
 
 def apply_masks(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """``logits`` with every token that ``bitmask`` forbids set to -inf, on the given rows."""
+    """``logits`` with every token that ``bitmask`` forbids set to -inf, on the given rows. Each
+    byte of the bitmask (little-endian: byte b of word w holds tokens 32w + 8b ...) looks up its 8
+    additive 0/-inf values in a 256-row table and one index_add applies them: about a third of the
+    time of shifting bits out of the int32 words (docs/structured-output.md)."""
     index = torch.tensor(rows, device=logits.device)
+    table = _byte_table(logits.dtype, logits.device)
     words = bitmask[rows].to(logits.device, non_blocking=True)
-    bits = torch.arange(32, dtype=torch.int32, device=logits.device)
-    allowed = ((words[:, :, None] >> bits) & 1).flatten(1)[:, :logits.shape[-1]].bool()
-    logits = logits.clone()
-    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
-    return logits
+    bias = table[words.view(torch.uint8).int()].flatten(1)[:, :logits.shape[-1]]
+    return logits.index_add(0, index, bias)
+
+
+_tables: dict = {}
+
+
+def _byte_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[256, 8]: for each byte value, 0 where its bit k is set (allowed), -inf where not."""
+    key = (dtype, device)
+    if key not in _tables:
+        bits = (torch.arange(256)[:, None] >> torch.arange(8)) & 1
+        _tables[key] = torch.where(bits == 1, 0.0, float("-inf")).to(dtype=dtype, device=device)
+    return _tables[key]

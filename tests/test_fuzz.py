@@ -23,6 +23,12 @@ VALUES = {
     "ignore_eos": [False, True, None],
     "priority": [0, 5, -5, 2**31, -(2**31) - 1],
     "stop": [(), ["a"], [""], "zz", 5],
+    "presence_penalty": [0.0, 2.0, -2.0, 2.5, NAN],
+    "frequency_penalty": [0.0, 1.0, -2.0, INF, "1"],
+    "min_p": [0.0, 0.5, 1.0, 5e-324, -0.1, 1.5],
+    "logit_bias": [None, {5: 100}, {"7": -100}, {255: 1e-300}, {256: 1}, {5: 101}, {-1: 1}, [5], {5: NAN}],
+    "logprobs": [None, 0, 5, 20, 21, -1, 2.5],
+    "choice": [None, ["a", "b"], [], "a"],
 }
 CASES = 300  # --stress: 3000
 

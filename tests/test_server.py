@@ -2,11 +2,14 @@
 openai client."""
 
 import asyncio
+import json
 import socket
 import threading
 import time
 
 import httpx
+import jsonschema
+import pydantic
 import pytest
 
 openai = pytest.importorskip("openai")
@@ -306,7 +309,6 @@ def test_a_stream_that_fails_ends_with_an_error_the_client_raises(client, failin
 def test_fuzzed_request_bodies_get_json_answers_and_never_harm_a_batch_mate(server):
     """Random bodies, NaN and Infinity included (Python's JSON reads them): each answer is a
     completion or an OpenAI-shaped 4xx error; a greedy request running beside them is unchanged."""
-    import json
     import random
     engine, url = server
     rng = random.Random(5)
@@ -315,7 +317,14 @@ def test_fuzzed_request_bodies_get_json_answers_and_never_harm_a_batch_mate(serv
         "top_p": [1, 0.5, 1e-300, 0, 2, float("nan"), None],
         "max_tokens": [1, 2, 0, -5, "2", 2.5, True],
         "seed": [0, 7, 2**64, -1, 1.5, None],
-        "n": [1, 2, 0],
+        "n": [1, 2, 0, 200],
+        "logprobs": [True, False, "x"],
+        "top_logprobs": [0, 5, 21, -1],
+        "presence_penalty": [0, 2, 3, float("nan")],
+        "logit_bias": [{"5": 10}, {"x": 1}, {"99999999": 1}, {"5": 101}, []],
+        "response_format": [{"type": "json_object"}, {"type": "json_schema"}, {"type": "xml"},
+                            {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "integer"}}}],
+        "tool_choice": ["auto", "required", "none", {"type": "function", "function": {"name": "nope"}}],
         "stop": ["a", ["b", "c"], [], 5, None],
         "stream": [True, False, "yes"],
         "messages": [ask(1), [], [{"role": "robot", "content": "x"}], [{"role": "user"}],
@@ -344,3 +353,120 @@ def test_fuzzed_request_bodies_get_json_answers_and_never_harm_a_batch_mate(serv
     mate.join(timeout=120)
     assert results == [engine.response(ask(6), GenerationConfig(max_new_tokens=24))]
     assert statuses.get(200) and statuses.get(400)
+
+
+# -- structured output, logprobs, n and tools through the official client ---------------------
+
+class City(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    name: str = pydantic.Field(max_length=24)
+    country: str = pydantic.Field(max_length=24)
+    population_millions: int = pydantic.Field(ge=0, le=100)
+
+
+def test_parse_returns_the_pydantic_object(client):
+    reply = client.chat.completions.parse(model=MODEL, max_tokens=60, response_format=City, messages=[
+        {"role": "user", "content": "Describe Paris as JSON with its name, country and population in millions."}])
+    city = reply.choices[0].message.parsed
+    assert isinstance(city, City) and city.name == "Paris", reply.choices[0].message.content
+
+
+def test_a_streamed_json_schema_answer_joins_into_valid_json(client):
+    schema = {"type": "object", "additionalProperties": False, "required": ["colors"],
+              "properties": {"colors": {"type": "array", "maxItems": 3, "items": {"type": "string", "maxLength": 12}}}}
+    chunks = client.chat.completions.create(
+        model=MODEL, max_tokens=60, stream=True, messages=[{"role": "user", "content": "Name three colors."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "colors", "schema": schema}})
+    pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert len([p for p in pieces if p]) > 1
+    jsonschema.validate(json.loads("".join(pieces)), schema)
+
+
+def test_json_object_mode_gives_an_object(client):
+    reply = client.chat.completions.create(model=MODEL, max_tokens=40, response_format={"type": "json_object"},
+                                           messages=[{"role": "user", "content": "Give me a tiny JSON object."}])
+    if reply.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(reply.choices[0].message.content), dict)
+    else:  # cut at max_tokens: still the start of an object
+        assert reply.choices[0].message.content.startswith("{")
+
+
+def test_chat_logprobs_have_openais_shape(server, client):
+    reply = client.chat.completions.create(model=MODEL, messages=ask(3), max_tokens=12, logprobs=True, top_logprobs=3)
+    choice = reply.choices[0]
+    content = choice.logprobs.content
+    assert "".join(entry.token for entry in content) == choice.message.content
+    assert len(content) == reply.usage.completion_tokens - (choice.finish_reason == "stop")
+    for entry in content:
+        assert entry.logprob <= 0 and bytes(entry.bytes).decode("utf-8", "replace") == entry.token
+        assert len(entry.top_logprobs) == 3 and entry.top_logprobs[0].logprob >= entry.top_logprobs[-1].logprob
+        assert entry.top_logprobs[0].token == entry.token  # greedy: the chosen token is the most likely
+    streamed = client.chat.completions.create(model=MODEL, messages=ask(3), max_tokens=12, logprobs=True,
+                                              top_logprobs=3, stream=True)
+    entries = [e for c in streamed if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in entries] == [(e.token, e.logprob) for e in content]
+
+
+def test_completion_logprobs_have_the_legacy_shape(client):
+    reply = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=6, logprobs=2, temperature=0)
+    logprobs = reply.choices[0].logprobs
+    assert "".join(logprobs.tokens) == reply.choices[0].text and len(logprobs.token_logprobs) == len(logprobs.tokens)
+    assert all(len(top) <= 2 and max(top.values()) >= lp - 1e-6
+               for top, lp in zip(logprobs.top_logprobs, logprobs.token_logprobs))
+    assert logprobs.text_offset[0] == 0
+
+
+def test_n_choices_in_one_response_and_in_a_stream(client):
+    reply = client.chat.completions.create(model=MODEL, messages=ask(4), max_tokens=10, n=3, temperature=1.0, seed=3)
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    assert len({c.message.content for c in reply.choices}) > 1
+    assert reply.usage.completion_tokens >= 3
+    again = client.chat.completions.create(model=MODEL, messages=ask(4), max_tokens=10, n=3, temperature=1.0, seed=3)
+    assert [c.message.content for c in again.choices] == [c.message.content for c in reply.choices]
+    chunks = client.chat.completions.create(model=MODEL, messages=ask(4), max_tokens=10, n=3, temperature=1.0,
+                                            seed=3, stream=True)
+    texts, finished = ["", "", ""], set()
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                finished.add(choice.index)
+    assert texts == [c.message.content for c in reply.choices] and finished == {0, 1, 2}
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
+                   "properties": {"city": {"type": "string", "maxLength": 20},
+                                  "unit": {"enum": ["celsius", "fahrenheit"]}}}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "additionalProperties": False, "required": ["zone"],
+                                       "properties": {"zone": {"type": "string", "maxLength": 12}}}}}
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_forced_tool_call_has_arguments_that_validate(client, choice):
+    reply = client.chat.completions.create(model=MODEL, max_tokens=60, tools=[WEATHER, TIME], tool_choice=choice,
+                                           messages=[{"role": "user", "content": "What is the weather in Oslo?"}])
+    call = reply.choices[0].message.tool_calls[0]
+    assert reply.choices[0].finish_reason == "tool_calls" and reply.choices[0].message.content is None
+    tool = {"get_weather": WEATHER, "get_time": TIME}[call.function.name]
+    jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+    if isinstance(choice, dict):
+        assert call.function.name == "get_weather"
+
+
+def test_a_tool_conversation_goes_on_after_the_result(client):
+    first = client.chat.completions.create(model=MODEL, max_tokens=60, tools=[WEATHER], tool_choice="required",
+                                           messages=[{"role": "user", "content": "Weather in Rome?"}])
+    call = first.choices[0].message.tool_calls[0]
+    follow = client.chat.completions.create(model=MODEL, max_tokens=20, tools=[WEATHER], tool_choice="none", messages=[
+        {"role": "user", "content": "Weather in Rome?"},
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'}])
+    assert follow.choices[0].message.content and follow.choices[0].message.tool_calls is None
+    streamed = client.chat.completions.create(model=MODEL, max_tokens=60, tools=[WEATHER], tool_choice="required",
+                                              stream=True, messages=[{"role": "user", "content": "Weather in Rome?"}])
+    calls = [c.choices[0].delta.tool_calls for c in streamed if c.choices and c.choices[0].delta.tool_calls]
+    assert calls[0][0].function.name == "get_weather"
+    assert json.loads(calls[0][0].function.arguments) == json.loads(call.function.arguments)
