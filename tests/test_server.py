@@ -470,3 +470,20 @@ def test_a_tool_conversation_goes_on_after_the_result(client):
     calls = [c.choices[0].delta.tool_calls for c in streamed if c.choices and c.choices[0].delta.tool_calls]
     assert calls[0][0].function.name == "get_weather"
     assert json.loads(calls[0][0].function.arguments) == json.loads(call.function.arguments)
+
+
+def test_auto_tool_choice_returns_a_call_only_when_the_answer_is_one(client):
+    from runtime.serve.schema import Tool, parse_call
+    tools = [Tool.model_validate(WEATHER)]
+    call = '{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}'
+    assert parse_call(call, tools)["arguments"] == {"city": "Oslo", "unit": "celsius"}
+    assert parse_call(f"<tool_call>{call}</tool_call>", tools)["name"] == "get_weather"
+    assert parse_call('{"name": "unknown", "arguments": {}}', tools) is None
+    assert parse_call("It is sunny.", tools) is None
+    reply = client.chat.completions.create(model=MODEL, max_tokens=30, tools=[WEATHER], tool_choice="auto",
+                                           messages=[{"role": "user", "content": "Say hello."}])
+    message = reply.choices[0].message
+    if message.tool_calls:  # the model chose to call: then it is a valid call
+        assert reply.choices[0].finish_reason == "tool_calls" and message.tool_calls[0].function.name == "get_weather"
+    else:
+        assert message.content and reply.choices[0].finish_reason in ("stop", "length")
