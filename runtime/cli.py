@@ -36,6 +36,11 @@ def main(argv=None) -> int:
     p.add_argument("--output", default=None, help="write JSON lines here instead of stdout")
     add_model_arguments(p)
     add_sampling_arguments(p)
+    group = p.add_argument_group("structured output (at most one; docs/structured-output.md)")
+    group.add_argument("--json-schema", default=None, metavar="FILE", help="answer with JSON matching this schema file")
+    group.add_argument("--regex", default=None, help="answer with text matching this regular expression")
+    group.add_argument("--choice", action="append", default=None, metavar="TEXT",
+                       help="answer with exactly one of these (repeat the option for each)")
     p.set_defaults(run=generate)
 
     add_bench_parser(commands)
@@ -91,9 +96,22 @@ def generation_config(args):
     from runtime import GenerationConfig
     try:
         return GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                                seed=args.seed)
+                                seed=args.seed, json_schema=read_schema(getattr(args, "json_schema", None)),
+                                regex=getattr(args, "regex", None), choice=getattr(args, "choice", None))
     except (TypeError, ValueError) as error:
         sys.exit(f"error: {error}")
+
+
+def read_schema(path: str | None) -> dict | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as file:
+            return json.load(file)
+    except OSError as error:
+        sys.exit(f"error: cannot read the JSON schema {path}: {error.strerror}")
+    except json.JSONDecodeError as error:
+        sys.exit(f"error: the JSON schema {path} is not JSON: {error}")
 
 
 def require_extra(command: str) -> None:
@@ -159,7 +177,10 @@ def generate(args) -> int:
 
         # One thread per request in flight: the engine batches them into shared steps.
         with ThreadPoolExecutor(max_workers=min(len(prompts), args.max_batch_size)) as pool:
-            answers = list(pool.map(one, prompts))
+            try:
+                answers = list(pool.map(one, prompts))
+            except ValueError as error:  # a schema or regex the grammar engine cannot compile
+                sys.exit(f"error: {error}")
     for prompt, answer in zip(prompts, answers):
         out.write(json.dumps({"prompt": prompt, "response": answer}, ensure_ascii=False) + "\n")
     if out is not sys.stdout:

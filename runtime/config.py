@@ -12,7 +12,7 @@ from numbers import Integral, Real
 POLICIES = ("fcfs", "priority")
 
 
-def _check_int(name, value, minimum, *, optional=False, maximum=None):
+def check_int(name, value, minimum, *, optional=False, maximum=None):
     if value is None and optional:
         return
     if isinstance(value, bool) or not isinstance(value, Integral):
@@ -100,22 +100,22 @@ class GenerationConfig:
     logprobs: int | None = None
 
     def __post_init__(self):
-        _check_int("max_new_tokens", self.max_new_tokens, 1)
+        check_int("max_new_tokens", self.max_new_tokens, 1)
         _check_real("temperature", self.temperature, 0.0, float("inf"), optional=True)
-        _check_int("top_k", self.top_k, 0)
+        check_int("top_k", self.top_k, 0)
         _check_real("top_p", self.top_p, 0.0, 1.0, low_open=True)
         _check_real("repetition_penalty", self.repetition_penalty, 0.0, float("inf"), low_open=True)
         _check_bool("do_sample", self.do_sample, optional=True)
         _check_bool("ignore_eos", self.ignore_eos)
-        _check_int("seed", self.seed, 0, optional=True, maximum=2**64 - 1)  # torch.Generator's range
-        _check_int("priority", self.priority, -(2**31), maximum=2**31 - 1)
+        check_int("seed", self.seed, 0, optional=True, maximum=2**64 - 1)  # torch.Generator's range
+        check_int("priority", self.priority, -(2**31), maximum=2**31 - 1)
         if isinstance(self.stop_token_ids, Integral):
             self.stop_token_ids = (self.stop_token_ids,)
         if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(self.stop_token_ids, Iterable):
             raise TypeError(f"stop_token_ids must be a list of ints, got {self.stop_token_ids!r}")
         self.stop_token_ids = tuple(self.stop_token_ids)
         for token in self.stop_token_ids:
-            _check_int("each of stop_token_ids", token, 0)
+            check_int("each of stop_token_ids", token, 0)
         if isinstance(self.stop, str):
             self.stop = (self.stop,)
         if not isinstance(self.stop, Iterable):
@@ -127,7 +127,7 @@ class GenerationConfig:
         _check_real("presence_penalty", self.presence_penalty, -2.0, 2.0)
         _check_real("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         _check_real("min_p", self.min_p, 0.0, 1.0)
-        _check_int("logprobs", self.logprobs, 0, optional=True, maximum=MAX_LOGPROBS)
+        check_int("logprobs", self.logprobs, 0, optional=True, maximum=MAX_LOGPROBS)
         self._check_logit_bias()
         self._check_constraint()
         knobs = [name for name, on in (("temperature", (self.temperature or 0) > 0), ("top_k", self.top_k > 0),
@@ -148,7 +148,7 @@ class GenerationConfig:
         for token, value in self.logit_bias.items():
             if isinstance(token, str) and token.lstrip("-").isdigit():
                 token = int(token)  # JSON object keys (OpenAI's format) are strings
-            _check_int("each logit_bias token id", token, 0)
+            check_int("each logit_bias token id", token, 0)
             _check_real(f"logit_bias[{token}]", value, -100.0, 100.0)
             bias[int(token)] = float(value)
         self.logit_bias = bias or None
@@ -222,15 +222,15 @@ class EngineOptions:
     seed: int = 0
 
     def __post_init__(self):
-        _check_int("max_batch_size", self.max_batch_size, 1)
-        _check_int("max_batch_tokens", self.max_batch_tokens, 1)
-        _check_int("block_size", self.block_size, 1)
-        _check_int("num_kv_blocks", self.num_kv_blocks, 1, optional=True)
-        _check_int("kv_cache_bytes", self.kv_cache_bytes, 1, optional=True)
-        _check_int("max_waiting", self.max_waiting, 0, optional=True)
-        _check_int("max_unfetched_tokens", self.max_unfetched_tokens, 1)
-        _check_int("seed", self.seed, 0)
-        _check_int("cpu_threads", self.cpu_threads, 1, optional=True)
+        check_int("max_batch_size", self.max_batch_size, 1)
+        check_int("max_batch_tokens", self.max_batch_tokens, 1)
+        check_int("block_size", self.block_size, 1)
+        check_int("num_kv_blocks", self.num_kv_blocks, 1, optional=True)
+        check_int("kv_cache_bytes", self.kv_cache_bytes, 1, optional=True)
+        check_int("max_waiting", self.max_waiting, 0, optional=True)
+        check_int("max_unfetched_tokens", self.max_unfetched_tokens, 1)
+        check_int("seed", self.seed, 0)
+        check_int("cpu_threads", self.cpu_threads, 1, optional=True)
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if not isinstance(self.enable_prefix_caching, bool):

@@ -24,7 +24,7 @@ from models.step import KVCache, StepInput
 from . import loop, openmp, sampler
 from .cpu_threads import CpuThreads
 from .block_allocator import BlockAllocator
-from .config import EngineOptions, GenerationConfig, _check_int, check_config, check_prompt, check_token_ids
+from .config import EngineOptions, GenerationConfig, check_int, check_config, check_prompt, check_token_ids
 from .constraints import Grammars
 from .context import END, Failure, Handle, ResponseContext
 from .errors import ContextLimitWarning, EngineBusy, EngineClosed, GenerationFailed, HandleReleased
@@ -121,7 +121,7 @@ class Engine(TextAPI):
         first computes the prompt; the others then take its KV blocks from the prefix cache
         (with enable_prefix_caching) rather than computing them again. With a ``seed``, choice i
         samples with seed + i, so that the choices differ yet repeat. Raises as launch_response_tokens."""
-        _check_int("n", n, 1)
+        check_int("n", n, 1)
         return self._launch(input_tokens, config, n)
 
     def _launch(self, input_tokens, config, n: int) -> list[Handle]:

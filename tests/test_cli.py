@@ -39,8 +39,24 @@ def test_generate_raw_sends_the_text_as_is(tmp_path):
     assert json.loads(out.read_text())["prompt"] == "The capital of France is"
 
 
+def test_generate_answers_in_a_schema_or_a_choice(tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Describe Paris as JSON.\nDescribe Rome as JSON.\n")
+    schema = tmp_path / "city.json"
+    schema.write_text(json.dumps({"type": "object", "additionalProperties": False, "required": ["city"],
+                                  "properties": {"city": {"type": "string", "maxLength": 20}}}))
+    out = tmp_path / "answers.jsonl"
+    assert main(["generate", str(prompts), "--json-schema", str(schema), "--max-new-tokens", "24",
+                 "--output", str(out)]) == 0
+    assert [json.loads(json.loads(line)["response"])["city"] for line in out.read_text().splitlines()] == ["Paris", "Rome"]
+    assert main(["generate", str(prompts), "--choice", "yes", "--choice", "no", "--output", str(out)]) == 0
+    assert all(json.loads(line)["response"] in ("yes", "no") for line in out.read_text().splitlines())
+
+
 @pytest.mark.parametrize("argv,message", [
     (["generate", "no-such-file.txt"], "error: cannot read prompts from no-such-file.txt: No such file"),
+    (["generate", "-", "--json-schema", "no-such.json"], "error: cannot read the JSON schema no-such.json"),
+    (["generate", "-", "--regex", "a", "--choice", "b"], "error: at most one of json_schema, regex"),
     (["generate", "-", "--temperature", "-1"], "error: temperature must be in [0.0, inf], got -1.0"),
     (["chat", "--top-p", "2"], "error: top_p must be in (0.0, 1.0], got 2.0"),
     (["bench", "--peers", "vllm"], 2),

@@ -11,7 +11,6 @@ Run from a checkout's root (docs/benchmarks.md, "Structured output"):
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -19,6 +18,7 @@ import time
 sys.path.insert(0, os.getcwd())
 
 from runtime import Engine, GenerationConfig  # noqa: E402
+from runtime.bench.harness import Competitors  # noqa: E402
 
 RECORDS = {"type": "array", "minItems": 40, "items": {
     "type": "object", "additionalProperties": False, "required": ["name", "age", "city", "member"],
@@ -74,23 +74,18 @@ def main():
     print("| busy procs | mode | ms/step (median) | runs | tok/s (median) | vs free |")
     print("| --- | --- | --- | --- | --- | --- |")
     for competitors in (0, 2):
-        busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(competitors)]
-        time.sleep(0.5)
-        try:
+        with Competitors(competitors):
             results = {mode: [] for mode in MODES}
             for _ in range(args.repeat):
                 for mode, fields in MODES.items():
                     step, rate, produced = run(engine, args.streams, args.tokens, fields)
                     assert produced == args.streams * args.tokens, (mode, produced)
                     results[mode].append((step, rate))
-            free = statistics.median(s for s, _ in results["free"])
-            for mode, runs in results.items():
-                step = statistics.median(s for s, _ in runs)
-                print(f"| {competitors} | {mode} | {step:.1f} | {', '.join(f'{s:.1f}' for s, _ in runs)} | "
-                      f"{statistics.median(r for _, r in runs):.1f} | {100 * (step / free - 1):+.1f}% |", flush=True)
-        finally:
-            for process in busy:
-                process.kill()
+        free = statistics.median(s for s, _ in results["free"])
+        for mode, runs in results.items():
+            step = statistics.median(s for s, _ in runs)
+            print(f"| {competitors} | {mode} | {step:.1f} | {', '.join(f'{s:.1f}' for s, _ in runs)} | "
+                  f"{statistics.median(r for _, r in runs):.1f} | {100 * (step / free - 1):+.1f}% |", flush=True)
     engine.shutdown()
 
 
