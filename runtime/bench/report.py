@@ -83,7 +83,8 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_ylabel("tokens / s")
     ax.set_title("Throughput against concurrency (GPT-2 small shape)")
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:  # a run without the sweep has nothing to plot
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
