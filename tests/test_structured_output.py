@@ -166,6 +166,17 @@ def test_a_constraint_without_a_tokenizer_says_what_to_pass(llama):
             engine.launch_response_tokens([5, 6], GenerationConfig(regex="[a-z]+"))
 
 
+def test_the_default_model_keeps_to_every_kind_of_constraint_concurrently(smollm):
+    cases = constrained_cases()
+    configs = [GenerationConfig(max_new_tokens=120, **fields) for fields, _ in cases]
+    handles = [smollm.launch_response([{"role": "user", "content": f"Give record number {i} in the asked format."}],
+                                      config) for i, config in enumerate(configs)]
+    texts = ["".join(smollm.stream_text(h)) for h in handles]
+    for (fields, check), handle, text in zip(cases, handles, texts):
+        assert handle.finish_reason == "stop", (fields, text)
+        check(text)
+
+
 class Pet(pydantic.BaseModel):  # Loom closes its objects: no properties beyond these fields
     name: str = pydantic.Field(max_length=16)
     species: str = pydantic.Field(pattern="^(cat|dog|bird)$")
