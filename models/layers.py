@@ -1,9 +1,8 @@
-"""Building blocks shared by the models: attention over the paged KV cache, rotary embeddings,
-RMSNorm. They read a StepInput and know nothing of requests, threads or scheduling."""
+"""Building blocks shared by the models: attention over the paged KV cache, RMSNorm, oneDNN
+linears (rotary embeddings are in rope.py). They read a StepInput and know nothing of requests,
+threads or scheduling."""
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -118,43 +117,3 @@ class RMSNorm(nn.Module):
         h = x.to(torch.promote_types(dtype, torch.float32))
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
-
-
-class Rotary(nn.Module):
-    """Rotary position embedding with the checkpoint's rope settings (default, linear, llama3)."""
-
-    def __init__(self, head_dim: int, theta: float, scaling: dict | None = None):
-        super().__init__()
-        # float32, as transformers computes it, so that float64 runs match it bit for bit.
-        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim)
-        kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-        if kind == "linear":
-            inv_freq = inv_freq / scaling["factor"]
-        elif kind == "llama3":
-            inv_freq = _llama3_frequencies(inv_freq, scaling)
-        elif kind != "default":
-            raise ValueError(f"unsupported rope scaling {kind!r}; supported: default, linear, llama3")
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-    def forward(self, positions, dtype):
-        """cos and sin for each position, [T, 1, head_dim], computed once per step."""
-        freqs = positions[:, None].float() * self.inv_freq.float()[None, :]
-        angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-        return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def apply_rotary(x, cos, sin):
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
-def _llama3_frequencies(inv_freq, scaling):
-    factor = scaling["factor"]
-    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
-    old_context = scaling["original_max_position_embeddings"]
-    wavelen = 2 * math.pi / inv_freq
-    smooth = (old_context / wavelen - low) / (high - low)
-    scaled = torch.where(wavelen > old_context / low, inv_freq / factor, inv_freq)
-    middle = (wavelen <= old_context / low) & (wavelen >= old_context / high)
-    return torch.where(middle, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)

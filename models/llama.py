@@ -1,4 +1,7 @@
-"""The Llama family (Llama, Qwen2, Mistral) over the paged KV cache: GQA, RoPE, RMSNorm, SwiGLU."""
+"""The Llama family over the paged KV cache: Llama, Qwen2, Qwen3, Mistral, Phi-3, and the
+mixture-of-experts Mixtral and Qwen3-MoE. GQA, RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k
+norms (Qwen3), sliding windows for all or some layers, fused checkpoint tensors (Phi-3), routed
+experts (moe.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import AttentionMasks, RMSNorm, Rotary, apply_rotary, paged_attention
+from .layers import AttentionMasks, RMSNorm, paged_attention
+from .moe import MoESpec, SparseMoE
+from .rope import Rotary, apply_rotary, rope_type, sequence_ends
+
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "mixtral", "qwen3_moe")
 
 
 @dataclass
@@ -23,12 +30,19 @@ class LlamaSpec:
     rms_norm_eps: float
     rope_theta: float
     rope_scaling: dict | None
+    partial_rotary_factor: float
     max_position: int
     tie_word_embeddings: bool
     qkv_bias: bool
     out_bias: bool
     mlp_bias: bool
-    sliding_window: int | None
+    qk_norm: bool
+    layer_windows: tuple[int | None, ...]  # each layer's sliding window, None for full attention
+    moe: MoESpec | None
+
+    @property
+    def sliding_window(self) -> int | None:
+        return next((w for w in self.layer_windows if w is not None), None)
 
     @classmethod
     def from_hf(cls, c: dict) -> "LlamaSpec":
@@ -38,30 +52,44 @@ class LlamaSpec:
         theta = c.get("rope_theta") or rope.get("rope_theta") or 10000.0
         if c.get("hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {c['hidden_act']!r} for {kind}; supported: silu")
-        window = None
-        if kind == "mistral":
-            window = c.get("sliding_window")
-        elif kind == "qwen2" and c.get("use_sliding_window"):
-            raise ValueError("qwen2 checkpoints with use_sliding_window=True are not supported")
+        if rope_type(rope) == "dynamic":
+            raise ValueError("rope_type 'dynamic' (NTK scaling chosen by the running sequence length) is not "
+                             "supported; supported: default, linear, llama3, yarn, longrope")
         bias = bool(c.get("attention_bias", False))
+        layers = c["num_hidden_layers"]
         return cls(
             vocab_size=c["vocab_size"],
             hidden_size=c["hidden_size"],
             intermediate_size=c["intermediate_size"],
-            num_layers=c["num_hidden_layers"],
+            num_layers=layers,
             num_heads=heads,
             num_kv_heads=c.get("num_key_value_heads") or heads,
             head_dim=c.get("head_dim") or c["hidden_size"] // heads,
             rms_norm_eps=c.get("rms_norm_eps", 1e-6),
             rope_theta=float(theta),
-            rope_scaling=rope if rope.get("rope_type", rope.get("type", "default")) != "default" else None,
+            rope_scaling=rope if rope_type(rope) != "default" else None,
+            partial_rotary_factor=float(c.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0),
             max_position=c.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
             qkv_bias=kind == "qwen2" or bias,
             out_bias=bias,
             mlp_bias=bool(c.get("mlp_bias", False)),
-            sliding_window=window,
+            qk_norm=kind in ("qwen3", "qwen3_moe"),
+            layer_windows=_layer_windows(kind, c, layers),
+            moe=MoESpec.from_hf(c),
         )
+
+
+def _layer_windows(kind: str, c: dict, layers: int) -> tuple[int | None, ...]:
+    """Which layers attend through a sliding window, as transformers decides it for each family."""
+    window = c.get("sliding_window")
+    if kind in ("qwen2", "qwen3", "qwen3_moe"):
+        if not c.get("use_sliding_window"):
+            return (None,) * layers
+        types = c.get("layer_types") or ["sliding_attention" if i >= c.get("max_window_layers", layers)
+                                         else "full_attention" for i in range(layers)]
+        return tuple(window if t == "sliding_attention" else None for t in types)
+    return (window,) * layers  # llama (None), mistral, mixtral, phi3: one window for every layer
 
 
 class Attention(nn.Module):
@@ -70,12 +98,16 @@ class Attention(nn.Module):
         self.heads, self.kv_heads, self.dim = s.num_heads, s.num_kv_heads, s.head_dim
         self.qkv = nn.Linear(s.hidden_size, (s.num_heads + 2 * s.num_kv_heads) * s.head_dim, bias=s.qkv_bias)
         self.out = nn.Linear(s.num_heads * s.head_dim, s.hidden_size, bias=s.out_bias)
+        self.q_norm = RMSNorm(s.head_dim, s.rms_norm_eps) if s.qk_norm else None
+        self.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps) if s.qk_norm else None
         self.scale = s.head_dim ** -0.5
 
     def forward(self, x, cos, sin, kv_cache, layer, step, masks):
         q, k, v = self.qkv(x).split([self.heads * self.dim, self.kv_heads * self.dim, self.kv_heads * self.dim], -1)
-        q = apply_rotary(q.view(-1, self.heads, self.dim), cos, sin)
-        k = apply_rotary(k.view(-1, self.kv_heads, self.dim), cos, sin)
+        q, k = q.view(-1, self.heads, self.dim), k.view(-1, self.kv_heads, self.dim)
+        if self.q_norm is not None:  # Qwen3: each head normalised before the rotation
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         o = paged_attention(q, k, v.view(-1, self.kv_heads, self.dim), kv_cache, layer, step, masks, self.scale)
         return self.out(o.flatten(1))
 
@@ -92,15 +124,16 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, s: LlamaSpec):
+    def __init__(self, s: LlamaSpec, index: int):
         super().__init__()
+        self.window = s.layer_windows[index]
         self.input_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.attn = Attention(s)
         self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.mlp = MLP(s)
+        self.mlp = SparseMoE(s.hidden_size, s.moe) if s.moe and s.moe.routes(index) else MLP(s)
 
     def forward(self, x, cos, sin, kv_cache, layer, step, masks):
-        x = x + self.attn(self.input_norm(x), cos, sin, kv_cache, layer, step, masks)
+        x = x + self.attn(self.input_norm(x), cos, sin, kv_cache, layer, step, masks[self.window])
         return x + self.mlp(self.post_norm(x))
 
 
@@ -111,11 +144,11 @@ class Llama(nn.Module):
         self.num_layers, self.num_kv_heads, self.head_dim = s.num_layers, s.num_kv_heads, s.head_dim
         self.vocab_size, self.max_position = s.vocab_size, s.max_position
         self.embed = nn.Embedding(s.vocab_size, s.hidden_size)
-        self.layers = nn.ModuleList(Block(s) for _ in range(s.num_layers))
+        self.layers = nn.ModuleList(Block(s, i) for i in range(s.num_layers))
         self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.lm_head = nn.Linear(s.hidden_size, s.vocab_size, bias=False)
         self.tie_embeddings()
-        self.rotary = Rotary(s.head_dim, s.rope_theta, s.rope_scaling)
+        self.rotary = Rotary(s.head_dim, s.rope_theta, s.rope_scaling, s.partial_rotary_factor, s.max_position)
 
     def tie_embeddings(self):
         if self.spec.tie_word_embeddings:
@@ -124,27 +157,39 @@ class Llama(nn.Module):
     def forward(self, step, kv_cache) -> torch.Tensor:
         """Logits [S, vocab] for the step's sampled positions only."""
         x = self.embed(step.input_ids)
-        cos, sin = self.rotary(step.positions, x.dtype)
-        masks = AttentionMasks(step, x.dtype, self.spec.sliding_window)
+        ends = sequence_ends(step) if self.rotary.long_from is not None else None
+        cos, sin = self.rotary(step.positions, x.dtype, ends)
+        masks = {w: AttentionMasks(step, x.dtype, w) for w in set(self.spec.layer_windows)}
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, kv_cache, i, step, masks)
         return self.lm_head(self.norm(x[step.sample_indices]))
 
     @staticmethod
     def convert(hf: dict[str, torch.Tensor], s: LlamaSpec) -> dict[str, torch.Tensor]:
-        """Transformers' parameter names -> this module's, fusing q/k/v and gate/up."""
+        """Transformers' parameter names -> this module's, fusing q/k/v and gate/up (Phi-3's
+        checkpoints hold them fused already)."""
         hf = {k.removeprefix("model."): v for k, v in hf.items()}
         out = {"embed.weight": hf["embed_tokens.weight"], "norm.weight": hf["norm.weight"]}
         out["lm_head.weight"] = hf["embed_tokens.weight"] if s.tie_word_embeddings else hf["lm_head.weight"]
         for i in range(s.num_layers):
-            p, o = f"layers.{i}.", f"layers.{i}."
+            p = o = f"layers.{i}."
             out[o + "input_norm.weight"] = hf[p + "input_layernorm.weight"]
             out[o + "post_norm.weight"] = hf[p + "post_attention_layernorm.weight"]
             for kind in ("weight", "bias") if s.qkv_bias else ("weight",):
-                out[o + f"attn.qkv.{kind}"] = torch.cat([hf[p + f"self_attn.{n}_proj.{kind}"] for n in "qkv"])
+                fused = hf.get(p + f"self_attn.qkv_proj.{kind}")
+                out[o + f"attn.qkv.{kind}"] = fused if fused is not None else torch.cat(
+                    [hf[p + f"self_attn.{n}_proj.{kind}"] for n in "qkv"])
             for kind in ("weight", "bias") if s.out_bias else ("weight",):
                 out[o + f"attn.out.{kind}"] = hf[p + f"self_attn.o_proj.{kind}"]
+            if s.qk_norm:
+                out[o + "attn.q_norm.weight"] = hf[p + "self_attn.q_norm.weight"]
+                out[o + "attn.k_norm.weight"] = hf[p + "self_attn.k_norm.weight"]
+            if s.moe and s.moe.routes(i):
+                out.update(SparseMoE.convert(hf, p, o + "mlp.", s.moe))
+                continue
             for kind in ("weight", "bias") if s.mlp_bias else ("weight",):
-                out[o + f"mlp.gate_up.{kind}"] = torch.cat([hf[p + f"mlp.gate_proj.{kind}"], hf[p + f"mlp.up_proj.{kind}"]])
+                fused = hf.get(p + f"mlp.gate_up_proj.{kind}")
+                out[o + f"mlp.gate_up.{kind}"] = fused if fused is not None else torch.cat(
+                    [hf[p + f"mlp.gate_proj.{kind}"], hf[p + f"mlp.up_proj.{kind}"]])
                 out[o + f"mlp.down.{kind}"] = hf[p + f"mlp.down_proj.{kind}"]
         return out

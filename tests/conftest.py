@@ -26,9 +26,36 @@ CONFIGS = {
     "mistral": lambda: transformers.MistralConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, sliding_window=24),
+    "qwen3": lambda: transformers.Qwen3Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 64}),
+    "qwen2_sliding": lambda: transformers.Qwen2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        use_sliding_window=True, sliding_window=20, max_window_layers=1),
+    "phi3": lambda: transformers.Phi3Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, original_max_position_embeddings=64,
+        eos_token_id=EOS, bos_token_id=1, pad_token_id=0, partial_rotary_factor=0.5, sliding_window=48,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.1, 1.3, 1.6],
+                         "long_factor": [1.0, 2.0, 4.0, 8.0], "original_max_position_embeddings": 64}),
+    "mixtral": lambda: transformers.MixtralConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        num_local_experts=4, num_experts_per_tok=2, experts_implementation="eager"),  # grouped_mm lacks float64
+    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=48, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=EOS,
+        bos_token_id=1, num_experts=6, num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1],
+        experts_implementation="eager"),
 }
 MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.LlamaForCausalLM,
-                 "qwen2": transformers.Qwen2ForCausalLM, "mistral": transformers.MistralForCausalLM}
+                 "qwen2": transformers.Qwen2ForCausalLM, "mistral": transformers.MistralForCausalLM,
+                 "qwen3": transformers.Qwen3ForCausalLM, "qwen2_sliding": transformers.Qwen2ForCausalLM,
+                 "phi3": transformers.Phi3ForCausalLM, "mixtral": transformers.MixtralForCausalLM,
+                 "qwen3_moe": transformers.Qwen3MoeForCausalLM}
 
 
 def pytest_addoption(parser):

@@ -1,0 +1,128 @@
+"""Rotary position embeddings with the checkpoint's rope settings: default, linear, llama3, yarn
+and longrope, over the whole head or its first ``partial_rotary_factor`` of it. The frequencies
+are computed in float32 as transformers computes them, so that float64 runs match it exactly."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+SUPPORTED = ("default", "linear", "llama3", "yarn", "longrope")
+
+
+def rope_type(parameters: dict | None) -> str:
+    parameters = parameters or {}
+    return parameters.get("rope_type", parameters.get("type", "default"))
+
+
+class Rotary(nn.Module):
+    def __init__(self, head_dim: int, theta: float, scaling: dict | None = None, partial_factor: float = 1.0,
+                 max_position: int | None = None):
+        super().__init__()
+        with torch.device("cpu"):  # real numbers even while the model is built on the meta device
+            self._frequencies(head_dim, theta, scaling or {}, partial_factor, max_position)
+
+    def _frequencies(self, head_dim, theta, scaling, partial_factor, max_position):
+        kind = rope_type(scaling)
+        self.dim = int(head_dim * partial_factor)
+        exponents = torch.arange(0, self.dim, 2, dtype=torch.int64).float() / self.dim
+        inv_freq = 1.0 / theta ** exponents
+        self.attention_factor = 1.0
+        self.long_from = None  # longrope: sequences reaching this position rotate with the long factors
+        long_freq = inv_freq
+        if kind == "linear":
+            inv_freq = inv_freq / scaling["factor"]
+        elif kind == "llama3":
+            inv_freq = _llama3_frequencies(inv_freq, scaling)
+        elif kind == "yarn":
+            inv_freq, self.attention_factor = _yarn(theta, self.dim, scaling, max_position)
+        elif kind == "longrope":
+            original = scaling["original_max_position_embeddings"]
+            factor = scaling.get("factor") or (max_position or original) / original
+            self.attention_factor = scaling.get("attention_factor") or (
+                1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original)))
+            shape = theta ** exponents
+            inv_freq = 1.0 / (torch.tensor(scaling["short_factor"], dtype=torch.float32) * shape)
+            long_freq = 1.0 / (torch.tensor(scaling["long_factor"], dtype=torch.float32) * shape)
+            self.long_from = original
+        elif kind != "default":
+            raise ValueError(f"unsupported rope scaling {kind!r}; supported: {', '.join(SUPPORTED)}")
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("long_freq", long_freq, persistent=False)
+
+    def forward(self, positions, dtype, sequence_ends=None):
+        """cos and sin for each position, [T, 1, rotary dim], computed once per step.
+        ``sequence_ends``: for each token, the last position its sequence reaches in this step
+        (longrope only)."""
+        inv_freq = self.inv_freq.float()[None, :]
+        if self.long_from is not None:
+            # transformers rotates a whole forward with the long factors once its sequence passes the
+            # original context: here, every token of a sequence whose step reaches past it.
+            long = (sequence_ends >= self.long_from)[:, None]
+            inv_freq = torch.where(long, self.long_freq.float()[None, :], inv_freq)
+        freqs = positions[:, None].float() * inv_freq
+        angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+        return (angles.cos() * self.attention_factor).to(dtype), (angles.sin() * self.attention_factor).to(dtype)
+
+
+def sequence_ends(step) -> torch.Tensor:
+    """For each token of a step, the last position its sequence reaches in the step: its own for
+    a decode, the chunk's last for a prefill chunk."""
+    ends = step.positions.clone()
+    for chunk in step.prefills:
+        ends[chunk.start:chunk.end] = chunk.first_position + chunk.end - chunk.start - 1
+    return ends
+
+
+def apply_rotary(x, cos, sin):
+    """Rotate the first cos.shape[-1] features of each head (all of them, unless partial)."""
+    dim = cos.shape[-1]
+    if dim < x.shape[-1]:
+        return torch.cat((apply_rotary(x[..., :dim], cos, sin), x[..., dim:]), dim=-1)
+    half = dim // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _llama3_frequencies(inv_freq, scaling):
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_context = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old_context / wavelen - low) / (high - low)
+    scaled = torch.where(wavelen > old_context / low, inv_freq / factor, inv_freq)
+    middle = (wavelen <= old_context / low) & (wavelen >= old_context / high)
+    return torch.where(middle, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
+
+
+def _yarn(theta: float, dim: int, scaling: dict, max_position: int | None):
+    """YaRN (arXiv 2309.00071): low frequencies interpolated by ``factor``, high ones kept, a linear
+    ramp between; cos and sin scaled by the attention factor."""
+    original = scaling["original_max_position_embeddings"]
+    factor = scaling.get("factor") or max_position / original
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention = float(mscale(factor, m) / mscale(factor, m_all)) if m and m_all else mscale(factor)
+    fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def correction(rotations):
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction(fast), correction(slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    positions = theta ** (torch.arange(0, dim, 2).float() / dim)
+    extrapolation = 1 - ramp
+    inv_freq = 1.0 / (factor * positions) * (1 - extrapolation) + 1.0 / positions * extrapolation
+    return inv_freq, attention

@@ -1,0 +1,128 @@
+"""The families beyond GPT-2 and Llama (Qwen3, Qwen2 with sliding windows, Phi-3, Mixtral,
+Qwen3-MoE; yarn and longrope): loaded from their checkpoint layouts, each greedy stream equals
+transformers' generate() in float64, and a mixture-of-experts step runs each expert once."""
+
+import collections
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from models.moe import SparseMoE
+from runtime import Engine, GenerationConfig
+
+from .conftest import random_prompt, reference, run_threaded, tiny_model
+
+NEW_FAMILIES = ["qwen3", "qwen2_sliding", "phi3", "mixtral", "qwen3_moe"]
+
+
+@pytest.mark.parametrize("arch", NEW_FAMILIES)
+def test_a_saved_checkpoint_directory_loads_and_matches(arch, tmp_path):
+    """save_pretrained writes the hub's layouts (Phi-3's fused qkv and gate_up, Mixtral's w1/w2/w3,
+    Qwen3-MoE's per-expert projections), not transformers' in-memory ones."""
+    hf = tiny_model(arch, seed=5)
+    hf.save_pretrained(tmp_path)
+    prompts = [random_prompt(random.Random(i), 5, 70) for i in range(3)]
+    with Engine.from_pretrained(tmp_path, dtype=torch.float64) as engine:
+        outputs = [list(engine.stream_response_tokens(engine.launch_response_tokens(p, {"max_new_tokens": 16}),
+                                                      timeout=60)) for p in prompts]
+    assert outputs == [reference(hf, p, 16) for p in prompts]
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+def test_a_step_runs_each_expert_at_most_once(arch, monkeypatch):
+    hf = tiny_model(arch)
+    calls = collections.Counter()  # (layer module, expert) -> calls in the current forward
+    worst, batched = [0], [0]
+    real_expert = SparseMoE.expert
+
+    def counting(self, index, x):
+        calls[id(self), index] += 1
+        batched[0] = max(batched[0], x.shape[0])
+        return real_expert(self, index, x)
+
+    monkeypatch.setattr(SparseMoE, "expert", counting)
+    rng = random.Random(7)
+    prompts = [random_prompt(rng, 1, 30) for _ in range(16)]
+    with Engine.from_pretrained(hf, max_batch_size=16) as engine:
+        model = engine.model
+
+        def forward(step, kv_cache):
+            calls.clear()
+            out = model(step, kv_cache)
+            worst[0] = max(worst[0], max(calls.values(), default=0))
+            return out
+
+        engine.model = forward
+        results = run_threaded(engine, prompts, [12] * len(prompts))
+    assert worst[0] == 1 and batched[0] > 1  # one product per expert per step, over many tokens
+    assert all(results[i] == reference(hf, p, 12) for i, p in enumerate(prompts))
+
+
+def test_qwen3_gguf_matches_its_transformers_model(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    hf = tiny_model("qwen3", seed=2).float().double()  # the weights as the float32 file holds them
+    config = hf.config
+    writer = gguf.GGUFWriter(str(tmp_path / "tiny-qwen3.gguf"), "qwen3")
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_vocab_size(config.vocab_size)
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
+             "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for name, tensor in hf.state_dict().items():
+        if name.startswith("model.layers."):
+            _, _, layer, rest = name.split(".", 3)
+            part, kind = rest.rsplit(".", 1)
+            target = f"blk.{layer}.{names[part]}.{kind}"
+        else:
+            target = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                      "lm_head.weight": "output.weight"}[name]
+        writer.add_tensor(target, tensor.float().numpy().astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    prompt = [5, 6, 7, 8, 9, 10]
+    # The file's rope is plain (GGUF carries no yarn here): compare with the same model without it.
+    plain = tiny_model("qwen3", seed=2)
+    plain.config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
+    plain = type(plain)(plain.config).double().eval()
+    plain.load_state_dict(hf.state_dict())
+    with Engine.from_pretrained(tmp_path / "tiny-qwen3.gguf", dtype=torch.float64) as engine:
+        assert engine.tokenizer is None  # the file carries none: the token API still works
+        tokens = list(engine.stream_response_tokens(engine.launch_response_tokens(prompt, {"max_new_tokens": 16})))
+    assert tokens == reference(plain, prompt, 16)
+
+
+@pytest.mark.parametrize("rope,message", [
+    ({"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}, "rope_type 'dynamic'"),
+    ({"rope_type": "su-perfect", "rope_theta": 10000.0}, "unsupported rope scaling 'su-perfect'"),
+])
+def test_an_unsupported_rope_setting_is_a_clear_error(rope, message):
+    hf = tiny_model("llama")
+    config = hf.config.to_dict() | {"rope_parameters": rope}
+    import models
+    with pytest.raises(ValueError, match=message):
+        models.build(config, hf.state_dict(), torch.float64, torch.device("cpu"))
+
+
+def test_longrope_switches_to_its_long_factors_past_the_original_context():
+    """Phi-3's longrope (original context 64 in the tiny config): a 100-token prompt rotates with
+    the long factors, as transformers does for a forward that passes the original context."""
+    hf = tiny_model("phi3")
+    prompt = random_prompt(random.Random(3), 100, 100)
+    with Engine.from_pretrained(hf, max_batch_tokens=128) as engine:
+        tokens = list(engine.stream_response_tokens(engine.launch_response_tokens(
+            prompt, GenerationConfig(max_new_tokens=10, ignore_eos=True))))
+    assert tokens == reference(hf, prompt, 10, eos_token_id=None)
