@@ -17,10 +17,12 @@ from . import paged_decode
 from . import weights as checkpoint_files
 from .layers import prepack_linears
 from .quantized import check_weights, reduce_linears
+from .gemma3 import Gemma3, Gemma3Spec
 from .gpt2 import GPT2, GPT2Spec
 from .llama import FAMILIES as LLAMA_FAMILIES, Llama, LlamaSpec
 
-ARCHITECTURES = {"gpt2": (GPT2Spec, GPT2), **{family: (LlamaSpec, Llama) for family in LLAMA_FAMILIES}}
+ARCHITECTURES = {"gpt2": (GPT2Spec, GPT2), "gemma3_text": (Gemma3Spec, Gemma3),
+                 **{family: (LlamaSpec, Llama) for family in LLAMA_FAMILIES}}
 
 
 @dataclass

