@@ -31,7 +31,8 @@ class LlamaSpec:
     rope_theta: float
     rope_scaling: dict | None
     partial_rotary_factor: float
-    max_position: int
+    max_position: int          # the longest context Loom runs
+    rope_max_position: int     # the checkpoint's max_position_embeddings, which rope scalings refer to
     tie_word_embeddings: bool
     qkv_bias: bool
     out_bias: bool
@@ -52,9 +53,9 @@ class LlamaSpec:
         theta = c.get("rope_theta") or rope.get("rope_theta") or 10000.0
         if c.get("hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {c['hidden_act']!r} for {kind}; supported: silu")
-        if rope_type(rope) == "dynamic":
-            raise ValueError("rope_type 'dynamic' (NTK scaling chosen by the running sequence length) is not "
-                             "supported; supported: default, linear, llama3, yarn, longrope")
+        trained = c.get("max_position_embeddings", 2048)
+        # Dynamic NTK scaling exists to run past the trained context: up to factor times it.
+        context = int(trained * rope["factor"]) if rope_type(rope) == "dynamic" else trained
         bias = bool(c.get("attention_bias", False))
         layers = c["num_hidden_layers"]
         return cls(
@@ -69,7 +70,8 @@ class LlamaSpec:
             rope_theta=float(theta),
             rope_scaling=rope if rope_type(rope) != "default" else None,
             partial_rotary_factor=float(c.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0),
-            max_position=c.get("max_position_embeddings", 2048),
+            max_position=context,
+            rope_max_position=trained,
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
             qkv_bias=kind == "qwen2" or bias,
             out_bias=bias,
@@ -148,7 +150,7 @@ class Llama(nn.Module):
         self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.lm_head = nn.Linear(s.hidden_size, s.vocab_size, bias=False)
         self.tie_embeddings()
-        self.rotary = Rotary(s.head_dim, s.rope_theta, s.rope_scaling, s.partial_rotary_factor, s.max_position)
+        self.rotary = Rotary(s.head_dim, s.rope_theta, s.rope_scaling, s.partial_rotary_factor, s.rope_max_position)
 
     def tie_embeddings(self):
         if self.spec.tie_word_embeddings:
@@ -157,7 +159,7 @@ class Llama(nn.Module):
     def forward(self, step, kv_cache) -> torch.Tensor:
         """Logits [S, vocab] for the step's sampled positions only."""
         x = self.embed(step.input_ids)
-        ends = sequence_ends(step) if self.rotary.long_from is not None else None
+        ends = sequence_ends(step) if self.rotary.per_sequence else None
         cos, sin = self.rotary(step.positions, x.dtype, ends)
         masks = {w: AttentionMasks(step, x.dtype, w) for w in set(self.spec.layer_windows)}
         for i, layer in enumerate(self.layers):

@@ -1,5 +1,5 @@
-"""Rotary position embeddings with the checkpoint's rope settings: default, linear, llama3, yarn
-and longrope, over the whole head or its first ``partial_rotary_factor`` of it. The frequencies
+"""Rotary position embeddings with the checkpoint's rope settings: default, linear, llama3, yarn,
+longrope and dynamic (NTK), over the whole head or its first ``partial_rotary_factor`` of it. The frequencies
 are computed in float32 as transformers computes them, so that float64 runs match it exactly."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import torch
 from torch import nn
 
-SUPPORTED = ("default", "linear", "llama3", "yarn", "longrope")
+SUPPORTED = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")
 
 
 def rope_type(parameters: dict | None) -> str:
@@ -31,6 +31,7 @@ class Rotary(nn.Module):
         inv_freq = 1.0 / theta ** exponents
         self.attention_factor = 1.0
         self.long_from = None  # longrope: sequences reaching this position rotate with the long factors
+        self.dynamic = None    # dynamic NTK: (theta, factor, trained context, exponents)
         long_freq = inv_freq
         if kind == "linear":
             inv_freq = inv_freq / scaling["factor"]
@@ -47,16 +48,30 @@ class Rotary(nn.Module):
             inv_freq = 1.0 / (torch.tensor(scaling["short_factor"], dtype=torch.float32) * shape)
             long_freq = 1.0 / (torch.tensor(scaling["long_factor"], dtype=torch.float32) * shape)
             self.long_from = original
+        elif kind == "dynamic":
+            self.dynamic = (theta, scaling["factor"], max_position, exponents)
         elif kind != "default":
             raise ValueError(f"unsupported rope scaling {kind!r}; supported: {', '.join(SUPPORTED)}")
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.register_buffer("long_freq", long_freq, persistent=False)
 
+    @property
+    def per_sequence(self) -> bool:
+        """Whether the frequencies depend on how far each sequence reaches (forward's sequence_ends)."""
+        return self.long_from is not None or self.dynamic is not None
+
     def forward(self, positions, dtype, sequence_ends=None):
         """cos and sin for each position, [T, 1, rotary dim], computed once per step.
         ``sequence_ends``: for each token, the last position its sequence reaches in this step
-        (longrope only)."""
+        (longrope and dynamic only)."""
         inv_freq = self.inv_freq.float()[None, :]
+        if self.dynamic is not None:
+            # transformers recomputes the base for a forward whose sequence passes the trained
+            # context: base * (factor * length / trained - (factor - 1)) ** (dim / (dim - 2)).
+            theta, factor, trained, exponents = self.dynamic
+            length = (sequence_ends + 1).clamp_min(trained).float()
+            base = theta * ((factor * length / trained) - (factor - 1)) ** (self.dim / (self.dim - 2))
+            inv_freq = 1.0 / base[:, None] ** exponents.to(base.device)[None, :]
         if self.long_from is not None:
             # transformers rotates a whole forward with the long factors once its sequence passes the
             # original context: here, every token of a sequence whose step reaches past it.

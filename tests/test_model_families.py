@@ -109,7 +109,6 @@ def test_qwen3_gguf_matches_its_transformers_model(tmp_path):
 
 
 @pytest.mark.parametrize("rope,message", [
-    ({"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}, "rope_type 'dynamic'"),
     ({"rope_type": "su-perfect", "rope_theta": 10000.0}, "unsupported rope scaling 'su-perfect'"),
 ])
 def test_an_unsupported_rope_setting_is_a_clear_error(rope, message):
@@ -118,6 +117,23 @@ def test_an_unsupported_rope_setting_is_a_clear_error(rope, message):
     import models
     with pytest.raises(ValueError, match=message):
         models.build(config, hf.state_dict(), torch.float64, torch.device("cpu"))
+
+
+def test_dynamic_ntk_rope_runs_past_the_trained_context():
+    """Dynamic NTK scaling (trained context 48, factor 4): Loom allows 192 positions, and a sequence
+    past 48 rotates with the base transformers recomputes for its length."""
+    torch.manual_seed(4)
+    import transformers
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=48,
+                                      rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0})
+    hf = transformers.LlamaForCausalLM(config).double().eval()
+    prompts = [random_prompt(random.Random(i), 30, 60) for i in range(3)]
+    with Engine.from_pretrained(hf) as engine:
+        assert engine.max_context == 192
+        outputs = [list(engine.stream_response_tokens(engine.launch_response_tokens(
+            p, GenerationConfig(max_new_tokens=30, ignore_eos=True)))) for p in prompts]
+    assert outputs == [reference(hf, p, 30, eos_token_id=None) for p in prompts]
 
 
 def test_longrope_switches_to_its_long_factors_past_the_original_context():
