@@ -103,7 +103,8 @@ def test_bad_sources(tmp_path, llama):
     with pytest.raises(FileNotFoundError, match="has no config.json"):
         Engine.from_pretrained(tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "bert"}')
-    with pytest.raises(ValueError, match="unsupported model_type .bert.; supported: gemma3_text, gpt2, llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe"):
+    supported = "gemma3_text, gpt2, llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe"
+    with pytest.raises(ValueError, match=f"unsupported model_type 'bert'; supported: {supported}"):
         Engine.from_pretrained(tmp_path)
     with pytest.raises(TypeError, match="expected a transformers PreTrainedModel"):
         Engine.from_pretrained(torch.nn.Linear(2, 2))
