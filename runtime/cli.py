@@ -11,7 +11,8 @@ import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-EXTRAS = {"serve": ("server", ("fastapi", "uvicorn")), "bench": ("bench", ("matplotlib",))}
+EXTRAS = {"serve": ("server", ("fastapi", "uvicorn")), "bench": ("bench", ("matplotlib",)),
+          "serve --replicas": ("ray", ("ray",))}
 
 
 def main(argv=None) -> int:
@@ -270,12 +271,24 @@ def add_serve_parser(commands) -> None:
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/ routes")
     p.add_argument("--max-waiting", type=int, default=None, help="requests allowed to wait; past it: HTTP 429")
     p.add_argument("--model-name", default=None, help="the model id clients send (default: the checkpoint's name)")
+    group = p.add_argument_group("replicas on Ray Serve (the 'ray' extra; docs/scale-out.md)")
+    group.add_argument("--replicas", type=at_least_one, default=1,
+                       help="engines behind one endpoint (default: 1, this process, no Ray)")
+    group.add_argument("--ray-address", default=None,
+                       help="join this Ray cluster (default: $RAY_ADDRESS, else start a local one)")
+    group.add_argument("--replica-cpus", type=float, default=1, help="CPUs each replica reserves (default: 1)")
+    group.add_argument("--replica-gpus", type=float, default=0, help="GPUs each replica reserves (default: 0)")
     add_model_arguments(p)
     p.set_defaults(run=serve)
 
 
 def serve(args) -> int:
     require_extra("serve")
+    if args.replicas > 1 or args.ray_address:
+        require_extra("serve --replicas")
+        from runtime.serve import ray_app
+        ray_app.run(args)
+        return 0
     from runtime import serve as server
     server.run(load_engine(args, max_waiting=args.max_waiting), args.host, args.port, args.model_name, args.api_key)
     return 0

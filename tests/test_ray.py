@@ -1,0 +1,95 @@
+"""Loom replicas on Ray Serve (a local Ray instance, a tiny random-weight model with the default
+model's tokenizer): the same OpenAI routes as the single-process server, requests spread over the
+replicas, each response naming its replica, greedy answers equal to one in-process engine's."""
+
+import socket
+import threading
+
+import pytest
+import torch
+import transformers
+
+serve = pytest.importorskip("ray.serve", reason="replicas need the 'ray' extra: pip install -e '.[ray]'")
+openai = pytest.importorskip("openai")
+
+from runtime import Engine, GenerationConfig  # noqa: E402
+from runtime.serve.ray_app import REPLICA_HEADER, loom_application, start_ray  # noqa: E402
+
+MODEL = "tiny"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    from models.gguf import _tokenizer, default_model_path
+    tokenizer = _tokenizer(default_model_path())
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=512, eos_token_id=tokenizer.eos_token_id)
+    path = tmp_path_factory.mktemp("tiny")
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def replicas(checkpoint):
+    import ray
+    start_ray(num_cpus=2)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(loom_application(checkpoint, replicas=2, num_cpus=0.5, dtype="float64", model_name=MODEL,
+                               max_batch_size=16), route_prefix="/", blocking=False)
+    yield f"http://127.0.0.1:{port}/v1"
+    serve.shutdown()
+    ray.shutdown()
+
+
+def ask(i):
+    return [{"role": "user", "content": f"Tell me about the number {i}."}]
+
+
+def test_two_replicas_serve_the_same_routes_and_answers(replicas, checkpoint):
+    client = openai.OpenAI(base_url=replicas, api_key="-", max_retries=0, timeout=120)
+    results, errors = {}, []
+
+    def one(i):
+        try:
+            raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=ask(i), max_tokens=8,
+                                                                   temperature=0)
+            results[i] = (raw.headers[REPLICA_HEADER], raw.parse().choices[0].message.content)
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors and len(results) == 32
+    assert len({replica for replica, _ in results.values()}) == 2  # both replicas served some
+    with Engine.from_pretrained(checkpoint, dtype=torch.float64) as engine:
+        expected = {i: engine.response(ask(i), GenerationConfig(max_new_tokens=8)) for i in results}
+    assert {i: text for i, (_, text) in results.items()} == expected
+
+
+def test_a_replica_streams_and_reports_errors_as_the_single_server_does(replicas):
+    client = openai.OpenAI(base_url=replicas, api_key="-", max_retries=0, timeout=120)
+    pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=MODEL, messages=ask(1), max_tokens=8, stream=True) if c.choices]
+    assert "".join(pieces)
+    with pytest.raises(openai.BadRequestError, match="n: Input should be greater than or equal to 1"):
+        client.chat.completions.create(model=MODEL, messages=ask(1), n=0)
+
+
+def test_bad_replica_options_fail_before_anything_starts():
+    with pytest.raises(ValueError, match="replicas must be >= 1"):
+        loom_application(None, replicas=0)
+    with pytest.raises(TypeError, match="unknown engine option"):
+        loom_application(None, replicas=2, max_batch=3)
