@@ -227,6 +227,11 @@ class Engine(TextAPI):
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
+    @property
+    def closed(self) -> bool:
+        """Whether the engine has shut down (or its loop died): launches raise EngineClosed."""
+        return self._closed is not None
+
     def stats(self) -> dict:
         with self._lock:
             s = self.scheduler

@@ -4,6 +4,7 @@ replicas, each response naming its replica, greedy answers equal to one in-proce
 
 import socket
 import threading
+import time
 
 import pytest
 import torch
@@ -93,3 +94,68 @@ def test_bad_replica_options_fail_before_anything_starts():
         loom_application(None, replicas=0)
     with pytest.raises(TypeError, match="unknown engine option"):
         loom_application(None, replicas=2, max_batch=3)
+
+
+def shared_prefix_requests(client, system: str, count: int) -> list:
+    """``count`` chats that share ``system`` and differ in their question, sent from threads;
+    (replica, cached prompt tokens, prompt tokens) of each."""
+    results = []
+
+    def one(i):
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, max_tokens=2, messages=[{"role": "system", "content": system}, *ask(i)])
+        usage = raw.parse().usage
+        results.append((raw.headers[REPLICA_HEADER], usage.prompt_tokens_details.cached_tokens, usage.prompt_tokens))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    return results
+
+
+def test_requests_sharing_a_prefix_land_on_one_replica(replicas):
+    client = openai.OpenAI(base_url=replicas, api_key="-", max_retries=0, timeout=120)
+    results = shared_prefix_requests(client, "You answer questions about numbers, briefly and exactly. " * 12, 16)
+    assert len(results) == 16 and len({replica for replica, _, _ in results}) == 1
+    assert sum(cached for _, cached, _ in results) > 0  # the shared blocks were reused
+
+
+def test_a_killed_replica_fails_its_requests_cleanly_and_the_app_recovers(replicas):
+    import ray
+    client = openai.OpenAI(base_url=replicas, api_key="-", max_retries=0, timeout=120)
+    statuses, lock = [], threading.Lock()
+
+    def one(i):
+        try:
+            client.chat.completions.create(model=MODEL, messages=ask(i), max_tokens=200,
+                                           extra_body={"ignore_eos": True})
+            outcome = "ok"
+        except openai.APIStatusError as error:
+            outcome = error.status_code
+        except openai.APIError as error:  # the stream ended with an error event
+            outcome = "error event" if "replica" in str(error) else repr(error)
+        with lock:
+            statuses.append(outcome)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    victim = next(a for a in ray.util.list_named_actors(all_namespaces=True) if "LoomReplica" in a["name"])
+    ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]), no_restart=True)
+    for t in threads:
+        t.join(timeout=300)
+    assert len(statuses) == 8 and set(statuses) <= {"ok", 503, "error event"}, statuses
+    assert "ok" in statuses  # the other replica's requests finished
+    deadline = time.monotonic() + 120
+    while running_replicas() != 2:  # Ray Serve replaces the dead replica
+        assert time.monotonic() < deadline, serve.status()
+        time.sleep(0.5)
+    assert len(shared_prefix_requests(client, "Back to normal.", 8)) == 8
+
+
+def running_replicas() -> int:
+    deployment = serve.status().applications["default"].deployments["LoomReplica"]
+    return deployment.replica_states.get("RUNNING", 0)

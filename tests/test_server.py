@@ -487,3 +487,11 @@ def test_auto_tool_choice_returns_a_call_only_when_the_answer_is_one(client):
         assert reply.choices[0].finish_reason == "tool_calls" and message.tool_calls[0].function.name == "get_weather"
     else:
         assert message.content and reply.choices[0].finish_reason in ("stop", "length")
+
+
+def test_usage_counts_prompt_tokens_served_from_the_prefix_cache(client):
+    system = {"role": "system", "content": "You are a careful assistant. " * 20}
+    first = client.chat.completions.create(model=MODEL, max_tokens=2, messages=[system, *ask(7)])
+    again = client.chat.completions.create(model=MODEL, max_tokens=2, messages=[system, *ask(8)])
+    assert first.usage.prompt_tokens_details.cached_tokens % 16 == 0
+    assert again.usage.prompt_tokens_details.cached_tokens >= 16 * (len("You are a careful assistant. " * 20) // 80)

@@ -1,6 +1,10 @@
-"""Loom replicas on Ray Serve: N replicas, each one Engine behind the very app that
+"""Loom replicas on Ray Serve. Each replica holds one Engine behind the very app that
 ``python -m runtime serve`` runs (create_app), so every route, error and stream behaves the same.
-Needs the "ray" extra (ray[serve]). docs/scale-out.md says how to run it and what it does not do yet.
+In front, a thin ingress reads each request's prompt and forwards the raw HTTP request to a
+replica chosen with prefix affinity: requests whose prompts start alike go to the same replica,
+where its prefix cache holds their shared blocks, unless that replica's queue is much longer than
+the others'. (Ray's HTTP proxy routes before it reads a body, so affinity needs this hop.) Needs the
+"ray" extra; docs/scale-out.md says how to run it and what it does not do yet.
 
     from ray import serve
     from runtime.serve.ray_app import loom_application
@@ -9,54 +13,179 @@ Needs the "ray" extra (ray[serve]). docs/scale-out.md says how to run it and wha
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import json
 import os
 from pathlib import Path
 
+from fastapi import FastAPI, Request  # at module level: the route's annotations are resolved here
+from fastapi.responses import JSONResponse, StreamingResponse
+from ray import serve
+from ray.serve.config import RequestRouterConfig
+from ray.serve.request_router import FIFOMixin, RequestRouter
+
 REPLICA_HEADER = "x-loom-replica"
+AFFINITY_CHARS = 256  # prompts alike over this many leading characters share a replica
+QUEUE_SKEW = 4        # ... unless its queue is this much longer than the shortest
+
+
+class PrefixAffinityRouter(FIFOMixin, RequestRouter):
+    """Rank the replicas by rendezvous hash of (the request's affinity key, replica): the same key
+    goes to the same replica while the set of replicas stays, and a replica's departure moves only
+    its own keys. The first choice is skipped when its queue exceeds the shortest by QUEUE_SKEW."""
+
+    async def choose_replicas(self, candidate_replicas, pending_request=None):
+        key = pending_request.kwargs.get("affinity") if pending_request is not None else None
+        if key is None or len(candidate_replicas) < 2:
+            return [candidate_replicas]
+        ranked = sorted(candidate_replicas, key=lambda r: hashlib.sha1(
+            f"{key}/{r.replica_id.unique_id}".encode()).digest())
+        queues = self.replica_queue_len_cache
+        lengths = {r.replica_id: queues.get(r.replica_id) or 0 for r in ranked}
+        shortest = min(lengths.values())
+        balanced = [r for r in ranked if lengths[r.replica_id] <= shortest + QUEUE_SKEW]
+        return [balanced[:1], ranked]
+
+
+def affinity_key(path: str, body: bytes) -> str | None:
+    """The leading characters of a completion request's prompt (chat: its rendered messages)."""
+    if not path.endswith("completions"):
+        return None
+    try:
+        request = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(request, dict):
+        return None
+    if isinstance(request.get("messages"), list):
+        text = "".join(f"{m.get('role')}:{m.get('content')}\n" for m in request["messages"] if isinstance(m, dict))
+    else:
+        text = str(request.get("prompt", ""))
+    return hashlib.sha1(text[:AFFINITY_CHARS].encode()).hexdigest()
+
+
+class LoomReplica:
+    """One Engine behind create_app; ``forward`` runs one HTTP request through that app and
+    streams back its status and headers, then its body as the app sends it."""
+
+    def __init__(self, source, device, dtype, weights, model_name, api_key, engine_options):
+        from runtime import Engine
+        from runtime.serve import create_app
+
+        self.engine = Engine.from_pretrained(source, device=device, dtype=dtype, weights=weights, **engine_options)
+        self.app = create_app(self.engine, model_name, api_key)
+        self.name = serve.get_replica_context().replica_id.unique_id
+
+    async def forward(self, method: str, path: str, query: bytes, headers: list, body: bytes, affinity=None):
+        sent: asyncio.Queue = asyncio.Queue()
+        done = asyncio.Event()
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+                 "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": query,
+                 "root_path": "", "headers": headers, "client": None, "server": None}
+        body_once = [body]
+
+        async def receive_once():
+            if body_once:
+                return {"type": "http.request", "body": body_once.pop() or b"", "more_body": False}
+            await done.wait()  # the response ended, or the caller went away
+            return {"type": "http.disconnect"}
+
+        app = asyncio.create_task(self.app(scope, receive_once, sent.put))
+        try:
+            while True:
+                getter = asyncio.create_task(sent.get())
+                await asyncio.wait({getter, app}, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    app.result()  # raises what the app raised
+                    return
+                message = getter.result()
+                if message["type"] == "http.response.start":
+                    headers = [(k.decode(), v.decode()) for k, v in message.get("headers", [])]
+                    yield {"status": message["status"], "headers": headers + [(REPLICA_HEADER, self.name)]}
+                elif message["type"] == "http.response.body":
+                    if message.get("body"):
+                        yield message["body"]
+                    if not message.get("more_body"):
+                        return
+        finally:
+            done.set()  # a caller that went away cancels this generator: the app sees a disconnect
+            if not app.done():
+                app.cancel()
+
+    def check_health(self):
+        if self.engine.closed:  # its loop died: Ray replaces this replica
+            raise RuntimeError(f"the engine of replica {self.name} is closed")
+
+
+def front_app(replicas):
+    """The ingress: each request read once, its affinity key computed, the raw request forwarded
+    to a replica, the replica's response streamed back as it comes. A replica that fails before its
+    first byte is a 503; one that fails mid-stream ends the stream with an error event and [DONE],
+    as the single-process server's streams end."""
+    app = FastAPI(title="Loom replicas")
+
+    @app.api_route("/{path:path}", methods=["GET", "POST"])
+    async def forward(path: str, request: Request):
+        body = await request.body()
+        stream = replicas.options(stream=True).forward.remote(
+            request.method, "/" + path, request.url.query.encode(), request.headers.raw, body,
+            affinity=affinity_key(path, body))
+        try:
+            start = await stream.__anext__()
+        except Exception as error:  # noqa: BLE001 - a replica died or the app is shutting down
+            return JSONResponse(replica_error(error), status_code=503)
+
+        async def rest():
+            try:
+                async for chunk in stream:
+                    yield chunk
+            except Exception as error:  # noqa: BLE001 - the replica died mid-stream
+                yield f"data: {json.dumps(replica_error(error))}\n\ndata: [DONE]\n\n".encode()
+
+        headers = {k: v for k, v in start["headers"] if k.lower() not in ("content-length", "transfer-encoding")}
+        return StreamingResponse(rest(), status_code=start["status"], headers=headers)
+
+    return app
+
+
+def replica_error(error: BaseException) -> dict:
+    return {"error": {"message": f"the replica serving this request failed: {type(error).__name__}: {error}",
+                      "type": "server_error", "param": None, "code": "replica_failed"}}
 
 
 def loom_application(source=None, *, replicas: int = 2, num_cpus: float = 1, num_gpus: float = 0,
                      device: str = "cpu", dtype=None, weights: str = "float32", model_name: str | None = None,
-                     api_key: str | None = None, **engine_options):
-    """A Ray Serve application of ``replicas`` Loom replicas, for ``serve.run``. Each replica loads
-    ``source`` (a path every node can read, or None for the embedded default model) with
-    ``engine_options`` (EngineOptions) and reserves ``num_cpus``/``num_gpus``. Every response
-    names its replica in the ``x-loom-replica`` header. Raises ValueError for bad counts or
-    options, before anything starts."""
-    from ray import serve
-
+                     api_key: str | None = None, prefix_affinity: bool = True, **engine_options):
+    """A Ray Serve application for ``serve.run``: ``replicas`` Loom replicas behind one ingress.
+    Each replica loads ``source`` (a path every node can read; None: the embedded default model)
+    with ``engine_options`` (EngineOptions) and reserves ``num_cpus``/``num_gpus``. Every response
+    names its replica in the ``x-loom-replica`` header. ``prefix_affinity=False`` leaves routing to
+    Ray's default (power of two choices). Raises ValueError/TypeError for bad counts or options
+    before anything starts."""
     from runtime.config import EngineOptions, check_int
 
     check_int("replicas", replicas, 1)
     EngineOptions.from_kwargs(engine_options)  # bad options fail here, not in every replica
     source = None if source is None else str(Path(source).expanduser().resolve())
+    router = RequestRouterConfig(request_router_class=PrefixAffinityRouter) if prefix_affinity else None
+    engines = serve.deployment(LoomReplica, name="LoomReplica", num_replicas=replicas,
+                               ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus},
+                               **({"request_router_config": router} if router else {}))
+    engines = engines.bind(source, device, dtype, weights, model_name, api_key, engine_options)
 
-    def build():  # runs in each replica (a plain function: Ray Serve calls it to make the ASGI app)
-        return replica_app(source, device, dtype, weights, model_name, api_key, engine_options)
+    def build():  # evaluated in the ingress replica, where the replicas' handle is looked up by name
+        context = serve.get_replica_context()
+        return front_app(serve.get_deployment_handle("LoomReplica", app_name=context.app_name))
 
-    deployment = serve.deployment(name="Loom", num_replicas=replicas,
-                                  ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus})
-    return deployment(serve.ingress(build)(type("LoomReplica", (), {}))).bind()
+    class LoomIngress:
+        def __init__(self, replicas):  # binding the replicas here deploys them with the application
+            self.replicas = replicas
 
-
-def replica_app(source, device, dtype, weights, model_name, api_key, engine_options):
-    """One replica: its Engine behind create_app, each response tagged with the replica's id."""
-    from ray import serve
-
-    from runtime import Engine
-    from runtime.serve import create_app
-
-    engine = Engine.from_pretrained(source, device=device, dtype=dtype, weights=weights, **engine_options)
-    app = create_app(engine, model_name, api_key)
-    replica = serve.get_replica_context().replica_id.unique_id
-
-    @app.middleware("http")
-    async def tag(request, call_next):
-        response = await call_next(request)
-        response.headers[REPLICA_HEADER] = replica
-        return response
-
-    return app
+    ingress = serve.deployment(serve.ingress(build)(LoomIngress), name="LoomIngress")
+    return ingress.bind(engines)
 
 
 def start_ray(address: str | None = None, num_cpus: int | None = None) -> None:
@@ -79,8 +208,6 @@ def run(args) -> None:
     every replica."""
     import signal
     import threading
-
-    from ray import serve
 
     start_ray(args.ray_address)
     serve.start(http_options={"host": args.host, "port": args.port})

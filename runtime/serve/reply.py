@@ -58,8 +58,9 @@ class Reply:
 
     def usage(self) -> dict:
         completion = sum(c.handle.context.num_generated for c in self.choices)
+        cached = self.choices[0].handle.cached_tokens  # the first choice computed the prompt
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
-                "total_tokens": self.prompt_tokens + completion}
+                "total_tokens": self.prompt_tokens + completion, "prompt_tokens_details": {"cached_tokens": cached}}
 
     def envelope(self, choices: list, chunk: bool, **extra) -> dict:
         kind = self.kind + (".chunk" if chunk and self.chat else "")
