@@ -80,6 +80,11 @@ def test_two_replicas_serve_the_same_routes_and_answers(replicas, checkpoint):
     assert {i: text for i, (_, text) in results.items()} == expected
 
 
+def test_health_reports_every_replica(replicas):
+    import httpx
+    assert httpx.get(replicas.removesuffix("/v1") + "/health").json() == {"status": "ok", "replicas": {"RUNNING": 2}}
+
+
 def test_a_replica_streams_and_reports_errors_as_the_single_server_does(replicas):
     client = openai.OpenAI(base_url=replicas, api_key="-", max_retries=0, timeout=120)
     pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(

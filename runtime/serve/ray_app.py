@@ -27,13 +27,14 @@ from ray.serve.request_router import FIFOMixin, RequestRouter
 
 REPLICA_HEADER = "x-loom-replica"
 AFFINITY_CHARS = 256  # prompts alike over this many leading characters share a replica
-QUEUE_SKEW = 4        # ... unless its queue is this much longer than the shortest
 
 
 class PrefixAffinityRouter(FIFOMixin, RequestRouter):
     """Rank the replicas by rendezvous hash of (the request's affinity key, replica): the same key
     goes to the same replica while the set of replicas stays, and a replica's departure moves only
-    its own keys. The first choice is skipped when its queue exceeds the shortest by QUEUE_SKEW."""
+    its own keys. The first choice is skipped when it holds a whole batch (half its
+    max_ongoing_requests, see loom_application) more requests than the least busy replica: until
+    then an engine runs the extra requests in the same steps, and the cached prefix is worth more."""
 
     async def choose_replicas(self, candidate_replicas, pending_request=None):
         key = pending_request.kwargs.get("affinity") if pending_request is not None else None
@@ -44,7 +45,7 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
         queues = self.replica_queue_len_cache
         lengths = {r.replica_id: queues.get(r.replica_id) or 0 for r in ranked}
         shortest = min(lengths.values())
-        balanced = [r for r in ranked if lengths[r.replica_id] <= shortest + QUEUE_SKEW]
+        balanced = [r for r in ranked if lengths[r.replica_id] < shortest + r.max_ongoing_requests // 2]
         return [balanced[:1], ranked]
 
 
@@ -127,6 +128,16 @@ def front_app(replicas):
     as the single-process server's streams end."""
     app = FastAPI(title="Loom replicas")
 
+    @app.get("/health")
+    async def health():
+        """The state of every replica (Ray Serve's view): ok when all are running."""
+        context = serve.get_replica_context()
+        deployment = serve.status().applications[context.app_name].deployments["LoomReplica"]
+        states = {str(state): count for state, count in deployment.replica_states.items()}
+        running = states.get("RUNNING", 0)
+        return JSONResponse({"status": "ok" if running and running == sum(states.values()) else "degraded",
+                             "replicas": states}, status_code=200 if running else 503)
+
     @app.api_route("/{path:path}", methods=["GET", "POST"])
     async def forward(path: str, request: Request):
         body = await request.body()
@@ -171,7 +182,10 @@ def loom_application(source=None, *, replicas: int = 2, num_cpus: float = 1, num
     EngineOptions.from_kwargs(engine_options)  # bad options fail here, not in every replica
     source = None if source is None else str(Path(source).expanduser().resolve())
     router = RequestRouterConfig(request_router_class=PrefixAffinityRouter) if prefix_affinity else None
-    engines = serve.deployment(LoomReplica, name="LoomReplica", num_replicas=replicas,
+    # Ray's default of 5 requests in flight per replica would turn affinity into spill-over: an
+    # engine batches all it is given (up to max_batch_size, then its own waiting queue).
+    in_flight = EngineOptions.from_kwargs(engine_options).max_batch_size * 2
+    engines = serve.deployment(LoomReplica, name="LoomReplica", num_replicas=replicas, max_ongoing_requests=in_flight,
                                ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus},
                                **({"request_router_config": router} if router else {}))
     engines = engines.bind(source, device, dtype, weights, model_name, api_key, engine_options)
@@ -184,7 +198,8 @@ def loom_application(source=None, *, replicas: int = 2, num_cpus: float = 1, num
         def __init__(self, replicas):  # binding the replicas here deploys them with the application
             self.replicas = replicas
 
-    ingress = serve.deployment(serve.ingress(build)(LoomIngress), name="LoomIngress")
+    ingress = serve.deployment(serve.ingress(build)(LoomIngress), name="LoomIngress",
+                               max_ongoing_requests=in_flight * replicas)
     return ingress.bind(engines)
 
 
