@@ -52,6 +52,36 @@ def replicas(checkpoint):
     ray.shutdown()
 
 
+def test_serve_command_runs_replicas_and_stops_on_sigterm(checkpoint):
+    """`python -m runtime serve --replicas 2` (its own local Ray instance), then SIGTERM."""
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "runtime", "serve", "--replicas", "2", "--replica-cpus", "0.5",
+                               "--model", str(checkpoint), "--model-name", MODEL, "--port", str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert server.poll() is None and time.monotonic() < deadline, "the replicas did not come up"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json().get("status") == "ok":
+                    break
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(1)
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
+                           json={"model": MODEL, "prompt": "Hello", "max_tokens": 4})
+        assert reply.status_code == 200 and reply.headers[REPLICA_HEADER]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        output = server.communicate(timeout=120)[0]
+    assert server.returncode == 0 and "loom: replicas shut down" in output, output[-2000:]
+
+
 def ask(i):
     return [{"role": "user", "content": f"Tell me about the number {i}."}]
 
