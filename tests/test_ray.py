@@ -115,6 +115,15 @@ def test_health_reports_every_replica(replicas):
     assert httpx.get(replicas.removesuffix("/v1") + "/health").json() == {"status": "ok", "replicas": {"RUNNING": 2}}
 
 
+def test_metrics_gather_every_replica(replicas):
+    import httpx
+    time.sleep(5)  # each replica publishes every 2 s
+    text = httpx.get(replicas.removesuffix("/v1") + "/metrics").text
+    samples = [line for line in text.splitlines() if line.startswith("loom_tokens_generated_total{")]
+    assert len(samples) == 2 and sum(float(line.split()[-1]) for line in samples) > 0, text
+    assert text.count("# TYPE loom_time_to_first_token_seconds histogram") == 1
+
+
 def test_a_replica_streams_and_reports_errors_as_the_single_server_does(replicas):
     client = openai.OpenAI(base_url=replicas, api_key="-", max_retries=0, timeout=120)
     pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(

@@ -34,6 +34,7 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
         print("loom: engine shut down", flush=True)
 
     app = FastAPI(title="Loom", description="OpenAI-compatible API over a Loom engine", lifespan=lifespan)
+    app.state.metrics = metrics  # for a host that publishes them elsewhere (ray_app's replicas)
 
     def respond(error: APIError) -> JSONResponse:
         return JSONResponse(error.body(), status_code=error.status)

@@ -17,7 +17,11 @@ import asyncio
 import hashlib
 import json
 import os
+import threading
+import time
 from pathlib import Path
+
+import ray
 
 from fastapi import FastAPI, Request  # at module level: the route's annotations are resolved here
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -27,6 +31,7 @@ from ray.serve.request_router import FIFOMixin, RequestRouter
 
 REPLICA_HEADER = "x-loom-replica"
 AFFINITY_CHARS = 256  # prompts alike over this many leading characters share a replica
+METRICS_PERIOD_S = 2.0  # how often each replica publishes its Prometheus text
 
 
 class PrefixAffinityRouter(FIFOMixin, RequestRouter):
@@ -76,7 +81,17 @@ class LoomReplica:
 
         self.engine = Engine.from_pretrained(source, device=device, dtype=dtype, weights=weights, **engine_options)
         self.app = create_app(self.engine, model_name, api_key)
-        self.name = serve.get_replica_context().replica_id.unique_id
+        context = serve.get_replica_context()
+        self.name = context.replica_id.unique_id
+        board = MetricsBoard.options(name=f"loom-metrics-{context.app_name}", namespace="serve", get_if_exists=True,
+                                     lifetime="detached").remote()
+        threading.Thread(target=self._publish, args=(board,), name="loom-metrics", daemon=True).start()
+
+    def _publish(self, board):
+        """Every METRICS_PERIOD_S, this replica's Prometheus text to the board the ingress reads."""
+        while not self.engine.closed:
+            board.put.remote(self.name, self.app.state.metrics.render())
+            time.sleep(METRICS_PERIOD_S)
 
     async def forward(self, method: str, path: str, query: bytes, headers: list, body: bytes, affinity=None):
         sent: asyncio.Queue = asyncio.Queue()
@@ -121,6 +136,43 @@ class LoomReplica:
             raise RuntimeError(f"the engine of replica {self.name} is closed")
 
 
+@ray.remote(num_cpus=0)
+class MetricsBoard:
+    """The latest Prometheus text of each replica of one application."""
+
+    def __init__(self):
+        self.texts: dict[str, tuple[float, str]] = {}
+
+    def put(self, replica: str, text: str) -> None:
+        self.texts[replica] = (time.monotonic(), text)
+
+    def recent(self) -> dict[str, str]:
+        """Texts published in the last three periods: a dead replica's drop out."""
+        now = time.monotonic()
+        return {r: text for r, (at, text) in self.texts.items() if now - at < 3 * METRICS_PERIOD_S}
+
+
+def merge_metrics(texts: dict[str, str]) -> str:
+    """Every replica's samples under one HELP/TYPE per metric, each labelled replica="id"
+    (Prometheus sums them with sum by (...))."""
+    families: dict[str, list[str]] = {}
+    for replica, text in sorted(texts.items()):
+        family = None
+        for line in text.splitlines():
+            if line.startswith("# HELP "):
+                family = line.split()[2]
+                families.setdefault(family, [line])
+            elif line.startswith("# TYPE "):
+                if len(families[family]) == 1:
+                    families[family].append(line)
+            elif line:
+                name, _, value = line.rpartition(" ")
+                base, brace, labels = name.partition("{")
+                label = f'replica="{replica}"' + ("," + labels if brace else "}")
+                families[family].append(f"{base}{{{label} {value}")
+    return "\n".join(line for lines in families.values() for line in lines) + "\n"
+
+
 def front_app(replicas):
     """The ingress: each request read once, its affinity key computed, the raw request forwarded
     to a replica, the replica's response streamed back as it comes. A replica that fails before its
@@ -137,6 +189,13 @@ def front_app(replicas):
         running = states.get("RUNNING", 0)
         return JSONResponse({"status": "ok" if running and running == sum(states.values()) else "degraded",
                              "replicas": states}, status_code=200 if running else 503)
+
+    @app.get("/metrics")
+    async def metrics():
+        """Every replica's Prometheus metrics, labelled by replica."""
+        from fastapi.responses import PlainTextResponse
+        board = ray.get_actor(f"loom-metrics-{serve.get_replica_context().app_name}", namespace="serve")
+        return PlainTextResponse(merge_metrics(await board.recent.remote()), media_type="text/plain; version=0.0.4")
 
     @app.api_route("/{path:path}", methods=["GET", "POST"])
     async def forward(path: str, request: Request):
@@ -238,4 +297,5 @@ def run(args) -> None:
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     serve.shutdown()  # replicas finish their requests (graceful_shutdown_timeout_s), then stop
+    ray.shutdown()
     print("loom: replicas shut down", flush=True)
