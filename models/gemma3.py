@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import AttentionMasks, paged_attention
-from .rope import Rotary, apply_rotary, rope_type
+from .layers import AttentionMasks
+from .llama import Attention
+from .rope import Rotary, rope_type
 
 SLIDING_PATTERN = 6  # Gemma 3: five local layers, then a global one (when the config lists none)
 
@@ -34,6 +35,8 @@ class Gemma3Spec:
     final_softcap: float | None
     max_position: int
     tie_word_embeddings: bool
+    qkv_bias = out_bias = False  # what llama.Attention reads: no biases, q/k norms on
+    qk_norm = True
 
     @classmethod
     def from_hf(cls, c: dict) -> "Gemma3Spec":
@@ -77,30 +80,12 @@ class GemmaRMSNorm(nn.Module):
         return (h * (1.0 + self.weight.float())).type_as(x)
 
 
-class Attention(nn.Module):
-    def __init__(self, s: Gemma3Spec):
-        super().__init__()
-        self.heads, self.kv_heads, self.dim = s.num_heads, s.num_kv_heads, s.head_dim
-        self.qkv = nn.Linear(s.hidden_size, (s.num_heads + 2 * s.num_kv_heads) * s.head_dim, bias=False)
-        self.out = nn.Linear(s.num_heads * s.head_dim, s.hidden_size, bias=False)
-        self.q_norm = GemmaRMSNorm(s.head_dim, s.rms_norm_eps)
-        self.k_norm = GemmaRMSNorm(s.head_dim, s.rms_norm_eps)
-        self.scale = s.query_scale
-
-    def forward(self, x, cos, sin, kv_cache, layer, step, masks):
-        q, k, v = self.qkv(x).split([self.heads * self.dim, self.kv_heads * self.dim, self.kv_heads * self.dim], -1)
-        q = apply_rotary(self.q_norm(q.view(-1, self.heads, self.dim)), cos, sin)
-        k = apply_rotary(self.k_norm(k.view(-1, self.kv_heads, self.dim)), cos, sin)
-        o = paged_attention(q, k, v.view(-1, self.kv_heads, self.dim), kv_cache, layer, step, masks, self.scale)
-        return self.out(o.flatten(1))
-
-
 class Block(nn.Module):
     def __init__(self, s: Gemma3Spec, index: int):
         super().__init__()
         self.window = s.layer_windows[index]
         self.input_norm = GemmaRMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.attn = Attention(s)
+        self.attn = Attention(s, norm=GemmaRMSNorm, scale=s.query_scale)
         self.post_attn_norm = GemmaRMSNorm(s.hidden_size, s.rms_norm_eps)
         self.pre_mlp_norm = GemmaRMSNorm(s.hidden_size, s.rms_norm_eps)
         self.gate_up = nn.Linear(s.hidden_size, 2 * s.intermediate_size, bias=False)

@@ -95,19 +95,22 @@ def _layer_windows(kind: str, c: dict, layers: int) -> tuple[int | None, ...]:
 
 
 class Attention(nn.Module):
-    def __init__(self, s: LlamaSpec):
+    """GQA over the paged cache, with optional per-head q/k norms (Qwen3; Gemma 3 passes its own
+    norm and scale)."""
+
+    def __init__(self, s, norm=RMSNorm, scale: float | None = None):
         super().__init__()
         self.heads, self.kv_heads, self.dim = s.num_heads, s.num_kv_heads, s.head_dim
         self.qkv = nn.Linear(s.hidden_size, (s.num_heads + 2 * s.num_kv_heads) * s.head_dim, bias=s.qkv_bias)
         self.out = nn.Linear(s.num_heads * s.head_dim, s.hidden_size, bias=s.out_bias)
-        self.q_norm = RMSNorm(s.head_dim, s.rms_norm_eps) if s.qk_norm else None
-        self.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps) if s.qk_norm else None
-        self.scale = s.head_dim ** -0.5
+        self.q_norm = norm(s.head_dim, s.rms_norm_eps) if s.qk_norm else None
+        self.k_norm = norm(s.head_dim, s.rms_norm_eps) if s.qk_norm else None
+        self.scale = scale if scale is not None else s.head_dim ** -0.5
 
     def forward(self, x, cos, sin, kv_cache, layer, step, masks):
         q, k, v = self.qkv(x).split([self.heads * self.dim, self.kv_heads * self.dim, self.kv_heads * self.dim], -1)
         q, k = q.view(-1, self.heads, self.dim), k.view(-1, self.kv_heads, self.dim)
-        if self.q_norm is not None:  # Qwen3: each head normalised before the rotation
+        if self.q_norm is not None:  # each head normalised before the rotation
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         o = paged_attention(q, k, v.view(-1, self.kv_heads, self.dim), kv_cache, layer, step, masks, self.scale)
