@@ -173,7 +173,7 @@ def test_a_killed_replica_fails_its_requests_cleanly_and_the_app_recovers(replic
 
     def one(i):
         try:
-            client.chat.completions.create(model=MODEL, messages=ask(i), max_tokens=200,
+            client.chat.completions.create(model=MODEL, messages=ask(i), max_tokens=400,
                                            extra_body={"ignore_eos": True})
             outcome = "ok"
         except openai.APIStatusError as error:
@@ -193,6 +193,7 @@ def test_a_killed_replica_fails_its_requests_cleanly_and_the_app_recovers(replic
         t.join(timeout=300)
     assert len(statuses) == 8 and set(statuses) <= {"ok", 503, "error event"}, statuses
     assert "ok" in statuses  # the other replica's requests finished
+    assert any(s != "ok" for s in statuses)  # and the victim's failed, cleanly
     deadline = time.monotonic() + 120
     while running_replicas() != 2:  # Ray Serve replaces the dead replica
         assert time.monotonic() < deadline, serve.status()
