@@ -94,6 +94,8 @@ class LoomReplica:
             time.sleep(METRICS_PERIOD_S)
 
     async def forward(self, method: str, path: str, query: bytes, headers: list, body: bytes, affinity=None):
+        """Run one request through the app. ``affinity`` is read by PrefixAffinityRouter before the
+        call reaches this replica; the replica itself has no use for it."""
         sent: asyncio.Queue = asyncio.Queue()
         done = asyncio.Event()
 
@@ -130,6 +132,9 @@ class LoomReplica:
             done.set()  # a caller that went away cancels this generator: the app sees a disconnect
             if not app.done():
                 app.cancel()
+
+    def __del__(self):  # Ray Serve calls it once the replica's open requests have drained
+        self.engine.shutdown()
 
     def check_health(self):
         if self.engine.closed:  # its loop died: Ray replaces this replica
