@@ -57,22 +57,21 @@ def _closed(schema):
 
 def grammar_text(config) -> str | None:
     """The llguidance grammar of a GenerationConfig's constraint; None when it has none."""
-    if config.constraint_kind is None:
+    kind = config.constraint_kind
+    if kind is None:
         return None
     ll = _llguidance()
     matcher = ll.LLMatcher
-    if config.json_schema is not None:
+    if kind == "json_schema":
         return matcher.grammar_from_json_schema(schema_dict(config.json_schema), overrides=JSON_OPTIONS)
-    if config.regex is not None:
+    if kind == "regex":
         return matcher.grammar_from_regex(config.regex)
-    if config.choice is not None:
+    if kind == "choice":
         return matcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in config.choice))
-    if config.grammar is not None:
-        text = config.grammar
-        if "::=" in text:  # GBNF (llama.cpp's grammar format) rather than Lark
-            text = ll.gbnf_to_lark(text)
-        return matcher.grammar_from_lark(text)
-    return None
+    text = config.grammar
+    if "::=" in text:  # GBNF (llama.cpp's grammar format) rather than Lark
+        text = ll.gbnf_to_lark(text)
+    return matcher.grammar_from_lark(text)
 
 
 class Constraint:
@@ -116,12 +115,8 @@ class Grammars:
         grammar = grammar_text(config)
         if grammar is None:
             return None
-        ll = _llguidance()
-        tokenizer = self.tokenizer()
-        error = ll.LLMatcher.validate_grammar(grammar, tokenizer)
-        if error and not error.startswith("WARNING"):
-            raise ValueError(f"invalid {config.constraint_kind}: {error}")
-        matcher = ll.LLMatcher(tokenizer, grammar, log_level=0)
+        # The matcher compiles the grammar once and keeps any error (warnings are not errors).
+        matcher = _llguidance().LLMatcher(self.tokenizer(), grammar, log_level=0)
         if matcher.is_error():
             raise ValueError(f"invalid {config.constraint_kind}: {matcher.get_error()}")
         return Constraint(matcher)
