@@ -243,12 +243,12 @@ def loom_application(source=None, *, replicas: int = 2, num_cpus: float = 1, num
     from runtime.config import EngineOptions, check_int
 
     check_int("replicas", replicas, 1)
-    EngineOptions.from_kwargs(engine_options)  # bad options fail here, not in every replica
+    options = EngineOptions.from_kwargs(engine_options)  # bad options fail here, not in every replica
     source = None if source is None else str(Path(source).expanduser().resolve())
     router = RequestRouterConfig(request_router_class=PrefixAffinityRouter) if prefix_affinity else None
     # Ray's default of 5 requests in flight per replica would turn affinity into spill-over: an
     # engine batches all it is given (up to max_batch_size, then its own waiting queue).
-    in_flight = EngineOptions.from_kwargs(engine_options).max_batch_size * 2
+    in_flight = options.max_batch_size * 2
     engines = serve.deployment(LoomReplica, name="LoomReplica", num_replicas=replicas, max_ongoing_requests=in_flight,
                                ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus},
                                **({"request_router_config": router} if router else {}))
@@ -286,9 +286,14 @@ def run(args) -> None:
     """``python -m runtime serve --replicas N``: serve until SIGINT or SIGTERM, then drain and stop
     every replica."""
     import signal
-    import threading
 
     start_ray(args.ray_address)
+    # Right after Ray starts (which installs its own handlers) and before anything is served: a
+    # SIGTERM that comes while the replicas start (the app may answer before serve.run returns)
+    # still drains and stops them instead of killing the process.
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     serve.start(http_options={"host": args.host, "port": args.port})
     options = {"max_batch_size": args.max_batch_size, "cpu_threads": args.cpu_threads,
                "max_waiting": args.max_waiting}
@@ -297,9 +302,6 @@ def run(args) -> None:
                                weights=args.weights, model_name=args.model_name, api_key=args.api_key, **options),
               route_prefix="/", blocking=False)
     print(f"serving {args.replicas} replicas on http://{args.host}:{args.port}/v1", flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     serve.shutdown()  # replicas finish their requests (graceful_shutdown_timeout_s), then stop
     ray.shutdown()
