@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import paged_decode
+from . import native
 from . import weights as checkpoint_files
-from .layers import prepack_linears
+from .cpu_linear import use_cpu_linears
 from .quantized import check_weights, reduce_linears
 from .gemma3 import Gemma3, Gemma3Spec
 from .gpt2 import GPT2, GPT2Spec
@@ -75,10 +75,8 @@ def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, de
     model = model.to(device).eval().requires_grad_(False)
     if weights != "float32":
         reduce_linears(model, weights)
-    elif (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
-        prepack_linears(model)
-    paged_decode.supports(device, dtype)  # build the CPU kernel now (once per machine), not in the first step
+    elif native.supports(device, dtype):  # builds the CPU kernels now (once per machine), not in the first step
+        use_cpu_linears(model)
     return model
 
 

@@ -1,5 +1,5 @@
-"""Building blocks shared by the models: attention over the paged KV cache, RMSNorm, oneDNN
-linears (rotary embeddings are in rope.py). They read a StepInput and know nothing of requests,
+"""Building blocks shared by the models: attention over the paged KV cache and RMSNorm (rotary
+embeddings are in rope.py, CPU linear layers in cpu_linear.py). They read a StepInput and know nothing of requests,
 threads or scheduling."""
 
 from __future__ import annotations
@@ -80,29 +80,6 @@ def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, 
                                            scale=scale, enable_gqa=gqa)
         out[chunk.start:chunk.end] = o[0].transpose(0, 1)
     return out
-
-
-class OneDNNLinear(nn.Module):
-    """nn.Linear with its weight converted once to oneDNN's layout (float32 and bfloat16 only):
-    a faster GEMM at decode batch sizes. Called through ``mkldnn::_linear_pointwise``, which takes
-    and returns dense tensors; the public ``mkldnn_linear`` needs both converted (docs/benchmarks.md)."""
-
-    def __init__(self, linear: nn.Linear):
-        super().__init__()
-        self.register_buffer("weight", linear.weight.detach().to_mkldnn())
-        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
-
-    def forward(self, x):
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-
-
-def prepack_linears(module: nn.Module) -> None:
-    """Swap every nn.Linear inside ``module`` for a OneDNNLinear."""
-    for name, child in module.named_children():
-        if isinstance(child, nn.Linear):
-            setattr(module, name, OneDNNLinear(child))
-        else:
-            prepack_linears(child)
 
 
 class RMSNorm(nn.Module):

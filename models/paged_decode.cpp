@@ -3,9 +3,7 @@
 // sequence's blocks into a padded buffer and then runs SDPA over it, so the cache is read twice
 // and written once per layer; here each key and each value is read once, and nothing is padded.
 //
-// Plain C++ with OpenMP and no torch headers: it builds in about a second, and the OpenMP
-// runtime it needs is the one torch has already loaded (same soname), so the thread count set
-// with torch.set_num_threads applies here too. Called through ctypes, which releases the GIL.
+// Built with the other kernels by native.py; called through ctypes, which releases the GIL.
 
 #include <algorithm>
 #include <cmath>

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import models
-from models import paged_decode
+from models import native
 from runtime import Engine
 
 from .conftest import random_prompt, reference, run_threaded, tiny_model
@@ -16,8 +16,8 @@ from .conftest import random_prompt, reference, run_threaded, tiny_model
 @pytest.mark.parametrize("decode_path", ["kernel", "torch"])
 def test_threaded_greedy_streams_match_transformers(hf_model, decode_path, monkeypatch):
     if decode_path == "torch":  # as where no C++ compiler is found: gather + SDPA
-        monkeypatch.setattr(paged_decode, "_library", None)
-    elif paged_decode.kernel() is None:
+        monkeypatch.setattr(native, "_library", None)
+    elif native.library() is None:
         pytest.skip("no C++ compiler: the decode kernel is not built")
     rng = random.Random(1)
     prompts = [random_prompt(rng, 1, 40) for _ in range(24)]
@@ -72,18 +72,22 @@ def test_eos_ends_the_stream_unless_ignored(llama):
     assert by_stop_id == free_run[:2]
 
 
-def test_float32_cpu_model_with_prepacked_linears_matches_transformers():
-    """float32 on CPU swaps nn.Linear for oneDNN's prepacked one: logits must stay transformers'."""
-    from models.layers import OneDNNLinear
+@pytest.mark.parametrize("prompt_length", [7, 45])  # rows on Loom's linear kernel; rows past SMALL_ROWS on MKL
+def test_float32_cpu_model_with_cpu_linears_matches_transformers(prompt_length):
+    """float32 on CPU swaps nn.Linear for CpuLinear: logits must stay transformers'."""
+    from models.cpu_linear import SMALL_ROWS, CpuLinear
     from models.step import KVCache, Sequence, StepInput
 
+    if native.library() is None:
+        pytest.skip("no C++ compiler: linear layers stay nn.Linear")
+    assert (prompt_length <= SMALL_ROWS) == (prompt_length == 7)
     for arch in ("gpt2", "llama"):
         hf = tiny_model(arch).float()
         model = models.load(hf).model
-        assert isinstance(model.layers[0].mlp.down if arch == "llama" else model.layers[0].fc, OneDNNLinear)
-        prompt = [5, 9, 17, 33, 2, 60, 7]
-        kv = KVCache(model.num_layers, 1, 16, model.num_kv_heads, model.head_dim, torch.float32, "cpu")
-        step = StepInput.flatten([Sequence(prompt, 0, [0], sample=True)], 16, torch.device("cpu"))
+        assert isinstance(model.layers[0].mlp.down if arch == "llama" else model.layers[0].fc, CpuLinear)
+        prompt = [(7 * i + 5) % 90 for i in range(prompt_length)]
+        kv = KVCache(model.num_layers, 4, 16, model.num_kv_heads, model.head_dim, torch.float32, "cpu")
+        step = StepInput.flatten([Sequence(prompt, 0, [0, 1, 2, 3], sample=True)], 16, torch.device("cpu"))
         with torch.no_grad():
             ours = model(step, kv)[0]
             theirs = hf(torch.tensor([prompt])).logits[0, -1]

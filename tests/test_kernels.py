@@ -1,13 +1,14 @@
-"""The CPU decode-attention kernel against the torch path it replaces (gather + masked SDPA), and
-its fallback when the build fails. (The engine on both paths: test_correctness.)"""
+"""Loom's CPU kernels against the torch paths they replace: decode attention (gather + masked
+SDPA), the small-batch linear product (F.linear); and the fallback when the build fails. (The
+engine on both paths: test_correctness.)"""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from models import paged_decode
+from models import cpu_linear, native, paged_decode
 
-needs_kernel = pytest.mark.skipif(paged_decode.kernel() is None, reason="no C++ compiler: the kernel is not built")
+needs_kernel = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the kernels are not built")
 
 
 def reference_attention(q, k_cache, v_cache, tables, lens, scale, window):
@@ -56,5 +57,29 @@ def test_a_failed_build_falls_back_with_a_warning(tmp_path, monkeypatch):
     monkeypatch.setenv("LOOM_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails
     with pytest.warns(UserWarning, match="torch path"):
-        assert paged_decode._load() is None
+        assert native._load() is None
     assert not list(tmp_path.rglob("*.so")), "a failed build must leave nothing behind in the cache"
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 32])  # one row; whole and partial blocks of four
+@pytest.mark.parametrize("width,out,bias", [(64, 96, False), (61, 29, True), (576, 8 * 3 * 7 + 5, True)])
+def test_linear_kernel_matches_f_linear(dtype, rows, width, out, bias):
+    """Widths that are not a multiple of the vector width, output counts that leave a partial
+    block of weight rows, with and without bias; the input a view whose rows are strided."""
+    gen = torch.Generator().manual_seed(rows * 1000 + width)
+    x = torch.randn(rows, 2 * width, generator=gen, dtype=dtype)[:, :width]
+    weight = torch.randn(out, width, generator=gen, dtype=dtype)
+    b = torch.randn(out, generator=gen, dtype=dtype) if bias else None
+    tolerance = 1e-4 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(cpu_linear.linear(x, weight, b), F.linear(x, weight, b), atol=tolerance, rtol=tolerance)
+
+
+@needs_kernel
+def test_cpu_linear_takes_any_leading_shape_and_large_batches_to_torch():
+    layer = torch.nn.Linear(24, 40)
+    swapped = cpu_linear.CpuLinear(layer)
+    for shape in [(3, 24), (2, 5, 24), (0, 24), (cpu_linear.SMALL_ROWS + 1, 24)]:
+        x = torch.randn(*shape)
+        torch.testing.assert_close(swapped(x), layer(x), atol=1e-5, rtol=1e-5)

@@ -1,0 +1,62 @@
+"""Linear layers on the CPU: Loom's own product (cpu_linear.cpp) for the few rows of a decode step,
+torch's (MKL) for prefill chunks and large batches.
+
+Decode at small batches is bound by reading the weights; the kernel streams them once per step
+whatever the row count. Above ``SMALL_ROWS`` rows the product is bound by arithmetic, where MKL's
+blocked GEMM is ahead (docs/benchmarks.md, "Small-batch products").
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import native
+
+SMALL_ROWS = 32  # up to here the kernel measured faster than oneDNN and MKL on every layer shape
+
+_int64, _pointer = ctypes.c_int64, ctypes.c_void_p
+ARGTYPES = [_pointer, _int64, _int64, _pointer, _pointer, _int64, _int64, _pointer, _int64]
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear for a 2-D ``x`` whose rows are contiguous (they may be a view's rows), on the
+    kernel; ``weight`` [out, in] and ``bias`` contiguous, all of one dtype the kernels support."""
+    rows, width = x.shape
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    y = torch.empty(rows, weight.shape[0], dtype=x.dtype)
+    native.function("loom_linear", x.dtype, ARGTYPES)(
+        x.data_ptr(), x.stride(0), rows, weight.data_ptr(), None if bias is None else bias.data_ptr(),
+        width, weight.shape[0], y.data_ptr(), y.stride(0))
+    return y
+
+
+class CpuLinear(nn.Module):
+    """nn.Linear whose decode-sized products run on Loom's kernel."""
+
+    def __init__(self, layer: nn.Linear):
+        super().__init__()
+        self.weight = nn.Parameter(layer.weight.detach().contiguous(), requires_grad=False)
+        self.bias = None if layer.bias is None else nn.Parameter(layer.bias.detach().contiguous(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        if not 0 < rows <= SMALL_ROWS or x.dtype != self.weight.dtype:
+            return F.linear(x, self.weight, self.bias)
+        return linear(x.reshape(rows, x.shape[-1]), self.weight, self.bias).view(*x.shape[:-1], self.weight.shape[0])
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.weight.shape[1]}, out_features={self.weight.shape[0]}, bias={self.bias is not None}"
+
+
+def use_cpu_linears(module: nn.Module) -> None:
+    """Swap every nn.Linear inside ``module`` for a CpuLinear (tied weights stay shared)."""
+    for name, child in module.named_children():
+        if isinstance(child, nn.Linear):
+            setattr(module, name, CpuLinear(child))
+        else:
+            use_cpu_linears(child)

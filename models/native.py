@@ -1,0 +1,102 @@
+"""Loom's C++ kernels (models/*.cpp), built with the system C++ compiler into one library on first
+use, cached by sources, flags and processor, and called through ctypes (which releases the GIL).
+
+They are plain C++ with OpenMP and no torch headers: the library builds in a few seconds, and the
+OpenMP runtime it needs is the one torch has already loaded (same soname), so the thread count the
+loop thread sets for its forward (runtime/cpu_threads.py) applies to them too. Where no compiler is
+found or the build fails, ``library()`` returns None, one warning says why, and every caller stays
+on its torch path. Setting LOOM_DISABLE_KERNELS=1 keeps them there on purpose.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+from .gguf import cache_dir
+
+SOURCES = sorted(Path(__file__).parent.glob("*.cpp"))
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+DTYPES = {torch.float32: "f32", torch.float64: "f64"}  # the kernels' element types, as symbol suffixes
+DISABLE = "LOOM_DISABLE_KERNELS"
+
+_lock = threading.Lock()
+_library: ctypes.CDLL | None | bool = False  # False: not tried yet; None: unavailable
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded library, building it on the first call (once per machine and set of sources)."""
+    global _library
+    if _library is False:
+        with _lock:
+            if _library is False:
+                _library = _load()
+    return _library
+
+
+def supports(device: torch.device, dtype: torch.dtype) -> bool:
+    return device.type == "cpu" and dtype in DTYPES and library() is not None
+
+
+def function(name: str, dtype: torch.dtype, argtypes: list) -> ctypes._CFuncPtr:
+    """The kernel ``name`` for ``dtype`` (its symbol ends in _f32 or _f64), with its argument types."""
+    fn = getattr(library(), f"{name}_{DTYPES[dtype]}")
+    if fn.argtypes is None:  # the same object on every getattr: set once
+        fn.argtypes, fn.restype = argtypes, None
+    return fn
+
+
+def _load() -> ctypes.CDLL | None:
+    if os.environ.get(DISABLE) == "1":
+        return None
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        warnings.warn("no C++ compiler found (set CXX): Loom's CPU kernels fall back to slower torch paths",
+                      stacklevel=3)
+        return None
+    key = hashlib.sha256(b"\0".join([*(source.read_bytes() for source in SOURCES), compiler.encode(),
+                                     " ".join(FLAGS).encode(), platform.machine().encode(), _cpu_flags()]))
+    path = cache_dir() / "kernels" / f"loom-{key.hexdigest()[:16]}.so"
+    try:
+        if not path.exists():
+            _build(compiler, path)
+        return ctypes.CDLL(str(path))
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = getattr(e, "stderr", None) or e
+        warnings.warn(f"building Loom's CPU kernels failed, so they fall back to slower torch paths: {detail}",
+                      stacklevel=3)
+        return None
+
+
+def _build(compiler: str, path: Path) -> None:
+    """Compile to a temporary name in the cache, then rename: processes building at the same
+    time each write their own file, and whichever lands last is complete."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
+    os.close(fd)
+    try:
+        subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", tmp], check=True, capture_output=True, text=True)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _cpu_flags() -> bytes:
+    """-march=native builds for this processor; a cache shared with another machine must not
+    hand it a build for a different one."""
+    try:
+        with open("/proc/cpuinfo", "rb") as f:
+            return next((line for line in f if line.startswith(b"flags")), b"")
+    except OSError:
+        return platform.processor().encode()
