@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import paged_decode
+from .rope import apply_rotary
 
 
 class AttentionMasks:
@@ -20,11 +21,11 @@ class AttentionMasks:
 
     def __init__(self, step, dtype: torch.dtype, window: int | None = None):
         self.window = window
-        # The CPU kernel bounds each context itself; the torch path needs padded masks.
-        self.decode_on_kernel = paged_decode.supports(step.positions.device, dtype)
+        # The CPU kernels bound each context themselves; the torch path needs padded masks.
+        self.on_kernel = paged_decode.supports(step.positions.device, dtype)
         self.decode = []  # one mask per decode group; None where the kernel needs none
         for group in step.decode_groups:
-            if self.decode_on_kernel:
+            if self.on_kernel:
                 self.decode.append(None)
                 continue
             width = group.block_tables.shape[1] * step.block_size
@@ -48,18 +49,25 @@ class AttentionMasks:
             self.prefill.append(mask)
 
 
-def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, scale: float) -> torch.Tensor:
-    """q: [T, heads, dim]; k, v: [T, kv_heads, dim]. Writes the step's K/V into the pool, then
-    attends through block tables. Returns [T, heads, dim]."""
+def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, scale: float,
+                    cos=None, sin=None) -> torch.Tensor:
+    """q: [T, heads, dim]; k, v: [T, kv_heads, dim]. Rotates q and k by the step's angles (if
+    given, from rope.Rotary), writes the step's K/V into the pool, then attends through block
+    tables. Returns [T, heads, dim]."""
     k_cache, v_cache = kv_cache.layer(layer)
     kv_heads, dim = k.shape[1], k.shape[2]
-    k_cache.view(-1, kv_heads, dim).index_copy_(0, step.slot_mapping, k)
-    v_cache.view(-1, kv_heads, dim).index_copy_(0, step.slot_mapping, v)
+    if masks.on_kernel:
+        q = paged_decode.rotate_and_store(q, k, v, cos, sin, step.slot_mapping, k_cache, v_cache)
+    else:
+        if cos is not None:
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        k_cache.view(-1, kv_heads, dim).index_copy_(0, step.slot_mapping, k)
+        v_cache.view(-1, kv_heads, dim).index_copy_(0, step.slot_mapping, v)
     gqa = q.shape[1] != kv_heads
     out = torch.empty_like(q)
     for group, mask in zip(step.decode_groups, masks.decode):
         rows = slice(group.start, group.end)
-        if masks.decode_on_kernel:  # one read of each key and value, straight from the pool
+        if masks.on_kernel:  # one read of each key and value, straight from the pool
             paged_decode.decode_attention(q[rows], k_cache, v_cache, group.block_tables, group.context_lens,
                                           out[rows], scale, masks.window)
             continue
@@ -89,8 +97,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
+        if x.dtype in (torch.float32, torch.float64):  # one operator, bit-identical to the steps below
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Normalise in float32 at least, as transformers does, then return to the model's dtype.
         dtype = x.dtype
-        h = x.to(torch.promote_types(dtype, torch.float32))
+        h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)

@@ -13,7 +13,7 @@ from torch import nn
 
 from .layers import AttentionMasks, RMSNorm, paged_attention
 from .moe import MoESpec, SparseMoE
-from .rope import Rotary, apply_rotary, rope_type, sequence_ends
+from .rope import Rotary, rope_type, sequence_ends
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "mixtral", "qwen3_moe")
 
@@ -112,8 +112,8 @@ class Attention(nn.Module):
         q, k = q.view(-1, self.heads, self.dim), k.view(-1, self.kv_heads, self.dim)
         if self.q_norm is not None:  # each head normalised before the rotation
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        o = paged_attention(q, k, v.view(-1, self.kv_heads, self.dim), kv_cache, layer, step, masks, self.scale)
+        o = paged_attention(q, k, v.view(-1, self.kv_heads, self.dim), kv_cache, layer, step, masks, self.scale,
+                            cos, sin)
         return self.out(o.flatten(1))
 
 

@@ -1,5 +1,10 @@
-// Decode attention read straight from the paged KV pool: one query token per sequence, each
-// sequence's keys and values found through its block table. The torch path first gathers every
+// The paged KV pool's two kernels: writing a step's keys and values into it (with the rotary
+// embedding applied to queries and keys on the way), and decode attention read straight from it:
+// one query token per sequence, each sequence's keys and values found through its block table.
+// Together they replace some twenty torch operators per layer, which at one or a few decode rows
+// cost more in dispatch than the arithmetic they do.
+//
+// Decode attention: The torch path first gathers every
 // sequence's blocks into a padded buffer and then runs SDPA over it, so the cache is read twice
 // and written once per layer; here each key and each value is read once, and nothing is padded.
 //
@@ -91,7 +96,50 @@ void decode_attention(const T* q, int64_t q_stride, const T* k_cache, const T* v
     }
 }
 
+// q_out[t] = rotate(q[t]); pool[slots[t]] = rotate(k[t]), v[t]. rotate() turns the first
+// rotary_dim features of each head by the token's angles (cos, sin: [tokens, rotary_dim], halves
+// paired as transformers' rotate_half does) and keeps the rest; rotary_dim 0 leaves q and k as they
+// are, and q_out may then be null. Rows are contiguous per head and may be views of a fused qkv.
+template <typename T>
+void rotate_and_store(const T* q, int64_t q_stride, const T* k, int64_t k_stride, const T* v, int64_t v_stride,
+                      const T* cos, const T* sin, int64_t rotary_dim, const int64_t* slots, int64_t tokens,
+                      T* k_cache, T* v_cache, T* q_out, int64_t heads, int64_t kv_heads, int64_t dim) {
+    const int64_t half = rotary_dim / 2;
+    auto rotate = [&](const T* x, const T* c, const T* s, T* y) {
+        for (int64_t i = 0; i < half; ++i) {
+            y[i] = x[i] * c[i] - x[i + half] * s[i];
+            y[i + half] = x[i + half] * c[i + half] + x[i] * s[i + half];
+        }
+        for (int64_t i = rotary_dim; i < dim; ++i) y[i] = x[i];
+    };
+#pragma omp parallel for if (tokens >= 16)
+    for (int64_t t = 0; t < tokens; ++t) {
+        const T* c = cos + t * rotary_dim;
+        const T* s = sin + t * rotary_dim;
+        T* keys = k_cache + slots[t] * kv_heads * dim;
+        std::copy(v + t * v_stride, v + t * v_stride + kv_heads * dim, v_cache + slots[t] * kv_heads * dim);
+        if (rotary_dim == 0) {
+            std::copy(k + t * k_stride, k + t * k_stride + kv_heads * dim, keys);
+            continue;
+        }
+        for (int64_t h = 0; h < kv_heads; ++h) rotate(k + t * k_stride + h * dim, c, s, keys + h * dim);
+        for (int64_t h = 0; h < heads; ++h) rotate(q + t * q_stride + h * dim, c, s, q_out + (t * heads + h) * dim);
+    }
+}
+
 }  // namespace
+
+#define LOOM_ROTATE_AND_STORE(NAME, T)                                                              \
+    extern "C" void NAME(const T* q, int64_t q_stride, const T* k, int64_t k_stride, const T* v,     \
+                         int64_t v_stride, const T* cos, const T* sin, int64_t rotary_dim,            \
+                         const int64_t* slots, int64_t tokens, T* k_cache, T* v_cache, T* q_out,      \
+                         int64_t heads, int64_t kv_heads, int64_t dim) {                              \
+        rotate_and_store<T>(q, q_stride, k, k_stride, v, v_stride, cos, sin, rotary_dim, slots, tokens, \
+                            k_cache, v_cache, q_out, heads, kv_heads, dim);                           \
+    }
+
+LOOM_ROTATE_AND_STORE(loom_rotate_and_store_f32, float)
+LOOM_ROTATE_AND_STORE(loom_rotate_and_store_f64, double)
 
 #define LOOM_DECODE_ATTENTION(NAME, T)                                                              \
     extern "C" void NAME(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache,          \

@@ -1,8 +1,10 @@
-"""The CPU decode-attention kernel (paged_decode.cpp, built by native.py), called through ctypes.
+"""The paged pool's CPU kernels (paged_decode.cpp, built by native.py), called through ctypes.
 
-It reads each key and value once, straight from the pool through the block tables; the torch path
-(gather into a padded buffer, then SDPA) reads the cache twice and writes it once. Where the
-kernels are not built, attention stays on the torch path.
+``rotate_and_store`` applies the rotary embedding and writes a step's keys and values into the pool
+in one call, where torch took some twenty operators per layer. ``decode_attention`` reads each key
+and value once, straight from the pool through the block tables; the torch path (gather into a
+padded buffer, then SDPA) reads the cache twice and writes it once. Where the kernels are not
+built, attention stays on the torch path.
 """
 
 from __future__ import annotations
@@ -16,10 +18,35 @@ from . import native
 _int64, _pointer = ctypes.c_int64, ctypes.c_void_p
 ARGTYPES = [_pointer, _int64, _pointer, _pointer, _pointer, _int64, _pointer, _pointer, _int64,
             _int64, _int64, _int64, _int64, _int64, _int64, ctypes.c_double]
+STORE_ARGTYPES = [_pointer, _int64, _pointer, _int64, _pointer, _int64, _pointer, _pointer, _int64, _pointer, _int64,
+                  _pointer, _pointer, _pointer, _int64, _int64, _int64]
 
 
 def supports(device: torch.device, dtype: torch.dtype) -> bool:
     return native.supports(device, dtype)
+
+
+def rotate_and_store(q, k, v, cos, sin, slots, k_cache, v_cache) -> torch.Tensor:
+    """Write k (rotated by cos and sin, if given) and v into the pool at ``slots``; return q rotated
+    (a new [T, heads, dim] tensor), or q itself without cos. q: [T, heads, dim], k, v: [T,
+    kv_heads, dim], each row's heads contiguous (views of a fused qkv will do); cos, sin: [T, ...,
+    rotary dim]; k_cache, v_cache: one layer's [blocks, block_size, kv_heads, dim]."""
+    tokens, heads, dim = q.shape
+    kv_heads = k.shape[1]
+    for t in (q, k, v):
+        if t.stride(2) != 1 or t.stride(1) != dim:
+            raise ValueError("rotate_and_store needs each row of q, k and v contiguous")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("rotate_and_store needs a contiguous KV cache")
+    rotary_dim = 0 if cos is None else cos.shape[-1]
+    q_out = q if cos is None else torch.empty(tokens, heads, dim, dtype=q.dtype)
+    if cos is not None:
+        cos, sin = cos.reshape(tokens, rotary_dim).contiguous(), sin.reshape(tokens, rotary_dim).contiguous()
+    native.function("loom_rotate_and_store", q.dtype, STORE_ARGTYPES)(
+        q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+        None if cos is None else cos.data_ptr(), None if sin is None else sin.data_ptr(), rotary_dim,
+        slots.data_ptr(), tokens, k_cache.data_ptr(), v_cache.data_ptr(), q_out.data_ptr(), heads, kv_heads, dim)
+    return q_out
 
 
 def decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, scale: float, window: int | None):

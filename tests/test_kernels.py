@@ -80,6 +80,31 @@ def test_linear_kernel_matches_f_linear(dtype, rows, width, out, bias):
 def test_cpu_linear_takes_any_leading_shape_and_large_batches_to_torch():
     layer = torch.nn.Linear(24, 40)
     swapped = cpu_linear.CpuLinear(layer)
-    for shape in [(3, 24), (2, 5, 24), (0, 24), (cpu_linear.SMALL_ROWS + 1, 24)]:
+    for shape in [(3, 24), (2, 5, 24), (0, 24), (cpu_linear.SMALL_ROWS + 1, 24)]:  # kernel, torch, torch, torch
         x = torch.randn(*shape)
         torch.testing.assert_close(swapped(x), layer(x), atol=1e-5, rtol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rotary_dim", [16, 8, None])  # whole head, partial rotary, none (GPT-2)
+@pytest.mark.parametrize("tokens", [1, 20])  # one decode row; enough rows for threads
+def test_rotate_and_store_matches_apply_rotary_and_index_copy(dtype, rotary_dim, tokens):
+    from models.rope import apply_rotary
+
+    gen = torch.Generator().manual_seed(tokens + (rotary_dim or 0))
+    heads, kv_heads, dim, block_size = 6, 2, 16, 4
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen, dtype=dtype)
+    q, k, v = (t.view(tokens, -1, dim) for t in qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], -1))
+    angles = torch.rand(tokens, 1, rotary_dim or 2, generator=gen, dtype=dtype) * 6
+    cos, sin = (angles.cos(), angles.sin()) if rotary_dim else (None, None)
+    slots = torch.randperm(10 * block_size, generator=gen)[:tokens]
+    k_cache, v_cache = (torch.zeros(10, block_size, kv_heads, dim, dtype=dtype) for _ in range(2))
+    rotated = paged_decode.rotate_and_store(q, k, v, cos, sin, slots, k_cache, v_cache)
+    if rotary_dim:
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    tolerance = 1e-6 if dtype == torch.float32 else 1e-14
+    torch.testing.assert_close(rotated, q, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(k_cache.view(-1, kv_heads, dim)[slots], k, atol=tolerance, rtol=tolerance)
+    assert torch.equal(v_cache.view(-1, kv_heads, dim)[slots], v)
+    assert k_cache.view(-1, kv_heads, dim).abs().sum(dim=(1, 2)).count_nonzero() == tokens  # nothing else written
