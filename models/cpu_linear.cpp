@@ -59,6 +59,31 @@ inline void tile(const T* x, int64_t x_stride, const T* w, int64_t in, T* y, int
     }
 }
 
+// One input row against ``count`` consecutive weight rows, a row at a time with four sums along it:
+// the weights are then read as one sequential stream, which the hardware prefetcher follows best
+// (8 rows side by side measured 10% slower on the default model's layers).
+template <typename T>
+inline void one_row(const T* x, const T* w, int64_t in, int64_t count, T* y) {
+    using V = Vector<T>;
+    constexpr int L = V::lanes;
+    for (int64_t o = 0; o < count; ++o, w += in) {
+        typename V::type a0 = {}, a1 = {}, a2 = {}, a3 = {};
+        int64_t k = 0;
+        for (; k + 4 * L <= in; k += 4 * L) {
+            a0 += V::load(x + k) * V::load(w + k);
+            a1 += V::load(x + k + L) * V::load(w + k + L);
+            a2 += V::load(x + k + 2 * L) * V::load(w + k + 2 * L);
+            a3 += V::load(x + k + 3 * L) * V::load(w + k + 3 * L);
+        }
+        for (; k + L <= in; k += L) a0 += V::load(x + k) * V::load(w + k);
+        const typename V::type sums = (a0 + a1) + (a2 + a3);
+        T sum = 0;
+        for (int lane = 0; lane < L; ++lane) sum += sums[lane];
+        for (; k < in; ++k) sum += x[k] * w[k];
+        y[o] = sum;
+    }
+}
+
 // All input rows against OUTS weight rows: four rows at a time (12 accumulators), then the rest.
 // The first pass also fetches the next weight block, which the later passes (on cached weights)
 // would otherwise leave the memory bus idle for.
@@ -74,20 +99,21 @@ inline void all_rows(const T* x, int64_t x_stride, int64_t rows, const T* w, int
 template <typename T>
 void linear(const T* x, int64_t x_stride, int64_t rows, const T* w, const T* bias, int64_t in, int64_t out, T* y,
             int64_t y_stride) {
-    // One row: 8 weight rows at once, so that 8 independent sums hide the multiply-add latency.
-    // More rows: 3 weight rows x 4 input rows, 12 accumulators and 7 loads for 12 multiply-adds.
+    // A task is 8 weight rows for one input row; for more, 3 weight rows x 4 input rows (12
+    // accumulators, 7 loads for 12 multiply-adds). Each thread takes 8 runs of tasks on average:
+    // long enough to stream, short enough that a parked thread's share is taken over.
     const int64_t outs = rows == 1 ? 8 : 3;
     const int64_t tasks = (out + outs - 1) / outs;
-    const int64_t chunk = std::max<int64_t>(1, tasks / (16 * omp_get_max_threads()));
+    const int64_t chunk = std::max<int64_t>(1, tasks / (8 * omp_get_max_threads()));
 #pragma omp parallel for schedule(dynamic, chunk)
     for (int64_t task = 0; task < tasks; ++task) {
         const int64_t o = task * outs;
         const T* wo = w + o * in;
         T* yo = y + o;
-        if (o + outs > out) {  // the last few weight rows, one at a time
+        if (rows == 1) {
+            one_row(x, wo, in, std::min(outs, out - o), yo);
+        } else if (o + outs > out) {  // the last few weight rows, one at a time
             for (int64_t r = o; r < out; ++r) all_rows<T, 1>(x, x_stride, rows, w + r * in, in, y + r, y_stride);
-        } else if (rows == 1) {
-            tile<T, 1, 8>(x, x_stride, wo, in, yo, y_stride);
         } else {
             all_rows<T, 3>(x, x_stride, rows, wo, in, yo, y_stride, o + 2 * outs <= out ? wo + outs * in : nullptr);
         }
