@@ -1,0 +1,59 @@
+"""One decode step's forward on the default model, timed alone: S sequences of 100 cached tokens each
+add one token (model.forward over a prebuilt StepInput, no engine), median of 30 after 5 warm-up
+steps, at fixed torch/OpenMP threads, optionally beside K busy processes. It measures the model
+side only, so it runs unchanged on older checkouts for before/after figures (docs/benchmarks.md,
+"Small-batch products"). Run from a checkout's root:
+
+    python docs/bench/decode_forward.py [--streams 1,4,16,64] [--threads 2] [--busy 0] [--weights float32]
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.getcwd())
+
+import torch  # noqa: E402
+
+import models  # noqa: E402
+from models.step import KVCache, Sequence, StepInput  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--streams", default="1,4,16,64")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--busy", type=int, default=0, help="busy competitor processes on the same cores")
+    parser.add_argument("--weights", default="float32")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model = models.load(weights=args.weights).model
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+    try:
+        print("| streams | threads | busy procs | forward ms (median of 30) | tok/s |")
+        print("| --- | --- | --- | --- | --- |")
+        for streams in map(int, args.streams.split(",")):
+            kv = KVCache(model.num_layers, 8 * streams, 16, model.num_kv_heads, model.head_dim, torch.float32, "cpu")
+            tables = [list(range(8 * i, 8 * i + 8)) for i in range(streams)]
+            step = StepInput.flatten([Sequence([5], 100, table, True) for table in tables], 16, torch.device("cpu"))
+            with torch.inference_mode():
+                kv.data.zero_()
+                for _ in range(5):
+                    model(step, kv)
+                times = []
+                for _ in range(30):
+                    start = time.perf_counter()
+                    model(step, kv)
+                    times.append(time.perf_counter() - start)
+            ms = statistics.median(times) * 1e3
+            print(f"| {streams} | {args.threads} | {args.busy} | {ms:.1f} | {streams / ms * 1e3:.1f} |", flush=True)
+    finally:
+        for process in busy:
+            process.kill()
+
+
+if __name__ == "__main__":
+    main()
