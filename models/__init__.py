@@ -16,6 +16,7 @@ from torch import nn
 from . import native
 from . import weights as checkpoint_files
 from .cpu_linear import use_cpu_linears
+from .decoder_layer import DecoderLayers
 from .quantized import check_weights, reduce_linears
 from .gemma3 import Gemma3, Gemma3Spec
 from .gpt2 import GPT2, GPT2Spec
@@ -77,6 +78,8 @@ def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, de
         reduce_linears(model, weights)
     elif native.supports(device, dtype):  # builds the CPU kernels now (once per machine), not in the first step
         use_cpu_linears(model)
+        if isinstance(model, Llama):
+            model.decoder_layers = DecoderLayers.of(model)
     return model
 
 

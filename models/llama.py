@@ -154,6 +154,7 @@ class Llama(nn.Module):
         self.lm_head = nn.Linear(s.hidden_size, s.vocab_size, bias=False)
         self.tie_embeddings()
         self.rotary = Rotary(s.head_dim, s.rope_theta, s.rope_scaling, s.partial_rotary_factor, s.rope_max_position)
+        self.decoder_layers = None  # native layers for decode-only steps, where models.build finds they serve
 
     def tie_embeddings(self):
         if self.spec.tie_word_embeddings:
@@ -164,9 +165,12 @@ class Llama(nn.Module):
         x = self.embed(step.input_ids)
         ends = sequence_ends(step) if self.rotary.per_sequence else None
         cos, sin = self.rotary(step.positions, x.dtype, ends)
-        masks = {w: AttentionMasks(step, x.dtype, w) for w in set(self.spec.layer_windows)}
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, kv_cache, i, step, masks)
+        if self.decoder_layers is not None and not step.prefills:
+            x = self.decoder_layers.forward(x, cos, sin, kv_cache, step)
+        else:
+            masks = {w: AttentionMasks(step, x.dtype, w) for w in set(self.spec.layer_windows)}
+            for i, layer in enumerate(self.layers):
+                x = layer(x, cos, sin, kv_cache, i, step, masks)
         return self.lm_head(self.norm(x[step.sample_indices]))
 
     @staticmethod

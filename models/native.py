@@ -1,4 +1,4 @@
-"""Loom's C++ kernels (models/*.cpp), built with the system C++ compiler into one library on first
+"""Loom's C++ kernels (models/*.cpp and their headers), built with the system C++ compiler into one library on first
 use, cached by sources, flags and processor, and called through ctypes (which releases the GIL).
 
 They are plain C++ with OpenMP and no torch headers: the library builds in a few seconds, and the
@@ -26,6 +26,7 @@ import torch
 from .gguf import cache_dir
 
 SOURCES = sorted(Path(__file__).parent.glob("*.cpp"))
+HEADERS = sorted(Path(__file__).parent.glob("*.h"))
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 DTYPES = {torch.float32: "f32", torch.float64: "f64"}  # the kernels' element types, as symbol suffixes
 DISABLE = "LOOM_DISABLE_KERNELS"
@@ -64,7 +65,7 @@ def _load() -> ctypes.CDLL | None:
         warnings.warn("no C++ compiler found (set CXX): Loom's CPU kernels fall back to slower torch paths",
                       stacklevel=3)
         return None
-    key = hashlib.sha256(b"\0".join([*(source.read_bytes() for source in SOURCES), compiler.encode(),
+    key = hashlib.sha256(b"\0".join([*(source.read_bytes() for source in SOURCES + HEADERS), compiler.encode(),
                                      " ".join(FLAGS).encode(), platform.machine().encode(), _cpu_flags()]))
     path = cache_dir() / "kernels" / f"loom-{key.hexdigest()[:16]}.so"
     try:

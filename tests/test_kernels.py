@@ -108,3 +108,39 @@ def test_rotate_and_store_matches_apply_rotary_and_index_copy(dtype, rotary_dim,
     torch.testing.assert_close(k_cache.view(-1, kv_heads, dim)[slots], k, atol=tolerance, rtol=tolerance)
     assert torch.equal(v_cache.view(-1, kv_heads, dim)[slots], v)
     assert k_cache.view(-1, kv_heads, dim).abs().sum(dim=(1, 2)).count_nonzero() == tokens  # nothing else written
+
+
+@needs_kernel
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_sliding", "mistral", "phi3"])  # rope, qkv bias, windows, partial rotary
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_native_decoder_layers_match_the_torch_layers(arch, dtype):
+    """A decode-only step through decoder_layer.cpp equals the same step through llama.py's Blocks:
+    sequences of different lengths (several decode groups), some past a sliding window."""
+    import models
+    from models.step import KVCache, Sequence, StepInput
+
+    from .conftest import tiny_model
+
+    model = models.load(tiny_model(arch), dtype=dtype).model
+    assert model.decoder_layers is not None
+    gen = torch.Generator().manual_seed(3)
+    lengths = [70, 9, 33, 2, 17]
+    kv = KVCache(model.num_layers, 50, 8, model.num_kv_heads, model.head_dim, dtype, "cpu")
+    tables = [list(range(10 * i, 10 * i + 10)) for i in range(len(lengths))]
+    prompts = [torch.randint(4, 90, (n,), generator=gen).tolist() for n in lengths]
+    with torch.no_grad():
+        model(StepInput.flatten([Sequence(p[:-1], 0, t, False) for p, t in zip(prompts, tables)], 8, torch.device("cpu")), kv)
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # decodes longest first, as the scheduler does
+        decode = StepInput.flatten([Sequence(prompts[i][-1:], lengths[i] - 1, tables[i], True) for i in order], 8,
+                                   torch.device("cpu"))
+        assert len(decode.decode_groups) > 1
+        saved = kv.data.clone()
+        native_logits = model(decode, kv)
+        native_cache = kv.data.clone()
+        kv.data.copy_(saved)
+        layers, model.decoder_layers = model.decoder_layers, None
+        torch_logits = model(decode, kv)
+        model.decoder_layers = layers
+    tolerance = 1e-4 if dtype == torch.float32 else 1e-10
+    torch.testing.assert_close(native_logits, torch_logits, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(native_cache, kv.data, atol=tolerance, rtol=tolerance)

@@ -1,0 +1,100 @@
+"""Llama-family decoder layers for decode-only steps on the CPU, one native call per layer
+(decoder_layer.cpp): what models/llama.py's Block computes, without ~16 torch operators and 6
+ctypes calls of dispatch per layer, which cost a quarter of a one-stream step.
+
+``DecoderLayers.of(model)`` says whether a model qualifies: a dense Llama-family model (Llama,
+Qwen2, Mistral, Phi-3; not Qwen3's q/k norms nor mixture-of-experts layers) whose linear layers are
+CpuLinear (float32 or float64 on the CPU, weights as loaded). Steps with prefill rows, and every
+other model, run the torch path, which stays the reference the tests compare with.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from . import native
+from .cpu_linear import CpuLinear
+
+_pointer, _int64, _double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
+
+
+class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T>
+    _fields_ = [(name, _pointer) for name in ("input_norm", "post_norm", "qkv", "qkv_bias", "out", "out_bias",
+                                              "gate_up", "gate_up_bias", "down", "down_bias", "k_cache", "v_cache")]
+    _fields_ += [(name, _int64) for name in ("hidden", "intermediate", "heads", "kv_heads", "dim", "window")]
+    _fields_ += [("eps", _double), ("scale", _double)]
+
+
+class _Step(ctypes.Structure):  # decoder_layer.cpp's Step<T>
+    _fields_ = [(name, _pointer) for name in ("cos", "sin", "slots", "tables", "lens", "scratch")]
+    _fields_ += [(name, _int64) for name in ("rows", "rotary_dim", "max_blocks", "block_size")]
+
+
+def _address(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
+
+
+class DecoderLayers:
+    def __init__(self, model):
+        spec = model.spec
+        self.dtype = model.embed.weight.dtype
+        self.kernel = native.function("loom_decoder_layer", self.dtype, [_pointer, ctypes.POINTER(_Layer),
+                                                                          ctypes.POINTER(_Step)])
+        self.widths = (spec.hidden_size, spec.intermediate_size, spec.num_heads * spec.head_dim,
+                       (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim)
+        self.layers = []
+        for block in model.layers:
+            attn, mlp = block.attn, block.mlp
+            weights = (block.input_norm.weight, block.post_norm.weight, attn.qkv.weight, attn.qkv.bias,
+                       attn.out.weight, attn.out.bias, mlp.gate_up.weight, mlp.gate_up.bias, mlp.down.weight,
+                       mlp.down.bias)
+            self.layers.append(_Layer(*map(_address, weights), None, None, spec.hidden_size, spec.intermediate_size,
+                                      spec.num_heads, spec.num_kv_heads, spec.head_dim, block.window or 0,
+                                      spec.rms_norm_eps, attn.scale))
+        self.model = model  # the weights whose addresses the layers hold
+
+    @classmethod
+    def of(cls, model) -> "DecoderLayers | None":
+        """The fused layers for ``model``, or None where it does not qualify (see the module's doc)."""
+        from .llama import MLP, Llama
+
+        if not isinstance(model, Llama) or model.spec.qk_norm:
+            return None
+        if not native.supports(model.embed.weight.device, model.embed.weight.dtype):
+            return None
+        for block in model.layers:
+            linears = (block.attn.qkv, block.attn.out, getattr(block.mlp, "gate_up", None), getattr(block.mlp, "down", None))
+            if not isinstance(block.mlp, MLP) or not all(isinstance(m, CpuLinear) for m in linears):
+                return None
+        return cls(model)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache, step) -> torch.Tensor:
+        """Every layer over a decode-only step's rows; x is the embedded input, updated in place."""
+        rows = x.shape[0]
+        hidden, inter, q_width, qkv_width = self.widths
+        tables = _padded_tables(step)
+        cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()
+        scratch = torch.empty(rows * (2 * hidden + qkv_width + 2 * q_width + 2 * inter), dtype=self.dtype)
+        lens = tables[1]
+        plan = _Step(cos.data_ptr(), sin.data_ptr(), step.slot_mapping.data_ptr(), tables[0].data_ptr(),
+                     lens.data_ptr(), scratch.data_ptr(), rows, cos.shape[1], tables[0].shape[1], step.block_size)
+        x = x.contiguous()
+        for i, layer in enumerate(self.layers):
+            k_cache, v_cache = kv_cache.layer(i)
+            layer.k_cache, layer.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
+            self.kernel(x.data_ptr(), ctypes.byref(layer), ctypes.byref(plan))
+        return x
+
+
+def _padded_tables(step) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's decode groups' block tables as one, padded to the widest, and their lengths."""
+    groups = step.decode_groups
+    if len(groups) == 1:
+        return groups[0].block_tables.contiguous(), groups[0].context_lens.contiguous()
+    width = max(g.block_tables.shape[1] for g in groups)
+    tables = torch.zeros(groups[-1].end, width, dtype=torch.int64)
+    for g in groups:
+        tables[g.start:g.end, :g.block_tables.shape[1]] = g.block_tables
+    return tables, torch.cat([g.context_lens for g in groups])

@@ -1,0 +1,180 @@
+// The paged KV pool's two kernels: writing a step's keys and values into it (with the rotary
+// embedding applied to queries and keys on the way), and decode attention read straight from it:
+// one query token per sequence, each sequence's keys and values found through its block table.
+// Together they replace some twenty torch operators per layer, which at one or a few decode rows
+// cost more in dispatch than the arithmetic they do.
+//
+// Decode attention: The torch path first gathers every
+// sequence's blocks into a padded buffer and then runs SDPA over it, so the cache is read twice
+// and written once per layer; here each key and each value is read once, and nothing is padded.
+//
+// The kernels share the work among the threads of the enclosing parallel region (alone, outside
+// one): paged_decode.cpp opens one for each call, decoder_layer.cpp one for a whole layer.
+
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include <omp.h>
+
+namespace {
+
+// exp(row[i] - peak) in place, returning their sum. Generic: std::exp.
+template <typename T>
+T exp_shifted(T* row, int64_t n, T peak) {
+    T sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        row[i] = std::exp(row[i] - peak);
+        sum += row[i];
+    }
+    return sum;
+}
+
+// float: eight lanes at a time, since a scalar expf per score was most of decode attention's time
+// at 64 sequences. exp(x) = 2^n exp(r), n = round(x / ln 2), |r| <= ln(2) / 2, exp(r) by its
+// degree-6 Taylor polynomial (relative error below 2e-7, about float's rounding step).
+template <>
+float exp_shifted<float>(float* row, int64_t n, float peak) {
+    typedef float v8 __attribute__((vector_size(32)));
+    typedef int32_t v8i __attribute__((vector_size(32)));
+    const v8 log2e = v8{} + 1.44269504f, ln2_hi = v8{} + 0.693359375f, ln2_lo = v8{} - 2.12194440e-4f;
+    const v8 shift = v8{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+    const v8 lowest = v8{} - 87.0f;       // exp(-87) is float's smallest normal; softmax needs no less
+    v8 sums = {};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8 x;
+        std::memcpy(&x, row + i, sizeof x);
+        x -= peak;
+        x = x < lowest ? lowest : x;
+        const v8 k = (x * log2e + shift) - shift;
+        const v8 r = (x - k * ln2_hi) - k * ln2_lo;
+        v8 p = v8{} + 1.0f / 720;
+        p = p * r + 1.0f / 120;
+        p = p * r + 1.0f / 24;
+        p = p * r + 1.0f / 6;
+        p = p * r + 0.5f;
+        p = p * r + 1.0f;
+        p = p * r + 1.0f;
+        const v8i bits = (__builtin_convertvector(k, v8i) + 127) << 23;  // 2^k
+        v8 scale;
+        std::memcpy(&scale, &bits, sizeof scale);
+        const v8 e = p * scale;
+        std::memcpy(row + i, &e, sizeof e);
+        sums += e;
+    }
+    float sum = 0;
+    for (int lane = 0; lane < 8; ++lane) sum += sums[lane];
+    for (; i < n; ++i) {
+        row[i] = std::exp(row[i] - peak);
+        sum += row[i];
+    }
+    return sum;
+}
+
+template <typename T>
+void decode_attention_rows(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache,
+                      const int64_t* block_tables, int64_t max_blocks, const int64_t* context_lens,
+                      T* out, int64_t out_stride, int64_t num_seqs, int64_t heads, int64_t kv_heads,
+                      int64_t dim, int64_t block_size, int64_t window, double scale) {
+    const int64_t group = heads / kv_heads;  // query heads sharing one K/V head (GQA)
+    const int64_t slot_stride = kv_heads * dim;
+    // A task is a sequence and a run of its KV heads. Whole sequences keep the reads sequential
+    // (a token's keys for all heads are one contiguous row); with few sequences, split the heads
+    // so that every thread has work.
+    const int64_t splits = num_seqs >= 4 * omp_get_num_threads() ? 1 : kv_heads;
+    {
+        std::vector<T> scores;  // [heads of the task, keys]
+        std::vector<T> acc(heads * dim);
+        std::vector<T> inv_sum(heads);
+
+#pragma omp for collapse(2) schedule(dynamic)
+        for (int64_t s = 0; s < num_seqs; ++s) {
+            for (int64_t split = 0; split < splits; ++split) {
+                const int64_t kv_first = split * kv_heads / splits, kv_end = (split + 1) * kv_heads / splits;
+                const int64_t h_first = kv_first * group, h_count = (kv_end - kv_first) * group;
+                const int64_t end = context_lens[s];
+                const int64_t first = window > 0 ? std::max<int64_t>(0, end - window) : 0;
+                const int64_t n = end - first;
+                const int64_t* table = block_tables + s * max_blocks;
+                const T* qs = q + s * q_stride + h_first * dim;
+                scores.resize(h_count * n);
+
+                // Scores, one read of each key.
+                for (int64_t t = first; t < end; ++t) {
+                    const int64_t slot = table[t / block_size] * block_size + t % block_size;
+                    const T* keys = k_cache + slot * slot_stride + kv_first * dim;
+                    for (int64_t h = 0; h < h_count; ++h) {
+                        const T* qh = qs + h * dim;
+                        const T* key = keys + (h / group) * dim;
+                        T dot = 0;
+#pragma omp simd reduction(+ : dot)
+                        for (int64_t d = 0; d < dim; ++d) dot += qh[d] * key[d];
+                        scores[h * n + (t - first)] = dot * static_cast<T>(scale);
+                    }
+                }
+
+                // Softmax per query head; the 1/sum is applied to the output once.
+                for (int64_t h = 0; h < h_count; ++h) {
+                    T* row = scores.data() + h * n;
+                    const T peak = *std::max_element(row, row + n);
+                    inv_sum[h] = T(1) / exp_shifted(row, n, peak);
+                }
+
+                // Weighted values, one read of each value.
+                std::fill(acc.begin(), acc.begin() + h_count * dim, T(0));
+                for (int64_t t = first; t < end; ++t) {
+                    const int64_t slot = table[t / block_size] * block_size + t % block_size;
+                    const T* values = v_cache + slot * slot_stride + kv_first * dim;
+                    for (int64_t h = 0; h < h_count; ++h) {
+                        const T p = scores[h * n + (t - first)];
+                        const T* value = values + (h / group) * dim;
+                        T* ah = acc.data() + h * dim;
+#pragma omp simd
+                        for (int64_t d = 0; d < dim; ++d) ah[d] += p * value[d];
+                    }
+                }
+                T* o = out + s * out_stride + h_first * dim;
+                for (int64_t h = 0; h < h_count; ++h)
+                    for (int64_t d = 0; d < dim; ++d) o[h * dim + d] = acc[h * dim + d] * inv_sum[h];
+            }
+        }
+    }
+}
+
+// q_out[t] = rotate(q[t]); pool[slots[t]] = rotate(k[t]), v[t]. rotate() turns the first
+// rotary_dim features of each head by the token's angles (cos, sin: [tokens, rotary_dim], halves
+// paired as transformers' rotate_half does) and keeps the rest; rotary_dim 0 leaves q and k as they
+// are, and q_out may then be null. Rows are contiguous per head and may be views of a fused qkv.
+template <typename T>
+void rotate_and_store_rows(const T* q, int64_t q_stride, const T* k, int64_t k_stride, const T* v, int64_t v_stride,
+                      const T* cos, const T* sin, int64_t rotary_dim, const int64_t* slots, int64_t tokens,
+                      T* k_cache, T* v_cache, T* q_out, int64_t heads, int64_t kv_heads, int64_t dim) {
+    const int64_t half = rotary_dim / 2;
+    auto rotate = [&](const T* x, const T* c, const T* s, T* y) {
+        for (int64_t i = 0; i < half; ++i) {
+            y[i] = x[i] * c[i] - x[i + half] * s[i];
+            y[i + half] = x[i + half] * c[i + half] + x[i] * s[i + half];
+        }
+        for (int64_t i = rotary_dim; i < dim; ++i) y[i] = x[i];
+    };
+#pragma omp for
+    for (int64_t t = 0; t < tokens; ++t) {
+        const T* c = cos + t * rotary_dim;
+        const T* s = sin + t * rotary_dim;
+        T* keys = k_cache + slots[t] * kv_heads * dim;
+        std::copy(v + t * v_stride, v + t * v_stride + kv_heads * dim, v_cache + slots[t] * kv_heads * dim);
+        if (rotary_dim == 0) {
+            std::copy(k + t * k_stride, k + t * k_stride + kv_heads * dim, keys);
+            continue;
+        }
+        for (int64_t h = 0; h < kv_heads; ++h) rotate(k + t * k_stride + h * dim, c, s, keys + h * dim);
+        for (int64_t h = 0; h < heads; ++h) rotate(q + t * q_stride + h * dim, c, s, q_out + (t * heads + h) * dim);
+    }
+}
+
+}  // namespace
