@@ -1,6 +1,7 @@
 """Llama-family decoder layers for decode-only steps on the CPU, one native call per layer
 (decoder_layer.cpp): what models/llama.py's Block computes, without ~16 torch operators and 6
-ctypes calls of dispatch per layer, which cost a quarter of a one-stream step.
+ctypes calls of dispatch per layer, which cost a quarter of a one-stream step (23.6 -> 17.4 ms on
+the default model; docs/benchmarks.md, "Small-batch products").
 
 ``DecoderLayers.of(model)`` says whether a model qualifies: a dense Llama-family model (Llama,
 Qwen2, Mistral, Phi-3; not Qwen3's q/k norms nor mixture-of-experts layers) whose linear layers are
@@ -16,6 +17,7 @@ import torch
 
 from . import native
 from .cpu_linear import CpuLinear
+from .llama import MLP, Llama
 
 _pointer, _int64, _double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 
@@ -56,11 +58,9 @@ class DecoderLayers:
         self.model = model  # the weights whose addresses the layers hold
 
     @classmethod
-    def of(cls, model) -> "DecoderLayers | None":
-        """The fused layers for ``model``, or None where it does not qualify (see the module's doc)."""
-        from .llama import MLP, Llama
-
-        if not isinstance(model, Llama) or model.spec.qk_norm:
+    def of(cls, model: Llama) -> "DecoderLayers | None":
+        """The native layers for ``model``, or None where it does not qualify (see the module's doc)."""
+        if model.spec.qk_norm:
             return None
         if not native.supports(model.embed.weight.device, model.embed.weight.dtype):
             return None
@@ -71,15 +71,15 @@ class DecoderLayers:
         return cls(model)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache, step) -> torch.Tensor:
-        """Every layer over a decode-only step's rows; x is the embedded input, updated in place."""
+        """Every layer over a decode-only step's rows; x is the embedded input, updated in place.
+        One forward at a time (the engine's loop thread): the layers' pool addresses are set per call."""
         rows = x.shape[0]
         hidden, inter, q_width, qkv_width = self.widths
-        tables = _padded_tables(step)
+        tables, lens = _padded_tables(step)
         cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()
         scratch = torch.empty(rows * (2 * hidden + qkv_width + 2 * q_width + 2 * inter), dtype=self.dtype)
-        lens = tables[1]
-        plan = _Step(cos.data_ptr(), sin.data_ptr(), step.slot_mapping.data_ptr(), tables[0].data_ptr(),
-                     lens.data_ptr(), scratch.data_ptr(), rows, cos.shape[1], tables[0].shape[1], step.block_size)
+        plan = _Step(cos.data_ptr(), sin.data_ptr(), step.slot_mapping.data_ptr(), tables.data_ptr(), lens.data_ptr(),
+                     scratch.data_ptr(), rows, cos.shape[1], tables.shape[1], step.block_size)
         x = x.contiguous()
         for i, layer in enumerate(self.layers):
             k_cache, v_cache = kv_cache.layer(i)
