@@ -5,8 +5,8 @@ the default model; docs/benchmarks.md, "Small-batch products").
 
 ``DecoderLayers.of(model)`` says whether a model qualifies: a dense Llama-family model (Llama,
 Qwen2, Mistral, Phi-3; not Qwen3's q/k norms nor mixture-of-experts layers) whose linear layers are
-CpuLinear (float32 or float64 on the CPU, weights as loaded). Steps with prefill rows, and every
-other model, run the torch path, which stays the reference the tests compare with.
+CpuLinear (float32 or float64 on the CPU, weights as loaded). Steps with prefill rows or more than
+32 rows, and every other model, run the torch path, which stays the reference the tests compare with.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import ctypes
 import torch
 
 from . import native
-from .cpu_linear import CpuLinear
+from .cpu_linear import SMALL_ROWS, CpuLinear
 from .llama import MLP, Llama
 
 _pointer, _int64, _double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
@@ -69,6 +69,12 @@ class DecoderLayers:
             if not isinstance(block.mlp, MLP) or not all(isinstance(m, CpuLinear) for m in linears):
                 return None
         return cls(model)
+
+    @staticmethod
+    def serves(step) -> bool:
+        """Decode rows only, and few enough for the kernel's products (above, oneDNN's are faster:
+        the torch layers run them)."""
+        return not step.prefills and 0 < len(step.input_ids) <= SMALL_ROWS
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache, step) -> torch.Tensor:
         """Every layer over a decode-only step's rows; x is the embedded input, updated in place.

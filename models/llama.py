@@ -165,7 +165,7 @@ class Llama(nn.Module):
         x = self.embed(step.input_ids)
         ends = sequence_ends(step) if self.rotary.per_sequence else None
         cos, sin = self.rotary(step.positions, x.dtype, ends)
-        if self.decoder_layers is not None and not step.prefills:
+        if self.decoder_layers is not None and self.decoder_layers.serves(step):
             x = self.decoder_layers.forward(x, cos, sin, kv_cache, step)
         else:
             masks = {w: AttentionMasks(step, x.dtype, w) for w in set(self.spec.layer_windows)}

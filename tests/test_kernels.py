@@ -144,3 +144,5 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype):
     tolerance = 1e-4 if dtype == torch.float32 else 1e-10
     torch.testing.assert_close(native_logits, torch_logits, atol=tolerance, rtol=tolerance)
     torch.testing.assert_close(native_cache, kv.data, atol=tolerance, rtol=tolerance)
+    wide = StepInput.flatten([Sequence([5], 3, [i], True) for i in range(33)], 8, torch.device("cpu"))
+    assert layers.serves(decode) and not layers.serves(wide)  # past 32 rows oneDNN's products win: torch layers
