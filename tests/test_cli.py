@@ -124,7 +124,9 @@ def test_bench_smoke_run_writes_table_json_and_plot(tmp_path):
     loom = next(r for r in report["runs"] if r["workload"] == pure["workload"] and r["system"] == "loom")
     assert pure["tokens"] == loom["tokens"] and pure["tpot_p50_ms"] > 0  # the runtime-overhead baseline
     if sys.platform == "linux":  # the share of CPU time a hypervisor took meanwhile, from /proc/stat
-        assert all(0 <= r["steal_pct"] <= 100 for r in report["runs"])
+        steals = [r["steal_pct"] for r in report["runs"]]
+        assert all(s is None or 0 <= s <= 100 for s in steals)  # None: a run shorter than one clock tick
+        assert any(s is not None for s in steals)
     assert (tmp_path / "bench.png").stat().st_size > 1000
     assert all(r["competitors"] == 0 and r["cpu_ms_per_token"] > 0 for r in report["runs"] if r not in floors)
 
