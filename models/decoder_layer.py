@@ -46,16 +46,16 @@ class DecoderLayers:
                                                                           ctypes.POINTER(_Step)])
         self.widths = (spec.hidden_size, spec.intermediate_size, spec.num_heads * spec.head_dim,
                        (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim)
-        self.layers = []
+        self.layers, self.weights = [], []  # the tensors whose addresses the layers hold, kept alive
         for block in model.layers:
             attn, mlp = block.attn, block.mlp
             weights = (block.input_norm.weight, block.post_norm.weight, attn.qkv.weight, attn.qkv.bias,
                        attn.out.weight, attn.out.bias, mlp.gate_up.weight, mlp.gate_up.bias, mlp.down.weight,
                        mlp.down.bias)
+            self.weights.append(weights)
             self.layers.append(_Layer(*map(_address, weights), None, None, spec.hidden_size, spec.intermediate_size,
                                       spec.num_heads, spec.num_kv_heads, spec.head_dim, block.window or 0,
                                       spec.rms_norm_eps, attn.scale))
-        self.model = model  # the weights whose addresses the layers hold
 
     @classmethod
     def of(cls, model: Llama) -> "DecoderLayers | None":
