@@ -18,7 +18,7 @@ from torch import nn
 
 from . import native
 
-SMALL_ROWS = 32  # up to here the kernel measured faster than oneDNN and MKL on every layer shape
+SMALL_ROWS = 32  # the kernel: 1.2-2.7x oneDNN at 1-4 rows, 1.05-1.4x at 16, even at 32, behind at 64
 
 _int64, _pointer = ctypes.c_int64, ctypes.c_void_p
 ARGTYPES = [_pointer, _int64, _int64, _pointer, _pointer, _int64, _int64, _pointer, _int64]
