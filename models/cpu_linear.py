@@ -27,13 +27,16 @@ ARGTYPES = [_pointer, _int64, _int64, _pointer, _pointer, _int64, _int64, _point
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear for a 2-D ``x`` whose rows are contiguous (they may be a view's rows), on the
     kernel; ``weight`` [out, in] and ``bias`` contiguous, all of one dtype the kernels support."""
-    rows, width = x.shape
     if x.stride(1) != 1:
         x = x.contiguous()
-    y = torch.empty(rows, weight.shape[0], dtype=x.dtype)
-    native.function("loom_linear", x.dtype, ARGTYPES)(
-        x.data_ptr(), x.stride(0), rows, weight.data_ptr(), None if bias is None else bias.data_ptr(),
-        width, weight.shape[0], y.data_ptr(), y.stride(0))
+    return _product(native.function("loom_linear", x.dtype, ARGTYPES), x, weight, bias)
+
+
+def _product(kernel, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    out, width = weight.shape
+    y = torch.empty(x.shape[0], out, dtype=x.dtype)
+    kernel(x.data_ptr(), x.stride(0), x.shape[0], weight.data_ptr(), None if bias is None else bias.data_ptr(),
+           width, out, y.data_ptr(), out)
     return y
 
 
@@ -52,12 +55,7 @@ class CpuLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or not 0 < x.shape[0] <= SMALL_ROWS or x.stride(1) != 1 or x.dtype != self.weight.dtype:
             return self.large(x, self.weight, self.bias)
-        rows = x.shape[0]
-        y = torch.empty(rows, self.out_features, dtype=x.dtype)
-        self.kernel(x.data_ptr(), x.stride(0), rows, self.weight.data_ptr(),
-                    None if self.bias is None else self.bias.data_ptr(), self.in_features, self.out_features,
-                    y.data_ptr(), self.out_features)
-        return y
+        return _product(self.kernel, x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
