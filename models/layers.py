@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import paged_decode
+from . import native, paged_decode
 from .rope import apply_rotary
 
 
@@ -22,7 +22,7 @@ class AttentionMasks:
     def __init__(self, step, dtype: torch.dtype, window: int | None = None):
         self.window = window
         # The CPU kernels bound each context themselves; the torch path needs padded masks.
-        self.on_kernel = paged_decode.supports(step.positions.device, dtype)
+        self.on_kernel = native.supports(step.positions.device, dtype)
         self.decode = []  # one mask per decode group; None where the kernel needs none
         for group in step.decode_groups:
             if self.on_kernel:

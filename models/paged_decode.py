@@ -22,8 +22,16 @@ STORE_ARGTYPES = [_pointer, _int64, _pointer, _int64, _pointer, _int64, _pointer
                   _pointer, _pointer, _pointer, _int64, _int64, _int64]
 
 
-def supports(device: torch.device, dtype: torch.dtype) -> bool:
-    return native.supports(device, dtype)
+def _check_rows(kernel: str, **tensors) -> None:
+    """The kernels walk each row's heads as one contiguous run."""
+    for name, t in tensors.items():
+        if t.stride(2) != 1 or t.stride(1) != t.shape[2]:
+            raise ValueError(f"{kernel} needs each row of {name} contiguous")
+
+
+def _check_pool(kernel: str, k_cache, v_cache) -> None:
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError(f"{kernel} needs a contiguous KV cache")
 
 
 def rotate_and_store(q, k, v, cos, sin, slots, k_cache, v_cache) -> torch.Tensor:
@@ -33,11 +41,8 @@ def rotate_and_store(q, k, v, cos, sin, slots, k_cache, v_cache) -> torch.Tensor
     rotary dim]; k_cache, v_cache: one layer's [blocks, block_size, kv_heads, dim]."""
     tokens, heads, dim = q.shape
     kv_heads = k.shape[1]
-    for t in (q, k, v):
-        if t.stride(2) != 1 or t.stride(1) != dim:
-            raise ValueError("rotate_and_store needs each row of q, k and v contiguous")
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("rotate_and_store needs a contiguous KV cache")
+    _check_rows("rotate_and_store", q=q, k=k, v=v)
+    _check_pool("rotate_and_store", k_cache, v_cache)
     rotary_dim = 0 if cos is None else cos.shape[-1]
     q_out = q if cos is None else torch.empty(tokens, heads, dim, dtype=q.dtype)
     if cos is not None:
@@ -56,11 +61,8 @@ def decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, scale
     tensors, as long as each row's heads and dims are contiguous."""
     num_seqs, heads, dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
-    for t in (q, out):
-        if t.stride(2) != 1 or t.stride(1) != dim:
-            raise ValueError("decode_attention needs each row of q and out contiguous")
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("decode_attention needs a contiguous KV cache")
+    _check_rows("decode_attention", q=q, out=out)
+    _check_pool("decode_attention", k_cache, v_cache)
     tables = block_tables.to(torch.int64).contiguous()
     lens = context_lens.to(torch.int64).contiguous()
     native.function("loom_decode_attention", q.dtype, ARGTYPES)(
