@@ -65,8 +65,10 @@ class DecoderLayers:
         if not native.supports(model.embed.weight.device, model.embed.weight.dtype):
             return None
         for block in model.layers:
-            linears = (block.attn.qkv, block.attn.out, getattr(block.mlp, "gate_up", None), getattr(block.mlp, "down", None))
-            if not isinstance(block.mlp, MLP) or not all(isinstance(m, CpuLinear) for m in linears):
+            if not isinstance(block.mlp, MLP):  # routed experts
+                return None
+            linears = (block.attn.qkv, block.attn.out, block.mlp.gate_up, block.mlp.down)
+            if not all(isinstance(m, CpuLinear) for m in linears):
                 return None
         return cls(model)
 
