@@ -2,7 +2,6 @@
 model's tokenizer): the same OpenAI routes as the single-process server, requests spread over the
 replicas, each response naming its replica, greedy answers equal to one in-process engine's."""
 
-import socket
 import threading
 import time
 
@@ -14,15 +13,10 @@ serve = pytest.importorskip("ray.serve", reason="replicas need the 'ray' extra: 
 openai = pytest.importorskip("openai")
 
 from runtime import Engine, GenerationConfig  # noqa: E402
+from runtime.bench.peers import free_port  # noqa: E402
 from runtime.serve.ray_app import REPLICA_HEADER, loom_application, start_ray  # noqa: E402
 
 MODEL = "tiny"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

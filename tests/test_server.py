@@ -3,7 +3,6 @@ openai client."""
 
 import asyncio
 import json
-import socket
 import threading
 import time
 
@@ -16,16 +15,11 @@ openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
 from runtime import Engine, EngineBusy, GenerationConfig  # noqa: E402
+from runtime.bench.peers import free_port  # noqa: E402
 from runtime.serve import create_app  # noqa: E402
 
 KEY = "test-key"
 MODEL = "smollm2"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
