@@ -64,8 +64,13 @@ class StepInput:
         context first; sampled rows come out in the order of their sequences."""
         ids, positions, slots, samples = [], [], [], []
         tables, context_lens, prefills = [], [], []
-        for seq in sequences:
+        for i, seq in enumerate(sequences):
             start, first, n = len(ids), seq.start, len(seq.token_ids)
+            if n == 1 and (prefills or context_lens and first + 1 > context_lens[-1]):
+                # the decode groups index the batch's first rows: anything else would leave a row's
+                # attention unwritten (or pad a group's tables to the wrong width)
+                raise ValueError(f"sequence {i}: one-token entries must come before every prefill chunk, "
+                                 "longest context first")
             span = range(first, first + n)
             ids += seq.token_ids
             positions += span

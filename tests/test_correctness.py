@@ -92,3 +92,18 @@ def test_float32_cpu_model_with_cpu_linears_matches_transformers(prompt_length):
             ours = model(step, kv)[0]
             theirs = hf(torch.tensor([prompt])).logits[0, -1]
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_flat_batch_refuses_one_token_entries_out_of_order():
+    """The decode groups index the batch's first rows: a one-token entry after a prefill chunk (or a
+    longer decode after a shorter one) would leave its attention unwritten, so flatten refuses it."""
+    from models.step import Sequence, StepInput
+
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="sequence 1: one-token entries must come before every prefill chunk"):
+        StepInput.flatten([Sequence([5, 6], 0, [0], False), Sequence([7], 0, [1], False)], 8, cpu)
+    with pytest.raises(ValueError, match="sequence 1: .* longest context first"):
+        StepInput.flatten([Sequence([5], 3, [0], True), Sequence([7], 9, [1, 2], True)], 8, cpu)
+    step = StepInput.flatten([Sequence([7], 9, [1, 2], True), Sequence([5], 3, [0], True),
+                              Sequence([5, 6], 0, [3], False)], 8, cpu)
+    assert [(g.start, g.end) for g in step.decode_groups] == [(0, 1), (1, 2)] and len(step.prefills) == 1
