@@ -1,13 +1,22 @@
-// y = x w^T + b for the few rows of a decode step: x [rows, in], w [out, in] as the checkpoint
-// stores it, y [rows, out].
+// y = x w^T + b on the CPU: x [rows, in], w [out, in] as the checkpoint stores it, y [rows, out].
 //
-// At a few rows a linear layer reads every weight once to do little arithmetic with it, so its
-// speed is how fast it streams the weights. Each task takes a handful of weight rows and keeps
-// them in registers' reach while it runs every input row past them: one sequential read of the
-// weights whatever the row count, and, from a few rows up, a fused multiply-add for every load.
-// oneDNN and MKL were 1.5-3x slower at 1-4 rows and ~1.3x at 16 on this project's AVX2 machine
-// (docs/benchmarks.md, "Small-batch products"). Tasks are handed out dynamically, so a thread that
-// the OS parks for a time slice on shared cores delays only the rows it holds.
+// Two products, chosen by the row count:
+//
+// - Up to PANEL_MIN_ROWS - 1 rows (the decode steps of a few streams) a linear layer reads every
+//   weight once to do little arithmetic with it, so its speed is how fast it streams the weights.
+//   Each task takes a handful of weight rows and keeps them in registers' reach while it runs every
+//   input row past them: one sequential read of the weights whatever the row count. oneDNN and MKL
+//   were 1.5-3x slower at 1-4 rows on this project's AVX2 machine.
+// - From PANEL_MIN_ROWS rows up the product is bound by arithmetic, and the question is how many
+//   multiply-adds each load feeds. The input rows are copied into panels of 16 (two vectors of
+//   floats side by side, one k after another); a tile of 6 weight rows x 16 input rows then keeps
+//   12 vector sums in registers, broadcasting one weight per weight row at each k: 12 multiply-adds
+//   for 2 vector loads and 6 broadcasts, no horizontal sums. The row-at-a-time tiles reloaded their
+//   input rows from L2 for every 3 weight rows and reached ~70 GFLOP/s; the panels reach ~150 on
+//   two cores, about twice oneDNN's product at 16-512 rows (docs/benchmarks.md, "Panel products").
+//
+// Tasks are handed out dynamically in both, so a thread that the OS parks for a time slice on
+// shared cores delays only the rows it holds.
 //
 // GCC vector extensions rather than intrinsics: one source for float and double and for every
 // instruction set -march=native allows.
@@ -98,10 +107,103 @@ inline void all_rows(const T* x, int64_t x_stride, int64_t rows, const T* w, int
     for (; m < rows; ++m, next = nullptr) tile<T, 1, OUTS>(x + m * x_stride, x_stride, w, in, y + m * y_stride, y_stride, next);
 }
 
+// The panels: rows of x in groups of P = two vectors, each group stored k-major (P values per
+// k), the last group padded with zero rows.
+template <typename T>
+constexpr int64_t panel_rows() {
+    return 2 * Vector<T>::lanes;
+}
+
+constexpr int64_t PANEL_MIN_ROWS = 9;  // even at 8 rows (half a float panel); ahead from 12 up
+
+// Elements of the panel buffer for ``rows`` rows of width ``in``, for float and double alike.
+inline int64_t packed_size(int64_t rows, int64_t in) {
+    return (rows + 15) / 16 * 16 * in;
+}
+
+template <typename T>
+void pack_panels(const T* x, int64_t x_stride, int64_t rows, int64_t in, T* packed) {
+    constexpr int64_t P = panel_rows<T>();
+#pragma omp for
+    for (int64_t panel = 0; panel < (rows + P - 1) / P; ++panel) {
+        T* dst = packed + panel * in * P;
+        for (int64_t j = 0; j < P; ++j) {
+            const int64_t m = panel * P + j;
+            if (m < rows)
+                for (int64_t k = 0; k < in; ++k) dst[k * P + j] = x[m * x_stride + k];
+            else
+                for (int64_t k = 0; k < in; ++k) dst[k * P + j] = 0;
+        }
+    }
+}
+
+// y[m][o] (+)= panel rows m . w[o] over ``count`` values of k, for OUTS weight rows (w: the first,
+// at the chunk's first k; rows ``in`` apart) and the panel's first ``rows`` rows. The first chunk
+// of k stores (adding the bias, if any); later ones add to y.
+template <typename T, int OUTS>
+inline void panel_tile(const T* panel, const T* w, int64_t in, int64_t count, T* y, int64_t y_stride, int64_t rows,
+                       const T* bias, bool first) {
+    using V = Vector<T>;
+    constexpr int L = V::lanes;
+    typename V::type acc[OUTS][2] = {};
+    for (int64_t k = 0; k < count; ++k) {
+        const typename V::type lo = V::load(panel + k * 2 * L), hi = V::load(panel + k * 2 * L + L);
+        for (int o = 0; o < OUTS; ++o) {
+            const T weight = w[o * in + k];
+            acc[o][0] += lo * weight;
+            acc[o][1] += hi * weight;
+        }
+    }
+    for (int o = 0; o < OUTS; ++o) {
+        const T b = first && bias != nullptr ? bias[o] : T(0);
+        for (int64_t m = 0; m < rows; ++m) {
+            const T sum = acc[o][m / L][m % L];
+            T& dst = y[m * y_stride + o];
+            dst = first ? sum + b : dst + sum;
+        }
+    }
+}
+
+template <typename T>
+void panel_product(const T* packed, int64_t rows, const T* w, const T* bias, int64_t in, int64_t out, T* y,
+                   int64_t y_stride) {
+    constexpr int64_t P = panel_rows<T>();
+    constexpr int OUTS = 6;
+    // A task is 48 weight rows: 48 x 576 floats stay in L2 while every panel passes them. Widths
+    // above 1024 are cut into even chunks of k, so that a weight block and a panel's share of it
+    // stay cached on wider models too.
+    constexpr int64_t BLOCK = 48;
+    const int64_t panels = (rows + P - 1) / P, chunks = (in + 1023) / 1024, chunk = (in + chunks - 1) / chunks;
+#pragma omp for schedule(dynamic)
+    for (int64_t first_out = 0; first_out < out; first_out += BLOCK) {
+        const int64_t end = std::min(out, first_out + BLOCK);
+        for (int64_t k = 0; k < in; k += chunk) {
+            const int64_t count = std::min(chunk, in - k);
+            for (int64_t panel = 0; panel < panels; ++panel) {
+                const T* xp = packed + (panel * in + k) * P;
+                T* yp = y + panel * P * y_stride;
+                const int64_t valid = std::min(P, rows - panel * P);
+                const T* b = bias == nullptr ? nullptr : bias + first_out;
+                int64_t o = first_out;
+                for (; o + OUTS <= end; o += OUTS, b = b == nullptr ? b : b + OUTS)
+                    panel_tile<T, OUTS>(xp, w + o * in + k, in, count, yp + o, y_stride, valid, b, k == 0);
+                for (; o < end; ++o, b = b == nullptr ? b : b + 1)
+                    panel_tile<T, 1>(xp, w + o * in + k, in, count, yp + o, y_stride, valid, b, k == 0);
+            }
+        }
+    }
+}
+
 // Shares the work among the threads of the enclosing parallel region (alone, outside one).
+// ``packed``: packed_size(rows, in) elements of scratch, shared by the region's threads.
 template <typename T>
 void linear_rows(const T* x, int64_t x_stride, int64_t rows, const T* w, const T* bias, int64_t in, int64_t out,
-                 T* y, int64_t y_stride) {
+                 T* y, int64_t y_stride, T* packed) {
+    if (rows >= PANEL_MIN_ROWS) {
+        pack_panels(x, x_stride, rows, in, packed);  // its loop's barrier: the panels are whole after it
+        panel_product(packed, rows, w, bias, in, out, y, y_stride);
+        return;
+    }
     // A task is 8 weight rows for one input row; for more, 3 weight rows x 4 input rows (12
     // accumulators, 7 loads for 12 multiply-adds). Each thread takes 8 runs of tasks on average:
     // long enough to stream, short enough that a parked thread's share is taken over.

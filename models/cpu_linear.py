@@ -1,11 +1,12 @@
-"""Linear layers on the CPU: Loom's own product (cpu_linear.cpp) for the few rows of a decode step,
-oneDNN's for prefill chunks and large batches.
+"""Linear layers on the CPU: Loom's own products (cpu_linear.h) for decode steps and short prefill
+chunks, oneDNN's for longer chunks.
 
-Decode at small batches is bound by reading the weights; the kernel streams them once per step
-whatever the row count. Above ``SMALL_ROWS`` rows the product is bound by arithmetic, where
-oneDNN's blocked GEMM is ahead: it takes the dense weight as it is (as fast as a prepacked copy,
-which would double the memory), and beat MKL (torch's F.linear) by up to 30% on output layers
-(docs/benchmarks.md, "Small-batch products").
+Decode at a few rows is bound by reading the weights: the kernel streams them once per step
+whatever the row count. From 9 rows up it packs the input rows into panels and runs 6 x 16 tiles,
+~1.1-1.9x oneDNN's product up to 128 rows; at 256-512 rows oneDNN's blocked GEMM is level or ahead
+(docs/benchmarks.md, "Panel products"), so longer prefill chunks keep it. oneDNN takes the dense
+weight as it is (as fast as a prepacked copy, which would double the memory), and beat MKL (torch's
+F.linear) by up to 30% on output layers.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from torch import nn
 
 from . import native
 
-SMALL_ROWS = 32  # the kernel: 1.2-2.7x oneDNN at 1-4 rows, 1.05-1.4x at 16, even at 32, behind at 64
+KERNEL_ROWS = 128  # the kernel: 1.5-3x oneDNN at 1-8 rows, 1.1-1.9x at 16-128, level or behind from 256
 
 _int64, _pointer = ctypes.c_int64, ctypes.c_void_p
 ARGTYPES = [_pointer, _int64, _int64, _pointer, _pointer, _int64, _int64, _pointer, _int64]
@@ -41,7 +42,7 @@ def _product(kernel, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 
 class CpuLinear(nn.Module):
-    """nn.Linear whose decode-sized products run on Loom's kernel. Its forward is lean on purpose:
+    """nn.Linear whose products of up to KERNEL_ROWS rows run on Loom's kernel. Its forward is lean on purpose:
     a one-row decode step calls it 121 times on the default model."""
 
     def __init__(self, layer: nn.Linear):
@@ -53,7 +54,7 @@ class CpuLinear(nn.Module):
         self.large = _onednn_linear if self.weight.dtype == torch.float32 and _has_onednn() else F.linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 2 or not 0 < x.shape[0] <= SMALL_ROWS or x.stride(1) != 1 or x.dtype != self.weight.dtype:
+        if x.dim() != 2 or not 0 < x.shape[0] <= KERNEL_ROWS or x.stride(1) != 1 or x.dtype != self.weight.dtype:
             return self.large(x, self.weight, self.bias)
         return _product(self.kernel, x, self.weight, self.bias)
 

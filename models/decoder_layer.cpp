@@ -27,7 +27,8 @@ struct Layer {
 };
 
 // The step's decode rows, filled once per step: angles, pool slots, block tables (padded to the
-// widest), context lengths, and a scratch buffer of scratch_size(rows) elements.
+// widest), context lengths, and a scratch buffer (its layout: decoder_layer() below and
+// DecoderLayers.forward's size).
 template <typename T>
 struct Step {
     const T *cos, *sin;
@@ -78,19 +79,20 @@ void decoder_layer(T* x, const Layer<T>& l, const Step<T>& s) {
     T* attn = q + rows * q_width;         // [rows, q_width]
     T* gate_up = attn + rows * q_width;   // [rows, 2 * intermediate]
     T* delta = gate_up + rows * 2 * inter;  // [rows, hidden] a product's output, added to x
+    T* packed = delta + rows * hidden;    // the products' input panels, packed_size(rows, widest input)
 #pragma omp parallel
     {
         norm_rows<T>(x, nullptr, l.input_norm, l.eps, h, rows, hidden);
-        linear_rows(h, hidden, rows, l.qkv, l.qkv_bias, hidden, qkv_width, qkv, qkv_width);
+        linear_rows(h, hidden, rows, l.qkv, l.qkv_bias, hidden, qkv_width, qkv, qkv_width, packed);
         rotate_and_store_rows(qkv, qkv_width, qkv + q_width, qkv_width, qkv + q_width + kv_width, qkv_width, s.cos,
                               s.sin, s.rotary_dim, s.slots, rows, l.k_cache, l.v_cache, q, l.heads, l.kv_heads, l.dim);
         decode_attention_rows(q, q_width, l.k_cache, l.v_cache, s.tables, s.max_blocks, s.lens, attn, q_width, rows,
                               l.heads, l.kv_heads, l.dim, s.block_size, l.window, l.scale);
-        linear_rows(attn, q_width, rows, l.out, l.out_bias, q_width, hidden, delta, hidden);
+        linear_rows(attn, q_width, rows, l.out, l.out_bias, q_width, hidden, delta, hidden, packed);
         norm_rows(x, delta, l.post_norm, l.eps, h, rows, hidden);
-        linear_rows(h, hidden, rows, l.gate_up, l.gate_up_bias, hidden, 2 * inter, gate_up, 2 * inter);
+        linear_rows(h, hidden, rows, l.gate_up, l.gate_up_bias, hidden, 2 * inter, gate_up, 2 * inter, packed);
         silu_mul_rows(gate_up, rows, inter);
-        linear_rows(gate_up, 2 * inter, rows, l.down, l.down_bias, inter, hidden, delta, hidden);
+        linear_rows(gate_up, 2 * inter, rows, l.down, l.down_bias, inter, hidden, delta, hidden, packed);
         add_rows(x, delta, rows * hidden);
     }
 }

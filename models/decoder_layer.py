@@ -6,7 +6,7 @@ the default model; docs/benchmarks.md, "Small-batch products").
 ``DecoderLayers.of(model)`` says whether a model qualifies: a dense Llama-family model (Llama,
 Qwen2, Mistral, Phi-3; not Qwen3's q/k norms nor mixture-of-experts layers) whose linear layers are
 CpuLinear (float32 or float64 on the CPU, weights as loaded). Steps with prefill rows or more than
-32 rows, and every other model, run the torch path, which stays the reference the tests compare with.
+KERNEL_ROWS rows, and every other model, run the torch path, which stays the reference the tests compare with.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import ctypes
 import torch
 
 from . import native
-from .cpu_linear import SMALL_ROWS, CpuLinear
+from .cpu_linear import KERNEL_ROWS, CpuLinear
 from .llama import MLP, Llama
 
 _pointer, _int64, _double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
@@ -74,9 +74,9 @@ class DecoderLayers:
 
     @staticmethod
     def serves(step) -> bool:
-        """Decode rows only, and few enough for the kernel's products (above, oneDNN's are faster:
-        the torch layers run them)."""
-        return not step.prefills and 0 < len(step.input_ids) <= SMALL_ROWS
+        """Decode rows only, and no more than the kernel's products take (above, oneDNN's are as
+        fast or faster: the torch layers run them)."""
+        return not step.prefills and 0 < len(step.input_ids) <= KERNEL_ROWS
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache, step) -> torch.Tensor:
         """Every layer over a decode-only step's rows; x is the embedded input, updated in place.
@@ -85,7 +85,8 @@ class DecoderLayers:
         hidden, inter, q_width, qkv_width = self.widths
         tables, lens = _padded_tables(step)
         cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()
-        scratch = torch.empty(rows * (2 * hidden + qkv_width + 2 * q_width + 2 * inter), dtype=self.dtype)
+        panels = -(-rows // 16) * 16 * max(hidden, q_width, inter)  # cpu_linear.h's packed_size
+        scratch = torch.empty(rows * (2 * hidden + qkv_width + 2 * q_width + 2 * inter) + panels, dtype=self.dtype)
         plan = _Step(cos.data_ptr(), sin.data_ptr(), step.slot_mapping.data_ptr(), tables.data_ptr(), lens.data_ptr(),
                      scratch.data_ptr(), rows, cos.shape[1], tables.shape[1], step.block_size)
         x = x.contiguous()

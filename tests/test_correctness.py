@@ -72,22 +72,23 @@ def test_eos_ends_the_stream_unless_ignored(llama):
     assert by_stop_id == free_run[:2]
 
 
-@pytest.mark.parametrize("prompt_length", [7, 45])  # rows on Loom's linear kernel; rows past SMALL_ROWS on MKL
+@pytest.mark.parametrize("prompt_length", [7, 45, 150])  # Loom's kernel row blocks (< 9 rows), its panels; oneDNN
 def test_float32_cpu_model_with_cpu_linears_matches_transformers(prompt_length):
     """float32 on CPU swaps nn.Linear for CpuLinear: logits must stay transformers'."""
-    from models.cpu_linear import SMALL_ROWS, CpuLinear
+    from models.cpu_linear import KERNEL_ROWS, CpuLinear
     from models.step import KVCache, Sequence, StepInput
 
     if native.library() is None:
         pytest.skip("no C++ compiler: linear layers stay nn.Linear")
-    assert (prompt_length <= SMALL_ROWS) == (prompt_length == 7)
+    assert (prompt_length > KERNEL_ROWS) == (prompt_length == 150)
     for arch in ("gpt2", "llama"):
         hf = tiny_model(arch).float()
         model = models.load(hf).model
         assert isinstance(model.layers[0].mlp.down if arch == "llama" else model.layers[0].fc, CpuLinear)
         prompt = [(7 * i + 5) % 90 for i in range(prompt_length)]
-        kv = KVCache(model.num_layers, 4, 16, model.num_kv_heads, model.head_dim, torch.float32, "cpu")
-        step = StepInput.flatten([Sequence(prompt, 0, [0, 1, 2, 3], sample=True)], 16, torch.device("cpu"))
+        blocks = -(-prompt_length // 16)
+        kv = KVCache(model.num_layers, blocks, 16, model.num_kv_heads, model.head_dim, torch.float32, "cpu")
+        step = StepInput.flatten([Sequence(prompt, 0, list(range(blocks)), sample=True)], 16, torch.device("cpu"))
         with torch.no_grad():
             ours = model(step, kv)[0]
             theirs = hf(torch.tensor([prompt])).logits[0, -1]

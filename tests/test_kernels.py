@@ -63,11 +63,13 @@ def test_a_failed_build_falls_back_with_a_warning(tmp_path, monkeypatch):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 32])  # one row; whole and partial blocks of four
-@pytest.mark.parametrize("width,out,bias", [(64, 96, False), (61, 29, True), (576, 8 * 3 * 7 + 5, True)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 16, 17, 40])  # one row; blocks of four; whole, partial, several panels
+@pytest.mark.parametrize("width,out,bias", [(64, 96, False), (61, 29, True), (576, 8 * 3 * 7 + 5, True),
+                                            (1100, 48 + 6 + 5, True)])  # past 1024: chunks of k
 def test_linear_kernel_matches_f_linear(dtype, rows, width, out, bias):
     """Widths that are not a multiple of the vector width, output counts that leave a partial
-    block of weight rows, with and without bias; the input a view whose rows are strided."""
+    block of weight rows (and tile of a panel task), with and without bias; the input a view whose
+    rows are strided."""
     gen = torch.Generator().manual_seed(rows * 1000 + width)
     x = torch.randn(rows, 2 * width, generator=gen, dtype=dtype)[:, :width]
     weight = torch.randn(out, width, generator=gen, dtype=dtype)
@@ -80,7 +82,7 @@ def test_linear_kernel_matches_f_linear(dtype, rows, width, out, bias):
 def test_cpu_linear_takes_any_leading_shape_and_large_batches_to_torch():
     layer = torch.nn.Linear(24, 40)
     swapped = cpu_linear.CpuLinear(layer)
-    for shape in [(3, 24), (2, 5, 24), (0, 24), (cpu_linear.SMALL_ROWS + 1, 24)]:  # kernel, torch, torch, torch
+    for shape in [(3, 24), (2, 5, 24), (0, 24), (cpu_linear.KERNEL_ROWS + 1, 24)]:  # kernel, torch, torch, torch
         x = torch.randn(*shape)
         torch.testing.assert_close(swapped(x), layer(x), atol=1e-5, rtol=1e-5)
 
@@ -113,7 +115,8 @@ def test_rotate_and_store_matches_apply_rotary_and_index_copy(dtype, rotary_dim,
 @needs_kernel
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_sliding", "mistral", "phi3"])  # rope, qkv bias, windows, partial rotary
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_native_decoder_layers_match_the_torch_layers(arch, dtype):
+@pytest.mark.parametrize("streams", [5, 21])  # the products' rows at a time; in panels
+def test_native_decoder_layers_match_the_torch_layers(arch, dtype, streams):
     """A decode-only step through decoder_layer.cpp equals the same step through llama.py's Blocks:
     sequences of different lengths (several decode groups), some past a sliding window."""
     import models
@@ -124,8 +127,8 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype):
     model = models.load(tiny_model(arch), dtype=dtype).model
     assert model.decoder_layers is not None
     gen = torch.Generator().manual_seed(3)
-    lengths = [70, 9, 33, 2, 17]
-    kv = KVCache(model.num_layers, 50, 8, model.num_kv_heads, model.head_dim, dtype, "cpu")
+    lengths = [70, 9, 33, 2, 17] + torch.randint(2, 80, (streams - 5,), generator=gen).tolist()
+    kv = KVCache(model.num_layers, 10 * streams, 8, model.num_kv_heads, model.head_dim, dtype, "cpu")
     tables = [list(range(10 * i, 10 * i + 10)) for i in range(len(lengths))]
     prompts = [torch.randint(4, 90, (n,), generator=gen).tolist() for n in lengths]
     with torch.no_grad():
@@ -146,5 +149,5 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype):
     tolerance = 1e-4 if dtype == torch.float32 else 1e-10
     torch.testing.assert_close(native_logits, torch_logits, atol=tolerance, rtol=tolerance)
     torch.testing.assert_close(native_cache, kv.data, atol=tolerance, rtol=tolerance)
-    wide = StepInput.flatten([Sequence([5], 3, [i], True) for i in range(33)], 8, torch.device("cpu"))
-    assert layers.serves(decode) and not layers.serves(wide)  # past 32 rows oneDNN's products win: torch layers
+    wide = StepInput.flatten([Sequence([5], 3, [i], True) for i in range(cpu_linear.KERNEL_ROWS + 1)], 8, torch.device("cpu"))
+    assert layers.serves(decode) and not layers.serves(wide)  # oneDNN's products from there: the torch layers
