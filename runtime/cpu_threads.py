@@ -3,11 +3,17 @@ processes may share.
 
 An OpenMP parallel region ends when its slowest thread does. With another process busy on the
 cores, a worker that the kernel deschedules for a time slice holds up every operator's barrier, and
-a two-thread forward ran many times slower than a one-thread one (docs/benchmarks.md, "Shared
-cores"). So the loop thread measures how long it waited for a core during each forward (its
-run-queue delay, from /proc/thread-self/schedstat): while that is a large share of the forward it
-halves its thread count, and after a quiet spell it tries one more thread again, waiting twice as
-long before the next try each time a try finds the cores still busy.
+while its partner spins there for libgomp's default ~300,000 iterations a two-thread forward ran
+many times slower than a one-thread one (docs/benchmarks.md, "Shared cores"). With short spins
+(runtime/openmp.py sets them when Loom is imported before torch) the partner soon sleeps, and every
+thread helps: beside two busy processes two threads beat one at 1 to 64 streams ("Short spins"), so
+the count stays at its cap.
+
+Where libgomp spins long (torch loaded first, or a long spin the application chose), the loop
+thread measures how long it waited for a core during each forward (its run-queue delay, from
+/proc/thread-self/schedstat): while that is a large share of the forward it halves its thread
+count, and after a quiet spell it tries one more thread again, waiting twice as long before the
+next try each time a try finds the cores still busy.
 
 The count is the loop thread's own (libgomp's per-thread ICV, set with omp_set_num_threads): the
 application's torch threads keep theirs. ``cpu_threads`` caps it; without libgomp or schedstat the
@@ -40,7 +46,7 @@ def available_cores() -> int:
 class CpuThreads:
     def __init__(self, cap: int | None):
         self.max = min(cap, available_cores()) if cap else available_cores()
-        self.adaptive = openmp.available() and os.path.exists(SCHEDSTAT) and self.max > 1
+        self.adaptive = not openmp.SHORT_SPIN and openmp.available() and os.path.exists(SCHEDSTAT) and self.max > 1
         self.count = self.max
         self.backoff = FIRST_BACKOFF
         self.quiet_steps = 0

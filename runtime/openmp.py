@@ -1,10 +1,22 @@
-"""Give back a thread's OpenMP workers, so that the engine's forward runs with spinning ones.
+"""Loom and libgomp, the OpenMP runtime under torch's CPU operators: how long its idle workers
+spin, and giving back a thread's workers.
 
-torch's CPU operators run on libgomp, which gives every thread that starts a parallel region its
-own pool of workers, and stops letting them spin between regions once it manages more threads than
-there are CPUs. So the engine gives back the loading thread's pool once, and the loop thread's own
-after every step, before delivery (a worker still spinning holds the core a woken consumer needs).
-The measurements behind this are in docs/benchmarks.md ("OpenMP worker pools").
+Spinning. A worker that reaches the end of a parallel region before its partners spins for
+GOMP_SPINCOUNT iterations (300,000 by default, about a millisecond) before it sleeps. On idle cores
+that is what makes short regions fast; on cores that other processes share it burns the worker's
+time slice while the partner it waits for waits for a core. Beside two busy processes a two-thread
+64-stream decode step took 2,210 ms with the default spin against 431 ms with 2,000 spins (and 756
+on one thread); quiet, no cost was measurable (docs/benchmarks.md, "Short spins"). libgomp reads
+the setting once, when it loads with torch, so importing this module sets GOMP_SPINCOUNT=2000 if
+no libgomp is loaded yet and the application chose neither GOMP_SPINCOUNT nor OMP_WAIT_POLICY.
+``SHORT_SPIN`` says whether the loaded libgomp's workers wait briefly (runtime/cpu_threads.py
+adapts the thread count where they do not).
+
+Pools. libgomp gives every thread that starts a parallel region its own pool of workers, and stops
+letting them spin between regions once it manages more threads than there are CPUs. So the engine
+gives back the loading thread's pool once, and the loop thread's own after every step, before
+delivery (a worker still spinning holds the core a woken consumer needs). The measurements behind
+this are in docs/benchmarks.md ("OpenMP worker pools").
 """
 
 from __future__ import annotations
@@ -12,8 +24,46 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import sys
 
 OMP_PAUSE_SOFT = 1
+SHORT_SPIN_COUNT = 2000
+_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+def _libgomp_loaded() -> bool:
+    try:
+        with open("/proc/self/maps") as maps:
+            return "libgomp" in maps.read()
+    except OSError:  # not Linux: torch brings its OpenMP runtime with it
+        return "torch" in sys.modules
+
+
+def _spin_count(value: str) -> float:
+    """GOMP_SPINCOUNT's value as libgomp reads it: a count with an optional k/M/G/T, or infinite."""
+    value = value.strip().lower()
+    if value in ("infinite", "infinity"):
+        return float("inf")
+    try:
+        return int(value[:-1]) * _SUFFIXES[value[-1]] if value[-1:] in _SUFFIXES else int(value)
+    except ValueError:
+        return float("inf")  # libgomp ignores what it cannot read: its long default stays
+
+
+def _choose_spin() -> bool:
+    """Where nobody chose and it is not too late, choose short spins; say whether they are short."""
+    policy = os.environ.get("OMP_WAIT_POLICY", "").strip().lower()
+    if "GOMP_SPINCOUNT" in os.environ:
+        return _spin_count(os.environ["GOMP_SPINCOUNT"]) <= 10 * SHORT_SPIN_COUNT
+    if policy:
+        return policy == "passive"
+    if _libgomp_loaded():  # torch came first: its libgomp spins as long as it always did
+        return False
+    os.environ["GOMP_SPINCOUNT"] = str(SHORT_SPIN_COUNT)
+    return True
+
+
+SHORT_SPIN = _choose_spin()
 
 
 def release_thread_pool() -> bool:
