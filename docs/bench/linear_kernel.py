@@ -2,9 +2,11 @@
 Loom used before) and torch's dense one (MKL), on the default model's layer shapes
 (docs/benchmarks.md, "Small-batch products").
 
-Two measurements: each layer shape alone at 1-64 rows (its weights stay in cache between calls,
-so this is the arithmetic), and one decode step's worth of products at 1 and 4 rows over 30
-distinct layers plus the output layer (538 MB of weights, read from memory as in a real step).
+Two measurements: each layer shape alone at 1-512 rows (the output layer to 64; its weights stay
+in cache between calls, so this is the arithmetic), and one decode step's worth of products at 1,
+4, 16 and 64 rows over 30 distinct layers plus the output layer (538 MB of weights, read from
+memory as in a real step). Loom's kernel runs its rows-at-a-time product below 9 rows and its
+panels from 9 up; CpuLinear hands more than 128 rows to oneDNN.
 Run from a checkout's root:
 
     python docs/bench/linear_kernel.py
@@ -50,7 +52,9 @@ def per_shape():
     for layer, (out, width) in SHAPES.items():
         weight = torch.randn(out, width)
         packed = weight.to_mkldnn()
-        for rows in (1, 4, 16, 32, 64):
+        for rows in (1, 4, 8, 16, 32, 64, 128, 256, 512):
+            if layer == "lm_head" and rows > 64:
+                break
             x = torch.randn(rows, width)
             reps = 10 if layer == "lm_head" else 50
             times = [median_us(lambda: fn(x, weight, packed), reps) for fn in products().values()]
@@ -67,7 +71,7 @@ def whole_step():
           "ms (GB/s of weights read):\n")
     print("| rows | " + " | ".join(products()) + " |")
     print("| --- |" + " --- |" * len(products()))
-    for rows in (1, 4):
+    for rows in (1, 4, 16, 64):
         inputs = {width: torch.randn(rows, width) for width in (576, 1536)}
         cells = []
         for fn in products().values():
