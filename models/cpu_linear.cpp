@@ -10,8 +10,7 @@ template <typename T>
 void linear(const T* x, int64_t x_stride, int64_t rows, const T* w, const T* bias, int64_t in, int64_t out, T* y,
             int64_t y_stride) {
     // The panels' scratch, kept per calling thread: a fresh buffer of this size would come from new
-    // pages on every call.
-    // pages on every call. (Its address is taken here: in the region, each thread has its own)
+    // pages on every call. Its address is taken here: inside the region each thread has its own.
     thread_local std::vector<T> buffer;
     if (rows >= PANEL_MIN_ROWS) buffer.resize(std::max<size_t>(buffer.size(), packed_size(rows, in)));
     T* packed = buffer.data();

@@ -13,7 +13,8 @@
 //   12 vector sums in registers, broadcasting one weight per weight row at each k: 12 multiply-adds
 //   for 2 vector loads and 6 broadcasts, no horizontal sums. The row-at-a-time tiles reloaded their
 //   input rows from L2 for every 3 weight rows and reached ~70 GFLOP/s; the panels reach ~150 on
-//   two cores, about twice oneDNN's product at 16-512 rows (docs/benchmarks.md, "Panel products").
+//   two cores: 1.3-1.9x oneDNN's product at 8-16 rows, 1.1-1.5x at 32-64, about level from 128 up
+//   (docs/benchmarks.md, "Panel products").
 //
 // Tasks are handed out dynamically in both, so a thread that the OS parks for a time slice on
 // shared cores delays only the rows it holds.
