@@ -7,8 +7,9 @@ that is what makes short regions fast; on cores that other processes share it bu
 time slice while the partner it waits for waits for a core. Beside two busy processes a two-thread
 64-stream decode step took 2,210 ms with the default spin against 431 ms with 2,000 spins (and 756
 on one thread); quiet, no cost was measurable (docs/benchmarks.md, "Short spins"). libgomp reads
-the setting once, when it loads with torch, so importing this module sets GOMP_SPINCOUNT=2000 if
-no libgomp is loaded yet and the application chose neither GOMP_SPINCOUNT nor OMP_WAIT_POLICY.
+the setting once, when it loads with torch, so importing this module loads torch with
+GOMP_SPINCOUNT=2000 if no libgomp is loaded yet and the application chose neither GOMP_SPINCOUNT
+nor OMP_WAIT_POLICY (the variable is removed again: child processes do not inherit it).
 ``SHORT_SPIN`` says whether the loaded libgomp's workers wait briefly (runtime/cpu_threads.py
 adapts the thread count where they do not).
 
@@ -50,16 +51,26 @@ def _spin_count(value: str) -> float:
         return float("inf")  # libgomp ignores what it cannot read: its long default stays
 
 
+def _load_torch() -> None:
+    import torch  # noqa: F401  (loads libgomp, which reads its settings from the environment as it loads)
+
+
 def _choose_spin() -> bool:
     """Where nobody chose and it is not too late, choose short spins; say whether they are short."""
-    policy = os.environ.get("OMP_WAIT_POLICY", "").strip().lower()
     if "GOMP_SPINCOUNT" in os.environ:
         return _spin_count(os.environ["GOMP_SPINCOUNT"]) <= 10 * SHORT_SPIN_COUNT
+    policy = os.environ.get("OMP_WAIT_POLICY", "").strip().lower()
     if policy:
         return policy == "passive"
     if _libgomp_loaded():  # torch came first: its libgomp spins as long as it always did
         return False
+    # Only while libgomp loads: left in the environment, it would reach every child process (a
+    # peer server in the bench, the application's own tools), which should choose for themselves.
     os.environ["GOMP_SPINCOUNT"] = str(SHORT_SPIN_COUNT)
+    try:
+        _load_torch()
+    finally:
+        del os.environ["GOMP_SPINCOUNT"]
     return True
 
 

@@ -74,27 +74,31 @@ def test_the_engine_sets_only_its_loop_threads_count(llama):
     assert torch.get_num_threads() == before
 
 
-@pytest.mark.parametrize("env,loaded,short,set_to", [
+@pytest.mark.parametrize("env,loaded,short,loads_with", [
     ({}, False, True, "2000"),                            # nobody chose, libgomp not loaded yet: short spins
     ({}, True, False, None),                              # torch came first: too late, its long default stays
-    ({"GOMP_SPINCOUNT": "5k"}, True, True, "5k"),         # the application's choice, whatever the order
-    ({"GOMP_SPINCOUNT": "infinite"}, False, False, "infinite"),
-    ({"GOMP_SPINCOUNT": "3M"}, False, False, "3M"),
+    ({"GOMP_SPINCOUNT": "5k"}, True, True, None),         # the application's choice, whatever the order
+    ({"GOMP_SPINCOUNT": "infinite"}, False, False, None),
+    ({"GOMP_SPINCOUNT": "3M"}, False, False, None),
     ({"OMP_WAIT_POLICY": "PASSIVE"}, False, True, None),
     ({"OMP_WAIT_POLICY": "active"}, False, False, None),
 ])
 def test_the_spin_count_is_chosen_only_where_nobody_did_and_libgomp_is_not_loaded(monkeypatch, env, loaded, short,
-                                                                                  set_to):
+                                                                                  loads_with):
+    """``loads_with``: the GOMP_SPINCOUNT Loom loads torch (and libgomp) with, None where it leaves the load alone."""
     for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(openmp, "_libgomp_loaded", lambda: loaded)
+    seen_by_libgomp = []
+    monkeypatch.setattr(openmp, "_load_torch", lambda: seen_by_libgomp.append(openmp.os.environ.get("GOMP_SPINCOUNT")))
     assert openmp._choose_spin() == short
-    assert openmp.os.environ.get("GOMP_SPINCOUNT") == set_to
+    assert seen_by_libgomp == ([] if loads_with is None else [loads_with])
+    assert openmp.os.environ.get("GOMP_SPINCOUNT") == env.get("GOMP_SPINCOUNT")  # child processes inherit no choice of ours
 
 
-def test_importing_loom_before_torch_sets_short_spins_and_keeps_the_thread_count(monkeypatch):
+def test_importing_loom_before_torch_chooses_short_spins_and_keeps_the_thread_count(monkeypatch):
     import subprocess
     import sys
 
@@ -103,7 +107,7 @@ def test_importing_loom_before_torch_sets_short_spins_and_keeps_the_thread_count
     probe = ("import os, runtime, torch; from runtime import openmp; from runtime.cpu_threads import CpuThreads; "
              "print(openmp.SHORT_SPIN, os.environ.get('GOMP_SPINCOUNT'), CpuThreads(None).adaptive)")
     first = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
-    assert first == ["True", "2000", "False"]
+    assert first == ["True", "None", "False"]  # short spins chosen, and not left for child processes
     late = subprocess.run([sys.executable, "-c", "import torch; " + probe], capture_output=True, text=True,
                           check=True).stdout.split()
     assert late[:2] == ["False", "None"]
