@@ -9,6 +9,7 @@
 // The torch path (models/llama.py) remains the reference and runs every step with prefill rows.
 
 #include <cmath>
+#include <vector>
 
 #include "cpu_linear.h"
 #include "paged_decode.h"
@@ -27,13 +28,11 @@ struct Layer {
 };
 
 // The step's decode rows, filled once per step: angles, pool slots, block tables (padded to the
-// widest), context lengths, and a scratch buffer (its layout: decoder_layer() below and
-// DecoderLayers.forward's size).
+// widest) and context lengths.
 template <typename T>
 struct Step {
     const T *cos, *sin;
     const int64_t *slots, *tables, *lens;
-    T* scratch;
     int64_t rows, rotary_dim, max_blocks, block_size;
 };
 
@@ -73,7 +72,13 @@ template <typename T>
 void decoder_layer(T* x, const Layer<T>& l, const Step<T>& s) {
     const int64_t rows = s.rows, hidden = l.hidden, inter = l.intermediate;
     const int64_t q_width = l.heads * l.dim, kv_width = l.kv_heads * l.dim, qkv_width = q_width + 2 * kv_width;
-    T* h = s.scratch;                     // [rows, hidden] normed input of a product
+    // The layer's intermediates, kept per calling thread (the loop thread) from step to step: a fresh
+    // buffer would come from new pages every layer. Its address is taken here, outside the region.
+    thread_local std::vector<T> scratch;
+    const size_t size = rows * (2 * hidden + qkv_width + 2 * q_width + 2 * inter)
+                        + packed_size(rows, std::max({hidden, q_width, inter}));
+    scratch.resize(std::max(scratch.size(), size));
+    T* h = scratch.data();                // [rows, hidden] normed input of a product
     T* qkv = h + rows * hidden;           // [rows, qkv_width]
     T* q = qkv + rows * qkv_width;        // [rows, q_width] rotated queries
     T* attn = q + rows * q_width;         // [rows, q_width]

@@ -30,7 +30,7 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T>
 
 
 class _Step(ctypes.Structure):  # decoder_layer.cpp's Step<T>
-    _fields_ = [(name, _pointer) for name in ("cos", "sin", "slots", "tables", "lens", "scratch")]
+    _fields_ = [(name, _pointer) for name in ("cos", "sin", "slots", "tables", "lens")]
     _fields_ += [(name, _int64) for name in ("rows", "rotary_dim", "max_blocks", "block_size")]
 
 
@@ -41,11 +41,8 @@ def _address(tensor: torch.Tensor | None) -> int | None:
 class DecoderLayers:
     def __init__(self, model):
         spec = model.spec
-        self.dtype = model.embed.weight.dtype
-        self.kernel = native.function("loom_decoder_layer", self.dtype, [_pointer, ctypes.POINTER(_Layer),
-                                                                          ctypes.POINTER(_Step)])
-        self.widths = (spec.hidden_size, spec.intermediate_size, spec.num_heads * spec.head_dim,
-                       (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim)
+        self.kernel = native.function("loom_decoder_layer", model.embed.weight.dtype,
+                                      [_pointer, ctypes.POINTER(_Layer), ctypes.POINTER(_Step)])
         self.layers, self.weights = [], []  # the tensors whose addresses the layers hold, kept alive
         for block in model.layers:
             attn, mlp = block.attn, block.mlp
@@ -82,13 +79,10 @@ class DecoderLayers:
         """Every layer over a decode-only step's rows; x is the embedded input, updated in place.
         One forward at a time (the engine's loop thread): the layers' pool addresses are set per call."""
         rows = x.shape[0]
-        hidden, inter, q_width, qkv_width = self.widths
         tables, lens = _padded_tables(step)
         cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()
-        panels = -(-rows // 16) * 16 * max(hidden, q_width, inter)  # cpu_linear.h's packed_size
-        scratch = torch.empty(rows * (2 * hidden + qkv_width + 2 * q_width + 2 * inter) + panels, dtype=self.dtype)
         plan = _Step(cos.data_ptr(), sin.data_ptr(), step.slot_mapping.data_ptr(), tables.data_ptr(), lens.data_ptr(),
-                     scratch.data_ptr(), rows, cos.shape[1], tables.shape[1], step.block_size)
+                     rows, cos.shape[1], tables.shape[1], step.block_size)
         x = x.contiguous()
         for i, layer in enumerate(self.layers):
             k_cache, v_cache = kv_cache.layer(i)
