@@ -12,7 +12,7 @@ void linear(const T* x, int64_t x_stride, int64_t rows, const T* w, const T* bia
     // The panels' scratch, kept per calling thread: a fresh buffer of this size would come from new
     // pages on every call. Its address is taken here: inside the region each thread has its own.
     thread_local std::vector<T> buffer;
-    if (rows >= PANEL_MIN_ROWS) buffer.resize(std::max<size_t>(buffer.size(), packed_size(rows, in)));
+    if (rows >= PANEL_MIN_ROWS) buffer.resize(std::max<size_t>(buffer.size(), packed_size<T>(rows, in)));
     T* packed = buffer.data();
 #pragma omp parallel
     linear_rows(x, x_stride, rows, w, bias, in, out, y, y_stride, packed);

@@ -8,19 +8,22 @@
 //   input row past them: one sequential read of the weights whatever the row count. oneDNN and MKL
 //   were 1.5-3x slower at 1-4 rows on this project's AVX2 machine.
 // - From PANEL_MIN_ROWS rows up the product is bound by arithmetic, and the question is how many
-//   multiply-adds each load feeds. The input rows are copied into panels of 16 (two vectors of
-//   floats side by side, one k after another); a tile of 6 weight rows x 16 input rows then keeps
-//   12 vector sums in registers, broadcasting one weight per weight row at each k: 12 multiply-adds
-//   for 2 vector loads and 6 broadcasts, no horizontal sums. The row-at-a-time tiles reloaded their
-//   input rows from L2 for every 3 weight rows and reached ~70 GFLOP/s; the panels reach ~150 on
-//   two cores: 1.3-1.9x oneDNN's product at 8-16 rows, 1.1-1.5x at 32-64, about level from 128 up
-//   (docs/benchmarks.md, "Panel products").
+//   multiply-adds each load feeds. The input rows are copied into panels of 16 (two AVX2 vectors of
+//   floats side by side, or one AVX-512 vector, one k after another); a tile of 6 weight rows (12
+//   with AVX-512) x 16 input rows then keeps 12 vector sums in registers, broadcasting one weight per
+//   weight row at each k: 12 multiply-adds for 2 vector loads and 6 broadcasts (1 and 12), no
+//   horizontal sums. The row-at-a-time tiles reloaded their input rows from L2 for every 3 weight
+//   rows and reached ~70 GFLOP/s; on two AVX2 cores the panels reach ~150: 1.3-1.9x oneDNN's product
+//   at 8-16 rows, 1.1-1.5x at 32-64, about level from 128 up. On two Zen 5 cores with AVX-512 a
+//   decode step's products run level with oneDNN's at 16-64 rows (docs/benchmarks.md, "Panel
+//   products", "AVX-512").
 //
 // Tasks are handed out dynamically in both, so a thread that the OS parks for a time slice on
 // shared cores delays only the rows it holds.
 //
 // GCC vector extensions rather than intrinsics: one source for float and double and for every
-// instruction set -march=native allows.
+// instruction set -march=native allows. Vectors are 64 bytes where the processor has AVX-512 (Zen 5
+// and recent Xeons multiply-add 16 floats per instruction at the rate AVX2 does 8), 32 otherwise.
 
 #pragma once
 
@@ -32,10 +35,16 @@
 
 namespace {
 
+#ifdef __AVX512F__
+constexpr int VECTOR_BYTES = 64;
+#else
+constexpr int VECTOR_BYTES = 32;
+#endif
+
 template <typename T>
 struct Vector {
-    static constexpr int lanes = 32 / sizeof(T);
-    typedef T type __attribute__((vector_size(32)));
+    static constexpr int lanes = VECTOR_BYTES / sizeof(T);
+    typedef T type __attribute__((vector_size(VECTOR_BYTES)));
     static type load(const T* p) {  // unaligned
         type v;
         std::memcpy(&v, p, sizeof v);
@@ -108,18 +117,24 @@ inline void all_rows(const T* x, int64_t x_stride, int64_t rows, const T* w, int
     for (; m < rows; ++m, next = nullptr) tile<T, 1, OUTS>(x + m * x_stride, x_stride, w, in, y + m * y_stride, y_stride, next);
 }
 
-// The panels: rows of x in groups of P = two vectors, each group stored k-major (P values per
-// k), the last group padded with zero rows.
+// The panels: rows of x in groups of P = 16 floats, each group stored k-major (P values per k),
+// the last group padded with zero rows. P is two AVX2 vectors or one AVX-512 vector; a tile keeps
+// 12 vector sums either way: 6 weight rows x two vectors, or 12 weight rows x one.
+constexpr int PANEL_VECTORS = VECTOR_BYTES == 64 ? 1 : 2;
+constexpr int TILE_OUTS = 12 / PANEL_VECTORS;
+
 template <typename T>
 constexpr int64_t panel_rows() {
-    return 2 * Vector<T>::lanes;
+    return PANEL_VECTORS * Vector<T>::lanes;
 }
 
 constexpr int64_t PANEL_MIN_ROWS = 9;  // even at 8 rows (half a float panel); ahead from 12 up
 
-// Elements of the panel buffer for ``rows`` rows of width ``in``, for float and double alike.
+// Elements of the panel buffer for ``rows`` rows of width ``in``.
+template <typename T>
 inline int64_t packed_size(int64_t rows, int64_t in) {
-    return (rows + 15) / 16 * 16 * in;
+    constexpr int64_t P = panel_rows<T>();
+    return (rows + P - 1) / P * P * in;
 }
 
 template <typename T>
@@ -145,14 +160,14 @@ template <typename T, int OUTS>
 inline void panel_tile(const T* panel, const T* w, int64_t in, int64_t count, T* y, int64_t y_stride, int64_t rows,
                        const T* bias, bool first) {
     using V = Vector<T>;
-    constexpr int L = V::lanes;
-    typename V::type acc[OUTS][2] = {};
+    constexpr int L = V::lanes, NV = PANEL_VECTORS;
+    typename V::type acc[OUTS][NV] = {};
     for (int64_t k = 0; k < count; ++k) {
-        const typename V::type lo = V::load(panel + k * 2 * L), hi = V::load(panel + k * 2 * L + L);
+        typename V::type xs[NV];
+        for (int v = 0; v < NV; ++v) xs[v] = V::load(panel + (k * NV + v) * L);
         for (int o = 0; o < OUTS; ++o) {
             const T weight = w[o * in + k];
-            acc[o][0] += lo * weight;
-            acc[o][1] += hi * weight;
+            for (int v = 0; v < NV; ++v) acc[o][v] += xs[v] * weight;
         }
     }
     for (int o = 0; o < OUTS; ++o) {
@@ -169,7 +184,7 @@ template <typename T>
 void panel_product(const T* packed, int64_t rows, const T* w, const T* bias, int64_t in, int64_t out, T* y,
                    int64_t y_stride) {
     constexpr int64_t P = panel_rows<T>();
-    constexpr int OUTS = 6;
+    constexpr int OUTS = TILE_OUTS;
     // A task is 48 weight rows: 48 x 576 floats stay in L2 while every panel passes them. Widths
     // above 1024 are cut into even chunks of k, so that a weight block and a panel's share of it
     // stay cached on wider models too.

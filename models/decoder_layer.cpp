@@ -76,7 +76,7 @@ void decoder_layer(T* x, const Layer<T>& l, const Step<T>& s) {
     // buffer would come from new pages every layer. Its address is taken here, outside the region.
     thread_local std::vector<T> scratch;
     const size_t size = rows * (2 * hidden + qkv_width + 2 * q_width + 2 * inter)
-                        + packed_size(rows, std::max({hidden, q_width, inter}));
+                        + packed_size<T>(rows, std::max({hidden, q_width, inter}));
     scratch.resize(std::max(scratch.size(), size));
     T* h = scratch.data();                // [rows, hidden] normed input of a product
     T* qkv = h + rows * hidden;           // [rows, qkv_width]
