@@ -155,21 +155,33 @@ void pack_panels(const T* x, int64_t x_stride, int64_t rows, int64_t in, T* pack
 
 // y[m][o] (+)= panel rows m . w[o] over ``count`` values of k, for OUTS weight rows (w: the first,
 // at the chunk's first k; rows ``in`` apart) and the panel's first ``rows`` rows. The first chunk
-// of k stores (adding the bias, if any); later ones add to y.
+// of k stores (adding the bias, if any); later ones add to y. ``next``, if given, is the next
+// tile's first weight row: the first panel's pass reads its weights from memory, as OUTS strided
+// streams that the hardware prefetcher follows poorly, so it fetches the next tile's lines into
+// L2 meanwhile (a decode step's products at 16-32 rows: 23.7 -> 20.4 and 36.0 -> 31.4 ms on Zen 5).
 template <typename T, int OUTS>
 inline void panel_tile(const T* panel, const T* w, int64_t in, int64_t count, T* y, int64_t y_stride, int64_t rows,
-                       const T* bias, bool first) {
+                       const T* bias, bool first, const T* next) {
     using V = Vector<T>;
     constexpr int L = V::lanes, NV = PANEL_VECTORS;
+    constexpr int64_t LINE = 64 / sizeof(T);
     typename V::type acc[OUTS][NV] = {};
-    for (int64_t k = 0; k < count; ++k) {
+    auto step = [&](int64_t k) {
         typename V::type xs[NV];
         for (int v = 0; v < NV; ++v) xs[v] = V::load(panel + (k * NV + v) * L);
         for (int o = 0; o < OUTS; ++o) {
             const T weight = w[o * in + k];
             for (int v = 0; v < NV; ++v) acc[o][v] += xs[v] * weight;
         }
+    };
+    int64_t k = 0;
+    if (next != nullptr) {
+        for (; k + LINE <= count; k += LINE) {
+            for (int o = 0; o < OUTS; ++o) __builtin_prefetch(next + o * in + k, 0, 2);
+            for (int64_t j = 0; j < LINE; ++j) step(k + j);
+        }
     }
+    for (; k < count; ++k) step(k);
     for (int o = 0; o < OUTS; ++o) {
         const T b = first && bias != nullptr ? bias[o] : T(0);
         for (int64_t m = 0; m < rows; ++m) {
@@ -201,10 +213,12 @@ void panel_product(const T* packed, int64_t rows, const T* w, const T* bias, int
                 const int64_t valid = std::min(P, rows - panel * P);
                 const T* b = bias == nullptr ? nullptr : bias + first_out;
                 int64_t o = first_out;
-                for (; o + OUTS <= end; o += OUTS, b = b == nullptr ? b : b + OUTS)
-                    panel_tile<T, OUTS>(xp, w + o * in + k, in, count, yp + o, y_stride, valid, b, k == 0);
+                for (; o + OUTS <= end; o += OUTS, b = b == nullptr ? b : b + OUTS) {
+                    const T* next = panel == 0 && o + 2 * OUTS <= end ? w + (o + OUTS) * in + k : nullptr;
+                    panel_tile<T, OUTS>(xp, w + o * in + k, in, count, yp + o, y_stride, valid, b, k == 0, next);
+                }
                 for (; o < end; ++o, b = b == nullptr ? b : b + 1)
-                    panel_tile<T, 1>(xp, w + o * in + k, in, count, yp + o, y_stride, valid, b, k == 0);
+                    panel_tile<T, 1>(xp, w + o * in + k, in, count, yp + o, y_stride, valid, b, k == 0, nullptr);
             }
         }
     }
