@@ -197,10 +197,12 @@ void panel_product(const T* packed, int64_t rows, const T* w, const T* bias, int
                    int64_t y_stride) {
     constexpr int64_t P = panel_rows<T>();
     constexpr int OUTS = TILE_OUTS;
-    // A task is 48 weight rows: 48 x 576 floats stay in L2 while every panel passes them. Widths
-    // above 1024 are cut into even chunks of k, so that a weight block and a panel's share of it
-    // stay cached on wider models too.
-    constexpr int64_t BLOCK = 48;
+    // A task is 8 tiles of weight rows (48 with AVX2, 96 with AVX-512): 96 x 576 floats stay in L2
+    // while every panel passes them, and only a task's first tile reads its weights unfetched (on
+    // Zen 5, 96 rows made a step's products at 16 streams ~10% faster than 48). Widths above 1024
+    // are cut into even chunks of k, so that a weight block and a panel's share of it stay cached
+    // on wider models too.
+    constexpr int64_t BLOCK = 8 * OUTS;
     const int64_t panels = (rows + P - 1) / P, chunks = (in + 1023) / 1024, chunk = (in + chunks - 1) / chunks;
 #pragma omp for schedule(dynamic)
     for (int64_t first_out = 0; first_out < out; first_out += BLOCK) {
