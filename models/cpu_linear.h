@@ -15,8 +15,8 @@
 //   horizontal sums. The row-at-a-time tiles reloaded their input rows from L2 for every 3 weight
 //   rows and reached ~70 GFLOP/s; on two AVX2 cores the panels reach ~150: 1.3-1.9x oneDNN's product
 //   at 8-16 rows, 1.1-1.5x at 32-64, about level from 128 up. On two Zen 5 cores with AVX-512 a
-//   decode step's products run level with oneDNN's at 16-64 rows (docs/benchmarks.md, "Panel
-//   products", "AVX-512").
+//   decode step's products run 1.5x oneDNN's at 16 rows and 1.2x at 64 (docs/benchmarks.md, "Panel
+//   products", "Zen 5 and AVX-512").
 //
 // Tasks are handed out dynamically in both, so a thread that the OS parks for a time slice on
 // shared cores delays only the rows it holds.
