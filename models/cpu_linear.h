@@ -2,7 +2,7 @@
 //
 // Two products, chosen by the row count:
 //
-// - Up to PANEL_MIN_ROWS - 1 rows (the decode steps of a few streams) a linear layer reads every
+// - Below PANEL_MIN_ROWS rows (the decode steps of a few streams) a linear layer reads every
 //   weight once to do little arithmetic with it, so its speed is how fast it streams the weights.
 //   Each task takes a handful of weight rows and keeps them in registers' reach while it runs every
 //   input row past them: one sequential read of the weights whatever the row count. oneDNN and MKL
@@ -128,7 +128,11 @@ constexpr int64_t panel_rows() {
     return PANEL_VECTORS * Vector<T>::lanes;
 }
 
-constexpr int64_t PANEL_MIN_ROWS = 9;  // even at 8 rows (half a float panel); ahead from 12 up
+// From how many rows the panels beat the row-at-a-time tiles. With AVX2, even at 8 rows (half a float
+// panel), ahead from 12 up. With AVX-512, from 3 rows: a decode step's forward at 3 / 4 / 8 rows
+// took 19.7-20.3 / 20.9-22.2 / 19.0-19.9 ms against 22.7-23.2 / 22.4-24.5 / 21.9-27.0 on the tiles
+// (Zen 5, two alternating runs each); at 2 rows neither was ahead.
+constexpr int64_t PANEL_MIN_ROWS = VECTOR_BYTES == 64 ? 3 : 9;
 
 // Elements of the panel buffer for ``rows`` rows of width ``in``.
 template <typename T>

@@ -2,8 +2,8 @@
 chunks, oneDNN's for longer chunks.
 
 Decode at a few rows is bound by reading the weights: the kernel streams them once per step
-whatever the row count. From 9 rows up it packs the input rows into panels and runs 6 x 16 tiles,
-~1.1-1.9x oneDNN's product up to 128 rows; at 256-512 rows oneDNN's blocked GEMM is level or ahead
+whatever the row count. From 9 rows up (3 with AVX-512) it packs the input rows into panels and
+runs register tiles, ~1.1-1.9x oneDNN's product up to 128 rows; at 256-512 rows oneDNN's blocked GEMM is level or ahead
 (docs/benchmarks.md, "Panel products"), so longer prefill chunks keep it. oneDNN takes the dense
 weight as it is (as fast as a prepacked copy, which would double the memory), and beat MKL (torch's
 F.linear) by up to 30% on output layers.

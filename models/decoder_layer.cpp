@@ -1,15 +1,19 @@
-// A whole Llama-family decoder layer for a step of decode rows, in one call and one parallel
-// region: RMSNorm, the q/k/v product, rotary + K/V writes into the pool, decode attention, the
-// output product and residual, RMSNorm, gate/up product, SiLU x up, down product and residual.
+// A Llama-family model's decoder layers for a step of decode rows, in one call and one parallel
+// region. A layer: RMSNorm, the q/k/v product, rotary + K/V writes into the pool, decode attention,
+// the output product and residual, RMSNorm, gate/up product, SiLU x up, down product and residual.
 //
 // At one or a few rows the layer's arithmetic is small and its weights stream in about 0.5 ms; run
 // as ~16 torch operators and 6 ctypes calls it also paid ~0.2 ms of dispatch per layer, a quarter
 // of a one-stream step (docs/benchmarks.md, "Small-batch products"). Here the phases are separated
-// by the implicit barriers of their work-sharing loops, and the threads stay in one team throughout.
+// by the implicit barriers of their work-sharing loops, and the threads stay in one team throughout;
+// with enough rows each thread takes its own rows through every layer instead (decoder_layers).
 // The torch path (models/llama.py) remains the reference and runs every step with prefill rows.
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
+
+#include <omp.h>
 
 #include "cpu_linear.h"
 #include "paged_decode.h"
@@ -68,44 +72,94 @@ void add_rows(T* x, const T* delta, int64_t count) {
     for (int64_t i = 0; i < count; ++i) x[i] += delta[i];
 }
 
+// Elements of one team's intermediates for ``rows`` rows of a layer.
 template <typename T>
-void decoder_layer(T* x, const Layer<T>& l, const Step<T>& s) {
+size_t scratch_size(const Layer<T>& l, int64_t rows) {
+    const int64_t q_width = l.heads * l.dim, qkv_width = q_width + 2 * l.kv_heads * l.dim;
+    return rows * (2 * l.hidden + qkv_width + 2 * q_width + 2 * l.intermediate)
+           + packed_size<T>(rows, std::max({l.hidden, q_width, l.intermediate}));
+}
+
+// One layer over the step's rows, its work shared among the threads of the enclosing team: every
+// phase ends at its work-sharing loop's barrier. ``scratch``: scratch_size(l, s.rows) elements.
+template <typename T>
+void layer_phases(T* x, const Layer<T>& l, const Step<T>& s, T* scratch) {
     const int64_t rows = s.rows, hidden = l.hidden, inter = l.intermediate;
     const int64_t q_width = l.heads * l.dim, kv_width = l.kv_heads * l.dim, qkv_width = q_width + 2 * kv_width;
-    // The layer's intermediates, kept per calling thread (the loop thread) from step to step: a fresh
-    // buffer would come from new pages every layer. Its address is taken here, outside the region.
-    thread_local std::vector<T> scratch;
-    const size_t size = rows * (2 * hidden + qkv_width + 2 * q_width + 2 * inter)
-                        + packed_size<T>(rows, std::max({hidden, q_width, inter}));
-    scratch.resize(std::max(scratch.size(), size));
-    T* h = scratch.data();                // [rows, hidden] normed input of a product
+    T* h = scratch;                       // [rows, hidden] normed input of a product
     T* qkv = h + rows * hidden;           // [rows, qkv_width]
     T* q = qkv + rows * qkv_width;        // [rows, q_width] rotated queries
     T* attn = q + rows * q_width;         // [rows, q_width]
     T* gate_up = attn + rows * q_width;   // [rows, 2 * intermediate]
     T* delta = gate_up + rows * 2 * inter;  // [rows, hidden] a product's output, added to x
     T* packed = delta + rows * hidden;    // the products' input panels, packed_size(rows, widest input)
+    norm_rows<T>(x, nullptr, l.input_norm, l.eps, h, rows, hidden);
+    linear_rows(h, hidden, rows, l.qkv, l.qkv_bias, hidden, qkv_width, qkv, qkv_width, packed);
+    rotate_and_store_rows(qkv, qkv_width, qkv + q_width, qkv_width, qkv + q_width + kv_width, qkv_width, s.cos, s.sin,
+                          s.rotary_dim, s.slots, rows, l.k_cache, l.v_cache, q, l.heads, l.kv_heads, l.dim);
+    decode_attention_rows(q, q_width, l.k_cache, l.v_cache, s.tables, s.max_blocks, s.lens, attn, q_width, rows,
+                          l.heads, l.kv_heads, l.dim, s.block_size, l.window, l.scale);
+    linear_rows(attn, q_width, rows, l.out, l.out_bias, q_width, hidden, delta, hidden, packed);
+    norm_rows(x, delta, l.post_norm, l.eps, h, rows, hidden);
+    linear_rows(h, hidden, rows, l.gate_up, l.gate_up_bias, hidden, 2 * inter, gate_up, 2 * inter, packed);
+    silu_mul_rows(gate_up, rows, inter);
+    linear_rows(gate_up, 2 * inter, rows, l.down, l.down_bias, inter, hidden, delta, hidden, packed);
+    add_rows(x, delta, rows * hidden);
+}
+
+// The step's rows [first, end) as a step of their own.
+template <typename T>
+Step<T> row_range(const Step<T>& s, int64_t first, int64_t end) {
+    Step<T> part = s;
+    part.cos += first * s.rotary_dim;
+    part.sin += first * s.rotary_dim;
+    part.slots += first;
+    part.tables += first * s.max_blocks;
+    part.lens += first;
+    part.rows = end - first;
+    return part;
+}
+
+// Every layer over the step's rows. With at least ``split_rows`` rows per thread, each thread carries
+// its own share of the rows through all the layers, alone: one barrier per step instead of ten per
+// layer. On cores that other processes share, a thread the kernel parks then holds up only its own
+// rows, where each phase's barrier held up its partner's too (beside one busy process the phases'
+// two threads got one core between them; a 64-row step took 158 ms against 127 split, 72 quiet
+// either way, docs/benchmarks.md "Threads that carry their own rows"). Each thread reads every
+// weight, so below that many rows per thread the shared phases are faster.
+template <typename T>
+void decoder_layers(T* x, const Layer<T>* layers, int64_t count, const Step<T>& s, int64_t split_rows) {
+    const int threads = omp_get_max_threads();
+    const bool split = threads > 1 && split_rows > 0 && s.rows >= split_rows * threads;
+    // The intermediates, kept per calling thread (the loop thread) from step to step: a fresh
+    // buffer would come from new pages every step. One share for the team, or one per thread.
+    thread_local std::vector<T> scratch;
+    const size_t share = scratch_size(layers[0], split ? (s.rows + threads - 1) / threads : s.rows);
+    scratch.resize(std::max(scratch.size(), share * (split ? threads : 1)));
+    T* base = scratch.data();
+    if (!split) {
 #pragma omp parallel
+        for (int64_t i = 0; i < count; ++i) layer_phases(x, layers[i], s, base);
+        return;
+    }
+#pragma omp parallel num_threads(threads)
     {
-        norm_rows<T>(x, nullptr, l.input_norm, l.eps, h, rows, hidden);
-        linear_rows(h, hidden, rows, l.qkv, l.qkv_bias, hidden, qkv_width, qkv, qkv_width, packed);
-        rotate_and_store_rows(qkv, qkv_width, qkv + q_width, qkv_width, qkv + q_width + kv_width, qkv_width, s.cos,
-                              s.sin, s.rotary_dim, s.slots, rows, l.k_cache, l.v_cache, q, l.heads, l.kv_heads, l.dim);
-        decode_attention_rows(q, q_width, l.k_cache, l.v_cache, s.tables, s.max_blocks, s.lens, attn, q_width, rows,
-                              l.heads, l.kv_heads, l.dim, s.block_size, l.window, l.scale);
-        linear_rows(attn, q_width, rows, l.out, l.out_bias, q_width, hidden, delta, hidden, packed);
-        norm_rows(x, delta, l.post_norm, l.eps, h, rows, hidden);
-        linear_rows(h, hidden, rows, l.gate_up, l.gate_up_bias, hidden, 2 * inter, gate_up, 2 * inter, packed);
-        silu_mul_rows(gate_up, rows, inter);
-        linear_rows(gate_up, 2 * inter, rows, l.down, l.down_bias, inter, hidden, delta, hidden, packed);
-        add_rows(x, delta, rows * hidden);
+        const int t = omp_get_thread_num(), n = omp_get_num_threads();
+        const int64_t first = s.rows * t / n, end = s.rows * (t + 1) / n;
+        const Step<T> mine = row_range(s, first, end);
+        T* own = base + share * t;
+        // A team of one: the phases' work-sharing loops run whole in this thread.
+#pragma omp parallel num_threads(1)
+        for (int64_t i = 0; i < count; ++i) layer_phases(x + first * layers[i].hidden, layers[i], mine, own);
     }
 }
 
 }  // namespace
 
-#define LOOM_DECODER_LAYER(NAME, T) \
-    extern "C" void NAME(T* x, const Layer<T>* layer, const Step<T>* step) { decoder_layer<T>(x, *layer, *step); }
+#define LOOM_DECODER_LAYERS(NAME, T)                                                                      \
+    extern "C" void NAME(T* x, const Layer<T>* layers, int64_t count, const Step<T>* step, int64_t split_rows) { \
+        decoder_layers<T>(x, layers, count, *step, split_rows);                                        \
+    }
 
-LOOM_DECODER_LAYER(loom_decoder_layer_f32, float)
-LOOM_DECODER_LAYER(loom_decoder_layer_f64, double)
+LOOM_DECODER_LAYERS(loom_decoder_layers_f32, float)
+LOOM_DECODER_LAYERS(loom_decoder_layers_f64, double)

@@ -21,6 +21,12 @@ from .llama import MLP, Llama
 
 _pointer, _int64, _double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 
+# From this many rows per thread, each thread carries its own rows through every layer (one barrier
+# per step rather than ten per layer; decoder_layer.cpp). Below it, each thread reading every weight
+# cost more than the barriers: quiet on Zen 5, 16 rows split took 31 ms against 24 shared, 24 and
+# 32 rows were level (docs/benchmarks.md, "Threads that carry their own rows").
+SPLIT_ROWS_PER_THREAD = 12
+
 
 class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T>
     _fields_ = [(name, _pointer) for name in ("input_norm", "post_norm", "qkv", "qkv_bias", "out", "out_bias",
@@ -41,18 +47,19 @@ def _address(tensor: torch.Tensor | None) -> int | None:
 class DecoderLayers:
     def __init__(self, model):
         spec = model.spec
-        self.kernel = native.function("loom_decoder_layer", model.embed.weight.dtype,
-                                      [_pointer, ctypes.POINTER(_Layer), ctypes.POINTER(_Step)])
-        self.layers, self.weights = [], []  # the tensors whose addresses the layers hold, kept alive
+        self.kernel = native.function("loom_decoder_layers", model.embed.weight.dtype,
+                                      [_pointer, ctypes.POINTER(_Layer), _int64, ctypes.POINTER(_Step), _int64])
+        layers, self.weights = [], []  # the tensors whose addresses the layers hold, kept alive
         for block in model.layers:
             attn, mlp = block.attn, block.mlp
             weights = (block.input_norm.weight, block.post_norm.weight, attn.qkv.weight, attn.qkv.bias,
                        attn.out.weight, attn.out.bias, mlp.gate_up.weight, mlp.gate_up.bias, mlp.down.weight,
                        mlp.down.bias)
             self.weights.append(weights)
-            self.layers.append(_Layer(*map(_address, weights), None, None, spec.hidden_size, spec.intermediate_size,
-                                      spec.num_heads, spec.num_kv_heads, spec.head_dim, block.window or 0,
-                                      spec.rms_norm_eps, attn.scale))
+            layers.append(_Layer(*map(_address, weights), None, None, spec.hidden_size, spec.intermediate_size,
+                                 spec.num_heads, spec.num_kv_heads, spec.head_dim, block.window or 0,
+                                 spec.rms_norm_eps, attn.scale))
+        self.layers = (_Layer * len(layers))(*layers)
 
     @classmethod
     def of(cls, model: Llama) -> "DecoderLayers | None":
@@ -87,7 +94,7 @@ class DecoderLayers:
         for i, layer in enumerate(self.layers):
             k_cache, v_cache = kv_cache.layer(i)
             layer.k_cache, layer.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
-            self.kernel(x.data_ptr(), ctypes.byref(layer), ctypes.byref(plan))
+        self.kernel(x.data_ptr(), self.layers, len(self.layers), ctypes.byref(plan), SPLIT_ROWS_PER_THREAD)
         return x
 
 

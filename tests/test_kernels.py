@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from models import cpu_linear, native, paged_decode
+from models.decoder_layer import SPLIT_ROWS_PER_THREAD
 
 needs_kernel = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the kernels are not built")
 
@@ -112,13 +113,23 @@ def test_rotate_and_store_matches_apply_rotary_and_index_copy(dtype, rotary_dim,
     assert k_cache.view(-1, kv_heads, dim).abs().sum(dim=(1, 2)).count_nonzero() == tokens  # nothing else written
 
 
+@pytest.fixture
+def two_threads():
+    """This thread's OpenMP threads at two, whatever the machine has (a team of two runs on one core too)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
 @needs_kernel
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_sliding", "mistral", "phi3"])  # rope, qkv bias, windows, partial rotary
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("streams", [5, 21])  # the products' rows at a time; in panels
-def test_native_decoder_layers_match_the_torch_layers(arch, dtype, streams):
+@pytest.mark.parametrize("streams", [2, 5, 21, 2 * SPLIT_ROWS_PER_THREAD + 3])  # rows at a time; panels; split rows
+def test_native_decoder_layers_match_the_torch_layers(arch, dtype, streams, two_threads):
     """A decode-only step through decoder_layer.cpp equals the same step through llama.py's Blocks:
-    sequences of different lengths (several decode groups), some past a sliding window."""
+    sequences of different lengths (several decode groups), some past a sliding window; from
+    2 x SPLIT_ROWS_PER_THREAD rows on two threads, each thread carries its own rows."""
     import models
     from models.step import KVCache, Sequence, StepInput
 
@@ -127,7 +138,7 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, streams):
     model = models.load(tiny_model(arch), dtype=dtype).model
     assert model.decoder_layers is not None
     gen = torch.Generator().manual_seed(3)
-    lengths = [70, 9, 33, 2, 17] + torch.randint(2, 80, (streams - 5,), generator=gen).tolist()
+    lengths = ([70, 9, 33, 2, 17] + torch.randint(2, 80, (max(0, streams - 5),), generator=gen).tolist())[:streams]
     kv = KVCache(model.num_layers, 10 * streams, 8, model.num_kv_heads, model.head_dim, dtype, "cpu")
     tables = [list(range(10 * i, 10 * i + 10)) for i in range(len(lengths))]
     prompts = [torch.randint(4, 90, (n,), generator=gen).tolist() for n in lengths]
