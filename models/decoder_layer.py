@@ -82,6 +82,10 @@ class DecoderLayers:
         fast or faster: the torch layers run them)."""
         return not step.prefills and 0 < len(step.input_ids) <= KERNEL_ROWS
 
+    def splits(self, step, threads: int) -> bool:
+        """Whether ``threads`` threads would each carry their own rows of ``step`` through the layers."""
+        return threads > 1 and self.serves(step) and len(step.input_ids) >= SPLIT_ROWS_PER_THREAD * threads
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache, step) -> torch.Tensor:
         """Every layer over a decode-only step's rows; x is the embedded input, updated in place.
         One forward at a time (the engine's loop thread): the layers' pool addresses are set per call."""

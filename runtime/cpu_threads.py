@@ -5,9 +5,17 @@ An OpenMP parallel region ends when its slowest thread does. With another proces
 cores, a worker that the kernel deschedules for a time slice holds up every operator's barrier, and
 while its partner spins there for libgomp's default ~300,000 iterations a two-thread forward ran
 many times slower than a one-thread one (docs/benchmarks.md, "Shared cores"). With short spins
-(runtime/openmp.py sets them when Loom is imported before torch) the partner soon sleeps, and every
-thread helps: beside two busy processes two threads beat one at 1 to 64 streams ("Short spins"), so
-the count stays at its cap.
+(runtime/openmp.py sets them when Loom is imported before torch) the partner soon sleeps instead,
+but it still waits: beside one busy process two threads got one core's worth between them, no
+more than one thread alone gets ("Threads that carry their own rows").
+
+So with short spins the count follows the other threads that keep the cores busy: before each
+forward the loop thread samples how many threads are runnable besides itself (/proc/loadavg), and
+the fewest over the last STEADY_WINDOW steps is the steady load (a burst, or a consumer the last
+step woke, is not runnable at every sample; a busy process is). The forward gets the cores that
+load leaves free, and one thread where it leaves none. A step whose rows the threads split among
+them (the native decoder layers from 12 rows per thread; models/decoder_layer.py) keeps every
+thread: each waits for no other until the step ends, so each claims its own share of the cores.
 
 Where libgomp spins long (torch loaded first, or a long spin the application chose), the loop
 thread measures how long it waited for a core during each forward (its run-queue delay, from
@@ -16,7 +24,7 @@ count, and after a quiet spell it tries one more thread again, waiting twice as 
 next try each time a try finds the cores still busy.
 
 The count is the loop thread's own (libgomp's per-thread ICV, set with omp_set_num_threads): the
-application's torch threads keep theirs. ``cpu_threads`` caps it; without libgomp or schedstat the
+application's torch threads keep theirs. ``cpu_threads`` caps it; without libgomp or /proc the
 count stays at the cap.
 """
 
@@ -25,6 +33,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import deque
+from typing import Callable
 
 import torch
 
@@ -34,6 +44,8 @@ BUSY_SHARE = 0.25     # a forward that waited this share of its time for a core 
 FIRST_BACKOFF = 8     # quiet steps before trying one more thread; doubled after each failed try
 MAX_BACKOFF = 256
 SCHEDSTAT = "/proc/thread-self/schedstat"
+LOADAVG = "/proc/loadavg"
+STEADY_WINDOW = 16    # steps over which the fewest other runnable threads seen is the steady load
 
 
 def available_cores() -> int:
@@ -44,18 +56,26 @@ def available_cores() -> int:
 
 
 class CpuThreads:
-    def __init__(self, cap: int | None):
+    """``splits(step, threads)``: whether the model's forward gives each of ``threads`` threads its
+    own rows of ``step`` (models/decoder_layer.py); None where it never does."""
+
+    def __init__(self, cap: int | None, splits: Callable[[object, int], bool] | None = None):
         self.max = min(cap, available_cores()) if cap else available_cores()
+        self.splits = splits
         self.adaptive = not openmp.SHORT_SPIN and openmp.available() and os.path.exists(SCHEDSTAT) and self.max > 1
+        self.sharing = not self.adaptive and os.path.exists(LOADAVG) and self.max > 1
         self.count = self.max
         self.backoff = FIRST_BACKOFF
         self.quiet_steps = 0
         self.trying = False  # the current count is a try at more threads
         self.applied: tuple[int, int] | None = None  # (thread ident, count) last set
         self.started: tuple[int, float] = (0, 0.0)
+        self.others: deque[int] = deque(maxlen=STEADY_WINDOW)  # other runnable threads, one sample a step
 
-    def before_forward(self) -> None:
+    def before_forward(self, step=None) -> None:
         """In the loop thread: use this step's count and start measuring its wait for a core."""
+        if self.sharing:
+            self.count = self._count_beside_others(step)
         key = (threading.get_ident(), self.count)
         if self.applied != key:
             torch.get_num_threads()  # lets torch's lazy per-thread init run first, so it cannot undo ours
@@ -64,6 +84,19 @@ class CpuThreads:
             self.applied = key
         if self.adaptive:
             self.started = (run_queue_wait_ns(), time.perf_counter_ns())
+
+    def _count_beside_others(self, step) -> int:
+        """With short spins: one thread per core that other threads leave free, and one where they
+        leave none. A thread of its own beat two sharing their barriers with busy processes: on two
+        cores beside one busy process a one-stream step took 19 ms against 34, beside two 27 against
+        35 (mean), and 8 streams were level beside two (docs/benchmarks.md, "Threads that carry
+        their own rows"). A step whose rows the threads split among them keeps them all: each
+        thread then waits for no other until the step ends."""
+        self.others.append(other_runnable_threads())
+        if step is not None and self.splits is not None and self.splits(step, self.max):
+            return self.max
+        steady = min(self.others)  # a busy loop is runnable at every sample; a burst or a woken consumer is not
+        return max(1, self.max - steady)
 
     def after_forward(self) -> None:
         """Choose the next step's count from how long this forward waited for a core."""
@@ -84,6 +117,14 @@ class CpuThreads:
             self.quiet_steps += 1
             if self.count < self.max and self.quiet_steps >= self.backoff:
                 self.count, self.trying, self.quiet_steps = self.count + 1, True, 0
+
+
+def other_runnable_threads() -> int:
+    """Threads runnable on this machine now, besides the caller: the kernel's count in
+    /proc/loadavg includes it. Sampled by the loop thread while it holds the GIL, so the
+    application's Python threads, this process's consumers among them, are rarely counted."""
+    with open(LOADAVG, "rb") as stat:
+        return max(0, int(stat.read().split()[3].split(b"/")[0]) - 1)
 
 
 def run_queue_wait_ns() -> int:

@@ -79,7 +79,9 @@ class Engine(TextAPI):
         self._closed: BaseException | None = None
         self._generator = torch.Generator(device).manual_seed(options.seed)
         self._counters = {"steps": 0, "tokens_generated": 0, "requests_finished": 0, "step_failures": 0}
-        self._cpu_threads = CpuThreads(options.cpu_threads) if device.type == "cpu" else None
+        layers = getattr(self.model, "decoder_layers", None)
+        self._cpu_threads = (CpuThreads(options.cpu_threads, layers.splits if layers is not None else None)
+                             if device.type == "cpu" else None)
         self._grammars = Grammars(self.tokenizer, self.vocab_size, self.eos_token_ids)
         _live_engines.add(self)
         if device.type == "cpu":
@@ -282,7 +284,7 @@ class Engine(TextAPI):
         try:
             step = StepInput.flatten(plan.sequences(), self.options.block_size, self.device)
             if threads is not None:
-                threads.before_forward()
+                threads.before_forward(step)
             logits = self.model(step, self.kv_cache)
             if threads is not None:
                 threads.after_forward()

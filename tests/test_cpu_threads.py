@@ -1,12 +1,16 @@
-"""The loop thread's OpenMP thread count: fewer threads while its forwards wait for a core, one
-more after a quiet spell (backing off when a try finds the cores still busy), never more than the
-cap, and never a change to the application's own threads."""
+"""The loop thread's OpenMP thread count. With short spins: the cores other threads leave free,
+judged from the fewest other runnable threads over recent steps, and every thread for steps whose
+rows the threads split. With long spins: fewer threads while its forwards wait for a core, one more
+after a quiet spell (backing off when a try finds the cores still busy). Never more than the cap,
+and never a change to the application's own threads."""
+
+import os
 
 import pytest
 import torch
 
 from runtime import Engine, cpu_threads, openmp
-from runtime.cpu_threads import FIRST_BACKOFF, CpuThreads
+from runtime.cpu_threads import FIRST_BACKOFF, STEADY_WINDOW, CpuThreads
 
 
 class Clock:
@@ -30,8 +34,50 @@ def adaptive(monkeypatch):
     monkeypatch.setattr(cpu_threads, "available_cores", lambda: 4)
     monkeypatch.setattr(openmp, "set_thread_count", lambda n: True)
     threads = CpuThreads(None)
-    threads.adaptive = True
+    threads.adaptive, threads.sharing = True, False
     return threads
+
+
+@pytest.fixture
+def sharing(monkeypatch):
+    """Four cores, short spins; ``sharing.others`` is what /proc/loadavg will say, sample by sample."""
+    monkeypatch.setattr(cpu_threads, "available_cores", lambda: 4)
+    monkeypatch.setattr(openmp, "set_thread_count", lambda n: True)
+    others = []
+    monkeypatch.setattr(cpu_threads, "other_runnable_threads", lambda: others.pop(0))
+    threads = CpuThreads(None, splits=lambda step, n: step == "wide")
+    threads.adaptive, threads.sharing = False, True
+    threads.next_others = others
+    return threads
+
+
+def counts(threads: CpuThreads, others: list[int], step=None) -> list[int]:
+    threads.next_others.extend(others)
+    result = []
+    for _ in others:
+        threads.before_forward(step)
+        result.append(threads.count)
+    return result
+
+
+def test_threads_take_the_cores_other_threads_leave_free(sharing):
+    assert counts(sharing, [0, 0]) == [4, 4]
+    assert counts(sharing, [1] * (STEADY_WINDOW - 1)) == [4] * (STEADY_WINDOW - 1)  # a quiet sample still in the window
+    assert counts(sharing, [1, 3]) == [3, 3]  # one busy thread all along; the 3 was a burst
+    assert counts(sharing, [6] * STEADY_WINDOW)[-1] == 1  # no core left free: one thread, not a share of every barrier
+    assert counts(sharing, [0]) == [4]  # a sample without them: they were not steady
+
+
+def test_a_step_whose_rows_the_threads_split_keeps_them_all(sharing):
+    assert counts(sharing, [2] * STEADY_WINDOW)[-1] == 2
+    assert counts(sharing, [2], step="wide") == [4]
+    assert counts(sharing, [2]) == [2]
+
+
+def test_the_sampled_count_excludes_the_caller():
+    if not os.path.exists(cpu_threads.LOADAVG):
+        pytest.skip("no /proc/loadavg")
+    assert 0 <= cpu_threads.other_runnable_threads() < 10_000
 
 
 def test_busy_cores_halve_the_count_and_quiet_ones_bring_threads_back(adaptive, monkeypatch):
