@@ -6,22 +6,23 @@ cores, a worker that the kernel deschedules for a time slice holds up every oper
 while its partner spins there for libgomp's default ~300,000 iterations a two-thread forward ran
 many times slower than a one-thread one (docs/benchmarks.md, "Shared cores"). With short spins
 (runtime/openmp.py sets them when Loom is imported before torch) the partner soon sleeps instead,
-but it still waits: beside one busy process two threads got one core's worth between them, no
-more than one thread alone gets ("Threads that carry their own rows").
+but it still waits: beside one busy process two threads got one core's worth between them, and a
+one-stream step took 34 ms where one thread, on a core of its own, took 19; beside two busy
+processes one thread was as fast or faster at 1 and 8 streams ("Threads that carry their own rows").
 
-So with short spins the count follows the other threads that keep the cores busy: before each
-forward the loop thread samples how many threads are runnable besides itself (/proc/loadavg), and
-the fewest over the last STEADY_WINDOW steps is the steady load (a burst, or a consumer the last
-step woke, is not runnable at every sample; a busy process is). The forward gets the cores that
-load leaves free, and one thread where it leaves none. A step whose rows the threads split among
-them (the native decoder layers from 12 rows per thread; models/decoder_layer.py) keeps every
-thread: each waits for no other until the step ends, so each claims its own share of the cores.
+So the forward takes the cores that other threads leave free, and one thread where they leave none.
+With short spins the loop thread samples, before each forward, how many threads are runnable
+besides itself (/proc/loadavg), and the fewest over the last STEADY_WINDOW steps is the steady load
+(a burst, or a consumer the last step woke, is not runnable at every sample; a busy process is).
+Elsewhere (long spins, or a process pinned to some of the machine's cores, for which loadavg's
+count speaks of other cores too) it measures how long it waited for a core during each forward (its
+run-queue delay, from /proc/thread-self/schedstat): while that is a large share of the forward it
+halves its thread count, and after a quiet spell it tries one more thread again, waiting twice as
+long before the next try each time a try finds the cores still busy.
 
-Where libgomp spins long (torch loaded first, or a long spin the application chose), the loop
-thread measures how long it waited for a core during each forward (its run-queue delay, from
-/proc/thread-self/schedstat): while that is a large share of the forward it halves its thread
-count, and after a quiet spell it tries one more thread again, waiting twice as long before the
-next try each time a try finds the cores still busy.
+A step whose rows the threads split among them (the native decoder layers from 12 rows per thread;
+models/decoder_layer.py) keeps every thread: each waits for no other until the step ends, so each
+claims its own share of the cores.
 
 The count is the loop thread's own (libgomp's per-thread ICV, set with omp_set_num_threads): the
 application's torch threads keep theirs. ``cpu_threads`` caps it; without libgomp or /proc the
@@ -62,45 +63,41 @@ class CpuThreads:
     def __init__(self, cap: int | None, splits: Callable[[object, int], bool] | None = None):
         self.max = min(cap, available_cores()) if cap else available_cores()
         self.splits = splits
-        self.adaptive = not openmp.SHORT_SPIN and openmp.available() and os.path.exists(SCHEDSTAT) and self.max > 1
-        self.sharing = not self.adaptive and os.path.exists(LOADAVG) and self.max > 1
-        self.count = self.max
+        # /proc/loadavg counts every CPU's runnable threads: it speaks for this process's cores
+        # only where they are all of them (not in a container pinned to some).
+        self.sharing = (openmp.SHORT_SPIN and os.path.exists(LOADAVG) and self.max > 1
+                        and available_cores() == os.cpu_count())
+        self.adaptive = not self.sharing and openmp.available() and os.path.exists(SCHEDSTAT) and self.max > 1
+        self.count = self.max  # for steps whose rows the threads do not split
         self.backoff = FIRST_BACKOFF
         self.quiet_steps = 0
         self.trying = False  # the current count is a try at more threads
         self.applied: tuple[int, int] | None = None  # (thread ident, count) last set
-        self.started: tuple[int, float] = (0, 0.0)
+        self.started: tuple[int, float] | None = None  # (wait, clock) at the start of a measured forward
         self.others: deque[int] = deque(maxlen=STEADY_WINDOW)  # other runnable threads, one sample a step
 
     def before_forward(self, step=None) -> None:
         """In the loop thread: use this step's count and start measuring its wait for a core."""
+        split = step is not None and self.splits is not None and self.splits(step, self.max)
         if self.sharing:
-            self.count = self._count_beside_others(step)
-        key = (threading.get_ident(), self.count)
+            self.others.append(other_runnable_threads())
+            steady = min(self.others)  # a busy loop is runnable at every sample; a burst or a woken consumer is not
+            self.count = max(1, self.max - steady)
+        self._apply(self.max if split else self.count)
+        # A split step waits for no thread until it ends: it says nothing of the phases' barriers.
+        self.started = (run_queue_wait_ns(), time.perf_counter_ns()) if self.adaptive and not split else None
+
+    def _apply(self, count: int) -> None:
+        key = (threading.get_ident(), count)
         if self.applied != key:
             torch.get_num_threads()  # lets torch's lazy per-thread init run first, so it cannot undo ours
-            if not openmp.set_thread_count(self.count):
-                torch.set_num_threads(self.count)  # no libgomp: process-wide, the only knob there is
+            if not openmp.set_thread_count(count):
+                torch.set_num_threads(count)  # no libgomp: process-wide, the only knob there is
             self.applied = key
-        if self.adaptive:
-            self.started = (run_queue_wait_ns(), time.perf_counter_ns())
-
-    def _count_beside_others(self, step) -> int:
-        """With short spins: one thread per core that other threads leave free, and one where they
-        leave none. A thread of its own beat two sharing their barriers with busy processes: on two
-        cores beside one busy process a one-stream step took 19 ms against 34, beside two 27 against
-        35 (mean), and 8 streams were level beside two (docs/benchmarks.md, "Threads that carry
-        their own rows"). A step whose rows the threads split among them keeps them all: each
-        thread then waits for no other until the step ends."""
-        self.others.append(other_runnable_threads())
-        if step is not None and self.splits is not None and self.splits(step, self.max):
-            return self.max
-        steady = min(self.others)  # a busy loop is runnable at every sample; a burst or a woken consumer is not
-        return max(1, self.max - steady)
 
     def after_forward(self) -> None:
-        """Choose the next step's count from how long this forward waited for a core."""
-        if not self.adaptive:
+        """Where adaptive, choose the next step's count from how long this forward waited for a core."""
+        if self.started is None:
             return
         waited = run_queue_wait_ns() - self.started[0]
         elapsed = time.perf_counter_ns() - self.started[1]

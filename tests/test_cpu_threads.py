@@ -52,11 +52,12 @@ def sharing(monkeypatch):
 
 
 def counts(threads: CpuThreads, others: list[int], step=None) -> list[int]:
+    """The thread counts set for one step per sample of ``others``."""
     threads.next_others.extend(others)
     result = []
     for _ in others:
         threads.before_forward(step)
-        result.append(threads.count)
+        result.append(threads.applied[1])
     return result
 
 
@@ -72,6 +73,28 @@ def test_a_step_whose_rows_the_threads_split_keeps_them_all(sharing):
     assert counts(sharing, [2] * STEADY_WINDOW)[-1] == 2
     assert counts(sharing, [2], step="wide") == [4]
     assert counts(sharing, [2]) == [2]
+
+
+def test_a_process_pinned_to_some_cores_measures_its_own_wait(monkeypatch):
+    """loadavg counts the whole machine's runnable threads; pinned to 2 of 8 CPUs, Loom cannot read
+    its own cores' load there, and measures its forwards' wait for a core instead."""
+    monkeypatch.setattr(openmp, "SHORT_SPIN", True)
+    monkeypatch.setattr(cpu_threads, "available_cores", lambda: 2)
+    monkeypatch.setattr(cpu_threads.os, "cpu_count", lambda: 8)
+    pinned = CpuThreads(None)
+    assert not pinned.sharing and pinned.adaptive == (openmp.available() and os.path.exists(cpu_threads.SCHEDSTAT))
+    monkeypatch.setattr(cpu_threads.os, "cpu_count", lambda: 2)
+    assert CpuThreads(None).sharing == os.path.exists(cpu_threads.LOADAVG)
+
+
+def test_a_split_step_keeps_every_thread_and_leaves_the_adaptive_count_alone(adaptive, monkeypatch):
+    clock = Clock(monkeypatch)
+    adaptive.splits = lambda step, n: step == "wide"
+    assert clock.step(adaptive, 0.9) == 2
+    adaptive.before_forward("wide")
+    assert adaptive.applied[1] == 4 and adaptive.started is None  # not measured: its threads share no barrier
+    adaptive.after_forward()
+    assert adaptive.count == 2
 
 
 def test_the_sampled_count_excludes_the_caller():
@@ -144,16 +167,15 @@ def test_the_spin_count_is_chosen_only_where_nobody_did_and_libgomp_is_not_loade
     assert openmp.os.environ.get("GOMP_SPINCOUNT") == env.get("GOMP_SPINCOUNT")  # child processes inherit no choice of ours
 
 
-def test_importing_loom_before_torch_chooses_short_spins_and_keeps_the_thread_count(monkeypatch):
+def test_importing_loom_before_torch_chooses_short_spins(monkeypatch):
     import subprocess
     import sys
 
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    probe = ("import os, runtime, torch; from runtime import openmp; from runtime.cpu_threads import CpuThreads; "
-             "print(openmp.SHORT_SPIN, os.environ.get('GOMP_SPINCOUNT'), CpuThreads(None).adaptive)")
+    probe = "import os, runtime, torch; from runtime import openmp; print(openmp.SHORT_SPIN, os.environ.get('GOMP_SPINCOUNT'))"
     first = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
-    assert first == ["True", "None", "False"]  # short spins chosen, and not left for child processes
+    assert first == ["True", "None"]  # short spins chosen, and not left for child processes
     late = subprocess.run([sys.executable, "-c", "import torch; " + probe], capture_output=True, text=True,
                           check=True).stdout.split()
     assert late[:2] == ["False", "None"]
