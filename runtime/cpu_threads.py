@@ -7,11 +7,12 @@ while its partner spins there for libgomp's default ~300,000 iterations a two-th
 many times slower than a one-thread one (docs/benchmarks.md, "Shared cores"). With short spins
 (runtime/openmp.py sets them when Loom is imported before torch) the partner soon sleeps instead,
 but it still waits: beside one busy process two threads got one core's worth between them, and a
-one-stream step took 34 ms where one thread, on a core of its own, took 19; beside two busy
-processes one thread was as fast or faster at 1 and 8 streams ("Threads that carry their own rows").
+one-stream step took 32 ms where one thread, on a core of its own, took 19 ("Threads that carry
+their own rows").
 
-So the forward takes the cores that other threads leave free, and one thread where they leave none.
-With short spins the loop thread samples, before each forward, how many threads are runnable
+So the forward takes the cores that other threads leave free. Where they leave none, a one-row step
+(bound by reading the weights) runs on one thread, and wider steps on every thread, which then
+claim their share of the busy cores' time. With short spins the loop thread samples, before each forward, how many threads are runnable
 besides itself (/proc/loadavg), and the fewest over the last STEADY_WINDOW steps is the steady load
 (a burst, or a consumer the last step woke, is not runnable at every sample; a busy process is).
 Elsewhere (long spins, or a process pinned to some of the machine's cores, for which loadavg's
@@ -82,10 +83,18 @@ class CpuThreads:
         if self.sharing:
             self.others.append(other_runnable_threads())
             steady = min(self.others)  # a busy loop is runnable at every sample; a burst or a woken consumer is not
-            self.count = max(1, self.max - steady)
+            self.count = self._beside(steady, len(step.input_ids) if step is not None else 2)
         self._apply(self.max if split else self.count)
         # A split step waits for no thread until it ends: it says nothing of the phases' barriers.
         self.started = (run_queue_wait_ns(), time.perf_counter_ns()) if self.adaptive and not split else None
+
+    def _beside(self, steady: int, rows: int) -> int:
+        """The count beside ``steady`` other busy threads (see the module's doc). On two cores beside
+        two busy processes 1 row took 24 ms on one thread against 35 on two, 8 rows 46 against 40;
+        quiet, one thread reads the weights of a one-row step nearly as fast as two (19 against 17)."""
+        if steady < self.max:
+            return self.max - steady
+        return 1 if rows == 1 else self.max
 
     def _apply(self, count: int) -> None:
         key = (threading.get_ident(), count)

@@ -5,12 +5,16 @@ after a quiet spell (backing off when a try finds the cores still busy). Never m
 and never a change to the application's own threads."""
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from runtime import Engine, cpu_threads, openmp
 from runtime.cpu_threads import FIRST_BACKOFF, STEADY_WINDOW, CpuThreads
+
+
+WIDE = SimpleNamespace(input_ids=[5] * 64)  # a step whose rows the fake models split among their threads
 
 
 class Clock:
@@ -45,7 +49,7 @@ def sharing(monkeypatch):
     monkeypatch.setattr(openmp, "set_thread_count", lambda n: True)
     others = []
     monkeypatch.setattr(cpu_threads, "other_runnable_threads", lambda: others.pop(0))
-    threads = CpuThreads(None, splits=lambda step, n: step == "wide")
+    threads = CpuThreads(None, splits=lambda step, n: step is WIDE)
     threads.adaptive, threads.sharing = False, True
     threads.next_others = others
     return threads
@@ -65,13 +69,18 @@ def test_threads_take_the_cores_other_threads_leave_free(sharing):
     assert counts(sharing, [0, 0]) == [4, 4]
     assert counts(sharing, [1] * (STEADY_WINDOW - 1)) == [4] * (STEADY_WINDOW - 1)  # a quiet sample still in the window
     assert counts(sharing, [1, 3]) == [3, 3]  # one busy thread all along; the 3 was a burst
-    assert counts(sharing, [6] * STEADY_WINDOW)[-1] == 1  # no core left free: one thread, not a share of every barrier
     assert counts(sharing, [0]) == [4]  # a sample without them: they were not steady
+
+
+def test_with_no_core_free_a_one_row_step_runs_on_one_thread(sharing):
+    one_row, eight_rows = SimpleNamespace(input_ids=[5]), SimpleNamespace(input_ids=[5] * 8)
+    assert counts(sharing, [6] * STEADY_WINDOW, one_row)[-1] == 1  # streams the weights nearly as fast alone
+    assert counts(sharing, [6], eight_rows) == [4]  # wider steps claim their share of the busy cores
 
 
 def test_a_step_whose_rows_the_threads_split_keeps_them_all(sharing):
     assert counts(sharing, [2] * STEADY_WINDOW)[-1] == 2
-    assert counts(sharing, [2], step="wide") == [4]
+    assert counts(sharing, [2], WIDE) == [4]
     assert counts(sharing, [2]) == [2]
 
 
@@ -89,9 +98,9 @@ def test_a_process_pinned_to_some_cores_measures_its_own_wait(monkeypatch):
 
 def test_a_split_step_keeps_every_thread_and_leaves_the_adaptive_count_alone(adaptive, monkeypatch):
     clock = Clock(monkeypatch)
-    adaptive.splits = lambda step, n: step == "wide"
+    adaptive.splits = lambda step, n: step is WIDE
     assert clock.step(adaptive, 0.9) == 2
-    adaptive.before_forward("wide")
+    adaptive.before_forward(WIDE)
     assert adaptive.applied[1] == 4 and adaptive.started is None  # not measured: its threads share no barrier
     adaptive.after_forward()
     assert adaptive.count == 2

@@ -1,0 +1,81 @@
+"""A decode step's forward on the default model with its threads sharing every phase of every layer
+(a barrier after each) or each thread carrying its own rows through all the layers (one barrier per
+step), at 1 and 2 threads, quiet or beside K busy processes (docs/benchmarks.md, "Threads that carry
+their own rows"). S sequences of 100 cached tokens add one token each; no engine. The variants
+alternate in three rounds; it prints the median and mean step and the cores the process used
+(CPU time over wall time). Run from a checkout's root:
+
+    python docs/bench/split_rows.py [--streams 1,8,16,32,64] [--busy 0] [--threads 1,2] [--steps 30]
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.getcwd())
+
+import runtime  # noqa: E402,F401  (first: libgomp loads with short spins, as in an application)
+from runtime import openmp  # noqa: E402
+
+import torch  # noqa: E402
+
+import models  # noqa: E402
+from models import decoder_layer  # noqa: E402
+from models.step import KVCache, Sequence, StepInput  # noqa: E402
+
+SPLIT = decoder_layer.SPLIT_ROWS_PER_THREAD
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--streams", default="1,8,16,32,64")
+    parser.add_argument("--busy", type=int, default=0, help="busy competitor processes on the same cores")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--steps", type=int, default=30)
+    args = parser.parse_args()
+    model = models.load().model
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+    time.sleep(0.5)
+    try:
+        print("| streams | busy procs | threads | layers | step ms median (mean) | cores used |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for streams in map(int, args.streams.split(",")):
+            kv = KVCache(model.num_layers, 8 * streams, 16, model.num_kv_heads, model.head_dim, torch.float32, "cpu")
+            tables = [list(range(8 * i, 8 * i + 8)) for i in range(streams)]
+            step = StepInput.flatten([Sequence([5], 100, table, True) for table in tables], 16, torch.device("cpu"))
+            variants = [(t, "shared phases", 0) for t in map(int, args.threads.split(","))]
+            variants += [(t, "own rows", 1) for t, _, _ in variants if t > 1 and streams >= t]
+            times = {v: [] for v in variants}
+            cpu = dict.fromkeys(variants, 0.0)
+            with torch.inference_mode():
+                for _ in range(3):
+                    for variant in variants:
+                        threads, _, split = variant
+                        torch.set_num_threads(threads)
+                        decoder_layer.SPLIT_ROWS_PER_THREAD = split  # 0: never split; 1: always
+                        for _ in range(3):
+                            model(step, kv)
+                            openmp.release_thread_pool()  # as the engine does after every step
+                        start_cpu = time.process_time()
+                        for _ in range(args.steps // 3):
+                            start = time.perf_counter()
+                            model(step, kv)
+                            times[variant].append(time.perf_counter() - start)
+                            openmp.release_thread_pool()
+                        cpu[variant] += time.process_time() - start_cpu
+            decoder_layer.SPLIT_ROWS_PER_THREAD = SPLIT
+            for variant, seconds in times.items():
+                threads, layers, _ = variant
+                median, mean = statistics.median(seconds) * 1e3, statistics.mean(seconds) * 1e3
+                print(f"| {streams} | {args.busy} | {threads} | {layers} | {median:.1f} ({mean:.1f}) | "
+                      f"{cpu[variant] / sum(seconds):.2f} |", flush=True)
+    finally:
+        for process in busy:
+            process.kill()
+
+
+if __name__ == "__main__":
+    main()
