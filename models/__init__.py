@@ -78,7 +78,7 @@ def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, de
         reduce_linears(model, weights)
     elif native.supports(device, dtype):  # builds the CPU kernels now (once per machine), not in the first step
         use_cpu_linears(model)
-        if isinstance(model, Llama):  # decode-only steps in one native call per layer, where it qualifies
+        if isinstance(model, (Llama, GPT2)):  # decode-only steps in one native call, where it qualifies
             model.decoder_layers = DecoderLayers.of(model)
     return model
 

@@ -1,13 +1,14 @@
-// A Llama-family model's decoder layers for a step of decode rows, in one call and one parallel
-// region. A layer: RMSNorm, the q/k/v product, rotary + K/V writes into the pool, decode attention,
-// the output product and residual, RMSNorm, gate/up product, SiLU x up, down product and residual.
+// A model's decoder layers for a step of decode rows, in one call and one parallel region: Llama's
+// family and GPT-2. A layer: norm, the q/k/v product, rotary (Llama) + K/V writes into the pool,
+// decode attention, the output product and residual, norm, the MLP's up product, its activation,
+// the down product and residual.
 //
 // At one or a few rows the layer's arithmetic is small and its weights stream in about 0.5 ms; run
 // as ~16 torch operators and 6 ctypes calls it also paid ~0.2 ms of dispatch per layer, a quarter
 // of a one-stream step (docs/benchmarks.md, "Small-batch products"). Here the phases are separated
 // by the implicit barriers of their work-sharing loops, and the threads stay in one team throughout;
 // with enough rows each thread takes its own rows through every layer instead (decoder_layers).
-// The torch path (models/llama.py) remains the reference and runs every step with prefill rows.
+// The torch paths (models/llama.py, gpt2.py) remain the reference and run every step with prefill rows.
 
 #include <algorithm>
 #include <cmath>
@@ -21,18 +22,20 @@
 namespace {
 
 // One layer's weights and shape, filled once at load (decoder_layer.py mirrors this layout: every
-// field is 8 bytes). Biases may be null.
+// field is 8 bytes). Biases may be null. Llama's family: RMSNorms, a gated MLP whose ``up`` product
+// gives [gate | up] (2 x intermediate outputs), SiLU(gate) x up. GPT-2: LayerNorms with biases, an
+// ``up`` product of intermediate outputs and GELU (tanh).
 template <typename T>
 struct Layer {
-    const T *input_norm, *post_norm;
-    const T *qkv, *qkv_bias, *out, *out_bias, *gate_up, *gate_up_bias, *down, *down_bias;
+    const T *input_norm, *input_norm_bias, *post_norm, *post_norm_bias;
+    const T *qkv, *qkv_bias, *out, *out_bias, *up, *up_bias, *down, *down_bias;
     T *k_cache, *v_cache;
-    int64_t hidden, intermediate, heads, kv_heads, dim, window;
+    int64_t hidden, intermediate, heads, kv_heads, dim, window, layer_norm, gated;
     double eps, scale;
 };
 
-// The step's decode rows, filled once per step: angles, pool slots, block tables (padded to the
-// widest) and context lengths.
+// The step's decode rows, filled once per step: angles (null when rotary_dim is 0), pool slots,
+// block tables (padded to the widest) and context lengths.
 template <typename T>
 struct Step {
     const T *cos, *sin;
@@ -40,29 +43,48 @@ struct Step {
     int64_t rows, rotary_dim, max_blocks, block_size;
 };
 
-// y = rms_norm(x (+ delta, kept in x)) * weight, a row per task; the sum in T as torch's is.
+// y = norm(x (+ delta, kept in x)) * weight (+ bias), a row per task: RMSNorm, or LayerNorm (mean
+// removed first); the sums in T as torch's are.
 template <typename T>
-void norm_rows(T* x, const T* delta, const T* weight, double eps, T* y, int64_t rows, int64_t width) {
+void norm_rows(T* x, const T* delta, const T* weight, const T* bias, bool layer_norm, double eps, T* y, int64_t rows,
+               int64_t width) {
 #pragma omp for
     for (int64_t r = 0; r < rows; ++r) {
         T* xr = x + r * width;
         if (delta != nullptr)
             for (int64_t i = 0; i < width; ++i) xr[i] += delta[r * width + i];
+        T mean = 0;
+        if (layer_norm) {
+            for (int64_t i = 0; i < width; ++i) mean += xr[i];
+            mean /= T(width);
+        }
         T squares = 0;
-        for (int64_t i = 0; i < width; ++i) squares += xr[i] * xr[i];
+        for (int64_t i = 0; i < width; ++i) squares += (xr[i] - mean) * (xr[i] - mean);
         const T inv = T(1) / std::sqrt(squares / T(width) + T(eps));
-        for (int64_t i = 0; i < width; ++i) y[r * width + i] = xr[i] * inv * weight[i];
+        T* yr = y + r * width;
+        for (int64_t i = 0; i < width; ++i) yr[i] = (xr[i] - mean) * inv * weight[i];
+        if (bias != nullptr)
+            for (int64_t i = 0; i < width; ++i) yr[i] += bias[i];
     }
 }
 
-// gate_up rows [gate | up] -> gate = silu(gate) * up, in place.
+// The MLP's activation, in place on the up product's rows (``stride`` apart): gated, [gate | up] ->
+// silu(gate) x up in the gate's place; otherwise gelu_tanh(x) = x sigmoid(2u), u = sqrt(2/pi) (x +
+// 0.044715 x^3), which is 0.5 x (1 + tanh(u)) with one exp where tanh costs several.
 template <typename T>
-void silu_mul_rows(T* gate_up, int64_t rows, int64_t intermediate) {
+void activate_rows(T* up, int64_t stride, bool gated, int64_t rows, int64_t intermediate) {
 #pragma omp for
     for (int64_t r = 0; r < rows; ++r) {
-        T* gate = gate_up + r * 2 * intermediate;
-        const T* up = gate + intermediate;
-        for (int64_t i = 0; i < intermediate; ++i) gate[i] = gate[i] / (T(1) + std::exp(-gate[i])) * up[i];
+        T* a = up + r * stride;
+        if (gated) {
+            const T* b = a + intermediate;
+            for (int64_t i = 0; i < intermediate; ++i) a[i] = a[i] / (T(1) + std::exp(-a[i])) * b[i];
+        } else {
+            for (int64_t i = 0; i < intermediate; ++i) {
+                const T u = T(0.7978845608028654) * (a[i] + T(0.044715) * a[i] * a[i] * a[i]);
+                a[i] = a[i] / (T(1) + std::exp(T(-2) * u));
+            }
+        }
     }
 }
 
@@ -84,26 +106,29 @@ size_t scratch_size(const Layer<T>& l, int64_t rows) {
 // phase ends at its work-sharing loop's barrier. ``scratch``: scratch_size(l, s.rows) elements.
 template <typename T>
 void layer_phases(T* x, const Layer<T>& l, const Step<T>& s, T* scratch) {
-    const int64_t rows = s.rows, hidden = l.hidden, inter = l.intermediate;
+    const int64_t rows = s.rows, hidden = l.hidden, inter = l.intermediate, up_width = l.gated ? 2 * inter : inter;
     const int64_t q_width = l.heads * l.dim, kv_width = l.kv_heads * l.dim, qkv_width = q_width + 2 * kv_width;
     T* h = scratch;                       // [rows, hidden] normed input of a product
     T* qkv = h + rows * hidden;           // [rows, qkv_width]
     T* q = qkv + rows * qkv_width;        // [rows, q_width] rotated queries
     T* attn = q + rows * q_width;         // [rows, q_width]
-    T* gate_up = attn + rows * q_width;   // [rows, 2 * intermediate]
-    T* delta = gate_up + rows * 2 * inter;  // [rows, hidden] a product's output, added to x
+    T* up = attn + rows * q_width;        // [rows, up_width]
+    T* delta = up + rows * 2 * inter;     // [rows, hidden] a product's output, added to x
     T* packed = delta + rows * hidden;    // the products' input panels, packed_size(rows, widest input)
-    norm_rows<T>(x, nullptr, l.input_norm, l.eps, h, rows, hidden);
+    const bool rotary = s.rotary_dim > 0;  // else the queries are read from qkv as they are
+    norm_rows<T>(x, nullptr, l.input_norm, l.input_norm_bias, l.layer_norm, l.eps, h, rows, hidden);
     linear_rows(h, hidden, rows, l.qkv, l.qkv_bias, hidden, qkv_width, qkv, qkv_width, packed);
     rotate_and_store_rows(qkv, qkv_width, qkv + q_width, qkv_width, qkv + q_width + kv_width, qkv_width, s.cos, s.sin,
-                          s.rotary_dim, s.slots, rows, l.k_cache, l.v_cache, q, l.heads, l.kv_heads, l.dim);
-    decode_attention_rows(q, q_width, l.k_cache, l.v_cache, s.tables, s.max_blocks, s.lens, attn, q_width, rows,
-                          l.heads, l.kv_heads, l.dim, s.block_size, l.window, l.scale);
+                          s.rotary_dim, s.slots, rows, l.k_cache, l.v_cache, rotary ? q : nullptr, l.heads,
+                          l.kv_heads, l.dim);
+    decode_attention_rows(rotary ? q : qkv, rotary ? q_width : qkv_width, l.k_cache, l.v_cache, s.tables,
+                          s.max_blocks, s.lens, attn, q_width, rows, l.heads, l.kv_heads, l.dim, s.block_size,
+                          l.window, l.scale);
     linear_rows(attn, q_width, rows, l.out, l.out_bias, q_width, hidden, delta, hidden, packed);
-    norm_rows(x, delta, l.post_norm, l.eps, h, rows, hidden);
-    linear_rows(h, hidden, rows, l.gate_up, l.gate_up_bias, hidden, 2 * inter, gate_up, 2 * inter, packed);
-    silu_mul_rows(gate_up, rows, inter);
-    linear_rows(gate_up, 2 * inter, rows, l.down, l.down_bias, inter, hidden, delta, hidden, packed);
+    norm_rows(x, delta, l.post_norm, l.post_norm_bias, l.layer_norm, l.eps, h, rows, hidden);
+    linear_rows(h, hidden, rows, l.up, l.up_bias, hidden, up_width, up, up_width, packed);
+    activate_rows(up, up_width, l.gated, rows, inter);
+    linear_rows(up, up_width, rows, l.down, l.down_bias, inter, hidden, delta, hidden, packed);
     add_rows(x, delta, rows * hidden);
 }
 

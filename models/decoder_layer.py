@@ -1,12 +1,13 @@
-"""Llama-family decoder layers for decode-only steps on the CPU, one native call per layer
-(decoder_layer.cpp): what models/llama.py's Block computes, without ~16 torch operators and 6
-ctypes calls of dispatch per layer, which cost a quarter of a one-stream step (23.6 -> 17.4 ms on
-the default model; docs/benchmarks.md, "Small-batch products").
+"""Decoder layers for decode-only steps on the CPU, all of them in one native call
+(decoder_layer.cpp): what the Blocks of models/llama.py and gpt2.py compute, without ~16 torch
+operators and 6 ctypes calls of dispatch per layer, which cost a quarter of a one-stream step (23.6
+-> 17.4 ms on the default model; docs/benchmarks.md, "Small-batch products").
 
-``DecoderLayers.of(model)`` says whether a model qualifies: a dense Llama-family model (Llama,
-Qwen2, Mistral, Phi-3; not Qwen3's q/k norms nor mixture-of-experts layers) whose linear layers are
-CpuLinear (float32 or float64 on the CPU, weights as loaded). Steps with prefill rows or more than
-KERNEL_ROWS rows, and every other model, run the torch path, which stays the reference the tests compare with.
+``DecoderLayers.of(model)`` says whether a model qualifies: GPT-2, or a dense Llama-family model
+(Llama, Qwen2, Mistral, Phi-3; not Qwen3's q/k norms nor mixture-of-experts layers), whose linear
+layers are CpuLinear (float32 or float64 on the CPU, weights as loaded). Steps with prefill rows or
+more than KERNEL_ROWS rows, and every other model, run the torch path, which stays the reference the
+tests compare with.
 """
 
 from __future__ import annotations
@@ -17,21 +18,25 @@ import torch
 
 from . import native
 from .cpu_linear import KERNEL_ROWS, CpuLinear
+from .gpt2 import GPT2
 from .llama import MLP, Llama
 
 _pointer, _int64, _double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 
 # From this many rows per thread, each thread carries its own rows through every layer (one barrier
 # per step rather than ten per layer; decoder_layer.cpp). Below it, each thread reading every weight
-# cost more than the barriers: quiet on Zen 5, 16 rows split took 31 ms against 24 shared, 24 and
-# 32 rows were level (docs/benchmarks.md, "Threads that carry their own rows").
+# cost more than the barriers: quiet on Zen 5, 16 rows split took 30 ms against 23 shared, 32 rows
+# were level and 64 rows split took 74 against 81 (docs/benchmarks.md, "Threads that carry their
+# own rows").
 SPLIT_ROWS_PER_THREAD = 12
 
 
 class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T>
-    _fields_ = [(name, _pointer) for name in ("input_norm", "post_norm", "qkv", "qkv_bias", "out", "out_bias",
-                                              "gate_up", "gate_up_bias", "down", "down_bias", "k_cache", "v_cache")]
-    _fields_ += [(name, _int64) for name in ("hidden", "intermediate", "heads", "kv_heads", "dim", "window")]
+    _fields_ = [(name, _pointer) for name in (
+        "input_norm", "input_norm_bias", "post_norm", "post_norm_bias", "qkv", "qkv_bias", "out", "out_bias", "up",
+        "up_bias", "down", "down_bias", "k_cache", "v_cache")]
+    _fields_ += [(name, _int64) for name in (
+        "hidden", "intermediate", "heads", "kv_heads", "dim", "window", "layer_norm", "gated")]
     _fields_ += [("eps", _double), ("scale", _double)]
 
 
@@ -45,36 +50,44 @@ def _address(tensor: torch.Tensor | None) -> int | None:
 
 
 class DecoderLayers:
-    def __init__(self, model):
-        spec = model.spec
-        self.kernel = native.function("loom_decoder_layers", model.embed.weight.dtype,
+    def __init__(self, model: Llama | GPT2):
+        self.kernel = native.function("loom_decoder_layers", model.lm_head.weight.dtype,
                                       [_pointer, ctypes.POINTER(_Layer), _int64, ctypes.POINTER(_Step), _int64])
-        layers, self.weights = [], []  # the tensors whose addresses the layers hold, kept alive
-        for block in model.layers:
-            attn, mlp = block.attn, block.mlp
-            weights = (block.input_norm.weight, block.post_norm.weight, attn.qkv.weight, attn.qkv.bias,
-                       attn.out.weight, attn.out.bias, mlp.gate_up.weight, mlp.gate_up.bias, mlp.down.weight,
-                       mlp.down.bias)
-            self.weights.append(weights)
-            layers.append(_Layer(*map(_address, weights), None, None, spec.hidden_size, spec.intermediate_size,
-                                 spec.num_heads, spec.num_kv_heads, spec.head_dim, block.window or 0,
-                                 spec.rms_norm_eps, attn.scale))
+        self.weights = []  # the tensors whose addresses the layers hold, kept alive
+        layers = [self._gpt2_layer(block, model.spec) if isinstance(model, GPT2) else self._llama_layer(block, model.spec)
+                  for block in model.layers]
         self.layers = (_Layer * len(layers))(*layers)
 
+    def _llama_layer(self, block, spec) -> _Layer:
+        attn, mlp = block.attn, block.mlp
+        return self._layer((block.input_norm.weight, None, block.post_norm.weight, None), attn.qkv, attn.out,
+                           mlp.gate_up, mlp.down, spec.hidden_size, spec.intermediate_size, spec.num_heads,
+                           spec.num_kv_heads, spec.head_dim, block.window or 0, False, True, spec.rms_norm_eps,
+                           attn.scale)
+
+    def _gpt2_layer(self, block, spec) -> _Layer:
+        return self._layer((block.ln1.weight, block.ln1.bias, block.ln2.weight, block.ln2.bias), block.qkv,
+                           block.attn_out, block.fc, block.proj, spec.hidden_size, spec.inner_size, block.heads,
+                           block.heads, block.dim, 0, True, False, spec.eps, block.dim ** -0.5)
+
+    def _layer(self, norms, qkv, out, up, down, *shape) -> _Layer:
+        weights = (*norms, *(t for m in (qkv, out, up, down) for t in (m.weight, m.bias)))
+        self.weights.append(weights)
+        return _Layer(*map(_address, weights), None, None, *shape)
+
     @classmethod
-    def of(cls, model: Llama) -> "DecoderLayers | None":
+    def of(cls, model) -> "DecoderLayers | None":
         """The native layers for ``model``, or None where it does not qualify (see the module's doc)."""
-        if model.spec.qk_norm:
+        if not isinstance(model, (Llama, GPT2)) or not native.supports(model.lm_head.weight.device,
+                                                                       model.lm_head.weight.dtype):
             return None
-        if not native.supports(model.embed.weight.device, model.embed.weight.dtype):
-            return None
-        for block in model.layers:
-            if not isinstance(block.mlp, MLP):  # routed experts
+        if isinstance(model, Llama):
+            if model.spec.qk_norm or not all(isinstance(block.mlp, MLP) for block in model.layers):  # routed experts
                 return None
-            linears = (block.attn.qkv, block.attn.out, block.mlp.gate_up, block.mlp.down)
-            if not all(isinstance(m, CpuLinear) for m in linears):
-                return None
-        return cls(model)
+            linears = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.mlp.gate_up, b.mlp.down)]
+        else:
+            linears = [m for b in model.layers for m in (b.qkv, b.attn_out, b.fc, b.proj)]
+        return cls(model) if all(isinstance(m, CpuLinear) for m in linears) else None
 
     @staticmethod
     def serves(step) -> bool:
@@ -86,14 +99,17 @@ class DecoderLayers:
         """Whether ``threads`` threads would each carry their own rows of ``step`` through the layers."""
         return threads > 1 and self.serves(step) and len(step.input_ids) >= SPLIT_ROWS_PER_THREAD * threads
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache, step) -> torch.Tensor:
-        """Every layer over a decode-only step's rows; x is the embedded input, updated in place.
-        One forward at a time (the engine's loop thread): the layers' pool addresses are set per call."""
+    def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, kv_cache,
+                step) -> torch.Tensor:
+        """Every layer over a decode-only step's rows; x is the embedded input, updated in place; cos
+        and sin the rotary angles (None for GPT-2). One forward at a time (the engine's loop thread):
+        the layers' pool addresses are set per call."""
         rows = x.shape[0]
         tables, lens = _padded_tables(step)
-        cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()
-        plan = _Step(cos.data_ptr(), sin.data_ptr(), step.slot_mapping.data_ptr(), tables.data_ptr(), lens.data_ptr(),
-                     rows, cos.shape[1], tables.shape[1], step.block_size)
+        if cos is not None:
+            cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()
+        plan = _Step(_address(cos), _address(sin), step.slot_mapping.data_ptr(), tables.data_ptr(), lens.data_ptr(),
+                     rows, 0 if cos is None else cos.shape[1], tables.shape[1], step.block_size)
         x = x.contiguous()
         for i, layer in enumerate(self.layers):
             k_cache, v_cache = kv_cache.layer(i)

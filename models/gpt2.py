@@ -65,6 +65,7 @@ class GPT2(nn.Module):
         self.ln_f = nn.LayerNorm(s.hidden_size, eps=s.eps)
         self.lm_head = nn.Linear(s.hidden_size, s.vocab_size, bias=False)
         self.tie_embeddings()
+        self.decoder_layers = None  # native layers for decode-only steps, where models.build finds they serve
 
     def tie_embeddings(self):
         self.lm_head.weight = self.wte.weight
@@ -72,9 +73,12 @@ class GPT2(nn.Module):
     def forward(self, step, kv_cache) -> torch.Tensor:
         """Logits [S, vocab] for the step's sampled positions only."""
         x = self.wte(step.input_ids) + self.wpe(step.positions)
-        masks = AttentionMasks(step, x.dtype)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, kv_cache, i, step, masks)
+        if self.decoder_layers is not None and self.decoder_layers.serves(step):
+            x = self.decoder_layers.forward(x, None, None, kv_cache, step)
+        else:
+            masks = AttentionMasks(step, x.dtype)
+            for i, layer in enumerate(self.layers):
+                x = layer(x, kv_cache, i, step, masks)
         return self.lm_head(self.ln_f(x[step.sample_indices]))
 
     @staticmethod
