@@ -149,15 +149,16 @@ Step<T> row_range(const Step<T>& s, int64_t first, int64_t end) {
 // its own share of the rows through all the layers, alone: one barrier per step instead of ten per
 // layer. On cores that other processes share, a thread the kernel parks then holds up only its own
 // rows, where each phase's barrier held up its partner's too (beside one busy process the phases'
-// two threads got one core between them; a 64-row step took 158 ms against 127 split, 72 quiet
-// either way, docs/benchmarks.md "Threads that carry their own rows"). Each thread reads every
+// two threads got one core between them; a 64-row step took 162 ms shared against 121 split, quiet
+// 81 against 74; docs/benchmarks.md "Threads that carry their own rows"). Each thread reads every
 // weight, so below that many rows per thread the shared phases are faster.
 template <typename T>
 void decoder_layers(T* x, const Layer<T>* layers, int64_t count, const Step<T>& s, int64_t split_rows) {
     const int threads = omp_get_max_threads();
     const bool split = threads > 1 && split_rows > 0 && s.rows >= split_rows * threads;
     // The intermediates, kept per calling thread (the loop thread) from step to step: a fresh
-    // buffer would come from new pages every step. One share for the team, or one per thread.
+    // buffer would come from new pages every step. One share for the team, or one per thread
+    // (every layer has the first's shape).
     thread_local std::vector<T> scratch;
     const size_t share = scratch_size(layers[0], split ? (s.rows + threads - 1) / threads : s.rows);
     scratch.resize(std::max(scratch.size(), share * (split ? threads : 1)));
@@ -169,13 +170,15 @@ void decoder_layers(T* x, const Layer<T>* layers, int64_t count, const Step<T>& 
     }
 #pragma omp parallel num_threads(threads)
     {
-        const int t = omp_get_thread_num(), n = omp_get_num_threads();
-        const int64_t first = s.rows * t / n, end = s.rows * (t + 1) / n;
-        const Step<T> mine = row_range(s, first, end);
-        T* own = base + share * t;
-        // A team of one: the phases' work-sharing loops run whole in this thread.
+        T* own = base + share * omp_get_thread_num();
+        // ``threads`` parts of the rows, one per thread (or more each, should the team be smaller).
+        for (int part = omp_get_thread_num(); part < threads; part += omp_get_num_threads()) {
+            const int64_t first = s.rows * part / threads, end = s.rows * (part + 1) / threads;
+            const Step<T> mine = row_range(s, first, end);
+            // A team of one: the phases' work-sharing loops run whole in this thread.
 #pragma omp parallel num_threads(1)
-        for (int64_t i = 0; i < count; ++i) layer_phases(x + first * layers[i].hidden, layers[i], mine, own);
+            for (int64_t i = 0; i < count; ++i) layer_phases(x + first * layers[i].hidden, layers[i], mine, own);
+        }
     }
 }
 
