@@ -22,6 +22,13 @@ import models  # noqa: E402
 from models.step import KVCache, Sequence, StepInput  # noqa: E402
 
 
+def decode_step(model, streams: int) -> tuple[KVCache, StepInput]:
+    """A pool and a decode-only step: ``streams`` sequences of 100 cached tokens adding one each."""
+    kv = KVCache(model.num_layers, 8 * streams, 16, model.num_kv_heads, model.head_dim, torch.float32, "cpu")
+    tables = [list(range(8 * i, 8 * i + 8)) for i in range(streams)]
+    return kv, StepInput.flatten([Sequence([5], 100, table, True) for table in tables], 16, torch.device("cpu"))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", default="1,4,16,64")
@@ -36,9 +43,7 @@ def main():
         print("| streams | threads | busy procs | forward ms (median of 30) | tok/s |")
         print("| --- | --- | --- | --- | --- |")
         for streams in map(int, args.streams.split(",")):
-            kv = KVCache(model.num_layers, 8 * streams, 16, model.num_kv_heads, model.head_dim, torch.float32, "cpu")
-            tables = [list(range(8 * i, 8 * i + 8)) for i in range(streams)]
-            step = StepInput.flatten([Sequence([5], 100, table, True) for table in tables], 16, torch.device("cpu"))
+            kv, step = decode_step(model, streams)
             with torch.inference_mode():
                 kv.data.zero_()
                 for _ in range(5):

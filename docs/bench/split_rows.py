@@ -24,7 +24,9 @@ import torch  # noqa: E402
 
 import models  # noqa: E402
 from models import decoder_layer  # noqa: E402
-from models.step import KVCache, Sequence, StepInput  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode_forward import decode_step  # noqa: E402
 
 SPLIT = decoder_layer.SPLIT_ROWS_PER_THREAD
 
@@ -43,9 +45,7 @@ def main():
         print("| streams | busy procs | threads | layers | step ms median (mean) | cores used |")
         print("| --- | --- | --- | --- | --- | --- |")
         for streams in map(int, args.streams.split(",")):
-            kv = KVCache(model.num_layers, 8 * streams, 16, model.num_kv_heads, model.head_dim, torch.float32, "cpu")
-            tables = [list(range(8 * i, 8 * i + 8)) for i in range(streams)]
-            step = StepInput.flatten([Sequence([5], 100, table, True) for table in tables], 16, torch.device("cpu"))
+            kv, step = decode_step(model, streams)
             variants = [(t, "shared phases", 0) for t in map(int, args.threads.split(","))]
             variants += [(t, "own rows", 1) for t, _, _ in variants if t > 1 and streams >= t]
             times = {v: [] for v in variants}
