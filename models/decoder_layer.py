@@ -54,8 +54,8 @@ class DecoderLayers:
         self.kernel = native.function("loom_decoder_layers", model.lm_head.weight.dtype,
                                       [_pointer, ctypes.POINTER(_Layer), _int64, ctypes.POINTER(_Step), _int64])
         self.weights = []  # the tensors whose addresses the layers hold, kept alive
-        layers = [self._gpt2_layer(block, model.spec) if isinstance(model, GPT2) else self._llama_layer(block, model.spec)
-                  for block in model.layers]
+        layer = self._gpt2_layer if isinstance(model, GPT2) else self._llama_layer
+        layers = [layer(block, model.spec) for block in model.layers]
         self.layers = (_Layer * len(layers))(*layers)
 
     def _llama_layer(self, block, spec) -> _Layer:

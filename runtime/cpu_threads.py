@@ -12,9 +12,10 @@ their own rows").
 
 So the forward takes the cores that other threads leave free. Where they leave none, a one-row step
 (bound by reading the weights) runs on one thread, and wider steps on every thread, which then
-claim their share of the busy cores' time. With short spins the loop thread samples, before each forward, how many threads are runnable
-besides itself (/proc/loadavg), and the fewest over the last STEADY_WINDOW steps is the steady load
-(a burst, or a consumer the last step woke, is not runnable at every sample; a busy process is).
+claim their share of the busy cores' time. With short spins the loop thread samples, before each
+forward, how many threads are runnable besides itself (/proc/loadavg), and the fewest over the last
+STEADY_WINDOW steps is the steady load (a burst, or a consumer the last step woke, is not runnable
+at every sample; a busy process is).
 Elsewhere (long spins, or a process pinned to some of the machine's cores, for which loadavg's
 count speaks of other cores too) it measures how long it waited for a core during each forward (its
 run-queue delay, from /proc/thread-self/schedstat): while that is a large share of the forward it
@@ -83,18 +84,18 @@ class CpuThreads:
         if self.sharing:
             self.others.append(other_runnable_threads())
             steady = min(self.others)  # a busy loop is runnable at every sample; a burst or a woken consumer is not
-            self.count = self._beside(steady, len(step.input_ids) if step is not None else 2)
+            self.count = self._beside(steady, one_row=step is not None and len(step.input_ids) == 1)
         self._apply(self.max if split else self.count)
         # A split step waits for no thread until it ends: it says nothing of the phases' barriers.
         self.started = (run_queue_wait_ns(), time.perf_counter_ns()) if self.adaptive and not split else None
 
-    def _beside(self, steady: int, rows: int) -> int:
+    def _beside(self, steady: int, one_row: bool) -> int:
         """The count beside ``steady`` other busy threads (see the module's doc). On two cores beside
         two busy processes 1 row took 24 ms on one thread against 35 on two, 8 rows 46 against 40;
         quiet, one thread reads the weights of a one-row step nearly as fast as two (19 against 17)."""
         if steady < self.max:
             return self.max - steady
-        return 1 if rows == 1 else self.max
+        return 1 if one_row else self.max
 
     def _apply(self, count: int) -> None:
         key = (threading.get_ident(), count)

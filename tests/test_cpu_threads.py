@@ -182,7 +182,8 @@ def test_importing_loom_before_torch_chooses_short_spins(monkeypatch):
 
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    probe = "import os, runtime, torch; from runtime import openmp; print(openmp.SHORT_SPIN, os.environ.get('GOMP_SPINCOUNT'))"
+    probe = ("import os, runtime, torch; from runtime import openmp; "
+             "print(openmp.SHORT_SPIN, os.environ.get('GOMP_SPINCOUNT'))")
     first = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert first == ["True", "None"]  # short spins chosen, and not left for child processes
     late = subprocess.run([sys.executable, "-c", "import torch; " + probe], capture_output=True, text=True,

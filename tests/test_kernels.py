@@ -123,7 +123,8 @@ def two_threads():
 
 
 @needs_kernel
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_sliding", "mistral", "phi3", "gpt2"])  # rope, qkv bias, windows, partial rotary; LayerNorm, GELU
+# rope, qkv bias, windows, partial rotary; LayerNorm and GELU
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_sliding", "mistral", "phi3", "gpt2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("streams", [2, 5, 21, 2 * SPLIT_ROWS_PER_THREAD + 3])  # rows at a time; panels; split rows
 def test_native_decoder_layers_match_the_torch_layers(arch, dtype, streams, two_threads):
