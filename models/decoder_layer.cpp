@@ -145,17 +145,16 @@ Step<T> row_range(const Step<T>& s, int64_t first, int64_t end) {
     return part;
 }
 
-// Every layer over the step's rows. With at least ``split_rows`` rows per thread, each thread carries
-// its own share of the rows through all the layers, alone: one barrier per step instead of ten per
-// layer. On cores that other processes share, a thread the kernel parks then holds up only its own
-// rows, where each phase's barrier held up its partner's too (beside one busy process the phases'
-// two threads got one core between them; a 64-row step took 162 ms shared against 121 split, quiet
-// 81 against 74; docs/benchmarks.md "Threads that carry their own rows"). Each thread reads every
-// weight, so below that many rows per thread the shared phases are faster.
+// Every layer over the step's rows. With ``split_rows`` (decoder_layer.py chooses: enough rows per
+// thread), each thread carries its own share of the rows through all the layers, alone: one barrier
+// per step instead of ten per layer. On cores that other processes share, a thread the kernel parks
+// then holds up only its own rows, where each phase's barrier held up its partner's too (beside one
+// busy process the phases' two threads got one core between them; a 64-row step took 162 ms shared
+// against 121 split, quiet 81 against 74; docs/benchmarks.md "Threads that carry their own rows").
 template <typename T>
-void decoder_layers(T* x, const Layer<T>* layers, int64_t count, const Step<T>& s, int64_t split_rows) {
+void decoder_layers(T* x, const Layer<T>* layers, int64_t count, const Step<T>& s, bool split_rows) {
     const int threads = omp_get_max_threads();
-    const bool split = threads > 1 && split_rows > 0 && s.rows >= split_rows * threads;
+    const bool split = split_rows && threads > 1 && s.rows >= threads;
     // The intermediates, kept per calling thread (the loop thread) from step to step: a fresh
     // buffer would come from new pages every step. One share for the team, or one per thread
     // (every layer has the first's shape).
@@ -185,8 +184,8 @@ void decoder_layers(T* x, const Layer<T>* layers, int64_t count, const Step<T>& 
 }  // namespace
 
 #define LOOM_DECODER_LAYERS(NAME, T)                                                                      \
-    extern "C" void NAME(T* x, const Layer<T>* layers, int64_t count, const Step<T>* step, int64_t split_rows) { \
-        decoder_layers<T>(x, layers, count, *step, split_rows);                                        \
+    extern "C" void NAME(T* x, const Layer<T>* layers, int64_t count, const Step<T>* step, int split_rows) {     \
+        decoder_layers<T>(x, layers, count, *step, split_rows != 0);                                        \
     }
 
 LOOM_DECODER_LAYERS(loom_decoder_layers_f32, float)

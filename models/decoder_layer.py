@@ -52,7 +52,7 @@ def _address(tensor: torch.Tensor | None) -> int | None:
 class DecoderLayers:
     def __init__(self, model: Llama | GPT2):
         self.kernel = native.function("loom_decoder_layers", model.lm_head.weight.dtype,
-                                      [_pointer, ctypes.POINTER(_Layer), _int64, ctypes.POINTER(_Step), _int64])
+                                      [_pointer, ctypes.POINTER(_Layer), _int64, ctypes.POINTER(_Step), ctypes.c_int])
         self.weights = []  # the tensors whose addresses the layers hold, kept alive
         layer = self._gpt2_layer if isinstance(model, GPT2) else self._llama_layer
         layers = [layer(block, model.spec) for block in model.layers]
@@ -114,7 +114,8 @@ class DecoderLayers:
         for i, layer in enumerate(self.layers):
             k_cache, v_cache = kv_cache.layer(i)
             layer.k_cache, layer.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
-        self.kernel(x.data_ptr(), self.layers, len(self.layers), ctypes.byref(plan), SPLIT_ROWS_PER_THREAD)
+        split = self.splits(step, torch.get_num_threads())  # this thread's OpenMP count, as the kernel sees it
+        self.kernel(x.data_ptr(), self.layers, len(self.layers), ctypes.byref(plan), split)
         return x
 
 

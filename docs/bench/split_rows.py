@@ -23,12 +23,13 @@ from runtime import openmp  # noqa: E402
 import torch  # noqa: E402
 
 import models  # noqa: E402
-from models import decoder_layer  # noqa: E402
+from models import cpu_linear, decoder_layer  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from decode_forward import decode_step  # noqa: E402
 
 SPLIT = decoder_layer.SPLIT_ROWS_PER_THREAD
+NEVER = cpu_linear.KERNEL_ROWS + 1  # more rows per thread than a step of the native layers has
 
 
 def main():
@@ -46,7 +47,7 @@ def main():
         print("| --- | --- | --- | --- | --- | --- |")
         for streams in map(int, args.streams.split(",")):
             kv, step = decode_step(model, streams)
-            variants = [(t, "shared phases", 0) for t in map(int, args.threads.split(","))]
+            variants = [(t, "shared phases", NEVER) for t in map(int, args.threads.split(","))]
             variants += [(t, "own rows", 1) for t, _, _ in variants if t > 1 and streams >= t]
             times = {v: [] for v in variants}
             cpu = dict.fromkeys(variants, 0.0)
@@ -55,7 +56,7 @@ def main():
                     for variant in variants:
                         threads, _, split = variant
                         torch.set_num_threads(threads)
-                        decoder_layer.SPLIT_ROWS_PER_THREAD = split  # 0: never split; 1: always
+                        decoder_layer.SPLIT_ROWS_PER_THREAD = split  # rows per thread from which to split
                         for _ in range(3):
                             model(step, kv)
                             openmp.release_thread_pool()  # as the engine does after every step
