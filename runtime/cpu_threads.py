@@ -15,12 +15,12 @@ So the forward takes the cores that other threads leave free. Where they leave n
 claim their share of the busy cores' time. With short spins the loop thread samples, before each
 forward, how many threads are runnable besides itself (/proc/loadavg), and the fewest over the last
 STEADY_WINDOW steps is the steady load (a burst, or a consumer the last step woke, is not runnable
-at every sample; a busy process is).
-Elsewhere (long spins, or a process pinned to some of the machine's cores, for which loadavg's
-count speaks of other cores too) it measures how long it waited for a core during each forward (its
-run-queue delay, from /proc/thread-self/schedstat): while that is a large share of the forward it
-halves its thread count, and after a quiet spell it tries one more thread again, waiting twice as
-long before the next try each time a try finds the cores still busy.
+at every sample; a busy process is). Elsewhere (long spins, or a process pinned to some of the
+machine's cores, for which loadavg's count speaks of other cores too) it measures how long it
+waited for a core during each forward (its run-queue delay, from /proc/thread-self/schedstat):
+while that is a large share of the forward it halves its thread count, and after a quiet spell it
+tries one more thread again, waiting twice as long before the next try each time a try finds the
+cores still busy.
 
 A step whose rows the threads split among them (the native decoder layers from 12 rows per thread;
 models/decoder_layer.py) keeps every thread: each waits for no other until the step ends, so each
