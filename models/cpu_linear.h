@@ -19,11 +19,7 @@
 //   products", "Zen 5 and AVX-512").
 //
 // Tasks are handed out dynamically in both, so a thread that the OS parks for a time slice on
-// shared cores delays only the rows it holds.
-//
-// GCC vector extensions rather than intrinsics: one source for float and double and for every
-// instruction set -march=native allows. Vectors are 64 bytes where the processor has AVX-512 (Zen 5
-// and recent Xeons multiply-add 16 floats per instruction at the rate AVX2 does 8), 32 otherwise.
+// shared cores delays only the rows it holds. (The vectors: vector.h.)
 
 #pragma once
 
@@ -33,24 +29,9 @@
 
 #include <omp.h>
 
+#include "vector.h"
+
 namespace {
-
-#ifdef __AVX512F__
-constexpr int VECTOR_BYTES = 64;
-#else
-constexpr int VECTOR_BYTES = 32;
-#endif
-
-template <typename T>
-struct Vector {
-    static constexpr int lanes = VECTOR_BYTES / sizeof(T);
-    typedef T type __attribute__((vector_size(VECTOR_BYTES)));
-    static type load(const T* p) {  // unaligned
-        type v;
-        std::memcpy(&v, p, sizeof v);
-        return v;
-    }
-};
 
 // y[m][r] = x[m] . w[r] for ROWS input rows and OUTS weight rows, over the whole input width.
 // ``next``, if given, is the weight block to fetch into cache meanwhile: the next OUTS rows.

@@ -21,6 +21,8 @@
 
 #include <omp.h>
 
+#include "vector.h"
+
 namespace {
 
 // exp(row[i] - peak) in place, returning their sum. Generic: std::exp.
@@ -76,6 +78,87 @@ float exp_shifted<float>(float* row, int64_t n, float peak) {
     return sum;
 }
 
+// scores[h][j] = scale * q[h] . key j, for the ``group`` query heads that share one K head: its key
+// rows at k + offsets[j], n of them. A block of ``lanes`` keys is read once for every head of the
+// group (from L1 after the first); each key leaves a vector of partial sums, and a block's vectors
+// are summed across their lanes together (sums_of_lanes). Dimensions past the last whole vector are
+// summed one by one.
+template <typename T>
+void key_scores(const T* q, int64_t group, const T* k, const int64_t* offsets, int64_t n, int64_t dim, T scale,
+                T* scores) {
+    using V = Vector<T>;
+    constexpr int L = V::lanes;
+    const int64_t whole = dim / L * L;
+    for (int64_t t0 = 0; t0 < n; t0 += L) {
+        const int64_t count = std::min<int64_t>(L, n - t0);
+        for (int64_t h = 0; h < group; ++h) {
+            const T* qh = q + h * dim;
+            typename V::type parts[L];
+            T tails[L] = {};
+            for (int j = 0; j < L; ++j) {
+                typename V::type sum = {};
+                if (j < count) {
+                    const T* key = k + offsets[t0 + j];
+                    for (int64_t d = 0; d < whole; d += L) sum += V::load(qh + d) * V::load(key + d);
+                    for (int64_t d = whole; d < dim; ++d) tails[j] += qh[d] * key[d];
+                }
+                parts[sum_position<T>(j)] = sum;
+            }
+            T block[L];
+            V::store(block, (sums_of_lanes<T>(parts) + V::load(tails)) * scale);
+            std::copy(block, block + count, scores + h * n + t0);
+        }
+    }
+}
+
+// out[h][d] = sum over j of p[h][j] * value j [d] for H heads (p rows n apart) and DV vectors of
+// dimensions: H x DV sums stay in registers while the values (at v + offsets[j]) stream past.
+template <typename T, int H, int DV>
+void weigh_values_tile(const T* p, int64_t n, const T* v, const int64_t* offsets, T* out, int64_t dim) {
+    using V = Vector<T>;
+    constexpr int L = V::lanes;
+    typename V::type sums[H][DV] = {};
+    for (int64_t j = 0; j < n; ++j) {
+        const T* value = v + offsets[j];
+        typename V::type values[DV];
+        for (int c = 0; c < DV; ++c) values[c] = V::load(value + c * L);
+        for (int h = 0; h < H; ++h) {
+            const T weight = p[h * n + j];
+            for (int c = 0; c < DV; ++c) sums[h][c] += weight * values[c];
+        }
+    }
+    for (int h = 0; h < H; ++h)
+        for (int c = 0; c < DV; ++c) V::store(out + h * dim + c * L, sums[h][c]);
+}
+
+template <typename T, int H>
+void weigh_values_heads(const T* p, int64_t n, const T* v, const int64_t* offsets, T* out, int64_t dim) {
+    constexpr int L = Vector<T>::lanes;
+    const int64_t whole = dim / L * L;
+    int64_t d = 0;
+    for (; d + 4 * L <= whole; d += 4 * L) weigh_values_tile<T, H, 4>(p, n, v + d, offsets, out + d, dim);
+    switch ((whole - d) / L) {
+        case 3: weigh_values_tile<T, H, 3>(p, n, v + d, offsets, out + d, dim); break;
+        case 2: weigh_values_tile<T, H, 2>(p, n, v + d, offsets, out + d, dim); break;
+        case 1: weigh_values_tile<T, H, 1>(p, n, v + d, offsets, out + d, dim); break;
+    }
+    for (int h = 0; h < H; ++h)
+        for (d = whole; d < dim; ++d) {
+            T sum = 0;
+            for (int64_t j = 0; j < n; ++j) sum += p[h * n + j] * v[offsets[j] + d];
+            out[h * dim + d] = sum;
+        }
+}
+
+// The ``group`` heads' weighted values, three heads at a time (12 sums of four vectors each).
+template <typename T>
+void weigh_values(const T* p, int64_t group, int64_t n, const T* v, const int64_t* offsets, T* out, int64_t dim) {
+    int64_t h = 0;
+    for (; h + 3 <= group; h += 3) weigh_values_heads<T, 3>(p + h * n, n, v, offsets, out + h * dim, dim);
+    if (group - h == 2) weigh_values_heads<T, 2>(p + h * n, n, v, offsets, out + h * dim, dim);
+    if (group - h == 1) weigh_values_heads<T, 1>(p + h * n, n, v, offsets, out + h * dim, dim);
+}
+
 template <typename T>
 void decode_attention_rows(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache,
                       const int64_t* block_tables, int64_t max_blocks, const int64_t* context_lens,
@@ -88,59 +171,36 @@ void decode_attention_rows(const T* q, int64_t q_stride, const T* k_cache, const
     // so that every thread has work.
     const int64_t splits = num_seqs >= 4 * omp_get_num_threads() ? 1 : kv_heads;
     {
-        std::vector<T> scores;  // [heads of the task, keys]
-        std::vector<T> acc(heads * dim);
-        std::vector<T> inv_sum(heads);
+        std::vector<int64_t> offsets;  // each key's row in the pool, relative to the K/V head's first
+        std::vector<T> scores;         // [heads of a K/V head, keys]
+        std::vector<T> inv_sum(group);
 
 #pragma omp for collapse(2) schedule(dynamic)
         for (int64_t s = 0; s < num_seqs; ++s) {
             for (int64_t split = 0; split < splits; ++split) {
                 const int64_t kv_first = split * kv_heads / splits, kv_end = (split + 1) * kv_heads / splits;
-                const int64_t h_first = kv_first * group, h_count = (kv_end - kv_first) * group;
                 const int64_t end = context_lens[s];
                 const int64_t first = window > 0 ? std::max<int64_t>(0, end - window) : 0;
                 const int64_t n = end - first;
                 const int64_t* table = block_tables + s * max_blocks;
-                const T* qs = q + s * q_stride + h_first * dim;
-                scores.resize(h_count * n);
-
-                // Scores, one read of each key.
-                for (int64_t t = first; t < end; ++t) {
-                    const int64_t slot = table[t / block_size] * block_size + t % block_size;
-                    const T* keys = k_cache + slot * slot_stride + kv_first * dim;
-                    for (int64_t h = 0; h < h_count; ++h) {
-                        const T* qh = qs + h * dim;
-                        const T* key = keys + (h / group) * dim;
-                        T dot = 0;
-#pragma omp simd reduction(+ : dot)
-                        for (int64_t d = 0; d < dim; ++d) dot += qh[d] * key[d];
-                        scores[h * n + (t - first)] = dot * static_cast<T>(scale);
+                offsets.resize(n);
+                for (int64_t t = first; t < end; ++t)
+                    offsets[t - first] = (table[t / block_size] * block_size + t % block_size) * slot_stride;
+                scores.resize(group * n);
+                for (int64_t g = kv_first; g < kv_end; ++g) {
+                    const T* qg = q + s * q_stride + g * group * dim;
+                    T* o = out + s * out_stride + g * group * dim;
+                    key_scores(qg, group, k_cache + g * dim, offsets.data(), n, dim, static_cast<T>(scale),
+                               scores.data());
+                    // Softmax per query head; the 1/sum is applied to the output once.
+                    for (int64_t h = 0; h < group; ++h) {
+                        T* row = scores.data() + h * n;
+                        inv_sum[h] = T(1) / exp_shifted(row, n, *std::max_element(row, row + n));
                     }
+                    weigh_values(scores.data(), group, n, v_cache + g * dim, offsets.data(), o, dim);
+                    for (int64_t h = 0; h < group; ++h)
+                        for (int64_t d = 0; d < dim; ++d) o[h * dim + d] *= inv_sum[h];
                 }
-
-                // Softmax per query head; the 1/sum is applied to the output once.
-                for (int64_t h = 0; h < h_count; ++h) {
-                    T* row = scores.data() + h * n;
-                    const T peak = *std::max_element(row, row + n);
-                    inv_sum[h] = T(1) / exp_shifted(row, n, peak);
-                }
-
-                // Weighted values, one read of each value.
-                std::fill(acc.begin(), acc.begin() + h_count * dim, T(0));
-                for (int64_t t = first; t < end; ++t) {
-                    const int64_t slot = table[t / block_size] * block_size + t % block_size;
-                    const T* values = v_cache + slot * slot_stride + kv_first * dim;
-                    for (int64_t h = 0; h < h_count; ++h) {
-                        const T p = scores[h * n + (t - first)];
-                        const T* value = values + (h / group) * dim;
-                        T* ah = acc.data() + h * dim;
-#pragma omp simd
-                        for (int64_t d = 0; d < dim; ++d) ah[d] += p * value[d];
-                    }
-                }
-                T* o = out + s * out_stride + h_first * dim;
-                for (int64_t h = 0; h < h_count; ++h)
-                    for (int64_t d = 0; d < dim; ++d) o[h * dim + d] = acc[h * dim + d] * inv_sum[h];
             }
         }
     }

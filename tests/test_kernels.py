@@ -28,10 +28,11 @@ def reference_attention(q, k_cache, v_cache, tables, lens, scale, window):
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("num_seqs", [1, 3, 40])  # few: heads split across threads; many: whole sequences
-@pytest.mark.parametrize("heads,kv_heads,window", [(4, 4, None), (8, 2, None), (6, 1, None), (4, 2, 7)])
-def test_kernel_matches_gather_and_sdpa(dtype, num_seqs, heads, kv_heads, window):
-    gen = torch.Generator().manual_seed(num_seqs * 100 + heads)
-    dim, block_size, num_blocks, max_blocks = 16, 4, 400, 9
+@pytest.mark.parametrize("heads,kv_heads,window", [(4, 4, None), (8, 2, None), (9, 3, None), (6, 1, None), (4, 2, 7)])
+@pytest.mark.parametrize("dim", [16, 40, 64])  # 40: whole vectors and a tail (one vector or none with AVX-512)
+def test_kernel_matches_gather_and_sdpa(dtype, num_seqs, heads, kv_heads, window, dim):
+    gen = torch.Generator().manual_seed(num_seqs * 100 + heads + dim)
+    block_size, num_blocks, max_blocks = 4, 400, 9
     k_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=gen, dtype=dtype)
     v_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=gen, dtype=dtype)
     tables = torch.randperm(num_blocks, generator=gen)[:num_seqs * max_blocks].view(num_seqs, max_blocks)

@@ -1,0 +1,85 @@
+// The kernels' SIMD vectors: GCC vector extensions rather than intrinsics, so that one source serves
+// float and double and every instruction set -march=native allows. Vectors are 64 bytes where the
+// processor has AVX-512 (Zen 5 and recent Xeons multiply-add 16 floats per instruction at the rate
+// AVX2 does 8), 32 otherwise.
+
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+namespace {
+
+#ifdef __AVX512F__
+constexpr int VECTOR_BYTES = 64;
+#else
+constexpr int VECTOR_BYTES = 32;
+#endif
+
+template <typename T>
+struct Vector {
+    static constexpr int lanes = VECTOR_BYTES / sizeof(T);
+    typedef T type __attribute__((vector_size(VECTOR_BYTES)));
+    typedef std::conditional_t<sizeof(T) == 4, int32_t, int64_t> lane_index;
+    typedef lane_index mask __attribute__((vector_size(VECTOR_BYTES)));
+    static type load(const T* p) {  // unaligned
+        type v;
+        std::memcpy(&v, p, sizeof v);
+        return v;
+    }
+    static void store(T* p, type v) { std::memcpy(p, &v, sizeof v); }
+};
+
+// Lane i of the result is lane Pick::lane(i) of x, or of y from ``lanes`` up.
+template <typename T, typename Pick, size_t... I>
+inline typename Vector<T>::type shuffle(typename Vector<T>::type x, typename Vector<T>::type y,
+                                        std::index_sequence<I...>) {
+#if defined(__clang__) || __GNUC__ >= 12
+    return __builtin_shufflevector(x, y, Pick::lane(I)...);
+#else
+    return __builtin_shuffle(x, y, typename Vector<T>::mask{Pick::lane(I)...});
+#endif
+}
+
+// Within blocks of B lanes: even blocks take x's lanes, odd blocks y's (Low); High takes the
+// neighbouring block's lanes instead, so that Low + High holds x's lanes summed in pairs B apart in
+// its even blocks and y's in its odd ones.
+template <int N, int B>
+struct Low {
+    static constexpr int lane(size_t i) { return (i / B) % 2 == 0 ? int(i) : N + int(i); }
+};
+template <int N, int B>
+struct High {
+    static constexpr int lane(size_t i) { return (i / B) % 2 == 0 ? int(i) + B : N + int(i) - B; }
+};
+
+template <typename T, int B>
+inline void fold_pairs(typename Vector<T>::type* p) {
+    constexpr int N = Vector<T>::lanes;
+    const auto lanes = std::make_index_sequence<N>();
+    for (int i = 0; i < B; ++i)
+        p[i] = shuffle<T, Low<N, B>>(p[2 * i], p[2 * i + 1], lanes) + shuffle<T, High<N, B>>(p[2 * i], p[2 * i + 1], lanes);
+    if constexpr (B > 1) fold_pairs<T, B / 2>(p);
+}
+
+// The position of vector j in sums_of_lanes's input for its sum to land in lane j: the folds leave
+// vector k's sum in the lane whose index is k's bits reversed.
+template <typename T>
+constexpr int sum_position(int j) {
+    int reversed = 0;
+    for (int bit = 1; bit < Vector<T>::lanes; bit <<= 1) reversed = (reversed << 1) | ((j & bit) != 0);
+    return reversed;
+}
+
+// The lane sums of ``lanes`` vectors at once, p[sum_position(j)]'s in lane j (p is overwritten):
+// lanes - 1 additions and twice as many shuffles, where summing each vector alone takes a chain of
+// log2(lanes) shuffle-and-adds (or, as the compiler writes a reduction, lanes dependent scalar adds).
+template <typename T>
+inline typename Vector<T>::type sums_of_lanes(typename Vector<T>::type* p) {
+    fold_pairs<T, Vector<T>::lanes / 2>(p);
+    return p[0];
+}
+
+}  // namespace
