@@ -8,13 +8,13 @@ time slice while the partner it waits for waits for a core. Beside two busy proc
 64-stream decode step took 2,210 ms with the default spin against 431 ms with 2,000 spins (and 756
 on one thread); quiet, no cost was measurable (docs/benchmarks.md, "Short spins"). libgomp reads
 the setting once, when it loads with torch, so importing this module loads torch with
-GOMP_SPINCOUNT=2000 if no libgomp is loaded yet and the application chose neither GOMP_SPINCOUNT
-nor OMP_WAIT_POLICY (the variable is removed again: child processes do not inherit it).
+GOMP_SPINCOUNT=2000 and OMP_WAIT_POLICY=ACTIVE (LOAD_SETTINGS) if no libgomp is loaded yet and the
+application chose neither (the variables are removed again: child processes do not inherit them).
 ``SHORT_SPIN`` says whether the loaded libgomp's workers wait briefly (runtime/cpu_threads.py
 adapts the thread count where they do not).
 
-Pools. libgomp gives every thread that starts a parallel region its own pool of workers, and stops
-letting them spin between regions once it manages more threads than there are CPUs. So the engine
+Pools. libgomp gives every thread that starts a parallel region its own pool of workers, and cuts
+every spin short (LOAD_SETTINGS) once it manages more threads than there are CPUs. So the engine
 gives back the loading thread's pool once, and the loop thread's own after every step, before
 delivery (a worker still spinning holds the core a woken consumer needs). The measurements behind
 this are in docs/benchmarks.md ("OpenMP worker pools").
@@ -29,6 +29,14 @@ import sys
 
 OMP_PAUSE_SOFT = 1
 SHORT_SPIN_COUNT = 2000
+# What libgomp loads with where nobody chose. The active policy changes one thing beside the count
+# given: the spin of a process whose OpenMP threads outnumber its CPUs, which is what any
+# application thread that has run a torch operator (and so keeps a pool) beside the loop thread
+# makes it. libgomp then spins 100 iterations unless the policy is active (1,000): at 100 every
+# barrier of a one-row step ended in a futex sleep and wake, and the forward took 31-36 ms
+# against 23-26 without the application's pool; at 1,000, 26-28 against 26 (docs/benchmarks.md,
+# "The application's own torch threads").
+LOAD_SETTINGS = {"GOMP_SPINCOUNT": str(SHORT_SPIN_COUNT), "OMP_WAIT_POLICY": "ACTIVE"}
 _SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 
 
@@ -64,13 +72,14 @@ def _choose_spin() -> bool:
         return policy == "passive"
     if _libgomp_loaded():  # torch came first: its libgomp spins as long as it always did
         return False
-    # Only while libgomp loads: left in the environment, it would reach every child process (a
+    # Only while libgomp loads: left in the environment, they would reach every child process (a
     # peer server in the bench, the application's own tools), which should choose for themselves.
-    os.environ["GOMP_SPINCOUNT"] = str(SHORT_SPIN_COUNT)
+    os.environ.update(LOAD_SETTINGS)
     try:
         _load_torch()
     finally:
-        del os.environ["GOMP_SPINCOUNT"]
+        for name in LOAD_SETTINGS:
+            del os.environ[name]
     return True
 
 

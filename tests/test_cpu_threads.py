@@ -153,7 +153,7 @@ def test_the_engine_sets_only_its_loop_threads_count(llama):
 
 
 @pytest.mark.parametrize("env,loaded,short,loads_with", [
-    ({}, False, True, "2000"),                            # nobody chose, libgomp not loaded yet: short spins
+    ({}, False, True, ("2000", "ACTIVE")),                # nobody chose, libgomp not loaded yet: short spins
     ({}, True, False, None),                              # torch came first: too late, its long default stays
     ({"GOMP_SPINCOUNT": "5k"}, True, True, None),         # the application's choice, whatever the order
     ({"GOMP_SPINCOUNT": "infinite"}, False, False, None),
@@ -163,17 +163,20 @@ def test_the_engine_sets_only_its_loop_threads_count(llama):
 ])
 def test_the_spin_count_is_chosen_only_where_nobody_did_and_libgomp_is_not_loaded(monkeypatch, env, loaded, short,
                                                                                   loads_with):
-    """``loads_with``: the GOMP_SPINCOUNT Loom loads torch (and libgomp) with, None where it leaves the load alone."""
+    """``loads_with``: the GOMP_SPINCOUNT and OMP_WAIT_POLICY Loom loads torch (and libgomp) with, None where it
+    leaves the load alone."""
     for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(openmp, "_libgomp_loaded", lambda: loaded)
     seen_by_libgomp = []
-    monkeypatch.setattr(openmp, "_load_torch", lambda: seen_by_libgomp.append(openmp.os.environ.get("GOMP_SPINCOUNT")))
+    monkeypatch.setattr(openmp, "_load_torch", lambda: seen_by_libgomp.append(
+        (openmp.os.environ.get("GOMP_SPINCOUNT"), openmp.os.environ.get("OMP_WAIT_POLICY"))))
     assert openmp._choose_spin() == short
     assert seen_by_libgomp == ([] if loads_with is None else [loads_with])
-    assert openmp.os.environ.get("GOMP_SPINCOUNT") == env.get("GOMP_SPINCOUNT")  # child processes inherit no choice of ours
+    for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):  # child processes inherit no choice of ours
+        assert openmp.os.environ.get(name) == env.get(name)
 
 
 def test_importing_loom_before_torch_chooses_short_spins(monkeypatch):
@@ -183,9 +186,9 @@ def test_importing_loom_before_torch_chooses_short_spins(monkeypatch):
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     probe = ("import os, runtime, torch; from runtime import openmp; "
-             "print(openmp.SHORT_SPIN, os.environ.get('GOMP_SPINCOUNT'))")
+             "print(openmp.SHORT_SPIN, os.environ.get('GOMP_SPINCOUNT'), os.environ.get('OMP_WAIT_POLICY'))")
     first = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
-    assert first == ["True", "None"]  # short spins chosen, and not left for child processes
+    assert first == ["True", "None", "None"]  # short spins chosen, and not left for child processes
     late = subprocess.run([sys.executable, "-c", "import torch; " + probe], capture_output=True, text=True,
                           check=True).stdout.split()
     assert late[:2] == ["False", "None"]
