@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include <omp.h>
@@ -70,20 +71,27 @@ void norm_rows(T* x, const T* delta, const T* weight, const T* bias, bool layer_
 
 // The MLP's activation, in place on the up product's rows (``stride`` apart): gated, [gate | up] ->
 // silu(gate) x up in the gate's place; otherwise gelu_tanh(x) = x sigmoid(2u), u = sqrt(2/pi) (x +
-// 0.044715 x^3), which is 0.5 x (1 + tanh(u)) with one exp where tanh costs several.
+// 0.044715 x^3), which is 0.5 x (1 + tanh(u)) with one exp where tanh costs several. Floats go a
+// vector at a time (exp_lanes): a scalar expf per element was ~1.6% of a 64-row step.
 template <typename T>
 void activate_rows(T* up, int64_t stride, bool gated, int64_t rows, int64_t intermediate) {
+    constexpr T root_2_over_pi = T(0.7978845608028654), cubic = T(0.044715);
 #pragma omp for
     for (int64_t r = 0; r < rows; ++r) {
         T* a = up + r * stride;
-        if (gated) {
-            const T* b = a + intermediate;
-            for (int64_t i = 0; i < intermediate; ++i) a[i] = a[i] / (T(1) + std::exp(-a[i])) * b[i];
-        } else {
-            for (int64_t i = 0; i < intermediate; ++i) {
-                const T u = T(0.7978845608028654) * (a[i] + T(0.044715) * a[i] * a[i] * a[i]);
-                a[i] = a[i] / (T(1) + std::exp(T(-2) * u));
+        const T* b = a + intermediate;
+        int64_t i = 0;
+        if constexpr (std::is_same_v<T, float>) {
+            using V = Vector<float>;
+            for (; i + V::lanes <= intermediate; i += V::lanes) {
+                const V::type x = V::load(a + i);
+                const V::type u = root_2_over_pi * (x + cubic * x * x * x);
+                V::store(a + i, gated ? x / (1.0f + exp_lanes(-x)) * V::load(b + i) : x / (1.0f + exp_lanes(-2.0f * u)));
             }
+        }
+        for (; i < intermediate; ++i) {
+            const T x = a[i], u = root_2_over_pi * (x + cubic * x * x * x);
+            a[i] = gated ? x / (T(1) + std::exp(-x)) * b[i] : x / (T(1) + std::exp(T(-2) * u));
         }
     }
 }

@@ -36,41 +36,20 @@ T exp_shifted(T* row, int64_t n, T peak) {
     return sum;
 }
 
-// float: eight lanes at a time, since a scalar expf per score was most of decode attention's time
-// at 64 sequences. exp(x) = 2^n exp(r), n = round(x / ln 2), |r| <= ln(2) / 2, exp(r) by its
-// degree-6 Taylor polynomial (relative error below 2e-7, about float's rounding step).
+// float: a vector at a time (exp_lanes), since a scalar expf per score was most of decode
+// attention's time at 64 sequences.
 template <>
 float exp_shifted<float>(float* row, int64_t n, float peak) {
-    typedef float v8 __attribute__((vector_size(32)));
-    typedef int32_t v8i __attribute__((vector_size(32)));
-    const v8 log2e = v8{} + 1.44269504f, ln2_hi = v8{} + 0.693359375f, ln2_lo = v8{} - 2.12194440e-4f;
-    const v8 shift = v8{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-    const v8 lowest = v8{} - 87.0f;       // exp(-87) is float's smallest normal; softmax needs no less
-    v8 sums = {};
+    using V = Vector<float>;
+    V::type sums = {};
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        v8 x;
-        std::memcpy(&x, row + i, sizeof x);
-        x -= peak;
-        x = x < lowest ? lowest : x;
-        const v8 k = (x * log2e + shift) - shift;
-        const v8 r = (x - k * ln2_hi) - k * ln2_lo;
-        v8 p = v8{} + 1.0f / 720;
-        p = p * r + 1.0f / 120;
-        p = p * r + 1.0f / 24;
-        p = p * r + 1.0f / 6;
-        p = p * r + 0.5f;
-        p = p * r + 1.0f;
-        p = p * r + 1.0f;
-        const v8i bits = (__builtin_convertvector(k, v8i) + 127) << 23;  // 2^k
-        v8 scale;
-        std::memcpy(&scale, &bits, sizeof scale);
-        const v8 e = p * scale;
-        std::memcpy(row + i, &e, sizeof e);
+    for (; i + V::lanes <= n; i += V::lanes) {
+        const V::type e = exp_lanes(V::load(row + i) - peak);
+        V::store(row + i, e);
         sums += e;
     }
     float sum = 0;
-    for (int lane = 0; lane < 8; ++lane) sum += sums[lane];
+    for (int lane = 0; lane < V::lanes; ++lane) sum += sums[lane];
     for (; i < n; ++i) {
         row[i] = std::exp(row[i] - peak);
         sum += row[i];
