@@ -154,3 +154,16 @@ def test_bench_w6_runs_loom_in_process_and_through_its_server(tmp_path, capsys):
     server = next(r for r in runs if r["system"] == "loom server float32")
     agreement = server["note"].split("greedy text equal to Loom's for ")[1].removesuffix(" chars")
     assert all(a == b for a, b in (pair.split("/") for pair in agreement.split(", "))), agreement
+
+
+def test_a_peer_server_that_dies_at_start_says_so_and_stops(tmp_path, monkeypatch):
+    """W6 skips such a peer with this message (a llama-server built for another processor dies of
+    an illegal instruction as it loads) and measures the others."""
+    from runtime.bench import peers
+
+    monkeypatch.setenv("LOOM_CACHE", str(tmp_path))  # where its log goes
+    command = [sys.executable, "-c", "print('loading model'); raise SystemExit(132)"]
+    server = peers.OpenAIServer("dying peer", command, peers.free_port(), "model")
+    with pytest.raises(peers.ServerDidNotStart, match=r"exited at start with status 132 .*loading model"):
+        server.start()
+    assert server.process.returncode == 132 and server.client.is_closed

@@ -128,6 +128,10 @@ class FastLLM:
         return run
 
 
+class ServerDidNotStart(RuntimeError):
+    """A peer's server exited, or did not answer, at start: the bench goes on without it."""
+
+
 class OpenAIServer:
     """A server process with OpenAI's /v1/completions, started for the ``with`` block: requests
     go through one shared HTTP client (one connection pool), streamed, so that each token's
@@ -137,7 +141,8 @@ class OpenAIServer:
         self.system, self.command, self.port, self.model = system, command, port, model
         self.process: subprocess.Popen | None = None
 
-    def __enter__(self):
+    def start(self) -> "OpenAIServer":
+        """Start the server and wait for its /health; ServerDidNotStart where it exits or stays silent."""
         import httpx
 
         # Its log goes to a file: a pipe nobody reads fills up and stalls a chatty server.
@@ -149,22 +154,31 @@ class OpenAIServer:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"{self.system} exited at start: {self.log.read_text()[-2000:]}")
+                self.stop()
+                raise ServerDidNotStart(f"{self.system} exited at start with status {self.process.returncode} "
+                                        f"(its log: {self.log}): {self.log.read_text()[-500:]}")
             try:
                 if self.client.get("/health").status_code == 200:
                     return self
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
-        raise TimeoutError(f"{self.system} did not answer /health within 300 s")
+        self.stop()
+        raise ServerDidNotStart(f"{self.system} did not answer /health within 300 s (its log: {self.log})")
 
-    def __exit__(self, *exc):
+    def stop(self) -> None:
         self.client.close()
         self.process.terminate()
         try:
             self.process.wait(30)
         except subprocess.TimeoutExpired:
             self.process.kill()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
 
     def complete(self, prompt: str, new_tokens: int, times: list | None = None) -> tuple[str, int]:
         """Greedy text and its token count, EOS ignored."""

@@ -213,11 +213,18 @@ def peer_workload(measure, args, load_engine) -> None:
         servers += [peers.llama_server(peers.f32_gguf(gguf, args.llama_server), "F32", max(streams), args),
                     peers.llama_server(gguf, gguf.stem.rsplit(".", 1)[-1], max(streams), args)]
     for server in servers:
-        with server:
+        try:
+            server.start()
+        except peers.ServerDidNotStart as error:  # e.g. a peer built for another processor: the others still run
+            print(f"W6: skipping {server.system}: {error}")
+            continue
+        try:
             note = agreement([server.complete(t, 32)[0] for t in checks])
             for c in streams:
                 measure(f"W6@{c} {server.system}", lambda bar, s=server, c=c, note=note: label(
                     s.run(texts[:c], 64, f"W6@{c}"), s.system, note), c)
+        finally:
+            server.stop()
     if "fastllm" in available:  # last: its library's threads stay in this process
         fast = peers.FastLLM(peers.hf_directory(gguf), "float32", args.fastllm_threads)
         note = agreement([engine.tokenizer.decode(fast.generate(p, 32), skip_special_tokens=True) for p in checks_ids])
