@@ -10,9 +10,10 @@ but it still waits: beside one busy process two threads got one core's worth bet
 one-stream step took 32 ms where one thread, on a core of its own, took 19 ("Threads that carry
 their own rows").
 
-So the forward takes the cores that other threads leave free. Where they leave none, a one-row step
-(bound by reading the weights) runs on one thread, and wider steps on every thread, which then
-claim their share of the busy cores' time. With short spins the loop thread samples, before each
+So the forward takes the cores that other threads leave free. Where they leave none, wider steps
+run on every thread, which then claim their share of the busy cores' time, and a one-row step
+(bound by reading the weights) on one thread or on every thread, whichever its recent forwards were
+faster on (OneRowChoice): that depends on how much of the memory bandwidth one core can draw. With short spins the loop thread samples, before each
 forward, how many threads are runnable besides itself (/proc/loadavg), and the fewest over the last
 STEADY_WINDOW steps is the steady load (a burst, or a consumer the last step woke, is not runnable
 at every sample; a busy process is). Elsewhere (long spins, or a process pinned to some of the
@@ -49,6 +50,8 @@ MAX_BACKOFF = 256
 SCHEDSTAT = "/proc/thread-self/schedstat"
 LOADAVG = "/proc/loadavg"
 STEADY_WINDOW = 16    # steps over which the fewest other runnable threads seen is the steady load
+ONE_ROW_SAMPLES = 4   # one-row forwards timed at each count before OneRowChoice compares them
+ONE_ROW_RETRY = 64    # one-row steps on full cores between fresh measurements of the count not chosen
 
 
 def available_cores() -> int:
@@ -77,6 +80,7 @@ class CpuThreads:
         self.applied: tuple[int, int] | None = None  # (thread ident, count) last set
         self.started: tuple[int, float] | None = None  # (wait, clock) at the start of a measured forward
         self.others: deque[int] = deque(maxlen=STEADY_WINDOW)  # other runnable threads, one sample a step
+        self.one_row = OneRowChoice(self.max)
 
     def before_forward(self, step=None) -> None:
         """In the loop thread: use this step's count and start measuring its wait for a core."""
@@ -90,12 +94,11 @@ class CpuThreads:
         self.started = (run_queue_wait_ns(), time.perf_counter_ns()) if self.adaptive and not split else None
 
     def _beside(self, steady: int, one_row: bool) -> int:
-        """The count beside ``steady`` other busy threads (see the module's doc). On two cores beside
-        two busy processes 1 row took 24 ms on one thread against 35 on two, 8 rows 46 against 40;
-        quiet, one thread reads the weights of a one-row step nearly as fast as two (19 against 17)."""
+        """The count beside ``steady`` other busy threads (see the module's doc). On two Zen 5 cores
+        beside two busy processes 8 rows took 46 ms on one thread against 40 on two."""
         if steady < self.max:
             return self.max - steady
-        return 1 if one_row else self.max
+        return self.one_row.pick() if one_row else self.max
 
     def _apply(self, count: int) -> None:
         key = (threading.get_ident(), count)
@@ -107,6 +110,7 @@ class CpuThreads:
 
     def after_forward(self) -> None:
         """Where adaptive, choose the next step's count from how long this forward waited for a core."""
+        self.one_row.finish()
         if self.started is None:
             return
         waited = run_queue_wait_ns() - self.started[0]
@@ -124,6 +128,40 @@ class CpuThreads:
             self.quiet_steps += 1
             if self.count < self.max and self.quiet_steps >= self.backoff:
                 self.count, self.trying, self.quiet_steps = self.count + 1, True, 0
+
+
+class OneRowChoice:
+    """One thread or every thread for one-row steps on cores other threads keep busy: whichever the
+    last ONE_ROW_SAMPLES forwards on each were faster on, the other measured afresh every
+    ONE_ROW_RETRY steps. On two Zen 5 cores one thread read the weights nearly as fast as two (19
+    against 17 ms quiet) and beside two busy processes took 24 ms against 35; on two cores of an
+    Emerald Rapids Xeon one thread reads at half the bandwidth of two (13.5 against 24 GB/s) and
+    took 74 ms against 56 (docs/benchmarks.md, "An Intel Xeon")."""
+
+    def __init__(self, most: int):
+        self.times = {count: deque(maxlen=ONE_ROW_SAMPLES) for count in (1, most)}
+        self.steps = 0
+        self.picked: tuple[int, int] | None = None  # (count, clock) of the forward being timed
+
+    def pick(self) -> int:
+        self.steps += 1
+        unmeasured = [count for count, times in self.times.items() if len(times) < ONE_ROW_SAMPLES]
+        if unmeasured:
+            count = unmeasured[0]
+        else:
+            count = min(self.times, key=lambda c: sorted(self.times[c])[ONE_ROW_SAMPLES // 2])
+            if self.steps % ONE_ROW_RETRY == 0 and len(self.times) > 1:
+                other = next(c for c in self.times if c != count)
+                self.times[other].clear()  # measured again from the next step: the load may have changed
+        self.picked = (count, time.perf_counter_ns())
+        return count
+
+    def finish(self) -> None:
+        """After the forward: its time, if pick() chose its count."""
+        if self.picked is not None:
+            count, started = self.picked
+            self.times[count].append(time.perf_counter_ns() - started)
+            self.picked = None
 
 
 def other_runnable_threads() -> int:

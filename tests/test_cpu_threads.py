@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from runtime import Engine, cpu_threads, openmp
-from runtime.cpu_threads import FIRST_BACKOFF, STEADY_WINDOW, CpuThreads
+from runtime.cpu_threads import FIRST_BACKOFF, ONE_ROW_RETRY, ONE_ROW_SAMPLES, STEADY_WINDOW, CpuThreads
 
 
 WIDE = SimpleNamespace(input_ids=[5] * 64)  # a step whose rows the fake models split among their threads
@@ -72,9 +72,29 @@ def test_threads_take_the_cores_other_threads_leave_free(sharing):
     assert counts(sharing, [0]) == [4]  # a sample without them: they were not steady
 
 
-def test_with_no_core_free_a_one_row_step_runs_on_one_thread(sharing):
+def test_with_no_core_free_one_row_steps_take_the_count_their_forwards_were_faster_on(sharing, monkeypatch):
+    """One thread read the weights nearly as fast as two on Zen 5 cores; on a Xeon's, half as fast."""
+    now = [0]
+    monkeypatch.setattr(cpu_threads.time, "perf_counter_ns", lambda: now[0])
     one_row, eight_rows = SimpleNamespace(input_ids=[5]), SimpleNamespace(input_ids=[5] * 8)
-    assert counts(sharing, [6] * STEADY_WINDOW, one_row)[-1] == 1  # streams the weights nearly as fast alone
+
+    def one_row_steps(forward_ms: dict, steps: int) -> list[int]:
+        chosen = []
+        sharing.next_others.extend([6] * steps)  # every core busy all along
+        for _ in range(steps):
+            sharing.before_forward(one_row)
+            chosen.append(sharing.applied[1])
+            now[0] += forward_ms[chosen[-1]] * 1_000_000
+            sharing.after_forward()
+        return chosen
+
+    n = ONE_ROW_SAMPLES
+    like_zen5 = one_row_steps({1: 24, 4: 35}, ONE_ROW_RETRY + n + 1)
+    assert like_zen5[:2 * n] == [1] * n + [4] * n  # both measured first
+    assert set(like_zen5[2 * n:ONE_ROW_RETRY]) == {1}
+    assert like_zen5[ONE_ROW_RETRY:] == [4] * n + [1]  # the other count measured afresh, then the faster again
+    like_xeon = one_row_steps({1: 74, 4: 56}, n)  # the load or the machine changed: one thread is slower now
+    assert like_xeon[-1] == 4
     assert counts(sharing, [6], eight_rows) == [4]  # wider steps claim their share of the busy cores
 
 
