@@ -8,6 +8,7 @@ side only, so it runs unchanged on older checkouts for before/after figures (doc
 """
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -29,6 +30,17 @@ def decode_step(model, streams: int) -> tuple[KVCache, StepInput]:
     return kv, StepInput.flatten([Sequence([5], 100, table, True) for table in tables], 16, torch.device("cpu"))
 
 
+@contextlib.contextmanager
+def busy_processes(count: int):
+    """``count`` competitor processes, each busy in a Python loop, for the block's time."""
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for process in busy:
+            process.kill()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", default="1,4,16,64")
@@ -38,8 +50,7 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = models.load(weights=args.weights).model
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
-    try:
+    with busy_processes(args.busy):
         print("| streams | threads | busy procs | forward ms (median of 30) | tok/s |")
         print("| --- | --- | --- | --- | --- |")
         for streams in map(int, args.streams.split(",")):
@@ -55,9 +66,6 @@ def main():
                     times.append(time.perf_counter() - start)
             ms = statistics.median(times) * 1e3
             print(f"| {streams} | {args.threads} | {args.busy} | {ms:.1f} | {streams / ms * 1e3:.1f} |", flush=True)
-    finally:
-        for process in busy:
-            process.kill()
 
 
 if __name__ == "__main__":

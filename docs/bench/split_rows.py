@@ -11,7 +11,6 @@ alternate in three rounds; it prints the median and mean step and the cores the 
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -26,7 +25,7 @@ import models  # noqa: E402
 from models import cpu_linear, decoder_layer  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from decode_forward import decode_step  # noqa: E402
+from decode_forward import busy_processes, decode_step  # noqa: E402
 
 SPLIT = decoder_layer.SPLIT_ROWS_PER_THREAD
 NEVER = cpu_linear.KERNEL_ROWS + 1  # more rows per thread than a step of the native layers has
@@ -40,9 +39,8 @@ def main():
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()
     model = models.load().model
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
-    time.sleep(0.5)
-    try:
+    with busy_processes(args.busy):
+        time.sleep(0.5)
         print("| streams | busy procs | threads | layers | step ms median (mean) | cores used |")
         print("| --- | --- | --- | --- | --- | --- |")
         for streams in map(int, args.streams.split(",")):
@@ -73,9 +71,6 @@ def main():
                 median, mean = statistics.median(seconds) * 1e3, statistics.mean(seconds) * 1e3
                 print(f"| {streams} | {args.busy} | {threads} | {layers} | {median:.1f} ({mean:.1f}) | "
                       f"{cpu[variant] / sum(seconds):.2f} |", flush=True)
-    finally:
-        for process in busy:
-            process.kill()
 
 
 if __name__ == "__main__":

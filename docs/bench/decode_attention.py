@@ -1,0 +1,48 @@
+"""Decode attention alone (models/paged_decode.h) on the default model's shape: 9 query heads over 3
+K/V heads of 64, S sequences of 110 cached tokens in blocks of 16, two threads; the median of 300
+calls, microseconds per layer (docs/benchmarks.md, "Decode attention"). Run from a checkout's root,
+alternating checkouts for a before/after:
+
+    python docs/bench/decode_attention.py [--streams 1,16,64] [--context 110]
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.getcwd())
+
+import torch  # noqa: E402
+
+from models import paged_decode  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--streams", default="1,16,64")
+    parser.add_argument("--context", type=int, default=110)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    heads, kv_heads, dim, block_size = 9, 3, 64, 16
+    blocks = (args.context + block_size - 1) // block_size
+    cells = []
+    for streams in map(int, args.streams.split(",")):
+        k_cache = torch.randn(streams * blocks, block_size, kv_heads, dim)
+        v_cache = torch.randn_like(k_cache)
+        tables = torch.arange(streams * blocks).view(streams, blocks)
+        lens = torch.full((streams,), args.context)
+        q = torch.randn(streams, heads, dim)
+        out = torch.empty_like(q)
+        times = []
+        for _ in range(300):
+            start = time.perf_counter()
+            paged_decode.decode_attention(q, k_cache, v_cache, tables, lens, out, dim ** -0.5, None)
+            times.append(time.perf_counter() - start)
+        cells.append(f"{streams} sequences: {statistics.median(times) * 1e6:.0f} us")
+    print("; ".join(cells))
+
+
+if __name__ == "__main__":
+    main()
