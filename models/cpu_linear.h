@@ -24,6 +24,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 
@@ -113,7 +114,18 @@ constexpr int64_t panel_rows() {
 // panel), ahead from 12 up. With AVX-512, from 3 rows: a decode step's forward at 3 / 4 / 8 rows
 // took 19.7-20.3 / 20.9-22.2 / 19.0-19.9 ms against 22.7-23.2 / 22.4-24.5 / 21.9-27.0 on the tiles
 // (Zen 5, two alternating runs each); at 2 rows neither was ahead.
+// On an Emerald Rapids Xeon, whose 512-bit FMA rate is a third of Zen 5's, the tiles won at 3-4
+// rows instead (a 4-row step 30 ms against 46-49 on the panels): a panel issues its 12
+// multiply-adds per k whatever rows it holds. So this is only the default: models/cpu_linear.py
+// measures the machine at load and sets loom_panel_min_rows.
 constexpr int64_t PANEL_MIN_ROWS = VECTOR_BYTES == 64 ? 3 : 9;
+
+}  // namespace
+
+// The row count from which products take the panels; one for the library, read once per call.
+inline std::atomic<int64_t> loom_panel_min_rows{PANEL_MIN_ROWS};
+
+namespace {
 
 // Elements of the panel buffer for ``rows`` rows of width ``in``.
 template <typename T>
@@ -212,11 +224,12 @@ void panel_product(const T* packed, int64_t rows, const T* w, const T* bias, int
 }
 
 // Shares the work among the threads of the enclosing parallel region (alone, outside one).
-// ``packed``: packed_size(rows, in) elements of scratch, shared by the region's threads.
+// ``packed``: packed_size(rows, in) elements of scratch, shared by the region's threads; panels from
+// ``panel_from`` rows (loom_panel_min_rows, read once by the caller).
 template <typename T>
 void linear_rows(const T* x, int64_t x_stride, int64_t rows, const T* w, const T* bias, int64_t in, int64_t out,
-                 T* y, int64_t y_stride, T* packed) {
-    if (rows >= PANEL_MIN_ROWS) {
+                 T* y, int64_t y_stride, T* packed, int64_t panel_from) {
+    if (rows >= panel_from) {
         pack_panels(x, x_stride, rows, in, packed);  // its loop's barrier: the panels are whole after it
         panel_product(packed, rows, w, bias, in, out, y, y_stride);
         return;

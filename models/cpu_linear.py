@@ -2,8 +2,9 @@
 chunks, oneDNN's for longer chunks.
 
 Decode at a few rows is bound by reading the weights: the kernel streams them once per step
-whatever the row count. From 9 rows up (3 with AVX-512) it packs the input rows into panels and
-runs register tiles, ~1.1-1.9x oneDNN's product up to 128 rows; at 256-512 rows oneDNN's blocked GEMM is level or ahead
+whatever the row count. From 9 rows up (with AVX-512 from where measure_panel_rows finds them
+ahead on this machine: 3 rows on Zen 5, 9 on an Emerald Rapids Xeon) it packs the input rows into
+panels and runs register tiles, ~1.1-1.9x oneDNN's product up to 128 rows; at 256-512 rows oneDNN's blocked GEMM is level or ahead
 (docs/benchmarks.md, "Panel products"), so longer prefill chunks keep it. oneDNN takes the dense
 weight as it is (as fast as a prepacked copy, which would double the memory), and beat MKL (torch's
 F.linear) by up to 30% on output layers.
@@ -12,6 +13,9 @@ F.linear) by up to 30% on output layers.
 from __future__ import annotations
 
 import ctypes
+import functools
+import statistics
+import time
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +66,38 @@ class CpuLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+@functools.cache  # once per process: it measures the machine, not a model
+def measure_panel_rows(repeats: int = 5) -> int:
+    """From how many rows the kernel's panels beat its row-at-a-time tiles on this machine; set in
+    the library and returned. Below 9 rows only AVX-512 builds take panels (PANEL_MIN_ROWS, from
+    Zen 5), and a panel's multiply-adds do not shrink with its rows: on a Xeon with a third of Zen
+    5's FMA rate the tiles were 1.5x faster at 4 rows. So each row count from the default to 8 is
+    timed both ways on a 2048 x 576 product (about a model layer's shape; ~30 ms in all, the two
+    alternating, medians), and the panels start at the first count from which they win throughout."""
+    library = native.library()
+    first = library.loom_default_panel_min_rows()
+    if first > 8:
+        return first
+    set_rows = library.loom_set_panel_min_rows
+    set_rows.argtypes = [_int64]
+    kernel = native.function("loom_linear", torch.float32, ARGTYPES)
+    weight = torch.randn(2048, 576, generator=torch.Generator().manual_seed(0))
+    panels_win = {}
+    for rows in range(first, 9):
+        x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(rows))
+        times = {True: [], False: []}
+        for _ in range(repeats + 1):
+            for panels in (True, False):
+                set_rows(rows if panels else 9)
+                start = time.perf_counter()
+                _product(kernel, x, weight, None)
+                times[panels].append(time.perf_counter() - start)
+        panels_win[rows] = statistics.median(times[True][1:]) < statistics.median(times[False][1:])  # past a warm-up
+    chosen = next((r for r in range(first, 9) if all(panels_win[q] for q in range(r, 9))), 9)
+    set_rows(chosen)
+    return chosen
+
+
 def _onednn_linear(x, weight, bias):
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
@@ -72,6 +108,7 @@ def _has_onednn() -> bool:
 
 def use_cpu_linears(module: nn.Module) -> None:
     """Swap every nn.Linear inside ``module`` for a CpuLinear (tied weights stay shared)."""
+    measure_panel_rows()
     for name, child in module.named_children():
         if isinstance(child, nn.Linear):
             setattr(module, name, CpuLinear(child))

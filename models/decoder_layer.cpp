@@ -113,7 +113,7 @@ size_t scratch_size(const Layer<T>& l, int64_t rows) {
 // One layer over the step's rows, its work shared among the threads of the enclosing team: every
 // phase ends at its work-sharing loop's barrier. ``scratch``: scratch_size(l, s.rows) elements.
 template <typename T>
-void layer_phases(T* x, const Layer<T>& l, const Step<T>& s, T* scratch) {
+void layer_phases(T* x, const Layer<T>& l, const Step<T>& s, T* scratch, int64_t panel_from) {
     const int64_t rows = s.rows, hidden = l.hidden, inter = l.intermediate, up_width = l.gated ? 2 * inter : inter;
     const int64_t q_width = l.heads * l.dim, kv_width = l.kv_heads * l.dim, qkv_width = q_width + 2 * kv_width;
     T* h = scratch;                       // [rows, hidden] normed input of a product
@@ -125,18 +125,18 @@ void layer_phases(T* x, const Layer<T>& l, const Step<T>& s, T* scratch) {
     T* packed = delta + rows * hidden;    // the products' input panels, packed_size(rows, widest input)
     const bool rotary = s.rotary_dim > 0;  // else the queries are read from qkv as they are
     norm_rows<T>(x, nullptr, l.input_norm, l.input_norm_bias, l.layer_norm, l.eps, h, rows, hidden);
-    linear_rows(h, hidden, rows, l.qkv, l.qkv_bias, hidden, qkv_width, qkv, qkv_width, packed);
+    linear_rows(h, hidden, rows, l.qkv, l.qkv_bias, hidden, qkv_width, qkv, qkv_width, packed, panel_from);
     rotate_and_store_rows(qkv, qkv_width, qkv + q_width, qkv_width, qkv + q_width + kv_width, qkv_width, s.cos, s.sin,
                           s.rotary_dim, s.slots, rows, l.k_cache, l.v_cache, rotary ? q : nullptr, l.heads,
                           l.kv_heads, l.dim);
     decode_attention_rows(rotary ? q : qkv, rotary ? q_width : qkv_width, l.k_cache, l.v_cache, s.tables,
                           s.max_blocks, s.lens, attn, q_width, rows, l.heads, l.kv_heads, l.dim, s.block_size,
                           l.window, l.scale);
-    linear_rows(attn, q_width, rows, l.out, l.out_bias, q_width, hidden, delta, hidden, packed);
+    linear_rows(attn, q_width, rows, l.out, l.out_bias, q_width, hidden, delta, hidden, packed, panel_from);
     norm_rows(x, delta, l.post_norm, l.post_norm_bias, l.layer_norm, l.eps, h, rows, hidden);
-    linear_rows(h, hidden, rows, l.up, l.up_bias, hidden, up_width, up, up_width, packed);
+    linear_rows(h, hidden, rows, l.up, l.up_bias, hidden, up_width, up, up_width, packed, panel_from);
     activate_rows(up, up_width, l.gated, rows, inter);
-    linear_rows(up, up_width, rows, l.down, l.down_bias, inter, hidden, delta, hidden, packed);
+    linear_rows(up, up_width, rows, l.down, l.down_bias, inter, hidden, delta, hidden, packed, panel_from);
     add_rows(x, delta, rows * hidden);
 }
 
@@ -163,6 +163,7 @@ template <typename T>
 void decoder_layers(T* x, const Layer<T>* layers, int64_t count, const Step<T>& s, bool split_rows) {
     const int threads = omp_get_max_threads();
     const bool split = split_rows && threads > 1 && s.rows >= threads;
+    const int64_t panel_from = loom_panel_min_rows.load(std::memory_order_relaxed);
     // The intermediates, kept per calling thread (the loop thread) from step to step: a fresh
     // buffer would come from new pages every step. One share for the team, or one per thread
     // (every layer has the first's shape).
@@ -172,7 +173,7 @@ void decoder_layers(T* x, const Layer<T>* layers, int64_t count, const Step<T>& 
     T* base = scratch.data();
     if (!split) {
 #pragma omp parallel
-        for (int64_t i = 0; i < count; ++i) layer_phases(x, layers[i], s, base);
+        for (int64_t i = 0; i < count; ++i) layer_phases(x, layers[i], s, base, panel_from);
         return;
     }
 #pragma omp parallel num_threads(threads)
@@ -184,7 +185,8 @@ void decoder_layers(T* x, const Layer<T>* layers, int64_t count, const Step<T>& 
             const Step<T> mine = row_range(s, first, end);
             // A team of one: the phases' work-sharing loops run whole in this thread.
 #pragma omp parallel num_threads(1)
-            for (int64_t i = 0; i < count; ++i) layer_phases(x + first * layers[i].hidden, layers[i], mine, own);
+            for (int64_t i = 0; i < count; ++i)
+                layer_phases(x + first * layers[i].hidden, layers[i], mine, own, panel_from);
         }
     }
 }

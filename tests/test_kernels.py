@@ -2,6 +2,8 @@
 SDPA), the small-batch linear product (F.linear); and the fallback when the build fails. (The
 engine on both paths: test_correctness.)"""
 
+import ctypes
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -63,12 +65,22 @@ def test_a_failed_build_falls_back_with_a_warning(tmp_path, monkeypatch):
     assert not list(tmp_path.rglob("*.so")), "a failed build must leave nothing behind in the cache"
 
 
+@pytest.fixture(params=[3, 9], ids=["panels-from-3", "panels-from-9"])
+def panels_from(request):
+    """Products take the panels from this many rows (as measure_panel_rows may choose), for the test."""
+    library = native.library()
+    library.loom_set_panel_min_rows.argtypes = [ctypes.c_int64]
+    library.loom_set_panel_min_rows(request.param)
+    yield request.param
+    library.loom_set_panel_min_rows(cpu_linear.measure_panel_rows())
+
+
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 16, 17, 40])  # one row; blocks of four; whole, partial, several panels
 @pytest.mark.parametrize("width,out,bias", [(64, 96, False), (61, 29, True), (576, 8 * 3 * 7 + 5, True),
                                             (1100, 48 + 6 + 5, True)])  # past 1024: chunks of k
-def test_linear_kernel_matches_f_linear(dtype, rows, width, out, bias):
+def test_linear_kernel_matches_f_linear(dtype, rows, width, out, bias, panels_from):
     """Widths that are not a multiple of the vector width, output counts that leave a partial
     block of weight rows (and tile of a panel task), with and without bias; the input a view whose
     rows are strided."""
@@ -78,6 +90,42 @@ def test_linear_kernel_matches_f_linear(dtype, rows, width, out, bias):
     b = torch.randn(out, generator=gen, dtype=dtype) if bias else None
     tolerance = 1e-4 if dtype == torch.float32 else 1e-12
     torch.testing.assert_close(cpu_linear.linear(x, weight, b), F.linear(x, weight, b), atol=tolerance, rtol=tolerance)
+
+
+class FakeKernels:
+    """What measure_panel_rows sees of the library and the clock: a product on the panels takes 1 ms
+    at the row counts in ``panels_win``, 3 ms at others; on the tiles 2 ms."""
+
+    def __init__(self, default: int, panels_win: set):
+        self.default, self.panels_win, self.panel_from, self.clock = default, panels_win, None, 0.0
+        self.loom_set_panel_min_rows = self  # called (and given argtypes) as the ctypes setter
+
+    def loom_default_panel_min_rows(self) -> int:
+        return self.default
+
+    def __call__(self, rows: int):
+        self.panel_from = rows
+
+    def product(self, kernel, x, weight, bias):
+        rows = x.shape[0]
+        self.clock += (1e-3 if rows in self.panels_win else 3e-3) if rows >= self.panel_from else 2e-3
+
+
+@pytest.mark.parametrize("default,panels_win,chosen", [
+    (3, set(range(3, 9)), 3),  # panels ahead at every count timed (Zen 5)
+    (3, {5, 6, 7, 8}, 5),      # the tiles ahead at 3 and 4 rows
+    (3, {4}, 9),               # a win below a loss does not count
+    (3, set(), 9),             # the tiles ahead throughout (an Emerald Rapids Xeon)
+    (9, set(range(3, 9)), 9),  # AVX2: nothing below 9 rows is timed
+])
+def test_panels_start_from_the_rows_where_they_win_throughout(monkeypatch, default, panels_win, chosen):
+    fake = FakeKernels(default, panels_win)
+    monkeypatch.setattr(cpu_linear.native, "library", lambda: fake)
+    monkeypatch.setattr(cpu_linear.native, "function", lambda *args: None)
+    monkeypatch.setattr(cpu_linear, "_product", fake.product)
+    monkeypatch.setattr(cpu_linear.time, "perf_counter", lambda: fake.clock)
+    assert cpu_linear.measure_panel_rows.__wrapped__() == chosen
+    assert fake.panel_from == (chosen if default <= 8 else None)  # what the library was left with
 
 
 @needs_kernel
