@@ -13,15 +13,15 @@ their own rows").
 So the forward takes the cores that other threads leave free. Where they leave none, wider steps
 run on every thread, which then claim their share of the busy cores' time, and a one-row step
 (bound by reading the weights) on one thread or on every thread, whichever its recent forwards were
-faster on (OneRowChoice): that depends on how much of the memory bandwidth one core can draw. With short spins the loop thread samples, before each
-forward, how many threads are runnable besides itself (/proc/loadavg), and the fewest over the last
-STEADY_WINDOW steps is the steady load (a burst, or a consumer the last step woke, is not runnable
-at every sample; a busy process is). Elsewhere (long spins, or a process pinned to some of the
-machine's cores, for which loadavg's count speaks of other cores too) it measures how long it
-waited for a core during each forward (its run-queue delay, from /proc/thread-self/schedstat):
-while that is a large share of the forward it halves its thread count, and after a quiet spell it
-tries one more thread again, waiting twice as long before the next try each time a try finds the
-cores still busy.
+faster on (OneRowChoice): that depends on how much of the memory bandwidth one core can draw. With
+short spins the loop thread samples, before each forward, how many threads are runnable besides
+itself (/proc/loadavg), and the fewest over the last STEADY_WINDOW steps is the steady load (a
+burst, or a consumer the last step woke, is not runnable at every sample; a busy process is).
+Elsewhere (long spins, or a process pinned to some of the machine's cores, for which loadavg's
+count speaks of other cores too) it measures how long it waited for a core during each forward (its
+run-queue delay, from /proc/thread-self/schedstat): while that is a large share of the forward it
+halves its thread count, and after a quiet spell it tries one more thread again, waiting twice as
+long before the next try each time a try finds the cores still busy.
 
 A step whose rows the threads split among them (the native decoder layers from 12 rows per thread;
 models/decoder_layer.py) keeps every thread: each waits for no other until the step ends, so each
@@ -109,7 +109,8 @@ class CpuThreads:
             self.applied = key
 
     def after_forward(self) -> None:
-        """Where adaptive, choose the next step's count from how long this forward waited for a core."""
+        """Time the forward for OneRowChoice if it chose the count; where adaptive, choose the next
+        step's count from how long this forward waited for a core."""
         self.one_row.finish()
         if self.started is None:
             return
