@@ -1,0 +1,60 @@
+"""W6's float32 systems taking turns, for quiet cells on a machine whose speed drifts between runs
+(docs/benchmarks.md, "An Intel Xeon"): Loom in-process, Loom's server and llama-server on the F32
+GGUF are started together, and at each stream count the three run in turn, ``--rounds`` times;
+it prints each system's tok/s per round and the median. The bench (`python -m runtime bench
+--workloads w6`) runs each system through all its cells before the next, minutes apart. Run from a
+checkout's root:
+
+    python docs/bench/w6_interleaved.py --llama-server PATH/llama-server [--streams 1,4,16,64] [--rounds 3]
+"""
+
+import argparse
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.getcwd())
+
+from runtime import Engine  # noqa: E402
+from runtime.bench import peers  # noqa: E402
+from runtime.bench.harness import Request, run_loom  # noqa: E402
+
+from models.gguf import default_model_path  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--llama-server", required=True)
+    parser.add_argument("--streams", default="1,4,16,64")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    args.model = None  # the default model, as loom_server expects it
+    streams = [int(s) for s in args.streams.split(",")]
+    texts = [f"Question {i}: tell me a story about a river." for i in range(max(streams))]
+    engine = Engine.from_pretrained()
+    prompts = [engine.encode(t) for t in texts]
+    servers = [peers.loom_server(args, "float32"),
+               peers.llama_server(peers.f32_gguf(default_model_path(), args.llama_server), "F32", max(streams), args)]
+    rates: dict[tuple[str, int], list[float]] = {}
+    for server in servers:
+        server.start()
+    try:
+        for _ in range(args.rounds):
+            for c in streams:
+                run = run_loom(engine, [Request(p, 64) for p in prompts[:c]], f"W6@{c}")
+                rates.setdefault(("loom in-process", c), []).append(run.tokens / run.seconds)
+                for server in servers:
+                    run = server.run(texts[:c], 64, f"W6@{c}")
+                    rates.setdefault((server.system, c), []).append(run.tokens / run.seconds)
+    finally:
+        for server in servers:
+            server.stop()
+        engine.shutdown()
+    print("| streams | system | tok/s per round | median |")
+    print("| --- | --- | --- | --- |")
+    for (system, c), values in sorted(rates.items(), key=lambda item: (item[0][1], item[0][0])):
+        print(f"| {c} | {system} | {' / '.join(f'{v:.1f}' for v in values)} | {statistics.median(values):.1f} |")
+
+
+if __name__ == "__main__":
+    main()
