@@ -90,10 +90,12 @@ void key_scores(const T* q, int64_t group, const T* k, const int64_t* offsets, i
     }
 }
 
-// out[h][d] = sum over j of p[h][j] * value j [d] for H heads (p rows n apart) and DV vectors of
-// dimensions: H x DV sums stay in registers while the values (at v + offsets[j]) stream past.
+// out[h][d] = scale[h] x the sum over j of p[h][j] * value j [d] for H heads (p rows n apart) and DV
+// vectors of dimensions: H x DV sums stay in registers while the values (at v + offsets[j]) stream
+// past.
 template <typename T, int H, int DV>
-void weigh_values_tile(const T* p, int64_t n, const T* v, const int64_t* offsets, T* out, int64_t dim) {
+void weigh_values_tile(const T* p, int64_t n, const T* v, const int64_t* offsets, const T* scale, T* out,
+                       int64_t dim) {
     using V = Vector<T>;
     constexpr int L = V::lanes;
     typename V::type sums[H][DV] = {};
@@ -107,35 +109,38 @@ void weigh_values_tile(const T* p, int64_t n, const T* v, const int64_t* offsets
         }
     }
     for (int h = 0; h < H; ++h)
-        for (int c = 0; c < DV; ++c) V::store(out + h * dim + c * L, sums[h][c]);
+        for (int c = 0; c < DV; ++c) V::store(out + h * dim + c * L, sums[h][c] * scale[h]);
 }
 
 template <typename T, int H>
-void weigh_values_heads(const T* p, int64_t n, const T* v, const int64_t* offsets, T* out, int64_t dim) {
+void weigh_values_heads(const T* p, int64_t n, const T* v, const int64_t* offsets, const T* scale, T* out,
+                        int64_t dim) {
     constexpr int L = Vector<T>::lanes;
     const int64_t whole = dim / L * L;
     int64_t d = 0;
-    for (; d + 4 * L <= whole; d += 4 * L) weigh_values_tile<T, H, 4>(p, n, v + d, offsets, out + d, dim);
+    for (; d + 4 * L <= whole; d += 4 * L) weigh_values_tile<T, H, 4>(p, n, v + d, offsets, scale, out + d, dim);
     switch ((whole - d) / L) {
-        case 3: weigh_values_tile<T, H, 3>(p, n, v + d, offsets, out + d, dim); break;
-        case 2: weigh_values_tile<T, H, 2>(p, n, v + d, offsets, out + d, dim); break;
-        case 1: weigh_values_tile<T, H, 1>(p, n, v + d, offsets, out + d, dim); break;
+        case 3: weigh_values_tile<T, H, 3>(p, n, v + d, offsets, scale, out + d, dim); break;
+        case 2: weigh_values_tile<T, H, 2>(p, n, v + d, offsets, scale, out + d, dim); break;
+        case 1: weigh_values_tile<T, H, 1>(p, n, v + d, offsets, scale, out + d, dim); break;
     }
     for (int h = 0; h < H; ++h)
         for (d = whole; d < dim; ++d) {
             T sum = 0;
             for (int64_t j = 0; j < n; ++j) sum += p[h * n + j] * v[offsets[j] + d];
-            out[h * dim + d] = sum;
+            out[h * dim + d] = sum * scale[h];
         }
 }
 
-// The ``group`` heads' weighted values, three heads at a time (12 sums of four vectors each).
+// The ``group`` heads' weighted values, each head's scaled by its scale[h], three heads at a time (12
+// sums of four vectors each).
 template <typename T>
-void weigh_values(const T* p, int64_t group, int64_t n, const T* v, const int64_t* offsets, T* out, int64_t dim) {
+void weigh_values(const T* p, int64_t group, int64_t n, const T* v, const int64_t* offsets, const T* scale, T* out,
+                  int64_t dim) {
     int64_t h = 0;
-    for (; h + 3 <= group; h += 3) weigh_values_heads<T, 3>(p + h * n, n, v, offsets, out + h * dim, dim);
-    if (group - h == 2) weigh_values_heads<T, 2>(p + h * n, n, v, offsets, out + h * dim, dim);
-    if (group - h == 1) weigh_values_heads<T, 1>(p + h * n, n, v, offsets, out + h * dim, dim);
+    for (; h + 3 <= group; h += 3) weigh_values_heads<T, 3>(p + h * n, n, v, offsets, scale + h, out + h * dim, dim);
+    if (group - h == 2) weigh_values_heads<T, 2>(p + h * n, n, v, offsets, scale + h, out + h * dim, dim);
+    if (group - h == 1) weigh_values_heads<T, 1>(p + h * n, n, v, offsets, scale + h, out + h * dim, dim);
 }
 
 template <typename T>
@@ -171,14 +176,12 @@ void decode_attention_rows(const T* q, int64_t q_stride, const T* k_cache, const
                     T* o = out + s * out_stride + g * group * dim;
                     key_scores(qg, group, k_cache + g * dim, offsets.data(), n, dim, static_cast<T>(scale),
                                scores.data());
-                    // Softmax per query head; the 1/sum is applied to the output once.
+                    // Softmax per query head; the 1/sum scales the weighted values as they are stored.
                     for (int64_t h = 0; h < group; ++h) {
                         T* row = scores.data() + h * n;
                         inv_sum[h] = T(1) / exp_shifted(row, n, *std::max_element(row, row + n));
                     }
-                    weigh_values(scores.data(), group, n, v_cache + g * dim, offsets.data(), o, dim);
-                    for (int64_t h = 0; h < group; ++h)
-                        for (int64_t d = 0; d < dim; ++d) o[h * dim + d] *= inv_sum[h];
+                    weigh_values(scores.data(), group, n, v_cache + g * dim, offsets.data(), inv_sum.data(), o, dim);
                 }
             }
         }
