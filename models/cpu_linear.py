@@ -4,10 +4,10 @@ chunks, oneDNN's for longer chunks.
 Decode at a few rows is bound by reading the weights: the kernel streams them once per step
 whatever the row count. From 9 rows up (with AVX-512 from where measure_panel_rows finds them
 ahead on this machine: 3 rows on Zen 5, 9 on an Emerald Rapids Xeon) it packs the input rows into
-panels and runs register tiles, ~1.1-1.9x oneDNN's product up to 128 rows; at 256-512 rows oneDNN's blocked GEMM is level or ahead
-(docs/benchmarks.md, "Panel products"), so longer prefill chunks keep it. oneDNN takes the dense
-weight as it is (as fast as a prepacked copy, which would double the memory), and beat MKL (torch's
-F.linear) by up to 30% on output layers.
+panels and runs register tiles, ~1.1-1.9x oneDNN's product up to 128 rows; at 256-512 rows oneDNN's
+blocked GEMM is level or ahead (docs/benchmarks.md, "Panel products"), so longer prefill chunks
+keep it. oneDNN takes the dense weight as it is (as fast as a prepacked copy, which would double
+the memory), and beat MKL (torch's F.linear) by up to 30% on output layers.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from torch import nn
 
 from . import native
 
+LAST_TIMED_ROWS = 8  # measure_panel_rows times panels against tiles up to this many rows; panels from 9 everywhere
 KERNEL_ROWS = 128  # the kernel: 1.5-3x oneDNN at 1-8 rows, 1.1-1.9x at 16-128, level or behind from 256
 
 _int64, _pointer = ctypes.c_int64, ctypes.c_void_p
@@ -76,24 +77,24 @@ def measure_panel_rows(repeats: int = 5) -> int:
     alternating, medians), and the panels start at the first count from which they win throughout."""
     library = native.library()
     first = library.loom_default_panel_min_rows()
-    if first > 8:
+    if first > LAST_TIMED_ROWS:
         return first
     set_rows = library.loom_set_panel_min_rows
     set_rows.argtypes = [_int64]
     kernel = native.function("loom_linear", torch.float32, ARGTYPES)
     weight = torch.randn(2048, 576, generator=torch.Generator().manual_seed(0))
     panels_win = {}
-    for rows in range(first, 9):
+    for rows in range(first, LAST_TIMED_ROWS + 1):
         x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(rows))
         times = {True: [], False: []}
         for _ in range(repeats + 1):
             for panels in (True, False):
-                set_rows(rows if panels else 9)
+                set_rows(rows if panels else LAST_TIMED_ROWS + 1)
                 start = time.perf_counter()
                 _product(kernel, x, weight, None)
                 times[panels].append(time.perf_counter() - start)
         panels_win[rows] = statistics.median(times[True][1:]) < statistics.median(times[False][1:])  # past a warm-up
-    chosen = next((r for r in range(first, 9) if all(panels_win[q] for q in range(r, 9))), 9)
+    chosen = next((r for r in panels_win if all(panels_win[q] for q in panels_win if q >= r)), LAST_TIMED_ROWS + 1)
     set_rows(chosen)
     return chosen
 

@@ -85,8 +85,12 @@ void activate_rows(T* up, int64_t stride, bool gated, int64_t rows, int64_t inte
             using V = Vector<float>;
             for (; i + V::lanes <= intermediate; i += V::lanes) {
                 const V::type x = V::load(a + i);
-                const V::type u = root_2_over_pi * (x + cubic * x * x * x);
-                V::store(a + i, gated ? x / (1.0f + exp_lanes(-x)) * V::load(b + i) : x / (1.0f + exp_lanes(-2.0f * u)));
+                if (gated) {
+                    V::store(a + i, x / (1.0f + exp_lanes(-x)) * V::load(b + i));
+                } else {
+                    const V::type u = root_2_over_pi * (x + cubic * x * x * x);
+                    V::store(a + i, x / (1.0f + exp_lanes(-2.0f * u)));
+                }
             }
         }
         for (; i < intermediate; ++i) {

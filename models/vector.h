@@ -60,7 +60,8 @@ inline void fold_pairs(typename Vector<T>::type* p) {
     constexpr int N = Vector<T>::lanes;
     const auto lanes = std::make_index_sequence<N>();
     for (int i = 0; i < B; ++i)
-        p[i] = shuffle<T, Low<N, B>>(p[2 * i], p[2 * i + 1], lanes) + shuffle<T, High<N, B>>(p[2 * i], p[2 * i + 1], lanes);
+        p[i] = shuffle<T, Low<N, B>>(p[2 * i], p[2 * i + 1], lanes)
+               + shuffle<T, High<N, B>>(p[2 * i], p[2 * i + 1], lanes);
     if constexpr (B > 1) fold_pairs<T, B / 2>(p);
 }
 
@@ -88,7 +89,7 @@ inline typename Vector<T>::type sums_of_lanes(typename Vector<T>::type* p) {
 // weight or a sigmoid that small is lost in the sums anyway); above, exp(88) for infinity.
 inline Vector<float>::type exp_lanes(Vector<float>::type x) {
     typedef Vector<float>::type V;
-    typedef int32_t I __attribute__((vector_size(VECTOR_BYTES)));
+    typedef Vector<float>::mask I;  // its lanes as 32-bit integers
     const V lowest = V{} - 87.0f, highest = V{} + 88.0f;
     x = x < lowest ? lowest : x;
     x = x > highest ? highest : x;
