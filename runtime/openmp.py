@@ -33,9 +33,9 @@ SHORT_SPIN_COUNT = 2000
 # given: the spin of a process whose OpenMP threads outnumber its CPUs, which is what any
 # application thread that has run a torch operator (and so keeps a pool) beside the loop thread
 # makes it. libgomp then spins 100 iterations unless the policy is active (1,000): at 100 every
-# barrier of a one-row step ended in a futex sleep and wake, and the forward took 31-36 ms
-# against 23-26 without the application's pool; at 1,000, 26-28 against 26 (docs/benchmarks.md,
-# "The application's own torch threads").
+# barrier of a one-row step ended in a futex sleep and wake, and the forward took 36-38 ms beside
+# the application's pool against 28 without; at 1,000, 25-26 against 24-25 (docs/benchmarks.md,
+# "An Intel Xeon").
 LOAD_SETTINGS = {"GOMP_SPINCOUNT": str(SHORT_SPIN_COUNT), "OMP_WAIT_POLICY": "ACTIVE"}
 _SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 

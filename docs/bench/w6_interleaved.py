@@ -1,7 +1,7 @@
 """W6's float32 systems taking turns, for quiet cells on a machine whose speed drifts between runs
 (docs/benchmarks.md, "An Intel Xeon"): Loom in-process, Loom's server and llama-server on the F32
 GGUF are started together, and at each stream count the three run in turn, ``--rounds`` times;
-it prints each system's tok/s per round and the median. The bench (`python -m runtime bench
+it prints each system's tok/s per round and the median (W6's prompts, 64 tokens each). The bench (`python -m runtime bench
 --workloads w6`) runs each system through all its cells before the next, minutes apart. Run from a
 checkout's root:
 
@@ -18,6 +18,7 @@ sys.path.insert(0, os.getcwd())
 from runtime import Engine  # noqa: E402
 from runtime.bench import peers  # noqa: E402
 from runtime.bench.harness import Request, run_loom  # noqa: E402
+from runtime.bench.workloads import peer_texts  # noqa: E402
 
 from models.gguf import default_model_path  # noqa: E402
 
@@ -30,7 +31,7 @@ def main():
     args = parser.parse_args()
     args.model = None  # the default model, as loom_server expects it
     streams = [int(s) for s in args.streams.split(",")]
-    texts = [f"Question {i}: tell me a story about a river." for i in range(max(streams))]
+    texts = peer_texts(max(streams))
     engine = Engine.from_pretrained()
     prompts = [engine.encode(t) for t in texts]
     servers = [peers.loom_server(args, "float32"),

@@ -191,7 +191,7 @@ def peer_workload(measure, args, load_engine) -> None:
         else:
             available.append(peer)
     streams = [int(c) for c in args.peer_streams.split(",")]
-    texts = [f"Question {i}: tell me a story about a river." for i in range(max(streams))]
+    texts = peer_texts(max(streams))
     checks = texts[:3]
     engine = load_engine(args, args.model)
     prompts = [engine.encode(t) for t in texts]
@@ -232,6 +232,11 @@ def peer_workload(measure, args, load_engine) -> None:
             requests = [Request(p, 64) for p in prompts[:c]]
             measure(f"W6@{c} fastllm", lambda bar, r=requests, c=c, note=note: label(
                 fast.run(r, f"W6@{c}"), "fastllm float32", note), c)
+
+
+def peer_texts(count: int) -> list[str]:
+    """W6's prompts, one per stream."""
+    return [f"Question {i}: tell me a story about a river." for i in range(count)]
 
 
 def label(run, system: str, note: str):
