@@ -79,8 +79,6 @@ def measure_panel_rows(repeats: int = 5) -> int:
     first = library.loom_default_panel_min_rows()
     if first > LAST_TIMED_ROWS:
         return first
-    set_rows = library.loom_set_panel_min_rows
-    set_rows.argtypes = [_int64]
     kernel = native.function("loom_linear", torch.float32, ARGTYPES)
     weight = torch.randn(2048, 576, generator=torch.Generator().manual_seed(0))
     panels_win = {}
@@ -89,14 +87,21 @@ def measure_panel_rows(repeats: int = 5) -> int:
         times = {True: [], False: []}
         for _ in range(repeats + 1):
             for panels in (True, False):
-                set_rows(rows if panels else LAST_TIMED_ROWS + 1)
+                set_panel_rows(rows if panels else LAST_TIMED_ROWS + 1)
                 start = time.perf_counter()
                 _product(kernel, x, weight, None)
                 times[panels].append(time.perf_counter() - start)
         panels_win[rows] = statistics.median(times[True][1:]) < statistics.median(times[False][1:])  # past a warm-up
     chosen = next((r for r in panels_win if all(panels_win[q] for q in panels_win if q >= r)), LAST_TIMED_ROWS + 1)
-    set_rows(chosen)
+    set_panel_rows(chosen)
     return chosen
+
+
+def set_panel_rows(rows: int) -> None:
+    """Products take the panels from ``rows`` rows up, in every thread (measure_panel_rows sets it)."""
+    setter = native.library().loom_set_panel_min_rows
+    setter.argtypes = [_int64]
+    setter(rows)
 
 
 def _onednn_linear(x, weight, bias):

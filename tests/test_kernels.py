@@ -2,7 +2,6 @@
 SDPA), the small-batch linear product (F.linear); and the fallback when the build fails. (The
 engine on both paths: test_correctness.)"""
 
-import ctypes
 
 import pytest
 import torch
@@ -68,11 +67,9 @@ def test_a_failed_build_falls_back_with_a_warning(tmp_path, monkeypatch):
 @pytest.fixture(params=[3, 9], ids=["panels-from-3", "panels-from-9"])
 def panels_from(request):
     """Products take the panels from this many rows (as measure_panel_rows may choose), for the test."""
-    library = native.library()
-    library.loom_set_panel_min_rows.argtypes = [ctypes.c_int64]
-    library.loom_set_panel_min_rows(request.param)
+    cpu_linear.set_panel_rows(request.param)
     yield request.param
-    library.loom_set_panel_min_rows(cpu_linear.measure_panel_rows())
+    cpu_linear.set_panel_rows(cpu_linear.measure_panel_rows())
 
 
 @needs_kernel
