@@ -2,7 +2,6 @@
 SDPA), the small-batch linear product (F.linear); and the fallback when the build fails. (The
 engine on both paths: test_correctness.)"""
 
-
 import pytest
 import torch
 import torch.nn.functional as F
