@@ -23,14 +23,14 @@
 namespace {
 
 // One layer's weights and shape, filled once at load (decoder_layer.py mirrors this layout: every
-// field is 8 bytes). Biases may be null. Llama's family: RMSNorms, a gated MLP whose ``up`` product
+// field is 8 bytes). Biases may be null; the pool keeps its elements as C (kv_element.h). Llama's family: RMSNorms, a gated MLP whose ``up`` product
 // gives [gate | up] (2 x intermediate outputs), SiLU(gate) x up. GPT-2: LayerNorms with biases, an
 // ``up`` product of intermediate outputs and GELU (tanh).
-template <typename T>
+template <typename T, typename C>
 struct Layer {
     const T *input_norm, *input_norm_bias, *post_norm, *post_norm_bias;
     const T *qkv, *qkv_bias, *out, *out_bias, *up, *up_bias, *down, *down_bias;
-    T *k_cache, *v_cache;
+    C *k_cache, *v_cache;
     int64_t hidden, intermediate, heads, kv_heads, dim, window, layer_norm, gated;
     double eps, scale;
 };
@@ -107,8 +107,8 @@ void add_rows(T* x, const T* delta, int64_t count) {
 }
 
 // Elements of one team's intermediates for ``rows`` rows of a layer.
-template <typename T>
-size_t scratch_size(const Layer<T>& l, int64_t rows) {
+template <typename T, typename C>
+size_t scratch_size(const Layer<T, C>& l, int64_t rows) {
     const int64_t q_width = l.heads * l.dim, qkv_width = q_width + 2 * l.kv_heads * l.dim;
     return rows * (2 * l.hidden + qkv_width + 2 * q_width + 2 * l.intermediate)
            + packed_size<T>(rows, std::max({l.hidden, q_width, l.intermediate}));
@@ -116,8 +116,8 @@ size_t scratch_size(const Layer<T>& l, int64_t rows) {
 
 // One layer over the step's rows, its work shared among the threads of the enclosing team: every
 // phase ends at its work-sharing loop's barrier. ``scratch``: scratch_size(l, s.rows) elements.
-template <typename T>
-void layer_phases(T* x, const Layer<T>& l, const Step<T>& s, T* scratch, int64_t panel_from) {
+template <typename T, typename C>
+void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int64_t panel_from) {
     const int64_t rows = s.rows, hidden = l.hidden, inter = l.intermediate, up_width = l.gated ? 2 * inter : inter;
     const int64_t q_width = l.heads * l.dim, kv_width = l.kv_heads * l.dim, qkv_width = q_width + 2 * kv_width;
     T* h = scratch;                       // [rows, hidden] normed input of a product
@@ -163,8 +163,8 @@ Step<T> row_range(const Step<T>& s, int64_t first, int64_t end) {
 // then holds up only its own rows, where each phase's barrier held up its partner's too (beside one
 // busy process the phases' two threads got one core between them; a 64-row step took 162 ms shared
 // against 121 split, quiet 81 against 74; docs/benchmarks.md "Threads that carry their own rows").
-template <typename T>
-void decoder_layers(T* x, const Layer<T>* layers, int64_t count, const Step<T>& s, bool split_rows) {
+template <typename T, typename C>
+void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, const Step<T>& s, bool split_rows) {
     const int threads = omp_get_max_threads();
     const bool split = split_rows && threads > 1 && s.rows >= threads;
     const int64_t panel_from = loom_panel_min_rows.load(std::memory_order_relaxed);
@@ -197,10 +197,15 @@ void decoder_layers(T* x, const Layer<T>* layers, int64_t count, const Step<T>& 
 
 }  // namespace
 
-#define LOOM_DECODER_LAYERS(NAME, T)                                                                      \
-    extern "C" void NAME(T* x, const Layer<T>* layers, int64_t count, const Step<T>* step, int split_rows) {     \
-        decoder_layers<T>(x, layers, count, *step, split_rows != 0);                                        \
+// Symbols named as paged_decode.cpp's.
+#define LOOM_DECODER_LAYERS(NAME, T, C)                                                                   \
+    extern "C" void NAME(T* x, const Layer<T, C>* layers, int64_t count, const Step<T>* step, int split_rows) {  \
+        decoder_layers<T, C>(x, layers, count, *step, split_rows != 0);                                     \
     }
 
-LOOM_DECODER_LAYERS(loom_decoder_layers_f32, float)
-LOOM_DECODER_LAYERS(loom_decoder_layers_f64, double)
+LOOM_DECODER_LAYERS(loom_decoder_layers_f32, float, float)
+LOOM_DECODER_LAYERS(loom_decoder_layers_f64, double, double)
+LOOM_DECODER_LAYERS(loom_decoder_layers_f32_kv_bf16, float, BFloat16)
+#ifdef LOOM_KV_FLOAT16
+LOOM_DECODER_LAYERS(loom_decoder_layers_f32_kv_f16, float, Float16)
+#endif

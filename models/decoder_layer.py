@@ -31,7 +31,7 @@ _pointer, _int64, _double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 SPLIT_ROWS_PER_THREAD = 12
 
 
-class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T>
+class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
     _fields_ = [(name, _pointer) for name in (
         "input_norm", "input_norm_bias", "post_norm", "post_norm_bias", "qkv", "qkv_bias", "out", "out_bias", "up",
         "up_bias", "down", "down_bias", "k_cache", "v_cache")]
@@ -45,14 +45,16 @@ class _Step(ctypes.Structure):  # decoder_layer.cpp's Step<T>
     _fields_ += [(name, _int64) for name in ("rows", "rotary_dim", "max_blocks", "block_size")]
 
 
+KERNEL_ARGTYPES = [_pointer, ctypes.POINTER(_Layer), _int64, ctypes.POINTER(_Step), ctypes.c_int]
+
+
 def _address(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
 
 
 class DecoderLayers:
     def __init__(self, model: Llama | GPT2):
-        self.kernel = native.function("loom_decoder_layers", model.lm_head.weight.dtype,
-                                      [_pointer, ctypes.POINTER(_Layer), _int64, ctypes.POINTER(_Step), ctypes.c_int])
+        self.dtype = model.lm_head.weight.dtype
         self.weights = []  # the tensors whose addresses the layers hold, kept alive
         layer = self._gpt2_layer if isinstance(model, GPT2) else self._llama_layer
         layers = [layer(block, model.spec) for block in model.layers]
@@ -89,15 +91,16 @@ class DecoderLayers:
             linears = [m for b in model.layers for m in (b.qkv, b.attn_out, b.fc, b.proj)]
         return cls(model) if all(isinstance(m, CpuLinear) for m in linears) else None
 
-    @staticmethod
-    def serves(step) -> bool:
-        """Decode rows only, and no more than the kernel's products take (above, oneDNN's are as
-        fast or faster: the torch layers run them)."""
-        return not step.prefills and 0 < len(step.input_ids) <= KERNEL_ROWS
+    def serves(self, step, kv_cache) -> bool:
+        """Decode rows only, no more than the kernel's products take (above, oneDNN's are as fast or
+        faster: the torch layers run them), and a KV pool of a dtype the kernels read."""
+        return (not step.prefills and 0 < len(step.input_ids) <= KERNEL_ROWS
+                and native.supports(step.input_ids.device, self.dtype, kv_cache.dtype))
 
-    def splits(self, step, threads: int) -> bool:
+    def splits(self, step, threads: int, kv_cache) -> bool:
         """Whether ``threads`` threads would each carry their own rows of ``step`` through the layers."""
-        return threads > 1 and self.serves(step) and len(step.input_ids) >= SPLIT_ROWS_PER_THREAD * threads
+        return (threads > 1 and self.serves(step, kv_cache)
+                and len(step.input_ids) >= SPLIT_ROWS_PER_THREAD * threads)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, kv_cache,
                 step) -> torch.Tensor:
@@ -114,8 +117,9 @@ class DecoderLayers:
         for i, layer in enumerate(self.layers):
             k_cache, v_cache = kv_cache.layer(i)
             layer.k_cache, layer.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
-        split = self.splits(step, torch.get_num_threads())  # this thread's OpenMP count, as the kernel sees it
-        self.kernel(x.data_ptr(), self.layers, len(self.layers), ctypes.byref(plan), split)
+        split = self.splits(step, torch.get_num_threads(), kv_cache)  # this thread's OpenMP count, as the kernel sees it
+        kernel = native.function("loom_decoder_layers", self.dtype, KERNEL_ARGTYPES, kv_cache.dtype)
+        kernel(x.data_ptr(), self.layers, len(self.layers), ctypes.byref(plan), split)
         return x
 
 

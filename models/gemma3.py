@@ -126,7 +126,7 @@ class Gemma3(nn.Module):
         # sqrt(hidden) rounded to float32 first, as transformers keeps it
         x = x * torch.tensor(math.sqrt(self.spec.hidden_size), dtype=torch.float32).to(x.dtype)
         rotations = (self.local_rotary(step.positions, x.dtype), self.global_rotary(step.positions, x.dtype))
-        masks = {w: AttentionMasks(step, x.dtype, w) for w in set(self.spec.layer_windows)}
+        masks = {w: AttentionMasks(step, x.dtype, kv_cache, w) for w in set(self.spec.layer_windows)}
         for i, layer in enumerate(self.layers):
             x = layer(x, rotations, kv_cache, i, step, masks)
         logits = self.lm_head(self.norm(x[step.sample_indices]))

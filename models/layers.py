@@ -19,10 +19,10 @@ class AttentionMasks:
     attends causally to everything before it, including earlier chunks and cached prefixes.
     """
 
-    def __init__(self, step, dtype: torch.dtype, window: int | None = None):
+    def __init__(self, step, dtype: torch.dtype, kv_cache, window: int | None = None):
         self.window = window
         # The CPU kernels bound each context themselves; the torch path needs padded masks.
-        self.on_kernel = native.supports(step.positions.device, dtype)
+        self.on_kernel = native.supports(step.positions.device, dtype, kv_cache.dtype)
         self.decode = []  # one mask per decode group; None where the kernel needs none
         for group in step.decode_groups:
             if self.on_kernel:
@@ -52,8 +52,8 @@ class AttentionMasks:
 def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, scale: float,
                     cos=None, sin=None) -> torch.Tensor:
     """q: [T, heads, dim]; k, v: [T, kv_heads, dim]. Rotates q and k by the step's angles (if
-    given, from rope.Rotary), writes the step's K/V into the pool, then attends through block
-    tables. Returns [T, heads, dim]."""
+    given, from rope.Rotary), writes the step's K/V into the pool (rounded to its dtype, where that
+    is not q's), then attends through block tables. Returns [T, heads, dim]."""
     k_cache, v_cache = kv_cache.layer(layer)
     kv_heads, dim = k.shape[1], k.shape[2]
     if masks.on_kernel:
@@ -61,8 +61,8 @@ def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, 
     else:
         if cos is not None:
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        k_cache.view(-1, kv_heads, dim).index_copy_(0, step.slot_mapping, k)
-        v_cache.view(-1, kv_heads, dim).index_copy_(0, step.slot_mapping, v)
+        k_cache.view(-1, kv_heads, dim).index_copy_(0, step.slot_mapping, k.to(k_cache.dtype))
+        v_cache.view(-1, kv_heads, dim).index_copy_(0, step.slot_mapping, v.to(v_cache.dtype))
     gqa = q.shape[1] != kv_heads
     out = torch.empty_like(q)
     for group, mask in zip(step.decode_groups, masks.decode):
@@ -74,15 +74,15 @@ def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, 
         # index_select copies whole blocks; advanced indexing (cache[tables]) measured 8x slower.
         blocks = group.block_tables.flatten()
         shape = (group.end - group.start, -1, kv_heads, dim)
-        keys = kv_cache.gather(k_cache, blocks, 0).view(shape).transpose(1, 2)  # [n, kv_heads, L, dim]
-        values = kv_cache.gather(v_cache, blocks, 1).view(shape).transpose(1, 2)
+        keys = kv_cache.gather(k_cache, blocks, 0).view(shape).transpose(1, 2).to(q.dtype)  # [n, kv_heads, L, dim]
+        values = kv_cache.gather(v_cache, blocks, 1).view(shape).transpose(1, 2).to(q.dtype)
         o = F.scaled_dot_product_attention(q[rows, :, None, :], keys, values, attn_mask=mask, scale=scale,
                                            enable_gqa=gqa)
         out[rows] = o[:, :, 0, :]
     for chunk, mask in zip(step.prefills, masks.prefill):
         length = chunk.first_position + chunk.end - chunk.start
-        keys = kv_cache.gather(k_cache, chunk.block_table, 0).flatten(0, 1)[:length].transpose(0, 1)[None]
-        values = kv_cache.gather(v_cache, chunk.block_table, 1).flatten(0, 1)[:length].transpose(0, 1)[None]
+        keys = kv_cache.gather(k_cache, chunk.block_table, 0).flatten(0, 1)[:length].transpose(0, 1)[None].to(q.dtype)
+        values = kv_cache.gather(v_cache, chunk.block_table, 1).flatten(0, 1)[:length].transpose(0, 1)[None].to(q.dtype)
         queries = q[chunk.start:chunk.end].transpose(0, 1)[None]
         o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=mask is None,
                                            scale=scale, enable_gqa=gqa)

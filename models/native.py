@@ -29,6 +29,9 @@ SOURCES = sorted(Path(__file__).parent.glob("*.cpp"))
 HEADERS = sorted(Path(__file__).parent.glob("*.h"))
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 DTYPES = {torch.float32: "f32", torch.float64: "f64"}  # the kernels' element types, as symbol suffixes
+# A float32 model's KV pool may keep 16-bit elements (kv_element.h); the pool kernels' symbols then
+# end in _f32_kv_f16 or _f32_kv_bf16.
+CACHE_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 DISABLE = "LOOM_DISABLE_KERNELS"
 
 _lock = threading.Lock()
@@ -45,16 +48,27 @@ def library() -> ctypes.CDLL | None:
     return _library
 
 
-def supports(device: torch.device, dtype: torch.dtype) -> bool:
-    return device.type == "cpu" and dtype in DTYPES and library() is not None
+def supports(device: torch.device, dtype: torch.dtype, cache_dtype: torch.dtype | None = None) -> bool:
+    """Whether the kernels run a model of ``dtype`` on ``device`` (with a KV pool of ``cache_dtype``,
+    where given: the model's own, or a 16-bit type the build converts)."""
+    if device.type != "cpu" or dtype not in DTYPES or library() is None:
+        return False
+    return hasattr(library(), _symbol("loom_decode_attention", dtype, cache_dtype))
 
 
-def function(name: str, dtype: torch.dtype, argtypes: list) -> ctypes._CFuncPtr:
-    """The kernel ``name`` for ``dtype`` (its symbol ends in _f32 or _f64), with its argument types."""
-    fn = getattr(library(), f"{name}_{DTYPES[dtype]}")
+def function(name: str, dtype: torch.dtype, argtypes: list, cache_dtype: torch.dtype | None = None) -> ctypes._CFuncPtr:
+    """The kernel ``name`` for ``dtype`` (its symbol ends in _f32 or _f64; for a pool of another
+    ``cache_dtype``, in _f32_kv_f16 or _f32_kv_bf16), with its argument types."""
+    fn = getattr(library(), _symbol(name, dtype, cache_dtype))
     if fn.argtypes is None:  # the same object on every getattr: set once
         fn.argtypes, fn.restype = argtypes, None
     return fn
+
+
+def _symbol(name: str, dtype: torch.dtype, cache_dtype: torch.dtype | None) -> str:
+    if cache_dtype is None or cache_dtype == dtype:
+        return f"{name}_{DTYPES[dtype]}"
+    return f"{name}_{DTYPES[dtype]}_kv_{CACHE_DTYPES.get(cache_dtype, 'unbuilt')}"  # unbuilt: supports() says no
 
 
 def _load() -> ctypes.CDLL | None:

@@ -17,10 +17,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include <omp.h>
 
+#include "kv_element.h"
 #include "vector.h"
 
 namespace {
@@ -58,14 +60,15 @@ float exp_shifted<float>(float* row, int64_t n, float peak) {
 }
 
 // scores[h][j] = scale * q[h] . key j, for the ``group`` query heads that share one K head: its key
-// rows at k + offsets[j], n of them. A block of ``lanes`` keys is read once for every head of the
+// rows (kept as C: kv_element.h) at k + offsets[j], n of them. A block of ``lanes`` keys is read once for every head of the
 // group (from L1 after the first); each key leaves a vector of partial sums, and a block's vectors
 // are summed across their lanes together (sums_of_lanes). Dimensions past the last whole vector are
 // summed one by one.
-template <typename T>
-void key_scores(const T* q, int64_t group, const T* k, const int64_t* offsets, int64_t n, int64_t dim, T scale,
+template <typename T, typename C>
+void key_scores(const T* q, int64_t group, const C* k, const int64_t* offsets, int64_t n, int64_t dim, T scale,
                 T* scores) {
     using V = Vector<T>;
+    using E = Element<T, C>;
     constexpr int L = V::lanes;
     const int64_t whole = dim / L * L;
     for (int64_t t0 = 0; t0 < n; t0 += L) {
@@ -77,9 +80,9 @@ void key_scores(const T* q, int64_t group, const T* k, const int64_t* offsets, i
             for (int j = 0; j < L; ++j) {
                 typename V::type sum = {};
                 if (j < count) {
-                    const T* key = k + offsets[t0 + j];
-                    for (int64_t d = 0; d < whole; d += L) sum += V::load(qh + d) * V::load(key + d);
-                    for (int64_t d = whole; d < dim; ++d) tails[j] += qh[d] * key[d];
+                    const C* key = k + offsets[t0 + j];
+                    for (int64_t d = 0; d < whole; d += L) sum += V::load(qh + d) * E::load(key + d);
+                    for (int64_t d = whole; d < dim; ++d) tails[j] += qh[d] * E::widen(key[d]);
                 }
                 parts[sum_position<T>(j)] = sum;
             }
@@ -93,16 +96,16 @@ void key_scores(const T* q, int64_t group, const T* k, const int64_t* offsets, i
 // out[h][d] = scale[h] x the sum over j of p[h][j] * value j [d] for H heads (p rows n apart) and DV
 // vectors of dimensions: H x DV sums stay in registers while the values (at v + offsets[j]) stream
 // past.
-template <typename T, int H, int DV>
-void weigh_values_tile(const T* p, int64_t n, const T* v, const int64_t* offsets, const T* scale, T* out,
+template <typename T, typename C, int H, int DV>
+void weigh_values_tile(const T* p, int64_t n, const C* v, const int64_t* offsets, const T* scale, T* out,
                        int64_t dim) {
     using V = Vector<T>;
     constexpr int L = V::lanes;
     typename V::type sums[H][DV] = {};
     for (int64_t j = 0; j < n; ++j) {
-        const T* value = v + offsets[j];
+        const C* value = v + offsets[j];
         typename V::type values[DV];
-        for (int c = 0; c < DV; ++c) values[c] = V::load(value + c * L);
+        for (int c = 0; c < DV; ++c) values[c] = Element<T, C>::load(value + c * L);
         for (int h = 0; h < H; ++h) {
             const T weight = p[h * n + j];
             for (int c = 0; c < DV; ++c) sums[h][c] += weight * values[c];
@@ -112,39 +115,39 @@ void weigh_values_tile(const T* p, int64_t n, const T* v, const int64_t* offsets
         for (int c = 0; c < DV; ++c) V::store(out + h * dim + c * L, sums[h][c] * scale[h]);
 }
 
-template <typename T, int H>
-void weigh_values_heads(const T* p, int64_t n, const T* v, const int64_t* offsets, const T* scale, T* out,
+template <typename T, typename C, int H>
+void weigh_values_heads(const T* p, int64_t n, const C* v, const int64_t* offsets, const T* scale, T* out,
                         int64_t dim) {
     constexpr int L = Vector<T>::lanes;
     const int64_t whole = dim / L * L;
     int64_t d = 0;
-    for (; d + 4 * L <= whole; d += 4 * L) weigh_values_tile<T, H, 4>(p, n, v + d, offsets, scale, out + d, dim);
+    for (; d + 4 * L <= whole; d += 4 * L) weigh_values_tile<T, C, H, 4>(p, n, v + d, offsets, scale, out + d, dim);
     switch ((whole - d) / L) {
-        case 3: weigh_values_tile<T, H, 3>(p, n, v + d, offsets, scale, out + d, dim); break;
-        case 2: weigh_values_tile<T, H, 2>(p, n, v + d, offsets, scale, out + d, dim); break;
-        case 1: weigh_values_tile<T, H, 1>(p, n, v + d, offsets, scale, out + d, dim); break;
+        case 3: weigh_values_tile<T, C, H, 3>(p, n, v + d, offsets, scale, out + d, dim); break;
+        case 2: weigh_values_tile<T, C, H, 2>(p, n, v + d, offsets, scale, out + d, dim); break;
+        case 1: weigh_values_tile<T, C, H, 1>(p, n, v + d, offsets, scale, out + d, dim); break;
     }
     for (int h = 0; h < H; ++h)
         for (d = whole; d < dim; ++d) {
             T sum = 0;
-            for (int64_t j = 0; j < n; ++j) sum += p[h * n + j] * v[offsets[j] + d];
+            for (int64_t j = 0; j < n; ++j) sum += p[h * n + j] * Element<T, C>::widen(v[offsets[j] + d]);
             out[h * dim + d] = sum * scale[h];
         }
 }
 
 // The ``group`` heads' weighted values, each head's scaled by its scale[h], three heads at a time (12
 // sums of four vectors each).
-template <typename T>
-void weigh_values(const T* p, int64_t group, int64_t n, const T* v, const int64_t* offsets, const T* scale, T* out,
+template <typename T, typename C>
+void weigh_values(const T* p, int64_t group, int64_t n, const C* v, const int64_t* offsets, const T* scale, T* out,
                   int64_t dim) {
     int64_t h = 0;
-    for (; h + 3 <= group; h += 3) weigh_values_heads<T, 3>(p + h * n, n, v, offsets, scale + h, out + h * dim, dim);
-    if (group - h == 2) weigh_values_heads<T, 2>(p + h * n, n, v, offsets, scale + h, out + h * dim, dim);
-    if (group - h == 1) weigh_values_heads<T, 1>(p + h * n, n, v, offsets, scale + h, out + h * dim, dim);
+    for (; h + 3 <= group; h += 3) weigh_values_heads<T, C, 3>(p + h * n, n, v, offsets, scale + h, out + h * dim, dim);
+    if (group - h == 2) weigh_values_heads<T, C, 2>(p + h * n, n, v, offsets, scale + h, out + h * dim, dim);
+    if (group - h == 1) weigh_values_heads<T, C, 1>(p + h * n, n, v, offsets, scale + h, out + h * dim, dim);
 }
 
-template <typename T>
-void decode_attention_rows(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache,
+template <typename T, typename C>
+void decode_attention_rows(const T* q, int64_t q_stride, const C* k_cache, const C* v_cache,
                       const int64_t* block_tables, int64_t max_blocks, const int64_t* context_lens,
                       T* out, int64_t out_stride, int64_t num_seqs, int64_t heads, int64_t kv_heads,
                       int64_t dim, int64_t block_size, int64_t window, double scale) {
@@ -191,27 +194,33 @@ void decode_attention_rows(const T* q, int64_t q_stride, const T* k_cache, const
 // q_out[t] = rotate(q[t]); pool[slots[t]] = rotate(k[t]), v[t]. rotate() turns the first
 // rotary_dim features of each head by the token's angles (cos, sin: [tokens, rotary_dim], halves
 // paired as transformers' rotate_half does) and keeps the rest; rotary_dim 0 leaves q and k as they
-// are, and q_out may then be null. Rows are contiguous per head and may be views of a fused qkv.
-template <typename T>
+// are, and q_out may then be null. Rows are contiguous per head and may be views of a fused qkv. The
+// pool keeps its keys and values as C (kv_element.h), rounded as they are stored.
+template <typename T, typename C>
 void rotate_and_store_rows(const T* q, int64_t q_stride, const T* k, int64_t k_stride, const T* v, int64_t v_stride,
                       const T* cos, const T* sin, int64_t rotary_dim, const int64_t* slots, int64_t tokens,
-                      T* k_cache, T* v_cache, T* q_out, int64_t heads, int64_t kv_heads, int64_t dim) {
-    const int64_t half = rotary_dim / 2;
-    auto rotate = [&](const T* x, const T* c, const T* s, T* y) {
+                      C* k_cache, C* v_cache, T* q_out, int64_t heads, int64_t kv_heads, int64_t dim) {
+    const int64_t half = rotary_dim / 2, width = kv_heads * dim;
+    // y is a query row (T) or a row of the pool (C)
+    auto rotate = [&](const T* x, const T* c, const T* s, auto* y) {
+        using Y = std::remove_pointer_t<decltype(y)>;
         for (int64_t i = 0; i < half; ++i) {
-            y[i] = x[i] * c[i] - x[i + half] * s[i];
-            y[i + half] = x[i + half] * c[i + half] + x[i] * s[i + half];
+            y[i] = Element<T, Y>::narrow(x[i] * c[i] - x[i + half] * s[i]);
+            y[i + half] = Element<T, Y>::narrow(x[i + half] * c[i + half] + x[i] * s[i + half]);
         }
-        for (int64_t i = rotary_dim; i < dim; ++i) y[i] = x[i];
+        for (int64_t i = rotary_dim; i < dim; ++i) y[i] = Element<T, Y>::narrow(x[i]);
+    };
+    auto store = [](const T* x, int64_t n, C* y) {
+        for (int64_t i = 0; i < n; ++i) y[i] = Element<T, C>::narrow(x[i]);
     };
 #pragma omp for
     for (int64_t t = 0; t < tokens; ++t) {
         const T* c = cos + t * rotary_dim;
         const T* s = sin + t * rotary_dim;
-        T* keys = k_cache + slots[t] * kv_heads * dim;
-        std::copy(v + t * v_stride, v + t * v_stride + kv_heads * dim, v_cache + slots[t] * kv_heads * dim);
+        C* keys = k_cache + slots[t] * width;
+        store(v + t * v_stride, width, v_cache + slots[t] * width);
         if (rotary_dim == 0) {
-            std::copy(k + t * k_stride, k + t * k_stride + kv_heads * dim, keys);
+            store(k + t * k_stride, width, keys);
             continue;
         }
         for (int64_t h = 0; h < kv_heads; ++h) rotate(k + t * k_stride + h * dim, c, s, keys + h * dim);

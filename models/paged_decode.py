@@ -32,13 +32,16 @@ def _check_rows(kernel: str, **tensors) -> None:
 def _check_pool(kernel: str, k_cache, v_cache) -> None:
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError(f"{kernel} needs a contiguous KV cache")
+    if k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"{kernel} needs K and V of one dtype, got {k_cache.dtype} and {v_cache.dtype}")
 
 
 def rotate_and_store(q, k, v, cos, sin, slots, k_cache, v_cache) -> torch.Tensor:
     """Write k (rotated by cos and sin, if given) and v into the pool at ``slots``; return q rotated
     (a new [T, heads, dim] tensor), or q itself without cos. q: [T, heads, dim], k, v: [T,
     kv_heads, dim], each row's heads contiguous (views of a fused qkv will do); cos, sin: [T, ...,
-    rotary dim]; k_cache, v_cache: one layer's [blocks, block_size, kv_heads, dim]."""
+    rotary dim]; k_cache, v_cache: one layer's [blocks, block_size, kv_heads, dim], of q's dtype or
+    (for float32) float16 or bfloat16, rounded to it as .to() rounds."""
     tokens, heads, dim = q.shape
     kv_heads = k.shape[1]
     _check_rows("rotate_and_store", q=q, k=k, v=v)
@@ -47,7 +50,7 @@ def rotate_and_store(q, k, v, cos, sin, slots, k_cache, v_cache) -> torch.Tensor
     q_out = q if cos is None else torch.empty(tokens, heads, dim, dtype=q.dtype)
     if cos is not None:
         cos, sin = cos.reshape(tokens, rotary_dim).contiguous(), sin.reshape(tokens, rotary_dim).contiguous()
-    native.function("loom_rotate_and_store", q.dtype, STORE_ARGTYPES)(
+    native.function("loom_rotate_and_store", q.dtype, STORE_ARGTYPES, k_cache.dtype)(
         q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
         None if cos is None else cos.data_ptr(), None if sin is None else sin.data_ptr(), rotary_dim,
         slots.data_ptr(), tokens, k_cache.data_ptr(), v_cache.data_ptr(), q_out.data_ptr(), heads, kv_heads, dim)
@@ -57,7 +60,8 @@ def rotate_and_store(q, k, v, cos, sin, slots, k_cache, v_cache) -> torch.Tensor
 def decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, scale: float, window: int | None):
     """out[s] = attention of q[s] ([heads, dim]) over the first context_lens[s] keys of sequence
     s (its last ``window`` only, if given), found through block_tables[s]. k_cache, v_cache:
-    [blocks, block_size, kv_heads, dim] of one layer; q and out may be row slices of larger
+    [blocks, block_size, kv_heads, dim] of one layer (of q's dtype, or 16-bit as rotate_and_store
+    writes them); q and out may be row slices of larger
     tensors, as long as each row's heads and dims are contiguous."""
     num_seqs, heads, dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
@@ -65,7 +69,7 @@ def decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, scale
     _check_pool("decode_attention", k_cache, v_cache)
     tables = block_tables.to(torch.int64).contiguous()
     lens = context_lens.to(torch.int64).contiguous()
-    native.function("loom_decode_attention", q.dtype, ARGTYPES)(
+    native.function("loom_decode_attention", q.dtype, ARGTYPES, k_cache.dtype)(
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
         lens.data_ptr(), out.data_ptr(), out.stride(0), num_seqs, heads, kv_heads, dim, block_size,
         window or 0, ctypes.c_double(scale))

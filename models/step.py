@@ -123,6 +123,11 @@ class KVCache:
         self.block_size = block_size
         self.scratch = [torch.empty(0, dtype=dtype, device=device) for _ in range(2)]  # for K, for V
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The elements' type: the model's, or a 16-bit one the attention widens as it reads."""
+        return self.data.dtype
+
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.data[0, index], self.data[1, index]
 

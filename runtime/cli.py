@@ -11,6 +11,8 @@ import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+from .config import KV_DTYPES
+
 EXTRAS = {"serve": ("server", ("fastapi", "uvicorn")), "bench": ("bench", ("matplotlib",)),
           "serve --replicas": ("ray", ("ray",))}
 
@@ -69,6 +71,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                        help="float32: weights as loaded, in --dtype; float16 / int8: linear layers in 16 / 8 bits "
                             "on the CPU (half / a quarter of the memory, faster decode; int8 output drifts "
                             "from float32 sooner)")
+    group.add_argument("--kv-dtype", default=None, choices=KV_DTYPES,
+                       help="the KV cache's element type (default: the model's); float16 or bfloat16 hold twice "
+                            "the tokens in the same memory and read faster")
     group.add_argument("--max-batch-size", type=int, default=64, help="requests run per step (default: 64)")
     group.add_argument("--cpu-threads", type=int, default=None,
                        help="at most this many threads for the forward on CPU (default: the available cores; "
@@ -88,6 +93,7 @@ def load_engine(args, source=None, **options):
     from runtime import Engine
     options.setdefault("max_batch_size", args.max_batch_size)
     options.setdefault("cpu_threads", args.cpu_threads)
+    options.setdefault("kv_dtype", args.kv_dtype)
     return Engine.from_pretrained(args.model if source is None else source, device=args.device, dtype=args.dtype,
                                   weights=args.weights, **options)
 
@@ -220,6 +226,9 @@ def add_bench_parser(commands) -> None:
                         "that is not installed is skipped with how to install it")
     p.add_argument("--peer-streams", default="1,4,16,64", help="W6 concurrencies (default: 1,4,16,64)")
     p.add_argument("--llama-server", default=None, help="path of llama.cpp's llama-server (default: on PATH)")
+    p.add_argument("--llama-kv-type", default="f16", choices=("f16", "f32"),
+                   help="llama-server's KV cache type (default: f16, its own default; Loom's matches with "
+                        "--kv-dtype float16)")
     p.add_argument("--fastllm-threads", type=at_least_one, default=None,
                    help="fastllm's CPU threads (default: its own choice)")
     p.add_argument("--smoke", action="store_true", help="a seconds-long run on a tiny model (for CI)")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 
 POLICIES = ("fcfs", "priority")
+KV_DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 
 def check_int(name, value, minimum, *, optional=False, maximum=None):
@@ -207,6 +208,9 @@ class EngineOptions:
     enable_prefix_caching reuse KV blocks of identical prompt prefixes across requests
     cpu_threads        at most this many OpenMP threads for the forward on CPU (None: the cores this
                        process may run on); fewer while other threads or processes keep the cores busy
+    kv_dtype           the KV pool's element type: None (the model's) or one of KV_DTYPES. "float16"
+                       or "bfloat16" hold twice the tokens in the same memory, and a float32 model's
+                       decode attention reads half the bytes (llama.cpp keeps float16 by default)
     """
 
     max_batch_size: int = 64
@@ -219,6 +223,7 @@ class EngineOptions:
     max_unfetched_tokens: int = 4096
     enable_prefix_caching: bool = True
     cpu_threads: int | None = None
+    kv_dtype: str | None = None
     seed: int = 0
 
     def __post_init__(self):
@@ -233,6 +238,8 @@ class EngineOptions:
         check_int("cpu_threads", self.cpu_threads, 1, optional=True)
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be None (the model's dtype) or one of {KV_DTYPES}, got {self.kv_dtype!r}")
         if not isinstance(self.enable_prefix_caching, bool):
             raise TypeError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
         if self.max_batch_tokens < self.max_batch_size:

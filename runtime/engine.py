@@ -58,7 +58,7 @@ class Engine(TextAPI):
         self.name = checkpoint.name
         self.device = device
         self.options = options
-        dtype = next(self.model.parameters()).dtype
+        dtype = getattr(torch, options.kv_dtype) if options.kv_dtype else next(self.model.parameters()).dtype
         geometry = (self.model.num_layers, options.block_size, self.model.num_kv_heads, self.model.head_dim)
         num_blocks = options.num_kv_blocks or self._blocks_in_budget(KVCache.bytes_per_block(*geometry, dtype))
         self.kv_cache = KVCache(self.model.num_layers, num_blocks, *geometry[1:], dtype, device)
@@ -80,8 +80,8 @@ class Engine(TextAPI):
         self._generator = torch.Generator(device).manual_seed(options.seed)
         self._counters = {"steps": 0, "tokens_generated": 0, "requests_finished": 0, "step_failures": 0}
         layers = getattr(self.model, "decoder_layers", None)
-        self._cpu_threads = (CpuThreads(options.cpu_threads, layers.splits if layers is not None else None)
-                             if device.type == "cpu" else None)
+        splits = functools.partial(layers.splits, kv_cache=self.kv_cache) if layers is not None else None
+        self._cpu_threads = CpuThreads(options.cpu_threads, splits) if device.type == "cpu" else None
         self._grammars = Grammars(self.tokenizer, self.vocab_size, self.eos_token_ids)
         _live_engines.add(self)
         if device.type == "cpu":

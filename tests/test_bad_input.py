@@ -57,6 +57,8 @@ BAD_OPTIONS = [
     (dict(batch_size=4), TypeError, r"unknown engine option\(s\) \['batch_size'\]"),
     (dict(kv_cache_bytes=10), ValueError, "cannot hold one KV block"),
     (dict(cpu_threads=0), ValueError, "cpu_threads must be >= 1"),
+    (dict(kv_dtype="int8"), ValueError, r"kv_dtype must be None \(the model's dtype\) or one of"),
+    (dict(kv_dtype=16), ValueError, "kv_dtype must be None"),
 ]
 
 

@@ -1,6 +1,7 @@
 """Every greedy stream equals transformers' generate() of that request alone, whatever else
 runs beside it: many threads, more requests than max_batch_size, chunked prefill, preemption."""
 
+import os
 import random
 
 import pytest
@@ -108,3 +109,62 @@ def test_flat_batch_refuses_one_token_entries_out_of_order():
     step = StepInput.flatten([Sequence([7], 9, [1, 2], True), Sequence([5], 3, [0], True),
                               Sequence([5, 6], 0, [3], False)], 8, cpu)
     assert [(g.start, g.end) for g in step.decode_groups] == [(0, 1), (1, 2)] and len(step.prefills) == 1
+
+
+@pytest.mark.parametrize("decode_path", ["kernel", "torch"])
+@pytest.mark.parametrize("cache_dtype", [torch.float16, torch.bfloat16])
+def test_a_16_bit_kv_pool_keeps_float32_logits_close(cache_dtype, decode_path, monkeypatch):
+    """A float32 model over a float16 / bfloat16 pool: a prefill (the torch layers, which cast what
+    they gather) and decode steps (the kernels widen as they read; the torch layers cast) give the
+    logits of a float32 pool within the 16-bit rounding of the keys and values."""
+    from models.step import KVCache, Sequence, StepInput
+
+    if decode_path == "torch":
+        monkeypatch.setattr(native, "_library", None)
+    elif native.library() is None:
+        pytest.skip("no C++ compiler: the decode kernels are not built")
+    cpu = torch.device("cpu")
+    for arch in ("llama", "gpt2"):
+        model = models.load(tiny_model(arch).float()).model
+        prompts = [[(7 * i + 5 * s) % 90 + 3 for i in range(n)] for s, n in enumerate([37, 5, 18])]
+        pools = {dtype: KVCache(model.num_layers, 12, 16, model.num_kv_heads, model.head_dim, dtype, "cpu")
+                 for dtype in (torch.float32, cache_dtype)}
+        tables = [[4 * s + b for b in range(4)] for s in range(len(prompts))]
+        prefill = StepInput.flatten([Sequence(p, 0, t, True) for p, t in zip(prompts, tables)], 16, cpu)
+        decodes = [StepInput.flatten([Sequence([11 + k], len(prompts[s]) + k, tables[s], True) for s in (0, 2, 1)],
+                                     16, cpu) for k in range(6)]
+        logits = {}
+        with torch.no_grad():
+            for dtype, pool in pools.items():
+                logits[dtype] = torch.cat([model(step, pool) for step in [prefill, *decodes]])
+        assert pools[cache_dtype].dtype == cache_dtype
+        scale = logits[torch.float32].abs().max()
+        step = 2 ** -8 if cache_dtype == torch.bfloat16 else 2 ** -11  # the pool's relative rounding
+        error = (logits[cache_dtype] - logits[torch.float32]).abs().max() / scale
+        assert 0 < error < 2 * step, f"{arch}: logits {error:.2e} of their scale from float32's"
+
+
+def test_a_float16_kv_pool_under_threads_and_preemption(llama):
+    """kv_dtype="float16": the pool keeps float16 (twice the blocks in the same budget), and every
+    stream of a threaded run with preemption equals that request run alone on such a pool (the
+    float64 model keeps the rounding to float16 the same in every batch)."""
+    rng = random.Random(2)
+    prompts = [random_prompt(rng, 1, 40) for _ in range(16)]
+    new_tokens = [rng.randint(1, 20) for _ in prompts]
+    with Engine.from_pretrained(llama, kv_cache_bytes=1 << 20) as wide, \
+            Engine.from_pretrained(llama, kv_cache_bytes=1 << 20, kv_dtype="float16") as half:
+        assert half.kv_cache.dtype == torch.float16 and wide.kv_cache.dtype == torch.float64
+        assert half.allocator.num_blocks == 4 * wide.allocator.num_blocks
+        alone = {i: list(half.stream_response_tokens(half.launch_response_tokens(p, {"max_new_tokens": n})))
+                 for i, (p, n) in enumerate(zip(prompts, new_tokens))}
+        float64_pool = {i: list(wide.stream_response_tokens(wide.launch_response_tokens(p, {"max_new_tokens": n})))
+                        for i, (p, n) in enumerate(zip(prompts, new_tokens))}
+    with Engine.from_pretrained(llama, max_batch_size=6, max_batch_tokens=32, block_size=4, num_kv_blocks=24,
+                                kv_dtype="float16") as engine:
+        results = run_threaded(engine, prompts, new_tokens)
+        assert engine.stats()["preemptions"] > 0
+    assert results == alone
+    assert sum(map(len, alone.values())) == sum(new_tokens)
+    # the same greedy tokens as the float64 pool for most of them: float16's rounding, not noise
+    same = sum(len(os.path.commonprefix([alone[i], float64_pool[i]])) for i in alone)
+    assert same >= 0.8 * sum(new_tokens)

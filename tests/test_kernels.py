@@ -25,23 +25,30 @@ def reference_attention(q, k_cache, v_cache, tables, lens, scale, window):
                                           enable_gqa=heads != kv_heads)[:, :, 0]
 
 
+# (the model's dtype, the pool's): a float32 model's pool may keep float16 or bfloat16
+POOLS = [(torch.float32, torch.float32), (torch.float64, torch.float64), (torch.float32, torch.float16),
+         (torch.float32, torch.bfloat16)]
+
+POOL_IDS = ["float32", "float64", "float32-kv-float16", "float32-kv-bfloat16"]
+
+
 @needs_kernel
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype,cache_dtype", POOLS, ids=POOL_IDS)
 @pytest.mark.parametrize("num_seqs", [1, 3, 40])  # few: heads split across threads; many: whole sequences
 @pytest.mark.parametrize("heads,kv_heads,window", [(4, 4, None), (8, 2, None), (9, 3, None), (6, 1, None), (4, 2, 7)])
 @pytest.mark.parametrize("dim", [16, 40, 64])  # 40: whole vectors and a tail (one vector or none with AVX-512)
-def test_kernel_matches_gather_and_sdpa(dtype, num_seqs, heads, kv_heads, window, dim):
+def test_kernel_matches_gather_and_sdpa(dtype, cache_dtype, num_seqs, heads, kv_heads, window, dim):
     gen = torch.Generator().manual_seed(num_seqs * 100 + heads + dim)
     block_size, num_blocks, max_blocks = 4, 400, 9
-    k_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=gen, dtype=dtype)
-    v_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=gen, dtype=dtype)
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=gen, dtype=dtype).to(cache_dtype)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=gen, dtype=dtype).to(cache_dtype)
     tables = torch.randperm(num_blocks, generator=gen)[:num_seqs * max_blocks].view(num_seqs, max_blocks)
     lens = torch.randint(1, max_blocks * block_size + 1, (num_seqs,), generator=gen)
     # q as a view into a fused qkv output, as the models pass it: rows are not contiguous.
     q = torch.randn(num_seqs, 3, heads, dim, generator=gen, dtype=dtype)[:, 0]
     out = torch.full_like(q, float("nan"))
     paged_decode.decode_attention(q, k_cache, v_cache, tables, lens, out, dim ** -0.5, window)
-    expected = reference_attention(q, k_cache, v_cache, tables, lens, dim ** -0.5, window)
+    expected = reference_attention(q, k_cache.to(dtype), v_cache.to(dtype), tables, lens, dim ** -0.5, window)
     tolerance = 1e-5 if dtype == torch.float32 else 1e-12
     torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
 
@@ -134,10 +141,12 @@ def test_cpu_linear_takes_any_leading_shape_and_large_batches_to_torch():
 
 
 @needs_kernel
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype,cache_dtype", POOLS, ids=POOL_IDS)
 @pytest.mark.parametrize("rotary_dim", [16, 8, None])  # whole head, partial rotary, none (GPT-2)
 @pytest.mark.parametrize("tokens", [1, 20])  # one decode row; enough rows for threads
-def test_rotate_and_store_matches_apply_rotary_and_index_copy(dtype, rotary_dim, tokens):
+def test_rotate_and_store_matches_apply_rotary_and_index_copy(dtype, cache_dtype, rotary_dim, tokens):
+    """The pool holds the rotated keys and the values as .to(pool dtype) rounds them: the torch path
+    and the kernels keep the same bits."""
     from models.rope import apply_rotary
 
     gen = torch.Generator().manual_seed(tokens + (rotary_dim or 0))
@@ -147,14 +156,20 @@ def test_rotate_and_store_matches_apply_rotary_and_index_copy(dtype, rotary_dim,
     angles = torch.rand(tokens, 1, rotary_dim or 2, generator=gen, dtype=dtype) * 6
     cos, sin = (angles.cos(), angles.sin()) if rotary_dim else (None, None)
     slots = torch.randperm(10 * block_size, generator=gen)[:tokens]
-    k_cache, v_cache = (torch.zeros(10, block_size, kv_heads, dim, dtype=dtype) for _ in range(2))
+    k_cache, v_cache = (torch.zeros(10, block_size, kv_heads, dim, dtype=cache_dtype) for _ in range(2))
     rotated = paged_decode.rotate_and_store(q, k, v, cos, sin, slots, k_cache, v_cache)
     if rotary_dim:
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     tolerance = 1e-6 if dtype == torch.float32 else 1e-14
     torch.testing.assert_close(rotated, q, atol=tolerance, rtol=tolerance)
-    torch.testing.assert_close(k_cache.view(-1, kv_heads, dim)[slots], k, atol=tolerance, rtol=tolerance)
-    assert torch.equal(v_cache.view(-1, kv_heads, dim)[slots], v)
+    stored = k_cache.view(-1, kv_heads, dim)[slots]
+    if cache_dtype == dtype:
+        torch.testing.assert_close(stored, k, atol=tolerance, rtol=tolerance)
+    else:  # the kernel's rotation may differ from torch's in the last float bit, which can round either way
+        step = 2 ** -7 if cache_dtype == torch.bfloat16 else 2 ** -10
+        torch.testing.assert_close(stored.to(dtype), k, atol=1e-6, rtol=step)
+        assert (stored == k.to(cache_dtype)).float().mean() > 0.97
+    assert torch.equal(v_cache.view(-1, kv_heads, dim)[slots], v.to(cache_dtype))
     assert k_cache.view(-1, kv_heads, dim).abs().sum(dim=(1, 2)).count_nonzero() == tokens  # nothing else written
 
 
@@ -170,12 +185,13 @@ def two_threads():
 @needs_kernel
 # rope, qkv bias, windows, partial rotary; LayerNorm and GELU
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_sliding", "mistral", "phi3", "gpt2"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype,cache_dtype", POOLS, ids=POOL_IDS)
 @pytest.mark.parametrize("streams", [2, 5, 21, 2 * SPLIT_ROWS_PER_THREAD + 3])  # rows at a time; panels; split rows
-def test_native_decoder_layers_match_the_torch_layers(arch, dtype, streams, two_threads):
+def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, streams, two_threads):
     """A decode-only step through decoder_layer.cpp equals the same step through llama.py's Blocks:
     sequences of different lengths (several decode groups), some past a sliding window; from
-    2 x SPLIT_ROWS_PER_THREAD rows on two threads, each thread carries its own rows."""
+    2 x SPLIT_ROWS_PER_THREAD rows on two threads, each thread carries its own rows. The same with
+    a 16-bit pool, where the two paths may round a key apart by one step of its last bit."""
     import models
     from models.step import KVCache, Sequence, StepInput
 
@@ -185,7 +201,7 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, streams, two_
     assert model.decoder_layers is not None
     gen = torch.Generator().manual_seed(3)
     lengths = ([70, 9, 33, 2, 17] + torch.randint(2, 80, (max(0, streams - 5),), generator=gen).tolist())[:streams]
-    kv = KVCache(model.num_layers, 10 * streams, 8, model.num_kv_heads, model.head_dim, dtype, "cpu")
+    kv = KVCache(model.num_layers, 10 * streams, 8, model.num_kv_heads, model.head_dim, cache_dtype, "cpu")
     tables = [list(range(10 * i, 10 * i + 10)) for i in range(len(lengths))]
     prompts = [torch.randint(4, 90, (n,), generator=gen).tolist() for n in lengths]
     with torch.no_grad():
@@ -203,8 +219,8 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, streams, two_
         layers, model.decoder_layers = model.decoder_layers, None
         torch_logits = model(decode, kv)
         model.decoder_layers = layers
-    tolerance = 1e-4 if dtype == torch.float32 else 1e-10
+    tolerance = {torch.float32: 1e-4, torch.float64: 1e-10, torch.float16: 1e-3, torch.bfloat16: 1e-2}[cache_dtype]
     torch.testing.assert_close(native_logits, torch_logits, atol=tolerance, rtol=tolerance)
     torch.testing.assert_close(native_cache, kv.data, atol=tolerance, rtol=tolerance)
     wide = StepInput.flatten([Sequence([5], 3, [i], True) for i in range(cpu_linear.KERNEL_ROWS + 1)], 8, torch.device("cpu"))
-    assert layers.serves(decode) and not layers.serves(wide)  # oneDNN's products from there: the torch layers
+    assert layers.serves(decode, kv) and not layers.serves(wide, kv)  # oneDNN's products from there: the torch layers

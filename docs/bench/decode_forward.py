@@ -1,10 +1,12 @@
-"""One decode step's forward on the default model, timed alone: S sequences of 100 cached tokens each
+"""One decode step's forward on the default model, timed alone: S sequences of 100 cached tokens (or
+--context) each
 add one token (model.forward over a prebuilt StepInput, no engine), median of 30 after 5 warm-up
 steps, at fixed torch/OpenMP threads, optionally beside K busy processes. It measures the model
 side only, so it runs unchanged on older checkouts for before/after figures (docs/benchmarks.md,
 "Small-batch products"). Run from a checkout's root:
 
     python docs/bench/decode_forward.py [--streams 1,4,16,64] [--threads 2] [--busy 0] [--weights float32]
+        [--context 100] [--kv-dtype float16]
 """
 
 import argparse
@@ -23,11 +25,12 @@ import models  # noqa: E402
 from models.step import KVCache, Sequence, StepInput  # noqa: E402
 
 
-def decode_step(model, streams: int) -> tuple[KVCache, StepInput]:
-    """A pool and a decode-only step: ``streams`` sequences of 100 cached tokens adding one each."""
-    kv = KVCache(model.num_layers, 8 * streams, 16, model.num_kv_heads, model.head_dim, torch.float32, "cpu")
-    tables = [list(range(8 * i, 8 * i + 8)) for i in range(streams)]
-    return kv, StepInput.flatten([Sequence([5], 100, table, True) for table in tables], 16, torch.device("cpu"))
+def decode_step(model, streams: int, context: int = 100, kv_dtype=torch.float32) -> tuple[KVCache, StepInput]:
+    """A pool and a decode-only step: ``streams`` sequences of ``context`` cached tokens adding one each."""
+    blocks = context // 16 + 1
+    kv = KVCache(model.num_layers, blocks * streams, 16, model.num_kv_heads, model.head_dim, kv_dtype, "cpu")
+    tables = [list(range(blocks * i, blocks * (i + 1))) for i in range(streams)]
+    return kv, StepInput.flatten([Sequence([5], context, table, True) for table in tables], 16, torch.device("cpu"))
 
 
 @contextlib.contextmanager
@@ -47,6 +50,8 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--busy", type=int, default=0, help="busy competitor processes on the same cores")
     parser.add_argument("--weights", default="float32")
+    parser.add_argument("--context", type=int, default=100, help="cached tokens per sequence")
+    parser.add_argument("--kv-dtype", default="float32", help="the pool's dtype (float16 or bfloat16 on checkouts with kv_dtype)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = models.load(weights=args.weights).model
@@ -54,7 +59,7 @@ def main():
         print("| streams | threads | busy procs | forward ms (median of 30) | tok/s |")
         print("| --- | --- | --- | --- | --- |")
         for streams in map(int, args.streams.split(",")):
-            kv, step = decode_step(model, streams)
+            kv, step = decode_step(model, streams, args.context, getattr(torch, args.kv_dtype))
             with torch.inference_mode():
                 kv.data.zero_()
                 for _ in range(5):

@@ -238,8 +238,10 @@ def llama_server(gguf: Path, label: str, slots: int, args) -> OpenAIServer:
     port = free_port()
     context = slots * 512  # each slot's share holds a prompt and 64 new tokens with room
     command = [llama_binary("llama-server", args.llama_server), "-m", str(gguf), "--port", str(port),
-               "--host", "127.0.0.1", "-np", str(slots), "-c", str(context), "-t", str(os.cpu_count())]
-    return OpenAIServer(f"llama.cpp server {label}", command, port, gguf.stem)
+               "--host", "127.0.0.1", "-np", str(slots), "-c", str(context), "-t", str(os.cpu_count()),
+               "-ctk", args.llama_kv_type, "-ctv", args.llama_kv_type]
+    kv = "" if args.llama_kv_type == "f16" else f", KV {args.llama_kv_type}"  # f16: llama.cpp's default
+    return OpenAIServer(f"llama.cpp server {label}{kv}", command, port, gguf.stem)
 
 
 def loom_server(args, weights: str) -> OpenAIServer:
@@ -248,4 +250,11 @@ def loom_server(args, weights: str) -> OpenAIServer:
                "--weights", weights, "--model-name", "loom"]
     if args.model:
         command += ["--model", args.model]
-    return OpenAIServer(f"loom server {weights}", command, port, "loom")
+    if args.kv_dtype:
+        command += ["--kv-dtype", args.kv_dtype]
+    return OpenAIServer(f"loom server {weights}{kv_label(args)}", command, port, "loom")
+
+
+def kv_label(args) -> str:
+    """How a Loom system's label names a KV cache other than the model's dtype."""
+    return f", KV {args.kv_dtype}" if args.kv_dtype else ""

@@ -206,7 +206,7 @@ def peer_workload(measure, args, load_engine) -> None:
     for c in streams:
         requests = [Request(p, 64) for p in prompts[:c]]
         measure(f"W6@{c} loom", lambda bar, r=requests, c=c: label(bench.run_loom(engine, r, f"W6@{c}", bar),
-                                                                  f"loom {args.weights}", ""), c)
+                                                                  f"loom {args.weights}{peers.kv_label(args)}", ""), c)
     engine.shutdown()
     servers = [peers.loom_server(args, args.weights)]
     if "llama.cpp" in available:

@@ -1,0 +1,112 @@
+// How the paged KV pool keeps its elements: in the model's own type, or, for a float32 model, as
+// float16 or bfloat16 (EngineOptions.kv_dtype). A 16-bit pool holds twice the tokens in the same
+// memory, and decode attention, which reads every cached key and value of every sequence each step,
+// reads half the bytes. Values are rounded to the stored type to nearest-even, as torch's .to() does,
+// so the torch path (which casts) and these kernels keep the same bits; they are widened back to the
+// model's type as the attention reads them, a vector at a time.
+
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__F16C__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "vector.h"
+
+namespace {
+
+struct BFloat16 {
+    uint16_t bits;
+};
+
+// float16 where the processor converts it (F16C, with AVX-512 or AVX2) or the compiler has a
+// half type; elsewhere no float16 kernels are built and such a pool stays on the torch path.
+#if defined(__F16C__) || defined(__FLT16_MAX__)
+#define LOOM_KV_FLOAT16 1
+struct Float16 {
+    uint16_t bits;
+};
+#endif
+
+// Element<T, C>: a T value kept as a C: widen (one element), narrow (one value) and load (a vector's
+// worth of lanes, widened).
+template <typename T, typename C>
+struct Element;
+
+template <typename T>
+struct Element<T, T> {
+    static T widen(T x) { return x; }
+    static T narrow(T x) { return x; }
+    static typename Vector<T>::type load(const T* p) { return Vector<T>::load(p); }
+};
+
+// bfloat16 is a float's upper half: widening is a shift, narrowing rounds the lower half away.
+template <>
+struct Element<float, BFloat16> {
+    static float widen(BFloat16 x) {
+        const uint32_t bits = uint32_t(x.bits) << 16;
+        float f;
+        std::memcpy(&f, &bits, sizeof f);
+        return f;
+    }
+    static BFloat16 narrow(float x) {
+        uint32_t bits;
+        std::memcpy(&bits, &x, sizeof bits);
+        if ((bits & 0x7fffffffu) > 0x7f800000u) return {uint16_t((bits >> 16) | 0x40)};  // NaN stays a NaN
+        bits += 0x7fffu + ((bits >> 16) & 1);
+        return {uint16_t(bits >> 16)};
+    }
+    static Vector<float>::type load(const BFloat16* p) {
+        typedef uint16_t Halves __attribute__((vector_size(VECTOR_BYTES / 2)));
+        typedef uint32_t Words __attribute__((vector_size(VECTOR_BYTES)));
+        Halves h;
+        std::memcpy(&h, p, sizeof h);
+        const Words words = __builtin_convertvector(h, Words) << 16;
+        Vector<float>::type v;
+        std::memcpy(&v, &words, sizeof v);
+        return v;
+    }
+};
+
+#ifdef LOOM_KV_FLOAT16
+template <>
+struct Element<float, Float16> {
+    static float widen(Float16 x) {
+#ifdef __F16C__
+        return _cvtsh_ss(x.bits);
+#else
+        _Float16 h;
+        std::memcpy(&h, &x.bits, sizeof h);
+        return static_cast<float>(h);
+#endif
+    }
+    static Float16 narrow(float x) {
+#ifdef __F16C__
+        return {static_cast<uint16_t>(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT))};
+#else
+        const _Float16 h = static_cast<_Float16>(x);
+        Float16 out;
+        std::memcpy(&out.bits, &h, sizeof h);
+        return out;
+#endif
+    }
+    static Vector<float>::type load(const Float16* p) {
+        Vector<float>::type v;
+#if defined(__AVX512F__)
+        const __m512 wide = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+        std::memcpy(&v, &wide, sizeof v);
+#elif defined(__F16C__)
+        const __m256 wide = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+        std::memcpy(&v, &wide, sizeof v);
+#else
+        for (int i = 0; i < Vector<float>::lanes; ++i) v[i] = widen(p[i]);
+#endif
+        return v;
+    }
+};
+#endif
+
+}  // namespace
