@@ -13,8 +13,7 @@ void linear(const T* x, int64_t x_stride, int64_t rows, const T* w, const T* bia
     // pages on every call. Its address is taken here: inside the region each thread has its own.
     thread_local std::vector<T> buffer;
     const int64_t panel_from = loom_panel_min_rows.load(std::memory_order_relaxed);
-    if (rows >= panel_from) buffer.resize(std::max<size_t>(buffer.size(), packed_size<T>(rows, in)));
-    T* packed = buffer.data();
+    T* packed = rows >= panel_from ? line_aligned(buffer, packed_size<T>(rows, in)) : nullptr;
 #pragma omp parallel
     linear_rows(x, x_stride, rows, w, bias, in, out, y, y_stride, packed, panel_from);
 }
@@ -33,3 +32,5 @@ LOOM_LINEAR(loom_linear_f64, double)
 // From how many rows products take the panels (cpu_linear.py measures it at load), and the default.
 extern "C" void loom_set_panel_min_rows(int64_t rows) { loom_panel_min_rows.store(rows); }
 extern "C" int64_t loom_default_panel_min_rows() { return PANEL_MIN_ROWS; }
+extern "C" int64_t loom_panel_min_rows_now() { return loom_panel_min_rows.load(); }
+

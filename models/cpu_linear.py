@@ -3,7 +3,7 @@ chunks, oneDNN's for longer chunks.
 
 Decode at a few rows is bound by reading the weights: the kernel streams them once per step
 whatever the row count. From 9 rows up (with AVX-512 from where measure_panel_rows finds them
-ahead on this machine: 3 rows on Zen 5, 9 on an Emerald Rapids Xeon) it packs the input rows into
+ahead for the model on this machine: 3 rows on Zen 5, 9 on an Emerald Rapids Xeon) it packs the input rows into
 panels and runs register tiles, ~1.1-1.9x oneDNN's product up to 128 rows; at 256-512 rows oneDNN's
 blocked GEMM is level or ahead (docs/benchmarks.md, "Panel products"), so longer prefill chunks
 keep it. oneDNN takes the dense weight as it is (as fast as a prepacked copy, which would double
@@ -13,7 +13,6 @@ the memory), and beat MKL (torch's F.linear) by up to 30% on output layers.
 from __future__ import annotations
 
 import ctypes
-import functools
 import statistics
 import time
 
@@ -67,29 +66,33 @@ class CpuLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-@functools.cache  # once per process: it measures the machine, not a model
-def measure_panel_rows(repeats: int = 5) -> int:
-    """From how many rows the kernel's panels beat its row-at-a-time tiles on this machine; set in
-    the library and returned. Below 9 rows only AVX-512 builds take panels (PANEL_MIN_ROWS, from
-    Zen 5), and a panel's multiply-adds do not shrink with its rows: on a Xeon with a third of Zen
-    5's FMA rate the tiles were 1.5x faster at 4 rows. So each row count from the default to 8 is
-    timed both ways on a 2048 x 576 product (about a model layer's shape; ~30 ms in all, the two
-    alternating, medians), and the panels start at the first count from which they win throughout."""
+def measure_panel_rows(weights: list[torch.Tensor], repeats: int = 2) -> int:
+    """From how many rows the kernel's panels beat its row-at-a-time tiles for products over
+    ``weights`` (a model's float32 linear weights, in the order a step takes them) on this machine;
+    set in the library and returned. Below 9 rows only AVX-512 builds take panels (PANEL_MIN_ROWS),
+    and a panel's multiply-adds do not shrink with its rows: on a Xeon with a third of Zen 5's FMA
+    rate the tiles were 1.5x faster at 4 rows, on Zen 5 the panels were ahead from 2 rows. Timing
+    one product on cached weights chose the tiles on both machines, where a step reads a model's
+    weights from memory; so every row count from the default to 8 is timed both ways over the
+XX
+    start at the first count from which they win throughout. The library holds one threshold:
+    the model loaded last sets it."""
     library = native.library()
     first = library.loom_default_panel_min_rows()
-    if first > LAST_TIMED_ROWS:
+    if first > LAST_TIMED_ROWS or not weights:
         return first
     kernel = native.function("loom_linear", torch.float32, ARGTYPES)
-    weight = torch.randn(2048, 576, generator=torch.Generator().manual_seed(0))
     panels_win = {}
     for rows in range(first, LAST_TIMED_ROWS + 1):
-        x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(rows))
+        inputs = {w.shape[1]: torch.randn(rows, w.shape[1], generator=torch.Generator().manual_seed(rows))
+                  for w in weights}
         times = {True: [], False: []}
         for _ in range(repeats + 1):
             for panels in (True, False):
                 set_panel_rows(rows if panels else LAST_TIMED_ROWS + 1)
                 start = time.perf_counter()
-                _product(kernel, x, weight, None)
+                for weight in weights:
+                    _product(kernel, inputs[weight.shape[1]], weight, None)
                 times[panels].append(time.perf_counter() - start)
         panels_win[rows] = statistics.median(times[True][1:]) < statistics.median(times[False][1:])  # past a warm-up
     chosen = next((r for r in panels_win if all(panels_win[q] for q in panels_win if q >= r)), LAST_TIMED_ROWS + 1)
@@ -104,6 +107,11 @@ def set_panel_rows(rows: int) -> None:
     setter(rows)
 
 
+def panel_rows() -> int:
+    """The row count from which products take the panels now."""
+    return native.library().loom_panel_min_rows_now()
+
+
 def _onednn_linear(x, weight, bias):
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
@@ -112,11 +120,17 @@ def _has_onednn() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def use_cpu_linears(module: nn.Module) -> None:
-    """Swap every nn.Linear inside ``module`` for a CpuLinear (tied weights stay shared)."""
-    measure_panel_rows()
+def use_cpu_linears(model: nn.Module) -> None:
+    """Swap every nn.Linear inside ``model`` for a CpuLinear (tied weights stay shared), then time
+    where the panels start over its float32 weights (measure_panel_rows)."""
+    _swap_linears(model)
+    weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, CpuLinear)}
+    measure_panel_rows([w for w in weights.values() if w.dtype == torch.float32])
+
+
+def _swap_linears(module: nn.Module) -> None:
     for name, child in module.named_children():
         if isinstance(child, nn.Linear):
             setattr(module, name, CpuLinear(child))
         else:
-            use_cpu_linears(child)
+            _swap_linears(child)

@@ -106,27 +106,53 @@ void add_rows(T* x, const T* delta, int64_t count) {
     for (int64_t i = 0; i < count; ++i) x[i] += delta[i];
 }
 
-// Elements of one team's intermediates for ``rows`` rows of a layer.
+// One team's intermediates for ``rows`` rows of a layer, each on whole cache lines (vector.h).
+template <typename T>
+struct Intermediates {
+    T* h;       // [rows, hidden] normed input of a product
+    T* qkv;     // [rows, qkv_width]
+    T* q;       // [rows, q_width] rotated queries
+    T* attn;    // [rows, q_width]
+    T* up;      // [rows, up_width]
+    T* delta;   // [rows, hidden] a product's output, added to x
+    T* packed;  // the products' input panels, packed_size(rows, widest input)
+    int64_t size = 0;  // elements in all
+
+    // ``base`` null: the size alone
+    template <typename C>
+    Intermediates(const Layer<T, C>& l, int64_t rows, T* base) {
+        const int64_t q_width = l.heads * l.dim, qkv_width = q_width + 2 * l.kv_heads * l.dim;
+        auto take = [&](int64_t elements) {
+            T* p = base == nullptr ? nullptr : base + size;
+            size += whole_lines<T>(elements);
+            return p;
+        };
+        h = take(rows * l.hidden);
+        qkv = take(rows * qkv_width);
+        q = take(rows * q_width);
+        attn = take(rows * q_width);
+        up = take(rows * 2 * l.intermediate);
+        delta = take(rows * l.hidden);
+        packed = take(packed_size<T>(rows, std::max({l.hidden, q_width, l.intermediate})));
+    }
+};
+
+// Elements of one team's intermediates for ``rows`` rows of a layer (a multiple of whole lines).
 template <typename T, typename C>
 size_t scratch_size(const Layer<T, C>& l, int64_t rows) {
-    const int64_t q_width = l.heads * l.dim, qkv_width = q_width + 2 * l.kv_heads * l.dim;
-    return rows * (2 * l.hidden + qkv_width + 2 * q_width + 2 * l.intermediate)
-           + packed_size<T>(rows, std::max({l.hidden, q_width, l.intermediate}));
+    return Intermediates<T>(l, rows, nullptr).size;
 }
 
 // One layer over the step's rows, its work shared among the threads of the enclosing team: every
-// phase ends at its work-sharing loop's barrier. ``scratch``: scratch_size(l, s.rows) elements.
+// phase ends at its work-sharing loop's barrier. ``scratch``: scratch_size(l, s.rows) elements, from
+// a cache line's start.
 template <typename T, typename C>
 void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int64_t panel_from) {
     const int64_t rows = s.rows, hidden = l.hidden, inter = l.intermediate, up_width = l.gated ? 2 * inter : inter;
     const int64_t q_width = l.heads * l.dim, kv_width = l.kv_heads * l.dim, qkv_width = q_width + 2 * kv_width;
-    T* h = scratch;                       // [rows, hidden] normed input of a product
-    T* qkv = h + rows * hidden;           // [rows, qkv_width]
-    T* q = qkv + rows * qkv_width;        // [rows, q_width] rotated queries
-    T* attn = q + rows * q_width;         // [rows, q_width]
-    T* up = attn + rows * q_width;        // [rows, up_width]
-    T* delta = up + rows * 2 * inter;     // [rows, hidden] a product's output, added to x
-    T* packed = delta + rows * hidden;    // the products' input panels, packed_size(rows, widest input)
+    const Intermediates<T> buffers(l, rows, scratch);
+    T *h = buffers.h, *qkv = buffers.qkv, *q = buffers.q, *attn = buffers.attn, *up = buffers.up;
+    T *delta = buffers.delta, *packed = buffers.packed;
     const bool rotary = s.rotary_dim > 0;  // else the queries are read from qkv as they are
     norm_rows<T>(x, nullptr, l.input_norm, l.input_norm_bias, l.layer_norm, l.eps, h, rows, hidden);
     linear_rows(h, hidden, rows, l.qkv, l.qkv_bias, hidden, qkv_width, qkv, qkv_width, packed, panel_from);
@@ -173,8 +199,7 @@ void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, const Step<T
     // (every layer has the first's shape).
     thread_local std::vector<T> scratch;
     const size_t share = scratch_size(layers[0], split ? (s.rows + threads - 1) / threads : s.rows);
-    scratch.resize(std::max(scratch.size(), share * (split ? threads : 1)));
-    T* base = scratch.data();
+    T* base = line_aligned(scratch, share * (split ? threads : 1));
     if (!split) {
 #pragma omp parallel
         for (int64_t i = 0; i < count; ++i) layer_phases(x, layers[i], s, base, panel_from);

@@ -5,10 +5,12 @@
 
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace {
 
@@ -31,6 +33,25 @@ struct Vector {
     }
     static void store(T* p, type v) { std::memcpy(p, &v, sizeof v); }
 };
+
+// Scratch that starts on a cache line, and element counts rounded up to whole lines: a vector load
+// that straddles two lines costs two. std::vector's storage is only 16-byte aligned, and the native
+// layers' intermediates were not: their row-at-a-time products took 46.7 ms a step at 8 rows on one
+// Zen 5 thread, against 31.4 aligned (docs/benchmarks.md, "A 16-bit KV pool").
+constexpr size_t CACHE_LINE = 64;
+
+template <typename T>
+constexpr int64_t whole_lines(int64_t elements) {
+    constexpr int64_t per_line = CACHE_LINE / sizeof(T);
+    return (elements + per_line - 1) / per_line * per_line;
+}
+
+template <typename T>
+T* line_aligned(std::vector<T>& buffer, size_t elements) {
+    buffer.resize(std::max(buffer.size(), elements + CACHE_LINE / sizeof(T)));
+    const uintptr_t address = reinterpret_cast<uintptr_t>(buffer.data());
+    return reinterpret_cast<T*>((address + CACHE_LINE - 1) / CACHE_LINE * CACHE_LINE);
+}
 
 // Lane i of the result is lane Pick::lane(i) of x, or of y from ``lanes`` up.
 template <typename T, typename Pick, size_t... I>

@@ -73,9 +73,10 @@ def test_a_failed_build_falls_back_with_a_warning(tmp_path, monkeypatch):
 @pytest.fixture(params=[3, 9], ids=["panels-from-3", "panels-from-9"])
 def panels_from(request):
     """Products take the panels from this many rows (as measure_panel_rows may choose), for the test."""
+    before = cpu_linear.panel_rows()
     cpu_linear.set_panel_rows(request.param)
     yield request.param
-    cpu_linear.set_panel_rows(cpu_linear.measure_panel_rows())
+    cpu_linear.set_panel_rows(before)
 
 
 @needs_kernel
@@ -97,10 +98,12 @@ def test_linear_kernel_matches_f_linear(dtype, rows, width, out, bias, panels_fr
 
 class FakeKernels:
     """What measure_panel_rows sees of the library and the clock: a product on the panels takes 1 ms
-    at the row counts in ``panels_win``, 3 ms at others; on the tiles 2 ms."""
+    at the row counts in ``panels_win``, 3 ms at others; on the tiles 2 ms. It records the widths
+    it is given."""
 
     def __init__(self, default: int, panels_win: set):
         self.default, self.panels_win, self.panel_from, self.clock = default, panels_win, None, 0.0
+        self.products = []  # (rows, width, weight rows) of each product timed
         self.loom_set_panel_min_rows = self  # called (and given argtypes) as the ctypes setter
 
     def loom_default_panel_min_rows(self) -> int:
@@ -111,6 +114,7 @@ class FakeKernels:
 
     def product(self, kernel, x, weight, bias):
         rows = x.shape[0]
+        self.products.append((rows, x.shape[1], weight.shape[0]))
         self.clock += (1e-3 if rows in self.panels_win else 3e-3) if rows >= self.panel_from else 2e-3
 
 
@@ -127,7 +131,13 @@ def test_panels_start_from_the_rows_where_they_win_throughout(monkeypatch, defau
     monkeypatch.setattr(cpu_linear.native, "function", lambda *args: None)
     monkeypatch.setattr(cpu_linear, "_product", fake.product)
     monkeypatch.setattr(cpu_linear.time, "perf_counter", lambda: fake.clock)
-    assert cpu_linear.measure_panel_rows.__wrapped__() == chosen
+    weights = [torch.zeros(7, 5), torch.zeros(3, 11)]  # a model's, in the order a step takes them
+    assert cpu_linear.measure_panel_rows(weights) == chosen
+    if default <= cpu_linear.LAST_TIMED_ROWS:
+        assert fake.panel_from == chosen
+        assert fake.products[:4] == [(default, 5, 7), (default, 11, 3)] * 2  # each weight, at its width, both ways
+    else:
+        assert fake.panel_from is None and not fake.products
     assert fake.panel_from == (chosen if default <= 8 else None)  # what the library was left with
 
 
