@@ -223,14 +223,10 @@ void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, const Step<T
 }  // namespace
 
 // Symbols named as paged_decode.cpp's.
-#define LOOM_DECODER_LAYERS(NAME, T, C)                                                                   \
-    extern "C" void NAME(T* x, const Layer<T, C>* layers, int64_t count, const Step<T>* step, int split_rows) {  \
-        decoder_layers<T, C>(x, layers, count, *step, split_rows != 0);                                     \
+#define LOOM_DECODER_LAYERS(SUFFIX, T, C)                                                                \
+    extern "C" void loom_decoder_layers_##SUFFIX(T* x, const Layer<T, C>* layers, int64_t count,         \
+                                                 const Step<T>* step, int split_rows) {                 \
+        decoder_layers<T, C>(x, layers, count, *step, split_rows != 0);                                  \
     }
 
-LOOM_DECODER_LAYERS(loom_decoder_layers_f32, float, float)
-LOOM_DECODER_LAYERS(loom_decoder_layers_f64, double, double)
-LOOM_DECODER_LAYERS(loom_decoder_layers_f32_kv_bf16, float, BFloat16)
-#ifdef LOOM_KV_FLOAT16
-LOOM_DECODER_LAYERS(loom_decoder_layers_f32_kv_f16, float, Float16)
-#endif
+LOOM_POOL_TYPES(LOOM_DECODER_LAYERS)

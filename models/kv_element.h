@@ -31,6 +31,15 @@ struct Float16 {
 };
 #endif
 
+// Every (model type T, pool type C) the pool kernels are built for, as X(symbol suffix, T, C): each
+// entry point is instantiated once per entry (paged_decode.cpp, decoder_layer.cpp).
+#define LOOM_POOL_TYPES_16_BIT(X) X(f32_kv_bf16, float, BFloat16)
+#ifdef LOOM_KV_FLOAT16
+#undef LOOM_POOL_TYPES_16_BIT
+#define LOOM_POOL_TYPES_16_BIT(X) X(f32_kv_bf16, float, BFloat16) X(f32_kv_f16, float, Float16)
+#endif
+#define LOOM_POOL_TYPES(X) X(f32, float, float) X(f64, double, double) LOOM_POOL_TYPES_16_BIT(X)
+
 // Element<T, C>: a T value kept as a C: widen (one element), narrow (one value) and load (a vector's
 // worth of lanes, widened).
 template <typename T, typename C>
