@@ -98,14 +98,9 @@ class DecoderLayers:
                 and native.supports(step.input_ids.device, self.dtype, kv_cache.dtype))
 
     def splits(self, step, threads: int, kv_cache) -> bool:
-        """Whether ``threads`` threads would each carry their own rows of ``step`` through the layers:
-        as step.own_rows says (given a row for each), else from SPLIT_ROWS_PER_THREAD rows each."""
-        if threads < 2 or not self.serves(step, kv_cache):
-            return False
-        rows = len(step.input_ids)
-        if step.own_rows is not None:
-            return step.own_rows and rows >= threads
-        return rows >= SPLIT_ROWS_PER_THREAD * threads
+        """Whether ``threads`` threads would each carry their own rows of ``step`` through the layers."""
+        return (threads > 1 and self.serves(step, kv_cache)
+                and len(step.input_ids) >= SPLIT_ROWS_PER_THREAD * threads)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, kv_cache,
                 step) -> torch.Tensor:

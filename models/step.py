@@ -57,10 +57,6 @@ class StepInput:
     prefills: list[PrefillChunk]
     sample_indices: torch.Tensor   # [S] flat positions whose logits are sampled
     block_size: int
-    # Whether each CPU thread carries its own rows through the layers, where a model can
-    # (models/decoder_layer.py): None leaves it to the model's rule; the runtime sets it on cores
-    # other processes keep busy, from what its recent forwards measured (runtime/cpu_threads.py).
-    own_rows: bool | None = None
 
     @classmethod
     def flatten(cls, sequences: list[Sequence], block_size: int, device: torch.device) -> "StepInput":

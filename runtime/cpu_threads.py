@@ -10,13 +10,10 @@ but it still waits: beside one busy process two threads got one core's worth bet
 one-stream step took 32 ms where one thread, on a core of its own, took 19 ("Threads that carry
 their own rows").
 
-So the forward takes the cores that other threads leave free. Where they leave none, wide steps
-run on every thread, which then claim their share of the busy cores' time, and a step of up to
-FEW_ROWS rows on one thread, on every thread, or on every thread each carrying its own rows,
-whichever its recent forwards at that row count were fastest on (FewRowsChoice): which wins depends
-on how much of the memory bandwidth one core can draw, and how long a parked thread holds up a
-phase's barrier (beside two busy processes on two Zen 5 cores: one row 19 ms on one thread against
-35 on two; eight rows 52 on one, 55 on two, 43 on two with their own rows). With
+So the forward takes the cores that other threads leave free. Where they leave none, wider steps
+run on every thread, which then claim their share of the busy cores' time, and a one-row step
+(bound by reading the weights) on one thread or on every thread, whichever its recent forwards were
+faster on (OneRowChoice): that depends on how much of the memory bandwidth one core can draw. With
 short spins the loop thread samples, before each forward, how many threads are runnable besides
 itself (/proc/loadavg), and the fewest over the last STEADY_WINDOW steps is the steady load (a
 burst, or a consumer the last step woke, is not runnable at every sample; a busy process is).
@@ -53,9 +50,8 @@ MAX_BACKOFF = 256
 SCHEDSTAT = "/proc/thread-self/schedstat"
 LOADAVG = "/proc/loadavg"
 STEADY_WINDOW = 16    # steps over which the fewest other runnable threads seen is the steady load
-FEW_ROWS = 16         # steps of up to this many rows choose their threads by measurement on full cores
-CHOICE_SAMPLES = 4    # forwards timed with each option before FewRowsChoice compares them
-CHOICE_RETRY = 64     # steps of a row count between fresh measurements of the options not chosen
+ONE_ROW_SAMPLES = 4   # one-row forwards timed at each count before OneRowChoice compares them
+ONE_ROW_RETRY = 64    # one-row steps on full cores between fresh measurements of the count not chosen
 
 
 def available_cores() -> int:
@@ -84,33 +80,25 @@ class CpuThreads:
         self.applied: tuple[int, int] | None = None  # (thread ident, count) last set
         self.started: tuple[int, float] | None = None  # (wait, clock) at the start of a measured forward
         self.others: deque[int] = deque(maxlen=STEADY_WINDOW)  # other runnable threads, one sample a step
-        self.few_rows = FewRowsChoice()
+        self.one_row = OneRowChoice(self.max)
 
     def before_forward(self, step=None) -> None:
-        """In the loop thread: use this step's count (and, on full cores, whether its threads carry
-        their own rows: step.own_rows) and start measuring its wait for a core."""
+        """In the loop thread: use this step's count and start measuring its wait for a core."""
+        split = step is not None and self.splits is not None and self.splits(step, self.max)
         if self.sharing:
             self.others.append(other_runnable_threads())
             steady = min(self.others)  # a busy loop is runnable at every sample; a burst or a woken consumer is not
-            self.count = self._beside(steady, step)
-        split = step is not None and self.splits is not None and self.splits(step, self.max)
+            self.count = self._beside(steady, one_row=step is not None and len(step.input_ids) == 1)
         self._apply(self.max if split else self.count)
         # A split step waits for no thread until it ends: it says nothing of the phases' barriers.
         self.started = (run_queue_wait_ns(), time.perf_counter_ns()) if self.adaptive and not split else None
 
-    def _beside(self, steady: int, step) -> int:
-        """The count beside ``steady`` other busy threads (see the module's doc); on full cores, a
-        step of few rows takes FewRowsChoice's option."""
+    def _beside(self, steady: int, one_row: bool) -> int:
+        """The count beside ``steady`` other busy threads (see the module's doc). On two Zen 5 cores
+        beside two busy processes 8 rows took 46 ms on one thread against 40 on two."""
         if steady < self.max:
             return self.max - steady
-        if step is None or len(step.input_ids) > FEW_ROWS:
-            return self.max
-        options = [(1, False), (self.max, False)]
-        step.own_rows = True
-        if self.splits is not None and self.splits(step, self.max):
-            options.append((self.max, True))
-        count, step.own_rows = self.few_rows.pick((len(step.input_ids), bool(step.prefills)), options)
-        return count
+        return self.one_row.pick() if one_row else self.max
 
     def _apply(self, count: int) -> None:
         key = (threading.get_ident(), count)
@@ -121,9 +109,9 @@ class CpuThreads:
             self.applied = key
 
     def after_forward(self) -> None:
-        """Time the forward for FewRowsChoice if it chose the count; where adaptive, choose the next
+        """Time the forward for OneRowChoice if it chose the count; where adaptive, choose the next
         step's count from how long this forward waited for a core."""
-        self.few_rows.finish()
+        self.one_row.finish()
         if self.started is None:
             return
         waited = run_queue_wait_ns() - self.started[0]
@@ -143,42 +131,37 @@ class CpuThreads:
                 self.count, self.trying, self.quiet_steps = self.count + 1, True, 0
 
 
-class FewRowsChoice:
-    """For steps of a few rows on cores other threads keep busy: of the options given (thread count,
-    whether each thread carries its own rows), the one the last CHOICE_SAMPLES forwards of steps of
-    the same kind (row count, and whether any prefills) were fastest on; the others measured afresh
-    every CHOICE_RETRY such steps. One thread read a one-row step's weights nearly as fast as two on
-    Zen 5 cores (24 ms against 35 beside two busy processes) and half as fast on a Xeon's (74 against
-    56; docs/benchmarks.md, "An Intel Xeon"); at eight rows beside two busy processes on Zen 5, own
-    rows took 43 ms, the shared phases 55 ("A 16-bit KV pool")."""
+class OneRowChoice:
+    """One thread or every thread for one-row steps on cores other threads keep busy: whichever the
+    last ONE_ROW_SAMPLES forwards on each were faster on, the other measured afresh every
+    ONE_ROW_RETRY steps. On two Zen 5 cores one thread read the weights nearly as fast as two (19
+    against 17 ms quiet) and beside two busy processes took 24 ms against 35; on two cores of an
+    Emerald Rapids Xeon one thread reads at half the bandwidth of two (13.5 against 24 GB/s) and
+    took 74 ms against 56 (docs/benchmarks.md, "An Intel Xeon")."""
 
-    def __init__(self):
-        self.times: dict[tuple, dict[tuple, deque]] = {}  # kind -> option -> recent forward times
-        self.steps: dict[tuple, int] = {}
-        self.picked: tuple[tuple, tuple, int] | None = None  # (kind, option, clock) of the forward being timed
+    def __init__(self, most: int):
+        self.times = {count: deque(maxlen=ONE_ROW_SAMPLES) for count in (1, most)}
+        self.steps = 0
+        self.picked: tuple[int, int] | None = None  # (count, clock) of the forward being timed
 
-    def pick(self, kind: tuple, options: list[tuple]) -> tuple:
-        times = self.times.setdefault(kind, {})
-        for option in options:
-            times.setdefault(option, deque(maxlen=CHOICE_SAMPLES))
-        self.steps[kind] = steps = self.steps.get(kind, 0) + 1
-        unmeasured = [option for option in options if len(times[option]) < CHOICE_SAMPLES]
+    def pick(self) -> int:
+        self.steps += 1
+        unmeasured = [count for count, times in self.times.items() if len(times) < ONE_ROW_SAMPLES]
         if unmeasured:
-            option = unmeasured[0]
+            count = unmeasured[0]
         else:
-            option = min(options, key=lambda o: sorted(times[o])[CHOICE_SAMPLES // 2])
-            if steps % CHOICE_RETRY == 0:
-                for other in options:
-                    if other != option:
-                        times[other].clear()  # measured again from the next steps: the load may have changed
-        self.picked = (kind, option, time.perf_counter_ns())
-        return option
+            count = min(self.times, key=lambda c: sorted(self.times[c])[ONE_ROW_SAMPLES // 2])
+            if self.steps % ONE_ROW_RETRY == 0 and len(self.times) > 1:
+                other = next(c for c in self.times if c != count)
+                self.times[other].clear()  # measured again from the next step: the load may have changed
+        self.picked = (count, time.perf_counter_ns())
+        return count
 
     def finish(self) -> None:
-        """After the forward: its time, if pick() chose its option."""
+        """After the forward: its time, if pick() chose its count."""
         if self.picked is not None:
-            kind, option, started = self.picked
-            self.times[kind][option].append(time.perf_counter_ns() - started)
+            count, started = self.picked
+            self.times[count].append(time.perf_counter_ns() - started)
             self.picked = None
 
 

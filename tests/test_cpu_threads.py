@@ -11,14 +11,10 @@ import pytest
 import torch
 
 from runtime import Engine, cpu_threads, openmp
-from runtime.cpu_threads import CHOICE_RETRY, CHOICE_SAMPLES, FEW_ROWS, FIRST_BACKOFF, STEADY_WINDOW, CpuThreads
+from runtime.cpu_threads import FIRST_BACKOFF, ONE_ROW_RETRY, ONE_ROW_SAMPLES, STEADY_WINDOW, CpuThreads
 
 
-WIDE = SimpleNamespace(input_ids=[5] * 64, prefills=[], own_rows=None)  # the fake models split its rows
-
-
-def decode(rows: int) -> SimpleNamespace:
-    return SimpleNamespace(input_ids=[5] * rows, prefills=[], own_rows=None)
+WIDE = SimpleNamespace(input_ids=[5] * 64)  # a step whose rows the fake models split among their threads
 
 
 class Clock:
@@ -76,56 +72,30 @@ def test_threads_take_the_cores_other_threads_leave_free(sharing):
     assert counts(sharing, [0]) == [4]  # a sample without them: they were not steady
 
 
-def chosen_on_full_cores(threads: CpuThreads, now: list, forward_ms: dict, steps: int, rows: int) -> list[tuple]:
-    """The (count, own rows) of ``steps`` steps of ``rows`` rows with every core busy, each forward
-    taking forward_ms[that choice]."""
-    chosen = []
-    threads.next_others.extend([6] * steps)
-    for _ in range(steps):
-        step = decode(rows)
-        threads.before_forward(step)
-        chosen.append((threads.applied[1], bool(step.own_rows)))
-        now[0] += forward_ms[chosen[-1]] * 1_000_000
-        threads.after_forward()
-    return chosen
-
-
 def test_with_no_core_free_one_row_steps_take_the_count_their_forwards_were_faster_on(sharing, monkeypatch):
     """One thread read the weights nearly as fast as two on Zen 5 cores; on a Xeon's, half as fast."""
     now = [0]
     monkeypatch.setattr(cpu_threads.time, "perf_counter_ns", lambda: now[0])
-    n, one, every = CHOICE_SAMPLES, (1, False), (4, False)
-    like_zen5 = chosen_on_full_cores(sharing, now, {one: 24, every: 35}, CHOICE_RETRY + n + 1, rows=1)
-    assert like_zen5[:2 * n] == [one] * n + [every] * n  # both measured first
-    assert set(like_zen5[2 * n:CHOICE_RETRY]) == {one}
-    assert like_zen5[CHOICE_RETRY:] == [every] * n + [one]  # the other measured afresh, then the faster again
-    like_xeon = chosen_on_full_cores(sharing, now, {one: 74, every: 56}, n, rows=1)  # one thread is slower now
-    assert like_xeon[-1] == every
-    assert counts(sharing, [6], decode(FEW_ROWS + 1)) == [4]  # wide steps claim their share of the busy cores
+    one_row, eight_rows = SimpleNamespace(input_ids=[5]), SimpleNamespace(input_ids=[5] * 8)
 
+    def one_row_steps(forward_ms: dict, steps: int) -> list[int]:
+        chosen = []
+        sharing.next_others.extend([6] * steps)  # every core busy all along
+        for _ in range(steps):
+            sharing.before_forward(one_row)
+            chosen.append(sharing.applied[1])
+            now[0] += forward_ms[chosen[-1]] * 1_000_000
+            sharing.after_forward()
+        return chosen
 
-def test_with_no_core_free_a_few_rows_may_split_among_the_threads(monkeypatch):
-    """Where the model's layers can give each thread its own rows, that is an option too, measured
-    per row count: beside two busy processes on two Zen 5 cores, 8 rows took 43 ms so against 55."""
-    monkeypatch.setattr(cpu_threads, "available_cores", lambda: 2)
-    monkeypatch.setattr(openmp, "set_thread_count", lambda n: True)
-    others, now = [], [0]
-    monkeypatch.setattr(cpu_threads, "other_runnable_threads", lambda: others.pop(0))
-    monkeypatch.setattr(cpu_threads.time, "perf_counter_ns", lambda: now[0])
-    # the model's rule: own rows as the step says, given a row per thread; else from 24 rows
-    threads = CpuThreads(None, splits=lambda step, n: bool(step.own_rows) and len(step.input_ids) >= n
-                         if step.own_rows is not None else len(step.input_ids) >= 24)
-    threads.adaptive, threads.sharing, threads.next_others = False, True, others
-    n, one, shared, own = CHOICE_SAMPLES, (1, False), (2, False), (2, True)
-    eight = chosen_on_full_cores(threads, now, {one: 52, shared: 55, own: 43}, 4 * n, rows=8)
-    assert eight[:3 * n] == [one] * n + [shared] * n + [own] * n and set(eight[3 * n:]) == {own}
-    single = chosen_on_full_cores(threads, now, {one: 19, shared: 35}, 3 * n, rows=1)  # no row for a second thread
-    assert single[:2 * n] == [one] * n + [shared] * n and set(single[2 * n:]) == {one}
-    others.extend([0] * STEADY_WINDOW)
-    quiet = [decode(8) for _ in range(STEADY_WINDOW)]
-    for step in quiet:
-        threads.before_forward(step)
-    assert threads.applied[1] == 2 and quiet[-1].own_rows is None  # quiet cores: the model's own rule
+    n = ONE_ROW_SAMPLES
+    like_zen5 = one_row_steps({1: 24, 4: 35}, ONE_ROW_RETRY + n + 1)
+    assert like_zen5[:2 * n] == [1] * n + [4] * n  # both measured first
+    assert set(like_zen5[2 * n:ONE_ROW_RETRY]) == {1}
+    assert like_zen5[ONE_ROW_RETRY:] == [4] * n + [1]  # the other count measured afresh, then the faster again
+    like_xeon = one_row_steps({1: 74, 4: 56}, n)  # the load or the machine changed: one thread is slower now
+    assert like_xeon[-1] == 4
+    assert counts(sharing, [6], eight_rows) == [4]  # wider steps claim their share of the busy cores
 
 
 def test_a_step_whose_rows_the_threads_split_keeps_them_all(sharing):
