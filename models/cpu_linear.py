@@ -23,6 +23,9 @@ from torch import nn
 from . import native
 
 LAST_TIMED_ROWS = 8  # measure_panel_rows times panels against tiles up to this many rows; panels from 9 everywhere
+# measure_panel_rows times the products over a model's first weights up to this size: more than the
+# caches hold (so they come from memory, as in a step), little enough that a large model loads fast.
+MEASURED_BYTES = 512 << 20
 KERNEL_ROWS = 128  # the kernel: 1.5-3x oneDNN at 1-8 rows, 1.1-1.9x at 16-128, level or behind from 256
 
 _int64, _pointer = ctypes.c_int64, ctypes.c_void_p
@@ -74,15 +77,15 @@ def measure_panel_rows(weights: list[torch.Tensor], repeats: int = 2) -> int:
     rate the tiles were 1.5x faster at 4 rows, on Zen 5 the panels were ahead from 2 rows. Timing
     one product on cached weights chose the tiles on both machines, where a step reads a model's
     weights from memory; so every row count from the default to 8 is timed both ways over the
-XX
-    start at the first count from which they win throughout. The library holds one threshold:
-    the model loaded last sets it."""
+    model's first weights, up to MEASURED_BYTES (the two alternating, medians; 0.65 s of the default
+    model's 7 s load), and the panels start where the counts timed take least in all. The library
+    holds one threshold: the model loaded last sets it."""
     library = native.library()
     first = library.loom_default_panel_min_rows()
     if first > LAST_TIMED_ROWS or not weights:
         return first
     kernel = native.function("loom_linear", torch.float32, ARGTYPES)
-    panels_win = {}
+    medians = {}
     for rows in range(first, LAST_TIMED_ROWS + 1):
         inputs = {w.shape[1]: torch.randn(rows, w.shape[1], generator=torch.Generator().manual_seed(rows))
                   for w in weights}
@@ -94,8 +97,11 @@ XX
                 for weight in weights:
                     _product(kernel, inputs[weight.shape[1]], weight, None)
                 times[panels].append(time.perf_counter() - start)
-        panels_win[rows] = statistics.median(times[True][1:]) < statistics.median(times[False][1:])  # past a warm-up
-    chosen = next((r for r in panels_win if all(panels_win[q] for q in panels_win if q >= r)), LAST_TIMED_ROWS + 1)
+        medians[rows] = {panels: statistics.median(t[1:]) for panels, t in times.items()}  # past a warm-up
+    # the threshold under which the timed row counts take least in all: a near tie at one count
+    # moves it little either way
+    cost = lambda start: sum(m[rows >= start] for rows, m in medians.items())
+    chosen = min(range(first, LAST_TIMED_ROWS + 2), key=lambda start: (cost(start), -start))
     set_panel_rows(chosen)
     return chosen
 
@@ -125,7 +131,13 @@ def use_cpu_linears(model: nn.Module) -> None:
     where the panels start over its float32 weights (measure_panel_rows)."""
     _swap_linears(model)
     weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, CpuLinear)}
-    measure_panel_rows([w for w in weights.values() if w.dtype == torch.float32])
+    timed, size = [], 0
+    for weight in (w for w in weights.values() if w.dtype == torch.float32):
+        if size >= MEASURED_BYTES:
+            break
+        timed.append(weight)
+        size += weight.numel() * weight.element_size()
+    measure_panel_rows(timed)
 
 
 def _swap_linears(module: nn.Module) -> None:

@@ -97,12 +97,11 @@ def test_linear_kernel_matches_f_linear(dtype, rows, width, out, bias, panels_fr
 
 
 class FakeKernels:
-    """What measure_panel_rows sees of the library and the clock: a product on the panels takes 1 ms
-    at the row counts in ``panels_win``, 3 ms at others; on the tiles 2 ms. It records the widths
-    it is given."""
+    """What measure_panel_rows sees of the library and the clock: a product on the panels takes
+    panel_ms[rows] ms (3 where not given), on the tiles 2 ms. It records the widths it is given."""
 
-    def __init__(self, default: int, panels_win: set):
-        self.default, self.panels_win, self.panel_from, self.clock = default, panels_win, None, 0.0
+    def __init__(self, default: int, panel_ms: dict):
+        self.default, self.panel_ms, self.panel_from, self.clock = default, panel_ms, None, 0.0
         self.products = []  # (rows, width, weight rows) of each product timed
         self.loom_set_panel_min_rows = self  # called (and given argtypes) as the ctypes setter
 
@@ -115,18 +114,19 @@ class FakeKernels:
     def product(self, kernel, x, weight, bias):
         rows = x.shape[0]
         self.products.append((rows, x.shape[1], weight.shape[0]))
-        self.clock += (1e-3 if rows in self.panels_win else 3e-3) if rows >= self.panel_from else 2e-3
+        self.clock += (self.panel_ms.get(rows, 3) if rows >= self.panel_from else 2) * 1e-3
 
 
-@pytest.mark.parametrize("default,panels_win,chosen", [
-    (3, set(range(3, 9)), 3),  # panels ahead at every count timed (Zen 5)
-    (3, {5, 6, 7, 8}, 5),      # the tiles ahead at 3 and 4 rows
-    (3, {4}, 9),               # a win below a loss does not count
-    (3, set(), 9),             # the tiles ahead throughout (an Emerald Rapids Xeon)
-    (9, set(range(3, 9)), 9),  # AVX2: nothing below 9 rows is timed
+@pytest.mark.parametrize("default,panel_ms,chosen", [
+    (3, dict.fromkeys(range(3, 9), 1), 3),              # panels ahead at every count timed (Zen 5)
+    (3, dict.fromkeys(range(5, 9), 1), 5),              # the tiles ahead at 3 and 4 rows
+    (3, {4: 1}, 9),                                     # a lone win below losses does not pay
+    (3, {}, 9),                                         # the tiles ahead throughout (an Emerald Rapids Xeon)
+    (3, {**dict.fromkeys(range(3, 8), 1), 8: 2.1}, 3),  # a near tie at one count does not undo the rest
+    (9, dict.fromkeys(range(3, 9), 1), 9),              # AVX2: nothing below 9 rows is timed
 ])
-def test_panels_start_from_the_rows_where_they_win_throughout(monkeypatch, default, panels_win, chosen):
-    fake = FakeKernels(default, panels_win)
+def test_panels_start_where_the_counts_timed_take_least(monkeypatch, default, panel_ms, chosen):
+    fake = FakeKernels(default, panel_ms)
     monkeypatch.setattr(cpu_linear.native, "library", lambda: fake)
     monkeypatch.setattr(cpu_linear.native, "function", lambda *args: None)
     monkeypatch.setattr(cpu_linear, "_product", fake.product)
