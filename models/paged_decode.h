@@ -185,8 +185,13 @@ void decode_attention_rows(const T* q, int64_t q_stride, const C* k_cache, const
                 const int64_t n = end - first;
                 const int64_t* table = block_tables + s * max_blocks;
                 offsets.resize(n);
-                for (int64_t t = first; t < end; ++t)
-                    offsets[t - first] = (table[t / block_size] * block_size + t % block_size) * slot_stride;
+                // block by block, where a key at a time took an integer division each (block_size is
+                // a run-time value): 64 sequences of 110 tokens 209-244 -> 203-233 us a layer
+                for (int64_t t = first, block = first / block_size; t < end; ++block) {
+                    const int64_t slot = table[block] * block_size, block_end = std::min(end, (block + 1) * block_size);
+                    for (int64_t in_block = t - block * block_size; t < block_end; ++t, ++in_block)
+                        offsets[t - first] = (slot + in_block) * slot_stride;
+                }
                 scores.resize(group * n);
                 for (int64_t g = kv_first; g < kv_end; ++g) {
                     const T* qg = q + s * q_stride + g * group * dim;
