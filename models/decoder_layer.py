@@ -117,7 +117,8 @@ class DecoderLayers:
         for i, layer in enumerate(self.layers):
             k_cache, v_cache = kv_cache.layer(i)
             layer.k_cache, layer.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
-        split = self.splits(step, torch.get_num_threads(), kv_cache)  # this thread's OpenMP count, as the kernel sees it
+        threads = torch.get_num_threads()  # this thread's OpenMP count, as the kernel sees it
+        split = self.splits(step, threads, kv_cache)
         kernel = native.function("loom_decoder_layers", self.dtype, KERNEL_ARGTYPES, kv_cache.dtype)
         kernel(x.data_ptr(), self.layers, len(self.layers), ctypes.byref(plan), split)
         return x
