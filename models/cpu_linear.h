@@ -40,17 +40,26 @@ template <typename T, int ROWS, int OUTS>
 inline void tile(const T* x, int64_t x_stride, const T* w, int64_t in, T* y, int64_t y_stride,
                  const T* next = nullptr) {
     using V = Vector<T>;
-    typename V::type acc[ROWS][OUTS] = {};
-    int64_t k = 0;
-    for (; k + V::lanes <= in; k += V::lanes) {
+    // The sums start from the first vector's products, as panel_tile's do (zeroing them was a
+    // memset call per tile).
+    typename V::type acc[ROWS][OUTS];
+    auto step = [&](int64_t k, bool start) {
         typename V::type weights[OUTS];
         for (int o = 0; o < OUTS; ++o) weights[o] = V::load(w + o * in + k);
         if (next != nullptr && k % (64 / sizeof(T)) == 0)  // a cache line per row every 64 bytes
             for (int o = 0; o < OUTS; ++o) __builtin_prefetch(next + o * in + k);
         for (int m = 0; m < ROWS; ++m) {
             const typename V::type xs = V::load(x + m * x_stride + k);
-            for (int o = 0; o < OUTS; ++o) acc[m][o] += xs * weights[o];
+            for (int o = 0; o < OUTS; ++o) acc[m][o] = start ? xs * weights[o] : acc[m][o] + xs * weights[o];
         }
+    };
+    int64_t k = 0;
+    if (in >= V::lanes) {
+        step(0, true);
+        for (k = V::lanes; k + V::lanes <= in; k += V::lanes) step(k, false);
+    } else {  // narrower than a vector: the sums are the scalar tail's alone
+        for (int m = 0; m < ROWS; ++m)
+            for (int o = 0; o < OUTS; ++o) acc[m][o] = typename V::type{};
     }
     for (int m = 0; m < ROWS; ++m) {
         for (int o = 0; o < OUTS; ++o) {
@@ -162,7 +171,7 @@ inline void panel_tile(const T* panel, const T* w, int64_t in, int64_t count, T*
     constexpr int L = V::lanes, NV = PANEL_VECTORS;
     constexpr int64_t LINE = 64 / sizeof(T);
     // The sums start from the first k's products rather than from zero: GCC keeps this array in
-    // memory, and zeroing it was a memset call per tile (1.7% of a 64-row step).
+    // memory, and zeroing it was a memset call per tile (1.7% of a 64-row step's time).
     typename V::type acc[OUTS][NV];
     auto step = [&](int64_t k, bool start) {
         typename V::type xs[NV];

@@ -83,7 +83,8 @@ def panels_from(request):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 16, 17, 40])  # one row; blocks of four; whole, partial, several panels
 @pytest.mark.parametrize("width,out,bias", [(64, 96, False), (61, 29, True), (576, 8 * 3 * 7 + 5, True),
-                                            (1100, 48 + 6 + 5, True)])  # past 1024: chunks of k
+                                            (1100, 48 + 6 + 5, True),  # past 1024: chunks of k
+                                            (5, 13, True)])  # narrower than a vector
 def test_linear_kernel_matches_f_linear(dtype, rows, width, out, bias, panels_from):
     """Widths that are not a multiple of the vector width, output counts that leave a partial
     block of weight rows (and tile of a panel task), with and without bias; the input a view whose
