@@ -87,8 +87,8 @@ def measure_panel_rows(weights: list[torch.Tensor], repeats: int = 2) -> int:
     kernel = native.function("loom_linear", torch.float32, ARGTYPES)
     medians = {}
     for rows in range(first, LAST_TIMED_ROWS + 1):
-        inputs = {w.shape[1]: torch.randn(rows, w.shape[1], generator=torch.Generator().manual_seed(rows))
-                  for w in weights}
+        inputs = {width: torch.randn(rows, width, generator=torch.Generator().manual_seed(rows))
+                  for width in {w.shape[1] for w in weights}}
         times = {True: [], False: []}
         for _ in range(repeats + 1):
             for panels in (True, False):

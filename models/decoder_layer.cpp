@@ -23,9 +23,10 @@
 namespace {
 
 // One layer's weights and shape, filled once at load (decoder_layer.py mirrors this layout: every
-// field is 8 bytes). Biases may be null; the pool keeps its elements as C (kv_element.h). Llama's family: RMSNorms, a gated MLP whose ``up`` product
-// gives [gate | up] (2 x intermediate outputs), SiLU(gate) x up. GPT-2: LayerNorms with biases, an
-// ``up`` product of intermediate outputs and GELU (tanh).
+// field is 8 bytes). Biases may be null; the pool keeps its elements as C (kv_element.h). Llama's
+// family: RMSNorms, a gated MLP whose ``up`` product gives [gate | up] (2 x intermediate outputs),
+// SiLU(gate) x up. GPT-2: LayerNorms with biases, an ``up`` product of intermediate outputs and
+// GELU (tanh).
 template <typename T, typename C>
 struct Layer {
     const T *input_norm, *input_norm_bias, *post_norm, *post_norm_bias;

@@ -74,15 +74,15 @@ def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, 
         # index_select copies whole blocks; advanced indexing (cache[tables]) measured 8x slower.
         blocks = group.block_tables.flatten()
         shape = (group.end - group.start, -1, kv_heads, dim)
-        keys = kv_cache.gather(k_cache, blocks, 0).view(shape).transpose(1, 2).to(q.dtype)  # [n, kv_heads, L, dim]
-        values = kv_cache.gather(v_cache, blocks, 1).view(shape).transpose(1, 2).to(q.dtype)
+        keys = kv_cache.gather(k_cache, blocks, 0, q.dtype).view(shape).transpose(1, 2)  # [n, kv_heads, L, dim]
+        values = kv_cache.gather(v_cache, blocks, 1, q.dtype).view(shape).transpose(1, 2)
         o = F.scaled_dot_product_attention(q[rows, :, None, :], keys, values, attn_mask=mask, scale=scale,
                                            enable_gqa=gqa)
         out[rows] = o[:, :, 0, :]
     for chunk, mask in zip(step.prefills, masks.prefill):
         length = chunk.first_position + chunk.end - chunk.start
-        keys = kv_cache.gather(k_cache, chunk.block_table, 0).flatten(0, 1)[:length].transpose(0, 1)[None].to(q.dtype)
-        values = kv_cache.gather(v_cache, chunk.block_table, 1).flatten(0, 1)[:length].transpose(0, 1)[None].to(q.dtype)
+        keys = kv_cache.gather(k_cache, chunk.block_table, 0, q.dtype).flatten(0, 1)[:length].transpose(0, 1)[None]
+        values = kv_cache.gather(v_cache, chunk.block_table, 1, q.dtype).flatten(0, 1)[:length].transpose(0, 1)[None]
         queries = q[chunk.start:chunk.end].transpose(0, 1)[None]
         o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=mask is None,
                                            scale=scale, enable_gqa=gqa)

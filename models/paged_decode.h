@@ -70,10 +70,10 @@ inline void prefetch_row(const C* row, int64_t elements) {
 }
 
 // scores[h][j] = scale * q[h] . key j, for the ``group`` query heads that share one K head: its key
-// rows (kept as C: kv_element.h) at k + offsets[j], n of them. A block of ``lanes`` keys is read once for every head of the
-// group (from L1 after the first); each key leaves a vector of partial sums, and a block's vectors
-// are summed across their lanes together (sums_of_lanes). Dimensions past the last whole vector are
-// summed one by one.
+// rows (kept as C: kv_element.h) at k + offsets[j], n of them. A block of ``lanes`` keys is read
+// once for every head of the group (from L1 after the first); each key leaves a vector of partial
+// sums, and a block's vectors are summed across their lanes together (sums_of_lanes). Dimensions
+// past the last whole vector are summed one by one.
 template <typename T, typename C>
 void key_scores(const T* q, int64_t group, const C* k, const int64_t* offsets, int64_t n, int64_t dim, T scale,
                 T* scores) {

@@ -131,16 +131,17 @@ class KVCache:
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.data[0, index], self.data[1, index]
 
-    def gather(self, cache: torch.Tensor, blocks: torch.Tensor, which: int) -> torch.Tensor:
-        """``cache[blocks]`` (which: 0 for K, 1 for V) into a buffer reused by every layer and step:
-        a fresh tensor of this size (100+ MB for a large decode batch) comes from new pages each
-        time, and the page faults cost ten times the copy. Only the loop thread calls this."""
+    def gather(self, cache: torch.Tensor, blocks: torch.Tensor, which: int, dtype: torch.dtype) -> torch.Tensor:
+        """``cache[blocks]`` (which: 0 for K, 1 for V) in ``dtype``, the model's (a 16-bit pool is
+        widened here), gathered into a buffer reused by every layer and step: a fresh tensor of this
+        size (100+ MB for a large decode batch) comes from new pages each time, and the page faults
+        cost ten times the copy. Only the loop thread calls this."""
         shape = (blocks.numel(),) + tuple(cache.shape[1:])
         need = torch.Size(shape).numel()
         if self.scratch[which].numel() < need:
             self.scratch[which] = torch.empty(need + need // 4, dtype=cache.dtype, device=cache.device)
         out = self.scratch[which][:need].view(shape)
-        return torch.index_select(cache, 0, blocks, out=out)
+        return torch.index_select(cache, 0, blocks, out=out).to(dtype)
 
     @staticmethod
     def bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype) -> int:
