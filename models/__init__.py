@@ -15,6 +15,7 @@ from torch import nn
 
 from . import native
 from . import weights as checkpoint_files
+from .block_linear import use_block_linears
 from .cpu_linear import use_cpu_linears
 from .decoder_layer import DecoderLayers
 from .quantized import check_weights, reduce_linears
@@ -74,12 +75,14 @@ def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, de
     model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, assign=True)
     model.tie_embeddings()  # assign=True loaded the tied names as two tensors
     model = model.to(device).eval().requires_grad_(False)
-    if weights != "float32":
+    if weights == "int4":
+        use_block_linears(model)
+    elif weights != "float32":
         reduce_linears(model, weights)
     elif native.supports(device, dtype):  # builds the CPU kernels now (once per machine), not in the first step
         use_cpu_linears(model)
-        if isinstance(model, (Llama, GPT2)):  # decode-only steps in one native call, where it qualifies
-            model.decoder_layers = DecoderLayers.of(model)
+    if isinstance(model, (Llama, GPT2)):  # decode-only steps in one native call, where it qualifies
+        model.decoder_layers = DecoderLayers.of(model)
     return model
 
 

@@ -1,7 +1,9 @@
-// The linear kernel's entry point (the kernel itself: cpu_linear.h).
+// The linear kernels' entry points (the kernels themselves: cpu_linear.h, and block_weights.h for
+// weights kept in 4- or 8-bit blocks).
 
 #include <vector>
 
+#include "block_weights.h"
 #include "cpu_linear.h"
 
 namespace {
@@ -18,7 +20,21 @@ void linear(const T* x, int64_t x_stride, int64_t rows, const T* w, const T* bia
     linear_rows(x, x_stride, rows, w, bias, in, out, y, y_stride, packed, panel_from);
 }
 
+void block_linear(const float* x, int64_t x_stride, int64_t rows, const void* blocks, int64_t bits, const float* bias,
+                  int64_t in, int64_t out, float* y, int64_t y_stride) {
+    thread_local std::vector<float> buffer;  // as linear's
+    float* packed = rows >= BLOCK_PANEL_MIN_ROWS ? line_aligned(buffer, packed_size<float>(rows, in)) : nullptr;
+    const BlockWeights w(blocks, bits, in, out);
+#pragma omp parallel
+    block_linear_rows(x, x_stride, rows, w, bias, y, y_stride, packed);
+}
+
 }  // namespace
+
+extern "C" void loom_block_linear_f32(const float* x, int64_t x_stride, int64_t rows, const void* blocks, int64_t bits,
+                                      const float* bias, int64_t in, int64_t out, float* y, int64_t y_stride) {
+    block_linear(x, x_stride, rows, blocks, bits, bias, in, out, y, y_stride);
+}
 
 #define LOOM_LINEAR(NAME, T)                                                                       \
     extern "C" void NAME(const T* x, int64_t x_stride, int64_t rows, const T* w, const T* bias,    \

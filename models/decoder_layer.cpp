@@ -17,6 +17,7 @@
 
 #include <omp.h>
 
+#include "block_weights.h"
 #include "cpu_linear.h"
 #include "paged_decode.h"
 
@@ -26,15 +27,37 @@ namespace {
 // field is 8 bytes). Biases may be null; the pool keeps its elements as C (kv_element.h). Llama's
 // family: RMSNorms, a gated MLP whose ``up`` product gives [gate | up] (2 x intermediate outputs),
 // SiLU(gate) x up. GPT-2: LayerNorms with biases, an ``up`` product of intermediate outputs and
-// GELU (tanh).
+// GELU (tanh). A product's weight is T values ([out, in]) where its bits are 0, else a buffer of
+// 4- or 8-bit blocks (block_weights.h; float models only).
 template <typename T, typename C>
 struct Layer {
     const T *input_norm, *input_norm_bias, *post_norm, *post_norm_bias;
-    const T *qkv, *qkv_bias, *out, *out_bias, *up, *up_bias, *down, *down_bias;
+    const void* qkv;
+    const T* qkv_bias;
+    const void* out;
+    const T* out_bias;
+    const void* up;
+    const T* up_bias;
+    const void* down;
+    const T* down_bias;
     C *k_cache, *v_cache;
     int64_t hidden, intermediate, heads, kv_heads, dim, window, layer_norm, gated;
+    int64_t qkv_bits, out_bits, up_bits, down_bits;
     double eps, scale;
 };
+
+// y = x w^T + b for one of a layer's products, on its weights' kind (``bits``: Layer's).
+template <typename T>
+void product(const T* x, int64_t x_stride, int64_t rows, const void* w, int64_t bits, const T* bias, int64_t in,
+             int64_t out, T* y, int64_t y_stride, T* packed, int64_t panel_from) {
+    if constexpr (std::is_same_v<T, float>) {
+        if (bits != 0) {
+            block_linear_rows(x, x_stride, rows, BlockWeights(w, bits, in, out), bias, y, y_stride, packed);
+            return;
+        }
+    }
+    linear_rows(x, x_stride, rows, static_cast<const T*>(w), bias, in, out, y, y_stride, packed, panel_from);
+}
 
 // The step's decode rows, filled once per step: angles (null when rotary_dim is 0), pool slots,
 // block tables (padded to the widest) and context lengths.
@@ -155,19 +178,22 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
     T *h = buffers.h, *qkv = buffers.qkv, *q = buffers.q, *attn = buffers.attn, *up = buffers.up;
     T *delta = buffers.delta, *packed = buffers.packed;
     const bool rotary = s.rotary_dim > 0;  // else the queries are read from qkv as they are
+    // y [rows, out] = a [rows, in] w^T + b, a's rows ``stride`` apart
+    auto multiply = [&](const T* a, int64_t stride, int64_t in, const void* w, int64_t bits, const T* b, int64_t out,
+                        T* y) { product(a, stride, rows, w, bits, b, in, out, y, out, packed, panel_from); };
     norm_rows<T>(x, nullptr, l.input_norm, l.input_norm_bias, l.layer_norm, l.eps, h, rows, hidden);
-    linear_rows(h, hidden, rows, l.qkv, l.qkv_bias, hidden, qkv_width, qkv, qkv_width, packed, panel_from);
+    multiply(h, hidden, hidden, l.qkv, l.qkv_bits, l.qkv_bias, qkv_width, qkv);
     rotate_and_store_rows(qkv, qkv_width, qkv + q_width, qkv_width, qkv + q_width + kv_width, qkv_width, s.cos, s.sin,
                           s.rotary_dim, s.slots, rows, l.k_cache, l.v_cache, rotary ? q : nullptr, l.heads,
                           l.kv_heads, l.dim);
     decode_attention_rows(rotary ? q : qkv, rotary ? q_width : qkv_width, l.k_cache, l.v_cache, s.tables,
                           s.max_blocks, s.lens, attn, q_width, rows, l.heads, l.kv_heads, l.dim, s.block_size,
                           l.window, l.scale);
-    linear_rows(attn, q_width, rows, l.out, l.out_bias, q_width, hidden, delta, hidden, packed, panel_from);
+    multiply(attn, q_width, q_width, l.out, l.out_bits, l.out_bias, hidden, delta);
     norm_rows(x, delta, l.post_norm, l.post_norm_bias, l.layer_norm, l.eps, h, rows, hidden);
-    linear_rows(h, hidden, rows, l.up, l.up_bias, hidden, up_width, up, up_width, packed, panel_from);
+    multiply(h, hidden, hidden, l.up, l.up_bits, l.up_bias, up_width, up);
     activate_rows(up, up_width, l.gated, rows, inter);
-    linear_rows(up, up_width, rows, l.down, l.down_bias, inter, hidden, delta, hidden, packed, panel_from);
+    multiply(up, up_width, inter, l.down, l.down_bits, l.down_bias, hidden, delta);  // silu(gate) x up
     add_rows(x, delta, rows * hidden);
 }
 

@@ -5,9 +5,9 @@ operators and 6 ctypes calls of dispatch per layer, which cost a quarter of a on
 
 ``DecoderLayers.of(model)`` says whether a model qualifies: GPT-2, or a dense Llama-family model
 (Llama, Qwen2, Mistral, Phi-3; not Qwen3's q/k norms nor mixture-of-experts layers), whose linear
-layers are CpuLinear (float32 or float64 on the CPU, weights as loaded). Steps with prefill rows or
-more than KERNEL_ROWS rows, and every other model, run the torch path, which stays the reference the
-tests compare with.
+layers are CpuLinear (float32 or float64 on the CPU, weights as loaded) or BlockLinear (weights="int4").
+Steps with prefill rows or more than KERNEL_ROWS rows, and every other model, run the torch path,
+which stays the reference the tests compare with.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import ctypes
 import torch
 
 from . import native
+from .block_linear import BlockLinear
 from .cpu_linear import KERNEL_ROWS, CpuLinear
 from .gpt2 import GPT2
 from .llama import MLP, Llama
@@ -36,7 +37,8 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
         "input_norm", "input_norm_bias", "post_norm", "post_norm_bias", "qkv", "qkv_bias", "out", "out_bias", "up",
         "up_bias", "down", "down_bias", "k_cache", "v_cache")]
     _fields_ += [(name, _int64) for name in (
-        "hidden", "intermediate", "heads", "kv_heads", "dim", "window", "layer_norm", "gated")]
+        "hidden", "intermediate", "heads", "kv_heads", "dim", "window", "layer_norm", "gated", "qkv_bits", "out_bits",
+        "up_bits", "down_bits")]
     _fields_ += [("eps", _double), ("scale", _double)]
 
 
@@ -52,9 +54,20 @@ def _address(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
 
 
+def _final_norm(model: Llama | GPT2) -> torch.Tensor:
+    """The final norm's weight: on the activations' device, in their dtype (the output layer's
+    weight may be blocks)."""
+    return (model.norm if isinstance(model, Llama) else model.ln_f).weight
+
+
+def _weight(linear: CpuLinear | BlockLinear) -> torch.Tensor:
+    """What a product reads: the float weight, or the block buffer."""
+    return linear.blocks if isinstance(linear, BlockLinear) else linear.weight
+
+
 class DecoderLayers:
     def __init__(self, model: Llama | GPT2):
-        self.dtype = model.lm_head.weight.dtype
+        self.dtype = _final_norm(model).dtype
         self.weights = []  # the tensors whose addresses the layers hold, kept alive
         layer = self._gpt2_layer if isinstance(model, GPT2) else self._llama_layer
         layers = [layer(block, model.spec) for block in model.layers]
@@ -73,15 +86,20 @@ class DecoderLayers:
                            block.heads, block.dim, 0, True, False, spec.eps, block.dim ** -0.5)
 
     def _layer(self, norms, qkv, out, up, down, *shape) -> _Layer:
-        weights = (*norms, *(t for m in (qkv, out, up, down) for t in (m.weight, m.bias)))
+        products = (qkv, out, up, down)
+        weights = (*norms, *(t for m in products for t in (_weight(m), m.bias)))
         self.weights.append(weights)
-        return _Layer(*map(_address, weights), None, None, *shape)
+        *shape, eps, scale = shape
+        bits = [m.bits if isinstance(m, BlockLinear) else 0 for m in products]
+        return _Layer(*map(_address, weights), None, None, *shape, *bits, eps, scale)
 
     @classmethod
     def of(cls, model) -> "DecoderLayers | None":
         """The native layers for ``model``, or None where it does not qualify (see the module's doc)."""
-        if not isinstance(model, (Llama, GPT2)) or not native.supports(model.lm_head.weight.device,
-                                                                       model.lm_head.weight.dtype):
+        if not isinstance(model, (Llama, GPT2)):
+            return None
+        norm = _final_norm(model)
+        if not native.supports(norm.device, norm.dtype):
             return None
         if isinstance(model, Llama):
             if model.spec.qk_norm or not all(isinstance(block.mlp, MLP) for block in model.layers):  # routed experts
@@ -89,7 +107,7 @@ class DecoderLayers:
             linears = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.mlp.gate_up, b.mlp.down)]
         else:
             linears = [m for b in model.layers for m in (b.qkv, b.attn_out, b.fc, b.proj)]
-        return cls(model) if all(isinstance(m, CpuLinear) for m in linears) else None
+        return cls(model) if all(isinstance(m, (CpuLinear, BlockLinear)) for m in linears) else None
 
     def serves(self, step, kv_cache) -> bool:
         """Decode rows only, no more than the kernel's products take (above, oneDNN's are as fast or

@@ -12,10 +12,11 @@ oneDNN float32 at 1 to 1024 rows:
 - torch's weight-only kernels are far slower than float32 on this CPU (AVX2, no AVX-512):
   ``_weight_int8pack_mm`` 3-33x, ``_weight_int4pack_mm_for_cpu`` 7-50x.
 
-So "float16" and "int8" are FBGEMM's; "int4" is refused with that reason rather than offered
-slower than the float32 it would replace. One product serves every batch size: neither fell
-behind float32 at any measured size. The embedding stays in float32: a lookup reads one row per
-token, not the table (a tied output layer gets its own reduced copy).
+So "float16" and "int8" are FBGEMM's, and "int4" is Loom's own block product (block_linear.py:
+4-bit codes in blocks of 32 with a scale and a minimum, as llama.cpp's Q4_1). One product serves
+every batch size: neither FBGEMM product fell behind float32 at any measured size. The embedding
+stays in float32: a lookup reads one row per token, not the table (a tied output layer gets its
+own reduced copy).
 """
 
 from __future__ import annotations
@@ -25,23 +26,23 @@ import warnings
 import torch
 from torch import nn
 
-WEIGHTS = ("float32", "float16", "int8")
-INT4_REFUSAL = ("weights='int4' is not offered: torch's only CPU int4 product (_weight_int4pack_mm_for_cpu) "
-                "measured 7-50x slower than float32 on an AVX2 CPU, and FBGEMM has no int4 matrix product; "
-                "use weights='float16' or 'int8' (a half or a quarter of float32's weight memory)")
+from . import native
+
+WEIGHTS = ("float32", "float16", "int8", "int4")
 
 
 def check_weights(weights: str, device: torch.device, dtype: torch.dtype) -> str:
     """The ``weights=`` choice, checked against the device and dtype before anything loads."""
-    if weights == "int4":
-        raise ValueError(INT4_REFUSAL)
     if weights not in WEIGHTS:
         raise ValueError(f"unknown weights={weights!r}; choose one of {', '.join(WEIGHTS)}")
     if weights != "float32":
         if device.type != "cpu" or dtype != torch.float32:
             raise ValueError(f"weights={weights!r} runs on the CPU with float32 activations; got "
                              f"device={device.type}, dtype={str(dtype).removeprefix('torch.')}")
-        if "fbgemm" not in torch.backends.quantized.supported_engines:
+        if weights == "int4" and native.library() is None:
+            raise ValueError("weights='int4' runs on Loom's CPU kernels, which are not built here (no C++ compiler "
+                             "found, LOOM_DISABLE_KERNELS=1, or the build failed: see the warning above)")
+        if weights in ("float16", "int8") and "fbgemm" not in torch.backends.quantized.supported_engines:
             raise ValueError(f"weights={weights!r} needs torch's FBGEMM backend, which this torch build lacks")
     return weights
 

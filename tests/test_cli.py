@@ -60,7 +60,7 @@ def test_generate_answers_in_a_schema_or_a_choice(tmp_path):
     (["generate", "-", "--temperature", "-1"], "error: temperature must be in [0.0, inf], got -1.0"),
     (["chat", "--top-p", "2"], "error: top_p must be in (0.0, 1.0], got 2.0"),
     (["bench", "--peers", "vllm"], 2),
-    (["chat", "--weights", "int4"], 2),
+    (["chat", "--weights", "int2"], 2),
 ])
 def test_bad_arguments_fail_in_one_line_before_the_model_loads(argv, message, capsys, monkeypatch):
     import runtime.cli

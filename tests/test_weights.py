@@ -59,8 +59,8 @@ def test_engine_streams_with_smaller_weights(weights):
 
 
 @pytest.mark.parametrize("weights, dtype, message", [
-    ("int4", None, "int4 product"),
     ("int2", None, "unknown weights='int2'"),
+    ("int4", torch.float64, "float32 activations"),
     ("float16", torch.float64, "float32 activations"),
 ])
 def test_bad_weights_choice_is_refused_before_loading(weights, dtype, message, llama):

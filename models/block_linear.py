@@ -1,0 +1,112 @@
+"""weights="int4": linear layers whose weights are kept in blocks of 32 values with a scale each, as
+llama.cpp's Q4_1 and Q8_0 files keep them, multiplied by Loom's own kernel (block_weights.h).
+
+A layer's weights take 4-bit codes with a scale and a minimum per block (0.75 bytes a value against
+float32's 4; w = scale q + min), the output layer 8-bit codes with a scale (1.125 bytes), as
+llama.cpp's Q4 files keep theirs: the logits are what sampling reads, and a vocabulary-wide product
+is where 4 bits lose the most. The activations and every sum stay float32. A layer whose input
+width is not a multiple of 32 keeps float32 weights (a CpuLinear).
+
+Quantizing is round-to-nearest from the float weights. A GGUF file's Q4_1 and Q8_0 tensors were
+made the same way, so their dequantized values quantize back to the file's own codes, with scales
+and minimums within float32's rounding of its float16 ones: the blocks are the file's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import nn
+
+from . import native
+from .cpu_linear import CpuLinear
+
+GROUP = 32  # values per block (block_weights.h)
+LAYER_BITS, OUTPUT_BITS = 4, 8
+
+_int64, _pointer = ctypes.c_int64, ctypes.c_void_p
+ARGTYPES = [_pointer, _int64, _int64, _pointer, _int64, _pointer, _int64, _int64, _pointer, _int64]
+
+
+def quantize(weight: torch.Tensor, bits: int) -> torch.Tensor:
+    """A [out, in] float weight (in a multiple of GROUP) as block_weights.h's one byte buffer: row by
+    row, the row's codes, its scales, and for 4 bits its minimums."""
+    out, width = weight.shape
+    blocks = weight.detach().float().reshape(out, width // GROUP, GROUP)
+    if bits == 4:
+        low, high = blocks.amin(-1), blocks.amax(-1)
+        scales = (high - low) / 15
+        inverse = torch.where(scales > 0, 1 / scales, 0)
+        codes = ((blocks - low[..., None]) * inverse[..., None]).round().clamp(0, 15).to(torch.uint8)
+        codes = codes[..., :GROUP // 2] | (codes[..., GROUP // 2:] << 4)  # byte j: values j and j + 16
+        parts = [codes, scales, low]
+    elif bits == 8:
+        scales = blocks.abs().amax(-1) / 127
+        inverse = torch.where(scales > 0, 1 / scales, 0)
+        codes = (blocks * inverse[..., None]).round().clamp(-127, 127).to(torch.int8)
+        parts = [codes, scales]
+    else:
+        raise ValueError(f"blocks hold 4- or 8-bit codes, not {bits}")
+    return torch.cat([part.contiguous().view(torch.uint8).reshape(out, -1) for part in parts], dim=1).flatten()
+
+
+def dequantize(blocks: torch.Tensor, bits: int, out: int, width: int) -> torch.Tensor:
+    """The float32 [out, in] weight a block buffer stands for (the reference the tests check the
+    kernel and quantize against)."""
+    rows = blocks.view(out, -1)
+    code_bytes, groups = width * bits // 8, width // GROUP
+    codes = rows[:, :code_bytes]
+    scales = rows[:, code_bytes:code_bytes + 4 * groups].contiguous().view(torch.float32)[..., None]
+    if bits == 4:
+        codes = codes.reshape(out, groups, GROUP // 2)
+        values = torch.cat([codes & 15, codes >> 4], dim=-1).float()
+        mins = rows[:, code_bytes + 4 * groups:].contiguous().view(torch.float32)[..., None]
+        return (values * scales + mins).reshape(out, width)
+    return (codes.contiguous().view(torch.int8).view(out, groups, GROUP).float() * scales).reshape(out, width)
+
+
+class BlockLinear(nn.Module):
+    """nn.Linear with its weight in blocks of ``bits``-bit codes (float32 activations, on the CPU)."""
+
+    def __init__(self, linear: nn.Linear, bits: int):
+        super().__init__()
+        self.out_features, self.in_features = linear.weight.shape
+        if self.in_features % GROUP:
+            raise ValueError(f"block weights need an input width that is a multiple of {GROUP}, not {self.in_features}")
+        self.bits = bits
+        self.register_buffer("blocks", quantize(linear.weight, bits))
+        self.bias = None if linear.bias is None else nn.Parameter(
+            linear.bias.detach().float().contiguous(), requires_grad=False)
+        self.kernel = native.function("loom_block_linear", torch.float32, ARGTYPES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if rows.stride(-1) != 1 or rows.dtype != torch.float32:
+            rows = rows.float().contiguous()
+        y = torch.empty(rows.shape[0], self.out_features)
+        if rows.shape[0]:
+            self.kernel(rows.data_ptr(), rows.stride(0), rows.shape[0], self.blocks.data_ptr(), self.bits,
+                        None if self.bias is None else self.bias.data_ptr(), self.in_features, self.out_features,
+                        y.data_ptr(), self.out_features)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"{self.bits}-bit blocks of {GROUP}")
+
+
+def use_block_linears(model: nn.Module) -> None:
+    """Swap every nn.Linear inside ``model`` for a BlockLinear: 4-bit codes in the layers, 8-bit in
+    the output layer (``model.lm_head``); float32 (CpuLinear) where the width is not a multiple of 32."""
+    output = getattr(model, "lm_head", None)
+
+    def swap(module: nn.Module) -> None:
+        for name, child in module.named_children():
+            if isinstance(child, nn.Linear):
+                bits = OUTPUT_BITS if child is output else LAYER_BITS
+                setattr(module, name, BlockLinear(child, bits) if child.in_features % GROUP == 0 else CpuLinear(child))
+            else:
+                swap(child)
+
+    swap(model)

@@ -1,0 +1,260 @@
+// Linear weights kept in blocks of 32 values along each row, as llama.cpp's Q4_1 and Q8_0 files
+// keep them, and the products that read them (weights="int4", models/block_linear.py).
+//
+// - 4 bits: a code q in 0..15 per value, a scale d and a minimum m per block: w = d q + m.
+// - 8 bits: a code q in -127..127 per value and a scale per block: w = d q.
+//
+// A matrix [out, in] is one buffer, row by row; a row is its codes (in / 2 or in bytes; a 4-bit
+// block's byte j holds value j in its low nibble and value j + 16 in its high one, as Q4_1's
+// does), then its in / 32 scales as floats, then for 4 bits its in / 32 minimums. A row is then
+// one sequential read: with the scales and minimums in arrays of their own, one-row products
+// streamed at half the bandwidth.
+//
+// A decode step reads every weight once, so its speed is the bytes it reads: 4-bit blocks are 0.75
+// bytes a value against float32's 4. The products widen a few weight rows at a time into a small
+// buffer that stays in L1 and run cpu_linear.h's float tiles and panels over it: every input row
+// then reuses the widened weights, and the arithmetic is the float product's on w = d q + m.
+// One row, where nothing is reused, is fused instead (one_row_blocks): the codes are widened in
+// registers and the scale applied once per block.
+
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include <omp.h>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "cpu_linear.h"
+
+namespace {
+
+constexpr int64_t GROUP = 32;  // values per block
+
+struct BlockWeights {
+    const uint8_t* base;
+    int64_t bits, in, out;
+    int64_t code_bytes, blocks, stride;  // a row's codes, its blocks, and its bytes in all
+
+    BlockWeights(const void* base, int64_t bits, int64_t in, int64_t out)
+        : base(static_cast<const uint8_t*>(base)),
+          bits(bits),
+          in(in),
+          out(out),
+          code_bytes(in * bits / 8),
+          blocks(in / GROUP),
+          stride(code_bytes + (bits == 4 ? 2 : 1) * blocks * int64_t(sizeof(float))) {}
+
+    const uint8_t* codes(int64_t row) const { return base + row * stride; }
+    const float* scales(int64_t row) const { return reinterpret_cast<const float*>(codes(row) + code_bytes); }
+    const float* mins(int64_t row) const { return scales(row) + blocks; }  // 4 bits only
+};
+
+using Floats = Vector<float>;
+constexpr int LANES = Floats::lanes;
+typedef int32_t Ints __attribute__((vector_size(VECTOR_BYTES)));
+
+// LANES bytes from ``p`` widened to 32-bit lanes, zero- or sign-extended. GCC writes
+// __builtin_convertvector from a byte vector as scalar code, a lane at a time, so x86 gets the
+// one-instruction intrinsics.
+template <bool Signed>
+inline Ints widen_bytes(const uint8_t* p) {
+#if defined(__AVX512F__)
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return (Ints)(Signed ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes));
+#elif defined(__AVX2__)
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return (Ints)(Signed ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes));
+#else
+    Ints q;
+    for (int i = 0; i < LANES; ++i) q[i] = Signed ? int32_t(int8_t(p[i])) : int32_t(p[i]);
+    return q;
+#endif
+}
+
+// Block ``b`` of a row's codes as floats, a vector at a time: f(v, values) for the vector holding
+// values [v * LANES, (v + 1) * LANES) of the block.
+template <int BITS, typename F>
+inline void widen_block(const uint8_t* row_codes, int64_t b, F&& f) {
+    if constexpr (BITS == 4) {
+        const uint8_t* c = row_codes + b * GROUP / 2;
+        for (int h = 0; h < GROUP / 2 / LANES; ++h) {  // LANES bytes hold LANES low and LANES high values
+            const Ints q = widen_bytes<false>(c + h * LANES);
+            f(h, __builtin_convertvector(q & 15, Floats::type));
+            f(h + GROUP / 2 / LANES, __builtin_convertvector(q >> 4, Floats::type));
+        }
+    } else {
+        const uint8_t* c = row_codes + b * GROUP;
+        for (int v = 0; v < GROUP / LANES; ++v)
+            f(v, __builtin_convertvector(widen_bytes<true>(c + v * LANES), Floats::type));
+    }
+}
+
+// Fetch weight row ``row``'s blocks into cache.
+inline void prefetch_row(const BlockWeights& w, int64_t row) {
+    const uint8_t* p = w.codes(row);
+    for (int64_t byte = 0; byte < w.stride; byte += CACHE_LINE) __builtin_prefetch(p + byte);
+}
+
+// Weight rows [first, first + count), values [k, k + width) (both multiples of GROUP), as floats
+// into ``dst``, rows ``stride`` apart; with the first values, rows [first + count, ahead) are
+// fetched into cache meanwhile (the next rows this thread widens).
+template <int BITS>
+inline void widen_rows(const BlockWeights& w, int64_t first, int64_t count, int64_t k, int64_t width, float* dst,
+                       int64_t stride, int64_t ahead) {
+    for (int64_t r = 0; r < count; ++r) {
+        const int64_t row = first + r;
+        if (k == 0 && row + count < ahead) prefetch_row(w, row + count);
+        const uint8_t* codes = w.codes(row);
+        const float *scales = w.scales(row), *mins = w.mins(row);
+        for (int64_t b = k / GROUP; b < (k + width) / GROUP; ++b) {
+            const float d = scales[b], m = BITS == 4 ? mins[b] : 0.0f;
+            float* out = dst + r * stride + b * GROUP - k;
+            widen_block<BITS>(codes, b, [&](int v, Floats::type q) { Floats::store(out + v * LANES, q * d + m); });
+        }
+    }
+}
+
+// y[o] = x . w[o] for weight rows [first, first + count), count <= LANES: the codes widened in
+// registers and each block's sum scaled once. Four weight rows go side by side, so that four chains
+// of multiply-adds overlap (one row at a time waited on each), and the rows' lane sums are taken
+// together at the end (sums_of_lanes). A 4-bit block's minimum m adds m times the block's sum of x:
+// m times the sum of x's vectors over the block, folded into the same lanes. The rows two groups
+// ahead are fetched meanwhile: left to the hardware prefetcher, the loads of codes waited on memory
+// for most of the time.
+template <int BITS>
+inline void one_row_blocks(const float* x, const BlockWeights& w, int64_t first, int64_t count, float* y) {
+    constexpr int SIDE = 4;
+    Floats::type lanes[LANES] = {};
+    for (int64_t r = 0; r < count; r += SIDE) {
+        const int side = std::min<int64_t>(SIDE, count - r);
+#ifndef NOPF
+        for (int64_t row = first + r + 2 * SIDE; row < std::min(w.out, first + r + 3 * SIDE); ++row)
+            prefetch_row(w, row);
+#endif
+        const uint8_t* codes[SIDE];
+        const float *scales[SIDE], *mins[SIDE];
+        for (int i = 0; i < SIDE; ++i) {  // past the last row, the last row again (its sums unused)
+            const int64_t row = first + r + std::min(i, side - 1);
+            codes[i] = w.codes(row);
+            scales[i] = w.scales(row);
+            mins[i] = w.mins(row);
+        }
+        Floats::type acc[SIDE] = {};
+        for (int64_t b = 0; b < w.blocks; ++b) {
+            Floats::type xs[GROUP / LANES], x_total = {};
+            for (int v = 0; v < GROUP / LANES; ++v) x_total += xs[v] = Floats::load(x + b * GROUP + v * LANES);
+            for (int i = 0; i < SIDE; ++i) {
+                Floats::type sum = {};
+                widen_block<BITS>(codes[i], b, [&](int v, Floats::type q) { sum += q * xs[v]; });
+                acc[i] += sum * scales[i][b];
+                if constexpr (BITS == 4) acc[i] += x_total * mins[i][b];
+            }
+        }
+        for (int i = 0; i < side; ++i) lanes[sum_position<float>(int(r) + i)] = acc[i];
+    }
+    const Floats::type sums = sums_of_lanes<float>(lanes);
+    for (int64_t i = 0; i < count; ++i) y[first + i] = sums[i];
+}
+
+// The widened rows a thread works on, kept from call to call (a fresh buffer would come from new
+// pages), on whole cache lines.
+inline float* widened_scratch(int64_t elements) {
+    thread_local std::vector<float> buffer;
+    return line_aligned(buffer, elements);
+}
+
+// From how many rows block products take the panels. Both the panels and the tiles read widened
+// weights from L1 here, so the float products' threshold (measured over weights read from memory)
+// does not carry over: on Zen 5 the tiles were ahead up to 8 rows (8 rows, 576 x 3072: 205 against
+// 223 us; the 8-bit output layer 3.9 against 4.2 ms) and the panels from 12 (230 against 276 us).
+constexpr int64_t BLOCK_PANEL_MIN_ROWS = 9;
+
+// y = x w^T + b over block weights of BITS bits (block_linear_rows).
+template <int BITS>
+void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeights& w, const float* bias, float* y,
+                int64_t y_stride, float* packed) {
+    const int64_t in = w.in, out = w.out;
+    if (rows >= BLOCK_PANEL_MIN_ROWS) {
+        pack_panels(x, x_stride, rows, in, packed);  // its loop's barrier: the panels are whole after it
+        constexpr int64_t P = panel_rows<float>();
+        constexpr int OUTS = TILE_OUTS;
+        // A task is 8 tiles of OUTS weight rows (as panel_product's); a tile is widened a chunk
+        // of k at a time (at most 1024 values: 12 rows of them, 48 KiB, stay in L1/L2), which
+        // every panel then passes.
+        constexpr int64_t TASK = 8 * OUTS;
+        const int64_t panels = (rows + P - 1) / P, chunks = (in + 1023) / 1024;
+        const int64_t chunk = (in / GROUP + chunks - 1) / chunks * GROUP;
+        float* widened = widened_scratch(OUTS * chunk);
+#pragma omp for schedule(dynamic)
+        for (int64_t task = 0; task < out; task += TASK)
+        for (int64_t o = task; o < std::min(out, task + TASK); o += OUTS) {
+            const int64_t outs = std::min<int64_t>(OUTS, out - o);
+            for (int64_t k = 0; k < in; k += chunk) {
+                const int64_t count = std::min(chunk, in - k);
+                widen_rows<BITS>(w, o, outs, k, count, widened, count, std::min(out, task + TASK));
+                for (int64_t panel = 0; panel < panels; ++panel) {
+                    const float* xp = packed + (panel * in + k) * P;
+                    float* yp = y + panel * P * y_stride + o;
+                    const int64_t valid = std::min(P, rows - panel * P);
+                    const float* b = bias == nullptr ? nullptr : bias + o;
+                    if (outs == OUTS) {
+                        panel_tile<float, OUTS>(xp, widened, count, count, yp, y_stride, valid, b, k == 0, nullptr);
+                    } else {
+                        for (int64_t r = 0; r < outs; ++r)
+                            panel_tile<float, 1>(xp, widened + r * count, count, count, yp + r, y_stride, valid,
+                                                 b == nullptr ? nullptr : b + r, k == 0, nullptr);
+                    }
+                }
+            }
+        }
+        return;
+    }
+    if (rows == 1) {
+        const int64_t outs = LANES, tasks = (out + outs - 1) / outs;
+        const int64_t chunk = std::max<int64_t>(1, tasks / (8 * omp_get_num_threads()));
+#pragma omp for schedule(dynamic, chunk)
+        for (int64_t task = 0; task < tasks; ++task) {
+            const int64_t o = task * outs, count = std::min(outs, out - o);
+            one_row_blocks<BITS>(x, w, o, count, y);
+            if (bias != nullptr)
+                for (int64_t r = o; r < o + count; ++r) y[r] += bias[r];
+        }
+        return;
+    }
+    // A few rows: 3 weight rows widened at a time, then the float tiles over them (cpu_linear.h).
+    const int64_t outs = 3, tasks = (out + outs - 1) / outs;
+    const int64_t chunk = std::max<int64_t>(1, tasks / (8 * omp_get_num_threads()));
+    float* widened = widened_scratch(outs * in);
+#pragma omp for schedule(dynamic, chunk)
+    for (int64_t task = 0; task < tasks; ++task) {
+        const int64_t o = task * outs, count = std::min(outs, out - o);
+        widen_rows<BITS>(w, o, count, 0, in, widened, in, std::min(out, o + chunk * outs));
+        if (count == outs) {
+            all_rows<float, 3>(x, x_stride, rows, widened, in, y + o, y_stride);
+        } else {
+            for (int64_t r = 0; r < count; ++r)
+                all_rows<float, 1>(x, x_stride, rows, widened + r * in, in, y + o + r, y_stride);
+        }
+        if (bias != nullptr) {
+            for (int64_t m = 0; m < rows; ++m)
+                for (int64_t r = o; r < o + count; ++r) y[m * y_stride + r] += bias[r];
+        }
+    }
+}
+
+// y = x w^T + b over block weights, the work shared among the threads of the enclosing parallel
+// region. ``packed``: packed_size(rows, in) floats shared by the region's threads where rows >=
+// BLOCK_PANEL_MIN_ROWS.
+inline void block_linear_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeights& w,
+                              const float* bias, float* y, int64_t y_stride, float* packed) {
+    if (w.bits == 4)
+        block_rows<4>(x, x_stride, rows, w, bias, y, y_stride, packed);
+    else
+        block_rows<8>(x, x_stride, rows, w, bias, y, y_stride, packed);
+}
+
+}  // namespace

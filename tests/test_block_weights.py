@@ -1,0 +1,131 @@
+"""weights="int4": linear layers in blocks of 4-bit codes (8-bit in the output layer), on Loom's own
+kernel (models/block_linear.py, block_weights.h)."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import models
+from models import native
+from models.block_linear import GROUP, BlockLinear, dequantize, quantize
+from models.cpu_linear import CpuLinear
+from models.step import KVCache, Sequence, StepInput
+from runtime import Engine
+
+from .conftest import random_prompt, run_threaded, tiny_model
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the kernels are not built")
+
+
+def linear(out, width, bias=True, seed=0):
+    torch.manual_seed(seed)
+    return nn.Linear(width, out, bias=bias).requires_grad_(False)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("out,width", [(7, 32), (40, 96), (100, 160), (13, 1088)])  # 1088: two chunks of k
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 16, 17, 40])  # one row; the tiles; the panels from 9
+def test_kernel_computes_the_dequantized_product(bits, out, width, rows):
+    layer = linear(out, width, bias=rows % 2 == 1, seed=rows)
+    blocks = BlockLinear(layer, bits)
+    # x as a view of every other row of a larger tensor: the rows need not be adjacent
+    x = torch.randn(2 * rows, width, generator=torch.Generator().manual_seed(out))[::2]
+    weight = dequantize(blocks.blocks, bits, out, width).double()
+    bias = None if layer.bias is None else layer.bias.double()
+    expected = F.linear(x.double(), weight, bias).float()
+    torch.testing.assert_close(blocks(x), expected, atol=2e-5 * width ** 0.5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bits,limit", [(4, 0.5 / 15), (8, 0.5 / 127)])
+def test_quantize_rounds_each_value_to_its_blocks_nearest_step(bits, limit):
+    weight = torch.randn(20, 128) * torch.linspace(0.01, 10, 20)[:, None]  # rows of very different scales
+    restored = dequantize(quantize(weight, bits), bits, 20, 128)
+    blocks = weight.reshape(20, -1, GROUP)
+    span = blocks.amax(-1) - blocks.amin(-1) if bits == 4 else 2 * blocks.abs().amax(-1)
+    error = (restored - weight).abs().reshape(20, -1, GROUP).amax(-1)
+    assert (error <= span * limit * 1.0001 + 1e-7).all()
+
+
+def test_constant_and_zero_blocks_are_exact():
+    weight = torch.zeros(3, 64)
+    weight[1] = 2.5
+    weight[2, :32] = -1.0
+    for bits in (4, 8):
+        assert torch.equal(dequantize(quantize(weight, bits), bits, 3, 64), weight)
+
+
+@pytest.mark.parametrize("kind,bits", [("Q4_1", 4), ("Q8_0", 8)])
+def test_a_gguf_files_blocks_quantize_back_to_its_own_codes(kind, bits):
+    """The claim block_linear.py makes for GGUF checkpoints: their dequantized Q4_1 / Q8_0 values
+    quantize to the file's codes, with the file's scales and minimums (float16 there)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
+
+    kind = GGMLQuantizationType[kind]
+    weight = np.random.default_rng(0).standard_normal((24, 256)).astype(np.float32)
+    raw = gguf_quantize(weight, kind).reshape(24, 8, -1)  # [rows, blocks, bytes of a block]
+    ours = quantize(torch.from_numpy(gguf_dequantize(gguf_quantize(weight, kind), kind)), bits).view(24, -1)
+    code_bytes = 256 * bits // 8
+    codes, scales = ours[:, :code_bytes].reshape(24, 8, -1), ours[:, code_bytes:code_bytes + 32].view(torch.float32)
+    scale_bytes = torch.from_numpy(raw[..., :2].copy()).view(torch.float16).float()[..., 0]
+    if bits == 4:  # d, m, then 16 bytes of codes (value j low, j + 16 high), as ours
+        assert torch.equal(codes, torch.from_numpy(raw[..., 4:].copy()))
+        mins = ours[:, code_bytes + 32:].view(torch.float32)
+        file_mins = torch.from_numpy(raw[..., 2:4].copy()).view(torch.float16).float()[..., 0]
+        torch.testing.assert_close(mins, file_mins, rtol=1e-5, atol=1e-6)
+    else:  # d, then 32 signed codes
+        assert torch.equal(codes, torch.from_numpy(raw[..., 2:].copy()))
+    torch.testing.assert_close(scales, scale_bytes, rtol=1e-5, atol=1e-7)
+
+
+def test_widths_that_are_not_whole_blocks_are_refused():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        BlockLinear(linear(8, 40), 4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_int4_models_keep_their_layers_in_4_bits_and_the_output_in_8(arch):
+    model = models.load(tiny_model(arch), dtype=torch.float32, weights="int4").model
+    blocks = [m for m in model.modules() if isinstance(m, BlockLinear)]
+    assert not any(isinstance(m, (nn.Linear, CpuLinear)) for m in model.modules())
+    assert {m.bits for m in blocks if m is not model.lm_head} == {4} and model.lm_head.bits == 8
+    assert model.decoder_layers is not None  # decode steps in one native call
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_native_layers_on_blocks_match_the_torch_path(arch):
+    """A decode step through decoder_layer.cpp (block products inside one region) against the torch
+    layers calling each BlockLinear: the same products, so the logits agree closely."""
+    model = models.load(tiny_model(arch), dtype=torch.float32, weights="int4").model
+    for rows in (1, 3, 12):  # the one-row kernel, the tiles, the panels
+        kv = KVCache(model.num_layers, 4 * rows, 16, model.num_kv_heads, model.head_dim, torch.float32, "cpu")
+        kv.data.normal_(generator=torch.Generator().manual_seed(rows))
+        tables = [list(range(4 * i, 4 * i + 4)) for i in range(rows)]
+        step = StepInput.flatten([Sequence([i + 5], 40 - i, table, True) for i, table in enumerate(tables)], 16,
+                                 torch.device("cpu"))
+        with torch.inference_mode():
+            native_logits = model(step, kv)
+            layers, model.decoder_layers = model.decoder_layers, None
+            torch_logits = model(step, kv)
+            model.decoder_layers = layers
+        torch.testing.assert_close(native_logits, torch_logits, atol=1e-4, rtol=1e-4)
+
+
+def test_int4_engine_streams_equal_each_request_alone():
+    """Threaded requests with preemption on 4-bit weights: each greedy stream equals the same
+    request run alone (a row's products do not depend on its batch-mates)."""
+    model = tiny_model("llama").to(torch.float32)
+    rng = random.Random(5)
+    prompts = [random_prompt(rng, 1, 30) for _ in range(12)]
+    new_tokens = [rng.randint(1, 16) for _ in prompts]
+    options = dict(weights="int4", max_batch_size=6, max_batch_tokens=32, block_size=4, num_kv_blocks=24)
+    with Engine.from_pretrained(model, **options) as engine:
+        together = run_threaded(engine, prompts, new_tokens)
+        assert engine.stats()["preemptions"] > 0
+        alone = [run_threaded(engine, [p], [n], threads=1)[0] for p, n in zip(prompts, new_tokens)]
+    assert [together[i] for i in range(len(prompts))] == alone
+    assert all(0 < len(tokens) <= n for tokens, n in zip(alone, new_tokens))
