@@ -2,8 +2,9 @@
 on the default model (docs/benchmarks.md, "Smaller weights").
 
 Part 1, the products alone, on the default model's layer shapes at 1 to 1024 rows: oneDNN float32
-(what Loom used), FBGEMM float16 weights, FBGEMM dynamic int8, and torch's weight-only int8/int4
-kernels. Part 2, each choice in its own process: resident memory after load, tokens/s at 1 and 64
+(what Loom used), FBGEMM float16 weights, FBGEMM dynamic int8, torch's weight-only int8/int4
+kernels, and Loom's own block product (weights="int4": 4-bit blocks, the output layer 8-bit).
+Part 2, each choice in its own process: resident memory after load, tokens/s at 1 and 64
 streams of 64 tokens (EOS ignored), and for 4 chat prompts how many greedy tokens (of 64) match
 float32's before the first difference. Run from a checkout's root:
 
@@ -40,8 +41,13 @@ def products() -> None:
     warnings.filterwarnings("ignore", message=".*deprecated.*")
     torch.manual_seed(0)
     print(f"torch threads {torch.get_num_threads()}; microseconds per product (speed-up over float32)")
-    print("| layer | rows | float32 (oneDNN) | float16 (FBGEMM) | int8 (FBGEMM dynamic) | int8 weight-only | int4 weight-only |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    from torch import nn
+
+    from models.block_linear import LAYER_BITS, OUTPUT_BITS, BlockLinear
+
+    print("| layer | rows | float32 (oneDNN) | float16 (FBGEMM) | int8 (FBGEMM dynamic) | Loom blocks (int4) "
+          "| int8 weight-only | int4 weight-only |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, (k, n) in SHAPES.items():
         w = torch.randn(n, k) * 0.02
         onednn = w.to_mkldnn()
@@ -55,6 +61,9 @@ def products() -> None:
         q4 = torch.round((groups - low[..., None]) / step[..., None]).clamp(0, 15).to(torch.int32).view(n, k)
         packed4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q4, 1)
         scales_zeros = torch.stack([step.t(), (low + 8 * step).t()], -1).contiguous()
+        layer = nn.Linear(k, n, bias=False)
+        layer.weight.data = w
+        blocks = BlockLinear(layer, OUTPUT_BITS if name == "lm_head" else LAYER_BITS)
         for rows in (1, 8, 64, 256, 1024):
             if name == "lm_head" and rows > 64:
                 continue
@@ -62,7 +71,8 @@ def products() -> None:
             reps = max(3, 200 // max(1, rows // 8)) if n < 10000 else 10
             base = timed(lambda: torch.ops.mkldnn._linear_pointwise(x, onednn, None, "none", [], ""), reps)
             others = [timed(lambda: torch.ops.quantized.linear_dynamic_fp16(x, fp16), reps),
-                      timed(lambda: torch.ops.quantized.linear_dynamic(x, int8, True), reps)]
+                      timed(lambda: torch.ops.quantized.linear_dynamic(x, int8, True), reps),
+                      timed(lambda: blocks(x), reps)]
             if rows <= 64:  # the weight-only kernels take seconds beyond
                 others += [timed(lambda: torch.ops.aten._weight_int8pack_mm(x, w8, scales), max(2, reps // 10)),
                            timed(lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed4, 32, scales_zeros),
@@ -103,7 +113,7 @@ def engine_child(weights: str) -> None:
 
 def engine_choices() -> None:
     results = {}
-    for weights in ("float32", "float16", "int8"):
+    for weights in ("float32", "float16", "int8", "int4"):
         out = subprocess.run([sys.executable, __file__, "--child", weights], capture_output=True, text=True, check=True)
         results[weights] = json.loads(out.stdout.strip().splitlines()[-1])
     reference = results["float32"]["greedy"]
