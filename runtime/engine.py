@@ -70,6 +70,7 @@ class Engine(TextAPI):
         # to the engine goes, even in the loop thread while it holds the lock.
         self._lock = threading.RLock()
         self._wakeup = threading.Condition(self._lock)
+        self._handoff = loop.Handoff()
         self._contexts: dict[int, ResponseContext] = {}
         self._ended: OrderedDict[int, str] = OrderedDict()  # recent handles gone, and why
         self._dropped: deque[int] = deque()  # handles the application let go of (see Handle)
@@ -295,18 +296,19 @@ class Engine(TextAPI):
             return
         tokens, logprobs = self._sample(logits, sampling, bitmask)
         produced = time.perf_counter()  # hand-off latency counts from here, bookkeeping included
-        if self.device.type == "cpu":  # its idle worker would spin on the core a consumer needs next
-            openmp.release_thread_pool()
+        if self.device.type == "cpu" and not openmp.SHORT_SPIN:  # its idle worker would spin on the core a
+            openmp.release_thread_pool()                           # consumer needs next (openmp.py)
         with self._lock:
             self._counters["steps"] += 1
-            waiting = [ctx for ctx in sampling if ctx.consumer_waiting and not ctx.finished]
+            if self.device.type == "cpu":
+                self._handoff.expect([ctx for ctx in sampling if ctx.consumer_waiting and not ctx.finished])
             delivered = self.scheduler.postprocess(plan, sampling, tokens, produced, logprobs)
             for ctx, token in delivered:
                 ctx.deliver(token)
             self._counters["tokens_generated"] += len(delivered)
             self._counters["requests_finished"] += sum(ctx.finished for ctx, _ in delivered)
         if self.device.type == "cpu":
-            loop.let_consumers_take(waiting, produced + loop.CONSUMER_GRACE_S)
+            self._handoff.wait(produced + loop.CONSUMER_GRACE_S)
 
     def _sample(self, logits: torch.Tensor, sampling: list[ResponseContext], bitmask):
         """The step's tokens (and logprobs, see sampler.sample), each constrained request's grammar
@@ -353,6 +355,7 @@ class Engine(TextAPI):
         return ctx
 
     def _take(self, handle: int, ctx: ResponseContext, item) -> int:
+        self._handoff.took(ctx)
         if item == END or isinstance(item, Failure):
             self._forget(handle, "its stream ended and -1 was fetched" if item == END else "its request failed")
             if isinstance(item, Failure):
@@ -414,6 +417,7 @@ class Engine(TextAPI):
         that no longer exists: give the child fresh ones and a closed engine that says why."""
         self._lock = threading.RLock()
         self._wakeup = threading.Condition(self._lock)
+        self._handoff = loop.Handoff()
         self._thread = None
         self._close(EngineClosed(f"this engine was created in process {self._pid} and cannot be used in the "
                                  f"forked child {os.getpid()} (its loop thread does not survive os.fork()); "

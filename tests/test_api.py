@@ -189,10 +189,27 @@ def test_blocked_consumers_take_their_tokens_before_the_next_forward(engine):
 
 def test_a_consumer_that_never_takes_its_token_delays_a_step_only_until_the_deadline():
     ctx = ResponseContext(1, [1, 2], GenerationConfig(), 64, frozenset(), torch.device("cpu"))
+    handoff = loop.Handoff()
+    handoff.expect([ctx])
     ctx.put(7)
     start = time.perf_counter()
-    loop.let_consumers_take([ctx], start + 0.02)  # returns (the token is never taken) ...
-    assert time.perf_counter() - start >= 0.02       # ... once the deadline has passed
+    handoff.wait(start + 0.02)                    # returns (the token is never taken) ...
+    assert time.perf_counter() - start >= 0.02   # ... once the deadline has passed
+
+
+def test_the_last_consumer_to_take_its_token_ends_the_wait():
+    contexts = [ResponseContext(i, [1, 2], GenerationConfig(), 64, frozenset(), torch.device("cpu")) for i in range(3)]
+    handoff = loop.Handoff()
+    handoff.expect(contexts[:2])  # the third's consumer was not waiting
+    handoff.took(contexts[2])     # ... so its take is not awaited
+    takers = [threading.Timer(0.05 * (i + 1), handoff.took, args=(ctx,)) for i, ctx in enumerate(contexts[:2])]
+    start = time.perf_counter()
+    for taker in takers:
+        taker.start()
+    handoff.wait(start + 10)
+    assert 0.1 <= time.perf_counter() - start < 5  # after the second take, long before the deadline
+    handoff.took(contexts[0])  # a late take of a finished wait changes nothing
+    handoff.wait(time.perf_counter() + 10)  # nothing expected: returns at once
 
 
 def test_priority_policy_runs_higher_priority_first(llama):
