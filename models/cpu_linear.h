@@ -73,7 +73,9 @@ inline void tile(const T* x, int64_t x_stride, const T* w, int64_t in, T* y, int
 
 // One input row against ``count`` consecutive weight rows, a row at a time with four sums along it:
 // the weights are then read as one sequential stream, which the hardware prefetcher follows best
-// (8 rows side by side measured 10% slower on the default model's layers).
+// (8 rows side by side measured 10% slower on the default model's layers). It is asked for the
+// row two ahead as well, which takes it over the starts of a layer's small products sooner (a
+// one-stream step 15.8-16.3 -> 15.3-15.8 ms on Zen 5, alternating builds in one process).
 template <typename T>
 inline void one_row(const T* x, const T* w, int64_t in, int64_t count, T* y) {
     using V = Vector<T>;
@@ -82,6 +84,7 @@ inline void one_row(const T* x, const T* w, int64_t in, int64_t count, T* y) {
         typename V::type a0 = {}, a1 = {}, a2 = {}, a3 = {};
         int64_t k = 0;
         for (; k + 4 * L <= in; k += 4 * L) {
+            for (int64_t line = 0; line < 4 * L; line += 64 / sizeof(T)) __builtin_prefetch(w + 2 * in + k + line);
             a0 += V::load(x + k) * V::load(w + k);
             a1 += V::load(x + k + L) * V::load(w + k + L);
             a2 += V::load(x + k + 2 * L) * V::load(w + k + 2 * L);
