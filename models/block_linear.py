@@ -4,8 +4,9 @@ llama.cpp's Q4_1 and Q8_0 files keep them, multiplied by Loom's own kernel (bloc
 A layer's weights take 4-bit codes with a scale and a minimum per block (0.75 bytes a value against
 float32's 4; w = scale q + min), the output layer 8-bit codes with a scale (1.125 bytes), as
 llama.cpp's Q4 files keep theirs: the logits are what sampling reads, and a vocabulary-wide product
-is where 4 bits lose the most. The activations and every sum stay float32. A layer whose input
-width is not a multiple of 32 keeps float32 weights (a CpuLinear).
+is where 4 bits lose the most. The token embeddings take 8-bit blocks too (the output layer's, where
+the two are tied). The activations and every sum stay float32. A layer whose input width is not a
+multiple of 32 keeps float32 weights (a CpuLinear).
 
 Quantizing is round-to-nearest from the float weights. A GGUF file's Q4_1 and Q8_0 tensors were
 made the same way, so their dequantized values quantize back to the file's own codes, with scales
@@ -96,17 +97,54 @@ class BlockLinear(nn.Module):
                 f"{self.bits}-bit blocks of {GROUP}")
 
 
+class BlockEmbedding(nn.Module):
+    """nn.Embedding over a table of 8-bit blocks: a lookup widens only the rows it reads. A tied
+    table shares the output layer's blocks, so the model keeps one copy of it, in 8 bits."""
+
+    def __init__(self, blocks: torch.Tensor, num_embeddings: int, embedding_dim: int):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.register_buffer("blocks", blocks)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.blocks.view(self.num_embeddings, -1)[ids.flatten()]
+        return dequantize(rows.flatten(), OUTPUT_BITS, rows.shape[0], self.embedding_dim).view(
+            *ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {OUTPUT_BITS}-bit blocks of {GROUP}"
+
+
 def use_block_linears(model: nn.Module) -> None:
     """Swap every nn.Linear inside ``model`` for a BlockLinear: 4-bit codes in the layers, 8-bit in
-    the output layer (``model.lm_head``); float32 (CpuLinear) where the width is not a multiple of 32."""
+    the output layer (``model.lm_head``); float32 (CpuLinear) where the width is not a multiple of 32.
+    The token embeddings (an nn.Embedding as wide as the vocabulary) take 8-bit blocks too, the
+    output layer's own where the two are tied: a float32 table would otherwise be the largest thing
+    a 4-bit model keeps (113 MB of the default model's 586 MiB)."""
     output = getattr(model, "lm_head", None)
+    swapped = {}  # id of an original weight -> its BlockLinear
 
     def swap(module: nn.Module) -> None:
         for name, child in module.named_children():
-            if isinstance(child, nn.Linear):
-                bits = OUTPUT_BITS if child is output else LAYER_BITS
-                setattr(module, name, BlockLinear(child, bits) if child.in_features % GROUP == 0 else CpuLinear(child))
+            if isinstance(child, nn.Linear) and child.in_features % GROUP == 0:
+                layer = BlockLinear(child, OUTPUT_BITS if child is output else LAYER_BITS)
+                swapped[id(child.weight)] = layer
+                setattr(module, name, layer)
+            elif isinstance(child, nn.Linear):
+                setattr(module, name, CpuLinear(child))
             else:
                 swap(child)
 
+    def swap_embeddings(module: nn.Module) -> None:
+        for name, child in module.named_children():
+            if (isinstance(child, nn.Embedding) and output is not None and child.embedding_dim % GROUP == 0
+                    and child.num_embeddings == output.out_features):
+                tied = swapped.get(id(child.weight))
+                blocks = tied.blocks if tied is not None and tied.bits == OUTPUT_BITS else quantize(
+                    child.weight, OUTPUT_BITS)
+                setattr(module, name, BlockEmbedding(blocks, child.num_embeddings, child.embedding_dim))
+            else:
+                swap_embeddings(child)
+
     swap(model)
+    swap_embeddings(model)

@@ -14,9 +14,9 @@ oneDNN float32 at 1 to 1024 rows:
 
 So "float16" and "int8" are FBGEMM's, and "int4" is Loom's own block product (block_linear.py:
 4-bit codes in blocks of 32 with a scale and a minimum, as llama.cpp's Q4_1). One product serves
-every batch size: neither FBGEMM product fell behind float32 at any measured size. The embedding
-stays in float32: a lookup reads one row per token, not the table (a tied output layer gets its
-own reduced copy).
+every batch size: neither FBGEMM product fell behind float32 at any measured size. For "float16"
+and "int8" the embedding stays in float32 (a tied output layer gets its own reduced copy); "int4"
+keeps it in 8-bit blocks.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from torch import nn
 
 import models
 from models import native
-from models.block_linear import GROUP, BlockLinear, dequantize, quantize
+from models.block_linear import GROUP, BlockEmbedding, BlockLinear, dequantize, quantize
 from models.cpu_linear import CpuLinear
 from models.step import KVCache, Sequence, StepInput
 from runtime import Engine
@@ -87,13 +87,22 @@ def test_widths_that_are_not_whole_blocks_are_refused():
         BlockLinear(linear(8, 40), 4)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_int4_models_keep_their_layers_in_4_bits_and_the_output_in_8(arch):
-    model = models.load(tiny_model(arch), dtype=torch.float32, weights="int4").model
+@pytest.mark.parametrize("arch,tied", [("llama", False), ("qwen2", True), ("gpt2", True)])
+def test_int4_models_keep_their_layers_in_4_bits_and_the_output_and_embeddings_in_8(arch, tied):
+    source = tiny_model(arch)
+    model = models.load(source, dtype=torch.float32, weights="int4").model
     blocks = [m for m in model.modules() if isinstance(m, BlockLinear)]
     assert not any(isinstance(m, (nn.Linear, CpuLinear)) for m in model.modules())
     assert {m.bits for m in blocks if m is not model.lm_head} == {4} and model.lm_head.bits == 8
     assert model.decoder_layers is not None  # decode steps in one native call
+    embedding = model.wte if arch == "gpt2" else model.embed
+    assert isinstance(embedding, BlockEmbedding)
+    assert (embedding.blocks.data_ptr() == model.lm_head.blocks.data_ptr()) == tied  # one copy where tied
+    table = source.get_input_embeddings().weight.float()
+    ids = torch.tensor([[0, 7], [table.shape[0] - 1, 7]])
+    expected = dequantize(quantize(table, 8), 8, *table.shape)[ids]
+    assert torch.equal(embedding(ids), expected)
+    assert (embedding(ids) - table[ids]).abs().max() <= table.abs().max() / 127  # within half a step of 8 bits
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
