@@ -18,16 +18,26 @@ from __future__ import annotations
 import ctypes
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from . import native
-from .cpu_linear import CpuLinear
+from .cpu_linear import KERNEL_ROWS, CpuLinear, _has_onednn, _onednn_linear
 
 GROUP = 32  # values per block (block_weights.h)
 LAYER_BITS, OUTPUT_BITS = 4, 8
 
+# Longer products widen the weight to float32 for oneDNN this many values at a time (64 MiB).
+WIDENED_ELEMENTS = 16 << 20
+
 _int64, _pointer = ctypes.c_int64, ctypes.c_void_p
 ARGTYPES = [_pointer, _int64, _int64, _pointer, _int64, _pointer, _int64, _int64, _pointer, _int64]
+
+
+def _widen(*args) -> None:
+    widen = native.function("loom_block_widen", torch.float32, [_pointer, _int64, _int64, _int64, _int64, _int64,
+                                                                 _pointer])
+    widen(*args)
 
 
 def quantize(weight: torch.Tensor, bits: int) -> torch.Tensor:
@@ -68,7 +78,11 @@ def dequantize(blocks: torch.Tensor, bits: int, out: int, width: int) -> torch.T
 
 
 class BlockLinear(nn.Module):
-    """nn.Linear with its weight in blocks of ``bits``-bit codes (float32 activations, on the CPU)."""
+    """nn.Linear with its weight in blocks of ``bits``-bit codes (float32 activations, on the CPU).
+    Products of up to KERNEL_ROWS rows run on Loom's kernel; longer prefill chunks widen the weight
+    to float32, WIDENED_ELEMENTS at a time, for oneDNN's product, which at 256-1024 rows ran
+    float32 weights 1.1-1.4x faster than the block kernel ran blocks (docs/benchmarks.md, "4-bit
+    weights")."""
 
     def __init__(self, linear: nn.Linear, bits: int):
         super().__init__()
@@ -80,17 +94,32 @@ class BlockLinear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(
             linear.bias.detach().float().contiguous(), requires_grad=False)
         self.kernel = native.function("loom_block_linear", torch.float32, ARGTYPES)
+        self.large = _onednn_linear if _has_onednn() else F.linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         if rows.stride(-1) != 1 or rows.dtype != torch.float32:
             rows = rows.float().contiguous()
+        if rows.shape[0] > KERNEL_ROWS:
+            return self._widened_product(rows).view(*x.shape[:-1], self.out_features)
         y = torch.empty(rows.shape[0], self.out_features)
         if rows.shape[0]:
             self.kernel(rows.data_ptr(), rows.stride(0), rows.shape[0], self.blocks.data_ptr(), self.bits,
                         None if self.bias is None else self.bias.data_ptr(), self.in_features, self.out_features,
                         y.data_ptr(), self.out_features)
         return y.view(*x.shape[:-1], self.out_features)
+
+    def _widened_product(self, rows: torch.Tensor) -> torch.Tensor:
+        step = max(1, WIDENED_ELEMENTS // self.in_features)
+        parts = []
+        for first in range(0, self.out_features, step):
+            count = min(step, self.out_features - first)
+            weight = torch.empty(count, self.in_features)
+            _widen(self.blocks.data_ptr(), self.bits, self.in_features, self.out_features, first, count,
+                   weight.data_ptr())
+            bias = None if self.bias is None else self.bias[first:first + count]
+            parts.append(self.large(rows, weight, bias))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

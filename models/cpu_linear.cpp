@@ -29,7 +29,25 @@ void block_linear(const float* x, int64_t x_stride, int64_t rows, const void* bl
     block_linear_rows(x, x_stride, rows, w, bias, y, y_stride, packed);
 }
 
+// Weight rows [first, first + count) of block weights as floats into dst [count, in], the rows
+// shared among threads.
+void widen(const void* blocks, int64_t bits, int64_t in, int64_t out, int64_t first, int64_t count, float* dst) {
+    const BlockWeights w(blocks, bits, in, out);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < count; ++r) {
+        if (bits == 4)
+            widen_rows<4>(w, first + r, 1, 0, in, dst + r * in, in, 0);
+        else
+            widen_rows<8>(w, first + r, 1, 0, in, dst + r * in, in, 0);
+    }
+}
+
 }  // namespace
+
+extern "C" void loom_block_widen_f32(const void* blocks, int64_t bits, int64_t in, int64_t out, int64_t first,
+                                     int64_t count, float* dst) {
+    widen(blocks, bits, in, out, first, count, dst);
+}
 
 extern "C" void loom_block_linear_f32(const float* x, int64_t x_stride, int64_t rows, const void* blocks, int64_t bits,
                                       const float* bias, int64_t in, int64_t out, float* y, int64_t y_stride) {

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import models
-from models import native
+from models import block_linear, native
 from models.block_linear import GROUP, BlockEmbedding, BlockLinear, dequantize, quantize
-from models.cpu_linear import CpuLinear
+from models.cpu_linear import KERNEL_ROWS, CpuLinear
 from models.step import KVCache, Sequence, StepInput
 from runtime import Engine
 
@@ -38,6 +38,21 @@ def test_kernel_computes_the_dequantized_product(bits, out, width, rows):
     bias = None if layer.bias is None else layer.bias.double()
     expected = F.linear(x.double(), weight, bias).float()
     torch.testing.assert_close(blocks(x), expected, atol=2e-5 * width ** 0.5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("widened", [None, 5 * 96])  # one widening, or five rows at a time
+def test_long_products_widen_the_weight_for_onednn(bits, widened, monkeypatch):
+    """Above KERNEL_ROWS rows (prefill chunks) the weight is widened to float32, in pieces of
+    WIDENED_ELEMENTS values, for oneDNN's product: the same result."""
+    if widened is not None:
+        monkeypatch.setattr(block_linear, "WIDENED_ELEMENTS", widened)
+    layer = linear(23, 96)
+    blocks = BlockLinear(layer, bits)
+    x = torch.randn(2, KERNEL_ROWS + 3, 96)  # a 3-D input, as a model may pass
+    weight = dequantize(blocks.blocks, bits, 23, 96).double()
+    expected = F.linear(x.double(), weight, layer.bias.double()).float()
+    torch.testing.assert_close(blocks(x), expected, atol=1e-4, rtol=1e-5)
 
 
 @pytest.mark.parametrize("bits,limit", [(4, 0.5 / 15), (8, 0.5 / 127)])
