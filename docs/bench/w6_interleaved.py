@@ -1,11 +1,12 @@
-"""W6's float32 systems taking turns, for quiet cells on a machine whose speed drifts between runs
+"""W6's systems taking turns, for quiet cells on a machine whose speed drifts between runs
 (docs/benchmarks.md, "An Intel Xeon"): Loom in-process, Loom's server and llama-server on the F32
-GGUF are started together, and at each stream count the three run in turn, ``--rounds`` times;
+GGUF (with --weights int4: on the GGUF as it is, Q4_1) are started together, and at each stream count the three run in turn, ``--rounds`` times;
 it prints each system's tok/s per round and the median (W6's prompts, 64 tokens each). The bench (`python -m runtime bench
 --workloads w6`) runs each system through all its cells before the next, minutes apart. Run from a
 checkout's root:
 
     python docs/bench/w6_interleaved.py --llama-server PATH/llama-server [--streams 1,4,16,64] [--rounds 3]
+        [--weights float32|int4] [--kv-dtype float16] [--llama-kv-type f16|f32]
 """
 
 import argparse
@@ -28,14 +29,20 @@ def main():
     parser.add_argument("--llama-server", required=True)
     parser.add_argument("--streams", default="1,4,16,64")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--weights", default="float32", choices=("float32", "int4"),
+                        help="Loom's weights; int4 runs llama-server on the GGUF as it is (Q4_1), float32 on an F32 copy")
+    parser.add_argument("--kv-dtype", default=None, help="Loom's KV pool (default: the model's dtype)")
+    parser.add_argument("--llama-kv-type", default="f16", choices=("f16", "f32"), help="llama-server's KV cache")
     args = parser.parse_args()
     args.model = None  # the default model, as loom_server expects it
     streams = [int(s) for s in args.streams.split(",")]
     texts = peer_texts(max(streams))
-    engine = Engine.from_pretrained()
+    engine = Engine.from_pretrained(weights=args.weights, kv_dtype=args.kv_dtype)
     prompts = [engine.encode(t) for t in texts]
-    servers = [peers.loom_server(args, "float32"),
-               peers.llama_server(peers.f32_gguf(default_model_path(), args.llama_server), "F32", max(streams), args)]
+    gguf = default_model_path()
+    peer = (gguf, gguf.stem.rsplit(".", 1)[-1]) if args.weights == "int4" else (
+        peers.f32_gguf(gguf, args.llama_server), "F32")
+    servers = [peers.loom_server(args, args.weights), peers.llama_server(*peer, max(streams), args)]
     rates: dict[tuple[str, int], list[float]] = {}
     for server in servers:
         server.start()
