@@ -120,11 +120,25 @@ def test_int4_models_keep_their_layers_in_4_bits_and_the_output_and_embeddings_i
     assert (embedding(ids) - table[ids]).abs().max() <= table.abs().max() / 127  # within half a step of 8 bits
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def narrow_llama():
+    """A Llama whose hidden width (48) is not whole blocks: only its down product (64 wide) takes
+    blocks, the rest stays float32, in the same native layers."""
+    import transformers
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "narrow"])
 def test_native_layers_on_blocks_match_the_torch_path(arch):
     """A decode step through decoder_layer.cpp (block products inside one region) against the torch
     layers calling each BlockLinear: the same products, so the logits agree closely."""
-    model = models.load(tiny_model(arch), dtype=torch.float32, weights="int4").model
+    source = narrow_llama() if arch == "narrow" else tiny_model(arch)
+    model = models.load(source, dtype=torch.float32, weights="int4").model
+    if arch == "narrow":
+        kinds = [type(m) for b in model.layers for m in (b.attn.qkv, b.attn.out, b.mlp.gate_up, b.mlp.down)]
+        assert kinds == [CpuLinear, CpuLinear, CpuLinear, BlockLinear] * 2 and isinstance(model.embed, nn.Embedding)
     for rows in (1, 3, 12):  # the one-row kernel, the tiles, the panels
         kv = KVCache(model.num_layers, 4 * rows, 16, model.num_kv_heads, model.head_dim, torch.float32, "cpu")
         kv.data.normal_(generator=torch.Generator().manual_seed(rows))
