@@ -18,7 +18,7 @@ from . import weights as checkpoint_files
 from .block_linear import use_block_linears
 from .cpu_linear import use_cpu_linears
 from .decoder_layer import DecoderLayers
-from .quantized import check_weights, reduce_linears
+from .quantized import BLOCK_WEIGHTS, check_weights, reduce_linears
 from .gemma3 import Gemma3, Gemma3Spec
 from .gpt2 import GPT2, GPT2Spec
 from .llama import FAMILIES as LLAMA_FAMILIES, Llama, LlamaSpec
@@ -63,7 +63,7 @@ def architecture(config: dict):
 def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device,
           weights: str = "float32") -> nn.Module:
     """Our module for a transformers-style config and state dict, its weights cast to ``dtype``
-    (``weights`` "float16" or "int8": its linear layers' weights in 16 or 8 bits, see quantized.py)."""
+    (``weights`` other than "float32": its linear layers' weights in fewer bits, see quantized.py)."""
     spec_type, model_type = architecture(config)
     spec = spec_type.from_hf(config)
     with torch.device("meta"):  # no time spent initialising weights that are about to be replaced
@@ -75,8 +75,8 @@ def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, de
     model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, assign=True)
     model.tie_embeddings()  # assign=True loaded the tied names as two tensors
     model = model.to(device).eval().requires_grad_(False)
-    if weights == "int4":
-        use_block_linears(model)
+    if weights in BLOCK_WEIGHTS:
+        use_block_linears(model, BLOCK_WEIGHTS[weights])
     elif weights != "float32":
         reduce_linears(model, weights)
     elif native.supports(device, dtype):  # builds the CPU kernels now (once per machine), not in the first step
@@ -89,7 +89,7 @@ def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, de
 def load(source=None, *, device="cpu", dtype=None, weights="float32") -> Checkpoint:
     """Load a checkpoint: None (the embedded default model), a Hugging Face directory, a .gguf
     file, or an in-memory transformers causal LM. ``weights``: "float32" (as loaded, in ``dtype``),
-    "float16" or "int8" (linear layers in 16 or 8 bits on the CPU; see quantized.py)."""
+    "int4", "int8", "float16" or "int8-dynamic" (linear layers in fewer bits on the CPU; see quantized.py)."""
     device = torch.device(device)
     if isinstance(source, nn.Module):
         return _from_transformers(source, device, dtype, weights)

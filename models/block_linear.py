@@ -1,5 +1,7 @@
-"""weights="int4": linear layers whose weights are kept in blocks of 32 values with a scale each, as
-llama.cpp's Q4_1 and Q8_0 files keep them, multiplied by Loom's own kernel (block_weights.h).
+"""weights="int4" and "int8": linear layers whose weights are kept in blocks of 32 values with a
+scale each, as llama.cpp's Q4_1 and Q8_0 files keep them, multiplied by Loom's own kernel
+(block_weights.h). ("int8" keeps every linear layer in the 8-bit blocks described below for the
+output layer.)
 
 A layer's weights take 4-bit codes with a scale and a minimum per block (0.75 bytes a value against
 float32's 4; w = scale q + min), the output layer 8-bit codes with a scale (1.125 bytes), as
@@ -144,9 +146,10 @@ class BlockEmbedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, {OUTPUT_BITS}-bit blocks of {GROUP}"
 
 
-def use_block_linears(model: nn.Module) -> None:
-    """Swap every nn.Linear inside ``model`` for a BlockLinear: 4-bit codes in the layers, 8-bit in
-    the output layer (``model.lm_head``); float32 (CpuLinear) where the width is not a multiple of 32.
+def use_block_linears(model: nn.Module, layer_bits: int = LAYER_BITS) -> None:
+    """Swap every nn.Linear inside ``model`` for a BlockLinear: ``layer_bits``-bit codes in the layers
+    (4 for weights="int4", 8 for "int8"), 8-bit in the output layer (``model.lm_head``); float32
+    (CpuLinear) where the width is not a multiple of 32.
     The token embeddings (an nn.Embedding as wide as the vocabulary) take 8-bit blocks too, the
     output layer's own where the two are tied: a float32 table would otherwise be the largest thing
     a 4-bit model keeps (113 MB of the default model's 586 MiB)."""
@@ -156,7 +159,7 @@ def use_block_linears(model: nn.Module) -> None:
     def swap(module: nn.Module) -> None:
         for name, child in module.named_children():
             if isinstance(child, nn.Linear) and child.in_features % GROUP == 0:
-                layer = BlockLinear(child, OUTPUT_BITS if child is output else LAYER_BITS)
+                layer = BlockLinear(child, OUTPUT_BITS if child is output else layer_bits)
                 swapped[id(child.weight)] = layer
                 setattr(module, name, layer)
             elif isinstance(child, nn.Linear):

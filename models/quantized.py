@@ -12,11 +12,11 @@ oneDNN float32 at 1 to 1024 rows:
 - torch's weight-only kernels are far slower than float32 on this CPU (AVX2, no AVX-512):
   ``_weight_int8pack_mm`` 3-33x, ``_weight_int4pack_mm_for_cpu`` 7-50x.
 
-So "float16" and "int8" are FBGEMM's, and "int4" is Loom's own block product (block_linear.py:
-4-bit codes in blocks of 32 with a scale and a minimum, as llama.cpp's Q4_1). One product serves
-every batch size: neither FBGEMM product fell behind float32 at any measured size. For "float16"
-and "int8" the embedding stays in float32 (a tied output layer gets its own reduced copy); "int4"
-keeps it in 8-bit blocks.
+So "float16" and "int8-dynamic" are FBGEMM's, and "int4" and "int8" are Loom's own block product
+(block_linear.py: codes in blocks of 32 with a scale each, as llama.cpp's Q4_1 and Q8_0; weights
+only, the activations stay float32). One product serves every batch size: neither FBGEMM product
+fell behind float32 at any measured size. For "float16" and "int8-dynamic" the embedding stays in
+float32 (a tied output layer gets its own reduced copy); the block choices keep it in 8-bit blocks.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from torch import nn
 
 from . import native
 
-WEIGHTS = ("float32", "float16", "int8", "int4")
+WEIGHTS = ("float32", "float16", "int8", "int8-dynamic", "int4")
+BLOCK_WEIGHTS = {"int4": 4, "int8": 8}  # the layers' bits of Loom's block choices (block_linear.py)
 
 
 def check_weights(weights: str, device: torch.device, dtype: torch.dtype) -> str:
@@ -39,10 +40,10 @@ def check_weights(weights: str, device: torch.device, dtype: torch.dtype) -> str
         if device.type != "cpu" or dtype != torch.float32:
             raise ValueError(f"weights={weights!r} runs on the CPU with float32 activations; got "
                              f"device={device.type}, dtype={str(dtype).removeprefix('torch.')}")
-        if weights == "int4" and native.library() is None:
-            raise ValueError("weights='int4' runs on Loom's CPU kernels, which are not built here (no C++ compiler "
-                             "found, LOOM_DISABLE_KERNELS=1, or the build failed: see the warning above)")
-        if weights in ("float16", "int8") and "fbgemm" not in torch.backends.quantized.supported_engines:
+        if weights in BLOCK_WEIGHTS and native.library() is None:
+            raise ValueError(f"weights={weights!r} runs on Loom's CPU kernels, which are not built here (no C++ "
+                             "compiler found, LOOM_DISABLE_KERNELS=1, or the build failed: see the warning above)")
+        if weights in ("float16", "int8-dynamic") and "fbgemm" not in torch.backends.quantized.supported_engines:
             raise ValueError(f"weights={weights!r} needs torch's FBGEMM backend, which this torch build lacks")
     return weights
 
@@ -101,7 +102,7 @@ class Int8Linear(nn.Module):
 
 def reduce_linears(module: nn.Module, weights: str) -> None:
     """Swap every nn.Linear inside ``module`` for the ``weights`` kind's layer."""
-    layer = {"float16": Float16Linear, "int8": Int8Linear}[weights]
+    layer = {"float16": Float16Linear, "int8-dynamic": Int8Linear}[weights]
     for name, child in module.named_children():
         if isinstance(child, nn.Linear):
             setattr(module, name, layer(child))

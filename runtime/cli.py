@@ -67,10 +67,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default: cpu)")
     group.add_argument("--dtype", default=None,
                        help="float32, bfloat16, float16 or float64 (default: float32 on CPU, bfloat16 on CUDA)")
-    group.add_argument("--weights", default="float32", choices=("float32", "float16", "int8", "int4"),
-                       help="float32: weights as loaded, in --dtype; float16 / int8: linear layers in 16 / 8 bits "
-                            "on the CPU (half / a quarter of the memory; int8 output drifts from float32 sooner); "
-                            "int4: 4-bit blocks as llama.cpp's Q4_1 (a fifth of the memory, the fastest decode)")
+    group.add_argument("--weights", default="float32", choices=("float32", "float16", "int8", "int8-dynamic", "int4"),
+                       help="float32: weights as loaded, in --dtype; on the CPU, linear layers with smaller weights "
+                            "and float32 activations: int4 / int8 in 4- / 8-bit blocks as llama.cpp's Q4_1 / Q8_0 "
+                            "(the fastest decode at few streams), float16; int8-dynamic: FBGEMM's int8 product, "
+                            "which quantizes the activations too (fast at many streams, output drifts from "
+                            "float32 within a few tokens)")
     group.add_argument("--kv-dtype", default=None, choices=KV_DTYPES,
                        help="the KV cache's element type (default: the model's); float16 or bfloat16 hold twice "
                             "the tokens in the same memory and read faster")

@@ -95,9 +95,10 @@ class Engine(TextAPI):
                         **options) -> "Engine":
         """Load ``source`` (None: the embedded SmolLM2; a Hugging Face directory; a .gguf file;
         an in-memory transformers model) and build an engine. ``weights``: "float32" (as loaded,
-        in ``dtype``), "float16" or "int8" (linear layers in 16 or 8 bits on the CPU: a half or a
-        quarter of the weight memory; see models/quantized.py) or "int4" (4-bit blocks as
-        llama.cpp's Q4_1, the fastest decode; models/block_linear.py). ``tokenizer``: a
+        in ``dtype``), or on the CPU linear layers with smaller weights: "int4" / "int8" (4- or 8-bit
+        blocks as llama.cpp's Q4_1 / Q8_0, float32 activations; models/block_linear.py), "float16",
+        or "int8-dynamic" (FBGEMM's int8 product, activations quantized too; models/quantized.py).
+        ``tokenizer``: a
         transformers tokenizer to use instead of the checkpoint's (an in-memory model has none).
         ``options`` are EngineOptions."""
         engine_options = EngineOptions.from_kwargs(options)  # bad options fail before a slow load

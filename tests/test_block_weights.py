@@ -1,5 +1,5 @@
-"""weights="int4": linear layers in blocks of 4-bit codes (8-bit in the output layer), on Loom's own
-kernel (models/block_linear.py, block_weights.h)."""
+"""weights="int4" / "int8": linear layers in blocks of 4- or 8-bit codes (8-bit in the output layer
+and the embeddings), on Loom's own kernel (models/block_linear.py, block_weights.h)."""
 
 import random
 
@@ -102,13 +102,14 @@ def test_widths_that_are_not_whole_blocks_are_refused():
         BlockLinear(linear(8, 40), 4)
 
 
+@pytest.mark.parametrize("weights,bits", [("int4", 4), ("int8", 8)])
 @pytest.mark.parametrize("arch,tied", [("llama", False), ("qwen2", True), ("gpt2", True)])
-def test_int4_models_keep_their_layers_in_4_bits_and_the_output_and_embeddings_in_8(arch, tied):
+def test_block_models_keep_their_layers_in_blocks_and_the_output_and_embeddings_in_8_bits(arch, tied, weights, bits):
     source = tiny_model(arch)
-    model = models.load(source, dtype=torch.float32, weights="int4").model
+    model = models.load(source, dtype=torch.float32, weights=weights).model
     blocks = [m for m in model.modules() if isinstance(m, BlockLinear)]
     assert not any(isinstance(m, (nn.Linear, CpuLinear)) for m in model.modules())
-    assert {m.bits for m in blocks if m is not model.lm_head} == {4} and model.lm_head.bits == 8
+    assert {m.bits for m in blocks if m is not model.lm_head} == {bits} and model.lm_head.bits == 8
     assert model.decoder_layers is not None  # decode steps in one native call
     embedding = model.wte if arch == "gpt2" else model.embed
     assert isinstance(embedding, BlockEmbedding)
@@ -153,14 +154,15 @@ def test_native_layers_on_blocks_match_the_torch_path(arch):
         torch.testing.assert_close(native_logits, torch_logits, atol=1e-4, rtol=1e-4)
 
 
-def test_int4_engine_streams_equal_each_request_alone():
-    """Threaded requests with preemption on 4-bit weights: each greedy stream equals the same
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+def test_block_engine_streams_equal_each_request_alone(weights):
+    """Threaded requests with preemption on block weights: each greedy stream equals the same
     request run alone (a row's products do not depend on its batch-mates)."""
     model = tiny_model("llama").to(torch.float32)
     rng = random.Random(5)
     prompts = [random_prompt(rng, 1, 30) for _ in range(12)]
     new_tokens = [rng.randint(1, 16) for _ in prompts]
-    options = dict(weights="int4", max_batch_size=6, max_batch_tokens=32, block_size=4, num_kv_blocks=24)
+    options = dict(weights=weights, max_batch_size=6, max_batch_tokens=32, block_size=4, num_kv_blocks=24)
     with Engine.from_pretrained(model, **options) as engine:
         together = run_threaded(engine, prompts, new_tokens)
         assert engine.stats()["preemptions"] > 0

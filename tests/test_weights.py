@@ -1,4 +1,4 @@
-"""weights="float16" / "int8": linear layers with smaller weights on the CPU (models/quantized.py)."""
+"""weights="float16" / "int8-dynamic": linear layers over FBGEMM's products (models/quantized.py)."""
 
 import random
 
@@ -40,7 +40,7 @@ def test_int8_is_close_and_each_row_is_quantized_as_if_alone():
     assert error.max() < 0.05, error
 
 
-@pytest.mark.parametrize("weights", ["float16", "int8"])
+@pytest.mark.parametrize("weights", ["float16", "int8-dynamic"])
 def test_engine_streams_with_smaller_weights(weights):
     """Threaded requests with preemption: each greedy stream equals the same request run alone
     (an int8 row is quantized as if alone; see Int8Linear)."""

@@ -4,7 +4,7 @@ Each round runs Loom (a thread per request, 64 new tokens, EOS ignored) and then
 (the same steps, model.forward alone over prebuilt inputs); the median of 3 rounds is printed.
 Run from a checkout's root:
 
-    python docs/bench/single_stream.py [--weights float32|float16|int8]
+    python docs/bench/single_stream.py [--weights float32|float16|int8|int8-dynamic|int4]
 """
 
 import argparse

@@ -113,7 +113,7 @@ def engine_child(weights: str) -> None:
 
 def engine_choices() -> None:
     results = {}
-    for weights in ("float32", "float16", "int8", "int4"):
+    for weights in ("float32", "float16", "int8-dynamic", "int8", "int4"):
         out = subprocess.run([sys.executable, __file__, "--child", weights], capture_output=True, text=True, check=True)
         results[weights] = json.loads(out.stdout.strip().splitlines()[-1])
     reference = results["float32"]["greedy"]
