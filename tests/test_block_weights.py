@@ -1,8 +1,6 @@
 """weights="int4" / "int8": linear layers in blocks of 4- or 8-bit codes (8-bit in the output layer
 and the embeddings), on Loom's own kernel (models/block_linear.py, block_weights.h)."""
 
-import random
-
 import numpy as np
 import pytest
 import torch
@@ -14,9 +12,7 @@ from models import block_linear, native
 from models.block_linear import GROUP, BlockEmbedding, BlockLinear, dequantize, quantize
 from models.cpu_linear import KERNEL_ROWS, CpuLinear
 from models.step import KVCache, Sequence, StepInput
-from runtime import Engine
-
-from .conftest import random_prompt, run_threaded, tiny_model
+from .conftest import tiny_model
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the kernels are not built")
 
@@ -152,20 +148,3 @@ def test_native_layers_on_blocks_match_the_torch_path(arch):
             torch_logits = model(step, kv)
             model.decoder_layers = layers
         torch.testing.assert_close(native_logits, torch_logits, atol=1e-4, rtol=1e-4)
-
-
-@pytest.mark.parametrize("weights", ["int4", "int8"])
-def test_block_engine_streams_equal_each_request_alone(weights):
-    """Threaded requests with preemption on block weights: each greedy stream equals the same
-    request run alone (a row's products do not depend on its batch-mates)."""
-    model = tiny_model("llama").to(torch.float32)
-    rng = random.Random(5)
-    prompts = [random_prompt(rng, 1, 30) for _ in range(12)]
-    new_tokens = [rng.randint(1, 16) for _ in prompts]
-    options = dict(weights=weights, max_batch_size=6, max_batch_tokens=32, block_size=4, num_kv_blocks=24)
-    with Engine.from_pretrained(model, **options) as engine:
-        together = run_threaded(engine, prompts, new_tokens)
-        assert engine.stats()["preemptions"] > 0
-        alone = [run_threaded(engine, [p], [n], threads=1)[0] for p, n in zip(prompts, new_tokens)]
-    assert [together[i] for i in range(len(prompts))] == alone
-    assert all(0 < len(tokens) <= n for tokens, n in zip(alone, new_tokens))

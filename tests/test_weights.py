@@ -1,4 +1,6 @@
-"""weights="float16" / "int8-dynamic": linear layers over FBGEMM's products (models/quantized.py)."""
+"""The weights= choices: "float16" / "int8-dynamic", linear layers over FBGEMM's products
+(models/quantized.py), and the engine on every choice (the block choices' own tests:
+test_block_weights.py)."""
 
 import random
 
@@ -6,13 +8,15 @@ import pytest
 import torch
 from torch import nn
 
+from models import native
 from models.quantized import Float16Linear, Int8Linear
 from runtime import Engine
 
 from .conftest import random_prompt, run_threaded, tiny_model
 
-pytestmark = pytest.mark.skipif("fbgemm" not in torch.backends.quantized.supported_engines,
-                                reason="this torch build has no FBGEMM backend")
+needs_fbgemm = pytest.mark.skipif("fbgemm" not in torch.backends.quantized.supported_engines,
+                                  reason="this torch build has no FBGEMM backend")
+needs_kernels = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the kernels are not built")
 
 
 def linear(rows=96, cols=64, bias=True, seed=0):
@@ -21,6 +25,7 @@ def linear(rows=96, cols=64, bias=True, seed=0):
     return layer.requires_grad_(False)
 
 
+@needs_fbgemm
 def test_float16_weights_compute_in_float32_with_rounded_weights():
     layer = linear()
     x = torch.randn(5, 64)
@@ -28,7 +33,8 @@ def test_float16_weights_compute_in_float32_with_rounded_weights():
     assert torch.allclose(Float16Linear(layer)(x), rounded, atol=1e-5)
 
 
-def test_int8_is_close_and_each_row_is_quantized_as_if_alone():
+@needs_fbgemm
+def test_int8_dynamic_is_close_and_each_row_is_quantized_as_if_alone():
     layer = linear()
     x = torch.randn(7, 64)
     x[3] *= 1000  # a row with large activations must not coarsen the others
@@ -40,10 +46,13 @@ def test_int8_is_close_and_each_row_is_quantized_as_if_alone():
     assert error.max() < 0.05, error
 
 
-@pytest.mark.parametrize("weights", ["float16", "int8-dynamic"])
+@pytest.mark.parametrize("weights", [pytest.param("float16", marks=needs_fbgemm),
+                                     pytest.param("int8-dynamic", marks=needs_fbgemm),
+                                     pytest.param("int8", marks=needs_kernels), pytest.param("int4", marks=needs_kernels)])
 def test_engine_streams_with_smaller_weights(weights):
     """Threaded requests with preemption: each greedy stream equals the same request run alone
-    (an int8 row is quantized as if alone; see Int8Linear)."""
+    (an int8-dynamic row is quantized as if alone, see Int8Linear; a block product's row does not
+    depend on its batch-mates)."""
     model = tiny_model("llama").to(torch.float32)
     rng = random.Random(3)
     prompts = [random_prompt(rng, 1, 30) for _ in range(12)]
