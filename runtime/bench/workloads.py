@@ -226,12 +226,17 @@ def peer_workload(measure, args, load_engine) -> None:
         finally:
             server.stop()
     if "fastllm" in available:  # last: its library's threads stay in this process
-        fast = peers.FastLLM(peers.hf_directory(gguf), "float32", args.fastllm_threads)
+        fast = peers.FastLLM(peers.hf_directory(gguf), FASTLLM_DTYPES[args.weights], args.fastllm_threads)
         note = agreement([engine.tokenizer.decode(fast.generate(p, 32), skip_special_tokens=True) for p in checks_ids])
         for c in streams:
             requests = [Request(p, 64) for p in prompts[:c]]
             measure(f"W6@{c} fastllm", lambda bar, r=requests, c=c, note=note: label(
-                fast.run(r, f"W6@{c}"), "fastllm float32", note), c)
+                fast.run(r, f"W6@{c}"), f"fastllm {fast.dtype}", note), c)
+
+
+# fastllm's dtype for each of Loom's weights choices: the nearest it has (int4g32: 4-bit groups of 32 with a
+# scale and a minimum each, as Loom's int4 blocks).
+FASTLLM_DTYPES = {"float32": "float32", "float16": "float16", "int8": "int8", "int8-dynamic": "int8", "int4": "int4g32"}
 
 
 def peer_texts(count: int) -> list[str]:
