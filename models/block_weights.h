@@ -1,5 +1,5 @@
 // Linear weights kept in blocks of 32 values along each row, as llama.cpp's Q4_1 and Q8_0 files
-// keep them, and the products that read them (weights="int4", models/block_linear.py).
+// keep them, and the products that read them (weights="int4" and "int8", models/block_linear.py).
 //
 // - 4 bits: a code q in 0..15 per value, a scale d and a minimum m per block: w = d q + m.
 // - 8 bits: a code q in -127..127 per value and a scale per block: w = d q.
@@ -15,7 +15,8 @@
 // buffer that stays in L1 and run cpu_linear.h's float tiles and panels over it: every input row
 // then reuses the widened weights, and the arithmetic is the float product's on w = d q + m.
 // One row, where nothing is reused, is fused instead (one_row_blocks): the codes are widened in
-// registers and the scale applied once per block.
+// registers and the scale applied once per block. (Above 128 rows block_linear.py widens whole
+// weights for oneDNN's product instead.)
 
 #pragma once
 
@@ -119,9 +120,9 @@ inline void widen_rows(const BlockWeights& w, int64_t first, int64_t count, int6
 }
 
 // y[o] = x . w[o] for weight rows [first, first + count), count <= LANES: the codes widened in
-// registers and each block's sum scaled once. Four weight rows go side by side, so that four chains
-// of multiply-adds overlap (one row at a time waited on each), and the rows' lane sums are taken
-// together at the end (sums_of_lanes). A 4-bit block's minimum m adds m times the block's sum of x:
+// registers and each block's sum scaled once. Four weight rows go side by side (sharing each
+// block's loads of x), and the rows' lane sums are taken together at the end (sums_of_lanes: one
+// reduction for up to LANES rows). A 4-bit block's minimum m adds m times the block's sum of x:
 // m times the sum of x's vectors over the block, folded into the same lanes. The rows two groups
 // ahead are fetched meanwhile: without, a one-stream step took 7.0-7.5 ms against 4.6-5.0 (one or
 // three groups ahead: no better).
