@@ -36,12 +36,7 @@ WIDENED_ELEMENTS = 16 << 20
 
 _int64, _pointer = ctypes.c_int64, ctypes.c_void_p
 ARGTYPES = [_pointer, _int64, _int64, _pointer, _int64, _pointer, _int64, _int64, _pointer, _int64]
-
-
-def _widen(*args) -> None:
-    widen = native.function("loom_block_widen", torch.float32, [_pointer, _int64, _int64, _int64, _int64, _int64,
-                                                                 _pointer])
-    widen(*args)
+WIDEN_ARGTYPES = [_pointer, _int64, _int64, _int64, _int64, _int64, _pointer]
 
 
 def quantize(weight: torch.Tensor, bits: int) -> torch.Tensor:
@@ -98,6 +93,7 @@ class BlockLinear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(
             linear.bias.detach().float().contiguous(), requires_grad=False)
         self.kernel = native.function("loom_block_linear", torch.float32, ARGTYPES)
+        self.widen = native.function("loom_block_widen", torch.float32, WIDEN_ARGTYPES)
         self.large = _onednn_linear if _has_onednn() else F.linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -119,8 +115,8 @@ class BlockLinear(nn.Module):
         for first in range(0, self.out_features, step):
             count = min(step, self.out_features - first)
             weight = torch.empty(count, self.in_features)
-            _widen(self.blocks.data_ptr(), self.bits, self.in_features, self.out_features, first, count,
-                   weight.data_ptr())
+            self.widen(self.blocks.data_ptr(), self.bits, self.in_features, self.out_features, first, count,
+                       weight.data_ptr())
             bias = None if self.bias is None else self.bias[first:first + count]
             parts.append(self.large(rows, weight, bias))
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
