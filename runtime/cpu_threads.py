@@ -34,6 +34,7 @@ count stays at the cap.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -168,9 +169,16 @@ class OneRowChoice:
 def other_runnable_threads() -> int:
     """Threads runnable on this machine now, besides the caller: the kernel's count in
     /proc/loadavg includes it. Sampled by the loop thread while it holds the GIL, so the
-    application's Python threads, this process's consumers among them, are rarely counted."""
-    with open(LOADAVG, "rb") as stat:
-        return max(0, int(stat.read().split()[3].split(b"/")[0]) - 1)
+    application's Python threads, this process's consumers among them, are rarely counted. Read
+    with pread through a descriptor kept open: opening the file each step took ~0.09 ms of the
+    loop thread's CPU right after a forward (8.5 us warm, against pread's 1.2)."""
+    fields = os.pread(_loadavg(), 128, 0).split()
+    return max(0, int(fields[3].split(b"/")[0]) - 1)
+
+
+@functools.cache  # two loop threads racing here would each open one: harmless
+def _loadavg() -> int:
+    return os.open(LOADAVG, os.O_RDONLY | os.O_CLOEXEC)
 
 
 def run_queue_wait_ns() -> int:
