@@ -22,11 +22,10 @@ from __future__ import annotations
 import ctypes
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from . import native
-from .cpu_linear import KERNEL_ROWS, CpuLinear, _has_onednn, _onednn_linear
+from .cpu_linear import KERNEL_ROWS, CpuLinear, large_product
 
 GROUP = 32  # values per block (block_weights.h)
 LAYER_BITS, OUTPUT_BITS = 4, 8
@@ -94,7 +93,7 @@ class BlockLinear(nn.Module):
             linear.bias.detach().float().contiguous(), requires_grad=False)
         self.kernel = native.function("loom_block_linear", torch.float32, ARGTYPES)
         self.widen = native.function("loom_block_widen", torch.float32, WIDEN_ARGTYPES)
-        self.large = _onednn_linear if _has_onednn() else F.linear
+        self.large = large_product(torch.float32)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)

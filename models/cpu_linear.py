@@ -58,7 +58,7 @@ class CpuLinear(nn.Module):
         self.bias = None if layer.bias is None else nn.Parameter(layer.bias.detach().contiguous(), requires_grad=False)
         self.out_features, self.in_features = self.weight.shape
         self.kernel = native.function("loom_linear", self.weight.dtype, ARGTYPES)
-        self.large = _onednn_linear if self.weight.dtype == torch.float32 and _has_onednn() else F.linear
+        self.large = large_product(self.weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or not 0 < x.shape[0] <= KERNEL_ROWS or x.stride(1) != 1 or x.dtype != self.weight.dtype:
@@ -116,6 +116,12 @@ def set_panel_rows(rows: int) -> None:
 def panel_rows() -> int:
     """The row count from which products take the panels now."""
     return native.library().loom_panel_min_rows_now()
+
+
+def large_product(dtype: torch.dtype):
+    """F.linear's signature for products beyond KERNEL_ROWS rows: oneDNN's for float32 where torch
+    has it, F.linear otherwise."""
+    return _onednn_linear if dtype == torch.float32 and _has_onednn() else F.linear
 
 
 def _onednn_linear(x, weight, bias):
