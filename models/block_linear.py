@@ -28,7 +28,7 @@ from . import native
 from .cpu_linear import KERNEL_ROWS, CpuLinear, large_product
 
 GROUP = 32  # values per block (block_weights.h)
-LAYER_BITS, OUTPUT_BITS = 4, 8
+OUTPUT_BITS = 8  # the output layer's and the token embeddings' (the layers': quantized.BLOCK_WEIGHTS)
 
 # Longer products widen the weight to float32 for oneDNN this many values at a time (64 MiB).
 WIDENED_ELEMENTS = 16 << 20
@@ -143,7 +143,7 @@ class BlockEmbedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, {OUTPUT_BITS}-bit blocks of {GROUP}"
 
 
-def use_block_linears(model: nn.Module, layer_bits: int = LAYER_BITS) -> None:
+def use_block_linears(model: nn.Module, layer_bits: int) -> None:
     """Swap every nn.Linear inside ``model`` for a BlockLinear: ``layer_bits``-bit codes in the layers
     (4 for weights="int4", 8 for "int8"), 8-bit in the output layer (``model.lm_head``); float32
     (CpuLinear) where the width is not a multiple of 32.

@@ -219,8 +219,7 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
         for (int64_t task = 0; task < tasks; ++task) {
             const int64_t o = task * outs, count = std::min(outs, out - o);
             one_row_blocks<BITS>(x, w, o, count, y);
-            if (bias != nullptr)
-                for (int64_t r = o; r < o + count; ++r) y[r] += bias[r];
+            add_bias(y + o, y_stride, 1, bias == nullptr ? nullptr : bias + o, count);
         }
         return;
     }
@@ -232,16 +231,8 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
     for (int64_t task = 0; task < tasks; ++task) {
         const int64_t o = task * outs, count = std::min(outs, out - o);
         widen_rows<BITS>(w, o, count, 0, in, widened, in, std::min(out, o + chunk * outs));
-        if (count == outs) {
-            all_rows<float, 3>(x, x_stride, rows, widened, in, y + o, y_stride);
-        } else {
-            for (int64_t r = 0; r < count; ++r)
-                all_rows<float, 1>(x, x_stride, rows, widened + r * in, in, y + o + r, y_stride);
-        }
-        if (bias != nullptr) {
-            for (int64_t m = 0; m < rows; ++m)
-                for (int64_t r = o; r < o + count; ++r) y[m * y_stride + r] += bias[r];
-        }
+        three_weight_rows<float>(x, x_stride, rows, widened, in, count, y + o, y_stride, nullptr);
+        add_bias(y + o, y_stride, rows, bias == nullptr ? nullptr : bias + o, count);
     }
 }
 

@@ -127,6 +127,27 @@ inline void all_rows(const T* x, int64_t x_stride, int64_t rows, const T* w, int
     for (; m < rows; ++m, next = nullptr) tile<T, 1, OUTS>(x + m * x_stride, x_stride, w, in, y + m * y_stride, y_stride, next);
 }
 
+// Every input row against ``count`` (up to 3) consecutive weight rows at ``w``: a task of the row
+// tiles, over weights as stored or as block_weights.h widens them. ``next``: as all_rows's.
+template <typename T>
+inline void three_weight_rows(const T* x, int64_t x_stride, int64_t rows, const T* w, int64_t in, int64_t count,
+                              T* y, int64_t y_stride, const T* next) {
+    if (count == 3) {
+        all_rows<T, 3>(x, x_stride, rows, w, in, y, y_stride, next);
+        return;
+    }
+    for (int64_t r = 0; r < count; ++r)  // the last few weight rows, one at a time
+        all_rows<T, 1>(x, x_stride, rows, w + r * in, in, y + r, y_stride);
+}
+
+// y[m][r] += bias[r] for ``rows`` rows of ``count`` columns (nothing where bias is null).
+template <typename T>
+inline void add_bias(T* y, int64_t y_stride, int64_t rows, const T* bias, int64_t count) {
+    if (bias == nullptr) return;
+    for (int64_t m = 0; m < rows; ++m)
+        for (int64_t r = 0; r < count; ++r) y[m * y_stride + r] += bias[r];
+}
+
 // The panels: rows of x in groups of P = 16 floats, each group stored k-major (P values per k),
 // the last group padded with zero rows. P is two AVX2 vectors or one AVX-512 vector; a tile keeps
 // 12 vector sums either way: 6 weight rows x two vectors, or 12 weight rows x one.
@@ -272,20 +293,14 @@ void linear_rows(const T* x, int64_t x_stride, int64_t rows, const T* w, const T
     const int64_t chunk = std::max<int64_t>(1, tasks / (8 * omp_get_num_threads()));
 #pragma omp for schedule(dynamic, chunk)
     for (int64_t task = 0; task < tasks; ++task) {
-        const int64_t o = task * outs;
+        const int64_t o = task * outs, count = std::min(outs, out - o);
         const T* wo = w + o * in;
-        T* yo = y + o;
-        if (rows == 1) {
-            one_row(x, wo, in, std::min(outs, out - o), yo);
-        } else if (o + outs > out) {  // the last few weight rows, one at a time
-            for (int64_t r = o; r < out; ++r) all_rows<T, 1>(x, x_stride, rows, w + r * in, in, y + r, y_stride);
-        } else {
-            all_rows<T, 3>(x, x_stride, rows, wo, in, yo, y_stride, o + 2 * outs <= out ? wo + outs * in : nullptr);
-        }
-        if (bias != nullptr) {
-            for (int64_t m = 0; m < rows; ++m)
-                for (int64_t r = o; r < std::min(o + outs, out); ++r) y[m * y_stride + r] += bias[r];
-        }
+        if (rows == 1)
+            one_row(x, wo, in, count, y + o);
+        else
+            three_weight_rows(x, x_stride, rows, wo, in, count, y + o, y_stride,
+                              o + 2 * outs <= out ? wo + outs * in : nullptr);
+        add_bias(y + o, y_stride, rows, bias == nullptr ? nullptr : bias + o, count);
     }
 }
 

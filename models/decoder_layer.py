@@ -5,7 +5,7 @@ operators and 6 ctypes calls of dispatch per layer, which cost a quarter of a on
 
 ``DecoderLayers.of(model)`` says whether a model qualifies: GPT-2, or a dense Llama-family model
 (Llama, Qwen2, Mistral, Phi-3; not Qwen3's q/k norms nor mixture-of-experts layers), whose linear
-layers are CpuLinear (float32 or float64 on the CPU, weights as loaded) or BlockLinear (weights="int4").
+layers are CpuLinear (float32 or float64 on the CPU, weights as loaded) or BlockLinear ("int4", "int8").
 Steps with prefill rows or more than KERNEL_ROWS rows, and every other model, run the torch path,
 which stays the reference the tests compare with.
 """

@@ -43,7 +43,8 @@ def products() -> None:
     print(f"torch threads {torch.get_num_threads()}; microseconds per product (speed-up over float32)")
     from torch import nn
 
-    from models.block_linear import LAYER_BITS, OUTPUT_BITS, BlockLinear
+    from models.block_linear import OUTPUT_BITS, BlockLinear
+    from models.quantized import BLOCK_WEIGHTS
 
     print("| layer | rows | float32 (oneDNN) | float16 (FBGEMM) | int8 (FBGEMM dynamic) | Loom blocks (int4) "
           "| int8 weight-only | int4 weight-only |")
@@ -63,7 +64,7 @@ def products() -> None:
         scales_zeros = torch.stack([step.t(), (low + 8 * step).t()], -1).contiguous()
         layer = nn.Linear(k, n, bias=False)
         layer.weight.data = w
-        blocks = BlockLinear(layer, OUTPUT_BITS if name == "lm_head" else LAYER_BITS)
+        blocks = BlockLinear(layer, OUTPUT_BITS if name == "lm_head" else BLOCK_WEIGHTS["int4"])
         for rows in (1, 8, 64, 256, 1024):
             if name == "lm_head" and rows > 64:
                 continue
