@@ -178,38 +178,15 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
                 int64_t y_stride, float* packed) {
     const int64_t in = w.in, out = w.out;
     if (rows >= BLOCK_PANEL_MIN_ROWS) {
-        pack_panels(x, x_stride, rows, in, packed);  // its loop's barrier: the panels are whole after it
-        constexpr int64_t P = panel_rows<float>();
-        constexpr int OUTS = TILE_OUTS;
-        // A task is 8 tiles of OUTS weight rows (as panel_product's); a tile is widened a chunk
-        // of k at a time (at most 1024 values: 12 rows of them, 48 KiB, stay in L1/L2), which
-        // every panel then passes.
-        constexpr int64_t TASK = 8 * OUTS;
-        const int64_t panels = (rows + P - 1) / P, chunks = (in + 1023) / 1024;
-        const int64_t chunk = (in / GROUP + chunks - 1) / chunks * GROUP;
-        float* widened = widened_scratch(OUTS * chunk);
-#pragma omp for schedule(dynamic)
-        for (int64_t task = 0; task < out; task += TASK)
-        for (int64_t o = task; o < std::min(out, task + TASK); o += OUTS) {
-            const int64_t outs = std::min<int64_t>(OUTS, out - o);
-            for (int64_t k = 0; k < in; k += chunk) {
-                const int64_t count = std::min(chunk, in - k);
-                widen_rows<BITS>(w, o, outs, k, count, widened, count, std::min(out, task + TASK));
-                for (int64_t panel = 0; panel < panels; ++panel) {
-                    const float* xp = packed + (panel * in + k) * P;
-                    float* yp = y + panel * P * y_stride + o;
-                    const int64_t valid = std::min(P, rows - panel * P);
-                    const float* b = bias == nullptr ? nullptr : bias + o;
-                    if (outs == OUTS) {
-                        panel_tile<float, OUTS>(xp, widened, count, count, yp, y_stride, valid, b, k == 0, nullptr);
-                    } else {
-                        for (int64_t r = 0; r < outs; ++r)
-                            panel_tile<float, 1>(xp, widened + r * count, count, count, yp + r, y_stride, valid,
-                                                 b == nullptr ? nullptr : b + r, k == 0, nullptr);
-                    }
-                }
-            }
-        }
+        // Each tile is widened a chunk of k at a time (at most 1024 values: 12 rows of them, 48 KiB,
+        // stay in L1/L2), which every panel then passes.
+        const int64_t chunks = (in + 1023) / 1024, chunk = (in / GROUP + chunks - 1) / chunks * GROUP;
+        float* widened = widened_scratch(MAX_TILE_OUTS * chunk);
+        auto weights = [&w, widened](int64_t o, int64_t outs, int64_t k, int64_t count, int64_t end) {
+            widen_rows<BITS>(w, o, outs, k, count, widened, count, end);
+            return TileWeights<float>{widened, count, nullptr};
+        };
+        panels(x, x_stride, rows, in, out, chunk, weights, bias, y, y_stride, packed);
         return;
     }
     if (rows == 1) {

@@ -148,16 +148,37 @@ inline void add_bias(T* y, int64_t y_stride, int64_t rows, const T* bias, int64_
         for (int64_t r = 0; r < count; ++r) y[m * y_stride + r] += bias[r];
 }
 
-// The panels: rows of x in groups of P = 16 floats, each group stored k-major (P values per k),
-// the last group padded with zero rows. P is two AVX2 vectors or one AVX-512 vector; a tile keeps
-// 12 vector sums either way: 6 weight rows x two vectors, or 12 weight rows x one.
-constexpr int PANEL_VECTORS = VECTOR_BYTES == 64 ? 1 : 2;
-constexpr int TILE_OUTS = 12 / PANEL_VECTORS;
+// The panels: rows of x in groups of P (a panel's rows), each group stored k-major (P values per k),
+// the last group padded with zero rows. A tile runs one panel past OUTS weight rows, with VECTORS x
+// OUTS vector sums in registers (a panel is VECTORS vectors of rows): per k, VECTORS loads and OUTS
+// broadcasts feed VECTORS x OUTS multiply-adds.
+template <int VECTORS, int OUTS>
+struct PanelShape {
+    static constexpr int vectors = VECTORS, outs = OUTS;
+    template <typename T>
+    static constexpr int64_t rows() { return VECTORS * Vector<T>::lanes; }
+};
 
-template <typename T>
-constexpr int64_t panel_rows() {
-    return PANEL_VECTORS * Vector<T>::lanes;
-}
+// AVX2's 16 registers hold 12 sums: 16 rows (two vectors of floats) x 6 weight rows. AVX-512 has 32:
+// up to 16 rows, one vector of them x 12 weight rows, 13 loads per 12 multiply-adds; beyond, where
+// the narrow panels would take two, 32 rows x 8 weight rows, 10 loads per 16. A 576 x 3072 product
+// at 64 rows from memory ran at 240-300 GFLOP/s on the narrow tiles and 340-380 on the wide (two
+// Zen 5 cores, whose peak is 483); 4 vectors x 6 rows was as fast at 64 rows, and at 32 rows wasted
+// half its sums.
+#ifdef __AVX512F__
+using NarrowPanels = PanelShape<1, 12>;
+using WidePanels = PanelShape<2, 8>;
+#else
+using NarrowPanels = PanelShape<2, 6>;
+using WidePanels = NarrowPanels;
+#endif
+constexpr int MAX_TILE_OUTS = std::max(NarrowPanels::outs, WidePanels::outs);
+
+// A task is TASK_OUTS weight rows (8 tiles of 12 with AVX-512's narrow panels; divisible by every
+// shape's OUTS): 96 x 576 floats stay in L2 while every panel passes them (on Zen 5, 96 rows made a
+// step's products at 16 streams ~10% faster than 48).
+constexpr int64_t TASK_OUTS = 96;
+static_assert(TASK_OUTS % NarrowPanels::outs == 0 && TASK_OUTS % WidePanels::outs == 0);
 
 // From how many rows the panels beat the row-at-a-time tiles. With AVX2, even at 8 rows (half a float
 // panel), ahead from 12 up. With AVX-512, from 3 rows: a decode step's forward at 3 / 4 / 8 rows
@@ -176,16 +197,15 @@ inline std::atomic<int64_t> loom_panel_min_rows{PANEL_MIN_ROWS};
 
 namespace {
 
-// Elements of the panel buffer for ``rows`` rows of width ``in``.
+// Elements of the panel buffer for ``rows`` rows of width ``in``, whichever panels they take.
 template <typename T>
 inline int64_t packed_size(int64_t rows, int64_t in) {
-    constexpr int64_t P = panel_rows<T>();
+    constexpr int64_t P = std::max(NarrowPanels::rows<T>(), WidePanels::rows<T>());
     return (rows + P - 1) / P * P * in;
 }
 
-template <typename T>
+template <typename T, int64_t P>
 void pack_panels(const T* x, int64_t x_stride, int64_t rows, int64_t in, T* packed) {
-    constexpr int64_t P = panel_rows<T>();
 #pragma omp for
     for (int64_t panel = 0; panel < (rows + P - 1) / P; ++panel) {
         T* dst = packed + panel * in * P;
@@ -198,80 +218,118 @@ void pack_panels(const T* x, int64_t x_stride, int64_t rows, int64_t in, T* pack
     }
 }
 
-// y[m][o] (+)= panel rows m . w[o] over ``count`` values of k, for OUTS weight rows (w: the first,
-// at the chunk's first k; rows ``in`` apart) and the panel's first ``rows`` rows. The first chunk
-// of k stores (adding the bias, if any); later ones add to y. ``next``, if given, is the next
-// tile's first weight row: the first panel's pass reads its weights from memory, as OUTS strided
-// streams that the hardware prefetcher follows poorly, so it fetches the next tile's lines into
-// L2 meanwhile (a decode step's products at 16-32 rows: 23.7 -> 20.4 and 36.0 -> 31.4 ms on Zen 5).
-template <typename T, int OUTS>
-inline void panel_tile(const T* panel, const T* w, int64_t in, int64_t count, T* y, int64_t y_stride, int64_t rows,
-                       const T* bias, bool first, const T* next) {
+// sums[m][o] (+)= panel rows m . w[o] over ``count`` values of k, for OUTS weight rows (w: the
+// first, at the chunk's first k; rows ``w_stride`` apart) and the panel's first ``rows`` rows; the
+// first chunk of k stores, later ones add. ``next``, if given, is the next tile's first weight row:
+// the first panel's pass reads its weights from memory, as OUTS strided streams that the hardware
+// prefetcher follows poorly, so it fetches the next tile's lines into L2 meanwhile (a decode step's
+// products at 16-32 rows: 23.7 -> 20.4 and 36.0 -> 31.4 ms on Zen 5).
+template <typename T, int OUTS, int VECTORS>
+inline void panel_tile(const T* panel, const T* w, int64_t w_stride, int64_t count, T* sums, int64_t sums_stride,
+                       int64_t rows, bool first, const T* next) {
     using V = Vector<T>;
-    constexpr int L = V::lanes, NV = PANEL_VECTORS;
+    constexpr int L = V::lanes;
     constexpr int64_t LINE = 64 / sizeof(T);
     // The sums start from the first k's products rather than from zero: GCC keeps this array in
     // memory, and zeroing it was a memset call per tile (1.7% of a 64-row step's time).
-    typename V::type acc[OUTS][NV];
+    typename V::type acc[OUTS][VECTORS];
     auto step = [&](int64_t k, bool start) {
-        typename V::type xs[NV];
-        for (int v = 0; v < NV; ++v) xs[v] = V::load(panel + (k * NV + v) * L);
+        typename V::type xs[VECTORS];
+        for (int v = 0; v < VECTORS; ++v) xs[v] = V::load(panel + (k * VECTORS + v) * L);
         for (int o = 0; o < OUTS; ++o) {
-            const T weight = w[o * in + k];
-            for (int v = 0; v < NV; ++v) acc[o][v] = start ? xs[v] * weight : acc[o][v] + xs[v] * weight;
+            const T weight = w[o * w_stride + k];
+            for (int v = 0; v < VECTORS; ++v) acc[o][v] = start ? xs[v] * weight : acc[o][v] + xs[v] * weight;
         }
     };
     step(0, true);
     int64_t k = 1;
     if (next != nullptr) {
         for (; k + LINE <= count; k += LINE) {
-            for (int o = 0; o < OUTS; ++o) __builtin_prefetch(next + o * in + k, 0, 2);
+            for (int o = 0; o < OUTS; ++o) __builtin_prefetch(next + o * w_stride + k, 0, 2);
             for (int64_t j = 0; j < LINE; ++j) step(k + j, false);
         }
     }
     for (; k < count; ++k) step(k, false);
     for (int o = 0; o < OUTS; ++o) {
-        const T b = first && bias != nullptr ? bias[o] : T(0);
         for (int64_t m = 0; m < rows; ++m) {
             const T sum = acc[o][m / L][m % L];
-            T& dst = y[m * y_stride + o];
-            dst = first ? sum + b : dst + sum;
+            T& dst = sums[m * sums_stride + o];
+            dst = first ? sum : dst + sum;
         }
     }
 }
 
+// Where a tile's weights are: ``w`` (at the chunk's first k) with rows ``stride`` apart, and the
+// next tile's first row to fetch meanwhile (or null).
 template <typename T>
-void panel_product(const T* packed, int64_t rows, const T* w, const T* bias, int64_t in, int64_t out, T* y,
-                   int64_t y_stride) {
-    constexpr int64_t P = panel_rows<T>();
-    constexpr int OUTS = TILE_OUTS;
-    // A task is 8 tiles of weight rows (48 with AVX2, 96 with AVX-512): 96 x 576 floats stay in L2
-    // while every panel passes them, and only a task's first tile reads its weights unfetched (on
-    // Zen 5, 96 rows made a step's products at 16 streams ~10% faster than 48). Widths above 1024
-    // are cut into even chunks of k, so that a weight block and a panel's share of it stay cached
-    // on wider models too.
-    constexpr int64_t BLOCK = 8 * OUTS;
-    const int64_t panels = (rows + P - 1) / P, chunks = (in + 1023) / 1024, chunk = (in + chunks - 1) / chunks;
-#pragma omp for schedule(dynamic)
-    for (int64_t first_out = 0; first_out < out; first_out += BLOCK) {
-        const int64_t end = std::min(out, first_out + BLOCK);
+struct TileWeights {
+    const T* w;
+    int64_t stride;
+    const T* next;
+};
+
+// One task of the panels' product: weight rows [first, end) against every panel, in chunks of
+// ``chunk`` values of k (a chunk of a tile's weights stays cached while every panel passes it).
+// ``weights(o, outs, k, count, end)`` says where tile o's weights for [k, k + count) are; block
+// weights widen them there. The sums gather in a buffer of the thread's own, TASK_OUTS floats a row,
+// and reach y with the bias once the task is done: written straight into y, a tile's column of 32
+// rows hit 32 lines of one cache set wherever y's rows are a multiple of 4 KiB apart (the default
+// model's 3072-wide intermediate and 49152-wide logits), and the next tile found them evicted: a
+// 576 x 3072 product at 64 rows ran at 150-190 GFLOP/s against 330-380 with the sums apart.
+template <typename T, typename Shape, typename Weights>
+void panel_task(const T* packed, int64_t rows, int64_t in, int64_t chunk, int64_t first, int64_t end, Weights weights,
+                const T* bias, T* y, int64_t y_stride) {
+    constexpr int64_t P = Shape::template rows<T>();
+    constexpr int OUTS = Shape::outs;
+    const int64_t panels = (rows + P - 1) / P;
+    thread_local std::vector<T> buffer;
+    T* sums = line_aligned(buffer, panels * P * TASK_OUTS);
+    for (int64_t o = first; o < end; o += OUTS) {
+        const int64_t outs = std::min<int64_t>(OUTS, end - o);
         for (int64_t k = 0; k < in; k += chunk) {
             const int64_t count = std::min(chunk, in - k);
+            const TileWeights<T> tile = weights(o, outs, k, count, end);
             for (int64_t panel = 0; panel < panels; ++panel) {
                 const T* xp = packed + (panel * in + k) * P;
-                T* yp = y + panel * P * y_stride;
+                T* sp = sums + panel * P * TASK_OUTS + (o - first);
                 const int64_t valid = std::min(P, rows - panel * P);
-                const T* b = bias == nullptr ? nullptr : bias + first_out;
-                int64_t o = first_out;
-                for (; o + OUTS <= end; o += OUTS, b = b == nullptr ? b : b + OUTS) {
-                    const T* next = panel == 0 && o + 2 * OUTS <= end ? w + (o + OUTS) * in + k : nullptr;
-                    panel_tile<T, OUTS>(xp, w + o * in + k, in, count, yp + o, y_stride, valid, b, k == 0, next);
+                if (outs == OUTS) {
+                    panel_tile<T, OUTS, Shape::vectors>(xp, tile.w, tile.stride, count, sp, TASK_OUTS, valid, k == 0,
+                                                        panel == 0 ? tile.next : nullptr);
+                } else {  // the last few weight rows, one at a time
+                    for (int64_t r = 0; r < outs; ++r)
+                        panel_tile<T, 1, Shape::vectors>(xp, tile.w + r * tile.stride, tile.stride, count, sp + r,
+                                                         TASK_OUTS, valid, k == 0, nullptr);
                 }
-                for (; o < end; ++o, b = b == nullptr ? b : b + 1)
-                    panel_tile<T, 1>(xp, w + o * in + k, in, count, yp + o, y_stride, valid, b, k == 0, nullptr);
             }
         }
     }
+    for (int64_t m = 0; m < rows; ++m) {
+        const T* src = sums + m * TASK_OUTS;
+        T* dst = y + m * y_stride + first;
+        for (int64_t r = 0; r < end - first; ++r) dst[r] = src[r] + (bias != nullptr ? bias[first + r] : T(0));
+    }
+}
+
+template <typename T, typename Shape, typename Weights>
+void panel_product(const T* x, int64_t x_stride, int64_t rows, int64_t in, int64_t out, int64_t chunk,
+                   Weights weights, const T* bias, T* y, int64_t y_stride, T* packed) {
+    pack_panels<T, Shape::template rows<T>()>(x, x_stride, rows, in, packed);  // its barrier: the panels are whole
+#pragma omp for schedule(dynamic)
+    for (int64_t first = 0; first < out; first += TASK_OUTS)
+        panel_task<T, Shape>(packed, rows, in, chunk, first, std::min(out, first + TASK_OUTS), weights, bias, y,
+                             y_stride);
+}
+
+// y = x w^T + b on the panels, the tasks shared among the threads of the enclosing parallel region
+// (``packed``: packed_size(rows, in) elements that they share). ``weights``: as panel_task's.
+template <typename T, typename Weights>
+void panels(const T* x, int64_t x_stride, int64_t rows, int64_t in, int64_t out, int64_t chunk, Weights weights,
+            const T* bias, T* y, int64_t y_stride, T* packed) {
+    if (rows > NarrowPanels::rows<T>())
+        panel_product<T, WidePanels>(x, x_stride, rows, in, out, chunk, weights, bias, y, y_stride, packed);
+    else
+        panel_product<T, NarrowPanels>(x, x_stride, rows, in, out, chunk, weights, bias, y, y_stride, packed);
 }
 
 // Shares the work among the threads of the enclosing parallel region (alone, outside one).
@@ -281,8 +339,13 @@ template <typename T>
 void linear_rows(const T* x, int64_t x_stride, int64_t rows, const T* w, const T* bias, int64_t in, int64_t out,
                  T* y, int64_t y_stride, T* packed, int64_t panel_from) {
     if (rows >= panel_from) {
-        pack_panels(x, x_stride, rows, in, packed);  // its loop's barrier: the panels are whole after it
-        panel_product(packed, rows, w, bias, in, out, y, y_stride);
+        // Widths above 1024 are cut into even chunks of k, so that a weight block and a panel's
+        // share of it stay cached on wider models too.
+        const int64_t chunks = (in + 1023) / 1024, chunk = (in + chunks - 1) / chunks;
+        auto weights = [w, in](int64_t o, int64_t outs, int64_t k, int64_t, int64_t end) {
+            return TileWeights<T>{w + o * in + k, in, o + 2 * outs <= end ? w + (o + outs) * in + k : nullptr};
+        };
+        panels(x, x_stride, rows, in, out, chunk, weights, bias, y, y_stride, packed);
         return;
     }
     // A task is 8 weight rows for one input row; for more, 3 weight rows x 4 input rows (12

@@ -24,7 +24,7 @@ def linear(out, width, bias=True, seed=0):
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("out,width", [(7, 32), (40, 96), (100, 160), (13, 1088)])  # 1088: two chunks of k
-@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 16, 17, 40])  # one row; the tiles; the panels from 9
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 16, 17, 40, 71])  # one row; the tiles; the panels from 9, wide from 32
 def test_kernel_computes_the_dequantized_product(bits, out, width, rows):
     layer = linear(out, width, bias=rows % 2 == 1, seed=rows)
     blocks = BlockLinear(layer, bits)

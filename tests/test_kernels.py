@@ -81,7 +81,8 @@ def panels_from(request):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 16, 17, 40])  # one row; blocks of four; whole, partial, several panels
+# one row; blocks of four; whole, partial, several panels; the wide panels (AVX-512) from 32 rows
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 16, 17, 40, 71])
 @pytest.mark.parametrize("width,out,bias", [(64, 96, False), (61, 29, True), (576, 8 * 3 * 7 + 5, True),
                                             (1100, 48 + 6 + 5, True),  # past 1024: chunks of k
                                             (5, 13, True)])  # narrower than a vector
