@@ -6,7 +6,10 @@ it prints each system's tok/s per round and the median (W6's prompts, 64 tokens 
 checkout's root:
 
     python docs/bench/w6_interleaved.py --llama-server PATH/llama-server [--streams 1,4,16,64] [--rounds 3]
-        [--weights float32|int4] [--kv-dtype float16] [--llama-kv-type f16|f32]
+        [--weights float32|int4] [--kv-dtype float16] [--llama-kv-type f16|f32] [--busy K]
+
+With --busy K, K busy competitor processes (the bench's Competitors) run while the systems are
+measured (not while they load).
 """
 
 import argparse
@@ -18,7 +21,7 @@ sys.path.insert(0, os.getcwd())
 
 from runtime import Engine  # noqa: E402
 from runtime.bench import peers  # noqa: E402
-from runtime.bench.harness import Request, run_loom  # noqa: E402
+from runtime.bench.harness import Competitors, Request, run_loom  # noqa: E402
 from runtime.bench.workloads import peer_texts  # noqa: E402
 
 from models.gguf import default_model_path  # noqa: E402
@@ -33,6 +36,7 @@ def main():
                         help="Loom's weights; int4 runs llama-server on the GGUF as it is (Q4_1), float32 on an F32 copy")
     parser.add_argument("--kv-dtype", default=None, help="Loom's KV pool (default: the model's dtype)")
     parser.add_argument("--llama-kv-type", default="f16", choices=("f16", "f32"), help="llama-server's KV cache")
+    parser.add_argument("--busy", type=int, default=0, help="busy competitor processes while measuring")
     args = parser.parse_args()
     args.model = None  # the default model, as loom_server expects it
     streams = [int(s) for s in args.streams.split(",")]
@@ -47,13 +51,14 @@ def main():
     for server in servers:
         server.start()
     try:
-        for _ in range(args.rounds):
-            for c in streams:
-                run = run_loom(engine, [Request(p, 64) for p in prompts[:c]], f"W6@{c}")
-                rates.setdefault(("loom in-process", c), []).append(run.tokens / run.seconds)
-                for server in servers:
-                    run = server.run(texts[:c], 64, f"W6@{c}")
-                    rates.setdefault((server.system, c), []).append(run.tokens / run.seconds)
+        with Competitors(args.busy):
+            for _ in range(args.rounds):
+                for c in streams:
+                    run = run_loom(engine, [Request(p, 64) for p in prompts[:c]], f"W6@{c}")
+                    rates.setdefault(("loom in-process", c), []).append(run.tokens / run.seconds)
+                    for server in servers:
+                        run = server.run(texts[:c], 64, f"W6@{c}")
+                        rates.setdefault((server.system, c), []).append(run.tokens / run.seconds)
     finally:
         for server in servers:
             server.stop()
