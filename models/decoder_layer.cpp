@@ -11,11 +11,15 @@
 // The torch paths (models/llama.py, gpt2.py) remain the reference and run every step with prefill rows.
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
 #include <omp.h>
+#ifdef __linux__
+#include <sched.h>
+#endif
 
 #include "block_weights.h"
 #include "cpu_linear.h"
@@ -210,6 +214,46 @@ Step<T> row_range(const Step<T>& s, int64_t first, int64_t end) {
     return part;
 }
 
+// For the time of a step whose threads carry their own rows, each thread stays on the core it is
+// on (where no other thread of the team claimed that core first), then may move again. Left to
+// move, on cores that other processes share, the threads changed cores as the kernel balanced the
+// runnable tasks, and each move left a thread's weights and panels in the other core's cache: a
+// 64-row forward beside one busy process took 131-147 ms, against 94-106 staying (quiet and beside
+// two busy processes level; docs/benchmarks.md, "Wide panels"). The kernel's choice of cores at
+// the step's start stands: a thread is not sent to a core that others keep busy.
+class StayOnThisCore {
+#ifdef __linux__
+    static inline std::atomic<bool> claimed[CPU_SETSIZE];
+    cpu_set_t before_;
+    int cpu_ = -1;
+
+  public:
+    StayOnThisCore() {
+        const int cpu = sched_getcpu();
+        if (cpu < 0 || cpu >= CPU_SETSIZE || sched_getaffinity(0, sizeof before_, &before_) != 0 ||
+            CPU_COUNT(&before_) < 2 || claimed[cpu].exchange(true))
+            return;
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cpu, &one);
+        if (sched_setaffinity(0, sizeof one, &one) == 0)
+            cpu_ = cpu;
+        else
+            claimed[cpu] = false;
+    }
+    ~StayOnThisCore() {
+        if (cpu_ < 0) return;
+        sched_setaffinity(0, sizeof before_, &before_);
+        claimed[cpu_] = false;
+    }
+#else
+  public:
+    StayOnThisCore() {}
+#endif
+    StayOnThisCore(const StayOnThisCore&) = delete;
+    StayOnThisCore& operator=(const StayOnThisCore&) = delete;
+};
+
 // Every layer over the step's rows. With ``split_rows`` (decoder_layer.py chooses: enough rows per
 // thread), each thread carries its own share of the rows through all the layers, alone: one barrier
 // per step instead of ten per layer. On cores that other processes share, a thread the kernel parks
@@ -234,6 +278,7 @@ void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, const Step<T
     }
 #pragma omp parallel num_threads(threads)
     {
+        const StayOnThisCore stay;
         T* own = base + share * omp_get_thread_num();
         // ``threads`` parts of the rows, one per thread (or more each, should the team be smaller).
         for (int part = omp_get_thread_num(); part < threads; part += omp_get_num_threads()) {
