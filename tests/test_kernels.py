@@ -2,6 +2,9 @@
 SDPA), the small-batch linear product (F.linear); and the fallback when the build fails. (The
 engine on both paths: test_correctness.)"""
 
+import os
+import threading
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -236,3 +239,37 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, 
     torch.testing.assert_close(native_cache, kv.data, atol=tolerance, rtol=tolerance)
     wide = StepInput.flatten([Sequence([5], 3, [i], True) for i in range(cpu_linear.KERNEL_ROWS + 1)], 8, torch.device("cpu"))
     assert layers.serves(decode, kv) and not layers.serves(wide, kv)  # oneDNN's products from there: the torch layers
+
+
+@needs_kernel
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="thread affinity is Linux's")
+def test_a_split_step_leaves_every_thread_free_to_move(two_threads):
+    """The threads that carry their own rows stay on their cores for the step only: afterwards every
+    thread of the process (the caller and the OpenMP workers) may run where it could before."""
+    import models
+    from models.step import KVCache, Sequence, StepInput
+
+    from .conftest import tiny_model
+
+    model = models.load(tiny_model("llama"), dtype=torch.float32).model
+    streams = 2 * SPLIT_ROWS_PER_THREAD + 3
+    kv = KVCache(model.num_layers, streams, 8, model.num_kv_heads, model.head_dim, torch.float32, "cpu")
+    step = StepInput.flatten([Sequence([5], 3, [i], True) for i in range(streams)], 8, torch.device("cpu"))
+    assert model.decoder_layers.splits(step, 2, kv)
+
+    def masks():
+        found = {}
+        for tid in map(int, os.listdir("/proc/self/task")):
+            try:
+                found[tid] = os.sched_getaffinity(tid)
+            except ProcessLookupError:  # a thread that ended meanwhile
+                pass
+        return found
+
+    before = os.sched_getaffinity(0)
+    with torch.no_grad():
+        for _ in range(3):
+            model(step, kv)
+    after = masks()
+    assert after[threading.get_native_id()] == before
+    assert all(mask == before for mask in after.values()), after
