@@ -4,11 +4,16 @@ competitor processes on the same cores (K = 0, 1, 2), reporting tokens/s and CPU
 Run from a checkout's root, so that the checkout's own ``runtime`` is imported; running the same
 file from an older checkout measures that version the same way (docs/benchmarks.md, "Shared cores"):
 
-    python docs/bench/shared_cores.py [--cpu-threads N] [--tokens 24] [--label NAME]
+    python docs/bench/shared_cores.py [--cpu-threads N] [--tokens 24] [--label NAME] [--rounds R]
+
+With --rounds R the counts of busy processes take turns R times and each cell reports the median
+(with every round's figure), so that a VM whose speed drifts between minutes weighs on quiet and
+shared cells alike; the ratio column is each cell's median over the quiet one's.
 """
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -42,21 +47,31 @@ def main():
     parser.add_argument("--cpu-threads", type=int, default=None)
     parser.add_argument("--tokens", type=int, default=24)
     parser.add_argument("--label", default="loom")
+    parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
     options = {"cpu_threads": args.cpu_threads} if args.cpu_threads else {}
     engine = Engine.from_pretrained(**options)
     run(engine, 1, 4)  # warm-up
-    print("| system | busy procs | streams | tok/s | CPU ms/token |\n| --- | --- | --- | --- | --- |")
-    for competitors in (0, 1, 2):
-        busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(competitors)]
-        time.sleep(0.5)
-        try:
-            for streams in (1, 8, 64):
-                rate, cpu = run(engine, streams, args.tokens)
-                print(f"| {args.label} | {competitors} | {streams} | {rate:.1f} | {1000 * cpu:.1f} |", flush=True)
-        finally:
-            for process in busy:
-                process.kill()
+    cells: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for _ in range(args.rounds):
+        for competitors in (0, 1, 2):
+            busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(competitors)]
+            time.sleep(0.5)
+            try:
+                for streams in (1, 8, 64):
+                    cells.setdefault((competitors, streams), []).append(run(engine, streams, args.tokens))
+            finally:
+                for process in busy:
+                    process.kill()
+    print("| system | busy procs | streams | tok/s (median; rounds) | CPU ms/token | of quiet |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for (competitors, streams), results in cells.items():
+        rate = statistics.median(r for r, _ in results)
+        cpu = statistics.median(c for _, c in results)
+        rounds = " / ".join(f"{r:.1f}" for r, _ in results)
+        quiet = statistics.median(r for r, _ in cells[0, streams])
+        print(f"| {args.label} | {competitors} | {streams} | {rate:.1f} ({rounds}) | {1000 * cpu:.1f} | "
+              f"{rate / quiet:.2f} |", flush=True)
     engine.shutdown()
 
 
