@@ -218,11 +218,13 @@ Step<T> row_range(const Step<T>& s, int64_t first, int64_t end) {
 // on (where no other thread of the team claimed that core first), then may move again. Left to
 // move, on cores that other processes share, the threads changed cores as the kernel balanced the
 // runnable tasks, and each move left a thread's weights and panels in the other core's cache: a
-// 64-row forward beside one busy process took 131-147 ms, against 94-106 staying (quiet and beside
+// 64-row forward beside one busy process took 125-142 ms, against 88-93 staying (quiet and beside
 // two busy processes level; docs/benchmarks.md, "Wide panels"). The kernel's choice of cores at
 // the step's start stands: a thread is not sent to a core that others keep busy.
 class StayOnThisCore {
 #ifdef __linux__
+    // The cores a thread stays on now, across every team in the process: two engines' threads
+    // never stay on one core together.
     static inline std::atomic<bool> claimed[CPU_SETSIZE];
     cpu_set_t before_;
     int cpu_ = -1;
