@@ -245,7 +245,14 @@ class StayOnThisCore {
     }
     ~StayOnThisCore() {
         if (cpu_ < 0) return;
-        sched_setaffinity(0, sizeof before_, &before_);
+        if (sched_setaffinity(0, sizeof before_, &before_) != 0) {
+            // The cores it had are gone (a container's CPU set shrank during the step): any the
+            // kernel still allows, rather than staying on this one.
+            cpu_set_t any;
+            CPU_ZERO(&any);
+            for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) CPU_SET(cpu, &any);
+            sched_setaffinity(0, sizeof any, &any);
+        }
         claimed[cpu_] = false;
     }
 #else
