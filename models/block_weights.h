@@ -179,8 +179,8 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
     const int64_t in = w.in, out = w.out;
     if (rows >= BLOCK_PANEL_MIN_ROWS) {
         // Each tile is widened a chunk of k at a time (at most 1024 values: 12 rows of them, 48 KiB,
-        // stay in L1/L2), which every panel then passes.
-        const int64_t chunks = (in + 1023) / 1024, chunk = (in / GROUP + chunks - 1) / chunks * GROUP;
+        // stay in L1/L2), whole blocks, which every panel then passes.
+        const int64_t chunk = k_chunk(in, GROUP);
         float* widened = widened_scratch(MAX_TILE_OUTS * chunk);
         auto weights = [&w, widened](int64_t o, int64_t outs, int64_t k, int64_t count, int64_t end) {
             widen_rows<BITS>(w, o, outs, k, count, widened, count, end);

@@ -13,8 +13,8 @@
 //   with AVX-512) x 16 input rows then keeps 12 vector sums in registers, broadcasting one weight per
 //   weight row at each k: 12 multiply-adds for 2 vector loads and 6 broadcasts (1 and 12), no
 //   horizontal sums. With AVX-512, rows beyond one panel take panels of 32 and tiles of 8 weight
-//   rows (16 sums: 16 multiply-adds for 2 loads and 8 broadcasts). The row-at-a-time tiles reloaded their input rows from L2 for every 3 weight
-//   rows and reached ~70 GFLOP/s; on two AVX2 cores the panels reach ~150: 1.3-1.9x oneDNN's product
+//   rows (16 sums: 16 multiply-adds for 2 loads and 8 broadcasts). The row-at-a-time tiles
+//   reloaded their input rows from L2 for every 3 weight rows and reached ~70 GFLOP/s; on two AVX2 cores the panels reach ~150: 1.3-1.9x oneDNN's product
 //   at 8-16 rows, 1.1-1.5x at 32-64, about level from 128 up. On two Zen 5 cores with AVX-512 a
 //   decode step's products run 1.5x oneDNN's at 16 rows and 1.2x at 64 (docs/benchmarks.md, "Panel
 //   products", "Zen 5 and AVX-512").
@@ -269,6 +269,22 @@ struct TileWeights {
     const T* next;
 };
 
+// Where a tile's weights are in a dense [out, in] matrix: in place, the next tile's fetched meanwhile.
+template <typename T>
+inline auto stored_weights(const T* w, int64_t in) {
+    return [w, in](int64_t o, int64_t outs, int64_t k, int64_t, int64_t end) {
+        return TileWeights<T>{w + o * in + k, in, o + 2 * outs <= end ? w + (o + outs) * in + k : nullptr};
+    };
+}
+
+// The panels' chunks of k: widths above 1024 are cut into even chunks, each a multiple of
+// ``granule`` values, so that a tile's weights and a panel's share of them stay cached on wider
+// models too.
+inline int64_t k_chunk(int64_t in, int64_t granule = 1) {
+    const int64_t chunks = (in + 1023) / 1024;
+    return (in / granule + chunks - 1) / chunks * granule;
+}
+
 // One task of the panels' product: weight rows [first, end) against every panel, in chunks of
 // ``chunk`` values of k (a chunk of a tile's weights stays cached while every panel passes it).
 // ``weights(o, outs, k, count, end)`` says where tile o's weights for [k, k + count) are; block
@@ -340,13 +356,7 @@ template <typename T>
 void linear_rows(const T* x, int64_t x_stride, int64_t rows, const T* w, const T* bias, int64_t in, int64_t out,
                  T* y, int64_t y_stride, T* packed, int64_t panel_from) {
     if (rows >= panel_from) {
-        // Widths above 1024 are cut into even chunks of k, so that a weight block and a panel's
-        // share of it stay cached on wider models too.
-        const int64_t chunks = (in + 1023) / 1024, chunk = (in + chunks - 1) / chunks;
-        auto weights = [w, in](int64_t o, int64_t outs, int64_t k, int64_t, int64_t end) {
-            return TileWeights<T>{w + o * in + k, in, o + 2 * outs <= end ? w + (o + outs) * in + k : nullptr};
-        };
-        panels(x, x_stride, rows, in, out, chunk, weights, bias, y, y_stride, packed);
+        panels(x, x_stride, rows, in, out, k_chunk(in), stored_weights(w, in), bias, y, y_stride, packed);
         return;
     }
     // A task is 8 weight rows for one input row; for more, 3 weight rows x 4 input rows (12

@@ -24,18 +24,15 @@ struct Shape {
 template <int VECTORS, int OUTS>
 double gflops(int64_t rows, const Shape& s, int copies, const std::vector<float>& w, const std::vector<float>& x,
               std::vector<float>& packed, std::vector<float>& y) {
-    const int64_t in = s.in;
     double best = 1e30;
     for (int repeat = 0; repeat < 5; ++repeat) {
         const double start = omp_get_wtime();
 #pragma omp parallel
         for (int c = 0; c < copies; ++c) {
             const float* wc = w.data() + int64_t(c) * s.in * s.out;
-            auto weights = [wc, in](int64_t o, int64_t outs, int64_t k, int64_t, int64_t end) {
-                return TileWeights<float>{wc + o * in + k, in, o + 2 * outs <= end ? wc + (o + outs) * in + k : nullptr};
-            };
-            panel_product<float, PanelShape<VECTORS, OUTS>>(x.data(), in, rows, in, s.out, in, weights, nullptr,
-                                                            y.data(), s.out, packed.data());
+            panel_product<float, PanelShape<VECTORS, OUTS>>(x.data(), s.in, rows, s.in, s.out, k_chunk(s.in),
+                                                            stored_weights(wc, s.in), nullptr, y.data(), s.out,
+                                                            packed.data());
         }
         best = std::min(best, (omp_get_wtime() - start) / copies);
     }
