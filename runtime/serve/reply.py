@@ -170,15 +170,6 @@ async def merged(choices: list[Choice]):
     None) when that choice ends.
     Raises the first choice's failure. Leaving early cancels every choice's stream, which aborts
     its request (the client went away)."""
-    if len(choices) == 1:  # one stream (n=1): its pieces as they come, with no task and queue between
-        choice = choices[0]
-        try:
-            async for piece in choice.pieces:
-                yield choice, piece, choice.handle.context.num_fetched
-        finally:
-            await choice.pieces.aclose()  # where the reply left early: its request is aborted now
-        yield choice, None, None
-        return
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(choice: Choice):
