@@ -14,9 +14,14 @@ So the forward takes the cores that other threads leave free. Where they leave n
 run on every thread, which then claim their share of the busy cores' time, and a one-row step
 (bound by reading the weights) on one thread or on every thread, whichever its recent forwards were
 faster on (OneRowChoice): that depends on how much of the memory bandwidth one core can draw. With
-short spins the loop thread samples, before each forward, how many threads are runnable besides
-itself (/proc/loadavg), and the fewest over the last STEADY_WINDOW steps is the steady load (a
-burst, or a consumer the last step woke, is not runnable at every sample; a busy process is).
+short spins the loop thread samples, at the end of each step (after sampling, before delivery), how
+many threads are runnable besides itself (/proc/loadavg), and the fewest over the last
+STEADY_WINDOW steps is the steady load (a burst is not runnable at every sample; a busy process
+is). At that point the work the previous delivery woke (consumers, the server's event loop, an
+HTTP client on this machine) has had a whole forward to finish. Sampled right before the forward
+instead, it was at its busiest every time: through the server with the bench's client, 72-76% of
+those samples saw such threads (3% or fewer at the step's end), and stretches of steps ran on one
+thread (docs/benchmarks.md, "The load's sample").
 Elsewhere (long spins, or a process pinned to some of the machine's cores, for which loadavg's
 count speaks of other cores too) it measures how long it waited for a core during each forward (its
 run-queue delay, from /proc/thread-self/schedstat): while that is a large share of the forward it
@@ -87,8 +92,7 @@ class CpuThreads:
         """In the loop thread: use this step's count and start measuring its wait for a core."""
         split = step is not None and self.splits is not None and self.splits(step, self.max)
         if self.sharing:
-            self.others.append(other_runnable_threads())
-            steady = min(self.others)  # a busy loop is runnable at every sample; a burst or a woken consumer is not
+            steady = min(self.others, default=0)  # a busy loop is runnable at every sample; a burst is not
             self.count = self._beside(steady, one_row=step is not None and len(step.input_ids) == 1)
         self._apply(self.max if split else self.count)
         # A split step waits for no thread until it ends: it says nothing of the phases' barriers.
@@ -109,9 +113,12 @@ class CpuThreads:
                 torch.set_num_threads(count)  # no libgomp: process-wide, the only knob there is
             self.applied = key
 
-    def after_forward(self) -> None:
-        """Time the forward for OneRowChoice if it chose the count; where adaptive, choose the next
-        step's count from how long this forward waited for a core."""
+    def after_sampling(self) -> None:
+        """At the step's end, after sampling: sample the load where sharing; time the forward for
+        OneRowChoice if it chose the count; where adaptive, choose the next step's count from how
+        long this forward waited for a core."""
+        if self.sharing:
+            self.others.append(other_runnable_threads())
         self.one_row.finish()
         if self.started is None:
             return

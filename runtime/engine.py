@@ -289,13 +289,13 @@ class Engine(TextAPI):
             if threads is not None:
                 threads.before_forward(step)
             logits = self.model(step, self.kv_cache)
-            if threads is not None:
-                threads.after_forward()
             bitmask = masks.result() if masks is not None else None
         except Exception as error:
             self._fail_step([e.ctx for e in plan.entries], error)
             return
         tokens, logprobs = self._sample(logits, sampling, bitmask)
+        if threads is not None:
+            threads.after_sampling()  # its team's workers are asleep again: the load sampled sees others only
         produced = time.perf_counter()  # hand-off latency counts from here, bookkeeping included
         if self.device.type == "cpu" and not openmp.SHORT_SPIN:  # its idle worker would spin on the core a
             openmp.release_thread_pool()                           # consumer needs next (openmp.py)

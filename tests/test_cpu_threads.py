@@ -29,7 +29,7 @@ class Clock:
         threads.before_forward()
         self.now += 10_000_000
         self.wait += int(share * 10_000_000)
-        threads.after_forward()
+        threads.after_sampling()
         return threads.count
 
 
@@ -44,22 +44,23 @@ def adaptive(monkeypatch):
 
 @pytest.fixture
 def sharing(monkeypatch):
-    """Four cores, short spins; ``sharing.others`` is what /proc/loadavg will say, sample by sample."""
+    """Four cores, short spins; ``sharing.load.others`` is what /proc/loadavg says now."""
     monkeypatch.setattr(cpu_threads, "available_cores", lambda: 4)
     monkeypatch.setattr(openmp, "set_thread_count", lambda n: True)
-    others = []
-    monkeypatch.setattr(cpu_threads, "other_runnable_threads", lambda: others.pop(0))
+    load = SimpleNamespace(others=0)
+    monkeypatch.setattr(cpu_threads, "other_runnable_threads", lambda: load.others)
     threads = CpuThreads(None, splits=lambda step, n: step is WIDE)
     threads.adaptive, threads.sharing = False, True
-    threads.next_others = others
+    threads.load = load
     return threads
 
 
 def counts(threads: CpuThreads, others: list[int], step=None) -> list[int]:
-    """The thread counts set for one step per sample of ``others``."""
-    threads.next_others.extend(others)
+    """The thread counts set for the steps after steps that ended with ``others`` runnable."""
     result = []
-    for _ in others:
+    for load in others:
+        threads.load.others = load
+        threads.after_sampling()
         threads.before_forward(step)
         result.append(threads.applied[1])
     return result
@@ -72,6 +73,18 @@ def test_threads_take_the_cores_other_threads_leave_free(sharing):
     assert counts(sharing, [0]) == [4]  # a sample without them: they were not steady
 
 
+def test_the_load_is_sampled_at_the_steps_end_where_the_woken_consumers_are_done(sharing):
+    """Right after delivery the consumers it woke (a server's event loop, an HTTP client on the same
+    machine) are runnable at every step's start; by its end they are done. They must not cost the
+    forward its threads."""
+    for _ in range(2 * STEADY_WINDOW):
+        sharing.load.others = 3  # the woken consumers, as the forward starts
+        sharing.before_forward()
+        assert sharing.applied[1] == 4
+        sharing.load.others = 0  # done by the step's end
+        sharing.after_sampling()
+
+
 def test_with_no_core_free_one_row_steps_take_the_count_their_forwards_were_faster_on(sharing, monkeypatch):
     """One thread read the weights nearly as fast as two on Zen 5 cores; on a Xeon's, half as fast."""
     now = [0]
@@ -80,12 +93,13 @@ def test_with_no_core_free_one_row_steps_take_the_count_their_forwards_were_fast
 
     def one_row_steps(forward_ms: dict, steps: int) -> list[int]:
         chosen = []
-        sharing.next_others.extend([6] * steps)  # every core busy all along
+        sharing.load.others = 6  # every core busy all along
+        sharing.after_sampling()  # as the step before ended
         for _ in range(steps):
             sharing.before_forward(one_row)
             chosen.append(sharing.applied[1])
             now[0] += forward_ms[chosen[-1]] * 1_000_000
-            sharing.after_forward()
+            sharing.after_sampling()
         return chosen
 
     n = ONE_ROW_SAMPLES
@@ -122,7 +136,7 @@ def test_a_split_step_keeps_every_thread_and_leaves_the_adaptive_count_alone(ada
     assert clock.step(adaptive, 0.9) == 2
     adaptive.before_forward(WIDE)
     assert adaptive.applied[1] == 4 and adaptive.started is None  # not measured: its threads share no barrier
-    adaptive.after_forward()
+    adaptive.after_sampling()
     assert adaptive.count == 2
 
 
