@@ -55,7 +55,10 @@ FIRST_BACKOFF = 8     # quiet steps before trying one more thread; doubled after
 MAX_BACKOFF = 256
 SCHEDSTAT = "/proc/thread-self/schedstat"
 LOADAVG = "/proc/loadavg"
-STEADY_WINDOW = 16    # steps over which the fewest other runnable threads seen is the steady load
+# Steps over which the fewest other runnable threads seen is the steady load. Sampled at the steps'
+# ends, bursts rarely last four; at 16 a process that started beside one stream held it on two
+# threads for 16 steps, half of a 32-token answer ("The load's sample").
+STEADY_WINDOW = 4
 ONE_ROW_SAMPLES = 4   # one-row forwards timed at each count before OneRowChoice compares them
 ONE_ROW_RETRY = 64    # one-row steps on full cores between fresh measurements of the count not chosen
 
