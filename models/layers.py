@@ -4,12 +4,21 @@ threads or scheduling."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from . import native, paged_decode
 from .rope import apply_rotary
+from .step import DecodeGroup
+
+# A prefill chunk whose queries read at most this many keys in all (each token its own prefix)
+# attends on the decode kernel, a row per token: a prompt of a dozen tokens took a gather of its
+# blocks, SDPA and some views in every layer, which for 64 such prompts was ~100 ms of a 500-600 ms
+# prefill (docs/benchmarks.md, "Short prompts on the decode kernel"). Longer chunks keep SDPA,
+# which reads each key once for all of the chunk's queries.
+SHORT_PREFILL_KEYS = 4096
 
 
 class AttentionMasks:
@@ -23,11 +32,8 @@ class AttentionMasks:
         self.window = window
         # The CPU kernels bound each context themselves; the torch path needs padded masks.
         self.on_kernel = native.supports(step.positions.device, dtype, kv_cache.dtype)
-        self.decode = []  # one mask per decode group; None where the kernel needs none
-        for group in step.decode_groups:
-            if self.on_kernel:
-                self.decode.append(None)
-                continue
+        self.decode = []  # one mask per decode group on the torch path (the kernel needs none)
+        for group in step.decode_groups if not self.on_kernel else ():
             width = group.block_tables.shape[1] * step.block_size
             keys = torch.arange(width, device=step.positions.device)
             lens = group.context_lens[:, None]
@@ -35,18 +41,42 @@ class AttentionMasks:
             if window is not None:
                 mask &= keys >= lens - window
             self.decode.append(mask[:, None, None, :])
-        self.prefill = []
+        self.prefill = []  # (chunk, its mask) for SDPA
+        self.prefill_rows: list[DecodeGroup] = []  # runs of short chunks, a row per token (kernel only)
+        short = []
         for chunk in step.prefills:
             n = chunk.end - chunk.start
+            if self.on_kernel and n * (chunk.first_position + n) <= SHORT_PREFILL_KEYS:
+                short.append(chunk)
+                continue
+            self._as_rows(short)
+            short = []
             if chunk.first_position == 0 and window is None:
-                self.prefill.append(None)  # plain causal: lets SDPA take its fastest path
+                self.prefill.append((chunk, None))  # plain causal: lets SDPA take its fastest path
                 continue
             queries = torch.arange(chunk.first_position, chunk.first_position + n, device=step.positions.device)
             keys = torch.arange(chunk.first_position + n, device=step.positions.device)
             mask = keys[None, :] <= queries[:, None]
             if window is not None:
                 mask &= keys[None, :] > queries[:, None] - window
-            self.prefill.append(mask)
+            self.prefill.append((chunk, mask))
+        self._as_rows(short)
+
+    def _as_rows(self, chunks: list) -> None:
+        """Consecutive chunks as one decode group: token i of a chunk attends to the first
+        first_position + i + 1 keys (its window's share) through the chunk's block table."""
+        if not chunks:
+            return
+        tokens = chunks[-1].end - chunks[0].start
+        tables = np.zeros((tokens, max(len(c.block_table) for c in chunks)), dtype=np.int64)
+        lens = np.empty(tokens, dtype=np.int64)
+        for chunk in chunks:
+            rows = slice(chunk.start - chunks[0].start, chunk.end - chunks[0].start)
+            table = chunk.block_table.numpy()
+            tables[rows, :len(table)] = table
+            lens[rows] = np.arange(chunk.first_position + 1, chunk.first_position + 1 + chunk.end - chunk.start)
+        self.prefill_rows.append(DecodeGroup(chunks[0].start, chunks[-1].end, torch.from_numpy(tables),
+                                             torch.from_numpy(lens)))
 
 
 def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, scale: float,
@@ -65,12 +95,13 @@ def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, 
         v_cache.view(-1, kv_heads, dim).index_copy_(0, step.slot_mapping, v.to(v_cache.dtype))
     gqa = q.shape[1] != kv_heads
     out = torch.empty_like(q)
-    for group, mask in zip(step.decode_groups, masks.decode):
-        rows = slice(group.start, group.end)
-        if masks.on_kernel:  # one read of each key and value, straight from the pool
+    if masks.on_kernel:  # one read of each key and value, straight from the pool
+        for group in step.decode_groups + masks.prefill_rows:
+            rows = slice(group.start, group.end)
             paged_decode.decode_attention(q[rows], k_cache, v_cache, group.block_tables, group.context_lens,
                                           out[rows], scale, masks.window)
-            continue
+    for group, mask in zip(step.decode_groups, masks.decode):  # the torch path
+        rows = slice(group.start, group.end)
         # index_select copies whole blocks; advanced indexing (cache[tables]) measured 8x slower.
         blocks = group.block_tables.flatten()
         shape = (group.end - group.start, -1, kv_heads, dim)
@@ -79,7 +110,7 @@ def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, 
         o = F.scaled_dot_product_attention(q[rows, :, None, :], keys, values, attn_mask=mask, scale=scale,
                                            enable_gqa=gqa)
         out[rows] = o[:, :, 0, :]
-    for chunk, mask in zip(step.prefills, masks.prefill):
+    for chunk, mask in masks.prefill:
         length = chunk.first_position + chunk.end - chunk.start
         keys = kv_cache.gather(k_cache, chunk.block_table, 0, q.dtype).flatten(0, 1)[:length].transpose(0, 1)[None]
         values = kv_cache.gather(v_cache, chunk.block_table, 1, q.dtype).flatten(0, 1)[:length].transpose(0, 1)[None]

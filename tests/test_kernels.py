@@ -242,6 +242,48 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, 
 
 
 @needs_kernel
+@pytest.mark.parametrize("arch", ["llama", "qwen2_sliding", "mistral", "gpt2"])
+@pytest.mark.parametrize("dtype,cache_dtype", POOLS[:3], ids=POOL_IDS[:3])
+def test_short_prefill_chunks_on_the_decode_kernel_match_sdpa(arch, dtype, cache_dtype, monkeypatch):
+    """Short prefill chunks attend as decode rows, a row per token: from position 0, after a cached
+    prefix, past a sliding window, in two runs around a long chunk that keeps SDPA. Logits and
+    the pool equal those of every chunk on SDPA."""
+    import models
+    from models import layers
+    from models.step import KVCache, Sequence, StepInput
+
+    from .conftest import tiny_model
+
+    model = models.load(tiny_model(arch), dtype=dtype).model
+    gen = torch.Generator().manual_seed(5)
+    tokens = lambda n: torch.randint(4, 90, (n,), generator=gen).tolist()
+    kv = KVCache(model.num_layers, 80, 8, model.num_kv_heads, model.head_dim, cache_dtype, "cpu")
+    table = lambda i: list(range(12 * i, 12 * i + 12))
+    cpu = torch.device("cpu")
+    decodes = [tokens(34), tokens(10)]
+    prefix = tokens(25)
+    with torch.no_grad():  # the decodes' prompts and the prefix, cached
+        model(StepInput.flatten([Sequence(decodes[0][:-1], 0, table(0), False), Sequence(decodes[1][:-1], 0, table(1), False),
+                                 Sequence(prefix, 0, table(2), False)], 8, cpu), kv)
+    step = StepInput.flatten([Sequence(decodes[0][-1:], 33, table(0), True), Sequence(decodes[1][-1:], 9, table(1), True),
+                              Sequence(tokens(12), 0, table(3), True), Sequence(tokens(30), 25, table(2), True),
+                              Sequence(tokens(70), 0, table(4), True), Sequence(tokens(5), 0, table(5), True)], 8, cpu)
+    runs = layers.AttentionMasks(step, dtype, kv).prefill_rows
+    assert [(run.start, run.end) for run in runs] == [(2, 44), (114, 119)]  # the 70-token chunk keeps SDPA
+    saved = kv.data.clone()
+    with torch.no_grad():
+        rows_logits = model(step, kv)
+        rows_cache = kv.data.clone()
+        kv.data.copy_(saved)
+        monkeypatch.setattr(layers, "SHORT_PREFILL_KEYS", 0)
+        assert not layers.AttentionMasks(step, dtype, kv).prefill_rows
+        sdpa_logits = model(step, kv)
+    tolerance = {torch.float32: 1e-4, torch.float64: 1e-10, torch.float16: 1e-3}[cache_dtype]
+    torch.testing.assert_close(rows_logits, sdpa_logits, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(rows_cache, kv.data, atol=tolerance, rtol=tolerance)
+
+
+@needs_kernel
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="thread affinity is Linux's")
 def test_a_split_step_leaves_every_thread_free_to_move(two_threads):
     """The threads that carry their own rows stay on their cores for the step only: afterwards every
