@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -59,6 +60,21 @@ float exp_shifted<float>(float* row, int64_t n, float peak) {
     return sum;
 }
 
+// The largest of row[0, n), n a whole number of vectors: a vector of maxima, then its lanes (the
+// scalar std::max_element waited on each comparison in turn: 7% of decode attention's time).
+template <typename T>
+T largest(const T* row, int64_t n) {
+    using V = Vector<T>;
+    typename V::type peak = V::load(row);
+    for (int64_t i = V::lanes; i < n; i += V::lanes) {
+        const typename V::type x = V::load(row + i);
+        peak = x > peak ? x : peak;
+    }
+    T lanes[V::lanes];
+    V::store(lanes, peak);
+    return *std::max_element(lanes, lanes + V::lanes);
+}
+
 // A key's or value's row (``elements`` long), asked into the cache ahead of its use. One K/V head's
 // rows are a slot apart (every K/V head's row of a token), a pattern the hardware prefetcher follows
 // poorly: over 30 layers' pools, from memory, 64 sequences of 110 tokens took 567 us a layer without
@@ -72,11 +88,15 @@ inline void prefetch_row(const C* row, int64_t elements) {
 // scores[h][j] = scale * q[h] . key j, for the ``group`` query heads that share one K head: its key
 // rows (kept as C: kv_element.h) at k + offsets[j], n of them. A block of ``lanes`` keys is read
 // once for every head of the group (from L1 after the first); each key leaves a vector of partial
-// sums, and a block's vectors are summed across their lanes together (sums_of_lanes). Dimensions
-// past the last whole vector are summed one by one.
+// sums, and a block's vectors are summed across their lanes together (sums_of_lanes). The keys of a
+// block take turns within each vector of dimensions, so that their sums are independent: one key
+// at a time, each sum waited on its own previous multiply-add, and scores were half of decode
+// attention's time (docs/benchmarks.md, "Key scores"). A last partial block repeats its last key.
+// Dimensions past the last whole vector are summed one by one. Head h's scores start at
+// scores + h * stride.
 template <typename T, typename C>
 void key_scores(const T* q, int64_t group, const C* k, const int64_t* offsets, int64_t n, int64_t dim, T scale,
-                T* scores) {
+                T* scores, int64_t stride) {
     using V = Vector<T>;
     using E = Element<T, C>;
     constexpr int L = V::lanes;
@@ -86,32 +106,31 @@ void key_scores(const T* q, int64_t group, const C* k, const int64_t* offsets, i
         // the keys two blocks on (at the start, the first three blocks)
         for (int64_t j = t0 == 0 ? 0 : t0 + 2 * L; j < std::min<int64_t>(t0 + 3 * L, n); ++j)
             prefetch_row(k + offsets[j], dim);
+        const C* keys[L];
+        for (int j = 0; j < L; ++j) keys[j] = k + offsets[t0 + std::min<int64_t>(j, count - 1)];
         for (int64_t h = 0; h < group; ++h) {
             const T* qh = q + h * dim;
-            typename V::type parts[L];
-            T tails[L] = {};
-            for (int j = 0; j < L; ++j) {
-                typename V::type sum = {};
-                if (j < count) {
-                    const C* key = k + offsets[t0 + j];
-                    for (int64_t d = 0; d < whole; d += L) sum += V::load(qh + d) * E::load(key + d);
-                    for (int64_t d = whole; d < dim; ++d) tails[j] += qh[d] * E::widen(key[d]);
-                }
-                parts[sum_position<T>(j)] = sum;
+            typename V::type parts[L] = {};
+            for (int64_t d = 0; d < whole; d += L) {
+                const typename V::type qd = V::load(qh + d);
+                for (int j = 0; j < L; ++j) parts[sum_position<T>(j)] += qd * E::load(keys[j] + d);
             }
+            T tails[L] = {};
+            for (int64_t j = 0; j < count; ++j)
+                for (int64_t d = whole; d < dim; ++d) tails[j] += qh[d] * E::widen(keys[j][d]);
             T block[L];
             V::store(block, (sums_of_lanes<T>(parts) + V::load(tails)) * scale);
-            std::copy(block, block + count, scores + h * n + t0);
+            std::copy(block, block + count, scores + h * stride + t0);
         }
     }
 }
 
-// out[h][d] = scale[h] x the sum over j of p[h][j] * value j [d] for H heads (p rows n apart) and DV
+// out[h][d] = scale[h] x the sum over j of p[h][j] * value j [d] for H heads (p rows stride apart) and DV
 // vectors of dimensions: H x DV sums stay in registers while the values (at v + offsets[j]) stream
 // past.
 template <typename T, typename C, int H, int DV>
-void weigh_values_tile(const T* p, int64_t n, const C* v, const int64_t* offsets, const T* scale, T* out,
-                       int64_t dim) {
+void weigh_values_tile(const T* p, int64_t stride, int64_t n, const C* v, const int64_t* offsets, const T* scale,
+                       T* out, int64_t dim) {
     using V = Vector<T>;
     constexpr int L = V::lanes;
     typename V::type sums[H][DV] = {};
@@ -121,7 +140,7 @@ void weigh_values_tile(const T* p, int64_t n, const C* v, const int64_t* offsets
         typename V::type values[DV];
         for (int c = 0; c < DV; ++c) values[c] = Element<T, C>::load(value + c * L);
         for (int h = 0; h < H; ++h) {
-            const T weight = p[h * n + j];
+            const T weight = p[h * stride + j];
             for (int c = 0; c < DV; ++c) sums[h][c] += weight * values[c];
         }
     }
@@ -130,21 +149,22 @@ void weigh_values_tile(const T* p, int64_t n, const C* v, const int64_t* offsets
 }
 
 template <typename T, typename C, int H>
-void weigh_values_heads(const T* p, int64_t n, const C* v, const int64_t* offsets, const T* scale, T* out,
-                        int64_t dim) {
+void weigh_values_heads(const T* p, int64_t stride, int64_t n, const C* v, const int64_t* offsets, const T* scale,
+                        T* out, int64_t dim) {
     constexpr int L = Vector<T>::lanes;
     const int64_t whole = dim / L * L;
     int64_t d = 0;
-    for (; d + 4 * L <= whole; d += 4 * L) weigh_values_tile<T, C, H, 4>(p, n, v + d, offsets, scale, out + d, dim);
+    for (; d + 4 * L <= whole; d += 4 * L)
+        weigh_values_tile<T, C, H, 4>(p, stride, n, v + d, offsets, scale, out + d, dim);
     switch ((whole - d) / L) {
-        case 3: weigh_values_tile<T, C, H, 3>(p, n, v + d, offsets, scale, out + d, dim); break;
-        case 2: weigh_values_tile<T, C, H, 2>(p, n, v + d, offsets, scale, out + d, dim); break;
-        case 1: weigh_values_tile<T, C, H, 1>(p, n, v + d, offsets, scale, out + d, dim); break;
+        case 3: weigh_values_tile<T, C, H, 3>(p, stride, n, v + d, offsets, scale, out + d, dim); break;
+        case 2: weigh_values_tile<T, C, H, 2>(p, stride, n, v + d, offsets, scale, out + d, dim); break;
+        case 1: weigh_values_tile<T, C, H, 1>(p, stride, n, v + d, offsets, scale, out + d, dim); break;
     }
     for (int h = 0; h < H; ++h)
         for (d = whole; d < dim; ++d) {
             T sum = 0;
-            for (int64_t j = 0; j < n; ++j) sum += p[h * n + j] * Element<T, C>::widen(v[offsets[j] + d]);
+            for (int64_t j = 0; j < n; ++j) sum += p[h * stride + j] * Element<T, C>::widen(v[offsets[j] + d]);
             out[h * dim + d] = sum * scale[h];
         }
 }
@@ -152,12 +172,16 @@ void weigh_values_heads(const T* p, int64_t n, const C* v, const int64_t* offset
 // The ``group`` heads' weighted values, each head's scaled by its scale[h], three heads at a time (12
 // sums of four vectors each).
 template <typename T, typename C>
-void weigh_values(const T* p, int64_t group, int64_t n, const C* v, const int64_t* offsets, const T* scale, T* out,
-                  int64_t dim) {
+void weigh_values(const T* p, int64_t stride, int64_t group, int64_t n, const C* v, const int64_t* offsets,
+                  const T* scale, T* out, int64_t dim) {
     int64_t h = 0;
-    for (; h + 3 <= group; h += 3) weigh_values_heads<T, C, 3>(p + h * n, n, v, offsets, scale + h, out + h * dim, dim);
-    if (group - h == 2) weigh_values_heads<T, C, 2>(p + h * n, n, v, offsets, scale + h, out + h * dim, dim);
-    if (group - h == 1) weigh_values_heads<T, C, 1>(p + h * n, n, v, offsets, scale + h, out + h * dim, dim);
+    auto heads = [&](auto count) {
+        weigh_values_heads<T, C, decltype(count)::value>(p + h * stride, stride, n, v, offsets, scale + h,
+                                                         out + h * dim, dim);
+    };
+    for (; h + 3 <= group; h += 3) heads(std::integral_constant<int, 3>());
+    if (group - h == 2) heads(std::integral_constant<int, 2>());
+    if (group - h == 1) heads(std::integral_constant<int, 1>());
 }
 
 template <typename T, typename C>
@@ -192,18 +216,23 @@ void decode_attention_rows(const T* q, int64_t q_stride, const C* k_cache, const
                     for (int64_t in_block = t - block * block_size; t < block_end; ++t, ++in_block)
                         offsets[t - first] = (slot + in_block) * slot_stride;
                 }
-                scores.resize(group * n);
+                // Each head's scores padded to whole vectors with -inf, whose weights come out 0 (or,
+                // from exp_lanes, exp(-87)): the softmax then has no scalar tail.
+                const int64_t width = (n + Vector<T>::lanes - 1) / Vector<T>::lanes * Vector<T>::lanes;
+                scores.resize(group * width);
                 for (int64_t g = kv_first; g < kv_end; ++g) {
                     const T* qg = q + s * q_stride + g * group * dim;
                     T* o = out + s * out_stride + g * group * dim;
                     key_scores(qg, group, k_cache + g * dim, offsets.data(), n, dim, static_cast<T>(scale),
-                               scores.data());
+                               scores.data(), width);
                     // Softmax per query head; the 1/sum scales the weighted values as they are stored.
                     for (int64_t h = 0; h < group; ++h) {
-                        T* row = scores.data() + h * n;
-                        inv_sum[h] = T(1) / exp_shifted(row, n, *std::max_element(row, row + n));
+                        T* row = scores.data() + h * width;
+                        std::fill(row + n, row + width, -std::numeric_limits<T>::infinity());
+                        inv_sum[h] = T(1) / exp_shifted(row, width, largest(row, width));
                     }
-                    weigh_values(scores.data(), group, n, v_cache + g * dim, offsets.data(), inv_sum.data(), o, dim);
+                    weigh_values(scores.data(), width, group, n, v_cache + g * dim, offsets.data(), inv_sum.data(),
+                                 o, dim);
                 }
             }
         }
