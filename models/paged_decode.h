@@ -93,7 +93,7 @@ inline void prefetch_row(const C* row, int64_t elements) {
 // at a time, each sum waited on its own previous multiply-add, and scores were half of decode
 // attention's time (docs/benchmarks.md, "Key scores"). A last partial block repeats its last key.
 // Dimensions past the last whole vector are summed one by one. Head h's scores start at
-// scores + h * stride.
+// scores + h * stride, rows of whole vectors: past n they hold the repeated key's score.
 template <typename T, typename C>
 void key_scores(const T* q, int64_t group, const C* k, const int64_t* offsets, int64_t n, int64_t dim, T scale,
                 T* scores, int64_t stride) {
@@ -118,9 +118,7 @@ void key_scores(const T* q, int64_t group, const C* k, const int64_t* offsets, i
             T tails[L] = {};
             for (int64_t j = 0; j < count; ++j)
                 for (int64_t d = whole; d < dim; ++d) tails[j] += qh[d] * E::widen(keys[j][d]);
-            T block[L];
-            V::store(block, (sums_of_lanes<T>(parts) + V::load(tails)) * scale);
-            std::copy(block, block + count, scores + h * stride + t0);
+            V::store(scores + h * stride + t0, (sums_of_lanes<T>(parts) + V::load(tails)) * scale);
         }
     }
 }
@@ -216,7 +214,7 @@ void decode_attention_rows(const T* q, int64_t q_stride, const C* k_cache, const
                     for (int64_t in_block = t - block * block_size; t < block_end; ++t, ++in_block)
                         offsets[t - first] = (slot + in_block) * slot_stride;
                 }
-                // Each head's scores padded to whole vectors with -inf, whose weights come out 0 (or,
+                // Each head's scores in whole vectors, padded with -inf, whose weights come out 0 (or,
                 // from exp_lanes, exp(-87)): the softmax then has no scalar tail.
                 const int64_t width = (n + Vector<T>::lanes - 1) / Vector<T>::lanes * Vector<T>::lanes;
                 scores.resize(group * width);
