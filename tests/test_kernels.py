@@ -262,10 +262,12 @@ def test_short_prefill_chunks_on_the_decode_kernel_match_sdpa(arch, dtype, cache
     cpu = torch.device("cpu")
     decodes = [tokens(34), tokens(10)]
     prefix = tokens(25)
+    cached = [Sequence(decodes[0][:-1], 0, table(0), False), Sequence(decodes[1][:-1], 0, table(1), False),
+              Sequence(prefix, 0, table(2), False)]
     with torch.no_grad():  # the decodes' prompts and the prefix, cached
-        model(StepInput.flatten([Sequence(decodes[0][:-1], 0, table(0), False), Sequence(decodes[1][:-1], 0, table(1), False),
-                                 Sequence(prefix, 0, table(2), False)], 8, cpu), kv)
-    step = StepInput.flatten([Sequence(decodes[0][-1:], 33, table(0), True), Sequence(decodes[1][-1:], 9, table(1), True),
+        model(StepInput.flatten(cached, 8, cpu), kv)
+    step = StepInput.flatten([Sequence(decodes[0][-1:], 33, table(0), True),
+                              Sequence(decodes[1][-1:], 9, table(1), True),
                               Sequence(tokens(12), 0, table(3), True), Sequence(tokens(30), 25, table(2), True),
                               Sequence(tokens(70), 0, table(4), True), Sequence(tokens(5), 0, table(5), True)], 8, cpu)
     runs = layers.AttentionMasks(step, dtype, kv).prefill_rows
