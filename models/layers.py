@@ -25,7 +25,8 @@ class AttentionMasks:
     """The masks of one step, built once per forward and shared by every layer.
 
     Decode tokens attend to their whole context (or its last ``window`` keys); a prefill chunk
-    attends causally to everything before it, including earlier chunks and cached prefixes.
+    attends causally to everything before it, including earlier chunks and cached prefixes. On the
+    CPU kernels, short chunks go with the decode groups, as more of them (``prefill_rows``).
     """
 
     def __init__(self, step, dtype: torch.dtype, kv_cache, window: int | None = None):
