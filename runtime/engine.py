@@ -371,7 +371,8 @@ class Engine(TextAPI):
     def _forget(self, handle: int, reason: str) -> None:
         with self._lock:
             if self._contexts.pop(handle, None) is not None:
-                self._ended[handle] = reason
+                # The number, not the Handle: a Handle kept here would keep its whole context.
+                self._ended[int(handle)] = reason
                 if len(self._ended) > ENDED_REMEMBERED:
                     self._ended.popitem(last=False)
 

@@ -95,6 +95,24 @@ def test_a_forked_child_gets_a_clear_error_not_a_hang(llama):
         assert len(list(engine.stream_response_tokens(engine.launch_response_tokens([5, 6], {"max_new_tokens": 2})))) == 2
 
 
+def test_an_ended_request_keeps_nothing_but_its_number(llama):
+    """The engine remembers recent ended handles, to tell a late fetch why they are gone: their
+    numbers, not the Handle objects, which would keep each request's context (its tokens, times,
+    logprobs and queue) alive for the next 4,096 requests."""
+    engine = Engine.from_pretrained(llama)
+    try:
+        handle = engine.launch_response_tokens([5, 6, 7], GenerationConfig(max_new_tokens=3, logprobs=2))
+        assert len(list(engine.stream_response_tokens(handle))) == 3
+        context = weakref.ref(handle.context)
+        number = int(handle)
+        del handle
+        assert collected(context)
+        with pytest.raises(HandleReleased, match="stream ended"):
+            engine.fetch_response_tokens(number)
+    finally:
+        engine.shutdown()
+
+
 def test_dropping_the_handle_wakes_a_thread_blocked_on_its_int_id(llama):
     with Engine.from_pretrained(llama) as engine:
         engine.model = Hooked(engine.model, delay=0.05)
