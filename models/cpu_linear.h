@@ -4,9 +4,9 @@
 //
 // - Below PANEL_MIN_ROWS rows (the decode steps of a few streams) a linear layer reads every
 //   weight once to do little arithmetic with it, so its speed is how fast it streams the weights.
-//   Each task takes a handful of weight rows and keeps them in registers' reach while it runs every
-//   input row past them: one sequential read of the weights whatever the row count. oneDNN and MKL
-//   were 1.5-3x slower at 1-4 rows on this project's AVX2 machine.
+//   Each task takes 8 weight rows, one at a time, and runs every input row past each (few_rows):
+//   one sequential read of the weights whatever the row count. oneDNN and MKL were 1.5-3x slower
+//   at 1-4 rows on this project's AVX2 machine.
 // - From PANEL_MIN_ROWS rows up the product is bound by arithmetic, and the question is how many
 //   multiply-adds each load feeds. The input rows are copied into panels of 16 (two AVX2 vectors of
 //   floats side by side, or one AVX-512 vector, one k after another); a tile of 6 weight rows (12
@@ -35,110 +35,63 @@
 
 namespace {
 
-// y[m][r] = x[m] . w[r] for ROWS input rows and OUTS weight rows, over the whole input width.
-// ``next``, if given, is the weight block to fetch into cache meanwhile: the next OUTS rows.
-template <typename T, int ROWS, int OUTS>
-inline void tile(const T* x, int64_t x_stride, const T* w, int64_t in, T* y, int64_t y_stride,
-                 const T* next = nullptr) {
+// ROWS input rows against ``count`` consecutive weight rows, a weight row at a time, each input row
+// with a few sums along it: the weights are then read as one sequential stream, which the hardware
+// prefetcher follows best, and the input rows (at most FEW_ROWS x the width) stay in L1. Three
+// weight rows side by side (the row tiles, which block weights still take, as they widen a few
+// rows at a time) made a decode step's forward 1.2-1.5x slower at 2-8 rows, and the panels 1.05-1.3x
+// slower at 3-8 rows on Zen 5 (docs/benchmarks.md, "A few rows, one weight row at a time").
+// The row two ahead is fetched as well, which takes the prefetcher over the starts of a layer's
+// small products sooner (a one-stream step 15.8-16.3 -> 15.3-15.8 ms on Zen 5), and fetched
+// non-temporally: a step reads its weights once, and fetched the usual way they evicted what the
+// step's other phases and the Python after the forward use again (a one-stream forward 12.4 ->
+// 11.8 ms, the Python after it ~20% faster).
+template <typename T, int ROWS>
+inline void few_rows(const T* x, int64_t x_stride, const T* w, int64_t in, int64_t count, T* y, int64_t y_stride) {
     using V = Vector<T>;
-    // The sums start from the first vector's products, as panel_tile's do (zeroing them was a
-    // memset call per tile).
-    typename V::type acc[ROWS][OUTS];
-    auto step = [&](int64_t k, bool start) {
-        typename V::type weights[OUTS];
-        for (int o = 0; o < OUTS; ++o) weights[o] = V::load(w + o * in + k);
-        if (next != nullptr && k % (64 / sizeof(T)) == 0)  // a cache line per row every 64 bytes
-            for (int o = 0; o < OUTS; ++o) __builtin_prefetch(next + o * in + k);
-        for (int m = 0; m < ROWS; ++m) {
-            const typename V::type xs = V::load(x + m * x_stride + k);
-            for (int o = 0; o < OUTS; ++o) acc[m][o] = start ? xs * weights[o] : acc[m][o] + xs * weights[o];
-        }
-    };
-    int64_t k = 0;
-    if (in >= V::lanes) {
-        step(0, true);
-        for (k = V::lanes; k + V::lanes <= in; k += V::lanes) step(k, false);
-    } else {  // narrower than a vector: the sums are the scalar tail's alone
-        for (int m = 0; m < ROWS; ++m)
-            for (int o = 0; o < OUTS; ++o) acc[m][o] = typename V::type{};
-    }
-    // The lane sums: of all the tile's vectors at once where they fit in one (sums_of_lanes; 4-bit
-    // block products at 2-4 rows, whose tiles run on cached weights, took 4-7% less), else each alone.
-    if constexpr (ROWS * OUTS <= V::lanes) {
-        typename V::type parts[V::lanes] = {};
-        for (int m = 0; m < ROWS; ++m)
-            for (int o = 0; o < OUTS; ++o) parts[sum_position<T>(m * OUTS + o)] = acc[m][o];
-        const typename V::type sums = sums_of_lanes<T>(parts);
-        for (int m = 0; m < ROWS; ++m) {
-            for (int o = 0; o < OUTS; ++o) {
-                T sum = sums[m * OUTS + o];
-                for (int64_t j = k; j < in; ++j) sum += x[m * x_stride + j] * w[o * in + j];
-                y[m * y_stride + o] = sum;
+    constexpr int L = V::lanes, SUMS = ROWS == 1 ? 4 : 2;  // independent sums: 4 at one row, 2 per row at more
+    for (int64_t o = 0; o < count; ++o, w += in) {
+        typename V::type acc[ROWS][SUMS] = {};
+        int64_t k = 0;
+        for (; k + SUMS * L <= in; k += SUMS * L) {
+            for (int64_t line = 0; line < SUMS * L; line += 64 / sizeof(T))
+                __builtin_prefetch(w + 2 * in + k + line, 0, 0);
+            for (int s = 0; s < SUMS; ++s) {
+                const typename V::type weights = V::load(w + k + s * L);
+                for (int m = 0; m < ROWS; ++m) acc[m][s] += V::load(x + m * x_stride + k + s * L) * weights;
             }
         }
-        return;
-    }
-    for (int m = 0; m < ROWS; ++m) {
-        for (int o = 0; o < OUTS; ++o) {
+        for (; k + L <= in; k += L)
+            for (int m = 0; m < ROWS; ++m) acc[m][0] += V::load(x + m * x_stride + k) * V::load(w + k);
+        for (int m = 0; m < ROWS; ++m) {
+            typename V::type sums = acc[m][0];
+            for (int s = 1; s < SUMS; ++s) sums += acc[m][s];
             T sum = 0;
-            for (int lane = 0; lane < V::lanes; ++lane) sum += acc[m][o][lane];
-            for (int64_t j = k; j < in; ++j) sum += x[m * x_stride + j] * w[o * in + j];
+            for (int lane = 0; lane < L; ++lane) sum += sums[lane];
+            for (int64_t j = k; j < in; ++j) sum += x[m * x_stride + j] * w[j];
             y[m * y_stride + o] = sum;
         }
     }
 }
 
-// One input row against ``count`` consecutive weight rows, a row at a time with four sums along it:
-// the weights are then read as one sequential stream, which the hardware prefetcher follows best
-// (8 rows side by side measured 10% slower on the default model's layers). It is asked for the
-// row two ahead as well, which takes it over the starts of a layer's small products sooner (a
-// one-stream step 15.8-16.3 -> 15.3-15.8 ms on Zen 5, alternating builds in one process).
-template <typename T>
-inline void one_row(const T* x, const T* w, int64_t in, int64_t count, T* y) {
-    using V = Vector<T>;
-    constexpr int L = V::lanes;
-    for (int64_t o = 0; o < count; ++o, w += in) {
-        typename V::type a0 = {}, a1 = {}, a2 = {}, a3 = {};
-        int64_t k = 0;
-        for (; k + 4 * L <= in; k += 4 * L) {
-            for (int64_t line = 0; line < 4 * L; line += 64 / sizeof(T)) __builtin_prefetch(w + 2 * in + k + line);
-            a0 += V::load(x + k) * V::load(w + k);
-            a1 += V::load(x + k + L) * V::load(w + k + L);
-            a2 += V::load(x + k + 2 * L) * V::load(w + k + 2 * L);
-            a3 += V::load(x + k + 3 * L) * V::load(w + k + 3 * L);
-        }
-        for (; k + L <= in; k += L) a0 += V::load(x + k) * V::load(w + k);
-        const typename V::type sums = (a0 + a1) + (a2 + a3);
-        T sum = 0;
-        for (int lane = 0; lane < L; ++lane) sum += sums[lane];
-        for (; k < in; ++k) sum += x[k] * w[k];
-        y[o] = sum;
-    }
-}
+// The input rows few_rows takes at a time: every count below the panels that measure_panel_rows
+// times (models/cpu_linear.py's LAST_TIMED_ROWS). Its sums fit AVX-512's registers; with AVX2's some
+// spill, and 8 rows still ran 1.5x faster than the row tiles.
+constexpr int64_t FEW_ROWS = 8;
 
-// All input rows against OUTS weight rows: four rows at a time (12 accumulators), then the rest.
-// The first pass also fetches the next weight block, which the later passes (on cached weights)
-// would otherwise leave the memory bus idle for.
-template <typename T, int OUTS>
-inline void all_rows(const T* x, int64_t x_stride, int64_t rows, const T* w, int64_t in, T* y, int64_t y_stride,
-                     const T* next = nullptr) {
-    int64_t m = 0;
-    for (; m + 4 <= rows; m += 4, next = nullptr)
-        tile<T, 4, OUTS>(x + m * x_stride, x_stride, w, in, y + m * y_stride, y_stride, next);
-    for (; m < rows; ++m, next = nullptr) tile<T, 1, OUTS>(x + m * x_stride, x_stride, w, in, y + m * y_stride, y_stride, next);
-}
-
-// Every input row against ``count`` (up to 3) consecutive weight rows at ``w``: a task of the row
-// tiles, over weights as stored or as block_weights.h widens them. ``next``: as all_rows's.
 template <typename T>
-inline void three_weight_rows(const T* x, int64_t x_stride, int64_t rows, const T* w, int64_t in, int64_t count,
-                              T* y, int64_t y_stride, const T* next) {
-    if (count == 3) {
-        all_rows<T, 3>(x, x_stride, rows, w, in, y, y_stride, next);
-        return;
+inline void few_rows_of(const T* x, int64_t x_stride, int64_t rows, const T* w, int64_t in, int64_t count, T* y,
+                        int64_t y_stride) {
+    switch (rows) {
+        case 1: few_rows<T, 1>(x, x_stride, w, in, count, y, y_stride); break;
+        case 2: few_rows<T, 2>(x, x_stride, w, in, count, y, y_stride); break;
+        case 3: few_rows<T, 3>(x, x_stride, w, in, count, y, y_stride); break;
+        case 4: few_rows<T, 4>(x, x_stride, w, in, count, y, y_stride); break;
+        case 5: few_rows<T, 5>(x, x_stride, w, in, count, y, y_stride); break;
+        case 6: few_rows<T, 6>(x, x_stride, w, in, count, y, y_stride); break;
+        case 7: few_rows<T, 7>(x, x_stride, w, in, count, y, y_stride); break;
+        default: few_rows<T, 8>(x, x_stride, w, in, count, y, y_stride); break;
     }
-    for (int64_t r = 0; r < count; ++r)  // the last few weight rows, one at a time
-        all_rows<T, 1>(x, x_stride, rows, w + r * in, in, y + r, y_stride);
 }
 
 // y[m][r] += bias[r] for ``rows`` rows of ``count`` columns (nothing where bias is null).
@@ -359,21 +312,18 @@ void linear_rows(const T* x, int64_t x_stride, int64_t rows, const T* w, const T
         panels(x, x_stride, rows, in, out, k_chunk(in), stored_weights(w, in), bias, y, y_stride, packed);
         return;
     }
-    // A task is 8 weight rows for one input row; for more, 3 weight rows x 4 input rows (12
-    // accumulators, 7 loads for 12 multiply-adds). Each thread takes 8 runs of tasks on average:
-    // long enough to stream, short enough that a parked thread's share is taken over.
-    const int64_t outs = rows == 1 ? 8 : 3;
-    const int64_t tasks = (out + outs - 1) / outs;
+    // A task is 8 weight rows against every input row, FEW_ROWS of them at a time (more only where
+    // the panels are set to start later than measure_panel_rows would: the weights of a task are
+    // then cached for the later groups). Each thread takes 8 runs of tasks on average: long enough
+    // to stream, short enough that a parked thread's share is taken over.
+    const int64_t outs = 8, tasks = (out + outs - 1) / outs;
     const int64_t chunk = std::max<int64_t>(1, tasks / (8 * omp_get_num_threads()));
 #pragma omp for schedule(dynamic, chunk)
     for (int64_t task = 0; task < tasks; ++task) {
         const int64_t o = task * outs, count = std::min(outs, out - o);
-        const T* wo = w + o * in;
-        if (rows == 1)
-            one_row(x, wo, in, count, y + o);
-        else
-            three_weight_rows(x, x_stride, rows, wo, in, count, y + o, y_stride,
-                              o + 2 * outs <= out ? wo + outs * in : nullptr);
+        for (int64_t m = 0; m < rows; m += FEW_ROWS)
+            few_rows_of(x + m * x_stride, x_stride, std::min(FEW_ROWS, rows - m), w + o * in, in, count,
+                        y + m * y_stride + o, y_stride);
         add_bias(y + o, y_stride, rows, bias == nullptr ? nullptr : bias + o, count);
     }
 }

@@ -73,7 +73,7 @@ def test_a_failed_build_falls_back_with_a_warning(tmp_path, monkeypatch):
     assert not list(tmp_path.rglob("*.so")), "a failed build must leave nothing behind in the cache"
 
 
-@pytest.fixture(params=[3, 9], ids=["panels-from-3", "panels-from-9"])
+@pytest.fixture(params=[3, 9, 72], ids=["panels-from-3", "panels-from-9", "panels-from-72"])
 def panels_from(request):
     """Products take the panels from this many rows (as measure_panel_rows may choose), for the test."""
     before = cpu_linear.panel_rows()
@@ -84,8 +84,9 @@ def panels_from(request):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-# one row; blocks of four; whole, partial, several panels; the wide panels (AVX-512) from 32 rows
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 16, 17, 40, 71])
+# 1-8 rows one weight row at a time, more in groups of 8 (panels from 72); whole, partial, several
+# panels; the wide panels (AVX-512) from 32 rows
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 40, 71])
 @pytest.mark.parametrize("width,out,bias", [(64, 96, False), (61, 29, True), (576, 8 * 3 * 7 + 5, True),
                                             (1100, 48 + 6 + 5, True),  # past 1024: chunks of k
                                             (5, 13, True)])  # narrower than a vector
