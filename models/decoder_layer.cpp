@@ -64,12 +64,23 @@ void product(const T* x, int64_t x_stride, int64_t rows, const void* w, int64_t 
 }
 
 // The step's decode rows, filled once per step: angles (null when rotary_dim is 0), pool slots,
-// block tables (padded to the widest) and context lengths.
+// block tables (padded to the widest), context lengths, and the rows whose logits are sampled.
 template <typename T>
 struct Step {
     const T *cos, *sin;
-    const int64_t *slots, *tables, *lens;
-    int64_t rows, rotary_dim, max_blocks, block_size;
+    const int64_t *slots, *tables, *lens, *samples;
+    int64_t rows, rotary_dim, max_blocks, block_size, sampled;
+};
+
+// The output layer: the final norm (RMSNorm, or LayerNorm with a bias) and the product into the
+// vocabulary (bits as Layer's); decoder_layer.py mirrors the layout.
+template <typename T>
+struct Head {
+    const T *norm, *norm_bias;
+    const void* weight;
+    const T* bias;
+    int64_t vocab, layer_norm, bits;
+    double eps;
 };
 
 // y = norm(x (+ delta, kept in x)) * weight (+ bias), a row per task: RMSNorm, or LayerNorm (mean
@@ -201,6 +212,28 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
     add_rows(x, delta, rows * hidden);
 }
 
+// Elements of the output layer's scratch for ``sampled`` rows: the rows, then the product's panels.
+template <typename T>
+size_t head_scratch_size(int64_t sampled, int64_t hidden) {
+    return whole_lines<T>(sampled * hidden) + packed_size<T>(sampled, hidden);
+}
+
+// The output layer over the step's sampled rows of x, into ``logits`` [sampled, vocab], its work
+// shared among the threads of the enclosing team. In the layers' parallel region rather than after
+// it as torch operators and a product of its own: those ran cold after the layers had streamed the
+// weights, and the product's region woke a worker that had gone to sleep (a one-stream step ...).
+template <typename T>
+void head_phases(const T* x, int64_t hidden, const Head<T>& head, const Step<T>& s, T* scratch, T* logits,
+                 int64_t panel_from) {
+    T* rows = scratch;
+    T* packed = scratch + whole_lines<T>(s.sampled * hidden);
+#pragma omp for
+    for (int64_t r = 0; r < s.sampled; ++r) std::copy_n(x + s.samples[r] * hidden, hidden, rows + r * hidden);
+    norm_rows<T>(rows, nullptr, head.norm, head.norm_bias, head.layer_norm, head.eps, rows, s.sampled, hidden);
+    product(rows, hidden, s.sampled, head.weight, head.bits, head.bias, hidden, head.vocab, logits, head.vocab, packed,
+            panel_from);
+}
+
 // The step's rows [first, end) as a step of their own.
 template <typename T>
 Step<T> row_range(const Step<T>& s, int64_t first, int64_t end) {
@@ -263,26 +296,31 @@ class StayOnThisCore {
     StayOnThisCore& operator=(const StayOnThisCore&) = delete;
 };
 
-// Every layer over the step's rows. With ``split_rows`` (decoder_layer.py chooses: enough rows per
+// Every layer over the step's rows, then the output layer over its sampled rows. With ``split_rows`` (decoder_layer.py chooses: enough rows per
 // thread), each thread carries its own share of the rows through all the layers, alone: one barrier
 // per step instead of ten per layer. On cores that other processes share, a thread the kernel parks
 // then holds up only its own rows, where each phase's barrier held up its partner's too (beside one
 // busy process the phases' two threads got one core between them; a 64-row step took 162 ms shared
 // against 121 split, quiet 81 against 74; docs/benchmarks.md "Threads that carry their own rows").
 template <typename T, typename C>
-void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, const Step<T>& s, bool split_rows) {
+void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, const Step<T>& s, bool split_rows,
+                    const Head<T>& head, T* logits) {
     const int threads = omp_get_max_threads();
     const bool split = split_rows && threads > 1 && s.rows >= threads;
-    const int64_t panel_from = loom_panel_min_rows.load(std::memory_order_relaxed);
+    const int64_t panel_from = loom_panel_min_rows.load(std::memory_order_relaxed), hidden = layers[0].hidden;
     // The intermediates, kept per calling thread (the loop thread) from step to step: a fresh
     // buffer would come from new pages every step. One share for the team, or one per thread
-    // (every layer has the first's shape).
+    // (every layer has the first's shape), then the output layer's.
     thread_local std::vector<T> scratch;
     const size_t share = scratch_size(layers[0], split ? (s.rows + threads - 1) / threads : s.rows);
-    T* base = line_aligned(scratch, share * (split ? threads : 1));
+    T* base = line_aligned(scratch, share * (split ? threads : 1) + head_scratch_size<T>(s.sampled, hidden));
+    T* head_scratch = base + share * (split ? threads : 1);
     if (!split) {
 #pragma omp parallel
-        for (int64_t i = 0; i < count; ++i) layer_phases(x, layers[i], s, base, panel_from);
+        {
+            for (int64_t i = 0; i < count; ++i) layer_phases(x, layers[i], s, base, panel_from);
+            head_phases(x, hidden, head, s, head_scratch, logits, panel_from);
+        }
         return;
     }
 #pragma omp parallel num_threads(threads)
@@ -298,16 +336,19 @@ void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, const Step<T
             for (int64_t i = 0; i < count; ++i)
                 layer_phases(x + first * layers[i].hidden, layers[i], mine, own, panel_from);
         }
+#pragma omp barrier
+        head_phases(x, hidden, head, s, head_scratch, logits, panel_from);  // every row done: the team's again
     }
 }
 
 }  // namespace
 
 // Symbols named as paged_decode.cpp's.
-#define LOOM_DECODER_LAYERS(SUFFIX, T, C)                                                                \
-    extern "C" void loom_decoder_layers_##SUFFIX(T* x, const Layer<T, C>* layers, int64_t count,         \
-                                                 const Step<T>* step, int split_rows) {                 \
-        decoder_layers<T, C>(x, layers, count, *step, split_rows != 0);                                  \
+#define LOOM_DECODER_LAYERS(SUFFIX, T, C)                                                                  \
+    extern "C" void loom_decoder_layers_##SUFFIX(T* x, const Layer<T, C>* layers, int64_t count,           \
+                                                 const Step<T>* step, int split_rows, const Head<T>* head, \
+                                                 T* logits) {                                              \
+        decoder_layers<T, C>(x, layers, count, *step, split_rows != 0, *head, logits);                     \
     }
 
 LOOM_POOL_TYPES(LOOM_DECODER_LAYERS)

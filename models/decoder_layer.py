@@ -1,11 +1,13 @@
-"""Decoder layers for decode-only steps on the CPU, all of them in one native call
-(decoder_layer.cpp): what the Blocks of models/llama.py and gpt2.py compute, without ~16 torch
-operators and 6 ctypes calls of dispatch per layer, which cost a quarter of a one-stream step (23.6
--> 17.4 ms on the default model; docs/benchmarks.md, "Small-batch products").
+"""Decoder layers for decode-only steps on the CPU, all of them and the output layer in one native
+call (decoder_layer.cpp): what the Blocks of models/llama.py and gpt2.py and the final norm and
+lm_head compute, without ~16 torch operators and 6 ctypes calls of dispatch per layer, which cost a
+quarter of a one-stream step (23.6 -> 17.4 ms on the default model; docs/benchmarks.md, "Small-batch
+products").
 
 ``DecoderLayers.of(model)`` says whether a model qualifies: GPT-2, or a dense Llama-family model
 (Llama, Qwen2, Mistral, Phi-3; not Qwen3's q/k norms nor mixture-of-experts layers), whose linear
-layers are CpuLinear (float32 or float64 on the CPU, weights as loaded) or BlockLinear ("int4", "int8").
+layers, the output layer's too, are CpuLinear (float32 or float64 on the CPU, weights as loaded) or
+BlockLinear ("int4", "int8").
 Steps with prefill rows or more than KERNEL_ROWS rows, and every other model, run the torch path,
 which stays the reference the tests compare with.
 """
@@ -43,11 +45,18 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
 
 
 class _Step(ctypes.Structure):  # decoder_layer.cpp's Step<T>
-    _fields_ = [(name, _pointer) for name in ("cos", "sin", "slots", "tables", "lens")]
-    _fields_ += [(name, _int64) for name in ("rows", "rotary_dim", "max_blocks", "block_size")]
+    _fields_ = [(name, _pointer) for name in ("cos", "sin", "slots", "tables", "lens", "samples")]
+    _fields_ += [(name, _int64) for name in ("rows", "rotary_dim", "max_blocks", "block_size", "sampled")]
 
 
-KERNEL_ARGTYPES = [_pointer, ctypes.POINTER(_Layer), _int64, ctypes.POINTER(_Step), ctypes.c_int]
+class _Head(ctypes.Structure):  # decoder_layer.cpp's Head<T>
+    _fields_ = [(name, _pointer) for name in ("norm", "norm_bias", "weight", "bias")]
+    _fields_ += [(name, _int64) for name in ("vocab", "layer_norm", "bits")]
+    _fields_ += [("eps", _double)]
+
+
+KERNEL_ARGTYPES = [_pointer, ctypes.POINTER(_Layer), _int64, ctypes.POINTER(_Step), ctypes.c_int,
+                   ctypes.POINTER(_Head), _pointer]
 
 
 def _address(tensor: torch.Tensor | None) -> int | None:
@@ -58,6 +67,15 @@ def _final_norm(model: Llama | GPT2) -> torch.Tensor:
     """The final norm's weight: on the activations' device, in their dtype (the output layer's
     weight may be blocks)."""
     return (model.norm if isinstance(model, Llama) else model.ln_f).weight
+
+
+def _products(model: Llama | GPT2) -> list:
+    """Every linear layer a decode step runs: the layers' four products each, then the output layer."""
+    if isinstance(model, Llama):
+        layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.mlp.gate_up, b.mlp.down)]
+    else:
+        layers = [m for b in model.layers for m in (b.qkv, b.attn_out, b.fc, b.proj)]
+    return layers + [model.lm_head]
 
 
 def _weight(linear: CpuLinear | BlockLinear) -> torch.Tensor:
@@ -72,6 +90,8 @@ class DecoderLayers:
         layer = self._gpt2_layer if isinstance(model, GPT2) else self._llama_layer
         layers = [layer(block, model.spec) for block in model.layers]
         self.layers = (_Layer * len(layers))(*layers)
+        self.head = self._head(model)
+        self._pool = None  # the KV pool whose addresses the layers hold (kept: its id is not reused)
 
     def _llama_layer(self, block, spec) -> _Layer:
         attn, mlp = block.attn, block.mlp
@@ -84,6 +104,17 @@ class DecoderLayers:
         return self._layer((block.ln1.weight, block.ln1.bias, block.ln2.weight, block.ln2.bias), block.qkv,
                            block.attn_out, block.fc, block.proj, spec.hidden_size, spec.inner_size, block.heads,
                            block.heads, block.dim, 0, True, False, spec.eps, block.dim ** -0.5)
+
+    def _head(self, model: Llama | GPT2) -> _Head:
+        if isinstance(model, Llama):
+            norm, eps, layer_norm = model.norm, model.spec.rms_norm_eps, False
+        else:
+            norm, eps, layer_norm = model.ln_f, model.spec.eps, True
+        output = model.lm_head
+        weights = (norm.weight, getattr(norm, "bias", None), _weight(output), output.bias)
+        self.weights.append(weights)
+        bits = output.bits if isinstance(output, BlockLinear) else 0
+        return _Head(*map(_address, weights), output.out_features, layer_norm, bits, eps)
 
     def _layer(self, norms, qkv, out, up, down, *shape) -> _Layer:
         products = (qkv, out, up, down)
@@ -101,13 +132,10 @@ class DecoderLayers:
         norm = _final_norm(model)
         if not native.supports(norm.device, norm.dtype):
             return None
-        if isinstance(model, Llama):
-            if model.spec.qk_norm or not all(isinstance(block.mlp, MLP) for block in model.layers):  # routed experts
-                return None
-            linears = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.mlp.gate_up, b.mlp.down)]
-        else:
-            linears = [m for b in model.layers for m in (b.qkv, b.attn_out, b.fc, b.proj)]
-        return cls(model) if all(isinstance(m, (CpuLinear, BlockLinear)) for m in linears) else None
+        if isinstance(model, Llama) and (
+                model.spec.qk_norm or not all(isinstance(block.mlp, MLP) for block in model.layers)):  # routed experts
+            return None
+        return cls(model) if all(isinstance(m, (CpuLinear, BlockLinear)) for m in _products(model)) else None
 
     def serves(self, step, kv_cache) -> bool:
         """Decode rows only, no more than the kernel's products take (above, oneDNN's are as fast or
@@ -122,24 +150,30 @@ class DecoderLayers:
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, kv_cache,
                 step) -> torch.Tensor:
-        """Every layer over a decode-only step's rows; x is the embedded input, updated in place; cos
-        and sin the rotary angles (None for GPT-2). One forward at a time (the engine's loop thread):
-        the layers' pool addresses are set per call."""
+        """The logits of a decode-only step's sampled rows: every layer, the final norm and the
+        output layer. x is the embedded input (overwritten); cos and sin the rotary angles (None for
+        GPT-2). One forward at a time (the engine's loop thread): the layers hold the pool's addresses."""
         rows = x.shape[0]
         tables, lens = _padded_tables(step)
+        samples = step.sample_indices.contiguous()
         if cos is not None:
             cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()
         plan = _Step(_address(cos), _address(sin), step.slot_mapping.data_ptr(), tables.data_ptr(), lens.data_ptr(),
-                     rows, 0 if cos is None else cos.shape[1], tables.shape[1], step.block_size)
+                     samples.data_ptr(), rows, 0 if cos is None else cos.shape[1], tables.shape[1], step.block_size,
+                     len(samples))
         x = x.contiguous()
-        for i, layer in enumerate(self.layers):
-            k_cache, v_cache = kv_cache.layer(i)
-            layer.k_cache, layer.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
+        if kv_cache is not self._pool:
+            for i, layer in enumerate(self.layers):
+                k_cache, v_cache = kv_cache.layer(i)
+                layer.k_cache, layer.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
+            self._pool = kv_cache
+        logits = torch.empty(len(samples), self.head.vocab, dtype=x.dtype)
         threads = torch.get_num_threads()  # this thread's OpenMP count, as the kernel sees it
         split = self.splits(step, threads, kv_cache)
         kernel = native.function("loom_decoder_layers", self.dtype, KERNEL_ARGTYPES, kv_cache.dtype)
-        kernel(x.data_ptr(), self.layers, len(self.layers), ctypes.byref(plan), split)
-        return x
+        kernel(x.data_ptr(), self.layers, len(self.layers), ctypes.byref(plan), split, ctypes.byref(self.head),
+               logits.data_ptr())
+        return logits
 
 
 def _padded_tables(step) -> tuple[torch.Tensor, torch.Tensor]:

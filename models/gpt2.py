@@ -74,11 +74,10 @@ class GPT2(nn.Module):
         """Logits [S, vocab] for the step's sampled positions only."""
         x = self.wte(step.input_ids) + self.wpe(step.positions)
         if self.decoder_layers is not None and self.decoder_layers.serves(step, kv_cache):
-            x = self.decoder_layers.forward(x, None, None, kv_cache, step)
-        else:
-            masks = AttentionMasks(step, x.dtype, kv_cache)
-            for i, layer in enumerate(self.layers):
-                x = layer(x, kv_cache, i, step, masks)
+            return self.decoder_layers.forward(x, None, None, kv_cache, step)
+        masks = AttentionMasks(step, x.dtype, kv_cache)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, kv_cache, i, step, masks)
         return self.lm_head(self.ln_f(x[step.sample_indices]))
 
     @staticmethod

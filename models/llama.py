@@ -166,11 +166,10 @@ class Llama(nn.Module):
         ends = sequence_ends(step) if self.rotary.per_sequence else None
         cos, sin = self.rotary(step.positions, x.dtype, ends)
         if self.decoder_layers is not None and self.decoder_layers.serves(step, kv_cache):
-            x = self.decoder_layers.forward(x, cos, sin, kv_cache, step)
-        else:
-            masks = {w: AttentionMasks(step, x.dtype, kv_cache, w) for w in set(self.spec.layer_windows)}
-            for i, layer in enumerate(self.layers):
-                x = layer(x, cos, sin, kv_cache, i, step, masks)
+            return self.decoder_layers.forward(x, cos, sin, kv_cache, step)
+        masks = {w: AttentionMasks(step, x.dtype, kv_cache, w) for w in set(self.spec.layer_windows)}
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, kv_cache, i, step, masks)
         return self.lm_head(self.norm(x[step.sample_indices]))
 
     @staticmethod

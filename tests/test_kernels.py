@@ -204,8 +204,9 @@ def two_threads():
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS, ids=POOL_IDS)
 @pytest.mark.parametrize("streams", [2, 5, 21, 2 * SPLIT_ROWS_PER_THREAD + 3])  # rows at a time; panels; split rows
 def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, streams, two_threads):
-    """A decode-only step through decoder_layer.cpp equals the same step through llama.py's Blocks:
-    sequences of different lengths (several decode groups), some past a sliding window; from
+    """A decode-only step through decoder_layer.cpp (and its output layer) equals the same step
+    through llama.py's Blocks, final norm and lm_head: sequences of different lengths (several decode
+    groups), some past a sliding window, one row not sampled (a prompt's one-token chunk); from
     2 x SPLIT_ROWS_PER_THREAD rows on two threads, each thread carries its own rows. The same with
     a 16-bit pool, where the two paths may round a key apart by one step of its last bit."""
     import models
@@ -225,9 +226,9 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, 
                          key=lambda s: len(s.token_ids) != 1)  # one-token entries first, as the contract asks
         model(StepInput.flatten(prefill, 8, torch.device("cpu")), kv)
         order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # decodes longest first, as the scheduler does
-        decode = StepInput.flatten([Sequence(prompts[i][-1:], lengths[i] - 1, tables[i], True) for i in order], 8,
-                                   torch.device("cpu"))
-        assert len(decode.decode_groups) > 1
+        decode = StepInput.flatten([Sequence(prompts[i][-1:], lengths[i] - 1, tables[i], i != order[1])
+                                    for i in order], 8, torch.device("cpu"))
+        assert len(decode.decode_groups) > 1 and decode.sample_indices.tolist() == [0] + list(range(2, streams))
         saved = kv.data.clone()
         native_logits = model(decode, kv)
         native_cache = kv.data.clone()
