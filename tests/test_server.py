@@ -489,3 +489,22 @@ def test_usage_counts_prompt_tokens_served_from_the_prefix_cache(client):
     again = client.chat.completions.create(model=MODEL, max_tokens=2, messages=[system, *ask(8)])
     assert first.usage.prompt_tokens_details.cached_tokens % 16 == 0
     assert again.usage.prompt_tokens_details.cached_tokens >= 16 * (len("You are a careful assistant. " * 20) // 80)
+
+
+@pytest.mark.parametrize("kind", ["chat.completion", "text_completion"])
+def test_a_text_chunk_from_its_template_is_the_chunk_encoded_whole(server, kind):
+    """A streamed text chunk without logprobs is its template around the piece's JSON string
+    (Reply.text_chunk_template): the same bytes as the chunk built and encoded whole, whatever
+    the piece holds."""
+    from runtime.serve.metrics import Metrics
+    from runtime.serve.reply import Choice, Reply
+
+    engine = server[0]
+    handle = engine.launch_response_tokens(engine.encode("Hi"), GenerationConfig(max_new_tokens=1))
+    choice = Choice(1, handle, None)
+    reply = Reply(kind, MODEL, 3, [choice], Metrics(engine), engine.token_bytes)
+    before, after = reply.text_chunk_template(choice)
+    for piece in ["plain", ' "quoted" \\ back', "naïve – 漢字 🙂", "line\nbreak\t", "\0piece\0", ""]:
+        whole = reply.envelope([reply.chunk(choice, {"content": piece}, piece)], chunk=True)
+        assert before + json.dumps(piece) + after == f"data: {json.dumps(whole)}\n\n"
+    list(engine.stream_response_tokens(handle))
