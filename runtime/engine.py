@@ -197,7 +197,7 @@ class Engine(TextAPI):
                 ctx.waker = None
                 continue
             try:
-                await asyncio.wait_for(ready, timeout)
+                await (ready if timeout is None else asyncio.wait_for(ready, timeout))
             except asyncio.TimeoutError:
                 ctx.waker = None
                 raise TimeoutError(f"no token for handle {handle} within {timeout} s") from None

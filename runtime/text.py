@@ -63,7 +63,10 @@ class TextAssembler:
     def add(self, token: int) -> str:
         """The text that is safe to emit after ``token`` (END flushes the rest)."""
         ended = token == END
-        self.text += self.detokenizer.flush() if ended else self.detokenizer.push(token)
+        new = self.detokenizer.flush() if ended else self.detokenizer.push(token)
+        if not self.stops:  # nothing to find or hold back (a streamed token's path in most requests)
+            return new
+        self.text += new
         # Held-back text ensures a stop string never starts before `emitted`.
         cut = min((i for i in (self.text.find(s, self.emitted) for s in self.stops) if i >= 0), default=-1)
         if cut >= 0:
