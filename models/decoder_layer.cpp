@@ -221,7 +221,9 @@ size_t head_scratch_size(int64_t sampled, int64_t hidden) {
 // The output layer over the step's sampled rows of x, into ``logits`` [sampled, vocab], its work
 // shared among the threads of the enclosing team. In the layers' parallel region rather than after
 // it as torch operators and a product of its own: those ran cold after the layers had streamed the
-// weights, and the product's region woke a worker that had gone to sleep (a one-stream step ...).
+// weights (the norm of one row 0.13-0.19 ms, 11 us warm), and the product's region woke a worker
+// that had gone to sleep (one stream 84.0 -> 86.3 tok/s; docs/benchmarks.md, "A few rows, one
+// weight row at a time").
 template <typename T>
 void head_phases(const T* x, int64_t hidden, const Head<T>& head, const Step<T>& s, T* scratch, T* logits,
                  int64_t panel_from) {
@@ -296,12 +298,13 @@ class StayOnThisCore {
     StayOnThisCore& operator=(const StayOnThisCore&) = delete;
 };
 
-// Every layer over the step's rows, then the output layer over its sampled rows. With ``split_rows`` (decoder_layer.py chooses: enough rows per
-// thread), each thread carries its own share of the rows through all the layers, alone: one barrier
-// per step instead of ten per layer. On cores that other processes share, a thread the kernel parks
-// then holds up only its own rows, where each phase's barrier held up its partner's too (beside one
-// busy process the phases' two threads got one core between them; a 64-row step took 162 ms shared
-// against 121 split, quiet 81 against 74; docs/benchmarks.md "Threads that carry their own rows").
+// Every layer over the step's rows, then the output layer over its sampled rows. With
+// ``split_rows`` (decoder_layer.py chooses: enough rows per thread), each thread carries its own
+// share of the rows through all the layers, alone: one barrier per step instead of ten per layer.
+// On cores that other processes share, a thread the kernel parks then holds up only its own rows,
+// where each phase's barrier held up its partner's too (beside one busy process the phases' two
+// threads got one core between them; a 64-row step took 162 ms shared against 121 split, quiet 81
+// against 74; docs/benchmarks.md "Threads that carry their own rows").
 template <typename T, typename C>
 void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, const Step<T>& s, bool split_rows,
                     const Head<T>& head, T* logits) {
