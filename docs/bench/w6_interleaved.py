@@ -1,8 +1,10 @@
 """W6's systems taking turns, for quiet cells on a machine whose speed drifts between runs
 (docs/benchmarks.md, "An Intel Xeon"): Loom in-process, Loom's server and llama-server on the F32
-GGUF (with --weights int4: on the GGUF as it is, Q4_1) are started together, and at each stream count the three run in turn, ``--rounds`` times;
-it prints each system's tok/s per round and the median (W6's prompts, 64 tokens each). The bench (`python -m runtime bench
---workloads w6`) runs each system through all its cells before the next, minutes apart. Run from a
+GGUF (with --weights int4: on the GGUF as it is, Q4_1) are started together, and at each stream
+count the three run in turn, ``--rounds`` times, each round starting with the next system. It
+prints each system's tok/s per round and the median (W6's prompts, 64 tokens each), then Loom's
+ratios to llama.cpp round by round. The bench (`python -m runtime bench --workloads w6`) runs each
+system through all its cells before the next, minutes apart. Run from a
 checkout's root:
 
     python docs/bench/w6_interleaved.py --llama-server PATH/llama-server [--streams 1,4,16,64] [--rounds 3]
@@ -51,14 +53,15 @@ def main():
     for server in servers:
         server.start()
     try:
+        systems = [("loom in-process", lambda c: run_loom(engine, [Request(p, 64) for p in prompts[:c]], f"W6@{c}"))]
+        systems += [(server.system, lambda c, server=server: server.run(texts[:c], 64, f"W6@{c}")) for server in servers]
         with Competitors(args.busy):
-            for _ in range(args.rounds):
+            for round_ in range(args.rounds):
                 for c in streams:
-                    run = run_loom(engine, [Request(p, 64) for p in prompts[:c]], f"W6@{c}")
-                    rates.setdefault(("loom in-process", c), []).append(run.tokens / run.seconds)
-                    for server in servers:
-                        run = server.run(texts[:c], 64, f"W6@{c}")
-                        rates.setdefault((server.system, c), []).append(run.tokens / run.seconds)
+                    # Each round starts with the next system: a drift within a round weighs on all alike.
+                    for system, run_cell in systems[round_ % 3:] + systems[:round_ % 3]:
+                        run = run_cell(c)
+                        rates.setdefault((system, c), []).append(run.tokens / run.seconds)
     finally:
         for server in servers:
             server.stop()
@@ -67,6 +70,17 @@ def main():
     print("| --- | --- | --- | --- |")
     for (system, c), values in sorted(rates.items(), key=lambda item: (item[0][1], item[0][0])):
         print(f"| {c} | {system} | {' / '.join(f'{v:.1f}' for v in values)} | {statistics.median(values):.1f} |")
+    # Within a round the systems ran minutes apart at most: the ratio of a round's cells is less
+    # exposed to the machine's drift than the ratio of medians taken over different rounds.
+    peer = servers[1].system
+    print(f"\n| streams | Loom in-process / {peer} (per round: median) | Loom server / {peer} |")
+    print("| --- | --- | --- |")
+    for c in streams:
+        cells = []
+        for system in ("loom in-process", servers[0].system):
+            ratios = [a / b for a, b in zip(rates[(system, c)], rates[(peer, c)])]
+            cells.append(f"{' / '.join(f'{r:.2f}' for r in ratios)}: {statistics.median(ratios):.2f}x")
+        print(f"| {c} | {cells[0]} | {cells[1]} |")
 
 
 if __name__ == "__main__":
