@@ -49,7 +49,9 @@ namespace {
 template <typename T, int ROWS>
 inline void few_rows(const T* x, int64_t x_stride, const T* w, int64_t in, int64_t count, T* y, int64_t y_stride) {
     using V = Vector<T>;
-    constexpr int L = V::lanes, SUMS = ROWS == 1 ? 4 : 2;  // independent sums: 4 at one row, 2 per row at more
+    // Independent sums per input row: 4 at one row, else 2; with AVX2's 16 registers one from 5 rows
+    // up (two per row spilled two of 8 rows' sums to the stack: 8 rows 20.2 -> 18.5 ms with one).
+    constexpr int L = V::lanes, SUMS = ROWS == 1 ? 4 : (VECTOR_BYTES == 32 && ROWS > 4) ? 1 : 2;
     for (int64_t o = 0; o < count; ++o, w += in) {
         typename V::type acc[ROWS][SUMS] = {};
         int64_t k = 0;
@@ -75,8 +77,8 @@ inline void few_rows(const T* x, int64_t x_stride, const T* w, int64_t in, int64
 }
 
 // The input rows few_rows takes at a time: every count below the panels that measure_panel_rows
-// times (models/cpu_linear.py's LAST_TIMED_ROWS). Its sums fit AVX-512's registers; with AVX2's some
-// spill, and 8 rows still ran 1.5x faster than the row tiles.
+// times (models/cpu_linear.py's LAST_TIMED_ROWS). With AVX2, 8 rows ran 1.5x faster than the row
+// tiles.
 constexpr int64_t FEW_ROWS = 8;
 
 template <typename T>
