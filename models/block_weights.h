@@ -11,13 +11,11 @@
 // streamed at half the bandwidth.
 //
 // A decode step reads every weight once, so its speed is the bytes it reads: 4-bit blocks are 0.75
-// bytes a value against float32's 4. The products widen a few weight rows at a time into a small
-// buffer that stays in L1 and run the row tiles (below) or cpu_linear.h's panels over it: every
-// input row then reuses the widened weights, and the arithmetic is the float product's on
-// w = d q + m.
-// One row, where nothing is reused, is fused instead (one_row_blocks): the codes are widened in
-// registers and the scale applied once per block. (Above 128 rows block_linear.py widens whole
-// weights for oneDNN's product instead.)
+// bytes a value against float32's 4. Up to 8 rows the codes are widened in registers and every
+// input row meets them there (one_row_blocks, few_rows_blocks). From 9 rows the products widen a
+// tile's weight rows into a small buffer that stays in L1 and run cpu_linear.h's panels over it:
+// every panel then reuses the widened weights, and the arithmetic is the float product's on
+// w = d q + m. (Above 128 rows block_linear.py widens whole weights for oneDNN's product instead.)
 
 #pragma once
 
@@ -161,75 +159,47 @@ inline void one_row_blocks(const float* x, const BlockWeights& w, int64_t first,
     for (int64_t i = 0; i < count; ++i) y[first + i] = sums[i];
 }
 
-// The row tiles, for a few input rows over widened weights (in L1): per ROWS x OUTS tile, each
-// weight vector loaded once for ROWS input rows, each input vector once for OUTS weight rows.
-// y[m][r] = x[m] . w[r] for ROWS input rows and OUTS weight rows, over the whole input width.
-template <typename T, int ROWS, int OUTS>
-inline void tile(const T* x, int64_t x_stride, const T* w, int64_t in, T* y, int64_t y_stride) {
-    using V = Vector<T>;
-    // The sums start from the first vector's products, as panel_tile's do (zeroing them was a
-    // memset call per tile).
-    typename V::type acc[ROWS][OUTS];
-    auto step = [&](int64_t k, bool start) {
-        typename V::type weights[OUTS];
-        for (int o = 0; o < OUTS; ++o) weights[o] = V::load(w + o * in + k);
-        for (int m = 0; m < ROWS; ++m) {
-            const typename V::type xs = V::load(x + m * x_stride + k);
-            for (int o = 0; o < OUTS; ++o) acc[m][o] = start ? xs * weights[o] : acc[m][o] + xs * weights[o];
+// ROWS (2 to 8) input rows against weight rows [first, first + count), count <= LANES: two weight
+// rows side by side (four, as one_row_blocks takes, were 13-20% slower at 3-4 rows), each vector of
+// codes widened to weights (w = d q + m) once in registers and multiplied with every input row
+// there. The row tiles it replaced widened three weight rows into a buffer first and ran the rows
+// past them: a 4-bit forward at 2 / 4 / 6 / 8 rows took 7.46 / 11.11 / 14.23 / 16.22 ms against
+// 5.63 / 7.94 / 9.70 / 13.80 (docs/benchmarks.md, "A few rows, one weight row at a time").
+template <int BITS, int ROWS>
+inline void few_rows_blocks(const float* x, int64_t x_stride, const BlockWeights& w, int64_t first, int64_t count,
+                            float* y, int64_t y_stride) {
+    constexpr int SIDE = 2;
+    Floats::type lanes[ROWS][LANES] = {};  // each input row's sums, a vector per weight row
+    for (int64_t r = 0; r < count; r += SIDE) {
+        const int side = std::min<int64_t>(SIDE, count - r);
+        for (int64_t row = first + r + 2 * SIDE; row < std::min(w.out, first + r + 3 * SIDE); ++row)
+            prefetch_row(w, row);
+        const uint8_t* codes[SIDE];
+        const float *scales[SIDE], *mins[SIDE];
+        for (int i = 0; i < SIDE; ++i) {  // past the last row, the last row again (its sums unused)
+            const int64_t row = first + r + std::min(i, side - 1);
+            codes[i] = w.codes(row);
+            scales[i] = w.scales(row);
+            mins[i] = w.mins(row);
         }
-    };
-    int64_t k = 0;
-    if (in >= V::lanes) {
-        step(0, true);
-        for (k = V::lanes; k + V::lanes <= in; k += V::lanes) step(k, false);
-    } else {  // narrower than a vector: the sums are the scalar tail's alone
-        for (int m = 0; m < ROWS; ++m)
-            for (int o = 0; o < OUTS; ++o) acc[m][o] = typename V::type{};
-    }
-    // The lane sums: of all the tile's vectors at once where they fit in one (sums_of_lanes; 4-bit
-    // block products at 2-4 rows, whose tiles run on cached weights, took 4-7% less), else each alone.
-    if constexpr (ROWS * OUTS <= V::lanes) {
-        typename V::type parts[V::lanes] = {};
-        for (int m = 0; m < ROWS; ++m)
-            for (int o = 0; o < OUTS; ++o) parts[sum_position<T>(m * OUTS + o)] = acc[m][o];
-        const typename V::type sums = sums_of_lanes<T>(parts);
-        for (int m = 0; m < ROWS; ++m) {
-            for (int o = 0; o < OUTS; ++o) {
-                T sum = sums[m * OUTS + o];
-                for (int64_t j = k; j < in; ++j) sum += x[m * x_stride + j] * w[o * in + j];
-                y[m * y_stride + o] = sum;
+        Floats::type acc[SIDE][ROWS] = {};
+        for (int64_t b = 0; b < w.blocks; ++b) {
+            for (int i = 0; i < SIDE; ++i) {
+                const float d = scales[i][b], m = BITS == 4 ? mins[i][b] : 0.0f;
+                widen_block<BITS>(codes[i], b, [&](int v, Floats::type q) {
+                    const Floats::type weights = BITS == 4 ? q * d + m : q * d;
+                    for (int row = 0; row < ROWS; ++row)
+                        acc[i][row] += weights * Floats::load(x + row * x_stride + b * GROUP + v * LANES);
+                });
             }
         }
-        return;
+        for (int i = 0; i < side; ++i)
+            for (int row = 0; row < ROWS; ++row) lanes[row][sum_position<float>(int(r) + i)] = acc[i][row];
     }
-    for (int m = 0; m < ROWS; ++m) {
-        for (int o = 0; o < OUTS; ++o) {
-            T sum = 0;
-            for (int lane = 0; lane < V::lanes; ++lane) sum += acc[m][o][lane];
-            for (int64_t j = k; j < in; ++j) sum += x[m * x_stride + j] * w[o * in + j];
-            y[m * y_stride + o] = sum;
-        }
+    for (int row = 0; row < ROWS; ++row) {
+        const Floats::type sums = sums_of_lanes<float>(lanes[row]);
+        for (int64_t i = 0; i < count; ++i) y[row * y_stride + first + i] = sums[i];
     }
-}
-
-// All input rows against OUTS weight rows: four rows at a time (12 accumulators), then the rest.
-template <int OUTS>
-inline void all_rows(const float* x, int64_t x_stride, int64_t rows, const float* w, int64_t in, float* y,
-                     int64_t y_stride) {
-    int64_t m = 0;
-    for (; m + 4 <= rows; m += 4) tile<float, 4, OUTS>(x + m * x_stride, x_stride, w, in, y + m * y_stride, y_stride);
-    for (; m < rows; ++m) tile<float, 1, OUTS>(x + m * x_stride, x_stride, w, in, y + m * y_stride, y_stride);
-}
-
-// Every input row against ``count`` (up to 3) consecutive widened weight rows at ``w``.
-inline void three_weight_rows(const float* x, int64_t x_stride, int64_t rows, const float* w, int64_t in,
-                              int64_t count, float* y, int64_t y_stride) {
-    if (count == 3) {
-        all_rows<3>(x, x_stride, rows, w, in, y, y_stride);
-        return;
-    }
-    for (int64_t r = 0; r < count; ++r)  // the last few weight rows, one at a time
-        all_rows<1>(x, x_stride, rows, w + r * in, in, y + r, y_stride);
 }
 
 // The widened rows a thread works on, kept from call to call (a fresh buffer would come from new
@@ -239,17 +209,21 @@ inline float* widened_scratch(int64_t elements) {
     return line_aligned(buffer, elements);
 }
 
-// From how many rows block products take the panels. Both the panels and the tiles read widened
-// weights from L1 here, so the float products' threshold (measured over weights read from memory)
-// does not carry over: on Zen 5 the tiles were ahead up to 8 rows (8 rows, 576 x 3072: 205 against
-// 223 us; the 8-bit output layer 3.9 against 4.2 ms) and the panels from 12 (230 against 276 us).
+// From how many rows block products take the panels; below, the codes are widened in registers
+// (one_row_blocks, few_rows_blocks). The panels read widened weights from L1, so the float
+// products' threshold (measured over weights read from memory) does not carry over: on Zen 5 a
+// 4-bit forward at 6 and 8 rows took 8.1 / 11.8 ms in registers against 16.0 / 16.5 on the panels
+// (and the row tiles before few_rows_blocks had been ahead of the panels up to 8 rows).
 constexpr int64_t BLOCK_PANEL_MIN_ROWS = 9;
+static_assert(BLOCK_PANEL_MIN_ROWS <= 9, "few_rows_blocks takes up to 8 rows");
 
 // y = x w^T + b over block weights of BITS bits (block_linear_rows).
 template <int BITS>
 void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeights& w, const float* bias, float* y,
                 int64_t y_stride, float* packed) {
     const int64_t in = w.in, out = w.out;
+    if (rows == 0)  // a step none of whose rows is sampled: every thread of the team returns alike
+        return;
     if (rows >= BLOCK_PANEL_MIN_ROWS) {
         // Each tile is widened a chunk of k at a time (at most 1024 values: 12 rows of them, 48 KiB,
         // stay in L1/L2), whole blocks, which every panel then passes.
@@ -262,26 +236,21 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
         panels(x, x_stride, rows, in, out, chunk, weights, bias, y, y_stride, packed);
         return;
     }
-    if (rows == 1) {
-        const int64_t outs = LANES, tasks = (out + outs - 1) / outs;
-        const int64_t chunk = std::max<int64_t>(1, tasks / (8 * omp_get_num_threads()));
-#pragma omp for schedule(dynamic, chunk)
-        for (int64_t task = 0; task < tasks; ++task) {
-            const int64_t o = task * outs, count = std::min(outs, out - o);
-            one_row_blocks<BITS>(x, w, o, count, y);
-            add_bias(y + o, y_stride, 1, bias == nullptr ? nullptr : bias + o, count);
-        }
-        return;
-    }
-    // A few rows: 3 weight rows widened at a time, then the float tiles over them (cpu_linear.h).
-    const int64_t outs = 3, tasks = (out + outs - 1) / outs;
+    const int64_t outs = LANES, tasks = (out + outs - 1) / outs;
     const int64_t chunk = std::max<int64_t>(1, tasks / (8 * omp_get_num_threads()));
-    float* widened = widened_scratch(outs * in);
 #pragma omp for schedule(dynamic, chunk)
     for (int64_t task = 0; task < tasks; ++task) {
         const int64_t o = task * outs, count = std::min(outs, out - o);
-        widen_rows<BITS>(w, o, count, 0, in, widened, in, std::min(out, o + chunk * outs));
-        three_weight_rows(x, x_stride, rows, widened, in, count, y + o, y_stride);
+        switch (rows) {
+            case 1: one_row_blocks<BITS>(x, w, o, count, y); break;
+            case 2: few_rows_blocks<BITS, 2>(x, x_stride, w, o, count, y, y_stride); break;
+            case 3: few_rows_blocks<BITS, 3>(x, x_stride, w, o, count, y, y_stride); break;
+            case 4: few_rows_blocks<BITS, 4>(x, x_stride, w, o, count, y, y_stride); break;
+            case 5: few_rows_blocks<BITS, 5>(x, x_stride, w, o, count, y, y_stride); break;
+            case 6: few_rows_blocks<BITS, 6>(x, x_stride, w, o, count, y, y_stride); break;
+            case 7: few_rows_blocks<BITS, 7>(x, x_stride, w, o, count, y, y_stride); break;
+            default: few_rows_blocks<BITS, 8>(x, x_stride, w, o, count, y, y_stride); break;
+        }
         add_bias(y + o, y_stride, rows, bias == nullptr ? nullptr : bias + o, count);
     }
 }

@@ -24,7 +24,8 @@ def linear(out, width, bias=True, seed=0):
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("out,width", [(7, 32), (40, 96), (100, 160), (13, 1088)])  # 1088: two chunks of k
-@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 16, 17, 40, 71])  # one row; the tiles; the panels from 9, wide from 32
+# codes widened in registers up to 4 rows (one row its own way); the tiles; the panels from 9, wide from 32
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 16, 17, 40, 71])
 def test_kernel_computes_the_dequantized_product(bits, out, width, rows):
     layer = linear(out, width, bias=rows % 2 == 1, seed=rows)
     blocks = BlockLinear(layer, bits)
@@ -148,3 +149,21 @@ def test_native_layers_on_blocks_match_the_torch_path(arch):
             torch_logits = model(step, kv)
             model.decoder_layers = layers
         torch.testing.assert_close(native_logits, torch_logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("weights", ["float32", "int4"])
+def test_a_decode_step_with_no_row_sampled_gives_no_logits(weights):
+    """Every row a prompt's one-token chunk (none sampled): the native layers still write the pool
+    as the torch layers do, and the output layer gives an empty [0, vocab] (nothing is written past it)."""
+    model = models.load(tiny_model("llama"), dtype=torch.float32, weights=weights).model
+    kv = KVCache(model.num_layers, 12, 16, model.num_kv_heads, model.head_dim, torch.float32, "cpu")
+    step = StepInput.flatten([Sequence([i + 5], 20 - i, [3 * i, 3 * i + 1], False) for i in range(3)], 16,
+                             torch.device("cpu"))
+    with torch.inference_mode():
+        logits = model(step, kv)
+        native_pool = kv.data.clone()
+        kv.data.zero_()
+        layers, model.decoder_layers = model.decoder_layers, None
+        assert model(step, kv).shape == logits.shape == (0, model.vocab_size)
+        model.decoder_layers = layers
+    torch.testing.assert_close(native_pool, kv.data, atol=1e-4, rtol=1e-4)
