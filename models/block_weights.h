@@ -119,29 +119,40 @@ inline void widen_rows(const BlockWeights& w, int64_t first, int64_t count, int6
     }
 }
 
+// SIDE weight rows side by side, [row, row + side) of a task's [.., end): their codes, scales and
+// minimums (past the last row, the last row again: its sums go unused), the rows two groups ahead
+// fetched meanwhile (without, a one-stream step took 7.0-7.5 ms against 4.6-5.0; one or three
+// groups ahead: no better).
+template <int SIDE>
+struct SideBySide {
+    const uint8_t* codes[SIDE];
+    const float *scales[SIDE], *mins[SIDE];
+    int side;
+
+    SideBySide(const BlockWeights& w, int64_t row, int64_t end) : side(int(std::min<int64_t>(SIDE, end - row))) {
+        for (int64_t ahead = row + 2 * SIDE; ahead < std::min(w.out, row + 3 * SIDE); ++ahead) prefetch_row(w, ahead);
+        for (int i = 0; i < SIDE; ++i) {
+            const int64_t r = row + std::min(i, side - 1);
+            codes[i] = w.codes(r);
+            scales[i] = w.scales(r);
+            mins[i] = w.mins(r);
+        }
+    }
+};
+
 // y[o] = x . w[o] for weight rows [first, first + count), count <= LANES: the codes widened in
 // registers and each block's sum scaled once. Four weight rows go side by side (sharing each
 // block's loads of x), and the rows' lane sums are taken together at the end (sums_of_lanes: one
 // reduction for up to LANES rows). A 4-bit block's minimum m adds m times the block's sum of x:
-// m times the sum of x's vectors over the block, folded into the same lanes. The rows two groups
-// ahead are fetched meanwhile: without, a one-stream step took 7.0-7.5 ms against 4.6-5.0 (one or
-// three groups ahead: no better).
+// m times the sum of x's vectors over the block, folded into the same lanes.
 template <int BITS>
 inline void one_row_blocks(const float* x, const BlockWeights& w, int64_t first, int64_t count, float* y) {
     constexpr int SIDE = 4;
     Floats::type lanes[LANES] = {};
     for (int64_t r = 0; r < count; r += SIDE) {
-        const int side = std::min<int64_t>(SIDE, count - r);
-        for (int64_t row = first + r + 2 * SIDE; row < std::min(w.out, first + r + 3 * SIDE); ++row)
-            prefetch_row(w, row);
-        const uint8_t* codes[SIDE];
-        const float *scales[SIDE], *mins[SIDE];
-        for (int i = 0; i < SIDE; ++i) {  // past the last row, the last row again (its sums unused)
-            const int64_t row = first + r + std::min(i, side - 1);
-            codes[i] = w.codes(row);
-            scales[i] = w.scales(row);
-            mins[i] = w.mins(row);
-        }
+        const SideBySide<SIDE> rows(w, first + r, first + count);
+        const auto& codes = rows.codes;
+        const auto &scales = rows.scales, &mins = rows.mins;
         Floats::type acc[SIDE] = {};
         for (int64_t b = 0; b < w.blocks; ++b) {
             Floats::type xs[GROUP / LANES], x_total = {};
@@ -153,7 +164,7 @@ inline void one_row_blocks(const float* x, const BlockWeights& w, int64_t first,
                 if constexpr (BITS == 4) acc[i] += x_total * mins[i][b];
             }
         }
-        for (int i = 0; i < side; ++i) lanes[sum_position<float>(int(r) + i)] = acc[i];
+        for (int i = 0; i < rows.side; ++i) lanes[sum_position<float>(int(r) + i)] = acc[i];
     }
     const Floats::type sums = sums_of_lanes<float>(lanes);
     for (int64_t i = 0; i < count; ++i) y[first + i] = sums[i];
@@ -171,17 +182,9 @@ inline void few_rows_blocks(const float* x, int64_t x_stride, const BlockWeights
     constexpr int SIDE = 2;
     Floats::type lanes[ROWS][LANES] = {};  // each input row's sums, a vector per weight row
     for (int64_t r = 0; r < count; r += SIDE) {
-        const int side = std::min<int64_t>(SIDE, count - r);
-        for (int64_t row = first + r + 2 * SIDE; row < std::min(w.out, first + r + 3 * SIDE); ++row)
-            prefetch_row(w, row);
-        const uint8_t* codes[SIDE];
-        const float *scales[SIDE], *mins[SIDE];
-        for (int i = 0; i < SIDE; ++i) {  // past the last row, the last row again (its sums unused)
-            const int64_t row = first + r + std::min(i, side - 1);
-            codes[i] = w.codes(row);
-            scales[i] = w.scales(row);
-            mins[i] = w.mins(row);
-        }
+        const SideBySide<SIDE> group(w, first + r, first + count);
+        const auto& codes = group.codes;
+        const auto &scales = group.scales, &mins = group.mins;
         Floats::type acc[SIDE][ROWS] = {};
         for (int64_t b = 0; b < w.blocks; ++b) {
             for (int i = 0; i < SIDE; ++i) {
@@ -193,7 +196,7 @@ inline void few_rows_blocks(const float* x, int64_t x_stride, const BlockWeights
                 });
             }
         }
-        for (int i = 0; i < side; ++i)
+        for (int i = 0; i < group.side; ++i)
             for (int row = 0; row < ROWS; ++row) lanes[row][sum_position<float>(int(r) + i)] = acc[i][row];
     }
     for (int row = 0; row < ROWS; ++row) {
@@ -241,16 +244,12 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
 #pragma omp for schedule(dynamic, chunk)
     for (int64_t task = 0; task < tasks; ++task) {
         const int64_t o = task * outs, count = std::min(outs, out - o);
-        switch (rows) {
-            case 1: one_row_blocks<BITS>(x, w, o, count, y); break;
-            case 2: few_rows_blocks<BITS, 2>(x, x_stride, w, o, count, y, y_stride); break;
-            case 3: few_rows_blocks<BITS, 3>(x, x_stride, w, o, count, y, y_stride); break;
-            case 4: few_rows_blocks<BITS, 4>(x, x_stride, w, o, count, y, y_stride); break;
-            case 5: few_rows_blocks<BITS, 5>(x, x_stride, w, o, count, y, y_stride); break;
-            case 6: few_rows_blocks<BITS, 6>(x, x_stride, w, o, count, y, y_stride); break;
-            case 7: few_rows_blocks<BITS, 7>(x, x_stride, w, o, count, y, y_stride); break;
-            default: few_rows_blocks<BITS, 8>(x, x_stride, w, o, count, y, y_stride); break;
-        }
+        with_few_rows(rows, [&](auto group) {
+            if constexpr (group == 1)
+                one_row_blocks<BITS>(x, w, o, count, y);
+            else
+                few_rows_blocks<BITS, group>(x, x_stride, w, o, count, y, y_stride);
+        });
         add_bias(y + o, y_stride, rows, bias == nullptr ? nullptr : bias + o, count);
     }
 }

@@ -28,6 +28,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include <omp.h>
 
@@ -82,18 +83,20 @@ inline void few_rows(const T* x, int64_t x_stride, const T* w, int64_t in, int64
 // tiles.
 constexpr int64_t FEW_ROWS = 8;
 
-template <typename T>
-inline void few_rows_of(const T* x, int64_t x_stride, int64_t rows, const T* w, int64_t in, int64_t count, T* y,
-                        int64_t y_stride) {
+// f(std::integral_constant<int, R>{}) for rows = R, 1 <= R <= FEW_ROWS (more as FEW_ROWS): a row
+// count known at run time handed to a product whose row count is a template argument.
+template <typename F>
+inline void with_few_rows(int64_t rows, F&& f) {
+    static_assert(FEW_ROWS == 8);
     switch (rows) {
-        case 1: few_rows<T, 1>(x, x_stride, w, in, count, y, y_stride); break;
-        case 2: few_rows<T, 2>(x, x_stride, w, in, count, y, y_stride); break;
-        case 3: few_rows<T, 3>(x, x_stride, w, in, count, y, y_stride); break;
-        case 4: few_rows<T, 4>(x, x_stride, w, in, count, y, y_stride); break;
-        case 5: few_rows<T, 5>(x, x_stride, w, in, count, y, y_stride); break;
-        case 6: few_rows<T, 6>(x, x_stride, w, in, count, y, y_stride); break;
-        case 7: few_rows<T, 7>(x, x_stride, w, in, count, y, y_stride); break;
-        default: few_rows<T, 8>(x, x_stride, w, in, count, y, y_stride); break;
+        case 1: f(std::integral_constant<int, 1>{}); break;
+        case 2: f(std::integral_constant<int, 2>{}); break;
+        case 3: f(std::integral_constant<int, 3>{}); break;
+        case 4: f(std::integral_constant<int, 4>{}); break;
+        case 5: f(std::integral_constant<int, 5>{}); break;
+        case 6: f(std::integral_constant<int, 6>{}); break;
+        case 7: f(std::integral_constant<int, 7>{}); break;
+        default: f(std::integral_constant<int, 8>{}); break;
     }
 }
 
@@ -325,8 +328,9 @@ void linear_rows(const T* x, int64_t x_stride, int64_t rows, const T* w, const T
     for (int64_t task = 0; task < tasks; ++task) {
         const int64_t o = task * outs, count = std::min(outs, out - o);
         for (int64_t m = 0; m < rows; m += FEW_ROWS)
-            few_rows_of(x + m * x_stride, x_stride, std::min(FEW_ROWS, rows - m), w + o * in, in, count,
-                        y + m * y_stride + o, y_stride);
+            with_few_rows(std::min(FEW_ROWS, rows - m), [&](auto group) {
+                few_rows<T, group>(x + m * x_stride, x_stride, w + o * in, in, count, y + m * y_stride + o, y_stride);
+            });
         add_bias(y + o, y_stride, rows, bias == nullptr ? nullptr : bias + o, count);
     }
 }
