@@ -225,8 +225,8 @@ template <int BITS>
 void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeights& w, const float* bias, float* y,
                 int64_t y_stride, float* packed) {
     const int64_t in = w.in, out = w.out;
-    if (rows == 0)  // a step none of whose rows is sampled: every thread of the team returns alike
-        return;
+    if (rows == 0)  // (the output layer of a step none of whose rows is sampled; with_few_rows
+        return;     // would take 8): every thread of the team returns alike
     if (rows >= BLOCK_PANEL_MIN_ROWS) {
         // Each tile is widened a chunk of k at a time (at most 1024 values: 12 rows of them, 48 KiB,
         // stay in L1/L2), whole blocks, which every panel then passes.

@@ -316,8 +316,9 @@ void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, const Step<T
     // (every layer has the first's shape), then the output layer's.
     thread_local std::vector<T> scratch;
     const size_t share = scratch_size(layers[0], split ? (s.rows + threads - 1) / threads : s.rows);
-    T* base = line_aligned(scratch, share * (split ? threads : 1) + head_scratch_size<T>(s.sampled, hidden));
-    T* head_scratch = base + share * (split ? threads : 1);
+    const size_t shares = share * (split ? threads : 1);
+    T* base = line_aligned(scratch, shares + head_scratch_size<T>(s.sampled, hidden));
+    T* head_scratch = base + shares;
     if (!split) {
 #pragma omp parallel
         {

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 
 import torch
+from torch import nn
 
 from . import native
 from .block_linear import BlockLinear
@@ -63,10 +64,10 @@ def _address(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
 
 
-def _final_norm(model: Llama | GPT2) -> torch.Tensor:
-    """The final norm's weight: on the activations' device, in their dtype (the output layer's
-    weight may be blocks)."""
-    return (model.norm if isinstance(model, Llama) else model.ln_f).weight
+def _final_norm(model: Llama | GPT2) -> nn.Module:
+    """The final norm (RMSNorm or LayerNorm): its weight is on the activations' device, in their
+    dtype (the output layer's weight may be blocks)."""
+    return model.norm if isinstance(model, Llama) else model.ln_f
 
 
 def _products(model: Llama | GPT2) -> list:
@@ -85,7 +86,7 @@ def _weight(linear: CpuLinear | BlockLinear) -> torch.Tensor:
 
 class DecoderLayers:
     def __init__(self, model: Llama | GPT2):
-        self.dtype = _final_norm(model).dtype
+        self.dtype = _final_norm(model).weight.dtype
         self.weights = []  # the tensors whose addresses the layers hold, kept alive
         layer = self._gpt2_layer if isinstance(model, GPT2) else self._llama_layer
         layers = [layer(block, model.spec) for block in model.layers]
@@ -106,15 +107,11 @@ class DecoderLayers:
                            block.heads, block.dim, 0, True, False, spec.eps, block.dim ** -0.5)
 
     def _head(self, model: Llama | GPT2) -> _Head:
-        if isinstance(model, Llama):
-            norm, eps, layer_norm = model.norm, model.spec.rms_norm_eps, False
-        else:
-            norm, eps, layer_norm = model.ln_f, model.spec.eps, True
-        output = model.lm_head
+        norm, output = _final_norm(model), model.lm_head
         weights = (norm.weight, getattr(norm, "bias", None), _weight(output), output.bias)
         self.weights.append(weights)
         bits = output.bits if isinstance(output, BlockLinear) else 0
-        return _Head(*map(_address, weights), output.out_features, layer_norm, bits, eps)
+        return _Head(*map(_address, weights), output.out_features, isinstance(model, GPT2), bits, norm.eps)
 
     def _layer(self, norms, qkv, out, up, down, *shape) -> _Layer:
         products = (qkv, out, up, down)
@@ -129,8 +126,8 @@ class DecoderLayers:
         """The native layers for ``model``, or None where it does not qualify (see the module's doc)."""
         if not isinstance(model, (Llama, GPT2)):
             return None
-        norm = _final_norm(model)
-        if not native.supports(norm.device, norm.dtype):
+        weight = _final_norm(model).weight
+        if not native.supports(weight.device, weight.dtype):
             return None
         if isinstance(model, Llama) and (
                 model.spec.qk_norm or not all(isinstance(block.mlp, MLP) for block in model.layers)):  # routed experts

@@ -59,7 +59,8 @@ def main():
             for round_ in range(args.rounds):
                 for c in streams:
                     # Each round starts with the next system: a drift within a round weighs on all alike.
-                    for system, run_cell in systems[round_ % 3:] + systems[:round_ % 3]:
+                    first = round_ % len(systems)
+                    for system, run_cell in systems[first:] + systems[:first]:
                         run = run_cell(c)
                         rates.setdefault((system, c), []).append(run.tokens / run.seconds)
     finally:

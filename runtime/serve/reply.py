@@ -28,6 +28,7 @@ class Choice:
         self.index, self.handle, self.pieces = index, handle, pieces
         self.text = ""
         self.reported = 0  # logprobs already sent
+        self.template: tuple[str, str] | None = None  # its text chunks' event around the piece (Reply.text_event)
 
     def new_logprobs(self, upto: int | None = None) -> list:
         """The TokenLogprobs of tokens fetched since the last call (up to the ``upto``-th), without
@@ -126,35 +127,37 @@ class Reply:
     async def events(self, include_usage: bool):
         """Server-sent chunks. With tools, a choice's text is held until it ends, since only the
         whole text tells a tool call from an answer."""
-        send = lambda payload: f"data: {json.dumps(payload)}\n\n"
         if self.chat:
-            yield send(self.envelope([{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                                       "logprobs": None, "finish_reason": None} for c in self.choices], chunk=True))
-        templates = {}  # choice index -> its text chunk around the piece, where nothing else varies
+            yield server_sent(self.envelope([{"index": c.index, "delta": {"role": "assistant", "content": ""},
+                                              "logprobs": None, "finish_reason": None} for c in self.choices],
+                                            chunk=True))
         try:
             async for choice, piece, fetched in merged(self.choices):
                 if piece is not None:
                     choice.text += piece
-                    if self.tools:
-                        continue
-                    if self.logprobs:
-                        yield send(self.envelope([self.chunk(choice, {"content": piece}, piece, upto=fetched)],
-                                                 chunk=True))
-                        continue
-                    if choice.index not in templates:
-                        templates[choice.index] = self.text_chunk_template(choice)
-                    before, after = templates[choice.index]
-                    yield before + json.dumps(piece) + after
+                    if not self.tools:
+                        yield self.text_event(choice, piece, fetched)
                     continue
                 self.metrics.observe(choice.handle)
-                yield send(self.envelope([self.last_chunk(choice)], chunk=True))
+                yield server_sent(self.envelope([self.last_chunk(choice)], chunk=True))
         except (GenerationFailed, EngineClosed) as error:
-            yield send(generation_error(error).body())
+            yield server_sent(generation_error(error).body())
             yield "data: [DONE]\n\n"
             return
         if include_usage:
-            yield send(self.envelope([], chunk=True, usage=self.usage()))
+            yield server_sent(self.envelope([], chunk=True, usage=self.usage()))
         yield "data: [DONE]\n\n"
+
+    def text_event(self, choice: Choice, piece: str, fetched: int) -> str:
+        """The event of a text chunk of ``choice``: with logprobs built whole, else its template
+        around the piece's JSON string (text_chunk_template)."""
+        if self.logprobs:
+            chunk = self.chunk(choice, {"content": piece}, piece, upto=fetched)
+            return server_sent(self.envelope([chunk], chunk=True))
+        if choice.template is None:
+            choice.template = self.text_chunk_template(choice)
+        before, after = choice.template
+        return before + json.dumps(piece) + after
 
     def text_chunk_template(self, choice: Choice) -> tuple[str, str]:
         """A text chunk of ``choice`` without logprobs, as the event's text before and after the
@@ -163,7 +166,7 @@ class Reply:
         task and queue ~10%; without both, its CPU per token fell from 65 to 56 us
         (docs/benchmarks.md, "A few rows, one weight row at a time")."""
         marker = "\0piece\0"
-        event = f"data: {json.dumps(self.envelope([self.chunk(choice, {'content': marker}, marker)], chunk=True))}\n\n"
+        event = server_sent(self.envelope([self.chunk(choice, {"content": marker}, marker)], chunk=True))
         before, after = event.split(json.dumps(marker))
         return before, after
 
@@ -182,6 +185,11 @@ class Reply:
             calls = [{"index": 0, **call} for call in message["tool_calls"]]
             return self.chunk(choice, {"tool_calls": calls}, "", finish)
         return self.chunk(choice, {"content": message["content"]}, message["content"], finish)
+
+
+def server_sent(payload: dict) -> str:
+    """A server-sent event carrying ``payload`` as JSON."""
+    return f"data: {json.dumps(payload)}\n\n"
 
 
 async def merged(choices: list[Choice]):
