@@ -1,6 +1,6 @@
 """The runtimes users would pick instead of Loom, as optional systems of the bench (``--peers``):
 fastllm in-process (PyPI's ``ftllm``, whose launch/fetch API Loom's comes from) and llama.cpp's
-``llama-server``, measured beside Loom's own server through one shared HTTP client.
+``llama-server``, measured beside Loom's own server through one shared streaming client.
 
 Every peer runs the default model: fastllm from a Hugging Face directory converted once from the
 GGUF, llama.cpp from the GGUF as it is (Q4_1) and from an F32 GGUF made once with its own
@@ -9,6 +9,7 @@ GGUF, llama.cpp from the GGUF as it is (Q4_1) and from an F32 GGUF made once wit
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import json
 import os
@@ -17,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from .harness import Request, Run, one_thread_each
@@ -133,41 +135,44 @@ class ServerDidNotStart(RuntimeError):
 
 
 class OpenAIServer:
-    """A server process with OpenAI's /v1/completions, started for the ``with`` block: requests
-    go through one shared HTTP client (one connection pool), streamed, so that each token's
-    arrival is timed; the token count is the server's own usage figure."""
+    """A server process with OpenAI's /v1/completions, started for the ``with`` block. Requests are
+    streamed, so that each token's arrival is timed, all from one client: one asyncio event loop
+    (aiohttp), every stream a task of it. The client shares the cores with the server it measures;
+    a thread per stream through httpx took 100-160 us of CPU a token, 3-4x this one, and slowed a
+    fast server more than a slow one (docs/benchmarks.md, "A lighter bench client"). The token
+    count is the server's own usage figure."""
 
     def __init__(self, system: str, command: list[str], port: int, model: str):
         self.system, self.command, self.port, self.model = system, command, port, model
+        self.url = f"http://127.0.0.1:{port}"
         self.process: subprocess.Popen | None = None
 
     def start(self) -> "OpenAIServer":
         """Start the server and wait for its /health; ServerDidNotStart where it exits or stays silent."""
-        import httpx
-
         # Its log goes to a file: a pipe nobody reads fills up and stalls a chatty server.
         self.log = peer_dir() / f"{self.system.replace(' ', '-')}.log"
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
-        self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=600,
-                                   limits=httpx.Limits(max_connections=256, max_keepalive_connections=256))
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 self.stop()
                 raise ServerDidNotStart(f"{self.system} exited at start with status {self.process.returncode} "
                                         f"(its log: {self.log}): {self.log.read_text()[-500:]}")
-            try:
-                if self.client.get("/health").status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
+            if self.healthy():
+                return self
             time.sleep(0.5)
         self.stop()
         raise ServerDidNotStart(f"{self.system} did not answer /health within 300 s (its log: {self.log})")
 
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
+                return response.status == 200
+        except OSError:  # not listening yet, or an error status (urllib's errors are OSErrors)
+            return False
+
     def stop(self) -> None:
-        self.client.close()
         self.process.terminate()
         try:
             self.process.wait(30)
@@ -180,17 +185,42 @@ class OpenAIServer:
     def __exit__(self, *exc):
         self.stop()
 
-    def complete(self, prompt: str, new_tokens: int, times: list | None = None) -> tuple[str, int]:
+    def complete(self, prompt: str, new_tokens: int) -> tuple[str, int]:
         """Greedy text and its token count, EOS ignored."""
+        text, count, _, _ = asyncio.run(self._streams([prompt], new_tokens))[0]
+        return text, count
+
+    def run(self, prompts: list[str], new_tokens: int, workload: str) -> Run:
+        self.complete(prompts[0], 2)  # warm-up, untimed
+        run = Run(self.system, workload, len(prompts), note="OpenAI /v1/completions, streamed, one shared client")
+        cpu = self.server_cpu_seconds() + time.process_time()
+        start = time.perf_counter()
+        streams = asyncio.run(self._streams(prompts, new_tokens))
+        run.seconds = time.perf_counter() - start
+        for _, count, launched, times in streams:
+            run.record(launched, times)
+            run.tokens += count - len(times)  # a chunk may carry more than one token
+        run.cpu_seconds = self.server_cpu_seconds() + time.process_time() - cpu  # the server's and the client's
+        return run
+
+    async def _streams(self, prompts: list[str], new_tokens: int) -> list[tuple[str, int, float, list[float]]]:
+        """Every prompt streamed at once: each one's text, token count, launch time and token arrival times."""
+        import aiohttp
+
+        # A connection per request: llama-server may close a kept-alive one after a stream ends,
+        # and a pool would then send the next request into a dead socket.
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
+            return await asyncio.gather(*(self._stream(session, prompt, new_tokens) for prompt in prompts))
+
+    async def _stream(self, session, prompt: str, new_tokens: int) -> tuple[str, int, float, list[float]]:
         body = {"model": self.model, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0,
                 "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-        text, count = [], 0
-        # A connection per request: llama-server may close a kept-alive one after a stream ends,
-        # and the pool would then send the next request into a dead socket.
-        with self.client.stream("POST", "/v1/completions", json=body, headers={"Connection": "close"}) as response:
+        launched, text, times, count = time.perf_counter(), [], [], 0
+        async with session.post(self.url + "/v1/completions", json=body) as response:
             response.raise_for_status()
-            for line in response.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
+            async for line in response.content:  # the stream's lines, as they arrive
+                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
                     continue
                 event = json.loads(line[6:])
                 if event.get("error"):
@@ -198,29 +228,10 @@ class OpenAIServer:
                 for choice in event.get("choices") or []:
                     if choice.get("text"):
                         text.append(choice["text"])
-                        if times is not None:
-                            times.append(time.perf_counter())
+                        times.append(time.perf_counter())
                 if event.get("usage"):
                     count = event["usage"]["completion_tokens"]
-        return "".join(text), count
-
-    def run(self, prompts: list[str], new_tokens: int, workload: str) -> Run:
-        self.complete(prompts[0], 2)  # warm-up, untimed
-        run = Run(self.system, workload, len(prompts), note="OpenAI /v1/completions, streamed, one shared client")
-        streams, start = [], time.perf_counter()
-        cpu = self.server_cpu_seconds() + time.process_time()
-
-        def client(prompt: str):
-            launched, times = time.perf_counter(), []
-            _, count = self.complete(prompt, new_tokens, times)
-            streams.append((launched, times, count))
-
-        one_thread_each(client, prompts, run, start)
-        for launched, times, count in streams:
-            run.record(launched, times)
-            run.tokens += count - len(times)  # a chunk may carry more than one token
-        run.cpu_seconds = self.server_cpu_seconds() + time.process_time() - cpu  # the server's and the client's
-        return run
+        return "".join(text), count, launched, times
 
     def server_cpu_seconds(self) -> float:
         fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
