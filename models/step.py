@@ -10,10 +10,16 @@ tables only to the longest in its group.
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+# madvise(2)'s MADV_POPULATE_WRITE (Linux 5.14): back a range with memory now, its contents kept.
+POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
 
 @dataclass
@@ -114,7 +120,8 @@ class KVCache:
         shape = (2, num_layers, num_blocks, block_size, num_kv_heads, head_dim)
         if torch.device(device).type == "cpu":
             # calloc'd pages: zero (so masked, never-written slots hold no NaN) yet committed
-            # only as blocks are used, so a generous pool costs nothing up front.
+            # only as blocks are used (or just ahead of their use: commit), so a generous pool
+            # costs nothing up front.
             size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
             self.data = torch.from_numpy(np.zeros(size, dtype=np.uint8)).view(dtype).view(shape)
         else:
@@ -127,6 +134,24 @@ class KVCache:
     def dtype(self) -> torch.dtype:
         """The elements' type: the model's, or a 16-bit one the attention widens as it reads."""
         return self.data.dtype
+
+    @property
+    def block_bytes(self) -> int:
+        """The memory one block takes, K and V of every layer."""
+        return self.data[:, :, 0].numel() * self.data.element_size()
+
+    def commit(self, first: int, end: int) -> bool:
+        """Back blocks [first, end) with memory now, their contents unchanged, so that the first
+        K/V written there does not wait for the pages (runtime/pool_commit.py). False where
+        that cannot be done: a GPU pool, or a system without MADV_POPULATE_WRITE."""
+        if self.data.device.type != "cpu" or not _populate_write.available:
+            return False
+        per_block = self.data[0, 0, 0].numel() * self.data.element_size()  # one layer's K (or V)
+        for run in range(2 * self.data.shape[1]):  # [K | V][layer], each a run of num_blocks blocks
+            start = self.data.data_ptr() + (run * self.num_blocks + first) * per_block
+            if not _populate_write(start, (end - first) * per_block):
+                return False
+        return True
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.data[0, index], self.data[1, index]
@@ -147,3 +172,26 @@ class KVCache:
     def bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype) -> int:
         element = torch.empty((), dtype=dtype).element_size()
         return 2 * num_layers * block_size * num_kv_heads * head_dim * element
+
+
+class _PopulateWrite:
+    """madvise(MADV_POPULATE_WRITE) over the pages of a range, through ctypes (which releases the
+    GIL for the call). Unavailable off Linux, and from its first refusal on: a kernel older than
+    5.14 (EINVAL), or no memory to commit now (ENOMEM; the forward's own writes then fault it in)."""
+
+    def __init__(self):
+        self.available = sys.platform == "linux"
+        if self.available:
+            self._madvise = ctypes.CDLL(None, use_errno=True).madvise
+            self._madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            self._madvise.restype = ctypes.c_int
+
+    def __call__(self, address: int, length: int) -> bool:
+        first = address - address % mmap.PAGESIZE  # madvise takes whole pages
+        if self._madvise(first, length + address - first, POPULATE_WRITE) == 0:
+            return True
+        self.available = False
+        return False
+
+
+_populate_write = _PopulateWrite()

@@ -4,11 +4,15 @@ cache. The tensors themselves are models.step.KVCache; this side is scheduling.
 A full block is named by a chained hash of (parent block's hash, the block's tokens), so equal
 prefixes map to equal chains. Blocks are reference-counted; a hashed block that no request holds
 stays resident and is evicted least-recently-used only when no free block is left.
+
+Free blocks go out last freed, first: a block just released is warm in cache and its memory
+committed, where one never used yet is neither (runtime/pool_commit.py). Blocks never used go out
+in order, so the blocks ever used are those below ``high_water``.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 
 
 class BlockAllocator:
@@ -18,7 +22,8 @@ class BlockAllocator:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.caching = enable_prefix_caching
-        self.free: deque[int] = deque(range(num_blocks))
+        self.free: list[int] = list(range(num_blocks - 1, -1, -1))  # a stack: the next is last
+        self.high_water = 0  # blocks [0, high_water) have been handed out at some time
         self.evictable: OrderedDict[int, None] = OrderedDict()  # hashed, unheld; oldest first
         self.ref_count = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
@@ -35,7 +40,8 @@ class BlockAllocator:
         blocks = []
         for _ in range(n):
             if self.free:
-                block = self.free.popleft()
+                block = self.free.pop()
+                self.high_water = max(self.high_water, block + 1)
             else:
                 block, _ = self.evictable.popitem(last=False)
                 del self.by_hash[self.block_hash[block]]

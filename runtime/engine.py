@@ -24,6 +24,7 @@ from models.step import KVCache, StepInput
 from . import loop, openmp, sampler
 from .cpu_threads import CpuThreads
 from .block_allocator import BlockAllocator
+from .pool_commit import PoolCommitter
 from .config import EngineOptions, GenerationConfig, check_int, check_config, check_prompt, check_token_ids
 from .constraints import Grammars
 from .context import END, Failure, Handle, ResponseContext
@@ -63,6 +64,9 @@ class Engine(TextAPI):
         num_blocks = options.num_kv_blocks or self._blocks_in_budget(KVCache.bytes_per_block(*geometry, dtype))
         self.kv_cache = KVCache(self.model.num_layers, num_blocks, *geometry[1:], dtype, device)
         self.allocator = BlockAllocator(num_blocks, options.block_size, options.enable_prefix_caching)
+        self._pool_committer = PoolCommitter(self.kv_cache) if device.type == "cpu" else None
+        if self._pool_committer is not None:
+            self._pool_committer.keep_ahead_of(0)  # the first blocks, while the application gets ready
         self.scheduler = Scheduler(options, self.allocator)
         self.vocab_size, self.max_position = self.model.vocab_size, self.model.max_position
         self.max_context = min(self.model.max_position, num_blocks * options.block_size)
@@ -276,7 +280,10 @@ class Engine(TextAPI):
     def _plan(self) -> StepPlan | None:
         """Under the lock: the next step's plan; None when there is no runnable work at all."""
         self._release_dropped()
-        return self.scheduler.schedule() if self.scheduler.has_work() else None
+        plan = self.scheduler.schedule() if self.scheduler.has_work() else None
+        if self._pool_committer is not None:
+            self._pool_committer.keep_ahead_of(self.allocator.high_water)
+        return plan
 
     def _step(self, plan: StepPlan) -> None:
         """schedule (done) -> build -> forward (beside the step's structured-output masks) ->
@@ -413,6 +420,8 @@ class Engine(TextAPI):
                     ctx.fail(error)
             self._wakeup.notify_all()
         self._grammars.close()
+        if self._pool_committer is not None:
+            self._pool_committer.close()
 
     def _after_fork_in_child(self) -> None:
         """The loop thread did not survive os.fork(), and the lock may have been held by a thread
@@ -421,6 +430,7 @@ class Engine(TextAPI):
         self._wakeup = threading.Condition(self._lock)
         self._handoff = loop.Handoff()
         self._thread = None
+        self._pool_committer = None  # its thread did not survive either, and its lock may be held
         self._close(EngineClosed(f"this engine was created in process {self._pid} and cannot be used in the "
                                  f"forked child {os.getpid()} (its loop thread does not survive os.fork()); "
                                  "create a new Engine in the child"))
