@@ -119,11 +119,8 @@ class KVCache:
     def __init__(self, num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device):
         shape = (2, num_layers, num_blocks, block_size, num_kv_heads, head_dim)
         if torch.device(device).type == "cpu":
-            # calloc'd pages: zero (so masked, never-written slots hold no NaN) yet committed
-            # only as blocks are used (or just ahead of their use: commit), so a generous pool
-            # costs nothing up front.
             size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-            self.data = torch.from_numpy(np.zeros(size, dtype=np.uint8)).view(dtype).view(shape)
+            self.data = _fresh_zeros(size).view(dtype).view(shape)
         else:
             self.data = torch.zeros(shape, dtype=dtype, device=device)
         self.num_blocks = num_blocks
@@ -172,6 +169,20 @@ class KVCache:
     def bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype) -> int:
         element = torch.empty((), dtype=dtype).element_size()
         return 2 * num_layers * block_size * num_kv_heads * head_dim * element
+
+
+def _fresh_zeros(size: int) -> torch.Tensor:
+    """``size`` zero bytes in pages of their own (a private anonymous mapping): zero, so masked,
+    never-written slots hold no NaN, yet committed only as blocks are used (or just ahead of their
+    use: KVCache.commit), so a generous pool costs nothing up front; in 2 MB pages where the
+    system allows. Memory from the heap (numpy's zeros of a size glibc's malloc chose to serve
+    from it) would be committed already, and kept by the process after the pool is gone."""
+    if not hasattr(mmap, "MAP_PRIVATE"):  # Windows
+        return torch.from_numpy(np.zeros(size, dtype=np.uint8))
+    memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)  # the tensor keeps it alive
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        memory.madvise(mmap.MADV_HUGEPAGE)
+    return torch.frombuffer(memory, dtype=torch.uint8)
 
 
 class _PopulateWrite:
