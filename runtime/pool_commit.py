@@ -5,13 +5,14 @@ written, and that first write is the forward's, storing the block's first K and 
 zeroes the pages inside the step (2 MB at a time: the pool is in transparent huge pages), while the
 step's other thread waits at its next barrier. On this project's VM, whose host also backs guest
 memory only as it is touched, committing took ~2.4 ms per MB; every 16 tokens each running request
-crosses into a fresh block, and through the server a 64-stream step that did so took 105-127 ms
-against 56 (docs/benchmarks.md, "The pool's pages").
+crosses into a fresh block, and through the server a 64-stream step that did so took 102-127 ms
+against 56 (docs/benchmarks.md, "The pool's pages, and a lighter bench client").
 
 So a thread at the lowest CPU priority commits the blocks past the allocator's high-water mark
 before they are handed out, in the cores' idle moments (the loop thread's Python between
-forwards, the workers' waits). It keeps the pool committed up to twice the high-water mark and at
-least AHEAD_BYTES past it: the pool's memory still grows with its use, only ahead of it. Where it
+forwards, the workers' waits). It keeps the pool committed AHEAD_BYTES past the high-water mark,
+from the engine's creation on: the pool's memory still grows with its use, only ahead of it. (Twice
+the high-water mark committed more than a run would use, beside it, and lost that run's speed.) Where it
 falls behind (a burst of long prompts, cores that other processes keep busy) the forward commits
 the pages itself, as before. The thread ends once it has caught up, and starts again when the
 allocator gets near; it holds the pool only while it works.
