@@ -135,7 +135,8 @@ class KVCache:
     @property
     def block_bytes(self) -> int:
         """The memory one block takes, K and V of every layer."""
-        return self.data[:, :, 0].numel() * self.data.element_size()
+        _, num_layers, _, block_size, num_kv_heads, head_dim = self.data.shape
+        return self.bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, self.dtype)
 
     def commit(self, first: int, end: int) -> bool:
         """Back blocks [first, end) with memory now, their contents unchanged, so that the first
@@ -167,6 +168,8 @@ class KVCache:
 
     @staticmethod
     def bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype) -> int:
+        """The memory one block of a pool of this geometry takes, K and V of every layer: the
+        engine sizes the pool from it before the pool exists."""
         element = torch.empty((), dtype=dtype).element_size()
         return 2 * num_layers * block_size * num_kv_heads * head_dim * element
 
