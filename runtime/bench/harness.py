@@ -276,7 +276,10 @@ def run_hf_continuous(hf, requests: list[Request], workload: str, progress=None)
     run = Run("transformers continuous", workload, len(requests))
     # A KV cache for every request at full length at once, as Loom's pool is sized: left to
     # itself the manager takes most of the machine's free memory (14.5 GB here), even for a smoke run.
-    page = 256
+    # Pages of 32 tokens waste little at each request's end: with 256, W2's cache came to more than the
+    # memory the manager allows itself beside the other systems, and it refused to start; W2's
+    # shape ran at 195-198 tok/s with either.
+    page = 32
     pages = sum(-(-(len(r.prompt) + r.new_tokens) // page) for r in requests)
     memory = ContinuousBatchingConfig(page_size=page, num_blocks=pages + 1, max_batch_tokens=2048)
     manager = hf.init_continuous_batching(generation_config=greedy_config(max(r.new_tokens for r in requests)),
@@ -284,16 +287,14 @@ def run_hf_continuous(hf, requests: list[Request], workload: str, progress=None)
     manager.start()
     try:
         manager.add_request(requests[0].prompt, request_id="warm-up", max_new_tokens=2)
-        manager.get_result(request_id="warm-up", timeout=600)
+        next_result(manager, request_id="warm-up")
         openmp.release_thread_pool()  # the manager's thread runs the forwards, as Loom's does
         start = time.perf_counter()
         for i, r in enumerate(requests):
             time.sleep(max(0.0, start + r.arrival - time.perf_counter()))
             manager.add_request(r.prompt, request_id=str(i), max_new_tokens=r.new_tokens, record_timestamps=True)
         for _ in requests:
-            out = manager.get_result(timeout=600)
-            if out is None:
-                raise TimeoutError("transformers' continuous batching returned no result within 600 s")
+            out = next_result(manager)
             run.record(out.created_time, list(out.timestamps or []))
             if progress:
                 progress.update()
@@ -301,6 +302,19 @@ def run_hf_continuous(hf, requests: list[Request], workload: str, progress=None)
     finally:
         manager.stop(block=True)
     return run
+
+
+def next_result(manager, request_id: str | None = None):
+    """The manager's next result; an error that says why where there is none: its thread died (the
+    manager then answers None at once) or 600 s went by."""
+    out = manager.get_result(request_id=request_id, timeout=600)
+    if out is None:
+        status = getattr(manager, "background_thread_status", None)
+        error = getattr(status, "fatal_error", None)
+        if error is not None:
+            raise RuntimeError(f"transformers' continuous batching stopped: {error}") from error
+        raise TimeoutError("transformers' continuous batching returned no result within 600 s")
+    return out
 
 
 def one_thread_each(client, requests: list[Request], run: Run, start: float) -> Run:
