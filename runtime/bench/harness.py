@@ -277,8 +277,8 @@ def run_hf_continuous(hf, requests: list[Request], workload: str, progress=None)
     # A KV cache for every request at full length at once, as Loom's pool is sized: left to
     # itself the manager takes most of the machine's free memory (14.5 GB here), even for a smoke run.
     # Pages of 32 tokens waste little at each request's end: with 256, W2's cache came to more than the
-    # memory the manager allows itself beside the other systems, and it refused to start; W2's
-    # shape ran at 195-198 tok/s with either.
+    # memory the manager allows itself beside the other systems, and it refused to start. W2's
+    # lengths (96 requests at once) ran at 195-198 tok/s with either.
     page = 32
     pages = sum(-(-(len(r.prompt) + r.new_tokens) // page) for r in requests)
     memory = ContinuousBatchingConfig(page_size=page, num_blocks=pages + 1, max_batch_tokens=2048)
