@@ -156,6 +156,21 @@ def test_bench_w6_runs_loom_in_process_and_through_its_server(tmp_path, capsys):
     assert all(a == b for a, b in (pair.split("/") for pair in agreement.split(", "))), agreement
 
 
+def test_transformers_continuous_batching_that_cannot_start_says_why(monkeypatch):
+    """Its manager's thread dies at start when its cache exceeds the memory it allows itself (as
+    W2's did in pages of 256); the bench raises that error, not a timeout of results never coming."""
+    from transformers.generation.continuous_batching import cache
+
+    from runtime.bench import harness
+    from runtime.bench.workloads import gpt2_small
+
+    monkeypatch.setattr(cache.PagedAttentionMemoryHandler, "get_available_memory", lambda self: 1024)
+    hf = gpt2_small(smoke=True)
+    requests = harness.random_requests(2, 4, 4, hf.config.vocab_size)
+    with pytest.raises(RuntimeError, match="continuous batching stopped: Memory footprint .* more than available"):
+        harness.run_hf_continuous(hf, requests, "W1")
+
+
 def test_a_peer_server_that_dies_at_start_says_so_and_stops(tmp_path, monkeypatch):
     """W6 skips such a peer with this message (a llama-server built for another processor dies of
     an illegal instruction as it loads) and measures the others."""
