@@ -73,15 +73,20 @@ def main():
         print(f"| {c} | {system} | {' / '.join(f'{v:.1f}' for v in values)} | {statistics.median(values):.1f} |")
     # Within a round the systems ran minutes apart at most: the ratio of a round's cells is less
     # exposed to the machine's drift than the ratio of medians taken over different rounds.
+    # llama-server can also slow down from round to round: it gives a request the slot whose cached
+    # prompt matches most, the rounds repeat the prompts, and a batch on scattered slots costs more
+    # (docs/bench/llama_slots.py). Its best round shows what it does on the slots it started with.
     peer = servers[1].system
-    print(f"\n| streams | Loom in-process / {peer} (per round: median) | Loom server / {peer} |")
-    print("| --- | --- | --- |")
+    print(f"\n| streams | Loom in-process / {peer} (per round: median) | Loom server / {peer} "
+          f"| Loom's medians / {peer}'s best round (in-process, server) |")
+    print("| --- | --- | --- | --- |")
     for c in streams:
-        cells = []
+        cells, best = [], []
         for system in ("loom in-process", servers[0].system):
             ratios = [a / b for a, b in zip(rates[(system, c)], rates[(peer, c)])]
             cells.append(f"{' / '.join(f'{r:.2f}' for r in ratios)}: {statistics.median(ratios):.2f}x")
-        print(f"| {c} | {cells[0]} | {cells[1]} |")
+            best.append(f"{statistics.median(rates[(system, c)]) / max(rates[(peer, c)]):.2f}x")
+        print(f"| {c} | {cells[0]} | {cells[1]} | {best[0]}, {best[1]} |")
 
 
 if __name__ == "__main__":
