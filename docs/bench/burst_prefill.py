@@ -59,7 +59,7 @@ def main():
     for burst in range(args.bursts):
         steps.clear()
         summary = harness.run_loom(engine, requests, "burst").summary()
-        prefill = [s for s in steps if s[1] > 64]  # more tokens than requests: prompts in it
+        prefill = [s for s in steps if s[1] > len(requests)]  # more tokens than requests: prompts in it
         seconds, tokens, faults = (sum(s[i] for s in prefill) for i in range(3))
         print(f"| {burst} | {1000 * seconds / tokens:.3f} | {faults} | {summary['ttft_p50_ms']:.0f} | "
               f"{summary['throughput']:.1f} |", flush=True)
