@@ -115,21 +115,45 @@ def smollm():
         yield engine
 
 
-def run_threaded(engine, prompts, new_tokens, threads=8):
-    """Launch and fetch every prompt from ``threads`` worker threads; {index: tokens}."""
+def run_threaded(engine, prompts, new_tokens, threads=8, in_order=False):
+    """Launch and fetch every prompt from ``threads`` worker threads; {index: tokens}.
+
+    ``in_order``: the workers launch in the prompts' order, one after another, and the loop plans
+    nothing until all are launched, so the run's schedule no longer depends on how fast the workers
+    start. Without it a busy machine can start them so far apart that each request ends before the
+    next arrives, and a test that counts on preemption sees none."""
     from runtime import GenerationConfig
+    from runtime.scheduler import StepPlan
     results = {}
+    turn = threading.Condition()
+    launched = []
+
+    def launch(i):
+        config = GenerationConfig(max_new_tokens=new_tokens[i])
+        if not in_order:
+            return engine.launch_response_tokens(prompts[i], config)
+        with turn:
+            assert turn.wait_for(lambda: len(launched) == i, timeout=60), "an earlier launch never came"
+            launched.append(engine.launch_response_tokens(prompts[i], config))
+            turn.notify_all()
+            return launched[-1]
 
     def worker(indices):
-        handles = [(i, engine.launch_response_tokens(prompts[i], GenerationConfig(max_new_tokens=new_tokens[i])))
-                   for i in indices]
+        handles = [(i, launch(i)) for i in indices]
         for i, h in handles:
             results[i] = list(engine.stream_response_tokens(h, timeout=60))
 
+    if in_order:
+        plan = engine._plan
+        engine._plan = lambda: plan() if len(launched) == len(prompts) else StepPlan()  # empty: look again soon
     pool = [threading.Thread(target=worker, args=(range(t, len(prompts), threads),)) for t in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join(timeout=120)
+    try:
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join(timeout=120)
+    finally:
+        if in_order:
+            del engine._plan
     assert not any(t.is_alive() for t in pool), "a worker thread hung"
     return results

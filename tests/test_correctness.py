@@ -26,7 +26,7 @@ def test_threaded_greedy_streams_match_transformers(hf_model, decode_path, monke
     # 24 blocks of 4 tokens: far less than 24 requests need at once, so requests are preempted.
     with Engine.from_pretrained(hf_model, max_batch_size=6, max_batch_tokens=32, block_size=4,
                                 num_kv_blocks=24) as engine:
-        results = run_threaded(engine, prompts, new_tokens)
+        results = run_threaded(engine, prompts, new_tokens, in_order=True)
         stats = engine.stats()
     for i, prompt in enumerate(prompts):
         assert results[i] == reference(hf_model, prompt, new_tokens[i]), f"request {i} diverged"
@@ -161,7 +161,7 @@ def test_a_float16_kv_pool_under_threads_and_preemption(llama):
                         for i, (p, n) in enumerate(zip(prompts, new_tokens))}
     with Engine.from_pretrained(llama, max_batch_size=6, max_batch_tokens=32, block_size=4, num_kv_blocks=24,
                                 kv_dtype="float16") as engine:
-        results = run_threaded(engine, prompts, new_tokens)
+        results = run_threaded(engine, prompts, new_tokens, in_order=True)
         assert engine.stats()["preemptions"] > 0
     assert results == alone
     assert sum(map(len, alone.values())) == sum(new_tokens)

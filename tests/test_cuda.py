@@ -21,7 +21,7 @@ def test_threaded_greedy_streams_match_transformers_on_cuda(hf_model):
     new_tokens = [rng.randint(1, 24) for _ in prompts]
     with Engine.from_pretrained(hf_model, device="cuda", dtype=torch.float64, max_batch_size=6,
                                 max_batch_tokens=32, block_size=4, num_kv_blocks=24) as engine:
-        results = run_threaded(engine, prompts, new_tokens)
+        results = run_threaded(engine, prompts, new_tokens, in_order=True)
         stats = engine.stats()
     for i, prompt in enumerate(prompts):
         assert results[i] == reference(hf_model, prompt, new_tokens[i]), f"request {i} diverged"

@@ -60,7 +60,7 @@ def test_engine_streams_with_smaller_weights(weights):
     options = dict(weights=weights, max_batch_size=6, max_batch_tokens=32, block_size=4, num_kv_blocks=24)
     with Engine.from_pretrained(model, **options) as engine:
         assert not any(isinstance(m, nn.Linear) for m in engine.model.modules())
-        together = run_threaded(engine, prompts, new_tokens)
+        together = run_threaded(engine, prompts, new_tokens, in_order=True)
         assert engine.stats()["preemptions"] > 0
         alone = [run_threaded(engine, [p], [n], threads=1)[0] for p, n in zip(prompts, new_tokens)]
     assert [together[i] for i in range(len(prompts))] == alone
