@@ -4,6 +4,7 @@ replicas, each response naming its replica, greedy answers equal to one in-proce
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ openai = pytest.importorskip("openai")
 
 from runtime import Engine, GenerationConfig  # noqa: E402
 from runtime.bench.peers import free_port  # noqa: E402
-from runtime.serve.ray_app import REPLICA_HEADER, loom_application, start_ray  # noqa: E402
+from runtime.serve.ray_app import REPLICA_HEADER, loom_application, missing_room, start_ray  # noqa: E402
 
 MODEL = "tiny"
 
@@ -76,6 +77,17 @@ def test_serve_command_runs_replicas_and_stops_on_sigterm(checkpoint):
     assert server.returncode == 0 and "loom: replicas shut down" in output, output[-2000:]
 
 
+def test_serve_command_refuses_replicas_that_cannot_fit(checkpoint):
+    """Ray Serve would wait forever for room it lacks, saying so only in its own logs."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "runtime", "serve", "--replicas", "2", "--replica-cpus", "1000",
+                           "--model", str(checkpoint), "--port", str(free_port())],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "error: 2 replicas reserving 1000 CPU each need 2000 CPUs, and this Ray instance has" in done.stderr
+
+
 def ask(i):
     return [{"role": "user", "content": f"Tell me about the number {i}."}]
 
@@ -125,6 +137,44 @@ def test_a_replica_streams_and_reports_errors_as_the_single_server_does(replicas
     assert "".join(pieces)
     with pytest.raises(openai.BadRequestError, match="n: Input should be greater than or equal to 1"):
         client.chat.completions.create(model=MODEL, messages=ask(1), n=0)
+
+
+def test_what_a_ray_instance_lacks_for_the_replicas_is_named(replicas):
+    assert missing_room(4, 0.5, 0) is None  # the fixture's instance has 2 CPUs
+    assert missing_room(5, 0.5, 0) == ("5 replicas reserving 0.5 CPU each need 2.5 CPUs, and this Ray instance "
+                                       "has 2: lower --replicas or --replica-cpus")
+    assert "need 1 GPUs, and this Ray instance has 0: lower --replicas or --replica-gpus" in missing_room(1, 0, 1)
+
+
+def ray_processes() -> list[tuple[str, int]]:
+    """(title, nice value) of every Ray worker process on this machine."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            title = (stat.parent / "cmdline").read_bytes().split(b"\0")[0].decode()
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        if title.startswith("ray::"):
+            found.append((title, int(fields[16])))  # the 19th field of /proc/PID/stat: nice
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads nice values from /proc")
+def test_replicas_and_serve_run_at_the_applications_priority(replicas):
+    """Ray's default of nice 15 leaves a replica a few percent of a core beside busy processes."""
+    workers = ray_processes()
+    serving = [(title, nice) for title, nice in workers
+               if any(name in title for name in ("LoomReplica", "LoomIngress", "ProxyActor", "ServeController"))]
+    assert sum("LoomReplica" in title for title, _ in serving) == 2, workers
+    assert any("LoomIngress" in title for title, _ in serving), workers
+    assert {nice for _, nice in serving} == {0}, serving
+
+
+def test_the_ingress_reserves_no_cpu():
+    """Serve's default of one CPU left `serve --replicas 2` on two cores waiting forever for a third."""
+    ingress = loom_application(None, replicas=2)._bound_deployment
+    assert ingress.name == "LoomIngress" and ingress.ray_actor_options["num_cpus"] == 0
 
 
 def test_bad_replica_options_fail_before_anything_starts():

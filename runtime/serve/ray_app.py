@@ -32,6 +32,9 @@ from ray.serve.request_router import FIFOMixin, RequestRouter
 REPLICA_HEADER = "x-loom-replica"
 AFFINITY_CHARS = 256  # prompts alike over this many leading characters share a replica
 METRICS_PERIOD_S = 2.0  # how often each replica publishes its Prometheus text
+NICENESS_VARIABLE = "RAY_worker_niceness"  # Ray's own setting, read by each worker process as it starts
+PROXY_READY_VARIABLE = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"  # read by a local instance's Serve controller
+PROXY_READY_S = 60  # as long as serve.start waits for the proxy (Ray's own default: 5)
 
 
 class PrefixAffinityRouter(FIFOMixin, RequestRouter):
@@ -250,7 +253,8 @@ def loom_application(source=None, *, replicas: int = 2, num_cpus: float = 1, num
     # engine batches all it is given (up to max_batch_size, then its own waiting queue).
     in_flight = options.max_batch_size * 2
     engines = serve.deployment(LoomReplica, name="LoomReplica", num_replicas=replicas, max_ongoing_requests=in_flight,
-                               ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus},
+                               ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus,
+                                                  "runtime_env": {"env_vars": at_application_priority()}},
                                **({"request_router_config": router} if router else {}))
     engines = engines.bind(source, device, dtype, weights, model_name, api_key, engine_options)
 
@@ -263,8 +267,22 @@ def loom_application(source=None, *, replicas: int = 2, num_cpus: float = 1, num
             self.replicas = replicas
 
     ingress = serve.deployment(serve.ingress(build)(LoomIngress), name="LoomIngress",
-                               max_ongoing_requests=in_flight * replicas)
+                               max_ongoing_requests=in_flight * replicas,
+                               # a thin hop that waits on the network, like Ray's own proxy: it
+                               # reserves no CPU (Serve's default of 1 left `--replicas 2` on two
+                               # cores waiting forever for the third)
+                               ray_actor_options={"num_cpus": 0,
+                                                  "runtime_env": {"env_vars": at_application_priority()}})
     return ingress.bind(engines)
+
+
+def at_application_priority() -> dict[str, str]:
+    """Environment variables that run a Ray worker at nice 0, unless RAY_worker_niceness says
+    otherwise. Ray runs its workers at nice 15, for batch jobs that must not slow the node; beside
+    busy processes at the default nice 0 a replica then gets a few percent of a core (a weight of
+    36 to their 1024 each). A replica serves the application's requests, so it runs at the
+    application's own priority (docs/scale-out.md, "Shared cores")."""
+    return {NICENESS_VARIABLE: os.environ.get(NICENESS_VARIABLE, "0")}
 
 
 def start_ray(address: str | None = None, num_cpus: int | None = None) -> None:
@@ -278,8 +296,24 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         return
     checkout = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(p for p in (checkout, os.environ.get("PYTHONPATH")) if p)
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    # Serve's controller and HTTP proxy run at the application's priority too. Ray Serve kills a
+    # proxy that is not ready 5 s after it starts, and serve.start then fails (its proxy "killed by
+    # ray.kill"), which beside busy processes it was not; serve.start itself waits up to 60 s.
+    ready_s = os.environ.get(PROXY_READY_VARIABLE, str(PROXY_READY_S))
+    env = {"PYTHONPATH": path, PROXY_READY_VARIABLE: ready_s, **at_application_priority()}
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
+
+
+def missing_room(replicas: int, cpus: float, gpus: float) -> str | None:
+    """What the running Ray instance lacks to place every replica at once, or None. Ray Serve
+    would wait for the missing room forever, saying so only in its own logs."""
+    have = ray.cluster_resources()
+    for name, each in (("CPU", cpus), ("GPU", gpus)):
+        need, available = replicas * each, have.get(name, 0)
+        if need > available:
+            return (f"{replicas} replicas reserving {each:g} {name} each need {need:g} {name}s, and this Ray instance "
+                    f"has {available:g}: lower --replicas or --replica-{name.lower()}s")
+    return None
 
 
 def run(args) -> None:
@@ -288,6 +322,11 @@ def run(args) -> None:
     import signal
 
     start_ray(args.ray_address)
+    if not (args.ray_address or os.environ.get("RAY_ADDRESS")):  # a cluster may grow; this machine does not
+        short = missing_room(args.replicas, args.replica_cpus, args.replica_gpus)
+        if short:
+            ray.shutdown()
+            raise SystemExit(f"error: {short}")
     # Right after Ray starts (which installs its own handlers) and before anything is served: a
     # SIGTERM that comes while the replicas start (the app may answer before serve.run returns)
     # still drains and stops them instead of killing the process.
