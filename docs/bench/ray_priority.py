@@ -20,24 +20,29 @@ import time
 sys.path.insert(0, os.getcwd())
 
 from runtime.bench.harness import Competitors  # noqa: E402
-from runtime.bench.peers import OpenAIServer, free_port  # noqa: E402
+from runtime.bench.peers import OpenAIServer, ServerDidNotStart, free_port  # noqa: E402
 from runtime.serve.ray_app import NICENESS_VARIABLE  # noqa: E402
 
 
 def cell(niceness: str, replicas: int, streams: int, tokens: int) -> tuple[float, float]:
-    """(seconds to a healthy server, tokens/s of ``streams`` streams) with Ray's workers at ``niceness``."""
+    """(seconds to a healthy server, tokens/s of ``streams`` streams) with Ray's workers at ``niceness``;
+    (inf, 0) where the server did not answer within OpenAIServer's 300 s."""
     os.environ[NICENESS_VARIABLE] = niceness  # the server's process, and so its Ray instance, inherits it
     port = free_port()
     command = [sys.executable, "-m", "runtime", "serve", "--replicas", str(replicas), "--port", str(port),
                "--model-name", "loom"]
     server = OpenAIServer(f"loom ray nice {niceness}", command, port, "loom")
     start = time.perf_counter()
-    with server:
-        started = time.perf_counter() - start
-        prompts = [f"Tell me about the number {i}." for i in range(streams)]
-        run = server.run(prompts, tokens, "ray")
-    subprocess.run(["ray", "stop", "--force"], capture_output=True)  # nothing left for the next cell
-    return started, run.tokens / run.seconds
+    try:
+        with server:
+            started = time.perf_counter() - start
+            prompts = [f"Tell me about the number {i}." for i in range(streams)]
+            run = server.run(prompts, tokens, "ray")
+        return started, run.tokens / run.seconds
+    except ServerDidNotStart:
+        return float("inf"), 0.0
+    finally:
+        subprocess.run(["ray", "stop", "--force"], capture_output=True)  # nothing left for the next cell
 
 
 def main():
