@@ -279,9 +279,10 @@ def loom_application(source=None, *, replicas: int = 2, num_cpus: float = 1, num
 def at_application_priority() -> dict[str, str]:
     """Environment variables that run a Ray worker at nice 0, unless RAY_worker_niceness says
     otherwise. Ray runs its workers at nice 15, for batch jobs that must not slow the node; beside
-    busy processes at the default nice 0 a replica then gets a few percent of a core (a weight of
-    36 to their 1024 each). A replica serves the application's requests, so it runs at the
-    application's own priority (docs/scale-out.md, "Shared cores")."""
+    busy processes at the default nice 0 a replica then weighs 36 to their 1024 each (two replicas
+    beside one busy process served 115 tok/s against 181 at nice 0; beside two they never came up).
+    A replica serves the application's requests, so it runs at the application's own priority
+    (docs/scale-out.md, "Shared cores")."""
     return {NICENESS_VARIABLE: os.environ.get(NICENESS_VARIABLE, "0")}
 
 
@@ -296,9 +297,9 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         return
     checkout = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(p for p in (checkout, os.environ.get("PYTHONPATH")) if p)
-    # Serve's controller and HTTP proxy run at the application's priority too. Ray Serve kills a
-    # proxy that is not ready 5 s after it starts, and serve.start then fails (its proxy "killed by
-    # ray.kill"), which beside busy processes it was not; serve.start itself waits up to 60 s.
+    # Serve's controller and HTTP proxy run at the application's priority too, and the proxy has
+    # PROXY_READY_S to start: Serve kills one not ready after 5 s, and serve.start then fails on the
+    # dead actor ("killed by ray.kill"); beside two busy processes on 2 cores it took 44 s.
     ready_s = os.environ.get(PROXY_READY_VARIABLE, str(PROXY_READY_S))
     env = {"PYTHONPATH": path, PROXY_READY_VARIABLE: ready_s, **at_application_priority()}
     ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
