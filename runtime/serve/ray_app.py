@@ -286,15 +286,16 @@ def at_application_priority() -> dict[str, str]:
     return {NICENESS_VARIABLE: os.environ.get(NICENESS_VARIABLE, "0")}
 
 
-def start_ray(address: str | None = None, num_cpus: int | None = None) -> None:
-    """Join the Ray cluster at ``address`` (or RAY_ADDRESS), or start a local one. A local one's
-    workers import this same Loom (its checkout on PYTHONPATH), whether or not it is installed."""
+def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
+    """Join the Ray cluster at ``address`` (or RAY_ADDRESS), or start a local one; whether it
+    started a local one. A local one's workers import this same Loom (its checkout on
+    PYTHONPATH), whether or not it is installed."""
     import ray
 
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=False)
-        return
+        return False
     checkout = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(p for p in (checkout, os.environ.get("PYTHONPATH")) if p)
     # Serve's controller and HTTP proxy run at the application's priority too, and the proxy has
@@ -303,6 +304,7 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     ready_s = os.environ.get(PROXY_READY_VARIABLE, str(PROXY_READY_S))
     env = {"PYTHONPATH": path, PROXY_READY_VARIABLE: ready_s, **at_application_priority()}
     ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
+    return True
 
 
 def missing_room(replicas: int, cpus: float, gpus: float) -> str | None:
@@ -322,8 +324,7 @@ def run(args) -> None:
     every replica."""
     import signal
 
-    start_ray(args.ray_address)
-    if not (args.ray_address or os.environ.get("RAY_ADDRESS")):  # a cluster may grow; this machine does not
+    if start_ray(args.ray_address):  # a cluster may grow; this machine does not
         short = missing_room(args.replicas, args.replica_cpus, args.replica_gpus)
         if short:
             ray.shutdown()
