@@ -68,10 +68,19 @@ def grammar_text(config) -> str | None:
         return matcher.grammar_from_regex(config.regex)
     if kind == "choice":
         return matcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in config.choice))
-    text = config.grammar
-    if "::=" in text:  # GBNF (llama.cpp's grammar format) rather than Lark
-        text = ll.gbnf_to_lark(text)
-    return matcher.grammar_from_lark(text)
+    return matcher.grammar_from_lark(lark_text(config.grammar))
+
+
+def lark_text(grammar: str) -> str:
+    """A grammar in Lark syntax; llama.cpp's GBNF (rules written ``name ::= ...``) is converted.
+    Raises ValueError with the converter's message for GBNF it cannot read."""
+    if "::=" not in grammar:
+        return grammar
+    from llguidance.gbnf_to_lark import gbnf_to_lark
+    try:
+        return gbnf_to_lark(grammar)
+    except Exception as error:  # the converter raises a bare Exception for a missing rule, its own type for syntax
+        raise ValueError(f"invalid grammar (GBNF): {error}") from None
 
 
 class Constraint:

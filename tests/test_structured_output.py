@@ -40,6 +40,7 @@ MEASURE = {"type": "object", "additionalProperties": False, "required": ["value"
 DATE = r"20[0-9]{2}-(0[1-9]|1[0-2])-[0-3][0-9]"
 LABELS = ["positive", "negative", "neutral"]
 GRAMMAR = 'start: "(" expr ")"\nexpr: NUMBER (("+" | "*") NUMBER){0,3}\nNUMBER: /[0-9]{1,3}/'
+GBNF = 'root ::= "(" num (("+" | "*") num){0,3} ")"\nnum ::= [0-9]{1,3}'  # the same language, llama.cpp's way
 
 
 def constrained_cases():
@@ -55,8 +56,9 @@ def constrained_cases():
     for extra in ({}, {"temperature": 1.0, "seed": 5}, {"temperature": 1.0, "top_p": 0.9, "seed": 6}):
         cases.append(({"regex": DATE, **extra}, lambda t: re.fullmatch(DATE, t) or pytest.fail(t)))
         cases.append(({"choice": LABELS, **extra}, lambda t: t in LABELS or pytest.fail(t)))
-        cases.append(({"grammar": GRAMMAR, **extra},
-                      lambda t: re.fullmatch(r"\(\d{1,3}([+*]\d{1,3}){0,3}\)", t) or pytest.fail(t)))
+        for grammar in (GRAMMAR, GBNF):
+            cases.append(({"grammar": grammar, **extra},
+                          lambda t: re.fullmatch(r"\(\d{1,3}([+*]\d{1,3}){0,3}\)", t) or pytest.fail(t)))
     return cases
 
 
@@ -139,6 +141,8 @@ def test_unconstrained_output_is_unchanged_beside_constrained_requests(llama):
     ({"json_schema": {"type": "object", "properties": {"a": {"type": "strin"}}}}, "invalid json_schema"),
     ({"regex": "a(b"}, "invalid regex"),
     ({"grammar": "start: (("}, "invalid grammar"),
+    ({"grammar": 'root ::= "a'}, "invalid grammar \\(GBNF\\): Unexpected end of input"),
+    ({"grammar": "root ::= undefined-rule"}, "invalid grammar"),
     ({"json_schema": "{not json"}, "not valid JSON"),
 ])
 def test_a_bad_constraint_is_refused_at_launch_and_harms_nothing(wide_llama, tokenizer, fields, message):
