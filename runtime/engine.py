@@ -64,9 +64,8 @@ class Engine(TextAPI):
         num_blocks = options.num_kv_blocks or self._blocks_in_budget(KVCache.bytes_per_block(*geometry, dtype))
         self.kv_cache = KVCache(self.model.num_layers, num_blocks, *geometry[1:], dtype, device)
         self.allocator = BlockAllocator(num_blocks, options.block_size, options.enable_prefix_caching)
+        # Its thread starts with the loop's first plan: an engine never used costs no thread and no memory.
         self._pool_committer = PoolCommitter(self.kv_cache) if device.type == "cpu" else None
-        if self._pool_committer is not None:
-            self._pool_committer.keep_ahead_of(0)  # the first blocks, while the application gets ready
         self.scheduler = Scheduler(options, self.allocator)
         self.vocab_size, self.max_position = self.model.vocab_size, self.model.max_position
         self.max_context = min(self.model.max_position, num_blocks * options.block_size)

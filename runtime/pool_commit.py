@@ -11,7 +11,7 @@ against 56 (docs/benchmarks.md, "The pool's pages, and a lighter bench client").
 So a thread at the lowest CPU priority commits the blocks past the allocator's high-water mark
 before they are handed out, in the cores' idle moments (the loop thread's Python between
 forwards, the workers' waits). It keeps the pool committed AHEAD_BYTES past the high-water mark,
-from the engine's creation on: the pool's memory still grows with its use, only ahead of it.
+from the engine's first step on: the pool's memory still grows with its use, only ahead of it.
 (Twice the high-water mark committed more than a run would use, beside it, and lost that run's
 speed.) Where it falls behind (a burst of long prompts, cores that other processes keep busy) the
 forward commits the pages itself, as before. The thread ends once it has caught up, and starts

@@ -4,6 +4,7 @@
 import ctypes
 import mmap
 import sys
+import threading
 import time
 
 import pytest
@@ -76,6 +77,18 @@ def test_the_engine_commits_blocks_ahead_of_those_it_has_handed_out(llama, monke
         assert committer.committed == high_water + committer.ahead
         assert blocks_resident(engine.kv_cache, high_water, high_water + committer.ahead)
         assert not blocks_resident(engine.kv_cache, 2000, 2100)  # nor more than asked
+
+
+@linux_only
+def test_an_engine_never_used_starts_no_thread_and_commits_no_pool_memory(llama):
+    before = {thread.ident for thread in threading.enumerate()}
+    with Engine.from_pretrained(llama, num_kv_blocks=512) as engine:
+        time.sleep(0.2)  # a committer started at creation would have begun by now
+        assert {thread.ident for thread in threading.enumerate()} == before
+        assert not any(resident_pages(engine.kv_cache.data.data_ptr(), engine.kv_cache.data.nbytes))
+        handle = engine.launch_response_tokens([4, 5, 6], GenerationConfig(max_new_tokens=2))
+        list(engine.stream_response_tokens(handle, timeout=60))
+        assert blocks_resident(engine.kv_cache, 0, 1)
 
 
 def test_a_closed_committer_commits_nothing_more():
