@@ -6,8 +6,11 @@ the model loads."""
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.util
 import json
+import os
+import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -295,7 +298,10 @@ def add_serve_parser(commands) -> None:
 
 def serve(args) -> int:
     require_extra("serve")
-    if args.replicas > 1 or args.ray_address:
+    replicas = args.replicas > 1 or args.ray_address
+    if not (args.ray_address or (replicas and os.environ.get("RAY_ADDRESS"))):  # a cluster's proxy listens elsewhere
+        check_port(args.host, args.port)
+    if replicas:
         require_extra("serve --replicas")
         from runtime.serve import ray_app
         ray_app.run(args)
@@ -303,3 +309,20 @@ def serve(args) -> int:
     from runtime import serve as server
     server.run(load_engine(args, max_waiting=args.max_waiting), args.host, args.port, args.model_name, args.api_key)
     return 0
+
+
+def check_port(host: str, port: int) -> None:
+    """Exit with one line when this machine cannot listen on ``host:port`` (the port is taken, or
+    the address is not this machine's): found before the model loads, not after."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as probe:
+            # as uvicorn and Ray's proxy bind: a port whose last connections linger in TIME_WAIT is free
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            sys.exit(f"error: port {port} on {host} is already in use; stop what listens there or choose "
+                     "another port with --port")
+        sys.exit(f"error: cannot listen on {host}:{port}: {error.strerror or error}")

@@ -73,6 +73,26 @@ def test_bad_arguments_fail_in_one_line_before_the_model_loads(argv, message, ca
         assert str(done.value.code).startswith(message)
 
 
+@pytest.mark.parametrize("replicas", ["1", "2"])
+def test_serve_on_a_port_in_use_says_so_before_the_model_loads(replicas, monkeypatch):
+    import socket
+
+    import runtime.cli
+    if replicas != "1":
+        ray_app = pytest.importorskip("runtime.serve.ray_app", reason="replicas need the 'ray' extra")
+        monkeypatch.setattr(ray_app, "run", lambda *a, **k: pytest.fail("Ray was started"))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(runtime.cli, "load_engine", lambda *a, **k: pytest.fail("the model was loaded"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit) as done:
+            main(["serve", "--port", str(port), "--replicas", replicas])
+    assert done.value.code == (f"error: port {port} on 127.0.0.1 is already in use; stop what listens there or "
+                               "choose another port with --port")
+
+
 @pytest.mark.parametrize("command", ["serve", "bench"])
 def test_a_missing_extra_is_named_with_its_install_command(command, monkeypatch):
     import runtime.cli

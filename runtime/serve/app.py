@@ -143,7 +143,11 @@ def run(engine, host: str, port: int, model_name: str | None = None, api_key: st
                 engine.shutdown()
             super().handle_exit(sig, frame)
 
+        async def startup(self, sockets=None):
+            await super().startup(sockets)
+            if self.started:  # said once the port is bound: a port in use fails before it
+                print(f"serving {model_name or engine.name} on http://{host}:{port}/v1", flush=True)
+
     app = create_app(engine, model_name, api_key)
-    print(f"serving {model_name or engine.name} on http://{host}:{port}/v1", flush=True)
     config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=30)
     Server(config).run()
