@@ -135,6 +135,41 @@ def test_bad_requests_get_openai_errors(client, kwargs, status, code):
     assert info.value.body["code"] == code and info.value.body["message"]
 
 
+CHAT = json.dumps({"model": MODEL, "messages": ask(1), "max_tokens": 1})
+WANTS_CHAT = 'send a JSON object with "model" and "messages"'
+
+
+@pytest.mark.parametrize("method,path,body,status,code,param,message", [
+    ("POST", "/v1/chat/completions", '{"model": "m", "messages": [}', 400, "invalid_json", None,
+     f"the request body is not valid JSON: Expecting value (at character 28); {WANTS_CHAT}"),
+    ("POST", "/v1/chat/completions", "", 400, "invalid_json", None, f"the request body is empty; {WANTS_CHAT}"),
+    ("POST", "/v1/completions", "[1]", 400, "invalid_json", None,
+     'the request body is an array, not an object; send a JSON object with "model" and "prompt"'),
+    ("POST", "/v1/chat/completions", json.dumps({"model": MODEL}), 400, "invalid_value", "messages",
+     f"messages is required; {WANTS_CHAT}"),
+    ("POST", "/v1/chat/completions", CHAT[:-1] + ', "max_token": 5}', 400, "unknown_parameter", "max_token",
+     "Unrecognized request argument supplied: max_token"),
+    ("GET", "/v1/chat/complete", None, 404, "unknown_url", None,
+     "unknown URL: GET /v1/chat/complete; the routes are GET /v1/models, POST /v1/chat/completions, "
+     "POST /v1/completions, GET /health, GET /metrics"),
+    ("GET", "/v1/chat/completions", None, 405, "method_not_allowed", None,
+     "/v1/chat/completions does not take GET; use POST"),
+])
+def test_malformed_requests_get_openai_errors_that_say_what_to_send(server, method, path, body, status, code,
+                                                                     param, message):
+    response = httpx.request(method, server[1] + path, content=body, timeout=60,
+                             headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    assert response.status_code == status
+    assert response.json() == {"error": {"message": message, "type": "invalid_request_error", "param": param,
+                                         "code": code}}
+
+
+def test_openai_arguments_that_do_not_change_the_answer_are_accepted(client):
+    reply = client.chat.completions.create(model=MODEL, messages=ask(1), max_tokens=1, user="u1", store=False,
+                                           metadata={"k": "v"}, service_tier="auto", parallel_tool_calls=False)
+    assert reply.choices[0].finish_reason in ("stop", "length")
+
+
 def test_wrong_key_is_401(server):
     bad = openai.OpenAI(base_url=server[1] + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as info:
@@ -157,6 +192,7 @@ def test_waiting_bound_is_429(server, client):
         with pytest.raises(openai.RateLimitError) as info:
             client.chat.completions.create(model=MODEL, messages=ask(1), max_tokens=4)
         assert info.value.body["code"] == "engine_busy"
+        assert info.value.response.headers["Retry-After"] == "1"  # the openai client waits that long to retry
     finally:
         for h in blockers:
             engine.abort_response(h)

@@ -12,12 +12,17 @@ import contextlib
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from runtime import EngineBusy, EngineClosed
 
 from .metrics import Metrics
 from .reply import Choice, Reply
 from .schema import APIError, ChatRequest, CompletionRequest, Sampling
+
+RETRY_AFTER_S = 1  # a full backlog drains within steps: tell a 429's client to come back soon
+REQUIRED = {"/v1/chat/completions": '"model" and "messages"', "/v1/completions": '"model" and "prompt"'}
+ROUTES = ("GET /v1/models", "POST /v1/chat/completions", "POST /v1/completions", "GET /health", "GET /metrics")
 
 
 def create_app(engine, model_name: str | None = None, api_key: str | None = None,
@@ -37,17 +42,19 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
     app.state.metrics = metrics  # for a host that publishes them elsewhere (ray_app's replicas)
 
     def respond(error: APIError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status)
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
     @app.exception_handler(APIError)
     async def api_error(_, error: APIError):
         return respond(error)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_, error: RequestValidationError):
-        first = error.errors()[0]
-        param = ".".join(str(p) for p in first["loc"] if p != "body")
-        return respond(APIError.invalid(f"{param}: {first['msg']}", param))
+    async def invalid(request, error: RequestValidationError):
+        return respond(body_error(request.url.path, error.errors()[0]))
+
+    @app.exception_handler(HTTPException)  # Starlette's: unknown routes and wrong methods
+    async def no_route(request, error: HTTPException):
+        return respond(route_error(request.method, request.url.path, error))
 
     @app.exception_handler(Exception)
     async def unexpected(_, error: Exception):
@@ -97,7 +104,8 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
         except (ValueError, TypeError) as error:
             raise APIError.invalid(str(error)) from error
         except EngineBusy as error:
-            raise APIError(429, str(error), "rate_limit_error", "engine_busy") from error
+            raise APIError(429, str(error), "rate_limit_error", "engine_busy",
+                           headers={"Retry-After": str(RETRY_AFTER_S)}) from error
         except EngineClosed as error:
             raise APIError(503, str(error), "server_error", "engine_closed") from error
         choices = [Choice(i, h, engine.astream_text(h, config.stop)) for i, h in enumerate(handles)]
@@ -108,6 +116,51 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
         return await reply.whole()
 
     return app
+
+
+def body_error(path: str, first: dict) -> APIError:
+    """The 400 of a body that FastAPI or the request's model refused, from its first error."""
+    kind, loc, given = first["type"], [str(p) for p in first["loc"] if p != "body"], first.get("input")
+    wanted = f"send a JSON object with {REQUIRED.get(path, 'the fields of this route')}"
+    if kind == "json_invalid":  # FastAPI puts the offset of the JSON error where a field's name would be
+        return APIError.invalid(f"the request body is not valid JSON: {first['ctx']['error']} (at character "
+                                f"{loc[0]}); {wanted}", code="invalid_json")
+    if not loc:  # the body as a whole
+        if kind == "missing":
+            return APIError.invalid(f"the request body is empty; {wanted}", code="invalid_json")
+        if isinstance(given, bytes):  # FastAPI reads a body as JSON only when its Content-Type says so
+            return APIError.invalid(f"the request body is not JSON (its Content-Type is not application/json); "
+                                    f"{wanted}", code="invalid_json")
+        return APIError.invalid(f"the request body is {json_kind(given)}, not an object; {wanted}",
+                                code="invalid_json")
+    param = ".".join(loc)
+    if kind == "extra_forbidden" and len(loc) == 1:  # OpenAI's own words
+        return APIError.invalid(f"Unrecognized request argument supplied: {param}", param, "unknown_parameter")
+    if kind == "missing":
+        return APIError.invalid(f"{param} is required" + (f"; {wanted}" if len(loc) == 1 else ""), param)
+    return APIError.invalid(f"{param}: {first['msg']}", param)
+
+
+def json_kind(value) -> str:
+    """How JSON names the type of a parsed ``value``, with its article."""
+    for kind, name in ((bool, "a boolean"), (int, "a number"), (float, "a number"), (str, "a string"),
+                       (list, "an array")):
+        if isinstance(value, kind):
+            return name
+    return "null" if value is None else "an object"
+
+
+def route_error(method: str, path: str, error: HTTPException) -> APIError:
+    """Starlette's refusals in OpenAI's shape: a URL that is no route, a route that takes no ``method``."""
+    if error.status_code == 404:
+        return APIError(404, f"unknown URL: {method} {path}; the routes are {', '.join(ROUTES)}",
+                        "invalid_request_error", "unknown_url")
+    if error.status_code == 405:
+        allowed = (error.headers or {}).get("Allow", "")
+        return APIError(405, f"{path} does not take {method}; use {allowed}", "invalid_request_error",
+                        "method_not_allowed", headers=error.headers)
+    kind = "server_error" if error.status_code >= 500 else "invalid_request_error"
+    return APIError(error.status_code, str(error.detail), kind, headers=error.headers)
 
 
 class RequireKey:

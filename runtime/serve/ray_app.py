@@ -205,7 +205,8 @@ def front_app(replicas):
         board = ray.get_actor(f"loom-metrics-{serve.get_replica_context().app_name}", namespace="serve")
         return PlainTextResponse(merge_metrics(await board.recent.remote()), media_type="text/plain; version=0.0.4")
 
-    @app.api_route("/{path:path}", methods=["GET", "POST"])
+    # every method goes to a replica, whose app answers one its route does not take in OpenAI's shape
+    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
     async def forward(path: str, request: Request):
         body = await request.body()
         stream = replicas.options(stream=True).forward.remote(

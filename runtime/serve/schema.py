@@ -15,9 +15,11 @@ from runtime import GenerationConfig
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, kind: str, code: str | None = None, param: str | None = None):
+    def __init__(self, status: int, message: str, kind: str, code: str | None = None, param: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.kind, self.code, self.param = status, message, kind, code, param
+        self.headers = headers
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
@@ -96,6 +98,11 @@ class ResponseFormat(Body):
 
 
 class Sampling(Body):
+    # An unknown top-level argument is refused, as OpenAI refuses it: a misspelt one ("max_token")
+    # would otherwise be dropped without a word. Nested objects still ignore extra fields: a message
+    # sent back from a response carries "refusal" and "annotations", a function "strict".
+    model_config = ConfigDict(extra="forbid")
+
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -115,6 +122,11 @@ class Sampling(Body):
     top_k: int = Field(default=0, ge=0)
     min_p: float = Field(default=0.0, ge=0, le=1)
     repetition_penalty: float = Field(default=1.0, gt=0)
+    # OpenAI's arguments that do not change the answer: accepted, and ignored.
+    user: str | None = None
+    metadata: dict | None = None
+    store: bool | None = None
+    service_tier: str | None = None
 
     def config(self, default_max_tokens: int, logprobs: int | None = None, json_schema=None) -> GenerationConfig:
         """The request's GenerationConfig; GenerationConfig's one rule: no temperature or top_p
@@ -147,6 +159,7 @@ class ChatRequest(Sampling):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # ignored: an answer holds at most one call
 
     def chat_config(self, default_max_tokens: int) -> GenerationConfig:
         if self.top_logprobs is not None and not self.logprobs:
