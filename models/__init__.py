@@ -7,6 +7,8 @@ sampled positions, and which tells the engine its cache geometry: ``num_layers``
 
 from __future__ import annotations
 
+import ctypes
+import gc
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,7 +74,9 @@ def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, de
         state = model_type.convert(tensors, spec)
     except KeyError as missing:
         raise ValueError(f"the {config['model_type']} checkpoint is missing tensor {missing.args[0]}") from None
-    model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, assign=True)
+    # Copies, never views: a view into a memory-mapped file would keep the whole file mapped (and its
+    # pages read while converting resident) for as long as the model lives.
+    model.load_state_dict({k: v.to(device=device, dtype=dtype, copy=True) for k, v in state.items()}, assign=True)
     model.tie_embeddings()  # assign=True loaded the tied names as two tensors
     model = model.to(device).eval().requires_grad_(False)
     if weights in BLOCK_WEIGHTS:
@@ -90,7 +94,23 @@ def load(source=None, *, device="cpu", dtype=None, weights="float32") -> Checkpo
     """Load a checkpoint: None (the embedded default model), a Hugging Face directory, a .gguf
     file, or an in-memory transformers causal LM. ``weights``: "float32" (as loaded, in ``dtype``),
     "int4", "int8", "float16" or "int8-dynamic" (linear layers in fewer bits on the CPU; see quantized.py)."""
-    device = torch.device(device)
+    checkpoint = _load(source, torch.device(device), dtype, weights)
+    return_freed_memory()
+    return checkpoint
+
+
+def return_freed_memory() -> None:
+    """Give the heap's free pages back to the system. Loading frees the file's tensors and their
+    conversions; glibc keeps those pages, so without this the resident memory after a load with
+    smaller weights stayed near float32's (997 against 502 MB for the default model in int4)."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: its allocator returns memory its own way
+        pass
+
+
+def _load(source, device: torch.device, dtype, weights) -> Checkpoint:
     if isinstance(source, nn.Module):
         return _from_transformers(source, device, dtype, weights)
     if source is None:
