@@ -1,6 +1,8 @@
 """Every bad input gets an error that says what is wrong, and the engine keeps serving.
 Each row here is a row of the table in docs/reliability.md."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -106,8 +108,9 @@ def test_bad_sources(tmp_path, llama):
         Engine.from_pretrained(tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "bert"}')
     supported = "gemma3_text, gpt2, llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe"
-    with pytest.raises(ValueError, match=f"unsupported model_type 'bert'; supported: {supported}"):
+    with pytest.raises(ValueError, match=f"unsupported model_type 'bert'; supported: {supported}") as refused:
         Engine.from_pretrained(tmp_path)
+    assert str(refused.value) in (Path(__file__).parents[1] / "docs" / "reliability.md").read_text()  # as quoted
     with pytest.raises(TypeError, match="expected a transformers PreTrainedModel"):
         Engine.from_pretrained(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="unknown dtype 'float7'"):

@@ -54,7 +54,9 @@ def test_an_engine_dropped_without_shutdown_is_freed(llama):
     assert collected(owner), "something still holds the engine"
     loop.join(timeout=10)
     assert not loop.is_alive(), "the loop thread outlived its engine"
-    assert pool() is None, "the KV pool was not released"
+    # The pool committer (runtime/pool_commit.py) holds the pool while it commits a chunk: on a busy
+    # machine, at nice 19, it may finish that chunk after the engine is gone.
+    assert collected(pool), "the KV pool was not released"
 
 
 def test_an_engine_dropped_mid_request_is_freed(llama):
