@@ -249,6 +249,13 @@ def at_least_one(text: str) -> int:
     return value
 
 
+def seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
+    return value
+
+
 def counts(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",")]
@@ -285,6 +292,9 @@ def add_serve_parser(commands) -> None:
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/ routes")
     p.add_argument("--max-waiting", type=int, default=None, help="requests allowed to wait; past it: HTTP 429")
     p.add_argument("--model-name", default=None, help="the model id clients send (default: the checkpoint's name)")
+    p.add_argument("--drain-timeout", type=seconds, default=30, metavar="SECONDS",
+                   help="on SIGTERM, open requests get this long to finish; then those still open end as on "
+                        "Ctrl-C, a stream with an error event and [DONE] (default: 30)")
     group = p.add_argument_group("replicas on Ray Serve (the 'ray' extra; docs/scale-out.md)")
     group.add_argument("--replicas", type=at_least_one, default=1,
                        help="engines behind one endpoint (default: 1, this process, no Ray)")
@@ -307,7 +317,8 @@ def serve(args) -> int:
         ray_app.run(args)
         return 0
     from runtime import serve as server
-    server.run(load_engine(args, max_waiting=args.max_waiting), args.host, args.port, args.model_name, args.api_key)
+    server.run(load_engine(args, max_waiting=args.max_waiting), args.host, args.port, args.model_name, args.api_key,
+               args.drain_timeout)
     return 0
 
 

@@ -20,6 +20,8 @@ from .metrics import Metrics
 from .reply import Choice, Reply
 from .schema import APIError, ChatRequest, CompletionRequest, Sampling
 
+DRAIN_S = 30  # what SIGTERM leaves open requests to finish
+CLOSE_S = 5  # then, for streams to send their error event and [DONE] once the engine has shut down
 RETRY_AFTER_S = 1  # a full backlog drains within steps: tell a 429's client to come back soon
 REQUIRED = {"/v1/chat/completions": '"model" and "messages"', "/v1/completions": '"model" and "prompt"'}
 ROUTES = ("GET /v1/models", "POST /v1/chat/completions", "POST /v1/completions", "GET /health", "GET /metrics")
@@ -33,8 +35,8 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
     @contextlib.asynccontextmanager
     async def lifespan(_):
         yield
-        # uvicorn runs this after draining open connections on SIGTERM/SIGINT (and then re-raises
-        # the signal, so code after uvicorn.run may never run).
+        # uvicorn runs this after draining open connections on SIGTERM/SIGINT (and then raises
+        # the signal again: after SIGINT, code after uvicorn.run does not run).
         engine.shutdown()
         print("loom: engine shut down", flush=True)
 
@@ -181,19 +183,28 @@ class RequireKey:
         await self.app(scope, receive, send)
 
 
-def run(engine, host: str, port: int, model_name: str | None = None, api_key: str | None = None) -> None:
-    """Serve ``engine`` until SIGINT or SIGTERM. SIGTERM (an orchestrator) drains: uvicorn stops
-    accepting and lets open requests finish, 30 s at most. SIGINT (Ctrl-C, a person) stops now:
-    the engine shuts down at once, so open streams end with an error event and [DONE] instead
-    of being cut after the drain timeout. Either way the app's lifespan then shuts the engine down."""
+def run(engine, host: str, port: int, model_name: str | None = None, api_key: str | None = None,
+        drain_s: float = DRAIN_S) -> None:
+    """Serve ``engine`` until SIGINT or SIGTERM, then shut it down. SIGTERM (an orchestrator)
+    drains: uvicorn stops accepting and lets open requests finish, ``drain_s`` at most; then the
+    engine shuts down, and the requests still open end as on SIGINT. SIGINT (Ctrl-C, a person)
+    stops now: the engine shuts down at once, so every open stream ends with an error event and
+    [DONE] (a whole response: a 503). Returns after SIGTERM; raises KeyboardInterrupt after SIGINT
+    (exit status 130 in the CLI)."""
     import signal
+    import threading
 
     import uvicorn
+
+    cut = threading.Timer(drain_s, engine.shutdown)
+    cut.daemon = True
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
             if sig == signal.SIGINT:
                 engine.shutdown()
+            elif not self.should_exit:
+                cut.start()
             super().handle_exit(sig, frame)
 
         async def startup(self, sockets=None):
@@ -202,5 +213,18 @@ def run(engine, host: str, port: int, model_name: str | None = None, api_key: st
                 print(f"serving {model_name or engine.name} on http://{host}:{port}/v1", flush=True)
 
     app = create_app(engine, model_name, api_key)
-    config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=30)
-    Server(config).run()
+    # uvicorn's own limit, past which it cancels handlers mid-stream, only backs up the engine's
+    config = uvicorn.Config(app, host=host, port=port, log_level="info",
+                            timeout_graceful_shutdown=drain_s + CLOSE_S)
+    # Once stopped, uvicorn raises the signal again for its previous handler; SIGTERM's default
+    # would then kill the process after a clean drain, so a drain ends with status 0 instead.
+    quiet = (threading.current_thread() is threading.main_thread()
+             and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
+    if quiet:
+        signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        Server(config).run()
+    finally:
+        cut.cancel()
+        if quiet:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
