@@ -10,6 +10,7 @@ import errno
 import importlib.util
 import json
 import os
+import re
 import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -107,11 +108,31 @@ def generation_config(args):
     """The sampling arguments as a GenerationConfig; a bad value exits with its message at once."""
     from runtime import GenerationConfig
     try:
-        return GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                                seed=args.seed, json_schema=read_schema(getattr(args, "json_schema", None)),
-                                regex=getattr(args, "regex", None), choice=getattr(args, "choice", None))
+        config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                                  seed=args.seed, json_schema=read_schema(getattr(args, "json_schema", None)),
+                                  regex=getattr(args, "regex", None), choice=getattr(args, "choice", None))
+        check_constraint(config)
     except (TypeError, ValueError) as error:
         sys.exit(f"error: {error}")
+    return config
+
+
+def check_constraint(config) -> None:
+    """ValueError with llguidance's message for a schema or regex it cannot compile. A grammar
+    compiles without the tokenizer, so this needs no model: else the error would come once the
+    model has loaded, tens of seconds later."""
+    from .constraints import grammar_text
+    grammar = grammar_text(config)
+    if grammar is None:
+        return
+    from llguidance import LLMatcher
+    failed, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+    if failed:
+        # without what only llguidance's own grammar text explains: a position in it and an excerpt
+        lines = messages[0].strip().splitlines()
+        cut = next((i for i, line in enumerate(lines) if re.match(r"\s*\d+ \| ", line)), len(lines))
+        text = re.sub(r"^at \d+\(\d+\): ", "", "\n".join(lines[:cut]).rstrip())
+        raise ValueError(f"invalid {config.constraint_kind}: {text}")
 
 
 def read_schema(path: str | None) -> dict | None:

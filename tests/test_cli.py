@@ -73,6 +73,24 @@ def test_bad_arguments_fail_in_one_line_before_the_model_loads(argv, message, ca
         assert str(done.value.code).startswith(message)
 
 
+@pytest.mark.parametrize("option,value,message", [
+    ("--regex", "a(b", 'error: invalid regex: invalid regex "a(b" (in regex): regex parse error:\n    a(b\n     ^\n'
+                       "error: unclosed group"),
+    ("--json-schema", {"type": "object", "properties": {"a": {"type": "strin"}}},
+     "error: invalid json_schema: Invalid type: strin"),
+])
+def test_a_constraint_that_cannot_compile_fails_before_the_model_loads(option, value, message, tmp_path,
+                                                                       monkeypatch):
+    import runtime.cli
+    monkeypatch.setattr(runtime.cli, "load_engine", lambda *a, **k: pytest.fail("the model was loaded"))
+    if option == "--json-schema":
+        (schema := tmp_path / "schema.json").write_text(json.dumps(value))
+        value = str(schema)
+    with pytest.raises(SystemExit) as done:
+        main(["generate", "-", option, value])
+    assert done.value.code == message
+
+
 @pytest.mark.parametrize("replicas", ["1", "2"])
 def test_serve_on_a_port_in_use_says_so_before_the_model_loads(replicas, monkeypatch):
     import socket
