@@ -154,6 +154,10 @@ class Llama(nn.Module):
         self.lm_head = nn.Linear(s.hidden_size, s.vocab_size, bias=False)
         self.tie_embeddings()
         self.rotary = Rotary(s.head_dim, s.rope_theta, s.rope_scaling, s.partial_rotary_factor, s.rope_max_position)
+        # longrope: past the original context every key rotates with the long factors, so a sequence
+        # that grows past it is recomputed from its first token (models/step.py), as transformers'
+        # Phi3ForCausalLM drops its cache there.
+        self.recompute_past = self.rotary.long_from
         self.decoder_layers = None  # native layers for decode-only steps, where models.build finds they serve
 
     def tie_embeddings(self):

@@ -30,7 +30,7 @@ class Rotary(nn.Module):
         exponents = torch.arange(0, self.dim, 2, dtype=torch.int64).float() / self.dim
         inv_freq = 1.0 / theta ** exponents
         self.attention_factor = 1.0
-        self.long_from = None  # longrope: sequences reaching this position rotate with the long factors
+        self.long_from = None  # longrope: sequences holding more tokens than this rotate with the long factors
         self.dynamic = None    # dynamic NTK: (theta, factor, trained context, exponents)
         long_freq = inv_freq
         if kind == "linear":
@@ -62,8 +62,8 @@ class Rotary(nn.Module):
 
     def forward(self, positions, dtype, sequence_ends=None):
         """cos and sin for each position, [T, 1, rotary dim], computed once per step.
-        ``sequence_ends``: for each token, the last position its sequence reaches in this step
-        (longrope and dynamic only)."""
+        ``sequence_ends``: for each token, the last position of its sequence (longrope and
+        dynamic only; see sequence_ends below)."""
         inv_freq = self.inv_freq.float()[None, :]
         if self.dynamic is not None:
             # transformers recomputes the base for a forward whose sequence passes the trained
@@ -74,7 +74,9 @@ class Rotary(nn.Module):
             inv_freq = 1.0 / base[:, None] ** exponents.to(base.device)[None, :]
         if self.long_from is not None:
             # transformers rotates a whole forward with the long factors once its sequence passes the
-            # original context: here, every token of a sequence whose step reaches past it.
+            # original context, and recomputes the cache with them when a sequence first does (Loom's
+            # runtime does, asked by Llama.recompute_past). So every position of a sequence holding
+            # more tokens than the original context rotates long, in whatever chunks it is computed.
             long = (sequence_ends >= self.long_from)[:, None]
             inv_freq = torch.where(long, self.long_freq.float()[None, :], inv_freq)
         freqs = positions[:, None].float() * inv_freq
@@ -83,11 +85,17 @@ class Rotary(nn.Module):
 
 
 def sequence_ends(step) -> torch.Tensor:
-    """For each token of a step, the last position its sequence reaches in the step: its own for
-    a decode, the chunk's last for a prefill chunk."""
+    """For each token of a step, the last position its sequence holds (StepInput.lengths), as
+    transformers sees a prompt it prefills in one forward even where Loom splits it in chunks.
+    A step that does not say: the last position the sequence reaches in the step."""
     ends = step.positions.clone()
-    for chunk in step.prefills:
-        ends[chunk.start:chunk.end] = chunk.first_position + chunk.end - chunk.start - 1
+    lengths = step.lengths
+    decodes = step.decode_groups[-1].end if step.decode_groups else 0  # one row per sequence, first
+    if lengths is not None and decodes:
+        ends[:decodes] = torch.tensor(lengths[:decodes]).to(ends.device) - 1
+    for i, chunk in enumerate(step.prefills):
+        length = lengths[decodes + i] if lengths is not None else chunk.first_position + chunk.end - chunk.start
+        ends[chunk.start:chunk.end] = length - 1
     return ends
 
 

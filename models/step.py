@@ -6,6 +6,11 @@ Every token of a step sits in one 1-D sequence: first the one-token entries (dec
 context first, then each prefill chunk. Nothing is padded to the longest request. Decode attention
 runs as a few batched calls, one per group of similar context lengths, each padding its block
 tables only to the longest in its group.
+
+A model whose K/V depend on how many tokens the sequence holds (longrope's two factor sets) has
+an attribute ``recompute_past``, a length: a sequence that grows past it is recomputed from its
+first token, and K/V computed on one side of that length never serve a sequence on the other.
+A model without it may leave K/V in place whatever the length.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ class Sequence:
     start: int              # position of the first of them in the request
     block_table: list[int]  # the request's KV blocks, covering at least start + len(token_ids)
     sample: bool            # the step ends the request's known tokens: its last logits are sampled
+    length: int | None = None  # the tokens the request holds (prompt and output so far); None: the step's end
 
 
 @dataclass
@@ -63,12 +69,13 @@ class StepInput:
     prefills: list[PrefillChunk]
     sample_indices: torch.Tensor   # [S] flat positions whose logits are sampled
     block_size: int
+    lengths: list[int] | None = None  # each sequence's Sequence.length, in the step's order
 
     @classmethod
     def flatten(cls, sequences: list[Sequence], block_size: int, device: torch.device) -> "StepInput":
         """One flat batch of ``sequences``, which must list one-token entries first, longest
         context first; sampled rows come out in the order of their sequences."""
-        ids, positions, slots, samples = [], [], [], []
+        ids, positions, slots, samples, lengths = [], [], [], [], []
         tables, context_lens, prefills = [], [], []
         for i, seq in enumerate(sequences):
             start, first, n = len(ids), seq.start, len(seq.token_ids)
@@ -90,6 +97,7 @@ class StepInput:
                 prefills.append(PrefillChunk(start, start + n, first, torch.tensor(used, device=device)))
             if seq.sample:
                 samples.append(start + n - 1)
+            lengths.append(seq.length or first + n)
 
         as_tensor = lambda data: torch.tensor(data, dtype=torch.long).to(device, non_blocking=True)
         groups = []
@@ -99,7 +107,7 @@ class StepInput:
             groups.append(DecodeGroup(start, end, as_tensor(padded).view(end - start, width),
                                       as_tensor(context_lens[start:end])))
         return cls(as_tensor(ids), as_tensor(positions), as_tensor(slots), groups, prefills,
-                   as_tensor(samples), block_size)
+                   as_tensor(samples), block_size, lengths)
 
 
 def group_by_length(widths: list[int]) -> list[tuple[int, int]]:

@@ -60,8 +60,9 @@ class BlockAllocator:
                 else:
                     self.evictable[block] = None
 
-    def match_prefix(self, tokens: list[int]) -> list[int]:
-        """Take a reference on the cached blocks of ``tokens``' longest cached prefix.
+    def match_prefix(self, tokens: list[int], root: int | None = None) -> list[int]:
+        """Take a reference on the cached blocks of ``tokens``' longest cached prefix, whose chain
+        of hashes starts from ``root`` (the parent register_full_blocks was first given).
 
         The last token is never matched: the step that computes it produces the logits the
         request samples from.
@@ -70,7 +71,7 @@ class BlockAllocator:
             return []
         bs = self.block_size
         usable = (len(tokens) - 1) // bs
-        blocks, parent = [], None
+        blocks, parent = [], root
         for i in range(usable):
             chunk = tuple(tokens[i * bs:(i + 1) * bs])
             h = hash((parent, chunk))

@@ -66,7 +66,7 @@ class Engine(TextAPI):
         self.allocator = BlockAllocator(num_blocks, options.block_size, options.enable_prefix_caching)
         # Its thread starts with the loop's first plan: an engine never used costs no thread and no memory.
         self._pool_committer = PoolCommitter(self.kv_cache) if device.type == "cpu" else None
-        self.scheduler = Scheduler(options, self.allocator)
+        self.scheduler = Scheduler(options, self.allocator, getattr(self.model, "recompute_past", None))
         self.vocab_size, self.max_position = self.model.vocab_size, self.model.max_position
         self.max_context = min(self.model.max_position, num_blocks * options.block_size)
         # Reentrant: the weakref callback that wakes the loop may run wherever the last reference

