@@ -493,6 +493,39 @@ def test_a_forced_tool_call_has_arguments_that_validate(client, choice):
         assert call.function.name == "get_weather"
 
 
+OPEN_WEATHER = {"type": "function", "function": {  # as OpenAI's docs write tools: nothing closed or bounded
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "required": ["city"],
+                   "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                                  "detail": {"type": "object"}, "hours": {"type": "array", "items": {"type": "number"}},
+                                  "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}}}
+
+
+@pytest.mark.parametrize("max_tokens", [48, 80, 256])
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_forced_call_with_an_open_schema_always_ends_as_a_valid_call(client, choice, max_tokens):
+    """Open objects, strings, arrays and numbers let a model run on until max_tokens cut the JSON;
+    a forced call's schema is closed and bounded to fit max_tokens, so it always ends as a call."""
+    for seed in range(3):
+        reply = client.chat.completions.create(
+            model=MODEL, max_tokens=max_tokens, tools=[OPEN_WEATHER, TIME], tool_choice=choice, seed=seed,
+            temperature=1.0 if seed else 0.0,
+            messages=[{"role": "user", "content": "Describe the weather in Oslo in great detail, hour by hour."}])
+        choice_ = reply.choices[0]
+        assert choice_.finish_reason == "tool_calls", choice_.message.content
+        call = choice_.message.tool_calls[0]
+        tool = {"get_weather": OPEN_WEATHER, "get_time": TIME}[call.function.name]
+        jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+        assert reply.usage.completion_tokens <= max_tokens
+
+
+def test_a_max_tokens_too_small_for_any_forced_call_is_refused(client):
+    with pytest.raises(openai.BadRequestError, match="max_tokens=8 cannot hold a forced call of 'get_weather'") as refused:
+        client.chat.completions.create(model=MODEL, max_tokens=8, tools=[OPEN_WEATHER], tool_choice="required",
+                                       messages=[{"role": "user", "content": "Weather in Oslo?"}])
+    assert refused.value.body["param"] == "max_tokens"
+
+
 def test_a_tool_conversation_goes_on_after_the_result(client):
     first = client.chat.completions.create(model=MODEL, max_tokens=60, tools=[WEATHER], tool_choice="required",
                                            messages=[{"role": "user", "content": "Weather in Rome?"}])

@@ -31,6 +31,7 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
                default_max_tokens: int = 256) -> FastAPI:
     name = model_name or engine.name
     metrics = Metrics(engine)
+    count_tokens = lambda text: len(engine.tokenizer.encode(text, add_special_tokens=False))
 
     @contextlib.asynccontextmanager
     async def lifespan(_):
@@ -80,7 +81,7 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest):
         def launch():
-            config = body.chat_config(default_max_tokens)
+            config = body.chat_config(default_max_tokens, count_tokens)
             messages, tools = body.prompt(engine.tokenizer)
             return config, engine.encode(messages, tools=tools)
         return await complete(body, launch, "chat.completion", body.logprobs, body.active_tools())

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from runtime import GenerationConfig
 
+from .forced_call import CallTooLong, call_schema
+
 
 class APIError(Exception):
     def __init__(self, status: int, message: str, kind: str, code: str | None = None, param: str | None = None,
@@ -134,12 +136,15 @@ class Sampling(Body):
         if json_schema is None and self.response_format is not None:
             json_schema = self.response_format_schema()
         return GenerationConfig(
-            max_new_tokens=self.max_completion_tokens or self.max_tokens or default_max_tokens,
+            max_new_tokens=self.new_tokens(default_max_tokens),
             temperature=self.temperature, top_p=1.0 if self.top_p is None else self.top_p, seed=self.seed,
             stop=tuple([self.stop] if isinstance(self.stop, str) else self.stop or ()), ignore_eos=self.ignore_eos,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             logit_bias=self.logit_bias, top_k=self.top_k, min_p=self.min_p,
             repetition_penalty=self.repetition_penalty, json_schema=json_schema, logprobs=logprobs)
+
+    def new_tokens(self, default_max_tokens: int) -> int:
+        return self.max_completion_tokens or self.max_tokens or default_max_tokens
 
     def response_format_schema(self) -> dict | None:
         fmt = self.response_format
@@ -161,7 +166,9 @@ class ChatRequest(Sampling):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None  # ignored: an answer holds at most one call
 
-    def chat_config(self, default_max_tokens: int) -> GenerationConfig:
+    def chat_config(self, default_max_tokens: int, count_tokens) -> GenerationConfig:
+        """As config, with a forced tool call's schema bounded to end within max_tokens
+        (forced_call.py); ``count_tokens(text)`` is the model's token count of a text."""
         if self.top_logprobs is not None and not self.logprobs:
             raise APIError.invalid("top_logprobs needs logprobs=true", "top_logprobs")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
@@ -169,7 +176,13 @@ class ChatRequest(Sampling):
         if forced and self.response_format is not None and self.response_format.type != "text":
             raise APIError.invalid("a forced tool call and response_format cannot both constrain the output",
                                    "tool_choice")
-        return self.config(default_max_tokens, logprobs, call_schema(forced) if forced else None)
+        if not forced:
+            return self.config(default_max_tokens, logprobs)
+        try:
+            schema = call_schema(forced, self.new_tokens(default_max_tokens), count_tokens)
+        except CallTooLong as error:
+            raise APIError.invalid(str(error), "max_tokens") from None
+        return self.config(default_max_tokens, logprobs, schema)
 
     def active_tools(self) -> list[Tool]:
         """The tools the model may call: none with tool_choice "none" or without tools."""
@@ -220,14 +233,6 @@ class ChatRequest(Sampling):
 class CompletionRequest(Sampling):
     prompt: str | list[str]
     logprobs: int | None = Field(default=None, ge=0, le=5)
-
-
-def call_schema(tools: list[Tool]) -> dict:
-    """The JSON schema of one call to any of ``tools``: {"name": ..., "arguments": {...}}."""
-    options = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                "properties": {"name": {"const": t.function.name}, "arguments": t.function.parameters}}
-               for t in tools]
-    return options[0] if len(options) == 1 else {"anyOf": options}
 
 
 def tool_instructions(tools: list[dict]) -> str:
