@@ -15,15 +15,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import native
-from . import weights as checkpoint_files
-from .block_linear import use_block_linears
-from .cpu_linear import use_cpu_linears
-from .decoder_layer import DecoderLayers
-from .quantized import BLOCK_WEIGHTS, check_weights, reduce_linears
-from .gemma3 import Gemma3, Gemma3Spec
-from .gpt2 import GPT2, GPT2Spec
-from .llama import FAMILIES as LLAMA_FAMILIES, Llama, LlamaSpec
+from .checkpoints import gguf, huggingface
+from .families.gemma3 import Gemma3, Gemma3Spec
+from .families.gpt2 import GPT2, GPT2Spec
+from .families.llama import FAMILIES as LLAMA_FAMILIES, Llama, LlamaSpec
+from .kernels import native
+from .kernels.block_linear import use_block_linears
+from .kernels.cpu_linear import use_cpu_linears
+from .kernels.decoder_layer import use_decoder_layers
+from .kernels.quantized import BLOCK_WEIGHTS, check_weights, reduce_linears
 
 ARCHITECTURES = {"gpt2": (GPT2Spec, GPT2), "gemma3_text": (Gemma3Spec, Gemma3),
                  **{family: (LlamaSpec, Llama) for family in LLAMA_FAMILIES}}
@@ -65,7 +65,7 @@ def architecture(config: dict):
 def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device,
           weights: str = "float32") -> nn.Module:
     """Our module for a transformers-style config and state dict, its weights cast to ``dtype``
-    (``weights`` other than "float32": its linear layers' weights in fewer bits, see quantized.py)."""
+    (``weights`` other than "float32": its linear layers' weights in fewer bits, see kernels/quantized.py)."""
     spec_type, model_type = architecture(config)
     spec = spec_type.from_hf(config)
     with torch.device("meta"):  # no time spent initialising weights that are about to be replaced
@@ -85,8 +85,7 @@ def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, de
         reduce_linears(model, weights)
     elif native.supports(device, dtype):  # builds the CPU kernels now (once per machine), not in the first step
         use_cpu_linears(model)
-    if isinstance(model, (Llama, GPT2)):  # decode-only steps in one native call, where it qualifies
-        model.decoder_layers = DecoderLayers.of(model)
+    use_decoder_layers(model)
     return model
 
 
@@ -112,35 +111,21 @@ def return_freed_memory() -> None:
 
 def _load(source, device: torch.device, dtype, weights) -> Checkpoint:
     if isinstance(source, nn.Module):
-        return _from_transformers(source, device, dtype, weights)
-    if source is None:
-        from .gguf import default_model_path
-        source = default_model_path()
-    path = Path(source).expanduser()
-    if path.is_dir() and not (path / "config.json").exists() and len(list(path.glob("*.gguf"))) == 1:
-        path = next(path.glob("*.gguf"))
-    dtype = resolve_dtype(dtype, device)
-    weights = check_weights(weights, device, dtype)  # before any tensor is read or dequantized
-    if path.suffix == ".gguf":
-        from .gguf import load_gguf
-        return load_gguf(path, device, dtype, weights)
-    if not path.exists():
-        raise FileNotFoundError(f"no checkpoint at {path}: expected a directory with config.json or a .gguf file")
-    config = checkpoint_files.read_config(path)
-    architecture(config)  # an unsupported type fails before any tensor is read
-    model = build(config, checkpoint_files.read_tensors(path), dtype, device, weights)
-    return Checkpoint(model, checkpoint_files.read_eos_ids(path, config), checkpoint_files.read_tokenizer(path),
-                      path.name, config)
-
-
-def _from_transformers(hf_model: nn.Module, device, dtype, weights) -> Checkpoint:
-    config = getattr(hf_model, "config", None)
-    if config is None or not hasattr(config, "to_dict"):
-        raise TypeError(f"expected a transformers PreTrainedModel, got {type(hf_model).__name__}")
-    dtype = resolve_dtype(dtype if dtype is not None else hf_model.dtype, device)
-    config = config.to_dict()
-    model = build(config, hf_model.state_dict(), dtype, device, check_weights(weights, device, dtype))
-    generation = getattr(hf_model, "generation_config", None)
-    eos = getattr(generation, "eos_token_id", None)
-    eos = checkpoint_files.eos_set(eos if eos is not None else config.get("eos_token_id"))
-    return Checkpoint(model, eos, None, config.get("_name_or_path") or config["model_type"], config)
+        contents = huggingface.read_module(source)
+        dtype = resolve_dtype(dtype if dtype is not None else source.dtype, device)
+        weights = check_weights(weights, device, dtype)
+    else:
+        path = Path(source).expanduser() if source is not None else gguf.default_model_path()
+        if path.is_dir() and not (path / "config.json").exists() and len(list(path.glob("*.gguf"))) == 1:
+            path = next(path.glob("*.gguf"))
+        dtype = resolve_dtype(dtype, device)
+        weights = check_weights(weights, device, dtype)  # before any tensor is read or dequantized
+        if path.suffix == ".gguf":
+            contents = gguf.read(path)
+        elif not path.exists():
+            raise FileNotFoundError(f"no checkpoint at {path}: expected a directory with config.json or a .gguf file")
+        else:
+            architecture(huggingface.read_config(path))  # an unsupported type fails before any tensor is read
+            contents = huggingface.read(path)
+    model = build(contents.config, contents.tensors, dtype, device, weights)
+    return Checkpoint(model, contents.eos_token_ids, contents.tokenizer, contents.name, contents.config)

@@ -29,7 +29,7 @@ halves its thread count, and after a quiet spell it tries one more thread again,
 long before the next try each time a try finds the cores still busy.
 
 A step whose rows the threads split among them (the native decoder layers from 12 rows per thread;
-models/decoder_layer.py) keeps every thread: each waits for no other until the step ends, so each
+models/kernels/decoder_layer.py) keeps every thread: each waits for no other until the step ends, so each
 claims its own share of the cores.
 
 The count is the loop thread's own (libgomp's per-thread ICV, set with omp_set_num_threads): the
@@ -72,7 +72,7 @@ def available_cores() -> int:
 
 class CpuThreads:
     """``splits(step, threads)``: whether the model's forward gives each of ``threads`` threads its
-    own rows of ``step`` (models/decoder_layer.py); None where it never does."""
+    own rows of ``step`` (models/kernels/decoder_layer.py); None where it never does."""
 
     def __init__(self, cap: int | None, splits: Callable[[object, int], bool] | None = None):
         self.max = min(cap, available_cores()) if cap else available_cores()

@@ -99,8 +99,8 @@ class Engine(TextAPI):
         """Load ``source`` (None: the embedded SmolLM2; a Hugging Face directory; a .gguf file;
         an in-memory transformers model) and build an engine. ``weights``: "float32" (as loaded,
         in ``dtype``), or on the CPU linear layers with smaller weights: "int4" / "int8" (4- or 8-bit
-        blocks as llama.cpp's Q4_1 / Q8_0, float32 activations; models/block_linear.py), "float16",
-        or "int8-dynamic" (FBGEMM's int8 product, activations quantized too; models/quantized.py).
+        blocks as llama.cpp's Q4_1 / Q8_0, float32 activations; models/kernels/block_linear.py), "float16",
+        or "int8-dynamic" (FBGEMM's int8 product, activations quantized too; models/kernels/quantized.py).
         ``tokenizer``: a
         transformers tokenizer to use instead of the checkpoint's (an in-memory model has none).
         ``options`` are EngineOptions."""

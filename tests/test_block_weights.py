@@ -1,5 +1,5 @@
 """weights="int4" / "int8": linear layers in blocks of 4- or 8-bit codes (8-bit in the output layer
-and the embeddings), on Loom's own kernel (models/block_linear.py, block_weights.h)."""
+and the embeddings), on Loom's own kernel (models/kernels/block_linear.py, block_weights.h)."""
 
 import numpy as np
 import pytest
@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import models
-from models import block_linear, native
-from models.block_linear import GROUP, BlockEmbedding, BlockLinear, dequantize, quantize
-from models.cpu_linear import KERNEL_ROWS, CpuLinear
+from models.kernels import block_linear, native
+from models.kernels.block_linear import GROUP, BlockEmbedding, BlockLinear, dequantize, quantize
+from models.kernels.cpu_linear import KERNEL_ROWS, CpuLinear
 from models.step import KVCache, Sequence, StepInput
 from .conftest import tiny_model
 

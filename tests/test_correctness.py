@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import models
-from models import native
+from models.kernels import native
 from runtime import Engine
 
 from .conftest import random_prompt, reference, run_threaded, tiny_model
@@ -76,7 +76,7 @@ def test_eos_ends_the_stream_unless_ignored(llama):
 @pytest.mark.parametrize("prompt_length", [7, 45, 150])  # Loom's kernel row blocks (< 9 rows), its panels; oneDNN
 def test_float32_cpu_model_with_cpu_linears_matches_transformers(prompt_length):
     """float32 on CPU swaps nn.Linear for CpuLinear: logits must stay transformers'."""
-    from models.cpu_linear import KERNEL_ROWS, CpuLinear
+    from models.kernels.cpu_linear import KERNEL_ROWS, CpuLinear
     from models.step import KVCache, Sequence, StepInput
 
     if native.library() is None:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.gguf import default_model_path
+from models.checkpoints.gguf import default_model_path
 from runtime import Engine, GenerationConfig
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", [{"role": "user", "content": "What is 2+2?"}]]

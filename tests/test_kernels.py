@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models import cpu_linear, native, paged_decode
-from models.decoder_layer import SPLIT_ROWS_PER_THREAD
+from models.kernels import cpu_linear, native, paged_decode
+from models.kernels.decoder_layer import SPLIT_ROWS_PER_THREAD
 
 needs_kernel = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the kernels are not built")
 
@@ -163,7 +163,7 @@ def test_cpu_linear_takes_any_leading_shape_and_large_batches_to_torch():
 def test_rotate_and_store_matches_apply_rotary_and_index_copy(dtype, cache_dtype, rotary_dim, tokens):
     """The pool holds the rotated keys and the values as .to(pool dtype) rounds them: the torch path
     and the kernels keep the same bits."""
-    from models.rope import apply_rotary
+    from models.families.rope import apply_rotary
 
     gen = torch.Generator().manual_seed(tokens + (rotary_dim or 0))
     heads, kv_heads, dim, block_size = 6, 2, 16, 4
@@ -251,7 +251,7 @@ def test_short_prefill_chunks_on_the_decode_kernel_match_sdpa(arch, dtype, cache
     prefix, past a sliding window, in two runs around a long chunk that keeps SDPA. Logits and
     the pool equal those of every chunk on SDPA."""
     import models
-    from models import layers
+    from models.families import layers
     from models.step import KVCache, Sequence, StepInput
 
     from .conftest import tiny_model

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.moe import SparseMoE
+from models.families.moe import SparseMoE
 from runtime import Engine, GenerationConfig
 
 from .conftest import random_prompt, reference, run_threaded, tiny_model

@@ -22,8 +22,8 @@ MODEL = "tiny"
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from models.gguf import _tokenizer, default_model_path
-    tokenizer = _tokenizer(default_model_path())
+    from models.checkpoints.gguf import default_model_path, read_tokenizer
+    tokenizer = read_tokenizer(default_model_path())
     torch.manual_seed(0)
     config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -64,8 +64,8 @@ def constrained_cases():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from models.gguf import _tokenizer, default_model_path
-    return _tokenizer(default_model_path())
+    from models.checkpoints.gguf import default_model_path, read_tokenizer
+    return read_tokenizer(default_model_path())
 
 
 @pytest.fixture(scope="module")

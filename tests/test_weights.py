@@ -1,5 +1,5 @@
 """The weights= choices: "float16" / "int8-dynamic", linear layers over FBGEMM's products
-(models/quantized.py), and the engine on every choice (the block choices' own tests:
+(models/kernels/quantized.py), and the engine on every choice (the block choices' own tests:
 test_block_weights.py)."""
 
 import random
@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from models import native
-from models.quantized import Float16Linear, Int8Linear
+from models.kernels import native
+from models.kernels.quantized import Float16Linear, Int8Linear
 from runtime import Engine
 
 from .conftest import random_prompt, run_threaded, tiny_model

@@ -1,4 +1,4 @@
-"""Decode attention alone (models/paged_decode.h) on the default model's shape: 9 query heads over 3
+"""Decode attention alone (models/kernels/paged_decode.h) on the default model's shape: 9 query heads over 3
 K/V heads of 64, S sequences of 110 cached tokens in blocks of 16, two threads; the median of 300
 calls, microseconds per layer (docs/benchmarks.md, "An Intel Xeon"). Run from a checkout's root,
 alternating checkouts for a before/after:
@@ -19,7 +19,7 @@ sys.path.insert(0, os.getcwd())
 
 import torch  # noqa: E402
 
-from models import paged_decode  # noqa: E402
+from models.kernels import paged_decode  # noqa: E402
 
 
 def main():

@@ -136,8 +136,8 @@ def walk(engine, new_matcher, tokenizer, eos, seed):
 
 
 def main():
-    from models.gguf import _tokenizer, default_model_path
-    tokenizer = _tokenizer(default_model_path())
+    from models.checkpoints.gguf import default_model_path, read_tokenizer
+    tokenizer = read_tokenizer(default_model_path())
     eos = tokenizer.eos_token_id
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, tokenizer vocabulary {len(tokenizer)}")
     for engine_type in (Llguidance, Xgrammar):

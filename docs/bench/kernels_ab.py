@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
-from models import native  # noqa: E402
-from models.cpu_linear import ARGTYPES, CpuLinear  # noqa: E402
+from models.kernels import native  # noqa: E402
+from models.kernels.cpu_linear import ARGTYPES, CpuLinear  # noqa: E402
 
 
 def builds(other: Path) -> dict:

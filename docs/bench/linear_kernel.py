@@ -1,4 +1,4 @@
-"""Loom's CPU linear kernel (models/cpu_linear.cpp) against oneDNN's prepacked float32 product (what
+"""Loom's CPU linear kernel (models/kernels/cpu_linear.cpp) against oneDNN's prepacked float32 product (what
 Loom used before) and torch's dense one (MKL), on the default model's layer shapes
 (docs/benchmarks.md, "Small-batch products").
 
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.getcwd())
 
-from models import cpu_linear  # noqa: E402
+from models.kernels import cpu_linear  # noqa: E402
 
 SHAPES = {"qkv": (960, 576), "out": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
 

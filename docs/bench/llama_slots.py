@@ -17,7 +17,7 @@ sys.path.insert(0, os.getcwd())
 from runtime.bench import peers  # noqa: E402
 from runtime.bench.workloads import peer_texts  # noqa: E402
 
-from models.gguf import default_model_path  # noqa: E402
+from models.checkpoints.gguf import default_model_path  # noqa: E402
 
 
 async def cell(server: peers.OpenAIServer, prompts: list[str], slots: list[int]) -> float:

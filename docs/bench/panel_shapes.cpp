@@ -12,7 +12,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "../../models/cpu_linear.h"
+#include "../../models/kernels/cpu_linear.h"
 
 namespace {
 

@@ -22,7 +22,7 @@ from runtime import openmp  # noqa: E402
 import torch  # noqa: E402
 
 import models  # noqa: E402
-from models import cpu_linear, decoder_layer  # noqa: E402
+from models.kernels import cpu_linear, decoder_layer  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from decode_forward import busy_processes, decode_step  # noqa: E402

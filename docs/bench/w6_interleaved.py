@@ -26,7 +26,7 @@ from runtime.bench import peers  # noqa: E402
 from runtime.bench.harness import Competitors, Request, run_loom  # noqa: E402
 from runtime.bench.workloads import peer_texts  # noqa: E402
 
-from models.gguf import default_model_path  # noqa: E402
+from models.checkpoints.gguf import default_model_path  # noqa: E402
 
 
 def main():

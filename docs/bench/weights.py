@@ -43,8 +43,8 @@ def products() -> None:
     print(f"torch threads {torch.get_num_threads()}; microseconds per product (speed-up over float32)")
     from torch import nn
 
-    from models.block_linear import OUTPUT_BITS, BlockLinear
-    from models.quantized import BLOCK_WEIGHTS
+    from models.kernels.block_linear import OUTPUT_BITS, BlockLinear
+    from models.kernels.quantized import BLOCK_WEIGHTS
 
     print("| layer | rows | float32 (oneDNN) | float16 (FBGEMM) | int8 (FBGEMM dynamic) | Loom blocks (int4) "
           "| int8 weight-only | int4 weight-only |")

@@ -49,7 +49,7 @@ def llama_binary(name: str, llama_server: str | None) -> str | None:
 
 
 def peer_dir() -> Path:
-    from models.gguf import cache_dir
+    from models.cache import cache_dir
     path = cache_dir() / "peers"
     path.mkdir(parents=True, exist_ok=True)
     return path

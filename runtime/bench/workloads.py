@@ -127,7 +127,7 @@ def real_model_workloads(measure, systems, workloads, args, load_engine) -> None
     """On the embedded SmolLM2, against transformers' own GGUF load of it. W3: 32 chat questions,
     64 new tokens. W5 (shared cores): 1, 8 and 64 concurrent streams of --shared-tokens tokens,
     EOS ignored, as an embedded runtime's load; run it with --competitors 0,1,2."""
-    from models.gguf import default_model_path
+    from models.checkpoints.gguf import default_model_path
 
     engine = load_engine(args, args.model)
     from transformers import AutoModelForCausalLM
@@ -177,7 +177,7 @@ def peer_workload(measure, args, load_engine) -> None:
     through OpenAI-compatible servers with one shared client, Loom's and llama-server (its F32
     GGUF and the Q4_1 GGUF as shipped). First, each system's greedy output for 3 prompts is
     compared with Loom's; the agreement goes in each system's note."""
-    from models.gguf import default_model_path
+    from models.checkpoints.gguf import default_model_path
 
     from . import peers
 

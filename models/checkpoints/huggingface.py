@@ -1,4 +1,5 @@
-"""Readers for Hugging Face checkpoint directories: config, tensors, EOS ids, tokenizer."""
+"""Hugging Face checkpoints: a directory (config.json, safetensors or .bin weights, tokenizer
+files), or a transformers model already in memory."""
 
 from __future__ import annotations
 
@@ -6,6 +7,27 @@ import json
 from pathlib import Path
 
 import torch
+
+from . import Contents
+
+
+def read(directory: Path) -> Contents:
+    """The directory's config, tensors, EOS ids and tokenizer."""
+    config = read_config(directory)
+    return Contents(config, read_tensors(directory), read_eos_ids(directory, config), read_tokenizer(directory),
+                    directory.name)
+
+
+def read_module(hf_model) -> Contents:
+    """A transformers causal LM in memory: its config and state dict (no tokenizer)."""
+    config = getattr(hf_model, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        raise TypeError(f"expected a transformers PreTrainedModel, got {type(hf_model).__name__}")
+    config = config.to_dict()
+    generation = getattr(hf_model, "generation_config", None)
+    eos = getattr(generation, "eos_token_id", None)
+    eos = eos_set(eos if eos is not None else config.get("eos_token_id"))
+    return Contents(config, hf_model.state_dict(), eos, None, config.get("_name_or_path") or config["model_type"])
 
 
 def read_config(directory: Path) -> dict:

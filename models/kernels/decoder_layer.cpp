@@ -8,7 +8,7 @@
 // of a one-stream step (docs/benchmarks.md, "Small-batch products"). Here the phases are separated
 // by the implicit barriers of their work-sharing loops, and the threads stay in one team throughout;
 // with enough rows each thread takes its own rows through every layer instead (decoder_layers).
-// The torch paths (models/llama.py, gpt2.py) remain the reference and run every step with prefill rows.
+// The torch paths (models/families/llama.py, gpt2.py) remain the reference and run every step with prefill rows.
 
 #include <algorithm>
 #include <atomic>

@@ -1,5 +1,5 @@
 // Linear weights kept in blocks of 32 values along each row, as llama.cpp's Q4_1 and Q8_0 files
-// keep them, and the products that read them (weights="int4" and "int8", models/block_linear.py).
+// keep them, and the products that read them (weights="int4" and "int8", models/kernels/block_linear.py).
 //
 // - 4 bits: a code q in 0..15 per value, a scale d and a minimum m per block: w = d q + m.
 // - 8 bits: a code q in -127..127 per value and a scale per block: w = d q.

@@ -1,5 +1,5 @@
 """Decoder layers for decode-only steps on the CPU, all of them and the output layer in one native
-call (decoder_layer.cpp): what the Blocks of models/llama.py and gpt2.py and the final norm and
+call (decoder_layer.cpp): what the Blocks of models/families/llama.py and gpt2.py and the final norm and
 lm_head compute, without ~16 torch operators and 6 ctypes calls of dispatch per layer, which cost a
 quarter of a one-stream step (23.6 -> 17.4 ms on the default model; docs/benchmarks.md, "Small-batch
 products").
@@ -22,8 +22,8 @@ from torch import nn
 from . import native
 from .block_linear import BlockLinear
 from .cpu_linear import KERNEL_ROWS, CpuLinear
-from .gpt2 import GPT2
-from .llama import MLP, Llama
+from ..families.gpt2 import GPT2
+from ..families.llama import MLP, Llama
 
 _pointer, _int64, _double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 
@@ -183,3 +183,10 @@ def _padded_tables(step) -> tuple[torch.Tensor, torch.Tensor]:
     for g in groups:
         tables[g.start:g.end, :g.block_tables.shape[1]] = g.block_tables
     return tables, torch.cat([g.context_lens for g in groups])
+
+
+def use_decoder_layers(model) -> None:
+    """Give ``model`` its native layers (``model.decoder_layers``, which its forward asks first for
+    decode-only steps) where it qualifies; None otherwise."""
+    if hasattr(model, "decoder_layers"):
+        model.decoder_layers = DecoderLayers.of(model)

@@ -1,4 +1,4 @@
-"""Loom's C++ kernels (models/*.cpp and their headers), built with the system C++ compiler into one library on first
+"""Loom's C++ kernels (models/kernels/*.cpp and their headers), built with the system C++ compiler into one library on first
 use, cached by sources, flags and processor, and called through ctypes (which releases the GIL).
 
 They are plain C++ with OpenMP and no torch headers: the library builds in a few seconds, and the
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .gguf import cache_dir
+from ..cache import cache_dir
 
 SOURCES = sorted(Path(__file__).parent.glob("*.cpp"))
 HEADERS = sorted(Path(__file__).parent.glob("*.h"))

@@ -79,7 +79,7 @@ inline void few_rows(const T* x, int64_t x_stride, const T* w, int64_t in, int64
 }
 
 // The input rows few_rows takes at a time: every count below the panels that measure_panel_rows
-// times (models/cpu_linear.py's LAST_TIMED_ROWS). With AVX2, 8 rows ran 1.5x faster than the row
+// times (models/kernels/cpu_linear.py's LAST_TIMED_ROWS). With AVX2, 8 rows ran 1.5x faster than the row
 // tiles.
 constexpr int64_t FEW_ROWS = 8;
 
@@ -146,7 +146,7 @@ static_assert(TASK_OUTS % NarrowPanels::outs == 0 && TASK_OUTS % WidePanels::out
 // (Zen 5, two alternating runs each); at 2 rows neither was ahead.
 // On an Emerald Rapids Xeon, whose 512-bit FMA rate is a third of Zen 5's, the tiles won at 3-4
 // rows instead (a 4-row step 30 ms against 46-49 on the panels): a panel issues its 12
-// multiply-adds per k whatever rows it holds. So this is only the default: models/cpu_linear.py
+// multiply-adds per k whatever rows it holds. So this is only the default: models/kernels/cpu_linear.py
 // measures the machine at load and sets loom_panel_min_rows.
 constexpr int64_t PANEL_MIN_ROWS = VECTOR_BYTES == 64 ? 3 : 9;
 
