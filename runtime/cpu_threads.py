@@ -4,7 +4,7 @@ processes may share.
 An OpenMP parallel region ends when its slowest thread does. With another process busy on the
 cores, a worker that the kernel deschedules for a time slice holds up every operator's barrier, and
 while its partner spins there for libgomp's default ~300,000 iterations a two-thread forward ran
-many times slower than a one-thread one (docs/benchmarks.md, "Shared cores"). With short spins
+many times slower than a one-thread one (docs/benchmarks-history.md, "Shared cores"). With short spins
 (runtime/openmp.py sets them when Loom is imported before torch) the partner soon sleeps instead,
 but it still waits: beside one busy process two threads got one core's worth between them, and a
 one-stream step took 32 ms where one thread, on a core of its own, took 19 ("Threads that carry
@@ -21,7 +21,7 @@ is). At that point the work the previous delivery woke (consumers, the server's 
 HTTP client on this machine) has had a whole forward to finish. Sampled right before the forward
 instead, it was at its busiest every time: through the server with the bench's client, 72-76% of
 those samples saw such threads (3% or fewer at the step's end), and stretches of steps ran on one
-thread (docs/benchmarks.md, "The load's sample").
+thread (docs/benchmarks-history.md, "The load's sample").
 Elsewhere (long spins, or a process pinned to some of the machine's cores, for which loadavg's
 count speaks of other cores too) it measures how long it waited for a core during each forward (its
 run-queue delay, from /proc/thread-self/schedstat): while that is a large share of the forward it
@@ -148,7 +148,7 @@ class OneRowChoice:
     ONE_ROW_RETRY steps. On two Zen 5 cores one thread read the weights nearly as fast as two (19
     against 17 ms quiet) and beside two busy processes took 24 ms against 35; on two cores of an
     Emerald Rapids Xeon one thread reads at half the bandwidth of two (13.5 against 24 GB/s) and
-    took 74 ms against 56 (docs/benchmarks.md, "An Intel Xeon")."""
+    took 74 ms against 56 (docs/benchmarks-history.md, "An Intel Xeon")."""
 
     def __init__(self, most: int):
         self.times = {count: deque(maxlen=ONE_ROW_SAMPLES) for count in (1, most)}

@@ -108,7 +108,7 @@ ARGMAX_ROWS = 2
 
 def greedy(logits: torch.Tensor, chunk: int = 256) -> torch.Tensor:
     """The index of each row's largest logit; the first one on ties, as ``torch.argmax``. On the
-    CPU, argmax is not vectorised while amax is (docs/benchmarks.md): beyond ARGMAX_ROWS rows, the
+    CPU, argmax is not vectorised while amax is (docs/benchmarks-history.md): beyond ARGMAX_ROWS rows, the
     max of each 256-wide chunk, the first chunk that holds the row's max, then argmax inside that
     chunk alone."""
     vocab = logits.shape[-1]

@@ -1,5 +1,5 @@
 """The engine's forward beside an application thread that has run a torch operator
-(docs/benchmarks.md, "An Intel Xeon"). Such a thread keeps a pool of OpenMP workers, so libgomp
+(docs/benchmarks-history.md, "An Intel Xeon"). Such a thread keeps a pool of OpenMP workers, so libgomp
 manages more threads than there are CPUs and cuts its spins short for every thread (to 100
 iterations, or 1,000 under OMP_WAIT_POLICY=ACTIVE, which Loom now loads it with). Each round runs S
 streams of 24 tokens through the engine, lets the main thread run one 512x512 product, runs them

@@ -1,4 +1,4 @@
-"""A burst's prefill in Loom (docs/benchmarks.md, "Against the targets"): the W1 shape at 64 requests
+"""A burst's prefill in Loom (docs/benchmarks-history.md, "Against the targets"): the W1 shape at 64 requests
 (GPT-2 small, random weights, 16 prompt tokens, 64 new), launched at once from a thread each, as
 the bench's sweep does, ``--bursts`` times in one fresh engine. For each burst: the milliseconds a
 prompt token took in the steps that carried more than one token per request on average (the

@@ -1,6 +1,6 @@
 """Decode attention alone (models/kernels/paged_decode.h) on the default model's shape: 9 query heads over 3
 K/V heads of 64, S sequences of 110 cached tokens in blocks of 16, two threads; the median of 300
-calls, microseconds per layer (docs/benchmarks.md, "An Intel Xeon"). Run from a checkout's root,
+calls, microseconds per layer (docs/benchmarks-history.md, "An Intel Xeon"). Run from a checkout's root,
 alternating checkouts for a before/after:
 
     python docs/bench/decode_attention.py [--streams 1,16,64] [--context 110] [--kv-dtype float16] [--layers 1]

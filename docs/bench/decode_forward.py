@@ -2,7 +2,7 @@
 --context) each
 add one token (model.forward over a prebuilt StepInput, no engine), median of 30 after 5 warm-up
 steps, at fixed torch/OpenMP threads, optionally beside K busy processes. It measures the model
-side only, so it runs unchanged on older checkouts for before/after figures (docs/benchmarks.md,
+side only, so it runs unchanged on older checkouts for before/after figures (docs/benchmarks-history.md,
 "Small-batch products"). Run from a checkout's root:
 
     python docs/bench/decode_forward.py [--streams 1,4,16,64] [--threads 2] [--busy 0] [--weights float32]

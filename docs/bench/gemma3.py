@@ -1,7 +1,7 @@
 """Gemma 3 270M (Q4_K_M GGUF, dequantized to float32) on this machine: load time, resident memory,
 and tokens/s at 1 and 16 streams of 64 tokens (EOS ignored; the bench harness's run_loom, each
 stream fetched by its own thread). Needs the 'gemma' and 'bench' extras. Run from a checkout's
-root (docs/benchmarks.md, "Gemma 3 270M"):
+root (docs/benchmarks-history.md, "Gemma 3 270M"):
 
     pip install -e ".[gemma,bench]" && python docs/bench/gemma3.py
 """

@@ -1,7 +1,7 @@
 """Two builds of Loom's kernels taking turns in one process: A from another checkout's models/
 directory, B from this checkout's. The VM this project measures on drifts by 15-30% from minute to
 minute, more than most kernel changes move a step, so a before/after figure alternates the two
-builds on one loaded model (docs/benchmarks.md, "A few rows, one weight row at a time"). The
+builds on one loaded model (docs/benchmarks-history.md, "A few rows, one weight row at a time"). The
 Python side is this checkout's: the two builds must share decoder_layer.cpp's interface. Run from a
 checkout's root, after e.g. `git archive OLD models | tar -x -C /tmp/old`:
 

@@ -1,6 +1,6 @@
 """Loom's CPU linear kernel (models/kernels/cpu_linear.cpp) against oneDNN's prepacked float32 product (what
 Loom used before) and torch's dense one (MKL), on the default model's layer shapes
-(docs/benchmarks.md, "Small-batch products").
+(docs/benchmarks-history.md, "Small-batch products").
 
 Two measurements: each layer shape alone at 1-512 rows (the output layer to 64; its weights stay
 in cache between calls, so this is the arithmetic), and one decode step's worth of products at 1,

@@ -1,4 +1,4 @@
-"""llama-server's batched decode against where its streams sit (docs/benchmarks.md, "Shared cores and
+"""llama-server's batched decode against where its streams sit (docs/benchmarks-history.md, "Shared cores and
 W6 after the pool's pages, and llama.cpp's slots"): W6's llama-server (a KV buffer per slot, a slot
 per stream of the widest cell) runs four streams of 64 tokens pinned to chosen slots (`id_slot`),
 each placement in turn, ``--rounds`` times. Run from a checkout's root:

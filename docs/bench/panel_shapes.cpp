@@ -1,7 +1,7 @@
 // GFLOP/s of cpu_linear.h's panel products in several tile shapes (VECTORS vectors of input rows x
 // OUTS weight rows), over the default model's layer shapes at a decode step's row counts, the weights
 // read from memory (copies cycled through, 200 MB in all) as a step reads them; two threads.
-// docs/benchmarks.md, "Wide panels". From a checkout's root:
+// docs/benchmarks-history.md, "Wide panels". From a checkout's root:
 //
 //     g++ -O3 -march=native -fopenmp -std=c++17 docs/bench/panel_shapes.cpp -o /tmp/panel_shapes
 //     OMP_NUM_THREADS=2 /tmp/panel_shapes [rows ...]

@@ -2,7 +2,7 @@
 and at Ray's own default (nice 15): the time from `python -m runtime serve --replicas N` to its
 first healthy /health, and the throughput of concurrent streamed requests through its OpenAI route.
 
-Run from a checkout's root (docs/benchmarks.md, "Ray replicas on shared cores"):
+Run from a checkout's root (docs/benchmarks-history.md, "Ray replicas on shared cores"):
 
     python docs/bench/ray_priority.py [--replicas 2] [--streams 16] [--tokens 64] [--busy 0,1] [--rounds 2]
 

@@ -2,7 +2,7 @@
 competitor processes on the same cores (K = 0, 1, 2), reporting tokens/s and CPU ms per token.
 
 Run from a checkout's root, so that the checkout's own ``runtime`` is imported; running the same
-file from an older checkout measures that version the same way (docs/benchmarks.md, "Shared cores"):
+file from an older checkout measures that version the same way (docs/benchmarks-history.md, "Shared cores"):
 
     python docs/bench/shared_cores.py [--cpu-threads N] [--tokens 24] [--label NAME] [--rounds R]
 

@@ -1,5 +1,5 @@
 """Loom against its own pure forward at 1 and 4 streams on the default model: the per-step cost of
-scheduling, sampling and delivery where it weighs most (docs/benchmarks.md, "Single stream").
+scheduling, sampling and delivery where it weighs most (docs/benchmarks-history.md, "Single stream").
 Each round runs Loom (a thread per request, 64 new tokens, EOS ignored) and then the pure forward
 (the same steps, model.forward alone over prebuilt inputs); the median of 3 rounds is printed.
 Run from a checkout's root:

@@ -1,6 +1,6 @@
 """A decode step's forward on the default model with its threads sharing every phase of every layer
 (a barrier after each) or each thread carrying its own rows through all the layers (one barrier per
-step), at 1 and 2 threads, quiet or beside K busy processes (docs/benchmarks.md, "Threads that carry
+step), at 1 and 2 threads, quiet or beside K busy processes (docs/benchmarks-history.md, "Threads that carry
 their own rows"). S sequences of 100 cached tokens add one token each; no engine. The variants
 alternate in three rounds; it prints the median and mean step and the cores the process used
 (CPU time over wall time). Run from a checkout's root:

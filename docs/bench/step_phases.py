@@ -2,7 +2,7 @@
 small with random weights) with each phase of Engine._step timed on the loop thread: building the
 flat batch, the forward (synchronised, so that a GPU's queued work is counted where it runs),
 sampling with its host transfer, and the rest (scheduling, bookkeeping, delivery, the consumers'
-grace). Run from a checkout's root (docs/benchmarks.md, "GPU"):
+grace). Run from a checkout's root (docs/benchmarks-history.md, "GPU"):
 
     python docs/bench/step_phases.py [--device cuda] [--requests 64] [--new-tokens 128]
 """

@@ -3,7 +3,7 @@ generating 64 tokens, free or constrained to a JSON schema (an array of at least
 that no request ends before its 64th token and every step holds all 64), and free with logprobs=5.
 Each mode runs --repeat times, alternating; the table shows the median ms per step (wall time of
 the run over its steps), tokens/s and the mask time, beside K busy competitor processes (K = 0, 2).
-Run from a checkout's root (docs/benchmarks.md, "Structured output"):
+Run from a checkout's root (docs/benchmarks-history.md, "Structured output"):
 
     python docs/bench/structured.py [--repeat 3] [--streams 64] [--tokens 64]
 """

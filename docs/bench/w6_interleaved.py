@@ -1,5 +1,5 @@
 """W6's systems taking turns, for quiet cells on a machine whose speed drifts between runs
-(docs/benchmarks.md, "An Intel Xeon"): Loom in-process, Loom's server and llama-server on the F32
+(docs/benchmarks-history.md, "An Intel Xeon"): Loom in-process, Loom's server and llama-server on the F32
 GGUF (with --weights int4: on the GGUF as it is, Q4_1) are started together, and at each stream
 count the three run in turn, ``--rounds`` times, each round starting with the next system. It
 prints each system's tok/s per round and the median (W6's prompts, 64 tokens each), then Loom's

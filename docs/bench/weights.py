@@ -1,5 +1,5 @@
 """Smaller weights on the CPU: which matrix product to use, and what each ``weights=`` choice gives
-on the default model (docs/benchmarks.md, "Smaller weights").
+on the default model (docs/benchmarks-history.md, "Smaller weights").
 
 Part 1, the products alone, on the default model's layer shapes at 1 to 1024 rows: oneDNN float32
 (what Loom used), FBGEMM float16 weights, FBGEMM dynamic int8, torch's weight-only int8/int4

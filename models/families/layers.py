@@ -16,7 +16,7 @@ from ..step import DecodeGroup
 # A prefill chunk whose queries read at most this many keys in all (each token its own prefix)
 # attends on the decode kernel, a row per token: a prompt of a dozen tokens took a gather of its
 # blocks, SDPA and some views in every layer, which for 64 such prompts was ~100 ms of a 500-600 ms
-# prefill (docs/benchmarks.md, "Short prompts on the decode kernel"). Longer chunks keep SDPA,
+# prefill (docs/benchmarks-history.md, "Short prompts on the decode kernel"). Longer chunks keep SDPA,
 # which reads each key once for all of the chunk's queries.
 SHORT_PREFILL_KEYS = 4096
 

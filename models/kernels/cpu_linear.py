@@ -5,7 +5,7 @@ Decode at a few rows is bound by reading the weights: the kernel streams them on
 whatever the row count. From 9 rows up (with AVX-512 from where measure_panel_rows finds them
 ahead for the model on this machine: 3 rows on Zen 5, 9 on an Emerald Rapids Xeon) it packs the input rows into
 panels and runs register tiles, ~1.1-1.9x oneDNN's product up to 128 rows; at 256-512 rows oneDNN's
-blocked GEMM is level or ahead (docs/benchmarks.md, "Panel products"), so longer prefill chunks
+blocked GEMM is level or ahead (docs/benchmarks-history.md, "Panel products"), so longer prefill chunks
 keep it. oneDNN takes the dense weight as it is (as fast as a prepacked copy, which would double
 the memory), and beat MKL (torch's F.linear) by up to 30% on output layers.
 """

@@ -1,7 +1,7 @@
 """Decoder layers for decode-only steps on the CPU, all of them and the output layer in one native
 call (decoder_layer.cpp): what the Blocks of models/families/llama.py and gpt2.py and the final norm and
 lm_head compute, without ~16 torch operators and 6 ctypes calls of dispatch per layer, which cost a
-quarter of a one-stream step (23.6 -> 17.4 ms on the default model; docs/benchmarks.md, "Small-batch
+quarter of a one-stream step (23.6 -> 17.4 ms on the default model; docs/benchmarks-history.md, "Small-batch
 products").
 
 ``DecoderLayers.of(model)`` says whether a model qualifies: GPT-2, or a dense Llama-family model
@@ -30,7 +30,7 @@ _pointer, _int64, _double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 # From this many rows per thread, each thread carries its own rows through every layer (one barrier
 # per step rather than ten per layer; decoder_layer.cpp). Below it, each thread reading every weight
 # cost more than the barriers: quiet on Zen 5, 16 rows split took 30 ms against 23 shared, 32 rows
-# were level and 64 rows split took 74 against 81 (docs/benchmarks.md, "Threads that carry their
+# were level and 64 rows split took 74 against 81 (docs/benchmarks-history.md, "Threads that carry their
 # own rows").
 SPLIT_ROWS_PER_THREAD = 12
 

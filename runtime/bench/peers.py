@@ -139,7 +139,7 @@ class OpenAIServer:
     streamed, so that each token's arrival is timed, all from one client: one asyncio event loop
     (aiohttp), every stream a task of it. The client shares the cores with the server it measures;
     a thread per stream through httpx took 100-160 us of CPU a token, 3-4x this one, and slowed a
-    fast server more than a slow one (docs/benchmarks.md, "The pool's pages, and a lighter bench
+    fast server more than a slow one (docs/benchmarks-history.md, "The pool's pages, and a lighter bench
     client"). The token count is the server's own usage figure."""
 
     def __init__(self, system: str, command: list[str], port: int, model: str):

@@ -169,7 +169,7 @@ def route_error(method: str, path: str, error: HTTPException) -> APIError:
 class RequireKey:
     """Refuses /v1/ requests without ``Authorization: Bearer <key>``. A plain ASGI middleware: a
     function one (``@app.middleware("http")``) pipes every streamed chunk through a memory stream
-    of its own, which took a quarter of the event loop's time at 64 streams (docs/benchmarks.md,
+    of its own, which took a quarter of the event loop's time at 64 streams (docs/benchmarks-history.md,
     "The server's event loop")."""
 
     def __init__(self, app, key: str, refuse):

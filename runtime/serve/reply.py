@@ -164,7 +164,7 @@ class Reply:
         piece's JSON string: a streamed token then costs one json.dumps of its piece. Building and
         encoding the whole chunk took ~8% of the event loop's time at 64 streams, the single choice's
         task and queue ~10%; without both, its CPU per token fell from 65 to 56 us
-        (docs/benchmarks.md, "A few rows, one weight row at a time")."""
+        (docs/benchmarks-history.md, "A few rows, one weight row at a time")."""
         marker = "\0piece\0"
         event = server_sent(self.envelope([self.chunk(choice, {"content": marker}, marker)], chunk=True))
         before, after = event.split(json.dumps(marker))
