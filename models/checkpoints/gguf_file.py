@@ -29,6 +29,10 @@ class TensorInfo:
     shape: tuple[int, ...]       # as torch lists it: the slowest dimension first
     type: GGMLQuantizationType
     data: np.ndarray             # the raw bytes in the file, [rows, bytes per row] (a view of the mapping)
+    offset: int                  # where they start in the file
+
+    def __hash__(self) -> int:
+        return id(self)
 
     @property
     def nbytes(self) -> int:
@@ -89,7 +93,15 @@ class GGUFFile:
             first = start + offset
             if first + rows * row_bytes > len(data):
                 raise ValueError(f"{self.path} is not a readable GGUF file: tensor {name} runs past its end")
-            self.tensors[name] = TensorInfo(name, shape, kind, data[first:first + rows * row_bytes].reshape(rows, row_bytes))
+            self.tensors[name] = TensorInfo(name, shape, kind, data[first:first + rows * row_bytes].reshape(rows, row_bytes),
+                                            first)
+
+    def release(self, info: TensorInfo) -> None:
+        """Let go of a tensor's pages once it has been converted (they stay in the page cache): else
+        they would count in the process's resident memory until the file is unmapped."""
+        first = info.offset - info.offset % mmap.PAGESIZE
+        if hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED, first, info.offset + info.nbytes - first)
 
     def _unpack(self, fmt: str) -> tuple:
         values = struct.unpack_from(fmt, self._map, self._at)

@@ -84,13 +84,23 @@ class BlockLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, bits: int):
         super().__init__()
-        self.out_features, self.in_features = linear.weight.shape
-        if self.in_features % GROUP:
-            raise ValueError(f"block weights need an input width that is a multiple of {GROUP}, not {self.in_features}")
-        self.bits = bits
-        self.register_buffer("blocks", quantize(linear.weight, bits))
-        self.bias = None if linear.bias is None else nn.Parameter(
-            linear.bias.detach().float().contiguous(), requires_grad=False)
+        if linear.in_features % GROUP:
+            raise ValueError(f"block weights need an input width that is a multiple of {GROUP}, not {linear.in_features}")
+        self._hold(quantize(linear.weight, bits), bits, *linear.weight.shape, linear.bias)
+
+    @classmethod
+    def of_blocks(cls, blocks: torch.Tensor, bits: int, width: int, bias: torch.Tensor | None = None) -> "BlockLinear":
+        """A layer over blocks already in block_weights.h's layout, [out, bytes per row] (a GGUF
+        file's, block_formats.py), taken as they are."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._hold(blocks.reshape(-1), bits, blocks.shape[0], width, bias)
+        return layer
+
+    def _hold(self, blocks: torch.Tensor, bits: int, out: int, width: int, bias: torch.Tensor | None) -> None:
+        self.out_features, self.in_features, self.bits = out, width, bits
+        self.register_buffer("blocks", blocks)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
         self.kernel = native.function("loom_block_linear", torch.float32, ARGTYPES)
         self.widen = native.function("loom_block_widen", torch.float32, WIDEN_ARGTYPES)
         self.large = large_product(torch.float32)
@@ -126,21 +136,22 @@ class BlockLinear(nn.Module):
 
 
 class BlockEmbedding(nn.Module):
-    """nn.Embedding over a table of 8-bit blocks: a lookup widens only the rows it reads. A tied
-    table shares the output layer's blocks, so the model keeps one copy of it, in 8 bits."""
+    """nn.Embedding over a table of blocks (8-bit, or a GGUF file's 4-bit ones): a lookup widens
+    only the rows it reads. A tied table shares the output layer's blocks, so the model keeps one
+    copy of it."""
 
-    def __init__(self, blocks: torch.Tensor, num_embeddings: int, embedding_dim: int):
+    def __init__(self, blocks: torch.Tensor, num_embeddings: int, embedding_dim: int, bits: int = OUTPUT_BITS):
         super().__init__()
-        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.register_buffer("blocks", blocks)
+        self.num_embeddings, self.embedding_dim, self.bits = num_embeddings, embedding_dim, bits
+        self.register_buffer("blocks", blocks.reshape(-1))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         rows = self.blocks.view(self.num_embeddings, -1)[ids.flatten()]
-        return dequantize(rows.flatten(), OUTPUT_BITS, rows.shape[0], self.embedding_dim).view(
+        return dequantize(rows.flatten(), self.bits, rows.shape[0], self.embedding_dim).view(
             *ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, {OUTPUT_BITS}-bit blocks of {GROUP}"
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.bits}-bit blocks of {GROUP}"
 
 
 def use_block_linears(model: nn.Module, layer_bits: int) -> None:
@@ -177,3 +188,31 @@ def use_block_linears(model: nn.Module, layer_bits: int) -> None:
 
     swap(model)
     swap_embeddings(model)
+
+
+def use_stored_blocks(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Swap each nn.Linear and nn.Embedding of ``model`` whose weight ``state`` holds as blocks (a
+    uint8 [rows, bytes per row] tensor in block_weights.h's layout: a checkpoint kept in its own
+    formats) for a BlockLinear or BlockEmbedding over those very blocks. ``state`` then names the
+    blocks as the new modules do, for load_state_dict. Tied tables stay one tensor."""
+    for prefix, module in list(model.named_modules()):
+        blocks = state.get(f"{prefix}.weight")
+        if blocks is None or blocks.dtype != torch.uint8:
+            continue
+        parent_name, _, name = prefix.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        width = module.in_features if isinstance(module, nn.Linear) else module.embedding_dim
+        bits = stored_bits(blocks, width)
+        if isinstance(module, nn.Linear):
+            setattr(parent, name, BlockLinear.of_blocks(blocks, bits, width))
+        else:
+            setattr(parent, name, BlockEmbedding(blocks, module.num_embeddings, width, bits))
+        state[f"{prefix}.blocks"] = state.pop(f"{prefix}.weight").reshape(-1)
+
+
+def stored_bits(blocks: torch.Tensor, width: int) -> int:
+    """4 or 8: which blocks a [rows, bytes per row] buffer holds for rows of ``width`` values."""
+    for bits in (4, 8):
+        if blocks.shape[-1] == width * bits // 8 + width // GROUP * (8 if bits == 4 else 4):
+            return bits
+    raise ValueError(f"a block buffer of {blocks.shape[-1]} bytes per row holds no rows of {width} values")

@@ -28,7 +28,7 @@ from torch import nn
 
 from . import native
 
-WEIGHTS = ("float32", "float16", "int8", "int8-dynamic", "int4")
+WEIGHTS = ("float32", "stored", "float16", "int8", "int8-dynamic", "int4")
 BLOCK_WEIGHTS = {"int4": 4, "int8": 8}  # the layers' bits of Loom's block choices (block_linear.py)
 
 
@@ -36,7 +36,7 @@ def check_weights(weights: str, device: torch.device, dtype: torch.dtype) -> str
     """The ``weights=`` choice, checked against the device and dtype before anything loads."""
     if weights not in WEIGHTS:
         raise ValueError(f"unknown weights={weights!r}; choose one of {', '.join(WEIGHTS)}")
-    if weights != "float32":
+    if weights not in ("float32", "stored"):  # "stored": the file's blocks where runs_blocks, float elsewhere
         if device.type != "cpu" or dtype != torch.float32:
             raise ValueError(f"weights={weights!r} runs on the CPU with float32 activations; got "
                              f"device={device.type}, dtype={str(dtype).removeprefix('torch.')}")
@@ -46,6 +46,11 @@ def check_weights(weights: str, device: torch.device, dtype: torch.dtype) -> str
         if weights in ("float16", "int8-dynamic") and "fbgemm" not in torch.backends.quantized.supported_engines:
             raise ValueError(f"weights={weights!r} needs torch's FBGEMM backend, which this torch build lacks")
     return weights
+
+
+def runs_blocks(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether Loom's block kernels run here: on the CPU, float32 activations, the kernels built."""
+    return device.type == "cpu" and dtype == torch.float32 and native.library() is not None
 
 
 class Float16Linear(nn.Module):

@@ -1,0 +1,139 @@
+"""Random-weight GGUF files of real models' shapes, carrying the default model's tokenizer (SmolLM2's),
+for measuring Loom and llama.cpp on the files users have without a model hub.
+
+    python docs/bench/random_gguf.py --shape 1.7b --format q4_k_m --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape 7b --format q4_k_m --out /tmp/gguf
+
+Formats: f32, f16, q8_0, q4_0, q4_1 (quantized by gguf-py from normal values) and q4_k_m (llama.cpp's
+recipe: Q4_K, with Q6_K for the output layer and for attn_v / ffn_down in the layers llama.cpp gives
+more bits). K-quant blocks are random bytes with their float16 scales set so that weights stay near
+the magnitudes of a trained model's; their speed is what is measured, not their answers. Tensors are
+written one at a time: a 7B file needs little more memory than one tensor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import gguf  # noqa: E402
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q  # noqa: E402
+
+from models.checkpoints.gguf import default_model_path  # noqa: E402
+from models.checkpoints.gguf_file import GGUFFile  # noqa: E402
+
+# hidden, intermediate, layers, heads, kv heads (SmolLM2's from its configs; "7b": Qwen2.5-7B's, with
+# SmolLM2's 49,152-token vocabulary in place of its 152,064, and Llama's layout)
+SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1.7b": (2048, 8192, 24, 32, 32),
+          "7b": (3584, 18944, 28, 28, 4)}
+FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q4_k_m": 15}
+# where each K-quant block keeps its float16 scale (d) and, for Q4_K, its minimum's scale (dmin)
+HALF_FIELDS = {Q.Q4_K: (0, 2), Q.Q6_K: (208,)}
+HALF_RANGE = {Q.Q4_K: (2e-4, 6e-4), Q.Q6_K: (1e-4, 3e-4)}  # weights of about +-0.1, as a trained model's
+
+
+def tensor_type(name: str, layer: int, layers: int, fmt: str, width: int) -> Q:
+    if name.endswith("norm.weight"):
+        return Q.F32
+    if fmt != "q4_k_m":
+        return {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1}[fmt]
+    more_bits = layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+    wide = name == "output.weight" or (more_bits and name.split(".")[-2] in ("attn_v", "ffn_down"))
+    if width % 256:  # rows a K-quant's 256-value super-blocks do not divide: llama.cpp's fallbacks
+        return Q.Q8_0 if wide else Q.Q5_0
+    return Q.Q6_K if wide else Q.Q4_K
+
+
+def tensor_data(kind: Q, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
+    rows, width = shape if len(shape) == 2 else (1, shape[0])
+    if kind in HALF_FIELDS:
+        block, block_bytes = GGML_QUANT_SIZES[kind]
+        data = rng.integers(0, 256, (rows, width // block, block_bytes), dtype=np.uint8)
+        for at in HALF_FIELDS[kind]:
+            scales = rng.uniform(*HALF_RANGE[kind], (rows, width // block)).astype(np.float16)
+            data[..., at:at + 2] = scales.view(np.uint8).reshape(rows, width // block, 2)
+        return data.reshape(rows, -1)
+    values = (rng.standard_normal((rows, width), dtype=np.float32) * 0.05).reshape(shape)
+    if kind == Q.F32:
+        return values if len(shape) == 2 else np.ones(shape, np.float32)
+    if kind == Q.F16:
+        return values.astype(np.float16)
+    return gguf.quants.quantize(values, kind)
+
+
+def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, vocab: int):
+    kv = hidden // heads * kv_heads
+    yield "token_embd.weight", -1, (vocab, hidden)
+    for i in range(layers):
+        for name, shape in (("attn_norm", (hidden,)), ("attn_q", (hidden, hidden)), ("attn_k", (kv, hidden)),
+                            ("attn_v", (kv, hidden)), ("attn_output", (hidden, hidden)), ("ffn_norm", (hidden,)),
+                            ("ffn_gate", (inner, hidden)), ("ffn_up", (inner, hidden)), ("ffn_down", (hidden, inner))):
+            yield f"blk.{i}.{name}.weight", i, shape
+    yield "output_norm.weight", -1, (hidden,)
+
+
+def write(shape: str, fmt: str, out: Path, seed: int = 0) -> Path:
+    hidden, inner, layers, heads, kv_heads = SHAPES[shape]
+    source = GGUFFile(default_model_path()).metadata
+    vocab = len(source["tokenizer.ggml.tokens"])
+    path = out / f"random-{shape}-{fmt}.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name(f"random {shape} ({fmt})")
+    writer.add_file_type(FILE_TYPES[fmt])
+    writer.add_context_length(8192)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(inner)
+    writer.add_block_count(layers)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_dimension_count(hidden // heads)
+    writer.add_rope_freq_base(100000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(vocab)
+    writer.add_tokenizer_model(source["tokenizer.ggml.model"])
+    writer.add_tokenizer_pre(source["tokenizer.ggml.pre"])
+    writer.add_token_list(source["tokenizer.ggml.tokens"])
+    writer.add_token_types(source["tokenizer.ggml.token_type"].tolist())
+    writer.add_token_merges(source["tokenizer.ggml.merges"])
+    writer.add_bos_token_id(source["tokenizer.ggml.bos_token_id"])
+    writer.add_eos_token_id(source["tokenizer.ggml.eos_token_id"])
+    writer.add_pad_token_id(source["tokenizer.ggml.padding_token_id"])
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(source["tokenizer.chat_template"])
+    plan = [(name, tensor_type(name, layer, layers, fmt, shape[-1]), shape) for name, layer, shape in
+            tensors(hidden, inner, layers, heads, kv_heads, vocab)]
+    for name, kind, shape in plan:
+        block, block_bytes = GGML_QUANT_SIZES[kind]
+        nbytes = int(np.prod(shape)) // block * block_bytes
+        if kind in (Q.F32, Q.F16):
+            writer.add_tensor_info(name, shape, np.dtype(np.float32 if kind == Q.F32 else np.float16), nbytes)
+        else:  # gguf-py takes a quantized tensor's shape in bytes
+            writer.add_tensor_info(name, (*shape[:-1], shape[-1] // block * block_bytes), np.dtype(np.uint8), nbytes,
+                                   raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    for name, kind, shape in plan:
+        writer.write_tensor_data(tensor_data(kind, shape, rng))
+    writer.close()
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", choices=SHAPES, required=True)
+    parser.add_argument("--format", choices=FILE_TYPES, required=True)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/gguf"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = write(args.shape, args.format, args.out)
+    print(f"{path} ({path.stat().st_size / 1e9:.2f} GB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""GGUF's block formats in the layout of block_weights.h's blocks, a tensor at a time.
+
+Q4_0, Q4_1 and Q8_0 hold what Loom's 4- and 8-bit blocks hold (32 values, a scale, for Q4_1 a
+minimum; Q4_0's w = d (q - 8) is a minimum of -8 d), so their bytes are rearranged, never widened:
+the model computes with the file's own numbers. The other formats are widened a slice of rows at a
+time and quantized to the blocks of the nearest width (the K-quants' sub-block scales have no place
+in Loom's blocks yet), so that no whole tensor, let alone the model, passes through float32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from gguf.constants import GGMLQuantizationType as Q
+
+from .block_linear import GROUP, quantize
+
+EXACT = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q8_0: 8}
+REQUANTIZED = {Q.Q2_K: 4, Q.Q3_K: 4, Q.Q4_K: 4, Q.Q5_0: 8, Q.Q5_1: 8, Q.Q5_K: 8, Q.Q6_K: 8}
+WIDENED_VALUES = 16 << 20  # values widened to float32 at a time for the formats requantized
+
+
+def block_bits(kind: Q) -> int | None:
+    """The bits of the blocks a GGUF tensor type becomes; None for the float types."""
+    return EXACT.get(kind) or REQUANTIZED.get(kind)
+
+
+def to_blocks(data: np.ndarray, kind: Q, width: int, bits: int) -> torch.Tensor:
+    """A GGUF tensor's raw bytes [rows, bytes per row] as blocks of ``bits``-bit codes
+    [rows, bytes per row of block_weights.h's layout]: each row its codes, its float32 scales and
+    (4 bits) its float32 minimums."""
+    if EXACT.get(kind) == bits:
+        return torch.from_numpy(_rearranged(data, kind, width))
+    rows = data.shape[0]
+    step = max(1, WIDENED_VALUES // width)
+    parts = [quantize(_widened(data[first:first + step], kind, width), bits).view(-1, _row_bytes(width, bits))
+             for first in range(0, rows, step)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _rearranged(data: np.ndarray, kind: Q, width: int) -> np.ndarray:
+    rows, groups = data.shape[0], width // GROUP
+    blocks = data.reshape(rows, groups, -1)
+    scale = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)  # [rows, groups, 1]
+    if kind == Q.Q8_0:
+        return np.concatenate([blocks[..., 2:].reshape(rows, -1), scale.view(np.uint8).reshape(rows, -1)], axis=1)
+    if kind == Q.Q4_1:
+        low, codes = blocks[..., 2:4].copy().view(np.float16).astype(np.float32), blocks[..., 4:]
+    else:  # Q4_0: w = d (q - 8), a minimum of -8 d (exact in float32)
+        low, codes = scale * -8, blocks[..., 2:]
+    # Both keep byte j of a block as values j (low nibble) and j + 16 (high), as block_weights.h does.
+    return np.concatenate([codes.reshape(rows, -1), scale.view(np.uint8).reshape(rows, -1),
+                           low.view(np.uint8).reshape(rows, -1)], axis=1)
+
+
+def _widened(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
+    from gguf.quants import dequantize
+
+    return torch.from_numpy(np.asarray(dequantize(data, kind), dtype=np.float32).reshape(data.shape[0], width))
+
+
+def _row_bytes(width: int, bits: int) -> int:
+    return width * bits // 8 + width // GROUP * (8 if bits == 4 else 4)  # codes, scales, 4 bits: minimums

@@ -1,0 +1,170 @@
+"""A GGUF file's formats on Loom's block kernels (models/kernels/block_formats.py): Q4_0, Q4_1 and
+Q8_0 rearranged to the very numbers of the file, the others requantized within half a step of the
+blocks' grid; a file mixing formats loads in them (weights="stored", the default) and its greedy
+tokens equal a float64 forward over the file's dequantized weights."""
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
+
+import models
+from models.kernels import native
+from models.kernels.block_formats import block_bits, to_blocks
+from models.kernels.block_linear import BlockLinear, dequantize
+from runtime import Engine, GenerationConfig
+
+from .test_gguf import write_gguf
+
+needs_kernels = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the kernels are not built")
+
+EXACT = [Q.Q4_0, Q.Q4_1, Q.Q8_0]
+REQUANTIZED = [Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+# where each K-quant keeps its float16 super-block scales (d, and dmin where it has one)
+HALF_FIELDS = {Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208]}
+
+
+def random_tensor(kind: Q, rows: int, width: int, seed: int = 0) -> np.ndarray:
+    """A tensor's raw bytes [rows, bytes per row]: quantized by gguf-py where it can, else random
+    bytes (any codes are valid) with the float16 scale fields set to small finite values."""
+    rng = np.random.default_rng(seed)
+    if kind not in HALF_FIELDS:
+        return gguf_quantize(rng.standard_normal((rows, width)).astype(np.float32), kind)
+    block, block_bytes = GGML_QUANT_SIZES[kind]
+    data = rng.integers(0, 256, (rows, width // block, block_bytes), dtype=np.uint8)
+    for at in HALF_FIELDS[kind]:
+        scales = rng.uniform(0.001, 0.01, (rows, width // block)).astype(np.float16)
+        data[..., at:at + 2] = scales.view(np.uint8).reshape(rows, width // block, 2)
+    return data.reshape(rows, -1)
+
+
+def file_values(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(gguf_dequantize(data, kind), dtype=np.float64).reshape(data.shape[0], width))
+
+
+@pytest.mark.parametrize("kind", EXACT, ids=lambda k: k.name)
+def test_q4_0_q4_1_and_q8_0_keep_the_files_numbers(kind):
+    data = random_tensor(kind, rows=6, width=96)
+    blocks = to_blocks(data, kind, 96, block_bits(kind))
+    assert torch.equal(dequantize(blocks.flatten(), block_bits(kind), 6, 96).double(), file_values(data, kind, 96))
+
+
+@pytest.mark.parametrize("kind", REQUANTIZED, ids=lambda k: k.name)
+def test_other_formats_are_requantized_within_half_a_step(kind):
+    width = 256
+    data = random_tensor(kind, rows=5, width=width, seed=1)
+    bits = block_bits(kind)
+    blocks = to_blocks(data, kind, width, bits)
+    ours, theirs = dequantize(blocks.flatten(), bits, 5, width).double(), file_values(data, kind, width)
+    groups = theirs.view(5, -1, 32)
+    step = (groups.amax(-1) - groups.amin(-1)) / 15 if bits == 4 else groups.abs().amax(-1) / 127
+    assert ((ours.view(5, -1, 32) - groups).abs() <= step[..., None] / 2 + 1e-6).all()
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", EXACT + [Q.Q4_K, Q.Q6_K], ids=lambda k: k.name)
+@pytest.mark.parametrize("rows", [1, 3, 8, 40, 200])
+def test_the_kernels_product_over_a_files_blocks_equals_float64(kind, rows):
+    """Decode-sized, panel-sized and widened (past 128 rows) products over the file's blocks, against
+    a float64 product over the values the blocks stand for (gguf-py's, for the formats kept)."""
+    width, out = 256, 96
+    data = random_tensor(kind, rows=out, width=width, seed=2)
+    bits = block_bits(kind)
+    layer = BlockLinear.of_blocks(to_blocks(data, kind, width, bits), bits, width)
+    weight = file_values(data, kind, width) if kind in EXACT else dequantize(layer.blocks, bits, out, width).double()
+    x = torch.randn(rows, width, generator=torch.Generator().manual_seed(rows))
+    expected = x.double() @ weight.T
+    assert torch.allclose(layer(x).double(), expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
+
+
+MIXED = {"token_embd.weight": Q.Q8_0, "output.weight": Q.Q4_1,
+         "attn_q": Q.Q4_0, "attn_k": Q.Q4_0, "attn_v": Q.Q4_1, "attn_output": Q.F16,
+         "ffn_gate": Q.Q8_0, "ffn_up": Q.Q8_0, "ffn_down": Q.Q4_1}
+
+
+def mixed_gguf(path, layers=2, hidden=64, inner=128, heads=4, kv_heads=2, vocab=320):
+    """A random Llama in a GGUF file whose tensors take the formats of MIXED (norms in F32), and the
+    float64 weights (transformers' names and layout) the file's values stand for."""
+    import gguf
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in [("block_count", layers), ("context_length", 256), ("embedding_length", hidden),
+                       ("feed_forward_length", inner), ("attention.head_count", heads),
+                       ("attention.head_count_kv", kv_heads), ("vocab_size", vocab)]:
+        writer.add_uint32(f"llama.{key}", value)
+    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    writer.add_float32("llama.rope.freq_base", 10000.0)
+    writer.add_uint32("tokenizer.ggml.eos_token_id", 0)
+    shapes = {"token_embd.weight": (vocab, hidden), "output.weight": (vocab, hidden), "attn_q": (hidden, hidden),
+              "attn_k": (hidden // heads * kv_heads, hidden), "attn_v": (hidden // heads * kv_heads, hidden),
+              "attn_output": (hidden, hidden), "ffn_gate": (inner, hidden), "ffn_up": (inner, hidden),
+              "ffn_down": (hidden, inner)}
+    names = {"token_embd.weight": "model.embed_tokens.weight", "output.weight": "lm_head.weight",
+             "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+             "ffn_down": "mlp.down_proj"}
+    rng = np.random.default_rng(0)
+    state = {}
+
+    def add(name, ours, kind, shape, scale=0.2):
+        values = (rng.standard_normal(shape) * scale).astype(np.float32)
+        if kind in (Q.F32, Q.F16):
+            raw = values.astype(np.float16 if kind == Q.F16 else np.float32)
+            writer.add_tensor(name, raw)
+            state[ours] = torch.from_numpy(raw.astype(np.float64))
+        else:
+            raw = gguf_quantize(values, kind)
+            writer.add_tensor(name, raw, raw_dtype=kind)
+            state[ours] = file_values(raw, kind, shape[1])
+
+    for name in ("token_embd.weight", "output.weight"):
+        add(name, names[name], MIXED[name], shapes[name])
+    add("output_norm.weight", "model.norm.weight", Q.F32, (hidden,))
+    for i in range(layers):
+        for part in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+            add(f"blk.{i}.{part}.weight", f"model.layers.{i}.{names[part]}.weight", MIXED[part], shapes[part])
+        add(f"blk.{i}.attn_norm.weight", f"model.layers.{i}.input_layernorm.weight", Q.F32, (hidden,))
+        add(f"blk.{i}.ffn_norm.weight", f"model.layers.{i}.post_attention_layernorm.weight", Q.F32, (hidden,))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    for i in range(layers):  # llama.cpp's converter interleaves Q/K rows for its rotary: undone for transformers
+        for part, count in (("q_proj", heads), ("k_proj", kv_heads)):
+            name = f"model.layers.{i}.self_attn.{part}.weight"
+            rows, cols = state[name].shape
+            state[name] = state[name].reshape(count, rows // count // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inner,
+                                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                                      max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False)
+    reference = transformers.LlamaForCausalLM(config).to(torch.float64).eval()
+    reference.load_state_dict(state)
+    return reference
+
+
+@needs_kernels
+def test_a_file_of_mixed_formats_runs_in_them_and_equals_float64_over_its_values(tmp_path):
+    reference = mixed_gguf(tmp_path / "mixed.gguf")
+    model = models.load(tmp_path / "mixed.gguf").model
+    kinds = {name: type(module).__name__ for name, module in model.named_modules()}
+    assert kinds["embed"] == "BlockEmbedding" and kinds["lm_head"] == "BlockLinear"
+    assert kinds["layers.0.attn.qkv"] == "BlockLinear" and kinds["layers.0.attn.out"] == "CpuLinear"  # F16: widened
+    assert model.layers[0].attn.qkv.bits == 4 and model.layers[0].mlp.gate_up.bits == 8
+    assert model.decoder_layers is not None  # decode steps on the fused native layers
+    prompts = [[5 + i, 17, 200 - i, 33, 8] for i in range(6)]
+    with Engine.from_pretrained(tmp_path / "mixed.gguf") as engine:
+        handles = [engine.launch_response_tokens(p, GenerationConfig(max_new_tokens=16, ignore_eos=True))
+                   for p in prompts]
+        ours = [list(engine.stream_response_tokens(h, timeout=60)) for h in handles]
+    for prompt, tokens in zip(prompts, ours):
+        with torch.no_grad():
+            theirs = reference.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False,
+                                        eos_token_id=None, pad_token_id=0)
+        assert tokens == theirs[0, len(prompt):].tolist()
+
+
+def test_weights_float32_still_widens_every_tensor(tmp_path):
+    mixed_gguf(tmp_path / "mixed.gguf", layers=1)
+    model = models.load(tmp_path / "mixed.gguf", weights="float32").model
+    assert not any(b.dtype == torch.uint8 for b in model.buffers()) and type(model.embed).__name__ == "Embedding"
