@@ -162,13 +162,15 @@ def ray_processes() -> list[tuple[str, int]]:
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads nice values from /proc")
 def test_replicas_and_serve_run_at_the_applications_priority(replicas):
-    """Ray's default of nice 15 leaves a replica a few percent of a core beside busy processes."""
+    """Ray's default of nice 15 leaves a replica a few percent of a core beside busy processes.
+    Loom's leave them at the application's own niceness: this test's, which `nice` may have raised."""
+    import os
     workers = ray_processes()
     serving = [(title, nice) for title, nice in workers
                if any(name in title for name in ("LoomReplica", "LoomIngress", "ProxyActor", "ServeController"))]
     assert sum("LoomReplica" in title for title, _ in serving) == 2, workers
     assert any("LoomIngress" in title for title, _ in serving), workers
-    assert {nice for _, nice in serving} == {0}, serving
+    assert {nice for _, nice in serving} == {os.nice(0)}, serving
 
 
 def test_the_ingress_reserves_no_cpu():

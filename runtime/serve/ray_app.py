@@ -278,12 +278,13 @@ def loom_application(source=None, *, replicas: int = 2, num_cpus: float = 1, num
 
 
 def at_application_priority() -> dict[str, str]:
-    """Environment variables that run a Ray worker at nice 0, unless RAY_worker_niceness says
-    otherwise. Ray runs its workers at nice 15, for batch jobs that must not slow the node; beside
-    busy processes at the default nice 0 a replica then weighs 36 to their 1024 each (two replicas
-    beside one busy process served 115 tok/s against 181 at nice 0; beside two they never came up).
-    A replica serves the application's requests, so it runs at the application's own priority
-    (docs/scale-out.md, "Shared cores")."""
+    """Environment variables that run a Ray worker at the niceness of the process that started Ray
+    (Ray adds RAY_worker_niceness to it: 0 here), unless RAY_worker_niceness says otherwise. Ray
+    adds 15, for batch jobs that must not slow the node; beside busy processes at the default nice 0
+    a replica then weighs 36 to their 1024 each (two replicas beside one busy process served
+    115 tok/s against 181 at nice 0; beside two they never came up). A replica serves the
+    application's requests, so it runs at the application's own priority (docs/scale-out.md,
+    "Shared cores")."""
     return {NICENESS_VARIABLE: os.environ.get(NICENESS_VARIABLE, "0")}
 
 
