@@ -314,8 +314,8 @@ def add_serve_parser(commands) -> None:
     p.add_argument("--max-waiting", type=int, default=None, help="requests allowed to wait; past it: HTTP 429")
     p.add_argument("--model-name", default=None, help="the model id clients send (default: the checkpoint's name)")
     p.add_argument("--drain-timeout", type=seconds, default=30, metavar="SECONDS",
-                   help="on SIGTERM, open requests get this long to finish; then those still open end as on "
-                        "Ctrl-C, a stream with an error event and [DONE] (default: 30)")
+                   help="on SIGTERM (with --replicas: SIGINT too), open requests get this long to finish; then "
+                        "those still open end as on Ctrl-C, a stream with an error event and [DONE] (default: 30)")
     group = p.add_argument_group("replicas on Ray Serve (the 'ray' extra; docs/scale-out.md)")
     group.add_argument("--replicas", type=at_least_one, default=1,
                        help="engines behind one endpoint (default: 1, this process, no Ray)")

@@ -47,8 +47,11 @@ def replicas(checkpoint):
     ray.shutdown()
 
 
-def test_serve_command_runs_replicas_and_stops_on_sigterm(checkpoint):
-    """`python -m runtime serve --replicas 2` (its own local Ray instance), then SIGTERM."""
+@pytest.mark.parametrize("sig,status", [("SIGTERM", 0), ("SIGINT", 130)])  # the single server's statuses
+def test_serve_command_runs_replicas_and_stops_on_a_signal(checkpoint, sig, status):
+    """`python -m runtime serve --replicas 2` (its own local Ray instance), then SIGTERM or Ctrl-C:
+    a stream still open past --drain-timeout ends with an error event and [DONE], and none of
+    Ray's noise about the Serve it was told to start and stop is shown."""
     import signal
     import subprocess
     import sys
@@ -56,8 +59,10 @@ def test_serve_command_runs_replicas_and_stops_on_sigterm(checkpoint):
     import httpx
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "runtime", "serve", "--replicas", "2", "--replica-cpus", "0.5",
-                               "--model", str(checkpoint), "--model-name", MODEL, "--port", str(port)],
+                               "--model", str(checkpoint), "--model-name", MODEL, "--port", str(port),
+                               "--drain-timeout", "1"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    events = []
     try:
         deadline = time.monotonic() + 180
         while True:
@@ -71,10 +76,21 @@ def test_serve_command_runs_replicas_and_stops_on_sigterm(checkpoint):
         reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
                            json={"model": MODEL, "prompt": "Hello", "max_tokens": 4})
         assert reply.status_code == 200 and reply.headers[REPLICA_HEADER]
+        body = {"model": MODEL, "messages": ask(1), "max_tokens": 2000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60) as stream:
+            for line in stream.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    if len(events) == 3:  # streaming: now the signal
+                        server.send_signal(getattr(signal, sig))
     finally:
-        server.send_signal(signal.SIGTERM)
+        if server.poll() is None and len(events) < 3:
+            server.send_signal(signal.SIGTERM)
         output = server.communicate(timeout=120)[0]
-    assert server.returncode == 0 and "loom: replicas shut down" in output, output[-2000:]
+    assert events[-1] == "[DONE]" and '"replica_failed"' in events[-2], events[-2:]
+    assert server.returncode == status and "loom: replicas shut down" in output, output[-2000:]
+    for noise in ("Connecting to existing Serve app", "(raylet)", "graceful_shutdown failed"):
+        assert noise not in output, output[-2000:]
 
 
 def test_serve_command_refuses_replicas_that_cannot_fit(checkpoint):
@@ -137,6 +153,9 @@ def test_a_replica_streams_and_reports_errors_as_the_single_server_does(replicas
     assert "".join(pieces)
     with pytest.raises(openai.BadRequestError, match="n: Input should be greater than or equal to 1"):
         client.chat.completions.create(model=MODEL, messages=ask(1), n=0)
+    import httpx
+    wrong = httpx.put(replicas + "/chat/completions", timeout=60)  # the ingress forwards every method
+    assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "method_not_allowed"
 
 
 def test_what_a_ray_instance_lacks_for_the_replicas_is_named(replicas):

@@ -14,8 +14,10 @@ the others'. (Ray's HTTP proxy routes before it reads a body, so affinity needs 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import threading
 import time
@@ -35,6 +37,9 @@ METRICS_PERIOD_S = 2.0  # how often each replica publishes its Prometheus text
 NICENESS_VARIABLE = "RAY_worker_niceness"  # Ray's own setting, read by each worker process as it starts
 PROXY_READY_VARIABLE = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"  # read by a local instance's Serve controller
 PROXY_READY_S = 60  # as long as serve.start waits for the proxy (Ray's own default: 5)
+DRAIN_S = 30  # what a stopped replica leaves its open requests to finish (the single server's too)
+CLOSE_S = 5  # then, for the ingress to end the streams cut short
+APP_NAME = "default"  # serve.run's own
 
 
 class PrefixAffinityRouter(FIFOMixin, RequestRouter):
@@ -237,13 +242,15 @@ def replica_error(error: BaseException) -> dict:
 
 def loom_application(source=None, *, replicas: int = 2, num_cpus: float = 1, num_gpus: float = 0,
                      device: str = "cpu", dtype=None, weights: str = "float32", model_name: str | None = None,
-                     api_key: str | None = None, prefix_affinity: bool = True, **engine_options):
+                     api_key: str | None = None, prefix_affinity: bool = True, drain_s: float = DRAIN_S,
+                     **engine_options):
     """A Ray Serve application for ``serve.run``: ``replicas`` Loom replicas behind one ingress.
     Each replica loads ``source`` (a path every node can read; None: the embedded default model)
     with ``engine_options`` (EngineOptions) and reserves ``num_cpus``/``num_gpus``. Every response
     names its replica in the ``x-loom-replica`` header. ``prefix_affinity=False`` leaves routing to
-    Ray's default (power of two choices). Raises ValueError/TypeError for bad counts or options
-    before anything starts."""
+    Ray's default (power of two choices). Stopped, a replica lets its open requests finish for
+    ``drain_s`` at most; past that, its open streams end with an error event and [DONE]. Raises
+    ValueError/TypeError for bad counts or options before anything starts."""
     from runtime.config import EngineOptions, check_int
 
     check_int("replicas", replicas, 1)
@@ -254,6 +261,7 @@ def loom_application(source=None, *, replicas: int = 2, num_cpus: float = 1, num
     # engine batches all it is given (up to max_batch_size, then its own waiting queue).
     in_flight = options.max_batch_size * 2
     engines = serve.deployment(LoomReplica, name="LoomReplica", num_replicas=replicas, max_ongoing_requests=in_flight,
+                               graceful_shutdown_timeout_s=drain_s,
                                ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus,
                                                   "runtime_env": {"env_vars": at_application_priority()}},
                                **({"request_router_config": router} if router else {}))
@@ -269,6 +277,9 @@ def loom_application(source=None, *, replicas: int = 2, num_cpus: float = 1, num
 
     ingress = serve.deployment(serve.ingress(build)(LoomIngress), name="LoomIngress",
                                max_ongoing_requests=in_flight * replicas,
+                               # outlives the replicas it waits on: a stream cut by a replica's end
+                               # still gets its error event and [DONE] through it
+                               graceful_shutdown_timeout_s=drain_s + CLOSE_S,
                                # a thin hop that waits on the network, like Ray's own proxy: it
                                # reserves no CPU (Serve's default of 1 left `--replicas 2` on two
                                # cores waiting forever for the third)
@@ -323,7 +334,8 @@ def missing_room(replicas: int, cpus: float, gpus: float) -> str | None:
 
 def run(args) -> None:
     """``python -m runtime serve --replicas N``: serve until SIGINT or SIGTERM, then drain and stop
-    every replica."""
+    every replica. Returns after SIGTERM; raises KeyboardInterrupt after SIGINT (exit status 130 in
+    the CLI, as the single-process server)."""
     import signal
 
     if start_ray(args.ray_address):  # a cluster may grow; this machine does not
@@ -334,18 +346,45 @@ def run(args) -> None:
     # Right after Ray starts (which installs its own handlers) and before anything is served: a
     # SIGTERM that comes while the replicas start (the app may answer before serve.run returns)
     # still drains and stops them instead of killing the process.
+    stopped_by = []
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda number, _: (stopped_by.append(number), stop.set()))
     serve.start(http_options={"host": args.host, "port": args.port})
     options = {"max_batch_size": args.max_batch_size, "cpu_threads": args.cpu_threads,
                "max_waiting": args.max_waiting}
-    serve.run(loom_application(args.model, replicas=args.replicas, num_cpus=args.replica_cpus,
-                               num_gpus=args.replica_gpus, device=args.device, dtype=args.dtype,
-                               weights=args.weights, model_name=args.model_name, api_key=args.api_key, **options),
-              route_prefix="/", blocking=False)
+    with without(logging.getLogger("ray.serve"), RECONNECT):
+        serve.run(loom_application(args.model, replicas=args.replicas, num_cpus=args.replica_cpus,
+                                   num_gpus=args.replica_gpus, device=args.device, dtype=args.dtype,
+                                   weights=args.weights, model_name=args.model_name, api_key=args.api_key,
+                                   drain_s=args.drain_timeout, **options),
+                  name=APP_NAME, route_prefix="/", blocking=False)
     print(f"serving {args.replicas} replicas on http://{args.host}:{args.port}/v1", flush=True)
     stop.wait()
-    serve.shutdown()  # replicas finish their requests (graceful_shutdown_timeout_s), then stop
+    # The application only, not serve.shutdown(): Serve's controller ends that by killing itself
+    # under the call that asked for it, which Ray reports as "(raylet) Task ServeController.
+    # graceful_shutdown failed ... killed by ray.kill"; and a cluster's Serve may hold other
+    # applications. A local instance's controller and proxy end with it in ray.shutdown().
+    serve.delete(APP_NAME)  # each replica finishes its requests first (drain_s at most)
     ray.shutdown()
     print("loom: replicas shut down", flush=True)
+    if stopped_by[0] == signal.SIGINT:
+        raise KeyboardInterrupt
+
+
+# Logged by serve.run as it joins the Serve that serve.start has just started with --host and
+# --port: no news. (serve.start's own, for a Serve already running on a cluster, still shows.)
+RECONNECT = "Connecting to existing Serve app"
+
+
+@contextlib.contextmanager
+def without(logger: logging.Logger, prefix: str):
+    """``logger``'s records that start with ``prefix`` dropped, inside the block."""
+    def keep(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(prefix)
+
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
