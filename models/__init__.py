@@ -65,13 +65,15 @@ def architecture(config: dict):
 def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device,
           weights: str = "float32") -> nn.Module:
     """Our module for a transformers-style config and state dict, its weights cast to ``dtype``
-    (``weights`` other than "float32": its linear layers' weights in fewer bits, see kernels/quantized.py)."""
+    (``weights`` other than "float32": its linear layers' weights in fewer bits, see kernels/quantized.py).
+    Takes the tensors: ``tensors`` is left empty, so that each part of a fused product is freed as
+    soon as the fused copy exists (a model's worth of copies at once, otherwise)."""
     spec_type, model_type = architecture(config)
     spec = spec_type.from_hf(config)
     with torch.device("meta"):  # no time spent initialising weights that are about to be replaced
         model = model_type(spec)
     try:
-        state = model_type.convert(tensors, spec)
+        state = model_type.convert(_taken(tensors), spec)
     except KeyError as missing:
         raise ValueError(f"the {config['model_type']} checkpoint is missing tensor {missing.args[0]}") from None
     use_stored_blocks(model, state)  # weights a checkpoint keeps in blocks run on them as they are
@@ -90,6 +92,14 @@ def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, de
         use_cpu_linears(model)
     use_decoder_layers(model)
     return model
+
+
+def _taken(tensors: dict) -> dict:
+    """The tensors in a dict no one else holds (``tensors`` emptied): a converter that pops them
+    then lets each go as it uses it."""
+    taken = dict(tensors)
+    tensors.clear()
+    return taken
 
 
 def load(source=None, *, device="cpu", dtype=None, weights="stored") -> Checkpoint:

@@ -190,7 +190,7 @@ class Llama(nn.Module):
             for kind in ("weight", "bias") if s.qkv_bias else ("weight",):
                 fused = hf.get(p + f"self_attn.qkv_proj.{kind}")
                 out[o + f"attn.qkv.{kind}"] = fused if fused is not None else torch.cat(
-                    [hf[p + f"self_attn.{n}_proj.{kind}"] for n in "qkv"])
+                    [hf.pop(p + f"self_attn.{n}_proj.{kind}") for n in "qkv"])  # popped: the parts go now
             for kind in ("weight", "bias") if s.out_bias else ("weight",):
                 out[o + f"attn.out.{kind}"] = hf[p + f"self_attn.o_proj.{kind}"]
             if s.qk_norm:
@@ -202,6 +202,6 @@ class Llama(nn.Module):
             for kind in ("weight", "bias") if s.mlp_bias else ("weight",):
                 fused = hf.get(p + f"mlp.gate_up_proj.{kind}")
                 out[o + f"mlp.gate_up.{kind}"] = fused if fused is not None else torch.cat(
-                    [hf[p + f"mlp.gate_proj.{kind}"], hf[p + f"mlp.up_proj.{kind}"]])
+                    [hf.pop(p + f"mlp.gate_proj.{kind}"), hf.pop(p + f"mlp.up_proj.{kind}")])
                 out[o + f"mlp.down.{kind}"] = hf[p + f"mlp.down_proj.{kind}"]
         return out

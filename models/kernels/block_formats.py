@@ -1,8 +1,9 @@
 """GGUF's block formats in the layout of block_weights.h's blocks, a tensor at a time.
 
-Q4_0, Q4_1 and Q8_0 hold what Loom's 4- and 8-bit blocks hold (32 values, a scale, for Q4_1 a
-minimum; Q4_0's w = d (q - 8) is a minimum of -8 d), so their bytes are rearranged, never widened:
-the model computes with the file's own numbers. The other formats are widened a slice of rows at a
+Q4_0, Q4_1, Q8_0 and Q4_K hold what Loom's 4- and 8-bit blocks hold (32 values, a scale, for 4 bits
+a minimum; Q4_0's w = d (q - 8) is a minimum of -8 d; Q4_K's 32-value sub-blocks have a scale
+d sc and a minimum -dmin m, both exact in float32), so their bytes are rearranged, never widened:
+the model computes with the file's own numbers (Q4_K's take a third more memory so). The other formats are widened a slice of rows at a
 time and quantized to the blocks of the nearest width (the K-quants' sub-block scales have no place
 in Loom's blocks yet), so that no whole tensor, let alone the model, passes through float32.
 """
@@ -15,8 +16,8 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from .block_linear import GROUP, quantize
 
-EXACT = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q8_0: 8}
-REQUANTIZED = {Q.Q2_K: 4, Q.Q3_K: 4, Q.Q4_K: 4, Q.Q5_0: 8, Q.Q5_1: 8, Q.Q5_K: 8, Q.Q6_K: 8}
+EXACT = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q8_0: 8, Q.Q4_K: 4}
+REQUANTIZED = {Q.Q2_K: 4, Q.Q3_K: 4, Q.Q5_0: 8, Q.Q5_1: 8, Q.Q5_K: 8, Q.Q6_K: 8}
 WIDENED_VALUES = 16 << 20  # values widened to float32 at a time for the formats requantized
 
 
@@ -40,6 +41,8 @@ def to_blocks(data: np.ndarray, kind: Q, width: int, bits: int) -> torch.Tensor:
 
 def _rearranged(data: np.ndarray, kind: Q, width: int) -> np.ndarray:
     rows, groups = data.shape[0], width // GROUP
+    if kind == Q.Q4_K:
+        return _q4_k_rearranged(data, rows, groups)
     blocks = data.reshape(rows, groups, -1)
     scale = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)  # [rows, groups, 1]
     if kind == Q.Q8_0:
@@ -51,6 +54,24 @@ def _rearranged(data: np.ndarray, kind: Q, width: int) -> np.ndarray:
     # Both keep byte j of a block as values j (low nibble) and j + 16 (high), as block_weights.h does.
     return np.concatenate([codes.reshape(rows, -1), scale.view(np.uint8).reshape(rows, -1),
                            low.view(np.uint8).reshape(rows, -1)], axis=1)
+
+
+def _q4_k_rearranged(data: np.ndarray, rows: int, groups: int) -> np.ndarray:
+    """Q4_K's super-blocks of 256 (d, dmin, twelve bytes of 6-bit scales and minimums, 128 bytes of
+    codes: 64 values a 32 bytes, the first 32 in the low nibbles) as eight 32-value blocks each."""
+    blocks = data.reshape(rows, groups // 8, 144)
+    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)  # [rows, supers, 1]
+    dmin = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
+    packed = blocks[..., 4:16].reshape(rows, -1, 3, 4)
+    low, high, rest = packed[..., 0, :], packed[..., 1, :], packed[..., 2, :]
+    sc = np.concatenate([low & 0x3F, (rest & 0x0F) | ((low >> 2) & 0x30)], axis=-1)  # [rows, supers, 8]
+    m = np.concatenate([high & 0x3F, (rest >> 4) | ((high >> 2) & 0x30)], axis=-1)
+    scale = (d * sc.astype(np.float32)).reshape(rows, groups)
+    low_bound = -(dmin * m.astype(np.float32)).reshape(rows, groups)
+    codes = blocks[..., 16:].reshape(rows, groups // 8, 4, 1, 32)
+    values = ((codes >> np.array([0, 4], np.uint8).reshape(2, 1)) & 0x0F).reshape(rows, groups, 32)
+    packed_codes = values[..., :16] | (values[..., 16:] << 4)  # byte j: values j and j + 16
+    return np.concatenate([packed_codes.reshape(rows, -1), scale.view(np.uint8), low_bound.view(np.uint8)], axis=1)
 
 
 def _widened(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
