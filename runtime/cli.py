@@ -71,8 +71,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default: cpu)")
     group.add_argument("--dtype", default=None,
                        help="float32, bfloat16, float16 or float64 (default: float32 on CPU, bfloat16 on CUDA)")
-    group.add_argument("--weights", default="float32", choices=("float32", "float16", "int8", "int8-dynamic", "int4"),
-                       help="float32: weights as loaded, in --dtype; on the CPU, linear layers with smaller weights "
+    group.add_argument("--weights", default="stored",
+                       choices=("stored", "float32", "float16", "int8", "int8-dynamic", "int4"),
+                       help="stored (default): as the checkpoint holds them, a GGUF file's quantized blocks "
+                            "included (on the CPU); float32: every weight widened to --dtype; on the CPU, linear "
+                            "layers with smaller weights "
                             "and float32 activations: int4 / int8 in 4- / 8-bit blocks as llama.cpp's Q4_1 / Q8_0 "
                             "(the fastest decode at few streams), float16; int8-dynamic: FBGEMM's int8 product, "
                             "which quantizes the activations too (fast at many streams, output drifts from "
