@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import AttentionMasks
+from .layers import AttentionMasks, embedding
 from .llama import Attention
 from .rope import Rotary, rope_type
 
@@ -105,7 +105,7 @@ class Gemma3(nn.Module):
         self.spec = s
         self.num_layers, self.num_kv_heads, self.head_dim = s.num_layers, s.num_kv_heads, s.head_dim
         self.vocab_size, self.max_position = s.vocab_size, s.max_position
-        self.embed = nn.Embedding(s.vocab_size, s.hidden_size)
+        self.embed = embedding(s.vocab_size, s.hidden_size)
         self.layers = nn.ModuleList(Block(s, i) for i in range(s.num_layers))
         self.norm = GemmaRMSNorm(s.hidden_size, s.rms_norm_eps)
         self.lm_head = nn.Linear(s.hidden_size, s.vocab_size, bias=False)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import AttentionMasks, paged_attention
+from .layers import AttentionMasks, embedding, paged_attention
 
 
 @dataclass
@@ -59,8 +59,8 @@ class GPT2(nn.Module):
         self.spec = s
         self.num_layers, self.num_kv_heads, self.head_dim = s.num_layers, s.num_heads, s.hidden_size // s.num_heads
         self.vocab_size, self.max_position = s.vocab_size, s.max_position
-        self.wte = nn.Embedding(s.vocab_size, s.hidden_size)
-        self.wpe = nn.Embedding(s.max_position, s.hidden_size)
+        self.wte = embedding(s.vocab_size, s.hidden_size)
+        self.wpe = embedding(s.max_position, s.hidden_size)
         self.layers = nn.ModuleList(Block(s) for _ in range(s.num_layers))
         self.ln_f = nn.LayerNorm(s.hidden_size, eps=s.eps)
         self.lm_head = nn.Linear(s.hidden_size, s.vocab_size, bias=False)

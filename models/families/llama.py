@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import AttentionMasks, RMSNorm, paged_attention
+from .layers import AttentionMasks, RMSNorm, embedding, paged_attention
 from .moe import MoESpec, SparseMoE
 from .rope import Rotary, rope_type, sequence_ends
 
@@ -148,7 +148,7 @@ class Llama(nn.Module):
         self.spec = s
         self.num_layers, self.num_kv_heads, self.head_dim = s.num_layers, s.num_kv_heads, s.head_dim
         self.vocab_size, self.max_position = s.vocab_size, s.max_position
-        self.embed = nn.Embedding(s.vocab_size, s.hidden_size)
+        self.embed = embedding(s.vocab_size, s.hidden_size)
         self.layers = nn.ModuleList(Block(s, i) for i in range(s.num_layers))
         self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.lm_head = nn.Linear(s.hidden_size, s.vocab_size, bias=False)
