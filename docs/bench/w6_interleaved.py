@@ -1,14 +1,16 @@
 """W6's systems taking turns, for quiet cells on a machine whose speed drifts between runs
-(docs/benchmarks-history.md, "An Intel Xeon"): Loom in-process, Loom's server and llama-server on the F32
-GGUF (with --weights int4: on the GGUF as it is, Q4_1) are started together, and at each stream
+(docs/benchmarks-history.md, "An Intel Xeon"): Loom in-process, Loom's server and llama-server on a
+GGUF file (--model, default the embedded one; as it is, or its F32 copy with --weights float32)
+are started together, and at each stream
 count the three run in turn, ``--rounds`` times, each round starting with the next system. It
 prints each system's tok/s per round and the median (W6's prompts, 64 tokens each), then Loom's
 ratios to llama.cpp round by round. The bench (`python -m runtime bench --workloads w6`) runs each
 system through all its cells before the next, minutes apart. Run from a
 checkout's root:
 
-    python docs/bench/w6_interleaved.py --llama-server PATH/llama-server [--streams 1,4,16,64] [--rounds 3]
-        [--weights float32|int4] [--kv-dtype float16] [--llama-kv-type f16|f32] [--busy K]
+    python docs/bench/w6_interleaved.py --llama-server PATH/llama-server [--model FILE.gguf] [--streams 1,4,16,64]
+        [--rounds 3] [--weights stored|float32|int4] [--tokens 64] [--kv-dtype float16] [--llama-kv-type f16|f32]
+        [--busy K]
 
 With --busy K, K busy competitor processes (the bench's Competitors) run while the systems are
 measured (not while they load).
@@ -18,6 +20,7 @@ import argparse
 import os
 import statistics
 import sys
+from pathlib import Path
 
 sys.path.insert(0, os.getcwd())
 
@@ -34,27 +37,29 @@ def main():
     parser.add_argument("--llama-server", required=True)
     parser.add_argument("--streams", default="1,4,16,64")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--weights", default="float32", choices=("float32", "int4"),
-                        help="Loom's weights; int4 runs llama-server on the GGUF as it is (Q4_1), float32 on an F32 copy")
+    parser.add_argument("--model", default=None, help="a GGUF file (default: the embedded model)")
+    parser.add_argument("--weights", default="stored", choices=("stored", "float32", "int4"),
+                        help="Loom's weights; llama-server runs the file as it is, or an F32 copy with float32")
+    parser.add_argument("--tokens", type=int, default=64, help="new tokens a stream")
     parser.add_argument("--kv-dtype", default=None, help="Loom's KV pool (default: the model's dtype)")
     parser.add_argument("--llama-kv-type", default="f16", choices=("f16", "f32"), help="llama-server's KV cache")
     parser.add_argument("--busy", type=int, default=0, help="busy competitor processes while measuring")
     args = parser.parse_args()
-    args.model = None  # the default model, as loom_server expects it
     streams = [int(s) for s in args.streams.split(",")]
     texts = peer_texts(max(streams))
-    engine = Engine.from_pretrained(weights=args.weights, kv_dtype=args.kv_dtype)
+    engine = Engine.from_pretrained(args.model, weights=args.weights, kv_dtype=args.kv_dtype)
     prompts = [engine.encode(t) for t in texts]
-    gguf = default_model_path()
-    peer = (gguf, gguf.stem.rsplit(".", 1)[-1]) if args.weights == "int4" else (
+    gguf = Path(args.model) if args.model else default_model_path()
+    peer = (gguf, gguf.stem.rsplit(".", 1)[-1]) if args.weights != "float32" else (
         peers.f32_gguf(gguf, args.llama_server), "F32")
     servers = [peers.loom_server(args, args.weights), peers.llama_server(*peer, max(streams), args)]
     rates: dict[tuple[str, int], list[float]] = {}
     for server in servers:
         server.start()
     try:
-        systems = [("loom in-process", lambda c: run_loom(engine, [Request(p, 64) for p in prompts[:c]], f"W6@{c}"))]
-        systems += [(server.system, lambda c, server=server: server.run(texts[:c], 64, f"W6@{c}")) for server in servers]
+        new = args.tokens
+        systems = [("loom in-process", lambda c: run_loom(engine, [Request(p, new) for p in prompts[:c]], f"W6@{c}"))]
+        systems += [(server.system, lambda c, server=server: server.run(texts[:c], new, f"W6@{c}")) for server in servers]
         with Competitors(args.busy):
             for round_ in range(args.rounds):
                 for c in streams:
