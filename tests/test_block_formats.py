@@ -20,10 +20,11 @@ from .test_gguf import write_gguf
 
 needs_kernels = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the kernels are not built")
 
-EXACT = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K]
+EXACT = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.IQ4_NL, Q.IQ4_XS]
 REQUANTIZED = [Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q5_K, Q.Q6_K]
 # where each K-quant keeps its float16 super-block scales (d, and dmin where it has one)
-HALF_FIELDS = {Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208]}
+HALF_FIELDS = {Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208], Q.IQ4_NL: [0],
+               Q.IQ4_XS: [0]}
 
 
 def random_tensor(kind: Q, rows: int, width: int, seed: int = 0, half_range=(0.001, 0.01)) -> np.ndarray:
@@ -45,7 +46,7 @@ def file_values(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("kind", EXACT, ids=lambda k: k.name)
-def test_q4_0_q4_1_q8_0_and_q4_k_keep_the_files_numbers(kind):
+def test_q4_0_q4_1_q8_0_q4_k_and_iq4_keep_the_files_numbers(kind):
     width = 512  # two of Q4_K's super-blocks
     data = random_tensor(kind, rows=6, width=width)
     blocks = to_blocks(data, kind, width, block_bits(kind))
@@ -80,9 +81,11 @@ def test_the_kernels_product_over_a_files_blocks_equals_float64(kind, rows):
     assert torch.allclose(layer(x).double(), expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
 
 
-MIXED = {"token_embd.weight": Q.Q8_0, "output.weight": Q.Q4_1,
+MIXED = {"token_embd.weight": Q.Q8_0, "output.weight": Q.IQ4_XS,
          "attn_q": Q.Q4_0, "attn_k": Q.Q4_K, "attn_v": Q.Q4_1, "attn_output": Q.F16,
-         "ffn_gate": Q.Q8_0, "ffn_up": Q.Q8_0, "ffn_down": Q.Q4_K}
+         "ffn_gate": Q.IQ4_NL, "ffn_up": Q.Q8_0, "ffn_down": Q.Q4_K}
+# random codes: scales for weights of about +-0.2
+MIXED_HALF_RANGE = {Q.Q4_K: (4e-4, 1.2e-3), Q.IQ4_NL: (1e-3, 2e-3), Q.IQ4_XS: (3e-5, 6e-5)}
 
 
 def mixed_gguf(path, layers=2, hidden=256, inner=512, heads=4, kv_heads=2, vocab=320):
@@ -114,11 +117,13 @@ def mixed_gguf(path, layers=2, hidden=256, inner=512, heads=4, kv_heads=2, vocab
             raw = values.astype(np.float16 if kind == Q.F16 else np.float32)
             writer.add_tensor(name, raw)
             state[ours] = torch.from_numpy(raw.astype(np.float64))
-        else:  # Q4_K: random codes, scales that keep weights near +-0.2
-            raw = random_tensor(kind, *shape, seed=len(state), half_range=(4e-4, 1.2e-3)) if kind in HALF_FIELDS \
-                else gguf_quantize(values, kind)
-            writer.add_tensor(name, raw, raw_dtype=kind)
-            state[ours] = file_values(raw, kind, shape[1])
+            return
+        if kind in MIXED_HALF_RANGE:
+            raw = random_tensor(kind, *shape, seed=len(state), half_range=MIXED_HALF_RANGE[kind])
+        else:
+            raw = gguf_quantize(values, kind)
+        writer.add_tensor(name, raw, raw_dtype=kind)
+        state[ours] = file_values(raw, kind, shape[1])
 
     for name in ("token_embd.weight", "output.weight"):
         add(name, names[name], MIXED[name], shapes[name])
@@ -152,7 +157,7 @@ def test_a_file_of_mixed_formats_runs_in_them_and_equals_float64_over_its_values
     kinds = {name: type(module).__name__ for name, module in model.named_modules()}
     assert kinds["embed"] == "BlockEmbedding" and kinds["lm_head"] == "BlockLinear"
     assert kinds["layers.0.attn.qkv"] == "BlockLinear" and kinds["layers.0.attn.out"] == "CpuLinear"  # F16: widened
-    assert model.layers[0].attn.qkv.bits == 4 and model.layers[0].mlp.gate_up.bits == 8
+    assert model.layers[0].attn.qkv.bits == 4 and model.layers[0].mlp.gate_up.bits == 8 and model.lm_head.bits == 8
     assert model.layers[0].mlp.down.bits == 4
     assert model.decoder_layers is not None  # decode steps on the fused native layers
     prompts = [[5 + i, 17, 200 - i, 33, 8] for i in range(6)]

@@ -50,10 +50,10 @@ def test_unsupported_architecture(tmp_path):
 
 def test_unsupported_tensor_type(tmp_path):
     import gguf
-    # IQ4_NL packs 32 values into 18 bytes; Loom does not dequantize it.
-    tensors = {"token_embd.weight": (np.zeros((8, 18), np.uint8), gguf.GGMLQuantizationType.IQ4_NL)}
+    # IQ2_XXS packs 256 values into 66 bytes; Loom does not dequantize it.
+    tensors = {"token_embd.weight": (np.zeros((8, 66), np.uint8), gguf.GGMLQuantizationType.IQ2_XXS)}
     path = write_gguf(tmp_path / "m.gguf", tensors=tensors)
-    with pytest.raises(ValueError, match="token_embd.weight of m.gguf has type IQ4_NL, which Loom cannot dequantize"):
+    with pytest.raises(ValueError, match="token_embd.weight of m.gguf has type IQ2_XXS, which Loom cannot dequantize"):
         Engine.from_pretrained(path)
 
 

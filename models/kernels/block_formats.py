@@ -3,7 +3,10 @@
 Q4_0, Q4_1, Q8_0 and Q4_K hold what Loom's 4- and 8-bit blocks hold (32 values, a scale, for 4 bits
 a minimum; Q4_0's w = d (q - 8) is a minimum of -8 d; Q4_K's 32-value sub-blocks have a scale
 d sc and a minimum -dmin m, both exact in float32), so their bytes are rearranged, never widened:
-the model computes with the file's own numbers (Q4_K's take a third more memory so). The other formats are widened a slice of rows at a
+the model computes with the file's own numbers (Q4_K's take a third more memory so). IQ4_NL and
+IQ4_XS look their 4-bit codes up in a table of sixteen integers from -127 to 113: those integers are
+8-bit codes, under the block's scale (IQ4_XS: d (ls - 32) per 32 values), so they become 8-bit
+blocks, exact too, at twice the file's memory. The other formats are widened a slice of rows at a
 time and quantized to the blocks of the nearest width (the K-quants' sub-block scales have no place
 in Loom's blocks yet), so that no whole tensor, let alone the model, passes through float32.
 """
@@ -16,7 +19,8 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from .block_linear import GROUP, quantize
 
-EXACT = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q8_0: 8, Q.Q4_K: 4}
+EXACT = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q8_0: 8, Q.Q4_K: 4, Q.IQ4_NL: 8, Q.IQ4_XS: 8}
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
 REQUANTIZED = {Q.Q2_K: 4, Q.Q3_K: 4, Q.Q5_0: 8, Q.Q5_1: 8, Q.Q5_K: 8, Q.Q6_K: 8}
 WIDENED_VALUES = 16 << 20  # values widened to float32 at a time for the formats requantized
 
@@ -43,6 +47,8 @@ def _rearranged(data: np.ndarray, kind: Q, width: int) -> np.ndarray:
     rows, groups = data.shape[0], width // GROUP
     if kind == Q.Q4_K:
         return _q4_k_rearranged(data, rows, groups)
+    if kind in (Q.IQ4_NL, Q.IQ4_XS):
+        return _iq4_rearranged(data, kind, rows, groups)
     blocks = data.reshape(rows, groups, -1)
     scale = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)  # [rows, groups, 1]
     if kind == Q.Q8_0:
@@ -72,6 +78,26 @@ def _q4_k_rearranged(data: np.ndarray, rows: int, groups: int) -> np.ndarray:
     values = ((codes >> np.array([0, 4], np.uint8).reshape(2, 1)) & 0x0F).reshape(rows, groups, 32)
     packed_codes = values[..., :16] | (values[..., 16:] << 4)  # byte j: values j and j + 16
     return np.concatenate([packed_codes.reshape(rows, -1), scale.view(np.uint8), low_bound.view(np.uint8)], axis=1)
+
+
+def _iq4_rearranged(data: np.ndarray, kind: Q, rows: int, groups: int) -> np.ndarray:
+    """IQ4_NL (per 32 values: d, 16 bytes of codes) and IQ4_XS (per 256: d, 6-bit sub-scales in two
+    fields, 128 bytes of codes) as 8-bit blocks of the table's values."""
+    if kind == Q.IQ4_NL:
+        blocks = data.reshape(rows, groups, 18)
+        scale = blocks[..., 0:2].copy().view(np.float16).astype(np.float32).reshape(rows, groups)
+        codes = blocks[..., 2:]
+    else:
+        blocks = data.reshape(rows, groups // 8, 136)
+        d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)  # [rows, supers, 1]
+        high = blocks[..., 2:4].copy().view(np.uint16)  # [rows, supers, 1]: two bits a sub-block
+        low = blocks[..., 4:8]  # four bits a sub-block, two sub-blocks a byte
+        low = (low[..., None] >> np.array([0, 4], np.uint8)).reshape(rows, -1, 8) & 0x0F
+        high = (high >> (2 * np.arange(8, dtype=np.uint16))) & 3
+        scale = (d * ((low | (high.astype(np.uint8) << 4)).astype(np.float32) - 32)).reshape(rows, groups)
+        codes = blocks[..., 8:].reshape(rows, groups, 16)
+    values = IQ4_VALUES[np.stack([codes & 0x0F, codes >> 4], axis=-2).reshape(rows, groups, 32)]
+    return np.concatenate([values.view(np.uint8).reshape(rows, -1), scale.view(np.uint8)], axis=1)
 
 
 def _widened(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
