@@ -1,5 +1,5 @@
-"""A GGUF file's formats on Loom's block kernels (models/kernels/block_formats.py): Q4_0, Q4_1, Q8_0
-and Q4_K rearranged to the very numbers of the file, the others requantized within half a step of the
+"""A GGUF file's formats on Loom's block kernels (models/kernels/block_formats.py): Q4_0, Q4_1, Q8_0,
+Q4_K, Q5_0, IQ4_NL and IQ4_XS rearranged to the very numbers of the file, the others requantized within half a step of the
 blocks' grid; a file mixing formats loads in them (weights="stored", the default) and its greedy
 tokens equal a float64 forward over the file's dequantized weights."""
 
@@ -20,8 +20,8 @@ from .test_gguf import write_gguf
 
 needs_kernels = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the kernels are not built")
 
-EXACT = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.IQ4_NL, Q.IQ4_XS]
-REQUANTIZED = [Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q5_K, Q.Q6_K]
+EXACT = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.IQ4_NL, Q.IQ4_XS, Q.Q5_0]
+REQUANTIZED = [Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q5_K, Q.Q6_K]
 # where each K-quant keeps its float16 super-block scales (d, and dmin where it has one)
 HALF_FIELDS = {Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208], Q.IQ4_NL: [0],
                Q.IQ4_XS: [0]}
@@ -46,7 +46,7 @@ def file_values(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("kind", EXACT, ids=lambda k: k.name)
-def test_q4_0_q4_1_q8_0_q4_k_and_iq4_keep_the_files_numbers(kind):
+def test_formats_whose_numbers_blocks_hold_keep_the_files_numbers(kind):
     width = 512  # two of Q4_K's super-blocks
     data = random_tensor(kind, rows=6, width=width)
     blocks = to_blocks(data, kind, width, block_bits(kind))

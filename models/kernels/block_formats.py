@@ -6,7 +6,8 @@ d sc and a minimum -dmin m, both exact in float32), so their bytes are rearrange
 the model computes with the file's own numbers (Q4_K's take a third more memory so). IQ4_NL and
 IQ4_XS look their 4-bit codes up in a table of sixteen integers from -127 to 113: those integers are
 8-bit codes, under the block's scale (IQ4_XS: d (ls - 32) per 32 values), so they become 8-bit
-blocks, exact too, at twice the file's memory. The other formats are widened a slice of rows at a
+blocks, exact too, at twice the file's memory; so do Q5_0's w = d (q - 16), whose codes -16..15 are
+8-bit ones. The other formats are widened a slice of rows at a
 time and quantized to the blocks of the nearest width (the K-quants' sub-block scales have no place
 in Loom's blocks yet), so that no whole tensor, let alone the model, passes through float32.
 """
@@ -19,9 +20,9 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from .block_linear import GROUP, quantize
 
-EXACT = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q8_0: 8, Q.Q4_K: 4, Q.IQ4_NL: 8, Q.IQ4_XS: 8}
+EXACT = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q8_0: 8, Q.Q4_K: 4, Q.IQ4_NL: 8, Q.IQ4_XS: 8, Q.Q5_0: 8}
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
-REQUANTIZED = {Q.Q2_K: 4, Q.Q3_K: 4, Q.Q5_0: 8, Q.Q5_1: 8, Q.Q5_K: 8, Q.Q6_K: 8}
+REQUANTIZED = {Q.Q2_K: 4, Q.Q3_K: 4, Q.Q5_1: 8, Q.Q5_K: 8, Q.Q6_K: 8}
 WIDENED_VALUES = 16 << 20  # values widened to float32 at a time for the formats requantized
 
 
@@ -49,6 +50,8 @@ def _rearranged(data: np.ndarray, kind: Q, width: int) -> np.ndarray:
         return _q4_k_rearranged(data, rows, groups)
     if kind in (Q.IQ4_NL, Q.IQ4_XS):
         return _iq4_rearranged(data, kind, rows, groups)
+    if kind == Q.Q5_0:
+        return _q5_0_rearranged(data, rows, groups)
     blocks = data.reshape(rows, groups, -1)
     scale = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)  # [rows, groups, 1]
     if kind == Q.Q8_0:
@@ -97,6 +100,17 @@ def _iq4_rearranged(data: np.ndarray, kind: Q, rows: int, groups: int) -> np.nda
         scale = (d * ((low | (high.astype(np.uint8) << 4)).astype(np.float32) - 32)).reshape(rows, groups)
         codes = blocks[..., 8:].reshape(rows, groups, 16)
     values = IQ4_VALUES[np.stack([codes & 0x0F, codes >> 4], axis=-2).reshape(rows, groups, 32)]
+    return np.concatenate([values.view(np.uint8).reshape(rows, -1), scale.view(np.uint8)], axis=1)
+
+
+def _q5_0_rearranged(data: np.ndarray, rows: int, groups: int) -> np.ndarray:
+    """Q5_0 (per 32 values: d, 32 high bits, 16 bytes of low nibbles) as 8-bit blocks of q - 16."""
+    blocks = data.reshape(rows, groups, 22)
+    scale = blocks[..., 0:2].copy().view(np.float16).astype(np.float32).reshape(rows, groups)
+    high = np.unpackbits(blocks[..., 2:6], axis=-1, bitorder="little")  # bit j: value j's fifth bit
+    low = blocks[..., 6:]
+    low = np.concatenate([low & 0x0F, low >> 4], axis=-1)  # values 0..15, then 16..31
+    values = (low | (high << 4)).astype(np.int8) - np.int8(16)
     return np.concatenate([values.view(np.uint8).reshape(rows, -1), scale.view(np.uint8)], axis=1)
 
 
