@@ -10,11 +10,8 @@ is where 4 bits lose the most. The token embeddings take 8-bit blocks too (the o
 the two are tied). The activations and every sum stay float32. A layer whose input width is not a
 multiple of 32 keeps float32 weights (a CpuLinear).
 
-Quantizing is round-to-nearest from the float weights. A GGUF file's Q4_1 and Q8_0 tensors were
-made the same way, so their dequantized values quantize back to the file's own codes, with scales
-and minimums within float32's rounding of its float16 ones: the blocks are the file's. Other
-formats (Q4_0, Q5, the K-quants) are requantized from their values, within half a step of the
-block's grid.
+Quantizing (weights="int4"/"int8") is round-to-nearest from the float weights. A GGUF file's blocks
+come in as they are instead (weights="stored", block_formats.py: BlockLinear.of_blocks).
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
 """Decoder layers for decode-only steps on the CPU, all of them and the output layer in one native
-call (decoder_layer.cpp): what the Blocks of models/families/llama.py and gpt2.py and the final norm and
-lm_head compute, without ~16 torch operators and 6 ctypes calls of dispatch per layer, which cost a
-quarter of a one-stream step (23.6 -> 17.4 ms on the default model; docs/benchmarks-history.md, "Small-batch
-products").
+call (decoder_layer.cpp): what the Blocks of families/llama.py and gpt2.py, the final norm and
+lm_head compute, without the per-layer dispatch of ~16 torch operators and 6 ctypes calls, which
+was a quarter of a one-stream step (docs/benchmarks-history.md, "Small-batch products").
 
-``DecoderLayers.of(model)`` says whether a model qualifies: GPT-2, or a dense Llama-family model
-(Llama, Qwen2, Mistral, Phi-3; not Qwen3's q/k norms nor mixture-of-experts layers), whose linear
-layers, the output layer's too, are CpuLinear (float32 or float64 on the CPU, weights as loaded) or
-BlockLinear ("int4", "int8").
-Steps with prefill rows or more than KERNEL_ROWS rows, and every other model, run the torch path,
-which stays the reference the tests compare with.
+``use_decoder_layers(model)`` attaches them where the model qualifies: GPT-2, or a dense
+Llama-family model (not Qwen3's q/k norms nor routed experts) whose linear layers, the output
+layer's too, are CpuLinear or BlockLinear. Steps with prefill rows or more than KERNEL_ROWS rows,
+and every other model, run the torch path, which stays the reference the tests compare with.
 """
 
 from __future__ import annotations

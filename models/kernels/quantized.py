@@ -1,22 +1,10 @@
-"""Smaller weights on the CPU (the ``weights=`` option): linear layers whose weights are stored in
-16 or 8 bits, and the matrix products that read them.
+"""The ``weights=`` choice and its check, and FBGEMM's linear layers for "float16" (16-bit weights,
+float32 activations and sums) and "int8-dynamic" (8-bit weights, activations quantized per row).
 
-Decode at small batches reads every weight once per step, so its speed is the memory it reads.
-Measured on this project's 2-core AVX2 machine (docs/benchmarks.md, "Smaller weights"), against
-oneDNN float32 at 1 to 1024 rows:
-
-- FBGEMM's float16-weight product (float32 activations and sums) is 1.6-2.3x faster at 1-8 rows
-  and still ahead at 1024; greedy output matched float32 over 64 tokens on every prompt tried;
-- FBGEMM's dynamic int8 product is 1.6-5x faster, at the cost of quantizing activations, and
-  greedy output drifts from float32's after 0-13 tokens on the default model;
-- torch's weight-only kernels are far slower than float32 on this CPU (AVX2, no AVX-512):
-  ``_weight_int8pack_mm`` 3-33x, ``_weight_int4pack_mm_for_cpu`` 7-50x.
-
-So "float16" and "int8-dynamic" are FBGEMM's, and "int4" and "int8" are Loom's own block product
-(block_linear.py: codes in blocks of 32 with a scale each, as llama.cpp's Q4_1 and Q8_0; weights
-only, the activations stay float32). One product serves every batch size: neither FBGEMM product
-fell behind float32 at any measured size. For "float16" and "int8-dynamic" the embedding stays in
-float32 (a tied output layer gets its own reduced copy); the block choices keep it in 8-bit blocks.
+Decode reads every weight once a step, so fewer bytes a weight are faster; torch's own weight-only
+int8/int4 kernels were 3-50x slower than float32 on an AVX2 CPU, hence FBGEMM's products here and
+Loom's block product for "int4"/"int8" and a GGUF file's blocks (block_linear.py). Figures:
+docs/benchmarks-history.md, "Smaller weights".
 """
 
 from __future__ import annotations
