@@ -77,10 +77,7 @@ def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, de
     except KeyError as missing:
         raise ValueError(f"the {config['model_type']} checkpoint is missing tensor {missing.args[0]}") from None
     use_stored_blocks(model, state)  # weights a checkpoint keeps in blocks run on them as they are
-    # Float tensors copied, never views: a view into a memory-mapped file would keep the whole file
-    # mapped (and its pages read while converting resident) for as long as the model lives.
-    model.load_state_dict({k: v.to(device=device, dtype=dtype, copy=True) if v.is_floating_point() else v
-                           for k, v in state.items()}, assign=True)
+    model.load_state_dict(_owned(state, device, dtype), assign=True)
     if isinstance(getattr(model, "lm_head", None), nn.Linear):
         model.tie_embeddings()  # assign=True loaded the tied names as two tensors (blocks stay one)
     model = model.to(device).eval().requires_grad_(False)
@@ -92,6 +89,17 @@ def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, de
         use_cpu_linears(model)
     use_decoder_layers(model)
     return model
+
+
+def _owned(state: dict, device: torch.device, dtype: torch.dtype) -> dict:
+    """``state``'s float tensors copied in ``dtype`` (never views: a view into a memory-mapped file
+    would keep the file mapped, and its pages read while converting resident, as long as the model
+    lives), one at a time, each original let go of as its copy is made; ``state`` is emptied."""
+    owned = {}
+    for name in list(state):
+        tensor = state.pop(name)
+        owned[name] = tensor.to(device=device, dtype=dtype, copy=True) if tensor.is_floating_point() else tensor
+    return owned
 
 
 def _taken(tensors: dict) -> dict:
