@@ -1,4 +1,5 @@
-"""One request's state: its tokens, its KV blocks and the queue its consumer blocks on."""
+"""One request's state: its tokens, how far they are computed, and the queue its consumer blocks on.
+Its KV blocks are the KV manager's (runtime/kv_manager.py)."""
 
 from __future__ import annotations
 
@@ -86,9 +87,6 @@ class ResponseContext:
         self.num_prompt = len(prompt)
         self.num_computed = 0
         self.num_cached = 0        # prompt tokens served from the prefix cache
-        self.block_table: list[int] = []
-        self.num_hashed_blocks = 0  # leading blocks already named in the prefix cache ...
-        self.chain_hash = None      # ... and the chained hash after them
         self.status = Status.WAITING
         self.finish_reason: str | None = None
         # SimpleQueue is queue's C implementation: its wake-up path is cheaper than Queue's Python

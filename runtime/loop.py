@@ -1,5 +1,6 @@
-"""The loop thread's life: how it sleeps, wakes and ends, and how it lets consumers take their
-tokens before the next forward. What it does in a step is Engine._step."""
+"""The loop thread's life: how it starts, sleeps, wakes and ends, and how it lets consumers take
+their tokens before the next forward (Handoff, which the CPU host uses: runtime/cpu_host.py). What
+it does in a step is the worker's (runtime/worker.py)."""
 
 from __future__ import annotations
 
@@ -11,33 +12,37 @@ import torch
 
 from .errors import EngineClosed
 
-# How long after sampling, at most, the loop thread leaves the CPU to consumers blocked in fetch
-# (Handoff): on 2 cores the 64th consumer holds its token about 2 ms after sampling.
-# A consumer slower than that costs its step this much, no more.
-CONSUMER_GRACE_S = 0.003
+
+def start(worker, wakeup: threading.Condition) -> threading.Thread:
+    """Start the loop thread of ``worker``, holding it only weakly; ``worker`` going away wakes it."""
+    owner = weakref.ref(worker, lambda _: notify(wakeup))
+    thread = threading.Thread(target=run, args=(owner, wakeup), name="loom-engine-loop", daemon=True)
+    thread.start()
+    return thread
 
 
 def run(owner: weakref.ref, wakeup: threading.Condition) -> None:
-    """The loop thread: schedule under the lock, step outside it, sleep on ``wakeup`` when there
-    is nothing to run. Like concurrent.futures' workers, it holds its engine only through a weak
-    reference between steps, so an engine the application drops is collected and the loop ends."""
+    """The loop thread: plan under the lock, step outside it, sleep on ``wakeup`` when there is
+    nothing to run. Like concurrent.futures' workers, it holds its worker only through a weak
+    reference between steps: the engine holds the worker, so an engine the application drops is
+    collected, its worker with it, and the loop ends."""
     with torch.inference_mode():
-        while (engine := owner()) is not None:
+        while (worker := owner()) is not None:
             try:
                 with wakeup:
-                    if engine._closed is not None:
+                    if worker.closed is not None:
                         return
-                    plan = engine._plan()
+                    plan = worker.plan()
                     if not plan:  # None: nothing runnable; empty: work that does not fit yet
-                        engine = None  # sleep without keeping the engine alive
+                        worker = None  # sleep without keeping the worker alive
                         wakeup.wait(None if plan is None else 0.01)
                         continue
-                engine._step(plan)
+                worker.step(plan)
             except BaseException as error:  # the loop cannot go on: nobody may wait forever
-                if engine is not None:
-                    engine._close(EngineClosed(f"the engine loop died: {error!r}"), cause=error)
+                if worker is not None:
+                    worker.close(EngineClosed(f"the engine loop died: {error!r}"), cause=error)
                 return
-            del engine, plan
+            del worker, plan
 
 
 def notify(wakeup: threading.Condition) -> None:

@@ -1,7 +1,7 @@
 """Which requests run in the next step, and how many tokens each: admission, the token budget,
 chunked prefill, preemption by recompute, the order policy (FCFS or priority), and applying a
-step's results to the requests and their blocks (recomputing a request whose length passes the
-model's ``recompute_past``, models/step.py)."""
+step's results to the requests (recomputing a request whose length passes the model's
+``recompute_past``, models/step.py). The blocks their tokens need come from the KV manager."""
 
 from __future__ import annotations
 
@@ -10,17 +10,19 @@ from dataclasses import dataclass, field
 
 from models.step import Sequence
 
-from .block_allocator import BlockAllocator
 from .config import EngineOptions
 from .context import ResponseContext, Status
+from .kv_manager import KVManager
 
 
 @dataclass
 class Scheduled:
-    """A request in a step, computing ``num_tokens`` of its tokens from ``ctx.num_computed`` on."""
+    """A request in a step, computing ``num_tokens`` of its tokens from ``ctx.num_computed`` on,
+    their K/V in the blocks of ``block_table``."""
 
     ctx: ResponseContext
     num_tokens: int
+    block_table: list[int]
 
     @property
     def samples(self) -> bool:
@@ -55,22 +57,20 @@ class StepPlan:
     def sequences(self) -> list[Sequence]:
         """The plan as the model contract's Sequences (see models/step.py)."""
         return [Sequence(e.ctx.tokens[e.ctx.num_computed:e.ctx.num_computed + e.num_tokens], e.ctx.num_computed,
-                         e.ctx.block_table, e.samples, len(e.ctx.tokens)) for e in self.entries]
+                         e.block_table, e.samples, len(e.ctx.tokens)) for e in self.entries]
 
 
 class Scheduler:
-    def __init__(self, options: EngineOptions, allocator: BlockAllocator, recompute_past: int | None = None):
-        """``recompute_past``: the model's (models/step.py), None where it has none."""
+    """The waiting and running requests, under the engine's lock. Blocks are the KV manager's: the
+    scheduler asks it for room and gives the room back."""
+
+    def __init__(self, options: EngineOptions, kv: KVManager):
         self.options = options
-        self.recompute_past = recompute_past
-        # The prefix cache names blocks of sequences longer than recompute_past under a root of their
-        # own: their K/V were computed differently, so neither side may take the other's blocks.
-        self.long_root = None if recompute_past is None else hash(("longer than", recompute_past))
-        self.allocator = allocator
-        self.block_size = allocator.block_size
+        self.kv = kv
+        self.recompute_past = kv.recompute_past  # the model's (models/step.py), None where it has none
         self.waiting: list[ResponseContext] = []  # sorted by precedence
         self.running: list[ResponseContext] = []
-        self.watermark = max(1, allocator.num_blocks // 100)
+        self.watermark = max(1, kv.num_blocks // 100)
         self.num_preemptions = 0
         self.prompt_tokens = 0  # tokens of admitted requests, and how many came from the prefix cache
         self.cached_tokens = 0
@@ -97,8 +97,7 @@ class Scheduler:
             self.running.remove(ctx)
         elif ctx in self.waiting:
             self.waiting.remove(ctx)
-        self.allocator.release(ctx.block_table)
-        ctx.block_table = []
+        self.kv.free(ctx)
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
@@ -109,16 +108,14 @@ class Scheduler:
             if ctx.status is not Status.RUNNING or budget == 0:
                 continue
             n = min(len(ctx.tokens) - ctx.num_computed, budget)
-            need = self.blocks_for(ctx.num_computed + n) - len(ctx.block_table)
-            while need > self.allocator.num_free:
+            while (block_table := self.kv.allocate(ctx, ctx.num_computed + n)) is None:
                 victim = self.running[-1]
                 self.preempt(victim)
                 budget += plan.drop(victim)
                 if victim is ctx:
                     break
             else:
-                ctx.block_table += self.allocator.allocate(need)
-                plan.entries.append(Scheduled(ctx, n))
+                plan.entries.append(Scheduled(ctx, n, block_table))
                 budget -= n
         self.admit(plan, budget)
         plan.order()
@@ -130,26 +127,21 @@ class Scheduler:
                 return
             if not self.runnable(ctx) or self.follows_unfinished_prefill(ctx):
                 continue
-            root = self.hash_root(ctx)
-            cached = self.allocator.match_prefix(ctx.tokens, root)
-            ctx.block_table = cached
-            ctx.num_computed = ctx.num_cached = len(cached) * self.block_size
-            ctx.num_hashed_blocks, ctx.chain_hash = len(cached), self.allocator.chain_hash(cached) if cached else root
+            ctx.num_computed = ctx.num_cached = self.kv.take_cached_prefix(ctx)
             n = min(len(ctx.tokens) - ctx.num_computed, budget)
-            need = self.blocks_for(ctx.num_computed + n) - len(cached)
             # The watermark keeps room for running requests to grow; an idle engine needs none.
             reserve = self.watermark if self.running else 0
-            if need > self.allocator.num_free - reserve:
-                self.allocator.release(cached)
-                ctx.block_table, ctx.num_computed, ctx.num_cached = [], 0, 0
+            block_table = self.kv.allocate(ctx, ctx.num_computed + n, reserve)
+            if block_table is None:
+                self.kv.free(ctx)
+                ctx.num_computed = ctx.num_cached = 0
                 return  # head-of-line: later requests do not overtake it
-            ctx.block_table += self.allocator.allocate(need)
             self.waiting.remove(ctx)
             ctx.status = Status.RUNNING
             self.running.append(ctx)
             self.prompt_tokens += len(ctx.tokens)
             self.cached_tokens += ctx.num_cached
-            plan.entries.append(Scheduled(ctx, n))
+            plan.entries.append(Scheduled(ctx, n, block_table))
             budget -= n
 
     def postprocess(self, plan: StepPlan, sampling: list[ResponseContext], tokens: list[int],
@@ -163,8 +155,7 @@ class Scheduler:
             ctx = entry.ctx
             if not ctx.finished:
                 ctx.num_computed += entry.num_tokens
-                ctx.num_hashed_blocks, ctx.chain_hash = self.allocator.register_full_blocks(
-                    ctx.tokens, ctx.block_table, ctx.num_computed, ctx.num_hashed_blocks, ctx.chain_hash)
+                self.kv.cache_computed_blocks(ctx)
         delivered = []
         for i, (ctx, token) in enumerate(zip(sampling, tokens)):
             if ctx.finished:
@@ -194,14 +185,6 @@ class Scheduler:
         """Free a running request's blocks and send it back to wait (ahead of later arrivals): once
         admitted again it computes every token it holds, and samples no token twice."""
         self.running.remove(ctx)
-        self.allocator.release(ctx.block_table)
-        ctx.block_table, ctx.num_computed, ctx.num_hashed_blocks, ctx.chain_hash = [], 0, 0, None
+        self.kv.free(ctx)
+        ctx.num_computed = 0
         self.add(ctx)
-
-    def hash_root(self, ctx: ResponseContext) -> int | None:
-        """Where the chain of ``ctx``'s prefix-cache hashes starts (see __init__)."""
-        long = self.recompute_past is not None and len(ctx.tokens) > self.recompute_past
-        return self.long_root if long else None
-
-    def blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)

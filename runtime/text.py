@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
-from .config import GenerationConfig, check_config
+from .config import GenerationConfig
+from .request_checks import check_config
 from .context import END
 from .sampler import TokenLogprob
 

@@ -1,6 +1,7 @@
 """Small random-weight models of each supported architecture, in float64 so that greedy
 comparisons with transformers are exact rather than at the mercy of float32 ties."""
 
+import contextlib
 import random
 import threading
 
@@ -118,12 +119,11 @@ def smollm():
 def run_threaded(engine, prompts, new_tokens, threads=8, in_order=False):
     """Launch and fetch every prompt from ``threads`` worker threads; {index: tokens}.
 
-    ``in_order``: the workers launch in the prompts' order, one after another, and the loop plans
-    nothing until all are launched, so the run's schedule no longer depends on how fast the workers
-    start. Without it a busy machine can start them so far apart that each request ends before the
-    next arrives, and a test that counts on preemption sees none."""
+    ``in_order``: the workers launch in the prompts' order, one after another, inside
+    ``engine.paused()``, so that nothing runs until all are launched and the run's schedule no longer
+    depends on how fast the workers start. Without it a busy machine can start them so far apart
+    that each request ends before the next arrives, and a test that counts on preemption sees none."""
     from runtime import GenerationConfig
-    from runtime.scheduler import StepPlan
     results = {}
     turn = threading.Condition()
     launched = []
@@ -143,17 +143,19 @@ def run_threaded(engine, prompts, new_tokens, threads=8, in_order=False):
         for i, h in handles:
             results[i] = list(engine.stream_response_tokens(h, timeout=60))
 
-    if in_order:
-        plan = engine._plan
-        engine._plan = lambda: plan() if len(launched) == len(prompts) else StepPlan()  # empty: look again soon
     pool = [threading.Thread(target=worker, args=(range(t, len(prompts), threads),)) for t in range(threads)]
-    try:
+    with engine.paused() if in_order else contextlib.nullcontext():
         for t in pool:
             t.start()
-        for t in pool:
-            t.join(timeout=120)
-    finally:
         if in_order:
-            del engine._plan
+            with turn:
+                assert turn.wait_for(lambda: len(launched) == len(prompts), timeout=60), "a launch never came"
+    for t in pool:
+        t.join(timeout=120)
     assert not any(t.is_alive() for t in pool), "a worker thread hung"
     return results
+
+
+def new_threads(before: set, name: str = "loom-engine-loop") -> list[threading.Thread]:
+    """The threads called ``name`` running now that were not in ``before`` (a threading.enumerate())."""
+    return [t for t in threading.enumerate() if t not in before and t.name == name]

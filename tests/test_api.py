@@ -13,7 +13,7 @@ from runtime import Engine, EngineClosed, GenerationConfig, GenerationFailed
 from runtime import loop
 from runtime.context import ResponseContext
 
-from .conftest import VOCAB, reference
+from .conftest import VOCAB, new_threads, reference
 
 
 class Hooked:
@@ -44,12 +44,15 @@ def slow(engine, delay=0.02):
 LONG = GenerationConfig(max_new_tokens=200, ignore_eos=True)
 
 
-def test_loop_thread_starts_lazily_on_first_launch(engine):
-    assert engine._thread is None
-    assert not [t for t in threading.enumerate() if t.name == "loom-engine-loop" and t.ident is None]
-    handle = engine.launch_response_tokens([5, 6, 7], {"max_new_tokens": 2})
-    assert engine._thread is not None and engine._thread.is_alive()
-    list(engine.stream_response_tokens(handle))
+def test_loop_thread_starts_lazily_on_first_launch(llama):
+    before = set(threading.enumerate())
+    with Engine.from_pretrained(llama) as engine:
+        assert not new_threads(before)
+        handle = engine.launch_response_tokens([5, 6, 7], {"max_new_tokens": 2})
+        [loop_thread] = new_threads(before)
+        assert loop_thread.is_alive()
+        list(engine.stream_response_tokens(handle))
+    assert not loop_thread.is_alive()  # shutdown joined it
 
 
 def test_end_of_stream_then_handle_is_released(engine):
@@ -153,10 +156,12 @@ def thread_cpu_seconds(thread: threading.Thread) -> float:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads per-thread CPU time from /proc")
 def test_idle_loop_thread_sleeps(engine):
+    threads = set(threading.enumerate())
     list(engine.stream_response_tokens(engine.launch_response_tokens([5, 6, 7], {"max_new_tokens": 4})))
-    before = thread_cpu_seconds(engine._thread)
+    [loop_thread] = new_threads(threads)
+    before = thread_cpu_seconds(loop_thread)
     time.sleep(1.0)
-    assert thread_cpu_seconds(engine._thread) - before <= 0.02  # a clock tick or two, not a poll
+    assert thread_cpu_seconds(loop_thread) - before <= 0.02  # a clock tick or two, not a poll
 
 
 @pytest.mark.timing
@@ -164,10 +169,10 @@ def test_blocked_consumers_take_their_tokens_before_the_next_forward(engine):
     """On the CPU the loop leaves the cores to consumers blocked in fetch before the next forward
     starts; a consumer woken during a forward waits milliseconds for a core and the GIL. A race
     outcome, so opt-in (--timing): on a busy machine a consumer may miss the 3 ms grace."""
-    untaken, model = [], engine.model
+    untaken, model, streams = [], engine.model, {}  # streams: {handle: tokens its consumer took}
 
     def forward(step, kv_cache):
-        untaken.append(sum(ctx.queue.qsize() for ctx in list(engine._contexts.values())))
+        untaken.append(sum(handle.num_generated - taken for handle, taken in list(streams.items())))
         return model(step, kv_cache)
 
     engine.model = forward
@@ -175,8 +180,9 @@ def test_blocked_consumers_take_their_tokens_before_the_next_forward(engine):
 
     def consume(i):
         handle = engine.launch_response_tokens([1 + i, 2, 3], config)
+        streams[handle] = 0
         while engine.fetch_response_tokens(handle, timeout=60) != -1:
-            pass
+            streams[handle] += 1
 
     threads = [threading.Thread(target=consume, args=(i,)) for i in range(8)]
     for t in threads:

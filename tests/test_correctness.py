@@ -154,7 +154,7 @@ def test_a_float16_kv_pool_under_threads_and_preemption(llama):
     with Engine.from_pretrained(llama, kv_cache_bytes=1 << 20) as wide, \
             Engine.from_pretrained(llama, kv_cache_bytes=1 << 20, kv_dtype="float16") as half:
         assert half.kv_cache.dtype == torch.float16 and wide.kv_cache.dtype == torch.float64
-        assert half.allocator.num_blocks == 4 * wide.allocator.num_blocks
+        assert half.stats()["total_kv_blocks"] == 4 * wide.stats()["total_kv_blocks"]
         alone = {i: list(half.stream_response_tokens(half.launch_response_tokens(p, {"max_new_tokens": n})))
                  for i, (p, n) in enumerate(zip(prompts, new_tokens))}
         float64_pool = {i: list(wide.stream_response_tokens(wide.launch_response_tokens(p, {"max_new_tokens": n})))

@@ -15,6 +15,8 @@ from runtime import Engine, GenerationConfig, pool_commit
 from runtime.block_allocator import BlockAllocator
 from runtime.pool_commit import PoolCommitter
 
+from .conftest import new_threads
+
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the pool is committed with Linux's madvise")
 
 
@@ -63,13 +65,13 @@ def test_commit_backs_blocks_with_memory_and_keeps_their_values():
 def test_the_engine_commits_blocks_ahead_of_those_it_has_handed_out(llama, monkeypatch):
     monkeypatch.setattr(pool_commit, "AHEAD_BYTES", 1 << 20)  # 64 of this model's blocks, not the whole pool
     with Engine.from_pretrained(llama, num_kv_blocks=4000) as engine:
-        committer = engine._pool_committer
+        committer = engine.kv_manager.committer
         assert committer.ahead == (1 << 20) // engine.kv_cache.block_bytes == 64
         handles = [engine.launch_response_tokens([4 + i] + list(range(10, 45)), GenerationConfig(max_new_tokens=20))
                    for i in range(6)]
         for handle in handles:
             list(engine.stream_response_tokens(handle, timeout=60))
-        high_water = engine.allocator.high_water
+        high_water = engine.kv_manager.high_water
         assert high_water >= 6 * 3  # each request took three blocks or more
         deadline = time.monotonic() + 30
         while committer.committed < high_water + committer.ahead and time.monotonic() < deadline:
@@ -96,5 +98,6 @@ def test_a_closed_committer_commits_nothing_more():
                    dtype=torch.float32, device="cpu")
     committer = PoolCommitter(pool)
     committer.close()
+    before = set(threading.enumerate())
     committer.keep_ahead_of(10)
-    assert committer.target == 0 and committer._thread is None
+    assert committer.target == 0 and not new_threads(before, "loom-kv-commit")

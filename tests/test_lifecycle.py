@@ -12,6 +12,7 @@ import pytest
 
 from runtime import ContextLimitWarning, Engine, EngineClosed, GenerationConfig, HandleReleased
 
+from .conftest import new_threads
 from .test_api import Hooked
 
 LONG = GenerationConfig(max_new_tokens=200, ignore_eos=True)
@@ -46,8 +47,9 @@ def collected(ref: weakref.ref, seconds: float = 10.0) -> bool:
 
 def test_an_engine_dropped_without_shutdown_is_freed(llama):
     engine = Engine.from_pretrained(llama)
+    before = set(threading.enumerate())
     list(engine.stream_response_tokens(engine.launch_response_tokens([5, 6, 7], {"max_new_tokens": 4})))
-    loop, pool = engine._thread, weakref.ref(engine.kv_cache.data)
+    [loop], pool = new_threads(before), weakref.ref(engine.kv_cache.data)
     owner = weakref.ref(engine)
     assert loop.is_alive()
     del engine
@@ -62,9 +64,10 @@ def test_an_engine_dropped_without_shutdown_is_freed(llama):
 def test_an_engine_dropped_mid_request_is_freed(llama):
     engine = Engine.from_pretrained(llama)
     engine.model = Hooked(engine.model, delay=0.01)
+    before = set(threading.enumerate())
     handle = engine.launch_response_tokens([5, 6, 7], LONG)
     engine.fetch_response_tokens(handle, timeout=10)
-    loop, owner = engine._thread, weakref.ref(engine)
+    [loop], owner = new_threads(before), weakref.ref(engine)
     del engine, handle
     assert collected(owner), "something still holds the engine"
     loop.join(timeout=10)

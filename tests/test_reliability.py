@@ -9,8 +9,7 @@ import time
 
 import pytest
 
-import runtime.engine
-from runtime import Engine, EngineBusy, EngineClosed, GenerationConfig, GenerationFailed
+from runtime import Engine, EngineBusy, EngineClosed, GenerationConfig, GenerationFailed, sampler
 
 from .conftest import reference
 from .test_api import Hooked
@@ -61,29 +60,26 @@ def test_unfetched_finished_requests_do_not_accumulate(llama):
 def test_consumer_that_stops_fetching_is_paused_without_holding_blocks(llama):
     with Engine.from_pretrained(llama, max_unfetched_tokens=8) as engine:
         handle = engine.launch_response_tokens([5, 6, 7], GenerationConfig(max_new_tokens=40, ignore_eos=True))
-        wait_until(lambda: handle_queue(engine, handle) >= 8 and engine.stats()["running"] == 0)
+        # Nothing fetched yet: every token generated is waiting in the handle's queue.
+        wait_until(lambda: handle.num_generated >= 8 and engine.stats()["running"] == 0)
         time.sleep(0.1)
         stats = engine.stats()
-        assert stats["free_kv_blocks"] == stats["total_kv_blocks"] and handle_queue(engine, handle) == 8
+        assert stats["free_kv_blocks"] == stats["total_kv_blocks"] and handle.num_generated == 8
         tokens = list(engine.stream_response_tokens(handle, timeout=10))  # catching up resumes it
     assert tokens == reference(llama, [5, 6, 7], 40, eos_token_id=None)
-
-
-def handle_queue(engine, handle):
-    return engine._contexts[handle].queue.qsize()
 
 
 def test_a_request_whose_sampling_fails_fails_alone(llama, monkeypatch):
     """If sampling the batch raises, each row is sampled alone: only the request whose own
     sampling raises fails; its batch-mates get their tokens from that same step."""
-    real = runtime.engine.sampler.sample
+    real = sampler.sample
 
     def flaky(logits, contexts, generator, bitmask=None):
         if any(ctx.config.seed == 666 for ctx in contexts):
             raise ValueError("sampler exploded")
         return real(logits, contexts, generator, bitmask)
 
-    monkeypatch.setattr(runtime.engine.sampler, "sample", flaky)
+    monkeypatch.setattr(sampler, "sample", flaky)
     with Engine.from_pretrained(llama) as engine:
         engine.model = Hooked(engine.model, delay=0.01)
         mate = engine.launch_response_tokens([8, 9], {"max_new_tokens": 6, "ignore_eos": True})

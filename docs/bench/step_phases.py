@@ -1,8 +1,8 @@
 """Where a Loom step's time goes: W1's shape (64 requests, 16-token prompts, 128 new tokens, GPT-2
-small with random weights) with each phase of Engine._step timed on the loop thread: building the
-flat batch, the forward (synchronised, so that a GPU's queued work is counted where it runs),
-sampling with its host transfer, and the rest (scheduling, bookkeeping, delivery, the consumers'
-grace). Run from a checkout's root (docs/benchmarks-history.md, "GPU"):
+small with random weights) with each phase of the worker's step (runtime/worker.py) timed on the
+loop thread: building the flat batch, the forward (synchronised, so that a GPU's queued work is
+counted where it runs), sampling with its host transfer, and the rest (scheduling, bookkeeping,
+delivery, the consumers' grace). Run from a checkout's root (docs/benchmarks-history.md, "GPU"):
 
     python docs/bench/step_phases.py [--device cuda] [--requests 64] [--new-tokens 128]
 """
@@ -50,8 +50,8 @@ def main():
     StepInput.flatten = staticmethod(timed("build the flat batch", flatten))
     engine.model = timed("forward", engine.model, sync=True)
     sampler.sample = timed("sample + host transfer", sampler.sample)
-    step = engine._step
-    engine._step = timed("whole step", step)
+    step = engine._worker.step  # the loop thread calls it through the worker: an attribute here takes its place
+    engine._worker.step = timed("whole step", step)
 
     def run():
         config = GenerationConfig(max_new_tokens=args.new_tokens, ignore_eos=True)
