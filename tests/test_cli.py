@@ -187,9 +187,9 @@ def test_bench_w6_runs_loom_in_process_and_through_its_server(tmp_path, capsys):
     assert "W6: skipping llama.cpp: llama-server was not found" in capsys.readouterr().out
     runs = json.loads((tmp_path / "bench.json").read_text())["runs"]
     assert sorted((r["system"], r["concurrency"]) for r in runs) == [
-        ("loom float32", 1), ("loom float32", 2), ("loom server float32", 1), ("loom server float32", 2)]
+        ("loom server stored", 1), ("loom server stored", 2), ("loom stored", 1), ("loom stored", 2)]
     assert all(r["tokens"] == 64 * r["concurrency"] and r["cpu_ms_per_token"] > 0 for r in runs)
-    server = next(r for r in runs if r["system"] == "loom server float32")
+    server = next(r for r in runs if r["system"] == "loom server stored")
     agreement = server["note"].split("greedy text equal to Loom's for ")[1].removesuffix(" chars")
     assert all(a == b for a, b in (pair.split("/") for pair in agreement.split(", "))), agreement
 
