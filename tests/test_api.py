@@ -107,6 +107,20 @@ def test_abort_a_waiting_request(llama):
         assert engine.stats()["waiting"] == 0
 
 
+def test_nothing_runs_while_paused_and_what_was_launched_then_runs_in_launch_order(llama):
+    config = GenerationConfig(max_new_tokens=3, ignore_eos=True)
+    with Engine.from_pretrained(llama, max_batch_size=2) as engine:
+        with engine.paused():
+            handles = [engine.launch_response_tokens([5 + i, 6], config) for i in range(3)]
+            with pytest.raises(TimeoutError):
+                engine.fetch_response_tokens(handles[0], timeout=0.2)
+            stats = engine.stats()
+            assert stats["steps"] == 0 and stats["waiting"] == 3
+        assert [len(list(engine.stream_response_tokens(h, timeout=30))) for h in handles] == [3, 3, 3]
+    # two fit in the batch: the first two launched, and the third once they had finished
+    assert handles[2].token_times[0] > max(handles[0].token_times[-1], handles[1].token_times[-1])
+
+
 def test_shutdown_wakes_blocked_fetchers(engine):
     slow(engine, delay=0.05)
     handles = [engine.launch_response_tokens([5 + i, 6], LONG) for i in range(4)]
