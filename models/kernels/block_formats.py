@@ -77,10 +77,12 @@ def _q4_k_rearranged(data: np.ndarray, rows: int, groups: int) -> np.ndarray:
     m = np.concatenate([high & 0x3F, (rest >> 4) | ((high >> 2) & 0x30)], axis=-1)
     scale = (d * sc.astype(np.float32)).reshape(rows, groups)
     low_bound = -(dmin * m.astype(np.float32)).reshape(rows, groups)
-    codes = blocks[..., 16:].reshape(rows, groups // 8, 4, 1, 32)
-    values = ((codes >> np.array([0, 4], np.uint8).reshape(2, 1)) & 0x0F).reshape(rows, groups, 32)
-    packed_codes = values[..., :16] | (values[..., 16:] << 4)  # byte j: values j and j + 16
-    return np.concatenate([packed_codes.reshape(rows, -1), scale.view(np.uint8), low_bound.view(np.uint8)], axis=1)
+    # 32 bytes hold two sub-blocks, value l of each in byte l's low and high nibble; a block of
+    # Loom's keeps values j and j + 16 in byte j: nibbles move between the two halves of the 32.
+    codes = blocks[..., 16:].reshape(rows, groups // 8, 4, 2, 16)
+    first, second = codes[..., 0, :], codes[..., 1, :]
+    packed = np.stack([(first & 0x0F) | (second << 4), (first >> 4) | (second & 0xF0)], axis=-2)
+    return np.concatenate([packed.reshape(rows, -1), scale.view(np.uint8), low_bound.view(np.uint8)], axis=1)
 
 
 def _iq4_rearranged(data: np.ndarray, kind: Q, rows: int, groups: int) -> np.ndarray:
