@@ -51,9 +51,13 @@ MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
 CONSTRAINTS = ("json_schema", "regex", "choice", "grammar")
 
 
-@dataclass
+@dataclass(frozen=True)
 class GenerationConfig:
     """How one request generates. Names follow transformers' GenerationConfig.
+
+    Immutable: a field cannot be assigned after construction (dataclasses.FrozenInstanceError),
+    so a request's settings cannot change under the loop thread while it runs. For a changed copy
+    use ``dataclasses.replace(config, seed=7)``, which checks the fields again as the constructor does.
 
     Greedy or sampled, one rule everywhere (in-process, the command line, the server):
     ``do_sample`` decides when given; left as None, a request samples exactly when it sets a
@@ -67,7 +71,8 @@ class GenerationConfig:
 
     Penalties and bias follow OpenAI's API: ``presence_penalty`` and ``frequency_penalty``
     (in [-2, 2]) subtract from the logit of each token already generated, once and per
-    occurrence; ``logit_bias`` ({token id: bias in [-100, 100]}) is added to the logits;
+    occurrence; ``logit_bias`` ({int token id: bias in [-100, 100]}, copied; the server turns
+    JSON's string keys into ints) is added to the logits;
     ``min_p`` drops tokens less likely than min_p times the most likely one (when sampling).
 
     Structured output, at most one of: ``json_schema`` (a dict, a JSON string or a pydantic model
@@ -111,17 +116,17 @@ class GenerationConfig:
         check_int("seed", self.seed, 0, optional=True, maximum=2**64 - 1)  # torch.Generator's range
         check_int("priority", self.priority, -(2**31), maximum=2**31 - 1)
         if isinstance(self.stop_token_ids, Integral):
-            self.stop_token_ids = (self.stop_token_ids,)
+            self._normalize("stop_token_ids", (self.stop_token_ids,))
         if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(self.stop_token_ids, Iterable):
             raise TypeError(f"stop_token_ids must be a list of ints, got {self.stop_token_ids!r}")
-        self.stop_token_ids = tuple(self.stop_token_ids)
+        self._normalize("stop_token_ids", tuple(self.stop_token_ids))
         for token in self.stop_token_ids:
             check_int("each of stop_token_ids", token, 0)
         if isinstance(self.stop, str):
-            self.stop = (self.stop,)
+            self._normalize("stop", (self.stop,))
         if not isinstance(self.stop, Iterable):
             raise TypeError(f"stop must be a str or a list of str, got {self.stop!r}")
-        self.stop = tuple(self.stop)
+        self._normalize("stop", tuple(self.stop))
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"each stop string must be a non-empty str, got {s!r}")
@@ -140,6 +145,11 @@ class GenerationConfig:
             warnings.warn(f"do_sample=False, so {', '.join(knobs)} is ignored and decoding is greedy; "
                           "set do_sample=True (or leave it unset) to sample", UserWarning, stacklevel=3)
 
+    def _normalize(self, name: str, value) -> None:
+        # Only __post_init__ writes a frozen field, to give it its normal form (a tuple, logit_bias's
+        # own copy) before anyone else holds the config.
+        object.__setattr__(self, name, value)
+
     def _check_logit_bias(self):
         if self.logit_bias is None:
             return
@@ -147,12 +157,13 @@ class GenerationConfig:
             raise TypeError(f"logit_bias must be a dict of token id to bias, got {self.logit_bias!r}")
         bias = {}
         for token, value in self.logit_bias.items():
-            if isinstance(token, str) and token.lstrip("-").isdigit():
-                token = int(token)  # JSON object keys (OpenAI's format) are strings
+            if isinstance(token, str):
+                raise TypeError(f"logit_bias keys must be token ids (ints), got the str {token!r}; "
+                                "the server converts JSON's string keys, in-process use the ids")
             check_int("each logit_bias token id", token, 0)
             _check_real(f"logit_bias[{token}]", value, -100.0, 100.0)
             bias[int(token)] = float(value)
-        self.logit_bias = bias or None
+        self._normalize("logit_bias", bias or None)
 
     def _check_constraint(self):
         given = [name for name in CONSTRAINTS if getattr(self, name) is not None]
@@ -165,7 +176,7 @@ class GenerationConfig:
         if self.choice is not None:
             if isinstance(self.choice, str) or not isinstance(self.choice, Iterable):
                 raise TypeError(f"choice must be a list of strings, got {self.choice!r}")
-            self.choice = tuple(self.choice)
+            self._normalize("choice", tuple(self.choice))
             if not self.choice or not all(isinstance(c, str) and c for c in self.choice):
                 raise ValueError(f"choice must be a non-empty list of non-empty strings, got {list(self.choice)!r}")
         schema = self.json_schema

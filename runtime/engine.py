@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import copy
+import dataclasses
 import functools
 import os
 import queue
@@ -28,7 +28,7 @@ from .cpu_host import host_for
 from .errors import EngineClosed
 from .handles import Handles
 from .kv_manager import KVManager
-from .request_checks import check_backlog, check_config, check_prompt, check_room, check_token_ids
+from .request_checks import as_config, check_backlog, check_prompt, check_room, check_token_ids
 from .scheduler import Scheduler
 from .text import TextAPI
 from .worker import Worker
@@ -62,8 +62,8 @@ class Engine(TextAPI):
         self.scheduler = Scheduler(options, self.kv_manager)
         self.vocab_size, self.max_position = model.vocab_size, model.max_position
         self.max_context = min(model.max_position, self.kv_manager.num_blocks * options.block_size)
-        layers = getattr(model, "decoder_layers", None)
-        splits = functools.partial(layers.splits, kv_cache=self.kv_cache) if layers is not None else None
+        splits_rows = getattr(model, "splits_rows", None)  # models/step.py
+        splits = functools.partial(splits_rows, kv_cache=self.kv_cache) if splits_rows is not None else None
         self._host = host_for(device, options.cpu_threads, splits)
         # Reentrant: the weakref callback that wakes the loop may run wherever the last reference
         # to the worker goes, even in the loop thread while it holds the lock.
@@ -133,7 +133,7 @@ class Engine(TextAPI):
         return self._launch(input_tokens, config, n)
 
     def _launch(self, input_tokens, config, n: int) -> list[Handle]:
-        config = check_config(config)
+        config = as_config(config)
         check_token_ids(config, self.vocab_size)
         prompt = check_prompt(input_tokens, self.vocab_size)
         check_room(len(prompt), config.max_new_tokens, max_context=self.max_context, max_position=self.max_position,
@@ -161,11 +161,11 @@ class Engine(TextAPI):
 
     @staticmethod
     def _choice_config(config: GenerationConfig, choice: int) -> GenerationConfig:
-        if choice == 0 or config.seed is None:
+        # A greedy config draws nothing, so its choices share it (a copy would only warn again
+        # about a do_sample=False beside a sampling knob).
+        if choice == 0 or config.seed is None or not config.sampled:
             return config
-        config = copy.copy(config)  # already validated; a seed + choice stays in the generator's range
-        config.seed = (config.seed + choice) % 2**64
-        return config
+        return dataclasses.replace(config, seed=(config.seed + choice) % 2**64)  # wrapped into the seed's range
 
     def fetch_response_tokens(self, handle: int, timeout: float | None = None) -> int:
         """Block until ``handle``'s next token and return it; -1 once the stream has ended (also

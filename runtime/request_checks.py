@@ -13,8 +13,10 @@ from .config import EngineOptions, GenerationConfig
 from .errors import ContextLimitWarning, EngineBusy
 
 
-def check_config(config) -> GenerationConfig:
-    """A GenerationConfig from None, a dict of its fields, or one already made."""
+def as_config(config) -> GenerationConfig:
+    """A GenerationConfig from None (the defaults), a dict of its fields (checked as the
+    constructor checks them), or one already made (returned as is: it is immutable). Raises
+    TypeError for anything else, TypeError/ValueError for a bad field."""
     if config is None:
         return GenerationConfig()
     if isinstance(config, dict):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from .config import GenerationConfig
-from .request_checks import check_config
+from .request_checks import as_config
 from .context import END
 from .sampler import TokenLogprob
 
@@ -129,7 +129,7 @@ class TextAPI:
     def stream_response(self, prompt, config: GenerationConfig | None = None) -> Iterator[str]:
         """Yield text pieces as tokens arrive. Stops at EOS, a stop token, ``max_new_tokens`` or a
         ``config.stop`` string (which is not returned). Closing the iterator early aborts the request."""
-        config = check_config(config)
+        config = as_config(config)
         return self.stream_text(self.launch_response(prompt, config), config.stop)
 
     def response(self, prompt, config: GenerationConfig | None = None) -> str:
@@ -142,7 +142,7 @@ class TextAPI:
 
     def complete_choices(self, prompt, config: GenerationConfig | None = None, n: int = 2) -> list[Completion]:
         """``n`` answers to one prompt (see Engine.launch_choices); blocks until all are done."""
-        config = check_config(config)
+        config = as_config(config)
         handles = self.launch_choices(self.encode(prompt), config, n)
         completions = []
         for handle in handles:
@@ -157,7 +157,7 @@ class TextAPI:
 
     async def astream_response(self, prompt, config: GenerationConfig | None = None) -> AsyncIterator[str]:
         """stream_response for asyncio: awaits tokens without blocking the event loop."""
-        config = check_config(config)
+        config = as_config(config)
         async for piece in self.astream_text(self.launch_response(prompt, config), config.stop):
             yield piece
 

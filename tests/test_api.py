@@ -1,5 +1,6 @@
 """The public contract of the token API: what blocks, what returns -1, what raises."""
 
+import dataclasses
 import os
 import sys
 import threading
@@ -260,6 +261,21 @@ def test_numpy_and_tensor_prompts(engine, llama):
     for prompt in (np.array([5, 6, 7]), torch.tensor([5, 6, 7])):
         h = engine.launch_response_tokens(prompt, {"max_new_tokens": 3})
         assert list(engine.stream_response_tokens(h)) == reference(llama, [5, 6, 7], 3)
+
+
+def test_a_config_cannot_change_and_its_copies_are_checked_again():
+    """A launched request's settings cannot change under the loop thread; a changed copy is made
+    with dataclasses.replace, which checks the fields as the constructor does."""
+    config = GenerationConfig(max_new_tokens=8, stop=["\n"], logit_bias={5: 1.0})
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'max_new_tokens'"):
+        config.max_new_tokens = 0
+    assert config.stop == ("\n",) and dataclasses.replace(config, seed=7).seed == 7
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        dataclasses.replace(config, max_new_tokens=0)
+    bias = {5: 1.0}
+    config = GenerationConfig(logit_bias=bias)
+    bias[6] = 2.0  # the caller's dict: the config keeps its own copy
+    assert config.logit_bias == {5: 1.0}
 
 
 def test_one_rule_for_greedy_or_sampled():

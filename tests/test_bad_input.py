@@ -47,6 +47,7 @@ BAD_CONFIGS = [
     (dict(stop=[""]), ValueError, "non-empty str"),
     (dict(stop=5), TypeError, "stop must be a str or a list of str"),
     (dict(nonsense=1), TypeError, "unexpected keyword argument 'nonsense'"),
+    (dict(logit_bias={"40": 1.0}), TypeError, "logit_bias keys must be token ids"),
 ]
 
 BAD_OPTIONS = [

@@ -1,6 +1,7 @@
 """Logprobs, OpenAI's penalties, logit_bias, min_p and n choices, each checked against a plain
 transformers computation of the same request."""
 
+import dataclasses
 import math
 
 import pytest
@@ -67,7 +68,7 @@ def test_logit_bias_is_added_to_the_logits(llama):
         handle = engine.launch_response_tokens([5, 6], GenerationConfig(max_new_tokens=4, ignore_eos=True, logit_bias=bias))
         assert list(engine.stream_response_tokens(handle, timeout=30)) == [17] * 4
         handle = engine.launch_response_tokens([5, 6], GenerationConfig(max_new_tokens=6, ignore_eos=True,
-                                                                         logit_bias={"40": -3.0}))
+                                                                         logit_bias={40: -3.0}))
         tokens = list(engine.stream_response_tokens(handle, timeout=30))
         with pytest.raises(ValueError, match="outside the vocabulary"):
             engine.launch_response_tokens([5], GenerationConfig(logit_bias={VOCAB: 1.0}))
@@ -77,6 +78,13 @@ def test_logit_bias_is_added_to_the_logits(llama):
         return logits
 
     assert tokens == manual_greedy(llama, [5, 6], 6, shift)
+
+
+def test_logit_bias_takes_token_ids_not_strings():
+    """JSON's string keys ("40") are the server's to convert; in-process a key is a token id."""
+    with pytest.raises(TypeError, match=r"logit_bias keys must be token ids \(ints\), got the str '40'"):
+        GenerationConfig(logit_bias={"40": -3.0})
+    assert GenerationConfig(logit_bias={40: -3}).logit_bias == {40: -3.0}
 
 
 @pytest.mark.parametrize("fields", [{"logit_bias": {1: 101}}, {"logit_bias": {-1: 1}}, {"logit_bias": [1]},
@@ -120,3 +128,22 @@ def test_n_choices_share_the_prompts_blocks(llama):
             engine.launch_choices(prompt, config, 0)
     assert outputs == [reference(llama, prompt, 8, eos_token_id=None)] * 4
     assert sampled[0] == sampled[1] and len({tuple(s) for s in sampled[0]}) == 3
+
+
+def test_each_choice_samples_with_its_own_checked_copy_of_the_config(llama):
+    """Choice i of a seeded request samples with seed + i (wrapped into the seed's range) from a
+    copy built as any config is: immutable, the other fields the same. A greedy request's choices
+    draw nothing and share the one config."""
+    config = GenerationConfig(max_new_tokens=4, ignore_eos=True, temperature=1.0, seed=2**64 - 1, logit_bias={7: 1.0})
+    with Engine.from_pretrained(llama) as engine:
+        handles = engine.launch_choices([5, 6, 7], config, 3)
+        configs = [h.context.config for h in handles]
+        greedy = engine.launch_choices([5, 6, 7], GenerationConfig(max_new_tokens=4, seed=3), 2)
+        assert greedy[0].context.config is greedy[1].context.config
+        for h in handles + greedy:
+            list(engine.stream_response_tokens(h, timeout=30))
+    assert configs[0] is config
+    assert [c.seed for c in configs] == [2**64 - 1, 0, 1]
+    assert all(dataclasses.replace(c, seed=None) == dataclasses.replace(config, seed=None) for c in configs)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        configs[1].seed = 5

@@ -114,6 +114,18 @@ def test_seeded_sampling_is_reproducible(client):
     assert make() == make()
 
 
+def test_logit_bias_keys_sent_as_json_strings_are_token_ids(server, client):
+    """OpenAI's API sends logit_bias as a JSON object, its token ids as string keys ("123"): the
+    server turns them into the ints GenerationConfig takes."""
+    engine = server[0]
+    token = engine.encode(" blue")[-1]
+    reply = client.chat.completions.create(model=MODEL, messages=ask(3), max_tokens=4, temperature=0,
+                                           logit_bias={str(token): 100})
+    biased = GenerationConfig(max_new_tokens=4, ignore_eos=True, logit_bias={token: 100.0})
+    expected = engine.complete(ask(3), biased)
+    assert expected.token_ids == [token] * 4 and reply.choices[0].message.content == expected.text
+
+
 @pytest.mark.parametrize("kwargs,status,code", [
     (dict(model="gpt-4", messages=ask(1)), 404, "model_not_found"),
     (dict(model=MODEL, messages=ask(1), n=0), 400, "invalid_value"),
@@ -122,6 +134,7 @@ def test_seeded_sampling_is_reproducible(client):
     (dict(model=MODEL, messages=ask(1), response_format={"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "strin"}}}}}), 400, "invalid_value"),
     (dict(model=MODEL, messages=ask(1), logit_bias={"99999999": 5}), 400, "invalid_value"),
+    (dict(model=MODEL, messages=ask(1), logit_bias={"blue": 5}), 400, "invalid_value"),
     (dict(model=MODEL, messages=ask(1), tool_choice="required"), 400, "invalid_value"),
     (dict(model=MODEL, messages=ask(1), temperature=5), 400, "invalid_value"),
     (dict(model=MODEL, messages=ask(1), max_tokens=0), 400, "invalid_value"),

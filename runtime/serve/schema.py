@@ -7,6 +7,7 @@ system message."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -132,7 +133,8 @@ class Sampling(Body):
 
     def config(self, default_max_tokens: int, logprobs: int | None = None, json_schema=None) -> GenerationConfig:
         """The request's GenerationConfig; GenerationConfig's one rule: no temperature or top_p
-        (or temperature 0) is greedy. ValueError for what only it can check (logit_bias keys)."""
+        (or temperature 0) is greedy. APIError for a logit_bias key that is no token id; ValueError
+        for what only GenerationConfig checks (a bias out of range)."""
         if json_schema is None and self.response_format is not None:
             json_schema = self.response_format_schema()
         return GenerationConfig(
@@ -140,8 +142,19 @@ class Sampling(Body):
             temperature=self.temperature, top_p=1.0 if self.top_p is None else self.top_p, seed=self.seed,
             stop=tuple([self.stop] if isinstance(self.stop, str) else self.stop or ()), ignore_eos=self.ignore_eos,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-            logit_bias=self.logit_bias, top_k=self.top_k, min_p=self.min_p,
+            logit_bias=self.token_bias(), top_k=self.top_k, min_p=self.min_p,
             repetition_penalty=self.repetition_penalty, json_schema=json_schema, logprobs=logprobs)
+
+    def token_bias(self) -> dict[int, float] | None:
+        """logit_bias with int keys: JSON object keys are strings ("123"), GenerationConfig's are token ids."""
+        if self.logit_bias is None:
+            return None
+        bias = {}
+        for key, value in self.logit_bias.items():
+            if not re.fullmatch(r"-?[0-9]+", key):
+                raise APIError.invalid(f"logit_bias keys must be token ids (integers), got {key!r}", "logit_bias")
+            bias[int(key)] = value
+        return bias
 
     def new_tokens(self, default_max_tokens: int) -> int:
         return self.max_completion_tokens or self.max_tokens or default_max_tokens
