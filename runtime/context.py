@@ -90,7 +90,7 @@ class ResponseContext:
         self.status = Status.WAITING
         self.finish_reason: str | None = None
         # SimpleQueue is queue's C implementation: its wake-up path is cheaper than Queue's Python
-        # conditions (docs/benchmarks-history.md).
+        # conditions (docs/benchmarks-history.md, "What changed performance, measured").
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.num_fetched = 0        # tokens the consumer has taken
         self.waker = None           # set by an asyncio consumer waiting on this queue (Engine.fetch_async)

@@ -1,36 +1,21 @@
 """How many OpenMP threads the loop thread's forward uses, on cores that other threads and
 processes may share.
 
-An OpenMP parallel region ends when its slowest thread does. With another process busy on the
-cores, a worker that the kernel deschedules for a time slice holds up every operator's barrier, and
-while its partner spins there for libgomp's default ~300,000 iterations a two-thread forward ran
-many times slower than a one-thread one (docs/benchmarks-history.md, "Shared cores"). With short spins
-(runtime/openmp.py sets them when Loom is imported before torch) the partner soon sleeps instead,
-but it still waits: beside one busy process two threads got one core's worth between them, and a
-one-stream step took 32 ms where one thread, on a core of its own, took 19 ("Threads that carry
-their own rows").
+A parallel region ends when its slowest thread does, so on busy cores a descheduled worker holds up
+every barrier and two threads can run slower than one. So the forward takes the cores that other
+threads leave free; where they leave none, every thread for wider steps (which then claim their
+share of the busy cores), and for one-row steps whichever count was faster lately (OneRowChoice); a
+step whose rows the threads split keeps every thread, since none waits for another until it ends.
 
-So the forward takes the cores that other threads leave free. Where they leave none, wider steps
-run on every thread, which then claim their share of the busy cores' time, and a one-row step
-(bound by reading the weights) on one thread or on every thread, whichever its recent forwards were
-faster on (OneRowChoice): that depends on how much of the memory bandwidth one core can draw. With
-short spins the loop thread samples, at the end of each step (after sampling, before delivery), how
-many threads are runnable besides itself (/proc/loadavg), and the fewest over the last
-STEADY_WINDOW steps is the steady load (a burst is not runnable at every sample; a busy process
-is). At that point the work the previous delivery woke (consumers, the server's event loop, an
-HTTP client on this machine) has had a whole forward to finish. Sampled right before the forward
-instead, it was at its busiest every time: through the server with the bench's client, 72-76% of
-those samples saw such threads (3% or fewer at the step's end), and stretches of steps ran on one
-thread (docs/benchmarks-history.md, "The load's sample").
-Elsewhere (long spins, or a process pinned to some of the machine's cores, for which loadavg's
-count speaks of other cores too) it measures how long it waited for a core during each forward (its
-run-queue delay, from /proc/thread-self/schedstat): while that is a large share of the forward it
-halves its thread count, and after a quiet spell it tries one more thread again, waiting twice as
-long before the next try each time a try finds the cores still busy.
-
-A step whose rows the threads split among them (the native decoder layers from 12 rows per thread;
-models/kernels/decoder_layer.py) keeps every thread: each waits for no other until the step ends, so each
-claims its own share of the cores.
+With short spins (runtime/openmp.py) the load is the fewest threads runnable besides the loop thread
+(/proc/loadavg) over the last STEADY_WINDOW steps, sampled at each step's end: by then what the last
+delivery woke (consumers, the server's event loop, a local client) has had a forward to finish,
+where before the forward it looked like load. Elsewhere (long spins, or a process pinned to some of
+the machine's cores, for which loadavg counts other cores' threads too) the loop thread's run-queue
+delay during each forward (/proc/thread-self/schedstat) decides: a large share halves the count, a
+quiet spell tries one more thread, and each try that finds the cores still busy doubles the wait
+before the next. The reasoning at length: docs/architecture.md, "Shared cores"; the figures:
+docs/benchmarks-history.md, "Shared cores", "Threads that carry their own rows", "The load's sample".
 
 The count is the loop thread's own (libgomp's per-thread ICV, set with omp_set_num_threads): the
 application's torch threads keep theirs. ``cpu_threads`` caps it; without libgomp or /proc the
@@ -55,9 +40,9 @@ FIRST_BACKOFF = 8     # quiet steps before trying one more thread; doubled after
 MAX_BACKOFF = 256
 SCHEDSTAT = "/proc/thread-self/schedstat"
 LOADAVG = "/proc/loadavg"
-# Steps over which the fewest other runnable threads seen is the steady load. Sampled at the steps'
-# ends, bursts rarely last four; at 16 a process that started beside one stream held it on two
-# threads for 16 steps, half of a 32-token answer ("The load's sample").
+# Steps over which the fewest other runnable threads seen is the steady load: sampled at the steps'
+# ends, bursts rarely last four, and a process that starts beside a stream counts only once it has
+# filled the window (16 steps were half of a 32-token answer; "The load's sample").
 STEADY_WINDOW = 4
 ONE_ROW_SAMPLES = 4   # one-row forwards timed at each count before OneRowChoice compares them
 ONE_ROW_RETRY = 64    # one-row steps on full cores between fresh measurements of the count not chosen
@@ -102,8 +87,8 @@ class CpuThreads:
         self.started = (run_queue_wait_ns(), time.perf_counter_ns()) if self.adaptive and not split else None
 
     def _beside(self, steady: int, one_row: bool) -> int:
-        """The count beside ``steady`` other busy threads (see the module's doc). On two Zen 5 cores
-        beside two busy processes 8 rows took 46 ms on one thread against 40 on two."""
+        """The count beside ``steady`` other busy threads (see the module's doc): with no core free,
+        a step wider than one row was faster on every thread ("Threads that carry their own rows")."""
         if steady < self.max:
             return self.max - steady
         return self.one_row.pick() if one_row else self.max
@@ -145,10 +130,9 @@ class CpuThreads:
 class OneRowChoice:
     """One thread or every thread for one-row steps on cores other threads keep busy: whichever the
     last ONE_ROW_SAMPLES forwards on each were faster on, the other measured afresh every
-    ONE_ROW_RETRY steps. On two Zen 5 cores one thread read the weights nearly as fast as two (19
-    against 17 ms quiet) and beside two busy processes took 24 ms against 35; on two cores of an
-    Emerald Rapids Xeon one thread reads at half the bandwidth of two (13.5 against 24 GB/s) and
-    took 74 ms against 56 (docs/benchmarks-history.md, "An Intel Xeon")."""
+    ONE_ROW_RETRY steps. A one-row step is bound by reading the weights, so the answer is the
+    machine's: one core read them nearly as fast as two on Zen 5, at half the rate on an Emerald
+    Rapids Xeon (docs/benchmarks-history.md, "An Intel Xeon")."""
 
     def __init__(self, most: int):
         self.times = {count: deque(maxlen=ONE_ROW_SAMPLES) for count in (1, most)}
@@ -180,8 +164,8 @@ def other_runnable_threads() -> int:
     """Threads runnable on this machine now, besides the caller: the kernel's count in
     /proc/loadavg includes it. Sampled by the loop thread while it holds the GIL, so the
     application's Python threads, this process's consumers among them, are rarely counted. Read
-    with pread through a descriptor kept open: opening the file each step took ~0.09 ms of the
-    loop thread's CPU right after a forward (8.5 us warm, against pread's 1.2)."""
+    with pread through a descriptor kept open: opening the file each step cost the loop thread
+    several times as much, cold right after a forward (docs/benchmarks-history.md, "4-bit weights")."""
     fields = os.pread(_loadavg(), 128, 0).split()
     return max(0, int(fields[3].split(b"/")[0]) - 1)
 

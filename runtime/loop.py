@@ -57,9 +57,8 @@ class Handoff:
     the loop thread keeps between operators, and the tail of the hand-off grows to milliseconds.
     Their work is done on these cores either way; doing it first costs the forward little.
 
-    The last of them to take its token wakes the loop thread. (Polling the queues every 0.2 ms
-    held a one-stream step ~0.29 ms for a consumer that took its token in a fraction of that: 5%
-    of a 4-bit step.)"""
+    The last of them to take its token wakes the loop thread: polling their queues held a step for
+    longer than the consumers needed (docs/benchmarks-history.md, "4-bit weights")."""
 
     def __init__(self):
         self._taken = threading.Condition(threading.Lock())

@@ -4,23 +4,21 @@ spin, and giving back a thread's workers.
 Spinning. A worker that reaches the end of a parallel region before its partners spins for
 GOMP_SPINCOUNT iterations (300,000 by default, about a millisecond) before it sleeps. On idle cores
 that is what makes short regions fast; on cores that other processes share it burns the worker's
-time slice while the partner it waits for waits for a core. Beside two busy processes a two-thread
-64-stream decode step took 2,210 ms with the default spin against 431 ms with 2,000 spins (and 756
-on one thread); quiet, no cost was measurable (docs/benchmarks-history.md, "Short spins"). libgomp reads
-the setting once, when it loads with torch, so importing this module loads torch with
-GOMP_SPINCOUNT=2000 and OMP_WAIT_POLICY=ACTIVE (LOAD_SETTINGS) if no libgomp is loaded yet and the
-application chose neither (the variables are removed again: child processes do not inherit them).
-``SHORT_SPIN`` says whether the loaded libgomp's workers wait briefly (runtime/cpu_threads.py
-adapts the thread count where they do not).
+time slice while the partner it waits for waits for a core: beside busy processes two threads ran
+slower than one. 2,000 spins ended that at no cost measurable on quiet cores
+(docs/benchmarks-history.md, "Panel products and short spins"). libgomp reads the setting once,
+when it loads with torch, so importing this module loads torch with LOAD_SETTINGS if no libgomp is
+loaded yet and the application chose neither variable (they are removed again: child processes do
+not inherit them). ``SHORT_SPIN`` says whether the loaded libgomp's workers wait briefly
+(runtime/cpu_threads.py adapts the thread count where they do not).
 
 Pools. libgomp gives every thread that starts a parallel region its own pool of workers, and cuts
 every spin short (LOAD_SETTINGS) once it manages more threads than there are CPUs. So the engine
 gives back the loading thread's pool once, and, where the spins are long, the loop thread's own
 after every step, before delivery (a worker spinning for a millisecond holds the core a woken
 consumer needs). With short spins the worker is asleep within microseconds anyway, and giving it
-back cost each step its join and the next forward a new thread: a 4-bit one-stream step 0.1 ms
-and ~0.07 ms of a 6.4 ms step. The measurements behind this are in docs/benchmarks-history.md ("OpenMP
-worker pools", "4-bit weights").
+back would cost each step a join and the next forward a new thread (docs/benchmarks-history.md,
+"Against the targets (2-core CPU)", "4-bit weights").
 """
 
 from __future__ import annotations
@@ -36,9 +34,8 @@ SHORT_SPIN_COUNT = 2000
 # given: the spin of a process whose OpenMP threads outnumber its CPUs, which is what any
 # application thread that has run a torch operator (and so keeps a pool) beside the loop thread
 # makes it. libgomp then spins 100 iterations unless the policy is active (1,000): at 100 every
-# barrier of a one-row step ended in a futex sleep and wake, and the forward took 36-38 ms beside
-# the application's pool against 28 without; at 1,000, 25-26 against 24-25 (docs/benchmarks-history.md,
-# "An Intel Xeon").
+# barrier of a one-row step ended in a futex sleep and wake, a cost 1,000 spins do not have
+# (docs/benchmarks-history.md, "An Intel Xeon").
 LOAD_SETTINGS = {"GOMP_SPINCOUNT": str(SHORT_SPIN_COUNT), "OMP_WAIT_POLICY": "ACTIVE"}
 _SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 

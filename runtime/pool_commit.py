@@ -3,10 +3,10 @@
 The pool is allocated zeroed but uncommitted (models/step.py): a block's pages get memory when first
 written, and that first write is the forward's, storing the block's first K and V. The kernel then
 zeroes the pages inside the step (2 MB at a time: the pool is in transparent huge pages), while the
-step's other thread waits at its next barrier. On this project's VM, whose host also backs guest
-memory only as it is touched, committing took ~2.4 ms per MB; every 16 tokens each running request
-crosses into a fresh block, and through the server a 64-stream step that did so took 102-127 ms
-against 56 (docs/benchmarks-history.md, "The pool's pages, and a lighter bench client").
+step's other thread waits at its next barrier. Every 16 tokens each running request crosses into a
+fresh block, and on this project's VM, whose host also backs guest memory only as it is touched, a
+64-stream step that did so took about twice the others (docs/benchmarks-history.md, "The pool's
+pages, and a lighter bench client").
 
 So a thread at the lowest CPU priority commits the blocks past the allocator's high-water mark
 before they are handed out, in the cores' idle moments (the loop thread's Python between

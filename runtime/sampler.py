@@ -98,19 +98,17 @@ def transfer(tokens: torch.Tensor, raw: torch.Tensor, configs) -> tuple[list[int
     return host_tokens, out
 
 
-# Up to this many rows, greedy() is one argmax. After a forward has streamed the weights through
-# the caches, each torch operator runs cold: the chunked path's six took 0.20-0.24 ms for one row of
-# the default model's 49,152 logits in the engine, where argmax took 0.07-0.09 (both 18-30 us
-# warm). In the engine with 4-bit weights, alternating: one stream 148.0 -> 154.0 tok/s (medians of
-# 6), 4 streams level (333.3 / 329.9), 8 streams behind (383.9 / 359.2).
+# Up to this many rows, greedy() is one argmax: after a forward has streamed the weights through the
+# caches each torch operator runs cold, and the chunked path is six of them; from a few rows on the
+# vectorised chunks win again (docs/benchmarks-history.md, "4-bit weights").
 ARGMAX_ROWS = 2
 
 
 def greedy(logits: torch.Tensor, chunk: int = 256) -> torch.Tensor:
     """The index of each row's largest logit; the first one on ties, as ``torch.argmax``. On the
-    CPU, argmax is not vectorised while amax is (docs/benchmarks-history.md): beyond ARGMAX_ROWS rows, the
-    max of each 256-wide chunk, the first chunk that holds the row's max, then argmax inside that
-    chunk alone."""
+    CPU, argmax is not vectorised while amax is (docs/benchmarks-history.md, "What changed
+    performance, measured"): beyond ARGMAX_ROWS rows, the max of each 256-wide chunk, the first
+    chunk that holds the row's max, then argmax inside that chunk alone."""
     vocab = logits.shape[-1]
     whole = vocab // chunk
     if logits.device.type != "cpu" or whole < 2 or logits.shape[0] <= ARGMAX_ROWS:

@@ -161,9 +161,8 @@ class Reply:
 
     def text_chunk_template(self, choice: Choice) -> tuple[str, str]:
         """A text chunk of ``choice`` without logprobs, as the event's text before and after the
-        piece's JSON string: a streamed token then costs one json.dumps of its piece. Building and
-        encoding the whole chunk took ~8% of the event loop's time at 64 streams, the single choice's
-        task and queue ~10%; without both, its CPU per token fell from 65 to 56 us
+        piece's JSON string: a streamed token then costs one json.dumps of its piece, where building
+        and encoding the whole chunk was a measurable share of the event loop's time at 64 streams
         (docs/benchmarks-history.md, "A few rows, one weight row at a time")."""
         marker = "\0piece\0"
         event = server_sent(self.envelope([self.chunk(choice, {"content": marker}, marker)], chunk=True))
