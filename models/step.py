@@ -11,6 +11,10 @@ A model whose K/V depend on how many tokens the sequence holds (longrope's two f
 an attribute ``recompute_past``, a length: a sequence that grows past it is recomputed from its
 first token, and K/V computed on one side of that length never serve a sequence on the other.
 A model without it may leave K/V in place whatever the length.
+
+A model whose forward may give each CPU thread rows of its own (the native decoder layers) has a
+method ``splits_rows(step, threads, kv_cache)`` saying whether it will for a step: the runtime
+chooses the step's thread count by it.
 """
 
 from __future__ import annotations

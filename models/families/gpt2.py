@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import AttentionMasks, embedding, paged_attention
+from .layers import AttentionMasks, NativeDecoding, embedding, paged_attention
 
 
 @dataclass
@@ -53,7 +53,7 @@ class Block(nn.Module):
         return x + self.proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
 
-class GPT2(nn.Module):
+class GPT2(NativeDecoding, nn.Module):
     def __init__(self, s: GPT2Spec):
         super().__init__()
         self.spec = s
@@ -65,7 +65,6 @@ class GPT2(nn.Module):
         self.ln_f = nn.LayerNorm(s.hidden_size, eps=s.eps)
         self.lm_head = nn.Linear(s.hidden_size, s.vocab_size, bias=False)
         self.tie_embeddings()
-        self.decoder_layers = None  # native layers for decode-only steps, where models.build finds they serve
 
     def tie_embeddings(self):
         self.lm_head.weight = self.wte.weight
@@ -73,8 +72,8 @@ class GPT2(nn.Module):
     def forward(self, step, kv_cache) -> torch.Tensor:
         """Logits [S, vocab] for the step's sampled positions only."""
         x = self.wte(step.input_ids) + self.wpe(step.positions)
-        if self.decoder_layers is not None and self.decoder_layers.serves(step, kv_cache):
-            return self.decoder_layers.forward(x, None, None, kv_cache, step)
+        if (logits := self.native_decode(x, None, None, step, kv_cache)) is not None:
+            return logits
         masks = AttentionMasks(step, x.dtype, kv_cache)
         for i, layer in enumerate(self.layers):
             x = layer(x, kv_cache, i, step, masks)

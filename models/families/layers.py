@@ -122,6 +122,25 @@ def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, 
     return out
 
 
+class NativeDecoding:
+    """A family whose decode-only steps may run on native layers: kernels/decoder_layer.py attaches
+    them as ``decoder_layers`` where they serve; the forward asks ``native_decode`` first."""
+
+    decoder_layers = None
+
+    def native_decode(self, x, cos, sin, step, kv_cache) -> torch.Tensor | None:
+        """The step's logits from the native layers; None where they do not serve this step."""
+        layers = self.decoder_layers
+        if layers is None or not layers.serves(step, kv_cache):
+            return None
+        return layers.forward(x, cos, sin, kv_cache, step)
+
+    def splits_rows(self, step, threads: int, kv_cache) -> bool:
+        """Whether the forward gives each of ``threads`` threads rows of its own (models/step.py:
+        the thread count the runtime chooses depends on it)."""
+        return self.decoder_layers is not None and self.decoder_layers.splits(step, threads, kv_cache)
+
+
 def embedding(rows: int, dim: int) -> nn.Embedding:
     """An nn.Embedding whose table is left uninitialised, for loading to replace: its own init (a
     normal_ that, even on the meta device, imports torch's compiler) took 1.5 s of a 2.5 s load."""

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import AttentionMasks, RMSNorm, embedding, paged_attention
+from .layers import AttentionMasks, NativeDecoding, RMSNorm, embedding, paged_attention
 from .moe import MoESpec, SparseMoE
 from .rope import Rotary, rope_type, sequence_ends
 
@@ -142,7 +142,7 @@ class Block(nn.Module):
         return x + self.mlp(self.post_norm(x))
 
 
-class Llama(nn.Module):
+class Llama(NativeDecoding, nn.Module):
     def __init__(self, s: LlamaSpec):
         super().__init__()
         self.spec = s
@@ -158,7 +158,6 @@ class Llama(nn.Module):
         # that grows past it is recomputed from its first token (models/step.py), as transformers'
         # Phi3ForCausalLM drops its cache there.
         self.recompute_past = self.rotary.long_from
-        self.decoder_layers = None  # native layers for decode-only steps, where models.build finds they serve
 
     def tie_embeddings(self):
         if self.spec.tie_word_embeddings:
@@ -169,8 +168,8 @@ class Llama(nn.Module):
         x = self.embed(step.input_ids)
         ends = sequence_ends(step) if self.rotary.per_sequence else None
         cos, sin = self.rotary(step.positions, x.dtype, ends)
-        if self.decoder_layers is not None and self.decoder_layers.serves(step, kv_cache):
-            return self.decoder_layers.forward(x, cos, sin, kv_cache, step)
+        if (logits := self.native_decode(x, cos, sin, step, kv_cache)) is not None:
+            return logits
         masks = {w: AttentionMasks(step, x.dtype, kv_cache, w) for w in set(self.spec.layer_windows)}
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, kv_cache, i, step, masks)

@@ -20,6 +20,7 @@ from . import native
 from .block_linear import BlockLinear
 from .cpu_linear import KERNEL_ROWS, CpuLinear
 from ..families.gpt2 import GPT2
+from ..families.layers import NativeDecoding
 from ..families.llama import MLP, Llama
 
 _pointer, _int64, _double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
@@ -185,5 +186,5 @@ def _padded_tables(step) -> tuple[torch.Tensor, torch.Tensor]:
 def use_decoder_layers(model) -> None:
     """Give ``model`` its native layers (``model.decoder_layers``, which its forward asks first for
     decode-only steps) where it qualifies; None otherwise."""
-    if hasattr(model, "decoder_layers"):
+    if isinstance(model, NativeDecoding):
         model.decoder_layers = DecoderLayers.of(model)
