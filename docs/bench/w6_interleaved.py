@@ -50,8 +50,8 @@ def main():
     engine = Engine.from_pretrained(args.model, weights=args.weights, kv_dtype=args.kv_dtype)
     prompts = [engine.encode(t) for t in texts]
     gguf = Path(args.model) if args.model else default_model_path()
-    peer = (gguf, gguf.stem.rsplit(".", 1)[-1]) if args.weights != "float32" else (
-        peers.f32_gguf(gguf, args.llama_server), "F32")
+    label = gguf.stem.rsplit(".", 1)[-1] if args.model is None else gguf.stem  # the default's: its format, Q4_1
+    peer = (gguf, label) if args.weights != "float32" else (peers.f32_gguf(gguf, args.llama_server), "F32")
     servers = [peers.loom_server(args, args.weights), peers.llama_server(*peer, max(streams), args)]
     rates: dict[tuple[str, int], list[float]] = {}
     for server in servers:
