@@ -75,11 +75,8 @@ def test_a_failed_build_falls_back_with_a_warning(tmp_path, monkeypatch):
 
 @pytest.fixture(params=[3, 9, 72], ids=["panels-from-3", "panels-from-9", "panels-from-72"])
 def panels_from(request):
-    """Products take the panels from this many rows (as measure_panel_rows may choose), for the test."""
-    before = cpu_linear.panel_rows()
-    cpu_linear.set_panel_rows(request.param)
-    yield request.param
-    cpu_linear.set_panel_rows(before)
+    """Products take the panels from this many rows (as measure_panel_rows may choose)."""
+    return request.param
 
 
 @needs_kernel
@@ -99,7 +96,8 @@ def test_linear_kernel_matches_f_linear(dtype, rows, width, out, bias, panels_fr
     weight = torch.randn(out, width, generator=gen, dtype=dtype)
     b = torch.randn(out, generator=gen, dtype=dtype) if bias else None
     tolerance = 1e-4 if dtype == torch.float32 else 1e-12
-    torch.testing.assert_close(cpu_linear.linear(x, weight, b), F.linear(x, weight, b), atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(cpu_linear.linear(x, weight, b, panels_from), F.linear(x, weight, b), atol=tolerance,
+                               rtol=tolerance)
 
 
 class FakeKernels:
@@ -107,20 +105,16 @@ class FakeKernels:
     panel_ms[rows] ms (3 where not given), on the tiles 2 ms. It records the widths it is given."""
 
     def __init__(self, default: int, panel_ms: dict):
-        self.default, self.panel_ms, self.panel_from, self.clock = default, panel_ms, None, 0.0
+        self.default, self.panel_ms, self.clock = default, panel_ms, 0.0
         self.products = []  # (rows, width, weight rows) of each product timed
-        self.loom_set_panel_min_rows = self  # called (and given argtypes) as the ctypes setter
 
     def loom_default_panel_min_rows(self) -> int:
         return self.default
 
-    def __call__(self, rows: int):
-        self.panel_from = rows
-
-    def product(self, kernel, x, weight, bias):
+    def product(self, kernel, x, weight, bias, panel_rows):
         rows = x.shape[0]
         self.products.append((rows, x.shape[1], weight.shape[0]))
-        self.clock += (self.panel_ms.get(rows, 3) if rows >= self.panel_from else 2) * 1e-3
+        self.clock += (self.panel_ms.get(rows, 3) if rows >= panel_rows else 2) * 1e-3
 
 
 @pytest.mark.parametrize("default,panel_ms,chosen", [
@@ -140,11 +134,26 @@ def test_panels_start_where_the_counts_timed_take_least(monkeypatch, default, pa
     weights = [torch.zeros(7, 5), torch.zeros(3, 11)]  # a model's, in the order a step takes them
     assert cpu_linear.measure_panel_rows(weights) == chosen
     if default <= cpu_linear.LAST_TIMED_ROWS:
-        assert fake.panel_from == chosen
         assert fake.products[:4] == [(default, 5, 7), (default, 11, 3)] * 2  # each weight, at its width, both ways
     else:
-        assert fake.panel_from is None and not fake.products
-    assert fake.panel_from == (chosen if default <= 8 else None)  # what the library was left with
+        assert not fake.products
+
+
+@needs_kernel
+def test_each_model_keeps_its_own_panel_threshold(monkeypatch):
+    """Two models loaded in one process: the second's measurement leaves the first's layers, and
+    its native decoder layers, with the first's threshold (one threshold for the library was the
+    last-loaded model's for every engine)."""
+    import models
+
+    from .conftest import tiny_model
+    measured = iter([4, 7])
+    monkeypatch.setattr(cpu_linear, "measure_panel_rows", lambda weights: next(measured))
+    first = models.load(tiny_model("llama"), dtype=torch.float32).model
+    second = models.load(tiny_model("llama"), dtype=torch.float32).model
+    for model, rows in ((first, 4), (second, 7)):
+        assert {m.panel_rows for m in model.modules() if isinstance(m, cpu_linear.CpuLinear)} == {rows}
+        assert model.decoder_layers.panel_rows == rows
 
 
 @needs_kernel

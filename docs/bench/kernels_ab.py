@@ -15,7 +15,6 @@ unless --panels-from sets both.
 """
 
 import argparse
-import ctypes
 import os
 import statistics
 import sys
@@ -42,12 +41,17 @@ def builds(other: Path) -> dict:
     return {"A": library_a, "B": native._library}
 
 
-def use(library, model) -> None:
-    """Every kernel call from now on goes to ``library`` (CpuLinear keeps its function)."""
+def use(library, model, panel_rows=None) -> None:
+    """Every kernel call from now on goes to ``library`` (CpuLinear keeps its function), the model's
+    products taking the panels from ``panel_rows`` rows where given (both builds must share the ABI)."""
     native._library = library
     for module in model.modules():
         if isinstance(module, CpuLinear):
             module.kernel = native.function("loom_linear", module.weight.dtype, ARGTYPES)
+            if panel_rows is not None:
+                module.panel_rows = panel_rows
+    if panel_rows is not None and getattr(model, "decoder_layers", None) is not None:
+        model.decoder_layers.panel_rows = panel_rows
 
 
 def forward_times(model, rows: int, turns: dict, rounds: int) -> dict:
@@ -115,11 +119,9 @@ def main():
     torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
     engine = Engine.from_pretrained(None, weights=args.weights)
     model = engine.model
-    if args.panels_from:
-        for library, rows in zip(libraries.values(), map(int, args.panels_from.split(","))):
-            library.loom_set_panel_min_rows.argtypes = [ctypes.c_int64]
-            library.loom_set_panel_min_rows(rows)
-    turns = {name: (lambda library=library: use(library, model)) for name, library in libraries.items()}
+    panels = list(map(int, args.panels_from.split(","))) if args.panels_from else [None] * len(libraries)
+    turns = {name: (lambda library=library, rows=rows: use(library, model, rows))
+             for (name, library), rows in zip(libraries.items(), panels)}
     counts = args.rows if args.what == "forward" else args.streams
     unit = "ms" if args.what == "forward" else "tok/s"
     print(f"| {'rows' if args.what == 'forward' else 'streams'} | A {unit} | B {unit} | B / A (medians) |")

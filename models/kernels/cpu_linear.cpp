@@ -10,11 +10,10 @@ namespace {
 
 template <typename T>
 void linear(const T* x, int64_t x_stride, int64_t rows, const T* w, const T* bias, int64_t in, int64_t out, T* y,
-            int64_t y_stride) {
+            int64_t y_stride, int64_t panel_from) {
     // The panels' scratch, kept per calling thread: a fresh buffer of this size would come from new
     // pages on every call. Its address is taken here: inside the region each thread has its own.
     thread_local std::vector<T> buffer;
-    const int64_t panel_from = loom_panel_min_rows.load(std::memory_order_relaxed);
     T* packed = rows >= panel_from ? line_aligned(buffer, packed_size<T>(rows, in)) : nullptr;
 #pragma omp parallel
     linear_rows(x, x_stride, rows, w, bias, in, out, y, y_stride, packed, panel_from);
@@ -54,17 +53,16 @@ extern "C" void loom_block_linear_f32(const float* x, int64_t x_stride, int64_t 
     block_linear(x, x_stride, rows, blocks, bits, bias, in, out, y, y_stride);
 }
 
+// ``panel_from``: from how many rows the product takes the panels (the model's, cpu_linear.py).
 #define LOOM_LINEAR(NAME, T)                                                                       \
     extern "C" void NAME(const T* x, int64_t x_stride, int64_t rows, const T* w, const T* bias,    \
-                         int64_t in, int64_t out, T* y, int64_t y_stride) {                         \
-        linear<T>(x, x_stride, rows, w, bias, in, out, y, y_stride);                                \
+                         int64_t in, int64_t out, T* y, int64_t y_stride, int64_t panel_from) {     \
+        linear<T>(x, x_stride, rows, w, bias, in, out, y, y_stride, panel_from);                    \
     }
 
 LOOM_LINEAR(loom_linear_f32, float)
 LOOM_LINEAR(loom_linear_f64, double)
 
-// From how many rows products take the panels (cpu_linear.py measures it at load), and the default.
-extern "C" void loom_set_panel_min_rows(int64_t rows) { loom_panel_min_rows.store(rows); }
+// From how many rows products take the panels unless a model measured otherwise (cpu_linear.py).
 extern "C" int64_t loom_default_panel_min_rows() { return PANEL_MIN_ROWS; }
-extern "C" int64_t loom_panel_min_rows_now() { return loom_panel_min_rows.load(); }
 

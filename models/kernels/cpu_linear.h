@@ -25,7 +25,6 @@
 #pragma once
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -147,15 +146,9 @@ static_assert(TASK_OUTS % NarrowPanels::outs == 0 && TASK_OUTS % WidePanels::out
 // On an Emerald Rapids Xeon, whose 512-bit FMA rate is a third of Zen 5's, the tiles won at 3-4
 // rows instead (a 4-row step 30 ms against 46-49 on the panels): a panel issues its 12
 // multiply-adds per k whatever rows it holds. So this is only the default: models/kernels/cpu_linear.py
-// measures the machine at load and sets loom_panel_min_rows.
+// measures the machine at load, for each model, which passes its own threshold with every call.
 constexpr int64_t PANEL_MIN_ROWS = VECTOR_BYTES == 64 ? 3 : 9;
 
-}  // namespace
-
-// The row count from which products take the panels; one for the library, read once per call.
-inline std::atomic<int64_t> loom_panel_min_rows{PANEL_MIN_ROWS};
-
-namespace {
 
 // Elements of the panel buffer for ``rows`` rows of width ``in``, whichever panels they take.
 template <typename T>
@@ -310,7 +303,7 @@ void panels(const T* x, int64_t x_stride, int64_t rows, int64_t in, int64_t out,
 
 // Shares the work among the threads of the enclosing parallel region (alone, outside one).
 // ``packed``: packed_size(rows, in) elements of scratch, shared by the region's threads; panels from
-// ``panel_from`` rows (loom_panel_min_rows, read once by the caller).
+// ``panel_from`` rows (the model's threshold, cpu_linear.py).
 template <typename T>
 void linear_rows(const T* x, int64_t x_stride, int64_t rows, const T* w, const T* bias, int64_t in, int64_t out,
                  T* y, int64_t y_stride, T* packed, int64_t panel_from) {

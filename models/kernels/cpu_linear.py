@@ -29,22 +29,30 @@ MEASURED_BYTES = 512 << 20
 KERNEL_ROWS = 128  # the kernel: 1.5-3x oneDNN at 1-8 rows, 1.1-1.9x at 16-128, level or behind from 256
 
 _int64, _pointer = ctypes.c_int64, ctypes.c_void_p
-ARGTYPES = [_pointer, _int64, _int64, _pointer, _pointer, _int64, _int64, _pointer, _int64]
+ARGTYPES = [_pointer, _int64, _int64, _pointer, _pointer, _int64, _int64, _pointer, _int64, _int64]
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def default_panel_rows() -> int:
+    """From how many rows products take the panels where no measurement says otherwise."""
+    return native.library().loom_default_panel_min_rows()
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           panel_rows: int | None = None) -> torch.Tensor:
     """F.linear for a 2-D ``x`` whose rows are contiguous (they may be a view's rows), on the
-    kernel; ``weight`` [out, in] and ``bias`` contiguous, all of one dtype the kernels support."""
+    kernel; ``weight`` [out, in] and ``bias`` contiguous, all of one dtype the kernels support.
+    ``panel_rows``: from how many rows to take the panels (default: the library's)."""
     if x.stride(1) != 1:
         x = x.contiguous()
-    return _product(native.function("loom_linear", x.dtype, ARGTYPES), x, weight, bias)
+    kernel = native.function("loom_linear", x.dtype, ARGTYPES)
+    return _product(kernel, x, weight, bias, default_panel_rows() if panel_rows is None else panel_rows)
 
 
-def _product(kernel, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _product(kernel, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, panel_rows: int) -> torch.Tensor:
     out, width = weight.shape
     y = torch.empty(x.shape[0], out, dtype=x.dtype)
     kernel(x.data_ptr(), x.stride(0), x.shape[0], weight.data_ptr(), None if bias is None else bias.data_ptr(),
-           width, out, y.data_ptr(), out)
+           width, out, y.data_ptr(), out, panel_rows)
     return y
 
 
@@ -59,11 +67,12 @@ class CpuLinear(nn.Module):
         self.out_features, self.in_features = self.weight.shape
         self.kernel = native.function("loom_linear", self.weight.dtype, ARGTYPES)
         self.large = large_product(self.weight.dtype)
+        self.panel_rows = default_panel_rows()  # the model's measurement replaces it (use_cpu_linears)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or not 0 < x.shape[0] <= KERNEL_ROWS or x.stride(1) != 1 or x.dtype != self.weight.dtype:
             return self.large(x, self.weight, self.bias)
-        return _product(self.kernel, x, self.weight, self.bias)
+        return _product(self.kernel, x, self.weight, self.bias, self.panel_rows)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -71,15 +80,15 @@ class CpuLinear(nn.Module):
 
 def measure_panel_rows(weights: list[torch.Tensor], repeats: int = 2) -> int:
     """From how many rows the kernel's panels beat its row-at-a-time tiles for products over
-    ``weights`` (a model's float32 linear weights, in the order a step takes them) on this machine;
-    set in the library and returned. Below 9 rows only AVX-512 builds take panels (PANEL_MIN_ROWS),
+    ``weights`` (a model's float32 linear weights, in the order a step takes them) on this machine.
+    Below 9 rows only AVX-512 builds take panels (PANEL_MIN_ROWS),
     and a panel's multiply-adds do not shrink with its rows: on a Xeon with a third of Zen 5's FMA
     rate the tiles were 1.5x faster at 4 rows, on Zen 5 the panels were ahead from 2 rows. Timing
     one product on cached weights chose the tiles on both machines, where a step reads a model's
     weights from memory; so every row count from the default to 8 is timed both ways over the
-    model's first weights, up to MEASURED_BYTES (the two alternating, medians; 0.65 s of the default
-    model's 7 s load), and the panels start where the counts timed take least in all. The library
-    holds one threshold: the model loaded last sets it."""
+    model's first weights, up to MEASURED_BYTES (the two alternating, medians), and the panels start
+    where the counts timed take least in all. Each model keeps its own (CpuLinear.panel_rows): two
+    models in one process no longer share the last one's."""
     library = native.library()
     first = library.loom_default_panel_min_rows()
     if first > LAST_TIMED_ROWS or not weights:
@@ -92,30 +101,16 @@ def measure_panel_rows(weights: list[torch.Tensor], repeats: int = 2) -> int:
         times = {True: [], False: []}
         for _ in range(repeats + 1):
             for panels in (True, False):
-                set_panel_rows(rows if panels else LAST_TIMED_ROWS + 1)
+                panel_rows = rows if panels else LAST_TIMED_ROWS + 1
                 start = time.perf_counter()
                 for weight in weights:
-                    _product(kernel, inputs[weight.shape[1]], weight, None)
+                    _product(kernel, inputs[weight.shape[1]], weight, None, panel_rows)
                 times[panels].append(time.perf_counter() - start)
         medians[rows] = {panels: statistics.median(t[1:]) for panels, t in times.items()}  # past a warm-up
     # the threshold under which the timed row counts take least in all: a near tie at one count
     # moves it little either way
     cost = lambda start: sum(m[rows >= start] for rows, m in medians.items())
-    chosen = min(range(first, LAST_TIMED_ROWS + 2), key=lambda start: (cost(start), -start))
-    set_panel_rows(chosen)
-    return chosen
-
-
-def set_panel_rows(rows: int) -> None:
-    """Products take the panels from ``rows`` rows up, in every thread (measure_panel_rows sets it)."""
-    setter = native.library().loom_set_panel_min_rows
-    setter.argtypes = [_int64]
-    setter(rows)
-
-
-def panel_rows() -> int:
-    """The row count from which products take the panels now."""
-    return native.library().loom_panel_min_rows_now()
+    return min(range(first, LAST_TIMED_ROWS + 2), key=lambda start: (cost(start), -start))
 
 
 def large_product(dtype: torch.dtype):
@@ -134,7 +129,7 @@ def _has_onednn() -> bool:
 
 def use_cpu_linears(model: nn.Module) -> None:
     """Swap every nn.Linear inside ``model`` for a CpuLinear (tied weights stay shared), then time
-    where the panels start over its float32 weights (measure_panel_rows)."""
+    where the panels start over its float32 weights (measure_panel_rows): its layers' threshold."""
     _swap_linears(model)
     weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, CpuLinear)}
     timed, size = [], 0
@@ -143,7 +138,10 @@ def use_cpu_linears(model: nn.Module) -> None:
             break
         timed.append(weight)
         size += weight.numel() * weight.element_size()
-    measure_panel_rows(timed)
+    rows = measure_panel_rows(timed)
+    for layer in model.modules():
+        if isinstance(layer, CpuLinear):
+            layer.panel_rows = rows
 
 
 def _swap_linears(module: nn.Module) -> None:

@@ -70,6 +70,7 @@ struct Step {
     const T *cos, *sin;
     const int64_t *slots, *tables, *lens, *samples;
     int64_t rows, rotary_dim, max_blocks, block_size, sampled;
+    int64_t panel_from;  // the model's panel threshold (cpu_linear.py)
 };
 
 // The output layer: the final norm (RMSNorm, or LayerNorm with a bias) and the product into the
@@ -310,7 +311,7 @@ void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, const Step<T
                     const Head<T>& head, T* logits) {
     const int threads = omp_get_max_threads();
     const bool split = split_rows && threads > 1 && s.rows >= threads;
-    const int64_t panel_from = loom_panel_min_rows.load(std::memory_order_relaxed), hidden = layers[0].hidden;
+    const int64_t panel_from = s.panel_from, hidden = layers[0].hidden;
     // The intermediates, kept per calling thread (the loop thread) from step to step: a fresh
     // buffer would come from new pages every step. One share for the team, or one per thread
     // (every layer has the first's shape), then the output layer's.

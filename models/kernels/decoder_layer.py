@@ -18,7 +18,7 @@ from torch import nn
 
 from . import native
 from .block_linear import BlockLinear
-from .cpu_linear import KERNEL_ROWS, CpuLinear
+from .cpu_linear import KERNEL_ROWS, CpuLinear, default_panel_rows
 from ..families.gpt2 import GPT2
 from ..families.layers import NativeDecoding
 from ..families.llama import MLP, Llama
@@ -45,7 +45,7 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
 
 class _Step(ctypes.Structure):  # decoder_layer.cpp's Step<T>
     _fields_ = [(name, _pointer) for name in ("cos", "sin", "slots", "tables", "lens", "samples")]
-    _fields_ += [(name, _int64) for name in ("rows", "rotary_dim", "max_blocks", "block_size", "sampled")]
+    _fields_ += [(name, _int64) for name in ("rows", "rotary_dim", "max_blocks", "block_size", "sampled", "panel_from")]
 
 
 class _Head(ctypes.Structure):  # decoder_layer.cpp's Head<T>
@@ -91,6 +91,9 @@ class DecoderLayers:
         self.layers = (_Layer * len(layers))(*layers)
         self.head = self._head(model)
         self._pool = None  # the KV pool whose addresses the layers hold (kept: its id is not reused)
+        # the model's panel threshold (cpu_linear.measure_panel_rows), for its float products
+        self.panel_rows = next((m.panel_rows for m in _products(model) if isinstance(m, CpuLinear)),
+                               default_panel_rows())
 
     def _llama_layer(self, block, spec) -> _Layer:
         attn, mlp = block.attn, block.mlp
@@ -155,7 +158,7 @@ class DecoderLayers:
             cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()
         plan = _Step(_address(cos), _address(sin), step.slot_mapping.data_ptr(), tables.data_ptr(), lens.data_ptr(),
                      samples.data_ptr(), rows, 0 if cos is None else cos.shape[1], tables.shape[1], step.block_size,
-                     len(samples))
+                     len(samples), self.panel_rows)
         x = x.contiguous()
         if kv_cache is not self._pool:
             for i, layer in enumerate(self.layers):
