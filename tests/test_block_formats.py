@@ -16,7 +16,6 @@ from models.kernels.block_formats import block_bits, to_blocks
 from models.kernels.block_linear import BlockLinear, dequantize
 from runtime import Engine, GenerationConfig
 
-from .test_gguf import write_gguf
 
 needs_kernels = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the kernels are not built")
 
