@@ -4,6 +4,7 @@ comparisons with transformers are exact rather than at the mercy of float32 ties
 import contextlib
 import random
 import threading
+import time
 
 import pytest
 import torch
@@ -159,3 +160,11 @@ def run_threaded(engine, prompts, new_tokens, threads=8, in_order=False):
 def new_threads(before: set, name: str = "loom-engine-loop") -> list[threading.Thread]:
     """The threads called ``name`` running now that were not in ``before`` (a threading.enumerate())."""
     return [t for t in threading.enumerate() if t not in before and t.name == name]
+
+
+def wait_until(condition, seconds=10.0):
+    """Poll ``condition`` until it holds; fails the test after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)

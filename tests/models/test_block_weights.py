@@ -12,7 +12,7 @@ from models.kernels import block_linear, native
 from models.kernels.block_linear import GROUP, BlockEmbedding, BlockLinear, dequantize, quantize
 from models.kernels.cpu_linear import KERNEL_ROWS, CpuLinear
 from models.step import KVCache, Sequence, StepInput
-from .conftest import tiny_model
+from ..conftest import tiny_model
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the kernels are not built")
 

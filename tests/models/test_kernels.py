@@ -146,7 +146,7 @@ def test_each_model_keeps_its_own_panel_threshold(monkeypatch):
     last-loaded model's for every engine)."""
     import models
 
-    from .conftest import tiny_model
+    from ..conftest import tiny_model
     measured = iter([4, 7])
     monkeypatch.setattr(cpu_linear, "measure_panel_rows", lambda weights: next(measured))
     first = models.load(tiny_model("llama"), dtype=torch.float32).model
@@ -221,7 +221,7 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, 
     import models
     from models.step import KVCache, Sequence, StepInput
 
-    from .conftest import tiny_model
+    from ..conftest import tiny_model
 
     model = models.load(tiny_model(arch), dtype=dtype).model
     assert model.decoder_layers is not None
@@ -263,7 +263,7 @@ def test_short_prefill_chunks_on_the_decode_kernel_match_sdpa(arch, dtype, cache
     from models.families import layers
     from models.step import KVCache, Sequence, StepInput
 
-    from .conftest import tiny_model
+    from ..conftest import tiny_model
 
     model = models.load(tiny_model(arch), dtype=dtype).model
     gen = torch.Generator().manual_seed(5)
@@ -304,7 +304,7 @@ def test_a_split_step_leaves_every_thread_free_to_move(two_threads):
     import models
     from models.step import KVCache, Sequence, StepInput
 
-    from .conftest import tiny_model
+    from ..conftest import tiny_model
 
     model = models.load(tiny_model("llama"), dtype=torch.float32).model
     streams = 2 * SPLIT_ROWS_PER_THREAD + 3

@@ -8,7 +8,7 @@ import torch
 
 from runtime import Engine, GenerationConfig
 
-from .conftest import VOCAB
+from ..conftest import VOCAB
 
 BAD_PROMPTS = [
     ([], ValueError, "empty"),
@@ -111,7 +111,7 @@ def test_bad_sources(tmp_path, llama):
     supported = "gemma3_text, gpt2, llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe"
     with pytest.raises(ValueError, match=f"unsupported model_type 'bert'; supported: {supported}") as refused:
         Engine.from_pretrained(tmp_path)
-    assert str(refused.value) in (Path(__file__).parents[1] / "docs" / "reliability.md").read_text()  # as quoted
+    assert str(refused.value) in (Path(__file__).parents[2] / "docs" / "reliability.md").read_text()  # as quoted
     with pytest.raises(TypeError, match="expected a transformers PreTrainedModel"):
         Engine.from_pretrained(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="unknown dtype 'float7'"):

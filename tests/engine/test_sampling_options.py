@@ -9,7 +9,7 @@ import torch
 
 from runtime import Engine, GenerationConfig
 
-from .conftest import VOCAB, reference
+from ..conftest import VOCAB, reference
 
 
 def manual_greedy(hf, prompt, steps, adjust):

@@ -7,7 +7,7 @@ import pytest
 
 from runtime import Engine, GenerationConfig
 
-from .conftest import random_prompt, reference
+from ..conftest import random_prompt, reference
 
 
 def generate_all(engine, prompts, new_tokens):

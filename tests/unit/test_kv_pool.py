@@ -15,7 +15,7 @@ from runtime import Engine, GenerationConfig, pool_commit
 from runtime.block_allocator import BlockAllocator
 from runtime.pool_commit import PoolCommitter
 
-from .conftest import new_threads
+from ..conftest import new_threads
 
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the pool is committed with Linux's madvise")
 

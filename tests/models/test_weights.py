@@ -12,7 +12,7 @@ from models.kernels import native
 from models.kernels.quantized import Float16Linear, Int8Linear
 from runtime import Engine
 
-from .conftest import random_prompt, run_threaded, tiny_model
+from ..conftest import random_prompt, run_threaded, tiny_model
 
 needs_fbgemm = pytest.mark.skipif("fbgemm" not in torch.backends.quantized.supported_engines,
                                   reason="this torch build has no FBGEMM backend")

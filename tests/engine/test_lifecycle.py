@@ -1,5 +1,6 @@
 """An engine's and a request's life: dropped engines are freed, forked children get a clear
-error, and every way a request is released wakes whoever is blocked on it."""
+error, and every way a request is released (its Handle dropped, the engine shut down) frees its
+blocks and wakes whoever is blocked on it."""
 
 import gc
 import os
@@ -12,7 +13,7 @@ import pytest
 
 from runtime import ContextLimitWarning, Engine, EngineClosed, GenerationConfig, HandleReleased
 
-from .conftest import new_threads
+from ..conftest import new_threads, wait_until
 from .test_api import Hooked
 
 LONG = GenerationConfig(max_new_tokens=200, ignore_eos=True)
@@ -184,3 +185,42 @@ def test_a_request_longer_than_the_context_warns(llama):
             warnings.simplefilter("error", ContextLimitWarning)  # strict: the warning becomes an error
             with pytest.raises(ContextLimitWarning):
                 engine.launch_response_tokens(list(range(4, 254)), {"max_new_tokens": 100})
+
+
+def test_dropped_handle_releases_its_request(llama):
+    with Engine.from_pretrained(llama) as engine:
+        engine.model = Hooked(engine.model, delay=0.01)
+        handle = engine.launch_response_tokens(list(range(4, 40)), LONG)
+        wait_until(lambda: engine.stats()["running"] == 1)
+        del handle
+        gc.collect()
+        wait_until(lambda: engine.stats()["open_handles"] == 0)
+        stats = engine.stats()
+        assert stats["running"] == 0 and stats["free_kv_blocks"] == stats["total_kv_blocks"]
+
+
+def test_shutdown_wakes_blocked_fetchers(llama):
+    engine = Engine.from_pretrained(llama, max_batch_size=8)
+    engine.model = Hooked(engine.model, delay=0.05)
+    handles = [engine.launch_response_tokens([5 + i, 6], LONG) for i in range(4)]
+    errors = []
+
+    def consume(handle):
+        try:
+            for _ in engine.stream_response_tokens(handle):
+                pass
+        except EngineClosed as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=consume, args=(h,)) for h in handles]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    engine.shutdown()
+    for t in threads:
+        t.join(timeout=5)
+    assert not any(t.is_alive() for t in threads)
+    assert len(errors) == 4
+    with pytest.raises(EngineClosed, match="shut down"):
+        engine.launch_response_tokens([5, 6])
+    engine.shutdown()  # idempotent

@@ -11,7 +11,7 @@ import models
 from models.kernels import native
 from runtime import Engine
 
-from .conftest import random_prompt, reference, run_threaded, tiny_model
+from ..conftest import random_prompt, reference, run_threaded, tiny_model
 
 
 @pytest.mark.parametrize("decode_path", ["kernel", "torch"])

@@ -1,4 +1,6 @@
-"""Faults, backpressure, abandoned handles, shutdown at exit: nothing hangs, leaks or is lost."""
+"""Faults (a forward, sampling, a consumer, the loop), backpressure, unfetched requests, shutdown
+under load and at exit: nothing hangs, leaks or is lost. (Dropped handles and shutdown waking
+fetchers: test_lifecycle.py.)"""
 
 import gc
 import subprocess
@@ -11,17 +13,10 @@ import pytest
 
 from runtime import Engine, EngineBusy, EngineClosed, GenerationConfig, GenerationFailed, sampler
 
-from .conftest import reference
+from ..conftest import VOCAB, reference, wait_until
 from .test_api import Hooked
 
 LONG = GenerationConfig(max_new_tokens=200, ignore_eos=True)
-
-
-def wait_until(condition, seconds=10.0):
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 def test_launch_past_max_waiting_raises_engine_busy(llama):
@@ -33,18 +28,6 @@ def test_launch_past_max_waiting_raises_engine_busy(llama):
         engine.abort_response(handles[0])
         wait_until(lambda: engine.stats()["waiting"] < 2)
         handles.append(engine.launch_response_tokens([5, 6], LONG))  # room again
-
-
-def test_dropped_handle_releases_its_request(llama):
-    with Engine.from_pretrained(llama) as engine:
-        engine.model = Hooked(engine.model, delay=0.01)
-        handle = engine.launch_response_tokens(list(range(4, 40)), LONG)
-        wait_until(lambda: engine.stats()["running"] == 1)
-        del handle
-        gc.collect()
-        wait_until(lambda: engine.stats()["open_handles"] == 0)
-        stats = engine.stats()
-        assert stats["running"] == 0 and stats["free_kv_blocks"] == stats["total_kv_blocks"]
 
 
 def test_unfetched_finished_requests_do_not_accumulate(llama):
@@ -158,3 +141,17 @@ def test_interpreter_exit_with_requests_running_does_not_hang(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "exiting" in done.stdout
+
+
+def test_fault_in_forward_fails_only_that_steps_requests(llama):
+    with Engine.from_pretrained(llama) as engine:
+        engine.model = Hooked(engine.model, poison=VOCAB - 1)
+        bad = engine.launch_response_tokens([5, VOCAB - 1, 7], {"max_new_tokens": 4})
+        with pytest.raises(GenerationFailed, match="injected fault") as info:
+            engine.fetch_response_tokens(bad, timeout=10)
+        assert isinstance(info.value.__cause__, RuntimeError)
+        good = [9, 10, 11]
+        out = list(engine.stream_response_tokens(engine.launch_response_tokens(good, {"max_new_tokens": 6})))
+        assert out == reference(llama, good, 6)
+        stats = engine.stats()
+        assert stats["step_failures"] == 1 and stats["free_kv_blocks"] == stats["total_kv_blocks"]

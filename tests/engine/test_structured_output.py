@@ -14,7 +14,7 @@ import transformers
 
 from runtime import Engine, GenerationConfig
 
-from .conftest import reference
+from ..conftest import reference
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "email"],
           "properties": {"name": {"type": "string", "maxLength": 12},

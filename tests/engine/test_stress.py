@@ -13,7 +13,7 @@ import pytest
 
 from runtime import Engine, GenerationConfig
 
-from .conftest import random_prompt, reference, tiny_model
+from ..conftest import random_prompt, reference, tiny_model
 
 BEHAVIOURS = ["greedy", "greedy", "sampled", "abort", "tiny_timeouts", "never_fetched"]
 

@@ -1,6 +1,6 @@
 """The CUDA path: the same promises as on the CPU (greedy streams equal transformers' under
 threads and preemption, structured output, logprobs, seeded sampling), on a GPU. Skipped where
-torch sees none (CI); run on a lent GPU machine with ``python -m pytest tests/test_cuda.py``."""
+torch sees none (CI); run on a lent GPU machine with ``python -m pytest tests/engine/test_cuda.py``."""
 
 import json
 import random
@@ -10,7 +10,7 @@ import torch
 
 from runtime import Engine, GenerationConfig
 
-from .conftest import random_prompt, reference, run_threaded
+from ..conftest import random_prompt, reference, run_threaded
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 

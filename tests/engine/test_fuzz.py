@@ -7,7 +7,7 @@ import warnings
 
 from runtime import Engine, GenerationConfig
 
-from .conftest import random_prompt, reference
+from ..conftest import random_prompt, reference
 
 NAN, INF = float("nan"), float("inf")
 VALUES = {

@@ -1,0 +1,1 @@
+"""The outer rooms: the OpenAI-compatible server, the command line, Ray replicas."""
