@@ -6,13 +6,12 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-import numpy as np
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 
 from ..cache import cache_dir
 from . import Contents
-from ..kernels.block_formats import WIDENED_VALUES, block_bits, to_blocks
+from ..kernels.block_formats import block_bits, to_blocks, widened_slices
 from ..kernels.block_linear import GROUP
 from .gguf_file import GGUFFile, TensorInfo
 
@@ -155,16 +154,11 @@ def _block_bits(infos, keep_blocks: bool) -> dict[TensorInfo, int | None]:
 
 
 def _widened(info: TensorInfo) -> torch.Tensor:
-    """The tensor in float32, widened a slice of rows at a time (gguf-py's dequantize makes
-    several temporaries the size of its input)."""
-    from gguf.quants import dequantize
-
+    """The tensor in float32, widened a slice of rows at a time."""
     out = torch.empty(info.shape, dtype=torch.float32)
     rows = out.view(-1, info.shape[-1])
-    step = max(1, WIDENED_VALUES // info.shape[-1])
-    for first in range(0, rows.shape[0], step):
-        part = dequantize(info.data[first:first + step], info.type)
-        rows[first:first + step] = torch.from_numpy(np.array(part, dtype=np.float32).reshape(-1, info.shape[-1]))
+    for first, part in widened_slices(info.data, info.type, info.shape[-1]):
+        rows[first:first + len(part)] = part
     return out
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 
-from .block_linear import GROUP, quantize
+from .block_linear import GROUP, quantize, row_bytes
 
 EXACT = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q8_0: 8, Q.Q4_K: 4, Q.IQ4_NL: 8, Q.IQ4_XS: 8, Q.Q5_0: 8}
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
@@ -37,11 +37,20 @@ def to_blocks(data: np.ndarray, kind: Q, width: int, bits: int) -> torch.Tensor:
     (4 bits) its float32 minimums."""
     if EXACT.get(kind) == bits:
         return torch.from_numpy(_rearranged(data, kind, width))
-    rows = data.shape[0]
-    step = max(1, WIDENED_VALUES // width)
-    parts = [quantize(_widened(data[first:first + step], kind, width), bits).view(-1, _row_bytes(width, bits))
-             for first in range(0, rows, step)]
+    parts = [quantize(part, bits).view(-1, row_bytes(width, bits)) for _, part in widened_slices(data, kind, width)]
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def widened_slices(data: np.ndarray, kind: Q, width: int):
+    """A GGUF tensor's raw bytes [rows, bytes per row] as float32, WIDENED_VALUES at a time:
+    (first row, float32 [rows, width]) pairs. gguf-py's dequantize makes several temporaries the
+    size of its input, so a whole tensor at once would cost several times its float32 size."""
+    from gguf.quants import dequantize
+
+    step = max(1, WIDENED_VALUES // width)
+    for first in range(0, data.shape[0], step):
+        part = np.asarray(dequantize(data[first:first + step], kind), dtype=np.float32).reshape(-1, width)
+        yield first, torch.from_numpy(np.require(part, requirements="W"))  # F32's are views of the read-only file
 
 
 def _rearranged(data: np.ndarray, kind: Q, width: int) -> np.ndarray:
@@ -53,11 +62,11 @@ def _rearranged(data: np.ndarray, kind: Q, width: int) -> np.ndarray:
     if kind == Q.Q5_0:
         return _q5_0_rearranged(data, rows, groups)
     blocks = data.reshape(rows, groups, -1)
-    scale = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)  # [rows, groups, 1]
+    scale = _halves(blocks[..., 0:2])  # [rows, groups, 1]
     if kind == Q.Q8_0:
         return np.concatenate([blocks[..., 2:].reshape(rows, -1), scale.view(np.uint8).reshape(rows, -1)], axis=1)
     if kind == Q.Q4_1:
-        low, codes = blocks[..., 2:4].copy().view(np.float16).astype(np.float32), blocks[..., 4:]
+        low, codes = _halves(blocks[..., 2:4]), blocks[..., 4:]
     else:  # Q4_0: w = d (q - 8), a minimum of -8 d (exact in float32)
         low, codes = scale * -8, blocks[..., 2:]
     # Both keep byte j of a block as values j (low nibble) and j + 16 (high), as block_weights.h does.
@@ -65,12 +74,17 @@ def _rearranged(data: np.ndarray, kind: Q, width: int) -> np.ndarray:
                            low.view(np.uint8).reshape(rows, -1)], axis=1)
 
 
+def _halves(field: np.ndarray) -> np.ndarray:
+    """A block field of float16s (two bytes each) as float32 values, one per pair of bytes."""
+    return field.copy().view(np.float16).astype(np.float32)
+
+
 def _q4_k_rearranged(data: np.ndarray, rows: int, groups: int) -> np.ndarray:
     """Q4_K's super-blocks of 256 (d, dmin, twelve bytes of 6-bit scales and minimums, 128 bytes of
     codes: 64 values a 32 bytes, the first 32 in the low nibbles) as eight 32-value blocks each."""
     blocks = data.reshape(rows, groups // 8, 144)
-    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)  # [rows, supers, 1]
-    dmin = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
+    d = _halves(blocks[..., 0:2])  # [rows, supers, 1]
+    dmin = _halves(blocks[..., 2:4])
     packed = blocks[..., 4:16].reshape(rows, -1, 3, 4)
     low, high, rest = packed[..., 0, :], packed[..., 1, :], packed[..., 2, :]
     sc = np.concatenate([low & 0x3F, (rest & 0x0F) | ((low >> 2) & 0x30)], axis=-1)  # [rows, supers, 8]
@@ -90,11 +104,11 @@ def _iq4_rearranged(data: np.ndarray, kind: Q, rows: int, groups: int) -> np.nda
     fields, 128 bytes of codes) as 8-bit blocks of the table's values."""
     if kind == Q.IQ4_NL:
         blocks = data.reshape(rows, groups, 18)
-        scale = blocks[..., 0:2].copy().view(np.float16).astype(np.float32).reshape(rows, groups)
+        scale = _halves(blocks[..., 0:2]).reshape(rows, groups)
         codes = blocks[..., 2:]
     else:
         blocks = data.reshape(rows, groups // 8, 136)
-        d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)  # [rows, supers, 1]
+        d = _halves(blocks[..., 0:2])  # [rows, supers, 1]
         high = blocks[..., 2:4].copy().view(np.uint16)  # [rows, supers, 1]: two bits a sub-block
         low = blocks[..., 4:8]  # four bits a sub-block, two sub-blocks a byte
         low = (low[..., None] >> np.array([0, 4], np.uint8)).reshape(rows, -1, 8) & 0x0F
@@ -108,19 +122,9 @@ def _iq4_rearranged(data: np.ndarray, kind: Q, rows: int, groups: int) -> np.nda
 def _q5_0_rearranged(data: np.ndarray, rows: int, groups: int) -> np.ndarray:
     """Q5_0 (per 32 values: d, 32 high bits, 16 bytes of low nibbles) as 8-bit blocks of q - 16."""
     blocks = data.reshape(rows, groups, 22)
-    scale = blocks[..., 0:2].copy().view(np.float16).astype(np.float32).reshape(rows, groups)
+    scale = _halves(blocks[..., 0:2]).reshape(rows, groups)
     high = np.unpackbits(blocks[..., 2:6], axis=-1, bitorder="little")  # bit j: value j's fifth bit
     low = blocks[..., 6:]
     low = np.concatenate([low & 0x0F, low >> 4], axis=-1)  # values 0..15, then 16..31
     values = (low | (high << 4)).astype(np.int8) - np.int8(16)
     return np.concatenate([values.view(np.uint8).reshape(rows, -1), scale.view(np.uint8)], axis=1)
-
-
-def _widened(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
-    from gguf.quants import dequantize
-
-    return torch.from_numpy(np.asarray(dequantize(data, kind), dtype=np.float32).reshape(data.shape[0], width))
-
-
-def _row_bytes(width: int, bits: int) -> int:
-    return width * bits // 8 + width // GROUP * (8 if bits == 4 else 4)  # codes, scales, 4 bits: minimums

@@ -35,6 +35,12 @@ ARGTYPES = [_pointer, _int64, _int64, _pointer, _int64, _pointer, _int64, _int64
 WIDEN_ARGTYPES = [_pointer, _int64, _int64, _int64, _int64, _int64, _pointer]
 
 
+def row_bytes(width: int, bits: int) -> int:
+    """Bytes of one row of ``width`` values in ``bits``-bit blocks: its codes, its float32 scales
+    and, for 4 bits, its float32 minimums (block_weights.h's BlockWeights.stride)."""
+    return width * bits // 8 + width // GROUP * (8 if bits == 4 else 4)
+
+
 def quantize(weight: torch.Tensor, bits: int) -> torch.Tensor:
     """A [out, in] float weight (in a multiple of GROUP) as block_weights.h's one byte buffer: row by
     row, the row's codes, its scales, and for 4 bits its minimums."""
@@ -210,6 +216,6 @@ def use_stored_blocks(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
 def stored_bits(blocks: torch.Tensor, width: int) -> int:
     """4 or 8: which blocks a [rows, bytes per row] buffer holds for rows of ``width`` values."""
     for bits in (4, 8):
-        if blocks.shape[-1] == width * bits // 8 + width // GROUP * (8 if bits == 4 else 4):
+        if blocks.shape[-1] == row_bytes(width, bits):
             return bits
     raise ValueError(f"a block buffer of {blocks.shape[-1]} bytes per row holds no rows of {width} values")
