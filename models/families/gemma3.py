@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import AttentionMasks, embedding
+from .layers import AttentionMasks, RMSNorm, embedding
 from .llama import Attention
 from .rope import Rotary, rope_type
 
@@ -66,31 +66,22 @@ class Gemma3Spec:
             tie_word_embeddings=bool(c.get("tie_word_embeddings", True)))
 
 
-class GemmaRMSNorm(nn.Module):
-    """x / rms(x) * (1 + weight), in float32 (also for a float64 model, as transformers does)."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim))
-        self.eps = eps
-
-    def forward(self, x):
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (h * (1.0 + self.weight.float())).type_as(x)
+def gemma_norm(dim: int, eps: float) -> RMSNorm:
+    """Gemma's RMSNorm: x / rms(x) * (1 + weight), in float32 (also for a float64 model)."""
+    return RMSNorm(dim, eps, offset=1.0)
 
 
 class Block(nn.Module):
     def __init__(self, s: Gemma3Spec, index: int):
         super().__init__()
         self.window = s.layer_windows[index]
-        self.input_norm = GemmaRMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.attn = Attention(s, norm=GemmaRMSNorm, scale=s.query_scale)
-        self.post_attn_norm = GemmaRMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.pre_mlp_norm = GemmaRMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.input_norm = gemma_norm(s.hidden_size, s.rms_norm_eps)
+        self.attn = Attention(s, norm=gemma_norm, scale=s.query_scale)
+        self.post_attn_norm = gemma_norm(s.hidden_size, s.rms_norm_eps)
+        self.pre_mlp_norm = gemma_norm(s.hidden_size, s.rms_norm_eps)
         self.gate_up = nn.Linear(s.hidden_size, 2 * s.intermediate_size, bias=False)
         self.down = nn.Linear(s.intermediate_size, s.hidden_size, bias=False)
-        self.post_mlp_norm = GemmaRMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.post_mlp_norm = gemma_norm(s.hidden_size, s.rms_norm_eps)
 
     def forward(self, x, rotations, kv_cache, layer, step, masks):
         cos, sin = rotations[self.window is None]
@@ -107,7 +98,7 @@ class Gemma3(nn.Module):
         self.vocab_size, self.max_position = s.vocab_size, s.max_position
         self.embed = embedding(s.vocab_size, s.hidden_size)
         self.layers = nn.ModuleList(Block(s, i) for i in range(s.num_layers))
-        self.norm = GemmaRMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.norm = gemma_norm(s.hidden_size, s.rms_norm_eps)
         self.lm_head = nn.Linear(s.hidden_size, s.vocab_size, bias=False)
         self.tie_embeddings()
         scaling = s.global_rope if rope_type(s.global_rope) != "default" else None

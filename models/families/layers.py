@@ -148,12 +148,20 @@ def embedding(rows: int, dim: int) -> nn.Embedding:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    """x / rms(x) * (offset + weight). Gemma's norms (offset 1: its checkpoints store weight - 1)
+    normalise in float32 whatever the model's dtype, as transformers' do; the others in the model's
+    dtype, float32 at least."""
+
+    def __init__(self, dim: int, eps: float, offset: float = 0.0):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.weight = nn.Parameter(torch.full((dim,), 1.0 - offset))
+        self.eps, self.offset = eps, offset
 
     def forward(self, x):
+        if self.offset:
+            h = x.float()
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+            return (h * (self.offset + self.weight.float())).type_as(x)
         if x.dtype in (torch.float32, torch.float64):  # one operator, bit-identical to the steps below
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Normalise in float32 at least, as transformers does, then return to the model's dtype.
