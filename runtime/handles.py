@@ -51,10 +51,10 @@ class Handles:
 
     def open_context(self, handle: int) -> ResponseContext | None:
         """``handle``'s context while it is open; None once released. KeyError for a handle never launched."""
-        ctx = self.open.get(handle)
-        if ctx is None and handle not in self.ended and not self.was_launched(handle):
-            raise KeyError(f"unknown handle {handle!r}: this engine never launched it")
-        return ctx
+        try:
+            return self.find(handle)
+        except HandleReleased:
+            return None
 
     def release_dropped(self, stop: Callable[[ResponseContext], None]) -> None:
         """Release the requests whose Handle the application dropped (``stop`` takes each out of

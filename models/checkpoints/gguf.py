@@ -38,7 +38,8 @@ ARCH_LAYER_NAMES = {"gemma3": {"ffn_norm": "pre_feedforward_layernorm",
 NORM_OFFSET = {"gemma3": 1.0}
 SUPPORTED_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
                    Q.IQ4_NL, Q.IQ4_XS}
-FUSED = (frozenset({"attn_q", "attn_k", "attn_v"}), frozenset({"ffn_gate", "ffn_up"}))  # llama.cpp's names of products fused
+# llama.cpp's names of the products a layer fuses (q/k/v, gate/up): they take one kind of blocks
+FUSED = (frozenset({"attn_q", "attn_k", "attn_v"}), frozenset({"ffn_gate", "ffn_up"}))
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
@@ -74,8 +75,9 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
     config = _config(arch, meta, file.tensors)
     names = {**LAYER_NAMES, **ARCH_LAYER_NAMES.get(arch, {})}
     tensors = {}
-    for info, bits in _block_bits(file.tensors.values(), keep_blocks).items():
-        width = info.shape[-1]
+    bits_of = _block_bits(file.tensors.values(), keep_blocks)
+    for info in file.tensors.values():
+        width, bits = info.shape[-1], bits_of[info.name]
         tensors[_hf_name(info.name, names)] = to_blocks(info.data, info.type, width, bits) if bits else _widened(info)
         file.release(info)
     if arch in NORM_OFFSET:
@@ -134,22 +136,22 @@ def _hf_name(name: str, layer_names: dict) -> str:
     return name  # unknown names stay, and are ignored by the model's converter
 
 
-def _block_bits(infos, keep_blocks: bool) -> dict[TensorInfo, int | None]:
-    """Each tensor's blocks (4 or 8 bits), or None for float32. A layer's products that the model
-    fuses (q, k, v; gate, up) take one kind: the widest of theirs, float if one is."""
-    bits = {info: block_bits(info.type) if keep_blocks and len(info.shape) == 2 and info.shape[1] % GROUP == 0
+def _block_bits(infos, keep_blocks: bool) -> dict[str, int | None]:
+    """Each tensor's blocks (4 or 8 bits) by name, or None for float32. A layer's products that the
+    model fuses (q, k, v; gate, up) take one kind: the widest of theirs, float if one is."""
+    bits = {info.name: block_bits(info.type) if keep_blocks and len(info.shape) == 2 and info.shape[1] % GROUP == 0
             else None for info in infos}
-    groups: dict[tuple, list[TensorInfo]] = {}
-    for info in bits:
-        base, _, kind = info.name.rpartition(".")
+    groups: dict[tuple, list[str]] = {}
+    for name in bits:
+        base, _, kind = name.rpartition(".")
         layer, _, part = base.rpartition(".")
         for group in FUSED:
             if part in group and kind == "weight":
-                groups.setdefault((layer, group), []).append(info)
+                groups.setdefault((layer, group), []).append(name)
     for members in groups.values():
-        chosen = [bits[info] for info in members]
-        for info in members:
-            bits[info] = None if None in chosen else max(chosen)
+        chosen = [bits[name] for name in members]
+        for name in members:
+            bits[name] = None if None in chosen else max(chosen)
     return bits
 
 

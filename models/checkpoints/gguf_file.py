@@ -31,9 +31,6 @@ class TensorInfo:
     data: np.ndarray             # the raw bytes in the file, [rows, bytes per row] (a view of the mapping)
     offset: int                  # where they start in the file
 
-    def __hash__(self) -> int:
-        return id(self)
-
     @property
     def nbytes(self) -> int:
         return self.data.nbytes
