@@ -57,10 +57,15 @@ class PoolCommitter:
                 self._thread.start()
 
     def close(self) -> None:
-        """Commit nothing more (the chunk in hand finishes)."""
+        """Commit nothing more; blocks until the chunk in hand is done. (A daemon thread still in
+        torch's native code when the interpreter exits is unwound through it, and the process
+        aborts: "terminate called without an active exception".)"""
         with self._lock:
             self._closed = True
             self.target = self.committed
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
 
     def _run(self) -> None:
         lowest_priority()

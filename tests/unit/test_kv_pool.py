@@ -101,3 +101,17 @@ def test_a_closed_committer_commits_nothing_more():
     before = set(threading.enumerate())
     committer.keep_ahead_of(10)
     assert committer.target == 0 and not new_threads(before, "loom-kv-commit")
+
+
+@linux_only
+def test_shutdown_waits_for_the_committer(llama, monkeypatch):
+    """A committer still in torch's native code when the interpreter exits is unwound through it
+    and the process aborts ("terminate called without an active exception"; the CLI's chat test
+    saw it): shutdown, which atexit runs, returns only once the committer's thread has ended."""
+    monkeypatch.setattr(pool_commit, "AHEAD_BYTES", 1 << 30)  # far more than it commits in a step
+    before = set(threading.enumerate())
+    engine = Engine.from_pretrained(llama, num_kv_blocks=60000)
+    list(engine.stream_response_tokens(engine.launch_response_tokens([4, 5, 6], GenerationConfig(max_new_tokens=2))))
+    assert new_threads(before, "loom-kv-commit")  # still committing
+    engine.shutdown()
+    assert not new_threads(before, "loom-kv-commit")
