@@ -11,7 +11,7 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from ..cache import cache_dir
 from . import Contents
-from ..kernels.block_formats import block_bits, to_blocks, widened_slices
+from ..kernels.block_formats import NATIVE, block_format, to_blocks, widened_slices
 from ..kernels.block_linear import GROUP
 from .gguf_file import GGUFFile, TensorInfo
 
@@ -75,11 +75,12 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
     config = _config(arch, meta, file.tensors)
     names = {**LAYER_NAMES, **ARCH_LAYER_NAMES.get(arch, {})}
     tensors = {}
-    bits_of = _block_bits(file.tensors.values(), keep_blocks)
+    formats = _block_formats(file.tensors.values(), keep_blocks)
     for info in file.tensors.values():
-        width, bits = info.shape[-1], bits_of[info.name]
-        tensors[_hf_name(info.name, names)] = to_blocks(info.data, info.type, width, bits) if bits else _widened(info)
-        file.release(info)
+        blocks = formats[info.name] is not None
+        tensors[_hf_name(info.name, names)] = to_blocks(info.data, info.type, info.shape[-1]) if blocks else _widened(info)
+        if info.type not in NATIVE:  # those are read where they lie
+            file.release(info)
     if arch in NORM_OFFSET:
         for name in tensors:
             if name.endswith("norm.weight"):
@@ -91,6 +92,7 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
                 tensors[name] = _unpermute(tensors[name], heads)
             elif name.endswith("k_proj.weight"):
                 tensors[name] = _unpermute(tensors[name], kv_heads)
+    _stack_mixed_formats(tensors)
     eos = meta.get("tokenizer.ggml.eos_token_id")
     tokenizer = read_tokenizer(path) if "tokenizer.ggml.model" in meta else None  # a file may carry none
     return Contents(config, tensors, frozenset([eos] if eos is not None else []), tokenizer, path.stem)
@@ -136,23 +138,39 @@ def _hf_name(name: str, layer_names: dict) -> str:
     return name  # unknown names stay, and are ignored by the model's converter
 
 
-def _block_bits(infos, keep_blocks: bool) -> dict[str, int | None]:
-    """Each tensor's blocks (4 or 8 bits) by name, or None for float32. A layer's products that the
-    model fuses (q, k, v; gate, up) take one kind: the widest of theirs, float if one is."""
-    bits = {info.name: block_bits(info.type) if keep_blocks and len(info.shape) == 2 and info.shape[1] % GROUP == 0
-            else None for info in infos}
+def _block_formats(infos, keep_blocks: bool) -> dict[str, int | None]:
+    """Each tensor's kernel format by name, or None for float32. A layer's products that the model
+    fuses (q, k, v; gate, up) are all blocks or all float (float if one is)."""
+    formats = {info.name: block_format(info.type) if keep_blocks and len(info.shape) == 2
+               and info.shape[1] % GROUP == 0 else None for info in infos}
     groups: dict[tuple, list[str]] = {}
-    for name in bits:
+    for name in formats:
         base, _, kind = name.rpartition(".")
         layer, _, part = base.rpartition(".")
         for group in FUSED:
             if part in group and kind == "weight":
                 groups.setdefault((layer, group), []).append(name)
     for members in groups.values():
-        chosen = [bits[name] for name in members]
-        for name in members:
-            bits[name] = None if None in chosen else max(chosen)
-    return bits
+        if any(formats[name] is None for name in members):
+            for name in members:
+                formats[name] = None
+    return formats
+
+
+def _stack_mixed_formats(tensors: dict) -> None:
+    """A fused product whose parts are blocks of different formats (Q4_K_M's Q6_K values beside
+    Q4_K queries and keys: their rows differ in bytes) as one entry of parts under the fused name,
+    which the model takes as it is (BlockLinear's parts); parts of one format stay apart for the
+    model to concatenate."""
+    for fused, members in (("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+                           ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj"))):
+        for name in [n for n in tensors if n.endswith(f".{members[0]}.weight")]:
+            prefix = name.removesuffix(f"{members[0]}.weight")
+            parts = [tensors.get(f"{prefix}{m}.weight") for m in members]
+            if all(p is not None and p.dtype == torch.uint8 for p in parts) and len({p.shape[1] for p in parts}) > 1:
+                for m in members:
+                    del tensors[f"{prefix}{m}.weight"]
+                tensors[f"{prefix}{fused}.weight"] = parts
 
 
 def _widened(info: TensorInfo) -> torch.Tensor:

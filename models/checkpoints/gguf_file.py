@@ -45,7 +45,9 @@ class GGUFFile:
         self.path = Path(path)
         with open(self.path, "rb") as f:
             try:
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                # private and writable: the tensors the kernels read where they lie (Q4_K, Q6_K) become
+                # torch tensors, which want writable memory; nothing writes them
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
             except ValueError:  # an empty file cannot be mapped
                 raise ValueError(f"{self.path} is not a readable GGUF file: it is empty") from None
         self._at = 0

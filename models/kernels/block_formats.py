@@ -1,15 +1,15 @@
-"""GGUF's block formats in the layout of block_weights.h's blocks, a tensor at a time.
+"""GGUF's block formats as the kernels take them (block_codes.h), a tensor at a time.
 
-Q4_0, Q4_1, Q8_0 and Q4_K hold what Loom's 4- and 8-bit blocks hold (32 values, a scale, for 4 bits
-a minimum; Q4_0's w = d (q - 8) is a minimum of -8 d; Q4_K's 32-value sub-blocks have a scale
-d sc and a minimum -dmin m, both exact in float32), so their bytes are rearranged, never widened:
-the model computes with the file's own numbers (Q4_K's take a third more memory so). IQ4_NL and
-IQ4_XS look their 4-bit codes up in a table of sixteen integers from -127 to 113: those integers are
-8-bit codes, under the block's scale (IQ4_XS: d (ls - 32) per 32 values), so they become 8-bit
+Q4_K and Q6_K are kept as the file lays them out: the kernels read their super-blocks where they lie
+in the memory-mapped file. Q4_0, Q4_1 and Q8_0 hold what Loom's 4- and 8-bit blocks hold (32 values,
+a scale, for 4 bits a minimum; Q4_0's w = d (q - 8) is a minimum of -8 d, exact in float32), so
+their bytes are rearranged, never widened: the model computes with the file's own numbers. IQ4_NL
+and IQ4_XS look their 4-bit codes up in a table of sixteen integers from -127 to 113: those integers
+are 8-bit codes, under the block's scale (IQ4_XS: d (ls - 32) per 32 values), so they become 8-bit
 blocks, exact too, at twice the file's memory; so do Q5_0's w = d (q - 16), whose codes -16..15 are
-8-bit ones. The other formats are widened a slice of rows at a
-time and quantized to the blocks of the nearest width (the K-quants' sub-block scales have no place
-in Loom's blocks yet), so that no whole tensor, let alone the model, passes through float32.
+8-bit ones. The other formats (Q2_K, Q3_K, Q5_1, Q5_K) are widened a slice of rows at a time and
+quantized to Loom's blocks of the nearest width, so that no whole tensor, let alone the model,
+passes through float32.
 """
 
 from __future__ import annotations
@@ -18,25 +18,30 @@ import numpy as np
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 
-from .block_linear import GROUP, quantize, row_bytes
+from .block_linear import GGUF_Q4_K, GGUF_Q6_K, GROUP, LOOM_4BIT, LOOM_8BIT, quantize, row_bytes
 
-EXACT = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q8_0: 8, Q.Q4_K: 4, Q.IQ4_NL: 8, Q.IQ4_XS: 8, Q.Q5_0: 8}
+NATIVE = {Q.Q4_K: GGUF_Q4_K, Q.Q6_K: GGUF_Q6_K}
+EXACT = {Q.Q4_0: LOOM_4BIT, Q.Q4_1: LOOM_4BIT, Q.Q8_0: LOOM_8BIT, Q.IQ4_NL: LOOM_8BIT, Q.IQ4_XS: LOOM_8BIT,
+         Q.Q5_0: LOOM_8BIT}
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
-REQUANTIZED = {Q.Q2_K: 4, Q.Q3_K: 4, Q.Q5_1: 8, Q.Q5_K: 8, Q.Q6_K: 8}
+REQUANTIZED = {Q.Q2_K: LOOM_4BIT, Q.Q3_K: LOOM_4BIT, Q.Q5_1: LOOM_8BIT, Q.Q5_K: LOOM_8BIT}
 WIDENED_VALUES = 16 << 20  # values widened to float32 at a time for the formats requantized
 
 
-def block_bits(kind: Q) -> int | None:
-    """The bits of the blocks a GGUF tensor type becomes; None for the float types."""
-    return EXACT.get(kind) or REQUANTIZED.get(kind)
+def block_format(kind: Q) -> int | None:
+    """The kernel format a GGUF tensor type runs in (block_linear's); None for the float types."""
+    return NATIVE.get(kind) or EXACT.get(kind) or REQUANTIZED.get(kind)
 
 
-def to_blocks(data: np.ndarray, kind: Q, width: int, bits: int) -> torch.Tensor:
-    """A GGUF tensor's raw bytes [rows, bytes per row] as blocks of ``bits``-bit codes
-    [rows, bytes per row of block_weights.h's layout]: each row its codes, its float32 scales and
-    (4 bits) its float32 minimums."""
-    if EXACT.get(kind) == bits:
+def to_blocks(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
+    """A GGUF tensor's raw bytes [rows, bytes per row] in its kernel format [rows, bytes per row]:
+    the file's own bytes (a view of the mapped file) for the formats kept, else each row as Loom's
+    blocks (its codes, its float32 scales and, for 4 bits, its float32 minimums)."""
+    if kind in NATIVE:
+        return torch.from_numpy(data)
+    if kind in EXACT:
         return torch.from_numpy(_rearranged(data, kind, width))
+    bits = REQUANTIZED[kind]
     parts = [quantize(part, bits).view(-1, row_bytes(width, bits)) for _, part in widened_slices(data, kind, width)]
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
@@ -55,8 +60,6 @@ def widened_slices(data: np.ndarray, kind: Q, width: int):
 
 def _rearranged(data: np.ndarray, kind: Q, width: int) -> np.ndarray:
     rows, groups = data.shape[0], width // GROUP
-    if kind == Q.Q4_K:
-        return _q4_k_rearranged(data, rows, groups)
     if kind in (Q.IQ4_NL, Q.IQ4_XS):
         return _iq4_rearranged(data, kind, rows, groups)
     if kind == Q.Q5_0:
@@ -77,26 +80,6 @@ def _rearranged(data: np.ndarray, kind: Q, width: int) -> np.ndarray:
 def _halves(field: np.ndarray) -> np.ndarray:
     """A block field of float16s (two bytes each) as float32 values, one per pair of bytes."""
     return field.copy().view(np.float16).astype(np.float32)
-
-
-def _q4_k_rearranged(data: np.ndarray, rows: int, groups: int) -> np.ndarray:
-    """Q4_K's super-blocks of 256 (d, dmin, twelve bytes of 6-bit scales and minimums, 128 bytes of
-    codes: 64 values a 32 bytes, the first 32 in the low nibbles) as eight 32-value blocks each."""
-    blocks = data.reshape(rows, groups // 8, 144)
-    d = _halves(blocks[..., 0:2])  # [rows, supers, 1]
-    dmin = _halves(blocks[..., 2:4])
-    packed = blocks[..., 4:16].reshape(rows, -1, 3, 4)
-    low, high, rest = packed[..., 0, :], packed[..., 1, :], packed[..., 2, :]
-    sc = np.concatenate([low & 0x3F, (rest & 0x0F) | ((low >> 2) & 0x30)], axis=-1)  # [rows, supers, 8]
-    m = np.concatenate([high & 0x3F, (rest >> 4) | ((high >> 2) & 0x30)], axis=-1)
-    scale = (d * sc.astype(np.float32)).reshape(rows, groups)
-    low_bound = -(dmin * m.astype(np.float32)).reshape(rows, groups)
-    # 32 bytes hold two sub-blocks, value l of each in byte l's low and high nibble; a block of
-    # Loom's keeps values j and j + 16 in byte j: nibbles move between the two halves of the 32.
-    codes = blocks[..., 16:].reshape(rows, groups // 8, 4, 2, 16)
-    first, second = codes[..., 0, :], codes[..., 1, :]
-    packed = np.stack([(first & 0x0F) | (second << 4), (first >> 4) | (second & 0xF0)], axis=-2)
-    return np.concatenate([packed.reshape(rows, -1), scale.view(np.uint8), low_bound.view(np.uint8)], axis=1)
 
 
 def _iq4_rearranged(data: np.ndarray, kind: Q, rows: int, groups: int) -> np.ndarray:

@@ -1,14 +1,16 @@
-"""weights="int4" and "int8": linear layers whose weights are kept in blocks of 32 values with a
-scale each, as llama.cpp's Q4_1 and Q8_0 files keep them, multiplied by Loom's own kernel
-(block_weights.h). ("int8" keeps every linear layer in the 8-bit blocks described below for the
-output layer.)
+"""Linear layers and embeddings whose weights are kept in blocks (block_codes.h's formats): Loom's 4-
+and 8-bit blocks of 32 values with a scale each, as llama.cpp's Q4_1 and Q8_0 files keep them
+(weights="int4" and "int8", and GGUF files' Q4_0/Q4_1/Q8_0/Q5_0/IQ4 rearranged), and GGUF's Q4_K
+and Q6_K super-blocks as the file has them; multiplied by Loom's own kernel (block_weights.h), which
+rounds the input to 8-bit blocks of 32 first (round_activations), as llama.cpp does. ("int8" keeps
+every linear layer in the 8-bit blocks described below for the output layer.)
 
 A layer's weights take 4-bit codes with a scale and a minimum per block (0.75 bytes a value against
 float32's 4; w = scale q + min), the output layer 8-bit codes with a scale (1.125 bytes), as
 llama.cpp's Q4 files keep theirs: the logits are what sampling reads, and a vocabulary-wide product
 is where 4 bits lose the most. The token embeddings take 8-bit blocks too (the output layer's, where
-the two are tied). The activations and every sum stay float32. A layer whose input width is not a
-multiple of 32 keeps float32 weights (a CpuLinear).
+the two are tied). A layer whose input width is not a multiple of 32 keeps float32 weights (a
+CpuLinear).
 
 Quantizing (weights="int4"/"int8") is round-to-nearest from the float weights. A GGUF file's blocks
 come in as they are instead (weights="stored", block_formats.py: BlockLinear.of_blocks).
@@ -24,8 +26,12 @@ from torch import nn
 from . import native
 from .cpu_linear import KERNEL_ROWS, CpuLinear, large_product
 
-GROUP = 32  # values per block (block_weights.h)
-OUTPUT_BITS = 8  # the output layer's and the token embeddings' (the layers': quantized.BLOCK_WEIGHTS)
+GROUP = 32  # values per block (block_codes.h)
+# block_codes.h's formats; Loom's own are named by their bits
+LOOM_4BIT, LOOM_8BIT, GGUF_Q4_K, GGUF_Q6_K = 4, 8, 12, 14
+SUPER_BLOCKS = {GGUF_Q4_K: (256, 144), GGUF_Q6_K: (256, 210)}  # values and bytes of a K-quant's super-block
+FORMAT_NAMES = {LOOM_4BIT: "4-bit blocks", LOOM_8BIT: "8-bit blocks", GGUF_Q4_K: "Q4_K", GGUF_Q6_K: "Q6_K"}
+OUTPUT_BITS = LOOM_8BIT  # the output layer's and the token embeddings' (the layers': quantized.BLOCK_WEIGHTS)
 
 # Longer products widen the weight to float32 for oneDNN this many values at a time (64 MiB).
 WIDENED_ELEMENTS = 16 << 20
@@ -33,12 +39,26 @@ WIDENED_ELEMENTS = 16 << 20
 _int64, _pointer = ctypes.c_int64, ctypes.c_void_p
 ARGTYPES = [_pointer, _int64, _int64, _pointer, _int64, _pointer, _int64, _int64, _pointer, _int64]
 WIDEN_ARGTYPES = [_pointer, _int64, _int64, _int64, _int64, _int64, _pointer]
+ROUND_ARGTYPES = [_pointer, _int64, _int64, _int64, _pointer]
 
 
-def row_bytes(width: int, bits: int) -> int:
-    """Bytes of one row of ``width`` values in ``bits``-bit blocks: its codes, its float32 scales
-    and, for 4 bits, its float32 minimums (block_weights.h's BlockWeights.stride)."""
-    return width * bits // 8 + width // GROUP * (8 if bits == 4 else 4)
+def row_bytes(width: int, format: int) -> int:
+    """Bytes of one row of ``width`` values in ``format``: for Loom's blocks its codes, its float32
+    scales and, for 4 bits, its float32 minimums; for a K-quant its super-blocks (block_codes.h)."""
+    if format in SUPER_BLOCKS:
+        values, size = SUPER_BLOCKS[format]
+        return width // values * size
+    return width * format // 8 + width // GROUP * (8 if format == LOOM_4BIT else 4)
+
+
+def round_activations(x: torch.Tensor) -> torch.Tensor:
+    """x [..., in] as the values of its 8-bit blocks of 32, which block products multiply: per block a
+    scale d = max |x| / 127 and codes round(x / d), half to even (block_weights.h's round_block: the
+    same float32 arithmetic)."""
+    blocks = x.float().reshape(*x.shape[:-1], -1, GROUP)
+    top = blocks.abs().amax(-1, keepdim=True)
+    inverse = torch.where(top > 0, torch.full_like(top, 127) / top, 0)  # (127 / top is 127 times 1 / top)
+    return (torch.round(blocks * inverse) * (top / 127)).reshape(x.shape)
 
 
 def quantize(weight: torch.Tensor, bits: int) -> torch.Tensor:
@@ -79,34 +99,54 @@ def dequantize(blocks: torch.Tensor, bits: int, out: int, width: int) -> torch.T
 
 
 class BlockLinear(nn.Module):
-    """nn.Linear with its weight in blocks of ``bits``-bit codes (float32 activations, on the CPU).
-    Products of up to KERNEL_ROWS rows run on Loom's kernel; longer prefill chunks widen the weight
-    to float32, WIDENED_ELEMENTS at a time, for oneDNN's product, which at 256-1024 rows ran
-    float32 weights 1.1-1.4x faster than the block kernel ran blocks (docs/benchmarks.md, "4-bit
-    weights")."""
+    """nn.Linear with its weight in blocks (float32 activations, on the CPU): one format, or up to
+    three parts stacked by output rows, each in its own (a fused q/k/v whose parts a GGUF file keeps
+    in different formats: Q4_K_M's Q6_K values beside Q4_K queries and keys). Products of up to
+    KERNEL_ROWS rows run on Loom's kernel; longer prefill chunks widen the weight to float32,
+    WIDENED_ELEMENTS at a time, for oneDNN's product, which at 256-1024 rows ran float32 weights
+    1.1-1.4x faster than the block kernel ran blocks (docs/benchmarks.md, "4-bit weights"). Either
+    way the input is rounded to 8-bit blocks first, so every row count computes the same numbers."""
 
     def __init__(self, linear: nn.Linear, bits: int):
         super().__init__()
         if linear.in_features % GROUP:
             raise ValueError(f"block weights need an input width that is a multiple of {GROUP}, not {linear.in_features}")
-        self._hold(quantize(linear.weight, bits), bits, *linear.weight.shape, linear.bias)
+        self._hold([quantize(linear.weight, bits).view(linear.out_features, -1)], [bits], linear.in_features,
+                   linear.bias)
 
     @classmethod
-    def of_blocks(cls, blocks: torch.Tensor, bits: int, width: int, bias: torch.Tensor | None = None) -> "BlockLinear":
-        """A layer over blocks already in block_weights.h's layout, [out, bytes per row] (a GGUF
-        file's, block_formats.py), taken as they are."""
+    def of_blocks(cls, blocks: torch.Tensor | list[torch.Tensor], width: int,
+                  bias: torch.Tensor | None = None) -> "BlockLinear":
+        """A layer over blocks already in a kernel format, [out, bytes per row] (a GGUF file's,
+        block_formats.py; the format is told by the row's bytes), or a list of such parts stacked by
+        output rows, taken as they are."""
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
-        layer._hold(blocks.reshape(-1), bits, blocks.shape[0], width, bias)
+        parts = blocks if isinstance(blocks, (list, tuple)) else [blocks]
+        layer._hold(parts, [stored_format(part, width) for part in parts], width, bias)
         return layer
 
-    def _hold(self, blocks: torch.Tensor, bits: int, out: int, width: int, bias: torch.Tensor | None) -> None:
-        self.out_features, self.in_features, self.bits = out, width, bits
-        self.register_buffer("blocks", blocks)
+    def _hold(self, parts: list[torch.Tensor], formats: list[int], width: int, bias: torch.Tensor | None) -> None:
+        self.formats, self.rows = tuple(formats), tuple(part.shape[0] for part in parts)
+        self.out_features, self.in_features = sum(self.rows), width
+        for i, part in enumerate(parts):
+            self.register_buffer(part_name(i), part.reshape(-1))
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
         self.kernel = native.function("loom_block_linear", torch.float32, ARGTYPES)
         self.widen = native.function("loom_block_widen", torch.float32, WIDEN_ARGTYPES)
+        self.round = native.function("loom_round_activations", torch.float32, ROUND_ARGTYPES)
         self.large = large_product(torch.float32)
+
+    def parts(self) -> list[tuple[torch.Tensor, int, int]]:
+        """(blocks, format, rows) of each part, in the order of their output rows."""
+        return [(getattr(self, part_name(i)), f, rows) for i, (f, rows) in enumerate(zip(self.formats, self.rows))]
+
+    @property
+    def blocks(self) -> torch.Tensor:
+        """The block buffer of a layer of one part."""
+        if len(self.formats) != 1:
+            raise AttributeError(f"a layer of {len(self.formats)} parts has no single block buffer; see parts()")
+        return self.blocks_0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
@@ -116,45 +156,57 @@ class BlockLinear(nn.Module):
             return self._widened_product(rows).view(*x.shape[:-1], self.out_features)
         y = torch.empty(rows.shape[0], self.out_features)
         if rows.shape[0]:
-            self.kernel(rows.data_ptr(), rows.stride(0), rows.shape[0], self.blocks.data_ptr(), self.bits,
-                        None if self.bias is None else self.bias.data_ptr(), self.in_features, self.out_features,
-                        y.data_ptr(), self.out_features)
+            first = 0
+            for blocks, format, count in self.parts():
+                bias = None if self.bias is None else self.bias[first:].data_ptr()
+                self.kernel(rows.data_ptr(), rows.stride(0), rows.shape[0], blocks.data_ptr(), format, bias,
+                            self.in_features, count, y[:, first:].data_ptr(), self.out_features)
+                first += count
         return y.view(*x.shape[:-1], self.out_features)
 
     def _widened_product(self, rows: torch.Tensor) -> torch.Tensor:
+        rounded = torch.empty_like(rows)
+        self.round(rows.data_ptr(), rows.stride(0), rows.shape[0], self.in_features, rounded.data_ptr())
         step = max(1, WIDENED_ELEMENTS // self.in_features)
-        parts = []
-        for first in range(0, self.out_features, step):
-            count = min(step, self.out_features - first)
-            weight = torch.empty(count, self.in_features)
-            self.widen(self.blocks.data_ptr(), self.bits, self.in_features, self.out_features, first, count,
-                       weight.data_ptr())
-            bias = None if self.bias is None else self.bias[first:first + count]
-            parts.append(self.large(rows, weight, bias))
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        outputs = []
+        for blocks, format, count in self.parts():
+            for first in range(0, count, step):
+                n = min(step, count - first)
+                weight = torch.empty(n, self.in_features)
+                self.widen(blocks.data_ptr(), format, self.in_features, count, first, n, weight.data_ptr())
+                outputs.append(self.large(rounded, weight, None))
+        y = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+        return y if self.bias is None else y.add_(self.bias)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"{self.bits}-bit blocks of {GROUP}")
+        kinds = " | ".join(f"{rows} rows of {FORMAT_NAMES[f]}" for f, rows in zip(self.formats, self.rows))
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, {kinds}"
+
+
+def part_name(i: int) -> str:
+    return f"blocks_{i}"
 
 
 class BlockEmbedding(nn.Module):
-    """nn.Embedding over a table of blocks (8-bit, or a GGUF file's 4-bit ones): a lookup widens
-    only the rows it reads. A tied table shares the output layer's blocks, so the model keeps one
-    copy of it."""
+    """nn.Embedding over a table of blocks (8-bit, or a GGUF file's own): a lookup widens only the
+    rows it reads. A tied table shares the output layer's blocks, so the model keeps one copy of it."""
 
-    def __init__(self, blocks: torch.Tensor, num_embeddings: int, embedding_dim: int, bits: int = OUTPUT_BITS):
+    def __init__(self, blocks: torch.Tensor, num_embeddings: int, embedding_dim: int, format: int = OUTPUT_BITS):
         super().__init__()
-        self.num_embeddings, self.embedding_dim, self.bits = num_embeddings, embedding_dim, bits
+        self.num_embeddings, self.embedding_dim, self.format = num_embeddings, embedding_dim, format
         self.register_buffer("blocks", blocks.reshape(-1))
+        self.widen = native.function("loom_block_widen", torch.float32, WIDEN_ARGTYPES)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         rows = self.blocks.view(self.num_embeddings, -1)[ids.flatten()]
-        return dequantize(rows.flatten(), self.bits, rows.shape[0], self.embedding_dim).view(
-            *ids.shape, self.embedding_dim)
+        out = torch.empty(rows.shape[0], self.embedding_dim)
+        if rows.shape[0]:
+            self.widen(rows.data_ptr(), self.format, self.embedding_dim, rows.shape[0], 0, rows.shape[0],
+                       out.data_ptr())
+        return out.view(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, {self.bits}-bit blocks of {GROUP}"
+        return f"{self.num_embeddings}, {self.embedding_dim}, {FORMAT_NAMES[self.format]}"
 
 
 def use_block_linears(model: nn.Module, layer_bits: int) -> None:
@@ -183,7 +235,7 @@ def use_block_linears(model: nn.Module, layer_bits: int) -> None:
             if (isinstance(child, nn.Embedding) and output is not None and child.embedding_dim % GROUP == 0
                     and child.num_embeddings == output.out_features):
                 tied = swapped.get(id(child.weight))
-                blocks = tied.blocks if tied is not None and tied.bits == OUTPUT_BITS else quantize(
+                blocks = tied.blocks if tied is not None and tied.formats == (OUTPUT_BITS,) else quantize(
                     child.weight, OUTPUT_BITS)
                 setattr(module, name, BlockEmbedding(blocks, child.num_embeddings, child.embedding_dim))
             else:
@@ -193,29 +245,34 @@ def use_block_linears(model: nn.Module, layer_bits: int) -> None:
     swap_embeddings(model)
 
 
-def use_stored_blocks(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+def use_stored_blocks(model: nn.Module, state: dict) -> None:
     """Swap each nn.Linear and nn.Embedding of ``model`` whose weight ``state`` holds as blocks (a
-    uint8 [rows, bytes per row] tensor in block_weights.h's layout: a checkpoint kept in its own
-    formats) for a BlockLinear or BlockEmbedding over those very blocks. ``state`` then names the
-    blocks as the new modules do, for load_state_dict. Tied tables stay one tensor."""
+    uint8 [rows, bytes per row] tensor in a kernel format, or a list of such parts stacked by output
+    rows: a checkpoint kept in its own formats) for a BlockLinear or BlockEmbedding over those very
+    blocks. ``state`` then names the blocks as the new modules do, for load_state_dict. Tied tables
+    stay one tensor."""
     for prefix, module in list(model.named_modules()):
         blocks = state.get(f"{prefix}.weight")
-        if blocks is None or blocks.dtype != torch.uint8:
+        if not isinstance(blocks, list) and (blocks is None or blocks.dtype != torch.uint8):
             continue
         parent_name, _, name = prefix.rpartition(".")
         parent = model.get_submodule(parent_name)
-        width = module.in_features if isinstance(module, nn.Linear) else module.embedding_dim
-        bits = stored_bits(blocks, width)
+        state.pop(f"{prefix}.weight")
         if isinstance(module, nn.Linear):
-            setattr(parent, name, BlockLinear.of_blocks(blocks, bits, width))
+            layer = BlockLinear.of_blocks(blocks, module.in_features)
+            for i, (part, _, _) in enumerate(layer.parts()):
+                state[f"{prefix}.{part_name(i)}"] = part
         else:
-            setattr(parent, name, BlockEmbedding(blocks, module.num_embeddings, width, bits))
-        state[f"{prefix}.blocks"] = state.pop(f"{prefix}.weight").reshape(-1)
+            layer = BlockEmbedding(blocks, module.num_embeddings, module.embedding_dim,
+                                   stored_format(blocks, module.embedding_dim))
+            state[f"{prefix}.blocks"] = layer.blocks
+        setattr(parent, name, layer)
 
 
-def stored_bits(blocks: torch.Tensor, width: int) -> int:
-    """4 or 8: which blocks a [rows, bytes per row] buffer holds for rows of ``width`` values."""
-    for bits in (4, 8):
-        if blocks.shape[-1] == row_bytes(width, bits):
-            return bits
+def stored_format(blocks: torch.Tensor, width: int) -> int:
+    """Which kernel format a [rows, bytes per row] buffer holds for rows of ``width`` values (the
+    formats' rows differ in size for any width)."""
+    for format in FORMAT_NAMES:
+        if blocks.shape[-1] == row_bytes(width, format) and (format not in SUPER_BLOCKS or width % 256 == 0):
+            return format
     raise ValueError(f"a block buffer of {blocks.shape[-1]} bytes per row holds no rows of {width} values")

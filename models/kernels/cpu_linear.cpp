@@ -1,5 +1,5 @@
 // The linear kernels' entry points (the kernels themselves: cpu_linear.h, and block_weights.h for
-// weights kept in 4- or 8-bit blocks).
+// weights kept in blocks).
 
 #include <vector>
 
@@ -19,38 +19,46 @@ void linear(const T* x, int64_t x_stride, int64_t rows, const T* w, const T* bia
     linear_rows(x, x_stride, rows, w, bias, in, out, y, y_stride, packed, panel_from);
 }
 
-void block_linear(const float* x, int64_t x_stride, int64_t rows, const void* blocks, int64_t bits, const float* bias,
-                  int64_t in, int64_t out, float* y, int64_t y_stride) {
+void block_linear(const float* x, int64_t x_stride, int64_t rows, const void* blocks, int64_t format,
+                  const float* bias, int64_t in, int64_t out, float* y, int64_t y_stride) {
     thread_local std::vector<float> buffer;  // as linear's
-    float* packed = rows >= BLOCK_PANEL_MIN_ROWS ? line_aligned(buffer, packed_size<float>(rows, in)) : nullptr;
-    const BlockWeights w(blocks, bits, in, out);
+    float* scratch = line_aligned(buffer, block_scratch_size(rows, in));
+    const BlockWeights w(blocks, format, in, out);
 #pragma omp parallel
-    block_linear_rows(x, x_stride, rows, w, bias, y, y_stride, packed);
+    block_linear_rows(x, x_stride, rows, w, bias, y, y_stride, scratch);
 }
 
 // Weight rows [first, first + count) of block weights as floats into dst [count, in], the rows
 // shared among threads.
-void widen(const void* blocks, int64_t bits, int64_t in, int64_t out, int64_t first, int64_t count, float* dst) {
-    const BlockWeights w(blocks, bits, in, out);
+void widen(const void* blocks, int64_t format, int64_t in, int64_t out, int64_t first, int64_t count, float* dst) {
+    const BlockWeights w(blocks, format, in, out);
+    with_format(format, [&](auto f) {
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < count; ++r) {
-        if (bits == 4)
-            widen_rows<4>(w, first + r, 1, 0, in, dst + r * in, in, 0);
-        else
-            widen_rows<8>(w, first + r, 1, 0, in, dst + r * in, in, 0);
-    }
+        for (int64_t r = 0; r < count; ++r) widen_rows<decltype(f)>(w, first + r, 1, 0, in, dst + r * in, in, 0);
+    });
+}
+
+// ``rows`` rows of x as the floats their 8-bit blocks of 32 stand for (what block products multiply).
+void round_activations(const float* x, int64_t x_stride, int64_t rows, int64_t in, float* out) {
+#pragma omp parallel
+    rounded_floats(x, x_stride, rows, in, out);
 }
 
 }  // namespace
 
-extern "C" void loom_block_widen_f32(const void* blocks, int64_t bits, int64_t in, int64_t out, int64_t first,
+extern "C" void loom_block_widen_f32(const void* blocks, int64_t format, int64_t in, int64_t out, int64_t first,
                                      int64_t count, float* dst) {
-    widen(blocks, bits, in, out, first, count, dst);
+    widen(blocks, format, in, out, first, count, dst);
 }
 
-extern "C" void loom_block_linear_f32(const float* x, int64_t x_stride, int64_t rows, const void* blocks, int64_t bits,
-                                      const float* bias, int64_t in, int64_t out, float* y, int64_t y_stride) {
-    block_linear(x, x_stride, rows, blocks, bits, bias, in, out, y, y_stride);
+extern "C" void loom_block_linear_f32(const float* x, int64_t x_stride, int64_t rows, const void* blocks,
+                                      int64_t format, const float* bias, int64_t in, int64_t out, float* y,
+                                      int64_t y_stride) {
+    block_linear(x, x_stride, rows, blocks, format, bias, in, out, y, y_stride);
+}
+
+extern "C" void loom_round_activations_f32(const float* x, int64_t x_stride, int64_t rows, int64_t in, float* out) {
+    round_activations(x, x_stride, rows, in, out);
 }
 
 // ``panel_from``: from how many rows the product takes the panels (the model's, cpu_linear.py).

@@ -27,40 +27,67 @@
 
 namespace {
 
+// A product's weights: up to three parts stacked by output rows, each T values [rows, in] (format
+// FLOAT) or blocks of a format (block_codes.h; float models only). A fused q/k/v whose parts a file
+// keeps in different formats (Q4_K_M's Q6_K values beside Q4_K queries and keys) has several.
+struct Weights {
+    struct Part {
+        const void* data;
+        int64_t format, rows;
+    };
+    int64_t parts;
+    Part part[3];
+};
+
 // One layer's weights and shape, filled once at load (decoder_layer.py mirrors this layout: every
 // field is 8 bytes). Biases may be null; the pool keeps its elements as C (kv_element.h). Llama's
 // family: RMSNorms, a gated MLP whose ``up`` product gives [gate | up] (2 x intermediate outputs),
 // SiLU(gate) x up. GPT-2: LayerNorms with biases, an ``up`` product of intermediate outputs and
-// GELU (tanh). A product's weight is T values ([out, in]) where its bits are 0, else a buffer of
-// 4- or 8-bit blocks (block_weights.h; float models only).
+// GELU (tanh).
 template <typename T, typename C>
 struct Layer {
     const T *input_norm, *input_norm_bias, *post_norm, *post_norm_bias;
-    const void* qkv;
+    const Weights* qkv;
     const T* qkv_bias;
-    const void* out;
+    const Weights* out;
     const T* out_bias;
-    const void* up;
+    const Weights* up;
     const T* up_bias;
-    const void* down;
+    const Weights* down;
     const T* down_bias;
     C *k_cache, *v_cache;
     int64_t hidden, intermediate, heads, kv_heads, dim, window, layer_norm, gated;
-    int64_t qkv_bits, out_bits, up_bits, down_bits;
     double eps, scale;
 };
 
-// y = x w^T + b for one of a layer's products, on its weights' kind (``bits``: Layer's).
+// y = x w^T + b for one of a layer's products, a part of its weights at a time. ``scratch``:
+// product_scratch_size(rows, in) elements shared by the team.
 template <typename T>
-void product(const T* x, int64_t x_stride, int64_t rows, const void* w, int64_t bits, const T* bias, int64_t in,
-             int64_t out, T* y, int64_t y_stride, T* packed, int64_t panel_from) {
-    if constexpr (std::is_same_v<T, float>) {
-        if (bits != 0) {
-            block_linear_rows(x, x_stride, rows, BlockWeights(w, bits, in, out), bias, y, y_stride, packed);
-            return;
+void product(const T* x, int64_t x_stride, int64_t rows, const Weights& w, const T* bias, int64_t in, T* y,
+             int64_t y_stride, T* scratch, int64_t panel_from) {
+    int64_t first = 0;
+    for (int64_t p = 0; p < w.parts; ++p) {
+        const Weights::Part& part = w.part[p];
+        const T* b = bias == nullptr ? nullptr : bias + first;
+        if constexpr (std::is_same_v<T, float>) {
+            if (part.format != FLOAT) {
+                block_linear_rows(x, x_stride, rows, BlockWeights(part.data, part.format, in, part.rows), b,
+                                  y + first, y_stride, scratch);
+                first += part.rows;
+                continue;
+            }
         }
+        linear_rows(x, x_stride, rows, static_cast<const T*>(part.data), b, in, part.rows, y + first, y_stride,
+                    scratch, panel_from);
+        first += part.rows;
     }
-    linear_rows(x, x_stride, rows, static_cast<const T*>(w), bias, in, out, y, y_stride, packed, panel_from);
+}
+
+// Elements of scratch a product of ``rows`` rows of width ``in`` takes, whatever its weights.
+template <typename T>
+int64_t product_scratch_size(int64_t rows, int64_t in) {
+    if constexpr (std::is_same_v<T, float>) return block_scratch_size(rows, in);
+    return packed_size<T>(rows, in);
 }
 
 // The step's decode rows, filled once per step: angles (null when rotary_dim is 0), pool slots,
@@ -74,13 +101,13 @@ struct Step {
 };
 
 // The output layer: the final norm (RMSNorm, or LayerNorm with a bias) and the product into the
-// vocabulary (bits as Layer's); decoder_layer.py mirrors the layout.
+// vocabulary; decoder_layer.py mirrors the layout.
 template <typename T>
 struct Head {
     const T *norm, *norm_bias;
-    const void* weight;
+    const Weights* weight;
     const T* bias;
-    int64_t vocab, layer_norm, bits;
+    int64_t vocab, layer_norm;
     double eps;
 };
 
@@ -155,7 +182,7 @@ struct Intermediates {
     T* attn;    // [rows, q_width]
     T* up;      // [rows, up_width]
     T* delta;   // [rows, hidden] a product's output, added to x
-    T* packed;  // the products' input panels, packed_size(rows, widest input)
+    T* scratch;  // the products' (product_scratch_size for the widest input)
     int64_t size = 0;  // elements in all
 
     // ``base`` null: the size alone
@@ -173,7 +200,7 @@ struct Intermediates {
         attn = take(rows * q_width);
         up = take(rows * 2 * l.intermediate);
         delta = take(rows * l.hidden);
-        packed = take(packed_size<T>(rows, std::max({l.hidden, q_width, l.intermediate})));
+        scratch = take(product_scratch_size<T>(rows, std::max({l.hidden, q_width, l.intermediate})));
     }
 };
 
@@ -192,31 +219,32 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
     const int64_t q_width = l.heads * l.dim, kv_width = l.kv_heads * l.dim, qkv_width = q_width + 2 * kv_width;
     const Intermediates<T> buffers(l, rows, scratch);
     T *h = buffers.h, *qkv = buffers.qkv, *q = buffers.q, *attn = buffers.attn, *up = buffers.up;
-    T *delta = buffers.delta, *packed = buffers.packed;
+    T* delta = buffers.delta;
     const bool rotary = s.rotary_dim > 0;  // else the queries are read from qkv as they are
     // y [rows, out] = a [rows, in] w^T + b, a's rows ``stride`` apart
-    auto multiply = [&](const T* a, int64_t stride, int64_t in, const void* w, int64_t bits, const T* b, int64_t out,
-                        T* y) { product(a, stride, rows, w, bits, b, in, out, y, out, packed, panel_from); };
+    auto multiply = [&](const T* a, int64_t stride, int64_t in, const Weights* w, const T* b, int64_t out, T* y) {
+        product(a, stride, rows, *w, b, in, y, out, buffers.scratch, panel_from);
+    };
     norm_rows<T>(x, nullptr, l.input_norm, l.input_norm_bias, l.layer_norm, l.eps, h, rows, hidden);
-    multiply(h, hidden, hidden, l.qkv, l.qkv_bits, l.qkv_bias, qkv_width, qkv);
+    multiply(h, hidden, hidden, l.qkv, l.qkv_bias, qkv_width, qkv);
     rotate_and_store_rows(qkv, qkv_width, qkv + q_width, qkv_width, qkv + q_width + kv_width, qkv_width, s.cos, s.sin,
                           s.rotary_dim, s.slots, rows, l.k_cache, l.v_cache, rotary ? q : nullptr, l.heads,
                           l.kv_heads, l.dim);
     decode_attention_rows(rotary ? q : qkv, rotary ? q_width : qkv_width, l.k_cache, l.v_cache, s.tables,
                           s.max_blocks, s.lens, attn, q_width, rows, l.heads, l.kv_heads, l.dim, s.block_size,
                           l.window, l.scale);
-    multiply(attn, q_width, q_width, l.out, l.out_bits, l.out_bias, hidden, delta);
+    multiply(attn, q_width, q_width, l.out, l.out_bias, hidden, delta);
     norm_rows(x, delta, l.post_norm, l.post_norm_bias, l.layer_norm, l.eps, h, rows, hidden);
-    multiply(h, hidden, hidden, l.up, l.up_bits, l.up_bias, up_width, up);
+    multiply(h, hidden, hidden, l.up, l.up_bias, up_width, up);
     activate_rows(up, up_width, l.gated, rows, inter);
-    multiply(up, up_width, inter, l.down, l.down_bits, l.down_bias, hidden, delta);  // silu(gate) x up
+    multiply(up, up_width, inter, l.down, l.down_bias, hidden, delta);  // silu(gate) x up
     add_rows(x, delta, rows * hidden);
 }
 
 // Elements of the output layer's scratch for ``sampled`` rows: the rows, then the product's panels.
 template <typename T>
 size_t head_scratch_size(int64_t sampled, int64_t hidden) {
-    return whole_lines<T>(sampled * hidden) + packed_size<T>(sampled, hidden);
+    return whole_lines<T>(sampled * hidden) + product_scratch_size<T>(sampled, hidden);
 }
 
 // The output layer over the step's sampled rows of x, into ``logits`` [sampled, vocab], its work
@@ -229,12 +257,11 @@ template <typename T>
 void head_phases(const T* x, int64_t hidden, const Head<T>& head, const Step<T>& s, T* scratch, T* logits,
                  int64_t panel_from) {
     T* rows = scratch;
-    T* packed = scratch + whole_lines<T>(s.sampled * hidden);
+    T* product_scratch = scratch + whole_lines<T>(s.sampled * hidden);
 #pragma omp for
     for (int64_t r = 0; r < s.sampled; ++r) std::copy_n(x + s.samples[r] * hidden, hidden, rows + r * hidden);
     norm_rows<T>(rows, nullptr, head.norm, head.norm_bias, head.layer_norm, head.eps, rows, s.sampled, hidden);
-    product(rows, hidden, s.sampled, head.weight, head.bits, head.bias, hidden, head.vocab, logits, head.vocab, packed,
-            panel_from);
+    product(rows, hidden, s.sampled, *head.weight, head.bias, hidden, logits, head.vocab, product_scratch, panel_from);
 }
 
 // The step's rows [first, end) as a step of their own.

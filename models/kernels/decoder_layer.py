@@ -33,13 +33,20 @@ _pointer, _int64, _double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 SPLIT_ROWS_PER_THREAD = 12
 
 
+class _Part(ctypes.Structure):  # decoder_layer.cpp's Weights::Part
+    _fields_ = [("data", _pointer), ("format", _int64), ("rows", _int64)]
+
+
+class _Weights(ctypes.Structure):  # decoder_layer.cpp's Weights
+    _fields_ = [("parts", _int64), ("part", _Part * 3)]
+
+
 class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
     _fields_ = [(name, _pointer) for name in (
         "input_norm", "input_norm_bias", "post_norm", "post_norm_bias", "qkv", "qkv_bias", "out", "out_bias", "up",
         "up_bias", "down", "down_bias", "k_cache", "v_cache")]
     _fields_ += [(name, _int64) for name in (
-        "hidden", "intermediate", "heads", "kv_heads", "dim", "window", "layer_norm", "gated", "qkv_bits", "out_bits",
-        "up_bits", "down_bits")]
+        "hidden", "intermediate", "heads", "kv_heads", "dim", "window", "layer_norm", "gated")]
     _fields_ += [("eps", _double), ("scale", _double)]
 
 
@@ -50,7 +57,7 @@ class _Step(ctypes.Structure):  # decoder_layer.cpp's Step<T>
 
 class _Head(ctypes.Structure):  # decoder_layer.cpp's Head<T>
     _fields_ = [(name, _pointer) for name in ("norm", "norm_bias", "weight", "bias")]
-    _fields_ += [(name, _int64) for name in ("vocab", "layer_norm", "bits")]
+    _fields_ += [(name, _int64) for name in ("vocab", "layer_norm")]
     _fields_ += [("eps", _double)]
 
 
@@ -77,15 +84,19 @@ def _products(model: Llama | GPT2) -> list:
     return layers + [model.lm_head]
 
 
-def _weight(linear: CpuLinear | BlockLinear) -> torch.Tensor:
-    """What a product reads: the float weight, or the block buffer."""
-    return linear.blocks if isinstance(linear, BlockLinear) else linear.weight
+def _weights(linear: CpuLinear | BlockLinear) -> _Weights:
+    """What a product reads: the float weight (format 0), or each part's blocks."""
+    if isinstance(linear, BlockLinear):
+        parts = [_Part(blocks.data_ptr(), format, rows) for blocks, format, rows in linear.parts()]
+    else:
+        parts = [_Part(linear.weight.data_ptr(), 0, linear.out_features)]
+    return _Weights(len(parts), (_Part * 3)(*parts))
 
 
 class DecoderLayers:
     def __init__(self, model: Llama | GPT2):
         self.dtype = _final_norm(model).weight.dtype
-        self.weights = []  # the tensors whose addresses the layers hold, kept alive
+        self.weights = []  # the modules and structures whose addresses the layers hold, kept alive
         layer = self._gpt2_layer if isinstance(model, GPT2) else self._llama_layer
         layers = [layer(block, model.spec) for block in model.layers]
         self.layers = (_Layer * len(layers))(*layers)
@@ -109,18 +120,18 @@ class DecoderLayers:
 
     def _head(self, model: Llama | GPT2) -> _Head:
         norm, output = _final_norm(model), model.lm_head
-        weights = (norm.weight, getattr(norm, "bias", None), _weight(output), output.bias)
-        self.weights.append(weights)
-        bits = output.bits if isinstance(output, BlockLinear) else 0
-        return _Head(*map(_address, weights), output.out_features, isinstance(model, GPT2), bits, norm.eps)
+        weights = _weights(output)
+        self.weights.append((output, weights))
+        return _Head(_address(norm.weight), _address(getattr(norm, "bias", None)), ctypes.addressof(weights),
+                     _address(output.bias), output.out_features, isinstance(model, GPT2), norm.eps)
 
     def _layer(self, norms, qkv, out, up, down, *shape) -> _Layer:
         products = (qkv, out, up, down)
-        weights = (*norms, *(t for m in products for t in (_weight(m), m.bias)))
-        self.weights.append(weights)
-        *shape, eps, scale = shape
-        bits = [m.bits if isinstance(m, BlockLinear) else 0 for m in products]
-        return _Layer(*map(_address, weights), None, None, *shape, *bits, eps, scale)
+        weights = [_weights(m) for m in products]
+        self.weights.append((products, weights))  # the modules hold the tensors, the structures their addresses
+        pointers = (*map(_address, norms), *(a for m, w in zip(products, weights)
+                                             for a in (ctypes.addressof(w), _address(m.bias))))
+        return _Layer(*pointers, None, None, *shape)
 
     @classmethod
     def of(cls, model) -> "DecoderLayers | None":

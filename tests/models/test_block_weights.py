@@ -1,5 +1,6 @@
 """weights="int4" / "int8": linear layers in blocks of 4- or 8-bit codes (8-bit in the output layer
-and the embeddings), on Loom's own kernel (models/kernels/block_linear.py, block_weights.h)."""
+and the embeddings), on Loom's own kernel (models/kernels/block_linear.py, block_weights.h), which
+multiplies the input rounded to 8-bit blocks of 32 (round_activations)."""
 
 import numpy as np
 import pytest
@@ -9,7 +10,8 @@ from torch import nn
 
 import models
 from models.kernels import block_linear, native
-from models.kernels.block_linear import GROUP, BlockEmbedding, BlockLinear, dequantize, quantize
+from models.kernels.block_linear import (GROUP, ROUND_ARGTYPES, BlockEmbedding, BlockLinear, dequantize, quantize,
+                                         round_activations)
 from models.kernels.cpu_linear import KERNEL_ROWS, CpuLinear
 from models.step import KVCache, Sequence, StepInput
 from ..conftest import tiny_model
@@ -33,7 +35,7 @@ def test_kernel_computes_the_dequantized_product(bits, out, width, rows):
     x = torch.randn(2 * rows, width, generator=torch.Generator().manual_seed(out))[::2]
     weight = dequantize(blocks.blocks, bits, out, width).double()
     bias = None if layer.bias is None else layer.bias.double()
-    expected = F.linear(x.double(), weight, bias).float()
+    expected = F.linear(round_activations(x).double(), weight, bias).float()
     torch.testing.assert_close(blocks(x), expected, atol=2e-5 * width ** 0.5, rtol=1e-5)
 
 
@@ -48,8 +50,24 @@ def test_long_products_widen_the_weight_for_onednn(bits, widened, monkeypatch):
     blocks = BlockLinear(layer, bits)
     x = torch.randn(2, KERNEL_ROWS + 3, 96)  # a 3-D input, as a model may pass
     weight = dequantize(blocks.blocks, bits, 23, 96).double()
-    expected = F.linear(x.double(), weight, layer.bias.double()).float()
+    expected = F.linear(round_activations(x).double(), weight, layer.bias.double()).float()
     torch.testing.assert_close(blocks(x), expected, atol=1e-4, rtol=1e-5)
+
+
+def test_the_kernel_rounds_its_input_as_round_activations_does():
+    """Bit for bit, ties included (half to even): the float64 references of the block tests multiply
+    round_activations(x), so the kernel must round to the same codes."""
+    kernel = native.function("loom_round_activations", torch.float32, ROUND_ARGTYPES)
+    x = torch.randn(64, 512, generator=torch.Generator().manual_seed(0)) * torch.logspace(-3, 3, 64)[:, None]
+    x[0, :32] = torch.arange(32) - 15.5  # a step of exactly 1 (the block's largest value is 127): ties at every half
+    x[0, 0] = 127
+    x[1, :32] = 0  # a block of zeros
+    out = torch.empty_like(x)
+    kernel(x.data_ptr(), 512, 64, 512, out.data_ptr())
+    assert torch.equal(out, round_activations(x))
+    blocks = x.view(64, -1, GROUP)
+    step = blocks.abs().amax(-1, keepdim=True) / 127
+    assert ((out.view(64, -1, GROUP) - blocks).abs() <= step / 2 * 1.0001).all()  # within half a step
 
 
 @pytest.mark.parametrize("bits,limit", [(4, 0.5 / 15), (8, 0.5 / 127)])
@@ -106,7 +124,7 @@ def test_block_models_keep_their_layers_in_blocks_and_the_output_and_embeddings_
     model = models.load(source, dtype=torch.float32, weights=weights).model
     blocks = [m for m in model.modules() if isinstance(m, BlockLinear)]
     assert not any(isinstance(m, (nn.Linear, CpuLinear)) for m in model.modules())
-    assert {m.bits for m in blocks if m is not model.lm_head} == {bits} and model.lm_head.bits == 8
+    assert {m.formats for m in blocks if m is not model.lm_head} == {(bits,)} and model.lm_head.formats == (8,)
     assert model.decoder_layers is not None  # decode steps in one native call
     embedding = model.wte if arch == "gpt2" else model.embed
     assert isinstance(embedding, BlockEmbedding)

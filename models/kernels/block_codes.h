@@ -1,0 +1,333 @@
+// How each block format keeps a weight row, and what the products (block_weights.h) read of it: a
+// 32-value block's codes as unsigned bytes, the scale each lane of their integer sums takes, the
+// term a format's minimums or offsets add, and the row's values widened to floats.
+//
+// Loom's own layouts (block_linear.py; GGUF's Q4_0, Q4_1, Q8_0, Q5_0 and IQ4 are rearranged into
+// them at load, exactly) keep a row as its codes, then its float32 scales, then (4 bits) its
+// float32 minimums:
+// - LOOM_4BIT: w = d q + m, q in 0..15; byte j of a block holds value j (low nibble) and j + 16.
+// - LOOM_8BIT: w = d q, q in -127..127.
+// GGUF's K-quants are read as the file lays them out (memory-mapped, never copied), in super-blocks
+// of 256 values:
+// - GGUF_Q4_K (144 bytes): float16 d and dmin, twelve bytes of eight 6-bit scales sc and minimums
+//   m, 128 bytes of codes: w = d sc_j q - dmin m_j for sub-block j of 32. Bytes [32 c, 32 c + 32)
+//   hold sub-block 2 c in their low nibbles and 2 c + 1 in their high ones.
+// - GGUF_Q6_K (210 bytes): 128 bytes of low nibbles, 64 of high bit pairs, sixteen int8 scales, a
+//   float16 d: w = d sc_g (q - 32) for group g of 16, q in 0..63 (the layout: llama.cpp's
+//   dequantize_row_q6_K, which Super's codes follow).
+
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t GROUP = 32;  // values per block: the unit of the activations' 8-bit blocks too
+
+enum Format : int64_t { FLOAT = 0, LOOM_4BIT = 4, LOOM_8BIT = 8, GGUF_Q4_K = 12, GGUF_Q6_K = 14 };
+
+typedef uint8_t Bytes __attribute__((vector_size(32)));
+typedef int8_t SignedBytes __attribute__((vector_size(32)));
+typedef uint8_t HalfBytes __attribute__((vector_size(16)));
+typedef uint8_t EightBytes __attribute__((vector_size(8)));
+typedef int8_t EightSigned __attribute__((vector_size(8)));
+typedef int32_t Sums __attribute__((vector_size(32)));
+typedef float Lanes __attribute__((vector_size(32)));  // one lane per four bytes of a block
+// Two blocks side by side (the K-quants' products take a pair at a time: one 512-bit instruction
+// with AVX-512, two 256-bit ones otherwise, which GCC writes for these types by itself)
+typedef uint8_t PairBytes __attribute__((vector_size(64)));
+typedef int8_t PairSigned __attribute__((vector_size(64)));
+typedef int32_t PairSums __attribute__((vector_size(64)));
+typedef float PairLanes __attribute__((vector_size(64)));
+
+template <typename V>
+inline V load(const void* p) {
+    V v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+
+template <typename V>
+inline auto first_half(V v) {
+    return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
+                                   21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+}
+template <typename V>
+inline auto second_half(V v) {
+    return __builtin_shufflevector(v, v, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50,
+                                   51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63);
+}
+
+// Lane l: the sum over bytes [4 l, 4 l + 4) of u s, u unsigned and s signed (one VNNI instruction;
+// two with AVX2, whose 16-bit pair sums hold 2 x 127 x 128: every format's codes stay below).
+inline Sums dot_bytes(Bytes u, SignedBytes s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return (Sums)_mm256_dpbusd_epi32(_mm256_setzero_si256(), (__m256i)u, (__m256i)s);
+#elif defined(__AVXVNNI__)
+    return (Sums)_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), (__m256i)u, (__m256i)s);
+#elif defined(__AVX2__)
+    return (Sums)_mm256_madd_epi16(_mm256_maddubs_epi16((__m256i)u, (__m256i)s), _mm256_set1_epi16(1));
+#else
+    Sums sums;
+    for (int l = 0; l < 8; ++l) {
+        int32_t sum = 0;
+        for (int k = 4 * l; k < 4 * l + 4; ++k) sum += int32_t(u[k]) * int32_t(s[k]);
+        sums[l] = sum;
+    }
+    return sums;
+#endif
+}
+
+inline PairSums dot_pairs(PairBytes u, PairSigned s) {
+#if defined(__AVX512VNNI__)
+    return (PairSums)_mm512_dpbusd_epi32(_mm512_setzero_si512(), (__m512i)u, (__m512i)s);
+#else
+    const Sums low = dot_bytes(first_half(u), first_half(s)), high = dot_bytes(second_half(u), second_half(s));
+    return __builtin_shufflevector(low, high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#endif
+}
+
+// Two blocks' 32 bytes each as a pair.
+template <typename V>
+inline auto pair_of(V a, V b) {
+    return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
+                                   21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41,
+                                   42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62,
+                                   63);
+}
+
+// Lanes P and P + 1 of an eight-lane vector (the scales of a super-block's blocks 2 P and 2 P + 1)
+// across the eight lanes of each block of a pair.
+template <int J>
+inline PairLanes spread(Lanes v) {
+    return __builtin_shufflevector(v, v, J, J, J, J, J, J, J, J, J + 1, J + 1, J + 1, J + 1, J + 1, J + 1, J + 1,
+                                   J + 1);
+}
+
+inline float half_to_float(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = uint32_t(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+    if (exponent == 0) return (sign ? -1.0f : 1.0f) * std::ldexp(float(mantissa), -24);
+    const uint32_t bits = sign | (exponent == 31 ? 0x7F800000 | (mantissa << 13) : ((exponent + 112) << 23) | (mantissa << 13));
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+// Eight bytes as floats. (GCC writes __builtin_convertvector from bytes as scalar code, a lane at a
+// time: 64 scalar conversions per Q4_K super-block of four rows, a one-row product at a quarter of
+// its speed; x86 gets the two-instruction intrinsics.)
+inline Lanes widen_eight(EightBytes b) {
+#if defined(__AVX2__)
+    return (Lanes)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(&b))));
+#else
+    return __builtin_convertvector(b, Lanes);
+#endif
+}
+inline Lanes widen_eight(EightSigned b) {
+#if defined(__AVX2__)
+    return (Lanes)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(&b))));
+#else
+    return __builtin_convertvector(b, Lanes);
+#endif
+}
+
+// Each format: VALUES per super-block (the unit of its row's bytes), row_bytes(in), and a Super,
+// one super-block of one row decoded: codes(j) of its block j, signed(j, x) (x as its codes'
+// products need it), scales(j) per lane, offset(sums, halves) (a vector whose lanes sum to what the
+// minimums add, given the activations' per-32 and per-16 sums from the super-block on), and
+// widen(out), its values as floats.
+
+struct Loom4 {
+    static constexpr int64_t VALUES = GROUP;
+    static int64_t row_bytes(int64_t in) { return in / 2 + in / GROUP * 8; }
+    struct Super {
+        HalfBytes packed;
+        float d, m;
+        Super() = default;
+        Super(const uint8_t* row, int64_t in, int64_t s)
+            : packed(load<HalfBytes>(row + s * 16)),
+              d(reinterpret_cast<const float*>(row + in / 2)[s]),
+              m(reinterpret_cast<const float*>(row + in / 2)[in / GROUP + s]) {}
+        Bytes codes(int) const {
+            const HalfBytes low = packed & 15, high = packed >> 4;
+            return __builtin_shufflevector(low, high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17,
+                                           18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+        }
+        SignedBytes signed_x(int, SignedBytes x) const { return x; }
+        Lanes scales(int) const { return Lanes{} + d; }
+        Lanes offset(const float* sums, const float*) const { return Lanes{m * sums[0]}; }
+        void widen(float* out) const {
+            const Bytes q = codes(0);
+            for (int i = 0; i < 32; ++i) out[i] = d * float(q[i]) + m;
+        }
+    };
+};
+
+struct Loom8 {
+    static constexpr int64_t VALUES = GROUP;
+    static int64_t row_bytes(int64_t in) { return in + in / GROUP * 4; }
+    // The codes are signed: their magnitudes meet x with the codes' signs moved onto it.
+    struct Super {
+        SignedBytes q;
+        float d;
+        Super() = default;
+        Super(const uint8_t* row, int64_t in, int64_t s)
+            : q(load<SignedBytes>(row + s * GROUP)), d(reinterpret_cast<const float*>(row + in)[s]) {}
+        Bytes codes(int) const {
+#if defined(__AVX2__)
+            return (Bytes)_mm256_abs_epi8((__m256i)q);
+#else
+            return (Bytes)(q < 0 ? -q : q);
+#endif
+        }
+        SignedBytes signed_x(int, SignedBytes x) const {
+#if defined(__AVX2__)
+            return (SignedBytes)_mm256_sign_epi8((__m256i)x, (__m256i)q);
+#else
+            return q < 0 ? -x : x;
+#endif
+        }
+        Lanes scales(int) const { return Lanes{} + d; }
+        Lanes offset(const float*, const float*) const { return Lanes{}; }
+        void widen(float* out) const {
+            for (int i = 0; i < 32; ++i) out[i] = d * float(q[i]);
+        }
+    };
+};
+
+struct Q4K {
+    static constexpr int64_t VALUES = 256, BYTES = 144;
+    static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
+    struct Super {
+        const uint8_t* qs;
+        Lanes scale, low;  // sub-block j's d sc_j and dmin m_j
+        Super() = default;
+        Super(const uint8_t* row, int64_t, int64_t s) {
+            const uint8_t* block = row + s * BYTES;
+            qs = block + 16;
+            // twelve bytes: low 6 bits of scales 0-3, of minimums 0-3; then scales 4-7 and minimums
+            // 4-7 as low and high nibbles, their top two bits in the first eight bytes' top bits
+            uint32_t first, second, rest;
+            std::memcpy(&first, block + 4, 4);
+            std::memcpy(&second, block + 8, 4);
+            std::memcpy(&rest, block + 12, 4);
+            const uint64_t scales = uint64_t(first & 0x3F3F3F3F) |
+                                    uint64_t((rest & 0x0F0F0F0F) | ((first >> 2) & 0x30303030)) << 32;
+            const uint64_t mins = uint64_t(second & 0x3F3F3F3F) |
+                                  uint64_t(((rest >> 4) & 0x0F0F0F0F) | ((second >> 2) & 0x30303030)) << 32;
+            scale = widen_eight(load<EightBytes>(&scales)) * half_to_float(block);
+            low = widen_eight(load<EightBytes>(&mins)) * half_to_float(block + 2);
+        }
+        Bytes codes(int j) const {
+            const Bytes q = load<Bytes>(qs + 32 * (j / 2));
+            return j % 2 ? q >> 4 : q & 15;
+        }
+        SignedBytes signed_x(int, SignedBytes x) const { return x; }
+        Lanes scales(int j) const { return Lanes{} + scale[j]; }
+        Lanes offset(const float* sums, const float*) const { return -(low * load<Lanes>(sums)); }
+        // blocks 2 P and 2 P + 1: one 32 bytes' low and high nibbles
+        template <int P>
+        PairBytes pair_codes() const {
+            const Bytes q = load<Bytes>(qs + 32 * P);
+            return pair_of(q & 15, q >> 4);
+        }
+        template <int P>
+        PairLanes pair_scales() const { return spread<2 * P>(scale); }
+        void widen(float* out) const {
+            for (int j = 0; j < 8; ++j) {
+                const Bytes q = codes(j);
+                for (int i = 0; i < 32; ++i) out[32 * j + i] = scale[j] * float(q[i]) - low[j];
+            }
+        }
+    };
+};
+
+struct Q6K {
+    static constexpr int64_t VALUES = 256, BYTES = 210;
+    static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
+    struct Super {
+        const uint8_t *ql, *qh;
+        Lanes sc[2];  // group g's scale (d sc_g) in sc[g / 8][g % 8]
+        float d;
+        Super() = default;
+        Super(const uint8_t* row, int64_t, int64_t s) {
+            const uint8_t* block = row + s * BYTES;
+            ql = block;
+            qh = block + 128;
+            d = half_to_float(block + 208);
+            sc[0] = widen_eight(load<EightSigned>(block + 192)) * d;
+            sc[1] = widen_eight(load<EightSigned>(block + 200)) * d;
+        }
+        // block j = 4 n + k of half n: values l of ql[64 n + 32 (k % 2) + l]'s low (k < 2) or high
+        // nibble, and bits 2 k, 2 k + 1 of qh[32 n + l] above them
+        Bytes codes(int j) const {
+            const int n = j / 4, k = j % 4;
+            const Bytes low = load<Bytes>(ql + 64 * n + 32 * (k % 2)), high = load<Bytes>(qh + 32 * n);
+            return (k < 2 ? low & 15 : low >> 4) | (((high >> (2 * k)) & 3) << 4);
+        }
+        SignedBytes signed_x(int, SignedBytes x) const { return x; }
+        // blocks 2 P and 2 P + 1: 64 bytes of low nibbles (low halves for even P, high for odd)
+        // and each block's pair of bits from the same 32 bytes of qh
+        template <int P>
+        PairBytes pair_codes() const {
+            constexpr int n = P / 2, k = 2 * (P % 2);
+            const PairBytes low = load<PairBytes>(ql + 64 * n);
+            const Bytes high = load<Bytes>(qh + 32 * n);
+            const PairBytes bits = pair_of((high >> (2 * k)) & 3, (high >> (2 * k + 2)) & 3);
+            return (k == 0 ? low & 15 : low >> 4) | (bits << 4);
+        }
+        // groups 4 P to 4 P + 3, four lanes each
+        template <int P>
+        PairLanes pair_scales() const {
+            constexpr int g = 4 * P;
+            return __builtin_shufflevector(sc[0], sc[1], g, g, g, g, g + 1, g + 1, g + 1, g + 1, g + 2, g + 2, g + 2,
+                                           g + 2, g + 3, g + 3, g + 3, g + 3);
+        }
+        // lanes 0-3 sum values 0-15 of the block (group 2 j), lanes 4-7 values 16-31 (2 j + 1)
+        Lanes scales(int j) const {
+            const float first = sc[j / 4][2 * j % 8], second = sc[j / 4][2 * j % 8 + 1];
+            return Lanes{first, first, first, first, second, second, second, second};
+        }
+        Lanes offset(const float*, const float* halves) const {
+            return (sc[0] * load<Lanes>(halves) + sc[1] * load<Lanes>(halves + 8)) * -32.0f;
+        }
+        void widen(float* out) const {
+            for (int j = 0; j < 8; ++j) {
+                const Bytes q = codes(j);
+                const Lanes scale = scales(j);
+                for (int i = 0; i < 32; ++i) out[32 * j + i] = scale[i / 4] * (float(q[i]) - 32.0f);
+            }
+        }
+    };
+};
+
+// f(F{}) for the format struct of ``format`` (a block one: not FLOAT).
+template <typename F>
+inline void with_format(int64_t format, F&& f) {
+    switch (format) {
+        case LOOM_4BIT: f(Loom4{}); break;
+        case LOOM_8BIT: f(Loom8{}); break;
+        case GGUF_Q4_K: f(Q4K{}); break;
+        default: f(Q6K{}); break;
+    }
+}
+
+inline int64_t format_row_bytes(int64_t format, int64_t in) {
+    int64_t bytes = 0;
+    with_format(format, [&](auto f) { bytes = decltype(f)::row_bytes(in); });
+    return bytes;
+}
+
+}  // namespace
