@@ -3,7 +3,9 @@ where keys and values live (the KVCache tensors). The runtime builds a StepInput
 requests; a model reads it and knows nothing of requests, threads or scheduling.
 
 Every token of a step sits in one 1-D sequence: first the one-token entries (decodes), longest
-context first, then each prefill chunk. Nothing is padded to the longest request. Decode attention
+context first, then each prefill chunk. Nothing is padded to the longest request. A sequence that
+verifies proposed tokens (speculative decoding: every token's logits sampled) comes as one-token
+rows of its own, one per token, among the decodes (StepInput.verifies). Decode attention
 runs as a few batched calls, one per group of similar context lengths, each padding its block
 tables only to the longest in its group.
 
@@ -40,6 +42,9 @@ class Sequence:
     block_table: list[int]  # the request's KV blocks, covering at least start + len(token_ids)
     sample: bool            # the step ends the request's known tokens: its last logits are sampled
     length: int | None = None  # the tokens the request holds (prompt and output so far); None: the step's end
+    # With sample: how many of its last tokens' logits are sampled. More than one where a step verifies
+    # proposed tokens (speculative decoding): the logits after each of them, and after the token before.
+    num_sampled: int = 1
 
 
 @dataclass
@@ -71,37 +76,79 @@ class StepInput:
     slot_mapping: torch.Tensor     # [T] where each token's K/V is written in the pool
     decode_groups: list[DecodeGroup]
     prefills: list[PrefillChunk]
-    sample_indices: torch.Tensor   # [S] flat positions whose logits are sampled
+    sample_indices: torch.Tensor   # [S] flat positions whose logits are sampled, in the sequences' order
     block_size: int
-    lengths: list[int] | None = None  # each sequence's Sequence.length, in the step's order
+    lengths: list[int] | None = None  # Sequence.length of each one-token row's and then each chunk's sequence
+    # Some one-token rows verify proposed tokens (Sequence.num_sampled): rows of one sequence, each of
+    # which reads the K/V the others at lower positions write in this step. A forward must write every
+    # row's K/V before any row attends (what a layer does), and so must not give threads rows of their
+    # own to carry through the layers alone.
+    verifies: bool = False
 
     @classmethod
     def flatten(cls, sequences: list[Sequence], block_size: int, device: torch.device) -> "StepInput":
         """One flat batch of ``sequences``, which must list one-token entries first, longest
-        context first; sampled rows come out in the order of their sequences."""
-        ids, positions, slots, samples, lengths = [], [], [], [], []
-        tables, context_lens, prefills = [], [], []
+        context first. A sequence whose every token is sampled (num_sampled > 1: it verifies the
+        tokens proposed after its last one) is laid out as one-token rows, merged among the others
+        by context length: each row attends to its own prefix, as a prefill chunk's tokens would, and
+        a step of decodes and verifications stays a decode-only step. Sampled rows come out in the
+        order of their sequences (a sequence's several, in the order of its tokens)."""
+        rows, chunks, plain = [], [], []  # rows: (context length, sequence, token); chunks: sequences
         for i, seq in enumerate(sequences):
+            n = len(seq.token_ids)
+            if seq.sample and not 1 <= seq.num_sampled <= n:
+                raise ValueError(f"sequence {i}: num_sampled must be in [1, {n}] (its tokens), got {seq.num_sampled}")
+            if n == 1:
+                if chunks or plain and seq.start + 1 > plain[-1]:
+                    # the decode groups index the batch's first rows: anything else would leave a row's
+                    # attention unwritten (or pad a group's tables to the wrong width)
+                    raise ValueError(f"sequence {i}: one-token entries must come before every prefill chunk, "
+                                     "longest context first")
+                plain.append(seq.start + 1)
+                rows.append((seq.start + 1, i, 0))
+            elif seq.sample and seq.num_sampled == n:
+                rows += [(seq.start + j + 1, i, j) for j in range(n)]
+            else:
+                chunks.append(i)
+        verifies = len(rows) > len(plain)
+        if verifies:
+            rows.sort(key=lambda row: -row[0])  # stable: the plain decodes keep their order
+
+        ids, positions, slots, lengths, tables, context_lens = [], [], [], [], [], []
+        where = {}  # (sequence, token) -> a row's flat position; (sequence, 0) -> where a chunk starts
+        for flat, (context, i, j) in enumerate(rows):
+            seq = sequences[i]
+            position = context - 1
+            table = seq.block_table
+            ids.append(seq.token_ids[j])
+            positions.append(position)
+            slots.append(table[position // block_size] * block_size + position % block_size)
+            tables.append(table[:-(-context // block_size)])
+            context_lens.append(context)
+            lengths.append(seq.length or seq.start + len(seq.token_ids))
+            where[i, j] = flat
+        prefills = []
+        for i in chunks:
+            seq = sequences[i]
             start, first, n = len(ids), seq.start, len(seq.token_ids)
-            if n == 1 and (prefills or context_lens and first + 1 > context_lens[-1]):
-                # the decode groups index the batch's first rows: anything else would leave a row's
-                # attention unwritten (or pad a group's tables to the wrong width)
-                raise ValueError(f"sequence {i}: one-token entries must come before every prefill chunk, "
-                                 "longest context first")
             span = range(first, first + n)
+            table = seq.block_table
             ids += seq.token_ids
             positions += span
-            table = seq.block_table
             slots += [table[p // block_size] * block_size + p % block_size for p in span]
-            used = table[:-(-(first + n) // block_size)]
-            if n == 1:
-                tables.append(used)
-                context_lens.append(first + 1)
-            else:
-                prefills.append(PrefillChunk(start, start + n, first, torch.tensor(used, device=device)))
-            if seq.sample:
-                samples.append(start + n - 1)
+            prefills.append(PrefillChunk(start, start + n, first,
+                                         torch.tensor(table[:-(-(first + n) // block_size)], device=device)))
             lengths.append(seq.length or first + n)
+            where[i, 0] = start
+        samples = []
+        for i, seq in enumerate(sequences):
+            if not seq.sample:
+                continue
+            n = len(seq.token_ids)
+            if n == 1 or seq.num_sampled == n:  # rows, wherever the sort put them
+                samples += [where[i, j] for j in range(n)]
+            else:  # a chunk's last tokens
+                samples += range(where[i, 0] + n - seq.num_sampled, where[i, 0] + n)
 
         as_tensor = lambda data: torch.tensor(data, dtype=torch.long).to(device, non_blocking=True)
         groups = []
@@ -111,7 +158,7 @@ class StepInput:
             groups.append(DecodeGroup(start, end, as_tensor(padded).view(end - start, width),
                                       as_tensor(context_lens[start:end])))
         return cls(as_tensor(ids), as_tensor(positions), as_tensor(slots), groups, prefills,
-                   as_tensor(samples), block_size, lengths)
+                   as_tensor(samples), block_size, lengths, verifies)
 
 
 def group_by_length(widths: list[int]) -> list[tuple[int, int]]:

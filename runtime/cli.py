@@ -84,6 +84,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the KV cache's element type (default: the model's); float16 or bfloat16 hold twice "
                             "the tokens in the same memory and read faster")
     group.add_argument("--max-batch-size", type=int, default=64, help="requests run per step (default: 64)")
+    group.add_argument("--speculative-tokens", type=int, default=0, metavar="K",
+                       help="verify up to K tokens proposed from earlier text (prompt lookup) per step, for greedy "
+                            "requests: faster where the answer repeats its input (default: 0, off)")
     group.add_argument("--cpu-threads", type=int, default=None,
                        help="at most this many threads for the forward on CPU (default: the available cores; "
                             "fewer while other processes keep them busy)")
@@ -103,6 +106,7 @@ def load_engine(args, source=None, **options):
     options.setdefault("max_batch_size", args.max_batch_size)
     options.setdefault("cpu_threads", args.cpu_threads)
     options.setdefault("kv_dtype", args.kv_dtype)
+    options.setdefault("speculative_tokens", args.speculative_tokens)
     return Engine.from_pretrained(args.model if source is None else source, device=args.device, dtype=args.dtype,
                                   weights=args.weights, **options)
 

@@ -49,6 +49,9 @@ def _check_bool(name, value, *, optional=False):
 GREEDY_TEMPERATURE = 1e-5
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
 CONSTRAINTS = ("json_schema", "regex", "choice", "grammar")
+# Proposed tokens a step may verify for one request: past a dozen, a run of accepted proposals that
+# long is rare, and each rejected one costs a row of the forward.
+MAX_SPECULATIVE_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,12 @@ class GenerationConfig:
 
     ``logprobs=k`` records, for each generated token, its log-probability under the model and
     the ``k`` most likely alternatives (k in [0, 20]); see Handle.logprobs.
+
+    ``speculative_tokens=k`` (0 to 16; None: the engine's ``speculative_tokens``) lets a step verify
+    up to k tokens proposed from an earlier occurrence of the request's last few tokens in its
+    prompt and output (prompt lookup, runtime/speculation.py): several tokens a step where the text
+    repeats, the same tokens as without it. 0 turns it off. Only greedy requests without structured
+    output or repetition/presence/frequency penalties speculate; for the others it changes nothing.
     """
 
     max_new_tokens: int = 128
@@ -104,6 +113,7 @@ class GenerationConfig:
     choice: tuple[str, ...] | None = None
     grammar: str | None = None
     logprobs: int | None = None
+    speculative_tokens: int | None = None
 
     def __post_init__(self):
         check_int("max_new_tokens", self.max_new_tokens, 1)
@@ -134,6 +144,7 @@ class GenerationConfig:
         _check_real("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         _check_real("min_p", self.min_p, 0.0, 1.0)
         check_int("logprobs", self.logprobs, 0, optional=True, maximum=MAX_LOGPROBS)
+        check_int("speculative_tokens", self.speculative_tokens, 0, optional=True, maximum=MAX_SPECULATIVE_TOKENS)
         self._check_logit_bias()
         self._check_constraint()
         knobs = [name for name, on in (("temperature", (self.temperature or 0) > 0), ("top_k", self.top_k > 0),
@@ -222,6 +233,11 @@ class EngineOptions:
     kv_dtype           the KV pool's element type: None (the model's) or one of KV_DTYPES. "float16"
                        or "bfloat16" hold twice the tokens in the same memory, and a float32 model's
                        decode attention reads half the bytes (llama.cpp keeps float16 by default)
+    speculative_tokens the GenerationConfig.speculative_tokens of requests that leave it None: up to
+                       this many tokens proposed by prompt lookup verified per step (0: off)
+    speculation_max_requests  speculate only in steps with at most this many decoding requests: a
+                       step of more is bound by arithmetic rather than by reading the weights, and
+                       a rejected proposal's row would cost as much as any other
     """
 
     max_batch_size: int = 64
@@ -235,6 +251,8 @@ class EngineOptions:
     enable_prefix_caching: bool = True
     cpu_threads: int | None = None
     kv_dtype: str | None = None
+    speculative_tokens: int = 0
+    speculation_max_requests: int = 8
     seed: int = 0
 
     def __post_init__(self):
@@ -247,6 +265,8 @@ class EngineOptions:
         check_int("max_unfetched_tokens", self.max_unfetched_tokens, 1)
         check_int("seed", self.seed, 0)
         check_int("cpu_threads", self.cpu_threads, 1, optional=True)
+        check_int("speculative_tokens", self.speculative_tokens, 0, maximum=MAX_SPECULATIVE_TOKENS)
+        check_int("speculation_max_requests", self.speculation_max_requests, 1)
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES:

@@ -50,6 +50,16 @@ class Handle(int):
         return self.context.num_generated
 
     @property
+    def proposed_tokens(self) -> int:
+        """Tokens proposed for this request by speculative decoding (GenerationConfig.speculative_tokens)."""
+        return self.context.num_proposed
+
+    @property
+    def accepted_tokens(self) -> int:
+        """Of the proposed tokens, those delivered: each a token the request gained without a step of its own."""
+        return self.context.num_accepted
+
+    @property
     def logprobs(self) -> list:
         """With GenerationConfig(logprobs=k): a TokenLogprob for each generated token, in order
         (the i-th is in place once the i-th token has been fetched)."""
@@ -108,6 +118,9 @@ class ResponseContext:
         self.logprobs: list = []  # a sampler.TokenLogprob per generated token, with config.logprobs
         self.launch_time = time.perf_counter()
         self.token_times: list[float] = []  # when each token was sampled (TTFT, TPOT, hand-off)
+        self.lookup = None    # its n-gram index, made when it first speculates (speculation.PromptLookup)
+        self.num_proposed = 0  # speculative decoding: tokens proposed ...
+        self.num_accepted = 0  # ... and, of them, delivered
 
     @property
     def num_generated(self) -> int:
@@ -145,9 +158,11 @@ class ResponseContext:
         self.status = Status.FINISHED
         self.finish_reason = reason
 
-    def deliver(self, token: int) -> None:
-        """Hand a recorded token to the consumer, and the end of the stream after the last."""
-        self.put(token)
+    def deliver(self, tokens: list[int]) -> None:
+        """Hand a step's recorded tokens (several where proposals were accepted) to the consumer,
+        and the end of the stream after the last."""
+        for token in tokens:
+            self.put(token)
         if self.finished:
             self.put(END)
 

@@ -261,6 +261,8 @@ class Engine(TextAPI):
                 "prompt_tokens": s.prompt_tokens,
                 "cached_prompt_tokens": s.cached_tokens,
                 "prefix_cache_hit_rate": s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
+                "speculative_proposed_tokens": s.proposed_tokens,
+                "speculative_accepted_tokens": s.accepted_tokens,
                 "cpu_threads": self._host.thread_count,
                 **self._worker.counters,
             }

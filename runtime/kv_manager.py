@@ -97,6 +97,16 @@ class KVManager:
         if held is not None:
             self.allocator.release(held.table)
 
+    def trim(self, ctx, num_tokens: int) -> None:
+        """Give back the blocks of ``ctx`` past those its first ``num_tokens`` tokens need: after a
+        speculative step, blocks that held only rejected proposals (never named in the prefix
+        cache: only computed tokens' blocks are)."""
+        held = self.held[ctx.handle]
+        keep = -(-num_tokens // self.block_size)
+        if len(held.table) > keep:
+            self.allocator.release(held.table[keep:])
+            del held.table[keep:]
+
     def cache_computed_blocks(self, ctx) -> None:
         """After a step: name each block of ``ctx`` whose tokens are all computed, so that later
         requests with the same prefix share it instead of computing it."""

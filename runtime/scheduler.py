@@ -1,7 +1,8 @@
 """Which requests run in the next step, and how many tokens each: admission, the token budget,
-chunked prefill, preemption by recompute, the order policy (FCFS or priority), and applying a
-step's results to the requests (recomputing a request whose length passes the model's
-``recompute_past``, models/step.py). The blocks their tokens need come from the KV manager."""
+chunked prefill, preemption by recompute, the order policy (FCFS or priority), proposed tokens for
+decoding requests that speculate (runtime/speculation.py), and applying a step's results to the
+requests (recomputing a request whose length passes the model's ``recompute_past``,
+models/step.py). The blocks their tokens need come from the KV manager."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 
 from models.step import Sequence
 
+from . import speculation
 from .config import EngineOptions
 from .context import ResponseContext, Status
 from .kv_manager import KVManager
@@ -17,16 +19,23 @@ from .kv_manager import KVManager
 
 @dataclass
 class Scheduled:
-    """A request in a step, computing ``num_tokens`` of its tokens from ``ctx.num_computed`` on,
-    their K/V in the blocks of ``block_table``."""
+    """A request in a step, computing ``num_tokens`` tokens from ``ctx.num_computed`` on, their
+    K/V in the blocks of ``block_table``: its own tokens, then the ``draft`` tokens proposed to
+    follow them (speculative decoding; only a decoding request has any)."""
 
     ctx: ResponseContext
     num_tokens: int
     block_table: list[int]
+    draft: list[int] = field(default_factory=list)
 
     @property
     def samples(self) -> bool:
-        return self.ctx.num_computed + self.num_tokens == len(self.ctx.tokens)
+        return self.ctx.num_computed + self.num_tokens - len(self.draft) == len(self.ctx.tokens)
+
+    @property
+    def num_sampled(self) -> int:
+        """Its rows that sample: after its last token and after each proposed one."""
+        return 1 + len(self.draft) if self.samples else 0
 
 
 @dataclass
@@ -51,13 +60,18 @@ class StepPlan:
         return 0
 
     def sampling(self) -> list[ResponseContext]:
-        """The requests that sample this step, in the order of the step's sampled rows."""
-        return [e.ctx for e in self.entries if e.samples]
+        """The request of each of the step's sampled rows, in their order: a request that
+        verifies proposed tokens once for each of its rows."""
+        return [e.ctx for e in self.entries for _ in range(e.num_sampled)]
 
     def sequences(self) -> list[Sequence]:
         """The plan as the model contract's Sequences (see models/step.py)."""
-        return [Sequence(e.ctx.tokens[e.ctx.num_computed:e.ctx.num_computed + e.num_tokens], e.ctx.num_computed,
-                         e.block_table, e.samples, len(e.ctx.tokens)) for e in self.entries]
+        sequences = []
+        for e in self.entries:
+            ctx, own = e.ctx, e.num_tokens - len(e.draft)
+            sequences.append(Sequence(ctx.tokens[ctx.num_computed:ctx.num_computed + own] + e.draft, ctx.num_computed,
+                                      e.block_table, e.samples, len(ctx.tokens) + len(e.draft), max(e.num_sampled, 1)))
+        return sequences
 
 
 class Scheduler:
@@ -74,6 +88,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.prompt_tokens = 0  # tokens of admitted requests, and how many came from the prefix cache
         self.cached_tokens = 0
+        self.proposed_tokens = 0  # speculative decoding: tokens proposed, and of them delivered
+        self.accepted_tokens = 0
 
     def precedence(self, ctx: ResponseContext):
         if self.options.policy == "priority":
@@ -117,14 +133,16 @@ class Scheduler:
             else:
                 plan.entries.append(Scheduled(ctx, n, block_table))
                 budget -= n
-        self.admit(plan, budget)
+        budget = self.admit(plan, budget)
+        self.speculate(plan, budget)
         plan.order()
         return plan
 
-    def admit(self, plan: StepPlan, budget: int) -> None:
+    def admit(self, plan: StepPlan, budget: int) -> int:
+        """Admit waiting requests while the batch, the budget and the blocks allow; returns the budget left."""
         for ctx in list(self.waiting):
             if budget == 0 or len(self.running) >= self.options.max_batch_size:
-                return
+                break
             if not self.runnable(ctx) or self.follows_unfinished_prefill(ctx):
                 continue
             ctx.num_computed = ctx.num_cached = self.kv.take_cached_prefix(ctx)
@@ -135,7 +153,7 @@ class Scheduler:
             if block_table is None:
                 self.kv.free(ctx)
                 ctx.num_computed = ctx.num_cached = 0
-                return  # head-of-line: later requests do not overtake it
+                break  # head-of-line: later requests do not overtake it
             self.waiting.remove(ctx)
             ctx.status = Status.RUNNING
             self.running.append(ctx)
@@ -143,25 +161,76 @@ class Scheduler:
             self.cached_tokens += ctx.num_cached
             plan.entries.append(Scheduled(ctx, n, block_table))
             budget -= n
+        return budget
+
+    def speculate(self, plan: StepPlan, budget: int) -> None:
+        """Give each decoding request that speculates the tokens prompt lookup proposes, from what
+        the budget and the free blocks leave once every request has its own tokens: a proposal
+        never preempts a request, nor takes the blocks kept for running requests to grow. None in a
+        step of more than ``speculation_max_requests`` decodes (see EngineOptions)."""
+        decoding = [e for e in plan.entries if e.num_tokens == 1 and e.samples]
+        if len(decoding) > self.options.speculation_max_requests:
+            return
+        for entry in decoding:
+            ctx = entry.ctx
+            # Never past the request's last token (max_new_tokens, the context), nor past the model's
+            # recompute_past: the step that crosses it must be the one that recomputes.
+            room = ctx.max_length - len(ctx.tokens) - 1
+            if self.recompute_past is not None and len(ctx.tokens) <= self.recompute_past:
+                room = min(room, self.recompute_past - len(ctx.tokens))
+            k = min(speculation.max_proposed(ctx, self.options.speculative_tokens), room, budget)
+            draft = speculation.propose(ctx, k) if k > 0 else []
+            if not draft:
+                continue
+            block_table = self.kv.allocate(ctx, ctx.num_computed + 1 + len(draft), self.watermark)
+            if block_table is None:
+                continue
+            entry.draft, entry.block_table = draft, block_table
+            entry.num_tokens += len(draft)
+            budget -= len(draft)
+            ctx.num_proposed += len(draft)
+            self.proposed_tokens += len(draft)
 
     def postprocess(self, plan: StepPlan, sampling: list[ResponseContext], tokens: list[int],
                     sampled_at: float, logprobs: list | None = None) -> list[tuple[ResponseContext, int]]:
         """Apply a step's results: each request's computed tokens advance and its full blocks are
-        named for the prefix cache; each sampled token is recorded; a finished request frees its
+        named for the prefix cache; each sampled token is recorded (with proposed tokens: those
+        greedy decoding confirms, then the token sampled after them, up to a token that ends the
+        request; the blocks that held only rejected ones go back); a finished request frees its
         blocks, one whose token takes it past the model's ``recompute_past`` goes back to wait and
         recompute, and one whose consumer lags too far is paused without any blocks. Requests
-        aborted during the forward are skipped. Returns the (request, token) pairs to deliver."""
-        for entry in plan.entries:
-            ctx = entry.ctx
-            if not ctx.finished:
-                ctx.num_computed += entry.num_tokens
-                self.kv.cache_computed_blocks(ctx)
+        aborted during the forward are skipped. ``sampling`` and ``tokens``: the step's rows, as
+        StepPlan.sampling gives them. Returns the (request, token) pairs to deliver, in order."""
         delivered = []
-        for i, (ctx, token) in enumerate(zip(sampling, tokens)):
+        row = 0
+        for entry in plan.entries:
+            ctx, rows = entry.ctx, range(row, row + entry.num_sampled)
+            row = rows.stop
             if ctx.finished:
                 continue
-            delivered.append((ctx, token))
-            if ctx.record(token, sampled_at, logprobs[i] if logprobs else None):
+            own = entry.num_tokens - len(entry.draft)
+            if not rows:
+                ctx.num_computed += own
+                self.kv.cache_computed_blocks(ctx)
+                continue
+            sampled = tokens[rows.start:rows.stop]
+            confirmed = speculation.matched(entry.draft, sampled)
+            recorded = 0
+            for i in rows[:confirmed + 1]:
+                delivered.append((ctx, tokens[i]))
+                recorded += 1
+                if ctx.record(tokens[i], sampled_at, logprobs[i] if logprobs else None):
+                    break
+            # The confirmed proposals' K/V are the delivered tokens' own; a rejected one's slots are
+            # written over later, and blocks that held only rejected ones go back now.
+            ctx.num_computed += own + min(confirmed, recorded)
+            self.kv.cache_computed_blocks(ctx)
+            if entry.draft:
+                ctx.lookup.learn(len(entry.draft), confirmed)
+                ctx.num_accepted += min(confirmed, recorded)
+                self.accepted_tokens += min(confirmed, recorded)
+                self.kv.trim(ctx, len(ctx.tokens))
+            if ctx.finished:
                 self.remove(ctx)
             elif self.recompute_past is not None and len(ctx.tokens) == self.recompute_past + 1:
                 self.recompute(ctx)  # its K/V hold for the shorter sequence only

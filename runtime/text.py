@@ -90,6 +90,8 @@ class Completion:
     finish_reason: str       # "stop" (EOS, a stop token or string, the constraint's end) or "length"
     logprobs: list[TokenLogprob] | None = None  # with GenerationConfig(logprobs=k)
     json_schema: object = field(default=None, repr=False)
+    proposed_tokens: int = 0  # speculative decoding (GenerationConfig.speculative_tokens): tokens proposed,
+    accepted_tokens: int = 0  # and of them delivered (each one a step saved)
 
     @property
     def parsed(self):
@@ -152,7 +154,7 @@ class TextAPI:
             reason = "stop" if text.stopped else ctx.finish_reason
             completions.append(Completion("".join(text_pieces), ctx.tokens[ctx.num_prompt:], reason,
                                           list(ctx.logprobs) if config.logprobs is not None else None,
-                                          config.json_schema))
+                                          config.json_schema, ctx.num_proposed, ctx.num_accepted))
         return completions
 
     async def astream_response(self, prompt, config: GenerationConfig | None = None) -> AsyncIterator[str]:

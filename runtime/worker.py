@@ -66,10 +66,13 @@ class Worker:
         with self.lock:
             self.counters["steps"] += 1
             delivered = self.scheduler.postprocess(plan, sampling, tokens, produced, logprobs)
+            streams: dict[ResponseContext, list[int]] = {}  # a request's tokens in order, then its end once
             for ctx, token in delivered:
-                ctx.deliver(token)
+                streams.setdefault(ctx, []).append(token)
+            for ctx, stream in streams.items():
+                ctx.deliver(stream)
             self.counters["tokens_generated"] += len(delivered)
-            self.counters["requests_finished"] += sum(ctx.finished for ctx, _ in delivered)
+            self.counters["requests_finished"] += sum(ctx.finished for ctx in streams)
         self.host.after_delivery(produced)
 
     def sample(self, logits: torch.Tensor, sampling: list[ResponseContext], bitmask):

@@ -133,12 +133,16 @@ class NativeDecoding:
         layers = self.decoder_layers
         if layers is None or not layers.serves(step, kv_cache):
             return None
+        if step.verifies and layers.splits(step, torch.get_num_threads(), kv_cache):
+            return None  # rows of one sequence on two threads: one could attend before the other wrote its K/V
         return layers.forward(x, cos, sin, kv_cache, step)
 
     def splits_rows(self, step, threads: int, kv_cache) -> bool:
         """Whether the forward gives each of ``threads`` threads rows of its own (models/step.py:
-        the thread count the runtime chooses depends on it)."""
-        return self.decoder_layers is not None and self.decoder_layers.splits(step, threads, kv_cache)
+        the thread count the runtime chooses depends on it). Never for a step that verifies
+        proposed tokens (StepInput.verifies)."""
+        return (self.decoder_layers is not None and not step.verifies
+                and self.decoder_layers.splits(step, threads, kv_cache))
 
 
 def embedding(rows: int, dim: int) -> nn.Embedding:

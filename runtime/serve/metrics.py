@@ -57,6 +57,11 @@ class Metrics:
             ("loom_tokens_generated_total", "counter", "Tokens generated.", s["tokens_generated"]),
             ("loom_requests_finished_total", "counter", "Requests finished.", s["requests_finished"]),
             ("loom_preemptions_total", "counter", "Requests preempted (recomputed later).", s["preemptions"]),
+            ("loom_speculative_proposed_tokens_total", "counter", "Tokens proposed by speculative decoding.",
+             s["speculative_proposed_tokens"]),
+            ("loom_speculative_accepted_tokens_total", "counter",
+             "Proposed tokens accepted (each a token gained without a step of its own).",
+             s["speculative_accepted_tokens"]),
             ("loom_prefix_cache_hit_rate", "gauge", "Share of prompt tokens served from the prefix cache.",
              s["prefix_cache_hit_rate"]),
         ]

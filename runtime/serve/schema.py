@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime import GenerationConfig
+from runtime.config import MAX_SPECULATIVE_TOKENS
 
 from .forced_call import CallTooLong, call_schema
 
@@ -125,6 +126,9 @@ class Sampling(Body):
     top_k: int = Field(default=0, ge=0)
     min_p: float = Field(default=0.0, ge=0, le=1)
     repetition_penalty: float = Field(default=1.0, gt=0)
+    # Loom's: tokens proposed by prompt lookup and verified per step (GenerationConfig.speculative_tokens);
+    # None: the server's --speculative-tokens.
+    speculative_tokens: int | None = Field(default=None, ge=0, le=MAX_SPECULATIVE_TOKENS)
     # OpenAI's arguments that do not change the answer: accepted, and ignored.
     user: str | None = None
     metadata: dict | None = None
@@ -143,7 +147,8 @@ class Sampling(Body):
             stop=tuple([self.stop] if isinstance(self.stop, str) else self.stop or ()), ignore_eos=self.ignore_eos,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             logit_bias=self.token_bias(), top_k=self.top_k, min_p=self.min_p,
-            repetition_penalty=self.repetition_penalty, json_schema=json_schema, logprobs=logprobs)
+            repetition_penalty=self.repetition_penalty, json_schema=json_schema, logprobs=logprobs,
+            speculative_tokens=self.speculative_tokens)
 
     def token_bias(self) -> dict[int, float] | None:
         """logit_bias with int keys: JSON object keys are strings ("123"), GenerationConfig's are token ids."""

@@ -1,0 +1,100 @@
+"""Speculative decoding by prompt lookup (n-gram proposals), as vLLM's ``ngram`` method and
+llama.cpp's lookup decoding: no second model. A request that repeats text it has seen (a summary
+quoting its document, an edit of given code, an extraction) often continues the latest earlier
+occurrence of its last few tokens; those next tokens are proposed, and one forward computes the
+request's last token and every proposed one, so that a step reads the weights once for up to k + 1
+tokens.
+
+Exact for greedy requests: the step samples the logits after the last token and after each proposed
+token; the proposals are accepted as far as each equals the greedy token sampled before it, and the
+first sampled token that differs (or the one after the last proposal) comes with them. Every
+delivered token is then the one greedy decoding would have produced. The scheduler gives the
+proposals' K/V slots, and takes back the blocks that only rejected proposals filled
+(runtime/scheduler.py, runtime/kv_manager.py).
+
+Who speculates (``max_proposed``): greedy requests without structured output and without repetition,
+presence or frequency penalties. A sampled request would need rejection sampling to keep its
+distribution, a constrained one its grammar's mask at each proposed position, a penalised one
+penalties that count the proposed tokens before each position: none of these is built, so such
+requests decode one token a step as before (``logit_bias`` and ``logprobs`` hold at every position).
+"""
+
+from __future__ import annotations
+
+from .config import MAX_SPECULATIVE_TOKENS
+
+# The n-grams looked up, longest first: a longer match predicts better, a one-token match still
+# finds the continuation of a word or a repeated line.
+NGRAM_MAX = 3
+NGRAM_MIN = 1
+# How many tokens a request has proposed at first; then, as transformers' assisted generation
+# adapts its draft length, 2 more after a step that confirmed every proposal and 1 fewer (down to 1)
+# after one that did not. Each proposed token is a row of the step: on the CPU a row costs a tenth
+# to a fifth of a one-row step, so proposals that mostly fail must stay short.
+FIRST_WIDTH = 2
+
+
+class PromptLookup:
+    """One request's index of its n-grams (prompt and output), for proposals in constant time per
+    step: each n-gram maps to where its latest occurrence ends, the request's last n tokens
+    excluded (their own occurrence would propose nothing new). A request's tokens only grow
+    (preemption keeps them), so the index is only ever extended."""
+
+    def __init__(self, longest: int = NGRAM_MAX, shortest: int = NGRAM_MIN):
+        if not 1 <= shortest <= longest:
+            raise ValueError(f"n-gram sizes must satisfy 1 <= shortest <= longest, got {shortest} and {longest}")
+        self.longest, self.shortest = longest, shortest
+        self.ends: dict[tuple[int, ...], int] = {}  # n-gram -> the position of its latest indexed last token
+        self.indexed = 0  # n-grams ending before this position are in ``ends``
+        self.width = FIRST_WIDTH  # how many to propose next (see FIRST_WIDTH)
+
+    def learn(self, proposed: int, confirmed: int) -> None:
+        """After a step that verified ``proposed`` tokens and confirmed ``confirmed`` of them."""
+        self.width = min(self.width + 2, MAX_SPECULATIVE_TOKENS) if confirmed == proposed else max(1, self.width - 1)
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        """Up to ``k`` tokens that followed the latest earlier occurrence of the longest suffix of
+        ``tokens`` (``longest`` down to ``shortest`` tokens) seen before; [] where none was."""
+        last = len(tokens) - 1
+        for end in range(self.indexed, last):  # every n-gram that ends before the last token
+            for n in range(self.shortest, min(self.longest, end + 1) + 1):
+                self.ends[tuple(tokens[end - n + 1:end + 1])] = end
+        self.indexed = max(self.indexed, last)
+        if k <= 0:
+            return []
+        for n in range(min(self.longest, len(tokens)), self.shortest - 1, -1):
+            end = self.ends.get(tuple(tokens[-n:]))
+            if end is not None:
+                return tokens[end + 1:end + 1 + k]
+        return []
+
+
+def max_proposed(ctx, engine_default: int) -> int:
+    """How many tokens ``ctx`` may have proposed in a step: its config's ``speculative_tokens``, or
+    the engine's default where the config leaves it None; 0 for a request that does not speculate
+    (see the module's docstring)."""
+    config = ctx.config
+    k = engine_default if config.speculative_tokens is None else config.speculative_tokens
+    if not k or config.sampled or ctx.constraint is not None:
+        return 0
+    if config.repetition_penalty != 1.0 or config.presence_penalty or config.frequency_penalty:
+        return 0
+    return k
+
+
+def propose(ctx, k: int) -> list[int]:
+    """Up to ``k`` proposed tokens to follow ``ctx``'s tokens, fewer while its recent proposals
+    failed (PromptLookup.learn); its n-gram index is made on first use."""
+    if ctx.lookup is None:
+        ctx.lookup = PromptLookup()
+    return ctx.lookup.propose(ctx.tokens, min(k, ctx.lookup.width))
+
+
+def matched(draft: list[int], sampled: list[int]) -> int:
+    """How many of the proposed tokens ``draft`` greedy decoding confirms: ``sampled[i]`` is the
+    greedy token after the request's last token and the first ``i`` proposals, so proposal ``i``
+    stands while it equals ``sampled[i]`` and every proposal before it stood."""
+    n = 0
+    while n < len(draft) and draft[n] == sampled[n]:
+        n += 1
+    return n

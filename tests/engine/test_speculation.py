@@ -1,0 +1,213 @@
+"""Speculative decoding by prompt lookup (GenerationConfig.speculative_tokens): a greedy stream
+is the same token for token with and without it, whatever runs beside it, and every way a request
+ends (stop tokens, max_new_tokens, abort, preemption) stays exact; the blocks that held rejected
+proposals go back to the pool."""
+
+import random
+import threading
+
+import pytest
+import torch
+
+from runtime import Engine, GenerationConfig
+
+from ..conftest import reference, tiny_model, wait_until
+
+FAMILIES = ["llama", "gpt2", "qwen2"]
+
+
+def repeating_prompts(count: int, seed: int) -> list[list[int]]:
+    """Prompts that repeat a phrase, as a document quoted in an answer does: an earlier
+    occurrence of the last tokens then exists, and its continuation is proposed."""
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(count):
+        phrase = [rng.randrange(4, 256) for _ in range(rng.randint(3, 10))]
+        prompts.append([rng.randrange(4, 256) for _ in range(rng.randint(0, 5))] + phrase * rng.randint(2, 5))
+    return prompts
+
+
+def run_threaded(engine, prompts, configs, threads=6):
+    """Each prompt launched and fetched from one of ``threads`` threads; {index: (tokens, handle)}."""
+    results = {}
+
+    def work(indices):
+        for i in indices:
+            handle = engine.launch_response_tokens(prompts[i], configs[i])
+            results[i] = (list(engine.stream_response_tokens(handle, timeout=120)), handle)
+
+    pool = [threading.Thread(target=work, args=(range(t, len(prompts), threads),)) for t in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in pool), "a worker thread hung"
+    return results
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_model(request):
+    return tiny_model(request.param, seed=1)
+
+
+def test_greedy_streams_are_the_same_with_and_without_speculation_from_many_threads(family_model):
+    prompts = repeating_prompts(12, seed=2)
+    lengths = [random.Random(i).randint(20, 60) for i in range(len(prompts))]
+    with Engine.from_pretrained(family_model, block_size=4, speculative_tokens=5) as engine:
+        results = run_threaded(engine, prompts, [GenerationConfig(max_new_tokens=n) for n in lengths])
+        stats = engine.stats()
+    for i, prompt in enumerate(prompts):
+        assert results[i][0] == reference(family_model, prompt, lengths[i]), f"request {i} diverged"
+    assert stats["speculative_accepted_tokens"] > 0, "no proposal was accepted: the test proves nothing"
+    assert stats["speculative_proposed_tokens"] == sum(h.proposed_tokens for _, h in results.values())
+    assert stats["speculative_accepted_tokens"] == sum(h.accepted_tokens for _, h in results.values())
+    assert stats["tokens_generated"] == sum(lengths) and stats["requests_finished"] == len(prompts)
+    assert stats["free_kv_blocks"] == stats["total_kv_blocks"]  # rejected proposals' blocks came back
+
+
+def test_speculation_saves_steps_on_text_that_repeats(llama):
+    # A model that has fallen into a cycle repeats it: every proposal after the first lap stands.
+    prompt = repeating_prompts(1, seed=5)[0]
+    with Engine.from_pretrained(llama) as plain:
+        expected = list(plain.stream_response_tokens(plain.launch_response_tokens(prompt, {"max_new_tokens": 120})))
+        plain_steps = plain.stats()["steps"]
+    with Engine.from_pretrained(llama) as engine:
+        handle = engine.launch_response_tokens(prompt, GenerationConfig(max_new_tokens=120, speculative_tokens=8))
+        assert list(engine.stream_response_tokens(handle)) == expected
+        steps = engine.stats()["steps"]
+    assert handle.accepted_tokens > 0
+    assert steps == plain_steps - handle.accepted_tokens  # each accepted token is a step saved
+
+
+def test_stop_tokens_and_max_new_tokens_are_exact(llama):
+    prompts = repeating_prompts(4, seed=7)
+    with Engine.from_pretrained(llama, block_size=4) as engine:
+        baseline = [list(engine.stream_response_tokens(engine.launch_response_tokens(p, {"max_new_tokens": 60})))
+                    for p in prompts]
+    cases, configs, expected = [], [], []
+    for p, full in zip(prompts, baseline):
+        for n in (1, 2, 3, 7, 13, 29, 60):  # every length ends where it says
+            cases.append(p)
+            configs.append(GenerationConfig(max_new_tokens=n, speculative_tokens=6))
+            expected.append(full[:n])
+        for stop in dict.fromkeys(full[5:25]):  # a stop token, where proposals run past it
+            cases.append(p)
+            configs.append(GenerationConfig(max_new_tokens=60, stop_token_ids=[stop], speculative_tokens=6))
+            expected.append(full[:full.index(stop) + 1])
+    with Engine.from_pretrained(llama, block_size=4) as engine:
+        results = run_threaded(engine, cases, configs)
+        stats = engine.stats()
+    for i, want in enumerate(expected):
+        tokens, handle = results[i]
+        assert tokens == want, f"case {i} ({configs[i]}) diverged"
+        stopped = len(want) < configs[i].max_new_tokens or want[-1] in configs[i].stop_token_ids
+        assert handle.finish_reason == ("stop" if stopped else "length")
+        assert handle.num_generated == len(want)  # nothing recorded past the stop
+    assert stats["speculative_accepted_tokens"] > 0
+    assert stats["free_kv_blocks"] == stats["total_kv_blocks"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_preemption_under_a_tiny_pool_keeps_speculative_streams_exact(arch):
+    hf = tiny_model(arch, seed=3)
+    prompts = repeating_prompts(10, seed=11)
+    lengths = [random.Random(i).randint(10, 40) for i in range(len(prompts))]
+    # 20 blocks of 4 tokens: far less than 10 requests need at once.
+    with Engine.from_pretrained(hf, max_batch_size=5, max_batch_tokens=32, block_size=4, num_kv_blocks=28,
+                                speculative_tokens=4) as engine:
+        with engine.paused():  # all launched before the first step: they compete for the pool
+            handles = [engine.launch_response_tokens(p, {"max_new_tokens": n}) for p, n in zip(prompts, lengths)]
+        results = [list(engine.stream_response_tokens(h, timeout=120)) for h in handles]
+        stats = engine.stats()
+    for i, prompt in enumerate(prompts):
+        assert results[i] == reference(hf, prompt, lengths[i]), f"request {i} diverged"
+    assert stats["preemptions"] > 0
+    assert stats["speculative_proposed_tokens"] > 0
+    assert stats["free_kv_blocks"] == stats["total_kv_blocks"]
+    assert stats["running"] == stats["waiting"] == stats["open_handles"] == 0
+
+
+def test_abort_in_the_middle_of_speculation_frees_every_block(llama):
+    prompt = repeating_prompts(1, seed=5)[0]
+    with Engine.from_pretrained(llama, block_size=4, speculative_tokens=8) as engine:
+        start = engine.stats()["free_kv_blocks"]
+        handle = engine.launch_response_tokens(prompt, {"max_new_tokens": 200})
+        first = [engine.fetch_response_tokens(handle, timeout=60) for _ in range(30)]
+        engine.abort_response(handle)
+        rest = list(engine.stream_response_tokens(handle, timeout=60))
+        assert handle.finish_reason == "abort" and handle.proposed_tokens > 0
+        wait_until(lambda: engine.stats()["running"] == 0)
+        assert engine.stats()["free_kv_blocks"] == start
+        # the engine goes on: the same prompt again gives the same tokens
+        again = engine.launch_response_tokens(prompt, {"max_new_tokens": 30})
+        assert list(engine.stream_response_tokens(again, timeout=60)) == first
+    assert len(first) + len(rest) <= 200
+
+
+def test_who_speculates(llama):
+    prompt = repeating_prompts(1, seed=5)[0]
+    with Engine.from_pretrained(llama, speculative_tokens=4) as engine:
+        def proposed(config):
+            handle = engine.launch_response_tokens(prompt, config)
+            list(engine.stream_response_tokens(handle))
+            return handle.proposed_tokens
+        assert proposed({"max_new_tokens": 40}) > 0  # the engine's default
+        assert proposed({"max_new_tokens": 40, "speculative_tokens": 0}) == 0  # off for this request
+        assert proposed({"max_new_tokens": 40, "temperature": 0.8, "seed": 1}) == 0  # sampled: not yet
+        assert proposed({"max_new_tokens": 40, "repetition_penalty": 1.2}) == 0  # penalties see the history
+        assert proposed({"max_new_tokens": 40, "logit_bias": {7: 2.0}}) > 0  # the same at every position
+    with Engine.from_pretrained(llama) as engine:  # off by default
+        handle = engine.launch_response_tokens(prompt, {"max_new_tokens": 40})
+        list(engine.stream_response_tokens(handle))
+        assert handle.proposed_tokens == 0
+        handle = engine.launch_response_tokens(prompt, {"max_new_tokens": 40, "speculative_tokens": 3})
+        list(engine.stream_response_tokens(handle))
+        assert handle.proposed_tokens > 0
+
+
+def test_logprobs_and_logit_bias_are_the_same_with_speculation(llama):
+    prompt = repeating_prompts(1, seed=5)[0]
+    results = []
+    for k in (0, 6):
+        with Engine.from_pretrained(llama) as engine:
+            config = GenerationConfig(max_new_tokens=50, logprobs=3, logit_bias={40: 1.5}, speculative_tokens=k)
+            handle = engine.launch_response_tokens(prompt, config)
+            results.append((list(engine.stream_response_tokens(handle)), handle.logprobs, handle.accepted_tokens))
+    (tokens, logprobs, _), (spec_tokens, spec_logprobs, accepted) = results
+    assert spec_tokens == tokens and accepted > 0
+    for plain, spec in zip(logprobs, spec_logprobs, strict=True):
+        assert plain.token == spec.token and plain.logprob == pytest.approx(spec.logprob, abs=1e-9)
+        assert [t for t, _ in plain.top] == [t for t, _ in spec.top]
+
+
+def test_many_decoding_requests_do_not_speculate(llama):
+    prompts = repeating_prompts(6, seed=13)
+    with Engine.from_pretrained(llama, speculative_tokens=4, speculation_max_requests=3) as engine:
+        with engine.paused():
+            handles = [engine.launch_response_tokens(p, {"max_new_tokens": 6}) for p in prompts]
+        for h in handles:
+            list(engine.stream_response_tokens(h))
+        assert engine.stats()["speculative_proposed_tokens"] == 0  # all six decode together, every step
+
+
+@pytest.mark.parametrize("field,value,error", [
+    ("speculative_tokens", -1, ValueError), ("speculative_tokens", 17, ValueError),
+    ("speculative_tokens", 2.0, TypeError), ("speculative_tokens", True, TypeError)])
+def test_bad_speculation_settings_are_refused(field, value, error):
+    with pytest.raises(error, match=field):
+        GenerationConfig(**{field: value})
+    with pytest.raises(error, match=field):
+        Engine.from_pretrained(torch.nn.Module(), **{field: value})  # refused before anything loads
+    with pytest.raises(ValueError, match="speculation_max_requests"):
+        Engine.from_pretrained(torch.nn.Module(), speculation_max_requests=0)
+
+
+def test_the_default_model_repeats_a_text_the_same_with_speculation(smollm):
+    text = ("The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single "
+            "step. All that glitters is not gold.")
+    prompt = [{"role": "user", "content": f"Repeat this text exactly: {text}"}]
+    plain = smollm.complete(prompt, GenerationConfig(max_new_tokens=40))
+    speculative = smollm.complete(prompt, GenerationConfig(max_new_tokens=40, speculative_tokens=6))
+    assert speculative.token_ids == plain.token_ids and speculative.text == plain.text
+    assert plain.proposed_tokens == 0 and speculative.accepted_tokens > 0
+    assert speculative.proposed_tokens >= speculative.accepted_tokens
