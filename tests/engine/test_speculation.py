@@ -9,11 +9,14 @@ import threading
 import pytest
 import torch
 
+from models.kernels import native
 from runtime import Engine, GenerationConfig
 
 from ..conftest import reference, tiny_model, wait_until
 
-FAMILIES = ["llama", "gpt2", "qwen2"]
+# Llama (the native decoder layers), GPT-2 (learned positions), Qwen2 (tied embeddings), Phi-3 (longrope,
+# recomputed past 64 tokens; sliding window), Gemma 3 (its own layers, local and global attention).
+FAMILIES = ["llama", "gpt2", "qwen2", "phi3", "gemma3"]
 
 
 def repeating_prompts(count: int, seed: int) -> list[list[int]]:
@@ -50,7 +53,13 @@ def family_model(request):
     return tiny_model(request.param, seed=1)
 
 
-def test_greedy_streams_are_the_same_with_and_without_speculation_from_many_threads(family_model):
+@pytest.mark.parametrize("decode_path", ["kernel", "torch"])
+def test_greedy_streams_are_the_same_with_and_without_speculation_from_many_threads(family_model, decode_path,
+                                                                                      monkeypatch):
+    if decode_path == "torch":  # as where no C++ compiler is found
+        monkeypatch.setattr(native, "_library", None)
+    elif native.library() is None:
+        pytest.skip("no C++ compiler: the kernels are not built")
     prompts = repeating_prompts(12, seed=2)
     lengths = [random.Random(i).randint(20, 60) for i in range(len(prompts))]
     with Engine.from_pretrained(family_model, block_size=4, speculative_tokens=5) as engine:

@@ -237,6 +237,23 @@ def test_metrics(server, client):
     assert int(count.split()[1]) >= 1
 
 
+def test_speculative_tokens_field_gives_the_same_answer_and_counts_in_metrics(server, client):
+    """Loom's speculative_tokens extension (GenerationConfig.speculative_tokens): greedy answers
+    stay the same; the proposed and accepted tokens are counted in /metrics."""
+    messages = [{"role": "user", "content": "Repeat this text exactly: All that glitters is not gold."}]
+    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0)
+    fast = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0,
+                                          extra_body={"speculative_tokens": 4})
+    assert fast.choices[0].message.content == plain.choices[0].message.content
+    text = httpx.get(server[1] + "/metrics").text
+    counts = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+              if line.startswith("loom_speculative_")}
+    assert counts["loom_speculative_proposed_tokens_total"] >= counts["loom_speculative_accepted_tokens_total"] > 0
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4,
+                                       extra_body={"speculative_tokens": 99})
+
+
 def test_async_api(server):
     engine = server[0]
 
