@@ -207,6 +207,64 @@ struct Loom8 {
     };
 };
 
+// Loom's blocks two at a time, where a row holds an even number of them (every model's width so
+// far), for the products that take a pair of blocks per instruction (block_weights.h's pair_rows).
+struct Loom4Pairs {
+    static constexpr int64_t VALUES = 2 * GROUP;
+    static int64_t row_bytes(int64_t in) { return Loom4::row_bytes(in); }
+    struct Super {
+        Bytes packed;  // block 2 s in bytes 0-15, 2 s + 1 in 16-31 (values j and j + 16 in byte j)
+        float d[2], m[2];
+        Super() = default;
+        Super(const uint8_t* row, int64_t in, int64_t s) : packed(load<Bytes>(row + s * 32)) {
+            const float* scales = reinterpret_cast<const float*>(row + in / 2);
+            d[0] = scales[2 * s], d[1] = scales[2 * s + 1];
+            m[0] = scales[in / GROUP + 2 * s], m[1] = scales[in / GROUP + 2 * s + 1];
+        }
+        template <int>
+        PairBytes pair_codes() const {
+            const Bytes low = packed & 15, high = packed >> 4;
+            return __builtin_shufflevector(low, high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 32, 33, 34,
+                                           35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 16, 17, 18, 19, 20, 21,
+                                           22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 48, 49, 50, 51, 52, 53, 54, 55, 56,
+                                           57, 58, 59, 60, 61, 62, 63);
+        }
+        template <int>
+        PairSigned pair_signed(PairSigned x) const { return x; }
+        template <int>
+        PairLanes pair_scales() const { return spread<0>(Lanes{d[0], d[1]}); }
+        Lanes offset(const float* sums, const float*) const { return Lanes{m[0] * sums[0] + m[1] * sums[1]}; }
+        void widen(float* out) const {
+            const PairBytes q = pair_codes<0>();
+            for (int i = 0; i < 64; ++i) out[i] = d[i / 32] * float(q[i]) + m[i / 32];
+        }
+    };
+};
+
+struct Loom8Pairs {
+    static constexpr int64_t VALUES = 2 * GROUP;
+    static int64_t row_bytes(int64_t in) { return Loom8::row_bytes(in); }
+    struct Super {
+        PairSigned q;
+        float d[2];
+        Super() = default;
+        Super(const uint8_t* row, int64_t in, int64_t s) : q(load<PairSigned>(row + s * 64)) {
+            const float* scales = reinterpret_cast<const float*>(row + in);
+            d[0] = scales[2 * s], d[1] = scales[2 * s + 1];
+        }
+        template <int>
+        PairBytes pair_codes() const { return (PairBytes)(q < 0 ? -q : q); }
+        template <int>
+        PairSigned pair_signed(PairSigned x) const { return q < 0 ? -x : x; }
+        template <int>
+        PairLanes pair_scales() const { return spread<0>(Lanes{d[0], d[1]}); }
+        Lanes offset(const float*, const float*) const { return Lanes{}; }
+        void widen(float* out) const {
+            for (int i = 0; i < 64; ++i) out[i] = d[i / 32] * float(q[i]);
+        }
+    };
+};
+
 struct Q4K {
     static constexpr int64_t VALUES = 256, BYTES = 144;
     static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
@@ -243,6 +301,8 @@ struct Q4K {
             const Bytes q = load<Bytes>(qs + 32 * P);
             return pair_of(q & 15, q >> 4);
         }
+        template <int>
+        PairSigned pair_signed(PairSigned x) const { return x; }
         template <int P>
         PairLanes pair_scales() const { return spread<2 * P>(scale); }
         void widen(float* out) const {
@@ -288,6 +348,8 @@ struct Q6K {
             const PairBytes bits = pair_of((high >> (2 * k)) & 3, (high >> (2 * k + 2)) & 3);
             return (k == 0 ? low & 15 : low >> 4) | (bits << 4);
         }
+        template <int>
+        PairSigned pair_signed(PairSigned x) const { return x; }
         // groups 4 P to 4 P + 3, four lanes each
         template <int P>
         PairLanes pair_scales() const {
@@ -313,12 +375,13 @@ struct Q6K {
     };
 };
 
-// f(F{}) for the format struct of ``format`` (a block one: not FLOAT).
+// f(F{}) for the format struct of ``format`` (a block one: not FLOAT) in rows of ``in`` values.
 template <typename F>
-inline void with_format(int64_t format, F&& f) {
+inline void with_format(int64_t format, int64_t in, F&& f) {
+    const bool pairs = in % (2 * GROUP) == 0;
     switch (format) {
-        case LOOM_4BIT: f(Loom4{}); break;
-        case LOOM_8BIT: f(Loom8{}); break;
+        case LOOM_4BIT: pairs ? f(Loom4Pairs{}) : f(Loom4{}); break;
+        case LOOM_8BIT: pairs ? f(Loom8Pairs{}) : f(Loom8{}); break;
         case GGUF_Q4_K: f(Q4K{}); break;
         default: f(Q6K{}); break;
     }
@@ -326,7 +389,7 @@ inline void with_format(int64_t format, F&& f) {
 
 inline int64_t format_row_bytes(int64_t format, int64_t in) {
     int64_t bytes = 0;
-    with_format(format, [&](auto f) { bytes = decltype(f)::row_bytes(in); });
+    with_format(format, in, [&](auto f) { bytes = decltype(f)::row_bytes(in); });
     return bytes;
 }
 

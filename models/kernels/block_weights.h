@@ -9,7 +9,7 @@
 // row count rounds its input the same way, so a request's numbers do not depend on its batch-mates:
 //
 // - up to DOT_MAX_ROWS rows (decode): the integer products, codes decoded in registers once and met
-//   by every input row there (int8_rows);
+//   by up to eight input rows there (int8_rows, pair_rows);
 // - more: each tile's weight rows widened to floats in a small buffer that stays in L1, and
 //   cpu_linear.h's panels run over it with the rounded input (above 128 rows block_linear.py widens
 //   whole weights for oneDNN instead).
@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include <omp.h>
@@ -171,13 +172,14 @@ inline void int8_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
     }
 }
 
-// f(std::integral_constant<int, P>{}) for each pair P of a 256-value super-block's blocks.
-template <typename Fn>
+// f(std::integral_constant<int, P>{}) for each pair P of a super-block's PAIRS pairs of blocks.
+template <typename Fn, int... P>
+inline void for_each_pair(Fn& f, std::integer_sequence<int, P...>) {
+    (f(std::integral_constant<int, P>{}), ...);
+}
+template <int PAIRS, typename Fn>
 inline void for_pairs(Fn&& f) {
-    f(std::integral_constant<int, 0>{});
-    f(std::integral_constant<int, 1>{});
-    f(std::integral_constant<int, 2>{});
-    f(std::integral_constant<int, 3>{});
+    for_each_pair(f, std::make_integer_sequence<int, PAIRS>{});
 }
 
 inline float lane_sum(PairLanes v) {
@@ -185,13 +187,13 @@ inline float lane_sum(PairLanes v) {
                     __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
 }
 
-// int8_rows for the K-quants, two blocks at a time: a pair's codes meet 64 bytes of input in one
-// 512-bit instruction (with AVX-512), and each block's scale is spread across its lanes by a
-// shuffle with constant lanes. One block at a time, a one-row Q4_K product ran at 12 Gvalues/s on a
-// Zen 5 core, still arithmetic-bound.
+// int8_rows two blocks at a time (rows of an even number of blocks): a pair's codes meet 64 bytes of
+// input in one 512-bit instruction (with AVX-512), and each block's scale is spread across its lanes
+// by a shuffle with constant lanes. One block at a time, a one-row Q4_K product ran at 12 Gvalues/s
+// on a Zen 5 core, still arithmetic-bound.
 template <typename F, int ROWS, int SIDE>
-inline void pair_rows(const RoundedRows& x, const BlockWeights& w, int64_t first, int64_t count, float* y,
-                      int64_t y_stride) {
+inline void pair_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w, int64_t first, int64_t count,
+                      float* y, int64_t y_stride) {
     constexpr int64_t BLOCKS = F::VALUES / GROUP;
     const int64_t supers = w.in / F::VALUES;
     for (int64_t r = 0; r < count; r += SIDE) {
@@ -205,9 +207,7 @@ inline void pair_rows(const RoundedRows& x, const BlockWeights& w, int64_t first
         for (int64_t s = 0; s < supers; ++s) {
             typename F::Super supers_of[SIDE];
             for (int i = 0; i < SIDE; ++i) supers_of[i] = typename F::Super(rows[i], w.in, s);
-            Lanes dx[ROWS];  // the input blocks' scales
-            for (int m = 0; m < ROWS; ++m) dx[m] = load<Lanes>(x.row_scales(m) + s * BLOCKS);
-            for_pairs([&](auto pair) {
+            for_pairs<BLOCKS / 2>([&](auto pair) {
                 constexpr int P = decltype(pair)::value;
                 PairBytes codes[SIDE];
                 PairLanes scales[SIDE];
@@ -216,15 +216,20 @@ inline void pair_rows(const RoundedRows& x, const BlockWeights& w, int64_t first
                     scales[i] = supers_of[i].template pair_scales<P>();
                 }
                 for (int m = 0; m < ROWS; ++m) {
-                    const PairSigned xq = load<PairSigned>(x.row_codes(m) + s * F::VALUES + 2 * P * GROUP);
-                    const PairLanes xd = spread<2 * P>(dx[m]);
-                    for (int i = 0; i < SIDE; ++i)
-                        acc[i][m] += __builtin_convertvector(dot_pairs(codes[i], xq), PairLanes) * (scales[i] * xd);
+                    const PairSigned xq = load<PairSigned>(x.row_codes(row0 + m) + s * F::VALUES + 2 * P * GROUP);
+                    const float* dx = x.row_scales(row0 + m) + s * BLOCKS + 2 * P;  // the input blocks' scales
+                    const PairLanes xd = spread<0>(Lanes{dx[0], dx[1]});
+                    for (int i = 0; i < SIDE; ++i) {
+                        const PairSigned signed_x = supers_of[i].template pair_signed<P>(xq);
+                        const PairSums sums = dot_pairs(codes[i], signed_x);
+                        acc[i][m] += __builtin_convertvector(sums, PairLanes) * (scales[i] * xd);
+                    }
                 }
             });
             for (int m = 0; m < ROWS; ++m)
                 for (int i = 0; i < SIDE; ++i)
-                    offsets[i][m] += supers_of[i].offset(x.row_sums(m) + s * BLOCKS, x.row_halves(m) + 2 * s * BLOCKS);
+                    offsets[i][m] += supers_of[i].offset(x.row_sums(row0 + m) + s * BLOCKS,
+                                                         x.row_halves(row0 + m) + 2 * s * BLOCKS);
         }
         for (int i = 0; i < side; ++i)
             for (int m = 0; m < ROWS; ++m)
@@ -257,8 +262,13 @@ inline float* widened_scratch(int64_t elements) {
     return line_aligned(buffer, elements);
 }
 
-// Up to this many rows the integer products; from one more, the panels over widened weights.
-constexpr int64_t DOT_MAX_ROWS = 8;
+// Up to this many rows the integer products (in groups of FEW_ROWS, each task's weights cached for
+// the later groups); from one more, the panels over widened weights. One thread, a 4096 x 2048
+// product at 16 / 32 / 64 rows took (ms) for Q4_K 3.0 / 6.0 / 12.2 on the integer products against
+// 5.0 / 6.9 / 11.8 on the panels, Q6_K 4.1 / 7.0 / 13.8 against 9.7 / 11.7 / 16.8, Loom's 8-bit
+// blocks 3.3 / 6.6 / 13.0 against 6.1 / 7.4 / 13.0, its 4-bit ones 4.2 / 8.9 / 15.6 against 4.9 /
+// 6.6 / 11.8 (Zen 5, beside a busy process: CPU time of the thread).
+constexpr int64_t DOT_MAX_ROWS = 32;
 
 // Floats of scratch a block product of ``rows`` rows of width ``in`` takes (block_linear_rows).
 inline int64_t block_scratch_size(int64_t rows, int64_t in) {
@@ -294,12 +304,14 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
 #pragma omp for schedule(dynamic, chunk)
     for (int64_t task = 0; task < tasks; ++task) {
         const int64_t o = task * outs, count = std::min(outs, out - o);
-        with_few_rows(rows, [&](auto group) {
-            if constexpr (F::VALUES == 256)
-                pair_rows<F, group, side_for<group>()>(rounded, w, o, count, y, y_stride);
-            else
-                int8_rows<F, group, side_for<group>()>(rounded, 0, w, o, count, y, y_stride);
-        });
+        for (int64_t m = 0; m < rows; m += FEW_ROWS)  // the task's weights stay cached for the later groups
+            with_few_rows(std::min(FEW_ROWS, rows - m), [&](auto group) {
+                float* ym = y + m * y_stride;
+                if constexpr (F::VALUES % (2 * GROUP) == 0)
+                    pair_rows<F, group, side_for<group>()>(rounded, m, w, o, count, ym, y_stride);
+                else
+                    int8_rows<F, group, side_for<group>()>(rounded, m, w, o, count, ym, y_stride);
+            });
         add_bias(y + o, y_stride, rows, bias == nullptr ? nullptr : bias + o, count);
     }
 }
@@ -309,7 +321,7 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
 // cache line's start.
 inline void block_linear_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeights& w,
                               const float* bias, float* y, int64_t y_stride, float* scratch) {
-    with_format(w.format, [&](auto f) { block_rows<decltype(f)>(x, x_stride, rows, w, bias, y, y_stride, scratch); });
+    with_format(w.format, w.in, [&](auto f) { block_rows<decltype(f)>(x, x_stride, rows, w, bias, y, y_stride, scratch); });
 }
 
 }  // namespace

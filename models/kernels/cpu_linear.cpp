@@ -32,7 +32,7 @@ void block_linear(const float* x, int64_t x_stride, int64_t rows, const void* bl
 // shared among threads.
 void widen(const void* blocks, int64_t format, int64_t in, int64_t out, int64_t first, int64_t count, float* dst) {
     const BlockWeights w(blocks, format, in, out);
-    with_format(format, [&](auto f) {
+    with_format(format, in, [&](auto f) {
 #pragma omp parallel for schedule(static)
         for (int64_t r = 0; r < count; ++r) widen_rows<decltype(f)>(w, first + r, 1, 0, in, dst + r * in, in, 0);
     });

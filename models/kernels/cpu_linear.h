@@ -40,8 +40,8 @@ namespace {
 // prefetcher follows best, and the input rows (at most FEW_ROWS x the width) stay in L1. Three
 // weight rows side by side (the row tiles it replaced) made a decode step's forward 1.2-1.5x slower
 // at 2-8 rows, and the panels 1.05-1.3x slower at 3-8 rows on Zen 5 (docs/benchmarks.md, "A few
-// rows, one weight row at a time"). Block weights do the same with their codes widened in
-// registers (block_weights.h's few_rows_blocks).
+// rows, one weight row at a time"). Block weights do the same with integer products over their
+// codes (block_weights.h's int8_rows and pair_rows).
 // The row two ahead is fetched as well, which takes the prefetcher over the starts of a layer's
 // small products sooner (a one-stream step 15.8-16.3 -> 15.3-15.8 ms on Zen 5), and fetched
 // non-temporally: a step reads its weights once, and fetched the usual way they evicted what the

@@ -26,7 +26,8 @@ def linear(out, width, bias=True, seed=0):
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("out,width", [(7, 32), (40, 96), (100, 160), (13, 1088)])  # 1088: two chunks of k
-# codes widened in registers up to 4 rows (one row its own way); the tiles; the panels from 9, wide from 32
+# integer products up to 32 rows (a block at a time for an odd count of blocks, else a pair), in groups of
+# 8 rows from 9; the panels over widened weights from 33; oneDNN on widened weights past 128 (forward)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 16, 17, 40, 71])
 def test_kernel_computes_the_dequantized_product(bits, out, width, rows):
     layer = linear(out, width, bias=rows % 2 == 1, seed=rows)
