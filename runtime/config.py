@@ -89,8 +89,9 @@ class GenerationConfig:
     ``speculative_tokens=k`` (0 to 16; None: the engine's ``speculative_tokens``) lets a step verify
     up to k tokens proposed from an earlier occurrence of the request's last few tokens in its
     prompt and output (prompt lookup, runtime/speculation.py): several tokens a step where the text
-    repeats, the same tokens as without it. 0 turns it off. Only greedy requests without structured
-    output or repetition/presence/frequency penalties speculate; for the others it changes nothing.
+    repeats, the same tokens as without it (greedy) or tokens as likely (sampled: rejection sampling).
+    0 turns it off. Requests with a seed (when sampled), structured output or repetition/presence/
+    frequency penalties do not speculate: for them it changes nothing.
     """
 
     max_new_tokens: int = 128

@@ -1,6 +1,8 @@
 """Batched sampling: penalties, bias, structured-output masks, temperature, top-k, top-p, min-p
 and per-request seeds for the whole step at once, then a single device-to-host transfer (which
-carries the step's log-probabilities too, when a request asks for them)."""
+carries the step's log-probabilities too, when a request asks for them). A row that verifies a
+proposed token (speculative decoding) keeps it or draws another by rejection sampling, so that its
+token is distributed as the row's own draw would be (``verify``)."""
 
 from __future__ import annotations
 
@@ -21,11 +23,13 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...]
 
 
-def sample(logits: torch.Tensor, contexts, generator: torch.Generator,
-           bitmask: torch.Tensor | None = None) -> tuple[list[int], list[TokenLogprob | None] | None]:
+def sample(logits: torch.Tensor, contexts, generator: torch.Generator, bitmask: torch.Tensor | None = None,
+           proposals: list[int | None] | None = None) -> tuple[list[int], list[TokenLogprob | None] | None]:
     """One token per row of ``logits`` [S, vocab]; row i belongs to ``contexts[i]``, and row i of
-    ``bitmask`` holds its allowed tokens when it has a constraint. Returns the tokens, and each
-    row's TokenLogprob (None where not asked) or None when no row asked."""
+    ``bitmask`` holds its allowed tokens when it has a constraint. ``proposals[i]``, where given
+    and not None, is the token proposed for row i (speculative decoding): a sampled row keeps it
+    or draws another (``verify``); a greedy row's argmax is compared with it by the caller.
+    Returns the tokens, and each row's TokenLogprob (None where not asked) or None when no row asked."""
     configs = [ctx.config for ctx in contexts]
     raw = logits
     logits = apply_penalties(logits, contexts)
@@ -38,7 +42,7 @@ def sample(logits: torch.Tensor, contexts, generator: torch.Generator,
     # vocabulary's order: apart, so that a seeded request draws the same token whatever its batch-mates.
     for rows in ([i for i in sampled if not filters(configs[i])], [i for i in sampled if filters(configs[i])]):
         if rows:
-            tokens[torch.tensor(rows, device=logits.device)] = draw(logits, rows, contexts, generator)
+            tokens[torch.tensor(rows, device=logits.device)] = draw(logits, rows, contexts, generator, proposals)
     return transfer(tokens, raw, configs)
 
 
@@ -46,8 +50,10 @@ def filters(config) -> bool:
     return config.top_k > 0 or config.top_p < 1.0
 
 
-def draw(logits: torch.Tensor, rows: list[int], contexts, generator: torch.Generator) -> torch.Tensor:
-    """A sampled token for each of ``rows``: from the request's own generator when it has a seed."""
+def draw(logits: torch.Tensor, rows: list[int], contexts, generator: torch.Generator,
+         proposals: list[int | None] | None = None) -> torch.Tensor:
+    """A sampled token for each of ``rows``: from the request's own generator when it has a seed;
+    for a row that verifies a proposed token, by ``verify``."""
     index = torch.tensor(rows, device=logits.device)
     probs, order = filtered_probs(logits[index], [contexts[i].config for i in rows])
     seeded = [j for j, i in enumerate(rows) if contexts[i].generator is not None]
@@ -57,18 +63,44 @@ def draw(logits: torch.Tensor, rows: list[int], contexts, generator: torch.Gener
         draws = torch.empty(len(rows), dtype=torch.long, device=logits.device)
     for j in seeded:  # a request's own generator makes its draws independent of its batch-mates
         draws[j] = torch.multinomial(probs[j], 1, generator=contexts[rows[j]].generator)[0]
-    return order.gather(1, draws[:, None])[:, 0] if order is not None else draws
+    tokens = order.gather(1, draws[:, None])[:, 0] if order is not None else draws
+    verifying = [j for j, i in enumerate(rows) if proposals is not None and proposals[i] is not None]
+    if verifying:
+        at = torch.tensor(verifying, device=logits.device)
+        proposed = torch.tensor([proposals[rows[j]] for j in verifying], device=logits.device)
+        by_token = probs[at] if order is None else torch.empty_like(probs[at]).scatter_(1, order[at], probs[at])
+        tokens[at] = verify(by_token, proposed, generator)
+    return tokens
 
 
-def sample_each(logits: torch.Tensor, contexts, generator: torch.Generator, bitmask: torch.Tensor | None = None):
+def verify(probs: torch.Tensor, proposed: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Rejection sampling of a proposal that came with certainty (prompt lookup proposes one
+    token, probability 1 under its proposal): each row keeps ``proposed`` with its probability
+    p(x) under ``probs`` [rows, vocab] (vocabulary order, filters applied), else draws from p
+    without x, renormalised: p(x) + (1 - p(x)) p(y) / (1 - p(x)) = p(y), so every token is as
+    likely as in a draw of its own (Leviathan et al.'s rule with a one-token proposal). A row that
+    keeps x makes the next row's proposal stand as its context; the scheduler keeps the rows up to
+    the first that drew something else. The request's own generator is not used: seeded requests
+    do not speculate, so that their draws stay what they are without it."""
+    chance = probs.gather(1, proposed[:, None])[:, 0]
+    keep = torch.rand(len(proposed), generator=generator, device=probs.device, dtype=probs.dtype) < chance
+    rest = probs.scatter(1, proposed[:, None], 0.0)
+    # where x held all the mass it is always kept (rand < 1): any valid row will do for the draw
+    rest = torch.where(rest.sum(-1, keepdim=True) > 0, rest, probs)
+    other = torch.multinomial(rest, 1, generator=generator)[:, 0]
+    return torch.where(keep, proposed, other)
+
+
+def sample_each(logits: torch.Tensor, contexts, generator: torch.Generator, bitmask: torch.Tensor | None = None,
+                proposals: list[int | None] | None = None):
     """``sample`` one row at a time, for a step whose batched sampling raised: each row gets its
     (token, logprob), or the exception its own sampling raised, so that one request's failure
     stays its own."""
     out = []
     for i, ctx in enumerate(contexts):
         try:
-            tokens, logprobs = sample(logits[i:i + 1], [ctx], generator,
-                                      None if bitmask is None else bitmask[i:i + 1])
+            tokens, logprobs = sample(logits[i:i + 1], [ctx], generator, None if bitmask is None else bitmask[i:i + 1],
+                                      None if proposals is None else proposals[i:i + 1])
             out.append((tokens[0], logprobs[0] if logprobs else None))
         except Exception as error:  # noqa: BLE001 - handed to that request's consumer
             out.append((error, None))

@@ -64,6 +64,14 @@ class StepPlan:
         verifies proposed tokens once for each of its rows."""
         return [e.ctx for e in self.entries for _ in range(e.num_sampled)]
 
+    def proposals(self) -> list[int | None] | None:
+        """For each sampled row (as ``sampling``), the proposed token it verifies: row i of a
+        request with proposals verifies its proposal i, its last row none; None in a step without
+        any."""
+        if not any(e.draft for e in self.entries):
+            return None
+        return [token for e in self.entries if e.samples for token in e.draft + [None]]
+
     def sequences(self) -> list[Sequence]:
         """The plan as the model contract's Sequences (see models/step.py)."""
         sequences = []

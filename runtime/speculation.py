@@ -5,18 +5,21 @@ occurrence of its last few tokens; those next tokens are proposed, and one forwa
 request's last token and every proposed one, so that a step reads the weights once for up to k + 1
 tokens.
 
-Exact for greedy requests: the step samples the logits after the last token and after each proposed
-token; the proposals are accepted as far as each equals the greedy token sampled before it, and the
-first sampled token that differs (or the one after the last proposal) comes with them. Every
-delivered token is then the one greedy decoding would have produced. The scheduler gives the
-proposals' K/V slots, and takes back the blocks that only rejected proposals filled
-(runtime/scheduler.py, runtime/kv_manager.py).
+The step samples the logits after the last token and after each proposed token; the proposals are
+accepted as far as each equals the token sampled before it, and the first sampled token that
+differs (or the one after the last proposal) comes with them. For a greedy request every delivered
+token is then the one greedy decoding would have produced. A sampled request's rows verify their
+proposals by rejection sampling (runtime/sampler.py, ``verify``): a row keeps its proposal with the
+probability the request's distribution gives it, else draws from the rest, so each token is
+distributed as without speculation (not the same draws: a seeded request, whose draws must not
+depend on its batch, does not speculate). The scheduler gives the proposals' K/V slots, and takes
+back the blocks that only rejected proposals filled (runtime/scheduler.py, runtime/kv_manager.py).
 
-Who speculates (``max_proposed``): greedy requests without structured output and without repetition,
-presence or frequency penalties. A sampled request would need rejection sampling to keep its
-distribution, a constrained one its grammar's mask at each proposed position, a penalised one
-penalties that count the proposed tokens before each position: none of these is built, so such
-requests decode one token a step as before (``logit_bias`` and ``logprobs`` hold at every position).
+Who speculates (``max_proposed``): requests without a seed (when sampled), structured output, or
+repetition, presence or frequency penalties. A constrained request would need its grammar's mask at
+each proposed position, a penalised one penalties that count the proposed tokens before each
+position: neither is built, so such requests decode one token a step as before (``logit_bias``,
+temperature, top-k/p, min-p and ``logprobs`` hold at every position).
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ def max_proposed(ctx, engine_default: int) -> int:
     (see the module's docstring)."""
     config = ctx.config
     k = engine_default if config.speculative_tokens is None else config.speculative_tokens
-    if not k or config.sampled or ctx.constraint is not None:
+    if not k or (config.sampled and config.seed is not None) or ctx.constraint is not None:
         return 0
     if config.repetition_penalty != 1.0 or config.presence_penalty or config.frequency_penalty:
         return 0

@@ -59,7 +59,7 @@ class Worker:
         except Exception as error:
             self.fail([e.ctx for e in plan.entries], error)
             return
-        tokens, logprobs = self.sample(logits, sampling, bitmask)
+        tokens, logprobs = self.sample(logits, sampling, bitmask, plan.proposals())
         self.host.after_sampling()
         produced = time.perf_counter()  # hand-off latency counts from here, bookkeeping included
         self.host.before_delivery(sampling)
@@ -75,14 +75,15 @@ class Worker:
             self.counters["requests_finished"] += sum(ctx.finished for ctx in streams)
         self.host.after_delivery(produced)
 
-    def sample(self, logits: torch.Tensor, sampling: list[ResponseContext], bitmask):
+    def sample(self, logits: torch.Tensor, sampling: list[ResponseContext], bitmask, proposals=None):
         """The step's tokens (and logprobs, see sampler.sample), each constrained request's grammar
-        advanced by its token. If sampling the batch raises, each row is sampled alone; only the
-        requests whose own sampling or grammar fails are failed (their token is then END)."""
+        advanced by its token. ``proposals``: each row's proposed token, or None (StepPlan.proposals).
+        If sampling the batch raises, each row is sampled alone; only the requests whose own sampling
+        or grammar fails are failed (their token is then END)."""
         try:
-            tokens, logprobs = sampler.sample(logits, sampling, self.generator, bitmask)
+            tokens, logprobs = sampler.sample(logits, sampling, self.generator, bitmask, proposals)
         except Exception:
-            rows = sampler.sample_each(logits, sampling, self.generator, bitmask)
+            rows = sampler.sample_each(logits, sampling, self.generator, bitmask, proposals)
             tokens, logprobs = [token for token, _ in rows], [logprob for _, logprob in rows]
         for i, (ctx, token) in enumerate(zip(sampling, tokens)):
             if ctx.constraint is not None and not isinstance(token, BaseException) and not ctx.finished:

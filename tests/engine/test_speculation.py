@@ -12,7 +12,7 @@ import torch
 from models.kernels import native
 from runtime import Engine, GenerationConfig
 
-from ..conftest import reference, tiny_model, wait_until
+from ..conftest import EOS, reference, tiny_model, wait_until
 
 # Llama (the native decoder layers), GPT-2 (learned positions), Qwen2 (tied embeddings), Phi-3 (longrope,
 # recomputed past 64 tokens; sliding window), Gemma 3 (its own layers, local and global attention).
@@ -162,7 +162,8 @@ def test_who_speculates(llama):
             return handle.proposed_tokens
         assert proposed({"max_new_tokens": 40}) > 0  # the engine's default
         assert proposed({"max_new_tokens": 40, "speculative_tokens": 0}) == 0  # off for this request
-        assert proposed({"max_new_tokens": 40, "temperature": 0.8, "seed": 1}) == 0  # sampled: not yet
+        assert proposed({"max_new_tokens": 40, "temperature": 0.3}) > 0  # sampled: rejection sampling
+        assert proposed({"max_new_tokens": 40, "temperature": 0.8, "seed": 1}) == 0  # its draws stay its own
         assert proposed({"max_new_tokens": 40, "repetition_penalty": 1.2}) == 0  # penalties see the history
         assert proposed({"max_new_tokens": 40, "logit_bias": {7: 2.0}}) > 0  # the same at every position
     with Engine.from_pretrained(llama) as engine:  # off by default
@@ -187,6 +188,65 @@ def test_logprobs_and_logit_bias_are_the_same_with_speculation(llama):
     for plain, spec in zip(logprobs, spec_logprobs, strict=True):
         assert plain.token == spec.token and plain.logprob == pytest.approx(spec.logprob, abs=1e-9)
         assert [t for t, _ in plain.top] == [t for t, _ in spec.top]
+
+
+def filtered(logits: torch.Tensor, top_k: int = 0, min_p: float = 0.0) -> torch.Tensor:
+    """The probabilities a request with temperature 1 and these filters draws from (sampler.py's rules)."""
+    probs = logits.softmax(-1)
+    if top_k:
+        probs = torch.where(probs >= probs.topk(top_k).values[-1], probs, 0.0)
+    if min_p:
+        probs = torch.where(probs >= min_p * probs.max(), probs, 0.0)
+    return probs / probs.sum()
+
+
+def exact_joint(hf, prompt: list[int], depth: int, **filters) -> dict[tuple, float]:
+    """Every continuation of ``depth`` tokens the request could draw, with its probability."""
+    with torch.no_grad():
+        probs = filtered(hf(torch.tensor([prompt])).logits[0, -1], **filters)
+    out = {}
+    for token in probs.nonzero()[:, 0].tolist():
+        p = probs[token].item()
+        if depth == 1 or token == EOS:  # EOS ends the stream
+            out[(token,)] = p
+        else:
+            for rest, q in exact_joint(hf, prompt + [token], depth - 1, **filters).items():
+                out[(token,) + rest] = p * q
+    return out
+
+
+@pytest.mark.parametrize("filters,depth", [({"top_k": 3}, 4), ({"min_p": 0.3}, 4)])
+def test_sampled_streams_keep_the_models_distribution(filters, depth):
+    """Rejection sampling: over thousands of requests, each continuation comes as often as the model
+    gives it, proposals kept and proposals replaced alike (a chi-square test against the exact
+    distribution, enumerated with transformers). top_k draws in sorted order, min_p in the vocabulary's."""
+    from scipy.stats import chisquare
+    hf = tiny_model("llama", seed=1)
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(12)  # a peaked model: proposals are kept often, and few continuations are likely
+    base = [5, 6, 7, 8]
+    echo = reference(hf, base, 40)
+    prompt = base + echo + base + echo[:10]  # the continuation it would draw greedily, seen before
+    expected = exact_joint(hf, prompt, depth, **filters)
+    runs = 4000
+    with Engine.from_pretrained(hf, speculative_tokens=4, speculation_max_requests=64, seed=3) as engine:
+        config = GenerationConfig(max_new_tokens=depth, temperature=1.0, **filters)
+        handles = [engine.launch_response_tokens(prompt, config) for _ in range(runs)]
+        drawn = [tuple(engine.stream_response_tokens(h)) for h in handles]
+        stats = engine.stats()
+    assert stats["speculative_accepted_tokens"] > 100  # both rules ran: proposals kept ...
+    assert stats["speculative_proposed_tokens"] - stats["speculative_accepted_tokens"] > 100  # ... and replaced
+    assert set(drawn) <= set(expected)  # nothing the filters rule out
+    counts = {outcome: 0 for outcome in expected}
+    for outcome in drawn:
+        counts[outcome] += 1
+    # each continuation expected at least 5 times is a cell; the rare ones join the least likely of those
+    common = sorted((o for o in expected if expected[o] * runs >= 5), key=expected.get, reverse=True)
+    observed = [counts[o] for o in common]
+    wanted = [expected[o] * runs for o in common]
+    observed[-1] += runs - sum(observed)
+    wanted[-1] += runs - sum(wanted)
+    assert chisquare(observed, wanted).pvalue > 1e-3
 
 
 def test_many_decoding_requests_do_not_speculate(llama):
