@@ -1,5 +1,6 @@
-"""Loading a GGUF file: Loom's time to an engine, its peak and after-load resident memory (each in a
-fresh process, ``--rounds`` times), and, with --llama-server, both servers' time to a healthy
+"""Loading a GGUF file: Loom's time to an engine, its peak and after-load resident memory, and its
+resident memory once it has run (the file's pages it reads where they lie count then), each in a
+fresh process, ``--rounds`` times, and, with --llama-server, both servers' time to a healthy
 /health, taking turns. Then Loom in-process at 1 and 16 streams (--tokens new tokens each).
 
     python docs/bench/gguf_load.py FILE.gguf [FILE.gguf ...] [--weights stored] [--rounds 2]
@@ -44,6 +45,7 @@ for streams in (1, 16):
     handles = [engine.launch_response_tokens(prompt, config) for _ in range(streams)]
     tokens = sum(len(list(engine.stream_response_tokens(h))) for h in handles)
     result[f"tok_s_{streams}"] = tokens / (time.perf_counter() - begin)
+result["rss_after_run_gb"] = process.memory_info().rss / 1e9  # the file's pages read by now (Q4_K, Q6_K: mapped)
 engine.shutdown()
 print(json.dumps(result))
 """
@@ -72,14 +74,14 @@ def main() -> None:
     parser.add_argument("--llama-server", default=None)
     args = parser.parse_args()
     args.kv_dtype, args.llama_kv_type = None, "f16"
-    print("| file | size | Loom load (import apart) | peak RSS | RSS after | 1 / 16 streams tok/s |"
-          + (" Loom serve healthy | llama-server healthy |" if args.llama_server else ""))
-    print("| --- | --- | --- | --- | --- | --- |" + (" --- | --- |" if args.llama_server else ""))
+    print("| file | size | Loom load (import apart) | peak RSS | RSS after load | after 1 / 16 streams "
+          "| 1 / 16 streams tok/s |" + (" Loom serve healthy | llama-server healthy |" if args.llama_server else ""))
+    print("| --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- |" if args.llama_server else ""))
     for path in args.files:
         runs = [loom_load(path, args.weights, args.tokens) for _ in range(args.rounds)]
         median = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
         row = (f"| {path.name} | {path.stat().st_size / 1e9:.2f} GB | {median['load_s']:.1f} s | "
-               f"{median['peak_gb']:.2f} GB | {median['rss_after_gb']:.2f} GB | "
+               f"{median['peak_gb']:.2f} GB | {median['rss_after_gb']:.2f} GB | {median['rss_after_run_gb']:.2f} GB | "
                f"{median['tok_s_1']:.1f} / {median['tok_s_16']:.1f} |")
         if args.llama_server:
             args.model = str(path)

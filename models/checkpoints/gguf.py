@@ -11,7 +11,7 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from ..cache import cache_dir
 from . import Contents
-from ..kernels.block_formats import NATIVE, block_format, to_blocks, widened_slices
+from ..kernels.block_formats import block_format, to_blocks, widened_slices
 from ..kernels.block_linear import GROUP
 from .gguf_file import GGUFFile, TensorInfo
 
@@ -58,8 +58,9 @@ def default_model_path() -> Path:
 def read(path: Path, keep_blocks: bool = False) -> Contents:
     """The file's config, tensors (transformers' names and layout) and tokenizer. With
     ``keep_blocks`` the quantized linear weights and embeddings come as blocks for Loom's kernels
-    (uint8 [rows, bytes per row], kernels/block_formats.py), else every tensor as float32. One tensor
-    is converted at a time, and its pages of the file let go of after. Raises ValueError for an
+    (uint8 [rows, bytes per row], kernels/block_formats.py: Q4_K and Q6_K as views of the mapped file),
+    else every tensor as float32. One tensor is converted at a time, and its pages of the file let go
+    of after. Raises ValueError for an
     architecture or tensor type Loom does not run, before any tensor is read."""
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file at {path}")
@@ -79,8 +80,7 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
     for info in file.tensors.values():
         blocks = formats[info.name] is not None
         tensors[_hf_name(info.name, names)] = to_blocks(info.data, info.type, info.shape[-1]) if blocks else _widened(info)
-        if info.type not in NATIVE:  # those are read where they lie
-            file.release(info)
+        file.release(info)  # a tensor read where it lies (Q4_K, Q6_K) comes back on its first use
     if arch in NORM_OFFSET:
         for name in tensors:
             if name.endswith("norm.weight"):
@@ -92,7 +92,8 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
                 tensors[name] = _unpermute(tensors[name], heads)
             elif name.endswith("k_proj.weight"):
                 tensors[name] = _unpermute(tensors[name], kv_heads)
-    _stack_mixed_formats(tensors)
+    _fuse_blocks(tensors)
+    file.release_all()  # the pages the permutations read: what the model uses in place comes back on first use
     eos = meta.get("tokenizer.ggml.eos_token_id")
     tokenizer = read_tokenizer(path) if "tokenizer.ggml.model" in meta else None  # a file may carry none
     return Contents(config, tensors, frozenset([eos] if eos is not None else []), tokenizer, path.stem)
@@ -157,17 +158,16 @@ def _block_formats(infos, keep_blocks: bool) -> dict[str, int | None]:
     return formats
 
 
-def _stack_mixed_formats(tensors: dict) -> None:
-    """A fused product whose parts are blocks of different formats (Q4_K_M's Q6_K values beside
-    Q4_K queries and keys: their rows differ in bytes) as one entry of parts under the fused name,
-    which the model takes as it is (BlockLinear's parts); parts of one format stay apart for the
-    model to concatenate."""
+def _fuse_blocks(tensors: dict) -> None:
+    """The products a model fuses (q/k/v, gate/up) whose parts are blocks, as one entry of parts under
+    the fused name, which the model takes as it is (BlockLinear's parts): no copy of the file's
+    bytes, and parts may differ in format (Q4_K_M's Q6_K values beside Q4_K queries and keys)."""
     for fused, members in (("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
                            ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj"))):
         for name in [n for n in tensors if n.endswith(f".{members[0]}.weight")]:
             prefix = name.removesuffix(f"{members[0]}.weight")
             parts = [tensors.get(f"{prefix}{m}.weight") for m in members]
-            if all(p is not None and p.dtype == torch.uint8 for p in parts) and len({p.shape[1] for p in parts}) > 1:
+            if all(p is not None and p.dtype == torch.uint8 for p in parts):
                 for m in members:
                     del tensors[f"{prefix}{m}.weight"]
                 tensors[f"{prefix}{fused}.weight"] = parts

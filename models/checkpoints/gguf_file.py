@@ -102,6 +102,12 @@ class GGUFFile:
         if hasattr(mmap, "MADV_DONTNEED"):
             self._map.madvise(mmap.MADV_DONTNEED, first, info.offset + info.nbytes - first)
 
+    def release_all(self) -> None:
+        """Let go of every page of the file read so far (tensors used where they lie are read back
+        from the page cache when next touched)."""
+        if hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED)
+
     def _unpack(self, fmt: str) -> tuple:
         values = struct.unpack_from(fmt, self._map, self._at)
         self._at += struct.calcsize(fmt)

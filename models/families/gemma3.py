@@ -138,8 +138,12 @@ class Gemma3(nn.Module):
             p = o = f"layers.{i}."
             for ours, theirs in norms.items():
                 out[o + ours + ".weight"] = hf[p + theirs + ".weight"]
-            out[o + "attn.qkv.weight"] = torch.cat([hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
+            fused = hf.get(p + "self_attn.qkv_proj.weight")  # a GGUF file's blocks come fused (gguf.py)
+            out[o + "attn.qkv.weight"] = fused if fused is not None else torch.cat(
+                [hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
             out[o + "attn.out.weight"] = hf[p + "self_attn.o_proj.weight"]
-            out[o + "gate_up.weight"] = torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
+            fused = hf.get(p + "mlp.gate_up_proj.weight")
+            out[o + "gate_up.weight"] = fused if fused is not None else torch.cat(
+                [hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
             out[o + "down.weight"] = hf[p + "mlp.down_proj.weight"]
         return out

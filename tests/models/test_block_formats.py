@@ -185,9 +185,9 @@ def test_a_file_of_mixed_formats_runs_in_them_and_equals_float64_over_its_values
     kinds = {name: type(module).__name__ for name, module in model.named_modules()}
     assert kinds["embed"] == "BlockEmbedding" and kinds["lm_head"] == "BlockLinear"
     assert kinds["layers.0.attn.qkv"] == "BlockLinear" and kinds["layers.0.attn.out"] == "CpuLinear"  # F16: widened
-    # q, k, v in three formats: one product of three parts, the Q4_K part read from the file
+    # fused products keep their parts (no copy), each in its own format: the Q4_K one read from the file
     assert model.layers[0].attn.qkv.formats == (LOOM_4BIT, GGUF_Q4_K, LOOM_4BIT)
-    assert model.layers[0].mlp.gate_up.formats == (LOOM_8BIT,) and model.lm_head.formats == (LOOM_8BIT,)
+    assert model.layers[0].mlp.gate_up.formats == (LOOM_8BIT, LOOM_8BIT) and model.lm_head.formats == (LOOM_8BIT,)
     assert model.layers[0].mlp.down.formats == (GGUF_Q4_K,)
     assert model.decoder_layers is not None  # decode steps on the fused native layers
     prompts = [[5 + i, 17, 200 - i, 33, 8] for i in range(6)]
