@@ -84,9 +84,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the KV cache's element type (default: the model's); float16 or bfloat16 hold twice "
                             "the tokens in the same memory and read faster")
     group.add_argument("--max-batch-size", type=int, default=64, help="requests run per step (default: 64)")
-    group.add_argument("--speculative-tokens", type=int, default=0, metavar="K",
-                       help="verify up to K tokens proposed from earlier text (prompt lookup) per step, for greedy "
-                            "requests: faster where the answer repeats its input (default: 0, off)")
+    group.add_argument("--speculative-tokens", type=proposal_count, default=0, metavar="K",
+                       help="verify up to K tokens proposed from earlier text (prompt lookup) per step: faster where "
+                            "the answer repeats its input, the same tokens (greedy) or as likely (sampled); "
+                            "0 to 16 (default: 0, off)")
     group.add_argument("--cpu-threads", type=int, default=None,
                        help="at most this many threads for the forward on CPU (default: the available cores; "
                             "fewer while other processes keep them busy)")
@@ -268,6 +269,14 @@ def add_bench_parser(commands) -> None:
     p.add_argument("--out", default="bench-results", help="directory for bench.json, bench.md and bench.png")
     add_model_arguments(p)
     p.set_defaults(run=bench, max_batch_size=128)
+
+
+def proposal_count(text: str) -> int:
+    from .config import MAX_SPECULATIVE_TOKENS
+    value = int(text)
+    if not 0 <= value <= MAX_SPECULATIVE_TOKENS:
+        raise argparse.ArgumentTypeError(f"must be 0 to {MAX_SPECULATIVE_TOKENS}, got {value}")
+    return value
 
 
 def at_least_one(text: str) -> int:

@@ -31,6 +31,17 @@ def test_generate_answers_every_prompt_in_order_through_the_chat_template(tmp_pa
     assert "Paris" in rows[2]["response"]  # an instruct model answers its chat template, not raw text
 
 
+def test_generate_with_speculative_tokens_gives_the_same_answers(tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Repeat this text exactly: All that glitters is not gold.\n")
+    answers = []
+    for extra in ([], ["--speculative-tokens", "4"]):
+        out = tmp_path / "answers.jsonl"
+        assert main(["generate", str(prompts), "--max-new-tokens", "16", "--output", str(out), *extra]) == 0
+        answers.append(out.read_text())
+    assert answers[0] == answers[1]
+
+
 def test_generate_raw_sends_the_text_as_is(tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("The capital of France is\n")
@@ -61,6 +72,7 @@ def test_generate_answers_in_a_schema_or_a_choice(tmp_path):
     (["chat", "--top-p", "2"], "error: top_p must be in (0.0, 1.0], got 2.0"),
     (["bench", "--peers", "vllm"], 2),
     (["chat", "--weights", "int2"], 2),
+    (["serve", "--speculative-tokens", "17"], 2),
 ])
 def test_bad_arguments_fail_in_one_line_before_the_model_loads(argv, message, capsys, monkeypatch):
     import runtime.cli
