@@ -236,9 +236,10 @@ class EngineOptions:
                        decode attention reads half the bytes (llama.cpp keeps float16 by default)
     speculative_tokens the GenerationConfig.speculative_tokens of requests that leave it None: up to
                        this many tokens proposed by prompt lookup verified per step (0: off)
-    speculation_max_requests  speculate only in steps with at most this many decoding requests: a
-                       step of more is bound by arithmetic rather than by reading the weights, and
-                       a rejected proposal's row would cost as much as any other
+    speculation_max_rows  a step's decode rows, proposed tokens included, stay within this many: a
+                       step of a few rows is bound by reading the weights and a proposal's row costs
+                       little; past that a rejected proposal's row costs as much as any other (a
+                       step of this many decoding requests does not speculate)
     """
 
     max_batch_size: int = 64
@@ -253,7 +254,7 @@ class EngineOptions:
     cpu_threads: int | None = None
     kv_dtype: str | None = None
     speculative_tokens: int = 0
-    speculation_max_requests: int = 8
+    speculation_max_rows: int = 8
     seed: int = 0
 
     def __post_init__(self):
@@ -267,7 +268,7 @@ class EngineOptions:
         check_int("seed", self.seed, 0)
         check_int("cpu_threads", self.cpu_threads, 1, optional=True)
         check_int("speculative_tokens", self.speculative_tokens, 0, maximum=MAX_SPECULATIVE_TOKENS)
-        check_int("speculation_max_requests", self.speculation_max_requests, 1)
+        check_int("speculation_max_rows", self.speculation_max_rows, 1)
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES:

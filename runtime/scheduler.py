@@ -174,19 +174,20 @@ class Scheduler:
     def speculate(self, plan: StepPlan, budget: int) -> None:
         """Give each decoding request that speculates the tokens prompt lookup proposes, from what
         the budget and the free blocks leave once every request has its own tokens: a proposal
-        never preempts a request, nor takes the blocks kept for running requests to grow. None in a
-        step of more than ``speculation_max_requests`` decodes (see EngineOptions)."""
+        never preempts a request, nor takes the blocks kept for running requests to grow. The
+        step's decode rows, proposals included, stay within ``speculation_max_rows`` (EngineOptions)."""
         decoding = [e for e in plan.entries if e.num_tokens == 1 and e.samples]
-        if len(decoding) > self.options.speculation_max_requests:
-            return
+        rows_left = self.options.speculation_max_rows - len(decoding)
         for entry in decoding:
+            if rows_left <= 0:
+                return
             ctx = entry.ctx
             # Never past the request's last token (max_new_tokens, the context), nor past the model's
             # recompute_past: the step that crosses it must be the one that recomputes.
             room = ctx.max_length - len(ctx.tokens) - 1
             if self.recompute_past is not None and len(ctx.tokens) <= self.recompute_past:
                 room = min(room, self.recompute_past - len(ctx.tokens))
-            k = min(speculation.max_proposed(ctx, self.options.speculative_tokens), room, budget)
+            k = min(speculation.max_proposed(ctx, self.options.speculative_tokens), room, budget, rows_left)
             draft = speculation.propose(ctx, k) if k > 0 else []
             if not draft:
                 continue
@@ -196,6 +197,7 @@ class Scheduler:
             entry.draft, entry.block_table = draft, block_table
             entry.num_tokens += len(draft)
             budget -= len(draft)
+            rows_left -= len(draft)
             ctx.num_proposed += len(draft)
             self.proposed_tokens += len(draft)
 

@@ -35,6 +35,10 @@ NGRAM_MIN = 1
 # after one that did not. Each proposed token is a row of the step: on the CPU a row costs a tenth
 # to a fifth of a one-row step, so proposals that mostly fail must stay short.
 FIRST_WIDTH = 2
+# After a step that confirmed none of its proposals, a request proposes nothing for 1 step, then 2,
+# 4, ... up to this many after each further miss, and from the next confirmed proposal on every step
+# again: text that does not repeat (a story, a chat) costs a row now and then, not one every step.
+LONGEST_REST = 16
 
 
 class PromptLookup:
@@ -50,10 +54,15 @@ class PromptLookup:
         self.ends: dict[tuple[int, ...], int] = {}  # n-gram -> the position of its latest indexed last token
         self.indexed = 0  # n-grams ending before this position are in ``ends``
         self.width = FIRST_WIDTH  # how many to propose next (see FIRST_WIDTH)
+        self.rest, self.next_rest = 0, 1  # steps to propose nothing, and after the next miss (LONGEST_REST)
 
     def learn(self, proposed: int, confirmed: int) -> None:
         """After a step that verified ``proposed`` tokens and confirmed ``confirmed`` of them."""
         self.width = min(self.width + 2, MAX_SPECULATIVE_TOKENS) if confirmed == proposed else max(1, self.width - 1)
+        if confirmed:
+            self.next_rest = 1
+        else:
+            self.rest, self.next_rest = self.next_rest, min(2 * self.next_rest, LONGEST_REST)
 
     def propose(self, tokens: list[int], k: int) -> list[int]:
         """Up to ``k`` tokens that followed the latest earlier occurrence of the longest suffix of
@@ -63,6 +72,9 @@ class PromptLookup:
             for n in range(self.shortest, min(self.longest, end + 1) + 1):
                 self.ends[tuple(tokens[end - n + 1:end + 1])] = end
         self.indexed = max(self.indexed, last)
+        if self.rest:
+            self.rest -= 1
+            return []
         if k <= 0:
             return []
         for n in range(min(self.longest, len(tokens)), self.shortest - 1, -1):

@@ -229,7 +229,7 @@ def test_sampled_streams_keep_the_models_distribution(filters, depth):
     prompt = base + echo + base + echo[:10]  # the continuation it would draw greedily, seen before
     expected = exact_joint(hf, prompt, depth, **filters)
     runs = 4000
-    with Engine.from_pretrained(hf, speculative_tokens=4, speculation_max_requests=64, seed=3) as engine:
+    with Engine.from_pretrained(hf, speculative_tokens=4, speculation_max_rows=128, seed=3) as engine:
         config = GenerationConfig(max_new_tokens=depth, temperature=1.0, **filters)
         handles = [engine.launch_response_tokens(prompt, config) for _ in range(runs)]
         drawn = [tuple(engine.stream_response_tokens(h)) for h in handles]
@@ -249,14 +249,28 @@ def test_sampled_streams_keep_the_models_distribution(filters, depth):
     assert chisquare(observed, wanted).pvalue > 1e-3
 
 
-def test_many_decoding_requests_do_not_speculate(llama):
+def test_a_steps_decode_rows_stay_within_speculation_max_rows(llama):
     prompts = repeating_prompts(6, seed=13)
-    with Engine.from_pretrained(llama, speculative_tokens=4, speculation_max_requests=3) as engine:
+    with Engine.from_pretrained(llama, speculative_tokens=4, speculation_max_rows=6) as engine:
         with engine.paused():
             handles = [engine.launch_response_tokens(p, {"max_new_tokens": 6}) for p in prompts]
         for h in handles:
             list(engine.stream_response_tokens(h))
         assert engine.stats()["speculative_proposed_tokens"] == 0  # all six decode together, every step
+
+        rows = []
+        model = engine.model
+
+        def counting(step, kv_cache):
+            if not step.prefills:
+                rows.append(len(step.input_ids))
+            return model(step, kv_cache)
+        engine.model = counting
+        with engine.paused():
+            handles = [engine.launch_response_tokens(p, {"max_new_tokens": 40}) for p in prompts[:3]]
+        for h in handles:
+            list(engine.stream_response_tokens(h))
+        assert sum(h.proposed_tokens for h in handles) > 0 and max(rows) <= 6
 
 
 @pytest.mark.parametrize("field,value,error", [
@@ -267,8 +281,8 @@ def test_bad_speculation_settings_are_refused(field, value, error):
         GenerationConfig(**{field: value})
     with pytest.raises(error, match=field):
         Engine.from_pretrained(torch.nn.Module(), **{field: value})  # refused before anything loads
-    with pytest.raises(ValueError, match="speculation_max_requests"):
-        Engine.from_pretrained(torch.nn.Module(), speculation_max_requests=0)
+    with pytest.raises(ValueError, match="speculation_max_rows"):
+        Engine.from_pretrained(torch.nn.Module(), speculation_max_rows=0)
 
 
 def test_the_default_model_repeats_a_text_the_same_with_speculation(smollm):
