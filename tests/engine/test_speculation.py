@@ -294,3 +294,50 @@ def test_the_default_model_repeats_a_text_the_same_with_speculation(smollm):
     assert speculative.token_ids == plain.token_ids and speculative.text == plain.text
     assert plain.proposed_tokens == 0 and speculative.accepted_tokens > 0
     assert speculative.proposed_tokens >= speculative.accepted_tokens
+
+
+def test_fuzzed_configs_run_with_speculation_and_greedy_ones_give_the_same_tokens(llama):
+    """test_fuzz's configs, on prompts that repeat, launched together with speculation on by
+    default: each that constructs runs to the end of its stream, and a greedy one gives the
+    tokens it gives without speculation."""
+    import warnings
+
+    from runtime.config import GenerationConfig as Config
+
+    from .test_fuzz import random_config
+    rng = random.Random(29)
+    prompts = repeating_prompts(120, seed=31)
+    cases = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for prompt in prompts:
+            fields = random_config(rng)
+            fields.pop("choice", None)  # structured output needs a tokenizer
+            try:
+                cases.append((prompt, Config(**fields)))
+            except (TypeError, ValueError):
+                continue
+        outputs = []
+        for k in (0, 4):
+            with Engine.from_pretrained(llama, max_batch_size=16, speculative_tokens=k) as engine:
+                handles = []
+                for prompt, config in cases:
+                    try:
+                        handles.append(engine.launch_response_tokens(prompt, config))
+                    except ValueError:
+                        handles.append(None)
+                outputs.append([None if h is None else (list(engine.stream_response_tokens(h, timeout=60)), h)
+                                for h in handles])
+                stats = engine.stats()
+            assert stats["step_failures"] == 0 and stats["free_kv_blocks"] == stats["total_kv_blocks"]
+    assert stats["speculative_accepted_tokens"] > 0
+    compared = 0
+    for (prompt, config), plain, fast in zip(cases, *outputs):
+        if plain is None:
+            assert fast is None
+            continue
+        assert fast[1].finish_reason in ("stop", "length")
+        if not config.sampled:
+            assert fast[0] == plain[0], config
+            compared += 1
+    assert compared >= 30
