@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -93,21 +94,27 @@ inline PairSums dot_pairs(PairBytes u, PairSigned s) {
 #endif
 }
 
-// Two blocks' 32 bytes each as a pair.
+// Two blocks' 32 bytes each as a pair (one insert with AVX-512, where GCC's shuffle of bytes took a
+// permute of all 64).
 template <typename V>
 inline auto pair_of(V a, V b) {
+#if defined(__AVX512F__)
+    typedef std::remove_reference_t<decltype(a[0])> Byte;
+    typedef Byte Pair __attribute__((vector_size(64)));
+    return (Pair)_mm512_inserti64x4(_mm512_castsi256_si512((__m256i)a), (__m256i)b, 1);
+#else
     return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
                                    21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41,
                                    42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62,
                                    63);
+#endif
 }
 
-// Lanes P and P + 1 of an eight-lane vector (the scales of a super-block's blocks 2 P and 2 P + 1)
-// across the eight lanes of each block of a pair.
-template <int J>
+// Lanes A and B of an eight-lane vector (the scales of a pair's two blocks) across the eight lanes
+// of each block of the pair.
+template <int A, int B = A + 1>
 inline PairLanes spread(Lanes v) {
-    return __builtin_shufflevector(v, v, J, J, J, J, J, J, J, J, J + 1, J + 1, J + 1, J + 1, J + 1, J + 1, J + 1,
-                                   J + 1);
+    return __builtin_shufflevector(v, v, A, A, A, A, A, A, A, A, B, B, B, B, B, B, B, B);
 }
 
 inline float half_to_float(const uint8_t* p) {
@@ -215,6 +222,8 @@ struct Loom4Pairs {
     struct Super {
         Bytes packed;  // block 2 s in bytes 0-15, 2 s + 1 in 16-31 (values j and j + 16 in byte j)
         float d[2], m[2];
+        static constexpr int first(int) { return 0; }
+        static constexpr int second(int) { return 1; }
         Super() = default;
         Super(const uint8_t* row, int64_t in, int64_t s) : packed(load<Bytes>(row + s * 32)) {
             const float* scales = reinterpret_cast<const float*>(row + in / 2);
@@ -224,10 +233,15 @@ struct Loom4Pairs {
         template <int>
         PairBytes pair_codes() const {
             const Bytes low = packed & 15, high = packed >> 4;
+#if defined(__AVX512F__)  // the four 16-byte quarters in the order low 0, high 0, low 1, high 1
+            const __m512i both = (__m512i)pair_of(low, high);
+            return (PairBytes)_mm512_shuffle_i64x2(both, both, _MM_SHUFFLE(3, 1, 2, 0));
+#else
             return __builtin_shufflevector(low, high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 32, 33, 34,
                                            35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 16, 17, 18, 19, 20, 21,
                                            22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 48, 49, 50, 51, 52, 53, 54, 55, 56,
                                            57, 58, 59, 60, 61, 62, 63);
+#endif
         }
         template <int>
         PairSigned pair_signed(PairSigned x) const { return x; }
@@ -247,6 +261,8 @@ struct Loom8Pairs {
     struct Super {
         PairSigned q;
         float d[2];
+        static constexpr int first(int) { return 0; }
+        static constexpr int second(int) { return 1; }
         Super() = default;
         Super(const uint8_t* row, int64_t in, int64_t s) : q(load<PairSigned>(row + s * 64)) {
             const float* scales = reinterpret_cast<const float*>(row + in);
@@ -295,16 +311,18 @@ struct Q4K {
         SignedBytes signed_x(int, SignedBytes x) const { return x; }
         Lanes scales(int j) const { return Lanes{} + scale[j]; }
         Lanes offset(const float* sums, const float*) const { return -(low * load<Lanes>(sums)); }
-        // blocks 2 P and 2 P + 1: one 32 bytes' low and high nibbles
+        // Pair P: 64 bytes' low nibbles (P even) or high ones (P odd), blocks first(P) and first(P) + 2
+        static constexpr int first(int P) { return 4 * (P / 2) + P % 2; }
+        static constexpr int second(int P) { return first(P) + 2; }
         template <int P>
         PairBytes pair_codes() const {
-            const Bytes q = load<Bytes>(qs + 32 * P);
-            return pair_of(q & 15, q >> 4);
+            const PairBytes q = load<PairBytes>(qs + 64 * (P / 2));
+            return P % 2 ? q >> 4 : q & 15;
         }
         template <int>
         PairSigned pair_signed(PairSigned x) const { return x; }
         template <int P>
-        PairLanes pair_scales() const { return spread<2 * P>(scale); }
+        PairLanes pair_scales() const { return spread<first(P), second(P)>(scale); }
         void widen(float* out) const {
             for (int j = 0; j < 8; ++j) {
                 const Bytes q = codes(j);
@@ -338,6 +356,8 @@ struct Q6K {
             return (k < 2 ? low & 15 : low >> 4) | (((high >> (2 * k)) & 3) << 4);
         }
         SignedBytes signed_x(int, SignedBytes x) const { return x; }
+        static constexpr int first(int P) { return 2 * P; }
+        static constexpr int second(int P) { return 2 * P + 1; }
         // blocks 2 P and 2 P + 1: 64 bytes of low nibbles (low halves for even P, high for odd)
         // and each block's pair of bits from the same 32 bytes of qh
         template <int P>

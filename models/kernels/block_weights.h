@@ -215,10 +215,14 @@ inline void pair_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
                     codes[i] = supers_of[i].template pair_codes<P>();
                     scales[i] = supers_of[i].template pair_scales<P>();
                 }
+                constexpr int A = F::Super::first(P), B = F::Super::second(P);  // the pair's blocks
                 for (int m = 0; m < ROWS; ++m) {
-                    const PairSigned xq = load<PairSigned>(x.row_codes(row0 + m) + s * F::VALUES + 2 * P * GROUP);
-                    const float* dx = x.row_scales(row0 + m) + s * BLOCKS + 2 * P;  // the input blocks' scales
-                    const PairLanes xd = spread<0>(Lanes{dx[0], dx[1]});
+                    const int8_t* codes_m = x.row_codes(row0 + m) + s * F::VALUES;
+                    const PairSigned xq = B == A + 1 ? load<PairSigned>(codes_m + A * GROUP)
+                                                     : pair_of(load<SignedBytes>(codes_m + A * GROUP),
+                                                               load<SignedBytes>(codes_m + B * GROUP));
+                    const float* dx = x.row_scales(row0 + m) + s * BLOCKS;  // the input blocks' scales
+                    const PairLanes xd = spread<0>(Lanes{dx[A], dx[B]});
                     for (int i = 0; i < SIDE; ++i) {
                         const PairSigned signed_x = supers_of[i].template pair_signed<P>(xq);
                         const PairSums sums = dot_pairs(codes[i], signed_x);
