@@ -46,6 +46,11 @@ LOADAVG = "/proc/loadavg"
 STEADY_WINDOW = 4
 ONE_ROW_SAMPLES = 4   # one-row forwards timed at each count before OneRowChoice compares them
 ONE_ROW_RETRY = 64    # one-row steps on full cores between fresh measurements of the count not chosen
+# A step that verifies proposed tokens (speculative decoding) with this many rows or fewer is still
+# bound by reading the weights, as a one-row step is: it chooses its count the same way, measured for
+# its own row count. On every thread beside a busy process such a 5-row step took 56 ms where one
+# thread's one-row steps took 20.
+NARROW_ROWS = 8
 
 
 def available_cores() -> int:
@@ -75,23 +80,39 @@ class CpuThreads:
         self.started: tuple[int, float] | None = None  # (wait, clock) at the start of a measured forward
         self.others: deque[int] = deque(maxlen=STEADY_WINDOW)  # other runnable threads, one sample a step
         self.one_row = OneRowChoice(self.max)
+        self.narrow = {}  # rows -> OneRowChoice, for steps that verify proposals (NARROW_ROWS)
+        self.choosing: OneRowChoice | None = None  # the choice whose forward is being timed
 
     def before_forward(self, step=None) -> None:
         """In the loop thread: use this step's count and start measuring its wait for a core."""
         split = step is not None and self.splits is not None and self.splits(step, self.max)
         if self.sharing:
             steady = min(self.others, default=0)  # a busy loop is runnable at every sample; a burst is not
-            self.count = self._beside(steady, one_row=step is not None and len(step.input_ids) == 1)
+            self.count = self._beside(steady, self._choice(step))
         self._apply(self.max if split else self.count)
         # A split step waits for no thread until it ends: it says nothing of the phases' barriers.
         self.started = (run_queue_wait_ns(), time.perf_counter_ns()) if self.adaptive and not split else None
 
-    def _beside(self, steady: int, one_row: bool) -> int:
+    def _choice(self, step) -> "OneRowChoice | None":
+        """Where ``step`` chooses between one thread and all by timing: one row, or a few rows that
+        verify proposals (NARROW_ROWS); None for wider steps."""
+        rows = 0 if step is None else len(step.input_ids)
+        if rows == 1:
+            return self.one_row
+        if getattr(step, "verifies", False) and rows <= NARROW_ROWS:
+            return self.narrow.setdefault(rows, OneRowChoice(self.max))
+        return None
+
+    def _beside(self, steady: int, choice: "OneRowChoice | None") -> int:
         """The count beside ``steady`` other busy threads (see the module's doc): with no core free,
         a step wider than one row was faster on every thread ("Threads that carry their own rows")."""
+        self.choosing = None
         if steady < self.max:
             return self.max - steady
-        return self.one_row.pick() if one_row else self.max
+        if choice is None:
+            return self.max
+        self.choosing = choice
+        return choice.pick()
 
     def _apply(self, count: int) -> None:
         key = (threading.get_ident(), count)
@@ -107,7 +128,8 @@ class CpuThreads:
         long this forward waited for a core."""
         if self.sharing:
             self.others.append(other_runnable_threads())
-        self.one_row.finish()
+        if self.choosing is not None:
+            self.choosing.finish()
         if self.started is None:
             return
         waited = run_queue_wait_ns() - self.started[0]

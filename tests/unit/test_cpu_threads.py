@@ -112,6 +112,28 @@ def test_with_no_core_free_one_row_steps_take_the_count_their_forwards_were_fast
     assert counts(sharing, [6], eight_rows) == [4]  # wider steps claim their share of the busy cores
 
 
+def test_with_no_core_free_a_narrow_step_that_verifies_proposals_chooses_as_one_row_steps_do(sharing, monkeypatch):
+    """Speculative decoding's steps of a few rows are bound by reading the weights, as one-row
+    steps are: each row count times both counts and keeps the faster; a plain step of as many
+    rows, and a verifying one wider than NARROW_ROWS, take every thread."""
+    now = [0]
+    monkeypatch.setattr(cpu_threads.time, "perf_counter_ns", lambda: now[0])
+    verifying = SimpleNamespace(input_ids=[5] * 5, verifies=True)
+    sharing.load.others = 6
+    sharing.after_sampling()
+    chosen = []
+    for _ in range(2 * ONE_ROW_SAMPLES + 3):
+        sharing.before_forward(verifying)
+        chosen.append(sharing.applied[1])
+        now[0] += {1: 28, 4: 56}[chosen[-1]] * 1_000_000
+        sharing.after_sampling()
+    assert chosen[:2 * ONE_ROW_SAMPLES] == [1] * ONE_ROW_SAMPLES + [4] * ONE_ROW_SAMPLES
+    assert chosen[2 * ONE_ROW_SAMPLES:] == [1] * 3
+    assert counts(sharing, [6], SimpleNamespace(input_ids=[5] * 5)) == [4]
+    wide = SimpleNamespace(input_ids=[5] * (cpu_threads.NARROW_ROWS + 1), verifies=True)
+    assert counts(sharing, [6], wide) == [4]
+
+
 def test_a_step_whose_rows_the_threads_split_keeps_them_all(sharing):
     assert counts(sharing, [2] * STEADY_WINDOW)[-1] == 2
     assert counts(sharing, [2], WIDE) == [4]
