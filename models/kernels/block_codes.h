@@ -40,8 +40,15 @@ typedef uint8_t EightBytes __attribute__((vector_size(8)));
 typedef int8_t EightSigned __attribute__((vector_size(8)));
 typedef int32_t Sums __attribute__((vector_size(32)));
 typedef float Lanes __attribute__((vector_size(32)));  // one lane per four bytes of a block
-// Two blocks side by side (the K-quants' products take a pair at a time: one 512-bit instruction
-// with AVX-512, two 256-bit ones otherwise, which GCC writes for these types by itself)
+// Two blocks side by side: with AVX-512 the products take a pair at a time, one 512-bit instruction
+// (block_weights.h's pair_rows). Elsewhere they take a block at a time: GCC's code for these types
+// on 256-bit vectors ran 4-25x slower than the products a block at a time (an AVX2 build on Zen 5).
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+constexpr bool PAIRS = true;
+#else
+constexpr bool PAIRS = false;
+#pragma GCC diagnostic ignored "-Wpsabi"  // the pair types' functions are compiled, never called
+#endif
 typedef uint8_t PairBytes __attribute__((vector_size(64)));
 typedef int8_t PairSigned __attribute__((vector_size(64)));
 typedef int32_t PairSums __attribute__((vector_size(64)));
@@ -400,8 +407,16 @@ template <typename F>
 inline void with_format(int64_t format, int64_t in, F&& f) {
     const bool pairs = in % (2 * GROUP) == 0;
     switch (format) {
-        case LOOM_4BIT: pairs ? f(Loom4Pairs{}) : f(Loom4{}); break;
-        case LOOM_8BIT: pairs ? f(Loom8Pairs{}) : f(Loom8{}); break;
+        case LOOM_4BIT:
+            if constexpr (PAIRS) {
+                if (pairs) return f(Loom4Pairs{});
+            }
+            return f(Loom4{});
+        case LOOM_8BIT:
+            if constexpr (PAIRS) {
+                if (pairs) return f(Loom8Pairs{});
+            }
+            return f(Loom8{});
         case GGUF_Q4_K: f(Q4K{}); break;
         default: f(Q6K{}); break;
     }

@@ -124,6 +124,16 @@ inline float lane_sum(Lanes v) {
     return sum;
 }
 
+// f(std::integral_constant<int, I>{}) for I in [0, N): a loop whose index is a constant in its body.
+template <typename Fn, int... I>
+inline void for_each_of(Fn& f, std::integer_sequence<int, I...>) {
+    (f(std::integral_constant<int, I>{}), ...);
+}
+template <int N, typename Fn>
+inline void for_each_index(Fn&& f) {
+    for_each_of(f, std::make_integer_sequence<int, N>{});
+}
+
 // y[o] = x . w[o] for weight rows [first, first + count) and ROWS rounded input rows: SIDE weight
 // rows side by side (each block's input codes loaded once for them), each block's codes decoded
 // once and met by every input row; a block's integer sums take its weight scales times the input
@@ -145,7 +155,8 @@ inline void int8_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
         for (int64_t s = 0; s < supers; ++s) {
             typename F::Super supers_of[SIDE];
             for (int i = 0; i < SIDE; ++i) supers_of[i] = typename F::Super(rows[i], w.in, s);
-            for (int j = 0; j < BLOCKS; ++j) {
+            for_each_index<BLOCKS>([&](auto block) {  // j a constant: Q6_K's shifts by it are too
+                constexpr int j = decltype(block)::value;
                 const int64_t b = s * BLOCKS + j;
                 Bytes codes[SIDE];
                 Lanes scales[SIDE];
@@ -161,7 +172,7 @@ inline void int8_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
                         acc[i][m] += __builtin_convertvector(sums, Lanes) * (scales[i] * dx);
                     }
                 }
-            }
+            });
             for (int m = 0; m < ROWS; ++m)
                 for (int i = 0; i < SIDE; ++i)
                     acc[i][m] += supers_of[i].offset(x.row_sums(row0 + m) + s * BLOCKS,
@@ -170,16 +181,6 @@ inline void int8_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
         for (int i = 0; i < side; ++i)
             for (int m = 0; m < ROWS; ++m) y[m * y_stride + first + r + i] = lane_sum(acc[i][m]);
     }
-}
-
-// f(std::integral_constant<int, P>{}) for each pair P of a super-block's PAIRS pairs of blocks.
-template <typename Fn, int... P>
-inline void for_each_pair(Fn& f, std::integer_sequence<int, P...>) {
-    (f(std::integral_constant<int, P>{}), ...);
-}
-template <int PAIRS, typename Fn>
-inline void for_pairs(Fn&& f) {
-    for_each_pair(f, std::make_integer_sequence<int, PAIRS>{});
 }
 
 inline float lane_sum(PairLanes v) {
@@ -207,7 +208,7 @@ inline void pair_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
         for (int64_t s = 0; s < supers; ++s) {
             typename F::Super supers_of[SIDE];
             for (int i = 0; i < SIDE; ++i) supers_of[i] = typename F::Super(rows[i], w.in, s);
-            for_pairs<BLOCKS / 2>([&](auto pair) {
+            for_each_index<BLOCKS / 2>([&](auto pair) {
                 constexpr int P = decltype(pair)::value;
                 PairBytes codes[SIDE];
                 PairLanes scales[SIDE];
@@ -311,7 +312,7 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
         for (int64_t m = 0; m < rows; m += FEW_ROWS)  // the task's weights stay cached for the later groups
             with_few_rows(std::min(FEW_ROWS, rows - m), [&](auto group) {
                 float* ym = y + m * y_stride;
-                if constexpr (F::VALUES % (2 * GROUP) == 0)
+                if constexpr (PAIRS && F::VALUES % (2 * GROUP) == 0)
                     pair_rows<F, group, side_for<group>()>(rounded, m, w, o, count, ym, y_stride);
                 else
                     int8_rows<F, group, side_for<group>()>(rounded, m, w, o, count, ym, y_stride);
