@@ -206,3 +206,28 @@ def test_weights_float32_still_widens_every_tensor(tmp_path):
     mixed_gguf(tmp_path / "mixed.gguf", layers=1)
     model = models.load(tmp_path / "mixed.gguf", weights="float32").model
     assert not any(b.dtype == torch.uint8 for b in model.buffers()) and type(model.embed).__name__ == "Embedding"
+
+
+def _has_avx2() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return " avx2 " in next(line for line in f if line.startswith("flags")) + " "
+    except (OSError, StopIteration):
+        return False
+
+
+@needs_kernels
+@pytest.mark.skipif(not _has_avx2(), reason="an x86 processor with AVX2 runs the AVX2 build")
+def test_an_avx2_build_computes_the_same_products(monkeypatch):
+    """The kernels as a machine without AVX-512 builds them (-march=x86-64-v3: a block at a time,
+    AVX2's byte products), whatever this machine has: every format's product against float64."""
+    monkeypatch.setattr(native, "FLAGS", ["-march=x86-64-v3" if f == "-march=native" else f for f in native.FLAGS])
+    monkeypatch.setattr(native, "_library", False)  # built and loaded anew; the old one comes back after
+    assert native.library() is not None
+    for kind in NATIVE + [Q.Q4_0, Q.Q8_0]:
+        data = random_tensor(kind, rows=40, width=512, seed=3)
+        layer = BlockLinear.of_blocks(to_blocks(data, kind, 512), 512)
+        for rows in (1, 5, 12, 40):
+            x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+            expected = round_activations(x).double() @ file_values(data, kind, 512).T
+            assert torch.allclose(layer(x).double(), expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
