@@ -205,7 +205,7 @@ class Scheduler:
                     sampled_at: float, logprobs: list | None = None) -> list[tuple[ResponseContext, int]]:
         """Apply a step's results: each request's computed tokens advance and its full blocks are
         named for the prefix cache; each sampled token is recorded (with proposed tokens: those
-        greedy decoding confirms, then the token sampled after them, up to a token that ends the
+        the step's rows confirm, then the token sampled after them, up to a token that ends the
         request; the blocks that held only rejected ones go back); a finished request frees its
         blocks, one whose token takes it past the model's ``recompute_past`` goes back to wait and
         recompute, and one whose consumer lags too far is paused without any blocks. Requests

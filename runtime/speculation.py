@@ -106,9 +106,9 @@ def propose(ctx, k: int) -> list[int]:
 
 
 def matched(draft: list[int], sampled: list[int]) -> int:
-    """How many of the proposed tokens ``draft`` greedy decoding confirms: ``sampled[i]`` is the
-    greedy token after the request's last token and the first ``i`` proposals, so proposal ``i``
-    stands while it equals ``sampled[i]`` and every proposal before it stood."""
+    """How many of the proposed tokens ``draft`` the step confirms: ``sampled[i]`` is the token
+    sampled (greedy, or by rejection sampling) after the request's last token and the first ``i``
+    proposals, so proposal ``i`` stands while it equals ``sampled[i]`` and every one before it stood."""
     n = 0
     while n < len(draft) and draft[n] == sampled[n]:
         n += 1
