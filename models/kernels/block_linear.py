@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from . import native
-from .cpu_linear import KERNEL_ROWS, CpuLinear, large_product
+from .cpu_linear import CpuLinear
 
 GROUP = 32  # values per block (block_codes.h)
 # block_codes.h's formats; Loom's own are named by their bits
@@ -32,9 +32,6 @@ LOOM_4BIT, LOOM_8BIT, GGUF_Q4_K, GGUF_Q6_K = 4, 8, 12, 14
 SUPER_BLOCKS = {GGUF_Q4_K: (256, 144), GGUF_Q6_K: (256, 210)}  # values and bytes of a K-quant's super-block
 FORMAT_NAMES = {LOOM_4BIT: "4-bit blocks", LOOM_8BIT: "8-bit blocks", GGUF_Q4_K: "Q4_K", GGUF_Q6_K: "Q6_K"}
 OUTPUT_BITS = LOOM_8BIT  # the output layer's and the token embeddings' (the layers': quantized.BLOCK_WEIGHTS)
-
-# Longer products widen the weight to float32 for oneDNN this many values at a time (64 MiB).
-WIDENED_ELEMENTS = 16 << 20
 
 _int64, _pointer = ctypes.c_int64, ctypes.c_void_p
 ARGTYPES = [_pointer, _int64, _int64, _pointer, _int64, _pointer, _int64, _int64, _pointer, _int64]
@@ -101,11 +98,10 @@ def dequantize(blocks: torch.Tensor, bits: int, out: int, width: int) -> torch.T
 class BlockLinear(nn.Module):
     """nn.Linear with its weight in blocks (float32 activations, on the CPU): one format, or up to
     three parts stacked by output rows, each in its own (a fused q/k/v whose parts a GGUF file keeps
-    in different formats: Q4_K_M's Q6_K values beside Q4_K queries and keys). Products of up to
-    KERNEL_ROWS rows run on Loom's kernel; longer prefill chunks widen the weight to float32,
-    WIDENED_ELEMENTS at a time, for oneDNN's product, which at 256-1024 rows ran float32 weights
-    1.1-1.4x faster than the block kernel ran blocks (docs/benchmarks.md, "4-bit weights"). Either
-    way the input is rounded to 8-bit blocks first, so every row count computes the same numbers."""
+    in different formats: Q4_K_M's Q6_K values beside Q4_K queries and keys). Every product runs on
+    Loom's kernel, prefill chunks too: at 256 and 512 rows its panels over weights widened a tile at
+    a time ran 1.1-1.3x faster than widening whole weights for oneDNN (one Zen 5 thread, 4096 x 2048,
+    each format). The input is rounded to 8-bit blocks first, whatever the row count."""
 
     def __init__(self, linear: nn.Linear, bits: int):
         super().__init__()
@@ -133,9 +129,6 @@ class BlockLinear(nn.Module):
             self.register_buffer(part_name(i), part.reshape(-1))
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
         self.kernel = native.function("loom_block_linear", torch.float32, ARGTYPES)
-        self.widen = native.function("loom_block_widen", torch.float32, WIDEN_ARGTYPES)
-        self.round = native.function("loom_round_activations", torch.float32, ROUND_ARGTYPES)
-        self.large = large_product(torch.float32)
 
     def parts(self) -> list[tuple[torch.Tensor, int, int]]:
         """(blocks, format, rows) of each part, in the order of their output rows."""
@@ -152,8 +145,6 @@ class BlockLinear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         if rows.stride(-1) != 1 or rows.dtype != torch.float32:
             rows = rows.float().contiguous()
-        if rows.shape[0] > KERNEL_ROWS:
-            return self._widened_product(rows).view(*x.shape[:-1], self.out_features)
         y = torch.empty(rows.shape[0], self.out_features)
         if rows.shape[0]:
             first = 0
@@ -163,20 +154,6 @@ class BlockLinear(nn.Module):
                             self.in_features, count, y[:, first:].data_ptr(), self.out_features)
                 first += count
         return y.view(*x.shape[:-1], self.out_features)
-
-    def _widened_product(self, rows: torch.Tensor) -> torch.Tensor:
-        rounded = torch.empty_like(rows)
-        self.round(rows.data_ptr(), rows.stride(0), rows.shape[0], self.in_features, rounded.data_ptr())
-        step = max(1, WIDENED_ELEMENTS // self.in_features)
-        outputs = []
-        for blocks, format, count in self.parts():
-            for first in range(0, count, step):
-                n = min(step, count - first)
-                weight = torch.empty(n, self.in_features)
-                self.widen(blocks.data_ptr(), format, self.in_features, count, first, n, weight.data_ptr())
-                outputs.append(self.large(rounded, weight, None))
-        y = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
-        return y if self.bias is None else y.add_(self.bias)
 
     def extra_repr(self) -> str:
         kinds = " | ".join(f"{rows} rows of {FORMAT_NAMES[f]}" for f, rows in zip(self.formats, self.rows))

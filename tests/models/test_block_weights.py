@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import models
-from models.kernels import block_linear, native
+from models.kernels import native
 from models.kernels.block_linear import (GROUP, ROUND_ARGTYPES, BlockEmbedding, BlockLinear, dequantize, quantize,
                                          round_activations)
 from models.kernels.cpu_linear import KERNEL_ROWS, CpuLinear
@@ -41,12 +41,9 @@ def test_kernel_computes_the_dequantized_product(bits, out, width, rows):
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("widened", [None, 5 * 96])  # one widening, or five rows at a time
-def test_long_products_widen_the_weight_for_onednn(bits, widened, monkeypatch):
-    """Above KERNEL_ROWS rows (prefill chunks) the weight is widened to float32, in pieces of
-    WIDENED_ELEMENTS values, for oneDNN's product: the same result."""
-    if widened is not None:
-        monkeypatch.setattr(block_linear, "WIDENED_ELEMENTS", widened)
+def test_prefill_chunks_run_on_the_kernel_too(bits):
+    """Past KERNEL_ROWS rows (prefill chunks; the native layers' limit) the same kernel, its panels
+    over weights widened a tile at a time: the same result."""
     layer = linear(23, 96)
     blocks = BlockLinear(layer, bits)
     x = torch.randn(2, KERNEL_ROWS + 3, 96)  # a 3-D input, as a model may pass
