@@ -86,23 +86,39 @@ def lark_text(grammar: str) -> str:
 class Constraint:
     """One request's grammar state: which tokens it allows next, and whether it has ended."""
 
-    def __init__(self, matcher):
+    def __init__(self, matcher, consumed: int = 0, ended_after: int | None = None):
         self.matcher = matcher
+        self.consumed = consumed  # tokens accepted so far ...
+        self.ended_after = ended_after  # ... and how many when the grammar first allowed no continuation
 
     def accept(self, token: int) -> None:
         """Advance by a sampled token; raises ValueError if the grammar does not allow it (the
         mask makes that impossible unless the matcher itself failed)."""
         if not self.matcher.consume_token(token):
             raise ValueError(f"the grammar refused token {token}: {self.matcher.get_error()}")
+        self.consumed += 1
+        if self.ended_after is None and self.matcher.is_stopped():
+            self.ended_after = self.consumed
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of ``tokens``, from the current state on, the grammar allows (proposed tokens
+        past that are not verified: their rows would have no mask)."""
+        return self.matcher.validate_tokens(tokens)
 
     def copy(self) -> "Constraint":
         """An independent one in the same state (for each choice of Engine.launch_choices)."""
-        return Constraint(self.matcher.deep_copy())
+        return Constraint(self.matcher.deep_copy(), self.consumed, self.ended_after)
 
     @property
     def ended(self) -> bool:
         """The grammar allows no continuation (it may still allow EOS, which also ends it)."""
         return self.matcher.is_stopped()
+
+    def ended_at(self, generated: int) -> bool:
+        """Whether the grammar had ended once the request's first ``generated`` tokens were accepted:
+        a step that keeps several tokens (speculative decoding) advances the grammar past all of
+        them before they are recorded one by one."""
+        return self.ended_after is not None and self.ended_after <= generated
 
 
 class Grammars:
@@ -144,13 +160,24 @@ class Grammars:
                     raise ValueError(f"structured output needs a fast (Rust) tokenizer: {error}") from None
             return self._tokenizer
 
-    def start_masks(self, constraints: list[Constraint | None]) -> Future | None:
+    def start_masks(self, constraints: list[Constraint | None],
+                    proposals: list[int | None] | None = None) -> Future | None:
         """Begin computing the masks of a step's sampled rows (``constraints[i]`` for row i, None
-        when unconstrained) on a helper thread; None when no row is constrained. The future's
-        result is an int32 bitmask [rows, ceil(vocab / 32)], every bit set on free rows."""
-        rows = [(c.matcher, i) for i, c in enumerate(constraints) if c is not None]
+        when unconstrained) on a helper thread; None when no row is constrained. ``proposals``
+        (StepPlan.proposals): a request's rows that verify proposed tokens share its constraint,
+        and each row's mask is the grammar's after the proposals before it. The future's result is
+        an int32 bitmask [rows, ceil(vocab / 32)], every bit set on free rows."""
+        rows = [(c.matcher, i) for i, c in enumerate(constraints)
+                if c is not None and (i == 0 or constraints[i - 1] is not c)]  # a request's first row
         if not rows:
             return None
+        drafts = []  # each request's proposals: llguidance writes its later rows' masks after its first
+        if proposals is not None:
+            for matcher, first in rows:
+                end = first
+                while proposals[end] is not None:
+                    end += 1
+                drafts.append(proposals[first:end])
         if self._helper is None:
             ll = _llguidance()
             self._executor = ll.LLExecutor(num_threads=1)  # beside the forward, on a shared machine
@@ -158,7 +185,12 @@ class Grammars:
         bitmask = torch.full((len(constraints), (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
 
         def fill():  # llguidance writes each row's words at its row of the buffer, without the GIL
-            self._executor.unsafe_compute_mask_ptr(rows, bitmask.data_ptr(), bitmask.shape[1] * 4, len(constraints))
+            if any(drafts):
+                self._executor.unsafe_compute_mask_ptr_with_draft_token(
+                    [(m, i, d) for (m, i), d in zip(rows, drafts)], bitmask.data_ptr(), bitmask.shape[1] * 4,
+                    len(constraints))
+            else:
+                self._executor.unsafe_compute_mask_ptr(rows, bitmask.data_ptr(), bitmask.shape[1] * 4, len(constraints))
             return bitmask
 
         return self._helper.submit(fill)

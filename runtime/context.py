@@ -148,7 +148,7 @@ class ResponseContext:
         self.tokens.append(token)
         if logprob is not None:
             self.logprobs.append(logprob)
-        if token in self.stop_ids or (self.constraint is not None and self.constraint.ended):
+        if token in self.stop_ids or (self.constraint is not None and self.constraint.ended_at(self.num_generated)):
             self.finish("stop")
         elif len(self.tokens) >= self.max_length:
             self.finish("length")

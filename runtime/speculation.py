@@ -15,11 +15,15 @@ distributed as without speculation (not the same draws: a seeded request, whose 
 depend on its batch, does not speculate). The scheduler gives the proposals' K/V slots, and takes
 back the blocks that only rejected proposals filled (runtime/scheduler.py, runtime/kv_manager.py).
 
-Who speculates (``max_proposed``): requests without a seed (when sampled), structured output, or
-repetition, presence or frequency penalties. A constrained request would need its grammar's mask at
-each proposed position, a penalised one penalties that count the proposed tokens before each
-position: neither is built, so such requests decode one token a step as before (``logit_bias``,
-temperature, top-k/p, min-p and ``logprobs`` hold at every position).
+Structured output: a constrained request's proposals are cut where its grammar refuses them; each
+of its rows is masked by the grammar's state after the proposals before it (llguidance computes
+those masks and rolls back, runtime/constraints.py); the grammar then takes the kept tokens only,
+and a grammar that ends at one of them ends the request there.
+
+Who speculates (``max_proposed``): requests without a seed (when sampled) and without repetition,
+presence or frequency penalties. A penalised one would need penalties that count the proposed tokens
+before each position: not built, so such requests decode one token a step as before (``logit_bias``,
+temperature, top-k/p, min-p, structured output and ``logprobs`` hold at every position).
 """
 
 from __future__ import annotations
@@ -90,7 +94,7 @@ def max_proposed(ctx, engine_default: int) -> int:
     (see the module's docstring)."""
     config = ctx.config
     k = engine_default if config.speculative_tokens is None else config.speculative_tokens
-    if not k or (config.sampled and config.seed is not None) or ctx.constraint is not None:
+    if not k or (config.sampled and config.seed is not None):
         return 0
     if config.repetition_penalty != 1.0 or config.presence_penalty or config.frequency_penalty:
         return 0
@@ -99,10 +103,14 @@ def max_proposed(ctx, engine_default: int) -> int:
 
 def propose(ctx, k: int) -> list[int]:
     """Up to ``k`` proposed tokens to follow ``ctx``'s tokens, fewer while its recent proposals
-    failed (PromptLookup.learn); its n-gram index is made on first use."""
+    failed (PromptLookup.learn), and no further than its grammar allows (structured output); its
+    n-gram index is made on first use."""
     if ctx.lookup is None:
         ctx.lookup = PromptLookup()
-    return ctx.lookup.propose(ctx.tokens, min(k, ctx.lookup.width))
+    draft = ctx.lookup.propose(ctx.tokens, min(k, ctx.lookup.width))
+    if draft and ctx.constraint is not None:
+        draft = draft[:ctx.constraint.valid_prefix(draft)]
+    return draft
 
 
 def matched(draft: list[int], sampled: list[int]) -> int:

@@ -50,7 +50,8 @@ class Worker:
         """schedule (done) -> build -> forward (beside the step's structured-output masks) ->
         sample -> apply -> deliver."""
         sampling = plan.sampling()
-        masks = self.grammars.start_masks([ctx.constraint for ctx in sampling])
+        proposals = plan.proposals()
+        masks = self.grammars.start_masks([ctx.constraint for ctx in sampling], proposals)
         try:
             step = StepInput.flatten(plan.sequences(), self.kv.block_size, self.device)
             self.host.before_forward(step)
@@ -59,7 +60,7 @@ class Worker:
         except Exception as error:
             self.fail([e.ctx for e in plan.entries], error)
             return
-        tokens, logprobs = self.sample(logits, sampling, bitmask, plan.proposals())
+        tokens, logprobs = self.sample(logits, sampling, bitmask, proposals)
         self.host.after_sampling()
         produced = time.perf_counter()  # hand-off latency counts from here, bookkeeping included
         self.host.before_delivery(sampling)
@@ -85,12 +86,20 @@ class Worker:
         except Exception:
             rows = sampler.sample_each(logits, sampling, self.generator, bitmask, proposals)
             tokens, logprobs = [token for token, _ in rows], [logprob for _, logprob in rows]
+        advanced = set()  # requests whose grammar has taken its last token of the step
         for i, (ctx, token) in enumerate(zip(sampling, tokens)):
-            if ctx.constraint is not None and not isinstance(token, BaseException) and not ctx.finished:
-                try:
-                    ctx.constraint.accept(token)
-                except ValueError as error:
-                    tokens[i] = error
+            if ctx.constraint is None or isinstance(token, BaseException) or ctx.finished or ctx in advanced:
+                continue
+            if ctx.constraint.ended:  # nothing after its end is kept (ResponseContext.record)
+                advanced.add(ctx)
+                continue
+            try:
+                ctx.constraint.accept(token)
+            except ValueError as error:
+                tokens[i] = error
+            # a row that verifies a proposal and kept it lets the grammar take the next row's token too
+            if proposals is None or proposals[i] != token:
+                advanced.add(ctx)
         for ctx, error in zip(sampling, tokens):
             if isinstance(error, BaseException):
                 self.fail([ctx], error)

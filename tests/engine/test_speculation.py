@@ -341,3 +341,24 @@ def test_fuzzed_configs_run_with_speculation_and_greedy_ones_give_the_same_token
             assert fast[0] == plain[0], config
             compared += 1
     assert compared >= 30
+
+
+@pytest.mark.parametrize("constraint", [
+    {"json_schema": {"type": "array", "minItems": 4, "maxItems": 4, "items": {
+        "type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+        "required": ["name", "age"], "additionalProperties": False}}},
+    {"regex": r"(Step [0-9]: [a-z ]{3,30}\.\n){4}"},
+    {"grammar": 'start: line line line\nline: "The answer is " /[a-z]{2,12}/ ".\\n"'}])
+def test_structured_output_speculates_within_its_grammar_and_gives_the_same_tokens(smollm, constraint):
+    """Proposals are cut where the grammar refuses them, each row is masked by the grammar's state
+    after the proposals before it, and the grammar takes only the tokens kept."""
+    prompt = [{"role": "user", "content": "List four people with their name and age, or four steps to make tea."}]
+    plain = smollm.complete(prompt, GenerationConfig(max_new_tokens=120, **constraint))
+    fast = smollm.complete(prompt, GenerationConfig(max_new_tokens=120, speculative_tokens=4, **constraint))
+    assert fast.token_ids == plain.token_ids and fast.text == plain.text and fast.finish_reason == plain.finish_reason
+    assert fast.accepted_tokens > 0
+    sampled = [smollm.complete(prompt, GenerationConfig(max_new_tokens=120, temperature=0.8, speculative_tokens=4,
+                                                        **constraint)) for _ in range(3)]
+    if "json_schema" in constraint:
+        assert all(len(c.parsed) == 4 for c in sampled)  # sampled and speculating, still in the schema
+    assert all(c.finish_reason == "stop" for c in sampled + [fast])
