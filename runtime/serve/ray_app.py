@@ -352,7 +352,7 @@ def run(args) -> None:
         signal.signal(sig, lambda number, _: (stopped_by.append(number), stop.set()))
     serve.start(http_options={"host": args.host, "port": args.port})
     options = {"max_batch_size": args.max_batch_size, "cpu_threads": args.cpu_threads,
-               "max_waiting": args.max_waiting}
+               "max_waiting": args.max_waiting, "speculative_tokens": args.speculative_tokens}
     with without(logging.getLogger("ray.serve"), RECONNECT):
         serve.run(loom_application(args.model, replicas=args.replicas, num_cpus=args.replica_cpus,
                                    num_gpus=args.replica_gpus, device=args.device, dtype=args.dtype,
