@@ -53,6 +53,7 @@ typedef uint8_t PairBytes __attribute__((vector_size(64)));
 typedef int8_t PairSigned __attribute__((vector_size(64)));
 typedef int32_t PairSums __attribute__((vector_size(64)));
 typedef float PairLanes __attribute__((vector_size(64)));
+typedef int16_t PairShorts __attribute__((vector_size(64)));  // one per two bytes of a pair
 
 template <typename V>
 inline V load(const void* p) {
@@ -98,6 +99,27 @@ inline PairSums dot_pairs(PairBytes u, PairSigned s) {
 #else
     const Sums low = dot_bytes(first_half(u), first_half(s)), high = dot_bytes(second_half(u), second_half(s));
     return __builtin_shufflevector(low, high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#endif
+}
+
+// sums + the pair's products u s (u unsigned, s signed) in adjacent twos, each two times its
+// ``scales`` lane, summed in adjacent twos again: lane l of the result adds bytes [4 l, 4 l + 4)'s
+// products, those of bytes 4 l, 4 l + 1 times scale 2 l and 4 l + 2, 4 l + 3 times scale 2 l + 1.
+inline PairSums dot_scaled(PairSums sums, PairBytes u, PairSigned s, PairShorts scales) {
+#if defined(__AVX512BW__)
+    const __m512i pairs = _mm512_maddubs_epi16((__m512i)u, (__m512i)s);
+#if defined(__AVX512VNNI__)
+    return (PairSums)_mm512_dpwssd_epi32((__m512i)sums, pairs, (__m512i)scales);
+#else
+    return sums + (PairSums)_mm512_madd_epi16(pairs, (__m512i)scales);
+#endif
+#else
+    for (int l = 0; l < 16; ++l)
+        for (int k = 0; k < 2; ++k) {
+            const int b = 4 * l + 2 * k;
+            sums[l] += (int32_t(u[b]) * s[b] + int32_t(u[b + 1]) * s[b + 1]) * scales[2 * l + k];
+        }
+    return sums;
 #endif
 }
 
@@ -164,6 +186,7 @@ inline Lanes widen_eight(EightSigned b) {
 // widen(out), its values as floats.
 
 struct Loom4 {
+    static constexpr int64_t ROUNDING = GROUP;  // values under one scale of the rounded input
     static constexpr int64_t VALUES = GROUP;
     static int64_t row_bytes(int64_t in) { return in / 2 + in / GROUP * 8; }
     struct Super {
@@ -190,6 +213,7 @@ struct Loom4 {
 };
 
 struct Loom8 {
+    static constexpr int64_t ROUNDING = GROUP;  // values under one scale of the rounded input
     static constexpr int64_t VALUES = GROUP;
     static int64_t row_bytes(int64_t in) { return in + in / GROUP * 4; }
     // The codes are signed: their magnitudes meet x with the codes' signs moved onto it.
@@ -224,6 +248,7 @@ struct Loom8 {
 // Loom's blocks two at a time, where a row holds an even number of them (every model's width so
 // far), for the products that take a pair of blocks per instruction (block_weights.h's pair_rows).
 struct Loom4Pairs {
+    static constexpr int64_t ROUNDING = GROUP;  // values under one scale of the rounded input
     static constexpr int64_t VALUES = 2 * GROUP;
     static int64_t row_bytes(int64_t in) { return Loom4::row_bytes(in); }
     struct Super {
@@ -263,6 +288,7 @@ struct Loom4Pairs {
 };
 
 struct Loom8Pairs {
+    static constexpr int64_t ROUNDING = GROUP;  // values under one scale of the rounded input
     static constexpr int64_t VALUES = 2 * GROUP;
     static int64_t row_bytes(int64_t in) { return Loom8::row_bytes(in); }
     struct Super {
@@ -289,11 +315,14 @@ struct Loom8Pairs {
 };
 
 struct Q4K {
+    static constexpr int64_t ROUNDING = 256;  // as llama.cpp's Q8_K: one scale a super-block
     static constexpr int64_t VALUES = 256, BYTES = 144;
     static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
     struct Super {
         const uint8_t* qs;
         Lanes scale, low;  // sub-block j's d sc_j and dmin m_j
+        PairShorts sc;     // sub-block j's sc_j in lane j (a whole vector: a narrower one was stored
+        float d;           // to the stack and read back whole, each time a store-forwarding stall)
         Super() = default;
         Super(const uint8_t* row, int64_t, int64_t s) {
             const uint8_t* block = row + s * BYTES;
@@ -308,8 +337,15 @@ struct Q4K {
                                     uint64_t((rest & 0x0F0F0F0F) | ((first >> 2) & 0x30303030)) << 32;
             const uint64_t mins = uint64_t(second & 0x3F3F3F3F) |
                                   uint64_t(((rest >> 4) & 0x0F0F0F0F) | ((second >> 2) & 0x30303030)) << 32;
-            scale = widen_eight(load<EightBytes>(&scales)) * half_to_float(block);
+            d = half_to_float(block);
+            scale = widen_eight(load<EightBytes>(&scales)) * d;
             low = widen_eight(load<EightBytes>(&mins)) * half_to_float(block + 2);
+#if defined(__AVX512F__)
+            sc = (PairShorts)_mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(scales))));
+#else
+            sc = PairShorts{};
+            for (int j = 0; j < 8; ++j) sc[j] = int16_t((scales >> (8 * j)) & 0xFF);
+#endif
         }
         Bytes codes(int j) const {
             const Bytes q = load<Bytes>(qs + 32 * (j / 2));
@@ -330,6 +366,13 @@ struct Q4K {
         PairSigned pair_signed(PairSigned x) const { return x; }
         template <int P>
         PairLanes pair_scales() const { return spread<first(P), second(P)>(scale); }
+        // the pair's two sub-block scales, each across its block's sixteen twos of bytes
+        template <int P>
+        PairShorts pair_int_scales() const {
+            constexpr int a = first(P), b = second(P);
+            return __builtin_shufflevector(sc, sc, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, b, b, b, b, b, b, b,
+                                           b, b, b, b, b, b, b, b, b);
+        }
         void widen(float* out) const {
             for (int j = 0; j < 8; ++j) {
                 const Bytes q = codes(j);
@@ -340,11 +383,13 @@ struct Q4K {
 };
 
 struct Q6K {
+    static constexpr int64_t ROUNDING = 256;  // as llama.cpp's Q8_K: one scale a super-block
     static constexpr int64_t VALUES = 256, BYTES = 210;
     static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
     struct Super {
         const uint8_t *ql, *qh;
         Lanes sc[2];  // group g's scale (d sc_g) in sc[g / 8][g % 8]
+        PairShorts groups;  // group g's sc_g in lane g (a whole vector, as Q4K's sc)
         float d;
         Super() = default;
         Super(const uint8_t* row, int64_t, int64_t s) {
@@ -354,6 +399,13 @@ struct Q6K {
             d = half_to_float(block + 208);
             sc[0] = widen_eight(load<EightSigned>(block + 192)) * d;
             sc[1] = widen_eight(load<EightSigned>(block + 200)) * d;
+#if defined(__AVX512F__)
+            groups = (PairShorts)_mm512_zextsi256_si512(
+                _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 192))));
+#else
+            groups = PairShorts{};
+            for (int g = 0; g < 16; ++g) groups[g] = int8_t(block[192 + g]);
+#endif
         }
         // block j = 4 n + k of half n: values l of ql[64 n + 32 (k % 2) + l]'s low (k < 2) or high
         // nibble, and bits 2 k, 2 k + 1 of qh[32 n + l] above them
@@ -383,6 +435,13 @@ struct Q6K {
             constexpr int g = 4 * P;
             return __builtin_shufflevector(sc[0], sc[1], g, g, g, g, g + 1, g + 1, g + 1, g + 1, g + 2, g + 2, g + 2,
                                            g + 2, g + 3, g + 3, g + 3, g + 3);
+        }
+        // groups 4 P to 4 P + 3, eight twos of bytes each
+        template <int P>
+        PairShorts pair_int_scales() const {
+            constexpr int g = 4 * P, h = g + 1, i = g + 2, j = g + 3;
+            return __builtin_shufflevector(groups, groups, g, g, g, g, g, g, g, g, h, h, h, h, h, h, h, h, i, i, i, i,
+                                           i, i, i, i, j, j, j, j, j, j, j, j);
         }
         // lanes 0-3 sum values 0-15 of the block (group 2 j), lanes 4-7 values 16-31 (2 j + 1)
         Lanes scales(int j) const {

@@ -2,7 +2,8 @@
 and 8-bit blocks of 32 values with a scale each, as llama.cpp's Q4_1 and Q8_0 files keep them
 (weights="int4" and "int8", and GGUF files' Q4_0/Q4_1/Q8_0/Q5_0/IQ4 rearranged), and GGUF's Q4_K
 and Q6_K super-blocks as the file has them; multiplied by Loom's own kernel (block_weights.h), which
-rounds the input to 8-bit blocks of 32 first (round_activations), as llama.cpp does. ("int8" keeps
+rounds the input to 8 bits first (round_activations: a scale per 32 values, per 256 for the
+K-quants), as llama.cpp does. ("int8" keeps
 every linear layer in the 8-bit blocks described below for the output layer.)
 
 A layer's weights take 4-bit codes with a scale and a minimum per block (0.75 bytes a value against
@@ -36,7 +37,7 @@ OUTPUT_BITS = LOOM_8BIT  # the output layer's and the token embeddings' (the lay
 _int64, _pointer = ctypes.c_int64, ctypes.c_void_p
 ARGTYPES = [_pointer, _int64, _int64, _pointer, _int64, _pointer, _int64, _int64, _pointer, _int64]
 WIDEN_ARGTYPES = [_pointer, _int64, _int64, _int64, _int64, _int64, _pointer]
-ROUND_ARGTYPES = [_pointer, _int64, _int64, _int64, _pointer]
+ROUND_ARGTYPES = [_pointer, _int64, _int64, _int64, _pointer, _int64]
 
 
 def row_bytes(width: int, format: int) -> int:
@@ -48,14 +49,21 @@ def row_bytes(width: int, format: int) -> int:
     return width * format // 8 + width // GROUP * (8 if format == LOOM_4BIT else 4)
 
 
-def round_activations(x: torch.Tensor) -> torch.Tensor:
-    """x [..., in] as the values of its 8-bit blocks of 32, which block products multiply: per block a
-    scale d = max |x| / 127 and codes round(x / d), half to even (block_weights.h's round_block: the
-    same float32 arithmetic)."""
-    blocks = x.float().reshape(*x.shape[:-1], -1, GROUP)
-    top = blocks.abs().amax(-1, keepdim=True)
+def rounding(format: int) -> int:
+    """How many input values a product over ``format`` rounds under one scale: 32, or a K-quant's
+    256-value super-block (as llama.cpp's Q8_K, which lets the kernel keep a super-block's sums in
+    integers)."""
+    return SUPER_BLOCKS[format][0] if format in SUPER_BLOCKS else GROUP
+
+
+def round_activations(x: torch.Tensor, span: int = GROUP) -> torch.Tensor:
+    """x [..., in] as the values of its 8-bit rounding, which block products multiply: per ``span``
+    values (rounding(format)) a scale d = max |x| / 127 and codes round(x / d), half to even
+    (block_weights.h's round_span: the same float32 arithmetic)."""
+    spans = x.float().reshape(*x.shape[:-1], -1, span)
+    top = spans.abs().amax(-1, keepdim=True)
     inverse = torch.where(top > 0, torch.full_like(top, 127) / top, 0)  # (127 / top is 127 times 1 / top)
-    return (torch.round(blocks * inverse) * (top / 127)).reshape(x.shape)
+    return (torch.round(spans * inverse) * (top / 127)).reshape(x.shape)
 
 
 def quantize(weight: torch.Tensor, bits: int) -> torch.Tensor:

@@ -73,48 +73,52 @@ struct RoundedRows {
     const float* row_halves(int64_t r) const { return halves + r * (in / 16); }
 };
 
-// Block ``b`` of 32 values: its scale and codes (round half to even, as torch.round: block_linear.py's
-// round_activations is the same arithmetic), the codes' sums over each half.
-inline float round_block(const float* x, int8_t* codes, int32_t* half_sums) {
+// Values [0, span) of x under one scale: the scale and the codes (round half to even, as
+// torch.round: block_linear.py's round_activations is the same arithmetic), and the codes' sums
+// over each 16 (span / 16 of them).
+inline float round_span(const float* x, int64_t span, int8_t* codes, int32_t* sixteens) {
     float amax = 0.0f;
-    for (int i = 0; i < GROUP; ++i) amax = std::max(amax, std::fabs(x[i]));
+    for (int64_t i = 0; i < span; ++i) amax = std::max(amax, std::fabs(x[i]));
     const float d = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
-    int32_t halves[2] = {0, 0};
-    for (int i = 0; i < GROUP; ++i) {
+    for (int64_t k = 0; k < span / 16; ++k) sixteens[k] = 0;
+    for (int64_t i = 0; i < span; ++i) {
         const int32_t q = int32_t(std::nearbyint(x[i] * inverse));
         codes[i] = int8_t(q);
-        halves[i / 16] += q;
+        sixteens[i / 16] += q;
     }
-    half_sums[0] = halves[0];
-    half_sums[1] = halves[1];
     return d;
 }
 
-// ``rows`` rows of x rounded into ``r``, the blocks shared among the region's threads.
-inline void round_rows(const float* x, int64_t x_stride, int64_t rows, const RoundedRows& r) {
-    const int64_t per_row = r.in / GROUP;
+// ``rows`` rows of x rounded into ``r``, ``span`` values (32, or a K-quant's 256) under each scale,
+// the spans shared among the region's threads.
+inline void round_rows(const float* x, int64_t x_stride, int64_t rows, const RoundedRows& r, int64_t span) {
+    const int64_t per_row = r.in / span, blocks = span / GROUP;
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < rows * per_row; ++i) {
-        const int64_t row = i / per_row, b = i % per_row;
-        int32_t halves[2];
-        const float d = round_block(x + row * x_stride + b * GROUP, r.codes + row * r.in + b * GROUP, halves);
-        r.scales[i] = d;
-        r.sums[i] = d * float(halves[0] + halves[1]);
-        r.halves[2 * i] = d * float(halves[0]);
-        r.halves[2 * i + 1] = d * float(halves[1]);
+        const int64_t row = i / per_row, first = i * blocks;  // the span's first block in the rows' blocks
+        int32_t sixteens[256 / 16];
+        const float d = round_span(x + row * x_stride + (i % per_row) * span, span,
+                                   r.codes + row * r.in + (i % per_row) * span, sixteens);
+        for (int64_t b = 0; b < blocks; ++b) {
+            r.scales[first + b] = d;
+            r.sums[first + b] = d * float(sixteens[2 * b] + sixteens[2 * b + 1]);
+            r.halves[2 * (first + b)] = d * float(sixteens[2 * b]);
+            r.halves[2 * (first + b) + 1] = d * float(sixteens[2 * b + 1]);
+        }
     }
 }
 
-// ``rows`` rows of x as the floats their 8-bit blocks stand for, into ``out`` [rows, in].
-inline void rounded_floats(const float* x, int64_t x_stride, int64_t rows, int64_t in, float* out) {
-    const int64_t per_row = in / GROUP;
+// ``rows`` rows of x as the floats their rounding (``span`` values a scale) stands for, into
+// ``out`` [rows, in].
+inline void rounded_floats(const float* x, int64_t x_stride, int64_t rows, int64_t in, float* out, int64_t span) {
+    const int64_t per_row = in / span;
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < rows * per_row; ++i) {
-        const int64_t row = i / per_row, b = i % per_row;
-        int8_t codes[GROUP];
-        int32_t halves[2];
-        const float d = round_block(x + row * x_stride + b * GROUP, codes, halves);
-        for (int k = 0; k < GROUP; ++k) out[row * in + b * GROUP + k] = d * float(codes[k]);
+        const int64_t row = i / per_row, at = (i % per_row) * span;
+        int8_t codes[256];
+        int32_t sixteens[256 / 16];
+        const float d = round_span(x + row * x_stride + at, span, codes, sixteens);
+        for (int64_t k = 0; k < span; ++k) out[row * in + at + k] = d * float(codes[k]);
     }
 }
 
@@ -191,7 +195,11 @@ inline float lane_sum(PairLanes v) {
 // int8_rows two blocks at a time (rows of an even number of blocks): a pair's codes meet 64 bytes of
 // input in one 512-bit instruction (with AVX-512), and each block's scale is spread across its lanes
 // by a shuffle with constant lanes. One block at a time, a one-row Q4_K product ran at 12 Gvalues/s
-// on a Zen 5 core, still arithmetic-bound.
+// on a Zen 5 core, still arithmetic-bound. The K-quants, whose input is rounded under one scale a
+// super-block, keep their sums in integers through it, each pair's products multiplied by their
+// blocks' integer scales as they are added (llama.cpp's way: two instructions a pair, maddubs and
+// VNNI's dpwssd), and take floats once a super-block: where every pair was converted and scaled
+// in floats, a one-row Q4_K product ran at 30 Gvalues/s a core.
 template <typename F, int ROWS, int SIDE>
 inline void pair_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w, int64_t first, int64_t count,
                       float* y, int64_t y_stride) {
@@ -208,6 +216,30 @@ inline void pair_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
         for (int64_t s = 0; s < supers; ++s) {
             typename F::Super supers_of[SIDE];
             for (int i = 0; i < SIDE; ++i) supers_of[i] = typename F::Super(rows[i], w.in, s);
+            if constexpr (F::ROUNDING == F::VALUES) {  // one input scale a super-block: integer sums
+                PairSums sums[SIDE][ROWS] = {};
+                for_each_index<BLOCKS / 2>([&](auto pair) {
+                    constexpr int P = decltype(pair)::value, A = F::Super::first(P), B = F::Super::second(P);
+                    PairBytes codes[SIDE];
+                    PairShorts scales[SIDE];
+                    for (int i = 0; i < SIDE; ++i) {
+                        codes[i] = supers_of[i].template pair_codes<P>();
+                        scales[i] = supers_of[i].template pair_int_scales<P>();
+                    }
+                    for (int m = 0; m < ROWS; ++m) {
+                        const int8_t* codes_m = x.row_codes(row0 + m) + s * F::VALUES;
+                        const PairSigned xq = B == A + 1 ? load<PairSigned>(codes_m + A * GROUP)
+                                                         : pair_of(load<SignedBytes>(codes_m + A * GROUP),
+                                                                   load<SignedBytes>(codes_m + B * GROUP));
+                        for (int i = 0; i < SIDE; ++i) sums[i][m] = dot_scaled(sums[i][m], codes[i], xq, scales[i]);
+                    }
+                });
+                for (int m = 0; m < ROWS; ++m) {
+                    const float dx = x.row_scales(row0 + m)[s * BLOCKS];
+                    for (int i = 0; i < SIDE; ++i)
+                        acc[i][m] += __builtin_convertvector(sums[i][m], PairLanes) * (supers_of[i].d * dx);
+                }
+            } else {
             for_each_index<BLOCKS / 2>([&](auto pair) {
                 constexpr int P = decltype(pair)::value;
                 PairBytes codes[SIDE];
@@ -231,6 +263,7 @@ inline void pair_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
                     }
                 }
             });
+            }
             for (int m = 0; m < ROWS; ++m)
                 for (int i = 0; i < SIDE; ++i)
                     offsets[i][m] += supers_of[i].offset(x.row_sums(row0 + m) + s * BLOCKS,
@@ -292,7 +325,7 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
         // stay in L1/L2), whole super-blocks, which every panel then passes.
         float* packed = scratch;
         float* rounded = scratch + packed_size<float>(rows, in);
-        rounded_floats(x, x_stride, rows, in, rounded);
+        rounded_floats(x, x_stride, rows, in, rounded, F::ROUNDING);
         const int64_t chunk = k_chunk(in, F::VALUES);
         float* widened = widened_scratch(MAX_TILE_OUTS * chunk);
         auto weights = [&w, widened](int64_t o, int64_t outs, int64_t k, int64_t count, int64_t end) {
@@ -303,7 +336,7 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
         return;
     }
     const RoundedRows rounded(scratch, rows, in);
-    round_rows(x, x_stride, rows, rounded);  // its barrier: every row is rounded before any product
+    round_rows(x, x_stride, rows, rounded, F::ROUNDING);  // its barrier: every row is rounded before any product
     const int64_t outs = 16, tasks = (out + outs - 1) / outs;
     const int64_t chunk = std::max<int64_t>(1, tasks / (8 * omp_get_num_threads()));
 #pragma omp for schedule(dynamic, chunk)

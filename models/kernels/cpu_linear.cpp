@@ -38,10 +38,11 @@ void widen(const void* blocks, int64_t format, int64_t in, int64_t out, int64_t 
     });
 }
 
-// ``rows`` rows of x as the floats their 8-bit blocks of 32 stand for (what block products multiply).
-void round_activations(const float* x, int64_t x_stride, int64_t rows, int64_t in, float* out) {
+// ``rows`` rows of x as the floats their rounding (``span`` values a scale) stands for: what block
+// products multiply.
+void round_activations(const float* x, int64_t x_stride, int64_t rows, int64_t in, float* out, int64_t span) {
 #pragma omp parallel
-    rounded_floats(x, x_stride, rows, in, out);
+    rounded_floats(x, x_stride, rows, in, out, span);
 }
 
 }  // namespace
@@ -57,8 +58,9 @@ extern "C" void loom_block_linear_f32(const float* x, int64_t x_stride, int64_t 
     block_linear(x, x_stride, rows, blocks, format, bias, in, out, y, y_stride);
 }
 
-extern "C" void loom_round_activations_f32(const float* x, int64_t x_stride, int64_t rows, int64_t in, float* out) {
-    round_activations(x, x_stride, rows, in, out);
+extern "C" void loom_round_activations_f32(const float* x, int64_t x_stride, int64_t rows, int64_t in, float* out,
+                                           int64_t span) {
+    round_activations(x, x_stride, rows, in, out, span);
 }
 
 // ``panel_from``: from how many rows the product takes the panels (the model's, cpu_linear.py).

@@ -16,7 +16,7 @@ import models
 from models.kernels import native
 from models.kernels.block_formats import block_format, to_blocks
 from models.kernels.block_linear import (GGUF_Q4_K, GGUF_Q6_K, GROUP, LOOM_4BIT, LOOM_8BIT, BlockLinear, dequantize,
-                                         round_activations)
+                                         round_activations, rounding)
 from runtime import Engine, GenerationConfig
 
 
@@ -89,10 +89,13 @@ def test_the_kernels_product_over_a_files_blocks_equals_float64(kind, rows):
     weight = (dequantize(layer.blocks, block_format(kind), out, width).double() if kind in REQUANTIZED
               else file_values(data, kind, width))
     x = torch.randn(rows, width, generator=torch.Generator().manual_seed(rows))
-    expected = round_activations(x).double() @ weight.T
+    expected = round_activations(x, rounding(block_format(kind))).double() @ weight.T
     assert torch.allclose(layer(x).double(), expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
 
 
+# transformers' names of MIXED's products (attn_output is F16: a float product, no rounding)
+MIXED_PRODUCTS = {"lm_head": Q.IQ4_XS, "q_proj": Q.Q4_0, "k_proj": Q.Q4_K, "v_proj": Q.Q4_1, "gate_proj": Q.IQ4_NL,
+                  "up_proj": Q.Q8_0, "down_proj": Q.Q4_K}
 MIXED = {"token_embd.weight": Q.Q8_0, "output.weight": Q.IQ4_XS,
          "attn_q": Q.Q4_0, "attn_k": Q.Q4_K, "attn_v": Q.Q4_1, "attn_output": Q.F16,
          "ffn_gate": Q.IQ4_NL, "ffn_up": Q.Q8_0, "ffn_down": Q.Q4_K}
@@ -162,25 +165,29 @@ def mixed_gguf(path, layers=2, hidden=256, inner=512, heads=4, kv_heads=2, vocab
     return reference
 
 
-def rounding_inputs(reference, float_products=("o_proj",)):
-    """Hooks on ``reference``'s linear layers that round their input to 8-bit blocks of 32, as Loom's
-    block products do (in float64: a value may rarely round to the other side of a tie than in
-    Loom's float32, a difference of one step of one value), except the ``float_products``."""
-    def round64(module, args):
-        x = args[0]
-        blocks = x.reshape(*x.shape[:-1], -1, GROUP)
-        step = blocks.abs().amax(-1, keepdim=True) / 127
-        return (torch.round(blocks / torch.where(step > 0, step, 1)) * step).reshape(x.shape),
+def rounding_inputs(reference, spans: dict[str, int]):
+    """Hooks on ``reference``'s linear layers that round their input to 8 bits as Loom's block
+    products do, ``spans[name]`` values under a scale (in float64: a value may rarely round to the
+    other side of a tie than in Loom's float32, a difference of one step of one value); layers
+    spans does not name stay float."""
+    def round64(span):
+        def hook(module, args):
+            x = args[0]
+            spans_of_x = x.reshape(*x.shape[:-1], -1, span)
+            step = spans_of_x.abs().amax(-1, keepdim=True) / 127
+            return (torch.round(spans_of_x / torch.where(step > 0, step, 1)) * step).reshape(x.shape),
+        return hook
 
     for name, module in reference.named_modules():
-        if isinstance(module, torch.nn.Linear) and not name.endswith(float_products):
-            module.register_forward_pre_hook(round64)
+        span = next((span for suffix, span in spans.items() if name.endswith(suffix)), None)
+        if isinstance(module, torch.nn.Linear) and span is not None:
+            module.register_forward_pre_hook(round64(span))
 
 
 @needs_kernels
 def test_a_file_of_mixed_formats_runs_in_them_and_equals_float64_over_its_values(tmp_path):
     reference = mixed_gguf(tmp_path / "mixed.gguf")
-    rounding_inputs(reference)
+    rounding_inputs(reference, {name: rounding(block_format(kind)) for name, kind in MIXED_PRODUCTS.items()})
     model = models.load(tmp_path / "mixed.gguf").model
     kinds = {name: type(module).__name__ for name, module in model.named_modules()}
     assert kinds["embed"] == "BlockEmbedding" and kinds["lm_head"] == "BlockLinear"
@@ -229,5 +236,5 @@ def test_an_avx2_build_computes_the_same_products(monkeypatch):
         layer = BlockLinear.of_blocks(to_blocks(data, kind, 512), 512)
         for rows in (1, 5, 12, 40):
             x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
-            expected = round_activations(x).double() @ file_values(data, kind, 512).T
+            expected = round_activations(x, rounding(block_format(kind))).double() @ file_values(data, kind, 512).T
             assert torch.allclose(layer(x).double(), expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())

@@ -1,6 +1,6 @@
 """weights="int4" / "int8": linear layers in blocks of 4- or 8-bit codes (8-bit in the output layer
 and the embeddings), on Loom's own kernel (models/kernels/block_linear.py, block_weights.h), which
-multiplies the input rounded to 8-bit blocks of 32 (round_activations)."""
+multiplies the input rounded to 8 bits, a scale per 32 values (round_activations)."""
 
 import numpy as np
 import pytest
@@ -61,8 +61,11 @@ def test_the_kernel_rounds_its_input_as_round_activations_does():
     x[0, 0] = 127
     x[1, :32] = 0  # a block of zeros
     out = torch.empty_like(x)
-    kernel(x.data_ptr(), 512, 64, 512, out.data_ptr())
+    kernel(x.data_ptr(), 512, 64, 512, out.data_ptr(), 32)
     assert torch.equal(out, round_activations(x))
+    wide = torch.empty_like(x)
+    kernel(x.data_ptr(), 512, 64, 512, wide.data_ptr(), 256)  # a K-quant's: one scale per 256
+    assert torch.equal(wide, round_activations(x, 256))
     blocks = x.view(64, -1, GROUP)
     step = blocks.abs().amax(-1, keepdim=True) / 127
     assert ((out.view(64, -1, GROUP) - blocks).abs() <= step / 2 * 1.0001).all()  # within half a step
