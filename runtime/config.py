@@ -90,8 +90,8 @@ class GenerationConfig:
     up to k tokens proposed from an earlier occurrence of the request's last few tokens in its
     prompt and output (prompt lookup, runtime/speculation.py): several tokens a step where the text
     repeats, the same tokens as without it (greedy) or tokens as likely (sampled: rejection sampling).
-    0 turns it off. Requests with a seed (when sampled) or repetition/presence/frequency penalties do
-    not speculate: for them it changes nothing. Structured output speculates within its grammar.
+    0 turns it off. A sampled request with a seed does not speculate: for it this changes nothing.
+    Structured output speculates within its grammar; penalties count the proposals before each row.
     """
 
     max_new_tokens: int = 128

@@ -20,10 +20,12 @@ of its rows is masked by the grammar's state after the proposals before it (llgu
 those masks and rolls back, runtime/constraints.py); the grammar then takes the kept tokens only,
 and a grammar that ends at one of them ends the request there.
 
-Who speculates (``max_proposed``): requests without a seed (when sampled) and without repetition,
-presence or frequency penalties. A penalised one would need penalties that count the proposed tokens
-before each position: not built, so such requests decode one token a step as before (``logit_bias``,
-temperature, top-k/p, min-p, structured output and ``logprobs`` hold at every position).
+Penalties (repetition, presence, frequency) count the proposed tokens before each row: the sampler
+sees such a row as its request with those tokens appended (``RowView``).
+
+Who speculates (``max_proposed``): every request but a seeded sampled one, whose draws must not
+depend on its batch (and how many rows it gets does). ``logit_bias``, penalties, temperature,
+top-k/p, min-p, structured output and ``logprobs`` hold at every position.
 """
 
 from __future__ import annotations
@@ -96,9 +98,37 @@ def max_proposed(ctx, engine_default: int) -> int:
     k = engine_default if config.speculative_tokens is None else config.speculative_tokens
     if not k or (config.sampled and config.seed is not None):
         return 0
-    if config.repetition_penalty != 1.0 or config.presence_penalty or config.frequency_penalty:
-        return 0
     return k
+
+
+def penalised(config) -> bool:
+    return config.repetition_penalty != 1.0 or bool(config.presence_penalty) or bool(config.frequency_penalty)
+
+
+class RowView:
+    """A request as the sampler sees one of its rows that follows proposed tokens: its tokens with
+    those proposals appended, so that penalties count them as they would once delivered."""
+
+    def __init__(self, ctx, proposed: list[int]):
+        self.ctx = ctx
+        self.tokens = ctx.tokens + proposed
+
+    def __getattr__(self, name):  # config, num_prompt, constraint, generator: the request's own
+        return getattr(self.ctx, name)
+
+
+def sampler_rows(sampling: list, proposals: list[int | None] | None) -> list:
+    """The step's rows as the sampler should see them: a penalised request's rows after its first
+    as RowViews with the proposals before them (see RowView); every other row its request."""
+    if proposals is None:
+        return sampling
+    rows, before = [], []
+    for i, ctx in enumerate(sampling):
+        before = before if i and sampling[i - 1] is ctx else []
+        rows.append(RowView(ctx, before) if before and penalised(ctx.config) else ctx)
+        if proposals[i] is not None:
+            before = before + [proposals[i]]
+    return rows
 
 
 def propose(ctx, k: int) -> list[int]:

@@ -11,7 +11,7 @@ import torch
 
 from models.step import StepInput
 
-from . import sampler
+from . import sampler, speculation
 from .constraints import Grammars
 from .context import END, ResponseContext
 from .cpu_host import CpuHost, DeviceHost
@@ -81,10 +81,11 @@ class Worker:
         advanced by its token. ``proposals``: each row's proposed token, or None (StepPlan.proposals).
         If sampling the batch raises, each row is sampled alone; only the requests whose own sampling
         or grammar fails are failed (their token is then END)."""
+        views = speculation.sampler_rows(sampling, proposals)  # penalties count the proposals before a row
         try:
-            tokens, logprobs = sampler.sample(logits, sampling, self.generator, bitmask, proposals)
+            tokens, logprobs = sampler.sample(logits, views, self.generator, bitmask, proposals)
         except Exception:
-            rows = sampler.sample_each(logits, sampling, self.generator, bitmask, proposals)
+            rows = sampler.sample_each(logits, views, self.generator, bitmask, proposals)
             tokens, logprobs = [token for token, _ in rows], [logprob for _, logprob in rows]
         advanced = set()  # requests whose grammar has taken its last token of the step
         for i, (ctx, token) in enumerate(zip(sampling, tokens)):

@@ -164,7 +164,7 @@ def test_who_speculates(llama):
         assert proposed({"max_new_tokens": 40, "speculative_tokens": 0}) == 0  # off for this request
         assert proposed({"max_new_tokens": 40, "temperature": 0.3}) > 0  # sampled: rejection sampling
         assert proposed({"max_new_tokens": 40, "temperature": 0.8, "seed": 1}) == 0  # its draws stay its own
-        assert proposed({"max_new_tokens": 40, "repetition_penalty": 1.2}) == 0  # penalties see the history
+        assert proposed({"max_new_tokens": 40, "repetition_penalty": 1.05}) > 0  # penalties count the proposals
         assert proposed({"max_new_tokens": 40, "logit_bias": {7: 2.0}}) > 0  # the same at every position
     with Engine.from_pretrained(llama) as engine:  # off by default
         handle = engine.launch_response_tokens(prompt, {"max_new_tokens": 40})
@@ -362,3 +362,22 @@ def test_structured_output_speculates_within_its_grammar_and_gives_the_same_toke
     if "json_schema" in constraint:
         assert all(len(c.parsed) == 4 for c in sampled)  # sampled and speculating, still in the schema
     assert all(c.finish_reason == "stop" for c in sampled + [fast])
+
+
+@pytest.mark.parametrize("penalty", [{"repetition_penalty": 1.2}, {"frequency_penalty": 0.5}, {"presence_penalty": 1.0},
+                                     {"frequency_penalty": 0.5, "repetition_penalty": 0.8}])
+def test_penalties_count_the_proposals_before_each_row(penalty):
+    """A penalty at a proposed position counts the proposals before it, as it will count them once
+    delivered: greedy penalised streams are the same with and without speculation."""
+    hf = tiny_model("llama", seed=1)
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(12)  # peaked enough that some proposals survive the penalties
+    prompts = repeating_prompts(8, seed=17)
+    outputs = []
+    for k in (0, 6):
+        with Engine.from_pretrained(hf, speculative_tokens=k) as engine:
+            results = run_threaded(engine, prompts, [GenerationConfig(max_new_tokens=40, **penalty)] * len(prompts))
+            outputs.append([results[i][0] for i in range(len(prompts))])
+            accepted = engine.stats()["speculative_accepted_tokens"]
+    assert outputs[1] == outputs[0]
+    assert accepted > 0
