@@ -40,11 +40,13 @@ struct BlockWeights {
     const uint8_t* row(int64_t r) const { return base + r * stride; }
 };
 
-// Fetch weight row ``r`` into cache, non-temporally: a step reads it once (cpu_linear.h's few_rows
-// does the same; one stream 177 -> 186 tok/s, 4 streams 347 -> 361, alternating builds).
+// Fetch weight row ``r`` into cache, to L2 and below (prefetcht1): the integer products consume a row
+// faster than non-temporal fetches into L1 alone kept up with (the float kernels' choice, cpu_linear.h):
+// one thread, the default model's decode forward took 15.9 ms with those against 8.8, and a one-row
+// Q4_K product from memory ran at 25 Gvalues/s against 40-43 (Zen 5; locality 1: 9.3 ms, 40).
 inline void prefetch_row(const BlockWeights& w, int64_t r) {
     const uint8_t* p = w.row(r);
-    for (int64_t byte = 0; byte < w.stride; byte += CACHE_LINE) __builtin_prefetch(p + byte, 0, 0);
+    for (int64_t byte = 0; byte < w.stride; byte += CACHE_LINE) __builtin_prefetch(p + byte, 0, 2);
 }
 
 // Input rows rounded to 8-bit blocks: each row's codes, and per block of 32 its scale dx and
@@ -128,6 +130,33 @@ inline float lane_sum(Lanes v) {
     return sum;
 }
 
+inline float lane_sum(PairLanes v) {
+    return lane_sum(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                    __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
+}
+
+// The products' weight rows in a task (block_rows's).
+constexpr int TASK_ROWS = 16;
+
+// y[i] = the lane sum of v[i], i < count: where V is the kernels' vector, a task's rows at once
+// (vector.h's sums_of_lanes); summed one vector at a time, the compiler wrote a chain of 15
+// dependent scalar additions per row, which took as long as a 576-wide row's products (the default
+// model's output layer ran at 8 Gvalues/s).
+template <typename V>
+inline void store_lane_sums(const V* v, int count, float* y) {
+    if constexpr (sizeof(V) == VECTOR_BYTES) {
+        constexpr int L = Vector<float>::lanes;
+        for (int first = 0; first < count; first += L) {
+            V p[L];
+            for (int j = 0; j < L; ++j) p[sum_position<float>(j)] = first + j < count ? v[first + j] : V{};
+            const V sums = sums_of_lanes<float>(p);
+            for (int j = 0; j < L && first + j < count; ++j) y[first + j] = sums[j];
+        }
+    } else {
+        for (int i = 0; i < count; ++i) y[i] = lane_sum(v[i]);
+    }
+}
+
 // f(std::integral_constant<int, I>{}) for I in [0, N): a loop whose index is a constant in its body.
 template <typename Fn, int... I>
 inline void for_each_of(Fn& f, std::integer_sequence<int, I...>) {
@@ -149,6 +178,7 @@ inline void int8_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
                       float* y, int64_t y_stride) {
     constexpr int64_t BLOCKS = F::VALUES / GROUP;
     const int64_t supers = w.in / F::VALUES;
+    Lanes totals[ROWS][TASK_ROWS];
     for (int64_t r = 0; r < count; r += SIDE) {
         const int side = int(std::min<int64_t>(SIDE, count - r));
         for (int64_t ahead = first + r + 2 * SIDE; ahead < std::min(w.out, first + r + 3 * SIDE); ++ahead)
@@ -183,13 +213,9 @@ inline void int8_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
                                                      x.row_halves(row0 + m) + 2 * s * BLOCKS);
         }
         for (int i = 0; i < side; ++i)
-            for (int m = 0; m < ROWS; ++m) y[m * y_stride + first + r + i] = lane_sum(acc[i][m]);
+            for (int m = 0; m < ROWS; ++m) totals[m][r + i] = acc[i][m];
     }
-}
-
-inline float lane_sum(PairLanes v) {
-    return lane_sum(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                    __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
+    for (int m = 0; m < ROWS; ++m) store_lane_sums(totals[m], int(count), y + m * y_stride + first);
 }
 
 // int8_rows two blocks at a time (rows of an even number of blocks): a pair's codes meet 64 bytes of
@@ -205,6 +231,7 @@ inline void pair_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
                       float* y, int64_t y_stride) {
     constexpr int64_t BLOCKS = F::VALUES / GROUP;
     const int64_t supers = w.in / F::VALUES;
+    PairLanes totals[ROWS][TASK_ROWS];
     for (int64_t r = 0; r < count; r += SIDE) {
         const int side = int(std::min<int64_t>(SIDE, count - r));
         for (int64_t ahead = first + r + 2 * SIDE; ahead < std::min(w.out, first + r + 3 * SIDE); ++ahead)
@@ -270,9 +297,9 @@ inline void pair_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
                                                          x.row_halves(row0 + m) + 2 * s * BLOCKS);
         }
         for (int i = 0; i < side; ++i)
-            for (int m = 0; m < ROWS; ++m)
-                y[m * y_stride + first + r + i] = lane_sum(acc[i][m]) + lane_sum(offsets[i][m]);
+            for (int m = 0; m < ROWS; ++m) totals[m][r + i] = acc[i][m] + pair_of(offsets[i][m], Lanes{});
     }
+    for (int m = 0; m < ROWS; ++m) store_lane_sums(totals[m], int(count), y + m * y_stride + first);
 }
 
 // Weight rows side by side at a time: four for one input row; fewer as the accumulators multiply.
@@ -337,7 +364,7 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
     }
     const RoundedRows rounded(scratch, rows, in);
     round_rows(x, x_stride, rows, rounded, F::ROUNDING);  // its barrier: every row is rounded before any product
-    const int64_t outs = 16, tasks = (out + outs - 1) / outs;
+    const int64_t outs = TASK_ROWS, tasks = (out + outs - 1) / outs;
     const int64_t chunk = std::max<int64_t>(1, tasks / (8 * omp_get_num_threads()));
 #pragma omp for schedule(dynamic, chunk)
     for (int64_t task = 0; task < tasks; ++task) {
