@@ -1,23 +1,20 @@
 // Products over weights kept in blocks (block_codes.h's formats: Loom's 4- and 8-bit blocks and
 // GGUF's Q4_K and Q6_K as the file has them), block_linear.py's and the native layers'.
 //
-// The input is rounded to 8-bit blocks of 32 first, as llama.cpp's CPU backend does: per block a
-// scale dx = max |x| / 127 and codes round(x / dx). A block's product is then an integer dot product
-// of two rows of bytes (one VNNI instruction per 32 values, two with AVX2) scaled once, where float
-// activations had the codes widened to floats and multiplied a lane at a time: a decode step ran
-// arithmetic-bound at 0.28x llama.cpp's speed on a 1.7B Q4_K_M file (docs/benchmarks.md). Every
-// row count rounds its input the same way, so a request's numbers do not depend on its batch-mates:
-//
-// - up to DOT_MAX_ROWS rows (decode): the integer products, codes decoded in registers once and met
-//   by up to eight input rows there (int8_rows, pair_rows);
-// - more: each tile's weight rows widened to floats in a small buffer that stays in L1, and
-//   cpu_linear.h's panels run over it with the rounded input (above 128 rows block_linear.py widens
-//   whole weights for oneDNN instead).
+// The input is rounded to 8 bits first, as llama.cpp's CPU backend does: per 32 values (a K-quant's
+// 256) a scale dx = max |x| / 127 and codes round(x / dx). A block's product is then an integer dot
+// product of two rows of bytes (one VNNI instruction per 32 values, two with AVX2) scaled once, where
+// float activations had the codes widened to floats and multiplied a lane at a time: a decode step
+// ran arithmetic-bound at 0.28x llama.cpp's speed on a 1.7B Q4_K_M file (docs/benchmarks.md). Each
+// row is rounded on its own and every row count takes the same products (int8_rows, pair_rows: the
+// codes decoded in registers once and met by up to eight input rows there), so a request's numbers
+// do not depend on its batch-mates.
 
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -171,8 +168,7 @@ inline void for_each_index(Fn&& f) {
 // rows side by side (each block's input codes loaded once for them), each block's codes decoded
 // once and met by every input row; a block's integer sums take its weight scales times the input
 // block's scale, and each super-block adds its minimums' term. The rows two groups ahead are
-// fetched meanwhile (without, a one-stream step took 7.0-7.5 ms against 4.6-5.0 on the float kernel
-// this replaced).
+// fetched meanwhile (without, the 1.7B Q4_K_M decode forward took 71 ms against 52 on two threads).
 template <typename F, int ROWS, int SIDE>
 inline void int8_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w, int64_t first, int64_t count,
                       float* y, int64_t y_stride) {
@@ -304,41 +300,16 @@ inline void pair_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
 
 // Weight rows side by side at a time: four for one input row; fewer as the accumulators multiply.
 template <int ROWS>
-constexpr int side_for() { return ROWS == 1 ? 4 : ROWS <= 3 ? 2 : 1; }
+constexpr int side_for() { return ROWS == 1 ? 2 : ROWS <= 3 ? 2 : 1; }
 
-// Weight rows [first, first + count), values [k, k + width) (whole super-blocks), as floats into
-// ``dst``, rows ``stride`` apart; with the first values, rows [first + count, ahead) are fetched
-// into cache meanwhile (the next rows this thread widens).
+// Weight row ``row`` as floats into ``dst`` (an embedding's lookup: block_linear.py's BlockEmbedding).
 template <typename F>
-inline void widen_rows(const BlockWeights& w, int64_t first, int64_t count, int64_t k, int64_t width, float* dst,
-                       int64_t stride, int64_t ahead) {
-    for (int64_t r = 0; r < count; ++r) {
-        const int64_t row = first + r;
-        if (k == 0 && row + count < ahead) prefetch_row(w, row + count);
-        for (int64_t s = k / F::VALUES; s < (k + width) / F::VALUES; ++s)
-            typename F::Super(w.row(row), w.in, s).widen(dst + r * stride + s * F::VALUES - k);
-    }
+inline void widen_row(const BlockWeights& w, int64_t row, float* dst) {
+    for (int64_t s = 0; s < w.in / F::VALUES; ++s) typename F::Super(w.row(row), w.in, s).widen(dst + s * F::VALUES);
 }
-
-// The widened rows a thread works on, kept from call to call (a fresh buffer would come from new
-// pages), on whole cache lines.
-inline float* widened_scratch(int64_t elements) {
-    thread_local std::vector<float> buffer;
-    return line_aligned(buffer, elements);
-}
-
-// Up to this many rows the integer products (in groups of FEW_ROWS, each task's weights cached for
-// the later groups); from one more, the panels over widened weights. One thread, a 4096 x 2048
-// product at 16 / 32 / 64 rows took (ms) for Q4_K 3.0 / 6.0 / 12.2 on the integer products against
-// 5.0 / 6.9 / 11.8 on the panels, Q6_K 4.1 / 7.0 / 13.8 against 9.7 / 11.7 / 16.8, Loom's 8-bit
-// blocks 3.3 / 6.6 / 13.0 against 6.1 / 7.4 / 13.0, its 4-bit ones 4.2 / 8.9 / 15.6 against 4.9 /
-// 6.6 / 11.8 (Zen 5, beside a busy process: CPU time of the thread).
-constexpr int64_t DOT_MAX_ROWS = 32;
 
 // Floats of scratch a block product of ``rows`` rows of width ``in`` takes (block_linear_rows).
-inline int64_t block_scratch_size(int64_t rows, int64_t in) {
-    return std::max(RoundedRows::floats_for(rows, in), packed_size<float>(rows, in) + whole_lines<float>(rows * in));
-}
+inline int64_t block_scratch_size(int64_t rows, int64_t in) { return RoundedRows::floats_for(rows, in); }
 
 // y = x w^T + b over block weights of format F (block_linear_rows).
 template <typename F>
@@ -347,21 +318,6 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
     const int64_t in = w.in, out = w.out;
     if (rows == 0)  // (the output layer of a step none of whose rows is sampled): every thread of the
         return;     // team returns alike
-    if (rows > DOT_MAX_ROWS) {
-        // Each tile is widened a chunk of k at a time (at most 1024 values: 12 rows of them, 48 KiB,
-        // stay in L1/L2), whole super-blocks, which every panel then passes.
-        float* packed = scratch;
-        float* rounded = scratch + packed_size<float>(rows, in);
-        rounded_floats(x, x_stride, rows, in, rounded, F::ROUNDING);
-        const int64_t chunk = k_chunk(in, F::VALUES);
-        float* widened = widened_scratch(MAX_TILE_OUTS * chunk);
-        auto weights = [&w, widened](int64_t o, int64_t outs, int64_t k, int64_t count, int64_t end) {
-            widen_rows<F>(w, o, outs, k, count, widened, count, end);
-            return TileWeights<float>{widened, count, nullptr};
-        };
-        panels(rounded, in, rows, in, out, chunk, weights, bias, y, y_stride, packed);
-        return;
-    }
     const RoundedRows rounded(scratch, rows, in);
     round_rows(x, x_stride, rows, rounded, F::ROUNDING);  // its barrier: every row is rounded before any product
     const int64_t outs = TASK_ROWS, tasks = (out + outs - 1) / outs;
@@ -369,7 +325,11 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
 #pragma omp for schedule(dynamic, chunk)
     for (int64_t task = 0; task < tasks; ++task) {
         const int64_t o = task * outs, count = std::min(outs, out - o);
-        for (int64_t m = 0; m < rows; m += FEW_ROWS)  // the task's weights stay cached for the later groups
+        // FEW_ROWS input rows at a time, the task's weights cached for the later groups: from 16 to 512
+        // rows this ran 1.1-2x the panels over weights widened a tile at a time (one Zen 5 thread, a
+        // 4096 x 2048 product: Q4_K 67 against 32-51 Gvalues/s, Q6_K 64 against 12-38, Loom's 8-bit
+        // blocks 44 against 35-41, its 4-bit ones 38 against 22-38), which block products then left.
+        for (int64_t m = 0; m < rows; m += FEW_ROWS)
             with_few_rows(std::min(FEW_ROWS, rows - m), [&](auto group) {
                 float* ym = y + m * y_stride;
                 if constexpr (PAIRS && F::VALUES % (2 * GROUP) == 0)

@@ -34,7 +34,7 @@ void widen(const void* blocks, int64_t format, int64_t in, int64_t out, int64_t 
     const BlockWeights w(blocks, format, in, out);
     with_format(format, in, [&](auto f) {
 #pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < count; ++r) widen_rows<decltype(f)>(w, first + r, 1, 0, in, dst + r * in, in, 0);
+        for (int64_t r = 0; r < count; ++r) widen_row<decltype(f)>(w, first + r, dst + r * in);
     });
 }
 

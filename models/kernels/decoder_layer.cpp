@@ -86,7 +86,7 @@ void product(const T* x, int64_t x_stride, int64_t rows, const Weights& w, const
 // Elements of scratch a product of ``rows`` rows of width ``in`` takes, whatever its weights.
 template <typename T>
 int64_t product_scratch_size(int64_t rows, int64_t in) {
-    if constexpr (std::is_same_v<T, float>) return block_scratch_size(rows, in);
+    if constexpr (std::is_same_v<T, float>) return std::max(block_scratch_size(rows, in), packed_size<T>(rows, in));
     return packed_size<T>(rows, in);
 }
 
