@@ -110,12 +110,13 @@ def _taken(tensors: dict) -> dict:
     return taken
 
 
-def load(source=None, *, device="cpu", dtype=None, weights="stored") -> Checkpoint:
+def load(source=None, *, device="cpu", dtype=None, weights=None) -> Checkpoint:
     """Load a checkpoint: None (the embedded default model), a Hugging Face directory, a .gguf
     file, or an in-memory transformers causal LM. ``weights``: "stored" (as the checkpoint holds
     them: a GGUF file's blocks where Loom's CPU kernels run them, float in ``dtype`` otherwise),
     "float32" (everything in ``dtype``), "int4", "int8", "float16" or "int8-dynamic" (linear layers
-    in fewer bits on the CPU; see kernels/quantized.py)."""
+    in fewer bits on the CPU; see kernels/quantized.py). None: "stored", except "float32" for the
+    embedded default model (DEFAULT_MODEL_WEIGHTS)."""
     checkpoint = _load(source, torch.device(device), dtype, weights)
     return_freed_memory()
     return checkpoint
@@ -132,13 +133,25 @@ def return_freed_memory() -> None:
         pass
 
 
+# The embedded model's weights when none are asked for: float32, whose greedy text equals transformers'
+# and does not depend on a request's batch-mates. Its file's Q4_1 blocks (weights="stored") decode
+# 1.9x faster at one stream, but their products round the input to 8 bits (as llama.cpp's do), and on
+# this 135M model that moved the greedy text off float32's within 1-44 tokens on 8 of 10 chat prompts
+# and changed an answer when another request's prefill shared the step (2026-11-25, Zen 5;
+# docs/benchmarks.md, "GGUF files in their own formats").
+DEFAULT_MODEL_WEIGHTS = "float32"
+
+
 def _load(source, device: torch.device, dtype, weights) -> Checkpoint:
     if isinstance(source, nn.Module):
+        weights = "stored" if weights is None else weights
         contents = huggingface.read_module(source)
         dtype = resolve_dtype(dtype if dtype is not None else source.dtype, device)
         weights = check_weights(weights, device, dtype)
     else:
         path = Path(source).expanduser() if source is not None else gguf.default_model_path()
+        if weights is None:
+            weights = DEFAULT_MODEL_WEIGHTS if source is None else "stored"
         if path.is_dir() and not (path / "config.json").exists() and len(list(path.glob("*.gguf"))) == 1:
             path = next(path.glob("*.gguf"))
         dtype = resolve_dtype(dtype, device)

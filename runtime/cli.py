@@ -71,13 +71,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default: cpu)")
     group.add_argument("--dtype", default=None,
                        help="float32, bfloat16, float16 or float64 (default: float32 on CPU, bfloat16 on CUDA)")
-    group.add_argument("--weights", default="stored",
+    group.add_argument("--weights", default=None,
                        choices=("stored", "float32", "float16", "int8", "int8-dynamic", "int4"),
-                       help="stored (default): as the checkpoint holds them, a GGUF file's quantized blocks "
-                            "included (on the CPU); float32: every weight widened to --dtype; on the CPU, linear "
-                            "layers with smaller weights "
-                            "and float32 activations: int4 / int8 in 4- / 8-bit blocks as llama.cpp's Q4_1 / Q8_0 "
-                            "(the fastest decode at few streams), float16; int8-dynamic: FBGEMM's int8 product, "
+                       help="stored (the default, but for the embedded model, float32): as the checkpoint holds "
+                            "them, a GGUF file's quantized blocks included (on the CPU, the input rounded to 8 bits "
+                            "as llama.cpp does); float32: every weight widened to --dtype; on the CPU, linear "
+                            "layers with smaller weights: int4 / int8 in 4- / 8-bit blocks as llama.cpp's Q4_1 / "
+                            "Q8_0 (the fastest decode at few streams), float16; int8-dynamic: FBGEMM's int8 product, "
                             "which quantizes the activations too (fast at many streams, output drifts from "
                             "float32 within a few tokens)")
     group.add_argument("--kv-dtype", default=None, choices=KV_DTYPES,

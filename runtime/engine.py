@@ -92,14 +92,15 @@ class Engine(TextAPI):
         return self.kv_manager.cache
 
     @classmethod
-    def from_pretrained(cls, source=None, *, device="cpu", dtype=None, weights="stored", tokenizer=None,
+    def from_pretrained(cls, source=None, *, device="cpu", dtype=None, weights=None, tokenizer=None,
                         **options) -> "Engine":
         """Load ``source`` (None: the embedded SmolLM2; a Hugging Face directory; a .gguf file;
-        an in-memory transformers model) and build an engine. ``weights``: "stored" (the default:
-        as the checkpoint holds them, a GGUF file's quantized blocks included, on the CPU; see
+        an in-memory transformers model) and build an engine. ``weights``: None (the default: "stored",
+        "float32" for the embedded model: models.DEFAULT_MODEL_WEIGHTS), "stored" (as the checkpoint
+        holds them, a GGUF file's quantized blocks included, on the CPU; see
         models/kernels/block_formats.py), "float32" (everything widened to ``dtype``), or on the CPU
         linear layers with smaller weights: "int4" / "int8" (4- or 8-bit blocks as llama.cpp's
-        Q4_1 / Q8_0, float32 activations; models/kernels/block_linear.py), "float16", or
+        Q4_1 / Q8_0, the input rounded to 8 bits; models/kernels/block_linear.py), "float16", or
         "int8-dynamic" (FBGEMM's int8 product, activations quantized too; models/kernels/quantized.py).
         ``tokenizer``: a transformers tokenizer to use instead of the checkpoint's (an in-memory
         model has none). ``options`` are EngineOptions. Raises ValueError/TypeError for a bad

@@ -255,15 +255,16 @@ def llama_server(gguf: Path, label: str, slots: int, args) -> OpenAIServer:
     return OpenAIServer(f"llama.cpp server {label}{kv}", command, port, gguf.stem)
 
 
-def loom_server(args, weights: str) -> OpenAIServer:
+def loom_server(args, weights: str | None) -> OpenAIServer:
+    """Loom's server on args.model in ``weights`` (None: the checkpoint's default)."""
     port = free_port()
     command = [sys.executable, "-m", "runtime", "serve", "--port", str(port), "--host", "127.0.0.1",
-               "--weights", weights, "--model-name", "loom"]
+               "--model-name", "loom"] + ([] if weights is None else ["--weights", weights])
     if args.model:
         command += ["--model", args.model]
     if args.kv_dtype:
         command += ["--kv-dtype", args.kv_dtype]
-    return OpenAIServer(f"loom server {weights}{kv_label(args)}", command, port, "loom")
+    return OpenAIServer(f"loom server {weights or 'default'}{kv_label(args)}", command, port, "loom")
 
 
 def kv_label(args) -> str:

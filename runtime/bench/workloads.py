@@ -206,7 +206,7 @@ def peer_workload(measure, args, load_engine) -> None:
     for c in streams:
         requests = [Request(p, 64) for p in prompts[:c]]
         measure(f"W6@{c} loom", lambda bar, r=requests, c=c: label(bench.run_loom(engine, r, f"W6@{c}", bar),
-                                                                  f"loom {args.weights}{peers.kv_label(args)}", ""), c)
+                                                                  f"loom {args.weights or 'default'}{peers.kv_label(args)}", ""), c)
     engine.shutdown()
     servers = [peers.loom_server(args, args.weights)]
     if "llama.cpp" in available:
@@ -226,7 +226,7 @@ def peer_workload(measure, args, load_engine) -> None:
         finally:
             server.stop()
     if "fastllm" in available:  # last: its library's threads stay in this process
-        fast = peers.FastLLM(peers.hf_directory(gguf), FASTLLM_DTYPES[args.weights], args.fastllm_threads)
+        fast = peers.FastLLM(peers.hf_directory(gguf), FASTLLM_DTYPES[args.weights or "float32"], args.fastllm_threads)
         note = agreement([engine.tokenizer.decode(fast.generate(p, 32), skip_special_tokens=True) for p in checks_ids])
         for c in streams:
             requests = [Request(p, 64) for p in prompts[:c]]

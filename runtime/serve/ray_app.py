@@ -241,7 +241,7 @@ def replica_error(error: BaseException) -> dict:
 
 
 def loom_application(source=None, *, replicas: int = 2, num_cpus: float = 1, num_gpus: float = 0,
-                     device: str = "cpu", dtype=None, weights: str = "stored", model_name: str | None = None,
+                     device: str = "cpu", dtype=None, weights: str | None = None, model_name: str | None = None,
                      api_key: str | None = None, prefix_affinity: bool = True, drain_s: float = DRAIN_S,
                      **engine_options):
     """A Ray Serve application for ``serve.run``: ``replicas`` Loom replicas behind one ingress.

@@ -22,13 +22,15 @@ def test_every_subcommand_explains_itself(command, capsys):
 
 def test_generate_answers_every_prompt_in_order_through_the_chat_template(tmp_path):
     prompts = tmp_path / "prompts.txt"
-    prompts.write_text("What is 2 plus 2?\nName a colour.\n\nWhat is the capital of France?\n")
+    # (France's capital is a near-tie at the first token for the default model in its Q4_1 blocks,
+    # whose products round their input to 8 bits: "The capital..." or "L'Étoile..."; Japan's is not)
+    prompts.write_text("What is 2 plus 2?\nName a colour.\n\nWhat is the capital of Japan?\n")
     out = tmp_path / "answers.jsonl"
     assert main(["generate", str(prompts), "--max-new-tokens", "12", "--output", str(out)]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["prompt"] for r in rows] == ["What is 2 plus 2?", "Name a colour.", "What is the capital of France?"]
+    assert [r["prompt"] for r in rows] == ["What is 2 plus 2?", "Name a colour.", "What is the capital of Japan?"]
     assert all(r["response"].strip() for r in rows)
-    assert "Paris" in rows[2]["response"]  # an instruct model answers its chat template, not raw text
+    assert "Tokyo" in rows[2]["response"]  # an instruct model answers its chat template, not raw text
 
 
 def test_generate_with_speculative_tokens_gives_the_same_answers(tmp_path):
@@ -199,9 +201,9 @@ def test_bench_w6_runs_loom_in_process_and_through_its_server(tmp_path, capsys):
     assert "W6: skipping llama.cpp: llama-server was not found" in capsys.readouterr().out
     runs = json.loads((tmp_path / "bench.json").read_text())["runs"]
     assert sorted((r["system"], r["concurrency"]) for r in runs) == [
-        ("loom server stored", 1), ("loom server stored", 2), ("loom stored", 1), ("loom stored", 2)]
+        ("loom default", 1), ("loom default", 2), ("loom server default", 1), ("loom server default", 2)]
     assert all(r["tokens"] == 64 * r["concurrency"] and r["cpu_ms_per_token"] > 0 for r in runs)
-    server = next(r for r in runs if r["system"] == "loom server stored")
+    server = next(r for r in runs if r["system"] == "loom server default")  # (the default weights)
     agreement = server["note"].split("greedy text equal to Loom's for ")[1].removesuffix(" chars")
     assert all(a == b for a, b in (pair.split("/") for pair in agreement.split(", "))), agreement
 
