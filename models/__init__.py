@@ -135,10 +135,10 @@ def return_freed_memory() -> None:
 
 # The embedded model's weights when none are asked for: float32, whose greedy text equals transformers'
 # and does not depend on a request's batch-mates. Its file's Q4_1 blocks (weights="stored") decode
-# 1.9x faster at one stream, but their products round the input to 8 bits (as llama.cpp's do), and on
-# this 135M model that moved the greedy text off float32's within 1-44 tokens on 8 of 10 chat prompts
-# and changed an answer when another request's prefill shared the step (2026-11-25, Zen 5;
-# docs/benchmarks.md, "GGUF files in their own formats").
+# one stream no faster (143 against 145 tok/s, 2026-11-25, Zen 5), and their products round the input
+# to 8 bits (as llama.cpp's do): on this 135M model that moved the greedy text off float32's within
+# 1-44 tokens on 8 of 10 chat prompts and changed an answer when another request's prefill shared the
+# step (docs/benchmarks.md, "GGUF files in their own formats").
 DEFAULT_MODEL_WEIGHTS = "float32"
 
 
