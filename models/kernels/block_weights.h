@@ -221,6 +221,15 @@ inline void int8_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
     for (int m = 0; m < ROWS; ++m) store_lane_sums(totals[m], int(count), y + m * y_stride + first);
 }
 
+// Input row ``row``'s codes of a pair of blocks A, B of super-block ``s``: one 64-byte load where they
+// are adjacent, else gathered (Q4_K's pairs are blocks 4c and 4c + 2).
+template <typename F, int A, int B>
+inline PairSigned input_pair(const RoundedRows& x, int64_t row, int64_t s) {
+    const int8_t* codes = x.row_codes(row) + s * F::VALUES;
+    if constexpr (B == A + 1) return load<PairSigned>(codes + A * GROUP);
+    return pair_of(load<SignedBytes>(codes + A * GROUP), load<SignedBytes>(codes + B * GROUP));
+}
+
 // int8_rows two blocks at a time (rows of an even number of blocks): a pair's codes meet 64 bytes of
 // input in one 512-bit instruction (with AVX-512), and each block's scale is spread across its lanes
 // by a shuffle with constant lanes. One block at a time, a one-row Q4_K product ran at 12 Gvalues/s
@@ -254,10 +263,7 @@ inline void pair_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
                         scales[i] = supers_of[i].template pair_int_scales<P>();
                     }
                     for (int m = 0; m < ROWS; ++m) {
-                        const int8_t* codes_m = x.row_codes(row0 + m) + s * F::VALUES;
-                        const PairSigned xq = B == A + 1 ? load<PairSigned>(codes_m + A * GROUP)
-                                                         : pair_of(load<SignedBytes>(codes_m + A * GROUP),
-                                                                   load<SignedBytes>(codes_m + B * GROUP));
+                        const PairSigned xq = input_pair<F, A, B>(x, row0 + m, s);
                         for (int i = 0; i < SIDE; ++i) sums[i][m] = dot_scaled(sums[i][m], codes[i], xq, scales[i]);
                     }
                 });
@@ -266,30 +272,25 @@ inline void pair_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
                     for (int i = 0; i < SIDE; ++i)
                         acc[i][m] += __builtin_convertvector(sums[i][m], PairLanes) * (supers_of[i].d * dx);
                 }
-            } else {
-            for_each_index<BLOCKS / 2>([&](auto pair) {
-                constexpr int P = decltype(pair)::value;
-                PairBytes codes[SIDE];
-                PairLanes scales[SIDE];
-                for (int i = 0; i < SIDE; ++i) {
-                    codes[i] = supers_of[i].template pair_codes<P>();
-                    scales[i] = supers_of[i].template pair_scales<P>();
-                }
-                constexpr int A = F::Super::first(P), B = F::Super::second(P);  // the pair's blocks
-                for (int m = 0; m < ROWS; ++m) {
-                    const int8_t* codes_m = x.row_codes(row0 + m) + s * F::VALUES;
-                    const PairSigned xq = B == A + 1 ? load<PairSigned>(codes_m + A * GROUP)
-                                                     : pair_of(load<SignedBytes>(codes_m + A * GROUP),
-                                                               load<SignedBytes>(codes_m + B * GROUP));
-                    const float* dx = x.row_scales(row0 + m) + s * BLOCKS;  // the input blocks' scales
-                    const PairLanes xd = spread<0>(Lanes{dx[A], dx[B]});
+            } else {  // a scale per block of the input: each pair's sums scaled in floats
+                for_each_index<BLOCKS / 2>([&](auto pair) {
+                    constexpr int P = decltype(pair)::value, A = F::Super::first(P), B = F::Super::second(P);
+                    PairBytes codes[SIDE];
+                    PairLanes scales[SIDE];
                     for (int i = 0; i < SIDE; ++i) {
-                        const PairSigned signed_x = supers_of[i].template pair_signed<P>(xq);
-                        const PairSums sums = dot_pairs(codes[i], signed_x);
-                        acc[i][m] += __builtin_convertvector(sums, PairLanes) * (scales[i] * xd);
+                        codes[i] = supers_of[i].template pair_codes<P>();
+                        scales[i] = supers_of[i].template pair_scales<P>();
                     }
-                }
-            });
+                    for (int m = 0; m < ROWS; ++m) {
+                        const PairSigned xq = input_pair<F, A, B>(x, row0 + m, s);
+                        const float* dx = x.row_scales(row0 + m) + s * BLOCKS;  // the input blocks' scales
+                        const PairLanes xd = spread<0>(Lanes{dx[A], dx[B]});
+                        for (int i = 0; i < SIDE; ++i) {
+                            const PairSums sums = dot_pairs(codes[i], supers_of[i].template pair_signed<P>(xq));
+                            acc[i][m] += __builtin_convertvector(sums, PairLanes) * (scales[i] * xd);
+                        }
+                    }
+                });
             }
             for (int m = 0; m < ROWS; ++m)
                 for (int i = 0; i < SIDE; ++i)
@@ -302,9 +303,12 @@ inline void pair_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
     for (int m = 0; m < ROWS; ++m) store_lane_sums(totals[m], int(count), y + m * y_stride + first);
 }
 
-// Weight rows side by side at a time: four for one input row; fewer as the accumulators multiply.
+// Weight rows side by side at a time: two for up to three input rows, else one. Four for one row
+// read memory slower (each thread a stream per row beside the rows fetched ahead): two threads, the
+// 1.7B Q4_K_M decode forward took 51.8 ms with four, 44.6-46.2 with two, 44.2 with one; the default
+// model's 6.6, 6.0 and 7.3 ms (Zen 5, quiet).
 template <int ROWS>
-constexpr int side_for() { return ROWS == 1 ? 2 : ROWS <= 3 ? 2 : 1; }
+constexpr int side_for() { return ROWS <= 3 ? 2 : 1; }
 
 // Weight row ``row`` as floats into ``dst`` (an embedding's lookup: block_linear.py's BlockEmbedding).
 template <typename F>
