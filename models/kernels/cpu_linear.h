@@ -131,7 +131,6 @@ using WidePanels = PanelShape<2, 8>;
 using NarrowPanels = PanelShape<2, 6>;
 using WidePanels = NarrowPanels;
 #endif
-constexpr int MAX_TILE_OUTS = std::max(NarrowPanels::outs, WidePanels::outs);
 
 // A task is TASK_OUTS weight rows (8 tiles of 12 with AVX-512's narrow panels; divisible by every
 // shape's OUTS): 96 x 576 floats stay in L2 while every panel passes them (on Zen 5, 96 rows made a
@@ -229,18 +228,17 @@ inline auto stored_weights(const T* w, int64_t in) {
     };
 }
 
-// The panels' chunks of k: widths above 1024 are cut into even chunks, each a multiple of
-// ``granule`` values, so that a tile's weights and a panel's share of them stay cached on wider
-// models too.
-inline int64_t k_chunk(int64_t in, int64_t granule = 1) {
+// The panels' chunks of k: widths above 1024 are cut into even chunks, so that a tile's weights and
+// a panel's share of them stay cached on wider models too.
+inline int64_t k_chunk(int64_t in) {
     const int64_t chunks = (in + 1023) / 1024;
-    return (in / granule + chunks - 1) / chunks * granule;
+    return (in + chunks - 1) / chunks;
 }
 
 // One task of the panels' product: weight rows [first, end) against every panel, in chunks of
 // ``chunk`` values of k (a chunk of a tile's weights stays cached while every panel passes it).
-// ``weights(o, outs, k, count, end)`` says where tile o's weights for [k, k + count) are; block
-// weights widen them there. The sums gather in a buffer of the thread's own, TASK_OUTS floats a row,
+// ``weights(o, outs, k, count, end)`` says where tile o's weights for [k, k + count) are (stored_weights:
+// in w itself). The sums gather in a buffer of the thread's own, TASK_OUTS floats a row,
 // and reach y with the bias once the task is done: written straight into y, a tile's column of 32
 // rows hit 32 lines of one cache set wherever y's rows are a multiple of 4 KiB apart (the default
 // model's 3072-wide intermediate and 49152-wide logits), and the next tile found them evicted: a
