@@ -6,7 +6,7 @@ side only, so it runs unchanged on older checkouts for before/after figures (doc
 "Small-batch products"). Run from a checkout's root:
 
     python docs/bench/decode_forward.py [--streams 1,4,16,64] [--threads 2] [--busy 0] [--weights float32]
-        [--context 100] [--kv-dtype float16]
+        [--context 100] [--kv-dtype float16] [--model FILE.gguf]
 """
 
 import argparse
@@ -50,11 +50,12 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--busy", type=int, default=0, help="busy competitor processes on the same cores")
     parser.add_argument("--weights", default="float32")
+    parser.add_argument("--model", default=None, help="a checkpoint (a .gguf file or a directory); the default model if left out")
     parser.add_argument("--context", type=int, default=100, help="cached tokens per sequence")
     parser.add_argument("--kv-dtype", default="float32", help="the pool's dtype (float16 or bfloat16 on checkouts with kv_dtype)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model = models.load(weights=args.weights).model
+    model = models.load(args.model, weights=args.weights).model
     with busy_processes(args.busy):
         print("| streams | threads | busy procs | forward ms (median of 30) | CPU ms per forward (mean) | tok/s |")
         print("| --- | --- | --- | --- | --- | --- |")

@@ -37,13 +37,19 @@ struct BlockWeights {
     const uint8_t* row(int64_t r) const { return base + r * stride; }
 };
 
-// Fetch weight row ``r`` into cache, to L2 and below (prefetcht1): the integer products consume a row
-// faster than non-temporal fetches into L1 alone kept up with (the float kernels' choice, cpu_linear.h):
-// one thread, the default model's decode forward took 15.9 ms with those against 8.8, and a one-row
-// Q4_K product from memory ran at 25 Gvalues/s against 40-43 (Zen 5; locality 1: 9.3 ms, 40).
-inline void prefetch_row(const BlockWeights& w, int64_t r) {
-    const uint8_t* p = w.row(r);
-    for (int64_t byte = 0; byte < w.stride; byte += CACHE_LINE) __builtin_prefetch(p + byte, 0, 2);
+// Weight bytes fetched into cache ahead of the products, to L2 and below (prefetcht1: the integer
+// products consume a row faster than non-temporal fetches into L1 alone kept up with, the float
+// kernels' choice in cpu_linear.h), a super-block's share at a time: a group of rows side by side
+// fetches, as it reads its super-block s, the bytes FETCH_BYTES past the group's end as far along as
+// it has read (one stream, whatever the rows' length). Where each group fetched the whole rows two
+// groups on at once, the burst stalled the products behind it on long rows: one row of a 2048 x
+// 8192 Q4_K product read 19.4 GB/s on two threads, now 29.5; of Q6_K 15.4, now 29.4; 8192 x 2048
+// Q4_K 27.4, now 31.7 (Zen 5; 2048 bytes ahead: 29.7, 8192: 30.6, 16384: 28.8). Computed in
+// the loop from its own bounds, the fetch addresses cost a one-row product half its speed.
+constexpr int64_t FETCH_BYTES = 4096;
+
+inline void fetch_lines(const uint8_t* from, int64_t bytes) {
+    for (int64_t line = 0; line < bytes; line += CACHE_LINE) __builtin_prefetch(from + line, 0, 2);
 }
 
 // Input rows rounded to 8-bit blocks: each row's codes, and per block of 32 its scale dx and
@@ -165,12 +171,10 @@ inline void for_each_index(Fn&& f) {
 }
 
 // The next SIDE weight rows from ``row`` (of a task's [.., end)) into ``rows`` (past the last, the
-// last again: its sums go unused), and how many are real; the rows two groups ahead are fetched
-// meanwhile (without, the 1.7B Q4_K_M decode forward took 71 ms against 52 on two threads).
+// last again: its sums go unused), and how many are real.
 template <int SIDE>
 inline int side_by_side(const BlockWeights& w, int64_t row, int64_t end, const uint8_t** rows) {
     const int side = int(std::min<int64_t>(SIDE, end - row));
-    for (int64_t ahead = row + 2 * SIDE; ahead < std::min(w.out, row + 3 * SIDE); ++ahead) prefetch_row(w, ahead);
     for (int i = 0; i < SIDE; ++i) rows[i] = w.row(row + std::min(i, side - 1));
     return side;
 }
@@ -183,15 +187,17 @@ template <typename F, int ROWS, int SIDE>
 inline void int8_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w, int64_t first, int64_t count,
                       float* y, int64_t y_stride) {
     constexpr int64_t BLOCKS = F::VALUES / GROUP;
-    const int64_t supers = w.in / F::VALUES;
+    const int64_t supers = w.in / F::VALUES, share = w.stride / supers;  // a super-block's share of a row's bytes
     Lanes totals[ROWS][TASK_ROWS];
     for (int64_t r = 0; r < count; r += SIDE) {
         const uint8_t* rows[SIDE];
         const int side = side_by_side<SIDE>(w, first + r, first + count, rows);
+        const uint8_t* ahead = w.row(first + r) + SIDE * w.stride + FETCH_BYTES;  // (never faults past the end)
         Lanes acc[SIDE][ROWS] = {};
         for (int64_t s = 0; s < supers; ++s) {
             typename F::Super supers_of[SIDE];
             for (int i = 0; i < SIDE; ++i) supers_of[i] = typename F::Super(rows[i], w.in, s);
+            fetch_lines(ahead + SIDE * s * share, SIDE * share);
             for_each_index<BLOCKS>([&](auto block) {  // j a constant: Q6_K's shifts by it are too
                 constexpr int j = decltype(block)::value;
                 const int64_t b = s * BLOCKS + j;
@@ -242,16 +248,18 @@ template <typename F, int ROWS, int SIDE>
 inline void pair_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w, int64_t first, int64_t count,
                       float* y, int64_t y_stride) {
     constexpr int64_t BLOCKS = F::VALUES / GROUP;
-    const int64_t supers = w.in / F::VALUES;
+    const int64_t supers = w.in / F::VALUES, share = w.stride / supers;  // a super-block's share of a row's bytes
     PairLanes totals[ROWS][TASK_ROWS];
     for (int64_t r = 0; r < count; r += SIDE) {
         const uint8_t* rows[SIDE];
         const int side = side_by_side<SIDE>(w, first + r, first + count, rows);
+        const uint8_t* ahead = w.row(first + r) + SIDE * w.stride + FETCH_BYTES;  // (never faults past the end)
         PairLanes acc[SIDE][ROWS] = {};
         Lanes offsets[SIDE][ROWS] = {};
         for (int64_t s = 0; s < supers; ++s) {
             typename F::Super supers_of[SIDE];
             for (int i = 0; i < SIDE; ++i) supers_of[i] = typename F::Super(rows[i], w.in, s);
+            fetch_lines(ahead + SIDE * s * share, SIDE * share);
             if constexpr (F::ROUNDING == F::VALUES) {  // one input scale a super-block: integer sums
                 PairSums sums[SIDE][ROWS] = {};
                 for_each_index<BLOCKS / 2>([&](auto pair) {
