@@ -317,6 +317,9 @@ struct Loom8Pairs {
 struct Q4K {
     static constexpr int64_t ROUNDING = 256;  // as llama.cpp's Q8_K: one scale a super-block
     static constexpr int64_t VALUES = 256, BYTES = 144;
+    // where sub-block b's input codes lie in the rounded input: each pair's (Super::first and
+    // second) side by side, 0 2 1 3 4 6 5 7
+    static constexpr int input_slot(int b) { return (b & ~3) | (b & 1) << 1 | (b & 2) >> 1; }
     static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
     struct Super {
         const uint8_t* qs;

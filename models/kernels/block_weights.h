@@ -94,23 +94,46 @@ inline float round_span(const float* x, int64_t span, int8_t* codes, int32_t* si
     return d;
 }
 
-// ``rows`` rows of x rounded into ``r``, ``span`` values (32, or a K-quant's 256) under each scale,
-// the spans shared among the region's threads.
-inline void round_rows(const float* x, int64_t x_stride, int64_t rows, const RoundedRows& r, int64_t span) {
-    const int64_t per_row = r.in / span, blocks = span / GROUP;
+// Where block b of a super-block has its input codes in the rounded rows: F::input_slot(b) where the
+// format says (Q4_K: a pair's blocks side by side, for one 64-byte load), else b.
+template <typename F, typename = void>
+struct InputOrder {
+    static constexpr int slot(int b) { return b; }
+};
+template <typename F>
+struct InputOrder<F, std::void_t<decltype(F::input_slot(0))>> {
+    static constexpr int slot(int b) { return F::input_slot(b); }
+};
+
+// ``rows`` rows of x rounded into ``r`` for products over format F: F::ROUNDING values (32, or a
+// K-quant's 256) under each scale, each block's codes where InputOrder puts them, the spans shared
+// among the region's threads.
+template <typename F>
+inline void round_rows(const float* x, int64_t x_stride, int64_t rows, const RoundedRows& r) {
+    constexpr int64_t span = F::ROUNDING, blocks = span / GROUP;
+    const int64_t per_row = r.in / span;
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < rows * per_row; ++i) {
         const int64_t row = i / per_row, first = i * blocks;  // the span's first block in the rows' blocks
-        int32_t sixteens[256 / 16];
-        const float d = round_span(x + row * x_stride + (i % per_row) * span, span,
-                                   r.codes + row * r.in + (i % per_row) * span, sixteens);
+        int8_t codes[span];
+        int32_t sixteens[span / 16];
+        const float d = round_span(x + row * x_stride + (i % per_row) * span, span, codes, sixteens);
+        int8_t* out = r.codes + row * r.in + (i % per_row) * span;
         for (int64_t b = 0; b < blocks; ++b) {
+            std::memcpy(out + InputOrder<F>::slot(int(b % (F::VALUES / GROUP))) * GROUP +
+                            b / (F::VALUES / GROUP) * F::VALUES, codes + b * GROUP, GROUP);
             r.scales[first + b] = d;
             r.sums[first + b] = d * float(sixteens[2 * b] + sixteens[2 * b + 1]);
             r.halves[2 * (first + b)] = d * float(sixteens[2 * b]);
             r.halves[2 * (first + b) + 1] = d * float(sixteens[2 * b + 1]);
         }
     }
+}
+
+// Input row ``row``'s codes of block ``j`` of super-block ``s``.
+template <typename F>
+inline const int8_t* input_codes(const RoundedRows& x, int64_t row, int64_t s, int j) {
+    return x.row_codes(row) + s * F::VALUES + InputOrder<F>::slot(j) * GROUP;
 }
 
 // ``rows`` rows of x as the floats their rounding (``span`` values a scale) stands for, into
@@ -208,7 +231,7 @@ inline void int8_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
                     scales[i] = supers_of[i].scales(j);
                 }
                 for (int m = 0; m < ROWS; ++m) {
-                    const SignedBytes xq = load<SignedBytes>(x.row_codes(row0 + m) + b * GROUP);
+                    const SignedBytes xq = load<SignedBytes>(input_codes<F>(x, row0 + m, s, j));
                     const float dx = x.row_scales(row0 + m)[b];
                     for (int i = 0; i < SIDE; ++i) {
                         const Sums sums = dot_bytes(codes[i], supers_of[i].signed_x(j, xq));
@@ -228,12 +251,13 @@ inline void int8_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
 }
 
 // Input row ``row``'s codes of a pair of blocks A, B of super-block ``s``: one 64-byte load where they
-// are adjacent, else gathered (Q4_K's pairs are blocks 4c and 4c + 2).
+// lie side by side (InputOrder puts them so for Q4_K, whose pairs are blocks 4c and 4c + 2: gathered
+// with an insert a row, its 8192 x 2048 products ran at 133 Gvalue-rows/s on 16 rows and 135 on 64
+// against 148 and 152 so, two Zen 5 threads), else gathered.
 template <typename F, int A, int B>
 inline PairSigned input_pair(const RoundedRows& x, int64_t row, int64_t s) {
-    const int8_t* codes = x.row_codes(row) + s * F::VALUES;
-    if constexpr (B == A + 1) return load<PairSigned>(codes + A * GROUP);
-    return pair_of(load<SignedBytes>(codes + A * GROUP), load<SignedBytes>(codes + B * GROUP));
+    if constexpr (InputOrder<F>::slot(B) == InputOrder<F>::slot(A) + 1) return load<PairSigned>(input_codes<F>(x, row, s, A));
+    return pair_of(load<SignedBytes>(input_codes<F>(x, row, s, A)), load<SignedBytes>(input_codes<F>(x, row, s, B)));
 }
 
 // int8_rows two blocks at a time (rows of an even number of blocks): a pair's codes meet 64 bytes of
@@ -335,7 +359,7 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
     if (rows == 0)  // (the output layer of a step none of whose rows is sampled): every thread of the
         return;     // team returns alike
     const RoundedRows rounded(scratch, rows, in);
-    round_rows(x, x_stride, rows, rounded, F::ROUNDING);  // its barrier: every row is rounded before any product
+    round_rows<F>(x, x_stride, rows, rounded);  // its barrier: every row is rounded before any product
     const int64_t outs = TASK_ROWS, tasks = (out + outs - 1) / outs;
     const int64_t chunk = std::max<int64_t>(1, tasks / (8 * omp_get_num_threads()));
 #pragma omp for schedule(dynamic, chunk)
