@@ -88,8 +88,9 @@ class GenerationConfig:
 
     ``speculative_tokens=k`` (0 to 16; None: the engine's ``speculative_tokens``) lets a step verify
     up to k tokens proposed from an earlier occurrence of the request's last few tokens in its
-    prompt and output (prompt lookup, runtime/speculation.py): several tokens a step where the text
-    repeats, the same tokens as without it (greedy) or tokens as likely (sampled: rejection sampling).
+    prompt and output (prompt lookup, runtime/speculation.py), or by the engine's draft model where
+    it has one (runtime/draft.py): several tokens a step where the proposals hold, the same tokens
+    as without it (greedy) or tokens as likely (sampled: rejection sampling).
     0 turns it off. A sampled request with a seed does not speculate: for it this changes nothing.
     Structured output speculates within its grammar; penalties count the proposals before each row.
     """
@@ -235,11 +236,14 @@ class EngineOptions:
                        or "bfloat16" hold twice the tokens in the same memory, and a float32 model's
                        decode attention reads half the bytes (llama.cpp keeps float16 by default)
     speculative_tokens the GenerationConfig.speculative_tokens of requests that leave it None: up to
-                       this many tokens proposed by prompt lookup verified per step (0: off)
+                       this many tokens proposed by prompt lookup (or by the draft model, where the
+                       engine has one: Engine.from_pretrained's ``draft``) verified per step (0: off)
     speculation_max_rows  a step's decode rows, proposed tokens included, stay within this many: a
                        step of a few rows is bound by reading the weights and a proposal's row costs
                        little; past that a rejected proposal's row costs as much as any other (a
                        step of this many decoding requests does not speculate)
+    draft_num_kv_blocks   the draft model's KV pool, in blocks (None: as many as the target's pool);
+                       a request whose draft blocks do not fit does not speculate until they do
     """
 
     max_batch_size: int = 64
@@ -255,6 +259,7 @@ class EngineOptions:
     kv_dtype: str | None = None
     speculative_tokens: int = 0
     speculation_max_rows: int = 8
+    draft_num_kv_blocks: int | None = None
     seed: int = 0
 
     def __post_init__(self):
@@ -269,6 +274,7 @@ class EngineOptions:
         check_int("cpu_threads", self.cpu_threads, 1, optional=True)
         check_int("speculative_tokens", self.speculative_tokens, 0, maximum=MAX_SPECULATIVE_TOKENS)
         check_int("speculation_max_rows", self.speculation_max_rows, 1)
+        check_int("draft_num_kv_blocks", self.draft_num_kv_blocks, 1, optional=True)
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES:

@@ -24,6 +24,7 @@ from . import loop
 from .config import EngineOptions, GenerationConfig, check_int
 from .constraints import Grammars
 from .context import END, Handle, ResponseContext
+from .draft import Drafter, check_draft
 from .cpu_host import host_for
 from .errors import EngineClosed
 from .handles import Handles
@@ -51,15 +52,22 @@ class Engine(TextAPI):
     collected, and its loop thread ends.
     """
 
-    def __init__(self, checkpoint: models.Checkpoint, device: torch.device, options: EngineOptions):
+    def __init__(self, checkpoint: models.Checkpoint, device: torch.device, options: EngineOptions,
+                 draft: models.Checkpoint | None = None):
+        """``draft``: a model that proposes tokens for speculating requests (runtime/draft.py), loaded
+        on ``device``; ValueError where its vocabulary or tokenizer differs from ``checkpoint``'s."""
         model = checkpoint.model
+        if draft is not None:
+            check_draft(checkpoint, draft)
         self.tokenizer = checkpoint.tokenizer
         self.eos_token_ids = checkpoint.eos_token_ids
         self.name = checkpoint.name
         self.device = device
         self.options = options
         self.kv_manager = KVManager.for_model(model, options, device)
-        self.scheduler = Scheduler(options, self.kv_manager)
+        self.drafter = (Drafter.for_model(draft.model, options, device, self.kv_manager.num_blocks)
+                        if draft is not None else None)
+        self.scheduler = Scheduler(options, self.kv_manager, self.drafter)
         self.vocab_size, self.max_position = model.vocab_size, model.max_position
         self.max_context = min(model.max_position, self.kv_manager.num_blocks * options.block_size)
         splits_rows = getattr(model, "splits_rows", None)  # models/step.py
@@ -72,7 +80,7 @@ class Engine(TextAPI):
         self._handles = Handles(self._lock, self._wakeup, options.max_unfetched_tokens, self._host.took)
         self._grammars = Grammars(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self._worker = Worker(model, self.kv_manager, self.scheduler, self._handles, self._host, self._grammars,
-                              self._lock, self._wakeup, device, options.seed)
+                              self._lock, self._wakeup, device, options.seed, self.drafter)
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         _live_engines.add(self)
@@ -92,8 +100,8 @@ class Engine(TextAPI):
         return self.kv_manager.cache
 
     @classmethod
-    def from_pretrained(cls, source=None, *, device="cpu", dtype=None, weights=None, tokenizer=None,
-                        **options) -> "Engine":
+    def from_pretrained(cls, source=None, *, device="cpu", dtype=None, weights=None, tokenizer=None, draft=None,
+                        draft_weights=None, **options) -> "Engine":
         """Load ``source`` (None: the embedded SmolLM2; a Hugging Face directory; a .gguf file;
         an in-memory transformers model) and build an engine. ``weights``: None (the default: "stored",
         "float32" for the embedded model: models.DEFAULT_MODEL_WEIGHTS), "stored" (as the checkpoint
@@ -103,14 +111,26 @@ class Engine(TextAPI):
         Q4_1 / Q8_0, the input rounded to 8 bits; models/kernels/block_linear.py), "float16", or
         "int8-dynamic" (FBGEMM's int8 product, activations quantized too; models/kernels/quantized.py).
         ``tokenizer``: a transformers tokenizer to use instead of the checkpoint's (an in-memory
-        model has none). ``options`` are EngineOptions. Raises ValueError/TypeError for a bad
-        option, source or choice before anything loads."""
+        model has none). ``options`` are EngineOptions.
+
+        ``draft``: a smaller model of the same vocabulary and tokenizer that proposes the tokens
+        speculating requests verify (``speculative_tokens``), in place of prompt lookup: a source as
+        ``source`` is ("default": the embedded model) or a models.Checkpoint, loaded with
+        ``draft_weights`` (as ``weights``) and ``dtype``; its paged KV cache is its own
+        (``draft_num_kv_blocks``). The embedded model in "stored" weights (its Q4_1 blocks) can draft
+        for itself in float32. Raises ValueError/TypeError for a bad option, source or choice before
+        anything loads, ValueError for a draft whose vocabulary or tokenizer differs from the target's."""
         engine_options = EngineOptions.from_kwargs(options)  # bad options fail before a slow load
         device = torch.device(device)
+        if draft_weights is not None and draft is None:
+            raise ValueError("draft_weights needs a draft model (draft=...)")
         checkpoint = models.load(source, device=device, dtype=dtype, weights=weights)
         if tokenizer is not None:
             checkpoint.tokenizer = tokenizer
-        return cls(checkpoint, device, engine_options)
+        if draft is not None and not isinstance(draft, models.Checkpoint):
+            draft = models.load(None if draft == "default" else draft, device=device, dtype=dtype,
+                                weights=draft_weights)
+        return cls(checkpoint, device, engine_options, draft)
 
     # -- the application's side -------------------------------------------------------------
 
@@ -264,9 +284,20 @@ class Engine(TextAPI):
                 "prefix_cache_hit_rate": s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
                 "speculative_proposed_tokens": s.proposed_tokens,
                 "speculative_accepted_tokens": s.accepted_tokens,
+                **self._draft_stats(),
                 "cpu_threads": self._host.thread_count,
                 **self._worker.counters,
             }
+
+    def _draft_stats(self) -> dict:
+        """The draft model's side (zeros without one): its batched forwards, their seconds in all,
+        those that raised (the step went on without proposals), and its KV pool."""
+        d = self.drafter
+        if d is None:
+            return {"draft_forwards": 0, "draft_seconds": 0.0, "draft_failures": 0, "free_draft_kv_blocks": 0,
+                    "total_draft_kv_blocks": 0}
+        return {"draft_forwards": d.forwards, "draft_seconds": d.seconds, "draft_failures": d.failures,
+                "free_draft_kv_blocks": d.kv.num_free, "total_draft_kv_blocks": d.kv.num_blocks}
 
     def __enter__(self):
         return self
@@ -287,6 +318,8 @@ class Engine(TextAPI):
         self._wakeup = self._handles.wakeup = self._worker.wakeup = threading.Condition(self._lock)
         self._host.after_fork_in_child()
         self.kv_manager.after_fork_in_child()
+        if self.drafter is not None:
+            self.drafter.kv.after_fork_in_child()
         self._thread = None
         self._worker.close(EngineClosed(f"this engine was created in process {self._pid} and cannot be used in the "
                                         f"forked child {os.getpid()} (its loop thread does not survive os.fork()); "

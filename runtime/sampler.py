@@ -2,7 +2,8 @@
 and per-request seeds for the whole step at once, then a single device-to-host transfer (which
 carries the step's log-probabilities too, when a request asks for them). A row that verifies a
 proposed token (speculative decoding) keeps it or draws another by rejection sampling, so that its
-token is distributed as the row's own draw would be (``verify``)."""
+token is distributed as the row's own draw would be (``verify``): for a proposal that came with
+certainty (prompt lookup, a greedy draft) or one a draft model drew from its distribution q."""
 
 from __future__ import annotations
 
@@ -24,11 +25,14 @@ class TokenLogprob:
 
 
 def sample(logits: torch.Tensor, contexts, generator: torch.Generator, bitmask: torch.Tensor | None = None,
-           proposals: list[int | None] | None = None) -> tuple[list[int], list[TokenLogprob | None] | None]:
+           proposals: list[int | None] | None = None, draft_probs: list | None = None
+           ) -> tuple[list[int], list[TokenLogprob | None] | None]:
     """One token per row of ``logits`` [S, vocab]; row i belongs to ``contexts[i]``, and row i of
     ``bitmask`` holds its allowed tokens when it has a constraint. ``proposals[i]``, where given
     and not None, is the token proposed for row i (speculative decoding): a sampled row keeps it
     or draws another (``verify``); a greedy row's argmax is compared with it by the caller.
+    ``draft_probs[i]``, where given and not None: the distribution [vocab] a draft model drew that
+    proposal from (else it came with certainty).
     Returns the tokens, and each row's TokenLogprob (None where not asked) or None when no row asked."""
     configs = [ctx.config for ctx in contexts]
     raw = logits
@@ -42,7 +46,8 @@ def sample(logits: torch.Tensor, contexts, generator: torch.Generator, bitmask: 
     # vocabulary's order: apart, so that a seeded request draws the same token whatever its batch-mates.
     for rows in ([i for i in sampled if not filters(configs[i])], [i for i in sampled if filters(configs[i])]):
         if rows:
-            tokens[torch.tensor(rows, device=logits.device)] = draw(logits, rows, contexts, generator, proposals)
+            tokens[torch.tensor(rows, device=logits.device)] = draw(logits, rows, contexts, generator, proposals,
+                                                                    draft_probs)
     return transfer(tokens, raw, configs)
 
 
@@ -51,9 +56,9 @@ def filters(config) -> bool:
 
 
 def draw(logits: torch.Tensor, rows: list[int], contexts, generator: torch.Generator,
-         proposals: list[int | None] | None = None) -> torch.Tensor:
+         proposals: list[int | None] | None = None, draft_probs: list | None = None) -> torch.Tensor:
     """A sampled token for each of ``rows``: from the request's own generator when it has a seed;
-    for a row that verifies a proposed token, by ``verify``."""
+    for a row that verifies a proposed token, by ``verify`` (with the draft's q where given)."""
     index = torch.tensor(rows, device=logits.device)
     probs, order = filtered_probs(logits[index], [contexts[i].config for i in rows])
     seeded = [j for j, i in enumerate(rows) if contexts[i].generator is not None]
@@ -69,30 +74,41 @@ def draw(logits: torch.Tensor, rows: list[int], contexts, generator: torch.Gener
         at = torch.tensor(verifying, device=logits.device)
         proposed = torch.tensor([proposals[rows[j]] for j in verifying], device=logits.device)
         by_token = probs[at] if order is None else torch.empty_like(probs[at]).scatter_(1, order[at], probs[at])
-        tokens[at] = verify(by_token, proposed, generator)
+        drafted = None
+        if draft_probs is not None and any(draft_probs[rows[j]] is not None for j in verifying):
+            certain = torch.zeros_like(by_token).scatter_(1, proposed[:, None], 1.0)  # a proposal without q
+            drafted = torch.stack([certain[n] if draft_probs[rows[j]] is None else draft_probs[rows[j]].to(by_token)
+                                   for n, j in enumerate(verifying)])
+        tokens[at] = verify(by_token, proposed, generator, drafted)
     return tokens
 
 
-def verify(probs: torch.Tensor, proposed: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Rejection sampling of a proposal that came with certainty (prompt lookup proposes one
-    token, probability 1 under its proposal): each row keeps ``proposed`` with its probability
-    p(x) under ``probs`` [rows, vocab] (vocabulary order, filters applied), else draws from p
-    without x, renormalised: p(x) + (1 - p(x)) p(y) / (1 - p(x)) = p(y), so every token is as
-    likely as in a draw of its own (Leviathan et al.'s rule with a one-token proposal). A row that
-    keeps x makes the next row's proposal stand as its context; the scheduler keeps the rows up to
-    the first that drew something else. The request's own generator is not used: seeded requests
-    do not speculate, so that their draws stay what they are without it."""
+def verify(probs: torch.Tensor, proposed: torch.Tensor, generator: torch.Generator,
+           draft_probs: torch.Tensor | None = None) -> torch.Tensor:
+    """Rejection sampling of proposed tokens (Leviathan et al.), exact: each row keeps its proposal
+    x with probability min(1, p(x) / q(x)), p its row of ``probs`` [rows, vocab] (vocabulary
+    order, filters applied) and q the distribution x was drawn from (its row of ``draft_probs``,
+    a draft model's), else draws from max(0, p - q) renormalised; every token is then distributed
+    as p, as likely as in a draw of its own. ``draft_probs`` None: every proposal came with
+    certainty (prompt lookup, a greedy draft; q one-hot at x), and the rule is keep x with p(x),
+    else draw from p without x: p(x) + (1 - p(x)) p(y) / (1 - p(x)) = p(y). A row that keeps x
+    makes the next row's proposal stand as its context; the scheduler keeps the rows up to the
+    first that drew something else. The request's own generator is not used: seeded requests do
+    not speculate, so that their draws stay what they are without it."""
     chance = probs.gather(1, proposed[:, None])[:, 0]
+    if draft_probs is not None:  # q(x) > 0: x was drawn from q
+        chance = chance / draft_probs.gather(1, proposed[:, None])[:, 0].clamp_min(torch.finfo(probs.dtype).tiny)
     keep = torch.rand(len(proposed), generator=generator, device=probs.device, dtype=probs.dtype) < chance
-    rest = probs.scatter(1, proposed[:, None], 0.0)
-    # where x held all the mass it is always kept (rand < 1): any valid row will do for the draw
+    rest = probs.scatter(1, proposed[:, None], 0.0) if draft_probs is None else (probs - draft_probs).clamp_min(0)
+    # where x held all the mass it is always kept (rand < 1), and where q >= p everywhere p = q and
+    # x is always kept too: any valid row will do for the draw
     rest = torch.where(rest.sum(-1, keepdim=True) > 0, rest, probs)
     other = torch.multinomial(rest, 1, generator=generator)[:, 0]
     return torch.where(keep, proposed, other)
 
 
 def sample_each(logits: torch.Tensor, contexts, generator: torch.Generator, bitmask: torch.Tensor | None = None,
-                proposals: list[int | None] | None = None):
+                proposals: list[int | None] | None = None, draft_probs: list | None = None):
     """``sample`` one row at a time, for a step whose batched sampling raised: each row gets its
     (token, logprob), or the exception its own sampling raised, so that one request's failure
     stays its own."""
@@ -100,7 +116,8 @@ def sample_each(logits: torch.Tensor, contexts, generator: torch.Generator, bitm
     for i, ctx in enumerate(contexts):
         try:
             tokens, logprobs = sample(logits[i:i + 1], [ctx], generator, None if bitmask is None else bitmask[i:i + 1],
-                                      None if proposals is None else proposals[i:i + 1])
+                                      None if proposals is None else proposals[i:i + 1],
+                                      None if draft_probs is None else draft_probs[i:i + 1])
             out.append((tokens[0], logprobs[0] if logprobs else None))
         except Exception as error:  # noqa: BLE001 - handed to that request's consumer
             out.append((error, None))

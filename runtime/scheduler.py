@@ -1,6 +1,6 @@
 """Which requests run in the next step, and how many tokens each: admission, the token budget,
 chunked prefill, preemption by recompute, the order policy (FCFS or priority), proposed tokens for
-decoding requests that speculate (runtime/speculation.py), and applying a step's results to the
+decoding requests that speculate (runtime/speculation.py; a draft model's: runtime/draft.py), and applying a step's results to the
 requests (recomputing a request whose length passes the model's ``recompute_past``,
 models/step.py). The blocks their tokens need come from the KV manager."""
 
@@ -14,6 +14,7 @@ from models.step import Sequence
 from . import speculation
 from .config import EngineOptions
 from .context import ResponseContext, Status
+from .draft import DraftJob, Drafter
 from .kv_manager import KVManager
 
 
@@ -21,12 +22,24 @@ from .kv_manager import KVManager
 class Scheduled:
     """A request in a step, computing ``num_tokens`` tokens from ``ctx.num_computed`` on, their
     K/V in the blocks of ``block_table``: its own tokens, then the ``draft`` tokens proposed to
-    follow them (speculative decoding; only a decoding request has any)."""
+    follow them (speculative decoding; only a decoding request has any). With a draft model, the
+    plan holds room for ``reserved`` proposals that its ``drafting`` job makes outside the lock,
+    and ``propose`` then puts them in (``draft_probs``: the draft's distribution q of each, for a
+    sampled request)."""
 
     ctx: ResponseContext
     num_tokens: int
     block_table: list[int]
     draft: list[int] = field(default_factory=list)
+    reserved: int = 0
+    drafting: DraftJob | None = None
+    draft_probs: list | None = None
+
+    def propose(self, tokens: list[int], probs: list) -> None:
+        """The draft model's proposals (at most ``reserved``), and q of each where it drew them."""
+        self.draft = tokens
+        self.draft_probs = probs[:len(tokens)] if probs else None
+        self.num_tokens += len(tokens)
 
     @property
     def samples(self) -> bool:
@@ -72,6 +85,18 @@ class StepPlan:
             return None
         return [token for e in self.entries if e.samples for token in e.draft + [None]]
 
+    def draft_probs(self) -> list | None:
+        """For each sampled row (as ``sampling``), the draft model's distribution q its proposal
+        was drawn from, or None (a proposal that came with certainty, or none); None in a step
+        without any."""
+        if not any(e.draft_probs for e in self.entries):
+            return None
+        return [q for e in self.entries if e.samples for q in (e.draft_probs or [None] * len(e.draft)) + [None]]
+
+    def drafting(self) -> list[DraftJob]:
+        """The draft model's jobs of this step (Drafter.run)."""
+        return [e.drafting for e in self.entries if e.drafting is not None]
+
     def sequences(self) -> list[Sequence]:
         """The plan as the model contract's Sequences (see models/step.py)."""
         sequences = []
@@ -86,9 +111,10 @@ class Scheduler:
     """The waiting and running requests, under the engine's lock. Blocks are the KV manager's: the
     scheduler asks it for room and gives the room back."""
 
-    def __init__(self, options: EngineOptions, kv: KVManager):
+    def __init__(self, options: EngineOptions, kv: KVManager, drafter: Drafter | None = None):
         self.options = options
         self.kv = kv
+        self.drafter = drafter  # the draft model's proposer (runtime/draft.py); None: prompt lookup
         self.recompute_past = kv.recompute_past  # the model's (models/step.py), None where it has none
         self.waiting: list[ResponseContext] = []  # sorted by precedence
         self.running: list[ResponseContext] = []
@@ -121,7 +147,13 @@ class Scheduler:
             self.running.remove(ctx)
         elif ctx in self.waiting:
             self.waiting.remove(ctx)
+        self.free(ctx)
+
+    def free(self, ctx: ResponseContext) -> None:
+        """Give back the blocks ``ctx`` holds, in the target's pool and the draft's."""
         self.kv.free(ctx)
+        if self.drafter is not None:
+            self.drafter.free(ctx)
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
@@ -172,12 +204,15 @@ class Scheduler:
         return budget
 
     def speculate(self, plan: StepPlan, budget: int) -> None:
-        """Give each decoding request that speculates the tokens prompt lookup proposes, from what
-        the budget and the free blocks leave once every request has its own tokens: a proposal
-        never preempts a request, nor takes the blocks kept for running requests to grow. The
-        step's decode rows, proposals included, stay within ``speculation_max_rows`` (EngineOptions)."""
+        """Give each decoding request that speculates the tokens prompt lookup proposes, or room for
+        those the draft model will propose (``draft_room``), from what the budget and the free
+        blocks leave once every request has its own tokens: a proposal never preempts a request,
+        nor takes the blocks kept for running requests to grow. The step's decode rows, proposals
+        (or room for them) included, stay within ``speculation_max_rows`` (EngineOptions)."""
         decoding = [e for e in plan.entries if e.num_tokens == 1 and e.samples]
         rows_left = self.options.speculation_max_rows - len(decoding)
+        if self.drafter is not None:
+            self.drafter.start_plan()
         for entry in decoding:
             if rows_left <= 0:
                 return
@@ -188,6 +223,11 @@ class Scheduler:
             if self.recompute_past is not None and len(ctx.tokens) <= self.recompute_past:
                 room = min(room, self.recompute_past - len(ctx.tokens))
             k = min(speculation.max_proposed(ctx, self.options.speculative_tokens), room, budget, rows_left)
+            if self.drafter is not None:
+                reserved = self.draft_room(entry, k) if k > 0 else 0
+                budget -= reserved
+                rows_left -= reserved
+                continue
             draft = speculation.propose(ctx, k) if k > 0 else []
             if not draft:
                 continue
@@ -198,8 +238,23 @@ class Scheduler:
             entry.num_tokens += len(draft)
             budget -= len(draft)
             rows_left -= len(draft)
-            ctx.num_proposed += len(draft)
-            self.proposed_tokens += len(draft)
+
+    def draft_room(self, entry: Scheduled, k: int) -> int:
+        """Room for up to ``k`` proposals of the draft model after ``entry``'s token: its job (the
+        draft's blocks, Drafter.reserve) and the target's blocks for them; returns how many. A
+        request whose draft blocks do not fit does not speculate this step; one whose target
+        blocks do not fit only lets its draft catch up."""
+        job = self.drafter.reserve(entry.ctx, k)
+        if job is None:
+            return 0
+        entry.drafting = job
+        if job.width:
+            block_table = self.kv.allocate(entry.ctx, entry.ctx.num_computed + 1 + job.width, self.watermark)
+            if block_table is None:
+                job.width = 0
+            else:
+                entry.block_table, entry.reserved = block_table, job.width
+        return entry.reserved
 
     def postprocess(self, plan: StepPlan, sampling: list[ResponseContext], tokens: list[int],
                     sampled_at: float, logprobs: list | None = None) -> list[tuple[ResponseContext, int]]:
@@ -235,10 +290,16 @@ class Scheduler:
             # written over later, and blocks that held only rejected ones go back now.
             ctx.num_computed += own + min(confirmed, recorded)
             self.kv.cache_computed_blocks(ctx)
-            if entry.draft:
+            if entry.drafting is not None:
+                self.drafter.after_step(ctx, entry.drafting, min(confirmed, recorded))
+            elif entry.draft:
                 ctx.lookup.learn(len(entry.draft), confirmed)
+            if entry.draft:
+                ctx.num_proposed += len(entry.draft)
+                self.proposed_tokens += len(entry.draft)
                 ctx.num_accepted += min(confirmed, recorded)
                 self.accepted_tokens += min(confirmed, recorded)
+            if entry.draft or entry.reserved:
                 self.kv.trim(ctx, len(ctx.tokens))
             if ctx.finished:
                 self.remove(ctx)
@@ -264,6 +325,6 @@ class Scheduler:
         """Free a running request's blocks and send it back to wait (ahead of later arrivals): once
         admitted again it computes every token it holds, and samples no token twice."""
         self.running.remove(ctx)
-        self.kv.free(ctx)
+        self.free(ctx)
         ctx.num_computed = 0
         self.add(ctx)

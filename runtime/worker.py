@@ -1,5 +1,5 @@
-"""The step, in the loop thread: plan (under the lock), build, forward, sample, apply and deliver
-(under the lock again). The loop thread (runtime/loop.py) calls plan and step; everything else
+"""The step, in the loop thread: plan (under the lock), the draft model's proposals where there is
+one, build, forward, sample, apply and deliver (under the lock again). The loop thread (runtime/loop.py) calls plan and step; everything else
 here serves them, and close ends the loop and every request with it."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from . import sampler, speculation
 from .constraints import Grammars
 from .context import END, ResponseContext
 from .cpu_host import CpuHost, DeviceHost
+from .draft import Drafter
 from .errors import GenerationFailed
 from .handles import Handles
 from .kv_manager import KVManager
@@ -28,8 +29,9 @@ class Worker:
 
     def __init__(self, model, kv: KVManager, scheduler: Scheduler, handles: Handles, host: CpuHost | DeviceHost,
                  grammars: Grammars, lock: threading.RLock, wakeup: threading.Condition, device: torch.device,
-                 seed: int):
+                 seed: int, drafter: Drafter | None = None):
         self.model = model
+        self.drafter = drafter
         self.kv, self.scheduler, self.handles, self.host, self.grammars = kv, scheduler, handles, host, grammars
         self.lock, self.wakeup = lock, wakeup  # wakeup: the loop thread sleeps on it (its lock is ``lock``)
         self.device = device
@@ -44,13 +46,17 @@ class Worker:
         runnable = not self.pauses and self.scheduler.has_work()
         plan = self.scheduler.schedule() if runnable else None
         self.kv.commit_ahead()
+        if self.drafter is not None:
+            self.drafter.kv.commit_ahead()
         return plan
 
     def step(self, plan: StepPlan) -> None:
-        """schedule (done) -> build -> forward (beside the step's structured-output masks) ->
-        sample -> apply -> deliver."""
+        """schedule (done) -> draft (the draft model's proposals) -> build -> forward (beside the
+        step's structured-output masks) -> sample -> apply -> deliver."""
+        drafted = self.draft(plan)
         sampling = plan.sampling()
         proposals = plan.proposals()
+        draft_probs = plan.draft_probs()
         masks = self.grammars.start_masks([ctx.constraint for ctx in sampling], proposals)
         try:
             step = StepInput.flatten(plan.sequences(), self.kv.block_size, self.device)
@@ -60,12 +66,14 @@ class Worker:
         except Exception as error:
             self.fail([e.ctx for e in plan.entries], error)
             return
-        tokens, logprobs = self.sample(logits, sampling, bitmask, proposals)
+        tokens, logprobs = self.sample(logits, sampling, bitmask, proposals, draft_probs)
         self.host.after_sampling()
         produced = time.perf_counter()  # hand-off latency counts from here, bookkeeping included
         self.host.before_delivery(sampling)
         with self.lock:
             self.counters["steps"] += 1
+            if drafted is not None:
+                self.drafter.seconds += drafted
             delivered = self.scheduler.postprocess(plan, sampling, tokens, produced, logprobs)
             streams: dict[ResponseContext, list[int]] = {}  # a request's tokens in order, then its end once
             for ctx, token in delivered:
@@ -76,16 +84,39 @@ class Worker:
             self.counters["requests_finished"] += sum(ctx.finished for ctx in streams)
         self.host.after_delivery(produced)
 
-    def sample(self, logits: torch.Tensor, sampling: list[ResponseContext], bitmask, proposals=None):
+    def draft(self, plan: StepPlan) -> float | None:
+        """Outside the lock: the draft model's forwards for the plan's jobs, and each entry given
+        the proposals its job made; returns their time (None without jobs). Where the draft's
+        forward raises, no request speculates this step and the step goes on (counted in
+        Drafter.failures): a draft never fails a request."""
+        jobs = plan.drafting()
+        if not jobs:
+            return None
+        started = time.perf_counter()
+        try:
+            self.drafter.run(jobs, self.generator)
+        except Exception:  # noqa: BLE001 - the target's step does not depend on it
+            for job in jobs:
+                job.proposals, job.probs = [], []
+            with self.lock:
+                self.drafter.failures += 1
+        for entry in plan.entries:
+            if entry.drafting is not None and entry.reserved:
+                entry.propose(entry.drafting.proposals[:entry.reserved], entry.drafting.probs)
+        return time.perf_counter() - started
+
+    def sample(self, logits: torch.Tensor, sampling: list[ResponseContext], bitmask, proposals=None,
+               draft_probs=None):
         """The step's tokens (and logprobs, see sampler.sample), each constrained request's grammar
-        advanced by its token. ``proposals``: each row's proposed token, or None (StepPlan.proposals).
-        If sampling the batch raises, each row is sampled alone; only the requests whose own sampling
-        or grammar fails are failed (their token is then END)."""
+        advanced by its token. ``proposals``: each row's proposed token, or None (StepPlan.proposals);
+        ``draft_probs``: the draft model's q of each (StepPlan.draft_probs). If sampling the batch
+        raises, each row is sampled alone; only the requests whose own sampling or grammar fails
+        are failed (their token is then END)."""
         views = speculation.sampler_rows(sampling, proposals)  # penalties count the proposals before a row
         try:
-            tokens, logprobs = sampler.sample(logits, views, self.generator, bitmask, proposals)
+            tokens, logprobs = sampler.sample(logits, views, self.generator, bitmask, proposals, draft_probs)
         except Exception:
-            rows = sampler.sample_each(logits, views, self.generator, bitmask, proposals)
+            rows = sampler.sample_each(logits, views, self.generator, bitmask, proposals, draft_probs)
             tokens, logprobs = [token for token, _ in rows], [logprob for _, logprob in rows]
         advanced = set()  # requests whose grammar has taken its last token of the step
         for i, (ctx, token) in enumerate(zip(sampling, tokens)):
@@ -133,3 +164,5 @@ class Worker:
             self.wakeup.notify_all()
         self.grammars.close()
         self.kv.close()
+        if self.drafter is not None:
+            self.drafter.kv.close()
