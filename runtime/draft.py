@@ -27,9 +27,13 @@ are those of greedy decoding. A sampled request draws each proposal x from the d
 distribution q (its logits with the request's penalties, bias, temperature and filters), and the
 target keeps x with probability min(1, p(x) / q(x)), else draws from max(0, p - q) renormalised
 (sampler.verify, Leviathan et al.): every token is then distributed as the target's p, whatever
-the draft. A request with structured output drafts greedily: its proposals are cut where the
-grammar refuses them, which is exact only for proposals that came with certainty (q one-hot).
-Seeded sampled requests do not speculate (speculation.max_proposed).
+the draft. Prompt lookup's rule (keep x with p(x), else draw from p without x) would be exact
+too, for any x, drawn or not; the p/q rule keeps more: sum min(p, q) of the proposals against
+sum p q (a draft close to its target keeps nearly all, where the other rule keeps what the
+target's own draw would have matched). The p/q rule is exact only over x drawn from q as it
+is, so a request with structured output, whose proposals are cut where its grammar refuses
+them, drafts greedily and is verified by the other rule. Seeded sampled requests do not
+speculate (speculation.max_proposed).
 
 With a draft, it proposes for every speculating request and prompt lookup does not: one source of
 proposals per engine, whose cost and acceptance the stats measure alone; a draft of the target's
@@ -181,7 +185,7 @@ class Drafter:
         # a chunk's length is its request's (models choose longrope's factors by it), not where the chunk ends
         first = [(job, Sequence(job.ctx.tokens[job.start:job.end], job.start, job.table, job.width > 0,
                                 len(job.ctx.tokens))) for job in jobs]
-        self._propose(first)
+        self._propose(first, generator)
         for job in jobs:
             job.caught_up = True
         for j in range(1, max((job.width for job in jobs), default=0)):
@@ -191,14 +195,14 @@ class Drafter:
                 break
             # proposal j - 1 sits at position end + j - 1; its logits propose the next
             self._propose([(job, Sequence([job.proposals[-1]], job.end + j - 1, job.table, True, job.end + j))
-                           for job in going])
+                           for job in going], generator)
             for job in going:
                 job.written += 1
         for job in jobs:
             if job.proposals and job.ctx.constraint is not None:
                 del job.proposals[job.ctx.constraint.valid_prefix(job.proposals):]
 
-    def _propose(self, work: list[tuple[DraftJob, Sequence]]) -> None:
+    def _propose(self, work: list[tuple[DraftJob, Sequence]], generator: torch.Generator) -> None:
         """One batched forward of ``work``'s sequences; each sampling one adds a proposal to its job."""
         # StepInput.flatten's order: one-token entries first, longest context first, then chunks
         work.sort(key=lambda item: (len(item[1].token_ids) != 1, -item[1].start))

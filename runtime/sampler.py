@@ -89,9 +89,10 @@ def verify(probs: torch.Tensor, proposed: torch.Tensor, generator: torch.Generat
     x with probability min(1, p(x) / q(x)), p its row of ``probs`` [rows, vocab] (vocabulary
     order, filters applied) and q the distribution x was drawn from (its row of ``draft_probs``,
     a draft model's), else draws from max(0, p - q) renormalised; every token is then distributed
-    as p, as likely as in a draw of its own. ``draft_probs`` None: every proposal came with
-    certainty (prompt lookup, a greedy draft; q one-hot at x), and the rule is keep x with p(x),
-    else draw from p without x: p(x) + (1 - p(x)) p(y) / (1 - p(x)) = p(y). A row that keeps x
+    as p, as likely as in a draw of its own (over x drawn from q as it is). ``draft_probs`` None:
+    every proposal taken as certain (prompt lookup, a greedy draft; q one-hot at x), and the rule
+    is keep x with p(x), else draw from p without x: p(x) + (1 - p(x)) p(y) / (1 - p(x)) = p(y)
+    for each x on its own, however it was chosen; the p/q rule keeps more where q is known. A row that keeps x
     makes the next row's proposal stand as its context; the scheduler keeps the rows up to the
     first that drew something else. The request's own generator is not used: seeded requests do
     not speculate, so that their draws stay what they are without it."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 
 import torch
 
@@ -95,11 +96,13 @@ class Worker:
         started = time.perf_counter()
         try:
             self.drafter.run(jobs, self.generator)
-        except Exception:  # noqa: BLE001 - the target's step does not depend on it
+        except Exception as error:  # noqa: BLE001 - the target's step does not depend on it
             for job in jobs:
                 job.proposals, job.probs = [], []
             with self.lock:
                 self.drafter.failures += 1
+            warnings.warn(f"the draft model's forward failed, its requests go on without proposals: {error!r}",
+                          RuntimeWarning, stacklevel=1)
         for entry in plan.entries:
             if entry.drafting is not None and entry.reserved:
                 entry.propose(entry.drafting.proposals[:entry.reserved], entry.drafting.probs)

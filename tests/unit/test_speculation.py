@@ -61,3 +61,29 @@ def test_a_plain_step_is_unchanged_and_num_sampled_is_checked():
     assert chunk.prefills and chunk.sample_indices.tolist() == [1, 2]  # a chunk's last two
     with pytest.raises(ValueError, match="num_sampled must be in"):
         StepInput.flatten([Sequence([6, 7], 0, [1], True, None, 3)], 4, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("draft", ["drawn from q", "certain"])
+def test_rejection_sampling_gives_the_targets_distribution_whatever_the_proposal(draft):
+    """sampler.verify over many rows of one (p, q) on a tiny vocabulary: a proposal x drawn from q
+    (a draft model's) kept with min(1, p(x)/q(x)), else a draw from max(0, p - q), and one that came
+    with certainty (q one-hot) kept with p(x), else a draw from p without x: either way each token
+    comes as often as p says (total variation within sampling noise), and the p/q rule keeps
+    sum min(p, q) of the proposals."""
+    from runtime.sampler import verify
+    generator = torch.Generator().manual_seed(0)
+    p = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05, 0.0])
+    q = torch.tensor([0.1, 0.3, 0.05, 0.25, 0.2, 0.1])  # far from p, with mass where p has none
+    rows = 200_000
+    if draft == "certain":
+        proposed = torch.full((rows,), 3)
+        drafted = None
+    else:
+        proposed = torch.multinomial(q, rows, replacement=True, generator=generator)
+        drafted = q.expand(rows, -1)
+    tokens = verify(p.expand(rows, -1), proposed, generator, drafted)
+    observed = torch.bincount(tokens, minlength=len(p)).double() / rows
+    assert (observed - p).abs().sum() / 2 < 0.006  # sampling noise: ~0.002
+    kept = (tokens == proposed).double().mean().item()
+    expected = torch.minimum(p, q).sum().item() if drafted is not None else p[3].item()
+    assert kept == pytest.approx(expected, abs=0.01)
