@@ -85,9 +85,18 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                             "the tokens in the same memory and read faster")
     group.add_argument("--max-batch-size", type=int, default=64, help="requests run per step (default: 64)")
     group.add_argument("--speculative-tokens", type=proposal_count, default=0, metavar="K",
-                       help="verify up to K tokens proposed from earlier text (prompt lookup) per step: faster where "
-                            "the answer repeats its input, the same tokens (greedy) or as likely (sampled); "
+                       help="verify up to K tokens proposed from earlier text (prompt lookup), or by --draft, per "
+                            "step: faster where the answer repeats its input (or the draft guesses right), the same "
+                            "tokens (greedy) or as likely (sampled); "
                             "0 to 16 (default: 0, off)")
+    group.add_argument("--draft", default=None, metavar="MODEL",
+                       help="a smaller model of the same tokenizer whose proposals the steps verify in place of "
+                            "prompt lookup's (with --speculative-tokens): a checkpoint directory, a .gguf file, or "
+                            "'default' for the embedded model (with --draft-weights stored, its 4-bit blocks "
+                            "drafting for itself in float32)")
+    group.add_argument("--draft-weights", default=None,
+                       choices=("stored", "float32", "float16", "int8", "int8-dynamic", "int4"),
+                       help="the draft model's weights, as --weights (default: as --weights' default)")
     group.add_argument("--cpu-threads", type=int, default=None,
                        help="at most this many threads for the forward on CPU (default: the available cores; "
                             "fewer while other processes keep them busy)")
@@ -109,7 +118,7 @@ def load_engine(args, source=None, **options):
     options.setdefault("kv_dtype", args.kv_dtype)
     options.setdefault("speculative_tokens", args.speculative_tokens)
     return Engine.from_pretrained(args.model if source is None else source, device=args.device, dtype=args.dtype,
-                                  weights=args.weights, **options)
+                                  weights=args.weights, draft=args.draft, draft_weights=args.draft_weights, **options)
 
 
 def generation_config(args):

@@ -62,6 +62,11 @@ class Metrics:
             ("loom_speculative_accepted_tokens_total", "counter",
              "Proposed tokens accepted (each a token gained without a step of its own).",
              s["speculative_accepted_tokens"]),
+            ("loom_draft_forwards_total", "counter", "Batched forwards of the draft model (--draft).",
+             s["draft_forwards"]),
+            ("loom_draft_seconds_total", "counter", "Seconds spent in the draft model's forwards.", s["draft_seconds"]),
+            ("loom_draft_kv_blocks_used", "gauge", "The draft model's KV cache blocks held by requests.",
+             s["total_draft_kv_blocks"] - s["free_draft_kv_blocks"]),
             ("loom_prefix_cache_hit_rate", "gauge", "Share of prompt tokens served from the prefix cache.",
              s["prefix_cache_hit_rate"]),
         ]

@@ -83,11 +83,13 @@ class LoomReplica:
     """One Engine behind create_app; ``forward`` runs one HTTP request through that app and
     streams back its status and headers, then its body as the app sends it."""
 
-    def __init__(self, source, device, dtype, weights, model_name, api_key, engine_options):
+    def __init__(self, source, device, dtype, weights, model_name, api_key, engine_options, draft=None,
+                 draft_weights=None):
         from runtime import Engine
         from runtime.serve import create_app
 
-        self.engine = Engine.from_pretrained(source, device=device, dtype=dtype, weights=weights, **engine_options)
+        self.engine = Engine.from_pretrained(source, device=device, dtype=dtype, weights=weights, draft=draft,
+                                             draft_weights=draft_weights, **engine_options)
         self.app = create_app(self.engine, model_name, api_key)
         context = serve.get_replica_context()
         self.name = context.replica_id.unique_id
@@ -243,10 +245,11 @@ def replica_error(error: BaseException) -> dict:
 def loom_application(source=None, *, replicas: int = 2, num_cpus: float = 1, num_gpus: float = 0,
                      device: str = "cpu", dtype=None, weights: str | None = None, model_name: str | None = None,
                      api_key: str | None = None, prefix_affinity: bool = True, drain_s: float = DRAIN_S,
-                     **engine_options):
+                     draft=None, draft_weights: str | None = None, **engine_options):
     """A Ray Serve application for ``serve.run``: ``replicas`` Loom replicas behind one ingress.
     Each replica loads ``source`` (a path every node can read; None: the embedded default model)
-    with ``engine_options`` (EngineOptions) and reserves ``num_cpus``/``num_gpus``. Every response
+    with ``engine_options`` (EngineOptions) and its ``draft`` model, if any (Engine.from_pretrained),
+    and reserves ``num_cpus``/``num_gpus``. Every response
     names its replica in the ``x-loom-replica`` header. ``prefix_affinity=False`` leaves routing to
     Ray's default (power of two choices). Stopped, a replica lets its open requests finish for
     ``drain_s`` at most; past that, its open streams end with an error event and [DONE]. Raises
@@ -256,6 +259,8 @@ def loom_application(source=None, *, replicas: int = 2, num_cpus: float = 1, num
     check_int("replicas", replicas, 1)
     options = EngineOptions.from_kwargs(engine_options)  # bad options fail here, not in every replica
     source = None if source is None else str(Path(source).expanduser().resolve())
+    if draft is not None and draft != "default":
+        draft = str(Path(draft).expanduser().resolve())
     router = RequestRouterConfig(request_router_class=PrefixAffinityRouter) if prefix_affinity else None
     # Ray's default of 5 requests in flight per replica would turn affinity into spill-over: an
     # engine batches all it is given (up to max_batch_size, then its own waiting queue).
@@ -265,7 +270,7 @@ def loom_application(source=None, *, replicas: int = 2, num_cpus: float = 1, num
                                ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus,
                                                   "runtime_env": {"env_vars": at_application_priority()}},
                                **({"request_router_config": router} if router else {}))
-    engines = engines.bind(source, device, dtype, weights, model_name, api_key, engine_options)
+    engines = engines.bind(source, device, dtype, weights, model_name, api_key, engine_options, draft, draft_weights)
 
     def build():  # evaluated in the ingress replica, where the replicas' handle is looked up by name
         context = serve.get_replica_context()
@@ -357,7 +362,8 @@ def run(args) -> None:
         serve.run(loom_application(args.model, replicas=args.replicas, num_cpus=args.replica_cpus,
                                    num_gpus=args.replica_gpus, device=args.device, dtype=args.dtype,
                                    weights=args.weights, model_name=args.model_name, api_key=args.api_key,
-                                   drain_s=args.drain_timeout, **options),
+                                   drain_s=args.drain_timeout, draft=args.draft, draft_weights=args.draft_weights,
+                                   **options),
                   name=APP_NAME, route_prefix="/", blocking=False)
     print(f"serving {args.replicas} replicas on http://{args.host}:{args.port}/v1", flush=True)
     stop.wait()

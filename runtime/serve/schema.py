@@ -126,8 +126,8 @@ class Sampling(Body):
     top_k: int = Field(default=0, ge=0)
     min_p: float = Field(default=0.0, ge=0, le=1)
     repetition_penalty: float = Field(default=1.0, gt=0)
-    # Loom's: tokens proposed by prompt lookup and verified per step (GenerationConfig.speculative_tokens);
-    # None: the server's --speculative-tokens.
+    # Loom's: tokens proposed by prompt lookup (or the server's --draft model) and verified per step
+    # (GenerationConfig.speculative_tokens); None: the server's --speculative-tokens.
     speculative_tokens: int | None = Field(default=None, ge=0, le=MAX_SPECULATIVE_TOKENS)
     # OpenAI's arguments that do not change the answer: accepted, and ignored.
     user: str | None = None

@@ -37,11 +37,13 @@ def test_generate_with_speculative_tokens_gives_the_same_answers(tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Repeat this text exactly: All that glitters is not gold.\n")
     answers = []
-    for extra in ([], ["--speculative-tokens", "4"]):
+    # off, prompt lookup, and the embedded model's own 4-bit blocks drafting for its float32 self
+    for extra in ([], ["--speculative-tokens", "4"],
+                  ["--speculative-tokens", "4", "--draft", "default", "--draft-weights", "stored"]):
         out = tmp_path / "answers.jsonl"
         assert main(["generate", str(prompts), "--max-new-tokens", "16", "--output", str(out), *extra]) == 0
         answers.append(out.read_text())
-    assert answers[0] == answers[1]
+    assert answers[0] == answers[1] == answers[2]
 
 
 def test_generate_raw_sends_the_text_as_is(tmp_path):
@@ -75,6 +77,7 @@ def test_generate_answers_in_a_schema_or_a_choice(tmp_path):
     (["bench", "--peers", "vllm"], 2),
     (["chat", "--weights", "int2"], 2),
     (["serve", "--speculative-tokens", "17"], 2),
+    (["serve", "--draft-weights", "int2"], 2),
 ])
 def test_bad_arguments_fail_in_one_line_before_the_model_loads(argv, message, capsys, monkeypatch):
     import runtime.cli
