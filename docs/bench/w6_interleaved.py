@@ -4,7 +4,12 @@ GGUF file (--model, default the embedded one; as it is, or its F32 copy with --w
 are started together, and at each stream
 count the three run in turn, ``--rounds`` times, each round starting with the next system. It
 prints each system's tok/s per round and the median (W6's prompts, 64 tokens each), then Loom's
-ratios to llama.cpp round by round. The bench (`python -m runtime bench --workloads w6`) runs each
+ratios to llama.cpp round by round. Each cell's prompts are its own (W6's with the round and the
+stream count in front), so that every system prefills every prompt it is measured on: with the
+same prompts in every round, llama-server's slots served a repeated prompt from their cache (11 of
+its 12 tokens), Loom's prefix cache (whole 16-token blocks) none of it, and one stream of the 1.7B
+Q4_K_M file measured that prompt cache more than either's speed (its prefill took 540 ms on one
+Zen 5 core against 80 ms cached, beside 32 decode steps of 54 ms). The bench (`python -m runtime bench --workloads w6`) runs each
 system through all its cells before the next, minutes apart. Run from a
 checkout's root:
 
@@ -46,9 +51,7 @@ def main():
     parser.add_argument("--busy", type=int, default=0, help="busy competitor processes while measuring")
     args = parser.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
-    texts = peer_texts(max(streams))
     engine = Engine.from_pretrained(args.model, weights=args.weights, kv_dtype=args.kv_dtype)
-    prompts = [engine.encode(t) for t in texts]
     gguf = Path(args.model) if args.model else default_model_path()
     label = gguf.stem.rsplit(".", 1)[-1] if args.model is None else gguf.stem  # the default's: its format, Q4_1
     peer = (gguf, label) if args.weights != "float32" else (peers.f32_gguf(gguf, args.llama_server), "F32")
@@ -58,15 +61,18 @@ def main():
         server.start()
     try:
         new = args.tokens
-        systems = [("loom in-process", lambda c: run_loom(engine, [Request(p, new) for p in prompts[:c]], f"W6@{c}"))]
-        systems += [(server.system, lambda c, server=server: server.run(texts[:c], new, f"W6@{c}")) for server in servers]
+        systems = [("loom in-process", lambda texts: run_loom(engine, [Request(engine.encode(t), new) for t in texts],
+                                                              f"W6@{len(texts)}"))]
+        systems += [(server.system, lambda texts, server=server: server.run(texts, new, f"W6@{len(texts)}"))
+                    for server in servers]
         with Competitors(args.busy):
             for round_ in range(args.rounds):
                 for c in streams:
                     # Each round starts with the next system: a drift within a round weighs on all alike.
                     first = round_ % len(systems)
-                    for system, run_cell in systems[first:] + systems[:first]:
-                        run = run_cell(c)
+                    for k in list(range(first, len(systems))) + list(range(first)):
+                        system, run_cell = systems[k]
+                        run = run_cell(peer_texts(c, f"{round_}.{c}.{k}"))  # prompts no system has seen
                         rates.setdefault((system, c), []).append(run.tokens / run.seconds)
     finally:
         for server in servers:

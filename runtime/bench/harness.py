@@ -102,11 +102,15 @@ def steal_percent(before, after) -> float | None:
     return 100.0 * (after[0] - before[0]) / (after[1] - before[1])
 
 
+# The warm-ups' prompt: none of the measured ones, which a prompt cache would then hold.
+WARM_UP_TEXT = "Warm-up: say hello."
+
+
 def warm_up_loom(engine, requests: list[Request]) -> None:
     """Untimed: touch every page of the KV pool once (it is committed lazily, as a long-running
-    process would have done long ago) and run one short request."""
+    process would have done long ago) and run one short request (of none of ``requests``' prompts)."""
     engine.kv_cache.data.zero_()
-    handle = engine.launch_response_tokens(requests[0].prompt, GenerationConfig(max_new_tokens=2, ignore_eos=True))
+    handle = engine.launch_response_tokens(engine.encode(WARM_UP_TEXT), GenerationConfig(max_new_tokens=2, ignore_eos=True))
     list(engine.stream_response_tokens(handle))
 
 

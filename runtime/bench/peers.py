@@ -21,7 +21,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from .harness import Request, Run, one_thread_each
+from .harness import WARM_UP_TEXT, Request, Run, one_thread_each
 
 PEERS = ("fastllm", "llama.cpp")
 FASTLLM_HINT = "pip install --no-deps ftllm (its CPU library ships in the wheel)"
@@ -191,7 +191,7 @@ class OpenAIServer:
         return text, count
 
     def run(self, prompts: list[str], new_tokens: int, workload: str) -> Run:
-        self.complete(prompts[0], 2)  # warm-up, untimed
+        self.complete(WARM_UP_TEXT, 2)  # warm-up, untimed (not a measured prompt: llama-server would cache it)
         run = Run(self.system, workload, len(prompts), note="OpenAI /v1/completions, streamed, one shared client")
         cpu = self.server_cpu_seconds() + time.process_time()
         start = time.perf_counter()

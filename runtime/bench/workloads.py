@@ -239,9 +239,11 @@ def peer_workload(measure, args, load_engine) -> None:
 FASTLLM_DTYPES = {"float32": "float32", "float16": "float16", "int8": "int8", "int8-dynamic": "int8", "int4": "int4g32"}
 
 
-def peer_texts(count: int) -> list[str]:
-    """W6's prompts, one per stream."""
-    return [f"Question {i}: tell me a story about a river." for i in range(count)]
+def peer_texts(count: int, run: str | None = None) -> list[str]:
+    """W6's prompts, one per stream; with ``run``, prompts of that run's own (from their first
+    tokens on), which no cache of an earlier run's prompts can serve."""
+    first = f"Run {run}. " if run is not None else ""
+    return [f"{first}Question {i}: tell me a story about a river." for i in range(count)]
 
 
 def label(run, system: str, note: str):
