@@ -42,6 +42,7 @@ family continues repeated text as well as lookup does (the draft attends to the 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -57,6 +58,9 @@ from .speculation import RowView, penalised
 # fewer (down to 1) after one that did not (transformers' assisted generation). No rests as prompt
 # lookup has: a draft that missed once usually proposes well again at the next token.
 FIRST_WIDTH = 2
+# A catch-up of up to this many tokens before proposals runs as rows (each sampled), longer ones as a
+# prefill chunk: up to a few rows a step is bound by reading the weights (cpu_threads.NARROW_ROWS).
+ROWS = 8
 # Strings whose token ids a draft's tokenizer must give as the target's does.
 PROBES = ("Hello, world!", "The quick brown fox jumps over the lazy dog.", " def f(x):\n    return x * 2",
           "Größe, naïve café — 東京 123.45")
@@ -123,19 +127,21 @@ class Drafter:
     def start_plan(self) -> None:
         self.catch_up_left = self.max_catch_up
 
-    def reserve(self, ctx, k: int) -> DraftJob | None:
-        """A job for ``ctx`` (decoding, allowed ``k`` proposals): the draft blocks for its catch-up
-        and up to k proposals, fewer while its proposals fail (DraftState.width) or where the
-        draft's context ends; None where the draft's pool cannot hold them, or where a step's
-        share of catching up is spent before ``ctx``'s starts."""
+    def reserve(self, ctx, k: int, upto: int | None = None) -> DraftJob | None:
+        """A job for ``ctx``: the draft blocks to catch up on its tokens up to ``upto`` (None: all of
+        them, for a decoding request) and for up to ``k`` proposals after them, fewer while its
+        proposals fail (DraftState.width) or where the draft's context ends; k = 0: only catch up
+        (the step that prefills the prompt). None where the draft's pool cannot hold them, where
+        there is nothing to do, or where a step's share of catching up is spent before ``ctx``'s starts."""
         n = len(ctx.tokens)
+        upto = n if upto is None else upto
         # The draft's forwards reach length n + width - 1: within its context, and on one side of its
         # recompute_past (the target's scheduler keeps the target's).
         room = self.max_position - n + 1
         long = self.recompute_past is not None and n > self.recompute_past
         if self.recompute_past is not None and not long:
             room = min(room, self.recompute_past - n + 1)
-        if min(k, room) <= 0:
+        if room <= 0:
             return None
         state = self.states.get(ctx.handle)
         if state is not None and state.long != long:  # its K/V hold for the other side of recompute_past
@@ -144,9 +150,10 @@ class Drafter:
         if state is None:
             self.kv.take_cached_prefix(ctx)  # no prefix cache here: an empty table to grow
             state = self.states[ctx.handle] = DraftState(long=long)
-        start = min(state.computed, n - 1)  # at least the last token: its logits propose the first
-        end = min(n, start + self.catch_up_left)
-        if end == start:
+        # a decoding request computes at least its last token: its logits propose the first
+        start = min(state.computed, n - 1) if upto == n else state.computed
+        end = min(upto, start + self.catch_up_left)
+        if end <= start:
             return None
         width = min(k, state.width, room) if end == n else 0
         table = self.kv.allocate(ctx, end + max(width - 1, 0))
@@ -182,9 +189,12 @@ class Drafter:
         it. A job stops early at a token that would end its request; a constrained job's proposals
         are then cut where its grammar refuses them."""
         jobs = [job for job in jobs if job.end > job.start]
-        # a chunk's length is its request's (models choose longrope's factors by it), not where the chunk ends
+        # A chunk's length is its request's (models choose longrope's factors by it), not where it ends.
+        # A few tokens to catch up on before proposing (those a step confirmed) go as rows, as a
+        # verification's do: a decode-only step; as a prefill chunk two tokens cost twice one.
         first = [(job, Sequence(job.ctx.tokens[job.start:job.end], job.start, job.table, job.width > 0,
-                                len(job.ctx.tokens))) for job in jobs]
+                                len(job.ctx.tokens), job.end - job.start if job.end - job.start <= ROWS else 1))
+                 for job in jobs]
         self._propose(first, generator)
         for job in jobs:
             job.caught_up = True
@@ -212,6 +222,9 @@ class Drafter:
         proposing = [job for job, seq in work if seq.sample]
         if not proposing:
             return
+        last_rows = torch.tensor(list(itertools.accumulate(seq.num_sampled for _, seq in work if seq.sample)),
+                                 device=logits.device) - 1
+        logits = logits[last_rows] if len(last_rows) < len(logits) else logits  # a sequence's last row proposes
         # penalties count the proposals before a row, as the target's rows will (speculation.RowView)
         views = [RowView(job.ctx, job.proposals) if job.proposals and penalised(job.ctx.config) else job.ctx
                  for job in proposing]

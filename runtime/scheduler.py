@@ -213,6 +213,7 @@ class Scheduler:
         rows_left = self.options.speculation_max_rows - len(decoding)
         if self.drafter is not None:
             self.drafter.start_plan()
+            self.draft_prefills(plan, rows_left)
         for entry in decoding:
             if rows_left <= 0:
                 return
@@ -238,6 +239,17 @@ class Scheduler:
             entry.num_tokens += len(draft)
             budget -= len(draft)
             rows_left -= len(draft)
+
+    def draft_prefills(self, plan: StepPlan, rows_left: int) -> None:
+        """The draft catches up on a prompt in the step that prefills it (the time counts in the time
+        to the first token, not between tokens), for requests that will speculate, while steps
+        have rows left for proposals (a batch too wide to speculate would never use it)."""
+        if rows_left <= 0:
+            return
+        for entry in plan.entries:
+            ctx = entry.ctx
+            if entry.num_tokens > 1 and speculation.max_proposed(ctx, self.options.speculative_tokens):
+                entry.drafting = self.drafter.reserve(ctx, 0, ctx.num_computed + entry.num_tokens)
 
     def draft_room(self, entry: Scheduled, k: int) -> int:
         """Room for up to ``k`` proposals of the draft model after ``entry``'s token: its job (the
@@ -277,6 +289,8 @@ class Scheduler:
             if not rows:
                 ctx.num_computed += own
                 self.kv.cache_computed_blocks(ctx)
+                if entry.drafting is not None:
+                    self.drafter.after_step(ctx, entry.drafting, 0)
                 continue
             sampled = tokens[rows.start:rows.stop]
             confirmed = speculation.matched(entry.draft, sampled)
