@@ -233,3 +233,23 @@ def test_sampled_streams_keep_the_models_distribution_with_a_draft(filters):
     observed[-1] += runs - sum(observed)
     wanted[-1] += runs - sum(wanted)
     assert chisquare(observed, wanted).pvalue > 1e-3
+
+
+def test_the_default_models_blocks_draft_for_its_float32_self_within_a_grammar():
+    """The embedded model's Q4_1 blocks (weights "stored") drafting for it in float32 (plain text:
+    tests/serve/test_cli.py): a JSON-schema answer is the same tokens with and without the draft,
+    proposals kept; a sampled one drafts greedily within its schema and stays in it."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    prompt = [{"role": "user", "content": "Describe a person as JSON with a name and an age."}]
+    with Engine.from_pretrained(draft="default", draft_weights="stored", max_batch_size=4) as engine:
+        plain = engine.complete(prompt, GenerationConfig(max_new_tokens=30, json_schema=schema))
+        drafted = engine.complete(prompt, GenerationConfig(max_new_tokens=30, speculative_tokens=4, json_schema=schema))
+        assert drafted.token_ids == plain.token_ids and drafted.finish_reason == plain.finish_reason == "stop"
+        assert plain.proposed_tokens == 0 and drafted.accepted_tokens > 0
+        sampled = engine.complete(prompt, GenerationConfig(max_new_tokens=30, temperature=0.8, speculative_tokens=4,
+                                                           json_schema=schema))
+        assert sampled.proposed_tokens > 0
+        if sampled.finish_reason == "stop":
+            assert set(sampled.parsed) == {"name", "age"}
+        assert_all_blocks_back(engine.stats())
