@@ -11,6 +11,8 @@ things run:
   a DraftJob: the tokens its draft cache lacks (the prompt on first use, then the tokens each step
   confirmed) and room for up to ``width`` proposals, in the draft's pool and in the target's.
   A request whose draft blocks do not fit does not speculate this step; nothing waits for them.
+  A request that will speculate catches up on its prompt in the step that prefills it (a job
+  without proposals), so that the time counts before its first token, not between tokens.
 - **Draft** (the loop thread, outside the lock, before the target's forward: Worker.step): ``run``
   makes every job's proposals in batched forwards, one per proposal position; the first also
   catches each request up. The plan's entries then take the proposals made (Scheduled.propose).

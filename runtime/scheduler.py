@@ -213,7 +213,12 @@ class Scheduler:
         rows_left = self.options.speculation_max_rows - len(decoding)
         if self.drafter is not None:
             self.drafter.start_plan()
-            self.draft_prefills(plan, rows_left)
+        self.propose_for_decodes(decoding, budget, rows_left)
+        if self.drafter is not None and rows_left > 0:
+            self.draft_prefills(plan)  # after the decodes: a step's catch-up share goes to its proposals first
+
+    def propose_for_decodes(self, decoding: list[Scheduled], budget: int, rows_left: int) -> None:
+        """``speculate``'s proposals (or room for the draft's), request by request."""
         for entry in decoding:
             if rows_left <= 0:
                 return
@@ -240,12 +245,10 @@ class Scheduler:
             budget -= len(draft)
             rows_left -= len(draft)
 
-    def draft_prefills(self, plan: StepPlan, rows_left: int) -> None:
+    def draft_prefills(self, plan: StepPlan) -> None:
         """The draft catches up on a prompt in the step that prefills it (the time counts in the time
         to the first token, not between tokens), for requests that will speculate, while steps
         have rows left for proposals (a batch too wide to speculate would never use it)."""
-        if rows_left <= 0:
-            return
         for entry in plan.entries:
             ctx = entry.ctx
             if entry.num_tokens > 1 and speculation.max_proposed(ctx, self.options.speculative_tokens):
