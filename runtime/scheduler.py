@@ -213,9 +213,16 @@ class Scheduler:
         rows_left = self.options.speculation_max_rows - len(decoding)
         if self.drafter is not None:
             self.drafter.start_plan()
+            if len(decoding) > self.options.draft_max_streams:  # (EngineOptions: why)
+                rows_left = 0
         self.propose_for_decodes(decoding, budget, rows_left)
-        if self.drafter is not None and rows_left > 0:
-            self.draft_prefills(plan)  # after the decodes: a step's catch-up share goes to its proposals first
+        # After the decodes (a step's catch-up share goes to its proposals first), and only where the
+        # requests decoding next step may propose: 16 prompts arriving together had the draft
+        # prefill every one (10% of the default model's 16-stream run) for none to propose.
+        decoding_next = sum(1 for e in plan.entries if e.samples)
+        if self.drafter is not None and decoding_next <= min(self.options.draft_max_streams,
+                                                             self.options.speculation_max_rows - 1):
+            self.draft_prefills(plan)
 
     def propose_for_decodes(self, decoding: list[Scheduled], budget: int, rows_left: int) -> None:
         """``speculate``'s proposals (or room for the draft's), request by request."""
@@ -247,8 +254,8 @@ class Scheduler:
 
     def draft_prefills(self, plan: StepPlan) -> None:
         """The draft catches up on a prompt in the step that prefills it (the time counts in the time
-        to the first token, not between tokens), for requests that will speculate, while steps
-        have rows left for proposals (a batch too wide to speculate would never use it)."""
+        to the first token, not between tokens), for requests that will speculate. (One that
+        did not, its batch too wide then, catches up at its first proposal: Drafter.reserve.)"""
         for entry in plan.entries:
             ctx = entry.ctx
             if entry.num_tokens > 1 and speculation.max_proposed(ctx, self.options.speculative_tokens):

@@ -107,9 +107,11 @@ WARM_UP_TEXT = "Warm-up: say hello."
 
 
 def warm_up_loom(engine, requests: list[Request]) -> None:
-    """Untimed: touch every page of the KV pool once (it is committed lazily, as a long-running
+    """Untimed: touch every page of the KV pools once (they are committed lazily, as a long-running
     process would have done long ago) and run one short request (of none of ``requests``' prompts)."""
     engine.kv_cache.data.zero_()
+    if engine.drafter is not None:  # the draft model's pool too
+        engine.drafter.kv.cache.data.zero_()
     handle = engine.launch_response_tokens(engine.encode(WARM_UP_TEXT), GenerationConfig(max_new_tokens=2, ignore_eos=True))
     list(engine.stream_response_tokens(handle))
 

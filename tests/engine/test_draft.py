@@ -60,7 +60,7 @@ def test_greedy_streams_are_the_same_with_a_draft_from_many_threads(arch, draft_
         draft = small_model(draft_kind, seed=2)
     prompts = repeating_prompts(12, seed=2)
     lengths = [random.Random(i).randint(20, 60) for i in range(len(prompts))]
-    with Engine.from_pretrained(hf, draft=draft, block_size=4, speculative_tokens=5) as engine:
+    with Engine.from_pretrained(hf, draft_max_streams=64, draft=draft, block_size=4, speculative_tokens=5) as engine:
         results = run_threaded(engine, prompts, [GenerationConfig(max_new_tokens=n) for n in lengths])
         stats = engine.stats()
     for i, prompt in enumerate(prompts):
@@ -124,7 +124,7 @@ def test_stop_tokens_and_max_new_tokens_are_exact_with_a_draft(llama):
             cases.append(p)
             configs.append(GenerationConfig(max_new_tokens=40, stop_token_ids=[stop], speculative_tokens=6))
             expected.append(full[:full.index(stop) + 1])
-    with Engine.from_pretrained(llama, draft=draft, block_size=4) as engine:
+    with Engine.from_pretrained(llama, draft_max_streams=64, draft=draft, block_size=4) as engine:
         results = run_threaded(engine, cases, configs)
         stats = engine.stats()
     for i, want in enumerate(expected):
@@ -144,7 +144,7 @@ def test_preemption_and_a_full_draft_pool_keep_streams_exact(draft_blocks):
     hf = tiny_model("llama", seed=3)
     prompts = repeating_prompts(10, seed=11)
     lengths = [random.Random(i).randint(10, 40) for i in range(len(prompts))]
-    with Engine.from_pretrained(hf, draft=noisy_copy(hf, 0.2), max_batch_size=5, max_batch_tokens=32, block_size=4,
+    with Engine.from_pretrained(hf, draft_max_streams=64, draft=noisy_copy(hf, 0.2), max_batch_size=5, max_batch_tokens=32, block_size=4,
                                 num_kv_blocks=28, draft_num_kv_blocks=draft_blocks, speculative_tokens=4) as engine:
         with engine.paused():  # all launched before the first step: they compete for the pools
             handles = [engine.launch_response_tokens(p, {"max_new_tokens": n}) for p, n in zip(prompts, lengths)]
@@ -160,7 +160,7 @@ def test_preemption_and_a_full_draft_pool_keep_streams_exact(draft_blocks):
 
 def test_abort_in_the_middle_of_drafting_frees_every_block(llama):
     prompt = repeating_prompts(1, seed=5)[0]
-    with Engine.from_pretrained(llama, draft=llama, block_size=4, speculative_tokens=8) as engine:
+    with Engine.from_pretrained(llama, draft_max_streams=64, draft=llama, block_size=4, speculative_tokens=8) as engine:
         handle = engine.launch_response_tokens(prompt, {"max_new_tokens": 200})
         first = [engine.fetch_response_tokens(handle, timeout=60) for _ in range(30)]
         engine.abort_response(handle)
@@ -186,6 +186,22 @@ def test_who_drafts(llama):
         assert proposed({"max_new_tokens": 30, "speculative_tokens": 3, "frequency_penalty": 0.5}) > 0
 
 
+def test_a_batch_wider_than_draft_max_streams_does_not_draft(llama):
+    """Four requests decoding together (launched while paused) run no draft forward at the default
+    draft_max_streams (2), not even to catch up on their prompts; alone, a request drafts."""
+    prompts = repeating_prompts(4, seed=7)
+    with Engine.from_pretrained(llama, draft=llama, speculative_tokens=3) as engine:
+        with engine.paused():
+            handles = [engine.launch_response_tokens(p, {"max_new_tokens": 8, "ignore_eos": True}) for p in prompts]
+        for handle in handles:
+            list(engine.stream_response_tokens(handle))
+        assert engine.stats()["draft_forwards"] == 0 and sum(h.proposed_tokens for h in handles) == 0
+        alone = engine.launch_response_tokens(prompts[0], {"max_new_tokens": 8, "ignore_eos": True})
+        list(engine.stream_response_tokens(alone))
+        assert engine.stats()["draft_forwards"] > 0 and alone.proposed_tokens > 0
+        assert_all_blocks_back(engine.stats())
+
+
 def test_penalised_and_biased_greedy_streams_are_the_same_with_a_draft():
     hf = tiny_model("llama", seed=1)
     with torch.no_grad():
@@ -195,7 +211,7 @@ def test_penalised_and_biased_greedy_streams_are_the_same_with_a_draft():
                               logit_bias={40: 1.5}, speculative_tokens=5)
     outputs = []
     for draft in (None, noisy_copy(hf, 0.2)):
-        with Engine.from_pretrained(hf, draft=draft) as engine:
+        with Engine.from_pretrained(hf, draft_max_streams=64, draft=draft) as engine:
             results = run_threaded(engine, prompts, [config] * len(prompts))
             outputs.append([results[i][0] for i in range(len(prompts))])
             accepted = engine.stats()["speculative_accepted_tokens"]
@@ -216,7 +232,7 @@ def test_sampled_streams_keep_the_models_distribution_with_a_draft(filters):
     depth = 4
     expected = exact_joint(hf, prompt, depth, **filters)
     runs = 3000
-    with Engine.from_pretrained(hf, draft=draft, speculative_tokens=3, speculation_max_rows=128, seed=3) as engine:
+    with Engine.from_pretrained(hf, draft_max_streams=64, draft=draft, speculative_tokens=3, speculation_max_rows=128, seed=3) as engine:
         config = GenerationConfig(max_new_tokens=depth, temperature=1.0, **filters)
         handles = [engine.launch_response_tokens(prompt, config) for _ in range(runs)]
         drawn = [tuple(engine.stream_response_tokens(h)) for h in handles]
