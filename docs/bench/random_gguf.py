@@ -4,9 +4,9 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape 1.7b --format q4_k_m --out /tmp/gguf
     python docs/bench/random_gguf.py --shape 7b --format q4_k_m --out /tmp/gguf
 
-Formats: f32, f16, q8_0, q4_0, q4_1 (quantized by gguf-py from normal values) and q4_k_m (llama.cpp's
+Formats: f32, f16, q8_0, q4_0, q4_1 (quantized by gguf-py from normal values), q4_k_m (llama.cpp's
 recipe: Q4_K, with Q6_K for the output layer and for attn_v / ffn_down in the layers llama.cpp gives
-more bits). K-quant blocks are random bytes with their float16 scales set so that weights stay near
+more bits) and q5_k_m (the same with Q5_K). K-quant blocks are random bytes with their float16 scales set so that weights stay near
 the magnitudes of a trained model's; their speed is what is measured, not their answers. Tensors are
 written one at a time: a 7B file needs little more memory than one tensor.
 """
@@ -30,22 +30,22 @@ from models.checkpoints.gguf_file import GGUFFile  # noqa: E402
 # SmolLM2's 49,152-token vocabulary in place of its 152,064, and Llama's layout)
 SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1.7b": (2048, 8192, 24, 32, 32),
           "7b": (3584, 18944, 28, 28, 4)}
-FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q4_k_m": 15}
+FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q4_k_m": 15, "q5_k_m": 17}
 # where each K-quant block keeps its float16 scale (d) and, for Q4_K, its minimum's scale (dmin)
-HALF_FIELDS = {Q.Q4_K: (0, 2), Q.Q6_K: (208,)}
-HALF_RANGE = {Q.Q4_K: (2e-4, 6e-4), Q.Q6_K: (1e-4, 3e-4)}  # weights of about +-0.1, as a trained model's
+HALF_FIELDS = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+HALF_RANGE = {Q.Q4_K: (2e-4, 6e-4), Q.Q5_K: (1e-4, 3e-4), Q.Q6_K: (1e-4, 3e-4)}  # weights of about +-0.1, as a trained model's
 
 
 def tensor_type(name: str, layer: int, layers: int, fmt: str, width: int) -> Q:
     if name.endswith("norm.weight"):
         return Q.F32
-    if fmt != "q4_k_m":
+    if fmt not in ("q4_k_m", "q5_k_m"):
         return {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1}[fmt]
     more_bits = layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
     wide = name == "output.weight" or (more_bits and name.split(".")[-2] in ("attn_v", "ffn_down"))
     if width % 256:  # rows a K-quant's 256-value super-blocks do not divide: llama.cpp's fallbacks
         return Q.Q8_0 if wide else Q.Q5_0
-    return Q.Q6_K if wide else Q.Q4_K
+    return Q.Q6_K if wide else (Q.Q4_K if fmt == "q4_k_m" else Q.Q5_K)
 
 
 def tensor_data(kind: Q, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:

@@ -58,7 +58,7 @@ def default_model_path() -> Path:
 def read(path: Path, keep_blocks: bool = False) -> Contents:
     """The file's config, tensors (transformers' names and layout) and tokenizer. With
     ``keep_blocks`` the quantized linear weights and embeddings come as blocks for Loom's kernels
-    (uint8 [rows, bytes per row], kernels/block_formats.py: Q4_K and Q6_K as views of the mapped file),
+    (uint8 [rows, bytes per row], kernels/block_formats.py: Q4_K, Q5_K and Q6_K as views of the mapped file),
     else every tensor as float32. One tensor is converted at a time, and its pages of the file let go
     of after. Raises ValueError for an
     architecture or tensor type Loom does not run, before any tensor is read."""
@@ -80,7 +80,7 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
     for info in file.tensors.values():
         blocks = formats[info.name] is not None
         tensors[_hf_name(info.name, names)] = to_blocks(info.data, info.type, info.shape[-1]) if blocks else _widened(info)
-        file.release(info)  # a tensor read where it lies (Q4_K, Q6_K) comes back on its first use
+        file.release(info)  # a tensor read where it lies (Q4_K, Q5_K, Q6_K) comes back on its first use
     if arch in NORM_OFFSET:
         for name in tensors:
             if name.endswith("norm.weight"):

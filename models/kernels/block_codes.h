@@ -12,6 +12,8 @@
 // - GGUF_Q4_K (144 bytes): float16 d and dmin, twelve bytes of eight 6-bit scales sc and minimums
 //   m, 128 bytes of codes: w = d sc_j q - dmin m_j for sub-block j of 32. Bytes [32 c, 32 c + 32)
 //   hold sub-block 2 c in their low nibbles and 2 c + 1 in their high ones.
+// - GGUF_Q5_K (176 bytes): Q4_K's d, dmin and scales, then 32 bytes of high bits, then Q4_K's 128
+//   bytes of low nibbles: code q = nibble + 16 (bit j of high byte l), value l of sub-block j.
 // - GGUF_Q6_K (210 bytes): 128 bytes of low nibbles, 64 of high bit pairs, sixteen int8 scales, a
 //   float16 d: w = d sc_g (q - 32) for group g of 16, q in 0..63 (the layout: llama.cpp's
 //   dequantize_row_q6_K, which Super's codes follow).
@@ -31,7 +33,7 @@ namespace {
 
 constexpr int64_t GROUP = 32;  // values per block: the unit of the activations' 8-bit blocks too
 
-enum Format : int64_t { FLOAT = 0, LOOM_4BIT = 4, LOOM_8BIT = 8, GGUF_Q4_K = 12, GGUF_Q6_K = 14 };
+enum Format : int64_t { FLOAT = 0, LOOM_4BIT = 4, LOOM_8BIT = 8, GGUF_Q4_K = 12, GGUF_Q5_K = 13, GGUF_Q6_K = 14 };
 
 typedef uint8_t Bytes __attribute__((vector_size(32)));
 typedef int8_t SignedBytes __attribute__((vector_size(32)));
@@ -314,22 +316,26 @@ struct Loom8Pairs {
     };
 };
 
-struct Q4K {
+// Q4_K, and with HIGH Q5_K: the same super-block with a fifth bit a code, 32 bytes of them before
+// the nibbles.
+template <bool HIGH>
+struct KQuantWithMins {
     static constexpr int64_t ROUNDING = 256;  // as llama.cpp's Q8_K: one scale a super-block
-    static constexpr int64_t VALUES = 256, BYTES = 144;
+    static constexpr int64_t VALUES = 256, BYTES = HIGH ? 176 : 144;
     // where sub-block b's input codes lie in the rounded input: each pair's (Super::first and
     // second) side by side, 0 2 1 3 4 6 5 7
     static constexpr int input_slot(int b) { return (b & ~3) | (b & 1) << 1 | (b & 2) >> 1; }
     static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
     struct Super {
-        const uint8_t* qs;
+        const uint8_t *qs, *qh;  // the nibbles, and with HIGH the fifth bits
         Lanes scale, low;  // sub-block j's d sc_j and dmin m_j
         PairShorts sc;     // sub-block j's sc_j in lane j (a whole vector: a narrower one was stored
         float d;           // to the stack and read back whole, each time a store-forwarding stall)
         Super() = default;
         Super(const uint8_t* row, int64_t, int64_t s) {
             const uint8_t* block = row + s * BYTES;
-            qs = block + 16;
+            qh = block + 16;
+            qs = block + (HIGH ? 48 : 16);
             // twelve bytes: low 6 bits of scales 0-3, of minimums 0-3; then scales 4-7 and minimums
             // 4-7 as low and high nibbles, their top two bits in the first eight bytes' top bits
             uint32_t first, second, rest;
@@ -351,8 +357,9 @@ struct Q4K {
 #endif
         }
         Bytes codes(int j) const {
-            const Bytes q = load<Bytes>(qs + 32 * (j / 2));
-            return j % 2 ? q >> 4 : q & 15;
+            const Bytes q = load<Bytes>(qs + 32 * (j / 2)), nibbles = j % 2 ? q >> 4 : q & 15;
+            if constexpr (!HIGH) return nibbles;
+            return nibbles | (((load<Bytes>(qh) >> j) & 1) << 4);
         }
         SignedBytes signed_x(int, SignedBytes x) const { return x; }
         Lanes scales(int j) const { return Lanes{} + scale[j]; }
@@ -362,8 +369,10 @@ struct Q4K {
         static constexpr int second(int P) { return first(P) + 2; }
         template <int P>
         PairBytes pair_codes() const {
-            const PairBytes q = load<PairBytes>(qs + 64 * (P / 2));
-            return P % 2 ? q >> 4 : q & 15;
+            const PairBytes q = load<PairBytes>(qs + 64 * (P / 2)), nibbles = P % 2 ? q >> 4 : q & 15;
+            if constexpr (!HIGH) return nibbles;
+            const Bytes high = load<Bytes>(qh);
+            return nibbles | (pair_of((high >> first(P)) & 1, (high >> second(P)) & 1) << 4);
         }
         template <int>
         PairSigned pair_signed(PairSigned x) const { return x; }
@@ -384,6 +393,8 @@ struct Q4K {
         }
     };
 };
+using Q4K = KQuantWithMins<false>;
+using Q5K = KQuantWithMins<true>;
 
 struct Q6K {
     static constexpr int64_t ROUNDING = 256;  // as llama.cpp's Q8_K: one scale a super-block
@@ -480,6 +491,7 @@ inline void with_format(int64_t format, int64_t in, F&& f) {
             }
             return f(Loom8{});
         case GGUF_Q4_K: f(Q4K{}); break;
+        case GGUF_Q5_K: f(Q5K{}); break;
         default: f(Q6K{}); break;
     }
 }

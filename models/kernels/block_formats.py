@@ -1,13 +1,13 @@
 """GGUF's block formats as the kernels take them (block_codes.h), a tensor at a time.
 
-Q4_K and Q6_K are kept as the file lays them out: the kernels read their super-blocks where they lie
+Q4_K, Q5_K and Q6_K are kept as the file lays them out: the kernels read their super-blocks where they lie
 in the memory-mapped file. Q4_0, Q4_1 and Q8_0 hold what Loom's 4- and 8-bit blocks hold (32 values,
 a scale, for 4 bits a minimum; Q4_0's w = d (q - 8) is a minimum of -8 d, exact in float32), so
 their bytes are rearranged, never widened: the model computes with the file's own numbers. IQ4_NL
 and IQ4_XS look their 4-bit codes up in a table of sixteen integers from -127 to 113: those integers
 are 8-bit codes, under the block's scale (IQ4_XS: d (ls - 32) per 32 values), so they become 8-bit
 blocks, exact too, at twice the file's memory; so do Q5_0's w = d (q - 16), whose codes -16..15 are
-8-bit ones. The other formats (Q2_K, Q3_K, Q5_1, Q5_K) are widened a slice of rows at a time and
+8-bit ones. The other formats (Q2_K, Q3_K, Q5_1) are widened a slice of rows at a time and
 quantized to Loom's blocks of the nearest width, so that no whole tensor, let alone the model,
 passes through float32.
 """
@@ -18,13 +18,13 @@ import numpy as np
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 
-from .block_linear import GGUF_Q4_K, GGUF_Q6_K, GROUP, LOOM_4BIT, LOOM_8BIT, quantize, row_bytes
+from .block_linear import GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K, GROUP, LOOM_4BIT, LOOM_8BIT, quantize, row_bytes
 
-NATIVE = {Q.Q4_K: GGUF_Q4_K, Q.Q6_K: GGUF_Q6_K}
+NATIVE = {Q.Q4_K: GGUF_Q4_K, Q.Q5_K: GGUF_Q5_K, Q.Q6_K: GGUF_Q6_K}
 EXACT = {Q.Q4_0: LOOM_4BIT, Q.Q4_1: LOOM_4BIT, Q.Q8_0: LOOM_8BIT, Q.IQ4_NL: LOOM_8BIT, Q.IQ4_XS: LOOM_8BIT,
          Q.Q5_0: LOOM_8BIT}
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
-REQUANTIZED = {Q.Q2_K: LOOM_4BIT, Q.Q3_K: LOOM_4BIT, Q.Q5_1: LOOM_8BIT, Q.Q5_K: LOOM_8BIT}
+REQUANTIZED = {Q.Q2_K: LOOM_4BIT, Q.Q3_K: LOOM_4BIT, Q.Q5_1: LOOM_8BIT}
 WIDENED_VALUES = 16 << 20  # values widened to float32 at a time for the formats requantized
 
 

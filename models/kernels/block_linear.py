@@ -29,9 +29,10 @@ from .cpu_linear import CpuLinear
 
 GROUP = 32  # values per block (block_codes.h)
 # block_codes.h's formats; Loom's own are named by their bits
-LOOM_4BIT, LOOM_8BIT, GGUF_Q4_K, GGUF_Q6_K = 4, 8, 12, 14
-SUPER_BLOCKS = {GGUF_Q4_K: (256, 144), GGUF_Q6_K: (256, 210)}  # values and bytes of a K-quant's super-block
-FORMAT_NAMES = {LOOM_4BIT: "4-bit blocks", LOOM_8BIT: "8-bit blocks", GGUF_Q4_K: "Q4_K", GGUF_Q6_K: "Q6_K"}
+LOOM_4BIT, LOOM_8BIT, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K = 4, 8, 12, 13, 14
+SUPER_BLOCKS = {GGUF_Q4_K: (256, 144), GGUF_Q5_K: (256, 176), GGUF_Q6_K: (256, 210)}  # values and bytes of a K-quant's super-block
+FORMAT_NAMES = {LOOM_4BIT: "4-bit blocks", LOOM_8BIT: "8-bit blocks", GGUF_Q4_K: "Q4_K", GGUF_Q5_K: "Q5_K",
+                GGUF_Q6_K: "Q6_K"}
 OUTPUT_BITS = LOOM_8BIT  # the output layer's and the token embeddings' (the layers': quantized.BLOCK_WEIGHTS)
 
 _int64, _pointer = ctypes.c_int64, ctypes.c_void_p

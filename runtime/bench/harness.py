@@ -112,7 +112,9 @@ def warm_up_loom(engine, requests: list[Request]) -> None:
     engine.kv_cache.data.zero_()
     if engine.drafter is not None:  # the draft model's pool too
         engine.drafter.kv.cache.data.zero_()
-    handle = engine.launch_response_tokens(engine.encode(WARM_UP_TEXT), GenerationConfig(max_new_tokens=2, ignore_eos=True))
+    # (a model without a tokenizer: one token of the first prompt, which fills no block to reuse)
+    prompt = engine.encode(WARM_UP_TEXT) if engine.tokenizer is not None else requests[0].prompt[:1]
+    handle = engine.launch_response_tokens(prompt, GenerationConfig(max_new_tokens=2, ignore_eos=True))
     list(engine.stream_response_tokens(handle))
 
 

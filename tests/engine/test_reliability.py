@@ -57,10 +57,10 @@ def test_a_request_whose_sampling_fails_fails_alone(llama, monkeypatch):
     sampling raises fails; its batch-mates get their tokens from that same step."""
     real = sampler.sample
 
-    def flaky(logits, contexts, generator, bitmask=None, proposals=None):
+    def flaky(logits, contexts, generator, bitmask=None, proposals=None, draft_probs=None):
         if any(ctx.config.seed == 666 for ctx in contexts):
             raise ValueError("sampler exploded")
-        return real(logits, contexts, generator, bitmask, proposals)
+        return real(logits, contexts, generator, bitmask, proposals, draft_probs)
 
     monkeypatch.setattr(sampler, "sample", flaky)
     with Engine.from_pretrained(llama) as engine:
