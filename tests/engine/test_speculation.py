@@ -220,7 +220,6 @@ def test_sampled_streams_keep_the_models_distribution(filters, depth):
     """Rejection sampling: over thousands of requests, each continuation comes as often as the model
     gives it, proposals kept and proposals replaced alike (a chi-square test against the exact
     distribution, enumerated with transformers). top_k draws in sorted order, min_p in the vocabulary's."""
-    from scipy.stats import chisquare
     hf = tiny_model("llama", seed=1)
     with torch.no_grad():
         hf.lm_head.weight.mul_(12)  # a peaked model: proposals are kept often, and few continuations are likely
@@ -236,11 +235,19 @@ def test_sampled_streams_keep_the_models_distribution(filters, depth):
         stats = engine.stats()
     assert stats["speculative_accepted_tokens"] > 100  # both rules ran: proposals kept ...
     assert stats["speculative_proposed_tokens"] - stats["speculative_accepted_tokens"] > 100  # ... and replaced
+    assert_drawn_as(expected, drawn)
+
+
+def assert_drawn_as(expected: dict, drawn: list) -> None:
+    """The continuations ``drawn`` are distributed as ``expected`` gives (continuation -> probability):
+    nothing it rules out, and a chi-square test where each continuation expected at least 5 times is a
+    cell and the rare ones join the least likely of those."""
+    from scipy.stats import chisquare
+    runs = len(drawn)
     assert set(drawn) <= set(expected)  # nothing the filters rule out
     counts = {outcome: 0 for outcome in expected}
     for outcome in drawn:
         counts[outcome] += 1
-    # each continuation expected at least 5 times is a cell; the rare ones join the least likely of those
     common = sorted((o for o in expected if expected[o] * runs >= 5), key=expected.get, reverse=True)
     observed = [counts[o] for o in common]
     wanted = [expected[o] * runs for o in common]
