@@ -14,7 +14,8 @@ from runtime import Engine, GenerationConfig
 from runtime.config import EngineOptions
 
 from ..conftest import CONFIGS, EOS, MODEL_CLASSES, reference, tiny_model, wait_until
-from .test_speculation import assert_drawn_as, exact_joint, repeating_prompts, run_threaded
+from .test_speculation import (assert_drawn_as, assert_each_ends_where_it_says, ending_cases, exact_joint,
+                              repeating_prompts, run_threaded)
 
 
 def noisy_copy(hf, scale: float, seed: int = 0):
@@ -114,25 +115,11 @@ def test_stop_tokens_and_max_new_tokens_are_exact_with_a_draft(llama):
     prompts = repeating_prompts(3, seed=7)
     draft = noisy_copy(llama, 0.2)
     baseline = [reference(llama, p, 40) for p in prompts]
-    cases, configs, expected = [], [], []
-    for p, full in zip(prompts, baseline):
-        for n in (1, 2, 3, 7, 13, 29, 40):  # every length ends where it says
-            cases.append(p)
-            configs.append(GenerationConfig(max_new_tokens=n, speculative_tokens=6))
-            expected.append(full[:n])
-        for stop in list(dict.fromkeys(full[5:25]))[:6]:  # a stop token, where proposals run past it
-            cases.append(p)
-            configs.append(GenerationConfig(max_new_tokens=40, stop_token_ids=[stop], speculative_tokens=6))
-            expected.append(full[:full.index(stop) + 1])
+    cases, configs, expected = ending_cases(prompts, baseline, 40, stops=6)
     with Engine.from_pretrained(llama, draft_max_streams=64, draft=draft, block_size=4) as engine:
         results = run_threaded(engine, cases, configs)
         stats = engine.stats()
-    for i, want in enumerate(expected):
-        tokens, handle = results[i]
-        assert tokens == want, f"case {i} ({configs[i]}) diverged"
-        stopped = len(want) < configs[i].max_new_tokens or want[-1] in configs[i].stop_token_ids
-        assert handle.finish_reason == ("stop" if stopped else "length")
-        assert handle.num_generated == len(want)  # nothing recorded past the stop
+    assert_each_ends_where_it_says(results, configs, expected)
     assert stats["speculative_accepted_tokens"] > 0
     assert_all_blocks_back(stats)
 

@@ -88,30 +88,44 @@ def test_speculation_saves_steps_on_text_that_repeats(llama):
     assert steps == plain_steps - handle.accepted_tokens  # each accepted token is a step saved
 
 
-def test_stop_tokens_and_max_new_tokens_are_exact(llama):
-    prompts = repeating_prompts(4, seed=7)
-    with Engine.from_pretrained(llama, block_size=4) as engine:
-        baseline = [list(engine.stream_response_tokens(engine.launch_response_tokens(p, {"max_new_tokens": 60})))
-                    for p in prompts]
+def ending_cases(prompts, baseline, longest: int, stops: int | None = None):
+    """(prompts, configs, expected tokens) that end where they say: each prompt cut at several
+    max_new_tokens up to ``longest``, and stopped at each of (the first ``stops`` of) the distinct
+    tokens 5-25 of its greedy ``baseline`` (a stop token proposals run past), 6 tokens proposed."""
     cases, configs, expected = [], [], []
     for p, full in zip(prompts, baseline):
-        for n in (1, 2, 3, 7, 13, 29, 60):  # every length ends where it says
+        for n in (1, 2, 3, 7, 13, 29, longest):  # every length ends where it says
             cases.append(p)
             configs.append(GenerationConfig(max_new_tokens=n, speculative_tokens=6))
             expected.append(full[:n])
-        for stop in dict.fromkeys(full[5:25]):  # a stop token, where proposals run past it
+        for stop in list(dict.fromkeys(full[5:25]))[:stops]:  # a stop token, where proposals run past it
             cases.append(p)
-            configs.append(GenerationConfig(max_new_tokens=60, stop_token_ids=[stop], speculative_tokens=6))
+            configs.append(GenerationConfig(max_new_tokens=longest, stop_token_ids=[stop], speculative_tokens=6))
             expected.append(full[:full.index(stop) + 1])
-    with Engine.from_pretrained(llama, block_size=4) as engine:
-        results = run_threaded(engine, cases, configs)
-        stats = engine.stats()
+    return cases, configs, expected
+
+
+def assert_each_ends_where_it_says(results, configs, expected) -> None:
+    """Each case's tokens are the expected ones, its finish reason says why, and nothing was
+    recorded past a stop."""
     for i, want in enumerate(expected):
         tokens, handle = results[i]
         assert tokens == want, f"case {i} ({configs[i]}) diverged"
         stopped = len(want) < configs[i].max_new_tokens or want[-1] in configs[i].stop_token_ids
         assert handle.finish_reason == ("stop" if stopped else "length")
         assert handle.num_generated == len(want)  # nothing recorded past the stop
+
+
+def test_stop_tokens_and_max_new_tokens_are_exact(llama):
+    prompts = repeating_prompts(4, seed=7)
+    with Engine.from_pretrained(llama, block_size=4) as engine:
+        baseline = [list(engine.stream_response_tokens(engine.launch_response_tokens(p, {"max_new_tokens": 60})))
+                    for p in prompts]
+    cases, configs, expected = ending_cases(prompts, baseline, 60)
+    with Engine.from_pretrained(llama, block_size=4) as engine:
+        results = run_threaded(engine, cases, configs)
+        stats = engine.stats()
+    assert_each_ends_where_it_says(results, configs, expected)
     assert stats["speculative_accepted_tokens"] > 0
     assert stats["free_kv_blocks"] == stats["total_kv_blocks"]
 
