@@ -4,9 +4,11 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape 1.7b --format q4_k_m --out /tmp/gguf
     python docs/bench/random_gguf.py --shape 7b --format q4_k_m --out /tmp/gguf
 
-Formats: f32, f16, q8_0, q4_0, q4_1 (quantized by gguf-py from normal values), q4_k_m (llama.cpp's
-recipe: Q4_K, with Q6_K for the output layer and for attn_v / ffn_down in the layers llama.cpp gives
-more bits) and q5_k_m (the same with Q5_K). K-quant blocks are random bytes with their float16 scales set so that weights stay near
+Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), q4_k_m
+(llama.cpp's recipe: Q4_K, with Q6_K for the output layer and for attn_v / ffn_down in the layers
+llama.cpp gives more bits), q5_k_m (the same with Q5_K), q3_k_m (Q3_K, those layers' attn_v / ffn_down
+in Q4_K) and q2_k (Q2_K, those in Q3_K); the output layer is Q6_K in all four, as llama.cpp's.
+K-quant blocks are random bytes with their float16 scales set so that weights stay near
 the magnitudes of a trained model's; their speed is what is measured, not their answers. Tensors are
 written one at a time: a 7B file needs little more memory than one tensor.
 """
@@ -30,22 +32,30 @@ from models.checkpoints.gguf_file import GGUFFile  # noqa: E402
 # SmolLM2's 49,152-token vocabulary in place of its 152,064, and Llama's layout)
 SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1.7b": (2048, 8192, 24, 32, 32),
           "7b": (3584, 18944, 28, 28, 4)}
-FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q4_k_m": 15, "q5_k_m": 17}
-# where each K-quant block keeps its float16 scale (d) and, for Q4_K, its minimum's scale (dmin)
-HALF_FIELDS = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
-HALF_RANGE = {Q.Q4_K: (2e-4, 6e-4), Q.Q5_K: (1e-4, 3e-4), Q.Q6_K: (1e-4, 3e-4)}  # weights of about +-0.1, as a trained model's
+FILE_TYPES = {"f32": 0, "f16": 1, "bf16": 32, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9, "q8_0": 7, "q2_k": 10,
+              "q3_k_m": 12, "q4_k_m": 15, "q5_k_m": 17}
+FLOAT_FORMATS = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1,
+                 "q4_0": Q.Q4_0, "q4_1": Q.Q4_1}  # one type for every matrix
+# the K-quant recipes: the layers' type, and the type of the tensors llama.cpp gives more bits
+K_RECIPES = {"q2_k": (Q.Q2_K, Q.Q3_K), "q3_k_m": (Q.Q3_K, Q.Q4_K), "q4_k_m": (Q.Q4_K, Q.Q6_K),
+             "q5_k_m": (Q.Q5_K, Q.Q6_K)}
+# where each K-quant block keeps its float16 scale (d) and, where it has one, its minimums' scale (dmin)
+HALF_FIELDS = {Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+HALF_RANGE = {Q.Q2_K: (1.5e-3, 3e-3), Q.Q3_K: (5e-4, 1e-3), Q.Q4_K: (2e-4, 6e-4), Q.Q5_K: (1e-4, 3e-4),
+              Q.Q6_K: (1e-4, 3e-4)}  # weights of about +-0.1, as a trained model's
 
 
 def tensor_type(name: str, layer: int, layers: int, fmt: str, width: int) -> Q:
     if name.endswith("norm.weight"):
         return Q.F32
-    if fmt not in ("q4_k_m", "q5_k_m"):
-        return {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1}[fmt]
+    if fmt in FLOAT_FORMATS:
+        return FLOAT_FORMATS[fmt]
     more_bits = layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
-    wide = name == "output.weight" or (more_bits and name.split(".")[-2] in ("attn_v", "ffn_down"))
+    wide = more_bits and name.split(".")[-2] in ("attn_v", "ffn_down")
     if width % 256:  # rows a K-quant's 256-value super-blocks do not divide: llama.cpp's fallbacks
-        return Q.Q8_0 if wide else Q.Q5_0
-    return Q.Q6_K if wide else (Q.Q4_K if fmt == "q4_k_m" else Q.Q5_K)
+        return Q.Q8_0 if wide or name == "output.weight" else Q.Q5_0
+    base, more = K_RECIPES[fmt]
+    return Q.Q6_K if name == "output.weight" else more if wide else base
 
 
 def tensor_data(kind: Q, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
@@ -62,7 +72,7 @@ def tensor_data(kind: Q, shape: tuple[int, int], rng: np.random.Generator) -> np
         return values if len(shape) == 2 else np.ones(shape, np.float32)
     if kind == Q.F16:
         return values.astype(np.float16)
-    return gguf.quants.quantize(values, kind)
+    return gguf.quants.quantize(values, kind)  # (BF16's too: its bytes)
 
 
 def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, vocab: int):

@@ -2,21 +2,26 @@
 // 32-value block's codes as unsigned bytes, the scale each lane of their integer sums takes, the
 // term a format's minimums or offsets add, and the row's values widened to floats.
 //
-// Loom's own layouts (block_linear.py; GGUF's Q4_0, Q4_1, Q8_0, Q5_0 and IQ4 are rearranged into
-// them at load, exactly) keep a row as its codes, then its float32 scales, then (4 bits) its
-// float32 minimums:
+// Loom's own layouts (block_linear.py; GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4 are rearranged
+// into them at load, exactly) keep a row as its codes, then its float32 scales, then (4 and 5 bits)
+// its float32 minimums:
 // - LOOM_4BIT: w = d q + m, q in 0..15; byte j of a block holds value j (low nibble) and j + 16.
+// - LOOM_5BIT: LOOM_4BIT's nibbles, then each block's 32 fifth bits (bit j: value j's, 16 times it):
+//   w = d q + m, q in 0..31.
 // - LOOM_8BIT: w = d q, q in -127..127.
 // GGUF's K-quants are read as the file lays them out (memory-mapped, never copied), in super-blocks
-// of 256 values:
+// of 256 values (the layouts: llama.cpp's dequantize_row_q*_K, which each Super's codes follow):
+// - GGUF_Q2_K (84 bytes): sixteen bytes of 4-bit scales sc and minimums m, 64 bytes of 2-bit codes,
+//   float16 d and dmin: w = d sc_g q - dmin m_g for group g of 16.
+// - GGUF_Q3_K (110 bytes): 32 bytes of third bits, 64 bytes of 2-bit codes, twelve bytes of sixteen
+//   6-bit scales, float16 d: w = d (sc_g - 32) (q - 4), q in 0..7.
 // - GGUF_Q4_K (144 bytes): float16 d and dmin, twelve bytes of eight 6-bit scales sc and minimums
 //   m, 128 bytes of codes: w = d sc_j q - dmin m_j for sub-block j of 32. Bytes [32 c, 32 c + 32)
 //   hold sub-block 2 c in their low nibbles and 2 c + 1 in their high ones.
 // - GGUF_Q5_K (176 bytes): Q4_K's d, dmin and scales, then 32 bytes of high bits, then Q4_K's 128
 //   bytes of low nibbles: code q = nibble + 16 (bit j of high byte l), value l of sub-block j.
 // - GGUF_Q6_K (210 bytes): 128 bytes of low nibbles, 64 of high bit pairs, sixteen int8 scales, a
-//   float16 d: w = d sc_g (q - 32) for group g of 16, q in 0..63 (the layout: llama.cpp's
-//   dequantize_row_q6_K, which Super's codes follow).
+//   float16 d: w = d sc_g (q - 32) for group g of 16, q in 0..63.
 
 #pragma once
 
@@ -33,7 +38,10 @@ namespace {
 
 constexpr int64_t GROUP = 32;  // values per block: the unit of the activations' 8-bit blocks too
 
-enum Format : int64_t { FLOAT = 0, LOOM_4BIT = 4, LOOM_8BIT = 8, GGUF_Q4_K = 12, GGUF_Q5_K = 13, GGUF_Q6_K = 14 };
+enum Format : int64_t {
+    FLOAT = 0, LOOM_4BIT = 4, LOOM_5BIT = 5, LOOM_8BIT = 8,
+    GGUF_Q2_K = 10, GGUF_Q3_K = 11, GGUF_Q4_K = 12, GGUF_Q5_K = 13, GGUF_Q6_K = 14
+};
 
 typedef uint8_t Bytes __attribute__((vector_size(32)));
 typedef int8_t SignedBytes __attribute__((vector_size(32)));
@@ -187,22 +195,55 @@ inline Lanes widen_eight(EightSigned b) {
 // minimums add, given the activations' per-32 and per-16 sums from the super-block on), and
 // widen(out), its values as floats.
 
-struct Loom4 {
+// Bit j of ``bits`` as byte j: 16 where it is set, else 0 (the fifth bit of a block's codes).
+inline Bytes sixteens_of_bits(uint32_t bits) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    return (Bytes)_mm256_maskz_set1_epi8(__mmask32(bits), 16);
+#elif defined(__AVX2__)  // byte j takes byte j / 8 of bits, then tests its bit j % 8
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(int32_t(bits)),
+                                               _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                                 0x0101010101010101, 0));
+    const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));
+    return (Bytes)_mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
+#else
+    Bytes b;
+    for (int j = 0; j < 32; ++j) b[j] = uint8_t((bits >> j) & 1) << 4;
+    return b;
+#endif
+}
+inline PairBytes sixteens_of_bits(uint64_t bits) {
+#if defined(__AVX512BW__)
+    return (PairBytes)_mm512_maskz_set1_epi8(__mmask64(bits), 16);
+#else
+    return pair_of(sixteens_of_bits(uint32_t(bits)), sixteens_of_bits(uint32_t(bits >> 32)));
+#endif
+}
+
+// LOOM_4BIT, and with HIGH LOOM_5BIT: the same codes with a fifth bit each, a block's 32 of them
+// (bit j: value j) between the nibbles and the scales.
+template <bool HIGH>
+struct LoomNibbles {
     static constexpr int64_t ROUNDING = GROUP;  // values under one scale of the rounded input
     static constexpr int64_t VALUES = GROUP;
-    static int64_t row_bytes(int64_t in) { return in / 2 + in / GROUP * 8; }
+    static int64_t row_bytes(int64_t in) { return in / 2 + (HIGH ? in / 8 : 0) + in / GROUP * 8; }
+    static const float* scales_of(const uint8_t* row, int64_t in) {
+        return reinterpret_cast<const float*>(row + in / 2 + (HIGH ? in / 8 : 0));
+    }
     struct Super {
         HalfBytes packed;
+        uint32_t high;
         float d, m;
         Super() = default;
         Super(const uint8_t* row, int64_t in, int64_t s)
-            : packed(load<HalfBytes>(row + s * 16)),
-              d(reinterpret_cast<const float*>(row + in / 2)[s]),
-              m(reinterpret_cast<const float*>(row + in / 2)[in / GROUP + s]) {}
+            : packed(load<HalfBytes>(row + s * 16)), high(HIGH ? load<uint32_t>(row + in / 2 + 4 * s) : 0),
+              d(scales_of(row, in)[s]), m(scales_of(row, in)[in / GROUP + s]) {}
         Bytes codes(int) const {
-            const HalfBytes low = packed & 15, high = packed >> 4;
-            return __builtin_shufflevector(low, high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17,
-                                           18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+            const HalfBytes low = packed & 15, high_nibbles = packed >> 4;
+            const Bytes nibbles = __builtin_shufflevector(low, high_nibbles, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+                                                          13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27,
+                                                          28, 29, 30, 31);
+            if constexpr (!HIGH) return nibbles;
+            return nibbles | sixteens_of_bits(high);
         }
         SignedBytes signed_x(int, SignedBytes x) const { return x; }
         Lanes scales(int) const { return Lanes{} + d; }
@@ -213,6 +254,8 @@ struct Loom4 {
         }
     };
 };
+using Loom4 = LoomNibbles<false>;
+using Loom5 = LoomNibbles<true>;
 
 struct Loom8 {
     static constexpr int64_t ROUNDING = GROUP;  // values under one scale of the rounded input
@@ -249,33 +292,39 @@ struct Loom8 {
 
 // Loom's blocks two at a time, where a row holds an even number of them (every model's width so
 // far), for the products that take a pair of blocks per instruction (block_weights.h's pair_rows).
-struct Loom4Pairs {
+template <bool HIGH>
+struct LoomNibblePairs {
+    using Single = LoomNibbles<HIGH>;
     static constexpr int64_t ROUNDING = GROUP;  // values under one scale of the rounded input
     static constexpr int64_t VALUES = 2 * GROUP;
-    static int64_t row_bytes(int64_t in) { return Loom4::row_bytes(in); }
+    static int64_t row_bytes(int64_t in) { return Single::row_bytes(in); }
     struct Super {
         Bytes packed;  // block 2 s in bytes 0-15, 2 s + 1 in 16-31 (values j and j + 16 in byte j)
+        uint64_t high;  // the two blocks' fifth bits, block 2 s's in the low half
         float d[2], m[2];
         static constexpr int first(int) { return 0; }
         static constexpr int second(int) { return 1; }
         Super() = default;
-        Super(const uint8_t* row, int64_t in, int64_t s) : packed(load<Bytes>(row + s * 32)) {
-            const float* scales = reinterpret_cast<const float*>(row + in / 2);
+        Super(const uint8_t* row, int64_t in, int64_t s)
+            : packed(load<Bytes>(row + s * 32)), high(HIGH ? load<uint64_t>(row + in / 2 + 8 * s) : 0) {
+            const float* scales = Single::scales_of(row, in);
             d[0] = scales[2 * s], d[1] = scales[2 * s + 1];
             m[0] = scales[in / GROUP + 2 * s], m[1] = scales[in / GROUP + 2 * s + 1];
         }
         template <int>
         PairBytes pair_codes() const {
-            const Bytes low = packed & 15, high = packed >> 4;
+            const Bytes low = packed & 15, high_nibbles = packed >> 4;
 #if defined(__AVX512F__)  // the four 16-byte quarters in the order low 0, high 0, low 1, high 1
-            const __m512i both = (__m512i)pair_of(low, high);
-            return (PairBytes)_mm512_shuffle_i64x2(both, both, _MM_SHUFFLE(3, 1, 2, 0));
+            const __m512i both = (__m512i)pair_of(low, high_nibbles);
+            const PairBytes nibbles = (PairBytes)_mm512_shuffle_i64x2(both, both, _MM_SHUFFLE(3, 1, 2, 0));
 #else
-            return __builtin_shufflevector(low, high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 32, 33, 34,
-                                           35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 16, 17, 18, 19, 20, 21,
-                                           22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 48, 49, 50, 51, 52, 53, 54, 55, 56,
-                                           57, 58, 59, 60, 61, 62, 63);
+            const PairBytes nibbles = __builtin_shufflevector(
+                low, high_nibbles, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 32, 33, 34, 35, 36, 37, 38,
+                39, 40, 41, 42, 43, 44, 45, 46, 47, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31,
+                48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63);
 #endif
+            if constexpr (!HIGH) return nibbles;
+            return nibbles | sixteens_of_bits(high);
         }
         template <int>
         PairSigned pair_signed(PairSigned x) const { return x; }
@@ -288,6 +337,8 @@ struct Loom4Pairs {
         }
     };
 };
+using Loom4Pairs = LoomNibblePairs<false>;
+using Loom5Pairs = LoomNibblePairs<true>;
 
 struct Loom8Pairs {
     static constexpr int64_t ROUNDING = GROUP;  // values under one scale of the rounded input
@@ -396,6 +447,25 @@ struct KQuantWithMins {
 using Q4K = KQuantWithMins<false>;
 using Q5K = KQuantWithMins<true>;
 
+// For the formats with a scale per group of 16 values (Q6_K, Q3_K, Q2_K), of group g in lane g:
+// pair P's (blocks 2 P and 2 P + 1: groups 4 P to 4 P + 3) across its 32 twos of bytes, eight each,
+template <int P>
+inline PairShorts pair_group_scales(PairShorts groups) {
+    constexpr int g = 4 * P, h = g + 1, i = g + 2, j = g + 3;
+    return __builtin_shufflevector(groups, groups, g, g, g, g, g, g, g, g, h, h, h, h, h, h, h, h, i, i, i, i, i, i, i,
+                                   i, j, j, j, j, j, j, j, j);
+}
+// and block j's float scales (in sc[g / 8][g % 8]) across its lanes: lanes 0-3 sum values 0-15
+// (group 2 j), lanes 4-7 values 16-31 (2 j + 1).
+inline Lanes block_group_scales(const Lanes* sc, int j) {
+    const float first = sc[j / 4][2 * j % 8], second = sc[j / 4][2 * j % 8 + 1];
+    return Lanes{first, first, first, first, second, second, second, second};
+}
+// The sum over groups of group_scale[g] times the input's sum over group g (``halves``, 16 floats).
+inline Lanes group_offsets(const Lanes* group_scale, const float* halves) {
+    return group_scale[0] * load<Lanes>(halves) + group_scale[1] * load<Lanes>(halves + 8);
+}
+
 struct Q6K {
     static constexpr int64_t ROUNDING = 256;  // as llama.cpp's Q8_K: one scale a super-block
     static constexpr int64_t VALUES = 256, BYTES = 210;
@@ -450,20 +520,11 @@ struct Q6K {
             return __builtin_shufflevector(sc[0], sc[1], g, g, g, g, g + 1, g + 1, g + 1, g + 1, g + 2, g + 2, g + 2,
                                            g + 2, g + 3, g + 3, g + 3, g + 3);
         }
-        // groups 4 P to 4 P + 3, eight twos of bytes each
         template <int P>
-        PairShorts pair_int_scales() const {
-            constexpr int g = 4 * P, h = g + 1, i = g + 2, j = g + 3;
-            return __builtin_shufflevector(groups, groups, g, g, g, g, g, g, g, g, h, h, h, h, h, h, h, h, i, i, i, i,
-                                           i, i, i, i, j, j, j, j, j, j, j, j);
-        }
-        // lanes 0-3 sum values 0-15 of the block (group 2 j), lanes 4-7 values 16-31 (2 j + 1)
-        Lanes scales(int j) const {
-            const float first = sc[j / 4][2 * j % 8], second = sc[j / 4][2 * j % 8 + 1];
-            return Lanes{first, first, first, first, second, second, second, second};
-        }
+        PairShorts pair_int_scales() const { return pair_group_scales<P>(groups); }
+        Lanes scales(int j) const { return block_group_scales(sc, j); }
         Lanes offset(const float*, const float* halves) const {
-            return (sc[0] * load<Lanes>(halves) + sc[1] * load<Lanes>(halves + 8)) * -32.0f;
+            return group_offsets(sc, halves) * -32.0f;
         }
         void widen(float* out) const {
             for (int j = 0; j < 8; ++j) {
@@ -475,6 +536,101 @@ struct Q6K {
     };
 };
 
+// Q2_K, and with THIRD Q3_K: 2-bit codes, four to a byte, in two halves of 128 values (block j = 4 n
+// + k of half n: bits 2 k, 2 k + 1 of qs[32 n + l], value l), a scale per group of 16 values. Q3_K's
+// third bit of value l of block j is bit j of hmask[l]; its codes are signed about 4.
+template <bool THIRD>
+struct KQuantTwoBit {
+    static constexpr int64_t ROUNDING = 256;  // as llama.cpp's Q8_K: one scale a super-block
+    static constexpr int64_t VALUES = 256, BYTES = THIRD ? 110 : 84;
+    static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
+    struct Super {
+        const uint8_t *qs, *hmask;
+        Lanes sc[2];  // group g's float scale in sc[g / 8][g % 8]: d sc_g (Q3_K: d (sc_g - 32))
+        Lanes low[2];  // Q2_K: group g's minimum dmin m_g, as sc
+        PairShorts groups;  // group g's integer scale in lane g (a whole vector, as Q4K's sc)
+        float d;
+        Super() = default;
+        Super(const uint8_t* row, int64_t, int64_t s) {
+            const uint8_t* block = row + s * BYTES;
+            int8_t scales[16];
+            if constexpr (THIRD) {  // hmask[32], qs[64], twelve bytes of sixteen 6-bit scales, d
+                hmask = block;
+                qs = block + 32;
+                d = half_to_float(block + 108);
+                // scales 0-7: low nibbles of bytes 0-7, 8-15: their high nibbles; the top two bits of
+                // scale 4 i + k in bits 2 i, 2 i + 1 of byte 8 + k
+                uint32_t aux[4], top;
+                std::memcpy(aux, block + 96, 12);
+                top = aux[2];
+                aux[2] = ((aux[0] >> 4) & 0x0F0F0F0F) | (((top >> 4) & 0x03030303) << 4);
+                aux[3] = ((aux[1] >> 4) & 0x0F0F0F0F) | (((top >> 6) & 0x03030303) << 4);
+                aux[0] = (aux[0] & 0x0F0F0F0F) | (((top >> 0) & 0x03030303) << 4);
+                aux[1] = (aux[1] & 0x0F0F0F0F) | (((top >> 2) & 0x03030303) << 4);
+                std::memcpy(scales, aux, 16);
+                for (int g = 0; g < 16; ++g) scales[g] = int8_t(scales[g] - 32);
+            } else {  // sixteen bytes of scales (low nibble) and minimums (high), qs[64], d, dmin
+                qs = block + 16;
+                hmask = nullptr;
+                d = half_to_float(block + 80);
+                const float dmin = half_to_float(block + 82);
+                for (int g = 0; g < 16; ++g) scales[g] = int8_t(block[g] & 15);
+                low[0] = widen_eight(load<EightBytes>(block) >> 4) * dmin;
+                low[1] = widen_eight(load<EightBytes>(block + 8) >> 4) * dmin;
+            }
+            sc[0] = widen_eight(load<EightSigned>(scales)) * d;
+            sc[1] = widen_eight(load<EightSigned>(scales + 8)) * d;
+#if defined(__AVX512F__)
+            groups = (PairShorts)_mm512_zextsi256_si512(
+                _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales))));
+#else
+            groups = PairShorts{};
+            for (int g = 0; g < 16; ++g) groups[g] = scales[g];
+#endif
+        }
+        Bytes codes(int j) const {
+            const Bytes q = (load<Bytes>(qs + 32 * (j / 4)) >> (2 * (j % 4))) & 3;
+            if constexpr (!THIRD) return q;
+            return q | (((load<Bytes>(hmask) >> j) & 1) << 2);
+        }
+        SignedBytes signed_x(int, SignedBytes x) const { return x; }
+        static constexpr int first(int P) { return 2 * P; }
+        static constexpr int second(int P) { return 2 * P + 1; }
+        // blocks 2 P and 2 P + 1: bit pairs k and k + 1 (k = 2 (P % 2)) of the same 32 bytes of half P / 2
+        template <int P>
+        PairBytes pair_codes() const {
+            constexpr int n = P / 2, k = 2 * (P % 2);
+            const Bytes q = load<Bytes>(qs + 32 * n);
+            const PairBytes codes = pair_of((q >> (2 * k)) & 3, (q >> (2 * k + 2)) & 3);
+            if constexpr (!THIRD) return codes;
+            const Bytes h = load<Bytes>(hmask);
+            return codes | (pair_of((h >> (2 * P)) & 1, (h >> (2 * P + 1)) & 1) << 2);
+        }
+        template <int>
+        PairSigned pair_signed(PairSigned x) const { return x; }
+        template <int P>
+        PairShorts pair_int_scales() const { return pair_group_scales<P>(groups); }
+        Lanes scales(int j) const { return block_group_scales(sc, j); }
+        // Q3_K: each code less 4; Q2_K: each group's minimum
+        Lanes offset(const float*, const float* halves) const {
+            if constexpr (THIRD) return group_offsets(sc, halves) * -4.0f;
+            return -group_offsets(low, halves);
+        }
+        void widen(float* out) const {
+            for (int j = 0; j < 8; ++j) {
+                const Bytes q = codes(j);
+                const Lanes scale = scales(j);
+                for (int i = 0; i < 32; ++i) {
+                    const float value = scale[i / 4] * (float(q[i]) - (THIRD ? 4.0f : 0.0f));
+                    out[32 * j + i] = THIRD ? value : value - low[(2 * j + i / 16) / 8][(2 * j + i / 16) % 8];
+                }
+            }
+        }
+    };
+};
+using Q2K = KQuantTwoBit<false>;
+using Q3K = KQuantTwoBit<true>;
+
 // f(F{}) for the format struct of ``format`` (a block one: not FLOAT) in rows of ``in`` values.
 template <typename F>
 inline void with_format(int64_t format, int64_t in, F&& f) {
@@ -485,11 +641,18 @@ inline void with_format(int64_t format, int64_t in, F&& f) {
                 if (pairs) return f(Loom4Pairs{});
             }
             return f(Loom4{});
+        case LOOM_5BIT:
+            if constexpr (PAIRS) {
+                if (pairs) return f(Loom5Pairs{});
+            }
+            return f(Loom5{});
         case LOOM_8BIT:
             if constexpr (PAIRS) {
                 if (pairs) return f(Loom8Pairs{});
             }
             return f(Loom8{});
+        case GGUF_Q2_K: f(Q2K{}); break;
+        case GGUF_Q3_K: f(Q3K{}); break;
         case GGUF_Q4_K: f(Q4K{}); break;
         case GGUF_Q5_K: f(Q5K{}); break;
         default: f(Q6K{}); break;

@@ -1,15 +1,13 @@
-"""GGUF's block formats as the kernels take them (block_codes.h), a tensor at a time.
+"""GGUF's block formats as the kernels take them (block_codes.h), a tensor at a time: every one with
+the file's own numbers.
 
-Q4_K, Q5_K and Q6_K are kept as the file lays them out: the kernels read their super-blocks where they lie
-in the memory-mapped file. Q4_0, Q4_1 and Q8_0 hold what Loom's 4- and 8-bit blocks hold (32 values,
-a scale, for 4 bits a minimum; Q4_0's w = d (q - 8) is a minimum of -8 d, exact in float32), so
-their bytes are rearranged, never widened: the model computes with the file's own numbers. IQ4_NL
-and IQ4_XS look their 4-bit codes up in a table of sixteen integers from -127 to 113: those integers
-are 8-bit codes, under the block's scale (IQ4_XS: d (ls - 32) per 32 values), so they become 8-bit
-blocks, exact too, at twice the file's memory; so do Q5_0's w = d (q - 16), whose codes -16..15 are
-8-bit ones. The other formats (Q2_K, Q3_K, Q5_1) are widened a slice of rows at a time and
-quantized to Loom's blocks of the nearest width, so that no whole tensor, let alone the model,
-passes through float32.
+The K-quants (Q2_K to Q6_K) are kept as the file lays them out: the kernels read their super-blocks
+where they lie in the memory-mapped file. Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 hold what Loom's 4-, 5-
+and 8-bit blocks hold (32 values, a scale, for 4 and 5 bits a minimum; Q4_0's w = d (q - 8) is a
+minimum of -8 d and Q5_0's w = d (q - 16) one of -16 d, exact in float32), so their bytes are
+rearranged, never widened. IQ4_NL and IQ4_XS look their 4-bit codes up in a table of sixteen
+integers from -127 to 113: those integers are 8-bit codes, under the block's scale (IQ4_XS:
+d (ls - 32) per 32 values), so they become 8-bit blocks, exact too, at twice the file's memory.
 """
 
 from __future__ import annotations
@@ -18,32 +16,28 @@ import numpy as np
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 
-from .block_linear import GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K, GROUP, LOOM_4BIT, LOOM_8BIT, quantize, row_bytes
+from .block_linear import (GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K, GROUP, LOOM_4BIT, LOOM_5BIT,
+                           LOOM_8BIT)
 
-NATIVE = {Q.Q4_K: GGUF_Q4_K, Q.Q5_K: GGUF_Q5_K, Q.Q6_K: GGUF_Q6_K}
-EXACT = {Q.Q4_0: LOOM_4BIT, Q.Q4_1: LOOM_4BIT, Q.Q8_0: LOOM_8BIT, Q.IQ4_NL: LOOM_8BIT, Q.IQ4_XS: LOOM_8BIT,
-         Q.Q5_0: LOOM_8BIT}
+NATIVE = {Q.Q2_K: GGUF_Q2_K, Q.Q3_K: GGUF_Q3_K, Q.Q4_K: GGUF_Q4_K, Q.Q5_K: GGUF_Q5_K, Q.Q6_K: GGUF_Q6_K}
+EXACT = {Q.Q4_0: LOOM_4BIT, Q.Q4_1: LOOM_4BIT, Q.Q5_0: LOOM_5BIT, Q.Q5_1: LOOM_5BIT, Q.Q8_0: LOOM_8BIT,
+         Q.IQ4_NL: LOOM_8BIT, Q.IQ4_XS: LOOM_8BIT}
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
-REQUANTIZED = {Q.Q2_K: LOOM_4BIT, Q.Q3_K: LOOM_4BIT, Q.Q5_1: LOOM_8BIT}
-WIDENED_VALUES = 16 << 20  # values widened to float32 at a time for the formats requantized
+WIDENED_VALUES = 16 << 20  # values widened to float32 at a time (weights="float32", a float tensor)
 
 
 def block_format(kind: Q) -> int | None:
     """The kernel format a GGUF tensor type runs in (block_linear's); None for the float types."""
-    return NATIVE.get(kind) or EXACT.get(kind) or REQUANTIZED.get(kind)
+    return NATIVE.get(kind) or EXACT.get(kind)
 
 
 def to_blocks(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
     """A GGUF tensor's raw bytes [rows, bytes per row] in its kernel format [rows, bytes per row]:
-    the file's own bytes (a view of the mapped file) for the formats kept, else each row as Loom's
-    blocks (its codes, its float32 scales and, for 4 bits, its float32 minimums)."""
+    the file's own bytes (a view of the mapped file) for the K-quants, else each row as Loom's blocks
+    (its codes, its float32 scales and, for 4 and 5 bits, its float32 minimums)."""
     if kind in NATIVE:
         return torch.from_numpy(data)
-    if kind in EXACT:
-        return torch.from_numpy(_rearranged(data, kind, width))
-    bits = REQUANTIZED[kind]
-    parts = [quantize(part, bits).view(-1, row_bytes(width, bits)) for _, part in widened_slices(data, kind, width)]
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
+    return torch.from_numpy(_rearranged(data, kind, width))
 
 
 def widened_slices(data: np.ndarray, kind: Q, width: int):
@@ -62,8 +56,8 @@ def _rearranged(data: np.ndarray, kind: Q, width: int) -> np.ndarray:
     rows, groups = data.shape[0], width // GROUP
     if kind in (Q.IQ4_NL, Q.IQ4_XS):
         return _iq4_rearranged(data, kind, rows, groups)
-    if kind == Q.Q5_0:
-        return _q5_0_rearranged(data, rows, groups)
+    if kind in (Q.Q5_0, Q.Q5_1):
+        return _q5_rearranged(data, kind, rows, groups)
     blocks = data.reshape(rows, groups, -1)
     scale = _halves(blocks[..., 0:2])  # [rows, groups, 1]
     if kind == Q.Q8_0:
@@ -102,12 +96,14 @@ def _iq4_rearranged(data: np.ndarray, kind: Q, rows: int, groups: int) -> np.nda
     return np.concatenate([values.view(np.uint8).reshape(rows, -1), scale.view(np.uint8)], axis=1)
 
 
-def _q5_0_rearranged(data: np.ndarray, rows: int, groups: int) -> np.ndarray:
-    """Q5_0 (per 32 values: d, 32 high bits, 16 bytes of low nibbles) as 8-bit blocks of q - 16."""
-    blocks = data.reshape(rows, groups, 22)
-    scale = _halves(blocks[..., 0:2]).reshape(rows, groups)
-    high = np.unpackbits(blocks[..., 2:6], axis=-1, bitorder="little")  # bit j: value j's fifth bit
-    low = blocks[..., 6:]
-    low = np.concatenate([low & 0x0F, low >> 4], axis=-1)  # values 0..15, then 16..31
-    values = (low | (high << 4)).astype(np.int8) - np.int8(16)
-    return np.concatenate([values.view(np.uint8).reshape(rows, -1), scale.view(np.uint8)], axis=1)
+def _q5_rearranged(data: np.ndarray, kind: Q, rows: int, groups: int) -> np.ndarray:
+    """Q5_1 (per 32 values: d, m, 32 fifth bits, 16 bytes of low nibbles: w = d q + m) and Q5_0 (the
+    same without m: w = d (q - 16), a minimum of -16 d) as 5-bit blocks: the nibbles and fifth bits as
+    they are, the scales and minimums widened to float32."""
+    head = 4 if kind == Q.Q5_1 else 2
+    blocks = data.reshape(rows, groups, head + 20)
+    scale = _halves(blocks[..., 0:2])  # [rows, groups, 1]
+    low = _halves(blocks[..., 2:4]) if kind == Q.Q5_1 else scale * -16
+    high, nibbles = blocks[..., head:head + 4], blocks[..., head + 4:]
+    return np.concatenate([nibbles.reshape(rows, -1), high.reshape(rows, -1), scale.view(np.uint8).reshape(rows, -1),
+                           low.view(np.uint8).reshape(rows, -1)], axis=1)

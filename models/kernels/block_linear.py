@@ -1,7 +1,7 @@
-"""Linear layers and embeddings whose weights are kept in blocks (block_codes.h's formats): Loom's 4-
-and 8-bit blocks of 32 values with a scale each, as llama.cpp's Q4_1 and Q8_0 files keep them
-(weights="int4" and "int8", and GGUF files' Q4_0/Q4_1/Q8_0/Q5_0/IQ4 rearranged), and GGUF's Q4_K
-and Q6_K super-blocks as the file has them; multiplied by Loom's own kernel (block_weights.h), which
+"""Linear layers and embeddings whose weights are kept in blocks (block_codes.h's formats): Loom's 4-,
+5- and 8-bit blocks of 32 values with a scale each, as llama.cpp's Q4_1, Q5_1 and Q8_0 files keep
+them (weights="int4" and "int8", and GGUF files' Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/IQ4 rearranged), and GGUF's
+K-quant super-blocks (Q2_K to Q6_K) as the file has them; multiplied by Loom's own kernel (block_weights.h), which
 rounds the input to 8 bits first (round_activations: a scale per 32 values, per 256 for the
 K-quants), as llama.cpp does. ("int8" keeps
 every linear layer in the 8-bit blocks described below for the output layer.)
@@ -29,10 +29,14 @@ from .cpu_linear import CpuLinear
 
 GROUP = 32  # values per block (block_codes.h)
 # block_codes.h's formats; Loom's own are named by their bits
-LOOM_4BIT, LOOM_8BIT, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K = 4, 8, 12, 13, 14
-SUPER_BLOCKS = {GGUF_Q4_K: (256, 144), GGUF_Q5_K: (256, 176), GGUF_Q6_K: (256, 210)}  # values and bytes of a K-quant's super-block
-FORMAT_NAMES = {LOOM_4BIT: "4-bit blocks", LOOM_8BIT: "8-bit blocks", GGUF_Q4_K: "Q4_K", GGUF_Q5_K: "Q5_K",
-                GGUF_Q6_K: "Q6_K"}
+LOOM_4BIT, LOOM_5BIT, LOOM_8BIT = 4, 5, 8
+GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K = 10, 11, 12, 13, 14
+# values and bytes of a K-quant's super-block
+SUPER_BLOCKS = {GGUF_Q2_K: (256, 84), GGUF_Q3_K: (256, 110), GGUF_Q4_K: (256, 144), GGUF_Q5_K: (256, 176),
+                GGUF_Q6_K: (256, 210)}
+FORMAT_NAMES = {LOOM_4BIT: "4-bit blocks", LOOM_5BIT: "5-bit blocks", LOOM_8BIT: "8-bit blocks", GGUF_Q2_K: "Q2_K",
+                GGUF_Q3_K: "Q3_K", GGUF_Q4_K: "Q4_K", GGUF_Q5_K: "Q5_K", GGUF_Q6_K: "Q6_K"}
+WITH_MINIMUMS = (LOOM_4BIT, LOOM_5BIT)  # Loom's blocks that keep a float32 minimum beside each scale
 OUTPUT_BITS = LOOM_8BIT  # the output layer's and the token embeddings' (the layers': quantized.BLOCK_WEIGHTS)
 
 _int64, _pointer = ctypes.c_int64, ctypes.c_void_p
@@ -43,11 +47,11 @@ ROUND_ARGTYPES = [_pointer, _int64, _int64, _int64, _pointer, _int64]
 
 def row_bytes(width: int, format: int) -> int:
     """Bytes of one row of ``width`` values in ``format``: for Loom's blocks its codes, its float32
-    scales and, for 4 bits, its float32 minimums; for a K-quant its super-blocks (block_codes.h)."""
+    scales and, for 4 and 5 bits, its float32 minimums; for a K-quant its super-blocks (block_codes.h)."""
     if format in SUPER_BLOCKS:
         values, size = SUPER_BLOCKS[format]
         return width // values * size
-    return width * format // 8 + width // GROUP * (8 if format == LOOM_4BIT else 4)
+    return width * format // 8 + width // GROUP * (8 if format in WITH_MINIMUMS else 4)
 
 
 def rounding(format: int) -> int:
@@ -90,17 +94,20 @@ def quantize(weight: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def dequantize(blocks: torch.Tensor, bits: int, out: int, width: int) -> torch.Tensor:
-    """The float32 [out, in] weight a block buffer stands for (the reference the tests check the
-    kernel and quantize against)."""
+    """The float32 [out, in] weight a buffer of Loom's blocks stands for (the reference the tests check
+    the kernel, quantize and block_formats' rearrangements against)."""
     rows = blocks.view(out, -1)
     code_bytes, groups = width * bits // 8, width // GROUP
     codes = rows[:, :code_bytes]
     scales = rows[:, code_bytes:code_bytes + 4 * groups].contiguous().view(torch.float32)[..., None]
-    if bits == 4:
-        codes = codes.reshape(out, groups, GROUP // 2)
-        values = torch.cat([codes & 15, codes >> 4], dim=-1).float()
+    if bits in WITH_MINIMUMS:
+        nibbles = codes[:, :width // 2].reshape(out, groups, GROUP // 2)
+        values = torch.cat([nibbles & 15, nibbles >> 4], dim=-1).int()
+        if bits == LOOM_5BIT:  # each block's 32 fifth bits after the nibbles, bit j for value j
+            high = codes[:, width // 2:].contiguous().view(torch.int32).reshape(out, groups, 1)
+            values |= ((high >> torch.arange(GROUP, dtype=torch.int32)) & 1) << 4
         mins = rows[:, code_bytes + 4 * groups:].contiguous().view(torch.float32)[..., None]
-        return (values * scales + mins).reshape(out, width)
+        return (values.float() * scales + mins).reshape(out, width)
     return (codes.contiguous().view(torch.int8).view(out, groups, GROUP).float() * scales).reshape(out, width)
 
 

@@ -1,5 +1,5 @@
-// Products over weights kept in blocks (block_codes.h's formats: Loom's 4- and 8-bit blocks and
-// GGUF's Q4_K and Q6_K as the file has them), block_linear.py's and the native layers'.
+// Products over weights kept in blocks (block_codes.h's formats: Loom's 4-, 5- and 8-bit blocks and
+// GGUF's K-quants as the file has them), block_linear.py's and the native layers'.
 //
 // The input is rounded to 8 bits first, as llama.cpp's CPU backend does: per 32 values (a K-quant's
 // 256) a scale dx = max |x| / 127 and codes round(x / dx). A block's product is then an integer dot
