@@ -41,6 +41,7 @@ SUPPORTED_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
 # llama.cpp's names of the products a layer fuses (q/k/v, gate/up): they take one kind of blocks
 FUSED = (frozenset({"attn_q", "attn_k", "attn_v"}), frozenset({"ffn_gate", "ffn_up"}))
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+KEPT_DTYPES = (torch.uint8, torch.float16, torch.bfloat16)  # blocks, and F16/BF16 matrices kept as the file has them
 
 
 def default_model_path() -> Path:
@@ -58,8 +59,8 @@ def default_model_path() -> Path:
 def read(path: Path, keep_blocks: bool = False) -> Contents:
     """The file's config, tensors (transformers' names and layout) and tokenizer. With
     ``keep_blocks`` the quantized linear weights and embeddings come as blocks for Loom's kernels
-    (uint8 [rows, bytes per row], kernels/block_formats.py: Q4_K, Q5_K and Q6_K as views of the mapped file),
-    else every tensor as float32. One tensor is converted at a time, and its pages of the file let go
+    (uint8 [rows, bytes per row], kernels/block_formats.py: the K-quants as views of the mapped file), and
+    F16/BF16 matrices as float16/bfloat16 views of it; else every tensor as float32. One tensor is converted at a time, and its pages of the file let go
     of after. Raises ValueError for an
     architecture or tensor type Loom does not run, before any tensor is read."""
     if not path.is_file():
@@ -80,7 +81,7 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
     for info in file.tensors.values():
         blocks = formats[info.name] is not None
         tensors[_hf_name(info.name, names)] = to_blocks(info.data, info.type, info.shape[-1]) if blocks else _widened(info)
-        file.release(info)  # a tensor read where it lies (Q4_K, Q5_K, Q6_K) comes back on its first use
+        file.release(info)  # a tensor read where it lies (the K-quants, F16, BF16) comes back on its first use
     if arch in NORM_OFFSET:
         for name in tensors:
             if name.endswith("norm.weight"):
@@ -167,7 +168,7 @@ def _fuse_blocks(tensors: dict) -> None:
         for name in [n for n in tensors if n.endswith(f".{members[0]}.weight")]:
             prefix = name.removesuffix(f"{members[0]}.weight")
             parts = [tensors.get(f"{prefix}{m}.weight") for m in members]
-            if all(p is not None and p.dtype == torch.uint8 for p in parts):
+            if all(p is not None and p.dtype in KEPT_DTYPES for p in parts):
                 for m in members:
                     del tensors[f"{prefix}{m}.weight"]
                 tensors[f"{prefix}{fused}.weight"] = parts

@@ -34,13 +34,16 @@
 #include <immintrin.h>
 #endif
 
+#include "kv_element.h"
+
 namespace {
 
 constexpr int64_t GROUP = 32;  // values per block: the unit of the activations' 8-bit blocks too
 
 enum Format : int64_t {
     FLOAT = 0, LOOM_4BIT = 4, LOOM_5BIT = 5, LOOM_8BIT = 8,
-    GGUF_Q2_K = 10, GGUF_Q3_K = 11, GGUF_Q4_K = 12, GGUF_Q5_K = 13, GGUF_Q6_K = 14
+    GGUF_Q2_K = 10, GGUF_Q3_K = 11, GGUF_Q4_K = 12, GGUF_Q5_K = 13, GGUF_Q6_K = 14,
+    FLOAT16 = 16, BFLOAT16 = 17
 };
 
 typedef uint8_t Bytes __attribute__((vector_size(32)));
@@ -156,20 +159,7 @@ inline PairLanes spread(Lanes v) {
     return __builtin_shufflevector(v, v, A, A, A, A, A, A, A, A, B, B, B, B, B, B, B, B);
 }
 
-inline float half_to_float(const uint8_t* p) {
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    const uint32_t sign = uint32_t(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
-    if (exponent == 0) return (sign ? -1.0f : 1.0f) * std::ldexp(float(mantissa), -24);
-    const uint32_t bits = sign | (exponent == 31 ? 0x7F800000 | (mantissa << 13) : ((exponent + 112) << 23) | (mantissa << 13));
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-#endif
-}
+inline float half_to_float(const uint8_t* p) { return Element<float, Float16>::widen(load<Float16>(p)); }
 
 // Eight bytes as floats. (GCC writes __builtin_convertvector from bytes as scalar code, a lane at a
 // time: 64 scalar conversions per Q4_K super-block of four rows, a one-row product at a quarter of
@@ -631,6 +621,29 @@ struct KQuantTwoBit {
 using Q2K = KQuantTwoBit<false>;
 using Q3K = KQuantTwoBit<true>;
 
+// FLOAT16 and BFLOAT16: a GGUF file's 16-bit float tensors as the file has them. Not blocks: their
+// products take float32 activations and widen each weight as they read it (cpu_linear.h's
+// linear_rows); a "super-block" here is 32 values, for widen_row.
+template <typename W>
+struct HalfFloats {
+    using Element = W;
+    static constexpr int64_t VALUES = GROUP;
+    static int64_t row_bytes(int64_t in) { return 2 * in; }
+    struct Super {
+        const W* values;
+        Super() = default;
+        Super(const uint8_t* row, int64_t, int64_t s) : values(reinterpret_cast<const W*>(row) + s * GROUP) {}
+        void widen(float* out) const {
+            for (int i = 0; i < GROUP; ++i) out[i] = ::Element<float, W>::widen(values[i]);
+        }
+    };
+};
+
+template <typename F, typename = void>
+struct IsHalfFloats : std::false_type {};
+template <typename F>
+struct IsHalfFloats<F, std::void_t<typename F::Element>> : std::true_type {};
+
 // f(F{}) for the format struct of ``format`` (a block one: not FLOAT) in rows of ``in`` values.
 template <typename F>
 inline void with_format(int64_t format, int64_t in, F&& f) {
@@ -655,6 +668,8 @@ inline void with_format(int64_t format, int64_t in, F&& f) {
         case GGUF_Q3_K: f(Q3K{}); break;
         case GGUF_Q4_K: f(Q4K{}); break;
         case GGUF_Q5_K: f(Q5K{}); break;
+        case FLOAT16: f(HalfFloats<Float16>{}); break;
+        case BFLOAT16: f(HalfFloats<BFloat16>{}); break;
         default: f(Q6K{}); break;
     }
 }

@@ -348,8 +348,11 @@ inline void widen_row(const BlockWeights& w, int64_t row, float* dst) {
     for (int64_t s = 0; s < w.in / F::VALUES; ++s) typename F::Super(w.row(row), w.in, s).widen(dst + s * F::VALUES);
 }
 
-// Floats of scratch a block product of ``rows`` rows of width ``in`` takes (block_linear_rows).
-inline int64_t block_scratch_size(int64_t rows, int64_t in) { return RoundedRows::floats_for(rows, in); }
+// Floats of scratch a block product of ``rows`` rows of width ``in`` takes (block_linear_rows):
+// its rounded input, or for 16-bit floats the panels.
+inline int64_t block_scratch_size(int64_t rows, int64_t in) {
+    return std::max(RoundedRows::floats_for(rows, in), packed_size<float>(rows, in));
+}
 
 // y = x w^T + b over block weights of format F (block_linear_rows).
 template <typename F>
@@ -381,12 +384,21 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
     }
 }
 
-// y = x w^T + b over block weights, the work shared among the threads of the enclosing parallel
-// region. ``scratch``: block_scratch_size(rows, in) floats shared by the region's threads, from a
-// cache line's start.
+// y = x w^T + b over block weights (or 16-bit floats: cpu_linear.h's products, panels from
+// ``panel_from`` rows), the work shared among the threads of the enclosing parallel region.
+// ``scratch``: block_scratch_size(rows, in) floats shared by the region's threads, from a cache
+// line's start.
 inline void block_linear_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeights& w,
-                              const float* bias, float* y, int64_t y_stride, float* scratch) {
-    with_format(w.format, w.in, [&](auto f) { block_rows<decltype(f)>(x, x_stride, rows, w, bias, y, y_stride, scratch); });
+                              const float* bias, float* y, int64_t y_stride, float* scratch,
+                              int64_t panel_from = PANEL_MIN_ROWS) {
+    with_format(w.format, w.in, [&](auto f) {
+        using F = decltype(f);
+        if constexpr (IsHalfFloats<F>::value)
+            linear_rows(x, x_stride, rows, reinterpret_cast<const typename F::Element*>(w.base), bias, w.in, w.out, y,
+                        y_stride, scratch, panel_from);
+        else
+            block_rows<F>(x, x_stride, rows, w, bias, y, y_stride, scratch);
+    });
 }
 
 }  // namespace

@@ -31,6 +31,7 @@
 
 #include <omp.h>
 
+#include "kv_element.h"
 #include "vector.h"
 
 namespace {
@@ -47,9 +48,12 @@ namespace {
 // non-temporally: a step reads its weights once, and fetched the usual way they evicted what the
 // step's other phases and the Python after the forward use again (a one-stream forward 12.4 ->
 // 11.8 ms, the Python after it ~20% faster).
-template <typename T, int ROWS>
-inline void few_rows(const T* x, int64_t x_stride, const T* w, int64_t in, int64_t count, T* y, int64_t y_stride) {
+// The weights are T, or kept as W (16-bit floats, half_linear.h) and widened a vector at a time as
+// they are read (kv_element.h's Element).
+template <typename T, int ROWS, typename W = T>
+inline void few_rows(const T* x, int64_t x_stride, const W* w, int64_t in, int64_t count, T* y, int64_t y_stride) {
     using V = Vector<T>;
+    using E = Element<T, W>;
     // Independent sums per input row: 4 at one row, else 2; with AVX2's 16 registers one from 5 rows
     // up (two per row spilled two of 8 rows' sums to the stack: 8 rows 20.2 -> 18.5 ms with one).
     constexpr int L = V::lanes, SUMS = ROWS == 1 ? 4 : (VECTOR_BYTES == 32 && ROWS > 4) ? 1 : 2;
@@ -57,21 +61,21 @@ inline void few_rows(const T* x, int64_t x_stride, const T* w, int64_t in, int64
         typename V::type acc[ROWS][SUMS] = {};
         int64_t k = 0;
         for (; k + SUMS * L <= in; k += SUMS * L) {
-            for (int64_t line = 0; line < SUMS * L; line += 64 / sizeof(T))
+            for (int64_t line = 0; line < SUMS * L; line += 64 / sizeof(W))
                 __builtin_prefetch(w + 2 * in + k + line, 0, 0);
             for (int s = 0; s < SUMS; ++s) {
-                const typename V::type weights = V::load(w + k + s * L);
+                const typename V::type weights = E::load(w + k + s * L);
                 for (int m = 0; m < ROWS; ++m) acc[m][s] += V::load(x + m * x_stride + k + s * L) * weights;
             }
         }
         for (; k + L <= in; k += L)
-            for (int m = 0; m < ROWS; ++m) acc[m][0] += V::load(x + m * x_stride + k) * V::load(w + k);
+            for (int m = 0; m < ROWS; ++m) acc[m][0] += V::load(x + m * x_stride + k) * E::load(w + k);
         for (int m = 0; m < ROWS; ++m) {
             typename V::type sums = acc[m][0];
             for (int s = 1; s < SUMS; ++s) sums += acc[m][s];
             T sum = 0;
             for (int lane = 0; lane < L; ++lane) sum += sums[lane];
-            for (int64_t j = k; j < in; ++j) sum += x[m * x_stride + j] * w[j];
+            for (int64_t j = k; j < in; ++j) sum += x[m * x_stride + j] * E::widen(w[j]);
             y[m * y_stride + o] = sum;
         }
     }
@@ -228,6 +232,26 @@ inline auto stored_weights(const T* w, int64_t in) {
     };
 }
 
+// Where a tile's weights are when the matrix keeps them as W (16-bit floats): widened into a buffer
+// of the thread's own, the tile's rows of the chunk, once for every panel to pass.
+template <typename T, typename W>
+inline auto widened_weights(const W* w, int64_t in) {
+    return [w, in](int64_t o, int64_t outs, int64_t k, int64_t count, int64_t) {
+        using V = Vector<T>;
+        thread_local std::vector<T> buffer;
+        T* tile = line_aligned(buffer, whole_lines<T>(count) * outs);
+        const int64_t stride = whole_lines<T>(count);
+        for (int64_t r = 0; r < outs; ++r) {
+            const W* from = w + (o + r) * in + k;
+            T* to = tile + r * stride;
+            int64_t j = 0;
+            for (; j + V::lanes <= count; j += V::lanes) V::store(to + j, Element<T, W>::load(from + j));
+            for (; j < count; ++j) to[j] = Element<T, W>::widen(from[j]);
+        }
+        return TileWeights<T>{tile, stride, nullptr};
+    };
+}
+
 // The panels' chunks of k: widths above 1024 are cut into even chunks, so that a tile's weights and
 // a panel's share of them stay cached on wider models too.
 inline int64_t k_chunk(int64_t in) {
@@ -301,12 +325,16 @@ void panels(const T* x, int64_t x_stride, int64_t rows, int64_t in, int64_t out,
 
 // Shares the work among the threads of the enclosing parallel region (alone, outside one).
 // ``packed``: packed_size(rows, in) elements of scratch, shared by the region's threads; panels from
-// ``panel_from`` rows (the model's threshold, cpu_linear.py).
-template <typename T>
-void linear_rows(const T* x, int64_t x_stride, int64_t rows, const T* w, const T* bias, int64_t in, int64_t out,
+// ``panel_from`` rows (the model's threshold, cpu_linear.py). The weights are T, or 16-bit floats W
+// (a GGUF file's F16 and BF16 tensors as the file has them), widened as they are read.
+template <typename T, typename W = T>
+void linear_rows(const T* x, int64_t x_stride, int64_t rows, const W* w, const T* bias, int64_t in, int64_t out,
                  T* y, int64_t y_stride, T* packed, int64_t panel_from) {
     if (rows >= panel_from) {
-        panels(x, x_stride, rows, in, out, k_chunk(in), stored_weights(w, in), bias, y, y_stride, packed);
+        if constexpr (std::is_same_v<T, W>)
+            panels(x, x_stride, rows, in, out, k_chunk(in), stored_weights(w, in), bias, y, y_stride, packed);
+        else
+            panels(x, x_stride, rows, in, out, k_chunk(in), widened_weights<T>(w, in), bias, y, y_stride, packed);
         return;
     }
     // A task is 8 weight rows against every input row, FEW_ROWS of them at a time (more only where
@@ -320,7 +348,7 @@ void linear_rows(const T* x, int64_t x_stride, int64_t rows, const T* w, const T
         const int64_t o = task * outs, count = std::min(outs, out - o);
         for (int64_t m = 0; m < rows; m += FEW_ROWS)
             with_few_rows(std::min(FEW_ROWS, rows - m), [&](auto group) {
-                few_rows<T, group>(x + m * x_stride, x_stride, w + o * in, in, count, y + m * y_stride + o, y_stride);
+                few_rows<T, group, W>(x + m * x_stride, x_stride, w + o * in, in, count, y + m * y_stride + o, y_stride);
             });
         add_bias(y + o, y_stride, rows, bias == nullptr ? nullptr : bias + o, count);
     }

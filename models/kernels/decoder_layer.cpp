@@ -72,7 +72,7 @@ void product(const T* x, int64_t x_stride, int64_t rows, const Weights& w, const
         if constexpr (std::is_same_v<T, float>) {
             if (part.format != FLOAT) {
                 block_linear_rows(x, x_stride, rows, BlockWeights(part.data, part.format, in, part.rows), b,
-                                  y + first, y_stride, scratch);
+                                  y + first, y_stride, scratch, panel_from);
                 first += part.rows;
                 continue;
             }

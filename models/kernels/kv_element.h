@@ -3,10 +3,12 @@
 // memory, and decode attention, which reads every cached key and value of every sequence each step,
 // reads half the bytes. Values are rounded to the stored type to nearest-even, as torch's .to() does,
 // so the torch path (which casts) and these kernels keep the same bits; they are widened back to the
-// model's type as the attention reads them, a vector at a time.
+// model's type as the attention reads them, a vector at a time. (A GGUF file's float16 and bfloat16
+// weights are widened the same way: half_linear.h.)
 
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -21,14 +23,15 @@ namespace {
 struct BFloat16 {
     uint16_t bits;
 };
-
-// float16 where the processor converts it (F16C, with AVX-512 or AVX2) or the compiler has a
-// half type; elsewhere no float16 kernels are built and such a pool stays on the torch path.
-#if defined(__F16C__) || defined(__FLT16_MAX__)
-#define LOOM_KV_FLOAT16 1
 struct Float16 {
     uint16_t bits;
 };
+
+// A float16 pool where the processor converts floats to it (F16C, with AVX-512 or AVX2) or the
+// compiler has a half type; elsewhere no float16 pool kernels are built and such a pool stays on the
+// torch path. (Widening float16 works everywhere.)
+#if defined(__F16C__) || defined(__FLT16_MAX__)
+#define LOOM_KV_FLOAT16 1
 #endif
 
 // Every (model type T, pool type C) the pool kernels are built for, as X(symbol suffix, T, C): each
@@ -80,18 +83,27 @@ struct Element<float, BFloat16> {
     }
 };
 
-#ifdef LOOM_KV_FLOAT16
 template <>
 struct Element<float, Float16> {
     static float widen(Float16 x) {
-#ifdef __F16C__
+#if defined(__F16C__)
         return _cvtsh_ss(x.bits);
-#else
+#elif defined(__FLT16_MAX__)
         _Float16 h;
         std::memcpy(&h, &x.bits, sizeof h);
         return static_cast<float>(h);
+#else  // sign, exponent and mantissa moved to float's places; subnormals scaled, 31 is inf or NaN
+        const uint32_t sign = uint32_t(x.bits & 0x8000) << 16, exponent = (x.bits >> 10) & 0x1F,
+                       mantissa = x.bits & 0x3FF;
+        if (exponent == 0) return (sign ? -1.0f : 1.0f) * std::ldexp(float(mantissa), -24);
+        const uint32_t bits =
+            sign | (exponent == 31 ? 0x7F800000 | (mantissa << 13) : ((exponent + 112) << 23) | (mantissa << 13));
+        float f;
+        std::memcpy(&f, &bits, sizeof f);
+        return f;
 #endif
     }
+#ifdef LOOM_KV_FLOAT16
     static Float16 narrow(float x) {
 #ifdef __F16C__
         return {static_cast<uint16_t>(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT))};
@@ -102,6 +114,7 @@ struct Element<float, Float16> {
         return out;
 #endif
     }
+#endif
     static Vector<float>::type load(const Float16* p) {
         Vector<float>::type v;
 #if defined(__AVX512F__)
@@ -116,6 +129,5 @@ struct Element<float, Float16> {
         return v;
     }
 };
-#endif
 
 }  // namespace

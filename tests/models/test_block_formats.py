@@ -14,7 +14,7 @@ from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
 import models
 from models.kernels import native
 from models.kernels.block_formats import block_format, to_blocks
-from models.kernels.block_linear import (GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K, GROUP, LOOM_4BIT,
+from models.kernels.block_linear import (BFLOAT16, FLOAT16, GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K, GROUP, LOOM_4BIT,
                                          LOOM_5BIT, LOOM_8BIT, SUPER_BLOCKS, BlockLinear, dequantize, round_activations,
                                          rounding)
 from runtime import Engine, GenerationConfig
@@ -79,10 +79,36 @@ def test_the_kernels_product_over_a_files_blocks_equals_float64(kind, rows):
     assert torch.allclose(layer(x).double(), expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
 
 
-# each layer's formats, and the output layer's and embeddings' (attn_output is F16: a float product)
+def expected_product(x: torch.Tensor, data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
+    """float64's product over a tensor's values: of the input rounded to 8-bit blocks for a block
+    format, of the input itself for a 16-bit float matrix."""
+    if kind not in (Q.F16, Q.BF16):
+        x = round_activations(x, rounding(block_format(kind)))
+    return x.double() @ file_values(data, kind, width).T
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", [Q.F16, Q.BF16], ids=lambda k: k.name)
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 9, 40, 200])
+def test_float16_and_bfloat16_are_kept_and_their_products_take_the_input_as_it_is(kind, rows):
+    """A 16-bit float matrix is a view of the file, and its products (a few rows at a time, and the
+    panels) equal float64's over its values, the input not rounded."""
+    width, out = 512, 96
+    rng = np.random.default_rng(rows)
+    data = gguf_quantize(rng.standard_normal((out, width)).astype(np.float32), kind).reshape(out, -1)
+    blocks = to_blocks(data, kind, width)
+    assert blocks.data_ptr() == data.ctypes.data and blocks.shape == (out, width)
+    layer = BlockLinear.of_blocks(blocks, width)
+    assert layer.formats == (block_format(kind),) == ({Q.F16: FLOAT16, Q.BF16: BFLOAT16}[kind],)
+    x = torch.randn(rows, width, generator=torch.Generator().manual_seed(rows))
+    expected = expected_product(x, data, kind, width)
+    assert torch.allclose(layer(x).double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
+# each layer's formats, and the output layer's and embeddings' (attn_output is F16 or BF16: a float product)
 MIXED_LAYERS = [{"attn_q": Q.Q4_0, "attn_k": Q.Q4_K, "attn_v": Q.Q4_1, "attn_output": Q.F16, "ffn_gate": Q.IQ4_NL,
                  "ffn_up": Q.Q8_0, "ffn_down": Q.Q5_K},
-                {"attn_q": Q.Q3_K, "attn_k": Q.Q5_1, "attn_v": Q.Q2_K, "attn_output": Q.F16, "ffn_gate": Q.Q5_0,
+                {"attn_q": Q.Q3_K, "attn_k": Q.Q5_1, "attn_v": Q.Q2_K, "attn_output": Q.BF16, "ffn_gate": Q.Q5_0,
                  "ffn_up": Q.Q6_K, "ffn_down": Q.Q4_K}]
 MIXED_GLOBAL = {"token_embd.weight": Q.Q8_0, "output.weight": Q.IQ4_XS}
 # transformers' names of llama.cpp's
@@ -100,7 +126,7 @@ def mixed_products(layers=2) -> dict[str, Q]:
     products = {"lm_head": MIXED_GLOBAL["output.weight"]}
     for i in range(layers):
         for part, kind in MIXED_LAYERS[i % len(MIXED_LAYERS)].items():
-            if kind != Q.F16:
+            if kind not in (Q.F16, Q.BF16):
                 products[f"model.layers.{i}.{MIXED_NAMES[part]}"] = kind
     return products
 
@@ -192,7 +218,9 @@ def test_a_file_of_mixed_formats_runs_in_them_and_equals_float64_over_its_values
     model = models.load(tmp_path / "mixed.gguf").model
     kinds = {name: type(module).__name__ for name, module in model.named_modules()}
     assert kinds["embed"] == "BlockEmbedding" and kinds["lm_head"] == "BlockLinear"
-    assert kinds["layers.0.attn.qkv"] == "BlockLinear" and kinds["layers.0.attn.out"] == "CpuLinear"  # F16: widened
+    assert kinds["layers.0.attn.qkv"] == "BlockLinear" and kinds["layers.0.attn.out"] == "BlockLinear"
+    # the float matrices as the file has them: its float16 and bfloat16 numbers
+    assert model.layers[0].attn.out.formats == (FLOAT16,) and model.layers[1].attn.out.formats == (BFLOAT16,)
     # fused products keep their parts (no copy), each in its own format: the Q4_K one read from the file
     assert model.layers[0].attn.qkv.formats == (LOOM_4BIT, GGUF_Q4_K, LOOM_4BIT)
     assert model.layers[0].mlp.gate_up.formats == (LOOM_8BIT, LOOM_8BIT) and model.lm_head.formats == (LOOM_8BIT,)
@@ -245,10 +273,10 @@ def test_an_avx2_build_computes_the_same_products(monkeypatch):
     monkeypatch.setattr(native, "FLAGS", ["-march=x86-64-v3" if f == "-march=native" else f for f in native.FLAGS])
     monkeypatch.setattr(native, "_library", False)  # built and loaded anew; the old one comes back after
     assert native.library() is not None
-    for kind in NATIVE + [Q.Q4_0, Q.Q5_1, Q.Q8_0]:
+    for kind in NATIVE + [Q.Q4_0, Q.Q5_1, Q.Q8_0, Q.F16, Q.BF16]:
         data = random_tensor(kind, rows=40, width=512, seed=3)
         layer = BlockLinear.of_blocks(to_blocks(data, kind, 512), 512)
         for rows in (1, 5, 12, 40):
             x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
-            expected = round_activations(x, rounding(block_format(kind))).double() @ file_values(data, kind, 512).T
+            expected = expected_product(x, data, kind, 512)
             assert torch.allclose(layer(x).double(), expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
