@@ -526,6 +526,13 @@ struct Q6K {
     };
 };
 
+#if defined(__AVX512BW__)
+// 16-bit lanes holding a in the first half of a pair, b in the second: per-half shift counts.
+inline __m512i halves_of(int16_t a, int16_t b) {
+    return _mm512_inserti64x4(_mm512_set1_epi16(a), _mm256_set1_epi16(b), 1);
+}
+#endif
+
 // Q2_K, and with THIRD Q3_K: 2-bit codes, four to a byte, in two halves of 128 values (block j = 4 n
 // + k of half n: bits 2 k, 2 k + 1 of qs[32 n + l], value l), a scale per group of 16 values. Q3_K's
 // third bit of value l of block j is bit j of hmask[l]; its codes are signed about 4.
@@ -590,11 +597,26 @@ struct KQuantTwoBit {
         template <int P>
         PairBytes pair_codes() const {
             constexpr int n = P / 2, k = 2 * (P % 2);
+#if defined(__AVX512BW__)
+            // the 32 bytes in both halves of the pair, each half shifted by its block's own count:
+            // half the instructions of shifting two copies and joining them (8192 x 2048, two Zen 5
+            // threads: Q3_K 16 / 64 rows 104 / 107 -> 116 / 118 Gvalue-rows/s, one row 13.5 -> 15.6
+            // GB/s; Q2_K 64 rows 124 -> 126)
+            const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * n)));
+            const __m512i codes = _mm512_and_si512(_mm512_srlv_epi16(q, halves_of(2 * k, 2 * k + 2)), _mm512_set1_epi8(3));
+            if constexpr (!THIRD) return (PairBytes)codes;
+            // bits 2 P and 2 P + 1 of hmask to bit 2 of each half's bytes, then A | (B & C)
+            const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hmask)));
+            const __m512i third = P == 0 ? _mm512_sllv_epi16(h, halves_of(2, 1))
+                                         : _mm512_srlv_epi16(h, halves_of(2 * P - 2, 2 * P - 1));
+            return (PairBytes)_mm512_ternarylogic_epi32(codes, third, _mm512_set1_epi8(4), 0xF8);
+#else
             const Bytes q = load<Bytes>(qs + 32 * n);
             const PairBytes codes = pair_of((q >> (2 * k)) & 3, (q >> (2 * k + 2)) & 3);
             if constexpr (!THIRD) return codes;
             const Bytes h = load<Bytes>(hmask);
             return codes | (pair_of((h >> (2 * P)) & 1, (h >> (2 * P + 1)) & 1) << 2);
+#endif
         }
         template <int>
         PairSigned pair_signed(PairSigned x) const { return x; }
