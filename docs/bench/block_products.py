@@ -1,4 +1,5 @@
-"""Loom's block products (models/kernels/block_weights.h) per GGUF format, as a layer runs them: a
+"""Loom's block products (models/kernels/block_weights.h) per GGUF format, as a layer runs them (F16
+and BF16: cpu_linear.h's over 16-bit weights): a
 BlockLinear over a file's tensor of ``--shape`` (out x in, default a 1.7B model's 8192 x 2048
 gate/up shape), at 1 row (a one-stream decode step: reported as the GB/s of weights read) and at
 more (several streams' steps: reported as Gvalue-rows/s, out x in x rows multiply-adds a second).
@@ -33,7 +34,7 @@ from models.kernels.block_linear import BlockLinear  # noqa: E402
 from random_gguf import tensor_data  # noqa: E402
 
 FORMATS = {"q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1, "q8_0": Q.Q8_0, "q2_k": Q.Q2_K,
-           "q3_k": Q.Q3_K, "q4_k": Q.Q4_K, "q5_k": Q.Q5_K, "q6_k": Q.Q6_K}
+           "q3_k": Q.Q3_K, "q4_k": Q.Q4_K, "q5_k": Q.Q5_K, "q6_k": Q.Q6_K, "f16": Q.F16, "bf16": Q.BF16}
 
 
 def layers_of(kind: Q, out: int, width: int, megabytes: int) -> list[BlockLinear]:
