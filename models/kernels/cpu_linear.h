@@ -239,8 +239,8 @@ inline auto widened_weights(const W* w, int64_t in) {
     return [w, in](int64_t o, int64_t outs, int64_t k, int64_t count, int64_t) {
         using V = Vector<T>;
         thread_local std::vector<T> buffer;
-        T* tile = line_aligned(buffer, whole_lines<T>(count) * outs);
-        const int64_t stride = whole_lines<T>(count);
+        const int64_t stride = whole_lines<T>(count) + CACHE_LINE / sizeof(T);
+        T* tile = line_aligned(buffer, stride * outs);
         for (int64_t r = 0; r < outs; ++r) {
             const W* from = w + (o + r) * in + k;
             T* to = tile + r * stride;
