@@ -51,6 +51,8 @@ typedef int8_t SignedBytes __attribute__((vector_size(32)));
 typedef uint8_t HalfBytes __attribute__((vector_size(16)));
 typedef uint8_t EightBytes __attribute__((vector_size(8)));
 typedef int8_t EightSigned __attribute__((vector_size(8)));
+typedef int8_t SixteenSigned __attribute__((vector_size(16)));
+typedef uint32_t FourWords __attribute__((vector_size(16)));
 typedef int32_t Sums __attribute__((vector_size(32)));
 typedef float Lanes __attribute__((vector_size(32)));  // one lane per four bytes of a block
 // Two blocks side by side: with AVX-512 the products take a pair at a time, one 512-bit instruction
@@ -160,6 +162,12 @@ inline PairLanes spread(Lanes v) {
 }
 
 inline float half_to_float(const uint8_t* p) { return Element<float, Float16>::widen(load<Float16>(p)); }
+
+// The first and last eight of sixteen bytes.
+template <typename V>
+inline auto low_eight(V v) { return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7); }
+template <typename V>
+inline auto high_eight(V v) { return __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15); }
 
 // Eight bytes as floats. (GCC writes __builtin_convertvector from bytes as scalar code, a lane at a
 // time: 64 scalar conversions per Q4_K super-block of four rows, a one-row product at a quarter of
@@ -550,36 +558,40 @@ struct KQuantTwoBit {
         Super() = default;
         Super(const uint8_t* row, int64_t, int64_t s) {
             const uint8_t* block = row + s * BYTES;
-            int8_t scales[16];
+            // the sixteen scales built in a register: written to the stack a value at a time and read
+            // back whole, they stalled every super-block on a failed store forward (one row, two Zen 5
+            // threads: Q3_K 15.6-16.1 -> 19.5-19.9 GB/s, Q2_K 16.9-17.0 -> 18.8-19.3)
+            SixteenSigned scales;
             if constexpr (THIRD) {  // hmask[32], qs[64], twelve bytes of sixteen 6-bit scales, d
                 hmask = block;
                 qs = block + 32;
                 d = half_to_float(block + 108);
                 // scales 0-7: low nibbles of bytes 0-7, 8-15: their high nibbles; the top two bits of
                 // scale 4 i + k in bits 2 i, 2 i + 1 of byte 8 + k
-                uint32_t aux[4], top;
-                std::memcpy(aux, block + 96, 12);
-                top = aux[2];
-                aux[2] = ((aux[0] >> 4) & 0x0F0F0F0F) | (((top >> 4) & 0x03030303) << 4);
-                aux[3] = ((aux[1] >> 4) & 0x0F0F0F0F) | (((top >> 6) & 0x03030303) << 4);
-                aux[0] = (aux[0] & 0x0F0F0F0F) | (((top >> 0) & 0x03030303) << 4);
-                aux[1] = (aux[1] & 0x0F0F0F0F) | (((top >> 2) & 0x03030303) << 4);
-                std::memcpy(scales, aux, 16);
-                for (int g = 0; g < 16; ++g) scales[g] = int8_t(scales[g] - 32);
+                const uint32_t first = load<uint32_t>(block + 96), second = load<uint32_t>(block + 100),
+                               top = load<uint32_t>(block + 104);
+                const FourWords words = {(first & 0x0F0F0F0F) | ((top & 0x03030303) << 4),
+                                         (second & 0x0F0F0F0F) | (((top >> 2) & 0x03030303) << 4),
+                                         ((first >> 4) & 0x0F0F0F0F) | (((top >> 4) & 0x03030303) << 4),
+                                         ((second >> 4) & 0x0F0F0F0F) | (((top >> 6) & 0x03030303) << 4)};
+                scales = (SixteenSigned)words - 32;
             } else {  // sixteen bytes of scales (low nibble) and minimums (high), qs[64], d, dmin
                 qs = block + 16;
                 hmask = nullptr;
                 d = half_to_float(block + 80);
                 const float dmin = half_to_float(block + 82);
-                for (int g = 0; g < 16; ++g) scales[g] = int8_t(block[g] & 15);
-                low[0] = widen_eight(load<EightBytes>(block) >> 4) * dmin;
-                low[1] = widen_eight(load<EightBytes>(block + 8) >> 4) * dmin;
+                const HalfBytes packed = load<HalfBytes>(block);
+                scales = (SixteenSigned)(packed & 15);
+                const HalfBytes mins = packed >> 4;
+                low[0] = widen_eight(low_eight(mins)) * dmin;
+                low[1] = widen_eight(high_eight(mins)) * dmin;
             }
-            sc[0] = widen_eight(load<EightSigned>(scales)) * d;
-            sc[1] = widen_eight(load<EightSigned>(scales + 8)) * d;
+            if constexpr (THIRD || !PAIRS) {  // the products' float scales (Q2_K's pairs take integers alone)
+                sc[0] = widen_eight(low_eight(scales)) * d;
+                sc[1] = widen_eight(high_eight(scales)) * d;
+            }
 #if defined(__AVX512F__)
-            groups = (PairShorts)_mm512_zextsi256_si512(
-                _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales))));
+            groups = (PairShorts)_mm512_zextsi256_si512(_mm256_cvtepi8_epi16((__m128i)scales));
 #else
             groups = PairShorts{};
             for (int g = 0; g < 16; ++g) groups[g] = scales[g];
