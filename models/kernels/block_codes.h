@@ -217,6 +217,19 @@ inline PairBytes sixteens_of_bits(uint64_t bits) {
 #endif
 }
 
+// What most formats' Supers share: codes that are unsigned already, so the input meets them as it is
+// (Loom8's signed codes move their signs onto it instead), ...
+struct UnsignedCodes {
+    SignedBytes signed_x(int, SignedBytes x) const { return x; }
+    template <int>
+    PairSigned pair_signed(PairSigned x) const { return x; }
+};
+// ... and pair P of a super-block as its blocks 2 P and 2 P + 1 (Q6_K, Q3_K, Q2_K).
+struct ConsecutivePairs {
+    static constexpr int first(int P) { return 2 * P; }
+    static constexpr int second(int P) { return 2 * P + 1; }
+};
+
 // LOOM_4BIT, and with HIGH LOOM_5BIT: the same codes with a fifth bit each, a block's 32 of them
 // (bit j: value j) between the nibbles and the scales.
 template <bool HIGH>
@@ -227,7 +240,7 @@ struct LoomNibbles {
     static const float* scales_of(const uint8_t* row, int64_t in) {
         return reinterpret_cast<const float*>(row + in / 2 + (HIGH ? in / 8 : 0));
     }
-    struct Super {
+    struct Super : UnsignedCodes {
         HalfBytes packed;
         uint32_t high;
         float d, m;
@@ -243,7 +256,6 @@ struct LoomNibbles {
             if constexpr (!HIGH) return nibbles;
             return nibbles | sixteens_of_bits(high);
         }
-        SignedBytes signed_x(int, SignedBytes x) const { return x; }
         Lanes scales(int) const { return Lanes{} + d; }
         Lanes offset(const float* sums, const float*) const { return Lanes{m * sums[0]}; }
         void widen(float* out) const {
@@ -296,7 +308,7 @@ struct LoomNibblePairs {
     static constexpr int64_t ROUNDING = GROUP;  // values under one scale of the rounded input
     static constexpr int64_t VALUES = 2 * GROUP;
     static int64_t row_bytes(int64_t in) { return Single::row_bytes(in); }
-    struct Super {
+    struct Super : UnsignedCodes {
         Bytes packed;  // block 2 s in bytes 0-15, 2 s + 1 in 16-31 (values j and j + 16 in byte j)
         uint64_t high;  // the two blocks' fifth bits, block 2 s's in the low half
         float d[2], m[2];
@@ -324,8 +336,6 @@ struct LoomNibblePairs {
             if constexpr (!HIGH) return nibbles;
             return nibbles | sixteens_of_bits(high);
         }
-        template <int>
-        PairSigned pair_signed(PairSigned x) const { return x; }
         template <int>
         PairLanes pair_scales() const { return spread<0>(Lanes{d[0], d[1]}); }
         Lanes offset(const float* sums, const float*) const { return Lanes{m[0] * sums[0] + m[1] * sums[1]}; }
@@ -375,7 +385,7 @@ struct KQuantWithMins {
     // second) side by side, 0 2 1 3 4 6 5 7
     static constexpr int input_slot(int b) { return (b & ~3) | (b & 1) << 1 | (b & 2) >> 1; }
     static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
-    struct Super {
+    struct Super : UnsignedCodes {
         const uint8_t *qs, *qh;  // the nibbles, and with HIGH the fifth bits
         Lanes scale, low;  // sub-block j's d sc_j and dmin m_j
         PairShorts sc;     // sub-block j's sc_j in lane j (a whole vector: a narrower one was stored
@@ -410,7 +420,6 @@ struct KQuantWithMins {
             if constexpr (!HIGH) return nibbles;
             return nibbles | (((load<Bytes>(qh) >> j) & 1) << 4);
         }
-        SignedBytes signed_x(int, SignedBytes x) const { return x; }
         Lanes scales(int j) const { return Lanes{} + scale[j]; }
         Lanes offset(const float* sums, const float*) const { return -(low * load<Lanes>(sums)); }
         // Pair P: 64 bytes' low nibbles (P even) or high ones (P odd), blocks first(P) and first(P) + 2
@@ -423,8 +432,6 @@ struct KQuantWithMins {
             const Bytes high = load<Bytes>(qh);
             return nibbles | (pair_of((high >> first(P)) & 1, (high >> second(P)) & 1) << 4);
         }
-        template <int>
-        PairSigned pair_signed(PairSigned x) const { return x; }
         template <int P>
         PairLanes pair_scales() const { return spread<first(P), second(P)>(scale); }
         // the pair's two sub-block scales, each across its block's sixteen twos of bytes
@@ -468,7 +475,7 @@ struct Q6K {
     static constexpr int64_t ROUNDING = 256;  // as llama.cpp's Q8_K: one scale a super-block
     static constexpr int64_t VALUES = 256, BYTES = 210;
     static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
-    struct Super {
+    struct Super : UnsignedCodes, ConsecutivePairs {
         const uint8_t *ql, *qh;
         Lanes sc[2];  // group g's scale (d sc_g) in sc[g / 8][g % 8]
         PairShorts groups;  // group g's sc_g in lane g (a whole vector, as Q4K's sc)
@@ -496,9 +503,6 @@ struct Q6K {
             const Bytes low = load<Bytes>(ql + 64 * n + 32 * (k % 2)), high = load<Bytes>(qh + 32 * n);
             return (k < 2 ? low & 15 : low >> 4) | (((high >> (2 * k)) & 3) << 4);
         }
-        SignedBytes signed_x(int, SignedBytes x) const { return x; }
-        static constexpr int first(int P) { return 2 * P; }
-        static constexpr int second(int P) { return 2 * P + 1; }
         // blocks 2 P and 2 P + 1: 64 bytes of low nibbles (low halves for even P, high for odd)
         // and each block's pair of bits from the same 32 bytes of qh
         template <int P>
@@ -509,8 +513,6 @@ struct Q6K {
             const PairBytes bits = pair_of((high >> (2 * k)) & 3, (high >> (2 * k + 2)) & 3);
             return (k == 0 ? low & 15 : low >> 4) | (bits << 4);
         }
-        template <int>
-        PairSigned pair_signed(PairSigned x) const { return x; }
         // groups 4 P to 4 P + 3, four lanes each
         template <int P>
         PairLanes pair_scales() const {
@@ -549,7 +551,7 @@ struct KQuantTwoBit {
     static constexpr int64_t ROUNDING = 256;  // as llama.cpp's Q8_K: one scale a super-block
     static constexpr int64_t VALUES = 256, BYTES = THIRD ? 110 : 84;
     static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
-    struct Super {
+    struct Super : UnsignedCodes, ConsecutivePairs {
         const uint8_t *qs, *hmask;
         Lanes sc[2];  // group g's float scale in sc[g / 8][g % 8]: d sc_g (Q3_K: d (sc_g - 32))
         Lanes low[2];  // Q2_K: group g's minimum dmin m_g, as sc
@@ -602,9 +604,6 @@ struct KQuantTwoBit {
             if constexpr (!THIRD) return q;
             return q | (((load<Bytes>(hmask) >> j) & 1) << 2);
         }
-        SignedBytes signed_x(int, SignedBytes x) const { return x; }
-        static constexpr int first(int P) { return 2 * P; }
-        static constexpr int second(int P) { return 2 * P + 1; }
         // blocks 2 P and 2 P + 1: bit pairs k and k + 1 (k = 2 (P % 2)) of the same 32 bytes of half P / 2
         template <int P>
         PairBytes pair_codes() const {
@@ -630,8 +629,6 @@ struct KQuantTwoBit {
             return codes | (pair_of((h >> (2 * P)) & 1, (h >> (2 * P + 1)) & 1) << 2);
 #endif
         }
-        template <int>
-        PairSigned pair_signed(PairSigned x) const { return x; }
         template <int P>
         PairShorts pair_int_scales() const { return pair_group_scales<P>(groups); }
         Lanes scales(int j) const { return block_group_scales(sc, j); }
