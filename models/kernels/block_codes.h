@@ -217,6 +217,17 @@ inline PairBytes sixteens_of_bits(uint64_t bits) {
 #endif
 }
 
+// The dot product of ``count`` floats at a and b.
+inline float dot_floats(const float* a, const float* b, int64_t count) {
+    PairLanes acc = {};
+    int64_t k = 0;
+    for (; k + 16 <= count; k += 16) acc += load<PairLanes>(a + k) * load<PairLanes>(b + k);
+    float sum = 0.0f;
+    for (int l = 0; l < 16; ++l) sum += acc[l];
+    for (; k < count; ++k) sum += a[k] * b[k];
+    return sum;
+}
+
 // What most formats' Supers share: codes that are unsigned already, so the input meets them as it is
 // (Loom8's signed codes move their signs onto it instead), ...
 struct UnsignedCodes {
@@ -338,12 +349,18 @@ struct LoomNibblePairs {
         }
         template <int>
         PairLanes pair_scales() const { return spread<0>(Lanes{d[0], d[1]}); }
-        Lanes offset(const float* sums, const float*) const { return Lanes{m[0] * sums[0] + m[1] * sums[1]}; }
+        Lanes offset(const float*, const float*) const { return Lanes{}; }  // the row's, below
         void widen(float* out) const {
             const PairBytes q = pair_codes<0>();
             for (int i = 0; i < 64; ++i) out[i] = d[i / 32] * float(q[i]) + m[i / 32];
         }
     };
+    // What a row's minimums add against an input row whose blocks sum to ``sums``: the dot product of
+    // the row's minimums (one float32 a block, side by side) with those sums, taken once for the row
+    // rather than a pair of blocks at a time.
+    static float row_offset(const uint8_t* row, int64_t in, const float* sums) {
+        return dot_floats(Single::scales_of(row, in) + in / GROUP, sums, in / GROUP);
+    }
 };
 using Loom4Pairs = LoomNibblePairs<false>;
 using Loom5Pairs = LoomNibblePairs<true>;

@@ -250,6 +250,15 @@ inline void int8_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
     for (int m = 0; m < ROWS; ++m) store_lane_sums(totals[m], int(count), y + m * y_stride + first);
 }
 
+// Whether format F adds its offsets once a row (F::row_offset: Loom's blocks' minimums, a dot product
+// over the row's blocks) rather than a super-block at a time (Super::offset). A pair of 4-bit blocks
+// at a time, the minimums' term took two scalar multiply-adds and an insert per input row, beside the
+// pair's five vector instructions.
+template <typename F, typename = void>
+struct HasRowOffset : std::false_type {};
+template <typename F>
+struct HasRowOffset<F, std::void_t<decltype(F::row_offset(nullptr, 0, nullptr))>> : std::true_type {};
+
 // Input row ``row``'s codes of a pair of blocks A, B of super-block ``s``: one 64-byte load where they
 // lie side by side (InputOrder puts them so for Q4_K, whose pairs are blocks 4c and 4c + 2: gathered
 // with an insert a row, its 8192 x 2048 products ran at 133 Gvalue-rows/s on 16 rows and 135 on 64
@@ -329,6 +338,9 @@ inline void pair_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
                     offsets[i][m] += supers_of[i].offset(x.row_sums(row0 + m) + s * BLOCKS,
                                                          x.row_halves(row0 + m) + 2 * s * BLOCKS);
         }
+        if constexpr (HasRowOffset<F>::value)
+            for (int m = 0; m < ROWS; ++m)
+                for (int i = 0; i < SIDE; ++i) offsets[i][m][0] += F::row_offset(rows[i], w.in, x.row_sums(row0 + m));
         for (int i = 0; i < side; ++i)
             for (int m = 0; m < ROWS; ++m) totals[m][r + i] = acc[i][m] + pair_of(offsets[i][m], Lanes{});
     }
