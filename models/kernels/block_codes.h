@@ -379,10 +379,21 @@ struct Loom8Pairs {
             const float* scales = reinterpret_cast<const float*>(row + in);
             d[0] = scales[2 * s], d[1] = scales[2 * s + 1];
         }
+#if defined(__AVX512VNNI__)
+        // The codes shifted to unsigned ones, q + 128 (VNNI's dpbusd sums their products with the
+        // input in 32 bits, where maddubs's 16-bit pair sums would saturate), and the row's offset
+        // takes the 128 back: the codes' signs moved onto the input instead cost two instructions
+        // per pair and input row (8192 x 2048, two Zen 5 threads: 64 rows 86 -> 89-92 Gvalue-rows/s).
+        template <int>
+        PairBytes pair_codes() const { return (PairBytes)q ^ 0x80; }
+        template <int>
+        PairSigned pair_signed(PairSigned x) const { return x; }
+#else
         template <int>
         PairBytes pair_codes() const { return (PairBytes)(q < 0 ? -q : q); }
         template <int>
         PairSigned pair_signed(PairSigned x) const { return q < 0 ? -x : x; }
+#endif
         template <int>
         PairLanes pair_scales() const { return spread<0>(Lanes{d[0], d[1]}); }
         Lanes offset(const float*, const float*) const { return Lanes{}; }
@@ -390,6 +401,12 @@ struct Loom8Pairs {
             for (int i = 0; i < 64; ++i) out[i] = d[i / 32] * float(q[i]);
         }
     };
+#if defined(__AVX512VNNI__)
+    // -128 times each block's scale times its input block's sum, over the row (see pair_codes)
+    static float row_offset(const uint8_t* row, int64_t in, const float* sums) {
+        return -128.0f * dot_floats(reinterpret_cast<const float*>(row + in), sums, in / GROUP);
+    }
+#endif
 };
 
 // Q4_K, and with HIGH Q5_K: the same super-block with a fifth bit a code, 32 bytes of them before
