@@ -217,15 +217,22 @@ inline PairBytes sixteens_of_bits(uint64_t bits) {
 #endif
 }
 
-// The dot product of ``count`` floats at a and b.
-inline float dot_floats(const float* a, const float* b, int64_t count) {
+// The products of ``count`` floats at a and b summed sixteen lanes apart, left in their lanes (a
+// product's lanes are summed at its end anyway: a row's offset joins them there, with no sum of its
+// own). For Loom's block pairs, which only AVX-512 builds take.
+inline PairLanes dot_lanes(const float* a, const float* b, int64_t count) {
     PairLanes acc = {};
     int64_t k = 0;
     for (; k + 16 <= count; k += 16) acc += load<PairLanes>(a + k) * load<PairLanes>(b + k);
-    float sum = 0.0f;
-    for (int l = 0; l < 16; ++l) sum += acc[l];
-    for (; k < count; ++k) sum += a[k] * b[k];
-    return sum;
+    if (k < count) {
+#if defined(__AVX512F__)
+        const __mmask16 tail = __mmask16((1u << (count - k)) - 1);
+        acc += (PairLanes)_mm512_mul_ps(_mm512_maskz_loadu_ps(tail, a + k), _mm512_maskz_loadu_ps(tail, b + k));
+#else
+        for (int64_t j = k; j < count; ++j) acc[j - k] += a[j] * b[j];
+#endif
+    }
+    return acc;
 }
 
 // What most formats' Supers share: codes that are unsigned already, so the input meets them as it is
@@ -358,8 +365,8 @@ struct LoomNibblePairs {
     // What a row's minimums add against an input row whose blocks sum to ``sums``: the dot product of
     // the row's minimums (one float32 a block, side by side) with those sums, taken once for the row
     // rather than a pair of blocks at a time.
-    static float row_offset(const uint8_t* row, int64_t in, const float* sums) {
-        return dot_floats(Single::scales_of(row, in) + in / GROUP, sums, in / GROUP);
+    static PairLanes row_offset(const uint8_t* row, int64_t in, const float* sums) {
+        return dot_lanes(Single::scales_of(row, in) + in / GROUP, sums, in / GROUP);
     }
 };
 using Loom4Pairs = LoomNibblePairs<false>;
@@ -403,8 +410,8 @@ struct Loom8Pairs {
     };
 #if defined(__AVX512VNNI__)
     // -128 times each block's scale times its input block's sum, over the row (see pair_codes)
-    static float row_offset(const uint8_t* row, int64_t in, const float* sums) {
-        return -128.0f * dot_floats(reinterpret_cast<const float*>(row + in), sums, in / GROUP);
+    static PairLanes row_offset(const uint8_t* row, int64_t in, const float* sums) {
+        return dot_lanes(reinterpret_cast<const float*>(row + in), sums, in / GROUP) * -128.0f;
     }
 #endif
 };

@@ -250,10 +250,10 @@ inline void int8_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
     for (int m = 0; m < ROWS; ++m) store_lane_sums(totals[m], int(count), y + m * y_stride + first);
 }
 
-// Whether format F adds its offsets once a row (F::row_offset: Loom's blocks' minimums, a dot product
-// over the row's blocks) rather than a super-block at a time (Super::offset). A pair of 4-bit blocks
-// at a time, the minimums' term took two scalar multiply-adds and an insert per input row, beside the
-// pair's five vector instructions.
+// Whether format F adds its offsets once a row (F::row_offset: Loom's blocks' minimums, the products of
+// the row's per-block floats and the input's block sums, in lanes) rather than a super-block at a time
+// (Super::offset). A pair of 4-bit blocks at a time, the minimums' term took two scalar multiply-adds
+// and an insert per input row, beside the pair's five vector instructions.
 template <typename F, typename = void>
 struct HasRowOffset : std::false_type {};
 template <typename F>
@@ -338,11 +338,11 @@ inline void pair_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
                     offsets[i][m] += supers_of[i].offset(x.row_sums(row0 + m) + s * BLOCKS,
                                                          x.row_halves(row0 + m) + 2 * s * BLOCKS);
         }
-        if constexpr (HasRowOffset<F>::value)
-            for (int m = 0; m < ROWS; ++m)
-                for (int i = 0; i < SIDE; ++i) offsets[i][m][0] += F::row_offset(rows[i], w.in, x.row_sums(row0 + m));
         for (int i = 0; i < side; ++i)
-            for (int m = 0; m < ROWS; ++m) totals[m][r + i] = acc[i][m] + pair_of(offsets[i][m], Lanes{});
+            for (int m = 0; m < ROWS; ++m) {
+                totals[m][r + i] = acc[i][m] + pair_of(offsets[i][m], Lanes{});
+                if constexpr (HasRowOffset<F>::value) totals[m][r + i] += F::row_offset(rows[i], w.in, x.row_sums(row0 + m));
+            }
     }
     for (int m = 0; m < ROWS; ++m) store_lane_sums(totals[m], int(count), y + m * y_stride + first);
 }
