@@ -4,7 +4,7 @@
 // reads half the bytes. Values are rounded to the stored type to nearest-even, as torch's .to() does,
 // so the torch path (which casts) and these kernels keep the same bits; they are widened back to the
 // model's type as the attention reads them, a vector at a time. (A GGUF file's float16 and bfloat16
-// weights are widened the same way: half_linear.h.)
+// weights are widened the same way: cpu_linear.h.)
 
 #pragma once
 
