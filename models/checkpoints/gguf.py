@@ -59,10 +59,10 @@ def default_model_path() -> Path:
 def read(path: Path, keep_blocks: bool = False) -> Contents:
     """The file's config, tensors (transformers' names and layout) and tokenizer. With
     ``keep_blocks`` the quantized linear weights and embeddings come as blocks for Loom's kernels
-    (uint8 [rows, bytes per row], kernels/block_formats.py: the K-quants as views of the mapped file), and
-    F16/BF16 matrices as float16/bfloat16 views of it; else every tensor as float32. One tensor is converted at a time, and its pages of the file let go
-    of after. Raises ValueError for an
-    architecture or tensor type Loom does not run, before any tensor is read."""
+    (uint8 [rows, bytes per row], kernels/block_formats.py: the K-quants as views of the mapped
+    file), and F16/BF16 matrices as float16/bfloat16 views of it; else every tensor as float32. One
+    tensor is converted at a time, and its pages of the file let go of after. Raises ValueError for
+    an architecture or tensor type Loom does not run, before any tensor is read."""
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file at {path}")
     file = GGUFFile(path)

@@ -131,9 +131,8 @@ def mixed_products(layers=2) -> dict[str, Q]:
     return products
 
 
-def mixed_gguf(path, layers=2, hidden=256, inner=512, heads=4, kv_heads=2, vocab=320):
-    """A random Llama in a GGUF file whose tensors take the formats of MIXED_LAYERS and MIXED_GLOBAL
-    (norms in F32), and the float64 weights (transformers' names and layout) the file's values stand for."""
+def llama_writer(path, layers, hidden, inner, heads, kv_heads, vocab):
+    """A GGUF writer for a Llama of these sizes, its metadata written, its tensors to add."""
     import gguf
     writer = gguf.GGUFWriter(str(path), "llama")
     for key, value in [("block_count", layers), ("context_length", 256), ("embedding_length", hidden),
@@ -143,6 +142,20 @@ def mixed_gguf(path, layers=2, hidden=256, inner=512, heads=4, kv_heads=2, vocab
     writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
     writer.add_float32("llama.rope.freq_base", 10000.0)
     writer.add_uint32("tokenizer.ggml.eos_token_id", 0)
+    return writer
+
+
+def finish(writer) -> None:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def mixed_gguf(path, layers=2, hidden=256, inner=512, heads=4, kv_heads=2, vocab=320):
+    """A random Llama in a GGUF file whose tensors take the formats of MIXED_LAYERS and MIXED_GLOBAL
+    (norms in F32), and the float64 weights (transformers' names and layout) the file's values stand for."""
+    writer = llama_writer(path, layers, hidden, inner, heads, kv_heads, vocab)
     shapes = {"token_embd.weight": (vocab, hidden), "output.weight": (vocab, hidden), "attn_q": (hidden, hidden),
               "attn_k": (hidden // heads * kv_heads, hidden), "attn_v": (hidden // heads * kv_heads, hidden),
               "attn_output": (hidden, hidden), "ffn_gate": (inner, hidden), "ffn_up": (inner, hidden),
@@ -172,10 +185,7 @@ def mixed_gguf(path, layers=2, hidden=256, inner=512, heads=4, kv_heads=2, vocab
             add(f"blk.{i}.{part}.weight", f"model.layers.{i}.{MIXED_NAMES[part]}.weight", kind, shapes[part])
         add(f"blk.{i}.attn_norm.weight", f"model.layers.{i}.input_layernorm.weight", Q.F32, (hidden,))
         add(f"blk.{i}.ffn_norm.weight", f"model.layers.{i}.post_attention_layernorm.weight", Q.F32, (hidden,))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
     for i in range(layers):  # llama.cpp's converter interleaves Q/K rows for its rotary: undone for transformers
         for part, count in (("q_proj", heads), ("k_proj", kv_heads)):
             name = f"model.layers.{i}.self_attn.{part}.weight"
@@ -249,6 +259,44 @@ def test_a_file_of_mixed_formats_runs_in_them_and_equals_float64_over_its_values
         best = theirs.scores[differs][0].topk(2).values
         assert best[0] - best[1] < NEAR_TIE, (prompt, differs, tokens, expected)
     assert exact >= len(prompts) - 1
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", [Q.F16, Q.BF16], ids=lambda k: k.name)
+def test_a_16_bit_file_keeps_one_tied_table_and_float32s_tokens(tmp_path, kind):
+    """Every matrix of the file 16-bit and no output.weight (the output layer tied to the embeddings,
+    as SmolLM2's files are): one table serves both, and greedy tokens equal the file widened to
+    float32, whose values are the same."""
+    path, hidden, inner, vocab = tmp_path / "tied.gguf", 128, 256, 300
+    writer = llama_writer(path, 2, hidden, inner, 4, 2, vocab)
+    rng = np.random.default_rng(5)
+    shapes = {"attn_q": (hidden, hidden), "attn_k": (hidden // 2, hidden), "attn_v": (hidden // 2, hidden),
+              "attn_output": (hidden, hidden), "ffn_gate": (inner, hidden), "ffn_up": (inner, hidden),
+              "ffn_down": (hidden, inner)}
+
+    def add(name, shape):
+        writer.add_tensor(name, gguf_quantize((rng.standard_normal(shape) * 0.1).astype(np.float32), kind),
+                          raw_dtype=kind)
+
+    add("token_embd.weight", (vocab, hidden))
+    writer.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    for i in range(2):
+        for part, shape in shapes.items():
+            add(f"blk.{i}.{part}.weight", shape)
+        for norm in ("attn_norm", "ffn_norm"):
+            writer.add_tensor(f"blk.{i}.{norm}.weight", np.ones(hidden, np.float32))
+    finish(writer)
+    model = models.load(path).model
+    assert model.lm_head.formats == (block_format(kind),) and model.embed.format == block_format(kind)
+    assert model.lm_head.blocks.data_ptr() == model.embed.blocks.data_ptr()
+    prompts = [[3 + i, 40, 7 * i] for i in range(4)]
+    tokens = {}
+    for weights in ("stored", "float32"):
+        with Engine.from_pretrained(path, weights=weights) as engine:
+            handles = [engine.launch_response_tokens(p, GenerationConfig(max_new_tokens=12, ignore_eos=True))
+                       for p in prompts]
+            tokens[weights] = [list(engine.stream_response_tokens(h, timeout=60)) for h in handles]
+    assert tokens["stored"] == tokens["float32"]
 
 
 def test_weights_float32_still_widens_every_tensor(tmp_path):
