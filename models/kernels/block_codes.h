@@ -678,13 +678,14 @@ struct KQuantTwoBit {
             if constexpr (THIRD) return group_offsets(sc, halves) * -4.0f;
             return -group_offsets(low, halves);
         }
+        // from the integer scales, which every build keeps (Q2_K's float ones only where products read them)
         void widen(float* out) const {
             for (int j = 0; j < 8; ++j) {
                 const Bytes q = codes(j);
-                const Lanes scale = scales(j);
                 for (int i = 0; i < 32; ++i) {
-                    const float value = scale[i / 4] * (float(q[i]) - (THIRD ? 4.0f : 0.0f));
-                    out[32 * j + i] = THIRD ? value : value - low[(2 * j + i / 16) / 8][(2 * j + i / 16) % 8];
+                    const int g = 2 * j + i / 16;
+                    const float value = float(groups[g]) * d * (float(q[i]) - (THIRD ? 4.0f : 0.0f));
+                    out[32 * j + i] = THIRD ? value : value - low[g / 8][g % 8];
                 }
             }
         }

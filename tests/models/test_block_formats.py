@@ -15,8 +15,8 @@ import models
 from models.kernels import native
 from models.kernels.block_formats import block_format, to_blocks
 from models.kernels.block_linear import (BFLOAT16, FLOAT16, GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K, GROUP, LOOM_4BIT,
-                                         LOOM_5BIT, LOOM_8BIT, SUPER_BLOCKS, BlockLinear, dequantize, round_activations,
-                                         rounding)
+                                         LOOM_5BIT, LOOM_8BIT, SUPER_BLOCKS, BlockEmbedding, BlockLinear, dequantize,
+                                         round_activations, rounding)
 from runtime import Engine, GenerationConfig
 
 
@@ -85,6 +85,18 @@ def expected_product(x: torch.Tensor, data: np.ndarray, kind: Q, width: int) -> 
     if kind not in (Q.F16, Q.BF16):
         x = round_activations(x, rounding(block_format(kind)))
     return x.double() @ file_values(data, kind, width).T
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", NATIVE + EXACT + [Q.F16, Q.BF16], ids=lambda k: k.name)
+def test_an_embedding_lookup_widens_the_files_values(kind):
+    """A table kept in a file's format (a GGUF's token_embd) widens the rows it looks up to the very
+    values gguf-py reads from the file."""
+    width, rows = 512, 20
+    data = random_tensor(kind, rows=rows, width=width, seed=4)
+    table = BlockEmbedding(to_blocks(data, kind, width), rows, width, block_format(kind))
+    ids = torch.tensor([[3, 0], [19, 3]])
+    assert torch.equal(table(ids).double(), file_values(data, kind, width)[ids])
 
 
 @needs_kernels
