@@ -67,15 +67,13 @@ def test_formats_whose_numbers_blocks_hold_keep_the_files_numbers(kind):
 @pytest.mark.parametrize("rows", [1, 2, 3, 8, 9, 40, 200])
 def test_the_kernels_product_over_a_files_blocks_equals_float64(kind, rows):
     """Decode-sized, panel-sized and widened (past 128 rows) products over the file's blocks, against
-    a float64 product of the input rounded to 8-bit blocks and the values the blocks stand for
-    (gguf-py's, for the formats kept)."""
+    a float64 product of the input rounded to 8-bit blocks and the file's values (gguf-py's)."""
     width, out = 512, 96
     data = random_tensor(kind, rows=out, width=width, seed=2)
     layer = BlockLinear.of_blocks(to_blocks(data, kind, width), width)
     assert layer.formats == (block_format(kind),)
-    weight = file_values(data, kind, width)
     x = torch.randn(rows, width, generator=torch.Generator().manual_seed(rows))
-    expected = round_activations(x, rounding(block_format(kind))).double() @ weight.T
+    expected = expected_product(x, data, kind, width)
     assert torch.allclose(layer(x).double(), expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
 
 
