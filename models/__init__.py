@@ -63,11 +63,11 @@ def architecture(config: dict):
 
 
 def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device,
-          weights: str = "float32", halves: bool = False) -> nn.Module:
+          weights: str = "float32", float_rows: bool = False) -> nn.Module:
     """Our module for a transformers-style config and state dict, its weights cast to ``dtype``
     (``weights`` other than "float32": its linear layers' weights in fewer bits, see kernels/quantized.py).
-    With ``halves``, float16 and bfloat16 matrices are kept as they are (a GGUF file's F16 and BF16,
-    read to keep its formats). Takes the tensors: ``tensors`` is left empty, so that each part of a
+    With ``float_rows``, float matrices are kept as they are (a GGUF file's F32, F16 and BF16, read to
+    keep its formats: views of the mapped file). Takes the tensors: ``tensors`` is left empty, so that each part of a
     fused product is freed as soon as the fused copy exists (a model's worth of copies at once,
     otherwise)."""
     spec_type, model_type = architecture(config)
@@ -78,7 +78,7 @@ def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, de
         state = model_type.convert(_taken(tensors), spec)
     except KeyError as missing:
         raise ValueError(f"the {config['model_type']} checkpoint is missing tensor {missing.args[0]}") from None
-    use_stored_blocks(model, state, halves)  # weights a checkpoint keeps in blocks run on them as they are
+    use_stored_blocks(model, state, float_rows)  # weights a checkpoint keeps in blocks run on them as they are
     model.load_state_dict(_owned(state, device, dtype), assign=True)
     if isinstance(getattr(model, "lm_head", None), nn.Linear):
         model.tie_embeddings()  # assign=True loaded the tied names as two tensors (blocks stay one)
@@ -167,5 +167,5 @@ def _load(source, device: torch.device, dtype, weights) -> Checkpoint:
         else:
             architecture(huggingface.read_config(path))  # an unsupported type fails before any tensor is read
             contents = huggingface.read(path)
-    model = build(contents.config, contents.tensors, dtype, device, weights, halves=kept)
+    model = build(contents.config, contents.tensors, dtype, device, weights, float_rows=kept)
     return Checkpoint(model, contents.eos_token_ids, contents.tokenizer, contents.name, contents.config)

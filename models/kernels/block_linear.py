@@ -31,14 +31,16 @@ GROUP = 32  # values per block (block_codes.h)
 # block_codes.h's formats; Loom's own are named by their bits
 LOOM_4BIT, LOOM_5BIT, LOOM_8BIT = 4, 5, 8
 GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K = 10, 11, 12, 13, 14
-FLOAT16, BFLOAT16 = 16, 17  # not blocks: 16-bit float weights, widened as the products read them
-HALF_FORMATS = {torch.float16: FLOAT16, torch.bfloat16: BFLOAT16}  # told by the tensor's dtype, not its row bytes
+# not blocks: a GGUF file's float matrices (F32, F16, BF16) as it keeps them, the 16-bit ones widened
+# as the products read them
+FLOAT32, FLOAT16, BFLOAT16 = 0, 16, 17
+FLOAT_FORMATS = {torch.float32: FLOAT32, torch.float16: FLOAT16, torch.bfloat16: BFLOAT16}  # told by the dtype
 # values and bytes of a K-quant's super-block
 SUPER_BLOCKS = {GGUF_Q2_K: (256, 84), GGUF_Q3_K: (256, 110), GGUF_Q4_K: (256, 144), GGUF_Q5_K: (256, 176),
                 GGUF_Q6_K: (256, 210)}
 FORMAT_NAMES = {LOOM_4BIT: "4-bit blocks", LOOM_5BIT: "5-bit blocks", LOOM_8BIT: "8-bit blocks", GGUF_Q2_K: "Q2_K",
-                GGUF_Q3_K: "Q3_K", GGUF_Q4_K: "Q4_K", GGUF_Q5_K: "Q5_K", GGUF_Q6_K: "Q6_K", FLOAT16: "float16",
-                BFLOAT16: "bfloat16"}
+                GGUF_Q3_K: "Q3_K", GGUF_Q4_K: "Q4_K", GGUF_Q5_K: "Q5_K", GGUF_Q6_K: "Q6_K", FLOAT32: "float32",
+                FLOAT16: "float16", BFLOAT16: "bfloat16"}
 WITH_MINIMUMS = (LOOM_4BIT, LOOM_5BIT)  # Loom's blocks that keep a float32 minimum beside each scale
 OUTPUT_BITS = LOOM_8BIT  # the output layer's and the token embeddings' (the layers': quantized.BLOCK_WEIGHTS)
 
@@ -51,9 +53,10 @@ ROUND_ARGTYPES = [_pointer, _int64, _int64, _int64, _pointer, _int64]
 def row_bytes(width: int, format: int) -> int:
     """Bytes of one row of ``width`` values in ``format``: for Loom's blocks its codes, its float32
     scales and, for 4 and 5 bits, its float32 minimums; for a K-quant its super-blocks (block_codes.h);
-    for 16-bit floats two bytes a value."""
-    if format in HALF_FORMATS.values():
-        return 2 * width
+    for float rows their values."""
+    for dtype, kept in FLOAT_FORMATS.items():
+        if format == kept:
+            return dtype.itemsize * width
     if format in SUPER_BLOCKS:
         values, size = SUPER_BLOCKS[format]
         return width // values * size
@@ -124,7 +127,7 @@ class BlockLinear(nn.Module):
     Loom's kernel, prefill chunks too: at 256 and 512 rows its panels over weights widened a tile at
     a time ran 1.1-1.3x faster than widening whole weights for oneDNN (one Zen 5 thread, 4096 x 2048,
     each format). The input is rounded to 8-bit blocks first, whatever the row count. A GGUF file's
-    float16 and bfloat16 matrices are parts too, kept as the file has them: their products take the
+    float32, float16 and bfloat16 matrices are parts too, kept as the file has them: their products take the
     input as it is (cpu_linear.h's, each weight widened as it is read)."""
 
     def __init__(self, linear: nn.Linear, bits: int):
@@ -246,19 +249,19 @@ def use_block_linears(model: nn.Module, layer_bits: int) -> None:
     swap_embeddings(model)
 
 
-def use_stored_blocks(model: nn.Module, state: dict, halves: bool = False) -> None:
+def use_stored_blocks(model: nn.Module, state: dict, float_rows: bool = False) -> None:
     """Swap each nn.Linear and nn.Embedding of ``model`` whose weight ``state`` holds as blocks (a
     uint8 [rows, bytes per row] tensor in a kernel format, or a list of such parts stacked by output
     rows: a checkpoint kept in its own formats) for a BlockLinear or BlockEmbedding over those very
-    blocks. With ``halves`` (a GGUF file's, read to keep its formats), float16 and bfloat16 matrices
-    are kept as they are too. ``state`` then names the blocks as the new modules do (as bytes), for
+    blocks. With ``float_rows`` (a GGUF file's, read to keep its formats), float32, float16 and
+    bfloat16 matrices are kept as they are too (views of the mapped file). ``state`` then names the blocks as the new modules do (as bytes), for
     load_state_dict. Tied tables stay one tensor."""
     def kept(tensor) -> bool:
-        return tensor is not None and (tensor.dtype == torch.uint8 or halves and tensor.dtype in HALF_FORMATS)
+        return tensor is not None and (tensor.dtype == torch.uint8 or float_rows and tensor.dtype in FLOAT_FORMATS)
 
     for prefix, module in list(model.named_modules()):
         blocks = state.get(f"{prefix}.weight")
-        if not (isinstance(blocks, list) or kept(blocks)):
+        if not isinstance(module, (nn.Linear, nn.Embedding)) or not (isinstance(blocks, list) or kept(blocks)):
             continue
         parent_name, _, name = prefix.rpartition(".")
         parent = model.get_submodule(parent_name)
@@ -276,17 +279,17 @@ def use_stored_blocks(model: nn.Module, state: dict, halves: bool = False) -> No
 
 def stored_format(blocks: torch.Tensor, width: int) -> int:
     """Which kernel format a [rows, bytes per row] buffer holds for rows of ``width`` values (the
-    block formats' rows differ in size for any width), or a 16-bit float matrix [rows, width]."""
-    if blocks.dtype in HALF_FORMATS:
-        return HALF_FORMATS[blocks.dtype]
+    block formats' rows differ in size for any width), or a float matrix [rows, width]."""
+    if blocks.dtype in FLOAT_FORMATS:
+        return FLOAT_FORMATS[blocks.dtype]
     for format in FORMAT_NAMES:
-        if (format not in HALF_FORMATS.values() and blocks.shape[-1] == row_bytes(width, format)
+        if (format not in FLOAT_FORMATS.values() and blocks.shape[-1] == row_bytes(width, format)
                 and (format not in SUPER_BLOCKS or width % 256 == 0)):
             return format
     raise ValueError(f"a block buffer of {blocks.shape[-1]} bytes per row holds no rows of {width} values")
 
 
 def as_bytes(blocks: torch.Tensor) -> torch.Tensor:
-    """A buffer of blocks as the kernels and the state dict hold it: bytes (a 16-bit float matrix
-    viewed so, [rows, 2 x width])."""
-    return blocks.view(torch.uint8) if blocks.dtype in HALF_FORMATS else blocks
+    """A buffer of blocks as the kernels and the state dict hold it: bytes (a float matrix viewed
+    so, [rows, element bytes x width])."""
+    return blocks.view(torch.uint8) if blocks.dtype in FLOAT_FORMATS else blocks

@@ -402,7 +402,7 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
 // panels from 3 rows (cpu_linear.h's PANEL_MIN_ROWS).
 constexpr int64_t HALF_PANEL_MIN_ROWS = FEW_ROWS + 1;
 
-// y = x w^T + b over block weights (or 16-bit floats: cpu_linear.h's products, panels from
+// y = x w^T + b over block weights (or a file's float rows: cpu_linear.h's products, panels from
 // ``panel_from`` rows), the work shared among the threads of the enclosing parallel region.
 // ``scratch``: block_scratch_size(rows, in) floats shared by the region's threads, from a cache
 // line's start.
@@ -412,11 +412,14 @@ inline void block_linear_rows(const float* x, int64_t x_stride, int64_t rows, co
     with_format(w.format, w.in, [&](auto f) {
         using F = decltype(f);
         // 16-bit weights take the panels from HALF_PANEL_MIN_ROWS rows up at the earliest
-        if constexpr (IsHalfFloats<F>::value)
-            linear_rows(x, x_stride, rows, reinterpret_cast<const typename F::Element*>(w.base), bias, w.in, w.out, y,
-                        y_stride, scratch, std::max(panel_from, HALF_PANEL_MIN_ROWS));
-        else
+        if constexpr (IsFloatRows<F>::value) {
+            using W = typename F::Element;
+            const int64_t from = std::is_same_v<W, float> ? panel_from : std::max(panel_from, HALF_PANEL_MIN_ROWS);
+            linear_rows(x, x_stride, rows, reinterpret_cast<const W*>(w.base), bias, w.in, w.out, y, y_stride, scratch,
+                        from);
+        } else {
             block_rows<F>(x, x_stride, rows, w, bias, y, y_stride, scratch);
+        }
     });
 }
 

@@ -49,7 +49,7 @@ namespace {
 // step's other phases and the Python after the forward use again (a one-stream forward 12.4 ->
 // 11.8 ms, the Python after it ~20% faster).
 // The weights are T, or kept as W (16-bit floats: a GGUF file's F16/BF16, block_codes.h's
-// HalfFloats) and widened a vector at a time as they are read (kv_element.h's Element).
+// FloatRows) and widened a vector at a time as they are read (kv_element.h's Element).
 template <typename T, int ROWS, typename W = T>
 inline void few_rows(const T* x, int64_t x_stride, const W* w, int64_t in, int64_t count, T* y, int64_t y_stride) {
     using V = Vector<T>;

@@ -14,7 +14,7 @@ from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
 import models
 from models.kernels import native
 from models.kernels.block_formats import block_format, to_blocks
-from models.kernels.block_linear import (BFLOAT16, FLOAT16, GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K, GROUP, LOOM_4BIT,
+from models.kernels.block_linear import (BFLOAT16, FLOAT16, FLOAT32, GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K, GROUP, LOOM_4BIT,
                                          LOOM_5BIT, LOOM_8BIT, SUPER_BLOCKS, BlockEmbedding, BlockLinear, dequantize,
                                          round_activations, rounding)
 from runtime import Engine, GenerationConfig
@@ -24,6 +24,7 @@ needs_kernels = pytest.mark.skipif(native.library() is None, reason="no C++ comp
 
 NATIVE = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 EXACT = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.IQ4_XS]
+FLOATS = [Q.F32, Q.F16, Q.BF16]  # kept as the file has them, not blocks
 # where each K-quant keeps its float16 super-block scales (d, and dmin where it has one)
 HALF_FIELDS = {Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208], Q.IQ4_NL: [0],
                Q.IQ4_XS: [0]}
@@ -79,14 +80,14 @@ def test_the_kernels_product_over_a_files_blocks_equals_float64(kind, rows):
 
 def expected_product(x: torch.Tensor, data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
     """float64's product over a tensor's values: of the input rounded to 8-bit blocks for a block
-    format, of the input itself for a 16-bit float matrix."""
-    if kind not in (Q.F16, Q.BF16):
+    format, of the input itself for a float matrix."""
+    if kind not in FLOATS:
         x = round_activations(x, rounding(block_format(kind)))
     return x.double() @ file_values(data, kind, width).T
 
 
 @needs_kernels
-@pytest.mark.parametrize("kind", NATIVE + EXACT + [Q.F16, Q.BF16], ids=lambda k: k.name)
+@pytest.mark.parametrize("kind", NATIVE + EXACT + FLOATS, ids=lambda k: k.name)
 def test_an_embedding_lookup_widens_the_files_values(kind):
     """A table kept in a file's format (a GGUF's token_embd) widens the rows it looks up to the very
     values gguf-py reads from the file."""
@@ -98,10 +99,10 @@ def test_an_embedding_lookup_widens_the_files_values(kind):
 
 
 @needs_kernels
-@pytest.mark.parametrize("kind", [Q.F16, Q.BF16], ids=lambda k: k.name)
+@pytest.mark.parametrize("kind", FLOATS, ids=lambda k: k.name)
 @pytest.mark.parametrize("rows", [1, 2, 3, 8, 9, 40, 200])
-def test_float16_and_bfloat16_are_kept_and_their_products_take_the_input_as_it_is(kind, rows):
-    """A 16-bit float matrix is a view of the file, and its products (a few rows at a time, and the
+def test_float_matrices_are_kept_and_their_products_take_the_input_as_it_is(kind, rows):
+    """A float matrix (F32, F16, BF16) is a view of the file, and its products (a few rows at a time, and the
     panels) equal float64's over its values, the input not rounded."""
     width, out = 512, 96
     rng = np.random.default_rng(rows)
@@ -109,7 +110,7 @@ def test_float16_and_bfloat16_are_kept_and_their_products_take_the_input_as_it_i
     blocks = to_blocks(data, kind, width)
     assert blocks.data_ptr() == data.ctypes.data and blocks.shape == (out, width)
     layer = BlockLinear.of_blocks(blocks, width)
-    assert layer.formats == (block_format(kind),) == ({Q.F16: FLOAT16, Q.BF16: BFLOAT16}[kind],)
+    assert layer.formats == (block_format(kind),) == ({Q.F32: FLOAT32, Q.F16: FLOAT16, Q.BF16: BFLOAT16}[kind],)
     x = torch.randn(rows, width, generator=torch.Generator().manual_seed(rows))
     expected = expected_product(x, data, kind, width)
     assert torch.allclose(layer(x).double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
@@ -272,11 +273,12 @@ def test_a_file_of_mixed_formats_runs_in_them_and_equals_float64_over_its_values
 
 
 @needs_kernels
-@pytest.mark.parametrize("kind", [Q.F16, Q.BF16], ids=lambda k: k.name)
-def test_a_16_bit_file_keeps_one_tied_table_and_float32s_tokens(tmp_path, kind):
-    """Every matrix of the file 16-bit and no output.weight (the output layer tied to the embeddings,
-    as SmolLM2's files are): one table serves both, and greedy tokens equal the file widened to
-    float32, whose values are the same."""
+@pytest.mark.parametrize("kind", FLOATS, ids=lambda k: k.name)
+def test_a_float_file_keeps_one_tied_table_and_float32s_tokens(tmp_path, kind):
+    """Every matrix of the file in one float type and no output.weight (the output layer tied to the
+    embeddings, as SmolLM2's files are): one table serves both, the fused products keep their parts
+    (the values' a view of the file), and greedy tokens equal the file widened to float32, whose
+    values are the same."""
     path, hidden, inner, vocab = tmp_path / "tied.gguf", 128, 256, 300
     writer = llama_writer(path, 2, hidden, inner, 4, 2, vocab)
     rng = np.random.default_rng(5)
@@ -299,6 +301,8 @@ def test_a_16_bit_file_keeps_one_tied_table_and_float32s_tokens(tmp_path, kind):
     model = models.load(path).model
     assert model.lm_head.formats == (block_format(kind),) and model.embed.format == block_format(kind)
     assert model.lm_head.blocks.data_ptr() == model.embed.blocks.data_ptr()
+    assert model.layers[0].attn.qkv.formats == (block_format(kind),) * 3
+    assert model.layers[0].mlp.gate_up.formats == (block_format(kind),) * 2
     prompts = [[3 + i, 40, 7 * i] for i in range(4)]
     tokens = {}
     for weights in ("stored", "float32"):
@@ -331,7 +335,7 @@ def test_an_avx2_build_computes_the_same_products(monkeypatch):
     monkeypatch.setattr(native, "FLAGS", ["-march=x86-64-v3" if f == "-march=native" else f for f in native.FLAGS])
     monkeypatch.setattr(native, "_library", False)  # built and loaded anew; the old one comes back after
     assert native.library() is not None
-    for kind in NATIVE + [Q.Q4_0, Q.Q5_1, Q.Q8_0, Q.F16, Q.BF16]:
+    for kind in NATIVE + [Q.Q4_0, Q.Q5_1, Q.Q8_0] + FLOATS:
         data = random_tensor(kind, rows=40, width=512, seed=3)
         layer = BlockLinear.of_blocks(to_blocks(data, kind, 512), 512)
         for rows in (1, 5, 12, 40):
