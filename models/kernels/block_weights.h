@@ -58,6 +58,9 @@ inline void fetch_lines(const uint8_t* from, int64_t bytes) {
 struct RoundedRows {
     int8_t* codes;  // [rows, in]
     float *scales, *sums, *halves;  // [rows, in / 32], [rows, in / 32], [rows, in / 16]
+    // [rows, in / 4]: with a scale per 32 values, each block's scale eight times, so that a pair of
+    // blocks' scales load as one vector (pair_rows)
+    float* spread;
     int64_t in;
 
     // ``scratch``: at least floats_for(rows, in) floats, from a cache line's start
@@ -67,15 +70,17 @@ struct RoundedRows {
         scales = scratch + whole_lines<float>(rows * in / 4);
         sums = scales + whole_lines<float>(blocks);
         halves = sums + whole_lines<float>(blocks);
+        spread = halves + whole_lines<float>(rows * in / 16);
     }
     static int64_t floats_for(int64_t rows, int64_t in) {
-        return whole_lines<float>(rows * in / 4) + 2 * whole_lines<float>(rows * in / GROUP) +
+        return 2 * whole_lines<float>(rows * in / 4) + 2 * whole_lines<float>(rows * in / GROUP) +
                whole_lines<float>(rows * in / 16);
     }
     const int8_t* row_codes(int64_t r) const { return codes + r * in; }
     const float* row_scales(int64_t r) const { return scales + r * (in / GROUP); }
     const float* row_sums(int64_t r) const { return sums + r * (in / GROUP); }
     const float* row_halves(int64_t r) const { return halves + r * (in / 16); }
+    const float* row_spread(int64_t r) const { return spread + r * (in / 4); }
 };
 
 // Values [0, span) of x under one scale: the scale and the codes (round half to even, as
@@ -126,6 +131,8 @@ inline void round_rows(const float* x, int64_t x_stride, int64_t rows, const Rou
             r.sums[first + b] = d * float(sixteens[2 * b] + sixteens[2 * b + 1]);
             r.halves[2 * (first + b)] = d * float(sixteens[2 * b]);
             r.halves[2 * (first + b) + 1] = d * float(sixteens[2 * b + 1]);
+            if constexpr (span == GROUP)
+                for (int l = 0; l < 8; ++l) r.spread[8 * (first + b) + l] = d;
         }
     }
 }
@@ -322,10 +329,11 @@ inline void pair_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
                         codes[i] = supers_of[i].template pair_codes<P>();
                         scales[i] = supers_of[i].template pair_scales<P>();
                     }
+                    static_assert(B == A + 1, "a pair's input scales lie side by side in RoundedRows::spread");
                     for (int m = 0; m < ROWS; ++m) {
                         const PairSigned xq = input_pair<F, A, B>(x, row0 + m, s);
-                        const float* dx = x.row_scales(row0 + m) + s * BLOCKS;  // the input blocks' scales
-                        const PairLanes xd = spread<0>(Lanes{dx[A], dx[B]});
+                        // the input blocks' scales, each across its block's lanes
+                        const PairLanes xd = load<PairLanes>(x.row_spread(row0 + m) + 8 * (s * BLOCKS + A));
                         for (int i = 0; i < SIDE; ++i) {
                             const PairSums sums = dot_pairs(codes[i], supers_of[i].template pair_signed<P>(xq));
                             acc[i][m] += __builtin_convertvector(sums, PairLanes) * (scales[i] * xd);
