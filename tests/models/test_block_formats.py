@@ -279,7 +279,26 @@ def test_a_float_file_keeps_one_tied_table_and_float32s_tokens(tmp_path, kind):
     embeddings, as SmolLM2's files are): one table serves both, the fused products keep their parts
     (the values' a view of the file), and greedy tokens equal the file widened to float32, whose
     values are the same."""
-    path, hidden, inner, vocab = tmp_path / "tied.gguf", 128, 256, 300
+    path = float_file(tmp_path / "tied.gguf", kind, hidden=128)
+    model = models.load(path).model
+    assert model.lm_head.formats == (block_format(kind),) and model.embed.format == block_format(kind)
+    assert model.lm_head.blocks.data_ptr() == model.embed.blocks.data_ptr()
+    assert model.layers[0].attn.qkv.formats == (block_format(kind),) * 3
+    assert model.layers[0].mlp.gate_up.formats == (block_format(kind),) * 2
+    prompts = [[3 + i, 40, 7 * i] for i in range(4)]
+    tokens = {}
+    for weights in ("stored", "float32"):
+        with Engine.from_pretrained(path, weights=weights) as engine:
+            # answers of 12, 9, 6 and 3 tokens: steps of 4 rows down to 1, on the panels and a few
+            # rows at a time
+            handles = [engine.launch_response_tokens(p, GenerationConfig(max_new_tokens=12 - 3 * i, ignore_eos=True))
+                       for i, p in enumerate(prompts)]
+            tokens[weights] = [list(engine.stream_response_tokens(h, timeout=60)) for h in handles]
+    assert tokens["stored"] == tokens["float32"]
+
+
+def float_file(path, kind: Q, hidden: int, inner: int = 256, vocab: int = 300):
+    """A random two-layer Llama whose every matrix is ``kind`` (F32, F16 or BF16), tied embeddings."""
     writer = llama_writer(path, 2, hidden, inner, 4, 2, vocab)
     rng = np.random.default_rng(5)
     shapes = {"attn_q": (hidden, hidden), "attn_k": (hidden // 2, hidden), "attn_v": (hidden // 2, hidden),
@@ -298,19 +317,24 @@ def test_a_float_file_keeps_one_tied_table_and_float32s_tokens(tmp_path, kind):
         for norm in ("attn_norm", "ffn_norm"):
             writer.add_tensor(f"blk.{i}.{norm}.weight", np.ones(hidden, np.float32))
     finish(writer)
+    return path
+
+
+@needs_kernels
+def test_float_rows_of_part_blocks_stay_float32_copies(tmp_path):
+    """An F32 file 48 values wide: the matrices whose rows are not whole blocks of 32 (embeddings, q/k/v,
+    gate/up) are float32 copies on the float layers, the 256-wide down product a part as the file has
+    it, and greedy tokens equal weights="float32"'s."""
+    path = float_file(tmp_path / "narrow.gguf", Q.F32, hidden=48)
     model = models.load(path).model
-    assert model.lm_head.formats == (block_format(kind),) and model.embed.format == block_format(kind)
-    assert model.lm_head.blocks.data_ptr() == model.embed.blocks.data_ptr()
-    assert model.layers[0].attn.qkv.formats == (block_format(kind),) * 3
-    assert model.layers[0].mlp.gate_up.formats == (block_format(kind),) * 2
-    prompts = [[3 + i, 40, 7 * i] for i in range(4)]
+    assert type(model.embed).__name__ == "Embedding" and type(model.layers[0].attn.qkv).__name__ == "CpuLinear"
+    assert model.layers[0].mlp.down.formats == (FLOAT32,)
+    prompts = [[3 + i, 40, 7 * i] for i in range(3)]
     tokens = {}
     for weights in ("stored", "float32"):
         with Engine.from_pretrained(path, weights=weights) as engine:
-            # answers of 12, 9, 6 and 3 tokens: steps of 4 rows down to 1, on the panels and a few
-            # rows at a time
-            handles = [engine.launch_response_tokens(p, GenerationConfig(max_new_tokens=12 - 3 * i, ignore_eos=True))
-                       for i, p in enumerate(prompts)]
+            handles = [engine.launch_response_tokens(p, GenerationConfig(max_new_tokens=8, ignore_eos=True))
+                       for p in prompts]
             tokens[weights] = [list(engine.stream_response_tokens(h, timeout=60)) for h in handles]
     assert tokens["stored"] == tokens["float32"]
 
