@@ -59,8 +59,8 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
     """The file's config, tensors (transformers' names and layout) and tokenizer. With
     ``keep_blocks`` the quantized linear weights and embeddings come as blocks for Loom's kernels
     (uint8 [rows, bytes per row], kernels/block_formats.py: the K-quants as views of the mapped
-    file), and float matrices (F32, F16, BF16) as views of it in their dtype; else every tensor as float32. One
-    tensor is converted at a time, and its pages of the file let go of after. Raises ValueError for
+    file), and float matrices (F32, F16, BF16) as views of it in their dtype; else every tensor as
+    float32. One tensor is converted at a time, and its pages of the file let go of after. Raises ValueError for
     an architecture or tensor type Loom does not run, before any tensor is read."""
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file at {path}")
