@@ -87,10 +87,10 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
                 tensors[name] = tensors[name] - NORM_OFFSET[arch]
     if arch in PERMUTED_QK:
         heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-        for name in list(tensors):
-            if name.endswith("q_proj.weight"):
+        for name in list(tensors):  # weights and biases: llama.cpp's converter permutes both
+            if name.endswith(("q_proj.weight", "q_proj.bias")):
                 tensors[name] = _unpermute(tensors[name], heads)
-            elif name.endswith("k_proj.weight"):
+            elif name.endswith(("k_proj.weight", "k_proj.bias")):
                 tensors[name] = _unpermute(tensors[name], kv_heads)
     if keep_blocks:
         _fuse_blocks(tensors)
@@ -185,9 +185,10 @@ def _widened(info: TensorInfo) -> torch.Tensor:
 
 
 def _unpermute(weight: torch.Tensor, heads: int) -> torch.Tensor:
-    """Undo llama.cpp's permutation of Q/K rows (from rotate-half pairs to interleaved pairs)."""
-    rows, cols = weight.shape
-    return weight.reshape(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+    """Undo llama.cpp's permutation of Q/K rows (from rotate-half pairs to interleaved pairs), of a
+    weight [rows, cols] or a bias [rows]."""
+    rows = weight.shape[0]
+    return weight.reshape(heads, rows // heads // 2, 2, -1).transpose(1, 2).reshape(weight.shape)
 
 
 def read_tokenizer(path: Path):

@@ -274,7 +274,7 @@ def use_stored_blocks(model: nn.Module, state: dict, float_rows: bool = False) -
         parent = model.get_submodule(parent_name)
         state.pop(f"{prefix}.weight")
         if isinstance(module, nn.Linear):
-            layer = BlockLinear.of_blocks(blocks, module.in_features)
+            layer = BlockLinear.of_blocks(blocks, module.in_features, state.get(f"{prefix}.bias"))  # Qwen2's q/k/v
             for i, (part, _, _) in enumerate(layer.parts()):
                 state[f"{prefix}.{part_name(i)}"] = part
         else:

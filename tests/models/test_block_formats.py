@@ -142,16 +142,17 @@ def mixed_products(layers=2) -> dict[str, Q]:
     return products
 
 
-def llama_writer(path, layers, hidden, inner, heads, kv_heads, vocab):
-    """A GGUF writer for a Llama of these sizes, its metadata written, its tensors to add."""
+def llama_writer(path, layers, hidden, inner, heads, kv_heads, vocab, arch="llama"):
+    """A GGUF writer for a Llama (or ``arch``: Qwen2's) of these sizes, its metadata written, its
+    tensors to add."""
     import gguf
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), arch)
     for key, value in [("block_count", layers), ("context_length", 256), ("embedding_length", hidden),
                        ("feed_forward_length", inner), ("attention.head_count", heads),
                        ("attention.head_count_kv", kv_heads), ("vocab_size", vocab)]:
-        writer.add_uint32(f"llama.{key}", value)
-    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    writer.add_float32("llama.rope.freq_base", 10000.0)
+        writer.add_uint32(f"{arch}.{key}", value)
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    writer.add_float32(f"{arch}.rope.freq_base", 10000.0)
     writer.add_uint32("tokenizer.ggml.eos_token_id", 0)
     return writer
 
@@ -297,9 +298,11 @@ def test_a_float_file_keeps_one_tied_table_and_float32s_tokens(tmp_path, kind):
     assert tokens["stored"] == tokens["float32"]
 
 
-def float_file(path, kind: Q, hidden: int, inner: int = 256, vocab: int = 300):
-    """A random two-layer Llama whose every matrix is ``kind`` (F32, F16 or BF16), tied embeddings."""
-    writer = llama_writer(path, 2, hidden, inner, 4, 2, vocab)
+def float_file(path, kind: Q, hidden: int, inner: int = 256, vocab: int = 300, arch: str = "llama",
+               biases: bool = False):
+    """A random two-layer Llama (or Qwen2) whose every matrix is ``kind``, tied embeddings; with
+    ``biases``, its attention's products have biases (in the file's layout)."""
+    writer = llama_writer(path, 2, hidden, inner, 4, 2, vocab, arch)
     rng = np.random.default_rng(5)
     shapes = {"attn_q": (hidden, hidden), "attn_k": (hidden // 2, hidden), "attn_v": (hidden // 2, hidden),
               "attn_output": (hidden, hidden), "ffn_gate": (inner, hidden), "ffn_up": (inner, hidden),
@@ -316,8 +319,39 @@ def float_file(path, kind: Q, hidden: int, inner: int = 256, vocab: int = 300):
             add(f"blk.{i}.{part}.weight", shape)
         for norm in ("attn_norm", "ffn_norm"):
             writer.add_tensor(f"blk.{i}.{norm}.weight", np.ones(hidden, np.float32))
+        if biases:  # Qwen2's on q, k and v; a Llama's attention_bias on its output product too
+            parts = ("attn_q", "attn_k", "attn_v") + (("attn_output",) if arch == "llama" else ())
+            for part, (rows, _) in [(p, shapes[p]) for p in parts]:
+                writer.add_tensor(f"blk.{i}.{part}.bias", (rng.standard_normal(rows) * 0.5).astype(np.float32))
     finish(writer)
     return path
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", [Q.F32, Q.Q8_0], ids=lambda k: k.name)
+def test_a_qwen2_file_keeps_its_query_key_and_value_biases(tmp_path, kind):
+    """Qwen2's q/k/v products carry biases (Qwen2.5's GGUF files): the fused product over the file's
+    parts adds the file's (a zero input gives them back), and an F32 file's greedy tokens equal
+    weights="float32"'s, which widens every tensor (a block format's rounded input may part from it at
+    a near tie)."""
+    path = float_file(tmp_path / "qwen2.gguf", kind, hidden=128, arch="qwen2", biases=True)
+    qkv = models.load(path).model.layers[0].attn.qkv
+    assert qkv.formats == (block_format(kind),) * 3
+    from models.checkpoints.gguf_file import GGUFFile
+    tensors = GGUFFile(path).tensors
+    biases = np.concatenate([tensors[f"blk.0.{part}.bias"].data.view(np.float32).ravel()
+                             for part in ("attn_q", "attn_k", "attn_v")])
+    assert torch.equal(qkv(torch.zeros(2, 128)), torch.from_numpy(biases).expand(2, -1))
+    if kind != Q.F32:
+        return
+    prompts = [[3 + i, 40, 7 * i] for i in range(3)]
+    tokens = {}
+    for weights in ("stored", "float32"):
+        with Engine.from_pretrained(path, weights=weights) as engine:
+            handles = [engine.launch_response_tokens(p, GenerationConfig(max_new_tokens=8, ignore_eos=True))
+                       for p in prompts]
+            tokens[weights] = [list(engine.stream_response_tokens(h, timeout=60)) for h in handles]
+    assert tokens["stored"] == tokens["float32"]
 
 
 @needs_kernels
@@ -337,6 +371,30 @@ def test_float_rows_of_part_blocks_stay_float32_copies(tmp_path):
                        for p in prompts]
             tokens[weights] = [list(engine.stream_response_tokens(h, timeout=60)) for h in handles]
     assert tokens["stored"] == tokens["float32"]
+
+
+@needs_kernels
+def test_a_llama_files_query_and_key_biases_are_unpermuted_with_their_rows(tmp_path):
+    """llama.cpp's converter permutes a Llama's query and key rows for its rotary, biases too: the
+    products Loom reads back equal the un-permuted weights' and biases' (transformers' layout)."""
+    path = float_file(tmp_path / "biases.gguf", Q.F32, hidden=128, biases=True)
+    qkv = models.load(path).model.layers[0].attn.qkv
+    from models.checkpoints.gguf_file import GGUFFile
+    tensors = GGUFFile(path).tensors
+
+    def unpermuted(name, heads=None):  # None: as the file has it (the values)
+        values = tensors[name].data.view(np.float32).reshape(tensors[name].shape).astype(np.float64)
+        if heads is not None:
+            rows = values.shape[0]
+            values = values.reshape(heads, rows // heads // 2, 2, -1).swapaxes(1, 2).reshape(values.shape)
+        return torch.from_numpy(np.ascontiguousarray(values))
+
+    weight = torch.cat([unpermuted("blk.0.attn_q.weight", 4), unpermuted("blk.0.attn_k.weight", 2),
+                        unpermuted("blk.0.attn_v.weight")])
+    bias = torch.cat([unpermuted("blk.0.attn_q.bias", 4), unpermuted("blk.0.attn_k.bias", 2),
+                      unpermuted("blk.0.attn_v.bias")])
+    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(qkv(x).double(), x.double() @ weight.T + bias, atol=1e-5)
 
 
 def test_weights_float32_still_widens_every_tensor(tmp_path):
