@@ -286,16 +286,16 @@ def test_a_float_file_keeps_one_tied_table_and_float32s_tokens(tmp_path, kind):
     assert model.lm_head.blocks.data_ptr() == model.embed.blocks.data_ptr()
     assert model.layers[0].attn.qkv.formats == (block_format(kind),) * 3
     assert model.layers[0].mlp.gate_up.formats == (block_format(kind),) * 2
-    prompts = [[3 + i, 40, 7 * i] for i in range(4)]
-    tokens = {}
-    for weights in ("stored", "float32"):
-        with Engine.from_pretrained(path, weights=weights) as engine:
-            # answers of 12, 9, 6 and 3 tokens: steps of 4 rows down to 1, on the panels and a few
-            # rows at a time
-            handles = [engine.launch_response_tokens(p, GenerationConfig(max_new_tokens=12 - 3 * i, ignore_eos=True))
-                       for i, p in enumerate(prompts)]
-            tokens[weights] = [list(engine.stream_response_tokens(h, timeout=60)) for h in handles]
-    assert tokens["stored"] == tokens["float32"]
+    # answers of 12, 9, 6 and 3 tokens: steps of 4 rows down to 1, on the panels and a few rows at a time
+    assert greedy_tokens(path, "stored", [12, 9, 6, 3]) == greedy_tokens(path, "float32", [12, 9, 6, 3])
+
+
+def greedy_tokens(path, weights: str, lengths: list[int]) -> list[list[int]]:
+    """The file's greedy answers to a few short prompts, one of each length, run together."""
+    with Engine.from_pretrained(path, weights=weights) as engine:
+        handles = [engine.launch_response_tokens([3 + i, 40, 7 * i], GenerationConfig(max_new_tokens=n, ignore_eos=True))
+                   for i, n in enumerate(lengths)]
+        return [list(engine.stream_response_tokens(h, timeout=60)) for h in handles]
 
 
 def float_file(path, kind: Q, hidden: int, inner: int = 256, vocab: int = 300, arch: str = "llama",
@@ -344,14 +344,7 @@ def test_a_qwen2_file_keeps_its_query_key_and_value_biases(tmp_path, kind):
     assert torch.equal(qkv(torch.zeros(2, 128)), torch.from_numpy(biases).expand(2, -1))
     if kind != Q.F32:
         return
-    prompts = [[3 + i, 40, 7 * i] for i in range(3)]
-    tokens = {}
-    for weights in ("stored", "float32"):
-        with Engine.from_pretrained(path, weights=weights) as engine:
-            handles = [engine.launch_response_tokens(p, GenerationConfig(max_new_tokens=8, ignore_eos=True))
-                       for p in prompts]
-            tokens[weights] = [list(engine.stream_response_tokens(h, timeout=60)) for h in handles]
-    assert tokens["stored"] == tokens["float32"]
+    assert greedy_tokens(path, "stored", [8] * 3) == greedy_tokens(path, "float32", [8] * 3)
 
 
 @needs_kernels
@@ -363,14 +356,7 @@ def test_float_rows_of_part_blocks_stay_float32_copies(tmp_path):
     model = models.load(path).model
     assert type(model.embed).__name__ == "Embedding" and type(model.layers[0].attn.qkv).__name__ == "CpuLinear"
     assert model.layers[0].mlp.down.formats == (FLOAT32,)
-    prompts = [[3 + i, 40, 7 * i] for i in range(3)]
-    tokens = {}
-    for weights in ("stored", "float32"):
-        with Engine.from_pretrained(path, weights=weights) as engine:
-            handles = [engine.launch_response_tokens(p, GenerationConfig(max_new_tokens=8, ignore_eos=True))
-                       for p in prompts]
-            tokens[weights] = [list(engine.stream_response_tokens(h, timeout=60)) for h in handles]
-    assert tokens["stored"] == tokens["float32"]
+    assert greedy_tokens(path, "stored", [8] * 3) == greedy_tokens(path, "float32", [8] * 3)
 
 
 @needs_kernels
