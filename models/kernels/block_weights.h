@@ -131,7 +131,7 @@ inline void round_rows(const float* x, int64_t x_stride, int64_t rows, const Rou
             r.sums[first + b] = d * float(sixteens[2 * b] + sixteens[2 * b + 1]);
             r.halves[2 * (first + b)] = d * float(sixteens[2 * b]);
             r.halves[2 * (first + b) + 1] = d * float(sixteens[2 * b + 1]);
-            if constexpr (span == GROUP)
+            if constexpr (PAIRS && span == GROUP)  // only pair_rows reads them
                 for (int l = 0; l < 8; ++l) r.spread[8 * (first + b) + l] = d;
         }
     }

@@ -60,7 +60,8 @@ struct Layer {
     double eps, scale;
 };
 
-// y = x w^T + b for one of a layer's products, a part of its weights at a time. ``scratch``:
+// y = x w^T + b for one of a layer's products, a part of its weights at a time (a float model's
+// through block_linear_rows, which takes float rows as well as blocks). ``scratch``:
 // product_scratch_size(rows, in) elements shared by the team.
 template <typename T>
 void product(const T* x, int64_t x_stride, int64_t rows, const Weights& w, const T* bias, int64_t in, T* y,
@@ -69,16 +70,12 @@ void product(const T* x, int64_t x_stride, int64_t rows, const Weights& w, const
     for (int64_t p = 0; p < w.parts; ++p) {
         const Weights::Part& part = w.part[p];
         const T* b = bias == nullptr ? nullptr : bias + first;
-        if constexpr (std::is_same_v<T, float>) {
-            if (part.format != FLOAT) {
-                block_linear_rows(x, x_stride, rows, BlockWeights(part.data, part.format, in, part.rows), b,
-                                  y + first, y_stride, scratch, panel_from);
-                first += part.rows;
-                continue;
-            }
-        }
-        linear_rows(x, x_stride, rows, static_cast<const T*>(part.data), b, in, part.rows, y + first, y_stride,
-                    scratch, panel_from);
+        if constexpr (std::is_same_v<T, float>)
+            block_linear_rows(x, x_stride, rows, BlockWeights(part.data, part.format, in, part.rows), b, y + first,
+                              y_stride, scratch, panel_from);
+        else
+            linear_rows(x, x_stride, rows, static_cast<const T*>(part.data), b, in, part.rows, y + first, y_stride,
+                        scratch, panel_from);
         first += part.rows;
     }
 }
