@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+from copy import copy
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -22,8 +23,7 @@ JSON_OPTIONS = {"whitespace_flexible": False}
 
 def _llguidance():
     try:
-        import llguidance
-        import llguidance.hf  # not llguidance.torch: importing it imports torch.compile's machinery
+        import llguidance  # not llguidance.hf (it imports transformers) nor .torch (torch.compile's machinery)
     except ImportError as error:  # a declared dependency; only a broken install lacks it
         raise RuntimeError("structured output needs llguidance: pip install llguidance") from error
     return llguidance
@@ -152,12 +152,17 @@ class Grammars:
                 if self._source is None:
                     raise ValueError("structured output needs the model's tokenizer, and this checkpoint has "
                                      "none; pass tokenizer= to Engine.from_pretrained")
-                eos = self.eos or None
-                try:
-                    self._tokenizer = _llguidance().hf.from_tokenizer(self._source, n_vocab=self.vocab_size,
-                                                                      eos_token=eos)
-                except ValueError as error:
-                    raise ValueError(f"structured output needs a fast (Rust) tokenizer: {error}") from None
+                backend = getattr(self._source, "backend_tokenizer", None)
+                if backend is None:
+                    raise ValueError("structured output needs a fast (Rust) tokenizer; this checkpoint's is "
+                                     f"{type(self._source).__name__}")
+                # As llguidance.hf does for a transformers tokenizer: the Rust tokenizer serialized
+                # without padding or truncation, with the model's vocabulary size and EOS ids.
+                backend = copy(backend)
+                backend.no_padding()
+                backend.no_truncation()
+                self._tokenizer = _llguidance().LLTokenizer(backend.to_str(), n_vocab=self.vocab_size,
+                                                            eos_token=self.eos or self._source.eos_token_id)
             return self._tokenizer
 
     def start_masks(self, constraints: list[Constraint | None],

@@ -1,0 +1,177 @@
+"""A checkpoint's tokenizer and chat template without transformers: the Rust `tokenizers` backend
+read from the tokenizer.json that transformers writes, the template rendered by jinja2 the way
+transformers' apply_chat_template renders it.
+
+Why not transformers' own tokenizer: importing transformers and building its tokenizer was 1.6 of a
+2.4 s load of a GGUF file (the 1.7B Q4_K_M one, 2026-11-26), where the Rust tokenizer reads back in
+0.08 s. transformers still converts a GGUF file's vocabulary the first time (gguf.read_tokenizer) and
+still reads a Hugging Face directory's tokenizer, whose classes may rewrite it on load.
+
+Tokenizer answers the part of transformers' tokenizer API that Loom and its users lean on (calling it,
+encode, decode, apply_chat_template, chat_template, the special tokens, backend_tokenizer), so that a
+transformers tokenizer passed in its place (Engine.from_pretrained(tokenizer=...)) works the same.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+import jinja2
+import jinja2.ext
+import jinja2.sandbox
+import jinja2.utils
+from tokenizers import Tokenizer as Backend
+
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+class Tokenizer:
+    """A fast tokenizer: ``backend`` (tokenizers.Tokenizer), the special tokens by role
+    ({"eos_token": "<|im_end|>", ...}) and the chat template (a str, a dict of named templates, or None)."""
+
+    is_fast = True
+
+    def __init__(self, backend: Backend, special_tokens: dict[str, str], chat_template: str | dict | None):
+        self.backend_tokenizer = backend
+        self.special_tokens_map = dict(special_tokens)
+        self.chat_template = chat_template
+        self._templates: dict[str, jinja2.Template] = {}
+
+    @classmethod
+    def from_directory(cls, directory: Path) -> Tokenizer:
+        """From transformers' save_pretrained files: tokenizer.json, tokenizer_config.json and, where
+        the template is not in the config, chat_template.jinja."""
+        directory = Path(directory)
+        config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates, saved as [{"name", "template"}]
+            template = {entry["name"]: entry["template"] for entry in template}
+        if template is None and (directory / "chat_template.jinja").is_file():
+            template = (directory / "chat_template.jinja").read_text(encoding="utf-8")
+        special = {role: _content(config[role]) for role in SPECIAL_TOKENS if config.get(role) is not None}
+        return cls(Backend.from_file(str(directory / "tokenizer.json")), special, template)
+
+    @classmethod
+    def from_transformers(cls, tokenizer) -> Tokenizer:
+        """The same tokenizer as a transformers fast tokenizer (its backend, tokens and template)."""
+        special = {role: str(token) for role, token in tokenizer.special_tokens_map.items() if role in SPECIAL_TOKENS}
+        return cls(tokenizer.backend_tokenizer, special, tokenizer.chat_template)
+
+    def save_pretrained(self, directory) -> None:
+        """Writes the files from_directory and transformers' AutoTokenizer read."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.backend_tokenizer.save(str(directory / "tokenizer.json"))
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", **self.special_tokens_map}
+        if isinstance(self.chat_template, dict):
+            config["chat_template"] = [{"name": name, "template": text} for name, text in self.chat_template.items()]
+        elif self.chat_template is not None:
+            (directory / "chat_template.jinja").write_text(self.chat_template, encoding="utf-8")
+        (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": self.encode(text, add_special_tokens=add_special_tokens)}
+
+    def __len__(self) -> int:
+        return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return self.backend_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def convert_tokens_to_ids(self, token: str) -> int | None:
+        return self.backend_tokenizer.token_to_id(token)
+
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None,
+                            add_generation_prompt: bool = False, tokenize: bool = True, **variables):
+        """The messages rendered by the chat template (with ``tools`` and any further template
+        ``variables``), tokenized without adding special tokens unless ``tokenize`` is False."""
+        # As transformers does: keys whose value is None are dropped (OpenAI's content=None beside tool_calls)
+        messages = [{key: value for key, value in message.items() if value is not None} for message in messages]
+        text = self._template(tools).render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                            **{**self.special_tokens_map, **variables})
+        return self.encode(text, add_special_tokens=False) if tokenize else text
+
+    def _template(self, tools) -> jinja2.Template:
+        template = self.chat_template
+        if template is None:
+            raise ValueError("this tokenizer has no chat template")
+        if isinstance(template, dict):  # the tool-use template where tools are given, as transformers picks
+            name = "tool_use" if tools is not None and "tool_use" in template else "default"
+            if name not in template:
+                raise ValueError(f"this tokenizer has several chat templates ({sorted(template)}) and no default")
+            template = template[name]
+        if template not in self._templates:
+            self._templates[template] = _ENVIRONMENT.from_string(template)
+        return self._templates[template]
+
+    # The special tokens by role, and their ids, as transformers names them
+    def __getattr__(self, name: str):
+        role = name[:-3] if name.endswith("_id") else name
+        if role in SPECIAL_TOKENS:
+            token = self.special_tokens_map.get(role)
+            return token if role == name or token is None else self.backend_tokenizer.token_to_id(token)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+
+def _content(token) -> str:
+    """A special token as tokenizer_config.json spells it: a str, or an AddedToken's {"content": ...}."""
+    return token["content"] if isinstance(token, dict) else str(token)
+
+
+class _Generation(jinja2.ext.Extension):
+    """``{% generation %}...{% endgeneration %}``, which marks the assistant's text for training
+    masks in some templates: rendered as its body."""
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller):
+        return caller()
+
+
+class _Namespace(jinja2.utils.Namespace):
+    """jinja2's namespace() refusing underscore names, as transformers' does: templates come from
+    checkpoints, and the sandbox alone lets a namespace store them."""
+
+    def __init__(*args, **kwargs):
+        self, attributes = args[0], dict(*args[1:], **kwargs)
+        for name in attributes:
+            _Namespace._check(name)
+        jinja2.utils.Namespace.__init__(self, attributes)
+
+    def __setitem__(self, name, value):
+        _Namespace._check(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check(name):
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(f"a chat template may not store {name!r} on a namespace")
+
+
+def _raise_exception(message):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    # jinja2's own tojson escapes HTML characters, which chat templates must not see
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+# The environment transformers renders chat templates in: sandboxed (templates are the checkpoint
+# author's code), blocks trimmed, loop controls, and the globals templates are written against.
+_ENVIRONMENT = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                            extensions=[_Generation, jinja2.ext.loopcontrols])
+_ENVIRONMENT.filters["tojson"] = _tojson
+_ENVIRONMENT.globals.update(raise_exception=_raise_exception, namespace=_Namespace,
+                            strftime_now=lambda format: datetime.now().strftime(format))

@@ -1,0 +1,135 @@
+"""Loom's tokenizer (models/checkpoints/tokenizer.py) against transformers' on the same files: the
+same ids, text and chat prompts, read back without importing transformers."""
+
+import json
+import subprocess
+import sys
+
+import jinja2
+import pytest
+from transformers import AutoTokenizer
+
+from models.checkpoints.gguf import default_model_path, read_tokenizer
+from models.checkpoints.tokenizer import Tokenizer
+
+TEXTS = ["Hello world!", "  spaces   and\ttabs\n\nnewlines", "<|im_start|>user\nhi<|im_end|>", "<s>hello</s>",
+         "héllo wörld 日本語 🚀", "hello the world!", ""]
+CHATS = [
+    [{"role": "user", "content": "What is 2+2?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"},
+     {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3+3?"}],
+]
+
+
+def spm_gguf(path):
+    """A Llama file carrying only a small SentencePiece-style vocabulary (byte fallback, BOS added)
+    and a chat template: the other tokenizer kind GGUF files hold, beside SmolLM2's byte-level BPE."""
+    import gguf
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in [("block_count", 1), ("context_length", 64), ("embedding_length", 32),
+                       ("feed_forward_length", 64), ("attention.head_count", 2), ("attention.head_count_kv", 2)]:
+        writer.add_uint32(f"llama.{key}", value)
+    pieces = ["▁", "▁a", "▁the", "▁hello", "▁world", "he", "ll", "o", "wor", "ld", "▁wor", "!", "th", "e", "a", "h"]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * 259 + [-float(i) for i in range(len(pieces))])
+    writer.add_token_types([2, 3, 3] + [6] * 256 + [1] * len(pieces))
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_chat_template("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{{ eos_token }}{% endfor %}"
+                             "{% if add_generation_prompt %}[assistant]{% endif %}")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(scope="module", params=["smollm2", "spm"])
+def pair(request, tmp_path_factory):
+    """(Loom's tokenizer read back from the cache, transformers' converted from the file)."""
+    path = default_model_path() if request.param == "smollm2" else spm_gguf(tmp_path_factory.mktemp("spm") / "spm.gguf")
+    with pytest.MonkeyPatch.context() as patch:  # a cache of its own, so that the first read converts
+        patch.setenv("LOOM_CACHE", str(tmp_path_factory.mktemp("cache")))
+        converted, cached = read_tokenizer(path), read_tokenizer(path)
+    assert isinstance(converted, Tokenizer) and isinstance(cached, Tokenizer)
+    assert converted.chat_template == cached.chat_template and converted.encode(TEXTS[2]) == cached.encode(TEXTS[2])
+    return cached, AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+@pytest.mark.parametrize("special", [True, False], ids=["special", "plain"])
+def test_encodes_and_decodes_as_transformers(pair, special):
+    ours, theirs = pair
+    for text in TEXTS:
+        ids = ours.encode(text, add_special_tokens=special)
+        assert ids == theirs.encode(text, add_special_tokens=special), text
+        assert ours(text, add_special_tokens=special)["input_ids"] == ids
+        for skip in (False, True):
+            assert ours.decode(ids, skip_special_tokens=skip) == theirs.decode(ids, skip_special_tokens=skip), text
+
+
+def test_chat_prompts_as_transformers(pair):
+    ours, theirs = pair
+    for chat in CHATS:
+        for opened in (True, False):
+            text = theirs.apply_chat_template(chat, add_generation_prompt=opened, tokenize=False)
+            assert ours.apply_chat_template(chat, add_generation_prompt=opened, tokenize=False) == text
+            assert ours.apply_chat_template(chat, add_generation_prompt=opened) == theirs.encode(text, add_special_tokens=False)
+
+
+def test_special_tokens_as_transformers(pair):
+    ours, theirs = pair
+    for role in ("bos_token", "eos_token", "unk_token", "pad_token"):
+        assert getattr(ours, role) == getattr(theirs, role), role
+        assert getattr(ours, role + "_id") == getattr(theirs, role + "_id"), role
+    assert len(ours) == len(theirs)
+    with pytest.raises(AttributeError, match="no attribute 'batch_decode'"):
+        ours.batch_decode
+
+
+def test_saved_files_read_back_by_both(pair, tmp_path):
+    ours, _ = pair
+    ours.save_pretrained(tmp_path)
+    again, theirs = Tokenizer.from_directory(tmp_path), AutoTokenizer.from_pretrained(tmp_path)
+    for text in TEXTS:
+        assert again.encode(text) == theirs.encode(text) == ours.encode(text)
+    assert again.apply_chat_template(CHATS[1], tokenize=False) == theirs.apply_chat_template(CHATS[1], tokenize=False)
+
+
+def test_template_features_and_errors(pair):
+    ours = Tokenizer(pair[0].backend_tokenizer, pair[0].special_tokens_map, {
+        "default": "{% generation %}{{ messages[0]['content'] | tojson }}{% endgeneration %}",
+        "tool_use": "{% for t in tools %}{{ t['name'] }}{% break %}{% endfor %}",
+        "strict": "{{ raise_exception('no system messages') }}",
+        "escape": "{% set ns = namespace(_secret=1) %}"})
+    # tojson leaves non-ASCII and HTML characters alone, as transformers' does; tools pick tool_use
+    assert ours.apply_chat_template([{"role": "user", "content": "<é>", "name": None}], tokenize=False) == '"<é>"'
+    assert ours.apply_chat_template([], tools=[{"name": "f"}, {"name": "g"}], tokenize=False) == "f"
+    ours.chat_template = ours.chat_template["strict"]
+    with pytest.raises(jinja2.TemplateError, match="no system messages"):
+        ours.apply_chat_template(CHATS[0])
+    ours.chat_template = "{% set ns = namespace(_secret=1) %}"
+    with pytest.raises(jinja2.exceptions.SecurityError, match="_secret"):
+        ours.apply_chat_template(CHATS[0])
+    ours.chat_template = None
+    with pytest.raises(ValueError, match="no chat template"):
+        ours.apply_chat_template(CHATS[0])
+    with pytest.raises(ValueError, match="several chat templates"):
+        Tokenizer(ours.backend_tokenizer, {}, {"a": "x", "b": "y"}).apply_chat_template(CHATS[0])
+
+
+def test_a_cached_tokenizer_loads_without_transformers():
+    """The point of it: a GGUF whose tokenizer is cached loads without importing transformers (its
+    import and tokenizer were 1.6 s of a 2.4 s load)."""
+    path = default_model_path()
+    read_tokenizer(path)  # converted and cached, where no test has yet
+    script = ("import json, sys; from runtime import Engine; engine = Engine.from_pretrained(); "
+              "print(json.dumps([engine.encode(%r), 'transformers' in sys.modules]))" % CHATS[0])
+    ids, imported = json.loads(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                              check=True).stdout)
+    expected = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).apply_chat_template(
+        CHATS[0], add_generation_prompt=True, tokenize=False)
+    assert ids == read_tokenizer(path).encode(expected, add_special_tokens=False) and not imported
