@@ -11,7 +11,7 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from ..cache import cache_dir
 from . import Contents
-from ..kernels.block_formats import block_format, to_blocks, widened_slices
+from ..kernels.block_formats import block_format, to_blocks, widened
 from ..kernels.block_linear import GROUP, runs_as_stored
 from .gguf_file import GGUFFile, TensorInfo
 from .tokenizer import Tokenizer
@@ -177,12 +177,8 @@ def _fuse_blocks(tensors: dict) -> None:
 
 
 def _widened(info: TensorInfo) -> torch.Tensor:
-    """The tensor in float32, widened a slice of rows at a time."""
-    out = torch.empty(info.shape, dtype=torch.float32)
-    rows = out.view(-1, info.shape[-1])
-    for first, part in widened_slices(info.data, info.type, info.shape[-1]):
-        rows[first:first + len(part)] = part
-    return out
+    """The tensor in float32."""
+    return widened(info.data, info.type, info.shape[-1]).view(info.shape)
 
 
 def _unpermute(weight: torch.Tensor, heads: int) -> torch.Tensor:

@@ -121,13 +121,28 @@ class GGUFFile:
         self._at += length
         return text.decode("utf-8", errors="replace")
 
+    def _strings(self, count: int) -> list[str]:
+        """An array of strings (a vocabulary's 49k tokens and 48k merges): _string's steps inlined,
+        twice as fast, where they were most of reading a header."""
+        data, at, strings = self._map, self._at, []
+        length_at = struct.Struct("<Q").unpack_from
+        for _ in range(count):
+            (length,) = length_at(data, at)
+            at += 8
+            if at + length > len(data):
+                raise struct.error("short string")
+            strings.append(data[at:at + length].decode("utf-8", errors="replace"))
+            at += length
+        self._at = at
+        return strings
+
     def _value(self, kind: int):
         if kind == STRING:
             return self._string()
         if kind == ARRAY:
             item, count = self._unpack("<IQ")
             if item == STRING:
-                return [self._string() for _ in range(count)]
+                return self._strings(count)
             if item in SCALARS:  # numeric arrays (token scores, types) in one read
                 dtype = np.dtype("<" + SCALARS[item])
                 values = np.frombuffer(self._map, dtype=dtype, count=count, offset=self._at).copy()

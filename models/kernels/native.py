@@ -36,6 +36,7 @@ DISABLE = "LOOM_DISABLE_KERNELS"
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None | bool = False  # False: not tried yet; None: unavailable
+_build_name: str | None = None  # the loaded build's file name, which names its sources, flags and processor
 
 
 def library() -> ctypes.CDLL | None:
@@ -46,6 +47,12 @@ def library() -> ctypes.CDLL | None:
             if _library is False:
                 _library = _load()
     return _library
+
+
+def build_name() -> str | None:
+    """The loaded build's name (one per set of sources, flags and processor), None without one: a key
+    for what is measured on this machine with these kernels."""
+    return _build_name if library() is not None else None
 
 
 def supports(device: torch.device, dtype: torch.dtype, cache_dtype: torch.dtype | None = None) -> bool:
@@ -85,7 +92,10 @@ def _load() -> ctypes.CDLL | None:
     try:
         if not path.exists():
             _build(compiler, path)
-        return ctypes.CDLL(str(path))
+        loaded = ctypes.CDLL(str(path))
+        global _build_name
+        _build_name = path.stem
+        return loaded
     except (OSError, subprocess.CalledProcessError) as e:
         detail = getattr(e, "stderr", None) or e
         warnings.warn(f"building Loom's CPU kernels failed, so they fall back to slower torch paths: {detail}",

@@ -148,12 +148,24 @@ def test_each_model_keeps_its_own_panel_threshold(monkeypatch):
 
     from ..conftest import tiny_model
     measured = iter([4, 7])
-    monkeypatch.setattr(cpu_linear, "measure_panel_rows", lambda weights: next(measured))
+    monkeypatch.setattr(cpu_linear, "remembered_panel_rows", lambda weights: next(measured))
     first = models.load(tiny_model("llama"), dtype=torch.float32).model
     second = models.load(tiny_model("llama"), dtype=torch.float32).model
     for model, rows in ((first, 4), (second, 7)):
         assert {m.panel_rows for m in model.modules() if isinstance(m, cpu_linear.CpuLinear)} == {rows}
         assert model.decoder_layers.panel_rows == rows
+
+
+@needs_kernel
+def test_a_panel_threshold_is_measured_once_per_set_of_shapes(monkeypatch, tmp_path):
+    """The measurement (a second of a load) is remembered in the cache directory, per build of the
+    kernels, thread count and weight shapes: a model of other shapes measures its own."""
+    measured = []
+    monkeypatch.setattr(cpu_linear, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(cpu_linear, "measure_panel_rows", lambda weights: measured.append(weights) or 3 + len(measured))
+    small, large = [torch.zeros(8, 16)], [torch.zeros(8, 16), torch.zeros(16, 8)]
+    assert [cpu_linear.remembered_panel_rows(w) for w in (small, small, large, small, large)] == [4, 4, 5, 4, 5]
+    assert measured == [small, large] and len(list((tmp_path / "panel_rows").iterdir())) == 2
 
 
 @needs_kernel
