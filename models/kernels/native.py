@@ -33,6 +33,9 @@ DTYPES = {torch.float32: "f32", torch.float64: "f64"}  # the kernels' element ty
 # end in _f32_kv_f16 or _f32_kv_bf16.
 CACHE_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 DISABLE = "LOOM_DISABLE_KERNELS"
+# The build's -march, "native" unless set: e.g. x86-64-v3 builds the AVX2 kernels on an AVX-512
+# machine (to measure what an AVX2 machine runs; the build's name differs, so both stay cached).
+MARCH = "LOOM_KERNEL_MARCH"
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None | bool = False  # False: not tried yet; None: unavailable
@@ -86,12 +89,13 @@ def _load() -> ctypes.CDLL | None:
         warnings.warn("no C++ compiler found (set CXX): Loom's CPU kernels fall back to slower torch paths",
                       stacklevel=3)
         return None
+    flags = [f"-march={os.environ[MARCH]}" if f == "-march=native" and os.environ.get(MARCH) else f for f in FLAGS]
     key = hashlib.sha256(b"\0".join([*(source.read_bytes() for source in SOURCES + HEADERS), compiler.encode(),
-                                     " ".join(FLAGS).encode(), platform.machine().encode(), _cpu_flags()]))
+                                     " ".join(flags).encode(), platform.machine().encode(), _cpu_flags()]))
     path = cache_dir() / "kernels" / f"loom-{key.hexdigest()[:16]}.so"
     try:
         if not path.exists():
-            _build(compiler, path)
+            _build(compiler, flags, path)
         loaded = ctypes.CDLL(str(path))
         global _build_name
         _build_name = path.stem
@@ -103,14 +107,14 @@ def _load() -> ctypes.CDLL | None:
         return None
 
 
-def _build(compiler: str, path: Path) -> None:
+def _build(compiler: str, flags: list[str], path: Path) -> None:
     """Compile to a temporary name in the cache, then rename: processes building at the same
     time each write their own file, and whichever lands last is complete."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
     os.close(fd)
     try:
-        subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", tmp], check=True, capture_output=True, text=True)
+        subprocess.run([compiler, *flags, *map(str, SOURCES), "-o", tmp], check=True, capture_output=True, text=True)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -402,9 +402,11 @@ def _has_avx2() -> bool:
 def test_an_avx2_build_computes_the_same_products(monkeypatch):
     """The kernels as a machine without AVX-512 builds them (-march=x86-64-v3: a block at a time,
     AVX2's byte products), whatever this machine has: every format's product against float64."""
-    monkeypatch.setattr(native, "FLAGS", ["-march=x86-64-v3" if f == "-march=native" else f for f in native.FLAGS])
-    monkeypatch.setattr(native, "_library", False)  # built and loaded anew; the old one comes back after
-    assert native.library() is not None
+    native_build = native.build_name()
+    monkeypatch.setenv(native.MARCH, "x86-64-v3")
+    for loaded in ("_library", "_build_name"):  # built and loaded anew; the old one comes back after
+        monkeypatch.setattr(native, loaded, False if loaded == "_library" else None)
+    assert native.library() is not None and native.build_name() not in (None, native_build)
     for kind in NATIVE + [Q.Q4_0, Q.Q5_1, Q.Q8_0] + FLOATS:
         data = random_tensor(kind, rows=40, width=512, seed=3)
         layer = BlockLinear.of_blocks(to_blocks(data, kind, 512), 512)
