@@ -83,7 +83,8 @@ class Tokenizer:
         return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        return self.backend_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        """The text of ``ids`` (ints, or a tensor or array of them)."""
+        return self.backend_tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def convert_tokens_to_ids(self, token: str) -> int | None:
         return self.backend_tokenizer.token_to_id(token)

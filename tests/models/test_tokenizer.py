@@ -7,6 +7,7 @@ import sys
 
 import jinja2
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from models.checkpoints.gguf import default_model_path, read_tokenizer
@@ -69,6 +70,7 @@ def test_encodes_and_decodes_as_transformers(pair, special):
         assert ours(text, add_special_tokens=special)["input_ids"] == ids
         for skip in (False, True):
             assert ours.decode(ids, skip_special_tokens=skip) == theirs.decode(ids, skip_special_tokens=skip), text
+        assert ours.decode(torch.tensor(ids, dtype=torch.long)) == ours.decode(ids)
 
 
 def test_chat_prompts_as_transformers(pair):
