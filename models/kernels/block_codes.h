@@ -54,6 +54,7 @@ typedef int8_t EightSigned __attribute__((vector_size(8)));
 typedef int8_t SixteenSigned __attribute__((vector_size(16)));
 typedef uint32_t FourWords __attribute__((vector_size(16)));
 typedef int32_t Sums __attribute__((vector_size(32)));
+typedef int16_t Shorts __attribute__((vector_size(32)));  // one per two bytes of a block
 typedef float Lanes __attribute__((vector_size(32)));  // one lane per four bytes of a block
 // Two blocks side by side: with AVX-512 the products take a pair at a time, one 512-bit instruction
 // (block_weights.h's pair_rows). Elsewhere they take a block at a time: GCC's code for these types
@@ -130,6 +131,21 @@ inline PairSums dot_scaled(PairSums sums, PairBytes u, PairSigned s, PairShorts 
 #endif
 #else
     for (int l = 0; l < 16; ++l)
+        for (int k = 0; k < 2; ++k) {
+            const int b = 4 * l + 2 * k;
+            sums[l] += (int32_t(u[b]) * s[b] + int32_t(u[b + 1]) * s[b + 1]) * scales[2 * l + k];
+        }
+    return sums;
+#endif
+}
+
+// dot_scaled for one block (the products a block at a time, builds without AVX-512: AVX2's maddubs
+// and madd, as llama.cpp's AVX2 K-quant products).
+inline Sums dot_scaled(Sums sums, Bytes u, SignedBytes s, Shorts scales) {
+#if defined(__AVX2__)
+    return sums + (Sums)_mm256_madd_epi16(_mm256_maddubs_epi16((__m256i)u, (__m256i)s), (__m256i)scales);
+#else
+    for (int l = 0; l < 8; ++l)
         for (int k = 0; k < 2; ++k) {
             const int b = 4 * l + 2 * k;
             sums[l] += (int32_t(u[b]) * s[b] + int32_t(u[b + 1]) * s[b + 1]) * scales[2 * l + k];
@@ -475,6 +491,9 @@ struct KQuantWithMins {
         }
         template <int P>
         PairLanes pair_scales() const { return spread<first(P), second(P)>(scale); }
+        // sub-block J's scale across its sixteen twos of bytes
+        template <int J>
+        Shorts block_int_scales() const { return Shorts{} + sc[J]; }
         // the pair's two sub-block scales, each across its block's sixteen twos of bytes
         template <int P>
         PairShorts pair_int_scales() const {
@@ -501,6 +520,19 @@ inline PairShorts pair_group_scales(PairShorts groups) {
     return __builtin_shufflevector(groups, groups, g, g, g, g, g, g, g, g, h, h, h, h, h, h, h, h, i, i, i, i, i, i, i,
                                    i, j, j, j, j, j, j, j, j);
 }
+// and block J's (groups 2 J and 2 J + 1) across its sixteen twos of bytes, eight each, from the
+// sixteen scales as bytes (a shuffle and a widening: taken from the 64-byte ``groups``, which builds
+// without AVX-512 keep in memory, a one-row Q6_K product on AVX2 ran at 18 GB/s against 26);
+template <int J>
+inline Shorts block_group_scales(SixteenSigned bytes) {
+    constexpr int g = 2 * J, h = g + 1;
+    const SixteenSigned spread = __builtin_shufflevector(bytes, bytes, g, g, g, g, g, g, g, g, h, h, h, h, h, h, h, h);
+#if defined(__AVX2__)
+    return (Shorts)_mm256_cvtepi8_epi16((__m128i)spread);
+#else
+    return __builtin_convertvector(spread, Shorts);
+#endif
+}
 // and block j's float scales (in sc[g / 8][g % 8]) across its lanes: lanes 0-3 sum values 0-15
 // (group 2 j), lanes 4-7 values 16-31 (2 j + 1).
 inline Lanes block_group_scales(const Lanes* sc, int j) {
@@ -520,12 +552,14 @@ struct Q6K {
         const uint8_t *ql, *qh;
         Lanes sc[2];  // group g's scale (d sc_g) in sc[g / 8][g % 8]
         PairShorts groups;  // group g's sc_g in lane g (a whole vector, as Q4K's sc)
+        SixteenSigned group_bytes;  // the same as bytes (the products a block at a time)
         float d;
         Super() = default;
         Super(const uint8_t* row, int64_t, int64_t s) {
             const uint8_t* block = row + s * BYTES;
             ql = block;
             qh = block + 128;
+            group_bytes = load<SixteenSigned>(block + 192);
             d = half_to_float(block + 208);
             sc[0] = widen_eight(load<EightSigned>(block + 192)) * d;
             sc[1] = widen_eight(load<EightSigned>(block + 200)) * d;
@@ -563,6 +597,8 @@ struct Q6K {
         }
         template <int P>
         PairShorts pair_int_scales() const { return pair_group_scales<P>(groups); }
+        template <int J>
+        Shorts block_int_scales() const { return block_group_scales<J>(group_bytes); }
         Lanes scales(int j) const { return block_group_scales(sc, j); }
         Lanes offset(const float*, const float* halves) const {
             return group_offsets(sc, halves) * -32.0f;
@@ -597,6 +633,7 @@ struct KQuantTwoBit {
         Lanes sc[2];  // group g's float scale in sc[g / 8][g % 8]: d sc_g (Q3_K: d (sc_g - 32))
         Lanes low[2];  // Q2_K: group g's minimum dmin m_g, as sc
         PairShorts groups;  // group g's integer scale in lane g (a whole vector, as Q4K's sc)
+        SixteenSigned group_bytes;  // the same as bytes (the products a block at a time)
         float d;
         Super() = default;
         Super(const uint8_t* row, int64_t, int64_t s) {
@@ -629,6 +666,7 @@ struct KQuantTwoBit {
                 low[0] = widen_eight(low_eight(mins)) * dmin;
                 low[1] = widen_eight(high_eight(mins)) * dmin;
             }
+            group_bytes = scales;
             if constexpr (THIRD || !PAIRS) {  // the products' float scales (Q2_K's pairs take integers alone)
                 sc[0] = widen_eight(low_eight(scales)) * d;
                 sc[1] = widen_eight(high_eight(scales)) * d;
@@ -672,6 +710,8 @@ struct KQuantTwoBit {
         }
         template <int P>
         PairShorts pair_int_scales() const { return pair_group_scales<P>(groups); }
+        template <int J>
+        Shorts block_int_scales() const { return block_group_scales<J>(group_bytes); }
         Lanes scales(int j) const { return block_group_scales(sc, j); }
         // Q3_K: each code less 4; Q2_K: each group's minimum
         Lanes offset(const float*, const float* halves) const {

@@ -228,24 +228,46 @@ inline void int8_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
             typename F::Super supers_of[SIDE];
             for (int i = 0; i < SIDE; ++i) supers_of[i] = typename F::Super(rows[i], w.in, s);
             fetch_lines(ahead + SIDE * s * share, SIDE * share);
-            for_each_index<BLOCKS>([&](auto block) {  // j a constant: Q6_K's shifts by it are too
-                constexpr int j = decltype(block)::value;
-                const int64_t b = s * BLOCKS + j;
-                Bytes codes[SIDE];
-                Lanes scales[SIDE];
-                for (int i = 0; i < SIDE; ++i) {
-                    codes[i] = supers_of[i].codes(j);
-                    scales[i] = supers_of[i].scales(j);
-                }
-                for (int m = 0; m < ROWS; ++m) {
-                    const SignedBytes xq = load<SignedBytes>(input_codes<F>(x, row0 + m, s, j));
-                    const float dx = x.row_scales(row0 + m)[b];
+            if constexpr (F::ROUNDING == F::VALUES && F::VALUES > GROUP) {  // K-quants: integer sums, as pair_rows
+                Sums sums[SIDE][ROWS] = {};
+                for_each_index<BLOCKS>([&](auto block) {  // j a constant: Q6_K's shifts by it are too
+                    constexpr int j = decltype(block)::value;
+                    Bytes codes[SIDE];
+                    Shorts scales[SIDE];
                     for (int i = 0; i < SIDE; ++i) {
-                        const Sums sums = dot_bytes(codes[i], supers_of[i].signed_x(j, xq));
-                        acc[i][m] += __builtin_convertvector(sums, Lanes) * (scales[i] * dx);
+                        codes[i] = supers_of[i].codes(j);
+                        scales[i] = supers_of[i].template block_int_scales<j>();
                     }
+                    for (int m = 0; m < ROWS; ++m) {
+                        const SignedBytes xq = load<SignedBytes>(input_codes<F>(x, row0 + m, s, j));
+                        for (int i = 0; i < SIDE; ++i) sums[i][m] = dot_scaled(sums[i][m], codes[i], xq, scales[i]);
+                    }
+                });
+                for (int m = 0; m < ROWS; ++m) {
+                    const float dx = x.row_scales(row0 + m)[s * BLOCKS];
+                    for (int i = 0; i < SIDE; ++i)
+                        acc[i][m] += __builtin_convertvector(sums[i][m], Lanes) * (supers_of[i].d * dx);
                 }
-            });
+            } else {
+                for_each_index<BLOCKS>([&](auto block) {
+                    constexpr int j = decltype(block)::value;
+                    const int64_t b = s * BLOCKS + j;
+                    Bytes codes[SIDE];
+                    Lanes scales[SIDE];
+                    for (int i = 0; i < SIDE; ++i) {
+                        codes[i] = supers_of[i].codes(j);
+                        scales[i] = supers_of[i].scales(j);
+                    }
+                    for (int m = 0; m < ROWS; ++m) {
+                        const SignedBytes xq = load<SignedBytes>(input_codes<F>(x, row0 + m, s, j));
+                        const float dx = x.row_scales(row0 + m)[b];
+                        for (int i = 0; i < SIDE; ++i) {
+                            const Sums sums = dot_bytes(codes[i], supers_of[i].signed_x(j, xq));
+                            acc[i][m] += __builtin_convertvector(sums, Lanes) * (scales[i] * dx);
+                        }
+                    }
+                });
+            }
             for (int m = 0; m < ROWS; ++m)
                 for (int i = 0; i < SIDE; ++i)
                     acc[i][m] += supers_of[i].offset(x.row_sums(row0 + m) + s * BLOCKS,
