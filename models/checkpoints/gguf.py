@@ -4,6 +4,8 @@ names (undoing the converter's Q/K rotary permutation), and the tokenizer from t
 from __future__ import annotations
 
 import importlib.util
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -193,13 +195,25 @@ def read_tokenizer(path: Path) -> Tokenizer:
     the user's cache directory, from which later loads read it without transformers (0.1 s)."""
     stat = path.stat()
     cached = cache_dir() / "tokenizers" / f"{path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
-    if (cached / "tokenizer_config.json").is_file() and (cached / "tokenizer.json").is_file():
+    complete = lambda: (cached / "tokenizer_config.json").is_file() and (cached / "tokenizer.json").is_file()
+    if complete():
         return Tokenizer.from_directory(cached)
     from transformers import AutoTokenizer
 
     converted = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    # Written aside and renamed whole: replicas starting together each convert, and one lands.
     try:
-        converted.save_pretrained(cached)
-    except OSError:
-        pass  # a read-only home only costs the conversion again next time
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        written = Path(tempfile.mkdtemp(dir=cached.parent))
+    except OSError:  # a read-only home only costs the conversion again next time
+        return Tokenizer.from_transformers(converted)
+    try:
+        converted.save_pretrained(written)
+        if cached.exists() and not complete():  # a partial one an older Loom wrote in place
+            shutil.rmtree(cached, ignore_errors=True)
+        written.rename(cached)
+    except OSError:  # another process's landed first, or the disk is full
+        pass
+    finally:
+        shutil.rmtree(written, ignore_errors=True)  # (gone once renamed)
     return Tokenizer.from_transformers(converted)

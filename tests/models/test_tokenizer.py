@@ -135,3 +135,16 @@ def test_a_cached_tokenizer_loads_without_transformers():
     expected = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).apply_chat_template(
         CHATS[0], add_generation_prompt=True, tokenize=False)
     assert ids == read_tokenizer(path).encode(expected, add_special_tokens=False) and not imported
+
+
+def test_a_partial_cache_is_replaced_and_nothing_is_left_aside(tmp_path, monkeypatch):
+    """The converted files are written aside and renamed whole (replicas starting together each
+    convert); an entry missing a file, as one written in place and cut short, is converted again."""
+    monkeypatch.setenv("LOOM_CACHE", str(tmp_path / "cache"))
+    path = spm_gguf(tmp_path / "spm.gguf")
+    first = read_tokenizer(path)
+    (entry,) = (tmp_path / "cache" / "tokenizers").iterdir()
+    (entry / "tokenizer.json").unlink()
+    again = read_tokenizer(path)
+    assert [p.name for p in (tmp_path / "cache" / "tokenizers").iterdir()] == [entry.name]
+    assert (entry / "tokenizer.json").is_file() and again.encode(TEXTS[5]) == first.encode(TEXTS[5])
