@@ -209,6 +209,7 @@ def read_tokenizer(path: Path) -> Tokenizer:
         return Tokenizer.from_transformers(converted)
     try:
         converted.save_pretrained(written)
+        written.chmod(0o755)  # mkdtemp's is the owner's alone; a shared cache reads it as any other entry
         if cached.exists() and not complete():  # a partial one an older Loom wrote in place
             shutil.rmtree(cached, ignore_errors=True)
         written.rename(cached)

@@ -48,7 +48,7 @@ class Tokenizer:
         template = config.get("chat_template")
         if isinstance(template, list):  # named templates, saved as [{"name", "template"}]
             template = {entry["name"]: entry["template"] for entry in template}
-        if template is None and (directory / "chat_template.jinja").is_file():
+        if (directory / "chat_template.jinja").is_file():  # the file first, as transformers reads them
             template = (directory / "chat_template.jinja").read_text(encoding="utf-8")
         special = {role: _content(config[role]) for role in SPECIAL_TOKENS if config.get(role) is not None}
         return cls(Backend.from_file(str(directory / "tokenizer.json")), special, template)
@@ -83,27 +83,39 @@ class Tokenizer:
         return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        """The text of ``ids`` (ints, or a tensor or array of them)."""
-        return self.backend_tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+        """The text of ``ids`` (an int, ints, or a tensor or array of them)."""
+        ids = [int(ids)] if isinstance(ids, int) or getattr(ids, "ndim", 1) == 0 else [int(i) for i in ids]
+        return self.backend_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def convert_tokens_to_ids(self, token: str) -> int | None:
         return self.backend_tokenizer.token_to_id(token)
 
-    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None,
-                            add_generation_prompt: bool = False, tokenize: bool = True, **variables):
-        """The messages rendered by the chat template (with ``tools`` and any further template
-        ``variables``), tokenized without adding special tokens unless ``tokenize`` is False."""
-        # As transformers does: keys whose value is None are dropped (OpenAI's content=None beside tool_calls)
-        messages = [{key: value for key, value in message.items() if value is not None} for message in messages]
-        text = self._template(tools).render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                            **{**self.special_tokens_map, **variables})
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None, documents: list[dict] | None = None,
+                            add_generation_prompt: bool = False, tokenize: bool = True, chat_template: str | None = None,
+                            **variables):
+        """The messages rendered by the chat template (``chat_template``: a named one, or a template
+        of the caller's; with ``tools``, ``documents`` and any further template ``variables``), tokenized
+        without adding special tokens unless ``tokenize`` is False. transformers' options past these
+        (continue_final_message, return_dict, ...) are refused, not rendered as variables."""
+        unsupported = sorted(UNSUPPORTED_OPTIONS & variables.keys())
+        if unsupported:
+            raise TypeError(f"apply_chat_template does not take {', '.join(unsupported)} here (Loom's tokenizer); "
+                            "render with tokenize=False and tokenize the text instead")
+        messages = [_as_transformers_renders(message) for message in messages]
+        text = self._template(tools, chat_template).render(
+            messages=messages, tools=tools, documents=documents, add_generation_prompt=add_generation_prompt,
+            **{**self.special_tokens_map, **variables})
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
-    def _template(self, tools) -> jinja2.Template:
+    def _template(self, tools, chosen: str | None) -> jinja2.Template:
         template = self.chat_template
-        if template is None:
+        if isinstance(template, dict) and chosen in template:
+            template = template[chosen]
+        elif chosen is not None:
+            template = chosen
+        elif template is None:
             raise ValueError("this tokenizer has no chat template")
-        if isinstance(template, dict):  # the tool-use template where tools are given, as transformers picks
+        elif isinstance(template, dict):  # the tool-use template where tools are given, as transformers picks
             name = "tool_use" if tools is not None and "tool_use" in template else "default"
             if name not in template:
                 raise ValueError(f"this tokenizer has several chat templates ({sorted(template)}) and no default")
@@ -119,6 +131,21 @@ class Tokenizer:
             token = self.special_tokens_map.get(role)
             return token if role == name or token is None else self.backend_tokenizer.token_to_id(token)
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+
+# apply_chat_template's options in transformers that Loom's tokenizer does not implement
+UNSUPPORTED_OPTIONS = frozenset({"continue_final_message", "return_dict", "return_tensors", "return_assistant_tokens_mask",
+                                 "padding", "truncation", "max_length", "tokenizer_kwargs", "sanitize_control_tokens"})
+# A message's reasoning under the names templates read it by (the first the standard one)
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _as_transformers_renders(message: dict) -> dict:
+    """A message as transformers hands it to a template: keys whose value is None dropped (OpenAI's
+    content=None beside tool_calls), its reasoning under reasoning_content and thinking too."""
+    message = {key: value for key, value in message.items() if value is not None}
+    reasoning = next((message[key] for key in REASONING_FIELDS if key in message), None)
+    return message if reasoning is None else {"thinking": reasoning, **message, "reasoning_content": reasoning}
 
 
 def _content(token) -> str:

@@ -53,7 +53,7 @@ def widened(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
     time: by the kernels' own widening where they are built (the same float32 values as gguf-py's,
     5-10x faster: it was most of a float32 load of the default model), else by gguf-py's, whose
     temporaries are several times its input, hence the slices."""
-    out = torch.empty(data.shape[0], width)
+    out = torch.empty(data.shape[0], width, dtype=torch.float32)
     step = max(1, WIDENED_VALUES // width)
     for first in range(0, data.shape[0], step):
         rows, into = data[first:first + step], out[first:first + step]

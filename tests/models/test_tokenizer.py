@@ -101,6 +101,21 @@ def test_saved_files_read_back_by_both(pair, tmp_path):
     assert again.apply_chat_template(CHATS[1], tokenize=False) == theirs.apply_chat_template(CHATS[1], tokenize=False)
 
 
+def test_template_variables_as_transformers_passes_them(pair):
+    """A caller's template, documents (None when not given), and a message's reasoning under the
+    names templates read it by: rendered as transformers renders them; its other options refused."""
+    ours, theirs = pair
+    template = ("{% for m in messages %}[{{ m['role'] }}|{{ m.get('reasoning_content', '') }}|{{ m.get('thinking', '') }}]"
+                "{% endfor %}{% if documents is not none %}{{ documents | tojson }}{% endif %}")
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x", "reasoning": "thought"}]
+    for extra in ({}, {"documents": [{"title": "a", "text": "b"}]}):
+        assert (ours.apply_chat_template(chat, chat_template=template, tokenize=False, **extra)
+                == theirs.apply_chat_template(chat, chat_template=template, tokenize=False, **extra))
+    with pytest.raises(TypeError, match="continue_final_message"):
+        ours.apply_chat_template(chat, continue_final_message=True)
+    assert ours.decode(ids := ours.encode("hello")[0]) == ours.decode([ids])
+
+
 def test_template_features_and_errors(pair):
     ours = Tokenizer(pair[0].backend_tokenizer, pair[0].special_tokens_map, {
         "default": "{% generation %}{{ messages[0]['content'] | tojson }}{% endgeneration %}",
