@@ -1,4 +1,5 @@
-"""Where Loom keeps what it makes once per machine: the built kernels and converted tokenizers."""
+"""Where Loom keeps what it makes once per machine: the built kernels, converted tokenizers and
+measured panel thresholds."""
 
 from __future__ import annotations
 
