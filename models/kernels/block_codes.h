@@ -118,6 +118,18 @@ inline PairSums dot_pairs(PairBytes u, PairSigned s) {
 #endif
 }
 
+// dot_scaled's arithmetic a lane at a time, for a block's sums or a pair's (builds without the
+// instructions).
+template <typename S, typename U, typename V, typename W>
+inline S scaled_sums(S sums, U u, V s, W scales) {
+    for (int l = 0; l < int(sizeof(S) / sizeof(int32_t)); ++l)
+        for (int k = 0; k < 2; ++k) {
+            const int b = 4 * l + 2 * k;
+            sums[l] += (int32_t(u[b]) * s[b] + int32_t(u[b + 1]) * s[b + 1]) * scales[2 * l + k];
+        }
+    return sums;
+}
+
 // sums + the pair's products u s (u unsigned, s signed) in adjacent twos, each two times its
 // ``scales`` lane, summed in adjacent twos again: lane l of the result adds bytes [4 l, 4 l + 4)'s
 // products, those of bytes 4 l, 4 l + 1 times scale 2 l and 4 l + 2, 4 l + 3 times scale 2 l + 1.
@@ -130,12 +142,7 @@ inline PairSums dot_scaled(PairSums sums, PairBytes u, PairSigned s, PairShorts 
     return sums + (PairSums)_mm512_madd_epi16(pairs, (__m512i)scales);
 #endif
 #else
-    for (int l = 0; l < 16; ++l)
-        for (int k = 0; k < 2; ++k) {
-            const int b = 4 * l + 2 * k;
-            sums[l] += (int32_t(u[b]) * s[b] + int32_t(u[b + 1]) * s[b + 1]) * scales[2 * l + k];
-        }
-    return sums;
+    return scaled_sums(sums, u, s, scales);
 #endif
 }
 
@@ -145,12 +152,7 @@ inline Sums dot_scaled(Sums sums, Bytes u, SignedBytes s, Shorts scales) {
 #if defined(__AVX2__)
     return sums + (Sums)_mm256_madd_epi16(_mm256_maddubs_epi16((__m256i)u, (__m256i)s), (__m256i)scales);
 #else
-    for (int l = 0; l < 8; ++l)
-        for (int k = 0; k < 2; ++k) {
-            const int b = 4 * l + 2 * k;
-            sums[l] += (int32_t(u[b]) * s[b] + int32_t(u[b + 1]) * s[b + 1]) * scales[2 * l + k];
-        }
-    return sums;
+    return scaled_sums(sums, u, s, scales);
 #endif
 }
 
@@ -533,6 +535,17 @@ inline Shorts block_group_scales(SixteenSigned bytes) {
     return __builtin_convertvector(spread, Shorts);
 #endif
 }
+// and the sixteen scales as bytes in the low sixteen lanes of a pair's shorts (``groups``, which
+// only pair_rows, in builds with AVX-512, reads).
+inline PairShorts pair_group_shorts(SixteenSigned bytes) {
+#if defined(__AVX512F__)
+    return (PairShorts)_mm512_zextsi256_si512(_mm256_cvtepi8_epi16((__m128i)bytes));
+#else
+    PairShorts groups = {};
+    for (int g = 0; g < 16; ++g) groups[g] = bytes[g];
+    return groups;
+#endif
+}
 // and block j's float scales (in sc[g / 8][g % 8]) across its lanes: lanes 0-3 sum values 0-15
 // (group 2 j), lanes 4-7 values 16-31 (2 j + 1).
 inline Lanes block_group_scales(const Lanes* sc, int j) {
@@ -551,8 +564,8 @@ struct Q6K {
     struct Super : UnsignedCodes, ConsecutivePairs {
         const uint8_t *ql, *qh;
         Lanes sc[2];  // group g's scale (d sc_g) in sc[g / 8][g % 8]
-        PairShorts groups;  // group g's sc_g in lane g (a whole vector, as Q4K's sc)
-        SixteenSigned group_bytes;  // the same as bytes (the products a block at a time)
+        PairShorts groups;  // group g's sc_g in lane g, a whole vector as Q4K's sc (where PAIRS: pair_rows')
+        SixteenSigned group_bytes;  // the same in byte g
         float d;
         Super() = default;
         Super(const uint8_t* row, int64_t, int64_t s) {
@@ -563,13 +576,7 @@ struct Q6K {
             d = half_to_float(block + 208);
             sc[0] = widen_eight(load<EightSigned>(block + 192)) * d;
             sc[1] = widen_eight(load<EightSigned>(block + 200)) * d;
-#if defined(__AVX512F__)
-            groups = (PairShorts)_mm512_zextsi256_si512(
-                _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 192))));
-#else
-            groups = PairShorts{};
-            for (int g = 0; g < 16; ++g) groups[g] = int8_t(block[192 + g]);
-#endif
+            if constexpr (PAIRS) groups = pair_group_shorts(group_bytes);
         }
         // block j = 4 n + k of half n: values l of ql[64 n + 32 (k % 2) + l]'s low (k < 2) or high
         // nibble, and bits 2 k, 2 k + 1 of qh[32 n + l] above them
@@ -632,8 +639,8 @@ struct KQuantTwoBit {
         const uint8_t *qs, *hmask;
         Lanes sc[2];  // group g's float scale in sc[g / 8][g % 8]: d sc_g (Q3_K: d (sc_g - 32))
         Lanes low[2];  // Q2_K: group g's minimum dmin m_g, as sc
-        PairShorts groups;  // group g's integer scale in lane g (a whole vector, as Q4K's sc)
-        SixteenSigned group_bytes;  // the same as bytes (the products a block at a time)
+        PairShorts groups;  // group g's integer scale in lane g, a whole vector as Q4K's sc (where PAIRS: pair_rows')
+        SixteenSigned group_bytes;  // the same in byte g
         float d;
         Super() = default;
         Super(const uint8_t* row, int64_t, int64_t s) {
@@ -671,12 +678,7 @@ struct KQuantTwoBit {
                 sc[0] = widen_eight(low_eight(scales)) * d;
                 sc[1] = widen_eight(high_eight(scales)) * d;
             }
-#if defined(__AVX512F__)
-            groups = (PairShorts)_mm512_zextsi256_si512(_mm256_cvtepi8_epi16((__m128i)scales));
-#else
-            groups = PairShorts{};
-            for (int g = 0; g < 16; ++g) groups[g] = scales[g];
-#endif
+            if constexpr (PAIRS) groups = pair_group_shorts(group_bytes);
         }
         Bytes codes(int j) const {
             const Bytes q = (load<Bytes>(qs + 32 * (j / 4)) >> (2 * (j % 4))) & 3;
@@ -724,7 +726,7 @@ struct KQuantTwoBit {
                 const Bytes q = codes(j);
                 for (int i = 0; i < 32; ++i) {
                     const int g = 2 * j + i / 16;
-                    const float value = float(groups[g]) * d * (float(q[i]) - (THIRD ? 4.0f : 0.0f));
+                    const float value = float(group_bytes[g]) * d * (float(q[i]) - (THIRD ? 4.0f : 0.0f));
                     out[32 * j + i] = THIRD ? value : value - low[g / 8][g % 8];
                 }
             }

@@ -55,13 +55,13 @@ def widened(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
     temporaries are several times its input, hence the slices."""
     out = torch.empty(data.shape[0], width, dtype=torch.float32)
     step = max(1, WIDENED_VALUES // width)
+    widen = native.function("loom_block_widen", torch.float32, WIDEN_ARGTYPES) if native.library() else None
     for first in range(0, data.shape[0], step):
         rows, into = data[first:first + step], out[first:first + step]
         if kind in FLOATS:
             into.copy_(torch.from_numpy(rows).view(FLOATS[kind]))
-        elif native.library() is not None:
+        elif widen is not None:
             blocks = to_blocks(rows, kind, width).contiguous()
-            widen = native.function("loom_block_widen", torch.float32, WIDEN_ARGTYPES)
             widen(blocks.data_ptr(), block_format(kind), width, rows.shape[0], 0, rows.shape[0], into.data_ptr())
         else:
             from gguf.quants import dequantize
