@@ -52,35 +52,99 @@ inline void fetch_lines(const uint8_t* from, int64_t bytes) {
     for (int64_t line = 0; line < bytes; line += CACHE_LINE) __builtin_prefetch(from + line, 0, 2);
 }
 
+// Where block b of a super-block has its input codes in the rounded rows: F::input_slot(b) where the
+// format says (Q4_K: a pair's blocks side by side, for one 64-byte load), else b.
+template <typename F, typename = void>
+struct InputOrder {
+    static constexpr int slot(int b) { return b; }
+};
+template <typename F>
+struct InputOrder<F, std::void_t<decltype(F::input_slot(0))>> {
+    static constexpr int slot(int b) { return F::input_slot(b); }
+};
+
 // Input rows rounded to 8-bit blocks: each row's codes, and per block of 32 its scale dx and
 // dx times the sum of its codes, per half block the same sum over 16 (minimums and offsets meet
-// those sums: block_codes.h's offset).
+// those sums: block_codes.h's offset). Kept in records, a row's ``unit`` values each, which the
+// products take FEW_ROWS rows at a time from row 0 (block_rows): within such a group, a unit's
+// records lie row after row, [group][unit][row in group][the record's].
 struct RoundedRows {
-    int8_t* codes;  // [rows, in]
-    float *scales, *sums, *halves;  // [rows, in / 32], [rows, in / 32], [rows, in / 16]
-    // [rows, in / 4]: with a scale per 32 values, each block's scale eight times, so that a pair of
-    // blocks' scales load as one vector (pair_rows)
+    int8_t* codes;  // unit bytes a record
+    float *scales, *sums, *halves;  // unit / 32, unit / 32, unit / 16 a record
+    // unit / 4 a record: with a scale per 32 values, each block's scale eight times, so that a pair
+    // of blocks' scales load as one vector (pair_rows)
     float* spread;
-    int64_t in;
+    float* row_sums;  // [rows, in / 32], row after row: the sums F::row_offset meets a whole row at once
+    int64_t rows, in, unit;
 
     // ``scratch``: at least floats_for(rows, in) floats, from a cache line's start
-    RoundedRows(float* scratch, int64_t rows, int64_t in) : in(in) {
+    RoundedRows(float* scratch, int64_t rows, int64_t in, int64_t unit) : rows(rows), in(in), unit(unit) {
         const int64_t blocks = rows * in / GROUP;
         codes = reinterpret_cast<int8_t*>(scratch);
         scales = scratch + whole_lines<float>(rows * in / 4);
         sums = scales + whole_lines<float>(blocks);
-        halves = sums + whole_lines<float>(blocks);
+        row_sums = sums + whole_lines<float>(blocks);
+        halves = row_sums + whole_lines<float>(blocks);
         spread = halves + whole_lines<float>(rows * in / 16);
     }
     static int64_t floats_for(int64_t rows, int64_t in) {
-        return 2 * whole_lines<float>(rows * in / 4) + 2 * whole_lines<float>(rows * in / GROUP) +
+        return 2 * whole_lines<float>(rows * in / 4) + 3 * whole_lines<float>(rows * in / GROUP) +
                whole_lines<float>(rows * in / 16);
     }
-    const int8_t* row_codes(int64_t r) const { return codes + r * in; }
-    const float* row_scales(int64_t r) const { return scales + r * (in / GROUP); }
-    const float* row_sums(int64_t r) const { return sums + r * (in / GROUP); }
-    const float* row_halves(int64_t r) const { return halves + r * (in / 16); }
-    const float* row_spread(int64_t r) const { return spread + r * (in / 4); }
+    // The index of row ``row``'s record of unit ``u``, and back.
+    int64_t record(int64_t row, int64_t u) const {
+        const int64_t first = row - row % FEW_ROWS, group = std::min(FEW_ROWS, rows - first);
+        return first * (in / unit) + u * group + row % FEW_ROWS;
+    }
+    std::pair<int64_t, int64_t> row_and_unit(int64_t record) const {
+        const int64_t units = in / unit, first = record / (FEW_ROWS * units) * FEW_ROWS;  // the group's first row
+        const int64_t group = std::min(FEW_ROWS, rows - first), rest = record - first * units;
+        return {first + rest % group, rest / group};
+    }
+};
+
+// The records format F's products take: a K-quant's super-block, so that a product reaches its
+// rows' codes and scales of a super-block from one address, each row a constant past it (in whole
+// rows, the eight rows' codes took an index register each and their scales' and sums' addresses,
+// recomputed a super-block at a time, spilled the rest; 8192 x 2048, 64 rows, two Zen 5 threads:
+// Q6_K 114-118 -> 128, Q5_K 130-133 -> 133-137, Q3_K 116-120 -> 125, Q2_K 126-131 -> 137
+// Gvalue-rows/s, Q4_K level); for Loom's blocks a whole row (by pairs of blocks, their
+// weights read slower at eight rows: Q8_0 98 -> 72).
+template <typename F>
+constexpr bool units_of_super_blocks() { return F::ROUNDING == F::VALUES && F::VALUES > GROUP; }
+template <typename F>
+int64_t record_values(int64_t in) { return units_of_super_blocks<F>() ? F::VALUES : in; }
+
+// The rounded rows [row0, row0 + ROWS) of one of block_rows's groups, as format F's products read
+// them.
+template <typename F, int ROWS>
+struct RoundedGroup {
+    static constexpr int64_t BLOCKS = F::VALUES / GROUP;
+    const int8_t* codes_;
+    const float *scales_, *sums_, *halves_, *spread_, *row_sums_;
+    int64_t in;
+
+    RoundedGroup(const RoundedRows& x, int64_t row0) : in(x.in) {
+        const int64_t first = x.record(row0, 0) * (x.unit / GROUP);  // the group's first block in the records
+        codes_ = x.codes + first * GROUP;
+        scales_ = x.scales + first, sums_ = x.sums + first;
+        halves_ = x.halves + first * 2, spread_ = x.spread + first * 8;
+        row_sums_ = x.row_sums + row0 * (in / GROUP);
+    }
+    // The first block of row m's super-block s, in its arrays' blocks.
+    int64_t block(int m, int64_t s) const {
+        if constexpr (units_of_super_blocks<F>()) return (s * ROWS + m) * BLOCKS;
+        return m * (in / GROUP) + s * BLOCKS;
+    }
+    // row m's codes of block j of super-block s (where InputOrder puts them)
+    const int8_t* codes(int m, int64_t s, int j) const {
+        return codes_ + (block(m, s) + InputOrder<F>::slot(j)) * GROUP;
+    }
+    float scale(int m, int64_t s, int j = 0) const { return scales_[block(m, s) + j]; }
+    const float* sums(int m, int64_t s) const { return sums_ + block(m, s); }
+    const float* halves(int m, int64_t s) const { return halves_ + 2 * block(m, s); }
+    const float* spread(int m, int64_t s) const { return spread_ + 8 * block(m, s); }
+    const float* row_sums(int m) const { return row_sums_ + m * (in / GROUP); }
 };
 
 // Values [0, span) of x under one scale: the scale and the codes (round half to even, as
@@ -99,48 +163,38 @@ inline float round_span(const float* x, int64_t span, int8_t* codes, int32_t* si
     return d;
 }
 
-// Where block b of a super-block has its input codes in the rounded rows: F::input_slot(b) where the
-// format says (Q4_K: a pair's blocks side by side, for one 64-byte load), else b.
-template <typename F, typename = void>
-struct InputOrder {
-    static constexpr int slot(int b) { return b; }
-};
+// ``rows`` rows of x rounded into ``r`` (whose unit is F::VALUES) for products over format F:
+// F::ROUNDING values (32, or a K-quant's 256) under each scale, each block's codes where InputOrder
+// puts them. The region's threads share the spans in the records' order, so that each writes a
+// stretch of its own: in the rows' order, the threads of an eight-row product wrote the same lines
+// of scales and sums (8192 x 2048 Q8_0 at 8 rows ran at 72 Gvalue-rows/s, where the rows' order
+// had 98).
 template <typename F>
-struct InputOrder<F, std::void_t<decltype(F::input_slot(0))>> {
-    static constexpr int slot(int b) { return F::input_slot(b); }
-};
-
-// ``rows`` rows of x rounded into ``r`` for products over format F: F::ROUNDING values (32, or a
-// K-quant's 256) under each scale, each block's codes where InputOrder puts them, the spans shared
-// among the region's threads.
-template <typename F>
-inline void round_rows(const float* x, int64_t x_stride, int64_t rows, const RoundedRows& r) {
-    constexpr int64_t span = F::ROUNDING, blocks = span / GROUP;
-    const int64_t per_row = r.in / span;
+inline void round_rows(const float* x, int64_t x_stride, const RoundedRows& r) {
+    constexpr int64_t span = F::ROUNDING, blocks = span / GROUP, SUPER_BLOCKS = F::VALUES / GROUP;
+    static_assert(F::VALUES % span == 0, "a super-block holds whole spans");
+    const int64_t spans = r.unit / span, record_blocks = r.unit / GROUP;  // a record's
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < rows * per_row; ++i) {
-        const int64_t row = i / per_row, first = i * blocks;  // the span's first block in the rows' blocks
+    for (int64_t i = 0; i < r.rows * r.in / span; ++i) {
+        const int64_t at = i / spans, part = i % spans;  // the record, and the span in it
+        const auto [row, unit] = r.row_and_unit(at);
         int8_t codes[span];
         int32_t sixteens[span / 16];
-        const float d = round_span(x + row * x_stride + (i % per_row) * span, span, codes, sixteens);
-        int8_t* out = r.codes + row * r.in + (i % per_row) * span;
+        const float d = round_span(x + row * x_stride + unit * r.unit + part * span, span, codes, sixteens);
         for (int64_t b = 0; b < blocks; ++b) {
-            std::memcpy(out + InputOrder<F>::slot(int(b % (F::VALUES / GROUP))) * GROUP +
-                            b / (F::VALUES / GROUP) * F::VALUES, codes + b * GROUP, GROUP);
-            r.scales[first + b] = d;
-            r.sums[first + b] = d * float(sixteens[2 * b] + sixteens[2 * b + 1]);
-            r.halves[2 * (first + b)] = d * float(sixteens[2 * b]);
-            r.halves[2 * (first + b) + 1] = d * float(sixteens[2 * b + 1]);
+            const int64_t j = part * blocks + b, block = at * record_blocks + j;  // in the record, in the records
+            const int64_t slot = j / SUPER_BLOCKS * SUPER_BLOCKS + InputOrder<F>::slot(int(j % SUPER_BLOCKS));
+            std::memcpy(r.codes + (at * record_blocks + slot) * GROUP, codes + b * GROUP, GROUP);
+            const float sum = d * float(sixteens[2 * b] + sixteens[2 * b + 1]);
+            r.scales[block] = d;
+            r.sums[block] = sum;
+            r.row_sums[row * (r.in / GROUP) + unit * record_blocks + j] = sum;
+            r.halves[2 * block] = d * float(sixteens[2 * b]);
+            r.halves[2 * block + 1] = d * float(sixteens[2 * b + 1]);
             if constexpr (PAIRS && span == GROUP)  // only pair_rows reads them
-                for (int l = 0; l < 8; ++l) r.spread[8 * (first + b) + l] = d;
+                for (int l = 0; l < 8; ++l) r.spread[8 * block + l] = d;
         }
     }
-}
-
-// Input row ``row``'s codes of block ``j`` of super-block ``s``.
-template <typename F>
-inline const int8_t* input_codes(const RoundedRows& x, int64_t row, int64_t s, int j) {
-    return x.row_codes(row) + s * F::VALUES + InputOrder<F>::slot(j) * GROUP;
 }
 
 // ``rows`` rows of x as the floats their rounding (``span`` values a scale) stands for, into
@@ -214,7 +268,7 @@ inline int side_by_side(const BlockWeights& w, int64_t row, int64_t end, const u
 // once and met by every input row; a block's integer sums take its weight scales times the input
 // block's scale, and each super-block adds its minimums' term.
 template <typename F, int ROWS, int SIDE>
-inline void int8_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w, int64_t first, int64_t count,
+inline void int8_rows(const RoundedGroup<F, ROWS>& x, const BlockWeights& w, int64_t first, int64_t count,
                       float* y, int64_t y_stride) {
     constexpr int64_t BLOCKS = F::VALUES / GROUP;
     const int64_t supers = w.in / F::VALUES, share = w.stride / supers;  // a super-block's share of a row's bytes
@@ -239,19 +293,18 @@ inline void int8_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
                         scales[i] = supers_of[i].template block_int_scales<j>();
                     }
                     for (int m = 0; m < ROWS; ++m) {
-                        const SignedBytes xq = load<SignedBytes>(input_codes<F>(x, row0 + m, s, j));
+                        const SignedBytes xq = load<SignedBytes>(x.codes(m, s, j));
                         for (int i = 0; i < SIDE; ++i) sums[i][m] = dot_scaled(sums[i][m], codes[i], xq, scales[i]);
                     }
                 });
                 for (int m = 0; m < ROWS; ++m) {
-                    const float dx = x.row_scales(row0 + m)[s * BLOCKS];
+                    const float dx = x.scale(m, s);
                     for (int i = 0; i < SIDE; ++i)
                         acc[i][m] += __builtin_convertvector(sums[i][m], Lanes) * (supers_of[i].d * dx);
                 }
             } else {
                 for_each_index<BLOCKS>([&](auto block) {
                     constexpr int j = decltype(block)::value;
-                    const int64_t b = s * BLOCKS + j;
                     Bytes codes[SIDE];
                     Lanes scales[SIDE];
                     for (int i = 0; i < SIDE; ++i) {
@@ -259,8 +312,8 @@ inline void int8_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
                         scales[i] = supers_of[i].scales(j);
                     }
                     for (int m = 0; m < ROWS; ++m) {
-                        const SignedBytes xq = load<SignedBytes>(input_codes<F>(x, row0 + m, s, j));
-                        const float dx = x.row_scales(row0 + m)[b];
+                        const SignedBytes xq = load<SignedBytes>(x.codes(m, s, j));
+                        const float dx = x.scale(m, s, j);
                         for (int i = 0; i < SIDE; ++i) {
                             const Sums sums = dot_bytes(codes[i], supers_of[i].signed_x(j, xq));
                             acc[i][m] += __builtin_convertvector(sums, Lanes) * (scales[i] * dx);
@@ -270,8 +323,7 @@ inline void int8_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
             }
             for (int m = 0; m < ROWS; ++m)
                 for (int i = 0; i < SIDE; ++i)
-                    acc[i][m] += supers_of[i].offset(x.row_sums(row0 + m) + s * BLOCKS,
-                                                     x.row_halves(row0 + m) + 2 * s * BLOCKS);
+                    acc[i][m] += supers_of[i].offset(x.sums(m, s), x.halves(m, s));
         }
         for (int i = 0; i < side; ++i)
             for (int m = 0; m < ROWS; ++m) totals[m][r + i] = acc[i][m];
@@ -292,10 +344,10 @@ struct HasRowOffset<F, std::void_t<decltype(F::row_offset(nullptr, 0, nullptr))>
 // lie side by side (InputOrder puts them so for Q4_K, whose pairs are blocks 4c and 4c + 2: gathered
 // with an insert a row, its 8192 x 2048 products ran at 133 Gvalue-rows/s on 16 rows and 135 on 64
 // against 148 and 152 so, two Zen 5 threads), else gathered.
-template <typename F, int A, int B>
-inline PairSigned input_pair(const RoundedRows& x, int64_t row, int64_t s) {
-    if constexpr (InputOrder<F>::slot(B) == InputOrder<F>::slot(A) + 1) return load<PairSigned>(input_codes<F>(x, row, s, A));
-    return pair_of(load<SignedBytes>(input_codes<F>(x, row, s, A)), load<SignedBytes>(input_codes<F>(x, row, s, B)));
+template <int A, int B, typename F, int ROWS>
+inline PairSigned input_pair(const RoundedGroup<F, ROWS>& x, int m, int64_t s) {
+    if constexpr (InputOrder<F>::slot(B) == InputOrder<F>::slot(A) + 1) return load<PairSigned>(x.codes(m, s, A));
+    return pair_of(load<SignedBytes>(x.codes(m, s, A)), load<SignedBytes>(x.codes(m, s, B)));
 }
 
 // int8_rows two blocks at a time (rows of an even number of blocks): a pair's codes meet 64 bytes of
@@ -307,7 +359,7 @@ inline PairSigned input_pair(const RoundedRows& x, int64_t row, int64_t s) {
 // VNNI's dpwssd), and take floats once a super-block: where every pair was converted and scaled
 // in floats, a one-row Q4_K product ran at 30 Gvalues/s a core.
 template <typename F, int ROWS, int SIDE>
-inline void pair_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w, int64_t first, int64_t count,
+inline void pair_rows(const RoundedGroup<F, ROWS>& x, const BlockWeights& w, int64_t first, int64_t count,
                       float* y, int64_t y_stride) {
     constexpr int64_t BLOCKS = F::VALUES / GROUP;
     const int64_t supers = w.in / F::VALUES, share = w.stride / supers;  // a super-block's share of a row's bytes
@@ -333,12 +385,12 @@ inline void pair_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
                         scales[i] = supers_of[i].template pair_int_scales<P>();
                     }
                     for (int m = 0; m < ROWS; ++m) {
-                        const PairSigned xq = input_pair<F, A, B>(x, row0 + m, s);
+                        const PairSigned xq = input_pair<A, B>(x, m, s);
                         for (int i = 0; i < SIDE; ++i) sums[i][m] = dot_scaled(sums[i][m], codes[i], xq, scales[i]);
                     }
                 });
                 for (int m = 0; m < ROWS; ++m) {
-                    const float dx = x.row_scales(row0 + m)[s * BLOCKS];
+                    const float dx = x.scale(m, s);
                     for (int i = 0; i < SIDE; ++i)
                         acc[i][m] += __builtin_convertvector(sums[i][m], PairLanes) * (supers_of[i].d * dx);
                 }
@@ -353,9 +405,9 @@ inline void pair_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
                     }
                     static_assert(B == A + 1, "a pair's input scales lie side by side in RoundedRows::spread");
                     for (int m = 0; m < ROWS; ++m) {
-                        const PairSigned xq = input_pair<F, A, B>(x, row0 + m, s);
+                        const PairSigned xq = input_pair<A, B>(x, m, s);
                         // the input blocks' scales, each across its block's lanes
-                        const PairLanes xd = load<PairLanes>(x.row_spread(row0 + m) + 8 * (s * BLOCKS + A));
+                        const PairLanes xd = load<PairLanes>(x.spread(m, s) + 8 * A);
                         for (int i = 0; i < SIDE; ++i) {
                             const PairSums sums = dot_pairs(codes[i], supers_of[i].template pair_signed<P>(xq));
                             acc[i][m] += __builtin_convertvector(sums, PairLanes) * (scales[i] * xd);
@@ -365,13 +417,12 @@ inline void pair_rows(const RoundedRows& x, int64_t row0, const BlockWeights& w,
             }
             for (int m = 0; m < ROWS; ++m)
                 for (int i = 0; i < SIDE; ++i)
-                    offsets[i][m] += supers_of[i].offset(x.row_sums(row0 + m) + s * BLOCKS,
-                                                         x.row_halves(row0 + m) + 2 * s * BLOCKS);
+                    offsets[i][m] += supers_of[i].offset(x.sums(m, s), x.halves(m, s));
         }
         for (int i = 0; i < side; ++i)
             for (int m = 0; m < ROWS; ++m) {
                 totals[m][r + i] = acc[i][m] + pair_of(offsets[i][m], Lanes{});
-                if constexpr (HasRowOffset<F>::value) totals[m][r + i] += F::row_offset(rows[i], w.in, x.row_sums(row0 + m));
+                if constexpr (HasRowOffset<F>::value) totals[m][r + i] += F::row_offset(rows[i], w.in, x.row_sums(m));
             }
     }
     for (int m = 0; m < ROWS; ++m) store_lane_sums(totals[m], int(count), y + m * y_stride + first);
@@ -403,8 +454,8 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
     const int64_t in = w.in, out = w.out;
     if (rows == 0)  // (the output layer of a step none of whose rows is sampled): every thread of the
         return;     // team returns alike
-    const RoundedRows rounded(scratch, rows, in);
-    round_rows<F>(x, x_stride, rows, rounded);  // its barrier: every row is rounded before any product
+    const RoundedRows rounded(scratch, rows, in, record_values<F>(in));
+    round_rows<F>(x, x_stride, rounded);  // its barrier: every row is rounded before any product
     const int64_t outs = TASK_ROWS, tasks = (out + outs - 1) / outs;
     const int64_t chunk = std::max<int64_t>(1, tasks / (8 * omp_get_num_threads()));
 #pragma omp for schedule(dynamic, chunk)
@@ -418,9 +469,9 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
             with_few_rows(std::min(FEW_ROWS, rows - m), [&](auto group) {
                 float* ym = y + m * y_stride;
                 if constexpr (PAIRS && F::VALUES % (2 * GROUP) == 0)
-                    pair_rows<F, group, side_for<group>()>(rounded, m, w, o, count, ym, y_stride);
+                    pair_rows<F, group, side_for<group>()>(RoundedGroup<F, group>(rounded, m), w, o, count, ym, y_stride);
                 else
-                    int8_rows<F, group, side_for<group>()>(rounded, m, w, o, count, ym, y_stride);
+                    int8_rows<F, group, side_for<group>()>(RoundedGroup<F, group>(rounded, m), w, o, count, ym, y_stride);
             });
         add_bias(y + o, y_stride, rows, bias == nullptr ? nullptr : bias + o, count);
     }
