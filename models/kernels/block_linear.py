@@ -70,6 +70,14 @@ def rounding(format: int) -> int:
     return SUPER_BLOCKS[format][0] if format in SUPER_BLOCKS else GROUP
 
 
+def rounds_input_to_bfloat16() -> bool:
+    """Whether the kernels' products over bfloat16 weights (a GGUF file's BF16 tensors) round their
+    input to bfloat16, as llama.cpp's do: where the processor has AVX-512's bfloat16 dot products
+    (cpu_linear.h's bfloat16_linear_rows). Elsewhere they widen the weights and take the input as it is."""
+    library = native.library()
+    return library is not None and bool(library.loom_bfloat16_dots())
+
+
 def round_activations(x: torch.Tensor, span: int = GROUP) -> torch.Tensor:
     """x [..., in] as the values of its 8-bit rounding, which block products multiply: per ``span``
     values (rounding(format)) a scale d = max |x| / 127 and codes round(x / d), half to even

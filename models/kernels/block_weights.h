@@ -74,7 +74,6 @@ struct RoundedRows {
     // unit / 4 a record: with a scale per 32 values, each block's scale eight times, so that a pair
     // of blocks' scales load as one vector (pair_rows)
     float* spread;
-    float* row_sums;  // [rows, in / 32], row after row: the sums F::row_offset meets a whole row at once
     int64_t rows, in, unit;
 
     // ``scratch``: at least floats_for(rows, in) floats, from a cache line's start
@@ -83,12 +82,11 @@ struct RoundedRows {
         codes = reinterpret_cast<int8_t*>(scratch);
         scales = scratch + whole_lines<float>(rows * in / 4);
         sums = scales + whole_lines<float>(blocks);
-        row_sums = sums + whole_lines<float>(blocks);
-        halves = row_sums + whole_lines<float>(blocks);
+        halves = sums + whole_lines<float>(blocks);
         spread = halves + whole_lines<float>(rows * in / 16);
     }
     static int64_t floats_for(int64_t rows, int64_t in) {
-        return 2 * whole_lines<float>(rows * in / 4) + 3 * whole_lines<float>(rows * in / GROUP) +
+        return 2 * whole_lines<float>(rows * in / 4) + 2 * whole_lines<float>(rows * in / GROUP) +
                whole_lines<float>(rows * in / 16);
     }
     // The index of row ``row``'s record of unit ``u``, and back.
@@ -107,9 +105,9 @@ struct RoundedRows {
 // rows' codes and scales of a super-block from one address, each row a constant past it (in whole
 // rows, the eight rows' codes took an index register each and their scales' and sums' addresses,
 // recomputed a super-block at a time, spilled the rest; 8192 x 2048, 64 rows, two Zen 5 threads:
-// Q6_K 114-118 -> 128, Q5_K 130-133 -> 133-137, Q3_K 116-120 -> 125, Q2_K 126-131 -> 137
-// Gvalue-rows/s, Q4_K level); for Loom's blocks a whole row (by pairs of blocks, their
-// weights read slower at eight rows: Q8_0 98 -> 72).
+// Q6_K 117-118 -> 131, Q5_K 129-133 -> 136-139, Q3_K 118-120 -> 126-127, Q2_K 131 -> 138-139
+// Gvalue-rows/s, Q4_K level; the AVX2 build's Q4_K 113-116 -> 135-137); for Loom's blocks a whole
+// row (in records of a pair of blocks, their weights read slower at eight rows: Q8_0 98 -> 72).
 template <typename F>
 constexpr bool units_of_super_blocks() { return F::ROUNDING == F::VALUES && F::VALUES > GROUP; }
 template <typename F>
@@ -121,7 +119,7 @@ template <typename F, int ROWS>
 struct RoundedGroup {
     static constexpr int64_t BLOCKS = F::VALUES / GROUP;
     const int8_t* codes_;
-    const float *scales_, *sums_, *halves_, *spread_, *row_sums_;
+    const float *scales_, *sums_, *halves_, *spread_;
     int64_t in;
 
     RoundedGroup(const RoundedRows& x, int64_t row0) : in(x.in) {
@@ -129,7 +127,6 @@ struct RoundedGroup {
         codes_ = x.codes + first * GROUP;
         scales_ = x.scales + first, sums_ = x.sums + first;
         halves_ = x.halves + first * 2, spread_ = x.spread + first * 8;
-        row_sums_ = x.row_sums + row0 * (in / GROUP);
     }
     // The first block of row m's super-block s, in its arrays' blocks.
     int64_t block(int m, int64_t s) const {
@@ -144,7 +141,11 @@ struct RoundedGroup {
     const float* sums(int m, int64_t s) const { return sums_ + block(m, s); }
     const float* halves(int m, int64_t s) const { return halves_ + 2 * block(m, s); }
     const float* spread(int m, int64_t s) const { return spread_ + 8 * block(m, s); }
-    const float* row_sums(int m) const { return row_sums_ + m * (in / GROUP); }
+    // row m's block sums, the whole row (F::row_offset's, for Loom's blocks, whose records are rows)
+    const float* row_sums(int m) const {
+        static_assert(!units_of_super_blocks<F>());
+        return sums(m, 0);
+    }
 };
 
 // Values [0, span) of x under one scale: the scale and the codes (round half to even, as
@@ -185,10 +186,8 @@ inline void round_rows(const float* x, int64_t x_stride, const RoundedRows& r) {
             const int64_t j = part * blocks + b, block = at * record_blocks + j;  // in the record, in the records
             const int64_t slot = j / SUPER_BLOCKS * SUPER_BLOCKS + InputOrder<F>::slot(int(j % SUPER_BLOCKS));
             std::memcpy(r.codes + (at * record_blocks + slot) * GROUP, codes + b * GROUP, GROUP);
-            const float sum = d * float(sixteens[2 * b] + sixteens[2 * b + 1]);
             r.scales[block] = d;
-            r.sums[block] = sum;
-            r.row_sums[row * (r.in / GROUP) + unit * record_blocks + j] = sum;
+            r.sums[block] = d * float(sixteens[2 * b] + sixteens[2 * b + 1]);
             r.halves[2 * block] = d * float(sixteens[2 * b]);
             r.halves[2 * block + 1] = d * float(sixteens[2 * b + 1]);
             if constexpr (PAIRS && span == GROUP)  // only pair_rows reads them
@@ -456,25 +455,18 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
         return;     // team returns alike
     const RoundedRows rounded(scratch, rows, in, record_values<F>(in));
     round_rows<F>(x, x_stride, rounded);  // its barrier: every row is rounded before any product
-    const int64_t outs = TASK_ROWS, tasks = (out + outs - 1) / outs;
-    const int64_t chunk = std::max<int64_t>(1, tasks / (8 * omp_get_num_threads()));
-#pragma omp for schedule(dynamic, chunk)
-    for (int64_t task = 0; task < tasks; ++task) {
-        const int64_t o = task * outs, count = std::min(outs, out - o);
-        // FEW_ROWS input rows at a time, the task's weights cached for the later groups: from 16 to 512
-        // rows this ran 1.1-2x the panels over weights widened a tile at a time (one Zen 5 thread, a
-        // 4096 x 2048 product: Q4_K 67 against 32-51 Gvalues/s, Q6_K 64 against 12-38, Loom's 8-bit
-        // blocks 44 against 35-41, its 4-bit ones 38 against 22-38), which block products then left.
-        for (int64_t m = 0; m < rows; m += FEW_ROWS)
-            with_few_rows(std::min(FEW_ROWS, rows - m), [&](auto group) {
-                float* ym = y + m * y_stride;
-                if constexpr (PAIRS && F::VALUES % (2 * GROUP) == 0)
-                    pair_rows<F, group, side_for<group>()>(RoundedGroup<F, group>(rounded, m), w, o, count, ym, y_stride);
-                else
-                    int8_rows<F, group, side_for<group>()>(RoundedGroup<F, group>(rounded, m), w, o, count, ym, y_stride);
-            });
-        add_bias(y + o, y_stride, rows, bias == nullptr ? nullptr : bias + o, count);
-    }
+    // FEW_ROWS input rows at a time, a task's weights cached for the later groups: from 16 to 512
+    // rows this ran 1.1-2x the panels over weights widened a tile at a time (one Zen 5 thread, a
+    // 4096 x 2048 product: Q4_K 67 against 32-51 Gvalues/s, Q6_K 64 against 12-38, Loom's 8-bit
+    // blocks 44 against 35-41, its 4-bit ones 38 against 22-38), which block products then left.
+    const auto product = [&](auto group, int64_t m, int64_t o, int64_t count) {
+        float* ym = y + m * y_stride;
+        if constexpr (PAIRS && F::VALUES % (2 * GROUP) == 0)
+            pair_rows<F, group, side_for<group>()>(RoundedGroup<F, group>(rounded, m), w, o, count, ym, y_stride);
+        else
+            int8_rows<F, group, side_for<group>()>(RoundedGroup<F, group>(rounded, m), w, o, count, ym, y_stride);
+    };
+    row_group_tasks(rows, out, int64_t(TASK_ROWS), bias, y, y_stride, product);
 }
 
 // The panels widen a tile of 16-bit weights for every chunk of k, which few input rows do not
@@ -495,6 +487,13 @@ inline void block_linear_rows(const float* x, int64_t x_stride, int64_t rows, co
         // 16-bit weights take the panels from HALF_PANEL_MIN_ROWS rows up at the earliest
         if constexpr (IsFloatRows<F>::value) {
             using W = typename F::Element;
+#if defined(__AVX512BF16__)
+            if constexpr (std::is_same_v<W, BFloat16>) {
+                bfloat16_linear_rows(x, x_stride, rows, reinterpret_cast<const BFloat16*>(w.base), bias, w.in, w.out,
+                                     y, y_stride, reinterpret_cast<uint16_t*>(scratch));
+                return;
+            }
+#endif
             const int64_t from = std::is_same_v<W, float> ? panel_from : std::max(panel_from, HALF_PANEL_MIN_ROWS);
             linear_rows(x, x_stride, rows, reinterpret_cast<const W*>(w.base), bias, w.in, w.out, y, y_stride, scratch,
                         from);

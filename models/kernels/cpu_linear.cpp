@@ -76,3 +76,5 @@ LOOM_LINEAR(loom_linear_f64, double)
 // From how many rows products take the panels unless a model measured otherwise (cpu_linear.py).
 extern "C" int64_t loom_default_panel_min_rows() { return PANEL_MIN_ROWS; }
 
+extern "C" int64_t loom_bfloat16_dots() { return BFLOAT16_DOTS; }
+

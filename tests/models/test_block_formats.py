@@ -16,7 +16,7 @@ from models.kernels import native
 from models.kernels.block_formats import block_format, to_blocks
 from models.kernels.block_linear import (BFLOAT16, FLOAT16, FLOAT32, GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K, GROUP, LOOM_4BIT,
                                          LOOM_5BIT, LOOM_8BIT, SUPER_BLOCKS, BlockEmbedding, BlockLinear, dequantize,
-                                         round_activations, rounding)
+                                         round_activations, rounding, rounds_input_to_bfloat16)
 from runtime import Engine, GenerationConfig
 
 
@@ -80,9 +80,12 @@ def test_the_kernels_product_over_a_files_blocks_equals_float64(kind, rows):
 
 def expected_product(x: torch.Tensor, data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
     """float64's product over a tensor's values: of the input rounded to 8-bit blocks for a block
-    format, of the input itself for a float matrix."""
+    format, of the input itself for a float matrix (rounded to bfloat16 for BF16 where the kernels
+    take bfloat16 dot products)."""
     if kind not in FLOATS:
         x = round_activations(x, rounding(block_format(kind)))
+    elif kind == Q.BF16 and rounds_input_to_bfloat16():
+        x = x.to(torch.bfloat16)
     return x.double() @ file_values(data, kind, width).T
 
 
@@ -103,7 +106,8 @@ def test_an_embedding_lookup_widens_the_files_values(kind):
 @pytest.mark.parametrize("rows", [1, 2, 3, 8, 9, 40, 200])
 def test_float_matrices_are_kept_and_their_products_take_the_input_as_it_is(kind, rows):
     """A float matrix (F32, F16, BF16) is a view of the file, and its products (a few rows at a time, and the
-    panels) equal float64's over its values, the input not rounded."""
+    panels) equal float64's over its values, the input as it is (BF16: rounded to bfloat16 where the kernels take
+    bfloat16 dot products)."""
     width, out = 512, 96
     rng = np.random.default_rng(rows)
     data = gguf_quantize(rng.standard_normal((out, width)).astype(np.float32), kind).reshape(out, -1)
