@@ -45,9 +45,11 @@ namespace {
 // codes (block_weights.h's int8_rows and pair_rows).
 // The row two ahead is fetched as well, which takes the prefetcher over the starts of a layer's
 // small products sooner (a one-stream step 15.8-16.3 -> 15.3-15.8 ms on Zen 5), and fetched
-// non-temporally: a step reads its weights once, and fetched the usual way they evicted what the
-// step's other phases and the Python after the forward use again (a one-stream forward 12.4 ->
-// 11.8 ms, the Python after it ~20% faster).
+// non-temporally at one row: a step reads its weights once, and fetched the usual way they evicted
+// what the step's other phases and the Python after the forward use again (a one-stream forward
+// 12.4 -> 11.8 ms, the Python after it ~20% faster). From two rows, where the products take longer
+// over each line, into L2: 8192 x 2048 float16 at 2 / 4 rows 26 / 38 -> 42-47 / 49-51 Gvalue-rows/s,
+// float32 at 2 rows 15.5 -> 19.4-20 (two Zen 5 threads; 8 rows level).
 // The weights are T, or kept as W (16-bit floats: a GGUF file's F16/BF16, block_codes.h's
 // FloatRows) and widened a vector at a time as they are read (kv_element.h's Element).
 template <typename T, int ROWS, typename W = T>
@@ -62,7 +64,7 @@ inline void few_rows(const T* x, int64_t x_stride, const W* w, int64_t in, int64
         int64_t k = 0;
         for (; k + SUMS * L <= in; k += SUMS * L) {
             for (int64_t line = 0; line < SUMS * L; line += 64 / sizeof(W))
-                __builtin_prefetch(w + 2 * in + k + line, 0, 0);
+                __builtin_prefetch(w + 2 * in + k + line, 0, ROWS == 1 ? 0 : 2);
             for (int s = 0; s < SUMS; ++s) {
                 const typename V::type weights = E::load(w + k + s * L);
                 for (int m = 0; m < ROWS; ++m) acc[m][s] += V::load(x + m * x_stride + k + s * L) * weights;
