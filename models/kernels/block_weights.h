@@ -164,12 +164,11 @@ inline float round_span(const float* x, int64_t span, int8_t* codes, int32_t* si
     return d;
 }
 
-// ``rows`` rows of x rounded into ``r`` (whose unit is F::VALUES) for products over format F:
-// F::ROUNDING values (32, or a K-quant's 256) under each scale, each block's codes where InputOrder
-// puts them. The region's threads share the spans in the records' order, so that each writes a
-// stretch of its own: in the rows' order, the threads of an eight-row product wrote the same lines
-// of scales and sums (8192 x 2048 Q8_0 at 8 rows ran at 72 Gvalue-rows/s, where the rows' order
-// had 98).
+// ``rows`` rows of x rounded into ``r`` (in records of record_values<F>) for products over format
+// F: F::ROUNDING values (32, or a K-quant's 256) under each scale, each block's codes where
+// InputOrder puts them. The region's threads share the spans in the records' order, so that each
+// writes a stretch of its own (in the rows' order, the two threads of an eight-row product would
+// write a K-quant group's records alternately).
 template <typename F>
 inline void round_rows(const float* x, int64_t x_stride, const RoundedRows& r) {
     constexpr int64_t span = F::ROUNDING, blocks = span / GROUP, SUPER_BLOCKS = F::VALUES / GROUP;
