@@ -101,17 +101,19 @@ struct RoundedRows {
     }
 };
 
-// The records format F's products take: a K-quant's super-block, so that a product reaches its
-// rows' codes and scales of a super-block from one address, each row a constant past it (in whole
-// rows, the eight rows' codes took an index register each and their scales' and sums' addresses,
-// recomputed a super-block at a time, spilled the rest; 8192 x 2048, 64 rows, two Zen 5 threads:
-// Q6_K 117-118 -> 131, Q5_K 129-133 -> 136-139, Q3_K 118-120 -> 126-127, Q2_K 131 -> 138-139
-// Gvalue-rows/s, Q4_K level; the AVX2 build's Q4_K 113-116 -> 135-137); for Loom's blocks a whole
-// row (in records of a pair of blocks, their weights read slower at eight rows: Q8_0 98 -> 72).
+// Whether format F's input is rounded under one scale a super-block (the K-quants: their products
+// keep a super-block's sums in integers), and the records its products take: a K-quant's
+// super-block, so that a product reaches its rows' codes and scales of a super-block from one
+// address, each row a constant past it (in whole rows, the eight rows' codes took an index register
+// each and their scales' and sums' addresses, recomputed a super-block at a time, spilled the rest;
+// 8192 x 2048, 64 rows, two Zen 5 threads: Q6_K 117-118 -> 131, Q5_K 129-133 -> 136-139, Q3_K
+// 118-120 -> 126-127, Q2_K 131 -> 138-139 Gvalue-rows/s, Q4_K level; the AVX2 build's Q4_K 113-116
+// -> 135-137); for Loom's blocks a whole row (in records of a pair of blocks, their weights read
+// slower at eight rows: Q8_0 98 -> 72).
 template <typename F>
-constexpr bool units_of_super_blocks() { return F::ROUNDING == F::VALUES && F::VALUES > GROUP; }
+constexpr bool rounds_by_super_block() { return F::ROUNDING == F::VALUES && F::VALUES > GROUP; }
 template <typename F>
-int64_t record_values(int64_t in) { return units_of_super_blocks<F>() ? F::VALUES : in; }
+int64_t record_values(int64_t in) { return rounds_by_super_block<F>() ? F::VALUES : in; }
 
 // The rounded rows [row0, row0 + ROWS) of one of block_rows's groups, as format F's products read
 // them.
@@ -130,7 +132,7 @@ struct RoundedGroup {
     }
     // The first block of row m's super-block s, in its arrays' blocks.
     int64_t block(int m, int64_t s) const {
-        if constexpr (units_of_super_blocks<F>()) return (s * ROWS + m) * BLOCKS;
+        if constexpr (rounds_by_super_block<F>()) return (s * ROWS + m) * BLOCKS;
         return m * (in / GROUP) + s * BLOCKS;
     }
     // row m's codes of block j of super-block s (where InputOrder puts them)
@@ -143,7 +145,7 @@ struct RoundedGroup {
     const float* spread(int m, int64_t s) const { return spread_ + 8 * block(m, s); }
     // row m's block sums, the whole row (F::row_offset's, for Loom's blocks, whose records are rows)
     const float* row_sums(int m) const {
-        static_assert(!units_of_super_blocks<F>());
+        static_assert(!rounds_by_super_block<F>());
         return sums(m, 0);
     }
 };
@@ -280,7 +282,7 @@ inline void int8_rows(const RoundedGroup<F, ROWS>& x, const BlockWeights& w, int
             typename F::Super supers_of[SIDE];
             for (int i = 0; i < SIDE; ++i) supers_of[i] = typename F::Super(rows[i], w.in, s);
             fetch_lines(ahead + SIDE * s * share, SIDE * share);
-            if constexpr (F::ROUNDING == F::VALUES && F::VALUES > GROUP) {  // K-quants: integer sums, as pair_rows
+            if constexpr (rounds_by_super_block<F>()) {  // K-quants: integer sums, as pair_rows
                 Sums sums[SIDE][ROWS] = {};
                 for_each_index<BLOCKS>([&](auto block) {  // j a constant: Q6_K's shifts by it are too
                     constexpr int j = decltype(block)::value;
@@ -372,7 +374,7 @@ inline void pair_rows(const RoundedGroup<F, ROWS>& x, const BlockWeights& w, int
             typename F::Super supers_of[SIDE];
             for (int i = 0; i < SIDE; ++i) supers_of[i] = typename F::Super(rows[i], w.in, s);
             fetch_lines(ahead + SIDE * s * share, SIDE * share);
-            if constexpr (F::ROUNDING == F::VALUES) {  // one input scale a super-block: integer sums
+            if constexpr (rounds_by_super_block<F>()) {  // one input scale a super-block: integer sums
                 PairSums sums[SIDE][ROWS] = {};
                 for_each_index<BLOCKS / 2>([&](auto pair) {
                     constexpr int P = decltype(pair)::value, A = F::Super::first(P), B = F::Super::second(P);
