@@ -205,11 +205,34 @@ inline Lanes widen_eight(EightSigned b) {
 #endif
 }
 
+// Sixteen bytes as 16-bit integers (signed, or unsigned from HalfBytes).
+inline Shorts widen_sixteen(SixteenSigned b) {
+#if defined(__AVX2__)
+    return (Shorts)_mm256_cvtepi8_epi16((__m128i)b);
+#else
+    return __builtin_convertvector(b, Shorts);
+#endif
+}
+inline Shorts widen_sixteen(HalfBytes b) {
+#if defined(__AVX2__)
+    return (Shorts)_mm256_cvtepu8_epi16((__m128i)b);
+#else
+    return __builtin_convertvector(b, Shorts);
+#endif
+}
+
 // Each format: VALUES per super-block (the unit of its row's bytes), row_bytes(in), and a Super,
 // one super-block of one row decoded: codes(j) of its block j, signed(j, x) (x as its codes'
 // products need it), scales(j) per lane, offset(sums, halves) (a vector whose lanes sum to what the
 // minimums add, given the activations' per-32 and per-16 sums from the super-block on), and
 // widen(out), its values as floats.
+//
+// The K-quants' Supers also give the exact integers that their products of every row count share
+// (block_weights.h's super_block_step, so that a row's numbers do not depend on its batch): GROUPS
+// integer scales a super-block (group_scale(g), of 256 / GROUPS values each), and offset_weights(),
+// per group of 16 values the integer the input's code sum over it is multiplied by: the minimums
+// (with their own float scale dmin) where MINS, else the codes' offset times the group's scale,
+// which joins the codes' sums.
 
 // Bit j of ``bits`` as byte j: 16 where it is set, else 0 (the fifth bit of a block's codes).
 inline Bytes sixteens_of_bits(uint32_t bits) {
@@ -448,7 +471,10 @@ struct KQuantWithMins {
         const uint8_t *qs, *qh;  // the nibbles, and with HIGH the fifth bits
         Lanes scale, low;  // sub-block j's d sc_j and dmin m_j
         PairShorts sc;     // sub-block j's sc_j in lane j (a whole vector: a narrower one was stored
-        float d;           // to the stack and read back whole, each time a store-forwarding stall)
+        float d, dmin;     // to the stack and read back whole, each time a store-forwarding stall)
+        uint64_t min_codes;  // sub-block j's m_j in byte j
+        static constexpr int GROUPS = 8;
+        static constexpr bool MINS = true;
         Super() = default;
         Super(const uint8_t* row, int64_t, int64_t s) {
             const uint8_t* block = row + s * BYTES;
@@ -465,8 +491,10 @@ struct KQuantWithMins {
             const uint64_t mins = uint64_t(second & 0x3F3F3F3F) |
                                   uint64_t(((rest >> 4) & 0x0F0F0F0F) | ((second >> 2) & 0x30303030)) << 32;
             d = half_to_float(block);
+            dmin = half_to_float(block + 2);
+            min_codes = mins;
             scale = widen_eight(load<EightBytes>(&scales)) * d;
-            low = widen_eight(load<EightBytes>(&mins)) * half_to_float(block + 2);
+            low = widen_eight(load<EightBytes>(&mins)) * dmin;
 #if defined(__AVX512F__)
             sc = (PairShorts)_mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(scales))));
 #else
@@ -502,6 +530,12 @@ struct KQuantWithMins {
             constexpr int a = first(P), b = second(P);
             return __builtin_shufflevector(sc, sc, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, b, b, b, b, b, b, b,
                                            b, b, b, b, b, b, b, b, b);
+        }
+        int group_scale(int j) const { return sc[j]; }
+        // each sub-block's minimum for both its sixteens
+        Shorts offset_weights() const {
+            const HalfBytes bytes = (HalfBytes)(FourWords{uint32_t(min_codes), uint32_t(min_codes >> 32), 0, 0});
+            return widen_sixteen(__builtin_shufflevector(bytes, bytes, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7));
         }
         void widen(float* out) const {
             for (int j = 0; j < 8; ++j) {
@@ -567,6 +601,9 @@ struct Q6K {
         PairShorts groups;  // group g's sc_g in lane g, a whole vector as Q4K's sc (where PAIRS: pair_rows')
         SixteenSigned group_bytes;  // the same in byte g
         float d;
+        static constexpr int GROUPS = 16;
+        static constexpr bool MINS = false;
+        static constexpr float dmin = 0.0f;
         Super() = default;
         Super(const uint8_t* row, int64_t, int64_t s) {
             const uint8_t* block = row + s * BYTES;
@@ -610,6 +647,8 @@ struct Q6K {
         Lanes offset(const float*, const float* halves) const {
             return group_offsets(sc, halves) * -32.0f;
         }
+        int group_scale(int g) const { return group_bytes[g]; }
+        Shorts offset_weights() const { return widen_sixteen(group_bytes) * int16_t(-32); }  // codes less 32
         void widen(float* out) const {
             for (int j = 0; j < 8; ++j) {
                 const Bytes q = codes(j);
@@ -641,7 +680,10 @@ struct KQuantTwoBit {
         Lanes low[2];  // Q2_K: group g's minimum dmin m_g, as sc
         PairShorts groups;  // group g's integer scale in lane g, a whole vector as Q4K's sc (where PAIRS: pair_rows')
         SixteenSigned group_bytes;  // the same in byte g
-        float d;
+        SixteenSigned min_bytes;  // Q2_K: group g's m_g in byte g
+        float d, dmin;
+        static constexpr int GROUPS = 16;
+        static constexpr bool MINS = !THIRD;
         Super() = default;
         Super(const uint8_t* row, int64_t, int64_t s) {
             const uint8_t* block = row + s * BYTES;
@@ -662,14 +704,17 @@ struct KQuantTwoBit {
                                          ((first >> 4) & 0x0F0F0F0F) | (((top >> 4) & 0x03030303) << 4),
                                          ((second >> 4) & 0x0F0F0F0F) | (((top >> 6) & 0x03030303) << 4)};
                 scales = (SixteenSigned)words - 32;
+                dmin = 0.0f;
+                min_bytes = SixteenSigned{};
             } else {  // sixteen bytes of scales (low nibble) and minimums (high), qs[64], d, dmin
                 qs = block + 16;
                 hmask = nullptr;
                 d = half_to_float(block + 80);
-                const float dmin = half_to_float(block + 82);
+                dmin = half_to_float(block + 82);
                 const HalfBytes packed = load<HalfBytes>(block);
                 scales = (SixteenSigned)(packed & 15);
                 const HalfBytes mins = packed >> 4;
+                min_bytes = (SixteenSigned)mins;
                 low[0] = widen_eight(low_eight(mins)) * dmin;
                 low[1] = widen_eight(high_eight(mins)) * dmin;
             }
@@ -719,6 +764,11 @@ struct KQuantTwoBit {
         Lanes offset(const float*, const float* halves) const {
             if constexpr (THIRD) return group_offsets(sc, halves) * -4.0f;
             return -group_offsets(low, halves);
+        }
+        int group_scale(int g) const { return group_bytes[g]; }
+        Shorts offset_weights() const {
+            if constexpr (THIRD) return widen_sixteen(group_bytes) * int16_t(-4);  // codes less 4
+            return widen_sixteen(min_bytes);
         }
         // from the integer scales, which every build keeps (Q2_K's float ones only where products read them)
         void widen(float* out) const {

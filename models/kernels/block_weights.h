@@ -74,6 +74,10 @@ struct RoundedRows {
     // unit / 4 a record: with a scale per 32 values, each block's scale eight times, so that a pair
     // of blocks' scales load as one vector (pair_rows)
     float* spread;
+    // the K-quants' (pair_rows'): each record's code sums over 16 as integers, and its one scale
+    // (the records of a group's rows for one super-block side by side)
+    int16_t* sixteens;
+    float* record_scales;
     int64_t rows, in, unit;
 
     // ``scratch``: at least floats_for(rows, in) floats, from a cache line's start
@@ -84,10 +88,14 @@ struct RoundedRows {
         sums = scales + whole_lines<float>(blocks);
         halves = sums + whole_lines<float>(blocks);
         spread = halves + whole_lines<float>(rows * in / 16);
+        sixteens = reinterpret_cast<int16_t*>(spread + whole_lines<float>(rows * in / 4));
+        record_scales = reinterpret_cast<float*>(sixteens) + whole_lines<float>(rows * in / 32);
     }
     static int64_t floats_for(int64_t rows, int64_t in) {
+        // (the record scales one vector over: a product of fewer than eight rows loads eight)
         return 2 * whole_lines<float>(rows * in / 4) + 2 * whole_lines<float>(rows * in / GROUP) +
-               whole_lines<float>(rows * in / 16);
+               whole_lines<float>(rows * in / 16) + whole_lines<float>(rows * in / 32) +
+               whole_lines<float>(rows * in / 256 + 8);
     }
     // The index of row ``row``'s record of unit ``u``, and back.
     int64_t record(int64_t row, int64_t u) const {
@@ -121,14 +129,16 @@ template <typename F, int ROWS>
 struct RoundedGroup {
     static constexpr int64_t BLOCKS = F::VALUES / GROUP;
     const int8_t* codes_;
-    const float *scales_, *sums_, *halves_, *spread_;
+    const float *scales_, *sums_, *halves_, *spread_, *record_scales_;
+    const int16_t* sixteens_;
     int64_t in;
 
     RoundedGroup(const RoundedRows& x, int64_t row0) : in(x.in) {
-        const int64_t first = x.record(row0, 0) * (x.unit / GROUP);  // the group's first block in the records
+        const int64_t record = x.record(row0, 0), first = record * (x.unit / GROUP);  // the group's first block
         codes_ = x.codes + first * GROUP;
         scales_ = x.scales + first, sums_ = x.sums + first;
         halves_ = x.halves + first * 2, spread_ = x.spread + first * 8;
+        sixteens_ = x.sixteens + first * 2, record_scales_ = x.record_scales + record;
     }
     // The first block of row m's super-block s, in its arrays' blocks.
     int64_t block(int m, int64_t s) const {
@@ -143,6 +153,13 @@ struct RoundedGroup {
     const float* sums(int m, int64_t s) const { return sums_ + block(m, s); }
     const float* halves(int m, int64_t s) const { return halves_ + 2 * block(m, s); }
     const float* spread(int m, int64_t s) const { return spread_ + 8 * block(m, s); }
+    // row m's code sums over each 16 of super-block s, and the group's rows' scales of it side by side
+    // (the K-quants')
+    const int16_t* sixteens(int m, int64_t s) const { return sixteens_ + 2 * block(m, s); }
+    const float* super_block_scales(int64_t s) const {
+        static_assert(rounds_by_super_block<F>());
+        return record_scales_ + s * ROWS;
+    }
     // row m's block sums, the whole row (F::row_offset's, for Loom's blocks, whose records are rows)
     const float* row_sums(int m) const {
         static_assert(!rounds_by_super_block<F>());
@@ -193,6 +210,10 @@ inline void round_rows(const float* x, int64_t x_stride, const RoundedRows& r) {
             r.halves[2 * block + 1] = d * float(sixteens[2 * b + 1]);
             if constexpr (PAIRS && span == GROUP)  // only pair_rows reads them
                 for (int l = 0; l < 8; ++l) r.spread[8 * block + l] = d;
+        }
+        if constexpr (rounds_by_super_block<F>()) {  // a record is the span
+            r.record_scales[at] = d;
+            for (int k = 0; k < span / 16; ++k) r.sixteens[at * (span / 16) + k] = int16_t(sixteens[k]);
         }
     }
 }
@@ -350,6 +371,84 @@ inline PairSigned input_pair(const RoundedGroup<F, ROWS>& x, int m, int64_t s) {
     return pair_of(load<SignedBytes>(x.codes(m, s, A)), load<SignedBytes>(x.codes(m, s, B)));
 }
 
+// Lane i of pick_lanes<Pick>(a, b): lane Pick::lane(i) of a, or of b from V's lane count on.
+template <typename Pick, typename V, size_t... I>
+inline V pick_lanes(V a, V b, std::index_sequence<I...>) {
+    return __builtin_shufflevector(a, b, Pick::lane(I)...);
+}
+template <typename Pick, typename V>
+inline V pick_lanes(V a, V b) {
+    return pick_lanes<Pick>(a, b, std::make_index_sequence<sizeof(V) / sizeof(a[0])>());
+}
+template <int FROM>
+struct LanesFrom {  // lanes FROM, FROM + 1, ... of an eight-lane vector
+    static constexpr int lane(size_t i) { return int(i + FROM) % 8; }
+};
+template <int ROWS>
+struct RowOfLane {  // lane i of one side of ROWS input rows: row i % ROWS
+    static constexpr int lane(size_t i) { return int(i) % ROWS; }
+};
+
+// Eight integer lanes of K sums (K a power of two up to 8; p overwritten): lane j, j < K, the sum of
+// p[j]'s lanes. vector.h's folds: each level adds neighbouring blocks of lanes of two vectors into
+// one, a vector folded with itself once the vectors run out; they leave p[j]'s sum in lane j's bits
+// reversed, which a last shuffle undoes.
+template <int K, int B = 4>
+inline void fold_sums(Sums* p) {
+    if constexpr (B > 0) {
+        for (int t = 0; t < std::max(K / 2, 1); ++t) {
+            const Sums a = p[2 * t], b = K > 1 ? p[2 * t + 1] : a;
+            p[t] = pick_lanes<Low<8, B>>(a, b) + pick_lanes<High<8, B>>(a, b);
+        }
+        fold_sums<std::max(K / 2, 1), B / 2>(p);
+    }
+}
+template <int K>
+inline Sums lane_totals(Sums* p) {
+    static_assert(K == 1 || K == 2 || K == 4 || K == 8);
+    fold_sums<K>(p);
+    return __builtin_shufflevector(p[0], p[0], 0, 4, 2, 6, 1, 5, 3, 7);
+}
+
+// Lane l: a's lanes 2 l and 2 l + 1 times b's, summed (AVX2's madd).
+inline Sums madd_shorts(Shorts a, Shorts b) {
+#if defined(__AVX2__)
+    return (Sums)_mm256_madd_epi16((__m256i)a, (__m256i)b);
+#else
+    Sums sums;
+    for (int l = 0; l < 8; ++l) sums[l] = int32_t(a[2 * l]) * b[2 * l] + int32_t(a[2 * l + 1]) * b[2 * l + 1];
+    return sums;
+#endif
+}
+
+// A K-quant super-block's share of a row's sum, lane by lane, from the exact integers of its
+// product: acc + a (d dx) - b (dmin dx), where a sums the codes' products (each group's times its
+// integer scale, offsets included) and b the minimums' (MINS). Every row count takes these very
+// steps (pair_rows a product's pairs of rows in lanes, block_tiles.h's bands an input row a lane),
+// so that a row's numbers do not depend on how many rows its product had: two multiply-adds,
+// rounded once each.
+template <bool MINS>
+inline Lanes super_block_step(Lanes acc, Sums a, Sums b, Lanes d_dx, Lanes dmin_dx) {
+#if defined(__FMA__)
+    acc = (Lanes)_mm256_fmadd_ps(_mm256_cvtepi32_ps((__m256i)a), (__m256)d_dx, (__m256)acc);
+    if constexpr (MINS) acc = (Lanes)_mm256_fnmadd_ps(_mm256_cvtepi32_ps((__m256i)b), (__m256)dmin_dx, (__m256)acc);
+#else
+    for (int l = 0; l < 8; ++l) {
+        acc[l] = std::fma(float(a[l]), d_dx[l], acc[l]);
+        if constexpr (MINS) acc[l] = std::fma(-float(b[l]), dmin_dx[l], acc[l]);
+    }
+#endif
+    return acc;
+}
+#if defined(__AVX512F__)
+template <bool MINS>
+inline __m512 super_block_step(__m512 acc, __m512i a, __m512i b, __m512 d_dx, __m512 dmin_dx) {
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), d_dx, acc);
+    if constexpr (MINS) acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(b), dmin_dx, acc);
+    return acc;
+}
+#endif
+
 // int8_rows two blocks at a time (rows of an even number of blocks): a pair's codes meet 64 bytes of
 // input in one 512-bit instruction (with AVX-512), and each block's scale is spread across its lanes
 // by a shuffle with constant lanes. One block at a time, a one-row Q4_K product ran at 12 Gvalues/s
@@ -357,7 +456,9 @@ inline PairSigned input_pair(const RoundedGroup<F, ROWS>& x, int m, int64_t s) {
 // super-block, keep their sums in integers through it, each pair's products multiplied by their
 // blocks' integer scales as they are added (llama.cpp's way: two instructions a pair, maddubs and
 // VNNI's dpwssd), and take floats once a super-block: where every pair was converted and scaled
-// in floats, a one-row Q4_K product ran at 30 Gvalues/s a core.
+// in floats, a one-row Q4_K product ran at 30 Gvalues/s a core. A super-block's sums of every
+// pair of rows (weight row, input row) are then added up into one exact integer each, the offsets'
+// integers beside them, and take super_block_step as the tiled products of many rows do.
 template <typename F, int ROWS, int SIDE>
 inline void pair_rows(const RoundedGroup<F, ROWS>& x, const BlockWeights& w, int64_t first, int64_t count,
                       float* y, int64_t y_stride) {
@@ -370,6 +471,7 @@ inline void pair_rows(const RoundedGroup<F, ROWS>& x, const BlockWeights& w, int
         const uint8_t* ahead = w.row(first + r) + SIDE * w.stride + FETCH_BYTES;  // (never faults past the end)
         PairLanes acc[SIDE][ROWS] = {};
         Lanes offsets[SIDE][ROWS] = {};
+        Lanes row_sums = {};  // (K-quants) lane i ROWS + m: weight row i's with input row m
         for (int64_t s = 0; s < supers; ++s) {
             typename F::Super supers_of[SIDE];
             for (int i = 0; i < SIDE; ++i) supers_of[i] = typename F::Super(rows[i], w.in, s);
@@ -389,11 +491,36 @@ inline void pair_rows(const RoundedGroup<F, ROWS>& x, const BlockWeights& w, int
                         for (int i = 0; i < SIDE; ++i) sums[i][m] = dot_scaled(sums[i][m], codes[i], xq, scales[i]);
                     }
                 });
-                for (int m = 0; m < ROWS; ++m) {
-                    const float dx = x.scale(m, s);
-                    for (int i = 0; i < SIDE; ++i)
-                        acc[i][m] += __builtin_convertvector(sums[i][m], PairLanes) * (supers_of[i].d * dx);
+                constexpr bool MINS = F::Super::MINS;
+                constexpr int K = SIDE * ROWS <= 1 ? 1 : SIDE * ROWS <= 2 ? 2 : SIDE * ROWS <= 4 ? 4 : 8;
+                Sums items[2 * K] = {};  // each pair of rows' codes' sums, then (MINS) its minimums'
+                for (int i = 0; i < SIDE; ++i) {
+                    const Shorts weights = supers_of[i].offset_weights();
+                    for (int m = 0; m < ROWS; ++m) {
+                        const Sums codes = low_eight(sums[i][m]) + high_eight(sums[i][m]);
+                        const Sums offset = madd_shorts(weights, load<Shorts>(x.sixteens(m, s)));
+                        if constexpr (MINS) items[i * ROWS + m] = codes, items[K + i * ROWS + m] = offset;
+                        else items[i * ROWS + m] = codes + offset;
+                    }
                 }
+                Sums a, b = {};
+                if constexpr (!MINS) {
+                    a = lane_totals<K>(items);
+                } else if constexpr (K <= 4) {  // both in one vector
+                    a = lane_totals<2 * K>(items);
+                    b = pick_lanes<LanesFrom<K>>(a, a);
+                } else {
+                    a = lane_totals<K>(items), b = lane_totals<K>(items + K);
+                }
+                const auto per_side = [&](float first_row, float last_row) {  // lane i ROWS + m: row i's
+                    constexpr Lanes lane = {0, 1, 2, 3, 4, 5, 6, 7};
+                    return SIDE == 1 ? Lanes{} + first_row : lane < float(ROWS) ? Lanes{} + first_row : Lanes{} + last_row;
+                };
+                const Lanes d = per_side(supers_of[0].d, supers_of[SIDE - 1].d);
+                const Lanes dmin = per_side(supers_of[0].dmin, supers_of[SIDE - 1].dmin);
+                Lanes dx = load<Lanes>(x.super_block_scales(s));
+                if constexpr (SIDE > 1) dx = pick_lanes<RowOfLane<ROWS>>(dx, dx);
+                row_sums = super_block_step<MINS>(row_sums, a, b, d * dx, dmin * dx);
             } else {  // a scale per block of the input: each pair's sums scaled in floats
                 for_each_index<BLOCKS / 2>([&](auto pair) {
                     constexpr int P = decltype(pair)::value, A = F::Super::first(P), B = F::Super::second(P);
@@ -414,18 +541,23 @@ inline void pair_rows(const RoundedGroup<F, ROWS>& x, const BlockWeights& w, int
                         }
                     }
                 });
+                for (int m = 0; m < ROWS; ++m)
+                    for (int i = 0; i < SIDE; ++i)
+                        offsets[i][m] += supers_of[i].offset(x.sums(m, s), x.halves(m, s));
             }
-            for (int m = 0; m < ROWS; ++m)
-                for (int i = 0; i < SIDE; ++i)
-                    offsets[i][m] += supers_of[i].offset(x.sums(m, s), x.halves(m, s));
         }
         for (int i = 0; i < side; ++i)
             for (int m = 0; m < ROWS; ++m) {
-                totals[m][r + i] = acc[i][m] + pair_of(offsets[i][m], Lanes{});
-                if constexpr (HasRowOffset<F>::value) totals[m][r + i] += F::row_offset(rows[i], w.in, x.row_sums(m));
+                if constexpr (rounds_by_super_block<F>()) {
+                    y[m * y_stride + first + r + i] = row_sums[i * ROWS + m];
+                } else {
+                    totals[m][r + i] = acc[i][m] + pair_of(offsets[i][m], Lanes{});
+                    if constexpr (HasRowOffset<F>::value) totals[m][r + i] += F::row_offset(rows[i], w.in, x.row_sums(m));
+                }
             }
     }
-    for (int m = 0; m < ROWS; ++m) store_lane_sums(totals[m], int(count), y + m * y_stride + first);
+    if constexpr (!rounds_by_super_block<F>())
+        for (int m = 0; m < ROWS; ++m) store_lane_sums(totals[m], int(count), y + m * y_stride + first);
 }
 
 // Weight rows side by side at a time: two for up to three input rows, else one. Four for one row
@@ -441,10 +573,13 @@ inline void widen_row(const BlockWeights& w, int64_t row, float* dst) {
     for (int64_t s = 0; s < w.in / F::VALUES; ++s) typename F::Super(w.row(row), w.in, s).widen(dst + s * F::VALUES);
 }
 
+// The products of many rows over K-quants, built on the above.
+#include "block_tiles.h"
+
 // Floats of scratch a block product of ``rows`` rows of width ``in`` takes (block_linear_rows):
-// its rounded input, or for 16-bit floats the panels.
+// its rounded input (in records or bands), or for 16-bit floats the panels.
 inline int64_t block_scratch_size(int64_t rows, int64_t in) {
-    return std::max(RoundedRows::floats_for(rows, in), packed_size<float>(rows, in));
+    return std::max({RoundedRows::floats_for(rows, in), Bands::floats_for(rows, in), packed_size<float>(rows, in)});
 }
 
 // y = x w^T + b over block weights of format F (block_linear_rows).
@@ -454,6 +589,10 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
     const int64_t in = w.in, out = w.out;
     if (rows == 0)  // (the output layer of a step none of whose rows is sampled): every thread of the
         return;     // team returns alike
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    if constexpr (rounds_by_super_block<F>())
+        if (rows >= TILED_FROM) return tiled_rows<F>(x, x_stride, rows, w, bias, y, y_stride, scratch);
+#endif
     const RoundedRows rounded(scratch, rows, in, record_values<F>(in));
     round_rows<F>(x, x_stride, rounded);  // its barrier: every row is rounded before any product
     // FEW_ROWS input rows at a time, a task's weights cached for the later groups: from 16 to 512

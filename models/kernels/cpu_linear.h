@@ -113,23 +113,28 @@ inline void add_bias(T* y, int64_t y_stride, int64_t rows, const T* bias, int64_
         for (int64_t r = 0; r < count; ++r) y[m * y_stride + r] += bias[r];
 }
 
-// y = x w^T + b as tasks of ``outs`` weight rows against every input row, FEW_ROWS input rows at a
-// time (``product(group, m, o, count)``: input rows [m, m + group) against weight rows [o, o +
-// count), group a constant), then the bias; shared among the threads of the enclosing parallel
-// region, each taking 8 runs of tasks on average: long enough to stream, short enough that a parked
-// thread's share is taken over.
-template <typename T, typename Product>
-inline void row_group_tasks(int64_t rows, int64_t out, int64_t outs, const T* bias, T* y, int64_t y_stride,
-                            Product&& product) {
+// ``task(o, count)`` for the tasks of ``outs`` weight rows [o, o + count) of ``out``, shared among
+// the threads of the enclosing parallel region, each taking 8 runs of tasks on average: long enough
+// to stream, short enough that a parked thread's share is taken over.
+template <typename Task>
+inline void weight_row_tasks(int64_t out, int64_t outs, Task&& task) {
     const int64_t tasks = (out + outs - 1) / outs;
     const int64_t chunk = std::max<int64_t>(1, tasks / (8 * omp_get_num_threads()));
 #pragma omp for schedule(dynamic, chunk)
-    for (int64_t task = 0; task < tasks; ++task) {
-        const int64_t o = task * outs, count = std::min(outs, out - o);
+    for (int64_t t = 0; t < tasks; ++t) task(t * outs, std::min(outs, out - t * outs));
+}
+
+// y = x w^T + b as weight_row_tasks against every input row, FEW_ROWS input rows at a time
+// (``product(group, m, o, count)``: input rows [m, m + group) against weight rows [o, o + count),
+// group a constant), then the bias.
+template <typename T, typename Product>
+inline void row_group_tasks(int64_t rows, int64_t out, int64_t outs, const T* bias, T* y, int64_t y_stride,
+                            Product&& product) {
+    weight_row_tasks(out, outs, [&](int64_t o, int64_t count) {
         for (int64_t m = 0; m < rows; m += FEW_ROWS)
             with_few_rows(std::min(FEW_ROWS, rows - m), [&](auto group) { product(group, m, o, count); });
         add_bias(y + o, y_stride, rows, bias == nullptr ? nullptr : bias + o, count);
-    }
+    });
 }
 
 // The panels: rows of x in groups of P (a panel's rows), each group stored k-major (P values per k),

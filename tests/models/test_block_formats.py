@@ -78,6 +78,21 @@ def test_the_kernels_product_over_a_files_blocks_equals_float64(kind, rows):
     assert torch.allclose(layer(x).double(), expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
 
 
+@needs_kernels
+@pytest.mark.parametrize("kind", NATIVE, ids=lambda k: k.name)
+def test_a_rows_product_is_the_same_whatever_rows_share_it(kind):
+    """A K-quant product's rows are bitwise the same alone, a few at a time (pair_rows) and in bands
+    of sixteen (the tiled products from TILED_FROM rows, with a last band part full), so that a
+    request's numbers do not depend on its batch-mates; weight rows not a whole tile included."""
+    width, out = 512, 100
+    layer = BlockLinear.of_blocks(to_blocks(random_tensor(kind, rows=out, width=width, seed=5), kind, width), width)
+    x = torch.randn(40, width, generator=torch.Generator().manual_seed(6))
+    together = layer(x)
+    for size in (1, 3, 8, 17):
+        parts = torch.cat([layer(x[i:i + size]) for i in range(0, len(x), size)])
+        assert torch.equal(parts, together), f"{size} rows at a time"
+
+
 def expected_product(x: torch.Tensor, data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
     """float64's product over a tensor's values: of the input rounded to 8-bit blocks for a block
     format, of the input itself for a float matrix (rounded to bfloat16 for BF16 where the kernels
