@@ -79,6 +79,11 @@ inline V load(const void* p) {
 }
 
 template <typename V>
+inline void store(void* p, V v) {
+    std::memcpy(p, &v, sizeof v);
+}
+
+template <typename V>
 inline auto first_half(V v) {
     return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
                                    21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
@@ -229,7 +234,7 @@ inline Shorts widen_sixteen(HalfBytes b) {
 //
 // The K-quants' Supers also give the exact integers that their products of every row count share
 // (block_weights.h's super_block_step, so that a row's numbers do not depend on its batch): GROUPS
-// integer scales a super-block (group_scale(g), of 256 / GROUPS values each), and offset_weights(),
+// integer scales a super-block (group_scales(), of 256 / GROUPS values each), and offset_weights(),
 // per group of 16 values the integer the input's code sum over it is multiplied by: the minimums
 // (with their own float scale dmin) where MINS, else the codes' offset times the group's scale,
 // which joins the codes' sums.
@@ -531,7 +536,7 @@ struct KQuantWithMins {
             return __builtin_shufflevector(sc, sc, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, b, b, b, b, b, b, b,
                                            b, b, b, b, b, b, b, b, b);
         }
-        int group_scale(int j) const { return sc[j]; }
+        Sums group_scales() const { return __builtin_convertvector(low_eight(sc), Sums); }
         // each sub-block's minimum for both its sixteens
         Shorts offset_weights() const {
             const HalfBytes bytes = (HalfBytes)(FourWords{uint32_t(min_codes), uint32_t(min_codes >> 32), 0, 0});
@@ -647,7 +652,7 @@ struct Q6K {
         Lanes offset(const float*, const float* halves) const {
             return group_offsets(sc, halves) * -32.0f;
         }
-        int group_scale(int g) const { return group_bytes[g]; }
+        PairSums group_scales() const { return __builtin_convertvector(group_bytes, PairSums); }
         Shorts offset_weights() const { return widen_sixteen(group_bytes) * int16_t(-32); }  // codes less 32
         void widen(float* out) const {
             for (int j = 0; j < 8; ++j) {
@@ -765,7 +770,7 @@ struct KQuantTwoBit {
             if constexpr (THIRD) return group_offsets(sc, halves) * -4.0f;
             return -group_offsets(low, halves);
         }
-        int group_scale(int g) const { return group_bytes[g]; }
+        PairSums group_scales() const { return __builtin_convertvector(group_bytes, PairSums); }
         Shorts offset_weights() const {
             if constexpr (THIRD) return widen_sixteen(group_bytes) * int16_t(-4);  // codes less 4
             return widen_sixteen(min_bytes);

@@ -29,7 +29,7 @@ namespace {
 constexpr int BAND = 16;  // input rows a band: one a lane
 constexpr int TILE = 8;   // weight rows a tile: eight sums of sixteen rows, eight of their groups', in registers
 // block_rows takes the tiles from this many rows (measured: docs/benchmarks.md)
-constexpr int64_t TILED_FROM = 16;
+constexpr int64_t TILED_FROM = 13;
 
 // Input rows rounded for the tiled products, BAND rows to a band (rows past the last: zeros).
 struct Bands {
@@ -79,8 +79,8 @@ inline void round_bands(const float* x, int64_t x_stride, const Bands& b) {
 // A task's weight rows unpacked: TASK_ROWS rows (past the task's last: zeros) of format F.
 struct UnpackedRows {
     uint8_t* codes;     // [super-block][TASK_ROWS][256], in the values' order
-    int32_t* scales;    // [super-block][group][TASK_ROWS]: F::Super::group_scale
-    int32_t* offsets;   // [super-block][8][TASK_ROWS]: offset_weights 2 h, 2 h + 1 as two int16
+    int32_t* scales;    // [super-block][TASK_ROWS][groups]: F::Super::group_scales
+    int32_t* offsets;   // [super-block][TASK_ROWS][8]: offset_weights 2 h, 2 h + 1 as two int16
     float *d, *dmin;    // [super-block][TASK_ROWS]
 
     // in each thread's buffer, for rows of ``in`` values
@@ -96,19 +96,26 @@ struct UnpackedRows {
     }
 };
 
+// Weight rows [first, first + count) into ``u``, the rows a task has; meanwhile the next task's
+// rows (the same bytes on: a task's rows lie together) are fetched into L2, which the products
+// of its bands give the time to arrive (unfetched, a 16-row Q4_K product spent a fifth of its time
+// waiting on the first bytes of each row).
 template <typename F>
 inline void unpack_rows(const BlockWeights& w, int64_t first, int64_t count, const UnpackedRows& u) {
     using Super = typename F::Super;
     const int64_t supers = w.in / 256;
+    const int64_t share = w.stride / supers;  // a super-block's bytes
+    const uint8_t* next = w.row(first) + TASK_ROWS * w.stride;  // (never faults past the end)
     for (int t = 0; t < TASK_ROWS; ++t)
         for (int64_t s = 0; s < supers; ++s) {
-            uint8_t* codes = u.codes + (s * TASK_ROWS + t) * 256;
-            int32_t *scales = u.scales + s * Super::GROUPS * TASK_ROWS + t, *offsets = u.offsets + s * 8 * TASK_ROWS + t;
+            fetch_lines(next + t * w.stride + s * share, share);
             const int64_t at = s * TASK_ROWS + t;
+            uint8_t* codes = u.codes + at * 256;
+            int32_t *scales = u.scales + at * Super::GROUPS, *offsets = u.offsets + at * 8;
             if (t >= count) {
                 std::memset(codes, 0, 256);
-                for (int g = 0; g < Super::GROUPS; ++g) scales[g * TASK_ROWS] = 0;
-                for (int h = 0; h < 8; ++h) offsets[h * TASK_ROWS] = 0;
+                std::memset(scales, 0, Super::GROUPS * sizeof(int32_t));
+                std::memset(offsets, 0, 8 * sizeof(int32_t));
                 u.d[at] = u.dmin[at] = 0.0f;
                 continue;
             }
@@ -116,13 +123,11 @@ inline void unpack_rows(const BlockWeights& w, int64_t first, int64_t count, con
             for_each_index<4>([&](auto pair) {
                 constexpr int P = decltype(pair)::value;
                 const PairBytes pair_codes = super.template pair_codes<P>();
-                std::memcpy(codes + 32 * Super::first(P), &pair_codes, 32);
-                std::memcpy(codes + 32 * Super::second(P), reinterpret_cast<const uint8_t*>(&pair_codes) + 32, 32);
+                store(codes + 32 * Super::first(P), first_half(pair_codes));
+                store(codes + 32 * Super::second(P), second_half(pair_codes));
             });
-            for (int g = 0; g < Super::GROUPS; ++g) scales[g * TASK_ROWS] = super.group_scale(g);
-            const Shorts weights = super.offset_weights();
-            for (int h = 0; h < 8; ++h)
-                offsets[h * TASK_ROWS] = int32_t(uint32_t(uint16_t(weights[2 * h])) | uint32_t(uint16_t(weights[2 * h + 1])) << 16);
+            store(scales, super.group_scales());
+            store(offsets, super.offset_weights());  // little-endian: shorts 2 h, 2 h + 1 are int h's halves
             u.d[at] = super.d;
             u.dmin[at] = super.dmin;
         }
@@ -157,7 +162,7 @@ inline void band_tile(const UnpackedRows& u, int t0, int count, const Bands& x, 
     for (auto& sum : sums) sum = _mm512_setzero_ps();
     for (int64_t s = 0; s < x.supers; ++s) {
         const uint8_t* codes = u.codes + (s * TASK_ROWS + t0) * 256;
-        const int32_t* scales = u.scales + s * GROUPS * TASK_ROWS + t0;
+        const int32_t* scales = u.scales + (s * TASK_ROWS + t0) * GROUPS;
         const int8_t* input = x.codes_of(band, s);
         __m512i a[TILE];
         for (int g = 0; g < GROUPS; ++g) {
@@ -169,16 +174,16 @@ inline void band_tile(const UnpackedRows& u, int t0, int count, const Bands& x, 
                     acc[t] = dot_quads(acc[t], _mm512_set1_epi32(load<int32_t>(codes + t * 256 + 4 * q)), lanes);
             }
             for (int t = 0; t < TILE; ++t) {
-                const __m512i scaled = _mm512_mullo_epi32(acc[t], _mm512_set1_epi32(scales[g * TASK_ROWS + t]));
+                const __m512i scaled = _mm512_mullo_epi32(acc[t], _mm512_set1_epi32(scales[t * GROUPS + g]));
                 a[t] = g == 0 ? scaled : _mm512_add_epi32(a[t], scaled);
             }
         }
         __m512i b[TILE];  // the offsets' integers
         for (auto& v : b) v = _mm512_setzero_si512();
-        const int32_t *sixteens = x.sixteens_of(band, s), *offsets = u.offsets + s * 8 * TASK_ROWS + t0;
+        const int32_t *sixteens = x.sixteens_of(band, s), *offsets = u.offsets + (s * TASK_ROWS + t0) * 8;
         for (int h = 0; h < 8; ++h) {
             const __m512i lanes = _mm512_loadu_si512(sixteens + h * BAND);
-            for (int t = 0; t < TILE; ++t) b[t] = dot_halves(b[t], lanes, _mm512_set1_epi32(offsets[h * TASK_ROWS + t]));
+            for (int t = 0; t < TILE; ++t) b[t] = dot_halves(b[t], lanes, _mm512_set1_epi32(offsets[t * 8 + h]));
         }
         const __m512 dx = _mm512_loadu_ps(x.scales_of(band, s));
         for (int t = 0; t < TILE; ++t) {

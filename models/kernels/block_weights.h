@@ -380,34 +380,31 @@ template <typename Pick, typename V>
 inline V pick_lanes(V a, V b) {
     return pick_lanes<Pick>(a, b, std::make_index_sequence<sizeof(V) / sizeof(a[0])>());
 }
-template <int FROM>
-struct LanesFrom {  // lanes FROM, FROM + 1, ... of an eight-lane vector
-    static constexpr int lane(size_t i) { return int(i + FROM) % 8; }
-};
 template <int ROWS>
 struct RowOfLane {  // lane i of one side of ROWS input rows: row i % ROWS
     static constexpr int lane(size_t i) { return int(i) % ROWS; }
 };
 
-// Eight integer lanes of K sums (K a power of two up to 8; p overwritten): lane j, j < K, the sum of
-// p[j]'s lanes. vector.h's folds: each level adds neighbouring blocks of lanes of two vectors into
-// one, a vector folded with itself once the vectors run out; they leave p[j]'s sum in lane j's bits
-// reversed, which a last shuffle undoes.
+// The sums of K vectors' halves (K a power of two up to 8; p overwritten): lanes j and 8 + j the
+// sums of p[j]'s first and second eight lanes. vector.h's folds: each level adds neighbouring
+// blocks of lanes of two vectors into one (a vector folded with itself once they run out), within
+// each half; they leave the sums in lanes whose index within the half is j's bits reversed, which a
+// last shuffle undoes.
 template <int K, int B = 4>
-inline void fold_sums(Sums* p) {
+inline void fold_halves(PairSums* p) {
     if constexpr (B > 0) {
         for (int t = 0; t < std::max(K / 2, 1); ++t) {
-            const Sums a = p[2 * t], b = K > 1 ? p[2 * t + 1] : a;
-            p[t] = pick_lanes<Low<8, B>>(a, b) + pick_lanes<High<8, B>>(a, b);
+            const PairSums a = p[2 * t], b = K > 1 ? p[2 * t + 1] : a;
+            p[t] = pick_lanes<Low<16, B>>(a, b) + pick_lanes<High<16, B>>(a, b);
         }
-        fold_sums<std::max(K / 2, 1), B / 2>(p);
+        fold_halves<std::max(K / 2, 1), B / 2>(p);
     }
 }
 template <int K>
-inline Sums lane_totals(Sums* p) {
+inline PairSums half_sums(PairSums* p) {
     static_assert(K == 1 || K == 2 || K == 4 || K == 8);
-    fold_sums<K>(p);
-    return __builtin_shufflevector(p[0], p[0], 0, 4, 2, 6, 1, 5, 3, 7);
+    fold_halves<K>(p);
+    return __builtin_shufflevector(p[0], p[0], 0, 4, 2, 6, 1, 5, 3, 7, 8, 12, 10, 14, 9, 13, 11, 15);
 }
 
 // Lane l: a's lanes 2 l and 2 l + 1 times b's, summed (AVX2's madd).
@@ -491,26 +488,33 @@ inline void pair_rows(const RoundedGroup<F, ROWS>& x, const BlockWeights& w, int
                         for (int i = 0; i < SIDE; ++i) sums[i][m] = dot_scaled(sums[i][m], codes[i], xq, scales[i]);
                     }
                 });
+                // each pair of rows' sums added up, two vectors' halves at a time: (MINS) its codes'
+                // products' beside its minimums', else two pairs' codes' (offsets included)
                 constexpr bool MINS = F::Super::MINS;
-                constexpr int K = SIDE * ROWS <= 1 ? 1 : SIDE * ROWS <= 2 ? 2 : SIDE * ROWS <= 4 ? 4 : 8;
-                Sums items[2 * K] = {};  // each pair of rows' codes' sums, then (MINS) its minimums'
+                constexpr int ITEMS = SIDE * ROWS, K = ITEMS <= 1 ? 1 : ITEMS <= 2 ? 2 : ITEMS <= 4 ? 4 : 8;
+                Sums codes[K] = {}, mins[K] = {};
                 for (int i = 0; i < SIDE; ++i) {
                     const Shorts weights = supers_of[i].offset_weights();
                     for (int m = 0; m < ROWS; ++m) {
-                        const Sums codes = low_eight(sums[i][m]) + high_eight(sums[i][m]);
+                        const int j = i * ROWS + m;
+                        codes[j] = low_eight(sums[i][m]) + high_eight(sums[i][m]);
                         const Sums offset = madd_shorts(weights, load<Shorts>(x.sixteens(m, s)));
-                        if constexpr (MINS) items[i * ROWS + m] = codes, items[K + i * ROWS + m] = offset;
-                        else items[i * ROWS + m] = codes + offset;
+                        if constexpr (MINS) mins[j] = offset;
+                        else codes[j] += offset;
                     }
                 }
                 Sums a, b = {};
-                if constexpr (!MINS) {
-                    a = lane_totals<K>(items);
-                } else if constexpr (K <= 4) {  // both in one vector
-                    a = lane_totals<2 * K>(items);
-                    b = pick_lanes<LanesFrom<K>>(a, a);
+                if constexpr (MINS) {
+                    PairSums halves[K];
+                    for (int j = 0; j < K; ++j) halves[j] = pair_of(codes[j], mins[j]);
+                    const PairSums totals = half_sums<K>(halves);
+                    a = low_eight(totals), b = high_eight(totals);
                 } else {
-                    a = lane_totals<K>(items), b = lane_totals<K>(items + K);
+                    constexpr int PAIRED = std::max(K / 2, 1);
+                    PairSums halves[PAIRED];
+                    for (int j = 0; j < PAIRED; ++j) halves[j] = pair_of(codes[2 * j], K > 1 ? codes[2 * j + 1] : Sums{});
+                    const PairSums totals = half_sums<PAIRED>(halves);  // codes j in lane j / 2 + 8 (j % 2)
+                    a = __builtin_shufflevector(totals, totals, 0, 8, 1, 9, 2, 10, 3, 11);
                 }
                 const auto per_side = [&](float first_row, float last_row) {  // lane i ROWS + m: row i's
                     constexpr Lanes lane = {0, 1, 2, 3, 4, 5, 6, 7};
