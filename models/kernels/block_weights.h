@@ -385,35 +385,48 @@ struct RowOfLane {  // lane i of one side of ROWS input rows: row i % ROWS
     static constexpr int lane(size_t i) { return int(i) % ROWS; }
 };
 
-// The sums of K vectors' halves (K a power of two up to 8; p overwritten): lanes j and 8 + j the
-// sums of p[j]'s first and second eight lanes. vector.h's folds: each level adds neighbouring
-// blocks of lanes of two vectors into one (a vector folded with itself once they run out), within
-// each half; they leave the sums in lanes whose index within the half is j's bits reversed, which a
-// last shuffle undoes.
-template <int K, int B = 4>
-inline void fold_halves(PairSums* p) {
-    if constexpr (B > 0) {
-        for (int t = 0; t < std::max(K / 2, 1); ++t) {
-            const PairSums a = p[2 * t], b = K > 1 ? p[2 * t + 1] : a;
+// The sums of the halves of V vectors (V a power of two up to 8; p overwritten): vector.h's folds,
+// each level adding neighbouring blocks of lanes of two vectors into one (a vector folded with itself
+// once they run out), within each half. The sum of p[v]'s first half ends in lane
+// half_sum_lane<V>(v, 0), of its second in half_sum_lane<V>(v, 1).
+template <int V, int B = 4>
+inline PairSums half_sums(PairSums* p) {
+    if constexpr (B == 0) {
+        return p[0];
+    } else {
+        for (int t = 0; t < std::max(V / 2, 1); ++t) {
+            const PairSums a = p[2 * t], b = V > 1 ? p[2 * t + 1] : a;
             p[t] = pick_lanes<Low<16, B>>(a, b) + pick_lanes<High<16, B>>(a, b);
         }
-        fold_halves<std::max(K / 2, 1), B / 2>(p);
+        return half_sums<std::max(V / 2, 1), B / 2>(p);
     }
 }
-template <int K>
-inline PairSums half_sums(PairSums* p) {
-    static_assert(K == 1 || K == 2 || K == 4 || K == 8);
-    fold_halves<K>(p);
-    return __builtin_shufflevector(p[0], p[0], 0, 4, 2, 6, 1, 5, 3, 7, 8, 12, 10, 14, 9, 13, 11, 15);
+constexpr int half_sum_lane(int v, int half) {  // v's three bits reversed, in the half
+    return 8 * half + ((v & 1) << 2 | (v & 2) | (v & 4) >> 2);
 }
 
-// Lane l: a's lanes 2 l and 2 l + 1 times b's, summed (AVX2's madd).
-inline Sums madd_shorts(Shorts a, Shorts b) {
-#if defined(__AVX2__)
-    return (Sums)_mm256_madd_epi16((__m256i)a, (__m256i)b);
+// Eight of a vector's sixteen lanes: lane i, Pick::lane(i).
+template <typename Pick, size_t... I>
+inline Sums eight_lanes(PairSums v, std::index_sequence<I...>) {
+    return __builtin_shufflevector(v, v, Pick::lane(I)...);
+}
+template <typename Pick>
+inline Sums eight_lanes(PairSums v) { return eight_lanes<Pick>(v, std::make_index_sequence<8>()); }
+
+// Where pair_rows' half_sums leave item i's sum (item 2 v in vector FIRST + v's first half, 2 v + 1
+// in its second).
+template <int FIRST>
+struct ItemLane {
+    static constexpr int lane(size_t i) { return half_sum_lane(FIRST + int(i) / 2, int(i) % 2); }
+};
+
+// Lane l: a's lanes 2 l and 2 l + 1 times b's, summed (AVX-512's madd).
+inline PairSums madd_shorts(PairShorts a, PairShorts b) {
+#if defined(__AVX512BW__)
+    return (PairSums)_mm512_madd_epi16((__m512i)a, (__m512i)b);
 #else
-    Sums sums;
-    for (int l = 0; l < 8; ++l) sums[l] = int32_t(a[2 * l]) * b[2 * l] + int32_t(a[2 * l + 1]) * b[2 * l + 1];
+    PairSums sums;
+    for (int l = 0; l < 16; ++l) sums[l] = int32_t(a[2 * l]) * b[2 * l] + int32_t(a[2 * l + 1]) * b[2 * l + 1];
     return sums;
 #endif
 }
@@ -488,34 +501,31 @@ inline void pair_rows(const RoundedGroup<F, ROWS>& x, const BlockWeights& w, int
                         for (int i = 0; i < SIDE; ++i) sums[i][m] = dot_scaled(sums[i][m], codes[i], xq, scales[i]);
                     }
                 });
-                // each pair of rows' sums added up, two vectors' halves at a time: (MINS) its codes'
-                // products' beside its minimums', else two pairs' codes' (offsets included)
+                // each pair of rows' sums (item j: weight row j / ROWS, input row j % ROWS) added up,
+                // two items in the halves of one vector: their codes' sums folded, their offsets
+                // from one madd; with MINS the minimums' vectors after the codes'
                 constexpr bool MINS = F::Super::MINS;
-                constexpr int ITEMS = SIDE * ROWS, K = ITEMS <= 1 ? 1 : ITEMS <= 2 ? 2 : ITEMS <= 4 ? 4 : 8;
-                Sums codes[K] = {}, mins[K] = {};
-                for (int i = 0; i < SIDE; ++i) {
-                    const Shorts weights = supers_of[i].offset_weights();
-                    for (int m = 0; m < ROWS; ++m) {
-                        const int j = i * ROWS + m;
-                        codes[j] = low_eight(sums[i][m]) + high_eight(sums[i][m]);
-                        const Sums offset = madd_shorts(weights, load<Shorts>(x.sixteens(m, s)));
-                        if constexpr (MINS) mins[j] = offset;
-                        else codes[j] += offset;
-                    }
+                constexpr int ITEMS = SIDE * ROWS, K = ITEMS <= 2 ? 2 : ITEMS <= 4 ? 4 : 8, V = MINS ? K : K / 2;
+                PairSums vectors[K];
+                for (int v = 0; v < K / 2; ++v) {
+                    const auto item = [&](int j, auto codes, auto offsets) {  // item j's, or zeros past the last
+                        return j < ITEMS ? std::pair{codes(j / ROWS, j % ROWS), offsets(j / ROWS, j % ROWS)}
+                                         : std::pair{PairSums{}, std::pair{Shorts{}, Shorts{}}};
+                    };
+                    const auto codes = [&](int i, int m) { return sums[i][m]; };
+                    const auto offsets = [&](int i, int m) {
+                        return std::pair{supers_of[i].offset_weights(), load<Shorts>(x.sixteens(m, s))};
+                    };
+                    const auto [first, first_offsets] = item(2 * v, codes, offsets);
+                    const auto [second, second_offsets] = item(2 * v + 1, codes, offsets);
+                    vectors[v] = pick_lanes<Low<16, 8>>(first, second) + pick_lanes<High<16, 8>>(first, second);
+                    const PairSums offset = madd_shorts(pair_of(first_offsets.first, second_offsets.first),
+                                                        pair_of(first_offsets.second, second_offsets.second));
+                    if constexpr (MINS) vectors[K / 2 + v] = offset;
+                    else vectors[v] += offset;
                 }
-                Sums a, b = {};
-                if constexpr (MINS) {
-                    PairSums halves[K];
-                    for (int j = 0; j < K; ++j) halves[j] = pair_of(codes[j], mins[j]);
-                    const PairSums totals = half_sums<K>(halves);
-                    a = low_eight(totals), b = high_eight(totals);
-                } else {
-                    constexpr int PAIRED = std::max(K / 2, 1);
-                    PairSums halves[PAIRED];
-                    for (int j = 0; j < PAIRED; ++j) halves[j] = pair_of(codes[2 * j], K > 1 ? codes[2 * j + 1] : Sums{});
-                    const PairSums totals = half_sums<PAIRED>(halves);  // codes j in lane j / 2 + 8 (j % 2)
-                    a = __builtin_shufflevector(totals, totals, 0, 8, 1, 9, 2, 10, 3, 11);
-                }
+                const PairSums totals = half_sums<V>(vectors);
+                const Sums a = eight_lanes<ItemLane<0>>(totals), b = eight_lanes<ItemLane<K / 2>>(totals);
                 const auto per_side = [&](float first_row, float last_row) {  // lane i ROWS + m: row i's
                     constexpr Lanes lane = {0, 1, 2, 3, 4, 5, 6, 7};
                     return SIDE == 1 ? Lanes{} + first_row : lane < float(ROWS) ? Lanes{} + first_row : Lanes{} + last_row;
