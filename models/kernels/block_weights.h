@@ -169,16 +169,37 @@ struct RoundedGroup {
 
 // Values [0, span) of x under one scale: the scale and the codes (round half to even, as
 // torch.round: block_linear.py's round_activations is the same arithmetic), and the codes' sums
-// over each 16 (span / 16 of them).
+// over each 16 (span / 16 of them). Eight lanes at a time (a value at a time, the rounding of a
+// 64-row step's input took 4% of its products' time); the product x / scale is rounded as a float
+// first, then to an integer, as torch's x * inverse then round (an add beside the multiply would
+// let the compiler fuse them, rounding once).
+inline Lanes nearest_integers(Lanes v) {  // ties to even, as nearbyint
+#if defined(__AVX__)
+    return (Lanes)_mm256_round_ps((__m256)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+    for (int l = 0; l < 8; ++l) v[l] = std::nearbyint(v[l]);
+    return v;
+#endif
+}
 inline float round_span(const float* x, int64_t span, int8_t* codes, int32_t* sixteens) {
+    Lanes largest = {};
+    for (int64_t i = 0; i < span; i += 8) {
+        const Lanes v = load<Lanes>(x + i), magnitude = v < 0.0f ? -v : v;
+        largest = magnitude > largest ? magnitude : largest;
+    }
     float amax = 0.0f;
-    for (int64_t i = 0; i < span; ++i) amax = std::max(amax, std::fabs(x[i]));
+    for (int l = 0; l < 8; ++l) amax = std::max(amax, largest[l]);
     const float d = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
-    for (int64_t k = 0; k < span / 16; ++k) sixteens[k] = 0;
-    for (int64_t i = 0; i < span; ++i) {
-        const int32_t q = int32_t(std::nearbyint(x[i] * inverse));
-        codes[i] = int8_t(q);
-        sixteens[i / 16] += q;
+    for (int64_t k = 0; k < span; k += 16) {
+        const Sums low = __builtin_convertvector(nearest_integers(load<Lanes>(x + k) * inverse), Sums);
+        const Sums high = __builtin_convertvector(nearest_integers(load<Lanes>(x + k + 8) * inverse), Sums);
+        const Sums both = low + high;
+        int32_t sum = 0;
+        for (int l = 0; l < 8; ++l) sum += both[l];
+        sixteens[k / 16] = sum;
+        typedef int8_t EightCodes __attribute__((vector_size(8)));
+        store(codes + k, __builtin_convertvector(low, EightCodes));
+        store(codes + k + 8, __builtin_convertvector(high, EightCodes));
     }
     return d;
 }
