@@ -28,8 +28,9 @@ namespace {
 
 constexpr int BAND = 16;  // input rows a band: one a lane
 constexpr int TILE = 8;   // weight rows a tile: eight sums of sixteen rows, eight of their groups', in registers
-// block_rows takes the tiles from this many rows (measured: docs/benchmarks.md)
-constexpr int64_t TILED_FROM = 13;
+// block_rows takes the tiles from TILED_FROM rows, and a last band part full behind full ones from
+// TILED_TAIL_FROM rows (measured: block_rows, docs/benchmarks.md)
+constexpr int64_t TILED_FROM = 13, TILED_TAIL_FROM = 8;
 
 // Input rows rounded for the tiled products, BAND rows to a band (rows past the last: zeros).
 struct Bands {

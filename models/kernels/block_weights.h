@@ -625,8 +625,21 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
     if (rows == 0)  // (the output layer of a step none of whose rows is sampled): every thread of the
         return;     // team returns alike
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-    if constexpr (rounds_by_super_block<F>())
-        if (rows >= TILED_FROM) return tiled_rows<F>(x, x_stride, rows, w, bias, y, y_stride, scratch);
+    // K-quants: whole bands of rows tiled, and a last band part full from TILED_FROM rows alone or
+    // TILED_TAIL_FROM behind full ones (whose tasks have unpacked the weights already); fewer rows
+    // left over take the products below, the numbers the same either way (block_tiles.h). A band
+    // of one row cost as much as a full one: 17 / 20 / 24-token prompts of the 1.7B Q4_K_M file took
+    // 245-268 / 244-255 / 245-267 ms to their first token with every band tiled, 196-198 / 218-221 /
+    // 258-262 with tails below 13 left to the pairs.
+    if constexpr (rounds_by_super_block<F>()) {
+        const int64_t tail = rows % BAND;
+        const int64_t tiled = tail >= (rows > BAND ? TILED_TAIL_FROM : TILED_FROM) ? rows : rows - tail;
+        if (tiled >= TILED_FROM) {
+            tiled_rows<F>(x, x_stride, tiled, w, bias, y, y_stride, scratch);  // (ends at a barrier)
+            if (tiled == rows) return;
+            x += tiled * x_stride, y += tiled * y_stride, rows -= tiled;
+        }
+    }
 #endif
     const RoundedRows rounded(scratch, rows, in, record_values<F>(in));
     round_rows<F>(x, x_stride, rounded);  // its barrier: every row is rounded before any product
