@@ -161,19 +161,21 @@ inline Sums dot_scaled(Sums sums, Bytes u, SignedBytes s, Shorts scales) {
 #endif
 }
 
-// Two blocks' 32 bytes each as a pair (one insert with AVX-512, where GCC's shuffle of bytes took a
-// permute of all 64).
+// Two 32-byte vectors (a pair of blocks' bytes, or their shorts) as one of 64 bytes: one insert with
+// AVX-512, where GCC's shuffle of bytes took a permute of all 64.
+template <typename V, size_t... I>
+inline auto joined(V a, V b, std::index_sequence<I...>) {
+    return __builtin_shufflevector(a, b, I...);
+}
 template <typename V>
 inline auto pair_of(V a, V b) {
+    static_assert(sizeof(V) == 32);
 #if defined(__AVX512F__)
-    typedef std::remove_reference_t<decltype(a[0])> Byte;
-    typedef Byte Pair __attribute__((vector_size(64)));
+    typedef std::remove_reference_t<decltype(a[0])> Lane;
+    typedef Lane Pair __attribute__((vector_size(64)));
     return (Pair)_mm512_inserti64x4(_mm512_castsi256_si512((__m256i)a), (__m256i)b, 1);
 #else
-    return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
-                                   21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41,
-                                   42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62,
-                                   63);
+    return joined(a, b, std::make_index_sequence<2 * sizeof(V) / sizeof(a[0])>());
 #endif
 }
 

@@ -4,9 +4,9 @@
 // to every lane, and a group's sums take the group's integer scale in one vpmulld for all sixteen
 // rows. block_weights.h's pair_rows, a pair of blocks at a time for each input row, takes two
 // multiply instructions per 64 products of one row (maddubs, then dpwssd by the scales) where this
-// takes about one, and spends nothing on adding up lanes: in a standalone measurement of Q4_K
-// (docs/bench/tiled_products.cpp) 8192 x 2048 at 16 / 64 rows ran 211-218 / 243-249 Gvalue-rows/s
-// on two Zen 5 threads against pair_rows' 150 / 154.
+// takes about one, and spends nothing on adding up lanes: 8192 x 2048 Q4_K at 16 / 64 rows runs
+// 192-203 / 243-246 Gvalue-rows/s on two Zen 5 threads against pair_rows' 145-152 / 147-155, Q6_K
+// 165-167 / 209-228 against 104-124 / 126-129 (docs/benchmarks.md, "Tiled K-quant products").
 //
 // The weights are unpacked once per task (TASK_ROWS weight rows, into each thread's own scratch):
 // every code a byte, every group's scale and offset weight an integer. The input is rounded as for
@@ -51,9 +51,10 @@ struct Bands {
         return whole_lines<float>(padded * in / 4) + whole_lines<float>(padded * in / 32) +
                whole_lines<float>(padded * in / 256);
     }
-    const int8_t* codes_of(int64_t band, int64_t s) const { return codes + (band * in + s * 256) * BAND; }
-    const int32_t* sixteens_of(int64_t band, int64_t s) const { return sixteens + (band * supers + s) * 8 * BAND; }
-    const float* scales_of(int64_t band, int64_t s) const { return scales + (band * supers + s) * BAND; }
+    // super-block s of a band
+    int8_t* codes_of(int64_t band, int64_t s) const { return codes + (band * in + s * 256) * BAND; }
+    int32_t* sixteens_of(int64_t band, int64_t s) const { return sixteens + (band * supers + s) * 8 * BAND; }
+    float* scales_of(int64_t band, int64_t s) const { return scales + (band * supers + s) * BAND; }
 };
 
 // ``rows`` rows of x rounded into ``b``, 256 values under each scale as for a K-quant's pair_rows
@@ -62,8 +63,8 @@ inline void round_bands(const float* x, int64_t x_stride, const Bands& b) {
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < b.bands * b.supers; ++i) {
         const int64_t band = i / b.supers, s = i % b.supers;
-        int8_t* codes = const_cast<int8_t*>(b.codes_of(band, s));
-        int32_t* sixteens = const_cast<int32_t*>(b.sixteens_of(band, s));
+        int8_t* codes = b.codes_of(band, s);
+        int32_t* sixteens = b.sixteens_of(band, s);
         for (int lane = 0; lane < BAND; ++lane) {
             const int64_t row = band * BAND + lane;
             int8_t q[256] = {};
@@ -72,7 +73,7 @@ inline void round_bands(const float* x, int64_t x_stride, const Bands& b) {
             for (int quad = 0; quad < 64; ++quad) std::memcpy(codes + (quad * BAND + lane) * 4, q + 4 * quad, 4);
             for (int h = 0; h < 8; ++h)
                 sixteens[h * BAND + lane] = int32_t(uint32_t(uint16_t(sums[2 * h])) | uint32_t(sums[2 * h + 1]) << 16);
-            const_cast<float*>(b.scales_of(band, s))[lane] = d;
+            b.scales_of(band, s)[lane] = d;
         }
     }
 }

@@ -409,7 +409,7 @@ struct RowOfLane {  // lane i of one side of ROWS input rows: row i % ROWS
 // The sums of the halves of V vectors (V a power of two up to 8; p overwritten): vector.h's folds,
 // each level adding neighbouring blocks of lanes of two vectors into one (a vector folded with itself
 // once they run out), within each half. The sum of p[v]'s first half ends in lane
-// half_sum_lane<V>(v, 0), of its second in half_sum_lane<V>(v, 1).
+// half_sum_lane(v, 0), of its second in half_sum_lane(v, 1).
 template <int V, int B = 4>
 inline PairSums half_sums(PairSums* p) {
     if constexpr (B == 0) {
@@ -529,19 +529,17 @@ inline void pair_rows(const RoundedGroup<F, ROWS>& x, const BlockWeights& w, int
                 constexpr int ITEMS = SIDE * ROWS, K = ITEMS <= 2 ? 2 : ITEMS <= 4 ? 4 : 8, V = MINS ? K : K / 2;
                 PairSums vectors[K];
                 for (int v = 0; v < K / 2; ++v) {
-                    const auto item = [&](int j, auto codes, auto offsets) {  // item j's, or zeros past the last
-                        return j < ITEMS ? std::pair{codes(j / ROWS, j % ROWS), offsets(j / ROWS, j % ROWS)}
-                                         : std::pair{PairSums{}, std::pair{Shorts{}, Shorts{}}};
-                    };
-                    const auto codes = [&](int i, int m) { return sums[i][m]; };
-                    const auto offsets = [&](int i, int m) {
-                        return std::pair{supers_of[i].offset_weights(), load<Shorts>(x.sixteens(m, s))};
-                    };
-                    const auto [first, first_offsets] = item(2 * v, codes, offsets);
-                    const auto [second, second_offsets] = item(2 * v + 1, codes, offsets);
-                    vectors[v] = pick_lanes<Low<16, 8>>(first, second) + pick_lanes<High<16, 8>>(first, second);
-                    const PairSums offset = madd_shorts(pair_of(first_offsets.first, second_offsets.first),
-                                                        pair_of(first_offsets.second, second_offsets.second));
+                    PairSums codes[2] = {};  // items 2 v and 2 v + 1 (zeros past the last)
+                    Shorts weights[2] = {}, sixteens[2] = {};
+                    for (int h = 0; h < 2; ++h) {
+                        const int j = 2 * v + h, i = j / ROWS, m = j % ROWS;
+                        if (j >= ITEMS) continue;
+                        codes[h] = sums[i][m];
+                        weights[h] = supers_of[i].offset_weights();
+                        sixteens[h] = load<Shorts>(x.sixteens(m, s));
+                    }
+                    vectors[v] = pick_lanes<Low<16, 8>>(codes[0], codes[1]) + pick_lanes<High<16, 8>>(codes[0], codes[1]);
+                    const PairSums offset = madd_shorts(pair_of(weights[0], weights[1]), pair_of(sixteens[0], sixteens[1]));
                     if constexpr (MINS) vectors[K / 2 + v] = offset;
                     else vectors[v] += offset;
                 }
