@@ -74,8 +74,9 @@ struct RoundedRows {
     // unit / 4 a record: with a scale per 32 values, each block's scale eight times, so that a pair
     // of blocks' scales load as one vector (pair_rows)
     float* spread;
-    // the K-quants' (pair_rows'): each record's code sums over 16 as integers, and its one scale
-    // (the records of a group's rows for one super-block side by side)
+    // the K-quants' where pair_rows takes them (integer_records), in place of the float scales and
+    // sums above: each record's code sums over 16 as integers, and its one scale (the records of a
+    // group's rows for one super-block side by side)
     int16_t* sixteens;
     float* record_scales;
     int64_t rows, in, unit;
@@ -122,6 +123,11 @@ template <typename F>
 constexpr bool rounds_by_super_block() { return F::ROUNDING == F::VALUES && F::VALUES > GROUP; }
 template <typename F>
 int64_t record_values(int64_t in) { return rounds_by_super_block<F>() ? F::VALUES : in; }
+// Whether format F's products read its rounded input as integer sums and one scale a record
+// (pair_rows' K-quants, ending each super-block in exact integers) rather than as float scales and
+// sums per block (int8_rows', and every other format's).
+template <typename F>
+constexpr bool integer_records() { return PAIRS && rounds_by_super_block<F>(); }
 
 // The rounded rows [row0, row0 + ROWS) of one of block_rows's groups, as format F's products read
 // them.
@@ -157,7 +163,7 @@ struct RoundedGroup {
     // (the K-quants')
     const int16_t* sixteens(int m, int64_t s) const { return sixteens_ + 2 * block(m, s); }
     const float* super_block_scales(int64_t s) const {
-        static_assert(rounds_by_super_block<F>());
+        static_assert(integer_records<F>());
         return record_scales_ + s * ROWS;
     }
     // row m's block sums, the whole row (F::row_offset's, for Loom's blocks, whose records are rows)
@@ -225,14 +231,16 @@ inline void round_rows(const float* x, int64_t x_stride, const RoundedRows& r) {
             const int64_t j = part * blocks + b, block = at * record_blocks + j;  // in the record, in the records
             const int64_t slot = j / SUPER_BLOCKS * SUPER_BLOCKS + InputOrder<F>::slot(int(j % SUPER_BLOCKS));
             std::memcpy(r.codes + (at * record_blocks + slot) * GROUP, codes + b * GROUP, GROUP);
-            r.scales[block] = d;
-            r.sums[block] = d * float(sixteens[2 * b] + sixteens[2 * b + 1]);
-            r.halves[2 * block] = d * float(sixteens[2 * b]);
-            r.halves[2 * block + 1] = d * float(sixteens[2 * b + 1]);
+            if constexpr (!integer_records<F>()) {
+                r.scales[block] = d;
+                r.sums[block] = d * float(sixteens[2 * b] + sixteens[2 * b + 1]);
+                r.halves[2 * block] = d * float(sixteens[2 * b]);
+                r.halves[2 * block + 1] = d * float(sixteens[2 * b + 1]);
+            }
             if constexpr (PAIRS && span == GROUP)  // only pair_rows reads them
                 for (int l = 0; l < 8; ++l) r.spread[8 * block + l] = d;
         }
-        if constexpr (rounds_by_super_block<F>()) {  // a record is the span
+        if constexpr (integer_records<F>()) {  // a record is the span
             r.record_scales[at] = d;
             for (int k = 0; k < span / 16; ++k) r.sixteens[at * (span / 16) + k] = int16_t(sixteens[k]);
         }

@@ -82,8 +82,9 @@ def test_the_kernels_product_over_a_files_blocks_equals_float64(kind, rows):
 @pytest.mark.parametrize("kind", NATIVE, ids=lambda k: k.name)
 def test_a_rows_product_is_the_same_whatever_rows_share_it(kind):
     """A K-quant product's rows are bitwise the same alone, a few at a time (pair_rows) and in bands
-    of sixteen (the tiled products from TILED_FROM rows, with a last band part full), so that a
-    request's numbers do not depend on its batch-mates; weight rows not a whole tile included."""
+    of sixteen (the tiled products: 40 rows in two full bands and one of eight, 17 in one band and a
+    row left to pair_rows), so that a request's numbers do not depend on its batch-mates; weight rows
+    not a whole tile included."""
     width, out = 512, 100
     layer = BlockLinear.of_blocks(to_blocks(random_tensor(kind, rows=out, width=width, seed=5), kind, width), width)
     x = torch.randn(40, width, generator=torch.Generator().manual_seed(6))
