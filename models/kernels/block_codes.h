@@ -179,13 +179,6 @@ inline auto pair_of(V a, V b) {
 #endif
 }
 
-// Lanes A and B of an eight-lane vector (the scales of a pair's two blocks) across the eight lanes
-// of each block of the pair.
-template <int A, int B = A + 1>
-inline PairLanes spread(Lanes v) {
-    return __builtin_shufflevector(v, v, A, A, A, A, A, A, A, A, B, B, B, B, B, B, B, B);
-}
-
 inline float half_to_float(const uint8_t* p) { return Element<float, Float16>::widen(load<Float16>(p)); }
 
 // The first and last eight of sixteen bytes.
@@ -265,27 +258,10 @@ inline PairBytes sixteens_of_bits(uint64_t bits) {
 #endif
 }
 
-// The products of ``count`` floats at a and b summed sixteen lanes apart, left in their lanes (a
-// product's lanes are summed at its end anyway: a row's offset joins them there, with no sum of its
-// own). For Loom's block pairs, which only AVX-512 builds take.
-inline PairLanes dot_lanes(const float* a, const float* b, int64_t count) {
-    PairLanes acc = {};
-    int64_t k = 0;
-    for (; k + 16 <= count; k += 16) acc += load<PairLanes>(a + k) * load<PairLanes>(b + k);
-    if (k < count) {
-#if defined(__AVX512F__)
-        const __mmask16 tail = __mmask16((1u << (count - k)) - 1);
-        acc += (PairLanes)_mm512_mul_ps(_mm512_maskz_loadu_ps(tail, a + k), _mm512_maskz_loadu_ps(tail, b + k));
-#else
-        for (int64_t j = k; j < count; ++j) acc[j - k] += a[j] * b[j];
-#endif
-    }
-    return acc;
-}
-
 // What most formats' Supers share: codes that are unsigned already, so the input meets them as it is
 // (Loom8's signed codes move their signs onto it instead), ...
 struct UnsignedCodes {
+    static constexpr bool MOVES_SIGNS = false;  // the codes meet the input as it is
     SignedBytes signed_x(int, SignedBytes x) const { return x; }
     template <int>
     PairSigned pair_signed(PairSigned x) const { return x; }
@@ -374,10 +350,14 @@ struct LoomNibblePairs {
     static constexpr int64_t ROUNDING = GROUP;  // values under one scale of the rounded input
     static constexpr int64_t VALUES = 2 * GROUP;
     static int64_t row_bytes(int64_t in) { return Single::row_bytes(in); }
+    static const float* scales_of(const uint8_t* row, int64_t in) { return Single::scales_of(row, in); }
+    static const float* mins_of(const uint8_t* row, int64_t in) { return scales_of(row, in) + in / GROUP; }
     struct Super : UnsignedCodes {
         Bytes packed;  // block 2 s in bytes 0-15, 2 s + 1 in 16-31 (values j and j + 16 in byte j)
         uint64_t high;  // the two blocks' fifth bits, block 2 s's in the low half
         float d[2], m[2];
+        static constexpr bool MINS = true;
+        static constexpr int CODE_OFFSET = 0;  // what the codes read stand above the format's
         static constexpr int first(int) { return 0; }
         static constexpr int second(int) { return 1; }
         Super() = default;
@@ -402,20 +382,11 @@ struct LoomNibblePairs {
             if constexpr (!HIGH) return nibbles;
             return nibbles | sixteens_of_bits(high);
         }
-        template <int>
-        PairLanes pair_scales() const { return spread<0>(Lanes{d[0], d[1]}); }
-        Lanes offset(const float*, const float*) const { return Lanes{}; }  // the row's, below
         void widen(float* out) const {
             const PairBytes q = pair_codes<0>();
             for (int i = 0; i < 64; ++i) out[i] = d[i / 32] * float(q[i]) + m[i / 32];
         }
     };
-    // What a row's minimums add against an input row whose blocks sum to ``sums``: the dot product of
-    // the row's minimums (one float32 a block, side by side) with those sums, taken once for the row
-    // rather than a pair of blocks at a time.
-    static PairLanes row_offset(const uint8_t* row, int64_t in, const float* sums) {
-        return dot_lanes(Single::scales_of(row, in) + in / GROUP, sums, in / GROUP);
-    }
 };
 using Loom4Pairs = LoomNibblePairs<false>;
 using Loom5Pairs = LoomNibblePairs<true>;
@@ -424,9 +395,11 @@ struct Loom8Pairs {
     static constexpr int64_t ROUNDING = GROUP;  // values under one scale of the rounded input
     static constexpr int64_t VALUES = 2 * GROUP;
     static int64_t row_bytes(int64_t in) { return Loom8::row_bytes(in); }
+    static const float* scales_of(const uint8_t* row, int64_t in) { return reinterpret_cast<const float*>(row + in); }
     struct Super {
         PairSigned q;
         float d[2];
+        static constexpr bool MINS = false;
         static constexpr int first(int) { return 0; }
         static constexpr int second(int) { return 1; }
         Super() = default;
@@ -436,32 +409,28 @@ struct Loom8Pairs {
         }
 #if defined(__AVX512VNNI__)
         // The codes shifted to unsigned ones, q + 128 (VNNI's dpbusd sums their products with the
-        // input in 32 bits, where maddubs's 16-bit pair sums would saturate), and the row's offset
-        // takes the 128 back: the codes' signs moved onto the input instead cost two instructions
-        // per pair and input row (8192 x 2048, two Zen 5 threads: 64 rows 86 -> 89-92 Gvalue-rows/s).
+        // input in 32 bits, where maddubs's 16-bit pair sums would saturate), and each block's
+        // integer sum takes 128 times the input block's code sum back: the codes' signs moved onto
+        // the input instead cost two instructions per pair and input row (8192 x 2048, two Zen 5
+        // threads: 64 rows 86 -> 89-92 Gvalue-rows/s).
+        static constexpr int CODE_OFFSET = 128;
+        static constexpr bool MOVES_SIGNS = false;
         template <int>
         PairBytes pair_codes() const { return (PairBytes)q ^ 0x80; }
         template <int>
         PairSigned pair_signed(PairSigned x) const { return x; }
 #else
+        static constexpr int CODE_OFFSET = 0;
+        static constexpr bool MOVES_SIGNS = true;  // the codes' magnitudes meet the input with their signs
         template <int>
         PairBytes pair_codes() const { return (PairBytes)(q < 0 ? -q : q); }
         template <int>
         PairSigned pair_signed(PairSigned x) const { return q < 0 ? -x : x; }
 #endif
-        template <int>
-        PairLanes pair_scales() const { return spread<0>(Lanes{d[0], d[1]}); }
-        Lanes offset(const float*, const float*) const { return Lanes{}; }
         void widen(float* out) const {
             for (int i = 0; i < 64; ++i) out[i] = d[i / 32] * float(q[i]);
         }
     };
-#if defined(__AVX512VNNI__)
-    // -128 times each block's scale times its input block's sum, over the row (see pair_codes)
-    static PairLanes row_offset(const uint8_t* row, int64_t in, const float* sums) {
-        return dot_lanes(reinterpret_cast<const float*>(row + in), sums, in / GROUP) * -128.0f;
-    }
-#endif
 };
 
 // Q4_K, and with HIGH Q5_K: the same super-block with a fifth bit a code, 32 bytes of them before
@@ -526,8 +495,6 @@ struct KQuantWithMins {
             const Bytes high = load<Bytes>(qh);
             return nibbles | (pair_of((high >> first(P)) & 1, (high >> second(P)) & 1) << 4);
         }
-        template <int P>
-        PairLanes pair_scales() const { return spread<first(P), second(P)>(scale); }
         // sub-block J's scale across its sixteen twos of bytes
         template <int J>
         Shorts block_int_scales() const { return Shorts{} + sc[J]; }
@@ -638,13 +605,6 @@ struct Q6K {
             const Bytes high = load<Bytes>(qh + 32 * n);
             const PairBytes bits = pair_of((high >> (2 * k)) & 3, (high >> (2 * k + 2)) & 3);
             return (k == 0 ? low & 15 : low >> 4) | (bits << 4);
-        }
-        // groups 4 P to 4 P + 3, four lanes each
-        template <int P>
-        PairLanes pair_scales() const {
-            constexpr int g = 4 * P;
-            return __builtin_shufflevector(sc[0], sc[1], g, g, g, g, g + 1, g + 1, g + 1, g + 1, g + 2, g + 2, g + 2,
-                                           g + 2, g + 3, g + 3, g + 3, g + 3);
         }
         template <int P>
         PairShorts pair_int_scales() const { return pair_group_scales<P>(groups); }

@@ -71,14 +71,15 @@ struct InputOrder<F, std::void_t<decltype(F::input_slot(0))>> {
 struct RoundedRows {
     int8_t* codes;  // unit bytes a record
     float *scales, *sums, *halves;  // unit / 32, unit / 32, unit / 16 a record
-    // unit / 4 a record: with a scale per 32 values, each block's scale eight times, so that a pair
-    // of blocks' scales load as one vector (pair_rows)
-    float* spread;
     // the K-quants' where pair_rows takes them (integer_records), in place of the float scales and
     // sums above: each record's code sums over 16 as integers, and its one scale (the records of a
     // group's rows for one super-block side by side)
     int16_t* sixteens;
     float* record_scales;
+    // Loom's blocks' where pair_rows takes them (block_records): per block of a group's rows, side by
+    // side, [group][block][row in group], each row's scale dx, its code sum and dx times that sum
+    float *block_scales, *block_sums;
+    int32_t* block_code_sums;
     int64_t rows, in, unit;
 
     // ``scratch``: at least floats_for(rows, in) floats, from a cache line's start
@@ -88,20 +89,24 @@ struct RoundedRows {
         scales = scratch + whole_lines<float>(rows * in / 4);
         sums = scales + whole_lines<float>(blocks);
         halves = sums + whole_lines<float>(blocks);
-        spread = halves + whole_lines<float>(rows * in / 16);
-        sixteens = reinterpret_cast<int16_t*>(spread + whole_lines<float>(rows * in / 4));
+        sixteens = reinterpret_cast<int16_t*>(halves + whole_lines<float>(rows * in / 16));
         record_scales = reinterpret_cast<float*>(sixteens) + whole_lines<float>(rows * in / 32);
+        block_scales = record_scales + whole_lines<float>(rows * in / 256 + 8);
+        block_sums = block_scales + whole_lines<float>(blocks + 16);
+        block_code_sums = reinterpret_cast<int32_t*>(block_sums + whole_lines<float>(blocks + 16));
     }
     static int64_t floats_for(int64_t rows, int64_t in) {
-        // (the record scales one vector over: a product of fewer than eight rows loads eight)
-        return 2 * whole_lines<float>(rows * in / 4) + 2 * whole_lines<float>(rows * in / GROUP) +
-               whole_lines<float>(rows * in / 16) + whole_lines<float>(rows * in / 32) +
-               whole_lines<float>(rows * in / 256 + 8);
+        // (the per-group arrays one vector over: a product of fewer rows loads eight or sixteen)
+        const int64_t blocks = rows * in / GROUP;
+        return whole_lines<float>(rows * in / 4) + 2 * whole_lines<float>(blocks) + whole_lines<float>(rows * in / 16) +
+               whole_lines<float>(rows * in / 32) + whole_lines<float>(rows * in / 256 + 8) +
+               3 * whole_lines<float>(blocks + 16);
     }
-    // The index of row ``row``'s record of unit ``u``, and back.
-    int64_t record(int64_t row, int64_t u) const {
+    // The index of row ``row``'s record of unit ``u`` (of ``unit_values`` values; the records' own
+    // unless said), and back.
+    int64_t record(int64_t row, int64_t u, int64_t unit_values = 0) const {
         const int64_t first = row - row % FEW_ROWS, group = std::min(FEW_ROWS, rows - first);
-        return first * (in / unit) + u * group + row % FEW_ROWS;
+        return first * (in / (unit_values == 0 ? unit : unit_values)) + u * group + row % FEW_ROWS;
     }
     std::pair<int64_t, int64_t> row_and_unit(int64_t record) const {
         const int64_t units = in / unit, first = record / (FEW_ROWS * units) * FEW_ROWS;  // the group's first row
@@ -128,6 +133,11 @@ int64_t record_values(int64_t in) { return rounds_by_super_block<F>() ? F::VALUE
 // sums per block (int8_rows', and every other format's).
 template <typename F>
 constexpr bool integer_records() { return PAIRS && rounds_by_super_block<F>(); }
+// Whether format F's products read its rounded input per block of a group's rows (pair_rows' and the
+// tiles' Loom blocks, a pair at a time, ending each block in an exact integer) rather than as
+// int8_rows' float scales and sums.
+template <typename F>
+constexpr bool block_records() { return PAIRS && !rounds_by_super_block<F>() && F::VALUES == 2 * GROUP; }
 
 // The rounded rows [row0, row0 + ROWS) of one of block_rows's groups, as format F's products read
 // them.
@@ -135,16 +145,18 @@ template <typename F, int ROWS>
 struct RoundedGroup {
     static constexpr int64_t BLOCKS = F::VALUES / GROUP;
     const int8_t* codes_;
-    const float *scales_, *sums_, *halves_, *spread_, *record_scales_;
+    const float *scales_, *sums_, *halves_, *record_scales_, *block_scales_, *block_sums_;
     const int16_t* sixteens_;
+    const int32_t* block_code_sums_;
     int64_t in;
 
     RoundedGroup(const RoundedRows& x, int64_t row0) : in(x.in) {
         const int64_t record = x.record(row0, 0), first = record * (x.unit / GROUP);  // the group's first block
         codes_ = x.codes + first * GROUP;
-        scales_ = x.scales + first, sums_ = x.sums + first;
-        halves_ = x.halves + first * 2, spread_ = x.spread + first * 8;
+        scales_ = x.scales + first, sums_ = x.sums + first, halves_ = x.halves + first * 2;
         sixteens_ = x.sixteens + first * 2, record_scales_ = x.record_scales + record;
+        block_scales_ = x.block_scales + first, block_sums_ = x.block_sums + first;
+        block_code_sums_ = x.block_code_sums + first;
     }
     // The first block of row m's super-block s, in its arrays' blocks.
     int64_t block(int m, int64_t s) const {
@@ -158,7 +170,6 @@ struct RoundedGroup {
     float scale(int m, int64_t s, int j = 0) const { return scales_[block(m, s) + j]; }
     const float* sums(int m, int64_t s) const { return sums_ + block(m, s); }
     const float* halves(int m, int64_t s) const { return halves_ + 2 * block(m, s); }
-    const float* spread(int m, int64_t s) const { return spread_ + 8 * block(m, s); }
     // row m's code sums over each 16 of super-block s, and the group's rows' scales of it side by side
     // (the K-quants')
     const int16_t* sixteens(int m, int64_t s) const { return sixteens_ + 2 * block(m, s); }
@@ -166,11 +177,11 @@ struct RoundedGroup {
         static_assert(integer_records<F>());
         return record_scales_ + s * ROWS;
     }
-    // row m's block sums, the whole row (F::row_offset's, for Loom's blocks, whose records are rows)
-    const float* row_sums(int m) const {
-        static_assert(!rounds_by_super_block<F>());
-        return sums(m, 0);
-    }
+    // block b of the row: the group's rows' scales dx of it side by side, their code sums, and dx
+    // times those (Loom's blocks in pair_rows)
+    const float* block_scales(int64_t b) const { return block_scales_ + b * ROWS; }
+    const int32_t* block_code_sums(int64_t b) const { return block_code_sums_ + b * ROWS; }
+    const float* block_sums(int64_t b) const { return block_sums_ + b * ROWS; }
 };
 
 // Values [0, span) of x under one scale: the scale and the codes (round half to even, as
@@ -231,14 +242,18 @@ inline void round_rows(const float* x, int64_t x_stride, const RoundedRows& r) {
             const int64_t j = part * blocks + b, block = at * record_blocks + j;  // in the record, in the records
             const int64_t slot = j / SUPER_BLOCKS * SUPER_BLOCKS + InputOrder<F>::slot(int(j % SUPER_BLOCKS));
             std::memcpy(r.codes + (at * record_blocks + slot) * GROUP, codes + b * GROUP, GROUP);
-            if constexpr (!integer_records<F>()) {
+            const int32_t code_sum = sixteens[2 * b] + sixteens[2 * b + 1];
+            if constexpr (block_records<F>()) {
+                const int64_t at_block = r.record(row, (unit * r.unit + part * span) / GROUP + b, GROUP);
+                r.block_scales[at_block] = d;
+                r.block_code_sums[at_block] = code_sum;
+                r.block_sums[at_block] = d * float(code_sum);
+            } else if constexpr (!integer_records<F>()) {
                 r.scales[block] = d;
-                r.sums[block] = d * float(sixteens[2 * b] + sixteens[2 * b + 1]);
+                r.sums[block] = d * float(code_sum);
                 r.halves[2 * block] = d * float(sixteens[2 * b]);
                 r.halves[2 * block + 1] = d * float(sixteens[2 * b + 1]);
             }
-            if constexpr (PAIRS && span == GROUP)  // only pair_rows reads them
-                for (int l = 0; l < 8; ++l) r.spread[8 * block + l] = d;
         }
         if constexpr (integer_records<F>()) {  // a record is the span
             r.record_scales[at] = d;
@@ -265,11 +280,6 @@ inline float lane_sum(Lanes v) {
     float sum = 0.0f;
     for (int l = 0; l < 8; ++l) sum += v[l];
     return sum;
-}
-
-inline float lane_sum(PairLanes v) {
-    return lane_sum(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                    __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
 }
 
 // The products' weight rows in a task (block_rows's).
@@ -381,14 +391,6 @@ inline void int8_rows(const RoundedGroup<F, ROWS>& x, const BlockWeights& w, int
     for (int m = 0; m < ROWS; ++m) store_lane_sums(totals[m], int(count), y + m * y_stride + first);
 }
 
-// Whether format F adds its offsets once a row (F::row_offset: Loom's blocks' minimums, the products of
-// the row's per-block floats and the input's block sums, in lanes) rather than a super-block at a time
-// (Super::offset). A pair of 4-bit blocks at a time, the minimums' term took two scalar multiply-adds
-// and an insert per input row, beside the pair's five vector instructions.
-template <typename F, typename = void>
-struct HasRowOffset : std::false_type {};
-template <typename F>
-struct HasRowOffset<F, std::void_t<decltype(F::row_offset(nullptr, 0, nullptr))>> : std::true_type {};
 
 // Input row ``row``'s codes of a pair of blocks A, B of super-block ``s``: one 64-byte load where they
 // lie side by side (InputOrder puts them so for Q4_K, whose pairs are blocks 4c and 4c + 2: gathered
@@ -435,12 +437,12 @@ constexpr int half_sum_lane(int v, int half) {  // v's three bits reversed, in t
 }
 
 // Eight of a vector's sixteen lanes: lane i, Pick::lane(i).
-template <typename Pick, size_t... I>
-inline Sums eight_lanes(PairSums v, std::index_sequence<I...>) {
+template <typename Pick, typename V, size_t... I>
+inline auto eight_lanes(V v, std::index_sequence<I...>) {
     return __builtin_shufflevector(v, v, Pick::lane(I)...);
 }
-template <typename Pick>
-inline Sums eight_lanes(PairSums v) { return eight_lanes<Pick>(v, std::make_index_sequence<8>()); }
+template <typename Pick, typename V>
+inline auto eight_lanes(V v) { return eight_lanes<Pick>(v, std::make_index_sequence<8>()); }
 
 // Where pair_rows' half_sums leave item i's sum (item 2 v in vector FIRST + v's first half, 2 v + 1
 // in its second).
@@ -488,118 +490,202 @@ inline __m512 super_block_step(__m512 acc, __m512i a, __m512i b, __m512 d_dx, __
 }
 #endif
 
-// int8_rows two blocks at a time (rows of an even number of blocks): a pair's codes meet 64 bytes of
-// input in one 512-bit instruction (with AVX-512), and each block's scale is spread across its lanes
-// by a shuffle with constant lanes. One block at a time, a one-row Q4_K product ran at 12 Gvalues/s
-// on a Zen 5 core, still arithmetic-bound. The K-quants, whose input is rounded under one scale a
-// super-block, keep their sums in integers through it, each pair's products multiplied by their
-// blocks' integer scales as they are added (llama.cpp's way: two instructions a pair, maddubs and
-// VNNI's dpwssd), and take floats once a super-block: where every pair was converted and scaled
-// in floats, a one-row Q4_K product ran at 30 Gvalues/s a core. A super-block's sums of every
-// pair of rows (weight row, input row) are then added up into one exact integer each, the offsets'
-// integers beside them, and take super_block_step as the tiled products of many rows do.
+// int8_rows two blocks at a time, for the K-quants (with AVX-512): a pair's codes meet 64 bytes of
+// input in one 512-bit instruction. One block at a time, a one-row Q4_K product ran at 12 Gvalues/s
+// on a Zen 5 core, still arithmetic-bound. The input is rounded under one scale a super-block, so
+// the sums stay in integers through it, each pair's products multiplied by their blocks' integer
+// scales as they are added (llama.cpp's way: two instructions a pair, maddubs and VNNI's dpwssd),
+// and take floats once a super-block: where every pair was converted and scaled in floats, a
+// one-row Q4_K product ran at 30 Gvalues/s a core. A super-block's sums of every pair of rows (weight
+// row, input row) are then added up into one exact integer each, the offsets' integers beside
+// them, and take super_block_step as the tiled products of many rows do.
 template <typename F, int ROWS, int SIDE>
 inline void pair_rows(const RoundedGroup<F, ROWS>& x, const BlockWeights& w, int64_t first, int64_t count,
                       float* y, int64_t y_stride) {
+    static_assert(rounds_by_super_block<F>());
     constexpr int64_t BLOCKS = F::VALUES / GROUP;
+    constexpr bool MINS = F::Super::MINS;
+    // the items, every pair of rows (item j: weight row j / ROWS, input row j % ROWS), two to a
+    // vector of half_sums
+    constexpr int ITEMS = SIDE * ROWS, K = ITEMS <= 2 ? 2 : ITEMS <= 4 ? 4 : 8, V = MINS ? K : K / 2;
     const int64_t supers = w.in / F::VALUES, share = w.stride / supers;  // a super-block's share of a row's bytes
-    PairLanes totals[ROWS][TASK_ROWS];
     for (int64_t r = 0; r < count; r += SIDE) {
         const uint8_t* rows[SIDE];
         const int side = side_by_side<SIDE>(w, first + r, first + count, rows);
         const uint8_t* ahead = w.row(first + r) + SIDE * w.stride + FETCH_BYTES;  // (never faults past the end)
-        PairLanes acc[SIDE][ROWS] = {};
-        Lanes offsets[SIDE][ROWS] = {};
-        Lanes row_sums = {};  // (K-quants) lane i ROWS + m: weight row i's with input row m
+        Lanes row_sums = {};  // lane j: item j's
         for (int64_t s = 0; s < supers; ++s) {
             typename F::Super supers_of[SIDE];
             for (int i = 0; i < SIDE; ++i) supers_of[i] = typename F::Super(rows[i], w.in, s);
             fetch_lines(ahead + SIDE * s * share, SIDE * share);
-            if constexpr (rounds_by_super_block<F>()) {  // one input scale a super-block: integer sums
-                PairSums sums[SIDE][ROWS] = {};
-                for_each_index<BLOCKS / 2>([&](auto pair) {
-                    constexpr int P = decltype(pair)::value, A = F::Super::first(P), B = F::Super::second(P);
-                    PairBytes codes[SIDE];
-                    PairShorts scales[SIDE];
-                    for (int i = 0; i < SIDE; ++i) {
-                        codes[i] = supers_of[i].template pair_codes<P>();
-                        scales[i] = supers_of[i].template pair_int_scales<P>();
-                    }
-                    for (int m = 0; m < ROWS; ++m) {
-                        const PairSigned xq = input_pair<A, B>(x, m, s);
-                        for (int i = 0; i < SIDE; ++i) sums[i][m] = dot_scaled(sums[i][m], codes[i], xq, scales[i]);
-                    }
-                });
-                // each pair of rows' sums (item j: weight row j / ROWS, input row j % ROWS) added up,
-                // two items in the halves of one vector: their codes' sums folded, their offsets
-                // from one madd; with MINS the minimums' vectors after the codes'
-                constexpr bool MINS = F::Super::MINS;
-                constexpr int ITEMS = SIDE * ROWS, K = ITEMS <= 2 ? 2 : ITEMS <= 4 ? 4 : 8, V = MINS ? K : K / 2;
-                PairSums vectors[K];
-                for (int v = 0; v < K / 2; ++v) {
-                    PairSums codes[2] = {};  // items 2 v and 2 v + 1 (zeros past the last)
-                    Shorts weights[2] = {}, sixteens[2] = {};
-                    for (int h = 0; h < 2; ++h) {
-                        const int j = 2 * v + h, i = j / ROWS, m = j % ROWS;
-                        if (j >= ITEMS) continue;
-                        codes[h] = sums[i][m];
-                        weights[h] = supers_of[i].offset_weights();
-                        sixteens[h] = load<Shorts>(x.sixteens(m, s));
-                    }
-                    vectors[v] = pick_lanes<Low<16, 8>>(codes[0], codes[1]) + pick_lanes<High<16, 8>>(codes[0], codes[1]);
-                    const PairSums offset = madd_shorts(pair_of(weights[0], weights[1]), pair_of(sixteens[0], sixteens[1]));
-                    if constexpr (MINS) vectors[K / 2 + v] = offset;
-                    else vectors[v] += offset;
+            PairSums sums[SIDE][ROWS] = {};
+            for_each_index<BLOCKS / 2>([&](auto pair) {
+                constexpr int P = decltype(pair)::value, A = F::Super::first(P), B = F::Super::second(P);
+                PairBytes codes[SIDE];
+                PairShorts scales[SIDE];
+                for (int i = 0; i < SIDE; ++i) {
+                    codes[i] = supers_of[i].template pair_codes<P>();
+                    scales[i] = supers_of[i].template pair_int_scales<P>();
                 }
-                const PairSums totals = half_sums<V>(vectors);
-                const Sums a = eight_lanes<ItemLane<0>>(totals), b = eight_lanes<ItemLane<K / 2>>(totals);
-                const auto per_side = [&](float first_row, float last_row) {  // lane i ROWS + m: row i's
-                    constexpr Lanes lane = {0, 1, 2, 3, 4, 5, 6, 7};
-                    return SIDE == 1 ? Lanes{} + first_row : lane < float(ROWS) ? Lanes{} + first_row : Lanes{} + last_row;
-                };
-                const Lanes d = per_side(supers_of[0].d, supers_of[SIDE - 1].d);
-                const Lanes dmin = per_side(supers_of[0].dmin, supers_of[SIDE - 1].dmin);
-                Lanes dx = load<Lanes>(x.super_block_scales(s));
-                if constexpr (SIDE > 1) dx = pick_lanes<RowOfLane<ROWS>>(dx, dx);
-                row_sums = super_block_step<MINS>(row_sums, a, b, d * dx, dmin * dx);
-            } else {  // a scale per block of the input: each pair's sums scaled in floats
-                for_each_index<BLOCKS / 2>([&](auto pair) {
-                    constexpr int P = decltype(pair)::value, A = F::Super::first(P), B = F::Super::second(P);
-                    PairBytes codes[SIDE];
-                    PairLanes scales[SIDE];
-                    for (int i = 0; i < SIDE; ++i) {
-                        codes[i] = supers_of[i].template pair_codes<P>();
-                        scales[i] = supers_of[i].template pair_scales<P>();
-                    }
-                    static_assert(B == A + 1, "a pair's input scales lie side by side in RoundedRows::spread");
-                    for (int m = 0; m < ROWS; ++m) {
-                        const PairSigned xq = input_pair<A, B>(x, m, s);
-                        // the input blocks' scales, each across its block's lanes
-                        const PairLanes xd = load<PairLanes>(x.spread(m, s) + 8 * A);
-                        for (int i = 0; i < SIDE; ++i) {
-                            const PairSums sums = dot_pairs(codes[i], supers_of[i].template pair_signed<P>(xq));
-                            acc[i][m] += __builtin_convertvector(sums, PairLanes) * (scales[i] * xd);
-                        }
-                    }
-                });
-                for (int m = 0; m < ROWS; ++m)
-                    for (int i = 0; i < SIDE; ++i)
-                        offsets[i][m] += supers_of[i].offset(x.sums(m, s), x.halves(m, s));
+                for (int m = 0; m < ROWS; ++m) {
+                    const PairSigned xq = input_pair<A, B>(x, m, s);
+                    for (int i = 0; i < SIDE; ++i) sums[i][m] = dot_scaled(sums[i][m], codes[i], xq, scales[i]);
+                }
+            });
+            // each item's sums added up, two items in the halves of one vector: their codes' sums
+            // folded, their offsets from one madd; with MINS the minimums' vectors after the codes'
+            PairSums vectors[K];
+            for (int v = 0; v < K / 2; ++v) {
+                PairSums codes[2] = {};  // items 2 v and 2 v + 1 (zeros past the last)
+                Shorts weights[2] = {}, sixteens[2] = {};
+                for (int h = 0; h < 2; ++h) {
+                    const int j = 2 * v + h, i = j / ROWS, m = j % ROWS;
+                    if (j >= ITEMS) continue;
+                    codes[h] = sums[i][m];
+                    weights[h] = supers_of[i].offset_weights();
+                    sixteens[h] = load<Shorts>(x.sixteens(m, s));
+                }
+                vectors[v] = pick_lanes<Low<16, 8>>(codes[0], codes[1]) + pick_lanes<High<16, 8>>(codes[0], codes[1]);
+                const PairSums offset = madd_shorts(pair_of(weights[0], weights[1]), pair_of(sixteens[0], sixteens[1]));
+                if constexpr (MINS) vectors[K / 2 + v] = offset;
+                else vectors[v] += offset;
             }
+            const PairSums totals = half_sums<V>(vectors);
+            const Sums a = eight_lanes<ItemLane<0>>(totals), b = eight_lanes<ItemLane<K / 2>>(totals);
+            const auto per_side = [&](float first_row, float last_row) {  // lane j: weight row j / ROWS's
+                constexpr Lanes lane = {0, 1, 2, 3, 4, 5, 6, 7};
+                return SIDE == 1 ? Lanes{} + first_row : lane < float(ROWS) ? Lanes{} + first_row : Lanes{} + last_row;
+            };
+            const Lanes d = per_side(supers_of[0].d, supers_of[SIDE - 1].d);
+            const Lanes dmin = per_side(supers_of[0].dmin, supers_of[SIDE - 1].dmin);
+            Lanes dx = load<Lanes>(x.super_block_scales(s));
+            if constexpr (SIDE > 1) dx = pick_lanes<RowOfLane<ROWS>>(dx, dx);
+            row_sums = super_block_step<MINS>(row_sums, a, b, d * dx, dmin * dx);
         }
         for (int i = 0; i < side; ++i)
-            for (int m = 0; m < ROWS; ++m) {
-                if constexpr (rounds_by_super_block<F>()) {
-                    y[m * y_stride + first + r + i] = row_sums[i * ROWS + m];
-                } else {
-                    totals[m][r + i] = acc[i][m] + pair_of(offsets[i][m], Lanes{});
-                    if constexpr (HasRowOffset<F>::value) totals[m][r + i] += F::row_offset(rows[i], w.in, x.row_sums(m));
-                }
-            }
+            for (int m = 0; m < ROWS; ++m) y[m * y_stride + first + r + i] = row_sums[i * ROWS + m];
     }
-    if constexpr (!rounds_by_super_block<F>())
-        for (int m = 0; m < ROWS; ++m) store_lane_sums(totals[m], int(count), y + m * y_stride + first);
 }
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// A Loom block's share of a row's sum, from the exact integer a of its codes' products: the block's
+// term c = a (d dx), with minimums + m xs (xs: dx times the input block's code sum), then acc + c.
+// As super_block_step, every row count takes these very steps, a block at a time in the row's order
+// (block_pair_rows sixteen terms in a vector, block_tiles.h's bands each weight row's blocks in turn).
+// (The product takes an explicit rounding, so that GCC, which fuses a multiply and an add written
+// apart, cannot fuse it into the add of the term that follows in one kernel and not the other.)
+template <bool MINS>
+inline __m512 block_term(__m512 a, __m512 d_dx, __m512 m, __m512 xs) {
+    const __m512 c = _mm512_mul_round_ps(a, d_dx, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    if constexpr (!MINS) return c;
+    return _mm512_fmadd_ps(m, xs, c);
+}
+
+// Where block_pair_rows's vectors and their terms lie: G pairs of blocks at a time, vector v = item j
+// (weight row j / ROWS, input row j % ROWS) times G plus pair g; half_sums leaves block h of the pair
+// in lane half_sum_lane(v, h).
+template <int ROWS, int SIDE, int G>
+struct TermLanes {
+    static constexpr int ITEMS = SIDE * ROWS;
+    struct Term {  // the term of lane L: item, pair and block half
+        int item, pair, half;
+    };
+    static constexpr Term term(size_t lane) {
+        const int bits = int(lane) % 8, v = (bits & 1) << 2 | (bits & 2) | (bits & 4) >> 2;
+        return {v / G < ITEMS ? v / G : 0, v % G, int(lane) / 8};
+    }
+    struct OfWeights {  // from two weight rows' eight block floats side by side, each from the group's first
+        static constexpr int lane(size_t L) { return term(L).item / ROWS * 8 + 2 * term(L).pair + term(L).half; }
+    };
+    struct OfInput {  // from the group's [block][row] input floats (RoundedGroup::block_scales)
+        static constexpr int lane(size_t L) { return (2 * term(L).pair + term(L).half) * ROWS + term(L).item % ROWS; }
+    };
+    template <int g, int h>
+    struct OfBlock {  // lane j: item j's term of the group's pair g, block half h
+        static constexpr int lane(size_t j) {
+            const int v = (int(j) < ITEMS ? int(j) : 0) * G + g;
+            return half_sum_lane(v, h);
+        }
+    };
+};
+
+// Eight floats of a weight row from ``from`` (``count`` of them, zeros past: a row's last floats
+// may end the matrix)
+inline Lanes row_floats(const float* from, int count) {
+#if defined(__AVX512F__)
+    return (Lanes)_mm256_maskz_loadu_ps(__mmask8((1u << count) - 1), from);
+#else
+    Lanes v = {};
+    for (int l = 0; l < count; ++l) v[l] = from[l];
+    return v;
+#endif
+}
+
+// pair_rows for Loom's blocks (with AVX-512), whose input has a scale a block: each block's products
+// of every pair of rows added up into one exact integer, then block_term in the row's order. G pairs
+// of blocks go at a time, so that half_sums adds up eight vectors at once (one or two input rows: a
+// pair at a time, the adding up took most of a one-row product's time), and their sixteen terms are
+// taken in one vector: the weights' and input's scales loaded as vectors and placed in its lanes by
+// constant shuffles.
+template <typename F, int ROWS, int SIDE>
+inline void block_pair_rows(const RoundedGroup<F, ROWS>& x, const BlockWeights& w, int64_t first, int64_t count,
+                            float* y, int64_t y_stride) {
+    using Super = typename F::Super;
+    constexpr int ITEMS = SIDE * ROWS, G = ITEMS <= 2 ? 4 : ITEMS <= 4 ? 2 : 1;
+    using Lanes16 = TermLanes<ROWS, SIDE, G>;
+    const int64_t pairs = w.in / (2 * GROUP), share = w.stride / pairs;  // a pair's share of a row's bytes
+    for (int64_t r = 0; r < count; r += SIDE) {
+        const uint8_t* rows[SIDE];
+        const int side = side_by_side<SIDE>(w, first + r, first + count, rows);
+        const uint8_t* ahead = w.row(first + r) + SIDE * w.stride + FETCH_BYTES;  // (never faults past the end)
+        Lanes row_sums = {};  // lane j: item j's
+        for (int64_t s = 0; s < pairs; s += G) {
+            const int n = int(std::min<int64_t>(G, pairs - s));  // pairs in this group
+            fetch_lines(ahead + SIDE * s * share, SIDE * G * share);
+            PairSums vectors[8] = {};
+            for_each_index<G>([&](auto pair) {
+                constexpr int g = decltype(pair)::value;
+                if (g >= n) return;
+                Super supers_of[SIDE];
+                PairBytes codes[SIDE];
+                for (int i = 0; i < SIDE; ++i) {
+                    supers_of[i] = Super(rows[i], w.in, s + g);
+                    codes[i] = supers_of[i].template pair_codes<0>();
+                }
+                for (int m = 0; m < ROWS; ++m) {
+                    const PairSigned xq = input_pair<0, 1>(x, m, s + g);
+                    for (int i = 0; i < SIDE; ++i)
+                        vectors[(i * ROWS + m) * G + g] = dot_pairs(codes[i], supers_of[i].template pair_signed<0>(xq));
+                }
+            });
+            PairSums totals = half_sums<8>(vectors);
+            const int64_t b = 2 * s;  // the group's first block
+            const auto of_input = [](auto v) { return pick_lanes<typename Lanes16::OfInput>(v, v); };
+            if constexpr (Super::CODE_OFFSET != 0)
+                totals -= Super::CODE_OFFSET * of_input(load<PairSums>(x.block_code_sums(b)));
+            const auto of_weights = [&](const float* (*at)(const uint8_t*, int64_t)) {
+                return pick_lanes<typename Lanes16::OfWeights>(
+                    pair_of(row_floats(at(rows[0], w.in) + b, 2 * n), row_floats(at(rows[SIDE - 1], w.in) + b, 2 * n)),
+                    PairLanes{});
+            };
+            PairLanes m = {}, xs = {};
+            if constexpr (Super::MINS) m = of_weights(F::mins_of), xs = of_input(load<PairLanes>(x.block_sums(b)));
+            const PairLanes d_dx = of_weights(F::scales_of) * of_input(load<PairLanes>(x.block_scales(b)));
+            const PairLanes terms = (PairLanes)block_term<Super::MINS>(
+                _mm512_cvtepi32_ps((__m512i)totals), (__m512)d_dx, (__m512)m, (__m512)xs);
+            for_each_index<G>([&](auto pair) {
+                constexpr int g = decltype(pair)::value;
+                if (g >= n) return;
+                row_sums += eight_lanes<typename Lanes16::template OfBlock<g, 0>>(terms);
+                row_sums += eight_lanes<typename Lanes16::template OfBlock<g, 1>>(terms);
+            });
+        }
+        for (int i = 0; i < side; ++i)
+            for (int m = 0; m < ROWS; ++m) y[m * y_stride + first + r + i] = row_sums[i * ROWS + m];
+    }
+}
+
+#endif
 
 // Weight rows side by side at a time: two for up to three input rows, else one. Four for one row
 // read memory slower (each thread a stream per row beside the rows fetched ahead): two threads, the
@@ -637,7 +723,7 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
     // of one row cost as much as a full one: 17 / 20 / 24-token prompts of the 1.7B Q4_K_M file took
     // 245-268 / 244-255 / 245-267 ms to their first token with every band tiled, 196-198 / 218-221 /
     // 258-262 with tails below 13 left to the pairs.
-    if constexpr (rounds_by_super_block<F>()) {
+    if constexpr (takes_tiles<F>()) {
         const int64_t tail = rows % BAND;
         const int64_t tiled = tail >= (rows > BAND ? TILED_TAIL_FROM : TILED_FROM) ? rows : rows - tail;
         if (tiled >= TILED_FROM) {
@@ -655,9 +741,13 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
     // blocks 44 against 35-41, its 4-bit ones 38 against 22-38), which block products then left.
     const auto product = [&](auto group, int64_t m, int64_t o, int64_t count) {
         float* ym = y + m * y_stride;
-        if constexpr (PAIRS && F::VALUES % (2 * GROUP) == 0)
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+        if constexpr (block_records<F>())
+            block_pair_rows<F, group, side_for<group>()>(RoundedGroup<F, group>(rounded, m), w, o, count, ym, y_stride);
+        else if constexpr (rounds_by_super_block<F>())
             pair_rows<F, group, side_for<group>()>(RoundedGroup<F, group>(rounded, m), w, o, count, ym, y_stride);
         else
+#endif
             int8_rows<F, group, side_for<group>()>(RoundedGroup<F, group>(rounded, m), w, o, count, ym, y_stride);
     };
     row_group_tasks(rows, out, int64_t(TASK_ROWS), bias, y, y_stride, product);

@@ -79,13 +79,15 @@ def test_the_kernels_product_over_a_files_blocks_equals_float64(kind, rows):
 
 
 @needs_kernels
-@pytest.mark.parametrize("kind", NATIVE, ids=lambda k: k.name)
-def test_a_rows_product_is_the_same_whatever_rows_share_it(kind):
-    """A K-quant product's rows are bitwise the same alone, a few at a time (pair_rows) and in bands
+@pytest.mark.parametrize("kind, width", [(k, 512) for k in NATIVE + EXACT] + [(k, 320) for k in EXACT if k != Q.IQ4_XS],
+                         ids=lambda v: v.name if isinstance(v, Q) else str(v))
+def test_a_rows_product_is_the_same_whatever_rows_share_it(kind, width):
+    """A block product's rows are bitwise the same alone, a few at a time (pair_rows) and in bands
     of sixteen (the tiled products: 40 rows in two full bands and one of eight, 17 in one band and a
     row left to pair_rows), so that a request's numbers do not depend on its batch-mates; weight rows
-    not a whole tile included."""
-    width, out = 512, 100
+    not a whole tile included, and (Loom's blocks) rows whose pairs of blocks are not a whole number
+    of block_pair_rows's groups (IQ4_XS, in super-blocks of 256, aside)."""
+    out = 100
     layer = BlockLinear.of_blocks(to_blocks(random_tensor(kind, rows=out, width=width, seed=5), kind, width), width)
     x = torch.randn(40, width, generator=torch.Generator().manual_seed(6))
     together = layer(x)
