@@ -14,7 +14,7 @@ from gguf.constants import GGMLQuantizationType as Q
 from ..cache import cache_dir
 from . import Contents
 from ..kernels.block_formats import block_format, to_blocks, widened
-from ..kernels.block_linear import GROUP, runs_as_stored
+from ..kernels.block_linear import GGUF_Q4_K, GROUP, q4_k_rows16, runs_as_stored
 from .gguf_file import GGUFFile, TensorInfo
 from .tokenizer import Tokenizer
 
@@ -96,6 +96,7 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
             elif name.endswith(("k_proj.weight", "k_proj.bias")):
                 tensors[name] = _unpermute(tensors[name], kv_heads)
     if keep_blocks:
+        _lay_q4_k_rows_side_by_side(tensors, file, formats, names)
         _fuse_blocks(tensors)
     file.release_all()  # the pages the permutations read: what the model uses in place comes back on first use
     eos = meta.get("tokenizer.ggml.eos_token_id")
@@ -161,6 +162,21 @@ def _block_formats(infos, keep_blocks: bool) -> dict[str, int | None]:
             for name in members:
                 formats[name] = None
     return formats
+
+
+def _lay_q4_k_rows_side_by_side(tensors: dict, file: GGUFFile, formats: dict, names: dict) -> None:
+    """The Q4_K matrices of linear layers in GGUF_Q4_K_ROWS16 where the kernels multiply that layout
+    (block_linear.q4_k_rows16: sixteen rows side by side, a one-row product at the memory's rate), one
+    at a time, each file tensor's pages let go of as its copy is made. Not an embedding table (its
+    rows are looked up one at a time), tied or not."""
+    for info in file.tensors.values():
+        name = _hf_name(info.name, names)
+        if formats[info.name] != GGUF_Q4_K or not name.endswith(("proj.weight", "lm_head.weight")):
+            continue
+        rows16 = q4_k_rows16(tensors[name], info.shape[-1])
+        if rows16 is not None:
+            tensors[name] = rows16
+            file.release(info)
 
 
 def _fuse_blocks(tensors: dict) -> None:

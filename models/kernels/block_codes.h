@@ -22,6 +22,9 @@
 //   bytes of low nibbles: code q = nibble + 16 (bit j of high byte l), value l of sub-block j.
 // - GGUF_Q6_K (210 bytes): 128 bytes of low nibbles, 64 of high bit pairs, sixteen int8 scales, a
 //   float16 d: w = d sc_g (q - 32) for group g of 16, q in 0..63.
+// And one layout of Loom's own over a file's numbers (block_interleaved.h, made at load with AVX-512):
+// - GGUF_Q4_K_ROWS16 (148 bytes a row's super-block): Q4_K's codes, scales, minimums, d and dmin of
+//   sixteen rows side by side, so that a 512-bit vector holds four codes of each of the sixteen.
 
 #pragma once
 
@@ -43,7 +46,7 @@ constexpr int64_t GROUP = 32;  // values per block: the unit of the activations'
 enum Format : int64_t {
     FLOAT = 0, LOOM_4BIT = 4, LOOM_5BIT = 5, LOOM_8BIT = 8,
     GGUF_Q2_K = 10, GGUF_Q3_K = 11, GGUF_Q4_K = 12, GGUF_Q5_K = 13, GGUF_Q6_K = 14,
-    FLOAT16 = 16, BFLOAT16 = 17
+    FLOAT16 = 16, BFLOAT16 = 17, GGUF_Q4_K_ROWS16 = 18
 };
 
 typedef uint8_t Bytes __attribute__((vector_size(32)));
@@ -771,6 +774,17 @@ struct FloatRows {
     };
 };
 
+// GGUF_Q4_K_ROWS16: sixteen weight rows at a time, each super-block of theirs in BLOCK_BYTES:
+// codes [pair c of sub-blocks][four-value quad q][row][4 bytes] (Q4_K's bytes 32 c + 4 q to 4 q + 3
+// of each row: sub-block 2 c in the low nibbles, 2 c + 1 in the high), then the sub-blocks' scales
+// [8][row] and minimums [8][row] as bytes, then d [row] and dmin [row] as float16.
+struct Q4KRows16 {
+    static constexpr int64_t ROUNDING = 256, VALUES = 256;  // as Q4_K's
+    static constexpr int64_t ROWS = 16, BYTES = 148, BLOCK_BYTES = ROWS * BYTES;
+    static constexpr int64_t SCALES = 2048, MINS = SCALES + 128, D = MINS + 128, DMIN = D + 32;  // offsets
+    static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
+};
+
 template <typename F, typename = void>
 struct IsFloatRows : std::false_type {};
 template <typename F>
@@ -799,6 +813,9 @@ inline void with_format(int64_t format, int64_t in, F&& f) {
         case GGUF_Q2_K: f(Q2K{}); break;
         case GGUF_Q3_K: f(Q3K{}); break;
         case GGUF_Q4_K: f(Q4K{}); break;
+        case GGUF_Q4_K_ROWS16:  // made only where the products over it are built (AVX-512)
+            if constexpr (PAIRS) return f(Q4KRows16{});
+            __builtin_trap();
         case GGUF_Q5_K: f(Q5K{}); break;
         case FLOAT: f(FloatRows<float>{}); break;
         case FLOAT16: f(FloatRows<Float16>{}); break;
@@ -808,6 +825,7 @@ inline void with_format(int64_t format, int64_t in, F&& f) {
 }
 
 inline int64_t format_row_bytes(int64_t format, int64_t in) {
+    if (format == GGUF_Q4_K_ROWS16) return Q4KRows16::row_bytes(in);
     int64_t bytes = 0;
     with_format(format, in, [&](auto f) { bytes = decltype(f)::row_bytes(in); });
     return bytes;

@@ -31,15 +31,19 @@ GROUP = 32  # values per block (block_codes.h)
 # block_codes.h's formats; Loom's own are named by their bits
 LOOM_4BIT, LOOM_5BIT, LOOM_8BIT = 4, 5, 8
 GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K = 10, 11, 12, 13, 14
+# Q4_K's numbers with sixteen rows side by side (block_interleaved.h), made at load where the build
+# multiplies them (q4_k_rows16)
+GGUF_Q4_K_ROWS16 = 18
 # not blocks: a GGUF file's float matrices (F32, F16, BF16) as it keeps them, the 16-bit ones widened
 # as the products read them
 FLOAT32, FLOAT16, BFLOAT16 = 0, 16, 17
 FLOAT_FORMATS = {torch.float32: FLOAT32, torch.float16: FLOAT16, torch.bfloat16: BFLOAT16}  # told by the dtype
 # values and bytes of a K-quant's super-block
 SUPER_BLOCKS = {GGUF_Q2_K: (256, 84), GGUF_Q3_K: (256, 110), GGUF_Q4_K: (256, 144), GGUF_Q5_K: (256, 176),
-                GGUF_Q6_K: (256, 210)}
+                GGUF_Q6_K: (256, 210), GGUF_Q4_K_ROWS16: (256, 148)}
 FORMAT_NAMES = {LOOM_4BIT: "4-bit blocks", LOOM_5BIT: "5-bit blocks", LOOM_8BIT: "8-bit blocks", GGUF_Q2_K: "Q2_K",
-                GGUF_Q3_K: "Q3_K", GGUF_Q4_K: "Q4_K", GGUF_Q5_K: "Q5_K", GGUF_Q6_K: "Q6_K", FLOAT32: "float32",
+                GGUF_Q3_K: "Q3_K", GGUF_Q4_K: "Q4_K", GGUF_Q5_K: "Q5_K", GGUF_Q6_K: "Q6_K",
+                GGUF_Q4_K_ROWS16: "Q4_K, 16 rows side by side", FLOAT32: "float32",
                 FLOAT16: "float16", BFLOAT16: "bfloat16"}
 WITH_MINIMUMS = (LOOM_4BIT, LOOM_5BIT)  # Loom's blocks that keep a float32 minimum beside each scale
 OUTPUT_BITS = LOOM_8BIT  # the output layer's and the token embeddings' (the layers': quantized.BLOCK_WEIGHTS)
@@ -61,6 +65,24 @@ def row_bytes(width: int, format: int) -> int:
         values, size = SUPER_BLOCKS[format]
         return width // values * size
     return width * format // 8 + width // GROUP * (8 if format in WITH_MINIMUMS else 4)
+
+
+ROWS16 = 16  # the weight rows GGUF_Q4_K_ROWS16 lays side by side
+
+
+def q4_k_rows16(blocks: torch.Tensor, width: int) -> torch.Tensor | None:
+    """A Q4_K matrix [rows, bytes per row] in GGUF_Q4_K_ROWS16 (a copy, the same numbers), where
+    this build multiplies that layout (AVX-512) and the rows are a multiple of sixteen; else None.
+    Over it a one-row product reads the weights at the memory's rate (block_interleaved.h)."""
+    library = native.library()
+    if (library is None or not library.loom_q4_k_rows16() or blocks.dtype != torch.uint8 or blocks.dim() != 2
+            or blocks.shape[0] % ROWS16 or width % 256 or blocks.shape[1] != row_bytes(width, GGUF_Q4_K)):
+        return None
+    source = blocks.contiguous()
+    out = torch.empty(blocks.shape[0], row_bytes(width, GGUF_Q4_K_ROWS16), dtype=torch.uint8)
+    library.loom_repack_q4_k_rows16(ctypes.c_void_p(source.data_ptr()), ctypes.c_int64(width),
+                                    ctypes.c_int64(blocks.shape[0]), ctypes.c_void_p(out.data_ptr()))
+    return out
 
 
 def rounding(format: int) -> int:

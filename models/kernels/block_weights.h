@@ -694,14 +694,19 @@ inline void block_pair_rows(const RoundedGroup<F, ROWS>& x, const BlockWeights& 
 template <int ROWS>
 constexpr int side_for() { return ROWS <= 3 ? 2 : 1; }
 
+// The products of many rows (K-quants and Loom's blocks), and Q4_K's sixteen rows side by side,
+// built on the above.
+#include "block_tiles.h"
+#include "block_interleaved.h"
+
 // Weight row ``row`` as floats into ``dst`` (an embedding's lookup: block_linear.py's BlockEmbedding).
 template <typename F>
 inline void widen_row(const BlockWeights& w, int64_t row, float* dst) {
-    for (int64_t s = 0; s < w.in / F::VALUES; ++s) typename F::Super(w.row(row), w.in, s).widen(dst + s * F::VALUES);
+    if constexpr (std::is_same_v<F, Q4KRows16>)
+        widen_row16(w, row, dst);
+    else
+        for (int64_t s = 0; s < w.in / F::VALUES; ++s) typename F::Super(w.row(row), w.in, s).widen(dst + s * F::VALUES);
 }
-
-// The products of many rows over K-quants, built on the above.
-#include "block_tiles.h"
 
 // Floats of scratch a block product of ``rows`` rows of width ``in`` takes (block_linear_rows):
 // its rounded input (in records or bands), or for 16-bit floats the panels.
@@ -742,7 +747,9 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
     const auto product = [&](auto group, int64_t m, int64_t o, int64_t count) {
         float* ym = y + m * y_stride;
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-        if constexpr (block_records<F>())
+        if constexpr (std::is_same_v<F, Q4KRows16>)
+            rows16<group>(RoundedGroup<F, group>(rounded, m), w, o, ym, y_stride);
+        else if constexpr (block_records<F>())
             block_pair_rows<F, group, side_for<group>()>(RoundedGroup<F, group>(rounded, m), w, o, count, ym, y_stride);
         else if constexpr (rounds_by_super_block<F>())
             pair_rows<F, group, side_for<group>()>(RoundedGroup<F, group>(rounded, m), w, o, count, ym, y_stride);

@@ -14,8 +14,9 @@ from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
 import models
 from models.kernels import native
 from models.kernels.block_formats import block_format, to_blocks
-from models.kernels.block_linear import (BFLOAT16, FLOAT16, FLOAT32, GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K, GROUP, LOOM_4BIT,
-                                         LOOM_5BIT, LOOM_8BIT, SUPER_BLOCKS, BlockEmbedding, BlockLinear, dequantize,
+from models.kernels.block_linear import (BFLOAT16, FLOAT16, FLOAT32, GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q4_K_ROWS16,
+                                         GGUF_Q5_K, GGUF_Q6_K, GROUP, LOOM_4BIT, LOOM_5BIT, LOOM_8BIT, SUPER_BLOCKS,
+                                         WIDEN_ARGTYPES, BlockEmbedding, BlockLinear, dequantize, q4_k_rows16,
                                          round_activations, rounding, rounds_input_to_bfloat16)
 from runtime import Engine, GenerationConfig
 
@@ -94,6 +95,31 @@ def test_a_rows_product_is_the_same_whatever_rows_share_it(kind, width):
     for size in (1, 3, 8, 17):
         parts = torch.cat([layer(x[i:i + size]) for i in range(0, len(x), size)])
         assert torch.equal(parts, together), f"{size} rows at a time"
+
+
+@needs_kernels
+def test_q4_k_rows_side_by_side_hold_the_files_numbers_and_give_its_very_products():
+    """Q4_K with sixteen rows side by side (GGUF_Q4_K_ROWS16, made at load where the build multiplies
+    it): its rows widen to gguf-py's values, and every row count's product is bitwise the product over
+    the file's own layout (one row, the few-row products, the tiles from 13), so a model's numbers do
+    not depend on which layout its build takes. Rows not a multiple of sixteen keep the file's layout."""
+    width, out = 512, 96
+    data = random_tensor(Q.Q4_K, rows=out, width=width, seed=7)
+    blocks = to_blocks(data, Q.Q4_K, width)
+    rows16 = q4_k_rows16(blocks, width)
+    if not native.library().loom_q4_k_rows16():
+        assert rows16 is None
+        pytest.skip("this build multiplies Q4_K in the file's layout only (no AVX-512)")
+    assert q4_k_rows16(blocks[:out - 8], width) is None
+    layer, as_filed = BlockLinear.of_blocks(rows16, width), BlockLinear.of_blocks(blocks, width)
+    assert layer.formats == (GGUF_Q4_K_ROWS16,) and as_filed.formats == (GGUF_Q4_K,)
+    for rows in (1, 2, 3, 4, 5, 8, 9, 13, 17, 40):
+        x = torch.randn(rows, width, generator=torch.Generator().manual_seed(rows))
+        assert torch.equal(layer(x), as_filed(x)), f"{rows} rows"
+    widen = native.function("loom_block_widen", torch.float32, WIDEN_ARGTYPES)
+    values = torch.empty(out, width)
+    widen(rows16.data_ptr(), GGUF_Q4_K_ROWS16, width, out, 0, out, values.data_ptr())
+    assert torch.equal(values.double(), file_values(data, Q.Q4_K, width))
 
 
 def expected_product(x: torch.Tensor, data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
@@ -265,12 +291,14 @@ def test_a_file_of_mixed_formats_runs_in_them_and_equals_float64_over_its_values
     assert kinds["layers.0.attn.qkv"] == "BlockLinear" and kinds["layers.0.attn.out"] == "BlockLinear"
     # the float matrices as the file has them: its float16 and bfloat16 numbers
     assert model.layers[0].attn.out.formats == (FLOAT16,) and model.layers[1].attn.out.formats == (BFLOAT16,)
-    # fused products keep their parts (no copy), each in its own format: the Q4_K one read from the file
-    assert model.layers[0].attn.qkv.formats == (LOOM_4BIT, GGUF_Q4_K, LOOM_4BIT)
+    # fused products keep their parts (no copy), each in its own format: the Q4_K ones with sixteen
+    # rows side by side where the build multiplies them so, else read from the file
+    q4_k = GGUF_Q4_K_ROWS16 if native.library().loom_q4_k_rows16() else GGUF_Q4_K
+    assert model.layers[0].attn.qkv.formats == (LOOM_4BIT, q4_k, LOOM_4BIT)
     assert model.layers[0].mlp.gate_up.formats == (LOOM_8BIT, LOOM_8BIT) and model.lm_head.formats == (LOOM_8BIT,)
     assert model.layers[0].mlp.down.formats == (GGUF_Q5_K,)
     assert model.layers[1].attn.qkv.formats == (GGUF_Q3_K, LOOM_5BIT, GGUF_Q2_K)
-    assert model.layers[1].mlp.gate_up.formats == (LOOM_5BIT, GGUF_Q6_K) and model.layers[1].mlp.down.formats == (GGUF_Q4_K,)
+    assert model.layers[1].mlp.gate_up.formats == (LOOM_5BIT, GGUF_Q6_K) and model.layers[1].mlp.down.formats == (q4_k,)
     assert model.decoder_layers is not None  # decode steps on the fused native layers
     prompts = [[5 + i, 17, 200 - i, 33, 8] for i in range(6)]
     with Engine.from_pretrained(tmp_path / "mixed.gguf") as engine:

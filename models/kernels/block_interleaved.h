@@ -1,0 +1,137 @@
+// Q4_K weights with sixteen rows side by side (block_codes.h's GGUF_Q4_K_ROWS16), as llama.cpp's CPU
+// backend repacks its own (q4_K_8x8): a 512-bit vector holds four codes of each of sixteen weight
+// rows, so one vpdpbusd multiplies them all by four codes of an input row broadcast, a vpmulld takes
+// sixteen rows' sub-block scales, and nothing is added across lanes: a lane is a weight row from
+// the first instruction to the stored output. Over the file's own layout a one-row product did the
+// opposite (a pair of blocks of one row a vector, its lanes added up every super-block, its scales
+// decoded a row at a time) and read 27-31 GB/s of weights on two Zen 5 threads, arithmetic-bound;
+// over these rows a prototype read 43-47, the memory's rate.
+//
+// The layout is made once, at load (repack_rows16), from the file's rows (the same numbers, in the
+// same bytes but four: the packed 6-bit scales and minimums are kept as bytes). A row's product
+// ends each super-block as pair_rows and the tiles do, in exact integers taken into the row's sum by
+// super_block_step, so a row's numbers are the same as over the file's layout, at every row count.
+
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+// Rows [16 k, 16 k + 16) of a Q4_K matrix of rows of ``in`` values (the file's layout) into ``dst``,
+// the same rows' bytes in GGUF_Q4_K_ROWS16.
+inline void repack_rows16(const uint8_t* src, int64_t in, uint8_t* dst) {
+    using L = Q4KRows16;
+    const int64_t supers = in / L::VALUES, row_bytes = supers * 144;
+    for (int64_t s = 0; s < supers; ++s) {
+        uint8_t* block = dst + s * L::BLOCK_BYTES;
+        for (int r = 0; r < L::ROWS; ++r) {
+            const uint8_t* super = src + r * row_bytes + s * 144;
+            for (int c = 0; c < 4; ++c)
+                for (int q = 0; q < 8; ++q) std::memcpy(block + ((c * 8 + q) * L::ROWS + r) * 4, super + 16 + 32 * c + 4 * q, 4);
+            // the twelve bytes of 6-bit scales and minimums (Q4K::Super's decoding)
+            const uint8_t* p = super + 4;
+            for (int j = 0; j < 8; ++j) {
+                const uint8_t sc = j < 4 ? p[j] & 63 : (p[j + 4] & 0xF) | (p[j - 4] >> 6) << 4;
+                const uint8_t m = j < 4 ? p[j + 4] & 63 : (p[j + 4] >> 4) | (p[j] >> 6) << 4;
+                block[L::SCALES + j * L::ROWS + r] = sc;
+                block[L::MINS + j * L::ROWS + r] = m;
+            }
+            std::memcpy(block + L::D + 2 * r, super, 2);
+            std::memcpy(block + L::DMIN + 2 * r, super + 2, 2);
+        }
+    }
+}
+
+// Weight row ``row`` as floats (widen_row's, for this layout)
+inline void widen_row16(const BlockWeights& w, int64_t row, float* dst) {
+    using L = Q4KRows16;
+    const uint8_t* first = w.base + row / L::ROWS * L::ROWS * w.stride;  // the row's block
+    const int r = int(row % L::ROWS);
+    for (int64_t s = 0; s < w.in / L::VALUES; ++s) {
+        const uint8_t* block = first + s * L::BLOCK_BYTES;
+        const float d = half_to_float(block + L::D + 2 * r), dmin = half_to_float(block + L::DMIN + 2 * r);
+        for (int c = 0; c < 4; ++c)
+            for (int q = 0; q < 8; ++q)
+                for (int b = 0; b < 4; ++b) {
+                    const uint8_t byte = block[((c * 8 + q) * L::ROWS + r) * 4 + b];
+                    for (int h = 0; h < 2; ++h) {
+                        const int j = 2 * c + h;  // the sub-block
+                        const float scale = d * float(block[L::SCALES + j * L::ROWS + r]);
+                        const float low = dmin * float(block[L::MINS + j * L::ROWS + r]);
+                        dst[s * L::VALUES + 32 * j + 4 * q + b] = scale * float(h ? byte >> 4 : byte & 15) - low;
+                    }
+                }
+    }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// How far ahead of the super-block it reads a product fetches the weights, into L2: four
+// super-blocks of sixteen rows (9.3 KB; the blocks lie one after another). A one-row prototype read
+// 43 GB/s at 4 KB ahead, 47 at 9.3 KB, 37 at 18.5 KB (8192 x 2048, two Zen 5 threads).
+constexpr int64_t ROWS16_AHEAD = 4 * Q4KRows16::BLOCK_BYTES;
+
+// Sixteen bytes as 32-bit lanes
+inline __m512i widen_bytes(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+// y[m][o] = x[m] . w[o] for the group's ROWS input rows and the sixteen weight rows from ``first``
+// (a block of the layout), CHUNK input rows at a time (their sums in registers: two sub-blocks'
+// products, the codes' and the minimums' integers and the float sum, each CHUNK vectors), the
+// block's bytes of a super-block read from L1 again for each later chunk.
+template <int ROWS>
+inline void rows16(const RoundedGroup<Q4KRows16, ROWS>& x, const BlockWeights& w, int64_t first, float* y,
+                   int64_t y_stride) {
+    using L = Q4KRows16;
+    constexpr int CHUNK = ROWS < 4 ? ROWS : 4;
+    const int64_t supers = w.in / L::VALUES;
+    const uint8_t* blocks = w.row(first);
+    const __m512i nibble = _mm512_set1_epi8(15);
+    for (int m0 = 0; m0 < ROWS; m0 += CHUNK) {
+        const int chunk = std::min(CHUNK, ROWS - m0);
+        __m512 sums[CHUNK];
+        for (auto& sum : sums) sum = _mm512_setzero_ps();
+        for (int64_t s = 0; s < supers; ++s) {
+            const uint8_t* block = blocks + s * L::BLOCK_BYTES;
+            if (m0 == 0) fetch_lines(block + ROWS16_AHEAD, L::BLOCK_BYTES);  // (never faults past the end)
+            __m512i a[CHUNK], b[CHUNK];
+            for (int i = 0; i < CHUNK; ++i) a[i] = b[i] = _mm512_setzero_si512();
+            for (int c = 0; c < 4; ++c) {  // sub-blocks 2 c and 2 c + 1
+                __m512i low[CHUNK], high[CHUNK];
+                for (int i = 0; i < CHUNK; ++i) low[i] = high[i] = _mm512_setzero_si512();
+                for (int q = 0; q < 8; ++q) {
+                    const __m512i codes = _mm512_loadu_si512(block + (c * 8 + q) * 64);
+                    const __m512i first_codes = _mm512_and_si512(codes, nibble);
+                    const __m512i second_codes = _mm512_and_si512(_mm512_srli_epi16(codes, 4), nibble);
+                    for (int i = 0; i < chunk; ++i) {
+                        const int8_t* xq = x.codes(m0 + i, s, 0);  // the super-block's codes, in order
+                        low[i] = dot_quads(low[i], first_codes, _mm512_set1_epi32(load<int32_t>(xq + 64 * c + 4 * q)));
+                        high[i] = dot_quads(high[i], second_codes, _mm512_set1_epi32(load<int32_t>(xq + 64 * c + 32 + 4 * q)));
+                    }
+                }
+                const __m512i first_scale = widen_bytes(block + L::SCALES + 2 * c * L::ROWS);
+                const __m512i second_scale = widen_bytes(block + L::SCALES + (2 * c + 1) * L::ROWS);
+                for (int i = 0; i < chunk; ++i)
+                    a[i] = _mm512_add_epi32(a[i], _mm512_add_epi32(_mm512_mullo_epi32(low[i], first_scale),
+                                                                   _mm512_mullo_epi32(high[i], second_scale)));
+            }
+            for (int j = 0; j < 8; ++j) {  // the minimums, each against its sub-block's two input sums
+                const __m512i m = widen_bytes(block + L::MINS + j * L::ROWS);
+                const __m512i both = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));
+                for (int i = 0; i < chunk; ++i)
+                    b[i] = dot_halves(b[i], both, _mm512_set1_epi32(load<int32_t>(x.sixteens(m0 + i, s) + 2 * j)));
+            }
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + L::D)));
+            const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + L::DMIN)));
+            const float* dx = x.super_block_scales(s);
+            for (int i = 0; i < chunk; ++i) {
+                const __m512 scale = _mm512_set1_ps(dx[m0 + i]);
+                sums[i] = super_block_step<true>(sums[i], a[i], b[i], _mm512_mul_ps(d, scale), _mm512_mul_ps(dmin, scale));
+            }
+        }
+        for (int i = 0; i < chunk; ++i) _mm512_storeu_ps(y + (m0 + i) * y_stride + first, sums[i]);
+    }
+}
+#endif
+
+}  // namespace
