@@ -45,7 +45,7 @@ class GGUFFile:
         self.path = Path(path)
         with open(self.path, "rb") as f:
             try:
-                # private and writable: the tensors the kernels read where they lie (Q4_K, Q6_K) become
+                # private and writable: the tensors the kernels read where they lie (Q6_K, ...) become
                 # torch tensors, which want writable memory; nothing writes them
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
             except ValueError:  # an empty file cannot be mapped
