@@ -62,7 +62,8 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
     """The file's config, tensors (transformers' names and layout) and tokenizer. With
     ``keep_blocks`` the quantized linear weights and embeddings come as blocks for Loom's kernels
     (uint8 [rows, bytes per row], kernels/block_formats.py: the K-quants as views of the mapped
-    file), and float matrices (F32, F16, BF16) as views of it in their dtype; else every tensor as
+    file, but a linear layer's Q4_K laid out anew where the kernels multiply sixteen rows side by
+    side), and float matrices (F32, F16, BF16) as views of it in their dtype; else every tensor as
     float32. One tensor is converted at a time, and its pages of the file let go of after. Raises ValueError for
     an architecture or tensor type Loom does not run, before any tensor is read."""
     if not path.is_file():
@@ -181,8 +182,8 @@ def _lay_q4_k_rows_side_by_side(tensors: dict, file: GGUFFile, formats: dict, na
 
 def _fuse_blocks(tensors: dict) -> None:
     """The products a model fuses (q/k/v, gate/up) whose parts are blocks, as one entry of parts under
-    the fused name, which the model takes as it is (BlockLinear's parts): no copy of the file's
-    bytes, and parts may differ in format (Q4_K_M's Q6_K values beside Q4_K queries and keys)."""
+    the fused name, which the model takes as it is (BlockLinear's parts): no copy made to fuse them,
+    and parts may differ in format (Q4_K_M's Q6_K values beside Q4_K queries and keys)."""
     for fused, members in (("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
                            ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj"))):
         for name in [n for n in tensors if n.endswith(f".{members[0]}.weight")]:

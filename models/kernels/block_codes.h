@@ -9,7 +9,8 @@
 // - LOOM_5BIT: LOOM_4BIT's nibbles, then each block's 32 fifth bits (bit j: value j's, 16 times it):
 //   w = d q + m, q in 0..31.
 // - LOOM_8BIT: w = d q, q in -127..127.
-// GGUF's K-quants are read as the file lays them out (memory-mapped, never copied), in super-blocks
+// GGUF's K-quants are read as the file lays them out (memory-mapped, not copied; but with AVX-512 a
+// linear layer's Q4_K is laid out anew at load, GGUF_Q4_K_ROWS16 below), in super-blocks
 // of 256 values (the layouts: llama.cpp's dequantize_row_q*_K, which each Super's codes follow):
 // - GGUF_Q2_K (84 bytes): sixteen bytes of 4-bit scales sc and minimums m, 64 bytes of 2-bit codes,
 //   float16 d and dmin: w = d sc_g q - dmin m_g for group g of 16.
@@ -60,7 +61,7 @@ typedef int32_t Sums __attribute__((vector_size(32)));
 typedef int16_t Shorts __attribute__((vector_size(32)));  // one per two bytes of a block
 typedef float Lanes __attribute__((vector_size(32)));  // one lane per four bytes of a block
 // Two blocks side by side: with AVX-512 the products take a pair at a time, one 512-bit instruction
-// (block_weights.h's pair_rows). Elsewhere they take a block at a time: GCC's code for these types
+// (block_weights.h's pair_rows and block_pair_rows). Elsewhere they take a block at a time: GCC's code for these types
 // on 256-bit vectors ran 4-25x slower than the products a block at a time (an AVX2 build on Zen 5).
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 constexpr bool PAIRS = true;
@@ -346,7 +347,8 @@ struct Loom8 {
 };
 
 // Loom's blocks two at a time, where a row holds an even number of them (every model's width so
-// far), for the products that take a pair of blocks per instruction (block_weights.h's pair_rows).
+// far), for the products that take a pair of blocks per instruction (block_weights.h's
+// block_pair_rows, and the tiles).
 template <bool HIGH>
 struct LoomNibblePairs {
     using Single = LoomNibbles<HIGH>;
@@ -361,8 +363,6 @@ struct LoomNibblePairs {
         float d[2], m[2];
         static constexpr bool MINS = true;
         static constexpr int CODE_OFFSET = 0;  // what the codes read stand above the format's
-        static constexpr int first(int) { return 0; }
-        static constexpr int second(int) { return 1; }
         Super() = default;
         Super(const uint8_t* row, int64_t in, int64_t s)
             : packed(load<Bytes>(row + s * 32)), high(HIGH ? load<uint64_t>(row + in / 2 + 8 * s) : 0) {
@@ -403,8 +403,6 @@ struct Loom8Pairs {
         PairSigned q;
         float d[2];
         static constexpr bool MINS = false;
-        static constexpr int first(int) { return 0; }
-        static constexpr int second(int) { return 1; }
         Super() = default;
         Super(const uint8_t* row, int64_t in, int64_t s) : q(load<PairSigned>(row + s * 64)) {
             const float* scales = reinterpret_cast<const float*>(row + in);
@@ -825,6 +823,7 @@ inline void with_format(int64_t format, int64_t in, F&& f) {
 }
 
 inline int64_t format_row_bytes(int64_t format, int64_t in) {
+    // (asked of every BlockWeights: answered here so that a build without AVX-512 does not trap)
     if (format == GGUF_Q4_K_ROWS16) return Q4KRows16::row_bytes(in);
     int64_t bytes = 0;
     with_format(format, in, [&](auto f) { bytes = decltype(f)::row_bytes(in); });

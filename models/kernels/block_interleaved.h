@@ -80,9 +80,11 @@ inline __m512i widen_bytes(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_l
 // products, the codes' and the minimums' integers and the float sum, each CHUNK vectors), the
 // block's bytes of a super-block read from L1 again for each later chunk.
 template <int ROWS>
-inline void rows16(const RoundedGroup<Q4KRows16, ROWS>& x, const BlockWeights& w, int64_t first, float* y,
-                   int64_t y_stride) {
+inline void rows16(const RoundedGroup<Q4KRows16, ROWS>& x, const BlockWeights& w, int64_t first, int64_t count,
+                   float* y, int64_t y_stride) {
     using L = Q4KRows16;
+    static_assert(TASK_ROWS == L::ROWS, "a task is one block of sixteen rows");
+    if (count != L::ROWS || first % L::ROWS != 0) __builtin_trap();  // (block_linear.py allows no other)
     constexpr int CHUNK = ROWS < 4 ? ROWS : 4;
     const int64_t supers = w.in / L::VALUES;
     const uint8_t* blocks = w.row(first);
@@ -97,23 +99,25 @@ inline void rows16(const RoundedGroup<Q4KRows16, ROWS>& x, const BlockWeights& w
             __m512i a[CHUNK], b[CHUNK];
             for (int i = 0; i < CHUNK; ++i) a[i] = b[i] = _mm512_setzero_si512();
             for (int c = 0; c < 4; ++c) {  // sub-blocks 2 c and 2 c + 1
-                __m512i low[CHUNK], high[CHUNK];
-                for (int i = 0; i < CHUNK; ++i) low[i] = high[i] = _mm512_setzero_si512();
+                __m512i first_sums[CHUNK], second_sums[CHUNK];
+                for (int i = 0; i < CHUNK; ++i) first_sums[i] = second_sums[i] = _mm512_setzero_si512();
                 for (int q = 0; q < 8; ++q) {
                     const __m512i codes = _mm512_loadu_si512(block + (c * 8 + q) * 64);
                     const __m512i first_codes = _mm512_and_si512(codes, nibble);
                     const __m512i second_codes = _mm512_and_si512(_mm512_srli_epi16(codes, 4), nibble);
                     for (int i = 0; i < chunk; ++i) {
                         const int8_t* xq = x.codes(m0 + i, s, 0);  // the super-block's codes, in order
-                        low[i] = dot_quads(low[i], first_codes, _mm512_set1_epi32(load<int32_t>(xq + 64 * c + 4 * q)));
-                        high[i] = dot_quads(high[i], second_codes, _mm512_set1_epi32(load<int32_t>(xq + 64 * c + 32 + 4 * q)));
+                        first_sums[i] = dot_quads(first_sums[i], first_codes,
+                                                  _mm512_set1_epi32(load<int32_t>(xq + 64 * c + 4 * q)));
+                        second_sums[i] = dot_quads(second_sums[i], second_codes,
+                                                   _mm512_set1_epi32(load<int32_t>(xq + 64 * c + 32 + 4 * q)));
                     }
                 }
                 const __m512i first_scale = widen_bytes(block + L::SCALES + 2 * c * L::ROWS);
                 const __m512i second_scale = widen_bytes(block + L::SCALES + (2 * c + 1) * L::ROWS);
                 for (int i = 0; i < chunk; ++i)
-                    a[i] = _mm512_add_epi32(a[i], _mm512_add_epi32(_mm512_mullo_epi32(low[i], first_scale),
-                                                                   _mm512_mullo_epi32(high[i], second_scale)));
+                    a[i] = _mm512_add_epi32(a[i], _mm512_add_epi32(_mm512_mullo_epi32(first_sums[i], first_scale),
+                                                                   _mm512_mullo_epi32(second_sums[i], second_scale)));
             }
             for (int j = 0; j < 8; ++j) {  // the minimums, each against its sub-block's two input sums
                 const __m512i m = widen_bytes(block + L::MINS + j * L::ROWS);

@@ -38,12 +38,12 @@ GGUF_Q4_K_ROWS16 = 18
 # as the products read them
 FLOAT32, FLOAT16, BFLOAT16 = 0, 16, 17
 FLOAT_FORMATS = {torch.float32: FLOAT32, torch.float16: FLOAT16, torch.bfloat16: BFLOAT16}  # told by the dtype
-# values and bytes of a K-quant's super-block
+# values and bytes of a K-quant's super-block (a row's share of one, for GGUF_Q4_K_ROWS16)
 SUPER_BLOCKS = {GGUF_Q2_K: (256, 84), GGUF_Q3_K: (256, 110), GGUF_Q4_K: (256, 144), GGUF_Q5_K: (256, 176),
                 GGUF_Q6_K: (256, 210), GGUF_Q4_K_ROWS16: (256, 148)}
 FORMAT_NAMES = {LOOM_4BIT: "4-bit blocks", LOOM_5BIT: "5-bit blocks", LOOM_8BIT: "8-bit blocks", GGUF_Q2_K: "Q2_K",
                 GGUF_Q3_K: "Q3_K", GGUF_Q4_K: "Q4_K", GGUF_Q5_K: "Q5_K", GGUF_Q6_K: "Q6_K",
-                GGUF_Q4_K_ROWS16: "Q4_K, 16 rows side by side", FLOAT32: "float32",
+                GGUF_Q4_K_ROWS16: "Q4_K (16 rows side by side)", FLOAT32: "float32",
                 FLOAT16: "float16", BFLOAT16: "bfloat16"}
 WITH_MINIMUMS = (LOOM_4BIT, LOOM_5BIT)  # Loom's blocks that keep a float32 minimum beside each scale
 OUTPUT_BITS = LOOM_8BIT  # the output layer's and the token embeddings' (the layers': quantized.BLOCK_WEIGHTS)
@@ -70,17 +70,22 @@ def row_bytes(width: int, format: int) -> int:
 ROWS16 = 16  # the weight rows GGUF_Q4_K_ROWS16 lays side by side
 
 
+def multiplies_q4_k_rows16() -> bool:
+    """Whether the kernels are built for GGUF_Q4_K_ROWS16 (AVX-512)."""
+    library = native.library()
+    return library is not None and bool(library.loom_multiplies_q4_k_rows16())
+
+
 def q4_k_rows16(blocks: torch.Tensor, width: int) -> torch.Tensor | None:
     """A Q4_K matrix [rows, bytes per row] in GGUF_Q4_K_ROWS16 (a copy, the same numbers), where
     this build multiplies that layout (AVX-512) and the rows are a multiple of sixteen; else None.
     Over it a one-row product reads the weights at the memory's rate (block_interleaved.h)."""
-    library = native.library()
-    if (library is None or not library.loom_q4_k_rows16() or blocks.dtype != torch.uint8 or blocks.dim() != 2
+    if (not multiplies_q4_k_rows16() or blocks.dtype != torch.uint8 or blocks.dim() != 2
             or blocks.shape[0] % ROWS16 or width % 256 or blocks.shape[1] != row_bytes(width, GGUF_Q4_K)):
         return None
     source = blocks.contiguous()
     out = torch.empty(blocks.shape[0], row_bytes(width, GGUF_Q4_K_ROWS16), dtype=torch.uint8)
-    library.loom_repack_q4_k_rows16(ctypes.c_void_p(source.data_ptr()), ctypes.c_int64(width),
+    native.library().loom_repack_q4_k_rows16(ctypes.c_void_p(source.data_ptr()), ctypes.c_int64(width),
                                     ctypes.c_int64(blocks.shape[0]), ctypes.c_void_p(out.data_ptr()))
     return out
 
@@ -182,6 +187,13 @@ class BlockLinear(nn.Module):
         return layer
 
     def _hold(self, parts: list[torch.Tensor], formats: list[int], width: int, bias: torch.Tensor | None) -> None:
+        for part, format in zip(parts, formats):
+            if format == GGUF_Q4_K_ROWS16 and not multiplies_q4_k_rows16():
+                raise ValueError(f"Q4_K with {ROWS16} rows side by side needs the kernels built with AVX-512; "
+                                 "this build multiplies Q4_K in the file's layout only")
+            if format == GGUF_Q4_K_ROWS16 and part.shape[0] % ROWS16:
+                raise ValueError(f"Q4_K with {ROWS16} rows side by side comes in whole blocks of {ROWS16} rows, "
+                                 f"not {part.shape[0]}")
         self.formats, self.rows = tuple(formats), tuple(part.shape[0] for part in parts)
         self.out_features, self.in_features = sum(self.rows), width
         for i, part in enumerate(parts):
@@ -234,6 +246,8 @@ class BlockEmbedding(nn.Module):
 
     def __init__(self, blocks: torch.Tensor, num_embeddings: int, embedding_dim: int, format: int = OUTPUT_BITS):
         super().__init__()
+        if format == GGUF_Q4_K_ROWS16:  # a lookup gathers single rows, which that layout does not keep apart
+            raise ValueError("an embedding table keeps a file's Q4_K layout, not sixteen rows side by side")
         self.num_embeddings, self.embedding_dim, self.format = num_embeddings, embedding_dim, format
         self.register_buffer("blocks", as_bytes(blocks).reshape(-1))
         self.widen = native.function("loom_block_widen", torch.float32, WIDEN_ARGTYPES)

@@ -1,4 +1,5 @@
-// K-quant products of many input rows, tiled as llama.cpp's CPU backend tiles them (ggml-cpu's
+// Block products of many input rows (the K-quants, and Loom's blocks: takes_tiles), tiled as
+// llama.cpp's CPU backend tiles them (ggml-cpu's
 // tiled products): an input row in each 32-bit lane of a 512-bit vector, so that one
 // vpdpbusd multiplies four bytes of sixteen input rows by four bytes of one weight row broadcast
 // to every lane, and a group's sums take the group's integer scale in one vpmulld for all sixteen
@@ -12,10 +13,12 @@
 // every code a byte, every group's scale and offset weight an integer. The input is rounded as for
 // pair_rows (the very codes and scales) into bands of BAND rows laid out lane by lane. A super-block's
 // sums end as pair_rows' do, in exact integers given to block_weights.h's super_block_step, so a row's
-// numbers are the same whichever kernel its product took.
+// numbers are the same whichever kernel its product took. Loom's blocks, an input scale every 32
+// values, end each block so instead, as block_pair_rows does (block_band_tile, UnpackedBlocks).
 //
-// Needs AVX-512 (BW): with VNNI one vpdpbusd, else maddubs and madd (the codes stay under 64, so a
-// pair of products never saturates 16 bits).
+// Needs AVX-512 (BW): with VNNI one vpdpbusd, else maddubs and madd (the K-quants' and Loom's 4- and
+// 5-bit codes stay under 64, so a pair of products never saturates 16 bits; Loom's 8-bit codes, read
+// as q + 128, take the tiles only with VNNI).
 
 #pragma once
 
@@ -274,10 +277,11 @@ inline void block_band_tile(const UnpackedBlocks& u, int t0, int count, const Ba
         const __m512 dx = _mm512_loadu_ps(x.scales_of(band, b));
         const __m512 xs = Super::MINS ? _mm512_loadu_ps(x.sums_of(band, b)) : _mm512_setzero_ps();
         const float *d = u.d + b * TASK_ROWS + t0, *m = u.m + b * TASK_ROWS + t0;
-        for (int t = 0; t < TILE; ++t)
+        for (int t = 0; t < TILE; ++t) {
+            const __m512 minimum = Super::MINS ? _mm512_set1_ps(m[t]) : _mm512_setzero_ps();  // (Loom8: none kept)
             sums[t] = _mm512_add_ps(sums[t], block_term<Super::MINS>(_mm512_cvtepi32_ps(a[t]),
-                                                                      _mm512_mul_ps(_mm512_set1_ps(d[t]), dx),
-                                                                      _mm512_set1_ps(m[t]), xs));
+                                                                      _mm512_mul_ps(_mm512_set1_ps(d[t]), dx), minimum, xs));
+        }
     }
     alignas(64) float lanes[BAND];
     for (int t = 0; t < count; ++t) {

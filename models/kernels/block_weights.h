@@ -1,5 +1,6 @@
-// Products over weights kept in blocks (block_codes.h's formats: Loom's 4-, 5- and 8-bit blocks and
-// GGUF's K-quants as the file has them), block_linear.py's and the native layers'.
+// Products over weights kept in blocks (block_codes.h's formats: Loom's 4-, 5- and 8-bit blocks,
+// GGUF's K-quants as the file has them, and Q4_K with sixteen rows side by side), block_linear.py's
+// and the native layers'.
 //
 // The input is rounded to 8 bits first, as llama.cpp's CPU backend does: per 32 values (a K-quant's
 // 256) a scale dx = max |x| / 127 and codes round(x / dx). A block's product is then an integer dot
@@ -76,7 +77,7 @@ struct RoundedRows {
     // group's rows for one super-block side by side)
     int16_t* sixteens;
     float* record_scales;
-    // Loom's blocks' where pair_rows takes them (block_records): per block of a group's rows, side by
+    // Loom's blocks' where block_pair_rows takes them (block_records): per block of a group's rows, side by
     // side, [group][block][row in group], each row's scale dx, its code sum and dx times that sum
     float *block_scales, *block_sums;
     int32_t* block_code_sums;
@@ -133,9 +134,9 @@ int64_t record_values(int64_t in) { return rounds_by_super_block<F>() ? F::VALUE
 // sums per block (int8_rows', and every other format's).
 template <typename F>
 constexpr bool integer_records() { return PAIRS && rounds_by_super_block<F>(); }
-// Whether format F's products read its rounded input per block of a group's rows (pair_rows' and the
-// tiles' Loom blocks, a pair at a time, ending each block in an exact integer) rather than as
-// int8_rows' float scales and sums.
+// Whether format F's products read its rounded input per block of a group's rows (block_pair_rows':
+// Loom's blocks a pair at a time, each block ending in an exact integer; the tiles round their own
+// Bands) rather than as int8_rows' float scales and sums.
 template <typename F>
 constexpr bool block_records() { return PAIRS && !rounds_by_super_block<F>() && F::VALUES == 2 * GROUP; }
 
@@ -178,7 +179,7 @@ struct RoundedGroup {
         return record_scales_ + s * ROWS;
     }
     // block b of the row: the group's rows' scales dx of it side by side, their code sums, and dx
-    // times those (Loom's blocks in pair_rows)
+    // times those (Loom's blocks in block_pair_rows)
     const float* block_scales(int64_t b) const { return block_scales_ + b * ROWS; }
     const int32_t* block_code_sums(int64_t b) const { return block_code_sums_ + b * ROWS; }
     const float* block_sums(int64_t b) const { return block_sums_ + b * ROWS; }
@@ -612,13 +613,7 @@ struct TermLanes {
 // Eight floats of a weight row from ``from`` (``count`` of them, zeros past: a row's last floats
 // may end the matrix)
 inline Lanes row_floats(const float* from, int count) {
-#if defined(__AVX512F__)
     return (Lanes)_mm256_maskz_loadu_ps(__mmask8((1u << count) - 1), from);
-#else
-    Lanes v = {};
-    for (int l = 0; l < count; ++l) v[l] = from[l];
-    return v;
-#endif
 }
 
 // pair_rows for Loom's blocks (with AVX-512), whose input has a scale a block: each block's products
@@ -632,7 +627,7 @@ inline void block_pair_rows(const RoundedGroup<F, ROWS>& x, const BlockWeights& 
                             float* y, int64_t y_stride) {
     using Super = typename F::Super;
     constexpr int ITEMS = SIDE * ROWS, G = ITEMS <= 2 ? 4 : ITEMS <= 4 ? 2 : 1;
-    using Lanes16 = TermLanes<ROWS, SIDE, G>;
+    using Place = TermLanes<ROWS, SIDE, G>;
     const int64_t pairs = w.in / (2 * GROUP), share = w.stride / pairs;  // a pair's share of a row's bytes
     for (int64_t r = 0; r < count; r += SIDE) {
         const uint8_t* rows[SIDE];
@@ -660,11 +655,11 @@ inline void block_pair_rows(const RoundedGroup<F, ROWS>& x, const BlockWeights& 
             });
             PairSums totals = half_sums<8>(vectors);
             const int64_t b = 2 * s;  // the group's first block
-            const auto of_input = [](auto v) { return pick_lanes<typename Lanes16::OfInput>(v, v); };
+            const auto of_input = [](auto v) { return pick_lanes<typename Place::OfInput>(v, v); };
             if constexpr (Super::CODE_OFFSET != 0)
                 totals -= Super::CODE_OFFSET * of_input(load<PairSums>(x.block_code_sums(b)));
             const auto of_weights = [&](const float* (*at)(const uint8_t*, int64_t)) {
-                return pick_lanes<typename Lanes16::OfWeights>(
+                return pick_lanes<typename Place::OfWeights>(
                     pair_of(row_floats(at(rows[0], w.in) + b, 2 * n), row_floats(at(rows[SIDE - 1], w.in) + b, 2 * n)),
                     PairLanes{});
             };
@@ -676,8 +671,8 @@ inline void block_pair_rows(const RoundedGroup<F, ROWS>& x, const BlockWeights& 
             for_each_index<G>([&](auto pair) {
                 constexpr int g = decltype(pair)::value;
                 if (g >= n) return;
-                row_sums += eight_lanes<typename Lanes16::template OfBlock<g, 0>>(terms);
-                row_sums += eight_lanes<typename Lanes16::template OfBlock<g, 1>>(terms);
+                row_sums += eight_lanes<typename Place::template OfBlock<g, 0>>(terms);
+                row_sums += eight_lanes<typename Place::template OfBlock<g, 1>>(terms);
             });
         }
         for (int i = 0; i < side; ++i)
@@ -722,7 +717,7 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
     if (rows == 0)  // (the output layer of a step none of whose rows is sampled): every thread of the
         return;     // team returns alike
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-    // K-quants: whole bands of rows tiled, and a last band part full from TILED_FROM rows alone or
+    // takes_tiles formats: whole bands of rows tiled, and a last band part full from TILED_FROM rows alone or
     // TILED_TAIL_FROM behind full ones (whose tasks have unpacked the weights already); fewer rows
     // left over take the products below, the numbers the same either way (block_tiles.h). A band
     // of one row cost as much as a full one: 17 / 20 / 24-token prompts of the 1.7B Q4_K_M file took
@@ -748,7 +743,7 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
         float* ym = y + m * y_stride;
 #if defined(__AVX512F__) && defined(__AVX512BW__)
         if constexpr (std::is_same_v<F, Q4KRows16>)
-            rows16<group>(RoundedGroup<F, group>(rounded, m), w, o, ym, y_stride);
+            rows16<group>(RoundedGroup<F, group>(rounded, m), w, o, count, ym, y_stride);
         else if constexpr (block_records<F>())
             block_pair_rows<F, group, side_for<group>()>(RoundedGroup<F, group>(rounded, m), w, o, count, ym, y_stride);
         else if constexpr (rounds_by_super_block<F>())

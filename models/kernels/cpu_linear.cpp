@@ -80,7 +80,7 @@ extern "C" int64_t loom_bfloat16_dots() { return BFLOAT16_DOTS; }
 
 // Whether this build multiplies Q4_K weights with sixteen rows side by side (GGUF_Q4_K_ROWS16), and
 // ``out`` rows of a Q4_K matrix (a multiple of sixteen) laid out so (block_interleaved.h).
-extern "C" int64_t loom_q4_k_rows16() { return PAIRS; }
+extern "C" int64_t loom_multiplies_q4_k_rows16() { return PAIRS; }
 extern "C" void loom_repack_q4_k_rows16(const uint8_t* src, int64_t in, int64_t out, uint8_t* dst) {
     const int64_t from = Q4KRows16::ROWS * Q4K::row_bytes(in), to = Q4KRows16::ROWS * Q4KRows16::row_bytes(in);
 #pragma omp parallel for schedule(static)

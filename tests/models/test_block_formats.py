@@ -16,7 +16,8 @@ from models.kernels import native
 from models.kernels.block_formats import block_format, to_blocks
 from models.kernels.block_linear import (BFLOAT16, FLOAT16, FLOAT32, GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q4_K_ROWS16,
                                          GGUF_Q5_K, GGUF_Q6_K, GROUP, LOOM_4BIT, LOOM_5BIT, LOOM_8BIT, SUPER_BLOCKS,
-                                         WIDEN_ARGTYPES, BlockEmbedding, BlockLinear, dequantize, q4_k_rows16,
+                                         WIDEN_ARGTYPES, BlockEmbedding, BlockLinear, dequantize,
+                                         multiplies_q4_k_rows16, q4_k_rows16,
                                          round_activations, rounding, rounds_input_to_bfloat16)
 from runtime import Engine, GenerationConfig
 
@@ -101,16 +102,19 @@ def test_a_rows_product_is_the_same_whatever_rows_share_it(kind, width):
 def test_q4_k_rows_side_by_side_hold_the_files_numbers_and_give_its_very_products():
     """Q4_K with sixteen rows side by side (GGUF_Q4_K_ROWS16, made at load where the build multiplies
     it): its rows widen to gguf-py's values, and every row count's product is bitwise the product over
-    the file's own layout (one row, the few-row products, the tiles from 13), so a model's numbers do
-    not depend on which layout its build takes. Rows not a multiple of sixteen keep the file's layout."""
+    the file's own layout (over which one row, the few-row products and from 13 rows the tiles run),
+    so a model's numbers do not depend on which layout its build takes. Rows not a multiple of
+    sixteen keep the file's layout, and a part of such rows is refused."""
     width, out = 512, 96
     data = random_tensor(Q.Q4_K, rows=out, width=width, seed=7)
     blocks = to_blocks(data, Q.Q4_K, width)
     rows16 = q4_k_rows16(blocks, width)
-    if not native.library().loom_q4_k_rows16():
+    if not multiplies_q4_k_rows16():
         assert rows16 is None
         pytest.skip("this build multiplies Q4_K in the file's layout only (no AVX-512)")
     assert q4_k_rows16(blocks[:out - 8], width) is None
+    with pytest.raises(ValueError, match="whole blocks of 16 rows"):
+        BlockLinear.of_blocks(rows16[:out - 8], width)
     layer, as_filed = BlockLinear.of_blocks(rows16, width), BlockLinear.of_blocks(blocks, width)
     assert layer.formats == (GGUF_Q4_K_ROWS16,) and as_filed.formats == (GGUF_Q4_K,)
     for rows in (1, 2, 3, 4, 5, 8, 9, 13, 17, 40):
@@ -293,7 +297,7 @@ def test_a_file_of_mixed_formats_runs_in_them_and_equals_float64_over_its_values
     assert model.layers[0].attn.out.formats == (FLOAT16,) and model.layers[1].attn.out.formats == (BFLOAT16,)
     # fused products keep their parts (no copy), each in its own format: the Q4_K ones with sixteen
     # rows side by side where the build multiplies them so, else read from the file
-    q4_k = GGUF_Q4_K_ROWS16 if native.library().loom_q4_k_rows16() else GGUF_Q4_K
+    q4_k = GGUF_Q4_K_ROWS16 if multiplies_q4_k_rows16() else GGUF_Q4_K
     assert model.layers[0].attn.qkv.formats == (LOOM_4BIT, q4_k, LOOM_4BIT)
     assert model.layers[0].mlp.gate_up.formats == (LOOM_8BIT, LOOM_8BIT) and model.lm_head.formats == (LOOM_8BIT,)
     assert model.layers[0].mlp.down.formats == (GGUF_Q5_K,)
