@@ -23,23 +23,21 @@ namespace {
 // the same rows' bytes in GGUF_Q4_K_ROWS16.
 inline void repack_rows16(const uint8_t* src, int64_t in, uint8_t* dst) {
     using L = Q4KRows16;
-    const int64_t supers = in / L::VALUES, row_bytes = supers * 144;
-    for (int64_t s = 0; s < supers; ++s) {
+    const int64_t row_bytes = Q4K::row_bytes(in);
+    for (int64_t s = 0; s < in / L::VALUES; ++s) {
         uint8_t* block = dst + s * L::BLOCK_BYTES;
         for (int r = 0; r < L::ROWS; ++r) {
-            const uint8_t* super = src + r * row_bytes + s * 144;
+            const uint8_t* row = src + r * row_bytes;
+            const Q4K::Super super(row, in, s);  // its 6-bit scales and minimums decoded
             for (int c = 0; c < 4; ++c)
-                for (int q = 0; q < 8; ++q) std::memcpy(block + ((c * 8 + q) * L::ROWS + r) * 4, super + 16 + 32 * c + 4 * q, 4);
-            // the twelve bytes of 6-bit scales and minimums (Q4K::Super's decoding)
-            const uint8_t* p = super + 4;
+                for (int q = 0; q < 8; ++q) std::memcpy(block + ((c * 8 + q) * L::ROWS + r) * 4, super.qs + 32 * c + 4 * q, 4);
             for (int j = 0; j < 8; ++j) {
-                const uint8_t sc = j < 4 ? p[j] & 63 : (p[j + 4] & 0xF) | (p[j - 4] >> 6) << 4;
-                const uint8_t m = j < 4 ? p[j + 4] & 63 : (p[j + 4] >> 4) | (p[j] >> 6) << 4;
-                block[L::SCALES + j * L::ROWS + r] = sc;
-                block[L::MINS + j * L::ROWS + r] = m;
+                block[L::SCALES + j * L::ROWS + r] = uint8_t(super.sc[j]);
+                block[L::MINS + j * L::ROWS + r] = uint8_t(super.min_codes >> (8 * j));
             }
-            std::memcpy(block + L::D + 2 * r, super, 2);
-            std::memcpy(block + L::DMIN + 2 * r, super + 2, 2);
+            const uint8_t* halves = row + s * Q4K::BYTES;  // d and dmin, the file's float16s as they are
+            std::memcpy(block + L::D + 2 * r, halves, 2);
+            std::memcpy(block + L::DMIN + 2 * r, halves + 2, 2);
         }
     }
 }

@@ -201,6 +201,16 @@ inline __m512i dot_halves(__m512i acc, __m512i a, __m512i b) {
 #endif
 }
 
+// A tile's sums, weight row t's in sums[t] (an input row a lane), into y[l][t] for t < ``count`` and
+// l < ``rows``.
+inline void store_tile(const __m512* sums, int count, int rows, float* y, int64_t y_stride) {
+    alignas(64) float lanes[BAND];
+    for (int t = 0; t < count; ++t) {
+        _mm512_store_ps(lanes, sums[t]);
+        for (int l = 0; l < rows; ++l) y[l * y_stride + t] = lanes[l];
+    }
+}
+
 // y[l][t] = x . w for the band's rows l < ``rows`` (a lane each) and the tile of weight rows ``t0`` to
 // t0 + ``count`` of the unpacked ones.
 template <typename F>
@@ -243,11 +253,7 @@ inline void band_tile(const UnpackedRows& u, int t0, int count, const Bands& x, 
                                                      _mm512_mul_ps(_mm512_set1_ps(u.dmin[at]), dx));
         }
     }
-    alignas(64) float lanes[BAND];
-    for (int t = 0; t < count; ++t) {
-        _mm512_store_ps(lanes, sums[t]);
-        for (int l = 0; l < rows; ++l) y[l * y_stride + t] = lanes[l];
-    }
+    store_tile(sums, count, rows, y, y_stride);
 }
 
 // band_tile for Loom's blocks: each block's integer sums (less CODE_OFFSET times the input's code
@@ -283,11 +289,7 @@ inline void block_band_tile(const UnpackedBlocks& u, int t0, int count, const Ba
                                                                       _mm512_mul_ps(_mm512_set1_ps(d[t]), dx), minimum, xs));
         }
     }
-    alignas(64) float lanes[BAND];
-    for (int t = 0; t < count; ++t) {
-        _mm512_store_ps(lanes, sums[t]);
-        for (int l = 0; l < rows; ++l) y[l * y_stride + t] = lanes[l];
-    }
+    store_tile(sums, count, rows, y, y_stride);
 }
 
 // Whether format F's products of many rows take the tiles: the K-quants, and Loom's blocks in pairs

@@ -103,16 +103,21 @@ struct RoundedRows {
                whole_lines<float>(rows * in / 32) + whole_lines<float>(rows * in / 256 + 8) +
                3 * whole_lines<float>(blocks + 16);
     }
-    // The index of row ``row``'s record of unit ``u`` (of ``unit_values`` values; the records' own
-    // unless said), and back.
-    int64_t record(int64_t row, int64_t u, int64_t unit_values = 0) const {
-        const int64_t first = row - row % FEW_ROWS, group = std::min(FEW_ROWS, rows - first);
-        return first * (in / (unit_values == 0 ? unit : unit_values)) + u * group + row % FEW_ROWS;
-    }
+    // The index of row ``row``'s record of unit ``u``, and back; and of the entry of its block b in
+    // the per-block arrays (block_scales ...), which lie as records of a block would.
+    int64_t record(int64_t row, int64_t u) const { return entry(row, u, unit); }
+    int64_t block_entry(int64_t row, int64_t b) const { return entry(row, b, GROUP); }
     std::pair<int64_t, int64_t> row_and_unit(int64_t record) const {
         const int64_t units = in / unit, first = record / (FEW_ROWS * units) * FEW_ROWS;  // the group's first row
         const int64_t group = std::min(FEW_ROWS, rows - first), rest = record - first * units;
         return {first + rest % group, rest / group};
+    }
+
+  private:
+    // [group][piece][row in group], pieces of ``values`` values
+    int64_t entry(int64_t row, int64_t piece, int64_t values) const {
+        const int64_t first = row - row % FEW_ROWS, group = std::min(FEW_ROWS, rows - first);
+        return first * (in / values) + piece * group + row % FEW_ROWS;
     }
 };
 
@@ -245,7 +250,7 @@ inline void round_rows(const float* x, int64_t x_stride, const RoundedRows& r) {
             std::memcpy(r.codes + (at * record_blocks + slot) * GROUP, codes + b * GROUP, GROUP);
             const int32_t code_sum = sixteens[2 * b] + sixteens[2 * b + 1];
             if constexpr (block_records<F>()) {
-                const int64_t at_block = r.record(row, (unit * r.unit + part * span) / GROUP + b, GROUP);
+                const int64_t at_block = r.block_entry(row, (unit * r.unit + part * span) / GROUP + b);
                 r.block_scales[at_block] = d;
                 r.block_code_sums[at_block] = code_sum;
                 r.block_sums[at_block] = d * float(code_sum);
@@ -391,7 +396,6 @@ inline void int8_rows(const RoundedGroup<F, ROWS>& x, const BlockWeights& w, int
     }
     for (int m = 0; m < ROWS; ++m) store_lane_sums(totals[m], int(count), y + m * y_stride + first);
 }
-
 
 // Input row ``row``'s codes of a pair of blocks A, B of super-block ``s``: one 64-byte load where they
 // lie side by side (InputOrder puts them so for Q4_K, whose pairs are blocks 4c and 4c + 2: gathered
