@@ -782,6 +782,14 @@ struct Q4KRows16 {
     static constexpr int64_t SCALES = 2048, MINS = SCALES + 128, D = MINS + 128, DMIN = D + 32;  // offsets
     static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
 };
+// Whether this build multiplies that layout (block_interleaved.h's rows16: AVX-512, or AVX2 with FMA
+// and F16C); elsewhere Q4_K keeps the file's layout.
+#if (defined(__AVX512F__) && defined(__AVX512BW__)) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+#define LOOM_ROWS16 1
+#else
+#define LOOM_ROWS16 0
+#endif
+constexpr bool ROWS16_BUILT = LOOM_ROWS16;
 
 template <typename F, typename = void>
 struct IsFloatRows : std::false_type {};
@@ -811,8 +819,8 @@ inline void with_format(int64_t format, int64_t in, F&& f) {
         case GGUF_Q2_K: f(Q2K{}); break;
         case GGUF_Q3_K: f(Q3K{}); break;
         case GGUF_Q4_K: f(Q4K{}); break;
-        case GGUF_Q4_K_ROWS16:  // made only where the products over it are built (AVX-512)
-            if constexpr (PAIRS) return f(Q4KRows16{});
+        case GGUF_Q4_K_ROWS16:  // made only where the products over it are built
+            if constexpr (ROWS16_BUILT) return f(Q4KRows16{});
             __builtin_trap();
         case GGUF_Q5_K: f(Q5K{}); break;
         case FLOAT: f(FloatRows<float>{}); break;

@@ -64,75 +64,151 @@ inline void widen_row16(const BlockWeights& w, int64_t row, float* dst) {
     }
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if LOOM_ROWS16
 // How far ahead of the super-block it reads a product fetches the weights, into L2: four
 // super-blocks of sixteen rows (9.3 KB; the blocks lie one after another). A one-row prototype read
 // 43 GB/s at 4 KB ahead, 47 at 9.3 KB, 37 at 18.5 KB (8192 x 2048, two Zen 5 threads).
 constexpr int64_t ROWS16_AHEAD = 4 * Q4KRows16::BLOCK_BYTES;
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
 // Sixteen bytes as 32-bit lanes
 inline __m512i widen_bytes(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
+// y[m][o] = x[m] . w[o] for input rows [m0, m0 + CHUNK) of the group and the sixteen weight rows of
+// ``blocks`` (their sums in registers: two sub-blocks' products, the codes' and the minimums'
+// integers and the float sum, each CHUNK vectors; CHUNK a constant, for them to stay there).
+constexpr int ROWS16_CHUNK = 4;
+template <int CHUNK, int ROWS>
+inline void rows16_chunk(const RoundedGroup<Q4KRows16, ROWS>& x, int m0, const uint8_t* blocks, int64_t supers,
+                         float* y, int64_t y_stride) {
+    using L = Q4KRows16;
+    const __m512i nibble = _mm512_set1_epi8(15);
+    __m512 sums[CHUNK];
+    for (auto& sum : sums) sum = _mm512_setzero_ps();
+    for (int64_t s = 0; s < supers; ++s) {
+        const uint8_t* block = blocks + s * L::BLOCK_BYTES;
+        if (m0 == 0) fetch_lines(block + ROWS16_AHEAD, L::BLOCK_BYTES);  // (never faults past the end)
+        const int8_t* xq[CHUNK];  // the super-block's codes, in order
+        for (int i = 0; i < CHUNK; ++i) xq[i] = x.codes(m0 + i, s, 0);
+        __m512i a[CHUNK], b[CHUNK];
+        for (int i = 0; i < CHUNK; ++i) a[i] = b[i] = _mm512_setzero_si512();
+        for (int c = 0; c < 4; ++c) {  // sub-blocks 2 c and 2 c + 1
+            __m512i first_sums[CHUNK], second_sums[CHUNK];
+            for (int i = 0; i < CHUNK; ++i) first_sums[i] = second_sums[i] = _mm512_setzero_si512();
+            for (int q = 0; q < 8; ++q) {
+                const __m512i codes = _mm512_loadu_si512(block + (c * 8 + q) * 64);
+                const __m512i first_codes = _mm512_and_si512(codes, nibble);
+                const __m512i second_codes = _mm512_and_si512(_mm512_srli_epi16(codes, 4), nibble);
+                for (int i = 0; i < CHUNK; ++i) {
+                    first_sums[i] = dot_quads(first_sums[i], first_codes,
+                                              _mm512_set1_epi32(load<int32_t>(xq[i] + 64 * c + 4 * q)));
+                    second_sums[i] = dot_quads(second_sums[i], second_codes,
+                                               _mm512_set1_epi32(load<int32_t>(xq[i] + 64 * c + 32 + 4 * q)));
+                }
+            }
+            const __m512i first_scale = widen_bytes(block + L::SCALES + 2 * c * L::ROWS);
+            const __m512i second_scale = widen_bytes(block + L::SCALES + (2 * c + 1) * L::ROWS);
+            for (int i = 0; i < CHUNK; ++i)
+                a[i] = _mm512_add_epi32(a[i], _mm512_add_epi32(_mm512_mullo_epi32(first_sums[i], first_scale),
+                                                               _mm512_mullo_epi32(second_sums[i], second_scale)));
+        }
+        for (int j = 0; j < 8; ++j) {  // the minimums, each against its sub-block's two input sums
+            const __m512i m = widen_bytes(block + L::MINS + j * L::ROWS);
+            const __m512i both = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));
+            for (int i = 0; i < CHUNK; ++i)
+                b[i] = dot_halves(b[i], both, _mm512_set1_epi32(load<int32_t>(x.sixteens(m0 + i, s) + 2 * j)));
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + L::D)));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + L::DMIN)));
+        const float* dx = x.super_block_scales(s) + m0;
+        for (int i = 0; i < CHUNK; ++i) {
+            const __m512 scale = _mm512_set1_ps(dx[i]);
+            sums[i] = super_block_step<true>(sums[i], a[i], b[i], _mm512_mul_ps(d, scale), _mm512_mul_ps(dmin, scale));
+        }
+    }
+    for (int i = 0; i < CHUNK; ++i) _mm512_storeu_ps(y + (m0 + i) * y_stride, sums[i]);
+}
+#else
+// Eight bytes as 32-bit lanes, each in both of its 16-bit halves (for madd: a row's scale against
+// both of its lane's shorts)
+inline __m256i eight_scales(const uint8_t* p) {
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
+}
+
+// rows16 with AVX2: the block's sixteen rows as two halves of eight (a 256-bit vector four codes of
+// each), a half at a time for CHUNK input rows. Without VNNI, maddubs leaves each row's products in
+// pairs of 16 bits, and those are added up in 16 bits over a sub-block's eight steps (a pair is at
+// most 2 x 15 x 127, eight of them 30480, under 32767), then take the rows' sub-block scales in one
+// madd: the AVX-512 kernel's very integers, for about one multiply instruction per 32 products
+// where a block at a time over the file's layout (int8_rows) took two.
+constexpr int ROWS16_CHUNK = 3;
+template <int CHUNK, int ROWS>
+inline void rows16_chunk(const RoundedGroup<Q4KRows16, ROWS>& x, int m0, const uint8_t* blocks, int64_t supers,
+                         float* y, int64_t y_stride) {
+    using L = Q4KRows16;
+    const __m256i nibble = _mm256_set1_epi8(15);
+    Lanes sums[2][CHUNK] = {};
+    for (int64_t s = 0; s < supers; ++s) {
+        const uint8_t* block = blocks + s * L::BLOCK_BYTES;
+        if (m0 == 0) fetch_lines(block + ROWS16_AHEAD, L::BLOCK_BYTES);  // (never faults past the end)
+        const int8_t* xq[CHUNK];  // the super-block's codes, in order
+        for (int i = 0; i < CHUNK; ++i) xq[i] = x.codes(m0 + i, s, 0);
+        for (int h = 0; h < 2; ++h) {  // rows 8 h to 8 h + 7
+            __m256i a[CHUNK];
+            for (int i = 0; i < CHUNK; ++i) a[i] = _mm256_setzero_si256();
+            for (int c = 0; c < 4; ++c) {  // sub-blocks 2 c and 2 c + 1
+                __m256i first_sums[CHUNK], second_sums[CHUNK];  // 16-bit
+                for (int i = 0; i < CHUNK; ++i) first_sums[i] = second_sums[i] = _mm256_setzero_si256();
+                for (int q = 0; q < 8; ++q) {
+                    const __m256i codes = load<__m256i>(block + (c * 8 + q) * 64 + 32 * h);
+                    const __m256i first_codes = _mm256_and_si256(codes, nibble);
+                    const __m256i second_codes = _mm256_and_si256(_mm256_srli_epi16(codes, 4), nibble);
+                    for (int i = 0; i < CHUNK; ++i) {
+                        first_sums[i] = _mm256_add_epi16(first_sums[i], _mm256_maddubs_epi16(
+                            first_codes, _mm256_set1_epi32(load<int32_t>(xq[i] + 64 * c + 4 * q))));
+                        second_sums[i] = _mm256_add_epi16(second_sums[i], _mm256_maddubs_epi16(
+                            second_codes, _mm256_set1_epi32(load<int32_t>(xq[i] + 64 * c + 32 + 4 * q))));
+                    }
+                }
+                const __m256i first_scale = eight_scales(block + L::SCALES + 2 * c * L::ROWS + 8 * h);
+                const __m256i second_scale = eight_scales(block + L::SCALES + (2 * c + 1) * L::ROWS + 8 * h);
+                for (int i = 0; i < CHUNK; ++i)
+                    a[i] = _mm256_add_epi32(a[i], _mm256_add_epi32(_mm256_madd_epi16(first_sums[i], first_scale),
+                                                                   _mm256_madd_epi16(second_sums[i], second_scale)));
+            }
+            __m256i b[CHUNK];
+            for (int i = 0; i < CHUNK; ++i) b[i] = _mm256_setzero_si256();
+            for (int j = 0; j < 8; ++j) {  // the minimums, each against its sub-block's two input sums
+                const __m256i m = eight_scales(block + L::MINS + j * L::ROWS + 8 * h);
+                for (int i = 0; i < CHUNK; ++i)
+                    b[i] = _mm256_add_epi32(b[i], _mm256_madd_epi16(m, _mm256_set1_epi32(load<int32_t>(x.sixteens(m0 + i, s) + 2 * j))));
+            }
+            const Lanes d = (Lanes)_mm256_cvtph_ps(load<__m128i>(block + L::D + 16 * h));
+            const Lanes dmin = (Lanes)_mm256_cvtph_ps(load<__m128i>(block + L::DMIN + 16 * h));
+            const float* dx = x.super_block_scales(s) + m0;
+            for (int i = 0; i < CHUNK; ++i)
+                sums[h][i] = super_block_step<true>(sums[h][i], (Sums)a[i], (Sums)b[i], d * dx[i], dmin * dx[i]);
+        }
+    }
+    for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < CHUNK; ++i) store(y + (m0 + i) * y_stride + 8 * h, sums[h][i]);
+}
+
+#endif
+
 // y[m][o] = x[m] . w[o] for the group's ROWS input rows and the sixteen weight rows from ``first``
-// (a block of the layout), CHUNK input rows at a time (their sums in registers: two sub-blocks'
-// products, the codes' and the minimums' integers and the float sum, each CHUNK vectors), the
-// block's bytes of a super-block read from L1 again for each later chunk.
+// (a block of the layout), ROWS16_CHUNK input rows at a time, the block's bytes of a super-block
+// read from L1 again for each later chunk.
 template <int ROWS>
 inline void rows16(const RoundedGroup<Q4KRows16, ROWS>& x, const BlockWeights& w, int64_t first, int64_t count,
                    float* y, int64_t y_stride) {
-    using L = Q4KRows16;
-    static_assert(TASK_ROWS == L::ROWS, "a task is one block of sixteen rows");
-    if (count != L::ROWS || first % L::ROWS != 0) __builtin_trap();  // (block_linear.py allows no other)
-    constexpr int CHUNK = ROWS < 4 ? ROWS : 4;
-    const int64_t supers = w.in / L::VALUES;
-    const uint8_t* blocks = w.row(first);
-    const __m512i nibble = _mm512_set1_epi8(15);
-    for (int m0 = 0; m0 < ROWS; m0 += CHUNK) {
-        const int chunk = std::min(CHUNK, ROWS - m0);
-        __m512 sums[CHUNK];
-        for (auto& sum : sums) sum = _mm512_setzero_ps();
-        for (int64_t s = 0; s < supers; ++s) {
-            const uint8_t* block = blocks + s * L::BLOCK_BYTES;
-            if (m0 == 0) fetch_lines(block + ROWS16_AHEAD, L::BLOCK_BYTES);  // (never faults past the end)
-            __m512i a[CHUNK], b[CHUNK];
-            for (int i = 0; i < CHUNK; ++i) a[i] = b[i] = _mm512_setzero_si512();
-            for (int c = 0; c < 4; ++c) {  // sub-blocks 2 c and 2 c + 1
-                __m512i first_sums[CHUNK], second_sums[CHUNK];
-                for (int i = 0; i < CHUNK; ++i) first_sums[i] = second_sums[i] = _mm512_setzero_si512();
-                for (int q = 0; q < 8; ++q) {
-                    const __m512i codes = _mm512_loadu_si512(block + (c * 8 + q) * 64);
-                    const __m512i first_codes = _mm512_and_si512(codes, nibble);
-                    const __m512i second_codes = _mm512_and_si512(_mm512_srli_epi16(codes, 4), nibble);
-                    for (int i = 0; i < chunk; ++i) {
-                        const int8_t* xq = x.codes(m0 + i, s, 0);  // the super-block's codes, in order
-                        first_sums[i] = dot_quads(first_sums[i], first_codes,
-                                                  _mm512_set1_epi32(load<int32_t>(xq + 64 * c + 4 * q)));
-                        second_sums[i] = dot_quads(second_sums[i], second_codes,
-                                                   _mm512_set1_epi32(load<int32_t>(xq + 64 * c + 32 + 4 * q)));
-                    }
-                }
-                const __m512i first_scale = widen_bytes(block + L::SCALES + 2 * c * L::ROWS);
-                const __m512i second_scale = widen_bytes(block + L::SCALES + (2 * c + 1) * L::ROWS);
-                for (int i = 0; i < chunk; ++i)
-                    a[i] = _mm512_add_epi32(a[i], _mm512_add_epi32(_mm512_mullo_epi32(first_sums[i], first_scale),
-                                                                   _mm512_mullo_epi32(second_sums[i], second_scale)));
-            }
-            for (int j = 0; j < 8; ++j) {  // the minimums, each against its sub-block's two input sums
-                const __m512i m = widen_bytes(block + L::MINS + j * L::ROWS);
-                const __m512i both = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));
-                for (int i = 0; i < chunk; ++i)
-                    b[i] = dot_halves(b[i], both, _mm512_set1_epi32(load<int32_t>(x.sixteens(m0 + i, s) + 2 * j)));
-            }
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + L::D)));
-            const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + L::DMIN)));
-            const float* dx = x.super_block_scales(s);
-            for (int i = 0; i < chunk; ++i) {
-                const __m512 scale = _mm512_set1_ps(dx[m0 + i]);
-                sums[i] = super_block_step<true>(sums[i], a[i], b[i], _mm512_mul_ps(d, scale), _mm512_mul_ps(dmin, scale));
-            }
-        }
-        for (int i = 0; i < chunk; ++i) _mm512_storeu_ps(y + (m0 + i) * y_stride + first, sums[i]);
-    }
+    static_assert(TASK_ROWS == Q4KRows16::ROWS, "a task is one block of sixteen rows");
+    if (count != Q4KRows16::ROWS || first % Q4KRows16::ROWS != 0) __builtin_trap();  // (block_linear.py allows no other)
+    constexpr int CHUNK = std::min(ROWS, ROWS16_CHUNK), WHOLE = ROWS / CHUNK * CHUNK;
+    const int64_t supers = w.in / Q4KRows16::VALUES;
+    for (int m0 = 0; m0 < WHOLE; m0 += CHUNK) rows16_chunk<CHUNK>(x, m0, w.row(first), supers, y + first, y_stride);
+    if constexpr (WHOLE < ROWS) rows16_chunk<ROWS - WHOLE>(x, WHOLE, w.row(first), supers, y + first, y_stride);
 }
 #endif
 

@@ -71,14 +71,14 @@ ROWS16 = 16  # the weight rows GGUF_Q4_K_ROWS16 lays side by side
 
 
 def multiplies_q4_k_rows16() -> bool:
-    """Whether the kernels are built for GGUF_Q4_K_ROWS16 (AVX-512)."""
+    """Whether the kernels are built for GGUF_Q4_K_ROWS16 (AVX-512, or AVX2 with FMA and F16C)."""
     library = native.library()
     return library is not None and bool(library.loom_multiplies_q4_k_rows16())
 
 
 def q4_k_rows16(blocks: torch.Tensor, width: int) -> torch.Tensor | None:
     """A Q4_K matrix [rows, bytes per row] in GGUF_Q4_K_ROWS16 (a copy, the same numbers), where
-    this build multiplies that layout (AVX-512) and the rows are a multiple of sixteen; else None.
+    this build multiplies that layout (AVX-512 or AVX2) and the rows are a multiple of sixteen; else None.
     Over it a one-row product reads the weights at the memory's rate (block_interleaved.h)."""
     if (not multiplies_q4_k_rows16() or blocks.dtype != torch.uint8 or blocks.dim() != 2
             or blocks.shape[0] % ROWS16 or width % 256 or blocks.shape[1] != row_bytes(width, GGUF_Q4_K)):
@@ -189,7 +189,7 @@ class BlockLinear(nn.Module):
     def _hold(self, parts: list[torch.Tensor], formats: list[int], width: int, bias: torch.Tensor | None) -> None:
         for part, format in zip(parts, formats):
             if format == GGUF_Q4_K_ROWS16 and not multiplies_q4_k_rows16():
-                raise ValueError(f"Q4_K with {ROWS16} rows side by side needs the kernels built with AVX-512; "
+                raise ValueError(f"Q4_K with {ROWS16} rows side by side needs the kernels built with AVX-512 or AVX2; "
                                  "this build multiplies Q4_K in the file's layout only")
             if format == GGUF_Q4_K_ROWS16 and part.shape[0] % ROWS16:
                 raise ValueError(f"Q4_K with {ROWS16} rows side by side comes in whole blocks of {ROWS16} rows, "

@@ -135,10 +135,12 @@ constexpr bool rounds_by_super_block() { return F::ROUNDING == F::VALUES && F::V
 template <typename F>
 int64_t record_values(int64_t in) { return rounds_by_super_block<F>() ? F::VALUES : in; }
 // Whether format F's products read its rounded input as integer sums and one scale a record
-// (pair_rows' K-quants, ending each super-block in exact integers) rather than as float scales and
-// sums per block (int8_rows', and every other format's).
+// (pair_rows' K-quants and rows16's Q4_K, ending each super-block in exact integers) rather than as
+// float scales and sums per block (int8_rows', and every other format's).
 template <typename F>
-constexpr bool integer_records() { return PAIRS && rounds_by_super_block<F>(); }
+constexpr bool integer_records() {
+    return (PAIRS || std::is_same_v<F, Q4KRows16>) && rounds_by_super_block<F>();
+}
 // Whether format F's products read its rounded input per block of a group's rows (block_pair_rows':
 // Loom's blocks a pair at a time, each block ending in an exact integer; the tiles round their own
 // Bands) rather than as int8_rows' float scales and sums.
@@ -745,10 +747,13 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
     // blocks 44 against 35-41, its 4-bit ones 38 against 22-38), which block products then left.
     const auto product = [&](auto group, int64_t m, int64_t o, int64_t count) {
         float* ym = y + m * y_stride;
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if LOOM_ROWS16
         if constexpr (std::is_same_v<F, Q4KRows16>)
             rows16<group>(RoundedGroup<F, group>(rounded, m), w, o, count, ym, y_stride);
-        else if constexpr (block_records<F>())
+        else
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+        if constexpr (block_records<F>())
             block_pair_rows<F, group, side_for<group>()>(RoundedGroup<F, group>(rounded, m), w, o, count, ym, y_stride);
         else if constexpr (rounds_by_super_block<F>())
             pair_rows<F, group, side_for<group>()>(RoundedGroup<F, group>(rounded, m), w, o, count, ym, y_stride);

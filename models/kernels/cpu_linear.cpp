@@ -78,9 +78,14 @@ extern "C" int64_t loom_default_panel_min_rows() { return PANEL_MIN_ROWS; }
 
 extern "C" int64_t loom_bfloat16_dots() { return BFLOAT16_DOTS; }
 
+// Whether the products over the K-quants' own layouts end every super-block in exact integers, as
+// rows16's do, so that a Q4_K matrix gives the same numbers in either layout (with AVX-512: pair_rows
+// and the tiles; int8_rows elsewhere adds a super-block's blocks in float lanes).
+extern "C" int64_t loom_k_quant_super_blocks_exact() { return PAIRS; }
+
 // Whether this build multiplies Q4_K weights with sixteen rows side by side (GGUF_Q4_K_ROWS16), and
 // ``out`` rows of a Q4_K matrix (a multiple of sixteen) laid out so (block_interleaved.h).
-extern "C" int64_t loom_multiplies_q4_k_rows16() { return PAIRS; }
+extern "C" int64_t loom_multiplies_q4_k_rows16() { return ROWS16_BUILT; }
 extern "C" void loom_repack_q4_k_rows16(const uint8_t* src, int64_t in, int64_t out, uint8_t* dst) {
     const int64_t from = Q4KRows16::ROWS * Q4K::row_bytes(in), to = Q4KRows16::ROWS * Q4KRows16::row_bytes(in);
 #pragma omp parallel for schedule(static)
