@@ -165,6 +165,18 @@ inline Sums dot_scaled(Sums sums, Bytes u, SignedBytes s, Shorts scales) {
 #endif
 }
 
+// The ``width`` bits of each byte of v from bit ``from`` moved to bit ``to`` (the K-quants' high bits
+// above their low ones): one 16-bit shift and an and, where GCC wrote a byte shift left by n as n
+// additions (Q6_K's codes took four a block). The bits a 16-bit shift carries over a byte's edge
+// fall outside the mask.
+template <typename V>
+inline V move_bits(V v, int from, int to, int width) {
+    typedef uint16_t Words __attribute__((vector_size(sizeof(V))));
+    const Words words = (Words)v;
+    const Words moved = to >= from ? words << (to - from) : words >> (from - to);
+    return (V)moved & uint8_t(((1 << width) - 1) << to);
+}
+
 // Two 32-byte vectors (a pair of blocks' bytes, or their shorts) as one of 64 bytes: one insert with
 // AVX-512, where GCC's shuffle of bytes took a permute of all 64.
 template <typename V, size_t... I>
@@ -482,7 +494,7 @@ struct KQuantWithMins {
         Bytes codes(int j) const {
             const Bytes q = load<Bytes>(qs + 32 * (j / 2)), nibbles = j % 2 ? q >> 4 : q & 15;
             if constexpr (!HIGH) return nibbles;
-            return nibbles | (((load<Bytes>(qh) >> j) & 1) << 4);
+            return nibbles | move_bits(load<Bytes>(qh), j, 4, 1);
         }
         Lanes scales(int j) const { return Lanes{} + scale[j]; }
         Lanes offset(const float* sums, const float*) const { return -(low * load<Lanes>(sums)); }
@@ -494,7 +506,7 @@ struct KQuantWithMins {
             const PairBytes q = load<PairBytes>(qs + 64 * (P / 2)), nibbles = P % 2 ? q >> 4 : q & 15;
             if constexpr (!HIGH) return nibbles;
             const Bytes high = load<Bytes>(qh);
-            return nibbles | (pair_of((high >> first(P)) & 1, (high >> second(P)) & 1) << 4);
+            return nibbles | pair_of(move_bits(high, first(P), 4, 1), move_bits(high, second(P), 4, 1));
         }
         // sub-block J's scale across its sixteen twos of bytes
         template <int J>
@@ -595,7 +607,7 @@ struct Q6K {
         Bytes codes(int j) const {
             const int n = j / 4, k = j % 4;
             const Bytes low = load<Bytes>(ql + 64 * n + 32 * (k % 2)), high = load<Bytes>(qh + 32 * n);
-            return (k < 2 ? low & 15 : low >> 4) | (((high >> (2 * k)) & 3) << 4);
+            return (k < 2 ? low & 15 : low >> 4) | move_bits(high, 2 * k, 4, 2);
         }
         // blocks 2 P and 2 P + 1: 64 bytes of low nibbles (low halves for even P, high for odd)
         // and each block's pair of bits from the same 32 bytes of qh
@@ -604,8 +616,7 @@ struct Q6K {
             constexpr int n = P / 2, k = 2 * (P % 2);
             const PairBytes low = load<PairBytes>(ql + 64 * n);
             const Bytes high = load<Bytes>(qh + 32 * n);
-            const PairBytes bits = pair_of((high >> (2 * k)) & 3, (high >> (2 * k + 2)) & 3);
-            return (k == 0 ? low & 15 : low >> 4) | (bits << 4);
+            return (k == 0 ? low & 15 : low >> 4) | pair_of(move_bits(high, 2 * k, 4, 2), move_bits(high, 2 * k + 2, 4, 2));
         }
         template <int P>
         PairShorts pair_int_scales() const { return pair_group_scales<P>(groups); }
@@ -696,7 +707,7 @@ struct KQuantTwoBit {
         Bytes codes(int j) const {
             const Bytes q = (load<Bytes>(qs + 32 * (j / 4)) >> (2 * (j % 4))) & 3;
             if constexpr (!THIRD) return q;
-            return q | (((load<Bytes>(hmask) >> j) & 1) << 2);
+            return q | move_bits(load<Bytes>(hmask), j, 2, 1);
         }
         // blocks 2 P and 2 P + 1: bit pairs k and k + 1 (k = 2 (P % 2)) of the same 32 bytes of half P / 2
         template <int P>
@@ -720,7 +731,7 @@ struct KQuantTwoBit {
             const PairBytes codes = pair_of((q >> (2 * k)) & 3, (q >> (2 * k + 2)) & 3);
             if constexpr (!THIRD) return codes;
             const Bytes h = load<Bytes>(hmask);
-            return codes | (pair_of((h >> (2 * P)) & 1, (h >> (2 * P + 1)) & 1) << 2);
+            return codes | pair_of(move_bits(h, 2 * P, 2, 1), move_bits(h, 2 * P + 1, 2, 1));
 #endif
         }
         template <int P>
