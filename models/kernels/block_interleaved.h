@@ -137,12 +137,16 @@ inline __m256i eight_scales(const uint8_t* p) {
 }
 
 // rows16 with AVX2: the block's sixteen rows as two halves of eight (a 256-bit vector four codes of
-// each), a half at a time for CHUNK input rows. Without VNNI, maddubs leaves each row's products in
-// pairs of 16 bits, and those are added up in 16 bits over a sub-block's eight steps (a pair is at
-// most 2 x 15 x 127, eight of them 30480, under 32767), then take the rows' sub-block scales in one
-// madd: the AVX-512 kernel's very integers, for about one multiply instruction per 32 products
-// where a block at a time over the file's layout (int8_rows) took two.
-constexpr int ROWS16_CHUNK = 3;
+// each), a half and one sub-block at a time for CHUNK input rows. Without VNNI, maddubs leaves each
+// row's products in pairs of 16 bits, and those are added up in 16 bits over the sub-block's eight
+// steps (a pair is at most 2 x 15 x 127, eight of them 30480, under 32767), then take the rows'
+// sub-block scales in one madd: the AVX-512 kernel's very integers, for about one multiply
+// instruction per 32 products where a block at a time over the file's layout (int8_rows) took two.
+// A sub-block at a time (its codes' nibbles taken from the 64 bytes again for the other) leaves
+// registers for four input rows: 8192 x 2048, two Zen 5 threads, 64 rows 146-148 Gvalue-rows/s with
+// both sub-blocks of a pair for three rows, 124 for four (their sums spilled), 170-172 so.
+// (Taken as a constant, the nibble ran slower: 149-151.)
+constexpr int ROWS16_CHUNK = 4;
 template <int CHUNK, int ROWS>
 inline void rows16_chunk(const RoundedGroup<Q4KRows16, ROWS>& x, int m0, const uint8_t* blocks, int64_t supers,
                          float* y, int64_t y_stride) {
@@ -157,25 +161,19 @@ inline void rows16_chunk(const RoundedGroup<Q4KRows16, ROWS>& x, int m0, const u
         for (int h = 0; h < 2; ++h) {  // rows 8 h to 8 h + 7
             __m256i a[CHUNK];
             for (int i = 0; i < CHUNK; ++i) a[i] = _mm256_setzero_si256();
-            for (int c = 0; c < 4; ++c) {  // sub-blocks 2 c and 2 c + 1
-                __m256i first_sums[CHUNK], second_sums[CHUNK];  // 16-bit
-                for (int i = 0; i < CHUNK; ++i) first_sums[i] = second_sums[i] = _mm256_setzero_si256();
+            for (int j = 0; j < 8; ++j) {  // sub-block j: the low nibbles of pair j / 2's codes, or the high
+                const int c = j / 2;
+                __m256i products[CHUNK];  // 16-bit
+                for (int i = 0; i < CHUNK; ++i) products[i] = _mm256_setzero_si256();
                 for (int q = 0; q < 8; ++q) {
                     const __m256i codes = load<__m256i>(block + (c * 8 + q) * 64 + 32 * h);
-                    const __m256i first_codes = _mm256_and_si256(codes, nibble);
-                    const __m256i second_codes = _mm256_and_si256(_mm256_srli_epi16(codes, 4), nibble);
-                    for (int i = 0; i < CHUNK; ++i) {
-                        first_sums[i] = _mm256_add_epi16(first_sums[i], _mm256_maddubs_epi16(
-                            first_codes, _mm256_set1_epi32(load<int32_t>(xq[i] + 64 * c + 4 * q))));
-                        second_sums[i] = _mm256_add_epi16(second_sums[i], _mm256_maddubs_epi16(
-                            second_codes, _mm256_set1_epi32(load<int32_t>(xq[i] + 64 * c + 32 + 4 * q))));
-                    }
+                    const __m256i these = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(codes, 4) : codes, nibble);
+                    for (int i = 0; i < CHUNK; ++i)
+                        products[i] = _mm256_add_epi16(products[i], _mm256_maddubs_epi16(
+                            these, _mm256_set1_epi32(load<int32_t>(xq[i] + 32 * j + 4 * q))));
                 }
-                const __m256i first_scale = eight_scales(block + L::SCALES + 2 * c * L::ROWS + 8 * h);
-                const __m256i second_scale = eight_scales(block + L::SCALES + (2 * c + 1) * L::ROWS + 8 * h);
-                for (int i = 0; i < CHUNK; ++i)
-                    a[i] = _mm256_add_epi32(a[i], _mm256_add_epi32(_mm256_madd_epi16(first_sums[i], first_scale),
-                                                                   _mm256_madd_epi16(second_sums[i], second_scale)));
+                const __m256i scale = eight_scales(block + L::SCALES + j * L::ROWS + 8 * h);
+                for (int i = 0; i < CHUNK; ++i) a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(products[i], scale));
             }
             __m256i b[CHUNK];
             for (int i = 0; i < CHUNK; ++i) b[i] = _mm256_setzero_si256();
@@ -194,7 +192,6 @@ inline void rows16_chunk(const RoundedGroup<Q4KRows16, ROWS>& x, int m0, const u
     for (int h = 0; h < 2; ++h)
         for (int i = 0; i < CHUNK; ++i) store(y + (m0 + i) * y_stride + 8 * h, sums[h][i]);
 }
-
 #endif
 
 // y[m][o] = x[m] . w[o] for the group's ROWS input rows and the sixteen weight rows from ``first``
