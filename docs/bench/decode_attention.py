@@ -4,6 +4,7 @@ calls, microseconds per layer (docs/benchmarks-history.md, "An Intel Xeon"). Run
 alternating checkouts for a before/after:
 
     python docs/bench/decode_attention.py [--streams 1,16,64] [--context 110] [--kv-dtype float16] [--layers 1]
+        [--heads 9 --kv-heads 3]
 
 --layers N cycles through N layers' pools, as a step does, so that they come from memory rather than
 the cache.
@@ -28,9 +29,11 @@ def main():
     parser.add_argument("--context", type=int, default=110)
     parser.add_argument("--kv-dtype", default="float32", help="the pool's dtype (float16 or bfloat16 with kv_dtype)")
     parser.add_argument("--layers", type=int, default=1, help="pools to cycle through")
+    parser.add_argument("--heads", type=int, default=9, help="query heads (SmolLM2-1.7B: 32)")
+    parser.add_argument("--kv-heads", type=int, default=3, help="K/V heads (SmolLM2-1.7B: 32)")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    heads, kv_heads, dim, block_size = 9, 3, 64, 16
+    heads, kv_heads, dim, block_size = args.heads, args.kv_heads, 64, 16
     blocks = (args.context + block_size - 1) // block_size
     cells = []
     for streams in map(int, args.streams.split(",")):
