@@ -38,7 +38,9 @@ POOL_IDS = ["float32", "float64", "float32-kv-float16", "float32-kv-bfloat16"]
 @needs_kernel
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS, ids=POOL_IDS)
 @pytest.mark.parametrize("num_seqs", [1, 3, 40])  # few: heads split across threads; many: whole sequences
-@pytest.mark.parametrize("heads,kv_heads,window", [(4, 4, None), (8, 2, None), (9, 3, None), (6, 1, None), (4, 2, 7)])
+# (32 K/V heads of 40 or more: a token's keys span a page, and scores go a block of tokens at a time)
+@pytest.mark.parametrize("heads,kv_heads,window", [(4, 4, None), (8, 2, None), (9, 3, None), (6, 1, None), (4, 2, 7),
+                                                   (32, 32, None), (64, 32, 7)])
 @pytest.mark.parametrize("dim", [16, 40, 64])  # 40: whole vectors and a tail (one vector or none with AVX-512)
 def test_kernel_matches_gather_and_sdpa(dtype, cache_dtype, num_seqs, heads, kv_heads, window, dim):
     gen = torch.Generator().manual_seed(num_seqs * 100 + heads + dim)
