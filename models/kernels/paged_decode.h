@@ -128,10 +128,13 @@ void key_scores(const T* q, int64_t group, const C* k, const int64_t* offsets, i
 // past.
 template <typename T, typename C, int H, int DV>
 void weigh_values_tile(const T* p, int64_t stride, int64_t n, const C* v, const int64_t* offsets, const T* scale,
-                       T* out, int64_t dim) {
+                       T* out, int64_t dim, bool accumulate) {
     using V = Vector<T>;
     constexpr int L = V::lanes;
     typename V::type sums[H][DV] = {};
+    if (accumulate)
+        for (int h = 0; h < H; ++h)
+            for (int c = 0; c < DV; ++c) sums[h][c] = V::load(out + h * dim + c * L);
     for (int64_t j = 0; j < n; ++j) {
         if (j + 16 < n) prefetch_row(v + offsets[j + 16], DV * L);
         const C* value = v + offsets[j];
@@ -148,34 +151,34 @@ void weigh_values_tile(const T* p, int64_t stride, int64_t n, const C* v, const 
 
 template <typename T, typename C, int H>
 void weigh_values_heads(const T* p, int64_t stride, int64_t n, const C* v, const int64_t* offsets, const T* scale,
-                        T* out, int64_t dim) {
+                        T* out, int64_t dim, bool accumulate) {
     constexpr int L = Vector<T>::lanes;
     const int64_t whole = dim / L * L;
     int64_t d = 0;
     for (; d + 4 * L <= whole; d += 4 * L)
-        weigh_values_tile<T, C, H, 4>(p, stride, n, v + d, offsets, scale, out + d, dim);
+        weigh_values_tile<T, C, H, 4>(p, stride, n, v + d, offsets, scale, out + d, dim, accumulate);
     switch ((whole - d) / L) {
-        case 3: weigh_values_tile<T, C, H, 3>(p, stride, n, v + d, offsets, scale, out + d, dim); break;
-        case 2: weigh_values_tile<T, C, H, 2>(p, stride, n, v + d, offsets, scale, out + d, dim); break;
-        case 1: weigh_values_tile<T, C, H, 1>(p, stride, n, v + d, offsets, scale, out + d, dim); break;
+        case 3: weigh_values_tile<T, C, H, 3>(p, stride, n, v + d, offsets, scale, out + d, dim, accumulate); break;
+        case 2: weigh_values_tile<T, C, H, 2>(p, stride, n, v + d, offsets, scale, out + d, dim, accumulate); break;
+        case 1: weigh_values_tile<T, C, H, 1>(p, stride, n, v + d, offsets, scale, out + d, dim, accumulate); break;
     }
     for (int h = 0; h < H; ++h)
         for (d = whole; d < dim; ++d) {
-            T sum = 0;
+            T sum = accumulate ? out[h * dim + d] : T(0);
             for (int64_t j = 0; j < n; ++j) sum += p[h * stride + j] * Element<T, C>::widen(v[offsets[j] + d]);
             out[h * dim + d] = sum * scale[h];
         }
 }
 
 // The ``group`` heads' weighted values, each head's scaled by its scale[h], three heads at a time (12
-// sums of four vectors each).
+// sums of four vectors each); with ``accumulate``, added to what ``out`` holds.
 template <typename T, typename C>
 void weigh_values(const T* p, int64_t stride, int64_t group, int64_t n, const C* v, const int64_t* offsets,
-                  const T* scale, T* out, int64_t dim) {
+                  const T* scale, T* out, int64_t dim, bool accumulate = false) {
     int64_t h = 0;
     auto heads = [&](auto count) {
         weigh_values_heads<T, C, decltype(count)::value>(p + h * stride, stride, n, v, offsets, scale + h,
-                                                         out + h * dim, dim);
+                                                         out + h * dim, dim, accumulate);
     };
     for (; h + 3 <= group; h += 3) heads(std::integral_constant<int, 3>());
     if (group - h == 2) heads(std::integral_constant<int, 2>());
@@ -183,12 +186,13 @@ void weigh_values(const T* p, int64_t stride, int64_t group, int64_t n, const C*
 }
 
 // Where a token's keys (every K/V head's row) span a page or more, as a multi-head model's do (the
-// 1.7B SmolLM2's 32 heads of 64 floats: 8 KB), one head's keys lie a page apart, and their scores
-// are taken a block of SCORE_TOKENS tokens at a time for every head in turn rather than a head at a
-// time over all its tokens: each block's pages are then read while open and the prefetcher's
-// (64 sequences of 100 tokens, 32 / 32 heads, 24 layers' pools: 5.0-5.2 -> 4.2-4.4 ms a layer, AVX2
-// build 5.9-6.0 -> 5.0-5.6 ms; two Zen 5 threads). Shorter rows keep a head at a time (with the
-// default model's 3 K/V heads and a 7B's 4, the blocks ran level to 4% slower).
+// 1.7B SmolLM2's 32 heads of 64 floats: 8 KB), one head's keys and values lie a page apart, and a
+// task of several K/V heads takes its scores, then its weighted values, a block of SCORE_TOKENS
+// tokens at a time for every head in turn rather than a head at a time over all its tokens: each
+// block's pages are then read while open and the prefetcher's (64 sequences of 100 tokens, 32 / 32
+// heads, 24 layers' pools, two Zen 5 threads: 3.9-5.2 -> 3.2-3.7 ms a layer, AVX2 build 4.7-6.0 ->
+// 3.1-3.8 ms). Shorter rows keep a head at a time (with the default model's 3 K/V heads and a 7B's
+// 4, the blocks ran level to 4% slower).
 constexpr int64_t SCORE_TOKENS = 16, SCORE_BLOCKS_FROM_BYTES = 4096;
 
 template <typename T, typename C>
@@ -204,8 +208,9 @@ void decode_attention_rows(const T* q, int64_t q_stride, const C* k_cache, const
     const int64_t splits = num_seqs >= 4 * omp_get_num_threads() ? 1 : kv_heads;
     {
         std::vector<int64_t> offsets;  // each key's row in the pool, relative to the K/V head's first
-        std::vector<T> scores;         // [heads of a K/V head, keys]
-        std::vector<T> inv_sum(group);
+        std::vector<T> scores;         // [the task's K/V heads, heads of a K/V head, keys]
+        std::vector<T> inv_sum;        // [the task's K/V heads, heads of a K/V head]
+        const std::vector<T> ones(group, T(1));
 
 #pragma omp for collapse(2) schedule(dynamic)
         for (int64_t s = 0; s < num_seqs; ++s) {
@@ -226,25 +231,42 @@ void decode_attention_rows(const T* q, int64_t q_stride, const C* k_cache, const
                 // Each head's scores in whole vectors, padded with -inf, whose weights come out 0 (or,
                 // from exp_lanes, exp(-87)): the softmax then has no scalar tail.
                 const int64_t width = (n + Vector<T>::lanes - 1) / Vector<T>::lanes * Vector<T>::lanes;
-                scores.resize((kv_end - kv_first) * group * width);
-                const int64_t tokens = slot_stride * int64_t(sizeof(C)) >= SCORE_BLOCKS_FROM_BYTES ? SCORE_TOKENS : n;
-                for (int64_t t0 = 0; t0 < n; t0 += tokens)
+                const int64_t task_heads = (kv_end - kv_first) * group;
+                scores.resize(task_heads * width);
+                inv_sum.resize(task_heads);
+                const bool blocks = kv_end - kv_first > 1 && slot_stride * int64_t(sizeof(C)) >= SCORE_BLOCKS_FROM_BYTES;
+                const int64_t tokens = blocks ? SCORE_TOKENS : n;
+                const auto each_head = [&](const auto& f) {  // f(K/V head, its query heads' scores, their outputs)
                     for (int64_t g = kv_first; g < kv_end; ++g)
+                        f(g, scores.data() + (g - kv_first) * group * width, out + s * out_stride + g * group * dim);
+                };
+                for (int64_t t0 = 0; t0 < n; t0 += tokens)
+                    each_head([&](int64_t g, T* head_scores, T*) {
                         key_scores(q + s * q_stride + g * group * dim, group, k_cache + g * dim, offsets.data() + t0,
-                                   std::min(tokens, n - t0), dim, static_cast<T>(scale),
-                                   scores.data() + (g - kv_first) * group * width + t0, width);
-                for (int64_t g = kv_first; g < kv_end; ++g) {
-                    T* o = out + s * out_stride + g * group * dim;
-                    T* head_scores = scores.data() + (g - kv_first) * group * width;
-                    // Softmax per query head; the 1/sum scales the weighted values as they are stored.
+                                   std::min(tokens, n - t0), dim, static_cast<T>(scale), head_scores + t0, width);
+                    });
+                // Softmax per query head; the 1/sum scales the weighted values as they are stored (in
+                // blocks: once they are all added up).
+                each_head([&](int64_t g, T* head_scores, T* o) {
                     for (int64_t h = 0; h < group; ++h) {
                         T* row = head_scores + h * width;
                         std::fill(row + n, row + width, -std::numeric_limits<T>::infinity());
-                        inv_sum[h] = T(1) / exp_shifted(row, width, largest(row, width));
+                        inv_sum[(g - kv_first) * group + h] = T(1) / exp_shifted(row, width, largest(row, width));
                     }
-                    weigh_values(head_scores, width, group, n, v_cache + g * dim, offsets.data(), inv_sum.data(),
-                                 o, dim);
-                }
+                    if (!blocks)
+                        weigh_values(head_scores, width, group, n, v_cache + g * dim, offsets.data(),
+                                     inv_sum.data() + (g - kv_first) * group, o, dim);
+                });
+                if (!blocks) continue;
+                for (int64_t t0 = 0; t0 < n; t0 += tokens)
+                    each_head([&](int64_t g, T* head_scores, T* o) {
+                        weigh_values(head_scores + t0, width, group, std::min(tokens, n - t0), v_cache + g * dim,
+                                     offsets.data() + t0, ones.data(), o, dim, t0 > 0);
+                    });
+                each_head([&](int64_t g, T*, T* o) {
+                    for (int64_t h = 0; h < group; ++h)
+                        for (int64_t d = 0; d < dim; ++d) o[h * dim + d] *= inv_sum[(g - kv_first) * group + h];
+                });
             }
         }
     }
