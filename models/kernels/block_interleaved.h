@@ -5,12 +5,15 @@
 // the first instruction to the stored output. Over the file's own layout a one-row product did the
 // opposite (a pair of blocks of one row a vector, its lanes added up every super-block, its scales
 // decoded a row at a time) and read 27-31 GB/s of weights on two Zen 5 threads, arithmetic-bound;
-// over these rows a prototype read 43-47, the memory's rate.
+// over these rows a prototype read 43-47, the memory's rate. With AVX2 a 256-bit vector holds half
+// the rows, and maddubs's 16-bit pairs are summed over a sub-block before one madd by the scales.
 //
 // The layout is made once, at load (repack_rows16), from the file's rows (the same numbers, in the
 // same bytes but four: the packed 6-bit scales and minimums are kept as bytes). A row's product
 // ends each super-block as pair_rows and the tiles do, in exact integers taken into the row's sum by
-// super_block_step, so a row's numbers are the same as over the file's layout, at every row count.
+// super_block_step, so a row's numbers are the same as over the file's layout, at every row count,
+// and the same in the AVX2 build as in the AVX-512 one (whose products over the file's layout end
+// so too; the AVX2 build's int8_rows add a super-block's blocks in float lanes instead).
 
 #pragma once
 
