@@ -210,7 +210,7 @@ void decode_attention_rows(const T* q, int64_t q_stride, const C* k_cache, const
         std::vector<int64_t> offsets;  // each key's row in the pool, relative to the K/V head's first
         std::vector<T> scores;         // [the task's K/V heads, heads of a K/V head, keys]
         std::vector<T> inv_sum;        // [the task's K/V heads, heads of a K/V head]
-        const std::vector<T> ones(group, T(1));
+        const std::vector<T> ones(group, T(1));  // the scales of the weighted values' blocks but the last
 
 #pragma omp for collapse(2) schedule(dynamic)
         for (int64_t s = 0; s < num_seqs; ++s) {
@@ -235,7 +235,7 @@ void decode_attention_rows(const T* q, int64_t q_stride, const C* k_cache, const
                 scores.resize(task_heads * width);
                 inv_sum.resize(task_heads);
                 const bool blocks = kv_end - kv_first > 1 && slot_stride * int64_t(sizeof(C)) >= SCORE_BLOCKS_FROM_BYTES;
-                const int64_t tokens = blocks ? SCORE_TOKENS : n;
+                const int64_t tokens = blocks ? SCORE_TOKENS : n;  // a block's (all of them in one, else)
                 const auto each_head = [&](const auto& f) {  // f(K/V head, its query heads' scores, their outputs)
                     for (int64_t g = kv_first; g < kv_end; ++g)
                         f(g, scores.data() + (g - kv_first) * group * width, out + s * out_stride + g * group * dim);
@@ -245,28 +245,21 @@ void decode_attention_rows(const T* q, int64_t q_stride, const C* k_cache, const
                         key_scores(q + s * q_stride + g * group * dim, group, k_cache + g * dim, offsets.data() + t0,
                                    std::min(tokens, n - t0), dim, static_cast<T>(scale), head_scores + t0, width);
                     });
-                // Softmax per query head; the 1/sum scales the weighted values as they are stored (in
-                // blocks: once they are all added up).
-                each_head([&](int64_t g, T* head_scores, T* o) {
+                // Softmax per query head; the 1/sum scales the weighted values as the last block's are
+                // added and stored.
+                each_head([&](int64_t g, T* head_scores, T*) {
                     for (int64_t h = 0; h < group; ++h) {
                         T* row = head_scores + h * width;
                         std::fill(row + n, row + width, -std::numeric_limits<T>::infinity());
                         inv_sum[(g - kv_first) * group + h] = T(1) / exp_shifted(row, width, largest(row, width));
                     }
-                    if (!blocks)
-                        weigh_values(head_scores, width, group, n, v_cache + g * dim, offsets.data(),
-                                     inv_sum.data() + (g - kv_first) * group, o, dim);
                 });
-                if (!blocks) continue;
                 for (int64_t t0 = 0; t0 < n; t0 += tokens)
                     each_head([&](int64_t g, T* head_scores, T* o) {
+                        const T* head_scale = t0 + tokens >= n ? inv_sum.data() + (g - kv_first) * group : ones.data();
                         weigh_values(head_scores + t0, width, group, std::min(tokens, n - t0), v_cache + g * dim,
-                                     offsets.data() + t0, ones.data(), o, dim, t0 > 0);
+                                     offsets.data() + t0, head_scale, o, dim, t0 > 0);
                     });
-                each_head([&](int64_t g, T*, T* o) {
-                    for (int64_t h = 0; h < group; ++h)
-                        for (int64_t d = 0; d < dim; ++d) o[h * dim + d] *= inv_sum[(g - kv_first) * group + h];
-                });
             }
         }
     }
