@@ -9,8 +9,8 @@
 // - LOOM_5BIT: LOOM_4BIT's nibbles, then each block's 32 fifth bits (bit j: value j's, 16 times it):
 //   w = d q + m, q in 0..31.
 // - LOOM_8BIT: w = d q, q in -127..127.
-// GGUF's K-quants are read as the file lays them out (memory-mapped, not copied; but with AVX-512 a
-// linear layer's Q4_K is laid out anew at load, GGUF_Q4_K_ROWS16 below), in super-blocks
+// GGUF's K-quants are read as the file lays them out (memory-mapped, not copied; but with AVX-512 or
+// AVX2 a linear layer's Q4_K is laid out anew at load, GGUF_Q4_K_ROWS16 below), in super-blocks
 // of 256 values (the layouts: llama.cpp's dequantize_row_q*_K, which each Super's codes follow):
 // - GGUF_Q2_K (84 bytes): sixteen bytes of 4-bit scales sc and minimums m, 64 bytes of 2-bit codes,
 //   float16 d and dmin: w = d sc_g q - dmin m_g for group g of 16.
@@ -23,9 +23,11 @@
 //   bytes of low nibbles: code q = nibble + 16 (bit j of high byte l), value l of sub-block j.
 // - GGUF_Q6_K (210 bytes): 128 bytes of low nibbles, 64 of high bit pairs, sixteen int8 scales, a
 //   float16 d: w = d sc_g (q - 32) for group g of 16, q in 0..63.
-// And one layout of Loom's own over a file's numbers (block_interleaved.h, made at load with AVX-512):
+// And one layout of Loom's own over a file's numbers (block_interleaved.h, made at load with AVX-512
+// or AVX2):
 // - GGUF_Q4_K_ROWS16 (148 bytes a row's super-block): Q4_K's codes, scales, minimums, d and dmin of
-//   sixteen rows side by side, so that a 512-bit vector holds four codes of each of the sixteen.
+//   sixteen rows side by side, so that a 512-bit vector holds four codes of each of the sixteen (a
+//   256-bit one, of eight).
 
 #pragma once
 
