@@ -788,12 +788,15 @@ struct FloatRows {
 // GGUF_Q4_K_ROWS16: sixteen weight rows at a time, each super-block of theirs in BLOCK_BYTES:
 // codes [pair c of sub-blocks][four-value quad q][row][4 bytes] (Q4_K's bytes 32 c + 4 q to 4 q + 3
 // of each row: sub-block 2 c in the low nibbles, 2 c + 1 in the high), then the sub-blocks' scales
-// [8][row] and minimums [8][row] as bytes, then d [row] and dmin [row] as float16.
+// [8][row] and minimums [4][row][2] (sub-blocks 2 k and 2 k + 1 of a row side by side, for one
+// 16-bit multiply-add to meet both) as bytes, then d [row] and dmin [row] as float16.
 struct Q4KRows16 {
     static constexpr int64_t ROUNDING = 256, VALUES = 256;  // as Q4_K's
     static constexpr int64_t ROWS = 16, BYTES = 148, BLOCK_BYTES = ROWS * BYTES;
     static constexpr int64_t SCALES = 2048, MINS = SCALES + 128, D = MINS + 128, DMIN = D + 32;  // offsets
     static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
+    // the offset of row r's minimum of sub-block j
+    static constexpr int64_t min_at(int j, int r) { return MINS + (j / 2 * ROWS + r) * 2 + j % 2; }
 };
 // Whether this build multiplies that layout (block_interleaved.h's rows16: AVX-512, or AVX2 with FMA
 // and F16C); elsewhere Q4_K keeps the file's layout.

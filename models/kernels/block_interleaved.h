@@ -36,7 +36,7 @@ inline void repack_rows16(const uint8_t* src, int64_t in, uint8_t* dst) {
                 for (int q = 0; q < 8; ++q) std::memcpy(block + ((c * 8 + q) * L::ROWS + r) * 4, super.qs + 32 * c + 4 * q, 4);
             for (int j = 0; j < 8; ++j) {
                 block[L::SCALES + j * L::ROWS + r] = uint8_t(super.sc[j]);
-                block[L::MINS + j * L::ROWS + r] = uint8_t(super.min_codes >> (8 * j));
+                block[L::min_at(j, r)] = uint8_t(super.min_codes >> (8 * j));
             }
             const uint8_t* halves = row + s * Q4K::BYTES;  // d and dmin, the file's float16s as they are
             std::memcpy(block + L::D + 2 * r, halves, 2);
@@ -60,7 +60,7 @@ inline void widen_row16(const BlockWeights& w, int64_t row, float* dst) {
                     for (int h = 0; h < 2; ++h) {
                         const int j = 2 * c + h;  // the sub-block
                         const float scale = d * float(block[L::SCALES + j * L::ROWS + r]);
-                        const float low = dmin * float(block[L::MINS + j * L::ROWS + r]);
+                        const float low = dmin * float(block[L::min_at(j, r)]);
                         dst[s * L::VALUES + 32 * j + 4 * q + b] = scale * float(h ? byte >> 4 : byte & 15) - low;
                     }
                 }
@@ -72,6 +72,17 @@ inline void widen_row16(const BlockWeights& w, int64_t row, float* dst) {
 // super-blocks of sixteen rows (9.3 KB; the blocks lie one after another). A one-row prototype read
 // 43 GB/s at 4 KB ahead, 47 at 9.3 KB, 37 at 18.5 KB (8192 x 2048, two Zen 5 threads).
 constexpr int64_t ROWS16_AHEAD = 4 * Q4KRows16::BLOCK_BYTES;
+
+// An input row's code sums over each sub-block of a super-block (from its sums over each 16), two
+// to a 32-bit word as the minimums lie: word k holds sub-block 2 k's in its low 16 bits, 2 k + 1's
+// in its high (32 codes sum to at most 4064 in magnitude). One 16-bit multiply-add then meets two
+// sub-blocks' minimums, where each sub-block's two sums over 16 took one: a chunk's minimums were
+// a fifth of the AVX2 kernel's time (without them, 64 rows ran at 237 Gvalue-rows/s against 192).
+inline void sub_block_sums(const int16_t* sixteens, int32_t* words) {
+    const __m256i sixteen = load<__m256i>(sixteens);
+    const __m256i sums = _mm256_hadd_epi16(sixteen, sixteen);  // a 128-bit lane's four sub-blocks, twice
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(words), _mm256_castsi256_si128(_mm256_permute4x64_epi64(sums, 0x08)));
+}
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 // Sixteen bytes as 32-bit lanes
@@ -115,11 +126,11 @@ inline void rows16_chunk(const RoundedGroup<Q4KRows16, ROWS>& x, int m0, const u
                 a[i] = _mm512_add_epi32(a[i], _mm512_add_epi32(_mm512_mullo_epi32(first_sums[i], first_scale),
                                                                _mm512_mullo_epi32(second_sums[i], second_scale)));
         }
-        for (int j = 0; j < 8; ++j) {  // the minimums, each against its sub-block's two input sums
-            const __m512i m = widen_bytes(block + L::MINS + j * L::ROWS);
-            const __m512i both = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));
-            for (int i = 0; i < CHUNK; ++i)
-                b[i] = dot_halves(b[i], both, _mm512_set1_epi32(load<int32_t>(x.sixteens(m0 + i, s) + 2 * j)));
+        int32_t sub_sums[CHUNK][4];
+        for (int i = 0; i < CHUNK; ++i) sub_block_sums(x.sixteens(m0 + i, s), sub_sums[i]);
+        for (int k = 0; k < 4; ++k) {  // the minimums of sub-blocks 2 k and 2 k + 1 against their input sums
+            const __m512i m = _mm512_cvtepu8_epi16(load<__m256i>(block + L::min_at(2 * k, 0)));
+            for (int i = 0; i < CHUNK; ++i) b[i] = dot_halves(b[i], m, _mm512_set1_epi32(sub_sums[i][k]));
         }
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + L::D)));
         const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + L::DMIN)));
@@ -140,16 +151,47 @@ inline __m256i eight_scales(const uint8_t* p) {
 }
 
 // rows16 with AVX2: the block's sixteen rows as two halves of eight (a 256-bit vector four codes of
-// each), a half and one sub-block at a time for CHUNK input rows. Without VNNI, maddubs leaves each
-// row's products in pairs of 16 bits, and those are added up in 16 bits over the sub-block's eight
-// steps (a pair is at most 2 x 15 x 127, eight of them 30480, under 32767), then take the rows'
-// sub-block scales in one madd: the AVX-512 kernel's very integers, for about one multiply
-// instruction per 32 products where a block at a time over the file's layout (int8_rows) took two.
-// A sub-block at a time (its codes' nibbles taken from the 64 bytes again for the other) leaves
-// registers for four input rows: 8192 x 2048, two Zen 5 threads, 64 rows 146-148 Gvalue-rows/s with
-// both sub-blocks of a pair for three rows, 124 for four (their sums spilled), 170-172 so.
-// (Taken as a constant, the nibble ran slower: 149-151.)
+// each), one sub-block at a time for CHUNK input rows, each four input codes broadcast once for both
+// halves. Without VNNI, maddubs leaves each row's products in pairs of 16 bits, and those are added
+// up in 16 bits over the sub-block's eight steps (a pair is at most 2 x 15 x 127, eight of them
+// 30480, under 32767), then take the rows' sub-block scales in one madd: the AVX-512 kernel's very
+// integers, for about one multiply instruction per 32 products where a block at a time over the
+// file's layout (int8_rows) took two. The empty asm keeps each 16-bit sum a chain of adds: GCC
+// otherwise reassociated the eight steps into a tree whose partial products spilled to the stack
+// (8192 x 2048, two Zen 5 threads, 64 rows: 166-168 Gvalue-rows/s, 188-191 without the spills,
+// 203-214 with the minimums two sub-blocks a multiply, below; 16 rows 157-160 -> 187-198).
 constexpr int ROWS16_CHUNK = 4;
+
+// a[h][i] += the sub-block's products of the sixteen weight rows (their codes the low nibbles of
+// ``codes``' bytes, or the high) and input row i's 32 codes ``xs[i]``, times the rows' sub-block
+// scales (bytes, ``scales``)
+template <bool HIGH, int CHUNK>
+inline void rows16_sub_block(__m256i (&a)[2][CHUNK], const uint8_t* codes, const int8_t* const (&xs)[CHUNK],
+                             const uint8_t* scales, __m256i nibble) {
+    __m256i products[2][CHUNK];  // 16-bit
+    for (auto& half : products)
+        for (auto& p : half) p = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int q = 0; q < 8; ++q) {
+        __m256i these[2];
+        for (int h = 0; h < 2; ++h) {
+            const __m256i bytes = load<__m256i>(codes + 64 * q + 32 * h);
+            these[h] = _mm256_and_si256(HIGH ? _mm256_srli_epi16(bytes, 4) : bytes, nibble);
+        }
+        for (int i = 0; i < CHUNK; ++i) {
+            const __m256i x4 = _mm256_set1_epi32(load<int32_t>(xs[i] + 4 * q));
+            for (int h = 0; h < 2; ++h) {
+                products[h][i] = _mm256_add_epi16(products[h][i], _mm256_maddubs_epi16(these[h], x4));
+                if (q < 7) asm("" : "+x"(products[h][i]));
+            }
+        }
+    }
+    for (int h = 0; h < 2; ++h) {
+        const __m256i scale = eight_scales(scales + 8 * h);
+        for (int i = 0; i < CHUNK; ++i) a[h][i] = _mm256_add_epi32(a[h][i], _mm256_madd_epi16(products[h][i], scale));
+    }
+}
+
 template <int CHUNK, int ROWS>
 inline void rows16_chunk(const RoundedGroup<Q4KRows16, ROWS>& x, int m0, const uint8_t* blocks, int64_t supers,
                          float* y, int64_t y_stride) {
@@ -159,37 +201,35 @@ inline void rows16_chunk(const RoundedGroup<Q4KRows16, ROWS>& x, int m0, const u
     for (int64_t s = 0; s < supers; ++s) {
         const uint8_t* block = blocks + s * L::BLOCK_BYTES;
         if (m0 == 0) fetch_lines(block + ROWS16_AHEAD, L::BLOCK_BYTES);  // (never faults past the end)
-        const int8_t* xq[CHUNK];  // the super-block's codes, in order
-        for (int i = 0; i < CHUNK; ++i) xq[i] = x.codes(m0 + i, s, 0);
-        for (int h = 0; h < 2; ++h) {  // rows 8 h to 8 h + 7
-            __m256i a[CHUNK];
-            for (int i = 0; i < CHUNK; ++i) a[i] = _mm256_setzero_si256();
-            for (int j = 0; j < 8; ++j) {  // sub-block j: the low nibbles of pair j / 2's codes, or the high
-                const int c = j / 2;
-                __m256i products[CHUNK];  // 16-bit
-                for (int i = 0; i < CHUNK; ++i) products[i] = _mm256_setzero_si256();
-                for (int q = 0; q < 8; ++q) {
-                    const __m256i codes = load<__m256i>(block + (c * 8 + q) * 64 + 32 * h);
-                    const __m256i these = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(codes, 4) : codes, nibble);
-                    for (int i = 0; i < CHUNK; ++i)
-                        products[i] = _mm256_add_epi16(products[i], _mm256_maddubs_epi16(
-                            these, _mm256_set1_epi32(load<int32_t>(xq[i] + 32 * j + 4 * q))));
-                }
-                const __m256i scale = eight_scales(block + L::SCALES + j * L::ROWS + 8 * h);
-                for (int i = 0; i < CHUNK; ++i) a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(products[i], scale));
+        __m256i a[2][CHUNK];
+        for (auto& half : a)
+            for (auto& v : half) v = _mm256_setzero_si256();
+        for (int c = 0; c < 4; ++c) {  // sub-blocks 2 c (the low nibbles of pair c's codes) and 2 c + 1
+            const uint8_t* codes = block + c * 512;
+            const int8_t* low[CHUNK];
+            const int8_t* high[CHUNK];
+            for (int i = 0; i < CHUNK; ++i) {
+                low[i] = x.codes(m0 + i, s, 0) + 64 * c;
+                high[i] = low[i] + 32;
             }
+            rows16_sub_block<false>(a, codes, low, block + L::SCALES + 2 * c * L::ROWS, nibble);
+            rows16_sub_block<true>(a, codes, high, block + L::SCALES + (2 * c + 1) * L::ROWS, nibble);
+        }
+        int32_t sub_sums[CHUNK][4];
+        for (int i = 0; i < CHUNK; ++i) sub_block_sums(x.sixteens(m0 + i, s), sub_sums[i]);
+        for (int h = 0; h < 2; ++h) {  // rows 8 h to 8 h + 7
             __m256i b[CHUNK];
             for (int i = 0; i < CHUNK; ++i) b[i] = _mm256_setzero_si256();
-            for (int j = 0; j < 8; ++j) {  // the minimums, each against its sub-block's two input sums
-                const __m256i m = eight_scales(block + L::MINS + j * L::ROWS + 8 * h);
+            for (int k = 0; k < 4; ++k) {  // the minimums of sub-blocks 2 k and 2 k + 1 against their input sums
+                const __m256i m = _mm256_cvtepu8_epi16(load<__m128i>(block + L::min_at(2 * k, 8 * h)));
                 for (int i = 0; i < CHUNK; ++i)
-                    b[i] = _mm256_add_epi32(b[i], _mm256_madd_epi16(m, _mm256_set1_epi32(load<int32_t>(x.sixteens(m0 + i, s) + 2 * j))));
+                    b[i] = _mm256_add_epi32(b[i], _mm256_madd_epi16(m, _mm256_set1_epi32(sub_sums[i][k])));
             }
             const Lanes d = (Lanes)_mm256_cvtph_ps(load<__m128i>(block + L::D + 16 * h));
             const Lanes dmin = (Lanes)_mm256_cvtph_ps(load<__m128i>(block + L::DMIN + 16 * h));
             const float* dx = x.super_block_scales(s) + m0;
             for (int i = 0; i < CHUNK; ++i)
-                sums[h][i] = super_block_step<true>(sums[h][i], (Sums)a[i], (Sums)b[i], d * dx[i], dmin * dx[i]);
+                sums[h][i] = super_block_step<true>(sums[h][i], (Sums)a[h][i], (Sums)b[i], d * dx[i], dmin * dx[i]);
         }
     }
     for (int h = 0; h < 2; ++h)
