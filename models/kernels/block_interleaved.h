@@ -74,14 +74,14 @@ inline void widen_row16(const BlockWeights& w, int64_t row, float* dst) {
 constexpr int64_t ROWS16_AHEAD = 4 * Q4KRows16::BLOCK_BYTES;
 
 // An input row's code sums over each sub-block of a super-block (from its sums over each 16), two
-// to a 32-bit word as the minimums lie: word k holds sub-block 2 k's in its low 16 bits, 2 k + 1's
+// to a 32-bit word as the minimums lie: word k of a 128-bit lane holds sub-block 2 k's in its low 16 bits, 2 k + 1's
 // in its high (32 codes sum to at most 4064 in magnitude). One 16-bit multiply-add then meets two
 // sub-blocks' minimums, where each sub-block's two sums over 16 took one: a chunk's minimums were
 // a fifth of the AVX2 kernel's time (without them, 64 rows ran at 237 Gvalue-rows/s against 192).
-inline void sub_block_sums(const int16_t* sixteens, int32_t* words) {
+inline __m256i sub_block_sums(const int16_t* sixteens) {
     const __m256i sixteen = load<__m256i>(sixteens);
     const __m256i sums = _mm256_hadd_epi16(sixteen, sixteen);  // a 128-bit lane's four sub-blocks, twice
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(words), _mm256_castsi256_si128(_mm256_permute4x64_epi64(sums, 0x08)));
+    return _mm256_permute4x64_epi64(sums, 0x88);  // all four words in each 128-bit lane
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
@@ -127,7 +127,8 @@ inline void rows16_chunk(const RoundedGroup<Q4KRows16, ROWS>& x, int m0, const u
                                                                _mm512_mullo_epi32(second_sums[i], second_scale)));
         }
         int32_t sub_sums[CHUNK][4];
-        for (int i = 0; i < CHUNK; ++i) sub_block_sums(x.sixteens(m0 + i, s), sub_sums[i]);
+        for (int i = 0; i < CHUNK; ++i)
+            store(sub_sums[i], _mm256_castsi256_si128(sub_block_sums(x.sixteens(m0 + i, s))));
         for (int k = 0; k < 4; ++k) {  // the minimums of sub-blocks 2 k and 2 k + 1 against their input sums
             const __m512i m = _mm512_cvtepu8_epi16(load<__m256i>(block + L::min_at(2 * k, 0)));
             for (int i = 0; i < CHUNK; ++i) b[i] = dot_halves(b[i], m, _mm512_set1_epi32(sub_sums[i][k]));
@@ -215,16 +216,17 @@ inline void rows16_chunk(const RoundedGroup<Q4KRows16, ROWS>& x, int m0, const u
             rows16_sub_block<false>(a, codes, low, block + L::SCALES + 2 * c * L::ROWS, nibble);
             rows16_sub_block<true>(a, codes, high, block + L::SCALES + (2 * c + 1) * L::ROWS, nibble);
         }
-        int32_t sub_sums[CHUNK][4];
-        for (int i = 0; i < CHUNK; ++i) sub_block_sums(x.sixteens(m0 + i, s), sub_sums[i]);
+        __m256i sub_sums[CHUNK];
+        for (int i = 0; i < CHUNK; ++i) sub_sums[i] = sub_block_sums(x.sixteens(m0 + i, s));
         for (int h = 0; h < 2; ++h) {  // rows 8 h to 8 h + 7
             __m256i b[CHUNK];
             for (int i = 0; i < CHUNK; ++i) b[i] = _mm256_setzero_si256();
-            for (int k = 0; k < 4; ++k) {  // the minimums of sub-blocks 2 k and 2 k + 1 against their input sums
+            for_each_index<4>([&](auto pair) {  // the minimums of sub-blocks 2 k and 2 k + 1 against their input sums
+                constexpr int k = decltype(pair)::value;
                 const __m256i m = _mm256_cvtepu8_epi16(load<__m128i>(block + L::min_at(2 * k, 8 * h)));
                 for (int i = 0; i < CHUNK; ++i)
-                    b[i] = _mm256_add_epi32(b[i], _mm256_madd_epi16(m, _mm256_set1_epi32(sub_sums[i][k])));
-            }
+                    b[i] = _mm256_add_epi32(b[i], _mm256_madd_epi16(m, _mm256_shuffle_epi32(sub_sums[i], 0x55 * k)));
+            });
             const Lanes d = (Lanes)_mm256_cvtph_ps(load<__m128i>(block + L::D + 16 * h));
             const Lanes dmin = (Lanes)_mm256_cvtph_ps(load<__m128i>(block + L::DMIN + 16 * h));
             const float* dx = x.super_block_scales(s) + m0;
