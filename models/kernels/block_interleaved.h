@@ -74,10 +74,11 @@ inline void widen_row16(const BlockWeights& w, int64_t row, float* dst) {
 constexpr int64_t ROWS16_AHEAD = 4 * Q4KRows16::BLOCK_BYTES;
 
 // An input row's code sums over each sub-block of a super-block (from its sums over each 16), two
-// to a 32-bit word as the minimums lie: word k of a 128-bit lane holds sub-block 2 k's in its low 16 bits, 2 k + 1's
-// in its high (32 codes sum to at most 4064 in magnitude). One 16-bit multiply-add then meets two
-// sub-blocks' minimums, where each sub-block's two sums over 16 took one: a chunk's minimums were
-// a fifth of the AVX2 kernel's time (without them, 64 rows ran at 237 Gvalue-rows/s against 192).
+// to a 32-bit word as the minimums lie: word k of a 128-bit lane holds sub-block 2 k's in its low 16
+// bits, 2 k + 1's in its high (32 codes sum to at most 4064 in magnitude). One 16-bit multiply-add
+// then meets two sub-blocks' minimums, where each sub-block's two sums over 16 took one: a chunk's
+// minimums were a fifth of the AVX2 kernel's time (without them, 64 rows ran at 237 Gvalue-rows/s
+// against 192).
 inline __m256i sub_block_sums(const int16_t* sixteens) {
     const __m256i sixteen = load<__m256i>(sixteens);
     const __m256i sums = _mm256_hadd_epi16(sixteen, sixteen);  // a 128-bit lane's four sub-blocks, twice
@@ -163,12 +164,15 @@ inline __m256i eight_scales(const uint8_t* p) {
 // 203-214 with the minimums two sub-blocks a multiply, below; 16 rows 157-160 -> 187-198).
 constexpr int ROWS16_CHUNK = 4;
 
-// a[h][i] += the sub-block's products of the sixteen weight rows (their codes the low nibbles of
-// ``codes``' bytes, or the high) and input row i's 32 codes ``xs[i]``, times the rows' sub-block
-// scales (bytes, ``scales``)
+// a[h][i] += sub-block 2 c + HIGH's products of the sixteen weight rows of ``block`` (their codes
+// the low nibbles of pair c's bytes, or the high) and input row i's codes of the super-block
+// ``xq[i]``, times the rows' sub-block scales
 template <bool HIGH, int CHUNK>
-inline void rows16_sub_block(__m256i (&a)[2][CHUNK], const uint8_t* codes, const int8_t* const (&xs)[CHUNK],
-                             const uint8_t* scales, __m256i nibble) {
+inline void rows16_sub_block(__m256i (&a)[2][CHUNK], const uint8_t* block, int c, const int8_t* const (&xq)[CHUNK],
+                             __m256i nibble) {
+    using L = Q4KRows16;
+    const int j = 2 * c + HIGH;  // the sub-block
+    const uint8_t* codes = block + c * 512;
     __m256i products[2][CHUNK];  // 16-bit
     for (auto& half : products)
         for (auto& p : half) p = _mm256_setzero_si256();
@@ -180,7 +184,7 @@ inline void rows16_sub_block(__m256i (&a)[2][CHUNK], const uint8_t* codes, const
             these[h] = _mm256_and_si256(HIGH ? _mm256_srli_epi16(bytes, 4) : bytes, nibble);
         }
         for (int i = 0; i < CHUNK; ++i) {
-            const __m256i x4 = _mm256_set1_epi32(load<int32_t>(xs[i] + 4 * q));
+            const __m256i x4 = _mm256_set1_epi32(load<int32_t>(xq[i] + 32 * j + 4 * q));
             for (int h = 0; h < 2; ++h) {
                 products[h][i] = _mm256_add_epi16(products[h][i], _mm256_maddubs_epi16(these[h], x4));
                 if (q < 7) asm("" : "+x"(products[h][i]));
@@ -188,7 +192,7 @@ inline void rows16_sub_block(__m256i (&a)[2][CHUNK], const uint8_t* codes, const
         }
     }
     for (int h = 0; h < 2; ++h) {
-        const __m256i scale = eight_scales(scales + 8 * h);
+        const __m256i scale = eight_scales(block + L::SCALES + j * L::ROWS + 8 * h);
         for (int i = 0; i < CHUNK; ++i) a[h][i] = _mm256_add_epi32(a[h][i], _mm256_madd_epi16(products[h][i], scale));
     }
 }
@@ -205,16 +209,11 @@ inline void rows16_chunk(const RoundedGroup<Q4KRows16, ROWS>& x, int m0, const u
         __m256i a[2][CHUNK];
         for (auto& half : a)
             for (auto& v : half) v = _mm256_setzero_si256();
+        const int8_t* xq[CHUNK];  // the super-block's codes, in order
+        for (int i = 0; i < CHUNK; ++i) xq[i] = x.codes(m0 + i, s, 0);
         for (int c = 0; c < 4; ++c) {  // sub-blocks 2 c (the low nibbles of pair c's codes) and 2 c + 1
-            const uint8_t* codes = block + c * 512;
-            const int8_t* low[CHUNK];
-            const int8_t* high[CHUNK];
-            for (int i = 0; i < CHUNK; ++i) {
-                low[i] = x.codes(m0 + i, s, 0) + 64 * c;
-                high[i] = low[i] + 32;
-            }
-            rows16_sub_block<false>(a, codes, low, block + L::SCALES + 2 * c * L::ROWS, nibble);
-            rows16_sub_block<true>(a, codes, high, block + L::SCALES + (2 * c + 1) * L::ROWS, nibble);
+            rows16_sub_block<false>(a, block, c, xq, nibble);
+            rows16_sub_block<true>(a, block, c, xq, nibble);
         }
         __m256i sub_sums[CHUNK];
         for (int i = 0; i < CHUNK; ++i) sub_sums[i] = sub_block_sums(x.sixteens(m0 + i, s));
