@@ -14,7 +14,7 @@ from gguf.constants import GGMLQuantizationType as Q
 from ..cache import cache_dir
 from . import Contents
 from ..kernels.block_formats import block_format, to_blocks, widened
-from ..kernels.block_linear import GGUF_Q4_K, GROUP, q4_k_rows16, runs_as_stored
+from ..kernels.block_linear import GROUP, ROWS16_LAYOUTS, rows16, runs_as_stored
 from .gguf_file import GGUFFile, TensorInfo
 from .tokenizer import Tokenizer
 
@@ -97,7 +97,7 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
             elif name.endswith(("k_proj.weight", "k_proj.bias")):
                 tensors[name] = _unpermute(tensors[name], kv_heads)
     if keep_blocks:
-        _lay_q4_k_rows_side_by_side(tensors, file, formats, names)
+        _lay_rows_side_by_side(tensors, file, formats, names)
         _fuse_blocks(tensors)
     file.release_all()  # the pages the permutations read: what the model uses in place comes back on first use
     eos = meta.get("tokenizer.ggml.eos_token_id")
@@ -165,18 +165,21 @@ def _block_formats(infos, keep_blocks: bool) -> dict[str, int | None]:
     return formats
 
 
-def _lay_q4_k_rows_side_by_side(tensors: dict, file: GGUFFile, formats: dict, names: dict) -> None:
-    """The Q4_K matrices of linear layers in GGUF_Q4_K_ROWS16 where the kernels multiply that layout
-    (block_linear.q4_k_rows16: sixteen rows side by side, a one-row product at the memory's rate), one
-    at a time, each file tensor's pages let go of as its copy is made. Not an embedding table (its
-    rows are looked up one at a time), tied or not."""
+def _lay_rows_side_by_side(tensors: dict, file: GGUFFile, formats: dict, names: dict) -> None:
+    """The Q4_K and Q8_0 matrices (Q8_0's as Loom's 8-bit blocks; IQ4_NL's too) of linear layers and
+    embedding tables in GGUF_Q4_K_ROWS16 and GGUF_Q8_0_ROWS16 where the kernels multiply those layouts
+    (block_linear.rows16: sixteen rows side by side, a one-row product at the memory's rate), one at a
+    time, each file tensor's pages let go of as its copy is made. A tied table is laid out once, for
+    its lookups (BlockEmbedding reads rows from either layout) and the output layer's products alike."""
+    layouts = {source: layout for layout, (source, _, _) in ROWS16_LAYOUTS.items()}
     for info in file.tensors.values():
         name = _hf_name(info.name, names)
-        if formats[info.name] != GGUF_Q4_K or not name.endswith(("proj.weight", "lm_head.weight")):
+        layout = layouts.get(formats[info.name])
+        if layout is None or not name.endswith(("proj.weight", "lm_head.weight", "embed_tokens.weight")):
             continue
-        rows16 = q4_k_rows16(tensors[name], info.shape[-1])
-        if rows16 is not None:
-            tensors[name] = rows16
+        laid_out = rows16(tensors[name], info.shape[-1], layout)
+        if laid_out is not None:
+            tensors[name] = laid_out
             file.release(info)
 
 

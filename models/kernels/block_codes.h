@@ -23,11 +23,12 @@
 //   bytes of low nibbles: code q = nibble + 16 (bit j of high byte l), value l of sub-block j.
 // - GGUF_Q6_K (210 bytes): 128 bytes of low nibbles, 64 of high bit pairs, sixteen int8 scales, a
 //   float16 d: w = d sc_g (q - 32) for group g of 16, q in 0..63.
-// And one layout of Loom's own over a file's numbers (block_interleaved.h, made at load with AVX-512
-// or AVX2):
-// - GGUF_Q4_K_ROWS16 (148 bytes a row's super-block): Q4_K's codes, scales, minimums, d and dmin of
-//   sixteen rows side by side, so that a 512-bit vector holds four codes of each of the sixteen (a
-//   256-bit one, of eight).
+// And two layouts of Loom's own over a file's numbers (block_interleaved.h, made at load):
+// - GGUF_Q4_K_ROWS16 (148 bytes a row's super-block; AVX-512 or AVX2): Q4_K's codes, scales,
+//   minimums, d and dmin of sixteen rows side by side, so that a 512-bit vector holds four codes of
+//   each of the sixteen (a 256-bit one, of eight).
+// - GGUF_Q8_0_ROWS16 (34 bytes a row's block, as Q8_0's; AVX2 builds without AVX-512): Q8_0's codes
+//   and float16 scales of sixteen rows side by side, two codes of each row in turn.
 
 #pragma once
 
@@ -49,7 +50,7 @@ constexpr int64_t GROUP = 32;  // values per block: the unit of the activations'
 enum Format : int64_t {
     FLOAT = 0, LOOM_4BIT = 4, LOOM_5BIT = 5, LOOM_8BIT = 8,
     GGUF_Q2_K = 10, GGUF_Q3_K = 11, GGUF_Q4_K = 12, GGUF_Q5_K = 13, GGUF_Q6_K = 14,
-    FLOAT16 = 16, BFLOAT16 = 17, GGUF_Q4_K_ROWS16 = 18
+    FLOAT16 = 16, BFLOAT16 = 17, GGUF_Q4_K_ROWS16 = 18, GGUF_Q8_0_ROWS16 = 19
 };
 
 typedef uint8_t Bytes __attribute__((vector_size(32)));
@@ -807,6 +808,28 @@ struct Q4KRows16 {
 #endif
 constexpr bool ROWS16_BUILT = LOOM_ROWS16;
 
+// GGUF_Q8_0_ROWS16: sixteen weight rows at a time, each block of 32 values of theirs in BLOCK_BYTES:
+// codes [pair p of values][row][2 bytes] (each row's values 2 p and 2 p + 1), then d [row] as
+// float16 (Q8_0's own: w = d q, q in -128..127).
+struct Q80Rows16 {
+    static constexpr int64_t ROUNDING = GROUP, VALUES = GROUP;  // the input rounded as for Loom's blocks
+    static constexpr int64_t ROWS = 16, BYTES = 34, BLOCK_BYTES = ROWS * BYTES, D = ROWS * GROUP;
+    static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
+};
+// Whether this build multiplies that layout (block_interleaved.h: AVX2 with FMA and F16C, without
+// AVX-512, whose products over Loom's 8-bit blocks take pairs of blocks and the tiles instead);
+// elsewhere Q8_0 is Loom's 8-bit blocks.
+#if LOOM_ROWS16 && !(defined(__AVX512F__) && defined(__AVX512BW__))
+#define LOOM_Q8_0_ROWS16 1
+#else
+#define LOOM_Q8_0_ROWS16 0
+#endif
+constexpr bool Q8_0_ROWS16_BUILT = LOOM_Q8_0_ROWS16;
+
+// Whether format F lays sixteen weight rows side by side (block_interleaved.h's products).
+template <typename F>
+constexpr bool rows_side_by_side() { return std::is_same_v<F, Q4KRows16> || std::is_same_v<F, Q80Rows16>; }
+
 template <typename F, typename = void>
 struct IsFloatRows : std::false_type {};
 template <typename F>
@@ -838,6 +861,9 @@ inline void with_format(int64_t format, int64_t in, F&& f) {
         case GGUF_Q4_K_ROWS16:  // made only where the products over it are built
             if constexpr (ROWS16_BUILT) return f(Q4KRows16{});
             __builtin_trap();
+        case GGUF_Q8_0_ROWS16:
+            if constexpr (Q8_0_ROWS16_BUILT) return f(Q80Rows16{});
+            __builtin_trap();
         case GGUF_Q5_K: f(Q5K{}); break;
         case FLOAT: f(FloatRows<float>{}); break;
         case FLOAT16: f(FloatRows<Float16>{}); break;
@@ -849,6 +875,7 @@ inline void with_format(int64_t format, int64_t in, F&& f) {
 inline int64_t format_row_bytes(int64_t format, int64_t in) {
     // (asked of every BlockWeights: answered here so that a build without AVX-512 does not trap)
     if (format == GGUF_Q4_K_ROWS16) return Q4KRows16::row_bytes(in);
+    if (format == GGUF_Q8_0_ROWS16) return Q80Rows16::row_bytes(in);
     int64_t bytes = 0;
     with_format(format, in, [&](auto f) { bytes = decltype(f)::row_bytes(in); });
     return bytes;

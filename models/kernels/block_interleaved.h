@@ -1,19 +1,28 @@
-// Q4_K weights with sixteen rows side by side (block_codes.h's GGUF_Q4_K_ROWS16), as llama.cpp's CPU
-// backend repacks its own (q4_K_8x8): a 512-bit vector holds four codes of each of sixteen weight
-// rows, so one vpdpbusd multiplies them all by four codes of an input row broadcast, a vpmulld takes
-// sixteen rows' sub-block scales, and nothing is added across lanes: a lane is a weight row from
-// the first instruction to the stored output. Over the file's own layout a one-row product did the
-// opposite (a pair of blocks of one row a vector, its lanes added up every super-block, its scales
-// decoded a row at a time) and read 27-31 GB/s of weights on two Zen 5 threads, arithmetic-bound;
-// over these rows a prototype read 43-47, the memory's rate. With AVX2 a 256-bit vector holds half
-// the rows, and maddubs's 16-bit pairs are summed over a sub-block before one madd by the scales.
+// Weights with sixteen rows side by side (block_codes.h's GGUF_Q4_K_ROWS16 and GGUF_Q8_0_ROWS16), as
+// llama.cpp's CPU backend repacks its own (q4_K_8x8): a vector holds a few codes of each of sixteen
+// (or eight) weight rows, so one multiply instruction meets them all with codes of an input row
+// broadcast, the rows' scales come in one vector, and nothing is added across lanes: a lane is a
+// weight row from the first instruction to the stored output.
 //
-// The layout is made once, at load (repack_rows16), from the file's rows (the same numbers, in the
-// same bytes but four: the packed 6-bit scales and minimums are kept as bytes). A row's product
-// ends each super-block as pair_rows and the tiles do, in exact integers taken into the row's sum by
-// super_block_step, so a row's numbers are the same as over the file's layout, at every row count,
-// and the same in the AVX2 build as in the AVX-512 one (whose products over the file's layout end
-// so too; the AVX2 build's int8_rows add a super-block's blocks in float lanes instead).
+// Q4_K (AVX-512, or AVX2): a 512-bit vector holds four codes of each of sixteen weight rows, one
+// vpdpbusd multiplies them all by four input codes, a vpmulld takes sixteen rows' sub-block scales.
+// Over the file's own layout a one-row product did the opposite (a pair of blocks of one row a
+// vector, its lanes added up every super-block, its scales decoded a row at a time) and read 27-31
+// GB/s of weights on two Zen 5 threads, arithmetic-bound; over these rows a prototype read 43-47,
+// the memory's rate. With AVX2 a 256-bit vector holds half the rows, and maddubs's 16-bit pairs are
+// summed over a sub-block before one madd by the scales.
+//
+// Q8_0 (AVX2 without AVX-512; with it, Loom's 8-bit blocks take pairs of blocks and the tiles): a
+// 256-bit vector holds two codes of each of eight rows as 16-bit words, and one madd meets them with
+// two input codes; over Loom's 8-bit blocks a block of one row at a time took a sign, a maddubs and
+// a madd per 32 products and each block's float step per row (int8_rows).
+//
+// The layouts are made once, at load (repack_rows16, repack_q8_0_rows16), from the file's rows (the
+// same numbers; Q4_K's packed 6-bit scales and minimums kept as bytes). A row's product ends each
+// super-block (Q8_0: each block) in exact integers, as the AVX-512 build's products over the other
+// layouts do, taken into the row's sum by the same float steps, so a row's numbers are the same at
+// every row count, and the same in the AVX2 build as in the AVX-512 one (the AVX2 build's int8_rows,
+// over the file's layouts, add a super-block's blocks in float lanes instead).
 
 #pragma once
 
@@ -45,8 +54,37 @@ inline void repack_rows16(const uint8_t* src, int64_t in, uint8_t* dst) {
     }
 }
 
-// Weight row ``row`` as floats (widen_row's, for this layout)
-inline void widen_row16(const BlockWeights& w, int64_t row, float* dst) {
+#if LOOM_Q8_0_ROWS16
+// Rows [16 k, 16 k + 16) of a matrix of Loom's 8-bit blocks (rows of ``in`` values) into ``dst``, the
+// same rows in GGUF_Q8_0_ROWS16 (each float32 scale a float16 of the same value: a Q8_0 file's own).
+inline void repack_q8_0_rows16(const uint8_t* src, int64_t in, uint8_t* dst) {
+    using L = Q80Rows16;
+    const int64_t row_bytes = Loom8::row_bytes(in);
+    for (int64_t b = 0; b < in / L::VALUES; ++b) {
+        uint8_t* block = dst + b * L::BLOCK_BYTES;
+        for (int r = 0; r < L::ROWS; ++r) {
+            const uint8_t* row = src + r * row_bytes;
+            for (int p = 0; p < L::VALUES / 2; ++p) std::memcpy(block + (p * L::ROWS + r) * 2, row + b * L::VALUES + 2 * p, 2);
+            const uint16_t d = _cvtss_sh(reinterpret_cast<const float*>(row + in)[b], _MM_FROUND_TO_NEAREST_INT);
+            std::memcpy(block + L::D + 2 * r, &d, 2);
+        }
+    }
+}
+#endif
+
+// Weight row ``row`` as floats (widen_row's, for these layouts)
+inline void widen_row16(Q80Rows16, const BlockWeights& w, int64_t row, float* dst) {
+    using L = Q80Rows16;
+    const uint8_t* first = w.base + row / L::ROWS * L::ROWS * w.stride;  // the row's block
+    const int r = int(row % L::ROWS);
+    for (int64_t b = 0; b < w.in / L::VALUES; ++b) {
+        const uint8_t* block = first + b * L::BLOCK_BYTES;
+        const float d = half_to_float(block + L::D + 2 * r);
+        for (int v = 0; v < L::VALUES; ++v)
+            dst[b * L::VALUES + v] = d * float(int8_t(block[(v / 2 * L::ROWS + r) * 2 + v % 2]));
+    }
+}
+inline void widen_row16(Q4KRows16, const BlockWeights& w, int64_t row, float* dst) {
     using L = Q4KRows16;
     const uint8_t* first = w.base + row / L::ROWS * L::ROWS * w.stride;  // the row's block
     const int r = int(row % L::ROWS);
@@ -68,7 +106,7 @@ inline void widen_row16(const BlockWeights& w, int64_t row, float* dst) {
 }
 
 #if LOOM_ROWS16
-// How far ahead of the super-block it reads a product fetches the weights, into L2: four
+// How far ahead of the block it reads a product fetches the weights, into L2: four Q4_K
 // super-blocks of sixteen rows (9.3 KB; the blocks lie one after another). A one-row prototype read
 // 43 GB/s at 4 KB ahead, 47 at 9.3 KB, 37 at 18.5 KB (8192 x 2048, two Zen 5 threads).
 constexpr int64_t ROWS16_AHEAD = 4 * Q4KRows16::BLOCK_BYTES;
@@ -238,18 +276,73 @@ inline void rows16_chunk(const RoundedGroup<Q4KRows16, ROWS>& x, int m0, const u
 }
 #endif
 
+#if LOOM_Q8_0_ROWS16
+// y[m][o] = x[m] . w[o] for input rows [m0, m0 + CHUNK) of the group and the sixteen weight rows of
+// ``blocks`` (GGUF_Q8_0_ROWS16), each block's products ending in an exact integer a row, taken into
+// the row's sum as the AVX-512 build's products over Loom's 8-bit blocks take theirs (block_term:
+// rounded once by the multiply, then added). Two codes of eight rows, widened to 16-bit words, meet
+// two input codes in one madd: two multiply instructions per 32 products, as a sign, a maddubs and a
+// madd took three (8192 x 2048, two Zen 5 threads, 64 rows: 126 against 134 Gvalue-rows/s over
+// this layout; int8_rows over Loom's blocks 72).
+template <int CHUNK, int ROWS>
+inline void rows16_chunk(const RoundedGroup<Q80Rows16, ROWS>& x, int m0, const uint8_t* blocks, int64_t count,
+                         float* y, int64_t y_stride) {
+    using L = Q80Rows16;
+    Lanes sums[2][CHUNK] = {};
+    for (int64_t b = 0; b < count; ++b) {
+        const uint8_t* block = blocks + b * L::BLOCK_BYTES;
+        if (m0 == 0) fetch_lines(block + ROWS16_AHEAD, L::BLOCK_BYTES);  // (never faults past the end)
+        alignas(32) int16_t words[CHUNK][GROUP];  // the input rows' codes of the block
+        for (int i = 0; i < CHUNK; ++i) {
+            const __m256i codes = load<__m256i>(x.codes(m0 + i, b, 0));
+            store(words[i], _mm256_cvtepi8_epi16(_mm256_castsi256_si128(codes)));
+            store(words[i] + 16, _mm256_cvtepi8_epi16(_mm256_extracti128_si256(codes, 1)));
+        }
+        // (hidden from GCC, which otherwise kept the words in registers and took each pair out with
+        // shifts and moves: 98 against 134 Gvalue-rows/s)
+        const int16_t* input = &words[0][0];
+        asm("" : "+r"(input) : : "memory");
+        __m256i a[2][CHUNK];
+        for (auto& half : a)
+            for (auto& v : half) v = _mm256_setzero_si256();
+#pragma GCC unroll 16
+        for (int p = 0; p < L::VALUES / 2; ++p) {
+            __m256i codes[2];  // rows 8 h to 8 h + 7
+            for (int h = 0; h < 2; ++h) codes[h] = _mm256_cvtepi8_epi16(load<__m128i>(block + 32 * p + 16 * h));
+            for (int i = 0; i < CHUNK; ++i) {
+                const __m256i pair = _mm256_set1_epi32(load<int32_t>(input + GROUP * i + 2 * p));
+                for (int h = 0; h < 2; ++h) {
+                    a[h][i] = _mm256_add_epi32(a[h][i], _mm256_madd_epi16(codes[h], pair));
+                    if (p < L::VALUES / 2 - 1) asm("" : "+x"(a[h][i]));  // a chain of adds (rows16_sub_block's)
+                }
+            }
+        }
+        for (int h = 0; h < 2; ++h) {
+            const Lanes d = (Lanes)_mm256_cvtph_ps(load<__m128i>(block + L::D + 16 * h));
+            for (int i = 0; i < CHUNK; ++i) {
+                Lanes term = __builtin_convertvector((Sums)a[h][i], Lanes) * (d * x.scale(m0 + i, b));
+                asm("" : "+x"(term));  // (not fused into the add: block_term's rounding)
+                sums[h][i] += term;
+            }
+        }
+    }
+    for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < CHUNK; ++i) store(y + (m0 + i) * y_stride + 8 * h, sums[h][i]);
+}
+#endif
+
 // y[m][o] = x[m] . w[o] for the group's ROWS input rows and the sixteen weight rows from ``first``
-// (a block of the layout), ROWS16_CHUNK input rows at a time, the block's bytes of a super-block
+// (a block of layout L), ROWS16_CHUNK input rows at a time, the block's bytes of a super-block
 // read from L1 again for each later chunk.
-template <int ROWS>
-inline void rows16(const RoundedGroup<Q4KRows16, ROWS>& x, const BlockWeights& w, int64_t first, int64_t count,
-                   float* y, int64_t y_stride) {
-    static_assert(TASK_ROWS == Q4KRows16::ROWS, "a task is one block of sixteen rows");
-    if (count != Q4KRows16::ROWS || first % Q4KRows16::ROWS != 0) __builtin_trap();  // (block_linear.py allows no other)
+template <int ROWS, typename L>
+inline void rows16(const RoundedGroup<L, ROWS>& x, const BlockWeights& w, int64_t first, int64_t count, float* y,
+                   int64_t y_stride) {
+    static_assert(TASK_ROWS == L::ROWS, "a task is one block of sixteen rows");
+    if (count != L::ROWS || first % L::ROWS != 0) __builtin_trap();  // (block_linear.py allows no other)
     constexpr int CHUNK = std::min(ROWS, ROWS16_CHUNK), WHOLE = ROWS / CHUNK * CHUNK;
-    const int64_t supers = w.in / Q4KRows16::VALUES;
-    for (int m0 = 0; m0 < WHOLE; m0 += CHUNK) rows16_chunk<CHUNK>(x, m0, w.row(first), supers, y + first, y_stride);
-    if constexpr (WHOLE < ROWS) rows16_chunk<ROWS - WHOLE>(x, WHOLE, w.row(first), supers, y + first, y_stride);
+    const int64_t blocks = w.in / L::VALUES;
+    for (int m0 = 0; m0 < WHOLE; m0 += CHUNK) rows16_chunk<CHUNK>(x, m0, w.row(first), blocks, y + first, y_stride);
+    if constexpr (WHOLE < ROWS) rows16_chunk<ROWS - WHOLE>(x, WHOLE, w.row(first), blocks, y + first, y_stride);
 }
 #endif
 

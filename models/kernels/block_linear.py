@@ -31,9 +31,10 @@ GROUP = 32  # values per block (block_codes.h)
 # block_codes.h's formats; Loom's own are named by their bits
 LOOM_4BIT, LOOM_5BIT, LOOM_8BIT = 4, 5, 8
 GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K = 10, 11, 12, 13, 14
-# Q4_K's numbers with sixteen rows side by side (block_interleaved.h), made at load where the build
-# multiplies them (q4_k_rows16)
-GGUF_Q4_K_ROWS16 = 18
+# Q4_K's and Q8_0's numbers with sixteen rows side by side (block_interleaved.h), made at load where
+# the build multiplies them (q4_k_rows16, q8_0_rows16)
+GGUF_Q4_K_ROWS16, GGUF_Q8_0_ROWS16 = 18, 19
+Q8_0_BYTES = 34  # a row's bytes of a block in GGUF_Q8_0_ROWS16 (Q8_0's own: 32 codes and a float16 scale)
 # not blocks: a GGUF file's float matrices (F32, F16, BF16) as it keeps them, the 16-bit ones widened
 # as the products read them
 FLOAT32, FLOAT16, BFLOAT16 = 0, 16, 17
@@ -43,7 +44,8 @@ SUPER_BLOCKS = {GGUF_Q2_K: (256, 84), GGUF_Q3_K: (256, 110), GGUF_Q4_K: (256, 14
                 GGUF_Q6_K: (256, 210), GGUF_Q4_K_ROWS16: (256, 148)}
 FORMAT_NAMES = {LOOM_4BIT: "4-bit blocks", LOOM_5BIT: "5-bit blocks", LOOM_8BIT: "8-bit blocks", GGUF_Q2_K: "Q2_K",
                 GGUF_Q3_K: "Q3_K", GGUF_Q4_K: "Q4_K", GGUF_Q5_K: "Q5_K", GGUF_Q6_K: "Q6_K",
-                GGUF_Q4_K_ROWS16: "Q4_K (16 rows side by side)", FLOAT32: "float32",
+                GGUF_Q4_K_ROWS16: "Q4_K (16 rows side by side)", GGUF_Q8_0_ROWS16: "Q8_0 (16 rows side by side)",
+                FLOAT32: "float32",
                 FLOAT16: "float16", BFLOAT16: "bfloat16"}
 WITH_MINIMUMS = (LOOM_4BIT, LOOM_5BIT)  # Loom's blocks that keep a float32 minimum beside each scale
 OUTPUT_BITS = LOOM_8BIT  # the output layer's and the token embeddings' (the layers': quantized.BLOCK_WEIGHTS)
@@ -51,6 +53,7 @@ OUTPUT_BITS = LOOM_8BIT  # the output layer's and the token embeddings' (the lay
 _int64, _pointer = ctypes.c_int64, ctypes.c_void_p
 ARGTYPES = [_pointer, _int64, _int64, _pointer, _int64, _pointer, _int64, _int64, _pointer, _int64]
 WIDEN_ARGTYPES = [_pointer, _int64, _int64, _int64, _int64, _int64, _pointer]
+LOOKUP_ARGTYPES = [_pointer, _int64, _int64, _int64, _pointer, _int64, _pointer]
 ROUND_ARGTYPES = [_pointer, _int64, _int64, _int64, _pointer, _int64]
 
 
@@ -64,29 +67,44 @@ def row_bytes(width: int, format: int) -> int:
     if format in SUPER_BLOCKS:
         values, size = SUPER_BLOCKS[format]
         return width // values * size
+    if format == GGUF_Q8_0_ROWS16:
+        return width // GROUP * Q8_0_BYTES
     return width * format // 8 + width // GROUP * (8 if format in WITH_MINIMUMS else 4)
 
 
-ROWS16 = 16  # the weight rows GGUF_Q4_K_ROWS16 lays side by side
+ROWS16 = 16  # the weight rows GGUF_Q4_K_ROWS16 and GGUF_Q8_0_ROWS16 lay side by side
+# each layout with rows side by side: the format it is made from, and the processors it is built for
+ROWS16_LAYOUTS = {GGUF_Q4_K_ROWS16: (GGUF_Q4_K, "q4_k", "AVX-512, or AVX2 with FMA and F16C"),
+                  GGUF_Q8_0_ROWS16: (LOOM_8BIT, "q8_0", "AVX2 with FMA and F16C, without AVX-512")}
 
 
-def multiplies_q4_k_rows16() -> bool:
-    """Whether the kernels are built for GGUF_Q4_K_ROWS16 (AVX-512, or AVX2 with FMA and F16C)."""
+def multiplies_rows16(layout: int) -> bool:
+    """Whether the kernels are built for ``layout`` (GGUF_Q4_K_ROWS16: AVX-512, or AVX2 with FMA and
+    F16C; GGUF_Q8_0_ROWS16: AVX2 without AVX-512, whose products over 8-bit blocks take the tiles)."""
     library = native.library()
-    return library is not None and bool(library.loom_multiplies_q4_k_rows16())
+    return library is not None and bool(getattr(library, f"loom_multiplies_{ROWS16_LAYOUTS[layout][1]}_rows16")())
 
 
-def q4_k_rows16(blocks: torch.Tensor, width: int) -> torch.Tensor | None:
-    """A Q4_K matrix [rows, bytes per row] in GGUF_Q4_K_ROWS16 (a copy, the same numbers), where
-    this build multiplies that layout (AVX-512 or AVX2) and the rows are a multiple of sixteen; else None.
-    Over it a one-row product reads the weights at the memory's rate (block_interleaved.h)."""
-    if (not multiplies_q4_k_rows16() or blocks.dtype != torch.uint8 or blocks.dim() != 2
-            or blocks.shape[0] % ROWS16 or width % 256 or blocks.shape[1] != row_bytes(width, GGUF_Q4_K)):
+def rows16(blocks: torch.Tensor, width: int, layout: int) -> torch.Tensor | None:
+    """A matrix [rows, bytes per row] of ``layout``'s source format (Q4_K; Loom's 8-bit blocks,
+    each scale a float16's value, as a Q8_0 file's are) in ``layout`` (a copy, the same numbers),
+    where this build multiplies that layout and the rows are a multiple of sixteen; else None.
+    Over it a one-row product reads the weights at the memory's rate, and many rows take about half
+    the multiply instructions (block_interleaved.h)."""
+    source_format, name, _ = ROWS16_LAYOUTS[layout]
+    values = rounding(source_format)
+    if (not multiplies_rows16(layout) or blocks.dtype != torch.uint8 or blocks.dim() != 2
+            or blocks.shape[0] % ROWS16 or width % values or blocks.shape[1] != row_bytes(width, source_format)):
         return None
     source = blocks.contiguous()
-    out = torch.empty(blocks.shape[0], row_bytes(width, GGUF_Q4_K_ROWS16), dtype=torch.uint8)
-    native.library().loom_repack_q4_k_rows16(ctypes.c_void_p(source.data_ptr()), ctypes.c_int64(width),
-                                    ctypes.c_int64(blocks.shape[0]), ctypes.c_void_p(out.data_ptr()))
+    if source_format == LOOM_8BIT:
+        scales = source[:, width:].view(torch.float32)
+        if not torch.equal(scales.half().float(), scales):
+            return None
+    out = torch.empty(blocks.shape[0], row_bytes(width, layout), dtype=torch.uint8)
+    getattr(native.library(), f"loom_repack_{name}_rows16")(
+        ctypes.c_void_p(source.data_ptr()), ctypes.c_int64(width), ctypes.c_int64(blocks.shape[0]),
+        ctypes.c_void_p(out.data_ptr()))
     return out
 
 
@@ -188,11 +206,11 @@ class BlockLinear(nn.Module):
 
     def _hold(self, parts: list[torch.Tensor], formats: list[int], width: int, bias: torch.Tensor | None) -> None:
         for part, format in zip(parts, formats):
-            if format == GGUF_Q4_K_ROWS16 and not multiplies_q4_k_rows16():
-                raise ValueError(f"Q4_K with {ROWS16} rows side by side needs the kernels built with AVX-512 or AVX2; "
-                                 "this build multiplies Q4_K in the file's layout only")
-            if format == GGUF_Q4_K_ROWS16 and part.shape[0] % ROWS16:
-                raise ValueError(f"Q4_K with {ROWS16} rows side by side comes in whole blocks of {ROWS16} rows, "
+            if format in ROWS16_LAYOUTS and not multiplies_rows16(format):
+                raise ValueError(f"{FORMAT_NAMES[format]} needs the kernels built for {ROWS16_LAYOUTS[format][2]}; "
+                                 f"this build multiplies {FORMAT_NAMES[ROWS16_LAYOUTS[format][0]]} as they are")
+            if format in ROWS16_LAYOUTS and part.shape[0] % ROWS16:
+                raise ValueError(f"{FORMAT_NAMES[format]} comes in whole blocks of {ROWS16} rows, "
                                  f"not {part.shape[0]}")
         self.formats, self.rows = tuple(formats), tuple(part.shape[0] for part in parts)
         self.out_features, self.in_features = sum(self.rows), width
@@ -241,23 +259,25 @@ def part_name(i: int) -> str:
 
 
 class BlockEmbedding(nn.Module):
-    """nn.Embedding over a table of blocks (8-bit, or a GGUF file's own): a lookup widens only the
-    rows it reads. A tied table shares the output layer's blocks, so the model keeps one copy of it."""
+    """nn.Embedding over a table of blocks (8-bit, or a GGUF file's own, sixteen rows side by side
+    included): a lookup widens only the rows it reads. A tied table shares the output layer's blocks,
+    so the model keeps one copy of it."""
 
     def __init__(self, blocks: torch.Tensor, num_embeddings: int, embedding_dim: int, format: int = OUTPUT_BITS):
         super().__init__()
-        if format == GGUF_Q4_K_ROWS16:  # a lookup gathers single rows, which that layout does not keep apart
-            raise ValueError("an embedding table keeps a file's Q4_K layout, not sixteen rows side by side")
         self.num_embeddings, self.embedding_dim, self.format = num_embeddings, embedding_dim, format
         self.register_buffer("blocks", as_bytes(blocks).reshape(-1))
-        self.widen = native.function("loom_block_widen", torch.float32, WIDEN_ARGTYPES)
+        self.lookup = native.function("loom_block_lookup", torch.float32, LOOKUP_ARGTYPES)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = self.blocks.view(self.num_embeddings, -1)[ids.flatten()]
-        out = torch.empty(rows.shape[0], self.embedding_dim)
-        if rows.shape[0]:
-            self.widen(rows.data_ptr(), self.format, self.embedding_dim, rows.shape[0], 0, rows.shape[0],
-                       out.data_ptr())
+        flat = ids.flatten().long().contiguous()
+        out = torch.empty(flat.shape[0], self.embedding_dim)
+        if flat.shape[0]:
+            if int(flat.min()) < 0 or int(flat.max()) >= self.num_embeddings:
+                raise IndexError(f"token ids must lie in [0, {self.num_embeddings}); got {int(flat.min())} to "
+                                 f"{int(flat.max())}")
+            self.lookup(self.blocks.data_ptr(), self.format, self.embedding_dim, self.num_embeddings, flat.data_ptr(),
+                        flat.shape[0], out.data_ptr())
         return out.view(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:

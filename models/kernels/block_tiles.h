@@ -297,7 +297,7 @@ inline void block_band_tile(const UnpackedBlocks& u, int t0, int count, const Ba
 // the input).
 template <typename F>
 constexpr bool takes_tiles() {
-    if constexpr (std::is_same_v<F, Q4KRows16>) return false;  // (its own products: block_interleaved.h)
+    if constexpr (rows_side_by_side<F>()) return false;  // (their own products: block_interleaved.h)
     else if constexpr (rounds_by_super_block<F>()) return true;
     else if constexpr (block_records<F>()) return !F::Super::MOVES_SIGNS;
     else return false;

@@ -703,8 +703,8 @@ constexpr int side_for() { return ROWS <= 3 ? 2 : 1; }
 // Weight row ``row`` as floats into ``dst`` (an embedding's lookup: block_linear.py's BlockEmbedding).
 template <typename F>
 inline void widen_row(const BlockWeights& w, int64_t row, float* dst) {
-    if constexpr (std::is_same_v<F, Q4KRows16>)
-        widen_row16(w, row, dst);
+    if constexpr (rows_side_by_side<F>())
+        widen_row16(F{}, w, row, dst);
     else
         for (int64_t s = 0; s < w.in / F::VALUES; ++s) typename F::Super(w.row(row), w.in, s).widen(dst + s * F::VALUES);
 }
@@ -748,7 +748,7 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
     const auto product = [&](auto group, int64_t m, int64_t o, int64_t count) {
         float* ym = y + m * y_stride;
 #if LOOM_ROWS16
-        if constexpr (std::is_same_v<F, Q4KRows16>)
+        if constexpr (rows_side_by_side<F>())
             rows16<group>(RoundedGroup<F, group>(rounded, m), w, o, count, ym, y_stride);
         else
 #endif

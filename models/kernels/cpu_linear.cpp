@@ -28,13 +28,14 @@ void block_linear(const float* x, int64_t x_stride, int64_t rows, const void* bl
     block_linear_rows(x, x_stride, rows, w, bias, y, y_stride, scratch);
 }
 
-// Weight rows [first, first + count) of block weights as floats into dst [count, in], the rows
-// shared among threads.
-void widen(const void* blocks, int64_t format, int64_t in, int64_t out, int64_t first, int64_t count, float* dst) {
+// Weight rows row_of(0), ..., row_of(count - 1) of block weights as floats into dst [count, in], the
+// rows shared among threads.
+template <typename RowOf>
+void widen_rows(const void* blocks, int64_t format, int64_t in, int64_t out, int64_t count, RowOf row_of, float* dst) {
     const BlockWeights w(blocks, format, in, out);
     with_format(format, in, [&](auto f) {
 #pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < count; ++r) widen_row<decltype(f)>(w, first + r, dst + r * in);
+        for (int64_t r = 0; r < count; ++r) widen_row<decltype(f)>(w, row_of(r), dst + r * in);
     });
 }
 
@@ -49,7 +50,14 @@ void round_activations(const float* x, int64_t x_stride, int64_t rows, int64_t i
 
 extern "C" void loom_block_widen_f32(const void* blocks, int64_t format, int64_t in, int64_t out, int64_t first,
                                      int64_t count, float* dst) {
-    widen(blocks, format, in, out, first, count, dst);
+    widen_rows(blocks, format, in, out, count, [=](int64_t r) { return first + r; }, dst);
+}
+
+// An embedding's lookup, rows ids[0 .. count) (the layouts with rows side by side keep no row apart
+// for the caller to gather). Each id is below ``out``: block_linear.py's BlockEmbedding checks.
+extern "C" void loom_block_lookup_f32(const void* blocks, int64_t format, int64_t in, int64_t out, const int64_t* ids,
+                                      int64_t count, float* dst) {
+    widen_rows(blocks, format, in, out, count, [=](int64_t r) { return ids[r]; }, dst);
 }
 
 extern "C" void loom_block_linear_f32(const float* x, int64_t x_stride, int64_t rows, const void* blocks,
@@ -90,5 +98,20 @@ extern "C" void loom_repack_q4_k_rows16(const uint8_t* src, int64_t in, int64_t 
     const int64_t from = Q4KRows16::ROWS * Q4K::row_bytes(in), to = Q4KRows16::ROWS * Q4KRows16::row_bytes(in);
 #pragma omp parallel for schedule(static)
     for (int64_t k = 0; k < out / Q4KRows16::ROWS; ++k) repack_rows16(src + k * from, in, dst + k * to);
+}
+
+// Whether this build multiplies Q8_0 weights with sixteen rows side by side (GGUF_Q8_0_ROWS16), and
+// ``out`` rows of Loom's 8-bit blocks (a multiple of sixteen, each scale a float16's value) laid out
+// so (block_interleaved.h).
+extern "C" int64_t loom_multiplies_q8_0_rows16() { return Q8_0_ROWS16_BUILT; }
+extern "C" void loom_repack_q8_0_rows16(const uint8_t* src, int64_t in, int64_t out, uint8_t* dst) {
+#if LOOM_Q8_0_ROWS16
+    const int64_t from = Q80Rows16::ROWS * Loom8::row_bytes(in), to = Q80Rows16::ROWS * Q80Rows16::row_bytes(in);
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < out / Q80Rows16::ROWS; ++k) repack_q8_0_rows16(src + k * from, in, dst + k * to);
+#else
+    (void)src, (void)in, (void)out, (void)dst;
+    __builtin_trap();  // (block_linear.py asks loom_multiplies_q8_0_rows16 first)
+#endif
 }
 

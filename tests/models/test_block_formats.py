@@ -15,10 +15,10 @@ import models
 from models.kernels import native
 from models.kernels.block_formats import block_format, to_blocks
 from models.kernels.block_linear import (BFLOAT16, FLOAT16, FLOAT32, GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q4_K_ROWS16,
-                                         GGUF_Q5_K, GGUF_Q6_K, GROUP, LOOM_4BIT, LOOM_5BIT, LOOM_8BIT, SUPER_BLOCKS,
-                                         WIDEN_ARGTYPES, BlockEmbedding, BlockLinear, dequantize,
-                                         multiplies_q4_k_rows16, q4_k_rows16,
-                                         round_activations, rounding, rounds_input_to_bfloat16)
+                                         GGUF_Q5_K, GGUF_Q6_K, GGUF_Q8_0_ROWS16, GROUP, LOOM_4BIT, LOOM_5BIT, LOOM_8BIT,
+                                         SUPER_BLOCKS, WIDEN_ARGTYPES, BlockEmbedding, BlockLinear, dequantize,
+                                         multiplies_rows16, round_activations, rounding, rounds_input_to_bfloat16,
+                                         rows16)
 from runtime import Engine, GenerationConfig
 
 
@@ -99,39 +99,50 @@ def test_a_rows_product_is_the_same_whatever_rows_share_it(kind, width):
 
 
 @needs_kernels
-def test_q4_k_rows_side_by_side_hold_the_files_numbers_and_give_its_very_products():
-    """Q4_K with sixteen rows side by side (GGUF_Q4_K_ROWS16, made at load where the build multiplies
-    it): its rows widen to gguf-py's values, a row's product is bitwise the same at every row count,
-    and where the build's products over the file's own layout end each super-block in exact integers
-    too (AVX-512: one row, the few-row products and from 13 rows the tiles) bitwise theirs, so a
-    model's numbers do not depend on which layout it takes (elsewhere within float32's rounding of
-    a sum). Rows not a multiple of sixteen keep the file's layout, and a part of such rows is
-    refused."""
+@pytest.mark.parametrize("kind, layout", [(Q.Q4_K, GGUF_Q4_K_ROWS16), (Q.Q8_0, GGUF_Q8_0_ROWS16)], ids=["Q4_K", "Q8_0"])
+def test_rows_side_by_side_hold_the_files_numbers_and_give_its_very_products(kind, layout):
+    """Q4_K and Q8_0 with sixteen rows side by side (GGUF_Q4_K_ROWS16, GGUF_Q8_0_ROWS16, made at load
+    where the build multiplies them): their rows widen to gguf-py's values, looked up as an
+    embedding's too, a row's product is bitwise the same at every row count and within float32's
+    rounding of float64's over the file's values, and where the build's products over the file's
+    own layout end each super-block (or block) in exact integers too (AVX-512: one row, the few-row
+    products and from 13 rows the tiles) bitwise theirs, so a model's numbers do not depend on which
+    layout it takes. Rows not a multiple of sixteen, and 8-bit blocks whose scales are no float16's,
+    keep their layout, and a part of such rows is refused."""
     width, out = 512, 96
-    data = random_tensor(Q.Q4_K, rows=out, width=width, seed=7)
-    blocks = to_blocks(data, Q.Q4_K, width)
-    rows16 = q4_k_rows16(blocks, width)
-    if not multiplies_q4_k_rows16():
-        assert rows16 is None
-        pytest.skip("this build multiplies Q4_K in the file's layout only (neither AVX-512 nor AVX2)")
-    assert q4_k_rows16(blocks[:out - 8], width) is None
+    data = random_tensor(kind, rows=out, width=width, seed=7)
+    blocks = to_blocks(data, kind, width)
+    laid_out = rows16(blocks, width, layout)
+    if not multiplies_rows16(layout):
+        assert laid_out is None
+        pytest.skip(f"this build multiplies {kind.name} in its own layout only")
+    assert rows16(blocks[:out - 8], width, layout) is None
     with pytest.raises(ValueError, match="whole blocks of 16 rows"):
-        BlockLinear.of_blocks(rows16[:out - 8], width)
-    layer, as_filed = BlockLinear.of_blocks(rows16, width), BlockLinear.of_blocks(blocks, width)
-    assert layer.formats == (GGUF_Q4_K_ROWS16,) and as_filed.formats == (GGUF_Q4_K,)
-    exact = bool(native.library().loom_k_quant_super_blocks_exact())
+        BlockLinear.of_blocks(laid_out[:out - 8], width)
+    layer, as_filed = BlockLinear.of_blocks(laid_out, width), BlockLinear.of_blocks(blocks, width)
+    assert layer.formats == (layout,) and as_filed.formats == (block_format(kind),)
+    exact = kind == Q.Q4_K and bool(native.library().loom_k_quant_super_blocks_exact())
     together = torch.randn(40, width, generator=torch.Generator().manual_seed(3))
-    for rows in (1, 2, 3, 4, 5, 8, 9, 13, 17, 40):
-        x = together[:rows]
-        assert torch.equal(layer(x), layer(together)[:rows]), f"{rows} rows"
+    for count in (1, 2, 3, 4, 5, 8, 9, 13, 17, 40):
+        x = together[:count]
+        assert torch.equal(layer(x), layer(together)[:count]), f"{count} rows"
         if exact:
-            assert torch.equal(layer(x), as_filed(x)), f"{rows} rows"
+            assert torch.equal(layer(x), as_filed(x)), f"{count} rows"
         else:
             torch.testing.assert_close(layer(x), as_filed(x), rtol=1e-5, atol=1e-5)
+    expected = expected_product(together, data, kind, width)
+    assert torch.allclose(layer(together).double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
     widen = native.function("loom_block_widen", torch.float32, WIDEN_ARGTYPES)
     values = torch.empty(out, width)
-    widen(rows16.data_ptr(), GGUF_Q4_K_ROWS16, width, out, 0, out, values.data_ptr())
-    assert torch.equal(values.double(), file_values(data, Q.Q4_K, width))
+    widen(laid_out.data_ptr(), layout, width, out, 0, out, values.data_ptr())
+    assert torch.equal(values.double(), file_values(data, kind, width))
+    table, ids = BlockEmbedding(laid_out, out, width, layout), torch.tensor([[17, 0], [95, 17]])
+    assert torch.equal(table(ids).double(), file_values(data, kind, width)[ids])
+    with pytest.raises(IndexError, match=r"token ids must lie in \[0, 96\); got 0 to 96"):
+        table(torch.tensor([0, 96]))
+    if kind == Q.Q8_0:  # a scale no float16 holds: Loom's 8-bit blocks stay as they are
+        blocks[0, width:width + 4] = torch.tensor([0.1], dtype=torch.float32).view(torch.uint8)
+        assert rows16(blocks, width, layout) is None
 
 
 def expected_product(x: torch.Tensor, data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
@@ -305,9 +316,13 @@ def test_a_file_of_mixed_formats_runs_in_them_and_equals_float64_over_its_values
     assert model.layers[0].attn.out.formats == (FLOAT16,) and model.layers[1].attn.out.formats == (BFLOAT16,)
     # fused products keep their parts (no copy), each in its own format: the Q4_K ones with sixteen
     # rows side by side where the build multiplies them so, else read from the file
-    q4_k = GGUF_Q4_K_ROWS16 if multiplies_q4_k_rows16() else GGUF_Q4_K
+    # (and Q8_0 and IQ4_NL, whose scales are float16s, with AVX2 alone; IQ4_XS's, float16s times
+    # integers, need not be: this file's output layer keeps Loom's 8-bit blocks)
+    q4_k = GGUF_Q4_K_ROWS16 if multiplies_rows16(GGUF_Q4_K_ROWS16) else GGUF_Q4_K
+    q8_0 = GGUF_Q8_0_ROWS16 if multiplies_rows16(GGUF_Q8_0_ROWS16) else LOOM_8BIT
     assert model.layers[0].attn.qkv.formats == (LOOM_4BIT, q4_k, LOOM_4BIT)
-    assert model.layers[0].mlp.gate_up.formats == (LOOM_8BIT, LOOM_8BIT) and model.lm_head.formats == (LOOM_8BIT,)
+    assert model.layers[0].mlp.gate_up.formats == (q8_0, q8_0) and model.lm_head.formats == (LOOM_8BIT,)
+    assert model.embed.format == q8_0
     assert model.layers[0].mlp.down.formats == (GGUF_Q5_K,)
     assert model.layers[1].attn.qkv.formats == (GGUF_Q3_K, LOOM_5BIT, GGUF_Q2_K)
     assert model.layers[1].mlp.gate_up.formats == (LOOM_5BIT, GGUF_Q6_K) and model.layers[1].mlp.down.formats == (q4_k,)
@@ -398,7 +413,8 @@ def test_a_qwen2_file_keeps_its_query_key_and_value_biases(tmp_path, kind):
     a near tie)."""
     path = float_file(tmp_path / "qwen2.gguf", kind, hidden=128, arch="qwen2", biases=True)
     qkv = models.load(path).model.layers[0].attn.qkv
-    assert qkv.formats == (block_format(kind),) * 3
+    q8_0 = GGUF_Q8_0_ROWS16 if multiplies_rows16(GGUF_Q8_0_ROWS16) else LOOM_8BIT  # (sixteen rows side by side)
+    assert qkv.formats == ({Q.F32: FLOAT32, Q.Q8_0: q8_0}[kind],) * 3
     from models.checkpoints.gguf_file import GGUFFile
     tensors = GGUFFile(path).tensors
     biases = np.concatenate([tensors[f"blk.0.{part}.bias"].data.view(np.float32).ravel()
