@@ -29,6 +29,8 @@
 //   each of the sixteen (a 256-bit one, of eight).
 // - GGUF_Q8_0_ROWS16 (34 bytes a row's block, as Q8_0's; AVX2 builds without AVX-512): Q8_0's codes
 //   and float16 scales of sixteen rows side by side, two codes of each row in turn.
+// - GGUF_Q4_1_ROWS16 (20 bytes a row's block, as Q4_1's; the same builds): Q4_1's (and Q4_0's, whose
+//   minimum is -8 d) codes, float16 scales and minimums of sixteen rows side by side.
 
 #pragma once
 
@@ -50,7 +52,8 @@ constexpr int64_t GROUP = 32;  // values per block: the unit of the activations'
 enum Format : int64_t {
     FLOAT = 0, LOOM_4BIT = 4, LOOM_5BIT = 5, LOOM_8BIT = 8,
     GGUF_Q2_K = 10, GGUF_Q3_K = 11, GGUF_Q4_K = 12, GGUF_Q5_K = 13, GGUF_Q6_K = 14,
-    FLOAT16 = 16, BFLOAT16 = 17, GGUF_Q4_K_ROWS16 = 18, GGUF_Q8_0_ROWS16 = 19
+    FLOAT16 = 16, BFLOAT16 = 17, GGUF_Q4_K_ROWS16 = 18, GGUF_Q8_0_ROWS16 = 19,
+    GGUF_Q4_1_ROWS16 = 20
 };
 
 typedef uint8_t Bytes __attribute__((vector_size(32)));
@@ -816,19 +819,29 @@ struct Q80Rows16 {
     static constexpr int64_t ROWS = 16, BYTES = 34, BLOCK_BYTES = ROWS * BYTES, D = ROWS * GROUP;
     static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
 };
-// Whether this build multiplies that layout (block_interleaved.h: AVX2 with FMA and F16C, without
-// AVX-512, whose products over Loom's 8-bit blocks take pairs of blocks and the tiles instead);
-// elsewhere Q8_0 is Loom's 8-bit blocks.
+// GGUF_Q4_1_ROWS16: sixteen weight rows at a time, each block of 32 values of theirs in BLOCK_BYTES:
+// codes [quad q][row][4 bytes] (Loom's 4-bit bytes 4 q to 4 q + 3 of each row: values 4 q + b in the
+// low nibbles, 4 q + b + 16 in the high), then d [row] and m [row] as float16: w = d q + m.
+struct Q41Rows16 {
+    static constexpr int64_t ROUNDING = GROUP, VALUES = GROUP;
+    static constexpr int64_t ROWS = 16, BYTES = 20, BLOCK_BYTES = ROWS * BYTES, D = ROWS * GROUP / 2, M = D + 2 * ROWS;
+    static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
+};
+// Whether this build multiplies those two layouts (block_interleaved.h: AVX2 with FMA and F16C,
+// without AVX-512, whose products over Loom's blocks take pairs of blocks and the tiles instead);
+// elsewhere Q8_0, Q4_0 and Q4_1 are Loom's 8- and 4-bit blocks.
 #if LOOM_ROWS16 && !(defined(__AVX512F__) && defined(__AVX512BW__))
-#define LOOM_Q8_0_ROWS16 1
+#define LOOM_BLOCKS_ROWS16 1
 #else
-#define LOOM_Q8_0_ROWS16 0
+#define LOOM_BLOCKS_ROWS16 0
 #endif
-constexpr bool Q8_0_ROWS16_BUILT = LOOM_Q8_0_ROWS16;
+constexpr bool BLOCKS_ROWS16_BUILT = LOOM_BLOCKS_ROWS16;
 
 // Whether format F lays sixteen weight rows side by side (block_interleaved.h's products).
 template <typename F>
-constexpr bool rows_side_by_side() { return std::is_same_v<F, Q4KRows16> || std::is_same_v<F, Q80Rows16>; }
+constexpr bool rows_side_by_side() {
+    return std::is_same_v<F, Q4KRows16> || std::is_same_v<F, Q80Rows16> || std::is_same_v<F, Q41Rows16>;
+}
 
 template <typename F, typename = void>
 struct IsFloatRows : std::false_type {};
@@ -862,7 +875,10 @@ inline void with_format(int64_t format, int64_t in, F&& f) {
             if constexpr (ROWS16_BUILT) return f(Q4KRows16{});
             __builtin_trap();
         case GGUF_Q8_0_ROWS16:
-            if constexpr (Q8_0_ROWS16_BUILT) return f(Q80Rows16{});
+            if constexpr (BLOCKS_ROWS16_BUILT) return f(Q80Rows16{});
+            __builtin_trap();
+        case GGUF_Q4_1_ROWS16:
+            if constexpr (BLOCKS_ROWS16_BUILT) return f(Q41Rows16{});
             __builtin_trap();
         case GGUF_Q5_K: f(Q5K{}); break;
         case FLOAT: f(FloatRows<float>{}); break;
@@ -876,6 +892,7 @@ inline int64_t format_row_bytes(int64_t format, int64_t in) {
     // (asked of every BlockWeights: answered here so that a build without AVX-512 does not trap)
     if (format == GGUF_Q4_K_ROWS16) return Q4KRows16::row_bytes(in);
     if (format == GGUF_Q8_0_ROWS16) return Q80Rows16::row_bytes(in);
+    if (format == GGUF_Q4_1_ROWS16) return Q41Rows16::row_bytes(in);
     int64_t bytes = 0;
     with_format(format, in, [&](auto f) { bytes = decltype(f)::row_bytes(in); });
     return bytes;

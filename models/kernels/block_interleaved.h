@@ -1,4 +1,5 @@
-// Weights with sixteen rows side by side (block_codes.h's GGUF_Q4_K_ROWS16 and GGUF_Q8_0_ROWS16), as
+// Weights with sixteen rows side by side (block_codes.h's GGUF_Q4_K_ROWS16, GGUF_Q8_0_ROWS16 and
+// GGUF_Q4_1_ROWS16), as
 // llama.cpp's CPU backend repacks its own (q4_K_8x8): a vector holds a few codes of each of sixteen
 // (or eight) weight rows, so one multiply instruction meets them all with codes of an input row
 // broadcast, the rows' scales come in one vector, and nothing is added across lanes: a lane is a
@@ -15,9 +16,12 @@
 // Q8_0 (AVX2 without AVX-512; with it, Loom's 8-bit blocks take pairs of blocks and the tiles): a
 // 256-bit vector holds two codes of each of eight rows as 16-bit words, and one madd meets them with
 // two input codes; over Loom's 8-bit blocks a block of one row at a time took a sign, a maddubs and
-// a madd per 32 products and each block's float step per row (int8_rows).
+// a madd per 32 products and each block's float step per row (int8_rows). Q4_0 and Q4_1 (the same
+// builds) as Q4_K: four codes of eight rows a vector, maddubs's pairs summed in 16 bits over the
+// block before one madd.
 //
-// The layouts are made once, at load (repack_rows16, repack_q8_0_rows16), from the file's rows (the
+// The layouts are made once, at load (repack_rows16, repack_q8_0_rows16, repack_q4_1_rows16), from
+// the file's rows (the
 // same numbers; Q4_K's packed 6-bit scales and minimums kept as bytes). A row's product ends each
 // super-block (Q8_0: each block) in exact integers, as the AVX-512 build's products over the other
 // layouts do, taken into the row's sum by the same float steps, so a row's numbers are the same at
@@ -54,7 +58,7 @@ inline void repack_rows16(const uint8_t* src, int64_t in, uint8_t* dst) {
     }
 }
 
-#if LOOM_Q8_0_ROWS16
+#if LOOM_BLOCKS_ROWS16
 // Rows [16 k, 16 k + 16) of a matrix of Loom's 8-bit blocks (rows of ``in`` values) into ``dst``, the
 // same rows in GGUF_Q8_0_ROWS16 (each float32 scale a float16 of the same value: a Q8_0 file's own).
 inline void repack_q8_0_rows16(const uint8_t* src, int64_t in, uint8_t* dst) {
@@ -70,6 +74,24 @@ inline void repack_q8_0_rows16(const uint8_t* src, int64_t in, uint8_t* dst) {
         }
     }
 }
+
+// The same for Loom's 4-bit blocks (Q4_0's and Q4_1's), into GGUF_Q4_1_ROWS16.
+inline void repack_q4_1_rows16(const uint8_t* src, int64_t in, uint8_t* dst) {
+    using L = Q41Rows16;
+    const int64_t row_bytes = Loom4::row_bytes(in);
+    for (int64_t b = 0; b < in / L::VALUES; ++b) {
+        uint8_t* block = dst + b * L::BLOCK_BYTES;
+        for (int r = 0; r < L::ROWS; ++r) {
+            const uint8_t* row = src + r * row_bytes;
+            for (int q = 0; q < 4; ++q) std::memcpy(block + (q * L::ROWS + r) * 4, row + b * 16 + 4 * q, 4);
+            const float* scales = Loom4::scales_of(row, in);
+            const uint16_t d = _cvtss_sh(scales[b], _MM_FROUND_TO_NEAREST_INT);
+            const uint16_t m = _cvtss_sh(scales[in / GROUP + b], _MM_FROUND_TO_NEAREST_INT);
+            std::memcpy(block + L::D + 2 * r, &d, 2);
+            std::memcpy(block + L::M + 2 * r, &m, 2);
+        }
+    }
+}
 #endif
 
 // Weight row ``row`` as floats (widen_row's, for these layouts)
@@ -82,6 +104,20 @@ inline void widen_row16(Q80Rows16, const BlockWeights& w, int64_t row, float* ds
         const float d = half_to_float(block + L::D + 2 * r);
         for (int v = 0; v < L::VALUES; ++v)
             dst[b * L::VALUES + v] = d * float(int8_t(block[(v / 2 * L::ROWS + r) * 2 + v % 2]));
+    }
+}
+inline void widen_row16(Q41Rows16, const BlockWeights& w, int64_t row, float* dst) {
+    using L = Q41Rows16;
+    const uint8_t* first = w.base + row / L::ROWS * L::ROWS * w.stride;  // the row's block
+    const int r = int(row % L::ROWS);
+    for (int64_t b = 0; b < w.in / L::VALUES; ++b) {
+        const uint8_t* block = first + b * L::BLOCK_BYTES;
+        const float d = half_to_float(block + L::D + 2 * r), m = half_to_float(block + L::M + 2 * r);
+        for (int v = 0; v < L::VALUES / 2; ++v) {
+            const uint8_t byte = block[(v / 4 * L::ROWS + r) * 4 + v % 4];
+            dst[b * L::VALUES + v] = d * float(byte & 15) + m;
+            dst[b * L::VALUES + v + 16] = d * float(byte >> 4) + m;
+        }
     }
 }
 inline void widen_row16(Q4KRows16, const BlockWeights& w, int64_t row, float* dst) {
@@ -276,7 +312,7 @@ inline void rows16_chunk(const RoundedGroup<Q4KRows16, ROWS>& x, int m0, const u
 }
 #endif
 
-#if LOOM_Q8_0_ROWS16
+#if LOOM_BLOCKS_ROWS16
 // y[m][o] = x[m] . w[o] for input rows [m0, m0 + CHUNK) of the group and the sixteen weight rows of
 // ``blocks`` (GGUF_Q8_0_ROWS16), each block's products ending in an exact integer a row, taken into
 // the row's sum as the AVX-512 build's products over Loom's 8-bit blocks take theirs (block_term:
@@ -322,6 +358,57 @@ inline void rows16_chunk(const RoundedGroup<Q80Rows16, ROWS>& x, int m0, const u
             for (int i = 0; i < CHUNK; ++i) {
                 Lanes term = __builtin_convertvector((Sums)a[h][i], Lanes) * (d * x.scale(m0 + i, b));
                 asm("" : "+x"(term));  // (not fused into the add: block_term's rounding)
+                sums[h][i] += term;
+            }
+        }
+    }
+    for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < CHUNK; ++i) store(y + (m0 + i) * y_stride + 8 * h, sums[h][i]);
+}
+
+// rows16_chunk over GGUF_Q4_1_ROWS16: each block's four quads of codes, the low nibbles then the
+// high (values 4 q + b, then 16 on), maddubs by the input codes broadcast, the pairs summed in 16 bits
+// over the block (eight steps of at most 2 x 15 x 127: 30480) before one madd into exact integers a
+// row; each block's term is the AVX-512 build's over Loom's 4-bit blocks (block_term: a (d dx)
+// rounded, then m xs added by one multiply-add, xs the input block's scale times its code sum).
+template <int CHUNK, int ROWS>
+inline void rows16_chunk(const RoundedGroup<Q41Rows16, ROWS>& x, int m0, const uint8_t* blocks, int64_t count,
+                         float* y, int64_t y_stride) {
+    using L = Q41Rows16;
+    const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    Lanes sums[2][CHUNK] = {};
+    for (int64_t b = 0; b < count; ++b) {
+        const uint8_t* block = blocks + b * L::BLOCK_BYTES;
+        if (m0 == 0) fetch_lines(block + ROWS16_AHEAD, L::BLOCK_BYTES);  // (never faults past the end)
+        __m256i products[2][CHUNK];  // 16-bit
+        for (auto& half : products)
+            for (auto& p : half) p = _mm256_setzero_si256();
+        for_each_index<2>([&](auto nibbles) {  // the low nibbles (values 0-15), then the high
+            constexpr bool HIGH = decltype(nibbles)::value;
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; ++q) {
+                __m256i codes[2];
+                for (int h = 0; h < 2; ++h) {
+                    const __m256i bytes = load<__m256i>(block + 64 * q + 32 * h);
+                    codes[h] = _mm256_and_si256(HIGH ? _mm256_srli_epi16(bytes, 4) : bytes, nibble);
+                }
+                for (int i = 0; i < CHUNK; ++i) {
+                    const __m256i x4 = _mm256_set1_epi32(load<int32_t>(x.codes(m0 + i, b, 0) + 16 * HIGH + 4 * q));
+                    for (int h = 0; h < 2; ++h) {
+                        products[h][i] = _mm256_add_epi16(products[h][i], _mm256_maddubs_epi16(codes[h], x4));
+                        if (!HIGH || q < 3) asm("" : "+x"(products[h][i]));  // a chain of adds (rows16_sub_block's)
+                    }
+                }
+            }
+        });
+        for (int h = 0; h < 2; ++h) {
+            const Lanes d = (Lanes)_mm256_cvtph_ps(load<__m128i>(block + L::D + 16 * h));
+            const Lanes m = (Lanes)_mm256_cvtph_ps(load<__m128i>(block + L::M + 16 * h));
+            for (int i = 0; i < CHUNK; ++i) {
+                const Sums a = (Sums)_mm256_madd_epi16(products[h][i], ones);
+                Lanes term = __builtin_convertvector(a, Lanes) * (d * x.scale(m0 + i, b));
+                asm("" : "+x"(term));  // (not fused into the multiply-add: block_term's rounding)
+                term = (Lanes)_mm256_fmadd_ps((__m256)m, _mm256_set1_ps(x.sums(m0 + i, b)[0]), (__m256)term);
                 sums[h][i] += term;
             }
         }

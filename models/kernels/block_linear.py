@@ -31,10 +31,12 @@ GROUP = 32  # values per block (block_codes.h)
 # block_codes.h's formats; Loom's own are named by their bits
 LOOM_4BIT, LOOM_5BIT, LOOM_8BIT = 4, 5, 8
 GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K = 10, 11, 12, 13, 14
-# Q4_K's and Q8_0's numbers with sixteen rows side by side (block_interleaved.h), made at load where
-# the build multiplies them (q4_k_rows16, q8_0_rows16)
-GGUF_Q4_K_ROWS16, GGUF_Q8_0_ROWS16 = 18, 19
-Q8_0_BYTES = 34  # a row's bytes of a block in GGUF_Q8_0_ROWS16 (Q8_0's own: 32 codes and a float16 scale)
+# Q4_K's, Q8_0's and Q4_1's (Q4_0's) numbers with sixteen rows side by side (block_interleaved.h),
+# made at load where the build multiplies them (rows16)
+GGUF_Q4_K_ROWS16, GGUF_Q8_0_ROWS16, GGUF_Q4_1_ROWS16 = 18, 19, 20
+# a row's bytes of a block in GGUF_Q8_0_ROWS16 and GGUF_Q4_1_ROWS16 (the files' own: the codes, a
+# float16 scale, and for Q4_1 a float16 minimum)
+BLOCK_ROWS16_BYTES = {GGUF_Q8_0_ROWS16: 34, GGUF_Q4_1_ROWS16: 20}
 # not blocks: a GGUF file's float matrices (F32, F16, BF16) as it keeps them, the 16-bit ones widened
 # as the products read them
 FLOAT32, FLOAT16, BFLOAT16 = 0, 16, 17
@@ -45,7 +47,7 @@ SUPER_BLOCKS = {GGUF_Q2_K: (256, 84), GGUF_Q3_K: (256, 110), GGUF_Q4_K: (256, 14
 FORMAT_NAMES = {LOOM_4BIT: "4-bit blocks", LOOM_5BIT: "5-bit blocks", LOOM_8BIT: "8-bit blocks", GGUF_Q2_K: "Q2_K",
                 GGUF_Q3_K: "Q3_K", GGUF_Q4_K: "Q4_K", GGUF_Q5_K: "Q5_K", GGUF_Q6_K: "Q6_K",
                 GGUF_Q4_K_ROWS16: "Q4_K (16 rows side by side)", GGUF_Q8_0_ROWS16: "Q8_0 (16 rows side by side)",
-                FLOAT32: "float32",
+                GGUF_Q4_1_ROWS16: "Q4_0/Q4_1 (16 rows side by side)", FLOAT32: "float32",
                 FLOAT16: "float16", BFLOAT16: "bfloat16"}
 WITH_MINIMUMS = (LOOM_4BIT, LOOM_5BIT)  # Loom's blocks that keep a float32 minimum beside each scale
 OUTPUT_BITS = LOOM_8BIT  # the output layer's and the token embeddings' (the layers': quantized.BLOCK_WEIGHTS)
@@ -67,27 +69,31 @@ def row_bytes(width: int, format: int) -> int:
     if format in SUPER_BLOCKS:
         values, size = SUPER_BLOCKS[format]
         return width // values * size
-    if format == GGUF_Q8_0_ROWS16:
-        return width // GROUP * Q8_0_BYTES
+    if format in BLOCK_ROWS16_BYTES:
+        return width // GROUP * BLOCK_ROWS16_BYTES[format]
     return width * format // 8 + width // GROUP * (8 if format in WITH_MINIMUMS else 4)
 
 
-ROWS16 = 16  # the weight rows GGUF_Q4_K_ROWS16 and GGUF_Q8_0_ROWS16 lay side by side
-# each layout with rows side by side: the format it is made from, and the processors it is built for
+ROWS16 = 16  # the weight rows the ROWS16 layouts lay side by side
+# each layout with rows side by side: the format it is made from, its name in the kernels' symbols,
+# and the processors it is built for
 ROWS16_LAYOUTS = {GGUF_Q4_K_ROWS16: (GGUF_Q4_K, "q4_k", "AVX-512, or AVX2 with FMA and F16C"),
-                  GGUF_Q8_0_ROWS16: (LOOM_8BIT, "q8_0", "AVX2 with FMA and F16C, without AVX-512")}
+                  GGUF_Q8_0_ROWS16: (LOOM_8BIT, "q8_0", "AVX2 with FMA and F16C, without AVX-512"),
+                  GGUF_Q4_1_ROWS16: (LOOM_4BIT, "q4_1", "AVX2 with FMA and F16C, without AVX-512")}
 
 
 def multiplies_rows16(layout: int) -> bool:
     """Whether the kernels are built for ``layout`` (GGUF_Q4_K_ROWS16: AVX-512, or AVX2 with FMA and
-    F16C; GGUF_Q8_0_ROWS16: AVX2 without AVX-512, whose products over 8-bit blocks take the tiles)."""
+    F16C; GGUF_Q8_0_ROWS16 and GGUF_Q4_1_ROWS16: AVX2 without AVX-512, whose products over Loom's
+    blocks take the tiles)."""
     library = native.library()
     return library is not None and bool(getattr(library, f"loom_multiplies_{ROWS16_LAYOUTS[layout][1]}_rows16")())
 
 
 def rows16(blocks: torch.Tensor, width: int, layout: int) -> torch.Tensor | None:
-    """A matrix [rows, bytes per row] of ``layout``'s source format (Q4_K; Loom's 8-bit blocks,
-    each scale a float16's value, as a Q8_0 file's are) in ``layout`` (a copy, the same numbers),
+    """A matrix [rows, bytes per row] of ``layout``'s source format (Q4_K; Loom's 8- or 4-bit
+    blocks, each scale and minimum a float16's value, as a Q8_0, Q4_0 or Q4_1 file's are) in
+    ``layout`` (a copy, the same numbers),
     where this build multiplies that layout and the rows are a multiple of sixteen; else None.
     Over it a one-row product reads the weights at the memory's rate, and many rows take about half
     the multiply instructions (block_interleaved.h)."""
@@ -97,9 +103,9 @@ def rows16(blocks: torch.Tensor, width: int, layout: int) -> torch.Tensor | None
             or blocks.shape[0] % ROWS16 or width % values or blocks.shape[1] != row_bytes(width, source_format)):
         return None
     source = blocks.contiguous()
-    if source_format == LOOM_8BIT:
-        scales = source[:, width:].view(torch.float32)
-        if not torch.equal(scales.half().float(), scales):
+    if source_format in (LOOM_8BIT, LOOM_4BIT):  # the scales (and minimums) after the codes
+        floats = source[:, width * source_format // 8:].contiguous().view(torch.float32)
+        if not torch.equal(floats.half().float(), floats):
             return None
     out = torch.empty(blocks.shape[0], row_bytes(width, layout), dtype=torch.uint8)
     getattr(native.library(), f"loom_repack_{name}_rows16")(

@@ -15,7 +15,7 @@ import models
 from models.kernels import native
 from models.kernels.block_formats import block_format, to_blocks
 from models.kernels.block_linear import (BFLOAT16, FLOAT16, FLOAT32, GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q4_K_ROWS16,
-                                         GGUF_Q5_K, GGUF_Q6_K, GGUF_Q8_0_ROWS16, GROUP, LOOM_4BIT, LOOM_5BIT, LOOM_8BIT,
+                                         GGUF_Q4_1_ROWS16, GGUF_Q5_K, GGUF_Q6_K, GGUF_Q8_0_ROWS16, GROUP, LOOM_4BIT, LOOM_5BIT, LOOM_8BIT,
                                          SUPER_BLOCKS, WIDEN_ARGTYPES, BlockEmbedding, BlockLinear, dequantize,
                                          multiplies_rows16, round_activations, rounding, rounds_input_to_bfloat16,
                                          rows16)
@@ -99,9 +99,11 @@ def test_a_rows_product_is_the_same_whatever_rows_share_it(kind, width):
 
 
 @needs_kernels
-@pytest.mark.parametrize("kind, layout", [(Q.Q4_K, GGUF_Q4_K_ROWS16), (Q.Q8_0, GGUF_Q8_0_ROWS16)], ids=["Q4_K", "Q8_0"])
+@pytest.mark.parametrize("kind, layout", [(Q.Q4_K, GGUF_Q4_K_ROWS16), (Q.Q8_0, GGUF_Q8_0_ROWS16),
+                                          (Q.Q4_0, GGUF_Q4_1_ROWS16), (Q.Q4_1, GGUF_Q4_1_ROWS16)],
+                         ids=["Q4_K", "Q8_0", "Q4_0", "Q4_1"])
 def test_rows_side_by_side_hold_the_files_numbers_and_give_its_very_products(kind, layout):
-    """Q4_K and Q8_0 with sixteen rows side by side (GGUF_Q4_K_ROWS16, GGUF_Q8_0_ROWS16, made at load
+    """Q4_K, Q8_0, Q4_0 and Q4_1 with sixteen rows side by side (the ROWS16 layouts, made at load
     where the build multiplies them): their rows widen to gguf-py's values, looked up as an
     embedding's too, a row's product is bitwise the same at every row count and within float32's
     rounding of float64's over the file's values, and where the build's products over the file's
@@ -128,8 +130,9 @@ def test_rows_side_by_side_hold_the_files_numbers_and_give_its_very_products(kin
         assert torch.equal(layer(x), layer(together)[:count]), f"{count} rows"
         if exact:
             assert torch.equal(layer(x), as_filed(x)), f"{count} rows"
-        else:
-            torch.testing.assert_close(layer(x), as_filed(x), rtol=1e-5, atol=1e-5)
+        else:  # (float32's rounding of two orders of a sum, to the row's magnitude)
+            filed = as_filed(x)
+            torch.testing.assert_close(layer(x), filed, rtol=1e-5, atol=1e-5 * filed.abs().max().item())
     expected = expected_product(together, data, kind, width)
     assert torch.allclose(layer(together).double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
     widen = native.function("loom_block_widen", torch.float32, WIDEN_ARGTYPES)
@@ -140,8 +143,9 @@ def test_rows_side_by_side_hold_the_files_numbers_and_give_its_very_products(kin
     assert torch.equal(table(ids).double(), file_values(data, kind, width)[ids])
     with pytest.raises(IndexError, match=r"token ids must lie in \[0, 96\); got 0 to 96"):
         table(torch.tensor([0, 96]))
-    if kind == Q.Q8_0:  # a scale no float16 holds: Loom's 8-bit blocks stay as they are
-        blocks[0, width:width + 4] = torch.tensor([0.1], dtype=torch.float32).view(torch.uint8)
+    if kind != Q.Q4_K:  # a scale no float16 holds: Loom's blocks stay as they are
+        codes = width * block_format(kind) // 8
+        blocks[0, codes:codes + 4] = torch.tensor([0.1], dtype=torch.float32).view(torch.uint8)
         assert rows16(blocks, width, layout) is None
 
 
@@ -316,11 +320,12 @@ def test_a_file_of_mixed_formats_runs_in_them_and_equals_float64_over_its_values
     assert model.layers[0].attn.out.formats == (FLOAT16,) and model.layers[1].attn.out.formats == (BFLOAT16,)
     # fused products keep their parts (no copy), each in its own format: the Q4_K ones with sixteen
     # rows side by side where the build multiplies them so, else read from the file
-    # (and Q8_0 and IQ4_NL, whose scales are float16s, with AVX2 alone; IQ4_XS's, float16s times
-    # integers, need not be: this file's output layer keeps Loom's 8-bit blocks)
+    # (and Q8_0, Q4_0, Q4_1 and IQ4_NL, whose scales are float16s, with AVX2 alone; IQ4_XS's,
+    # float16s times integers, need not be: this file's output layer keeps Loom's 8-bit blocks)
     q4_k = GGUF_Q4_K_ROWS16 if multiplies_rows16(GGUF_Q4_K_ROWS16) else GGUF_Q4_K
     q8_0 = GGUF_Q8_0_ROWS16 if multiplies_rows16(GGUF_Q8_0_ROWS16) else LOOM_8BIT
-    assert model.layers[0].attn.qkv.formats == (LOOM_4BIT, q4_k, LOOM_4BIT)
+    q4_1 = GGUF_Q4_1_ROWS16 if multiplies_rows16(GGUF_Q4_1_ROWS16) else LOOM_4BIT
+    assert model.layers[0].attn.qkv.formats == (q4_1, q4_k, q4_1)
     assert model.layers[0].mlp.gate_up.formats == (q8_0, q8_0) and model.lm_head.formats == (LOOM_8BIT,)
     assert model.embed.format == q8_0
     assert model.layers[0].mlp.down.formats == (GGUF_Q5_K,)
