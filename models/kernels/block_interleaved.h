@@ -1,9 +1,8 @@
 // Weights with sixteen rows side by side (block_codes.h's GGUF_Q4_K_ROWS16, GGUF_Q8_0_ROWS16 and
-// GGUF_Q4_1_ROWS16), as
-// llama.cpp's CPU backend repacks its own (q4_K_8x8): a vector holds a few codes of each of sixteen
-// (or eight) weight rows, so one multiply instruction meets them all with codes of an input row
-// broadcast, the rows' scales come in one vector, and nothing is added across lanes: a lane is a
-// weight row from the first instruction to the stored output.
+// GGUF_Q4_1_ROWS16), as llama.cpp's CPU backend repacks its own (q4_K_8x8): a vector holds a few
+// codes of each of sixteen (or eight) weight rows, so one multiply instruction meets them all with
+// codes of an input row broadcast, the rows' scales come in one vector, and nothing is added across
+// lanes: a lane is a weight row from the first instruction to the stored output.
 //
 // Q4_K (AVX-512, or AVX2): a 512-bit vector holds four codes of each of sixteen weight rows, one
 // vpdpbusd multiplies them all by four input codes, a vpmulld takes sixteen rows' sub-block scales.
@@ -21,12 +20,12 @@
 // block before one madd.
 //
 // The layouts are made once, at load (repack_rows16, repack_q8_0_rows16, repack_q4_1_rows16), from
-// the file's rows (the
-// same numbers; Q4_K's packed 6-bit scales and minimums kept as bytes). A row's product ends each
-// super-block (Q8_0: each block) in exact integers, as the AVX-512 build's products over the other
-// layouts do, taken into the row's sum by the same float steps, so a row's numbers are the same at
-// every row count, and the same in the AVX2 build as in the AVX-512 one (the AVX2 build's int8_rows,
-// over the file's layouts, add a super-block's blocks in float lanes instead).
+// the file's rows (the same numbers; Q4_K's packed 6-bit scales and minimums kept as bytes). A row's
+// product ends each super-block (Q8_0, Q4_1: each block) in exact integers, as the AVX-512 build's
+// products over the other layouts do, taken into the row's sum by the same float steps, so a row's
+// numbers are the same at every row count, and the same in the AVX2 build as in the AVX-512 one (the
+// AVX2 build's int8_rows, over the file's layouts, add a super-block's blocks in float lanes
+// instead).
 
 #pragma once
 

@@ -93,10 +93,9 @@ def multiplies_rows16(layout: int) -> bool:
 def rows16(blocks: torch.Tensor, width: int, layout: int) -> torch.Tensor | None:
     """A matrix [rows, bytes per row] of ``layout``'s source format (Q4_K; Loom's 8- or 4-bit
     blocks, each scale and minimum a float16's value, as a Q8_0, Q4_0 or Q4_1 file's are) in
-    ``layout`` (a copy, the same numbers),
-    where this build multiplies that layout and the rows are a multiple of sixteen; else None.
-    Over it a one-row product reads the weights at the memory's rate, and many rows take about half
-    the multiply instructions (block_interleaved.h)."""
+    ``layout`` (a copy, the same numbers), where this build multiplies that layout and the rows are a
+    multiple of sixteen; else None. Over it a one-row product reads the weights at the memory's rate,
+    and many rows take fewer instructions per product (block_interleaved.h)."""
     source_format, name, _ = ROWS16_LAYOUTS[layout]
     values = rounding(source_format)
     if (not multiplies_rows16(layout) or blocks.dtype != torch.uint8 or blocks.dim() != 2
