@@ -149,20 +149,24 @@ struct PanelShape {
 };
 
 // AVX2's 16 registers hold 12 sums: 16 rows (two vectors of floats) x 6 weight rows. AVX-512 has 32:
-// up to 16 rows, one vector of them x 12 weight rows, 13 loads per 12 multiply-adds; beyond, where
-// the narrow panels would take two, 32 rows x 8 weight rows, 10 loads per 16. A 576 x 3072 product
-// at 64 rows from memory ran at 240-300 GFLOP/s on the narrow tiles and 340-380 on the wide (two
-// Zen 5 cores, whose peak is 483); 4 vectors x 6 rows was as fast at 64 rows, and at 32 rows wasted
-// half its sums.
+// up to 16 rows, one vector of them x 8 weight rows, 9 loads per 8 multiply-adds; beyond, where the
+// narrow panels would take two, 32 rows x 8 weight rows, 10 loads per 16. A 576 x 3072 product at
+// 64 rows from memory ran at 240-300 GFLOP/s on the narrow tiles and 340-380 on the wide (two Zen 5
+// cores, whose peak is 483); 4 vectors x 6 rows was as fast at 64 rows, and at 32 rows wasted half
+// its sums. The narrow tiles took 12 weight rows (13 loads per 12) until twelve strided streams from
+// memory proved slower than eight: 8192 x 2048 at 8 / 16 rows 34 / 66 -> 50 / 97 Gvalue-rows/s (the
+// AVX2 build's 87-91 at 16), a 1.7B F32 file's decode step at 8 / 16 rows 394-404 / 422 -> 289-292 /
+// 312 ms, the 360M F32's at 4 / 16 rows 71.5 / 82 -> 68.5 / 79, the default model's level (six
+// weight rows as fast as eight).
 #ifdef __AVX512F__
-using NarrowPanels = PanelShape<1, 12>;
+using NarrowPanels = PanelShape<1, 8>;
 using WidePanels = PanelShape<2, 8>;
 #else
 using NarrowPanels = PanelShape<2, 6>;
 using WidePanels = NarrowPanels;
 #endif
 
-// A task is TASK_OUTS weight rows (8 tiles of 12 with AVX-512's narrow panels; divisible by every
+// A task is TASK_OUTS weight rows (12 tiles of 8 with AVX-512's panels; divisible by every
 // shape's OUTS): 96 x 576 floats stay in L2 while every panel passes them (on Zen 5, 96 rows made a
 // step's products at 16 streams ~10% faster than 48).
 constexpr int64_t TASK_OUTS = 96;
