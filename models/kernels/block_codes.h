@@ -842,6 +842,9 @@ template <typename F>
 constexpr bool rows_side_by_side() {
     return std::is_same_v<F, Q4KRows16> || std::is_same_v<F, Q80Rows16> || std::is_same_v<F, Q41Rows16>;
 }
+// Whether this build multiplies layout L (one of those), which is made only where it does.
+template <typename L>
+constexpr bool rows16_built() { return std::is_same_v<L, Q4KRows16> ? ROWS16_BUILT : BLOCKS_ROWS16_BUILT; }
 
 template <typename F, typename = void>
 struct IsFloatRows : std::false_type {};
@@ -872,13 +875,13 @@ inline void with_format(int64_t format, int64_t in, F&& f) {
         case GGUF_Q3_K: f(Q3K{}); break;
         case GGUF_Q4_K: f(Q4K{}); break;
         case GGUF_Q4_K_ROWS16:  // made only where the products over it are built
-            if constexpr (ROWS16_BUILT) return f(Q4KRows16{});
+            if constexpr (rows16_built<Q4KRows16>()) return f(Q4KRows16{});
             __builtin_trap();
         case GGUF_Q8_0_ROWS16:
-            if constexpr (BLOCKS_ROWS16_BUILT) return f(Q80Rows16{});
+            if constexpr (rows16_built<Q80Rows16>()) return f(Q80Rows16{});
             __builtin_trap();
         case GGUF_Q4_1_ROWS16:
-            if constexpr (BLOCKS_ROWS16_BUILT) return f(Q41Rows16{});
+            if constexpr (rows16_built<Q41Rows16>()) return f(Q41Rows16{});
             __builtin_trap();
         case GGUF_Q5_K: f(Q5K{}); break;
         case FLOAT: f(FloatRows<float>{}); break;

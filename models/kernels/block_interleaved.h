@@ -19,8 +19,7 @@
 // builds) as Q4_K: four codes of eight rows a vector, maddubs's pairs summed in 16 bits over the
 // block before one madd.
 //
-// The layouts are made once, at load (repack_rows16, repack_q8_0_rows16, repack_q4_1_rows16), from
-// the file's rows (the same numbers; Q4_K's packed 6-bit scales and minimums kept as bytes). A row's
+// The layouts are made once, at load (repack_rows16, an overload a layout), from the file's rows (the same numbers; Q4_K's packed 6-bit scales and minimums kept as bytes). A row's
 // product ends each super-block (Q8_0, Q4_1: each block) in exact integers, as the AVX-512 build's
 // products over the other layouts do, taken into the row's sum by the same float steps, so a row's
 // numbers are the same at every row count, and the same in the AVX2 build as in the AVX-512 one (the
@@ -36,7 +35,7 @@ namespace {
 
 // Rows [16 k, 16 k + 16) of a Q4_K matrix of rows of ``in`` values (the file's layout) into ``dst``,
 // the same rows' bytes in GGUF_Q4_K_ROWS16.
-inline void repack_rows16(const uint8_t* src, int64_t in, uint8_t* dst) {
+inline void repack_rows16(Q4KRows16, const uint8_t* src, int64_t in, uint8_t* dst) {
     using L = Q4KRows16;
     const int64_t row_bytes = Q4K::row_bytes(in);
     for (int64_t s = 0; s < in / L::VALUES; ++s) {
@@ -60,7 +59,7 @@ inline void repack_rows16(const uint8_t* src, int64_t in, uint8_t* dst) {
 #if LOOM_BLOCKS_ROWS16
 // Rows [16 k, 16 k + 16) of a matrix of Loom's 8-bit blocks (rows of ``in`` values) into ``dst``, the
 // same rows in GGUF_Q8_0_ROWS16 (each float32 scale a float16 of the same value: a Q8_0 file's own).
-inline void repack_q8_0_rows16(const uint8_t* src, int64_t in, uint8_t* dst) {
+inline void repack_rows16(Q80Rows16, const uint8_t* src, int64_t in, uint8_t* dst) {
     using L = Q80Rows16;
     const int64_t row_bytes = Loom8::row_bytes(in);
     for (int64_t b = 0; b < in / L::VALUES; ++b) {
@@ -75,7 +74,7 @@ inline void repack_q8_0_rows16(const uint8_t* src, int64_t in, uint8_t* dst) {
 }
 
 // The same for Loom's 4-bit blocks (Q4_0's and Q4_1's), into GGUF_Q4_1_ROWS16.
-inline void repack_q4_1_rows16(const uint8_t* src, int64_t in, uint8_t* dst) {
+inline void repack_rows16(Q41Rows16, const uint8_t* src, int64_t in, uint8_t* dst) {
     using L = Q41Rows16;
     const int64_t row_bytes = Loom4::row_bytes(in);
     for (int64_t b = 0; b < in / L::VALUES; ++b) {
@@ -237,6 +236,27 @@ inline __m256i eight_scales(const uint8_t* p) {
 // 203-214 with the minimums two sub-blocks a multiply, below; 16 rows 157-160 -> 187-198).
 constexpr int ROWS16_CHUNK = 4;
 
+// products[h][i] += the 16-bit pair sums of four codes of each of the sixteen weight rows in the
+// 64 bytes at ``codes`` (rows 8 h to 8 h + 7 in bytes 32 h on; their low nibbles, or with HIGH the
+// high) and four codes of input row i at xs[i] + at, broadcast; the adds kept a chain (the empty
+// asm) unless ``last``, the step whose sums a madd reads next.
+template <bool HIGH, int CHUNK>
+inline void add_nibble_products(__m256i (&products)[2][CHUNK], const uint8_t* codes, const int8_t* const (&xs)[CHUNK],
+                                int64_t at, __m256i nibble, bool last) {
+    __m256i these[2];
+    for (int h = 0; h < 2; ++h) {
+        const __m256i bytes = load<__m256i>(codes + 32 * h);
+        these[h] = _mm256_and_si256(HIGH ? _mm256_srli_epi16(bytes, 4) : bytes, nibble);
+    }
+    for (int i = 0; i < CHUNK; ++i) {
+        const __m256i x4 = _mm256_set1_epi32(load<int32_t>(xs[i] + at));
+        for (int h = 0; h < 2; ++h) {
+            products[h][i] = _mm256_add_epi16(products[h][i], _mm256_maddubs_epi16(these[h], x4));
+            if (!last) asm("" : "+x"(products[h][i]));
+        }
+    }
+}
+
 // a[h][i] += sub-block 2 c + HIGH's products of the sixteen weight rows of ``block`` (their codes
 // the low nibbles of pair c's bytes, or the high) and input row i's codes of the super-block
 // ``xq[i]``, times the rows' sub-block scales
@@ -245,25 +265,12 @@ inline void rows16_sub_block(__m256i (&a)[2][CHUNK], const uint8_t* block, int c
                              __m256i nibble) {
     using L = Q4KRows16;
     const int j = 2 * c + HIGH;  // the sub-block
-    const uint8_t* codes = block + c * 512;
     __m256i products[2][CHUNK];  // 16-bit
     for (auto& half : products)
         for (auto& p : half) p = _mm256_setzero_si256();
 #pragma GCC unroll 8
-    for (int q = 0; q < 8; ++q) {
-        __m256i these[2];
-        for (int h = 0; h < 2; ++h) {
-            const __m256i bytes = load<__m256i>(codes + 64 * q + 32 * h);
-            these[h] = _mm256_and_si256(HIGH ? _mm256_srli_epi16(bytes, 4) : bytes, nibble);
-        }
-        for (int i = 0; i < CHUNK; ++i) {
-            const __m256i x4 = _mm256_set1_epi32(load<int32_t>(xq[i] + 32 * j + 4 * q));
-            for (int h = 0; h < 2; ++h) {
-                products[h][i] = _mm256_add_epi16(products[h][i], _mm256_maddubs_epi16(these[h], x4));
-                if (q < 7) asm("" : "+x"(products[h][i]));
-            }
-        }
-    }
+    for (int q = 0; q < 8; ++q)
+        add_nibble_products<HIGH>(products, block + c * 512 + 64 * q, xq, 32 * j + 4 * q, nibble, q == 7);
     for (int h = 0; h < 2; ++h) {
         const __m256i scale = eight_scales(block + L::SCALES + j * L::ROWS + 8 * h);
         for (int i = 0; i < CHUNK; ++i) a[h][i] = _mm256_add_epi32(a[h][i], _mm256_madd_epi16(products[h][i], scale));
@@ -312,6 +319,17 @@ inline void rows16_chunk(const RoundedGroup<Q4KRows16, ROWS>& x, int m0, const u
 #endif
 
 #if LOOM_BLOCKS_ROWS16
+// block_weights.h's block_term for eight weight rows' blocks (AVX2, which has no multiply with an
+// explicit rounding: an empty asm keeps the product from being fused into the add that follows):
+// the block's exact integer sums a times d dx, with MINS plus the rows' minimums m times xs.
+template <bool MINS>
+inline Lanes block_term(Sums a, Lanes d_dx, Lanes m, float xs) {
+    Lanes c = __builtin_convertvector(a, Lanes) * d_dx;
+    asm("" : "+x"(c));
+    if constexpr (!MINS) return c;
+    return (Lanes)_mm256_fmadd_ps((__m256)m, _mm256_set1_ps(xs), (__m256)c);
+}
+
 // y[m][o] = x[m] . w[o] for input rows [m0, m0 + CHUNK) of the group and the sixteen weight rows of
 // ``blocks`` (GGUF_Q8_0_ROWS16), each block's products ending in an exact integer a row, taken into
 // the row's sum as the AVX-512 build's products over Loom's 8-bit blocks take theirs (block_term:
@@ -354,11 +372,7 @@ inline void rows16_chunk(const RoundedGroup<Q80Rows16, ROWS>& x, int m0, const u
         }
         for (int h = 0; h < 2; ++h) {
             const Lanes d = (Lanes)_mm256_cvtph_ps(load<__m128i>(block + L::D + 16 * h));
-            for (int i = 0; i < CHUNK; ++i) {
-                Lanes term = __builtin_convertvector((Sums)a[h][i], Lanes) * (d * x.scale(m0 + i, b));
-                asm("" : "+x"(term));  // (not fused into the add: block_term's rounding)
-                sums[h][i] += term;
-            }
+            for (int i = 0; i < CHUNK; ++i) sums[h][i] += block_term<false>((Sums)a[h][i], d * x.scale(m0 + i, b), Lanes{}, 0.0f);
         }
     }
     for (int h = 0; h < 2; ++h)
@@ -382,33 +396,20 @@ inline void rows16_chunk(const RoundedGroup<Q41Rows16, ROWS>& x, int m0, const u
         __m256i products[2][CHUNK];  // 16-bit
         for (auto& half : products)
             for (auto& p : half) p = _mm256_setzero_si256();
-        for_each_index<2>([&](auto nibbles) {  // the low nibbles (values 0-15), then the high
-            constexpr bool HIGH = decltype(nibbles)::value;
+        const int8_t* xb[CHUNK];  // the block's codes
+        for (int i = 0; i < CHUNK; ++i) xb[i] = x.codes(m0 + i, b, 0);
 #pragma GCC unroll 4
-            for (int q = 0; q < 4; ++q) {
-                __m256i codes[2];
-                for (int h = 0; h < 2; ++h) {
-                    const __m256i bytes = load<__m256i>(block + 64 * q + 32 * h);
-                    codes[h] = _mm256_and_si256(HIGH ? _mm256_srli_epi16(bytes, 4) : bytes, nibble);
-                }
-                for (int i = 0; i < CHUNK; ++i) {
-                    const __m256i x4 = _mm256_set1_epi32(load<int32_t>(x.codes(m0 + i, b, 0) + 16 * HIGH + 4 * q));
-                    for (int h = 0; h < 2; ++h) {
-                        products[h][i] = _mm256_add_epi16(products[h][i], _mm256_maddubs_epi16(codes[h], x4));
-                        if (!HIGH || q < 3) asm("" : "+x"(products[h][i]));  // a chain of adds (rows16_sub_block's)
-                    }
-                }
-            }
-        });
+        for (int q = 0; q < 4; ++q)  // the low nibbles (values 0-15)
+            add_nibble_products<false>(products, block + 64 * q, xb, 4 * q, nibble, false);
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q)  // then the high
+            add_nibble_products<true>(products, block + 64 * q, xb, 16 + 4 * q, nibble, q == 3);
         for (int h = 0; h < 2; ++h) {
             const Lanes d = (Lanes)_mm256_cvtph_ps(load<__m128i>(block + L::D + 16 * h));
             const Lanes m = (Lanes)_mm256_cvtph_ps(load<__m128i>(block + L::M + 16 * h));
             for (int i = 0; i < CHUNK; ++i) {
                 const Sums a = (Sums)_mm256_madd_epi16(products[h][i], ones);
-                Lanes term = __builtin_convertvector(a, Lanes) * (d * x.scale(m0 + i, b));
-                asm("" : "+x"(term));  // (not fused into the multiply-add: block_term's rounding)
-                term = (Lanes)_mm256_fmadd_ps((__m256)m, _mm256_set1_ps(x.sums(m0 + i, b)[0]), (__m256)term);
-                sums[h][i] += term;
+                sums[h][i] += block_term<true>(a, d * x.scale(m0 + i, b), m, x.sums(m0 + i, b)[0]);
             }
         }
     }

@@ -278,9 +278,9 @@ class BlockEmbedding(nn.Module):
         flat = ids.flatten().long().contiguous()
         out = torch.empty(flat.shape[0], self.embedding_dim)
         if flat.shape[0]:
-            if int(flat.min()) < 0 or int(flat.max()) >= self.num_embeddings:
-                raise IndexError(f"token ids must lie in [0, {self.num_embeddings}); got {int(flat.min())} to "
-                                 f"{int(flat.max())}")
+            low, high = (int(v) for v in torch.aminmax(flat))
+            if low < 0 or high >= self.num_embeddings:
+                raise IndexError(f"token ids must lie in [0, {self.num_embeddings}); got {low} to {high}")
             self.lookup(self.blocks.data_ptr(), self.format, self.embedding_dim, self.num_embeddings, flat.data_ptr(),
                         flat.shape[0], out.data_ptr())
         return out.view(*ids.shape, self.embedding_dim)
