@@ -1,7 +1,9 @@
 // The kernels' SIMD vectors: GCC vector extensions rather than intrinsics, so that one source serves
 // float and double and every instruction set -march=native allows. Vectors are 64 bytes where the
 // processor has AVX-512 (Zen 5 and recent Xeons multiply-add 16 floats per instruction at the rate
-// AVX2 does 8), 32 otherwise.
+// AVX2 does 8; a Zen 4 core at half that rate, the same floats a second, and there the float panels
+// of either width ran level: docs/benchmarks-history.md, "Zen 4: the GGUF files on a third machine"),
+// 32 otherwise.
 
 #pragma once
 
