@@ -715,6 +715,14 @@ inline int64_t block_scratch_size(int64_t rows, int64_t in) {
     return std::max({RoundedRows::floats_for(rows, in), Bands::floats_for(rows, in), packed_size<float>(rows, in)});
 }
 
+// How many input rows of width ``in`` a band of block_rows takes: as many whole groups of FEW_ROWS
+// as BAND_BYTES of rounded input hold, at least MIN_BAND_ROWS.
+constexpr int64_t BAND_BYTES = 384 << 10, MIN_BAND_ROWS = 32;
+inline int64_t input_band_rows(int64_t in) {
+    const int64_t group_bytes = FEW_ROWS * in * 9 / 8;  // the codes, a byte a value, and their scales and sums
+    return std::max(MIN_BAND_ROWS, BAND_BYTES / group_bytes * FEW_ROWS);
+}
+
 // y = x w^T + b over block weights of format F (block_linear_rows).
 template <typename F>
 void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeights& w, const float* bias, float* y,
@@ -761,7 +769,12 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
 #endif
             int8_rows<F, group, side_for<group>()>(RoundedGroup<F, group>(rounded, m), w, o, count, ym, y_stride);
     };
-    row_group_tasks(rows, out, int64_t(TASK_ROWS), bias, y, y_stride, product);
+    // Long prompts' input rows in bands whose rounded codes stay in L2 while every weight row of
+    // the matrix passes them (the weights are read again for each band: little beside the products).
+    const int64_t band = input_band_rows(in);
+    for (int64_t m0 = 0; m0 < rows; m0 += band)
+        row_group_tasks(std::min(band, rows - m0), out, int64_t(TASK_ROWS), bias, y + m0 * y_stride, y_stride,
+                        [&](auto group, int64_t m, int64_t o, int64_t count) { product(group, m0 + m, o, count); });
 }
 
 // The panels widen a tile of 16-bit weights for every chunk of k, which few input rows do not

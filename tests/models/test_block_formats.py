@@ -99,6 +99,27 @@ def test_a_rows_product_is_the_same_whatever_rows_share_it(kind, width):
 
 
 @needs_kernels
+@pytest.mark.parametrize("kind, layout", [(Q.Q4_K, None), (Q.Q4_K, GGUF_Q4_K_ROWS16), (Q.Q6_K, None), (Q.Q8_0, None)],
+                         ids=["Q4_K", "Q4_K-rows16", "Q6_K", "Q8_0"])
+def test_a_long_prompts_rows_in_bands_are_each_the_rows_product_alone(kind, layout):
+    """A product of many input rows over a wide matrix takes them in bands whose rounded input stays
+    cached (block_weights.h's input_band_rows: 40 rows at 8192 wide, so 100 rows are three bands,
+    the last part full); every row's product is bitwise its product alone, and the bias is added
+    to every band's rows once."""
+    width, out, rows = 8192, 32, 100
+    blocks = to_blocks(random_tensor(kind, rows=out, width=width, seed=8), kind, width)
+    if layout is not None:
+        blocks = rows16(blocks, width, layout)
+        if blocks is None:
+            pytest.skip(f"this build multiplies {kind.name} in its own layout only")
+    layer = BlockLinear.of_blocks(blocks, width, torch.randn(out, generator=torch.Generator().manual_seed(9)))
+    x = torch.randn(rows, width, generator=torch.Generator().manual_seed(10))
+    together = layer(x)
+    alone = torch.cat([layer(x[i:i + 1]) for i in range(rows)])
+    assert torch.equal(together, alone)
+
+
+@needs_kernels
 @pytest.mark.parametrize("kind, layout", [(Q.Q4_K, GGUF_Q4_K_ROWS16), (Q.Q8_0, GGUF_Q8_0_ROWS16),
                                           (Q.Q4_0, GGUF_Q4_1_ROWS16), (Q.Q4_1, GGUF_Q4_1_ROWS16)],
                          ids=["Q4_K", "Q8_0", "Q4_0", "Q4_1"])
