@@ -795,6 +795,7 @@ struct FloatRows {
 // [8][row] and minimums [4][row][2] (sub-blocks 2 k and 2 k + 1 of a row side by side, for one
 // 16-bit multiply-add to meet both) as bytes, then d [row] and dmin [row] as float16.
 struct Q4KRows16 {
+    using From = Q4K;  // the rows it is made from
     static constexpr int64_t ROUNDING = 256, VALUES = 256;  // as Q4_K's
     static constexpr int64_t ROWS = 16, BYTES = 148, BLOCK_BYTES = ROWS * BYTES;
     static constexpr int64_t SCALES = 2048, MINS = SCALES + 128, D = MINS + 128, DMIN = D + 32;  // offsets
@@ -815,16 +816,22 @@ constexpr bool ROWS16_BUILT = LOOM_ROWS16;
 // codes [pair p of values][row][2 bytes] (each row's values 2 p and 2 p + 1), then d [row] as
 // float16 (Q8_0's own: w = d q, q in -128..127).
 struct Q80Rows16 {
+    using From = Loom8;  // the blocks it is made from, as Q8_0's are
     static constexpr int64_t ROUNDING = GROUP, VALUES = GROUP;  // the input rounded as for Loom's blocks
     static constexpr int64_t ROWS = 16, BYTES = 34, BLOCK_BYTES = ROWS * BYTES, D = ROWS * GROUP;
+    static constexpr int64_t UNIT = 2;  // a row's code bytes side by side with the next row's
+    static constexpr bool MINS = false;
     static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
 };
 // GGUF_Q4_1_ROWS16: sixteen weight rows at a time, each block of 32 values of theirs in BLOCK_BYTES:
 // codes [quad q][row][4 bytes] (Loom's 4-bit bytes 4 q to 4 q + 3 of each row: values 4 q + b in the
 // low nibbles, 4 q + b + 16 in the high), then d [row] and m [row] as float16: w = d q + m.
 struct Q41Rows16 {
+    using From = Loom4;
     static constexpr int64_t ROUNDING = GROUP, VALUES = GROUP;
     static constexpr int64_t ROWS = 16, BYTES = 20, BLOCK_BYTES = ROWS * BYTES, D = ROWS * GROUP / 2, M = D + 2 * ROWS;
+    static constexpr int64_t UNIT = 4;
+    static constexpr bool MINS = true;
     static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
 };
 // Whether this build multiplies those two layouts (block_interleaved.h: AVX2 with FMA and F16C,

@@ -37,7 +37,7 @@ namespace {
 // the same rows' bytes in GGUF_Q4_K_ROWS16.
 inline void repack_rows16(Q4KRows16, const uint8_t* src, int64_t in, uint8_t* dst) {
     using L = Q4KRows16;
-    const int64_t row_bytes = Q4K::row_bytes(in);
+    const int64_t row_bytes = L::From::row_bytes(in);
     for (int64_t s = 0; s < in / L::VALUES; ++s) {
         uint8_t* block = dst + s * L::BLOCK_BYTES;
         for (int r = 0; r < L::ROWS; ++r) {
@@ -57,38 +57,35 @@ inline void repack_rows16(Q4KRows16, const uint8_t* src, int64_t in, uint8_t* ds
 }
 
 #if LOOM_BLOCKS_ROWS16
-// Rows [16 k, 16 k + 16) of a matrix of Loom's 8-bit blocks (rows of ``in`` values) into ``dst``, the
-// same rows in GGUF_Q8_0_ROWS16 (each float32 scale a float16 of the same value: a Q8_0 file's own).
-inline void repack_rows16(Q80Rows16, const uint8_t* src, int64_t in, uint8_t* dst) {
-    using L = Q80Rows16;
-    const int64_t row_bytes = Loom8::row_bytes(in);
+// Rows [16 k, 16 k + 16) of a matrix of Loom's blocks (L::From: 8-bit blocks for GGUF_Q8_0_ROWS16,
+// 4-bit ones for GGUF_Q4_1_ROWS16; rows of ``in`` values) into ``dst``, the same rows in layout L: a
+// block's code bytes L::UNIT at a time, a unit of each row in turn, then each row's float32 scale
+// (and minimum) as a float16 of the same value (a Q8_0, Q4_0 or Q4_1 file's own).
+template <typename L>
+inline void repack_blocks_rows16(const uint8_t* src, int64_t in, uint8_t* dst) {
+    constexpr int64_t CODE_BYTES = L::D / L::ROWS;  // a row's of a block
+    const int64_t row_bytes = L::From::row_bytes(in);
     for (int64_t b = 0; b < in / L::VALUES; ++b) {
         uint8_t* block = dst + b * L::BLOCK_BYTES;
         for (int r = 0; r < L::ROWS; ++r) {
             const uint8_t* row = src + r * row_bytes;
-            for (int p = 0; p < L::VALUES / 2; ++p) std::memcpy(block + (p * L::ROWS + r) * 2, row + b * L::VALUES + 2 * p, 2);
-            const uint16_t d = _cvtss_sh(reinterpret_cast<const float*>(row + in)[b], _MM_FROUND_TO_NEAREST_INT);
+            for (int u = 0; u < CODE_BYTES / L::UNIT; ++u)
+                std::memcpy(block + (u * L::ROWS + r) * L::UNIT, row + b * CODE_BYTES + u * L::UNIT, L::UNIT);
+            const float* scales = reinterpret_cast<const float*>(row + in / L::VALUES * CODE_BYTES);
+            const uint16_t d = _cvtss_sh(scales[b], _MM_FROUND_TO_NEAREST_INT);
             std::memcpy(block + L::D + 2 * r, &d, 2);
+            if constexpr (L::MINS) {
+                const uint16_t m = _cvtss_sh(scales[in / GROUP + b], _MM_FROUND_TO_NEAREST_INT);
+                std::memcpy(block + L::M + 2 * r, &m, 2);
+            }
         }
     }
 }
-
-// The same for Loom's 4-bit blocks (Q4_0's and Q4_1's), into GGUF_Q4_1_ROWS16.
+inline void repack_rows16(Q80Rows16, const uint8_t* src, int64_t in, uint8_t* dst) {
+    repack_blocks_rows16<Q80Rows16>(src, in, dst);
+}
 inline void repack_rows16(Q41Rows16, const uint8_t* src, int64_t in, uint8_t* dst) {
-    using L = Q41Rows16;
-    const int64_t row_bytes = Loom4::row_bytes(in);
-    for (int64_t b = 0; b < in / L::VALUES; ++b) {
-        uint8_t* block = dst + b * L::BLOCK_BYTES;
-        for (int r = 0; r < L::ROWS; ++r) {
-            const uint8_t* row = src + r * row_bytes;
-            for (int q = 0; q < 4; ++q) std::memcpy(block + (q * L::ROWS + r) * 4, row + b * 16 + 4 * q, 4);
-            const float* scales = Loom4::scales_of(row, in);
-            const uint16_t d = _cvtss_sh(scales[b], _MM_FROUND_TO_NEAREST_INT);
-            const uint16_t m = _cvtss_sh(scales[in / GROUP + b], _MM_FROUND_TO_NEAREST_INT);
-            std::memcpy(block + L::D + 2 * r, &d, 2);
-            std::memcpy(block + L::M + 2 * r, &m, 2);
-        }
-    }
+    repack_blocks_rows16<Q41Rows16>(src, in, dst);
 }
 #endif
 

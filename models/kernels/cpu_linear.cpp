@@ -91,13 +91,13 @@ extern "C" int64_t loom_bfloat16_dots() { return BFLOAT16_DOTS; }
 // and the tiles; int8_rows elsewhere adds a super-block's blocks in float lanes).
 extern "C" int64_t loom_k_quant_super_blocks_exact() { return PAIRS; }
 
-// ``out`` rows of format From (a multiple of sixteen) laid out sixteen rows side by side in layout
+// ``out`` rows of format To::From (a multiple of sixteen) laid out sixteen rows side by side in layout
 // To (block_interleaved.h's repack_rows16), sixteen at a time; only where this build multiplies To
 // (block_linear.py asks loom_multiplies_*_rows16 first).
-template <typename From, typename To>
+template <typename To>
 void repack_rows_side_by_side(const uint8_t* src, int64_t in, int64_t out, uint8_t* dst) {
     if constexpr (rows16_built<To>()) {
-        const int64_t from = To::ROWS * From::row_bytes(in), to = To::ROWS * To::row_bytes(in);
+        const int64_t from = To::ROWS * To::From::row_bytes(in), to = To::ROWS * To::row_bytes(in);
 #pragma omp parallel for schedule(static)
         for (int64_t k = 0; k < out / To::ROWS; ++k) repack_rows16(To{}, src + k * from, in, dst + k * to);
     } else {
@@ -113,12 +113,12 @@ extern "C" int64_t loom_multiplies_q4_k_rows16() { return rows16_built<Q4KRows16
 extern "C" int64_t loom_multiplies_q8_0_rows16() { return rows16_built<Q80Rows16>(); }
 extern "C" int64_t loom_multiplies_q4_1_rows16() { return rows16_built<Q41Rows16>(); }
 extern "C" void loom_repack_q4_k_rows16(const uint8_t* src, int64_t in, int64_t out, uint8_t* dst) {
-    repack_rows_side_by_side<Q4K, Q4KRows16>(src, in, out, dst);
+    repack_rows_side_by_side<Q4KRows16>(src, in, out, dst);
 }
 extern "C" void loom_repack_q8_0_rows16(const uint8_t* src, int64_t in, int64_t out, uint8_t* dst) {
-    repack_rows_side_by_side<Loom8, Q80Rows16>(src, in, out, dst);
+    repack_rows_side_by_side<Q80Rows16>(src, in, out, dst);
 }
 extern "C" void loom_repack_q4_1_rows16(const uint8_t* src, int64_t in, int64_t out, uint8_t* dst) {
-    repack_rows_side_by_side<Loom4, Q41Rows16>(src, in, out, dst);
+    repack_rows_side_by_side<Q41Rows16>(src, in, out, dst);
 }
 
