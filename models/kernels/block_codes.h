@@ -31,6 +31,8 @@
 //   and float16 scales of sixteen rows side by side, two codes of each row in turn.
 // - GGUF_Q4_1_ROWS16 (20 bytes a row's block, as Q4_1's; the same builds): Q4_1's (and Q4_0's, whose
 //   minimum is -8 d) codes, float16 scales and minimums of sixteen rows side by side.
+// - GGUF_Q6_K_ROWS16 (212 bytes a row's super-block; the same builds): Q6_K's low nibbles, high bit
+//   pairs, scales and d of sixteen rows side by side.
 
 #pragma once
 
@@ -53,7 +55,7 @@ enum Format : int64_t {
     FLOAT = 0, LOOM_4BIT = 4, LOOM_5BIT = 5, LOOM_8BIT = 8,
     GGUF_Q2_K = 10, GGUF_Q3_K = 11, GGUF_Q4_K = 12, GGUF_Q5_K = 13, GGUF_Q6_K = 14,
     FLOAT16 = 16, BFLOAT16 = 17, GGUF_Q4_K_ROWS16 = 18, GGUF_Q8_0_ROWS16 = 19,
-    GGUF_Q4_1_ROWS16 = 20
+    GGUF_Q4_1_ROWS16 = 20, GGUF_Q6_K_ROWS16 = 21
 };
 
 typedef uint8_t Bytes __attribute__((vector_size(32)));
@@ -834,9 +836,25 @@ struct Q41Rows16 {
     static constexpr bool MINS = true;
     static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
 };
-// Whether this build multiplies those two layouts (block_interleaved.h: AVX2 with FMA and F16C,
-// without AVX-512, whose products over Loom's blocks take pairs of blocks and the tiles instead);
-// elsewhere Q8_0, Q4_0 and Q4_1 are Loom's 8- and 4-bit blocks.
+// GGUF_Q6_K_ROWS16: sixteen weight rows at a time, each super-block of theirs in BLOCK_BYTES (groups
+// of 16 values G, each four quads of values t: values 16 G + 4 t to 16 G + 4 t + 3): low nibbles
+// [set 4 (G % 8) + t][row][4 bytes] (groups G < 8 in the low nibbles, G + 8 in the high), high bit
+// pairs [set 4 (G % 4) + t][row][4 bytes] (group G in bits 2 (G / 4), 2 (G / 4) + 1), then the
+// groups' int8 scales [G][row], then d [row] as float32 (the file's float16 widened: the same value,
+// and a row's bytes, 212, tell the layout from Q6_K's 210): Q6_K's numbers, w = d sc_G (q - 32).
+struct Q6KRows16 {
+    using From = Q6K;
+    static constexpr int64_t ROUNDING = 256, VALUES = 256;  // as Q6_K's
+    static constexpr int64_t ROWS = 16, BYTES = 212, BLOCK_BYTES = ROWS * BYTES;
+    static constexpr int64_t HIGH = 2048, SCALES = HIGH + 1024, D = SCALES + 256;  // offsets
+    static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
+    // the offsets of quad t of group G's low-nibble bytes and high-bit bytes for rows 8 h on
+    static constexpr int64_t low_at(int G, int t, int h) { return ((4 * (G % 8) + t) * ROWS + 8 * h) * 4; }
+    static constexpr int64_t high_at(int G, int t, int h) { return HIGH + ((4 * (G % 4) + t) * ROWS + 8 * h) * 4; }
+};
+// Whether this build multiplies those three layouts (block_interleaved.h: AVX2 with FMA and F16C,
+// without AVX-512, whose products over Loom's blocks and Q6_K take pairs of blocks and the tiles instead);
+// elsewhere Q8_0, Q4_0 and Q4_1 are Loom's 8- and 4-bit blocks, and Q6_K keeps the file's layout.
 #if LOOM_ROWS16 && !(defined(__AVX512F__) && defined(__AVX512BW__))
 #define LOOM_BLOCKS_ROWS16 1
 #else
@@ -847,7 +865,8 @@ constexpr bool BLOCKS_ROWS16_BUILT = LOOM_BLOCKS_ROWS16;
 // Whether format F lays sixteen weight rows side by side (block_interleaved.h's products).
 template <typename F>
 constexpr bool rows_side_by_side() {
-    return std::is_same_v<F, Q4KRows16> || std::is_same_v<F, Q80Rows16> || std::is_same_v<F, Q41Rows16>;
+    return std::is_same_v<F, Q4KRows16> || std::is_same_v<F, Q80Rows16> || std::is_same_v<F, Q41Rows16> ||
+           std::is_same_v<F, Q6KRows16>;
 }
 // Whether this build multiplies layout L (one of those), which is made only where it does.
 template <typename L>
@@ -890,6 +909,9 @@ inline void with_format(int64_t format, int64_t in, F&& f) {
         case GGUF_Q4_1_ROWS16:
             if constexpr (rows16_built<Q41Rows16>()) return f(Q41Rows16{});
             __builtin_trap();
+        case GGUF_Q6_K_ROWS16:
+            if constexpr (rows16_built<Q6KRows16>()) return f(Q6KRows16{});
+            __builtin_trap();
         case GGUF_Q5_K: f(Q5K{}); break;
         case FLOAT: f(FloatRows<float>{}); break;
         case FLOAT16: f(FloatRows<Float16>{}); break;
@@ -903,6 +925,7 @@ inline int64_t format_row_bytes(int64_t format, int64_t in) {
     if (format == GGUF_Q4_K_ROWS16) return Q4KRows16::row_bytes(in);
     if (format == GGUF_Q8_0_ROWS16) return Q80Rows16::row_bytes(in);
     if (format == GGUF_Q4_1_ROWS16) return Q41Rows16::row_bytes(in);
+    if (format == GGUF_Q6_K_ROWS16) return Q6KRows16::row_bytes(in);
     int64_t bytes = 0;
     with_format(format, in, [&](auto f) { bytes = decltype(f)::row_bytes(in); });
     return bytes;

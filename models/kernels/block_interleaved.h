@@ -87,6 +87,32 @@ inline void repack_rows16(Q80Rows16, const uint8_t* src, int64_t in, uint8_t* ds
 inline void repack_rows16(Q41Rows16, const uint8_t* src, int64_t in, uint8_t* dst) {
     repack_blocks_rows16<Q41Rows16>(src, in, dst);
 }
+
+// Rows [16 k, 16 k + 16) of a Q6_K matrix (the file's layout) into ``dst``, the same rows' bytes in
+// GGUF_Q6_K_ROWS16.
+inline void repack_rows16(Q6KRows16, const uint8_t* src, int64_t in, uint8_t* dst) {
+    using L = Q6KRows16;
+    const int64_t row_bytes = L::From::row_bytes(in);
+    std::memset(dst, 0, size_t(in / L::VALUES * L::BLOCK_BYTES));  // (the codes are ored in)
+    for (int64_t s = 0; s < in / L::VALUES; ++s) {
+        uint8_t* block = dst + s * L::BLOCK_BYTES;
+        for (int r = 0; r < L::ROWS; ++r) {
+            const uint8_t* from = src + r * row_bytes + s * Q6K::BYTES;
+            const Q6K::Super super(src + r * row_bytes, in, s);
+            for (int j = 0; j < 8; ++j) {
+                const Bytes codes = super.codes(j);
+                for (int v = 0; v < 32; ++v) {
+                    const int G = 2 * j + v / 16, t = v % 16 / 4, b = v % 4;
+                    block[L::low_at(G, t, 0) + 4 * r + b] |= uint8_t((codes[v] & 15) << 4 * (G / 8));
+                    block[L::high_at(G, t, 0) + 4 * r + b] |= uint8_t((codes[v] >> 4) << 2 * (G / 4));
+                }
+            }
+            for (int G = 0; G < 16; ++G) block[L::SCALES + G * L::ROWS + r] = from[192 + G];
+            const float d = half_to_float(from + 208);
+            std::memcpy(block + L::D + 4 * r, &d, 4);
+        }
+    }
+}
 #endif
 
 // Weight row ``row`` as floats (widen_row's, for these layouts)
@@ -133,6 +159,24 @@ inline void widen_row16(Q4KRows16, const BlockWeights& w, int64_t row, float* ds
                         dst[s * L::VALUES + 32 * j + 4 * q + b] = scale * float(h ? byte >> 4 : byte & 15) - low;
                     }
                 }
+    }
+}
+
+inline void widen_row16(Q6KRows16, const BlockWeights& w, int64_t row, float* dst) {
+    using L = Q6KRows16;
+    const uint8_t* first = w.base + row / L::ROWS * L::ROWS * w.stride;  // the row's block
+    const int r = int(row % L::ROWS);
+    for (int64_t s = 0; s < w.in / L::VALUES; ++s) {
+        const uint8_t* block = first + s * L::BLOCK_BYTES;
+        const float d = load<float>(block + L::D + 4 * r);
+        for (int G = 0; G < 16; ++G) {
+            const float scale = float(int8_t(block[L::SCALES + G * L::ROWS + r])) * d;  // (Q6K::Super's)
+            for (int v = 0; v < 16; ++v) {
+                const int low = block[L::low_at(G, v / 4, 0) + 4 * r + v % 4] >> 4 * (G / 8) & 15;
+                const int high = block[L::high_at(G, v / 4, 0) + 4 * r + v % 4] >> 2 * (G / 4) & 3;
+                dst[s * L::VALUES + 16 * G + v] = scale * (float(low | high << 4) - 32.0f);
+            }
+        }
     }
 }
 
@@ -408,6 +452,90 @@ inline void rows16_chunk(const RoundedGroup<Q41Rows16, ROWS>& x, int m0, const u
                 const Sums a = (Sums)_mm256_madd_epi16(products[h][i], ones);
                 sums[h][i] += block_term<true>(a, d * x.scale(m0 + i, b), m, x.sums(m0 + i, b)[0]);
             }
+        }
+    }
+    for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < CHUNK; ++i) store(y + (m0 + i) * y_stride + 8 * h, sums[h][i]);
+}
+
+// rows16_chunk over GGUF_Q6_K_ROWS16: each group of 16 values (four quads t) of the sixteen rows, its
+// codes put together from their nibbles and bit pairs (shifts and masks, on other ports than the
+// multiplies, and shared by the chunk's input rows), maddubs by four input codes broadcast, the four
+// quads' pairs summed in 16 bits; the input row's group_offset_word then taken off, so that each
+// 16-bit sum stands for the codes less 32 (the sums wrap past 32767, but their differences, at most
+// 8 x 32 x 127 in magnitude, do not: 16-bit adds are exact modulo 65536), and one madd by the rows'
+// scales of the group. A row's super-block ends in the exact integer that the AVX-512 build's
+// pair_rows reaches over the file's layout, and takes the same float step. Per 32 products, 1.25
+// multiply instructions (int8_rows over the file's layout: maddubs, then madd by the scales, 2).
+//
+// a[h][i] += group G = 4 P + k's products (P a constant: where its bits lie) of the sixteen weight
+// rows of ``block`` and input row i's codes of the super-block ``xq[i]``, less its offsets, times the
+// rows' scales of the group.
+template <int P, int CHUNK>
+inline void rows16_group(__m256i (&a)[2][CHUNK], const uint8_t* block, int k, const int8_t* const (&xq)[CHUNK],
+                         const int32_t* const (&offsets)[CHUNK]) {
+    using L = Q6KRows16;
+    const int G = 4 * P + k;
+    const __m256i nibble = _mm256_set1_epi8(15), top_bits = _mm256_set1_epi8(0x30);
+    __m256i products[2][CHUNK];  // 16-bit
+    for (auto& half : products)
+        for (auto& p : half) p = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) {
+        __m256i codes[2];  // rows 8 h to 8 h + 7
+        for (int h = 0; h < 2; ++h) {
+            const __m256i low = load<__m256i>(block + L::low_at(G, t, h));
+            const __m256i high = load<__m256i>(block + L::high_at(G, t, h));
+            constexpr int up = 4 - 2 * P;  // the group's bit pair to bits 4 and 5
+            const __m256i placed = up > 0 ? _mm256_slli_epi16(high, up) : up < 0 ? _mm256_srli_epi16(high, -up) : high;
+            codes[h] = _mm256_or_si256(_mm256_and_si256(P < 2 ? low : _mm256_srli_epi16(low, 4), nibble),
+                                       _mm256_and_si256(placed, top_bits));
+        }
+        for (int i = 0; i < CHUNK; ++i) {
+            const __m256i x4 = _mm256_set1_epi32(load<int32_t>(xq[i] + 16 * G + 4 * t));
+            for (int h = 0; h < 2; ++h) {
+                products[h][i] = _mm256_add_epi16(products[h][i], _mm256_maddubs_epi16(codes[h], x4));
+                if (t < 3) asm("" : "+x"(products[h][i]));  // a chain of adds (rows16_sub_block's)
+            }
+        }
+    }
+    for (int h = 0; h < 2; ++h) {
+        // the rows' scales of the group, each in both 16-bit halves of its lane
+        const __m256i scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
+            reinterpret_cast<const __m128i*>(block + L::SCALES + G * L::ROWS + 8 * h)));
+        const __m256i both = _mm256_blend_epi16(scale, _mm256_slli_epi32(scale, 16), 0xAA);
+        for (int i = 0; i < CHUNK; ++i) {
+            const __m256i less_32 = _mm256_sub_epi16(products[h][i], _mm256_set1_epi32(offsets[i][G]));
+            a[h][i] = _mm256_add_epi32(a[h][i], _mm256_madd_epi16(less_32, both));
+        }
+    }
+}
+
+template <int CHUNK, int ROWS>
+inline void rows16_chunk(const RoundedGroup<Q6KRows16, ROWS>& x, int m0, const uint8_t* blocks, int64_t supers,
+                         float* y, int64_t y_stride) {
+    using L = Q6KRows16;
+    Lanes sums[2][CHUNK] = {};
+    for (int64_t s = 0; s < supers; ++s) {
+        const uint8_t* block = blocks + s * L::BLOCK_BYTES;
+        if (m0 == 0) fetch_lines(block + ROWS16_AHEAD, L::BLOCK_BYTES);  // (never faults past the end)
+        const int8_t* xq[CHUNK];  // the super-block's codes, in order
+        const int32_t* offsets[CHUNK];
+        for (int i = 0; i < CHUNK; ++i) xq[i] = x.codes(m0 + i, s, 0), offsets[i] = x.group_offsets(m0 + i, s);
+        __m256i a[2][CHUNK];
+        for (auto& half : a)
+            for (auto& v : half) v = _mm256_setzero_si256();
+        for (int k = 0; k < 4; ++k) {  // groups k, 4 + k, 8 + k and 12 + k
+            rows16_group<0>(a, block, k, xq, offsets);
+            rows16_group<1>(a, block, k, xq, offsets);
+            rows16_group<2>(a, block, k, xq, offsets);
+            rows16_group<3>(a, block, k, xq, offsets);
+        }
+        const float* dx = x.super_block_scales(s) + m0;
+        for (int h = 0; h < 2; ++h) {
+            const Lanes d = load<Lanes>(block + L::D + 32 * h);
+            for (int i = 0; i < CHUNK; ++i)
+                sums[h][i] = super_block_step<false>(sums[h][i], (Sums)a[h][i], Sums{}, d * dx[i], Lanes{});
         }
     }
     for (int h = 0; h < 2; ++h)

@@ -77,6 +77,9 @@ struct RoundedRows {
     // group's rows for one super-block side by side)
     int16_t* sixteens;
     float* record_scales;
+    // Q6_K side by side's (group_offset_words): per 16 values, 32 times the sums of its codes at
+    // values 4 t and 4 t + 1, and at 4 t + 2 and 4 t + 3, as two 16-bit halves
+    int32_t* group_offsets;
     // Loom's blocks' where block_pair_rows takes them (block_records): per block of a group's rows, side by
     // side, [group][block][row in group], each row's scale dx, its code sum and dx times that sum
     float *block_scales, *block_sums;
@@ -95,13 +98,14 @@ struct RoundedRows {
         block_scales = record_scales + whole_lines<float>(rows * in / 256 + 8);
         block_sums = block_scales + whole_lines<float>(blocks + 16);
         block_code_sums = reinterpret_cast<int32_t*>(block_sums + whole_lines<float>(blocks + 16));
+        group_offsets = block_code_sums + whole_lines<float>(blocks + 16);
     }
     static int64_t floats_for(int64_t rows, int64_t in) {
         // (the per-group arrays one vector over: a product of fewer rows loads eight or sixteen)
         const int64_t blocks = rows * in / GROUP;
         return whole_lines<float>(rows * in / 4) + 2 * whole_lines<float>(blocks) + whole_lines<float>(rows * in / 16) +
                whole_lines<float>(rows * in / 32) + whole_lines<float>(rows * in / 256 + 8) +
-               3 * whole_lines<float>(blocks + 16);
+               3 * whole_lines<float>(blocks + 16) + whole_lines<float>(rows * in / 16);
     }
     // The index of row ``row``'s record of unit ``u``, and back; and of the entry of its block b in
     // the per-block arrays (block_scales ...), which lie as records of a block would.
@@ -139,8 +143,11 @@ int64_t record_values(int64_t in) { return rounds_by_super_block<F>() ? F::VALUE
 // float scales and sums per block (int8_rows', and every other format's).
 template <typename F>
 constexpr bool integer_records() {
-    return (PAIRS || std::is_same_v<F, Q4KRows16>) && rounds_by_super_block<F>();
+    return (PAIRS || std::is_same_v<F, Q4KRows16> || std::is_same_v<F, Q6KRows16>) && rounds_by_super_block<F>();
 }
+// Whether format F's products read its rounded input's group_offsets too (Q6_K side by side).
+template <typename F>
+constexpr bool takes_group_offsets() { return std::is_same_v<F, Q6KRows16>; }
 // Whether format F's products read its rounded input per block of a group's rows (block_pair_rows':
 // Loom's blocks a pair at a time, each block ending in an exact integer; the tiles round their own
 // Bands) rather than as int8_rows' float scales and sums.
@@ -155,7 +162,7 @@ struct RoundedGroup {
     const int8_t* codes_;
     const float *scales_, *sums_, *halves_, *record_scales_, *block_scales_, *block_sums_;
     const int16_t* sixteens_;
-    const int32_t* block_code_sums_;
+    const int32_t *block_code_sums_, *group_offsets_;
     int64_t in;
 
     RoundedGroup(const RoundedRows& x, int64_t row0) : in(x.in) {
@@ -163,6 +170,7 @@ struct RoundedGroup {
         codes_ = x.codes + first * GROUP;
         scales_ = x.scales + first, sums_ = x.sums + first, halves_ = x.halves + first * 2;
         sixteens_ = x.sixteens + first * 2, record_scales_ = x.record_scales + record;
+        group_offsets_ = x.group_offsets + first * 2;
         block_scales_ = x.block_scales + first, block_sums_ = x.block_sums + first;
         block_code_sums_ = x.block_code_sums + first;
     }
@@ -181,6 +189,7 @@ struct RoundedGroup {
     // row m's code sums over each 16 of super-block s, and the group's rows' scales of it side by side
     // (the K-quants')
     const int16_t* sixteens(int m, int64_t s) const { return sixteens_ + 2 * block(m, s); }
+    const int32_t* group_offsets(int m, int64_t s) const { return group_offsets_ + 2 * block(m, s); }
     const float* super_block_scales(int64_t s) const {
         static_assert(integer_records<F>());
         return record_scales_ + s * ROWS;
@@ -229,6 +238,19 @@ inline float round_span(const float* x, int64_t span, int8_t* codes, int32_t* si
     return d;
 }
 
+// For a group of 16 input codes, what Q6_K side by side's products (block_interleaved.h) take off
+// their 16-bit sums to stand for the weights' codes less 32: 32 times the codes' sum at values
+// 4 t and 4 t + 1 (the low half of each 32-bit lane that maddubs fills), and at 4 t + 2 and 4 t + 3
+// (the high half), over the group's four quads t. (Each at most 32 x 8 x 127: 32512.)
+inline int32_t group_offset_word(const int8_t* codes) {
+    int32_t low = 0, high = 0;
+    for (int t = 0; t < 4; ++t) {
+        low += codes[4 * t] + codes[4 * t + 1];
+        high += codes[4 * t + 2] + codes[4 * t + 3];
+    }
+    return int32_t(uint32_t(uint16_t(32 * low)) | uint32_t(uint16_t(32 * high)) << 16);
+}
+
 // ``rows`` rows of x rounded into ``r`` (in records of record_values<F>) for products over format
 // F: F::ROUNDING values (32, or a K-quant's 256) under each scale, each block's codes where
 // InputOrder puts them. The region's threads share the spans in the records' order, so that each
@@ -267,6 +289,8 @@ inline void round_rows(const float* x, int64_t x_stride, const RoundedRows& r) {
             r.record_scales[at] = d;
             for (int k = 0; k < span / 16; ++k) r.sixteens[at * (span / 16) + k] = int16_t(sixteens[k]);
         }
+        if constexpr (takes_group_offsets<F>())
+            for (int k = 0; k < span / 16; ++k) r.group_offsets[at * (span / 16) + k] = group_offset_word(codes + 16 * k);
     }
 }
 

@@ -15,8 +15,8 @@ import models
 from models.kernels import native
 from models.kernels.block_formats import block_format, to_blocks
 from models.kernels.block_linear import (BFLOAT16, FLOAT16, FLOAT32, GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q4_K_ROWS16,
-                                         GGUF_Q4_1_ROWS16, GGUF_Q5_K, GGUF_Q6_K, GGUF_Q8_0_ROWS16, GROUP, LOOM_4BIT, LOOM_5BIT, LOOM_8BIT,
-                                         SUPER_BLOCKS, WIDEN_ARGTYPES, BlockEmbedding, BlockLinear, dequantize,
+                                         GGUF_Q4_1_ROWS16, GGUF_Q5_K, GGUF_Q6_K, GGUF_Q6_K_ROWS16, GGUF_Q8_0_ROWS16,
+                                         GROUP, LOOM_4BIT, LOOM_5BIT, LOOM_8BIT, SUPER_BLOCKS, WIDEN_ARGTYPES, BlockEmbedding, BlockLinear, dequantize,
                                          multiplies_rows16, round_activations, rounding, rounds_input_to_bfloat16,
                                          rows16)
 from runtime import Engine, GenerationConfig
@@ -99,8 +99,9 @@ def test_a_rows_product_is_the_same_whatever_rows_share_it(kind, width):
 
 
 @needs_kernels
-@pytest.mark.parametrize("kind, layout", [(Q.Q4_K, None), (Q.Q4_K, GGUF_Q4_K_ROWS16), (Q.Q6_K, None), (Q.Q8_0, None)],
-                         ids=["Q4_K", "Q4_K-rows16", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("kind, layout", [(Q.Q4_K, None), (Q.Q4_K, GGUF_Q4_K_ROWS16), (Q.Q6_K, None),
+                                          (Q.Q6_K, GGUF_Q6_K_ROWS16), (Q.Q8_0, None)],
+                         ids=["Q4_K", "Q4_K-rows16", "Q6_K", "Q6_K-rows16", "Q8_0"])
 def test_a_long_prompts_rows_in_bands_are_each_the_rows_product_alone(kind, layout):
     """A product of many input rows over a wide matrix takes them in bands whose rounded input stays
     cached (block_weights.h's input_band_rows: 40 rows at 8192 wide, so 100 rows are three bands,
@@ -120,11 +121,12 @@ def test_a_long_prompts_rows_in_bands_are_each_the_rows_product_alone(kind, layo
 
 
 @needs_kernels
-@pytest.mark.parametrize("kind, layout", [(Q.Q4_K, GGUF_Q4_K_ROWS16), (Q.Q8_0, GGUF_Q8_0_ROWS16),
-                                          (Q.Q4_0, GGUF_Q4_1_ROWS16), (Q.Q4_1, GGUF_Q4_1_ROWS16)],
-                         ids=["Q4_K", "Q8_0", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("kind, layout", [(Q.Q4_K, GGUF_Q4_K_ROWS16), (Q.Q6_K, GGUF_Q6_K_ROWS16),
+                                          (Q.Q8_0, GGUF_Q8_0_ROWS16), (Q.Q4_0, GGUF_Q4_1_ROWS16),
+                                          (Q.Q4_1, GGUF_Q4_1_ROWS16)],
+                         ids=["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1"])
 def test_rows_side_by_side_hold_the_files_numbers_and_give_its_very_products(kind, layout):
-    """Q4_K, Q8_0, Q4_0 and Q4_1 with sixteen rows side by side (the ROWS16 layouts, made at load
+    """Q4_K, Q6_K, Q8_0, Q4_0 and Q4_1 with sixteen rows side by side (the ROWS16 layouts, made at load
     where the build multiplies them): their rows widen to gguf-py's values, looked up as an
     embedding's too, a row's product is bitwise the same at every row count and within float32's
     rounding of float64's over the file's values, and where the build's products over the file's
@@ -164,7 +166,7 @@ def test_rows_side_by_side_hold_the_files_numbers_and_give_its_very_products(kin
     assert torch.equal(table(ids).double(), file_values(data, kind, width)[ids])
     with pytest.raises(IndexError, match=r"token ids must lie in \[0, 96\); got 0 to 96"):
         table(torch.tensor([0, 96]))
-    if kind != Q.Q4_K:  # a scale no float16 holds: Loom's blocks stay as they are
+    if kind not in (Q.Q4_K, Q.Q6_K):  # a scale no float16 holds: Loom's blocks stay as they are
         codes = width * block_format(kind) // 8
         blocks[0, codes:codes + 4] = torch.tensor([0.1], dtype=torch.float32).view(torch.uint8)
         assert rows16(blocks, width, layout) is None
@@ -341,17 +343,18 @@ def test_a_file_of_mixed_formats_runs_in_them_and_equals_float64_over_its_values
     assert model.layers[0].attn.out.formats == (FLOAT16,) and model.layers[1].attn.out.formats == (BFLOAT16,)
     # fused products keep their parts (no copy), each in its own format: the Q4_K ones with sixteen
     # rows side by side where the build multiplies them so, else read from the file
-    # (and Q8_0, Q4_0, Q4_1 and IQ4_NL, whose scales are float16s, with AVX2 alone; IQ4_XS's,
+    # (and Q6_K, Q8_0, Q4_0, Q4_1 and IQ4_NL, the last four's scales float16s, with AVX2 alone; IQ4_XS's,
     # float16s times integers, need not be: this file's output layer keeps Loom's 8-bit blocks)
     q4_k = GGUF_Q4_K_ROWS16 if multiplies_rows16(GGUF_Q4_K_ROWS16) else GGUF_Q4_K
     q8_0 = GGUF_Q8_0_ROWS16 if multiplies_rows16(GGUF_Q8_0_ROWS16) else LOOM_8BIT
     q4_1 = GGUF_Q4_1_ROWS16 if multiplies_rows16(GGUF_Q4_1_ROWS16) else LOOM_4BIT
+    q6_k = GGUF_Q6_K_ROWS16 if multiplies_rows16(GGUF_Q6_K_ROWS16) else GGUF_Q6_K
     assert model.layers[0].attn.qkv.formats == (q4_1, q4_k, q4_1)
     assert model.layers[0].mlp.gate_up.formats == (q8_0, q8_0) and model.lm_head.formats == (LOOM_8BIT,)
     assert model.embed.format == q8_0
     assert model.layers[0].mlp.down.formats == (GGUF_Q5_K,)
     assert model.layers[1].attn.qkv.formats == (GGUF_Q3_K, LOOM_5BIT, GGUF_Q2_K)
-    assert model.layers[1].mlp.gate_up.formats == (LOOM_5BIT, GGUF_Q6_K) and model.layers[1].mlp.down.formats == (q4_k,)
+    assert model.layers[1].mlp.gate_up.formats == (LOOM_5BIT, q6_k) and model.layers[1].mlp.down.formats == (q4_k,)
     assert model.decoder_layers is not None  # decode steps on the fused native layers
     prompts = [[5 + i, 17, 200 - i, 33, 8] for i in range(6)]
     with Engine.from_pretrained(tmp_path / "mixed.gguf") as engine:
