@@ -468,46 +468,40 @@ inline void rows16_chunk(const RoundedGroup<Q41Rows16, ROWS>& x, int m0, const u
 // pair_rows reaches over the file's layout, and takes the same float step. Per 32 products, 1.25
 // multiply instructions (int8_rows over the file's layout: maddubs, then madd by the scales, 2).
 //
-// a[h][i] += group G = 4 P + k's products (P a constant: where its bits lie) of the sixteen weight
-// rows of ``block`` and input row i's codes of the super-block ``xq[i]``, less its offsets, times the
-// rows' scales of the group.
+// a[i] += group G = 4 P + k's products (P a constant: where its bits lie) of weight rows 8 h to
+// 8 h + 7 of ``block`` and input row i's codes of the super-block (``xq`` on, a record a row: each row
+// a constant past the first, where pointers of their own took a register each and spilled), less
+// its offsets (``offsets`` on, likewise), times the rows' scales of the group.
 template <int P, int CHUNK>
-inline void rows16_group(__m256i (&a)[2][CHUNK], const uint8_t* block, int k, const int8_t* const (&xq)[CHUNK],
-                         const int32_t* const (&offsets)[CHUNK]) {
+inline void rows16_group(__m256i (&a)[CHUNK], const uint8_t* block, int k, int h, const int8_t* xq,
+                         const int32_t* offsets) {
+    constexpr int64_t CODES = Q6KRows16::VALUES, WORDS = Q6KRows16::VALUES / 16;  // a row's record
     using L = Q6KRows16;
     const int G = 4 * P + k;
     const __m256i nibble = _mm256_set1_epi8(15), top_bits = _mm256_set1_epi8(0x30);
-    __m256i products[2][CHUNK];  // 16-bit
-    for (auto& half : products)
-        for (auto& p : half) p = _mm256_setzero_si256();
+    __m256i products[CHUNK];  // 16-bit
+    for (auto& p : products) p = _mm256_setzero_si256();
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) {
-        __m256i codes[2];  // rows 8 h to 8 h + 7
-        for (int h = 0; h < 2; ++h) {
-            const __m256i low = load<__m256i>(block + L::low_at(G, t, h));
-            const __m256i high = load<__m256i>(block + L::high_at(G, t, h));
-            constexpr int up = 4 - 2 * P;  // the group's bit pair to bits 4 and 5
-            const __m256i placed = up > 0 ? _mm256_slli_epi16(high, up) : up < 0 ? _mm256_srli_epi16(high, -up) : high;
-            codes[h] = _mm256_or_si256(_mm256_and_si256(P < 2 ? low : _mm256_srli_epi16(low, 4), nibble),
-                                       _mm256_and_si256(placed, top_bits));
-        }
+        const __m256i low = load<__m256i>(block + L::low_at(G, t, h));
+        const __m256i high = load<__m256i>(block + L::high_at(G, t, h));
+        constexpr int up = 4 - 2 * P;  // the group's bit pair to bits 4 and 5
+        const __m256i placed = up > 0 ? _mm256_slli_epi16(high, up) : up < 0 ? _mm256_srli_epi16(high, -up) : high;
+        const __m256i codes = _mm256_or_si256(_mm256_and_si256(P < 2 ? low : _mm256_srli_epi16(low, 4), nibble),
+                                              _mm256_and_si256(placed, top_bits));
         for (int i = 0; i < CHUNK; ++i) {
-            const __m256i x4 = _mm256_set1_epi32(load<int32_t>(xq[i] + 16 * G + 4 * t));
-            for (int h = 0; h < 2; ++h) {
-                products[h][i] = _mm256_add_epi16(products[h][i], _mm256_maddubs_epi16(codes[h], x4));
-                if (t < 3) asm("" : "+x"(products[h][i]));  // a chain of adds (rows16_sub_block's)
-            }
+            const __m256i x4 = _mm256_set1_epi32(load<int32_t>(xq + CODES * i + 16 * G + 4 * t));
+            products[i] = _mm256_add_epi16(products[i], _mm256_maddubs_epi16(codes, x4));
+            if (t < 3) asm("" : "+x"(products[i]));  // a chain of adds (rows16_sub_block's)
         }
     }
-    for (int h = 0; h < 2; ++h) {
-        // the rows' scales of the group, each in both 16-bit halves of its lane
-        const __m256i scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
-            reinterpret_cast<const __m128i*>(block + L::SCALES + G * L::ROWS + 8 * h)));
-        const __m256i both = _mm256_blend_epi16(scale, _mm256_slli_epi32(scale, 16), 0xAA);
-        for (int i = 0; i < CHUNK; ++i) {
-            const __m256i less_32 = _mm256_sub_epi16(products[h][i], _mm256_set1_epi32(offsets[i][G]));
-            a[h][i] = _mm256_add_epi32(a[h][i], _mm256_madd_epi16(less_32, both));
-        }
+    // the rows' scales of the group, each in both 16-bit halves of its lane
+    const __m256i scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
+        reinterpret_cast<const __m128i*>(block + L::SCALES + G * L::ROWS + 8 * h)));
+    const __m256i both = _mm256_blend_epi16(scale, _mm256_slli_epi32(scale, 16), 0xAA);
+    for (int i = 0; i < CHUNK; ++i) {
+        const __m256i less_32 = _mm256_sub_epi16(products[i], _mm256_set1_epi32(offsets[WORDS * i + G]));
+        a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(less_32, both));
     }
 }
 
@@ -519,29 +513,32 @@ inline void rows16_chunk(const RoundedGroup<Q6KRows16, ROWS>& x, int m0, const u
     for (int64_t s = 0; s < supers; ++s) {
         const uint8_t* block = blocks + s * L::BLOCK_BYTES;
         if (m0 == 0) fetch_lines(block + ROWS16_AHEAD, L::BLOCK_BYTES);  // (never faults past the end)
-        const int8_t* xq[CHUNK];  // the super-block's codes, in order
-        const int32_t* offsets[CHUNK];
-        for (int i = 0; i < CHUNK; ++i) xq[i] = x.codes(m0 + i, s, 0), offsets[i] = x.group_offsets(m0 + i, s);
-        __m256i a[2][CHUNK];
-        for (auto& half : a)
-            for (auto& v : half) v = _mm256_setzero_si256();
-        for (int k = 0; k < 4; ++k) {  // groups k, 4 + k, 8 + k and 12 + k
-            rows16_group<0>(a, block, k, xq, offsets);
-            rows16_group<1>(a, block, k, xq, offsets);
-            rows16_group<2>(a, block, k, xq, offsets);
-            rows16_group<3>(a, block, k, xq, offsets);
-        }
+        const int8_t* xq = x.codes(m0, s, 0);  // the super-block's codes, in order
+        const int32_t* offsets = x.group_offsets(m0, s);
         const float* dx = x.super_block_scales(s) + m0;
-        for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < 2; ++h) {  // rows 8 h to 8 h + 7
+            __m256i a[CHUNK];
+            for (auto& v : a) v = _mm256_setzero_si256();
+            for (int k = 0; k < 4; ++k) {  // groups k, 4 + k, 8 + k and 12 + k
+                rows16_group<0>(a, block, k, h, xq, offsets);
+                rows16_group<1>(a, block, k, h, xq, offsets);
+                rows16_group<2>(a, block, k, h, xq, offsets);
+                rows16_group<3>(a, block, k, h, xq, offsets);
+            }
             const Lanes d = load<Lanes>(block + L::D + 32 * h);
             for (int i = 0; i < CHUNK; ++i)
-                sums[h][i] = super_block_step<false>(sums[h][i], (Sums)a[h][i], Sums{}, d * dx[i], Lanes{});
+                sums[h][i] = super_block_step<false>(sums[h][i], (Sums)a[i], Sums{}, d * dx[i], Lanes{});
         }
     }
     for (int h = 0; h < 2; ++h)
         for (int i = 0; i < CHUNK; ++i) store(y + (m0 + i) * y_stride + 8 * h, sums[h][i]);
 }
 #endif
+
+// Input rows a rows16_chunk takes: Q6_K's one half of the weight rows at a time, so that its codes,
+// put together with more instructions than Q4_K's, serve eight input rows.
+template <typename L>
+constexpr int rows16_chunk_rows() { return std::is_same_v<L, Q6KRows16> ? 8 : ROWS16_CHUNK; }
 
 // y[m][o] = x[m] . w[o] for the group's ROWS input rows and the sixteen weight rows from ``first``
 // (a block of layout L), ROWS16_CHUNK input rows at a time, the block's bytes of a super-block
@@ -551,7 +548,7 @@ inline void rows16(const RoundedGroup<L, ROWS>& x, const BlockWeights& w, int64_
                    int64_t y_stride) {
     static_assert(TASK_ROWS == L::ROWS, "a task is one block of sixteen rows");
     if (count != L::ROWS || first % L::ROWS != 0) __builtin_trap();  // (block_linear.py allows no other)
-    constexpr int CHUNK = std::min(ROWS, ROWS16_CHUNK), WHOLE = ROWS / CHUNK * CHUNK;
+    constexpr int CHUNK = std::min(ROWS, rows16_chunk_rows<L>()), WHOLE = ROWS / CHUNK * CHUNK;
     const int64_t blocks = w.in / L::VALUES;
     for (int m0 = 0; m0 < WHOLE; m0 += CHUNK) rows16_chunk<CHUNK>(x, m0, w.row(first), blocks, y + first, y_stride);
     if constexpr (WHOLE < ROWS) rows16_chunk<ROWS - WHOLE>(x, WHOLE, w.row(first), blocks, y + first, y_stride);
