@@ -107,8 +107,8 @@ void repack_rows_side_by_side(const uint8_t* src, int64_t in, int64_t out, uint8
 }
 
 // Whether this build multiplies Q4_K weights with sixteen rows side by side (GGUF_Q4_K_ROWS16), Q6_K
-// (GGUF_Q6_K_ROWS16) and Loom's 8-bit and 4-bit blocks (GGUF_Q8_0_ROWS16, GGUF_Q4_1_ROWS16; each scale and minimum a
-// float16's value); and ``out`` rows of each laid out so.
+// (GGUF_Q6_K_ROWS16) and Loom's 8-bit and 4-bit blocks (GGUF_Q8_0_ROWS16, GGUF_Q4_1_ROWS16; each
+// scale and minimum a float16's value); and ``out`` rows of each laid out so.
 extern "C" int64_t loom_multiplies_q4_k_rows16() { return rows16_built<Q4KRows16>(); }
 extern "C" int64_t loom_multiplies_q8_0_rows16() { return rows16_built<Q80Rows16>(); }
 extern "C" int64_t loom_multiplies_q4_1_rows16() { return rows16_built<Q41Rows16>(); }
