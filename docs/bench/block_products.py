@@ -33,9 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gguf.constants import GGMLQuantizationType as Q  # noqa: E402
 
-from models.kernels.block_formats import to_blocks  # noqa: E402
-from models.kernels.block_formats import block_format  # noqa: E402
-from models.kernels.block_linear import ROWS16_LAYOUTS, BlockLinear, rows16  # noqa: E402
+from models.kernels.block_formats import block_format, to_blocks  # noqa: E402
+from models.kernels.block_linear import ROWS16_LAYOUT_OF, BlockLinear, rows16  # noqa: E402
 from random_gguf import tensor_data  # noqa: E402
 
 FORMATS = {"q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1, "q8_0": Q.Q8_0, "q2_k": Q.Q2_K,
@@ -44,7 +43,7 @@ FORMATS = {"q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1, "q8_0
 
 def layers_of(kind: Q, out: int, width: int, megabytes: int, side_by_side: bool = False) -> list[BlockLinear]:
     rng = np.random.default_rng(0)
-    layout = next((layout for layout, (source, _, _) in ROWS16_LAYOUTS.items() if source == block_format(kind)), None)
+    layout = ROWS16_LAYOUT_OF.get(block_format(kind))
 
     def layer() -> BlockLinear:
         blocks = to_blocks(tensor_data(kind, (out, width), rng), kind, width)

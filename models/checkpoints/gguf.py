@@ -14,7 +14,7 @@ from gguf.constants import GGMLQuantizationType as Q
 from ..cache import cache_dir
 from . import Contents
 from ..kernels.block_formats import block_format, to_blocks, widened
-from ..kernels.block_linear import GROUP, ROWS16_LAYOUTS, rows16, runs_as_stored
+from ..kernels.block_linear import GROUP, ROWS16_LAYOUT_OF, rows16, runs_as_stored
 from .gguf_file import GGUFFile, TensorInfo
 from .tokenizer import Tokenizer
 
@@ -166,15 +166,14 @@ def _block_formats(infos, keep_blocks: bool) -> dict[str, int | None]:
 
 
 def _lay_rows_side_by_side(tensors: dict, file: GGUFFile, formats: dict, names: dict) -> None:
-    """The Q4_K, Q8_0 and Q4_0/Q4_1 matrices (the latter as Loom's 8- and 4-bit blocks; IQ4_NL's
+    """The Q4_K, Q6_K, Q8_0 and Q4_0/Q4_1 matrices (the last as Loom's 8- and 4-bit blocks; IQ4_NL's
     too) of linear layers and embedding tables in the ROWS16 layouts where the kernels multiply them
     (block_linear.rows16: sixteen rows side by side, a one-row product at the memory's rate), one at a
     time, each file tensor's pages let go of as its copy is made. A tied table is laid out once, for
     its lookups (BlockEmbedding reads rows from either layout) and the output layer's products alike."""
-    layouts = {source: layout for layout, (source, _, _) in ROWS16_LAYOUTS.items()}
     for info in file.tensors.values():
         name = _hf_name(info.name, names)
-        layout = layouts.get(formats[info.name])
+        layout = ROWS16_LAYOUT_OF.get(formats[info.name])
         if layout is None or not name.endswith(("proj.weight", "lm_head.weight", "embed_tokens.weight")):
             continue
         laid_out = rows16(tensors[name], info.shape[-1], layout)

@@ -465,7 +465,7 @@ inline void rows16_chunk(const RoundedGroup<Q41Rows16, ROWS>& x, int m0, const u
         for (int i = 0; i < CHUNK; ++i) store(y + (m0 + i) * y_stride + 8 * h, sums[h][i]);
 }
 
-// rows16_chunk over GGUF_Q6_K_ROWS16: each group of 16 values (four quads t) of the sixteen rows, its
+// Q6_K side by side (GGUF_Q6_K_ROWS16): each group of 16 values (four quads t) of the sixteen rows, its
 // codes put together from their nibbles and bit pairs (shifts and masks, on other ports than the
 // multiplies, and shared by the chunk's input rows), maddubs by four input codes broadcast, the four
 // quads' pairs summed in 16 bits; the input row's group_offset_word then taken off, so that each
@@ -474,7 +474,7 @@ inline void rows16_chunk(const RoundedGroup<Q41Rows16, ROWS>& x, int m0, const u
 // scales of the group. A row's super-block ends in the exact integer that the AVX-512 build's
 // pair_rows reaches over the file's layout, and takes the same float step. Per 32 products, 1.25
 // multiply instructions (int8_rows over the file's layout: maddubs, then madd by the scales, 2).
-//
+
 // a[i] += group G = 4 P + k's products (P a constant: where its bits lie) of weight rows 8 h to
 // 8 h + 7 of ``block`` and input row i's codes of the super-block (``xq`` on, a record a row: each row
 // a constant past the first, where pointers of their own took a register each and spilled), less
@@ -482,8 +482,8 @@ inline void rows16_chunk(const RoundedGroup<Q41Rows16, ROWS>& x, int m0, const u
 template <int P, int CHUNK>
 inline void rows16_group(__m256i (&a)[CHUNK], const uint8_t* block, int k, int h, const int8_t* xq,
                          const int32_t* offsets) {
-    constexpr int64_t CODES = Q6KRows16::VALUES, WORDS = Q6KRows16::VALUES / 16;  // a row's record
     using L = Q6KRows16;
+    constexpr int64_t CODES = L::VALUES, WORDS = L::VALUES / 16;  // a row's record
     const int G = 4 * P + k;
     const __m256i nibble = _mm256_set1_epi8(15), top_bits = _mm256_set1_epi8(0x30);
     __m256i products[CHUNK];  // 16-bit
@@ -512,6 +512,8 @@ inline void rows16_group(__m256i (&a)[CHUNK], const uint8_t* block, int k, int h
     }
 }
 
+// rows16_chunk over GGUF_Q6_K_ROWS16: the sixteen groups of each super-block, one half of the weight
+// rows at a time, then the super-block's float step a row.
 template <int CHUNK, int ROWS>
 inline void rows16_chunk(const RoundedGroup<Q6KRows16, ROWS>& x, int m0, const uint8_t* blocks, int64_t supers,
                          float* y, int64_t y_stride) {
@@ -548,7 +550,7 @@ template <typename L>
 constexpr int rows16_chunk_rows() { return std::is_same_v<L, Q6KRows16> ? 8 : ROWS16_CHUNK; }
 
 // y[m][o] = x[m] . w[o] for the group's ROWS input rows and the sixteen weight rows from ``first``
-// (a block of layout L), ROWS16_CHUNK input rows at a time, the block's bytes of a super-block
+// (a block of layout L), rows16_chunk_rows<L>() input rows at a time, the block's bytes of a super-block
 // read from L1 again for each later chunk.
 template <int ROWS, typename L>
 inline void rows16(const RoundedGroup<L, ROWS>& x, const BlockWeights& w, int64_t first, int64_t count, float* y,

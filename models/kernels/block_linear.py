@@ -81,6 +81,7 @@ ROWS16_LAYOUTS = {GGUF_Q4_K_ROWS16: (GGUF_Q4_K, "q4_k", "AVX-512, or AVX2 with F
                   GGUF_Q8_0_ROWS16: (LOOM_8BIT, "q8_0", "AVX2 with FMA and F16C, without AVX-512"),
                   GGUF_Q4_1_ROWS16: (LOOM_4BIT, "q4_1", "AVX2 with FMA and F16C, without AVX-512"),
                   GGUF_Q6_K_ROWS16: (GGUF_Q6_K, "q6_k", "AVX2 with FMA and F16C, without AVX-512")}
+ROWS16_LAYOUT_OF = {source: layout for layout, (source, _, _) in ROWS16_LAYOUTS.items()}  # by source format
 
 
 def multiplies_rows16(layout: int) -> bool:
