@@ -11,7 +11,7 @@ from torch import nn
 
 from ..kernels import native, paged_decode
 from .rope import apply_rotary
-from ..step import DecodeGroup
+from ..step import DecodeGroup, PrefillChunk
 
 # A prefill chunk whose queries read at most this many keys in all (each token its own prefix)
 # attends on the decode kernel, a row per token: a prompt of a dozen tokens took a gather of its
@@ -47,10 +47,11 @@ class AttentionMasks:
         short = []
         for chunk in step.prefills:
             n = chunk.end - chunk.start
-            if self.on_kernel and n * (chunk.first_position + n) <= SHORT_PREFILL_KEYS:
+            if self.on_kernel and attends_as_rows(chunk):
                 short.append(chunk)
                 continue
-            self._as_rows(short)
+            if short:
+                self.prefill_rows.append(chunk_rows(short))
             short = []
             if chunk.first_position == 0 and window is None:
                 self.prefill.append((chunk, None))  # plain causal: lets SDPA take its fastest path
@@ -61,23 +62,28 @@ class AttentionMasks:
             if window is not None:
                 mask &= keys[None, :] > queries[:, None] - window
             self.prefill.append((chunk, mask))
-        self._as_rows(short)
+        if short:
+            self.prefill_rows.append(chunk_rows(short))
 
-    def _as_rows(self, chunks: list) -> None:
-        """Consecutive chunks as one decode group: token i of a chunk attends to the first
-        first_position + i + 1 keys (its window's share) through the chunk's block table."""
-        if not chunks:
-            return
-        tokens = chunks[-1].end - chunks[0].start
-        tables = np.zeros((tokens, max(len(c.block_table) for c in chunks)), dtype=np.int64)
-        lens = np.empty(tokens, dtype=np.int64)
-        for chunk in chunks:
-            rows = slice(chunk.start - chunks[0].start, chunk.end - chunks[0].start)
-            table = chunk.block_table.numpy()
-            tables[rows, :len(table)] = table
-            lens[rows] = np.arange(chunk.first_position + 1, chunk.first_position + 1 + chunk.end - chunk.start)
-        self.prefill_rows.append(DecodeGroup(chunks[0].start, chunks[-1].end, torch.from_numpy(tables),
-                                             torch.from_numpy(lens)))
+
+def attends_as_rows(chunk: PrefillChunk) -> bool:
+    """Whether a prefill chunk is short enough to attend on the decode kernel, a row per token
+    (SHORT_PREFILL_KEYS)."""
+    n = chunk.end - chunk.start
+    return n * (chunk.first_position + n) <= SHORT_PREFILL_KEYS
+
+
+def chunk_rows(chunks: list[PrefillChunk]) -> DecodeGroup:
+    """Consecutive chunks as one decode group: token i of a chunk attends to the first
+    first_position + i + 1 keys (its window's share) through the chunk's block table."""
+    tokens = chunks[-1].end - chunks[0].start
+    tables = np.zeros((tokens, max(len(c.block_table) for c in chunks)), dtype=np.int64)
+    lens = np.empty(tokens, dtype=np.int64)
+    for chunk in chunks:
+        rows = slice(chunk.start - chunks[0].start, chunk.end - chunks[0].start)
+        tables[rows, :len(chunk.block_table)] = chunk.block_table.numpy()
+        lens[rows] = np.arange(chunk.first_position + 1, chunk.first_position + 1 + chunk.end - chunk.start)
+    return DecodeGroup(chunks[0].start, chunks[-1].end, torch.from_numpy(tables), torch.from_numpy(lens))
 
 
 def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, scale: float,
@@ -123,8 +129,9 @@ def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, 
 
 
 class NativeDecoding:
-    """A family whose decode-only steps may run on native layers: kernels/decoder_layer.py attaches
-    them as ``decoder_layers`` where they serve; the forward asks ``native_decode`` first."""
+    """A family whose steps of decode rows and short prefill chunks may run on native layers:
+    kernels/decoder_layer.py attaches them as ``decoder_layers`` where they serve; the forward asks
+    ``native_decode`` first."""
 
     decoder_layers = None
 

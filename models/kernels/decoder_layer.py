@@ -1,12 +1,18 @@
-"""Decoder layers for decode-only steps on the CPU, all of them and the output layer in one native
-call (decoder_layer.cpp): what the Blocks of families/llama.py and gpt2.py, the final norm and
+"""Decoder layers for steps of decode rows and short prefill chunks on the CPU, all of them and the
+output layer in one native call (decoder_layer.cpp): what the Blocks of families/llama.py and gpt2.py, the final norm and
 lm_head compute, without the per-layer dispatch of ~16 torch operators and 6 ctypes calls, which
 was a quarter of a one-stream step (docs/benchmarks-history.md, "Small-batch products").
 
 ``use_decoder_layers(model)`` attaches them where the model qualifies: GPT-2, or a dense
 Llama-family model (not Qwen3's q/k norms nor routed experts) whose linear layers, the output
-layer's too, are CpuLinear or BlockLinear. Steps with prefill rows or more than KERNEL_ROWS rows,
-and every other model, run the torch path, which stays the reference the tests compare with.
+layer's too, are CpuLinear or BlockLinear. A prefill chunk whose tokens attend as rows on the
+decode kernel (families/layers.py's attends_as_rows: a prompt of a few dozen tokens) is rows of
+its sequence here too, and 64 prompts of 21 tokens (a 1344-row step) run as one call. On the torch
+layers that step took 4.5-5.1 s against 4.3-4.5 over the 360M F32 file, 10.1-11.2 against
+8.1-10.0 over the 1.7B Q4_K_M, 16 such prompts 2.6 s against 2.25 (their elementwise operators,
+fresh tensors and page faults between the products; two Zen 4 threads, `docs/bench/decode_forward.py
+--prefill 21`). Steps with a longer chunk, and every other model, run the torch path, which stays
+the reference the tests compare with.
 """
 
 from __future__ import annotations
@@ -18,9 +24,9 @@ from torch import nn
 
 from . import native
 from .block_linear import BlockLinear
-from .cpu_linear import KERNEL_ROWS, CpuLinear, default_panel_rows
+from .cpu_linear import CpuLinear, default_panel_rows
 from ..families.gpt2 import GPT2
-from ..families.layers import NativeDecoding
+from ..families.layers import NativeDecoding, attends_as_rows, chunk_rows
 from ..families.llama import MLP, Llama
 
 _pointer, _int64, _double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
@@ -31,6 +37,12 @@ _pointer, _int64, _double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 # were level and 64 rows split took 74 against 81 (docs/benchmarks-history.md, "Threads that carry their
 # own rows").
 SPLIT_ROWS_PER_THREAD = 12
+
+# A step's rows go through the layers in passes of at most this many (a thread's own, where threads
+# carry their own rows; decoder_layer.cpp's decoder_layers), which bounds the intermediates kept
+# (~150 KB a row for a 1.7B model). 64 prompts of 21 tokens on the 360M F32 file took 4.36-4.82 s at
+# 128 rows a thread, 4.47 at 64, 4.46-4.64 at 256 and all rows at once (noise ~10%; two Zen 4 threads).
+PASS_ROWS = 128
 
 
 class _Part(ctypes.Structure):  # decoder_layer.cpp's Weights::Part
@@ -51,8 +63,9 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
 
 
 class _Step(ctypes.Structure):  # decoder_layer.cpp's Step<T>
-    _fields_ = [(name, _pointer) for name in ("cos", "sin", "slots", "tables", "lens", "samples")]
-    _fields_ += [(name, _int64) for name in ("rows", "rotary_dim", "max_blocks", "block_size", "sampled", "panel_from")]
+    _fields_ = [(name, _pointer) for name in ("cos", "sin", "slots", "tables", "lens", "samples", "starts")]
+    _fields_ += [(name, _int64) for name in (
+        "rows", "rotary_dim", "max_blocks", "block_size", "sampled", "sequences", "panel_from", "pass_rows")]
 
 
 class _Head(ctypes.Structure):  # decoder_layer.cpp's Head<T>
@@ -147,29 +160,42 @@ class DecoderLayers:
         return cls(model) if all(isinstance(m, (CpuLinear, BlockLinear)) for m in _products(model)) else None
 
     def serves(self, step, kv_cache) -> bool:
-        """Decode rows only, no more than the kernel's products take (above, oneDNN's are as fast or
-        faster: the torch layers run them), and a KV pool of a dtype the kernels read."""
-        return (not step.prefills and 0 < len(step.input_ids) <= KERNEL_ROWS
+        """Decode rows and prefill chunks short enough to attend a row per token (layers.py's
+        attends_as_rows: a prompt's chunk of a few dozen tokens), and a KV pool of a dtype the kernels
+        read. Longer chunks attend through SDPA on the torch layers."""
+        return (len(step.input_ids) > 0 and all(attends_as_rows(chunk) for chunk in step.prefills)
                 and native.supports(step.input_ids.device, self.dtype, kv_cache.dtype))
 
     def splits(self, step, threads: int, kv_cache) -> bool:
-        """Whether ``threads`` threads would each carry their own rows of ``step`` through the layers."""
-        return (threads > 1 and self.serves(step, kv_cache)
+        """Whether ``threads`` threads would each carry their own rows of ``step`` through the
+        layers. A sequence's rows stay with one thread, so a step of prefill chunks needs a few
+        sequences a thread to share its rows about evenly."""
+        sequences = step.prefills[0].start + len(step.prefills) if step.prefills else len(step.input_ids)
+        return (threads > 1 and self.serves(step, kv_cache) and sequences >= 2 * threads
                 and len(step.input_ids) >= SPLIT_ROWS_PER_THREAD * threads)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, kv_cache,
                 step) -> torch.Tensor:
-        """The logits of a decode-only step's sampled rows: every layer, the final norm and the
-        output layer. x is the embedded input (overwritten); cos and sin the rotary angles (None for
-        GPT-2). One forward at a time (the engine's loop thread): the layers hold the pool's addresses."""
+        """The logits of a step's sampled rows (a step serves() takes): every layer, the final norm
+        and the output layer. x is the embedded input (overwritten); cos and sin the rotary angles
+        (None for GPT-2). One forward at a time (the engine's loop thread): the layers hold the pool's
+        addresses."""
         rows = x.shape[0]
-        tables, lens = _padded_tables(step)
+        groups = step.decode_groups + ([chunk_rows(step.prefills)] if step.prefills else [])
+        tables, lens = _padded_tables(groups)
         samples = step.sample_indices.contiguous()
+        starts = None  # a row per sequence
+        if step.prefills:
+            decodes = torch.arange(step.prefills[0].start, dtype=torch.int64)
+            starts = torch.cat([decodes, torch.tensor([chunk.start for chunk in step.prefills])])
         if cos is not None:
             cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()
+        # A step that verifies proposed tokens orders its rows by context length, a sequence's
+        # last first: its rows go through the layers in one pass.
+        pass_rows = rows if step.verifies else PASS_ROWS
         plan = _Step(_address(cos), _address(sin), step.slot_mapping.data_ptr(), tables.data_ptr(), lens.data_ptr(),
-                     samples.data_ptr(), rows, 0 if cos is None else cos.shape[1], tables.shape[1], step.block_size,
-                     len(samples), self.panel_rows)
+                     samples.data_ptr(), _address(starts), rows, 0 if cos is None else cos.shape[1], tables.shape[1],
+                     step.block_size, len(samples), 0 if starts is None else len(starts), self.panel_rows, pass_rows)
         x = x.contiguous()
         if kv_cache is not self._pool:
             for i, layer in enumerate(self.layers):
@@ -185,9 +211,9 @@ class DecoderLayers:
         return logits
 
 
-def _padded_tables(step) -> tuple[torch.Tensor, torch.Tensor]:
-    """The step's decode groups' block tables as one, padded to the widest, and their lengths."""
-    groups = step.decode_groups
+def _padded_tables(groups: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block tables of a step's row groups (DecodeGroups, in the batch's order) as one, padded to the
+    widest, and their lengths."""
     if len(groups) == 1:
         return groups[0].block_tables.contiguous(), groups[0].context_lens.contiguous()
     width = max(g.block_tables.shape[1] for g in groups)

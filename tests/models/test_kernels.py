@@ -262,8 +262,61 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, 
     tolerance = {torch.float32: 1e-4, torch.float64: 1e-10, torch.float16: 1e-3, torch.bfloat16: 1e-2}[cache_dtype]
     torch.testing.assert_close(native_logits, torch_logits, atol=tolerance, rtol=tolerance)
     torch.testing.assert_close(native_cache, kv.data, atol=tolerance, rtol=tolerance)
-    wide = StepInput.flatten([Sequence([5], 3, [i], True) for i in range(cpu_linear.KERNEL_ROWS + 1)], 8, torch.device("cpu"))
-    assert layers.serves(decode, kv) and not layers.serves(wide, kv)  # oneDNN's products from there: the torch layers
+
+
+@needs_kernel
+@pytest.mark.parametrize("arch", ["llama", "qwen2_sliding", "mistral", "gpt2"])
+@pytest.mark.parametrize("dtype,cache_dtype", POOLS[:3], ids=POOL_IDS[:3])
+@pytest.mark.parametrize("pass_rows,threads", [(128, 1), (128, 2), (5, 2), (7, 1)])
+def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtype, pass_rows, threads, monkeypatch):
+    """A step of decode rows and short prefill chunks (from position 0, after a cached prefix, one
+    that does not end its prompt and so is not sampled) through decoder_layer.cpp equals the same
+    step through the torch layers: in one pass or in passes of a few rows (a pass reading the K/V
+    an earlier one wrote for the same sequence), on one thread or two that carry their own rows
+    (shares ending where a sequence starts). A step with a longer chunk is the torch layers'."""
+    import models
+    from models.kernels import decoder_layer
+    from models.step import KVCache, Sequence, StepInput
+
+    from ..conftest import tiny_model
+
+    model = models.load(tiny_model(arch), dtype=dtype).model
+    layers = model.decoder_layers
+    gen = torch.Generator().manual_seed(7)
+    tokens = lambda n: torch.randint(4, 90, (n,), generator=gen).tolist()
+    kv = KVCache(model.num_layers, 80, 8, model.num_kv_heads, model.head_dim, cache_dtype, "cpu")
+    table = lambda i: list(range(12 * i, 12 * i + 12))
+    cpu = torch.device("cpu")
+    decodes, prefix = [tokens(70), tokens(10)], tokens(25)
+    cached = [Sequence(decodes[0][:-1], 0, table(0), False), Sequence(decodes[1][:-1], 0, table(1), False),
+              Sequence(prefix, 0, table(2), False)]
+    with torch.no_grad():  # the decodes' prompts and the prefix, cached (a 69-token chunk: the torch layers)
+        first = StepInput.flatten(cached, 8, cpu)
+        assert not layers.serves(first, kv)
+        model(first, kv)
+    step = StepInput.flatten([Sequence(decodes[0][-1:], 69, table(0), True),
+                              Sequence(decodes[1][-1:], 9, table(1), True),
+                              Sequence(tokens(12), 0, table(3), True), Sequence(tokens(30), 25, table(2), True),
+                              Sequence(tokens(20), 0, table(4), False), Sequence(tokens(5), 0, table(5), True)], 8, cpu)
+    assert layers.serves(step, kv) and len(step.sample_indices) == 5
+    monkeypatch.setattr(decoder_layer, "PASS_ROWS", pass_rows)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert layers.splits(step, torch.get_num_threads(), kv) == (threads == 2)
+        saved = kv.data.clone()
+        with torch.no_grad():
+            native_logits = model(step, kv)
+            native_cache = kv.data.clone()
+            kv.data.copy_(saved)
+            model.decoder_layers = None
+            torch_logits = model(step, kv)
+    finally:
+        torch.set_num_threads(before)
+        model.decoder_layers = layers
+    tolerance = {torch.float32: 1e-4, torch.float64: 1e-10, torch.float16: 1e-3}[cache_dtype]
+    torch.testing.assert_close(native_logits, torch_logits, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(native_cache, kv.data, atol=tolerance, rtol=tolerance)
 
 
 @needs_kernel
