@@ -1,7 +1,8 @@
 """Decoder layers for steps of decode rows and short prefill chunks on the CPU, all of them and the
-output layer in one native call (decoder_layer.cpp): what the Blocks of families/llama.py and gpt2.py, the final norm and
-lm_head compute, without the per-layer dispatch of ~16 torch operators and 6 ctypes calls, which
-was a quarter of a one-stream step (docs/benchmarks-history.md, "Small-batch products").
+output layer in one native call (decoder_layer.cpp): what the Blocks of families/llama.py and
+gpt2.py, the final norm and lm_head compute, without the per-layer dispatch of ~16 torch operators
+and 6 ctypes calls, which was a quarter of a one-stream step (docs/benchmarks-history.md,
+"Small-batch products").
 
 ``use_decoder_layers(model)`` attaches them where the model qualifies: GPT-2, or a dense
 Llama-family model (not Qwen3's q/k norms nor routed experts) whose linear layers, the output
@@ -40,8 +41,9 @@ SPLIT_ROWS_PER_THREAD = 12
 
 # A step's rows go through the layers in passes of at most this many (a thread's own, where threads
 # carry their own rows; decoder_layer.cpp's decoder_layers), which bounds the intermediates kept
-# (~150 KB a row for a 1.7B model). 64 prompts of 21 tokens on the 360M F32 file took 4.36-4.82 s at
-# 128 rows a thread, 4.47 at 64, 4.46-4.64 at 256 and all rows at once (noise ~10%; two Zen 4 threads).
+# (~150 KB a row for a 1.7B model). decode_forward.py's step of 64 prompts of 21 tokens over the 360M
+# F32 file took 4.36-4.82 s at 128 rows a thread, 4.47 at 64, 4.46-4.64 at 256 and all rows at once
+# (runs apart, noise ~10%; two Zen 4 threads), 4.9-5.0 s with the team sharing each pass.
 PASS_ROWS = 128
 
 
