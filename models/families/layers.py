@@ -47,7 +47,7 @@ class AttentionMasks:
         short = []
         for chunk in step.prefills:
             n = chunk.end - chunk.start
-            if self.on_kernel and attends_as_rows(chunk):
+            if self.on_kernel and prefill_keys(chunk) <= SHORT_PREFILL_KEYS:
                 short.append(chunk)
                 continue
             if short:
@@ -66,11 +66,10 @@ class AttentionMasks:
             self.prefill_rows.append(chunk_rows(short))
 
 
-def attends_as_rows(chunk: PrefillChunk) -> bool:
-    """Whether a prefill chunk is short enough to attend on the decode kernel, a row per token
-    (SHORT_PREFILL_KEYS)."""
+def prefill_keys(chunk: PrefillChunk) -> int:
+    """The keys a chunk's queries would read a row per token, at most (each token its whole prefix)."""
     n = chunk.end - chunk.start
-    return n * (chunk.first_position + n) <= SHORT_PREFILL_KEYS
+    return n * (chunk.first_position + n)
 
 
 def chunk_rows(chunks: list[PrefillChunk]) -> DecodeGroup:

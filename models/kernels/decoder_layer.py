@@ -6,9 +6,9 @@ and 6 ctypes calls, which was a quarter of a one-stream step (docs/benchmarks-hi
 
 ``use_decoder_layers(model)`` attaches them where the model qualifies: GPT-2, or a dense
 Llama-family model (not Qwen3's q/k norms nor routed experts) whose linear layers, the output
-layer's too, are CpuLinear or BlockLinear. A prefill chunk whose tokens attend as rows on the
-decode kernel (families/layers.py's attends_as_rows: a prompt of a few dozen tokens) is rows of
-its sequence here too, and 64 prompts of 21 tokens (a 1344-row step) run as one call. On the torch
+layer's too, are CpuLinear or BlockLinear. A prefill chunk within PREFILL_KEYS (a prompt of up to
+1024 tokens) is rows of its sequence here too, each attending to its prefix on the decode kernel,
+and 64 prompts of 21 tokens (a 1344-row step) run as one call. On the torch
 layers that step took 4.5-5.1 s against 4.3-4.5 over the 360M F32 file, 10.1-11.2 against
 8.1-10.0 over the 1.7B Q4_K_M, 16 such prompts 2.6 s against 2.25 (their elementwise operators,
 fresh tensors and page faults between the products; two Zen 4 threads, `docs/bench/decode_forward.py
@@ -27,7 +27,7 @@ from . import native
 from .block_linear import BlockLinear
 from .cpu_linear import CpuLinear, default_panel_rows
 from ..families.gpt2 import GPT2
-from ..families.layers import NativeDecoding, attends_as_rows, chunk_rows
+from ..families.layers import NativeDecoding, chunk_rows, prefill_keys
 from ..families.llama import MLP, Llama
 
 _pointer, _int64, _double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
@@ -38,6 +38,16 @@ _pointer, _int64, _double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 # were level and 64 rows split took 74 against 81 (docs/benchmarks-history.md, "Threads that carry their
 # own rows").
 SPLIT_ROWS_PER_THREAD = 12
+
+# A prefill chunk whose tokens read at most this many keys in all (layers.prefill_keys: a prompt of up
+# to 1024 tokens from its start) goes through the native layers, each token a row attending to its
+# prefix on the decode kernel; longer ones attend through SDPA on the torch layers, which reads each
+# key once for all of a chunk's queries. A prompt of 128 / 512 / 1024 tokens over the 360M F32 file:
+# 427-433 / 1825-1843 / 4091-4330 ms as rows against 464-473 / 2092-2138 / 4367-4935 on the torch
+# layers; 2000 tokens 10.2 s against 9.3-9.6; over the 1.7B Q4_K_M 512 tokens 3.6-3.9 s against
+# 4.4-5.5, 1024 level (8.9-9.1 against 8.9-9.4; two Zen 4 threads). The torch layers keep their own,
+# smaller bound for attention as rows (layers.SHORT_PREFILL_KEYS).
+PREFILL_KEYS = 1 << 20
 
 # A step's rows go through the layers in passes of at most this many (a thread's own, where threads
 # carry their own rows; decoder_layer.cpp's decoder_layers), which bounds the intermediates kept
@@ -162,10 +172,9 @@ class DecoderLayers:
         return cls(model) if all(isinstance(m, (CpuLinear, BlockLinear)) for m in _products(model)) else None
 
     def serves(self, step, kv_cache) -> bool:
-        """Decode rows and prefill chunks short enough to attend a row per token (layers.py's
-        attends_as_rows: a prompt's chunk of a few dozen tokens), and a KV pool of a dtype the kernels
-        read. Longer chunks attend through SDPA on the torch layers."""
-        return (len(step.input_ids) > 0 and all(attends_as_rows(chunk) for chunk in step.prefills)
+        """Decode rows and prefill chunks that attend a row per token within PREFILL_KEYS, and a KV
+        pool of a dtype the kernels read. Longer chunks attend through SDPA on the torch layers."""
+        return (len(step.input_ids) > 0 and all(prefill_keys(chunk) <= PREFILL_KEYS for chunk in step.prefills)
                 and native.supports(step.input_ids.device, self.dtype, kv_cache.dtype))
 
     def splits(self, step, threads: int, kv_cache) -> bool:

@@ -273,7 +273,8 @@ def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtyp
     that does not end its prompt and so is not sampled) through decoder_layer.cpp equals the same
     step through the torch layers: in one pass or in passes of a few rows (a pass reading the K/V
     an earlier one wrote for the same sequence), on one thread or two that carry their own rows
-    (shares ending where a sequence starts). A step with a longer chunk is the torch layers'."""
+    (shares ending where a sequence starts). A step with a chunk past PREFILL_KEYS is the torch
+    layers'."""
     import models
     from models.kernels import decoder_layer
     from models.step import KVCache, Sequence, StepInput
@@ -290,6 +291,8 @@ def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtyp
     decodes, prefix = [tokens(70), tokens(10)], tokens(25)
     cached = [Sequence(decodes[0][:-1], 0, table(0), False), Sequence(decodes[1][:-1], 0, table(1), False),
               Sequence(prefix, 0, table(2), False)]
+    # the bound set between the chunks below (at most 30 x 55 keys) and a 69-token prompt's 69 x 69
+    monkeypatch.setattr(decoder_layer, "PREFILL_KEYS", 1700)
     with torch.no_grad():  # the decodes' prompts and the prefix, cached (a 69-token chunk: the torch layers)
         first = StepInput.flatten(cached, 8, cpu)
         assert not layers.serves(first, kv)
