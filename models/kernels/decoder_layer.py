@@ -56,6 +56,11 @@ PREFILL_KEYS = 1 << 20
 # (runs apart, noise ~10%; two Zen 4 threads), 4.9-5.0 s with the team sharing each pass.
 PASS_ROWS = 128
 
+# Threads carry their own rows only where no share is more than this times an even one: a share
+# ends where a sequence starts, and a 1000-token prompt beside a few decode rows would be one
+# thread's work alone.
+SPLIT_SHARE_SLACK = 1.5
+
 
 class _Part(ctypes.Structure):  # decoder_layer.cpp's Weights::Part
     _fields_ = [("data", _pointer), ("format", _int64), ("rows", _int64)]
@@ -179,11 +184,11 @@ class DecoderLayers:
 
     def splits(self, step, threads: int, kv_cache) -> bool:
         """Whether ``threads`` threads would each carry their own rows of ``step`` through the
-        layers. A sequence's rows stay with one thread, so a step of prefill chunks needs a few
-        sequences a thread to share its rows about evenly."""
-        sequences = step.prefills[0].start + len(step.prefills) if step.prefills else len(step.input_ids)
-        return (threads > 1 and self.serves(step, kv_cache) and sequences >= 2 * threads
-                and len(step.input_ids) >= SPLIT_ROWS_PER_THREAD * threads)
+        layers: enough rows a thread, and shares about even. A sequence's rows stay with one
+        thread, so a long chunk beside a few decode rows (one thread's alone) runs on the team."""
+        rows = len(step.input_ids)
+        return (threads > 1 and rows >= SPLIT_ROWS_PER_THREAD * threads and self.serves(step, kv_cache)
+                and max(_shares(step, threads)) <= SPLIT_SHARE_SLACK * rows / threads)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, kv_cache,
                 step) -> torch.Tensor:
@@ -220,6 +225,20 @@ class DecoderLayers:
         kernel(x.data_ptr(), self.layers, len(self.layers), ctypes.byref(plan), split, ctypes.byref(self.head),
                logits.data_ptr())
         return logits
+
+
+def _shares(step, threads: int) -> list[int]:
+    """The rows each of ``threads`` threads carries, as decoder_layer.cpp's decoder_layers cuts them:
+    thread t's share ends at the first sequence start from rows x (t + 1) / threads on."""
+    rows = len(step.input_ids)
+    starts = list(range(step.prefills[0].start)) + [c.start for c in step.prefills] if step.prefills else None
+    cuts = [0]
+    for t in range(1, threads):
+        target = rows * t // threads
+        cut = target if starts is None else next((start for start in starts if start >= target), rows)
+        cuts.append(max(cuts[-1], cut))
+    cuts.append(rows)
+    return [end - first for first, end in zip(cuts, cuts[1:])]
 
 
 def _padded_tables(groups: list) -> tuple[torch.Tensor, torch.Tensor]:

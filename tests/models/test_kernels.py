@@ -302,6 +302,9 @@ def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtyp
                               Sequence(tokens(12), 0, table(3), True), Sequence(tokens(30), 25, table(2), True),
                               Sequence(tokens(20), 0, table(4), False), Sequence(tokens(5), 0, table(5), True)], 8, cpu)
     assert layers.serves(step, kv) and len(step.sample_indices) == 5
+    decode_rows = [Sequence(decodes[1][-1:], 9, table(1), True)] * 30
+    lopsided = StepInput.flatten(decode_rows + [Sequence(tokens(60), 0, table(3), True)], 8, cpu)
+    assert not layers.splits(lopsided, 2, kv)  # the 60-token chunk would be one thread's, beside 30 rows
     monkeypatch.setattr(decoder_layer, "PASS_ROWS", pass_rows)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
