@@ -29,19 +29,20 @@ from models.step import KVCache, Sequence, StepInput  # noqa: E402
 
 def decode_step(model, streams: int, context: int = 100, kv_dtype=torch.float32) -> tuple[KVCache, StepInput]:
     """A pool and a decode-only step: ``streams`` sequences of ``context`` cached tokens adding one each."""
-    blocks = context // 16 + 1
-    kv = KVCache(model.num_layers, blocks * streams, 16, model.num_kv_heads, model.head_dim, kv_dtype, "cpu")
-    tables = [list(range(blocks * i, blocks * (i + 1))) for i in range(streams)]
-    return kv, StepInput.flatten([Sequence([5], context, table, True) for table in tables], 16, torch.device("cpu"))
+    return step_of(model, streams, [5], context, kv_dtype)
 
 
 def prefill_step(model, streams: int, tokens: int, kv_dtype=torch.float32) -> tuple[KVCache, StepInput]:
     """A pool and a step of ``streams`` prompts of ``tokens`` tokens each, from their first position."""
-    blocks = tokens // 16 + 1
+    return step_of(model, streams, list(range(100, 100 + tokens)), 0, kv_dtype)
+
+
+def step_of(model, streams: int, tokens: list[int], start: int, kv_dtype) -> tuple[KVCache, StepInput]:
+    """A pool and a step of ``streams`` sequences, each computing ``tokens`` from position ``start``."""
+    blocks = (start + len(tokens) - 1) // 16 + 1
     kv = KVCache(model.num_layers, blocks * streams, 16, model.num_kv_heads, model.head_dim, kv_dtype, "cpu")
     tables = [list(range(blocks * i, blocks * (i + 1))) for i in range(streams)]
-    prompt = list(range(100, 100 + tokens))
-    return kv, StepInput.flatten([Sequence(prompt, 0, table, True) for table in tables], 16, torch.device("cpu"))
+    return kv, StepInput.flatten([Sequence(tokens, start, table, True) for table in tables], 16, torch.device("cpu"))
 
 
 @contextlib.contextmanager

@@ -1,8 +1,9 @@
 // Weights with sixteen rows side by side (block_codes.h's GGUF_Q4_K_ROWS16, GGUF_Q8_0_ROWS16,
-// GGUF_Q4_1_ROWS16 and GGUF_Q6_K_ROWS16), as llama.cpp's CPU backend repacks its own (q4_K_8x8): a vector holds a few
-// codes of each of sixteen (or eight) weight rows, so one multiply instruction meets them all with
-// codes of an input row broadcast, the rows' scales come in one vector, and nothing is added across
-// lanes: a lane is a weight row from the first instruction to the stored output.
+// GGUF_Q4_1_ROWS16 and GGUF_Q6_K_ROWS16), as llama.cpp's CPU backend repacks its own (q4_K_8x8): a
+// vector holds a few codes of each of sixteen (or eight) weight rows, so one multiply instruction
+// meets them all with codes of an input row broadcast, the rows' scales come in one vector, and
+// nothing is added across lanes: a lane is a weight row from the first instruction to the stored
+// output.
 //
 // Q4_K (AVX-512, or AVX2): a 512-bit vector holds four codes of each of sixteen weight rows, one
 // vpdpbusd multiplies them all by four input codes, a vpmulld takes sixteen rows' sub-block scales.

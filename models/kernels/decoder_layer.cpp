@@ -1,6 +1,6 @@
 // A model's decoder layers for a step of decode rows and short prefill chunks (a chunk's tokens are
-// rows of its sequence), in one call and one parallel region: Llama's family and GPT-2. A layer: norm, the q/k/v product, rotary (Llama) + K/V writes into the pool,
-// decode attention, the output product and residual, norm, the MLP's up product, its activation,
+// rows of its sequence), in one call and one parallel region: Llama's family and GPT-2. A layer:
+// norm, the q/k/v product, rotary (Llama) + K/V writes into the pool, decode attention, the output product and residual, norm, the MLP's up product, its activation,
 // the down product and residual.
 //
 // At one or a few rows the layer's arithmetic is small and its weights stream in about 0.5 ms; run
@@ -89,14 +89,17 @@ int64_t product_scratch_size(int64_t rows, int64_t in) {
 }
 
 // The step's rows, filled once per step: angles (null when rotary_dim is 0), pool slots, block
-// tables (padded to the widest), context lengths, the rows whose logits are sampled, and where each
-// sequence's rows start (null: a row per sequence). A prefill chunk's tokens are rows of one
-// sequence, each attending to its own prefix through the sequence's table, as decode rows do.
+// tables (padded to the widest), context lengths, and the rows whose logits are sampled. A prefill
+// chunk's tokens are rows of one sequence, each attending to its own prefix through the sequence's
+// table, as decode rows do.
 template <typename T>
 struct Step {
     const T *cos, *sin;
-    const int64_t *slots, *tables, *lens, *samples, *starts;
-    int64_t rows, rotary_dim, max_blocks, block_size, sampled, sequences;
+    const int64_t *slots, *tables, *lens, *samples;
+    // Where threads carry their own rows (decoder_layer.py chooses, and cuts where sequences start):
+    // part t's rows are [shares[t], shares[t + 1]), ``parts`` of them; null: the team shares each phase.
+    const int64_t* shares;
+    int64_t rows, rotary_dim, max_blocks, block_size, sampled, parts;
     int64_t panel_from;  // the model's panel threshold (cpu_linear.py)
     int64_t pass_rows;   // the most rows one pass through the layers takes (decoder_layers)
 };
@@ -327,42 +330,25 @@ class StayOnThisCore {
     StayOnThisCore& operator=(const StayOnThisCore&) = delete;
 };
 
-// The first row at or after ``row`` where a sequence starts (the step's end if none): rows of one
-// sequence are never shared between threads, since a row reads the K/V its sequence's earlier rows
-// write in the same pass.
-template <typename T>
-int64_t sequence_start_from(const Step<T>& s, int64_t row) {
-    if (s.starts == nullptr) return row;
-    const int64_t* start = std::lower_bound(s.starts, s.starts + s.sequences, row);
-    return start == s.starts + s.sequences ? s.rows : *start;
-}
-
 // Every layer over the step's rows, then the output layer over its sampled rows. The rows go
 // through the layers in passes of at most ``pass_rows``, one pass after another: a pass's rows read
 // the K/V that earlier passes wrote, as a later prefill chunk reads an earlier one's, and the
 // intermediates stay the size of a pass whatever the step's (a prefill of 64 prompts is 1344 rows).
-// With ``split_rows`` (decoder_layer.py chooses: enough rows per thread), each thread carries its
+// With ``s.shares`` (decoder_layer.py chooses: enough rows per thread), each thread carries its
 // own share of the rows through all the layers, alone: one barrier per step instead of ten per
 // layer. On cores that other processes share, a thread the kernel parks then holds up only its own
 // rows, where each phase's barrier held up its partner's too (beside one busy process the phases'
 // two threads got one core between them; a 64-row step took 162 ms shared against 121 split, quiet
 // 81 against 74; docs/benchmarks.md "Threads that carry their own rows"). The shares end where
-// sequences start.
+// sequences start: a row reads the K/V its sequence's earlier rows write in the same pass.
 template <typename T, typename C>
-void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, const Step<T>& s, bool split_rows,
-                    const Head<T>& head, T* logits) {
-    const int threads = omp_get_max_threads();
-    const bool split = split_rows && threads > 1 && s.rows >= threads;
+void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, const Step<T>& s, const Head<T>& head,
+                    T* logits) {
+    const bool split = s.shares != nullptr;
+    const int parts = split ? int(s.parts) : 1;
     const int64_t panel_from = s.panel_from, hidden = layers[0].hidden;
-    std::vector<int64_t> shares{0};  // thread t's rows: [shares[t], shares[t + 1])
-    int64_t widest = s.rows;
-    if (split) {
-        for (int t = 1; t < threads; ++t)
-            shares.push_back(std::max(shares.back(), sequence_start_from(s, s.rows * t / threads)));
-        shares.push_back(s.rows);
-        widest = 0;
-        for (int t = 0; t < threads; ++t) widest = std::max(widest, shares[t + 1] - shares[t]);
-    }
+    int64_t widest = 0;  // the most rows a share holds
+    for (int t = 0; t < parts; ++t) widest = std::max(widest, split ? s.shares[t + 1] - s.shares[t] : s.rows);
     // rows [first, end) through every layer, a pass at a time, on the intermediates at ``own``
     // (passes of pass_rows, a multiple of the widest panels' rows, rather than of even sizes: 672
     // rows in passes of 112 left every fourth panel half empty, 10-20% slower than 5 x 128 + 32)
@@ -378,7 +364,7 @@ void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, const Step<T
     // (every layer has the first's shape), then the output layer's.
     thread_local std::vector<T> scratch;
     const size_t share = scratch_size(layers[0], std::min(widest, s.pass_rows));
-    const size_t all_shares = share * (split ? threads : 1);
+    const size_t all_shares = share * parts;
     T* base = line_aligned(scratch, all_shares + head_scratch_size<T>(s.sampled, hidden));
     T* head_scratch = base + all_shares;
     if (!split) {
@@ -389,15 +375,15 @@ void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, const Step<T
         }
         return;
     }
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(parts)
     {
         const StayOnThisCore stay;
         T* own = base + share * omp_get_thread_num();
-        // ``threads`` shares of the rows, one per thread (or more each, should the team be smaller).
-        for (int t = omp_get_thread_num(); t < threads; t += omp_get_num_threads()) {
+        // ``parts`` shares of the rows, one per thread (or more each, should the team be smaller).
+        for (int t = omp_get_thread_num(); t < parts; t += omp_get_num_threads()) {
             // A team of one: the phases' work-sharing loops run whole in this thread.
 #pragma omp parallel num_threads(1)
-            passes(shares[t], shares[t + 1], own);
+            passes(s.shares[t], s.shares[t + 1], own);
         }
 #pragma omp barrier
         head_phases(x, hidden, head, s, head_scratch, logits, panel_from);  // every row done: the team's again
@@ -409,9 +395,8 @@ void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, const Step<T
 // Symbols named as paged_decode.cpp's.
 #define LOOM_DECODER_LAYERS(SUFFIX, T, C)                                                                  \
     extern "C" void loom_decoder_layers_##SUFFIX(T* x, const Layer<T, C>* layers, int64_t count,           \
-                                                 const Step<T>* step, int split_rows, const Head<T>* head, \
-                                                 T* logits) {                                              \
-        decoder_layers<T, C>(x, layers, count, *step, split_rows != 0, *head, logits);                     \
+                                                 const Step<T>* step, const Head<T>* head, T* logits) {    \
+        decoder_layers<T, C>(x, layers, count, *step, *head, logits);                                      \
     }
 
 LOOM_POOL_TYPES(LOOM_DECODER_LAYERS)

@@ -18,6 +18,7 @@ the reference the tests compare with.
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 
 import torch
@@ -80,9 +81,9 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
 
 
 class _Step(ctypes.Structure):  # decoder_layer.cpp's Step<T>
-    _fields_ = [(name, _pointer) for name in ("cos", "sin", "slots", "tables", "lens", "samples", "starts")]
+    _fields_ = [(name, _pointer) for name in ("cos", "sin", "slots", "tables", "lens", "samples", "shares")]
     _fields_ += [(name, _int64) for name in (
-        "rows", "rotary_dim", "max_blocks", "block_size", "sampled", "sequences", "panel_from", "pass_rows")]
+        "rows", "rotary_dim", "max_blocks", "block_size", "sampled", "parts", "panel_from", "pass_rows")]
 
 
 class _Head(ctypes.Structure):  # decoder_layer.cpp's Head<T>
@@ -91,8 +92,7 @@ class _Head(ctypes.Structure):  # decoder_layer.cpp's Head<T>
     _fields_ += [("eps", _double)]
 
 
-KERNEL_ARGTYPES = [_pointer, ctypes.POINTER(_Layer), _int64, ctypes.POINTER(_Step), ctypes.c_int,
-                   ctypes.POINTER(_Head), _pointer]
+KERNEL_ARGTYPES = [_pointer, ctypes.POINTER(_Layer), _int64, ctypes.POINTER(_Step), ctypes.POINTER(_Head), _pointer]
 
 
 def _address(tensor: torch.Tensor | None) -> int | None:
@@ -183,12 +183,31 @@ class DecoderLayers:
                 and native.supports(step.input_ids.device, self.dtype, kv_cache.dtype))
 
     def splits(self, step, threads: int, kv_cache) -> bool:
-        """Whether ``threads`` threads would each carry their own rows of ``step`` through the
-        layers: enough rows a thread, and shares about even. A sequence's rows stay with one
-        thread, so a long chunk beside a few decode rows (one thread's alone) runs on the team."""
+        """Whether ``threads`` threads would each carry their own rows of ``step`` through the layers."""
+        return self._shares(step, threads, kv_cache) is not None
+
+    def _shares(self, step, threads: int, kv_cache) -> list[int] | None:
+        """Where each of ``threads`` threads' own rows of ``step`` begin, then the step's end, if
+        they would carry them through the layers alone: enough rows a thread, and shares about even.
+        A share ends where a sequence starts (its rows read each other's K/V), the first from an even
+        cut on, so a long chunk beside a few decode rows (one thread's alone) runs on the team."""
         rows = len(step.input_ids)
-        return (threads > 1 and rows >= SPLIT_ROWS_PER_THREAD * threads and self.serves(step, kv_cache)
-                and max(_shares(step, threads)) <= SPLIT_SHARE_SLACK * rows / threads)
+        if threads < 2 or rows < SPLIT_ROWS_PER_THREAD * threads or not self.serves(step, kv_cache):
+            return None
+        chunks = [chunk.start for chunk in step.prefills]  # the decode rows before them: a sequence each
+
+        def share_start(row: int) -> int:
+            if not chunks or row < chunks[0]:
+                return row
+            i = bisect.bisect_left(chunks, row)
+            return chunks[i] if i < len(chunks) else rows
+
+        cuts = [0]
+        for t in range(1, threads):
+            cuts.append(max(cuts[-1], share_start(rows * t // threads)))
+        cuts.append(rows)
+        widest = max(end - first for first, end in zip(cuts, cuts[1:]))
+        return cuts if widest <= SPLIT_SHARE_SLACK * rows / threads else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, kv_cache,
                 step) -> torch.Tensor:
@@ -200,18 +219,17 @@ class DecoderLayers:
         groups = step.decode_groups + ([chunk_rows(step.prefills)] if step.prefills else [])
         tables, lens = _padded_tables(groups)
         samples = step.sample_indices.contiguous()
-        starts = None  # a row per sequence
-        if step.prefills:
-            decodes = torch.arange(step.prefills[0].start, dtype=torch.int64)
-            starts = torch.cat([decodes, torch.tensor([chunk.start for chunk in step.prefills])])
+        # where the threads' own rows begin, at this thread's OpenMP count (the kernel's team)
+        cuts = self._shares(step, torch.get_num_threads(), kv_cache)
+        shares = None if cuts is None else torch.tensor(cuts, dtype=torch.int64)
         if cos is not None:
             cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()
         # A step that verifies proposed tokens orders its rows by context length, a sequence's
         # last first: its rows go through the layers in one pass.
         pass_rows = rows if step.verifies else PASS_ROWS
         plan = _Step(_address(cos), _address(sin), step.slot_mapping.data_ptr(), tables.data_ptr(), lens.data_ptr(),
-                     samples.data_ptr(), _address(starts), rows, 0 if cos is None else cos.shape[1], tables.shape[1],
-                     step.block_size, len(samples), 0 if starts is None else len(starts), self.panel_rows, pass_rows)
+                     samples.data_ptr(), _address(shares), rows, 0 if cos is None else cos.shape[1], tables.shape[1],
+                     step.block_size, len(samples), 0 if cuts is None else len(cuts) - 1, self.panel_rows, pass_rows)
         x = x.contiguous()
         if kv_cache is not self._pool:
             for i, layer in enumerate(self.layers):
@@ -219,26 +237,10 @@ class DecoderLayers:
                 layer.k_cache, layer.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
             self._pool = kv_cache
         logits = torch.empty(len(samples), self.head.vocab, dtype=x.dtype)
-        threads = torch.get_num_threads()  # this thread's OpenMP count, as the kernel sees it
-        split = self.splits(step, threads, kv_cache)
         kernel = native.function("loom_decoder_layers", self.dtype, KERNEL_ARGTYPES, kv_cache.dtype)
-        kernel(x.data_ptr(), self.layers, len(self.layers), ctypes.byref(plan), split, ctypes.byref(self.head),
+        kernel(x.data_ptr(), self.layers, len(self.layers), ctypes.byref(plan), ctypes.byref(self.head),
                logits.data_ptr())
         return logits
-
-
-def _shares(step, threads: int) -> list[int]:
-    """The rows each of ``threads`` threads carries, as decoder_layer.cpp's decoder_layers cuts them:
-    thread t's share ends at the first sequence start from rows x (t + 1) / threads on."""
-    rows = len(step.input_ids)
-    starts = list(range(step.prefills[0].start)) + [c.start for c in step.prefills] if step.prefills else None
-    cuts = [0]
-    for t in range(1, threads):
-        target = rows * t // threads
-        cut = target if starts is None else next((start for start in starts if start >= target), rows)
-        cuts.append(max(cuts[-1], cut))
-    cuts.append(rows)
-    return [end - first for first, end in zip(cuts, cuts[1:])]
 
 
 def _padded_tables(groups: list) -> tuple[torch.Tensor, torch.Tensor]:
