@@ -190,29 +190,48 @@ inline int64_t packed_size(int64_t rows, int64_t in) {
     return (rows + P - 1) / P * P * in;
 }
 
+// Blocks of lanes rows x lanes values of k are transposed in registers (a value at a time, the packing
+// was 2.6% of a 64-row decode step of the 360M F32 file).
 template <typename T, int64_t P>
 void pack_panels(const T* x, int64_t x_stride, int64_t rows, int64_t in, T* packed) {
+    using V = Vector<T>;
+    constexpr int L = V::lanes;
+    const int64_t blocks = (rows + L - 1) / L, whole = in / L * L;
+#pragma omp for nowait
+    for (int64_t block = 0; block < blocks; ++block) {
+        const int64_t first = block * L, count = std::min<int64_t>(L, rows - first);
+        T* dst = packed + first / P * P * in + first % P;  // value k of the block's rows at dst + k * P
+        for (int64_t k = 0; k < whole; k += L) {
+            typename V::type t[L];
+            for (int i = 0; i < L; ++i) t[i] = i < count ? V::load(x + (first + i) * x_stride + k) : typename V::type{};
+            transpose<T>(t);
+            for (int i = 0; i < L; ++i) V::store(dst + (k + i) * P, t[i]);
+        }
+        for (int64_t k = whole; k < in; ++k)
+            for (int i = 0; i < L; ++i) dst[k * P + i] = i < count ? x[(first + i) * x_stride + k] : T(0);
+    }
+    // the zero rows that pad the last panel past the last block (this loop's barrier ends the packing)
+    const int64_t padded = (rows + P - 1) / P * P;
 #pragma omp for
-    for (int64_t panel = 0; panel < (rows + P - 1) / P; ++panel) {
-        T* dst = packed + panel * in * P;
-        const T* src[P];  // the panel's rows; null for the zero rows that pad the last
-        for (int64_t j = 0; j < P; ++j) src[j] = panel * P + j < rows ? x + (panel * P + j) * x_stride : nullptr;
-        // a panel row (one k, P rows) at a time: each store fills whole cache lines in turn, where
-        // a row of x at a time stored one value per line
-        for (int64_t k = 0; k < in; ++k)
-            for (int64_t j = 0; j < P; ++j) dst[k * P + j] = src[j] != nullptr ? src[j][k] : T(0);
+    for (int64_t block = blocks; block < padded / L; ++block) {
+        T* dst = packed + block * L / P * P * in + block * L % P;
+        for (int64_t k = 0; k < in; ++k) V::store(dst + k * P, typename V::type{});
     }
 }
 
-// sums[m][o] (+)= panel rows m . w[o] over ``count`` values of k, for OUTS weight rows (w: the
-// first, at the chunk's first k; rows ``w_stride`` apart) and the panel's first ``rows`` rows; the
-// first chunk of k stores, later ones add. ``next``, if given, is the next tile's first weight row:
-// the first panel's pass reads its weights from memory, as OUTS strided streams that the hardware
-// prefetcher follows poorly, so it fetches the next tile's lines into L2 meanwhile (a decode step's
-// products at 16-32 rows: 23.7 -> 20.4 and 36.0 -> 31.4 ms on Zen 5).
+// sums[o][m] (+)= panel rows m . w[o] over ``count`` values of k, for OUTS weight rows (w: the
+// first, at the chunk's first k; rows ``w_stride`` apart) and every row of the panel; ``sums`` holds
+// a weight row's sums of the panel's rows together, weight rows ``sums_stride`` apart, so that each
+// vector of sums is stored whole. The first chunk of k stores, later ones add. ``next``, if given, is
+// the next tile's first weight row: the first panel's pass reads its weights from memory, as OUTS
+// strided streams that the hardware prefetcher follows poorly, so it fetches the next tile's lines
+// into L2 meanwhile (a decode step's products at 16-32 rows: 23.7 -> 20.4 and 36.0 -> 31.4 ms on
+// Zen 5). Never inlined: inlined into the decoder layers' product, GCC kept the weight rows' offsets
+// on the stack and reloaded six of them every k (a 64-row decode step of the 360M F32 file 246 -> 255
+// ms on Zen 4).
 template <typename T, int OUTS, int VECTORS>
-inline void panel_tile(const T* panel, const T* w, int64_t w_stride, int64_t count, T* sums, int64_t sums_stride,
-                       int64_t rows, bool first, const T* next) {
+__attribute__((noinline)) void panel_tile(const T* panel, const T* w, int64_t w_stride, int64_t count, T* sums,
+                                          int64_t sums_stride, bool first, const T* next) {
     using V = Vector<T>;
     constexpr int L = V::lanes;
     constexpr int64_t LINE = 64 / sizeof(T);
@@ -236,11 +255,13 @@ inline void panel_tile(const T* panel, const T* w, int64_t w_stride, int64_t cou
         }
     }
     for (; k < count; ++k) step(k, false);
+    // Stored as they are, a vector a store: written row by row into [m][o] sums they took 256 scalar
+    // moves a tile, which held a 32 x 8 tile over 960 values of k to 96% of the multiply-add rate
+    // (100% so; 77% -> 100% over 128 values).
     for (int o = 0; o < OUTS; ++o) {
-        for (int64_t m = 0; m < rows; ++m) {
-            const T sum = acc[o][m / L][m % L];
-            T& dst = sums[m * sums_stride + o];
-            dst = first ? sum : dst + sum;
+        for (int v = 0; v < VECTORS; ++v) {
+            T* dst = sums + o * sums_stride + v * L;
+            V::store(dst, first ? acc[o][v] : V::load(dst) + acc[o][v]);
         }
     }
 }
@@ -289,14 +310,38 @@ inline int64_t k_chunk(int64_t in) {
     return (in + chunks - 1) / chunks;
 }
 
+// y[m][r] = sums[m / P][r][m % P] + bias[r] for the task's ``outs`` weight rows: blocks of lanes x lanes
+// transposed in registers, where a value at a time (P apart) took 3-5% of a 960-wide product's time.
+template <typename T, int64_t P>
+void sums_to_rows(const T* sums, int64_t rows, int64_t outs, const T* bias, T* y, int64_t y_stride) {
+    using V = Vector<T>;
+    constexpr int L = V::lanes;
+    const int64_t whole = outs / L * L;
+    for (int64_t m0 = 0; m0 < rows; m0 += L) {
+        const T* block = sums + (m0 / P * TASK_OUTS) * P + m0 % P;  // weight row r's L rows at block + r * P
+        const int64_t count = std::min<int64_t>(L, rows - m0);
+        for (int64_t r0 = 0; r0 < whole; r0 += L) {
+            typename V::type t[L];
+            for (int i = 0; i < L; ++i) t[i] = V::load(block + (r0 + i) * P);
+            transpose<T>(t);
+            const typename V::type b = bias != nullptr ? V::load(bias + r0) : typename V::type{};
+            for (int64_t i = 0; i < count; ++i) V::store(y + (m0 + i) * y_stride + r0, t[i] + b);
+        }
+        for (int64_t i = 0; i < count; ++i)
+            for (int64_t r = whole; r < outs; ++r)
+                y[(m0 + i) * y_stride + r] = block[r * P + i] + (bias != nullptr ? bias[r] : T(0));
+    }
+}
+
 // One task of the panels' product: weight rows [first, end) against every panel, in chunks of
 // ``chunk`` values of k (a chunk of a tile's weights stays cached while every panel passes it).
 // ``weights(o, outs, k, count, end)`` says where tile o's weights for [k, k + count) are (stored_weights:
-// in w itself). The sums gather in a buffer of the thread's own, TASK_OUTS floats a row,
-// and reach y with the bias once the task is done: written straight into y, a tile's column of 32
-// rows hit 32 lines of one cache set wherever y's rows are a multiple of 4 KiB apart (the default
-// model's 3072-wide intermediate and 49152-wide logits), and the next tile found them evicted: a
-// 576 x 3072 product at 64 rows ran at 150-190 GFLOP/s against 330-380 with the sums apart.
+// in w itself). The sums gather in a buffer of the thread's own, a panel's weight row by weight row
+// ([panel][TASK_OUTS][P]: a tile stores its sums a vector at a time), and reach y with the bias once
+// the task is done (sums_to_rows): written straight into y, a tile's column of 32 rows hit 32 lines
+// of one cache set wherever y's rows are a multiple of 4 KiB apart (the default model's 3072-wide
+// intermediate and 49152-wide logits), and the next tile found them evicted: a 576 x 3072 product at
+// 64 rows ran at 150-190 GFLOP/s against 330-380 with the sums apart.
 template <typename T, typename Shape, typename Weights>
 void panel_task(const T* packed, int64_t rows, int64_t in, int64_t chunk, int64_t first, int64_t end, Weights weights,
                 const T* bias, T* y, int64_t y_stride) {
@@ -312,24 +357,19 @@ void panel_task(const T* packed, int64_t rows, int64_t in, int64_t chunk, int64_
             const TileWeights<T> tile = weights(o, outs, k, count, end);
             for (int64_t panel = 0; panel < panels; ++panel) {
                 const T* xp = packed + (panel * in + k) * P;
-                T* sp = sums + panel * P * TASK_OUTS + (o - first);
-                const int64_t valid = std::min(P, rows - panel * P);
+                T* sp = sums + (panel * TASK_OUTS + (o - first)) * P;
                 if (outs == OUTS) {
-                    panel_tile<T, OUTS, Shape::vectors>(xp, tile.w, tile.stride, count, sp, TASK_OUTS, valid, k == 0,
+                    panel_tile<T, OUTS, Shape::vectors>(xp, tile.w, tile.stride, count, sp, P, k == 0,
                                                         panel == 0 ? tile.next : nullptr);
                 } else {  // the last few weight rows, one at a time
                     for (int64_t r = 0; r < outs; ++r)
-                        panel_tile<T, 1, Shape::vectors>(xp, tile.w + r * tile.stride, tile.stride, count, sp + r,
-                                                         TASK_OUTS, valid, k == 0, nullptr);
+                        panel_tile<T, 1, Shape::vectors>(xp, tile.w + r * tile.stride, tile.stride, count, sp + r * P,
+                                                         P, k == 0, nullptr);
                 }
             }
         }
     }
-    for (int64_t m = 0; m < rows; ++m) {
-        const T* src = sums + m * TASK_OUTS;
-        T* dst = y + m * y_stride + first;
-        for (int64_t r = 0; r < end - first; ++r) dst[r] = src[r] + (bias != nullptr ? bias[first + r] : T(0));
-    }
+    sums_to_rows<T, P>(sums, rows, end - first, bias == nullptr ? nullptr : bias + first, y + first, y_stride);
 }
 
 template <typename T, typename Shape, typename Weights>

@@ -106,6 +106,32 @@ inline typename Vector<T>::type sums_of_lanes(typename Vector<T>::type* p) {
     return p[0];
 }
 
+// Transposing lanes x vectors: within blocks of 2B lanes, the first B lanes of x then the first B of y
+// (Interleave), or the last B of each (InterleaveHigh).
+template <int N, int B>
+struct Interleave {
+    static constexpr int lane(size_t i) { return (i / B) % 2 == 0 ? int(i) : N + int(i) - B; }
+};
+template <int N, int B>
+struct InterleaveHigh {
+    static constexpr int lane(size_t i) { return (i / B) % 2 == 0 ? int(i) + B : N + int(i); }
+};
+
+// p[0..lanes) transposed in place (lane j of p[i] becomes lane i of p[j]): log2(lanes) rounds of
+// lanes two-vector shuffles, each round exchanging the off-diagonal blocks of B x B, B halving.
+template <typename T, int B = Vector<T>::lanes / 2>
+inline void transpose(typename Vector<T>::type* p) {
+    constexpr int N = Vector<T>::lanes;
+    const auto lanes = std::make_index_sequence<N>();
+    for (int i = 0; i < N; ++i) {
+        if ((i & B) != 0) continue;
+        const typename Vector<T>::type x = p[i], y = p[i + B];
+        p[i] = shuffle<T, Interleave<N, B>>(x, y, lanes);
+        p[i + B] = shuffle<T, InterleaveHigh<N, B>>(x, y, lanes);
+    }
+    if constexpr (B > 1) transpose<T, B / 2>(p);
+}
+
 // exp(x) lane by lane, for floats: exp(x) = 2^k exp(r), k = round(x / ln 2), |r| <= ln(2) / 2, exp(r)
 // by its degree-6 Taylor polynomial (relative error below 2e-7, about float's rounding step). x is
 // first held to [-87, 88], where 2^k is a normal float: below, exp(-87) stands in for 0 (a softmax
