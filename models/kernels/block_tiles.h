@@ -314,7 +314,7 @@ void tiled_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
     using Unpacked = std::conditional_t<K_QUANT, UnpackedRows, UnpackedBlocks>;
     const Bands bands(scratch, rows, w.in, SPAN);
     round_bands<SPAN>(x, x_stride, bands);  // its barrier: every band is rounded before any product
-    weight_row_tasks(w.out, TASK_ROWS, [&](int64_t o, int64_t count) {
+    weight_row_tasks(w.out, TASK_ROWS, TASK_RUNS, [&](int64_t o, int64_t count) {
         thread_local std::vector<uint8_t> buffer;
         const Unpacked unpacked(buffer, w.in);
         if constexpr (K_QUANT) unpack_rows<F>(w, o, count, unpacked);

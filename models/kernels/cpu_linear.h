@@ -113,13 +113,19 @@ inline void add_bias(T* y, int64_t y_stride, int64_t rows, const T* bias, int64_
         for (int64_t r = 0; r < count; ++r) y[m * y_stride + r] += bias[r];
 }
 
+// How many runs of tasks a thread takes on average: 8, short enough that a parked thread's share is
+// taken over; where a product has at most STREAM_ROWS input rows it is bound by reading its weights,
+// each run a stream the prefetchers must find again, and takes 2 (the 360M Q8_0 file's one-row decode
+// step on two Zen 4 threads: 14.4-15.5 ms at 8 runs, 13.2-14.0 at 2, 17.1-17.4 at 32; beside one
+// busy process 31-32 ms at 8, 25.6-25.9 at 2).
+constexpr int64_t TASK_RUNS = 8, STREAM_RUNS = 2, STREAM_ROWS = 2;
+
 // ``task(o, count)`` for the tasks of ``outs`` weight rows [o, o + count) of ``out``, shared among
-// the threads of the enclosing parallel region, each taking 8 runs of tasks on average: long enough
-// to stream, short enough that a parked thread's share is taken over.
+// the threads of the enclosing parallel region, each taking ``runs`` runs of tasks on average.
 template <typename Task>
-inline void weight_row_tasks(int64_t out, int64_t outs, Task&& task) {
+inline void weight_row_tasks(int64_t out, int64_t outs, int64_t runs, Task&& task) {
     const int64_t tasks = (out + outs - 1) / outs;
-    const int64_t chunk = std::max<int64_t>(1, tasks / (8 * omp_get_num_threads()));
+    const int64_t chunk = std::max<int64_t>(1, tasks / (runs * omp_get_num_threads()));
 #pragma omp for schedule(dynamic, chunk)
     for (int64_t t = 0; t < tasks; ++t) task(t * outs, std::min(outs, out - t * outs));
 }
@@ -130,7 +136,7 @@ inline void weight_row_tasks(int64_t out, int64_t outs, Task&& task) {
 template <typename T, typename Product>
 inline void row_group_tasks(int64_t rows, int64_t out, int64_t outs, const T* bias, T* y, int64_t y_stride,
                             Product&& product) {
-    weight_row_tasks(out, outs, [&](int64_t o, int64_t count) {
+    weight_row_tasks(out, outs, rows <= STREAM_ROWS ? STREAM_RUNS : TASK_RUNS, [&](int64_t o, int64_t count) {
         for (int64_t m = 0; m < rows; m += FEW_ROWS)
             with_few_rows(std::min(FEW_ROWS, rows - m), [&](auto group) { product(group, m, o, count); });
         add_bias(y + o, y_stride, rows, bias == nullptr ? nullptr : bias + o, count);
