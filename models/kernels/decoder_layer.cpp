@@ -1,7 +1,7 @@
 // A model's decoder layers for a step of decode rows and short prefill chunks (a chunk's tokens are
 // rows of its sequence), in one call and one parallel region: Llama's family and GPT-2. A layer:
-// norm, the q/k/v product, rotary (Llama) + K/V writes into the pool, decode attention, the output product and residual, norm, the MLP's up product, its activation,
-// the down product and residual.
+// norm, the q/k/v product, rotary (Llama) + K/V writes into the pool, decode attention, the output
+// product and residual, norm, the MLP's up product, its activation, the down product and residual.
 //
 // At one or a few rows the layer's arithmetic is small and its weights stream in about 0.5 ms; run
 // as ~16 torch operators and 6 ctypes calls it also paid ~0.2 ms of dispatch per layer, a quarter

@@ -184,15 +184,17 @@ class DecoderLayers:
 
     def splits(self, step, threads: int, kv_cache) -> bool:
         """Whether ``threads`` threads would each carry their own rows of ``step`` through the layers."""
-        return self._shares(step, threads, kv_cache) is not None
+        return self.serves(step, kv_cache) and self._shares(step, threads) is not None
 
-    def _shares(self, step, threads: int, kv_cache) -> list[int] | None:
-        """Where each of ``threads`` threads' own rows of ``step`` begin, then the step's end, if
-        they would carry them through the layers alone: enough rows a thread, and shares about even.
-        A share ends where a sequence starts (its rows read each other's K/V), the first from an even
-        cut on, so a long chunk beside a few decode rows (one thread's alone) runs on the team."""
+    @staticmethod
+    def _shares(step, threads: int) -> list[int] | None:
+        """Where each of ``threads`` threads' own rows of ``step`` (a step the layers serve) begin,
+        then the step's end, if they would carry them through the layers alone: enough rows a thread,
+        and shares about even. A share ends where a sequence starts (its rows read each other's K/V),
+        the first from an even cut on, so a long chunk beside a few decode rows (one thread's alone)
+        runs on the team."""
         rows = len(step.input_ids)
-        if threads < 2 or rows < SPLIT_ROWS_PER_THREAD * threads or not self.serves(step, kv_cache):
+        if threads < 2 or rows < SPLIT_ROWS_PER_THREAD * threads:
             return None
         chunks = [chunk.start for chunk in step.prefills]  # the decode rows before them: a sequence each
 
@@ -220,7 +222,7 @@ class DecoderLayers:
         tables, lens = _padded_tables(groups)
         samples = step.sample_indices.contiguous()
         # where the threads' own rows begin, at this thread's OpenMP count (the kernel's team)
-        cuts = self._shares(step, torch.get_num_threads(), kv_cache)
+        cuts = self._shares(step, torch.get_num_threads())
         shares = None if cuts is None else torch.tensor(cuts, dtype=torch.int64)
         if cos is not None:
             cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()
