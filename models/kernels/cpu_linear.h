@@ -229,15 +229,16 @@ void pack_panels(const T* x, int64_t x_stride, int64_t rows, int64_t in, T* pack
 // first, at the chunk's first k; rows ``w_stride`` apart) and every row of the panel; ``sums`` holds
 // a weight row's sums of the panel's rows together, weight rows ``sums_stride`` apart, so that each
 // vector of sums is stored whole. The first chunk of k stores, later ones add. ``next``, if given, is
-// the next tile's first weight row: the first panel's pass reads its weights from memory, as OUTS
-// strided streams that the hardware prefetcher follows poorly, so it fetches the next tile's lines
-// into L2 meanwhile (a decode step's products at 16-32 rows: 23.7 -> 20.4 and 36.0 -> 31.4 ms on
-// Zen 5). Never inlined: inlined into the decoder layers' product, GCC kept the weight rows' offsets
+// where the next tile's first weight row lies in memory (rows ``next_row_bytes`` apart, a value of k
+// ``next_value_bytes``): the first panel's pass reads its weights from memory, as OUTS strided
+// streams that the hardware prefetcher follows poorly, so it fetches the next tile's lines into L2
+// meanwhile (a decode step's products at 16-32 rows: 23.7 -> 20.4 and 36.0 -> 31.4 ms on Zen 5). Never inlined: inlined into the decoder layers' product, GCC kept the weight rows' offsets
 // on the stack and reloaded six of them every k (a 64-row decode step of the 360M F32 file 246 -> 255
 // ms on Zen 4).
 template <typename T, int OUTS, int VECTORS>
 __attribute__((noinline)) void panel_tile(const T* panel, const T* w, int64_t w_stride, int64_t count, T* sums,
-                                          int64_t sums_stride, bool first, const T* next) {
+                                          int64_t sums_stride, bool first, const char* next, int64_t next_row_bytes,
+                                          int64_t next_value_bytes) {
     using V = Vector<T>;
     constexpr int L = V::lanes;
     constexpr int64_t LINE = 64 / sizeof(T);
@@ -256,7 +257,7 @@ __attribute__((noinline)) void panel_tile(const T* panel, const T* w, int64_t w_
     int64_t k = 1;
     if (next != nullptr) {
         for (; k + LINE <= count; k += LINE) {
-            for (int o = 0; o < OUTS; ++o) __builtin_prefetch(next + o * w_stride + k, 0, 2);
+            for (int o = 0; o < OUTS; ++o) __builtin_prefetch(next + o * next_row_bytes + k * next_value_bytes, 0, 2);
             for (int64_t j = 0; j < LINE; ++j) step(k + j, false);
         }
     }
@@ -272,28 +273,40 @@ __attribute__((noinline)) void panel_tile(const T* panel, const T* w, int64_t w_
     }
 }
 
-// Where a tile's weights are: ``w`` (at the chunk's first k) with rows ``stride`` apart, and the
-// next tile's first row to fetch meanwhile (or null).
+// Where a tile's weights are: ``w`` (at the chunk's first k) with rows ``stride`` apart, and where
+// the next tile's lie in memory, to fetch meanwhile (panel_tile's ``next``; null: nothing to fetch).
 template <typename T>
 struct TileWeights {
     const T* w;
     int64_t stride;
-    const T* next;
+    const char* next;
+    int64_t next_row_bytes, next_value_bytes;
 };
+
+// TileWeights' ``next``: tile o + outs's first row of W weights at k, where a whole tile follows
+// tile o before ``end``.
+template <typename W>
+inline const char* next_tile(const W* w, int64_t in, int64_t o, int64_t outs, int64_t k, int64_t end) {
+    return o + 2 * outs <= end ? reinterpret_cast<const char*>(w + (o + outs) * in + k) : nullptr;
+}
 
 // Where a tile's weights are in a dense [out, in] matrix: in place, the next tile's fetched meanwhile.
 template <typename T>
 inline auto stored_weights(const T* w, int64_t in) {
     return [w, in](int64_t o, int64_t outs, int64_t k, int64_t, int64_t end) {
-        return TileWeights<T>{w + o * in + k, in, o + 2 * outs <= end ? w + (o + outs) * in + k : nullptr};
+        return TileWeights<T>{w + o * in + k, in, next_tile(w, in, o, outs, k, end), in * int64_t(sizeof(T)),
+                              sizeof(T)};
     };
 }
 
 // Where a tile's weights are when the matrix keeps them as W (16-bit floats): widened into a buffer
-// of the thread's own, the tile's rows of the chunk, once for every panel to pass.
+// of the thread's own, the tile's rows of the chunk, once for every panel to pass; the next tile's
+// 16-bit rows fetched meanwhile as stored_weights' are (without, the widening waited on memory for
+// 40% of a 16-row product's time: 8192 x 2048 float16 at 16 / 64 rows 68 / 96 -> 89 / 103
+// Gvalue-rows/s, two Zen 4 threads).
 template <typename T, typename W>
 inline auto widened_weights(const W* w, int64_t in) {
-    return [w, in](int64_t o, int64_t outs, int64_t k, int64_t count, int64_t) {
+    return [w, in](int64_t o, int64_t outs, int64_t k, int64_t count, int64_t end) {
         using V = Vector<T>;
         thread_local std::vector<T> buffer;
         const int64_t stride = whole_lines<T>(count) + CACHE_LINE / sizeof(T);
@@ -305,7 +318,7 @@ inline auto widened_weights(const W* w, int64_t in) {
             for (; j + V::lanes <= count; j += V::lanes) V::store(to + j, Element<T, W>::load(from + j));
             for (; j < count; ++j) to[j] = Element<T, W>::widen(from[j]);
         }
-        return TileWeights<T>{tile, stride, nullptr};
+        return TileWeights<T>{tile, stride, next_tile(w, in, o, outs, k, end), in * int64_t(sizeof(W)), sizeof(W)};
     };
 }
 
@@ -366,11 +379,12 @@ void panel_task(const T* packed, int64_t rows, int64_t in, int64_t chunk, int64_
                 T* sp = sums + (panel * TASK_OUTS + (o - first)) * P;
                 if (outs == OUTS) {
                     panel_tile<T, OUTS, Shape::vectors>(xp, tile.w, tile.stride, count, sp, P, k == 0,
-                                                        panel == 0 ? tile.next : nullptr);
+                                                        panel == 0 ? tile.next : nullptr, tile.next_row_bytes,
+                                                        tile.next_value_bytes);
                 } else {  // the last few weight rows, one at a time
                     for (int64_t r = 0; r < outs; ++r)
                         panel_tile<T, 1, Shape::vectors>(xp, tile.w + r * tile.stride, tile.stride, count, sp + r * P,
-                                                         P, k == 0, nullptr);
+                                                         P, k == 0, nullptr, 0, 0);
                 }
             }
         }
