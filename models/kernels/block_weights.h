@@ -804,8 +804,10 @@ void block_rows(const float* x, int64_t x_stride, int64_t rows, const BlockWeigh
 // The panels widen a tile of 16-bit weights for every chunk of k, which few input rows do not
 // repay: 8192 x 2048 float16 at 4 / 8 / 16 rows ran 15.8 / 31.5 / 61.9 Gvalue-rows/s on the panels
 // and 34.2 / 36.3 / 41.1 a few rows at a time (two Zen 5 threads), where float32 weights take the
-// panels from 3 rows (cpu_linear.h's PANEL_MIN_ROWS).
-constexpr int64_t HALF_PANEL_MIN_ROWS = FEW_ROWS + 1;
+// panels from 3 rows (cpu_linear.h's PANEL_MIN_ROWS). With AVX-512's two weight rows side by side a
+// few rows at a time, from 12 (two Zen 4 threads, 9 / 10 / 12 / 16 rows: 58 / 60 / 64 / 65 against
+// the panels' 47 / 53 / 63 / 83).
+constexpr int64_t HALF_PANEL_MIN_ROWS = VECTOR_BYTES == 64 ? 12 : FEW_ROWS + 1;
 
 // y = x w^T + b over block weights (or a file's float rows: cpu_linear.h's products, panels from
 // ``panel_from`` rows), the work shared among the threads of the enclosing parallel region.

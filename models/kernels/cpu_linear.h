@@ -52,34 +52,51 @@ namespace {
 // float32 at 2 rows 15.5 -> 19.4-20 (two Zen 5 threads; 8 rows level).
 // The weights are T, or kept as W (16-bit floats: a GGUF file's F16/BF16, block_codes.h's
 // FloatRows) and widened a vector at a time as they are read (kv_element.h's Element).
+// With AVX-512, from 3 input rows, two weight rows go side by side, each input load meeting both:
+// widening them, the input rows' loads from L2 (a 2048-wide matrix's 8 rows are 64 KiB) held the
+// product to a third of a multiply-add a cycle (8192 x 2048 float16 at 4 / 6 / 8 rows 36 / 38 / 40
+// -> 51 / 61 / 62 Gvalue-rows/s, two Zen 4 threads; float32 at 6 / 8 rows 35 / 30 -> 48 / 38). With
+// AVX2 they do not: its 16 registers hold fewer sums, and float16 at 3 / 4 rows ran 38 -> 28.
 template <typename T, int ROWS, typename W = T>
 inline void few_rows(const T* x, int64_t x_stride, const W* w, int64_t in, int64_t count, T* y, int64_t y_stride) {
     using V = Vector<T>;
     using E = Element<T, W>;
-    // Independent sums per input row: 4 at one row, else 2; with AVX2's 16 registers one from 5 rows
-    // up (two per row spilled two of 8 rows' sums to the stack: 8 rows 20.2 -> 18.5 ms with one).
-    constexpr int L = V::lanes, SUMS = ROWS == 1 ? 4 : (VECTOR_BYTES == 32 && ROWS > 4) ? 1 : 2;
-    for (int64_t o = 0; o < count; ++o, w += in) {
-        typename V::type acc[ROWS][SUMS] = {};
+    constexpr int SIDE = VECTOR_BYTES == 64 && ROWS >= 3 ? 2 : 1;
+    // Independent sums per input row and weight row: 4 at one row, else 2; one with two weight rows,
+    // and with AVX2's 16 registers from 5 rows up (two per row spilled two of 8 rows' sums to the
+    // stack: 8 rows 20.2 -> 18.5 ms with one).
+    constexpr int L = V::lanes, SUMS = ROWS == 1 ? 4 : (SIDE == 2 || (VECTOR_BYTES == 32 && ROWS > 4)) ? 1 : 2;
+    for (int64_t o = 0; o < count; o += SIDE, w += SIDE * in) {
+        const int side = int(std::min<int64_t>(SIDE, count - o));
+        const W* rows[SIDE];  // a last odd weight row stands in for its missing neighbour too
+        for (int i = 0; i < SIDE; ++i) rows[i] = w + std::min(i, side - 1) * in;
+        typename V::type acc[SIDE][ROWS][SUMS] = {};
         int64_t k = 0;
         for (; k + SUMS * L <= in; k += SUMS * L) {
-            for (int64_t line = 0; line < SUMS * L; line += 64 / sizeof(W))
-                __builtin_prefetch(w + 2 * in + k + line, 0, ROWS == 1 ? 0 : 2);
+            for (int i = 0; i < SIDE; ++i)
+                for (int64_t line = 0; line < SUMS * L; line += 64 / sizeof(W))
+                    __builtin_prefetch(rows[i] + 2 * SIDE * in + k + line, 0, ROWS == 1 ? 0 : 2);
             for (int s = 0; s < SUMS; ++s) {
-                const typename V::type weights = E::load(w + k + s * L);
-                for (int m = 0; m < ROWS; ++m) acc[m][s] += V::load(x + m * x_stride + k + s * L) * weights;
+                typename V::type weights[SIDE];
+                for (int i = 0; i < SIDE; ++i) weights[i] = E::load(rows[i] + k + s * L);
+                for (int m = 0; m < ROWS; ++m) {
+                    const typename V::type input = V::load(x + m * x_stride + k + s * L);
+                    for (int i = 0; i < SIDE; ++i) acc[i][m][s] += input * weights[i];
+                }
             }
         }
         for (; k + L <= in; k += L)
-            for (int m = 0; m < ROWS; ++m) acc[m][0] += V::load(x + m * x_stride + k) * E::load(w + k);
-        for (int m = 0; m < ROWS; ++m) {
-            typename V::type sums = acc[m][0];
-            for (int s = 1; s < SUMS; ++s) sums += acc[m][s];
-            T sum = 0;
-            for (int lane = 0; lane < L; ++lane) sum += sums[lane];
-            for (int64_t j = k; j < in; ++j) sum += x[m * x_stride + j] * E::widen(w[j]);
-            y[m * y_stride + o] = sum;
-        }
+            for (int m = 0; m < ROWS; ++m)
+                for (int i = 0; i < SIDE; ++i) acc[i][m][0] += V::load(x + m * x_stride + k) * E::load(rows[i] + k);
+        for (int i = 0; i < side; ++i)
+            for (int m = 0; m < ROWS; ++m) {
+                typename V::type sums = acc[i][m][0];
+                for (int s = 1; s < SUMS; ++s) sums += acc[i][m][s];
+                T sum = 0;
+                for (int lane = 0; lane < L; ++lane) sum += sums[lane];
+                for (int64_t j = k; j < in; ++j) sum += x[m * x_stride + j] * E::widen(rows[i][j]);
+                y[m * y_stride + o + i] = sum;
+            }
     }
 }
 
