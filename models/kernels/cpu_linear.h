@@ -57,8 +57,10 @@ namespace {
 // product to a third of a multiply-add a cycle (8192 x 2048 float16 at 4 / 6 / 8 rows 36 / 38 / 40
 // -> 51 / 61 / 62 Gvalue-rows/s, two Zen 4 threads; float32 at 6 / 8 rows 35 / 30 -> 48 / 38). With
 // AVX2 they do not: its 16 registers hold fewer sums, and float16 at 3 / 4 rows ran 38 -> 28.
+// ``w``: ``count`` weight rows ``w_stride`` apart, each ``in`` values long.
 template <typename T, int ROWS, typename W = T>
-inline void few_rows(const T* x, int64_t x_stride, const W* w, int64_t in, int64_t count, T* y, int64_t y_stride) {
+inline void few_rows(const T* x, int64_t x_stride, const W* w, int64_t w_stride, int64_t in, int64_t count, T* y,
+                     int64_t y_stride) {
     using V = Vector<T>;
     using E = Element<T, W>;
     constexpr int SIDE = VECTOR_BYTES == 64 && ROWS >= 3 ? 2 : 1;
@@ -66,16 +68,16 @@ inline void few_rows(const T* x, int64_t x_stride, const W* w, int64_t in, int64
     // and with AVX2's 16 registers from 5 rows up (two per row spilled two of 8 rows' sums to the
     // stack: 8 rows 20.2 -> 18.5 ms with one).
     constexpr int L = V::lanes, SUMS = ROWS == 1 ? 4 : (SIDE == 2 || (VECTOR_BYTES == 32 && ROWS > 4)) ? 1 : 2;
-    for (int64_t o = 0; o < count; o += SIDE, w += SIDE * in) {
+    for (int64_t o = 0; o < count; o += SIDE, w += SIDE * w_stride) {
         const int side = int(std::min<int64_t>(SIDE, count - o));
         const W* rows[SIDE];  // a last odd weight row stands in for its missing neighbour too
-        for (int i = 0; i < SIDE; ++i) rows[i] = w + std::min(i, side - 1) * in;
+        for (int i = 0; i < SIDE; ++i) rows[i] = w + std::min(i, side - 1) * w_stride;
         typename V::type acc[SIDE][ROWS][SUMS] = {};
         int64_t k = 0;
         for (; k + SUMS * L <= in; k += SUMS * L) {
             for (int i = 0; i < SIDE; ++i)
                 for (int64_t line = 0; line < SUMS * L; line += 64 / sizeof(W))
-                    __builtin_prefetch(rows[i] + 2 * SIDE * in + k + line, 0, ROWS == 1 ? 0 : 2);
+                    __builtin_prefetch(rows[i] + 2 * SIDE * w_stride + k + line, 0, ROWS == 1 ? 0 : 2);
             for (int s = 0; s < SUMS; ++s) {
                 typename V::type weights[SIDE];
                 for (int i = 0; i < SIDE; ++i) weights[i] = E::load(rows[i] + k + s * L);
@@ -369,6 +371,17 @@ void sums_to_rows(const T* sums, int64_t rows, int64_t outs, const T* bias, T* y
     }
 }
 
+// Rows past the last whole panel, up to LEFT_ROWS of them, take no panel of their own (which costs
+// what a whole one does: an 18-row prompt took a 32-row panel) but run past each tile's weights
+// while the panels have them cached, a few rows at a time (few_rows).
+constexpr int64_t LEFT_ROWS = 4;
+
+// Of ``rows`` input rows, how many the panels of P rows take (the rest: LEFT_ROWS's).
+template <int64_t P>
+inline int64_t panel_rows(int64_t rows) {
+    return rows > P && rows % P <= LEFT_ROWS ? rows - rows % P : rows;
+}
+
 // One task of the panels' product: weight rows [first, end) against every panel, in chunks of
 // ``chunk`` values of k (a chunk of a tile's weights stays cached while every panel passes it).
 // ``weights(o, outs, k, count, end)`` says where tile o's weights for [k, k + count) are (stored_weights:
@@ -377,15 +390,19 @@ void sums_to_rows(const T* sums, int64_t rows, int64_t outs, const T* bias, T* y
 // the task is done (sums_to_rows): written straight into y, a tile's column of 32 rows hit 32 lines
 // of one cache set wherever y's rows are a multiple of 4 KiB apart (the default model's 3072-wide
 // intermediate and 49152-wide logits), and the next tile found them evicted: a 576 x 3072 product at
-// 64 rows ran at 150-190 GFLOP/s against 330-380 with the sums apart.
+// 64 rows ran at 150-190 GFLOP/s against 330-380 with the sums apart. The ``left`` rows after the
+// panels' (``x_left``, ``x_stride`` apart) meet each chunk of a tile after the panels, their sums
+// gathered [row][TASK_OUTS] after the panels'.
 template <typename T, typename Shape, typename Weights>
 void panel_task(const T* packed, int64_t rows, int64_t in, int64_t chunk, int64_t first, int64_t end, Weights weights,
-                const T* bias, T* y, int64_t y_stride) {
+                const T* bias, T* y, int64_t y_stride, const T* x_left, int64_t x_stride, int64_t left) {
     constexpr int64_t P = Shape::template rows<T>();
     constexpr int OUTS = Shape::outs;
     const int64_t panels = (rows + P - 1) / P;
     thread_local std::vector<T> buffer;
-    T* sums = line_aligned(buffer, panels * P * TASK_OUTS);
+    T* sums = line_aligned(buffer, panels * P * TASK_OUTS + left * (TASK_OUTS + OUTS));
+    T* left_sums = sums + panels * P * TASK_OUTS;
+    T* left_chunk = left_sums + left * TASK_OUTS;  // [row][OUTS]: a chunk's
     for (int64_t o = first; o < end; o += OUTS) {
         const int64_t outs = std::min<int64_t>(OUTS, end - o);
         for (int64_t k = 0; k < in; k += chunk) {
@@ -404,19 +421,34 @@ void panel_task(const T* packed, int64_t rows, int64_t in, int64_t chunk, int64_
                                                          P, k == 0, nullptr, 0, 0);
                 }
             }
+            if (left > 0) {
+                with_few_rows(left, [&](auto group) {
+                    few_rows<T, group>(x_left + k, x_stride, tile.w, tile.stride, count, outs, left_chunk, OUTS);
+                });
+                for (int64_t m = 0; m < left; ++m)
+                    for (int64_t r = 0; r < outs; ++r) {
+                        T& sum = left_sums[m * TASK_OUTS + (o - first) + r];
+                        sum = (k == 0 ? T(0) : sum) + left_chunk[m * OUTS + r];
+                    }
+            }
         }
     }
     sums_to_rows<T, P>(sums, rows, end - first, bias == nullptr ? nullptr : bias + first, y + first, y_stride);
+    for (int64_t m = 0; m < left; ++m)
+        for (int64_t r = 0; r < end - first; ++r)
+            y[(rows + m) * y_stride + first + r] = left_sums[m * TASK_OUTS + r] + (bias != nullptr ? bias[first + r] : T(0));
 }
 
 template <typename T, typename Shape, typename Weights>
 void panel_product(const T* x, int64_t x_stride, int64_t rows, int64_t in, int64_t out, int64_t chunk,
                    Weights weights, const T* bias, T* y, int64_t y_stride, T* packed) {
-    pack_panels<T, Shape::template rows<T>()>(x, x_stride, rows, in, packed);  // its barrier: the panels are whole
+    constexpr int64_t P = Shape::template rows<T>();
+    const int64_t paneled = panel_rows<P>(rows);
+    pack_panels<T, P>(x, x_stride, paneled, in, packed);  // its barrier: the panels are whole
 #pragma omp for schedule(dynamic)
     for (int64_t first = 0; first < out; first += TASK_OUTS)
-        panel_task<T, Shape>(packed, rows, in, chunk, first, std::min(out, first + TASK_OUTS), weights, bias, y,
-                             y_stride);
+        panel_task<T, Shape>(packed, paneled, in, chunk, first, std::min(out, first + TASK_OUTS), weights, bias, y,
+                             y_stride, x + paneled * x_stride, x_stride, rows - paneled);
 }
 
 // y = x w^T + b on the panels, the tasks shared among the threads of the enclosing parallel region
@@ -424,7 +456,7 @@ void panel_product(const T* x, int64_t x_stride, int64_t rows, int64_t in, int64
 template <typename T, typename Weights>
 void panels(const T* x, int64_t x_stride, int64_t rows, int64_t in, int64_t out, int64_t chunk, Weights weights,
             const T* bias, T* y, int64_t y_stride, T* packed) {
-    if (rows > NarrowPanels::rows<T>())
+    if (rows > NarrowPanels::rows<T>() + LEFT_ROWS)
         panel_product<T, WidePanels>(x, x_stride, rows, in, out, chunk, weights, bias, y, y_stride, packed);
     else
         panel_product<T, NarrowPanels>(x, x_stride, rows, in, out, chunk, weights, bias, y, y_stride, packed);
@@ -537,7 +569,7 @@ void linear_rows(const T* x, int64_t x_stride, int64_t rows, const W* w, const T
     // the panels are set to start later than measure_panel_rows would: the weights of a task are
     // then cached for the later groups).
     row_group_tasks(rows, out, 8, bias, y, y_stride, [&](auto group, int64_t m, int64_t o, int64_t count) {
-        few_rows<T, group, W>(x + m * x_stride, x_stride, w + o * in, in, count, y + m * y_stride + o, y_stride);
+        few_rows<T, group, W>(x + m * x_stride, x_stride, w + o * in, in, in, count, y + m * y_stride + o, y_stride);
     });
 }
 

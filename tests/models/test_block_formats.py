@@ -197,7 +197,7 @@ def test_an_embedding_lookup_widens_the_files_values(kind):
 
 @needs_kernels
 @pytest.mark.parametrize("kind", FLOATS, ids=lambda k: k.name)
-@pytest.mark.parametrize("rows", [1, 2, 3, 8, 9, 40, 200])
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 9, 18, 34, 40, 200])
 def test_float_matrices_are_kept_and_their_products_take_the_input_as_it_is(kind, rows):
     """A float matrix (F32, F16, BF16) is a view of the file, and its products (a few rows at a time, and the
     panels) equal float64's over its values, the input as it is (BF16: rounded to bfloat16 where the kernels take
