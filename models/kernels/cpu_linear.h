@@ -371,15 +371,17 @@ void sums_to_rows(const T* sums, int64_t rows, int64_t outs, const T* bias, T* y
     }
 }
 
-// Rows past the last whole panel, up to LEFT_ROWS of them, take no panel of their own (which costs
-// what a whole one does: an 18-row prompt took a 32-row panel) but run past each tile's weights
-// while the panels have them cached, a few rows at a time (few_rows).
-constexpr int64_t LEFT_ROWS = 4;
-
-// Of ``rows`` input rows, how many the panels of P rows take (the rest: LEFT_ROWS's).
+// Rows past the last whole panel, up to a quarter of a panel of them, take no panel of their own
+// (which costs what a whole one does: an 18-row prompt took a 32-row panel) but run past each tile's
+// weights while the panels have them cached, a few rows at a time (few_rows). 8192 x 2048, two Zen 4
+// threads, at 18 / 20 / 34 / 38 / 40 rows: float32 55-57 / 61-65 / 55-57 / 58-64 / 67 -> 80-81 /
+// 78-84 / 86-92 / 82-94 / 84-90 Gvalue-rows/s, float16 50-53 / 57-59 / 52-54 / - / - -> 74-80 / 68-71 /
+// 82 / 88 / 81. From a quarter to a half of a panel left over the two took turns ahead from run to
+// run (24 / 44 rows: 72-81 / 72-93 against a whole panel's 74-78 / 67-74); past half, a whole panel
+// was ahead (26 rows: 83 against 64).
 template <int64_t P>
-inline int64_t panel_rows(int64_t rows) {
-    return rows > P && rows % P <= LEFT_ROWS ? rows - rows % P : rows;
+inline int64_t panel_rows(int64_t rows) {  // of ``rows`` input rows, those the panels of P rows take
+    return rows > P && rows % P <= P / 4 ? rows - rows % P : rows;
 }
 
 // One task of the panels' product: weight rows [first, end) against every panel, in chunks of
@@ -422,9 +424,11 @@ void panel_task(const T* packed, int64_t rows, int64_t in, int64_t chunk, int64_
                 }
             }
             if (left > 0) {
-                with_few_rows(left, [&](auto group) {
-                    few_rows<T, group>(x_left + k, x_stride, tile.w, tile.stride, count, outs, left_chunk, OUTS);
-                });
+                for (int64_t m = 0; m < left; m += FEW_ROWS)
+                    with_few_rows(std::min(FEW_ROWS, left - m), [&](auto group) {
+                        few_rows<T, group>(x_left + m * x_stride + k, x_stride, tile.w, tile.stride, count, outs,
+                                           left_chunk + m * OUTS, OUTS);
+                    });
                 for (int64_t m = 0; m < left; ++m)
                     for (int64_t r = 0; r < outs; ++r) {
                         T& sum = left_sums[m * TASK_OUTS + (o - first) + r];
@@ -456,7 +460,7 @@ void panel_product(const T* x, int64_t x_stride, int64_t rows, int64_t in, int64
 template <typename T, typename Weights>
 void panels(const T* x, int64_t x_stride, int64_t rows, int64_t in, int64_t out, int64_t chunk, Weights weights,
             const T* bias, T* y, int64_t y_stride, T* packed) {
-    if (rows > NarrowPanels::rows<T>() + LEFT_ROWS)
+    if (rows > NarrowPanels::rows<T>() * 5 / 4)  // past a quarter of a narrow panel left over
         panel_product<T, WidePanels>(x, x_stride, rows, in, out, chunk, weights, bias, y, y_stride, packed);
     else
         panel_product<T, NarrowPanels>(x, x_stride, rows, in, out, chunk, weights, bias, y, y_stride, packed);
