@@ -374,11 +374,11 @@ void sums_to_rows(const T* sums, int64_t rows, int64_t outs, const T* bias, T* y
 // Rows past the last whole panel, up to a quarter of a panel of them, take no panel of their own
 // (which costs what a whole one does: an 18-row prompt took a 32-row panel) but run past each tile's
 // weights while the panels have them cached, a few rows at a time (few_rows). 8192 x 2048, two Zen 4
-// threads, at 18 / 20 / 34 / 38 / 40 rows: float32 55-57 / 61-65 / 55-57 / 58-64 / 67 -> 80-81 /
-// 78-84 / 86-92 / 82-94 / 84-90 Gvalue-rows/s, float16 50-53 / 57-59 / 52-54 / - / - -> 74-80 / 68-71 /
-// 82 / 88 / 81. From a quarter to a half of a panel left over the two took turns ahead from run to
-// run (24 / 44 rows: 72-81 / 72-93 against a whole panel's 74-78 / 67-74); past half, a whole panel
-// was ahead (26 rows: 83 against 64).
+// threads, at 18 / 20 / 34 / 38 / 40 rows: float32 55-57 / 61-66 / 55-57 / 58-64 / 65-67 -> 80-81 /
+// 74-84 / 86-92 / 82-94 / 82-90 Gvalue-rows/s, float16 50-53 / 57-59 / 52-54 / 58-61 / 62 -> 74-80 /
+// 66-71 / 82 / 83-88 / 71-81. From a quarter to a half of a panel left over the two took turns ahead
+// from run to run (24 / 44 rows: 72-81 / 72-93 against a whole panel's 74-78 / 67-74); past half, a
+// whole panel was ahead (26 rows: 83 against 64).
 template <int64_t P>
 inline int64_t panel_rows(int64_t rows) {  // of ``rows`` input rows, those the panels of P rows take
     return rows > P && rows % P <= P / 4 ? rows - rows % P : rows;
