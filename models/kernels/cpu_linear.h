@@ -251,9 +251,10 @@ void pack_panels(const T* x, int64_t x_stride, int64_t rows, int64_t in, T* pack
 // where the next tile's first weight row lies in memory (rows ``next_row_bytes`` apart, a value of k
 // ``next_value_bytes``): the first panel's pass reads its weights from memory, as OUTS strided
 // streams that the hardware prefetcher follows poorly, so it fetches the next tile's lines into L2
-// meanwhile (a decode step's products at 16-32 rows: 23.7 -> 20.4 and 36.0 -> 31.4 ms on Zen 5). Never inlined: inlined into the decoder layers' product, GCC kept the weight rows' offsets
-// on the stack and reloaded six of them every k (a 64-row decode step of the 360M F32 file 246 -> 255
-// ms on Zen 4).
+// meanwhile (a decode step's products at 16-32 rows: 23.7 -> 20.4 and 36.0 -> 31.4 ms on Zen 5).
+// Never inlined: inlined into the decoder layers' product, GCC kept the weight rows' offsets on the
+// stack and reloaded six of them every k (a 64-row decode step of the 360M F32 file 246 -> 255 ms on
+// Zen 4).
 template <typename T, int OUTS, int VECTORS>
 __attribute__((noinline)) void panel_tile(const T* panel, const T* w, int64_t w_stride, int64_t count, T* sums,
                                           int64_t sums_stride, bool first, const char* next, int64_t next_row_bytes,
@@ -440,7 +441,8 @@ void panel_task(const T* packed, int64_t rows, int64_t in, int64_t chunk, int64_
     sums_to_rows<T, P>(sums, rows, end - first, bias == nullptr ? nullptr : bias + first, y + first, y_stride);
     for (int64_t m = 0; m < left; ++m)
         for (int64_t r = 0; r < end - first; ++r)
-            y[(rows + m) * y_stride + first + r] = left_sums[m * TASK_OUTS + r] + (bias != nullptr ? bias[first + r] : T(0));
+            y[(rows + m) * y_stride + first + r] =
+                left_sums[m * TASK_OUTS + r] + (bias != nullptr ? bias[first + r] : T(0));
 }
 
 template <typename T, typename Shape, typename Weights>
