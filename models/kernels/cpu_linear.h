@@ -43,13 +43,14 @@ namespace {
 // at 2-8 rows, and the panels 1.05-1.3x slower at 3-8 rows on Zen 5 (docs/benchmarks.md, "A few
 // rows, one weight row at a time"). Block weights do the same with integer products over their
 // codes (block_weights.h's int8_rows and pair_rows).
-// The row two ahead is fetched as well, which takes the prefetcher over the starts of a layer's
-// small products sooner (a one-stream step 15.8-16.3 -> 15.3-15.8 ms on Zen 5), and fetched
-// non-temporally at one row: a step reads its weights once, and fetched the usual way they evicted
-// what the step's other phases and the Python after the forward use again (a one-stream forward
-// 12.4 -> 11.8 ms, the Python after it ~20% faster). From two rows, where the products take longer
-// over each line, into L2: 8192 x 2048 float16 at 2 / 4 rows 26 / 38 -> 42-47 / 49-51 Gvalue-rows/s,
-// float32 at 2 rows 15.5 -> 19.4-20 (two Zen 5 threads; 8 rows level).
+// The row two ahead is fetched as well, into L2, which takes the prefetcher over the starts of a
+// layer's small products sooner (a one-stream step 15.8-16.3 -> 15.3-15.8 ms on Zen 5). At one row
+// it was fetched non-temporally for a while: on Zen 5 the default model's one-stream forward ran
+// 12.4 -> 11.8 ms so, but on Zen 4 that held the one-row product 10-15% below a plain read's rate
+// (8192 x 2048 from memory, the two alternating in one process ten times: float16 37.9 against
+// 44.3 GB/s, float32 30.7 against 33.9; the default model's one stream level, 53-56 tok/s either
+// way). From two rows into L2 was measured on Zen 5: 8192 x 2048 float16 at 2 / 4 rows 26 / 38 ->
+// 42-47 / 49-51 Gvalue-rows/s, float32 at 2 rows 15.5 -> 19.4-20 (8 rows level).
 // The weights are T, or kept as W (16-bit floats: a GGUF file's F16/BF16, block_codes.h's
 // FloatRows) and widened a vector at a time as they are read (kv_element.h's Element).
 // With AVX-512, from 3 input rows, two weight rows go side by side, each input load meeting both:
@@ -77,7 +78,7 @@ inline void few_rows(const T* x, int64_t x_stride, const W* w, int64_t w_stride,
         for (; k + SUMS * L <= in; k += SUMS * L) {
             for (int i = 0; i < SIDE; ++i)
                 for (int64_t line = 0; line < SUMS * L; line += 64 / sizeof(W))
-                    __builtin_prefetch(rows[i] + 2 * SIDE * w_stride + k + line, 0, ROWS == 1 ? 0 : 2);
+                    __builtin_prefetch(rows[i] + 2 * SIDE * w_stride + k + line, 0, 2);
             for (int s = 0; s < SUMS; ++s) {
                 typename V::type weights[SIDE];
                 for (int i = 0; i < SIDE; ++i) weights[i] = E::load(rows[i] + k + s * L);
