@@ -245,21 +245,27 @@ void pack_panels(const T* x, int64_t x_stride, int64_t rows, int64_t in, T* pack
     }
 }
 
+// Where the next tile's weights lie in memory, to fetch while a tile runs: its first row at its
+// first k (null: nowhere), rows ``row_bytes`` apart, a value of k ``value_bytes`` (16-bit weights
+// are fetched where they lie, not where they are widened to).
+struct NextTile {
+    const char* at = nullptr;
+    int64_t row_bytes = 0, value_bytes = 0;
+};
+
 // sums[o][m] (+)= panel rows m . w[o] over ``count`` values of k, for OUTS weight rows (w: the
 // first, at the chunk's first k; rows ``w_stride`` apart) and every row of the panel; ``sums`` holds
 // a weight row's sums of the panel's rows together, weight rows ``sums_stride`` apart, so that each
-// vector of sums is stored whole. The first chunk of k stores, later ones add. ``next``, if given, is
-// where the next tile's first weight row lies in memory (rows ``next_row_bytes`` apart, a value of k
-// ``next_value_bytes``): the first panel's pass reads its weights from memory, as OUTS strided
-// streams that the hardware prefetcher follows poorly, so it fetches the next tile's lines into L2
-// meanwhile (a decode step's products at 16-32 rows: 23.7 -> 20.4 and 36.0 -> 31.4 ms on Zen 5).
+// vector of sums is stored whole. The first chunk of k stores, later ones add. ``next``: the first
+// panel's pass reads its weights from memory, as OUTS strided streams that the hardware prefetcher
+// follows poorly, so it fetches the next tile's lines into L2 meanwhile (a decode step's products
+// at 16-32 rows: 23.7 -> 20.4 and 36.0 -> 31.4 ms on Zen 5).
 // Never inlined: inlined into the decoder layers' product, GCC kept the weight rows' offsets on the
 // stack and reloaded six of them every k (a 64-row decode step of the 360M F32 file 246 -> 255 ms on
 // Zen 4).
 template <typename T, int OUTS, int VECTORS>
 __attribute__((noinline)) void panel_tile(const T* panel, const T* w, int64_t w_stride, int64_t count, T* sums,
-                                          int64_t sums_stride, bool first, const char* next, int64_t next_row_bytes,
-                                          int64_t next_value_bytes) {
+                                          int64_t sums_stride, bool first, NextTile next) {
     using V = Vector<T>;
     constexpr int L = V::lanes;
     constexpr int64_t LINE = 64 / sizeof(T);
@@ -276,9 +282,10 @@ __attribute__((noinline)) void panel_tile(const T* panel, const T* w, int64_t w_
     };
     step(0, true);
     int64_t k = 1;
-    if (next != nullptr) {
+    if (next.at != nullptr) {
         for (; k + LINE <= count; k += LINE) {
-            for (int o = 0; o < OUTS; ++o) __builtin_prefetch(next + o * next_row_bytes + k * next_value_bytes, 0, 2);
+            for (int o = 0; o < OUTS; ++o)
+                __builtin_prefetch(next.at + o * next.row_bytes + k * next.value_bytes, 0, 2);
             for (int64_t j = 0; j < LINE; ++j) step(k + j, false);
         }
     }
@@ -295,28 +302,27 @@ __attribute__((noinline)) void panel_tile(const T* panel, const T* w, int64_t w_
 }
 
 // Where a tile's weights are: ``w`` (at the chunk's first k) with rows ``stride`` apart, and where
-// the next tile's lie in memory, to fetch meanwhile (panel_tile's ``next``; null: nothing to fetch).
+// the next tile's lie in memory, to fetch meanwhile (panel_tile's ``next``).
 template <typename T>
 struct TileWeights {
     const T* w;
     int64_t stride;
-    const char* next;
-    int64_t next_row_bytes, next_value_bytes;
+    NextTile next;
 };
 
-// TileWeights' ``next``: tile o + outs's first row of W weights at k, where a whole tile follows
-// tile o before ``end``.
+// Tile o + outs's weights at k in a dense [out, in] matrix of W, where a whole tile follows tile o
+// before ``end`` (else nowhere).
 template <typename W>
-inline const char* next_tile(const W* w, int64_t in, int64_t o, int64_t outs, int64_t k, int64_t end) {
-    return o + 2 * outs <= end ? reinterpret_cast<const char*>(w + (o + outs) * in + k) : nullptr;
+inline NextTile next_tile(const W* w, int64_t in, int64_t o, int64_t outs, int64_t k, int64_t end) {
+    if (o + 2 * outs > end) return {};
+    return {reinterpret_cast<const char*>(w + (o + outs) * in + k), in * int64_t(sizeof(W)), sizeof(W)};
 }
 
 // Where a tile's weights are in a dense [out, in] matrix: in place, the next tile's fetched meanwhile.
 template <typename T>
 inline auto stored_weights(const T* w, int64_t in) {
     return [w, in](int64_t o, int64_t outs, int64_t k, int64_t, int64_t end) {
-        return TileWeights<T>{w + o * in + k, in, next_tile(w, in, o, outs, k, end), in * int64_t(sizeof(T)),
-                              sizeof(T)};
+        return TileWeights<T>{w + o * in + k, in, next_tile(w, in, o, outs, k, end)};
     };
 }
 
@@ -339,7 +345,7 @@ inline auto widened_weights(const W* w, int64_t in) {
             for (; j + V::lanes <= count; j += V::lanes) V::store(to + j, Element<T, W>::load(from + j));
             for (; j < count; ++j) to[j] = Element<T, W>::widen(from[j]);
         }
-        return TileWeights<T>{tile, stride, next_tile(w, in, o, outs, k, end), in * int64_t(sizeof(W)), sizeof(W)};
+        return TileWeights<T>{tile, stride, next_tile(w, in, o, outs, k, end)};
     };
 }
 
@@ -383,6 +389,7 @@ void sums_to_rows(const T* sums, int64_t rows, int64_t outs, const T* bias, T* y
 // whole panel was ahead (26 rows: 83 against 64).
 template <int64_t P>
 inline int64_t panel_rows(int64_t rows) {  // of ``rows`` input rows, those the panels of P rows take
+    static_assert(P / 4 <= FEW_ROWS, "the rows left over are one group of few_rows");
     return rows > P && rows % P <= P / 4 ? rows - rows % P : rows;
 }
 
@@ -417,20 +424,17 @@ void panel_task(const T* packed, int64_t rows, int64_t in, int64_t chunk, int64_
                 T* sp = sums + (panel * TASK_OUTS + (o - first)) * P;
                 if (outs == OUTS) {
                     panel_tile<T, OUTS, Shape::vectors>(xp, tile.w, tile.stride, count, sp, P, k == 0,
-                                                        panel == 0 ? tile.next : nullptr, tile.next_row_bytes,
-                                                        tile.next_value_bytes);
+                                                        panel == 0 ? tile.next : NextTile{});
                 } else {  // the last few weight rows, one at a time
                     for (int64_t r = 0; r < outs; ++r)
                         panel_tile<T, 1, Shape::vectors>(xp, tile.w + r * tile.stride, tile.stride, count, sp + r * P,
-                                                         P, k == 0, nullptr, 0, 0);
+                                                         P, k == 0, NextTile{});
                 }
             }
             if (left > 0) {
-                for (int64_t m = 0; m < left; m += FEW_ROWS)
-                    with_few_rows(std::min(FEW_ROWS, left - m), [&](auto group) {
-                        few_rows<T, group>(x_left + m * x_stride + k, x_stride, tile.w, tile.stride, count, outs,
-                                           left_chunk + m * OUTS, OUTS);
-                    });
+                with_few_rows(left, [&](auto group) {
+                    few_rows<T, group>(x_left + k, x_stride, tile.w, tile.stride, count, outs, left_chunk, OUTS);
+                });
                 for (int64_t m = 0; m < left; ++m)
                     for (int64_t r = 0; r < outs; ++r) {
                         T& sum = left_sums[m * TASK_OUTS + (o - first) + r];

@@ -84,7 +84,7 @@ def panels_from(request):
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 # 1-8 rows one weight row at a time, more in groups of 8 (panels from 72); whole, partial, several
-# panels; the wide panels (AVX-512) from 32 rows; 1-4 rows left after whole panels (17, 20, 36)
+# panels; the wide panels (AVX-512) from 32 rows; rows left after whole panels (17, 20, 36, 40)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 20, 36, 40, 71])
 @pytest.mark.parametrize("width,out,bias", [(64, 96, False), (61, 29, True), (576, 8 * 3 * 7 + 5, True),
                                             (1100, 48 + 6 + 5, True),  # past 1024: chunks of k
