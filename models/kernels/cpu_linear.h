@@ -51,6 +51,9 @@ namespace {
 // 44.3 GB/s, float32 30.7 against 33.9; the default model's one stream level, 53-56 tok/s either
 // way). From two rows into L2 was measured on Zen 5: 8192 x 2048 float16 at 2 / 4 rows 26 / 38 ->
 // 42-47 / 49-51 Gvalue-rows/s, float32 at 2 rows 15.5 -> 19.4-20 (8 rows level).
+// With AVX2 one row fetches nothing: on a Zen 3 (AVX2 only) its hardware prefetcher alone read a
+// row's stream fastest (docs/bench/one_row_reads.cpp: 23.0-25.0 GB/s against 19.7-22.4 into L2),
+// and the 1.7B F32 file's one-stream decode step ran 251-291 -> 225-268 ms (five alternations).
 // The weights are T, or kept as W (16-bit floats: a GGUF file's F16/BF16, block_codes.h's
 // FloatRows) and widened a vector at a time as they are read (kv_element.h's Element).
 // With AVX-512, from 3 input rows, two weight rows go side by side, each input load meeting both:
@@ -65,6 +68,7 @@ inline void few_rows(const T* x, int64_t x_stride, const W* w, int64_t w_stride,
     using V = Vector<T>;
     using E = Element<T, W>;
     constexpr int SIDE = VECTOR_BYTES == 64 && ROWS >= 3 ? 2 : 1;
+    constexpr bool FETCH = ROWS > 1 || VECTOR_BYTES == 64;
     // Independent sums per input row and weight row: 4 at one row, else 2; one with two weight rows,
     // and with AVX2's 16 registers from 5 rows up (two per row spilled two of 8 rows' sums to the
     // stack: 8 rows 20.2 -> 18.5 ms with one).
@@ -76,9 +80,10 @@ inline void few_rows(const T* x, int64_t x_stride, const W* w, int64_t w_stride,
         typename V::type acc[SIDE][ROWS][SUMS] = {};
         int64_t k = 0;
         for (; k + SUMS * L <= in; k += SUMS * L) {
-            for (int i = 0; i < SIDE; ++i)
-                for (int64_t line = 0; line < SUMS * L; line += 64 / sizeof(W))
-                    __builtin_prefetch(rows[i] + 2 * SIDE * w_stride + k + line, 0, 2);
+            if constexpr (FETCH)
+                for (int i = 0; i < SIDE; ++i)
+                    for (int64_t line = 0; line < SUMS * L; line += 64 / sizeof(W))
+                        __builtin_prefetch(rows[i] + 2 * SIDE * w_stride + k + line, 0, 2);
             for (int s = 0; s < SUMS; ++s) {
                 typename V::type weights[SIDE];
                 for (int i = 0; i < SIDE; ++i) weights[i] = E::load(rows[i] + k + s * L);
