@@ -109,7 +109,6 @@ def main():
     parser.add_argument("--streams", default="1,4", help="engine: concurrent streams")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--weights", default="float32")
-    parser.add_argument("--model", default=None, help="a checkpoint or GGUF file (default: the embedded model)")
     parser.add_argument("--panels-from", default=None, help="forward: A,B row counts from which the panels start")
     parser.add_argument("--busy", type=int, default=0, help="busy competitor processes while measuring")
     args = parser.parse_args()
@@ -118,7 +117,7 @@ def main():
     from runtime.bench.harness import Competitors
 
     torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
-    engine = Engine.from_pretrained(args.model, weights=args.weights)
+    engine = Engine.from_pretrained(None, weights=args.weights)
     model = engine.model
     panels = list(map(int, args.panels_from.split(","))) if args.panels_from else [None] * len(libraries)
     turns = {name: (lambda library=library, rows=rows: use(library, model, rows))
