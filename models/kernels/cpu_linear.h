@@ -51,9 +51,6 @@ namespace {
 // 44.3 GB/s, float32 30.7 against 33.9; the default model's one stream level, 53-56 tok/s either
 // way). From two rows into L2 was measured on Zen 5: 8192 x 2048 float16 at 2 / 4 rows 26 / 38 ->
 // 42-47 / 49-51 Gvalue-rows/s, float32 at 2 rows 15.5 -> 19.4-20 (8 rows level).
-// With AVX2 one row fetches nothing: on a Zen 3 (AVX2 only) its hardware prefetcher alone read a
-// row's stream fastest (docs/bench/one_row_reads.cpp: 23.0-25.0 GB/s against 19.7-22.4 into L2),
-// and the 1.7B F32 file's one-stream decode step ran 251-291 -> 225-268 ms (five alternations).
 // The weights are T, or kept as W (16-bit floats: a GGUF file's F16/BF16, block_codes.h's
 // FloatRows) and widened a vector at a time as they are read (kv_element.h's Element).
 // With AVX-512, from 3 input rows, two weight rows go side by side, each input load meeting both:
@@ -61,22 +58,43 @@ namespace {
 // product to a third of a multiply-add a cycle (8192 x 2048 float16 at 4 / 6 / 8 rows 36 / 38 / 40
 // -> 51 / 61 / 62 Gvalue-rows/s, two Zen 4 threads; float32 at 6 / 8 rows 35 / 30 -> 48 / 38). With
 // AVX2 they do not: its 16 registers hold fewer sums, and float16 at 3 / 4 rows ran 38 -> 28.
+// With AVX2, up to 6 input rows, the weight rows are read as several streams at once instead: each
+// step takes a row from each of spread_runs runs of a task's rows (4 at 1-3 input rows, 3 at 4, 2 at
+// 5-6: as many sums as the 16 registers hold), and nothing is fetched ahead. One stream kept too few
+// lines in flight to draw the memory's rate on a Zen 3 (AVX2 only; docs/bench/one_row_reads.cpp,
+// four runs of 8 rows side by side against a row at a time: 8192 x 2048 36.6-40.0 against
+// 26.3-27.1 GB/s, 2560 x 960 32.1-36.2 against 23.8-28.4; fetching ahead was slower for both). The
+// 1.7B F32 file's decode step at 1 / 4 / 6 rows ran 231-279 / 334-338 / 388-397 -> 181-244 /
+// 222-244 / 304-332 ms, the 360M F32's at 1 / 2 / 3 rows 54-63 / 72-81 / 66-92 -> 44-46 / 52-62 /
+// 49-54, the 360M F16's at 1 / 3 / 4 rows 33-36 / 39-43 / 42-47 -> 27-34 / 33-35 / 39-40 (two
+// checkouts alternating). Adjacent weight rows side by side had been slower (above); runs far apart
+// are separate streams, which the prefetchers follow each on its own. AVX-512 is unmeasured.
 // ``w``: ``count`` weight rows ``w_stride`` apart, each ``in`` values long.
+constexpr int spread_runs(int64_t rows) {  // at ``rows`` input rows (1: a weight row at a time)
+    return VECTOR_BYTES != 32 || rows > 6 ? 1 : rows <= 3 ? 4 : rows == 4 ? 3 : 2;
+}
 template <typename T, int ROWS, typename W = T>
 inline void few_rows(const T* x, int64_t x_stride, const W* w, int64_t w_stride, int64_t in, int64_t count, T* y,
                      int64_t y_stride) {
     using V = Vector<T>;
     using E = Element<T, W>;
-    constexpr int SIDE = VECTOR_BYTES == 64 && ROWS >= 3 ? 2 : 1;
-    constexpr bool FETCH = ROWS > 1 || VECTOR_BYTES == 64;
-    // Independent sums per input row and weight row: 4 at one row, else 2; one with two weight rows,
-    // and with AVX2's 16 registers from 5 rows up (two per row spilled two of 8 rows' sums to the
-    // stack: 8 rows 20.2 -> 18.5 ms with one).
-    constexpr int L = V::lanes, SUMS = ROWS == 1 ? 4 : (SIDE == 2 || (VECTOR_BYTES == 32 && ROWS > 4)) ? 1 : 2;
-    for (int64_t o = 0; o < count; o += SIDE, w += SIDE * w_stride) {
-        const int side = int(std::min<int64_t>(SIDE, count - o));
-        const W* rows[SIDE];  // a last odd weight row stands in for its missing neighbour too
-        for (int i = 0; i < SIDE; ++i) rows[i] = w + std::min(i, side - 1) * w_stride;
+    constexpr bool SPREAD = spread_runs(ROWS) > 1;
+    constexpr int SIDE = SPREAD ? spread_runs(ROWS) : VECTOR_BYTES == 64 && ROWS >= 3 ? 2 : 1;
+    constexpr bool FETCH = !SPREAD && (ROWS > 1 || VECTOR_BYTES == 64);
+    // Independent sums per input row and weight row: 4 at one row a weight row at a time, else 2; one
+    // with several weight rows, and with AVX2's 16 registers from 5 rows up (two per row spilled two
+    // of 8 rows' sums to the stack: 8 rows 20.2 -> 18.5 ms with one).
+    constexpr int L = V::lanes, SUMS = SIDE > 1 ? 1 : ROWS == 1 ? 4 : VECTOR_BYTES == 32 && ROWS > 4 ? 1 : 2;
+    // Step j takes weight rows j SIDE ... j SIDE + SIDE - 1, or spread, row j of each of SIDE runs of
+    // ``run`` rows; a row past the last stands in for it and is not stored.
+    const int64_t run = (count + SIDE - 1) / SIDE;
+    for (int64_t j = 0; j < run; ++j) {
+        int64_t index[SIDE];
+        const W* rows[SIDE];
+        for (int i = 0; i < SIDE; ++i) {
+            index[i] = SPREAD ? i * run + j : j * SIDE + i;
+            rows[i] = w + std::min(index[i], count - 1) * w_stride;
+        }
         typename V::type acc[SIDE][ROWS][SUMS] = {};
         int64_t k = 0;
         for (; k + SUMS * L <= in; k += SUMS * L) {
@@ -96,17 +114,23 @@ inline void few_rows(const T* x, int64_t x_stride, const W* w, int64_t w_stride,
         for (; k + L <= in; k += L)
             for (int m = 0; m < ROWS; ++m)
                 for (int i = 0; i < SIDE; ++i) acc[i][m][0] += V::load(x + m * x_stride + k) * E::load(rows[i] + k);
-        for (int i = 0; i < side; ++i)
+        for (int i = 0; i < SIDE; ++i) {
+            if (index[i] >= count) continue;
             for (int m = 0; m < ROWS; ++m) {
                 typename V::type sums = acc[i][m][0];
                 for (int s = 1; s < SUMS; ++s) sums += acc[i][m][s];
                 T sum = 0;
                 for (int lane = 0; lane < L; ++lane) sum += sums[lane];
-                for (int64_t j = k; j < in; ++j) sum += x[m * x_stride + j] * E::widen(rows[i][j]);
-                y[m * y_stride + o + i] = sum;
+                for (int64_t r = k; r < in; ++r) sum += x[m * x_stride + r] * E::widen(rows[i][r]);
+                y[m * y_stride + index[i]] = sum;
             }
+        }
     }
 }
+
+// The weight rows of a task of few_rows at ``rows`` input rows: 8, and 32 where they are read in
+// runs (runs of 8 rows; of 2, 2560 x 960 read at 32.4 against 36.2 GB/s).
+inline int64_t few_rows_task(int64_t rows) { return spread_runs(rows) > 1 ? 32 : 8; }
 
 // The input rows few_rows takes at a time: every count below the panels that measure_panel_rows
 // times (models/kernels/cpu_linear.py's LAST_TIMED_ROWS). With AVX2, 8 rows ran 1.5x faster than the row
@@ -581,10 +605,11 @@ void linear_rows(const T* x, int64_t x_stride, int64_t rows, const W* w, const T
             panels(x, x_stride, rows, in, out, k_chunk(in), widened_weights<T>(w, in), bias, y, y_stride, packed);
         return;
     }
-    // A task is 8 weight rows against every input row, FEW_ROWS of them at a time (more only where
-    // the panels are set to start later than measure_panel_rows would: the weights of a task are
-    // then cached for the later groups).
-    row_group_tasks(rows, out, 8, bias, y, y_stride, [&](auto group, int64_t m, int64_t o, int64_t count) {
+    // A task is few_rows_task weight rows against every input row, FEW_ROWS of them at a time (more
+    // only where the panels are set to start later than measure_panel_rows would: the weights of a
+    // task are then cached for the later groups).
+    const int64_t outs = few_rows_task(rows);
+    row_group_tasks(rows, out, outs, bias, y, y_stride, [&](auto group, int64_t m, int64_t o, int64_t count) {
         few_rows<T, group, W>(x + m * x_stride, x_stride, w + o * in, in, in, count, y + m * y_stride + o, y_stride);
     });
 }
