@@ -347,11 +347,19 @@ inline NextTile next_tile(const W* w, int64_t in, int64_t o, int64_t outs, int64
     return {reinterpret_cast<const char*>(w + (o + outs) * in + k), in * int64_t(sizeof(W)), sizeof(W)};
 }
 
-// Where a tile's weights are in a dense [out, in] matrix: in place, the next tile's fetched meanwhile.
+// Where a tile's weights are in a dense [out, in] matrix: in place, the next tile's fetched meanwhile,
+// except with AVX2 where the rows lie a multiple of 4 KiB apart: the next tile's lines then fall in
+// the L1 sets of the tile's own (a Zen 3's prefetches fill L1 at every locality), and on the Zen 3
+// the hardware prefetchers alone ran the panels faster over the 1.7B F32 file's layer shapes (16 /
+// 32 rows 129-150 / 136-162 against 108-125 / 131-150 GFLOP/s, docs/bench/panel_shapes.cpp, 64
+// level; rows 2064 and 8208 wide: level or behind), its decode step at 16 / 32 / 64 rows 424-506 /
+// 943-954 / 1676-1960 -> 416-440 / 832-864 / 1500-1687 ms. The 360M F32's 960-wide rows ran 16-row
+// panels at 80-137 against 112-146 without the fetch.
 template <typename T>
 inline auto stored_weights(const T* w, int64_t in) {
-    return [w, in](int64_t o, int64_t outs, int64_t k, int64_t, int64_t end) {
-        return TileWeights<T>{w + o * in + k, in, next_tile(w, in, o, outs, k, end)};
+    const bool fetch = VECTOR_BYTES == 64 || in * int64_t(sizeof(T)) % 4096 != 0;
+    return [w, in, fetch](int64_t o, int64_t outs, int64_t k, int64_t, int64_t end) {
+        return TileWeights<T>{w + o * in + k, in, fetch ? next_tile(w, in, o, outs, k, end) : NextTile{}};
     };
 }
 
