@@ -27,14 +27,19 @@ def run(owner: weakref.ref, wakeup: threading.Condition) -> None:
     reference between steps: the engine holds the worker, so an engine the application drops is
     collected, its worker with it, and the loop ends."""
     with torch.inference_mode():
+        idle = True  # (started by a launch, which may be the first of a burst)
         while (worker := owner()) is not None:
             try:
                 with wakeup:
+                    if idle:
+                        gather(wakeup)
+                        idle = False
                     if worker.closed is not None:
                         return
                     plan = worker.plan()
                     if not plan:  # None: nothing runnable; empty: work that does not fit yet
                         worker = None  # sleep without keeping the worker alive
+                        idle = plan is None
                         wakeup.wait(None if plan is None else 0.01)
                         continue
                 worker.step(plan)
@@ -43,6 +48,24 @@ def run(owner: weakref.ref, wakeup: threading.Condition) -> None:
                     worker.close(EngineClosed(f"the engine loop died: {error!r}"), cause=error)
                 return
             del worker, plan
+
+
+# Woken from idleness, the loop lets a burst of launches gather before its first step, as long as
+# they come less than GATHER_GAP apart (GATHER_MAX at most): threads started together launch ~0.1-1 ms
+# apart. A step of a few rows costs about what reading the weights costs, one prompt or sixteen, and
+# without the pause the first step took the one to four prompts launched before it began, the others
+# waiting for it: W6's 16 threads, each launching a 20-token prompt on the 1.7B F32 file, had their
+# first tokens after 9.1-9.2 s (a first step of 1.1 / 2.3 s, then the rest's), gathered 8.4-8.7 s; the
+# default model's 16 / 64 0.62-0.65 / 2.1-2.2 s, gathered 0.50-0.52 / 1.9-2.0 (docs/benchmarks.md). A
+# request alone waits GATHER_GAP more for its first token.
+GATHER_GAP, GATHER_MAX = 0.002, 0.05
+
+
+def gather(wakeup: threading.Condition) -> None:
+    """Under ``wakeup``'s lock: wait while launches keep notifying it (GATHER_GAP, GATHER_MAX)."""
+    end = time.perf_counter() + GATHER_MAX
+    while (left := end - time.perf_counter()) > 0 and wakeup.wait(min(GATHER_GAP, left)):
+        pass
 
 
 def notify(wakeup: threading.Condition) -> None:

@@ -193,6 +193,52 @@ def test_the_last_consumer_to_take_its_token_ends_the_wait():
     handoff.wait(time.perf_counter() + 10)  # nothing expected: returns at once
 
 
+def test_woken_from_idleness_the_loop_gathers_a_burst_of_launches(monkeypatch):
+    """gather waits while launches keep notifying less than GATHER_GAP apart, GATHER_MAX at most
+    (the constants scaled up so that a busy machine's thread delays do not decide the outcome)."""
+    monkeypatch.setattr(loop, "GATHER_GAP", 0.2)
+    monkeypatch.setattr(loop, "GATHER_MAX", 1.5)
+    wakeup = threading.Condition()
+
+    def gathered_for(launch_times) -> float:
+        launches = [threading.Timer(t, loop.notify, args=(wakeup,)) for t in launch_times]
+        with wakeup:
+            start = time.perf_counter()
+            for launch in launches:
+                launch.start()
+            loop.gather(wakeup)
+            waited = time.perf_counter() - start
+        for launch in launches:
+            launch.cancel()
+        return waited
+
+    assert 0.2 <= gathered_for([]) < 1.0                                 # nothing more: one gap
+    assert 0.5 <= gathered_for([0.05 * (i + 1) for i in range(10)]) < 1.4  # past the burst's last
+    assert 1.5 <= gathered_for([0.05 * (i + 1) for i in range(80)]) < 3.0  # an endless one: the cap
+
+
+@pytest.mark.timing
+def test_a_burst_of_threads_launching_on_an_idle_engine_prefills_in_one_step(llama):
+    """Eight threads released together: their prompts take one step, not one and then seven. A
+    race outcome, so opt-in (--timing): on a busy machine a launch may come a gap late."""
+    with Engine.from_pretrained(llama) as engine:
+        list(engine.stream_response_tokens(engine.launch_response_tokens([5, 6], {"max_new_tokens": 1})))
+        steps = engine.stats()["steps"]
+        release = threading.Barrier(8)
+
+        def launch(i):
+            release.wait()
+            handle = engine.launch_response_tokens([1 + i, 2, 3], {"max_new_tokens": 1})
+            assert len(list(engine.stream_response_tokens(handle, timeout=60))) == 1
+
+        threads = [threading.Thread(target=launch, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert engine.stats()["steps"] - steps == 1
+
+
 def test_priority_policy_runs_higher_priority_first(llama):
     with Engine.from_pretrained(llama, max_batch_size=1, policy="priority") as engine:
         slow(engine, delay=0.01)
