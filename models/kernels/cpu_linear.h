@@ -36,12 +36,19 @@
 
 namespace {
 
-// ROWS input rows against ``count`` consecutive weight rows, a weight row at a time, each input row
-// with a few sums along it: the weights are then read as one sequential stream, which the hardware
-// prefetcher follows best, and the input rows (at most FEW_ROWS x the width) stay in L1. Three
-// weight rows side by side (the row tiles it replaced) made a decode step's forward 1.2-1.5x slower
-// at 2-8 rows, and the panels 1.05-1.3x slower at 3-8 rows on Zen 5 (docs/benchmarks.md, "A few
-// rows, one weight row at a time"). Block weights do the same with integer products over their
+// How many runs of its weight rows few_rows reads side by side at ``rows`` input rows (1: a weight row
+// at a time; why, below).
+constexpr int spread_runs(int64_t rows) {
+    return VECTOR_BYTES != 32 || rows > 6 ? 1 : rows <= 3 ? 4 : rows == 4 ? 3 : 2;
+}
+
+// ROWS input rows against ``count`` consecutive weight rows, a weight row at a time (with AVX2 up to
+// 6 input rows, several runs of them side by side: below), each input row with a few sums along it:
+// the weights are then read as one sequential stream, which the hardware prefetcher follows best,
+// and the input rows (at most FEW_ROWS x the width) stay in L1. Three weight rows side by side (the
+// row tiles it replaced) made a decode step's forward 1.2-1.5x slower at 2-8 rows, and the panels
+// 1.05-1.3x slower at 3-8 rows on Zen 5 (docs/benchmarks.md, "A few rows, one weight row at a
+// time"). Block weights do the same with integer products over their
 // codes (block_weights.h's int8_rows and pair_rows).
 // The row two ahead is fetched as well, into L2, which takes the prefetcher over the starts of a
 // layer's small products sooner (a one-stream step 15.8-16.3 -> 15.3-15.8 ms on Zen 5). At one row
@@ -70,9 +77,6 @@ namespace {
 // checkouts alternating). Adjacent weight rows side by side had been slower (above); runs far apart
 // are separate streams, which the prefetchers follow each on its own. AVX-512 is unmeasured.
 // ``w``: ``count`` weight rows ``w_stride`` apart, each ``in`` values long.
-constexpr int spread_runs(int64_t rows) {  // at ``rows`` input rows (1: a weight row at a time)
-    return VECTOR_BYTES != 32 || rows > 6 ? 1 : rows <= 3 ? 4 : rows == 4 ? 3 : 2;
-}
 template <typename T, int ROWS, typename W = T>
 inline void few_rows(const T* x, int64_t x_stride, const W* w, int64_t w_stride, int64_t in, int64_t count, T* y,
                      int64_t y_stride) {
@@ -352,9 +356,9 @@ inline NextTile next_tile(const W* w, int64_t in, int64_t o, int64_t outs, int64
 // the L1 sets of the tile's own (a Zen 3's prefetches fill L1 at every locality), and on the Zen 3
 // the hardware prefetchers alone ran the panels faster over the 1.7B F32 file's layer shapes (16 /
 // 32 rows 129-150 / 136-162 against 108-125 / 131-150 GFLOP/s, docs/bench/panel_shapes.cpp, 64
-// level; rows 2064 and 8208 wide: level or behind), its decode step at 16 / 32 / 64 rows 424-506 /
-// 943-954 / 1676-1960 -> 416-440 / 832-864 / 1500-1687 ms. The 360M F32's 960-wide rows ran 16-row
-// panels at 80-137 against 112-146 without the fetch.
+// level; rows 2064 and 8208 wide: level or behind), its decode step at 16 / 32 / 64 rows 424-541 /
+// 943-954 / 1649-1960 -> 402-469 / 832-864 / 1444-1687 ms. Over the 360M F32's 960-wide rows the
+// fetch helps: 16-row panels 112-146 GFLOP/s with it, 80-137 without.
 template <typename T>
 inline auto stored_weights(const T* w, int64_t in) {
     const bool fetch = VECTOR_BYTES == 64 || in * int64_t(sizeof(T)) % 4096 != 0;
