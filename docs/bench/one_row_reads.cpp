@@ -22,6 +22,7 @@
 template <int SIDE, bool FETCH, int LOCALITY, int APART = 1>
 void product(const float* x, const float* w, long in, long out, float* y) {
     static_assert(APART == 1 || APART == 8, "rows side by side, or runs of 8");
+    static_assert(!(FETCH && APART > 1), "the fetches ahead are for adjacent rows");
     const long tasks = out / (8 * SIDE), chunk = std::max(1L, tasks / (2 * omp_get_num_threads()));
 #pragma omp for schedule(dynamic, chunk)
     for (long t = 0; t < tasks; ++t)
@@ -42,9 +43,10 @@ void product(const float* x, const float* w, long in, long out, float* y) {
             } else {
                 for (long k = 0; k < in; k += 8) {
                     if (FETCH && k % 16 == 0)
-                        for (int s = 0; s < SIDE; ++s) __builtin_prefetch(r + (SIDE + s) * in + k, 0, LOCALITY);  // (adjacent)
+                        for (int s = 0; s < SIDE; ++s) __builtin_prefetch(r + (SIDE + s) * in + k, 0, LOCALITY);
                     const __m256 xv = _mm256_loadu_ps(x + k);
-                    for (int s = 0; s < SIDE; ++s) acc[s] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(r + s * APART * in + k), acc[s]);
+                    for (int s = 0; s < SIDE; ++s)
+                        acc[s] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(r + s * APART * in + k), acc[s]);
                 }
             }
             for (int s = 0; s < (SIDE > 1 ? SIDE : 1); ++s) {
@@ -58,6 +60,10 @@ void product(const float* x, const float* w, long in, long out, float* y) {
 
 int main() {
     const long in = atol(getenv("IN") ? getenv("IN") : "960"), out = atol(getenv("OUT") ? getenv("OUT") : "2560");
+    if (out % 32 != 0) {  // every variant's tasks are whole (8 x 4 rows at most)
+        fprintf(stderr, "OUT must be a multiple of 32, not %ld\n", out);
+        return 1;
+    }
     const long copies = std::max(2L, 480000000L / (in * out * 4));
     std::vector<float*> matrices;
     for (long c = 0; c < copies; ++c) {

@@ -84,7 +84,7 @@ inline void few_rows(const T* x, int64_t x_stride, const W* w, int64_t w_stride,
     using E = Element<T, W>;
     constexpr bool SPREAD = spread_runs(ROWS) > 1;
     constexpr int SIDE = SPREAD ? spread_runs(ROWS) : VECTOR_BYTES == 64 && ROWS >= 3 ? 2 : 1;
-    constexpr bool FETCH = !SPREAD && (ROWS > 1 || VECTOR_BYTES == 64);
+    constexpr bool FETCH = !SPREAD;  // (every row count that reads a row at a time fetches ahead)
     // Independent sums per input row and weight row: 4 at one row a weight row at a time, else 2; one
     // with several weight rows, and with AVX2's 16 registers from 5 rows up (two per row spilled two
     // of 8 rows' sums to the stack: 8 rows 20.2 -> 18.5 ms with one).
