@@ -195,34 +195,41 @@ inline void widen_row16(Q6KRows16, const BlockWeights& w, int64_t row, float* ds
 constexpr int64_t ROWS16_AHEAD = 4 * Q4KRows16::BLOCK_BYTES;
 
 // The AVX2 Q4_K and Q6_K products of a few rows fetch the block ahead a line at a time through a
-// block's products, where the others fetch a block's lines all at once as it begins: its lines in
-// PARTS shares (the calls of the kernel's inner steps a block), a line of a share per inner step.
-// A Q4_K block is 37 lines, a Q6_K one 53; fetched at once, they held a product to about half the
-// memory's rate on a Zen 3 (8192 x 2048 from memory, two threads, three alternations: Q4_K at 1 / 4
-// rows 20.4-22.0 GB/s / 99-114 Gvalue-rows/s -> 22.0-26.0 / 116-139, Q6_K 18.0-20.0 / 59-65 ->
-// 20.6-22.7 / 81-100; the Q4_K product alone, its weights in L3, reads 40 GB/s). Only where a
-// chunk is its group's only one (a few rows, bound by reading the weights): spread over the first
-// of several chunks, a 16-row Q4_K product ran at 93-128 against 119-130. Q8_0's and Q4_1's blocks
-// (9 and 5 lines) read level or slower so (Q8_0 at one row 24.8-26.2 -> 22.4-24.2 GB/s).
-template <typename L, int PARTS>
+// block's products, where the others fetch a block's lines all at once as it begins: the block's
+// lines in SHARES shares, one for each call of the kernel's inner loop in a block (rows16_sub_block:
+// 8, rows16_group: 32), each call fetching its share a line per step of its STEPS. (Rounded up, the
+// last shares run 3 / 11 lines into the next block, which its own block fetches again.) A Q4_K
+// block is 37 lines, a Q6_K one 53; fetched at once as the block began, they stalled the product on
+// a Zen 3 (8192 x 2048 from memory, two threads, three alternations: Q4_K at 1 / 4 rows 20.4-22.0
+// GB/s / 99-114 Gvalue-rows/s -> 22.0-26.0 / 116-139, Q6_K 18.0-20.0 / 59-65 -> 20.6-22.7 / 81-100,
+// measured at 1 and 4 rows; the Q4_K product alone, its weights in L3, reads 40 GB/s). A share at
+// once before each call read 21.6-25.1 against a line a step's 23.5-26.6. Only where a chunk is its
+// group's only one (a few rows, bound by reading the weights): spread over the first of several
+// chunks, a 16-row Q4_K product ran at 93-128 against 119-130 Gvalue-rows/s. Q8_0's and Q4_1's
+// blocks (9 and 5 lines) read level or slower so (Q8_0 at one row 24.8-26.2 -> 22.4-24.2 GB/s).
+template <typename L, int SHARES, int STEPS>
 struct FetchShares {
-    static constexpr int LINES = int((L::BLOCK_BYTES + CACHE_LINE * PARTS - 1) / (CACHE_LINE * PARTS));  // a share's
-    const uint8_t* ahead;  // the block ROWS16_AHEAD on, or null: nothing to fetch a share at a time
+    static constexpr int LINES = int((L::BLOCK_BYTES + CACHE_LINE * SHARES - 1) / (CACHE_LINE * SHARES));  // a share's
+    static_assert(LINES <= STEPS, "a call's steps fetch all of its share");
+    const uint8_t* ahead;  // the block ROWS16_AHEAD on (prefetches never fault past the end), or null
 
     // What chunk m0 (of CHUNK rows) of a group of ROWS input rows fetches as it reads ``block``:
     // the first chunk spreads the block ahead over its steps where it is the group's only one, and
     // fetches it all at once where more follow; the later chunks nothing.
     template <int ROWS, int CHUNK>
-    static FetchShares of(const uint8_t* block, int m0) {
+    static FetchShares for_chunk(const uint8_t* block, int m0) {
         if (m0 != 0) return {nullptr};
-        if constexpr (ROWS <= CHUNK) return {block + ROWS16_AHEAD};  // (never faults past the end)
-        fetch_lines(block + ROWS16_AHEAD, L::BLOCK_BYTES);
-        return {nullptr};
+        if constexpr (ROWS <= CHUNK) {
+            return {block + ROWS16_AHEAD};
+        } else {
+            fetch_lines(block + ROWS16_AHEAD, L::BLOCK_BYTES);
+            return {nullptr};
+        }
     }
-    // share ``part``'s lines (null where there is nothing to fetch)
-    const uint8_t* share(int part) const { return ahead == nullptr ? nullptr : ahead + part * LINES * CACHE_LINE; }
-    // an inner step's line of a share: step ``step`` fetches line ``step``, where the share has it
-    static void line(const uint8_t* share, int step) {
+    // where share ``index``'s lines are (null where there is nothing to fetch)
+    const uint8_t* share(int index) const { return ahead == nullptr ? nullptr : ahead + index * LINES * CACHE_LINE; }
+    // step ``step`` of a call fetches line ``step`` of its share, where the share has it
+    static void fetch_line(const uint8_t* share, int step) {
         if (share != nullptr && step < LINES) __builtin_prefetch(share + step * CACHE_LINE, 0, 2);
     }
 };
@@ -339,11 +346,12 @@ inline void add_nibble_products(__m256i (&products)[2][CHUNK], const uint8_t* co
     }
 }
 
+using Q4KShares = FetchShares<Q4KRows16, 8, 8>;  // (a share for each sub-block's eight steps)
+
 // a[h][i] += sub-block 2 c + HIGH's products of the sixteen weight rows of ``block`` (their codes
 // the low nibbles of pair c's bytes, or the high) and input row i's codes of the super-block
 // ``xq[i]``, times the rows' sub-block scales (the block ahead's share j of its lines fetched
 // meanwhile: FetchShares)
-using Q4KShares = FetchShares<Q4KRows16, 8>;
 template <bool HIGH, int CHUNK>
 inline void rows16_sub_block(__m256i (&a)[2][CHUNK], const uint8_t* block, int c, const int8_t* const (&xq)[CHUNK],
                              __m256i nibble, Q4KShares fetch) {
@@ -355,7 +363,7 @@ inline void rows16_sub_block(__m256i (&a)[2][CHUNK], const uint8_t* block, int c
         for (auto& p : half) p = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int q = 0; q < 8; ++q) {
-        Q4KShares::line(share, q);
+        Q4KShares::fetch_line(share, q);
         add_nibble_products<HIGH>(products, block + c * 512 + 64 * q, xq, 32 * j + 4 * q, nibble, q == 7);
     }
     for (int h = 0; h < 2; ++h) {
@@ -372,7 +380,7 @@ inline void rows16_chunk(const RoundedGroup<Q4KRows16, ROWS>& x, int m0, const u
     Lanes sums[2][CHUNK] = {};
     for (int64_t s = 0; s < supers; ++s) {
         const uint8_t* block = blocks + s * L::BLOCK_BYTES;
-        const auto fetch = Q4KShares::of<ROWS, CHUNK>(block, m0);
+        const auto fetch = Q4KShares::for_chunk<ROWS, CHUNK>(block, m0);
         __m256i a[2][CHUNK];
         for (auto& half : a)
             for (auto& v : half) v = _mm256_setzero_si256();
@@ -514,12 +522,13 @@ inline void rows16_chunk(const RoundedGroup<Q41Rows16, ROWS>& x, int m0, const u
 // pair_rows reaches over the file's layout, and takes the same float step. Per 32 products, 1.25
 // multiply instructions (int8_rows over the file's layout: maddubs, then madd by the scales, 2).
 
+using Q6KShares = FetchShares<Q6KRows16, 32, 4>;  // (a share for each group's four steps)
+
 // a[i] += group G = 4 P + k's products (P a constant: where its bits lie) of weight rows 8 h to
 // 8 h + 7 of ``block`` and input row i's codes of the super-block (``xq`` on, a record a row: each row
 // a constant past the first, where pointers of their own took a register each and spilled), less
 // its offsets (``offsets`` on, likewise), times the rows' scales of the group (the block ahead's
 // share 16 h + 4 k + P of its lines fetched meanwhile: FetchShares).
-using Q6KShares = FetchShares<Q6KRows16, 32>;
 template <int P, int CHUNK>
 inline void rows16_group(__m256i (&a)[CHUNK], const uint8_t* block, int k, int h, const int8_t* xq,
                          const int32_t* offsets, Q6KShares fetch) {
@@ -532,7 +541,7 @@ inline void rows16_group(__m256i (&a)[CHUNK], const uint8_t* block, int k, int h
     for (auto& p : products) p = _mm256_setzero_si256();
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) {
-        Q6KShares::line(share, t);
+        Q6KShares::fetch_line(share, t);
         const __m256i low = load<__m256i>(block + L::low_at(G, t, h));
         const __m256i high = load<__m256i>(block + L::high_at(G, t, h));
         constexpr int up = 4 - 2 * P;  // the group's bit pair to bits 4 and 5
@@ -564,7 +573,7 @@ inline void rows16_chunk(const RoundedGroup<Q6KRows16, ROWS>& x, int m0, const u
     Lanes sums[2][CHUNK] = {};
     for (int64_t s = 0; s < supers; ++s) {
         const uint8_t* block = blocks + s * L::BLOCK_BYTES;
-        const auto fetch = Q6KShares::of<ROWS, CHUNK>(block, m0);
+        const auto fetch = Q6KShares::for_chunk<ROWS, CHUNK>(block, m0);
         const int8_t* xq = x.codes(m0, s, 0);  // the super-block's codes, in order
         const int32_t* offsets = x.group_offsets(m0, s);
         const float* dx = x.super_block_scales(s) + m0;
