@@ -125,7 +125,9 @@ class FakeKernels:
     (3, {4: 1}, 9),                                     # a lone win below losses does not pay
     (3, {}, 9),                                         # the tiles ahead throughout (an Emerald Rapids Xeon)
     (3, {**dict.fromkeys(range(3, 8), 1), 8: 2.1}, 3),  # a near tie at one count does not undo the rest
-    (9, dict.fromkeys(range(3, 9), 1), 9),              # AVX2: nothing below 9 rows is timed
+    (8, {8: 1}, 8),                                     # AVX2: 8 rows alone timed, the panels ahead
+    (8, {}, 9),                                         # ... or the tiles
+    (9, dict.fromkeys(range(3, 9), 1), 9),              # a default past the counts timed: nothing is
 ])
 def test_panels_start_where_the_counts_timed_take_least(monkeypatch, default, panel_ms, chosen):
     fake = FakeKernels(default, panel_ms)
