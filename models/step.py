@@ -26,8 +26,9 @@ import mmap
 import sys
 from dataclasses import dataclass
 
-import numpy as np
 import torch
+
+from .pages import fresh_zeros
 
 # madvise(2)'s MADV_POPULATE_WRITE (Linux 5.14): back a range with memory now, its contents kept.
 POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
@@ -179,7 +180,7 @@ class KVCache:
         shape = (2, num_layers, num_blocks, block_size, num_kv_heads, head_dim)
         if torch.device(device).type == "cpu":
             size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-            self.data = _fresh_zeros(size).view(dtype).view(shape)
+            self.data = fresh_zeros(size).view(dtype).view(shape)
         else:
             self.data = torch.zeros(shape, dtype=dtype, device=device)
         self.num_blocks = num_blocks
@@ -231,20 +232,6 @@ class KVCache:
         engine sizes the pool from it before the pool exists."""
         element = torch.empty((), dtype=dtype).element_size()
         return 2 * num_layers * block_size * num_kv_heads * head_dim * element
-
-
-def _fresh_zeros(size: int) -> torch.Tensor:
-    """``size`` zero bytes in pages of their own (a private anonymous mapping): zero, so masked,
-    never-written slots hold no NaN, yet committed only as blocks are used (or just ahead of their
-    use: KVCache.commit), so a generous pool costs nothing up front; in 2 MB pages where the
-    system allows. Memory from the heap (numpy's zeros of a size glibc's malloc chose to serve
-    from it) would be committed already, and kept by the process after the pool is gone."""
-    if not hasattr(mmap, "MAP_PRIVATE"):  # Windows
-        return torch.from_numpy(np.zeros(size, dtype=np.uint8))
-    memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)  # the tensor keeps it alive
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        memory.madvise(mmap.MADV_HUGEPAGE)
-    return torch.frombuffer(memory, dtype=torch.uint8)
 
 
 class _PopulateWrite:

@@ -24,6 +24,7 @@ import ctypes
 import torch
 from torch import nn
 
+from ..pages import fresh_zeros
 from . import native
 from .cpu_linear import KERNEL_ROWS, CpuLinear, large_product
 
@@ -108,7 +109,9 @@ def rows16(blocks: torch.Tensor, width: int, layout: int) -> torch.Tensor | None
         floats = source[:, width * source_format // 8:].contiguous().view(torch.float32)
         if not torch.equal(floats.half().float(), floats):
             return None
-    out = torch.empty(blocks.shape[0], row_bytes(width, layout), dtype=torch.uint8)
+    layout_bytes = row_bytes(width, layout)  # a row's, in the layout
+    # (in 2 MB pages where the system allows: a one-row product streams them faster, models/pages.py)
+    out = fresh_zeros(blocks.shape[0] * layout_bytes).view(blocks.shape[0], layout_bytes)
     getattr(native.library(), f"loom_repack_{name}_rows16")(
         ctypes.c_void_p(source.data_ptr()), ctypes.c_int64(width), ctypes.c_int64(blocks.shape[0]),
         ctypes.c_void_p(out.data_ptr()))
