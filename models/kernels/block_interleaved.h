@@ -227,7 +227,9 @@ struct FetchShares {
         }
     }
     // where share ``index``'s lines are (null where there is nothing to fetch)
-    const uint8_t* share(int index) const { return ahead == nullptr ? nullptr : ahead + index * LINES * CACHE_LINE; }
+    const uint8_t* share(int index) const {
+        return ahead == nullptr ? nullptr : ahead + index * LINES * CACHE_LINE;
+    }
     // step ``step`` of a call fetches line ``step`` of its share, where the share has it
     static void fetch_line(const uint8_t* share, int step) {
         if (share != nullptr && step < LINES) __builtin_prefetch(share + step * CACHE_LINE, 0, 2);

@@ -235,8 +235,8 @@ static_assert(TASK_OUTS % NarrowPanels::outs == 0 && TASK_OUTS % WidePanels::out
 // panel: level with the row tiles there once, and ahead of few_rows' one weight row at a time (past
 // the counts it spreads) on a Zen 3 (a decode step at 8 rows, three alternations: the 1.7B F32 file
 // 524-534 -> 444-455 ms, the 360M F32 103-111 -> 98-108; at 7 rows the 360M's products ran ~10%
-// slower on the panels, the 1.7B's ~10% faster). With AVX-512, from 3 rows: a decode step's forward at 3 / 4 / 8 rows
-// took 19.7-20.3 / 20.9-22.2 / 19.0-19.9 ms against 22.7-23.2 / 22.4-24.5 / 21.9-27.0 on the tiles
+// slower on the panels, the 1.7B's ~10% faster). With AVX-512, from 3 rows: a decode step's forward
+// at 3 / 4 / 8 rows took 19.7-20.3 / 20.9-22.2 / 19.0-19.9 ms against 22.7-23.2 / 22.4-24.5 / 21.9-27.0 on the tiles
 // (Zen 5, two alternating runs each); at 2 rows neither was ahead.
 // On an Emerald Rapids Xeon, whose 512-bit FMA rate is a third of Zen 5's, the tiles won at 3-4
 // rows instead (a 4-row step 30 ms against 46-49 on the panels): a panel issues its 12

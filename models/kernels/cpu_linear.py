@@ -1,14 +1,13 @@
 """Linear layers on the CPU: Loom's own products (cpu_linear.h) for decode steps and short prefill
 chunks, oneDNN's for longer chunks.
 
-Decode at a few rows is bound by reading the weights: the kernel streams them once per step
-whatever the row count. From 8 or 9 rows up with AVX2 (with AVX-512 from 3 or more: where
-measure_panel_rows finds them ahead for the model on this machine, 3 rows on Zen 5, 9 on an Emerald
-Rapids Xeon) it packs the input rows into
-panels and runs register tiles, ~1.1-1.9x oneDNN's product up to 128 rows; at 256-512 rows oneDNN's
-blocked GEMM is level or ahead (docs/benchmarks-history.md, "Panel products"), so longer prefill chunks
-keep it. oneDNN takes the dense weight as it is (as fast as a prepacked copy, which would double
-the memory), and beat MKL (torch's F.linear) by up to 30% on output layers.
+Decode at a few rows is bound by reading the weights: the kernel streams them once per step whatever the
+row count. From 8 or 9 rows up with AVX2 (with AVX-512 from 3 or more: where measure_panel_rows finds
+them ahead for the model on this machine, 3 rows on Zen 5, 9 on an Emerald Rapids Xeon) it packs the
+input rows into panels and runs register tiles, ~1.1-1.9x oneDNN's product up to 128 rows; at 256-512
+rows oneDNN's blocked GEMM is level or ahead (docs/benchmarks-history.md, "Panel products"), so longer
+prefill chunks keep it. oneDNN takes the dense weight as it is (as fast as a prepacked copy, which would
+double the memory), and beat MKL (torch's F.linear) by up to 30% on output layers.
 """
 
 from __future__ import annotations
@@ -82,16 +81,16 @@ class CpuLinear(nn.Module):
 
 
 def measure_panel_rows(weights: list[torch.Tensor], repeats: int = 2) -> int:
-    """From how many rows the kernel's panels beat its row-at-a-time tiles for products over
-    ``weights`` (a model's float32 linear weights, in the order a step takes them) on this machine.
-    AVX2 builds time 8 rows alone (PANEL_MIN_ROWS: fewer take the row-at-a-time products), AVX-512
-    builds from 3, and a panel's multiply-adds do not shrink with its rows: on a Xeon with a third
-    of Zen 5's FMA rate the tiles were 1.5x faster at 4 rows, on Zen 5 the panels were ahead from 2 rows. Timing
-    one product on cached weights chose the tiles on both machines, where a step reads a model's
-    weights from memory; so every row count from the default to 8 is timed both ways over the
-    model's first weights, up to MEASURED_BYTES (the two alternating, medians), and the panels start
-    where the counts timed take least in all. Each model keeps its own (CpuLinear.panel_rows): two
-    models in one process no longer share the last one's."""
+    """From how many rows the kernel's panels beat its row-at-a-time tiles for products over ``weights`` (a
+    model's float32 linear weights, in the order a step takes them) on this machine. AVX2 builds time 8
+    rows alone (PANEL_MIN_ROWS: fewer take the row-at-a-time products), AVX-512 builds from 3, and a
+    panel's multiply-adds do not shrink with its rows: on a Xeon with a third of Zen 5's FMA rate the
+    tiles were 1.5x faster at 4 rows, on Zen 5 the panels were ahead from 2 rows. Timing one product on
+    cached weights chose the tiles on both machines, where a step reads a model's weights from memory;
+    so every row count from the default to 8 is timed both ways over the model's first weights, up to
+    MEASURED_BYTES (the two alternating, medians), and the panels start where the counts timed take
+    least in all. Each model keeps its own (CpuLinear.panel_rows): two models in one process no longer
+    share the last one's."""
     library = native.library()
     first = library.loom_default_panel_min_rows()
     if first > LAST_TIMED_ROWS or not weights:
