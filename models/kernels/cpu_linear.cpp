@@ -86,6 +86,9 @@ extern "C" int64_t loom_default_panel_min_rows() { return PANEL_MIN_ROWS; }
 
 extern "C" int64_t loom_bfloat16_dots() { return BFLOAT16_DOTS; }
 
+// The bytes of the vectors the kernels were built for: 32 (AVX2) or 64 (AVX-512).
+extern "C" int64_t loom_vector_bytes() { return VECTOR_BYTES; }
+
 // Whether the products over the K-quants' own layouts end every super-block in exact integers, as
 // rows16's do, so that a Q4_K matrix gives the same numbers in either layout (with AVX-512: pair_rows
 // and the tiles; int8_rows elsewhere adds a super-block's blocks in float lanes).

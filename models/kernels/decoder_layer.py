@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from . import native
-from .block_linear import BlockLinear
+from .block_linear import FLOAT32, BlockLinear
 from .cpu_linear import CpuLinear, default_panel_rows
 from ..families.gpt2 import GPT2
 from ..families.layers import NativeDecoding, chunk_rows, prefill_keys
@@ -39,6 +39,14 @@ _pointer, _int64, _double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 # were level and 64 rows split took 74 against 81 (docs/benchmarks-history.md, "Threads that carry their
 # own rows").
 SPLIT_ROWS_PER_THREAD = 12
+# The same where a model's products read float32 weights and the build's vectors are AVX2's. A
+# thread's own rows meet each tile of weights in fewer panels, and a tile's first pass waits on
+# memory (each thread now reading every weight): on a Zen 3 the 1.7B F32 file's decode step at 32 /
+# 64 rows took 853-1038 / 1485-2187 ms split against 719-893 / 1388-1645 on the team, the 360M F32's
+# 183-202 / 353-366 against 165-214 / 312-340 (alternating, three times), 128 rows level; the
+# default model's level at 32 / 64, a Q4_K_M file's 32 rows faster on the team and 64 faster split.
+# A 1216-row prefill step still split faster (25.8 against 28.1 s). AVX-512 is unmeasured here.
+FLOAT32_AVX2_SPLIT_ROWS_PER_THREAD = 48
 
 # A prefill chunk whose tokens read at most this many keys in all (layers.prefill_keys: a prompt of up
 # to 1024 tokens from its start) goes through the native layers, each token a row attending to its
@@ -114,6 +122,13 @@ def _products(model: Llama | GPT2) -> list:
     return layers + [model.lm_head]
 
 
+def _reads_float32(model: Llama | GPT2) -> bool:
+    """Whether every product of ``model`` reads float32 weights (a Hugging Face model in float32, a
+    GGUF file's F32 matrices)."""
+    return all(all(f == FLOAT32 for f in m.formats) if isinstance(m, BlockLinear) else m.weight.dtype == torch.float32
+               for m in _products(model))
+
+
 def _weights(linear: CpuLinear | BlockLinear) -> _Weights:
     """What a product reads: the float weight (format 0), or each part's blocks."""
     if isinstance(linear, BlockLinear):
@@ -135,6 +150,10 @@ class DecoderLayers:
         # the model's panel threshold (cpu_linear.measure_panel_rows), for its float products
         self.panel_rows = next((m.panel_rows for m in _products(model) if isinstance(m, CpuLinear)),
                                default_panel_rows())
+        # from how many rows each thread carries its own through the layers
+        avx2 = native.library().loom_vector_bytes() == 32
+        self.split_rows = (FLOAT32_AVX2_SPLIT_ROWS_PER_THREAD if avx2 and _reads_float32(model)
+                           else SPLIT_ROWS_PER_THREAD)
 
     def _llama_layer(self, block, spec) -> _Layer:
         attn, mlp = block.attn, block.mlp
@@ -186,15 +205,14 @@ class DecoderLayers:
         """Whether ``threads`` threads would each carry their own rows of ``step`` through the layers."""
         return self.serves(step, kv_cache) and self._shares(step, threads) is not None
 
-    @staticmethod
-    def _shares(step, threads: int) -> list[int] | None:
+    def _shares(self, step, threads: int) -> list[int] | None:
         """Where each of ``threads`` threads' own rows of ``step`` (a step the layers serve) begin,
         then the step's end, if they would carry them through the layers alone: enough rows a thread,
         and shares about even. A share ends where a sequence starts (its rows read each other's K/V),
         the first from an even cut on, so a long chunk beside a few decode rows (one thread's alone)
         runs on the team."""
         rows = len(step.input_ids)
-        if threads < 2 or rows < SPLIT_ROWS_PER_THREAD * threads:
+        if threads < 2 or rows < self.split_rows * threads:
             return None
         chunks = [chunk.start for chunk in step.prefills]  # the decode rows before them: a sequence each
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from models.kernels import cpu_linear, native, paged_decode
-from models.kernels.decoder_layer import SPLIT_ROWS_PER_THREAD
+from models.kernels.decoder_layer import FLOAT32_AVX2_SPLIT_ROWS_PER_THREAD, SPLIT_ROWS_PER_THREAD
 
 needs_kernel = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the kernels are not built")
 
@@ -227,12 +227,12 @@ def two_threads():
 # rope, qkv bias, windows, partial rotary; LayerNorm and GELU
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_sliding", "mistral", "phi3", "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS, ids=POOL_IDS)
-@pytest.mark.parametrize("streams", [2, 5, 21, 2 * SPLIT_ROWS_PER_THREAD + 3])  # rows at a time; panels; split rows
+@pytest.mark.parametrize("streams", [2, 5, 21, "split"])  # rows at a time; panels; split rows
 def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, streams, two_threads):
     """A decode-only step through decoder_layer.cpp (and its output layer) equals the same step
     through llama.py's Blocks, final norm and lm_head: sequences of different lengths (several decode
     groups), some past a sliding window, one row not sampled (a prompt's one-token chunk); from
-    2 x SPLIT_ROWS_PER_THREAD rows on two threads, each thread carries its own rows. The same with
+    2 x the layers' split_rows on two threads ("split"), each thread carries its own rows. The same with
     a 16-bit pool, where the two paths may round a key apart by one step of its last bit."""
     import models
     from models.step import KVCache, Sequence, StepInput
@@ -241,6 +241,8 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, 
 
     model = models.load(tiny_model(arch), dtype=dtype).model
     assert model.decoder_layers is not None
+    if streams == "split":
+        streams = 2 * model.decoder_layers.split_rows + 3
     gen = torch.Generator().manual_seed(3)
     lengths = ([70, 9, 33, 2, 17] + torch.randint(2, 80, (max(0, streams - 5),), generator=gen).tolist())[:streams]
     kv = KVCache(model.num_layers, 10 * streams, 8, model.num_kv_heads, model.head_dim, cache_dtype, "cpu")
@@ -304,6 +306,8 @@ def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtyp
                               Sequence(tokens(12), 0, table(3), True), Sequence(tokens(30), 25, table(2), True),
                               Sequence(tokens(20), 0, table(4), False), Sequence(tokens(5), 0, table(5), True)], 8, cpu)
     assert layers.serves(step, kv) and len(step.sample_indices) == 5
+    # this 69-row step splits on two threads whatever the model reads (float32 with AVX2 splits later)
+    monkeypatch.setattr(layers, "split_rows", SPLIT_ROWS_PER_THREAD)
     decode_rows = [Sequence(decodes[1][-1:], 9, table(1), True)] * 30
     lopsided = StepInput.flatten(decode_rows + [Sequence(tokens(60), 0, table(3), True)], 8, cpu)
     assert not layers.splits(lopsided, 2, kv)  # the 60-token chunk would be one thread's, beside 30 rows
@@ -372,6 +376,29 @@ def test_short_prefill_chunks_on_the_decode_kernel_match_sdpa(arch, dtype, cache
 
 
 @needs_kernel
+@needs_kernel
+def test_float32_models_split_their_rows_later_on_avx2(two_threads):
+    """Threads carry their own rows from split_rows rows each: FLOAT32_AVX2_SPLIT_ROWS_PER_THREAD
+    for a model whose products read float32 weights on an AVX2 build, SPLIT_ROWS_PER_THREAD for
+    one in blocks (or with AVX-512); a step of rows between the two splits only the latter's."""
+    import models
+    from models.kernels import native
+    from models.step import KVCache, Sequence, StepInput
+
+    from ..conftest import tiny_model
+
+    avx2 = native.library().loom_vector_bytes() == 32
+    float32 = models.load(tiny_model("llama"), dtype=torch.float32).model
+    blocks = models.load(tiny_model("llama"), dtype=torch.float32, weights="int4").model
+    assert float32.decoder_layers.split_rows == (FLOAT32_AVX2_SPLIT_ROWS_PER_THREAD if avx2 else SPLIT_ROWS_PER_THREAD)
+    assert blocks.decoder_layers.split_rows == SPLIT_ROWS_PER_THREAD
+    streams = 2 * SPLIT_ROWS_PER_THREAD + 3
+    kv = KVCache(float32.num_layers, streams, 8, float32.num_kv_heads, float32.head_dim, torch.float32, "cpu")
+    step = StepInput.flatten([Sequence([5], 3, [i], True) for i in range(streams)], 8, torch.device("cpu"))
+    assert float32.decoder_layers.splits(step, 2, kv) == (not avx2)
+    assert blocks.decoder_layers.splits(step, 2, kv)
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="thread affinity is Linux's")
 def test_a_split_step_leaves_every_thread_free_to_move(two_threads):
     """The threads that carry their own rows stay on their cores for the step only: afterwards every
@@ -382,7 +409,7 @@ def test_a_split_step_leaves_every_thread_free_to_move(two_threads):
     from ..conftest import tiny_model
 
     model = models.load(tiny_model("llama"), dtype=torch.float32).model
-    streams = 2 * SPLIT_ROWS_PER_THREAD + 3
+    streams = 2 * model.decoder_layers.split_rows + 3
     kv = KVCache(model.num_layers, streams, 8, model.num_kv_heads, model.head_dim, torch.float32, "cpu")
     step = StepInput.flatten([Sequence([5], 3, [i], True) for i in range(streams)], 8, torch.device("cpu"))
     assert model.decoder_layers.splits(step, 2, kv)
