@@ -7,11 +7,14 @@
 //                    Loom's panel_product itself, and the tile over the interleaved one, fetching
 //                    DIST bytes ahead in its stream (DIST=0: nothing): Gvalue-rows/s
 //   few              1-6 input rows: Loom's few-row products (linear_rows) against the tiles read a
-//                    few rows at a time (a tile's rows in passes, 1 / 2 / 4 tiles side by side): GB/s
+//                    few rows at a time (a tile's rows in passes, 1 / 2 / 4 tiles side by side), and
+//                    over the panels' own [tile][k][6] layout, each input row's values spread to the
+//                    weights' pattern by vpermps (tiled_permuted: two tiles side by side): GB/s
 //
 //     g++ -O3 -march=native -fopenmp -std=c++17 docs/bench/float_tiles.cpp -o /tmp/float_tiles
 //     DIST=2048 OMP_NUM_THREADS=2 /tmp/float_tiles panels 16 64
 //     OMP_NUM_THREADS=2 /tmp/float_tiles few
+#include <immintrin.h>
 #include <omp.h>
 #include <sys/mman.h>
 
@@ -122,6 +125,57 @@ void tiled_few(const float* x, const float* w, int64_t in, int64_t out, float* y
             }
 }
 
+// ROWS input rows against the [tile of 6 rows][k][6] layout (the panels' own) as it is: four values
+// of k a step, 24 weights in three vectors, each input row's four values spread to their pattern
+// (k0 x6, k1 x2 | k1 x4, k2 x4 | k2 x2, k3 x6) by vpermps; passes of at most 3 rows (3 rows x 3
+// patterns x SIDE sums and the 3 index vectors fill AVX2's 16 registers), SIDE tiles side by side.
+template <int ROWS, int SIDE>
+void permuted_pass(const float* x, int64_t in, const float* const* tiles, float* y, int64_t out) {
+    const __m256i spread[3] = {_mm256_setr_epi32(0, 0, 0, 0, 0, 0, 1, 1), _mm256_setr_epi32(1, 1, 1, 1, 2, 2, 2, 2),
+                               _mm256_setr_epi32(2, 2, 3, 3, 3, 3, 3, 3)};
+    __m256 acc[SIDE][ROWS][3] = {};
+    for (int64_t k = 0; k + 4 <= in; k += 4) {
+        __m256 xs[ROWS][3];
+        for (int m = 0; m < ROWS; ++m) {
+            const __m256 four = _mm256_castps128_ps256(_mm_loadu_ps(x + m * in + k));
+            for (int j = 0; j < 3; ++j) xs[m][j] = _mm256_permutevar8x32_ps(four, spread[j]);
+        }
+        for (int i = 0; i < SIDE; ++i)
+            for (int j = 0; j < 3; ++j) {
+                const __m256 w = _mm256_loadu_ps(tiles[i] + k * 6 + 8 * j);
+                for (int m = 0; m < ROWS; ++m) acc[i][m][j] = _mm256_fmadd_ps(xs[m][j], w, acc[i][m][j]);
+            }
+    }
+    static constexpr int OUT_OF[3][8] = {{0, 1, 2, 3, 4, 5, 0, 1}, {2, 3, 4, 5, 0, 1, 2, 3}, {4, 5, 0, 1, 2, 3, 4, 5}};
+    for (int i = 0; i < SIDE; ++i)
+        for (int m = 0; m < ROWS; ++m) {
+            float sums[6] = {}, lanes[8];
+            for (int j = 0; j < 3; ++j) {
+                _mm256_storeu_ps(lanes, acc[i][m][j]);
+                for (int l = 0; l < 8; ++l) sums[OUT_OF[j][l]] += lanes[l];
+            }
+            for (int o = 0; o < 6; ++o) y[m * out + i * 6 + o] = sums[o];
+        }
+}
+
+template <int ROWS>
+void tiled_permuted(const float* x, const float* w, int64_t in, int64_t out, float* y) {
+    constexpr int SIDE = 2;
+    const int64_t tiles = out / 6, task = 8;
+#pragma omp for schedule(dynamic, 2)
+    for (int64_t first = 0; first < tiles; first += task)
+        for (int64_t t = first; t + SIDE <= std::min(tiles, first + task); t += SIDE) {
+            const float* pair[SIDE] = {w + t * 6 * in, w + (t + 1) * 6 * in};
+            for (int m = 0; m < ROWS; m += 3) {
+                const float* xm = x + m * in;
+                float* ym = y + m * out + t * 6;
+                if (ROWS - m >= 3) permuted_pass<3, SIDE>(xm, in, pair, ym, out);
+                else if (ROWS - m == 2) permuted_pass<2, SIDE>(xm, in, pair, ym, out);
+                else permuted_pass<1, SIDE>(xm, in, pair, ym, out);
+            }
+        }
+}
+
 struct Shape {
     int64_t in, out;
     const char* name;
@@ -170,9 +224,9 @@ void few(const float* w, int copies, int64_t in, int64_t out) {
     const int64_t n = in * out;
     std::vector<float> x(ROWS * in, 0.5f), y(ROWS * out), packed(packed_size<float>(16, in));
     constexpr int ONE = ROWS <= 2 ? 6 : ROWS <= 4 ? 3 : 2, TWO = ROWS <= 1 ? 6 : ROWS <= 2 ? 3 : ROWS <= 3 ? 2 : 1;
-    double best[4] = {1e30, 1e30, 1e30, 1e30};
+    double best[5] = {1e30, 1e30, 1e30, 1e30, 1e30};
     for (int round = 0; round < 8; ++round)
-        for (int which = 0; which < 4; ++which) {
+        for (int which = 0; which < 5; ++which) {
             const double start = omp_get_wtime();
 #pragma omp parallel
             for (int c = 0; c < copies; ++c) {
@@ -183,13 +237,16 @@ void few(const float* w, int copies, int64_t in, int64_t out) {
                     tiled_few<ROWS, ONE, 1>(x.data(), wc, in, out, y.data());
                 else if (which == 2)
                     tiled_few<ROWS, TWO, 2>(x.data(), wc, in, out, y.data());
-                else
+                else if (which == 3)
                     tiled_few<ROWS, ROWS <= 1 ? 3 : 1, 4>(x.data(), wc, in, out, y.data());
+                else
+                    tiled_permuted<ROWS>(x.data(), wc, in, out, y.data());
             }
             best[which] = std::min(best[which], (omp_get_wtime() - start) / copies);
         }
     const double gb = n * 4 / 1e9;
-    printf("%d   %8.1f %6.1f %6.1f %6.1f\n", ROWS, gb / best[0], gb / best[1], gb / best[2], gb / best[3]);
+    printf("%d   %8.1f %6.1f %6.1f %6.1f %9.1f\n", ROWS, gb / best[0], gb / best[1], gb / best[2], gb / best[3],
+           gb / best[4]);
 }
 
 }  // namespace
@@ -204,7 +261,7 @@ int main(int argc, char** argv) {
         const int64_t in = 2048, out = 8160;  // 8160: whole tasks of 6 x 4 x 4 rows
         const int copies = int(400'000'000 / (in * out * 4) + 1);
         const float* w = weights(size_t(copies) * in * out);
-        printf("rows Loom  tiles: 1   2   4 side by side  (GB/s of weights, %ld x %ld)\n", long(out), long(in));
+        printf("rows Loom  tiles: 1   2   4 side by side  permuted  (GB/s of weights, %ld x %ld)\n", long(out), long(in));
         few<1>(w, copies, in, out), few<2>(w, copies, in, out), few<3>(w, copies, in, out);
         few<4>(w, copies, in, out), few<6>(w, copies, in, out);
     } else {
