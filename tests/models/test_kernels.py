@@ -376,13 +376,11 @@ def test_short_prefill_chunks_on_the_decode_kernel_match_sdpa(arch, dtype, cache
 
 
 @needs_kernel
-@needs_kernel
 def test_float32_models_split_their_rows_later_on_avx2(two_threads):
     """Threads carry their own rows from split_rows rows each: FLOAT32_AVX2_SPLIT_ROWS_PER_THREAD
     for a model whose products read float32 weights on an AVX2 build, SPLIT_ROWS_PER_THREAD for
     one in blocks (or with AVX-512); a step of rows between the two splits only the latter's."""
     import models
-    from models.kernels import native
     from models.step import KVCache, Sequence, StepInput
 
     from ..conftest import tiny_model
@@ -399,6 +397,7 @@ def test_float32_models_split_their_rows_later_on_avx2(two_threads):
     assert blocks.decoder_layers.splits(step, 2, kv)
 
 
+@needs_kernel
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="thread affinity is Linux's")
 def test_a_split_step_leaves_every_thread_free_to_move(two_threads):
     """The threads that carry their own rows stay on their cores for the step only: afterwards every
