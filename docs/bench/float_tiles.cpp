@@ -18,6 +18,7 @@
 #include <omp.h>
 #include <sys/mman.h>
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -176,6 +177,22 @@ void tiled_permuted(const float* x, const float* w, int64_t in, int64_t out, flo
         }
 }
 
+// The fastest of ``rounds`` runs of each of WAYS products, taking turns (``run(which, copy)``: way
+// ``which`` over weight copy ``copy``, inside a parallel region): seconds per copy.
+template <int WAYS, typename Run>
+std::array<double, WAYS> fastest(int rounds, int copies, Run&& run) {
+    std::array<double, WAYS> best;
+    best.fill(1e30);
+    for (int round = 0; round < rounds; ++round)
+        for (int which = 0; which < WAYS; ++which) {
+            const double start = omp_get_wtime();
+#pragma omp parallel
+            for (int c = 0; c < copies; ++c) run(which, c);
+            best[which] = std::min(best[which], (omp_get_wtime() - start) / copies);
+        }
+    return best;
+}
+
 struct Shape {
     int64_t in, out;
     const char* name;
@@ -191,27 +208,19 @@ void panels(const std::vector<int64_t>& counts) {
             const int copies = int(std::max<int64_t>(2, 400'000'000 / (n * 4)));
             float* w = weights(size_t(copies) * n);  // (the values do not matter to the time)
             std::vector<float> x(rows * s.in, 0.5f), y(rows * s.out), packed(packed_size<float>(rows, s.in));
-            double best[3] = {1e30, 1e30, 1e30};
-            for (int round = 0; round < 10; ++round)
-                for (int which = 0; which < 3; ++which) {
-                    const double start = omp_get_wtime();
-#pragma omp parallel
-                    for (int c = 0; c < copies; ++c) {
-                        const float* wc = w + int64_t(c) * n;
-                        if (which == 1) {
-                            panel_product<float, NarrowPanels>(x.data(), s.in, rows, s.in, s.out, k_chunk(s.in),
-                                                               stored_weights(wc, s.in), nullptr, y.data(), s.out,
-                                                               packed.data());
-                        } else {
-                            pack_panels<float, 16>(x.data(), s.in, rows, s.in, packed.data());
-                            if (which == 0)
-                                tiled_product<false>(packed.data(), rows, s.in, s.out, wc, y.data());
-                            else
-                                tiled_product<true>(packed.data(), rows, s.in, s.out, wc, y.data());
-                        }
-                    }
-                    best[which] = std::min(best[which], (omp_get_wtime() - start) / copies);
+            const auto best = fastest<3>(10, copies, [&](int which, int c) {
+                const float* wc = w + int64_t(c) * n;
+                if (which == 1) {
+                    panel_product<float, NarrowPanels>(x.data(), s.in, rows, s.in, s.out, k_chunk(s.in),
+                                                       stored_weights(wc, s.in), nullptr, y.data(), s.out, packed.data());
+                } else {
+                    pack_panels<float, 16>(x.data(), s.in, rows, s.in, packed.data());
+                    if (which == 0)
+                        tiled_product<false>(packed.data(), rows, s.in, s.out, wc, y.data());
+                    else
+                        tiled_product<true>(packed.data(), rows, s.in, s.out, wc, y.data());
                 }
+            });
             free(w);
             const double values = double(rows) * n / 1e9;
             printf("%4ld %-8s %8.1f %6.1f %8.1f\n", long(rows), s.name, values / best[0], values / best[1],
@@ -224,26 +233,19 @@ void few(const float* w, int copies, int64_t in, int64_t out) {
     const int64_t n = in * out;
     std::vector<float> x(ROWS * in, 0.5f), y(ROWS * out), packed(packed_size<float>(16, in));
     constexpr int ONE = ROWS <= 2 ? 6 : ROWS <= 4 ? 3 : 2, TWO = ROWS <= 1 ? 6 : ROWS <= 2 ? 3 : ROWS <= 3 ? 2 : 1;
-    double best[5] = {1e30, 1e30, 1e30, 1e30, 1e30};
-    for (int round = 0; round < 8; ++round)
-        for (int which = 0; which < 5; ++which) {
-            const double start = omp_get_wtime();
-#pragma omp parallel
-            for (int c = 0; c < copies; ++c) {
-                const float* wc = w + int64_t(c) * n;
-                if (which == 0)
-                    linear_rows<float>(x.data(), in, ROWS, wc, nullptr, in, out, y.data(), out, packed.data(), 1000);
-                else if (which == 1)
-                    tiled_few<ROWS, ONE, 1>(x.data(), wc, in, out, y.data());
-                else if (which == 2)
-                    tiled_few<ROWS, TWO, 2>(x.data(), wc, in, out, y.data());
-                else if (which == 3)
-                    tiled_few<ROWS, ROWS <= 1 ? 3 : 1, 4>(x.data(), wc, in, out, y.data());
-                else
-                    tiled_permuted<ROWS>(x.data(), wc, in, out, y.data());
-            }
-            best[which] = std::min(best[which], (omp_get_wtime() - start) / copies);
-        }
+    const auto best = fastest<5>(8, copies, [&](int which, int c) {
+        const float* wc = w + int64_t(c) * n;
+        if (which == 0)
+            linear_rows<float>(x.data(), in, ROWS, wc, nullptr, in, out, y.data(), out, packed.data(), 1000);
+        else if (which == 1)
+            tiled_few<ROWS, ONE, 1>(x.data(), wc, in, out, y.data());
+        else if (which == 2)
+            tiled_few<ROWS, TWO, 2>(x.data(), wc, in, out, y.data());
+        else if (which == 3)
+            tiled_few<ROWS, ROWS <= 1 ? 3 : 1, 4>(x.data(), wc, in, out, y.data());
+        else
+            tiled_permuted<ROWS>(x.data(), wc, in, out, y.data());
+    });
     const double gb = n * 4 / 1e9;
     printf("%d   %8.1f %6.1f %6.1f %6.1f %9.1f\n", ROWS, gb / best[0], gb / best[1], gb / best[2], gb / best[3],
            gb / best[4]);
