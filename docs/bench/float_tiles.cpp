@@ -4,8 +4,10 @@
 // weights from memory (copies cycled, ~400 MB), two threads. HUGE=1 puts the weights in 2 MB pages.
 //
 //   panels ROWS...   cpu_linear.h's panel tile (16 rows x 6 weight rows) over the row-major matrix,
-//                    Loom's panel_product itself, and the tile over the interleaved one, fetching
-//                    DIST bytes ahead in its stream (DIST=0: nothing): Gvalue-rows/s
+//                    Loom's panel_product itself (with AVX2 each task's tiles spread across it:
+//                    StoredWeights), the same with each tile's rows adjacent (``adjacent``), and the
+//                    tile over the interleaved matrix, fetching DIST bytes ahead in its stream
+//                    (DIST=0: nothing): Gvalue-rows/s
 //   few              1-6 input rows: Loom's few-row products (linear_rows) against the tiles read a
 //                    few rows at a time (a tile's rows in passes, 1 / 2 / 4 tiles side by side), and
 //                    over the panels' own [tile][k][6] layout, each input row's values spread to the
@@ -201,18 +203,20 @@ struct Shape {
 void panels(const std::vector<int64_t>& counts) {
     const Shape shapes[] = {{2048, 6144, "qkv"},     {2048, 2048, "o"},         {2048, 16384, "gate_up"},
                             {8192, 2048, "down"},    {2048, 49152, "lm_head"}};
-    printf("rows layer    row-major  Loom  interleaved  (Gvalue-rows/s; DIST=%ld)\n", long(DIST));
+    printf("rows layer    row-major  Loom  adjacent  interleaved  (Gvalue-rows/s; DIST=%ld)\n", long(DIST));
     for (const int64_t rows : counts)
         for (const Shape& s : shapes) {
             const int64_t n = s.in * s.out;
             const int copies = int(std::max<int64_t>(2, 400'000'000 / (n * 4)));
             float* w = weights(size_t(copies) * n);  // (the values do not matter to the time)
             std::vector<float> x(rows * s.in, 0.5f), y(rows * s.out), packed(packed_size<float>(rows, s.in));
-            const auto best = fastest<3>(10, copies, [&](int which, int c) {
+            const auto best = fastest<4>(10, copies, [&](int which, int c) {
                 const float* wc = w + int64_t(c) * n;
-                if (which == 1) {
-                    panel_product<float, NarrowPanels>(x.data(), s.in, rows, s.in, s.out, k_chunk(s.in),
-                                                       stored_weights(wc, s.in), nullptr, y.data(), s.out, packed.data());
+                if (which == 1 || which == 2) {
+                    StoredWeights<float> stored(wc, s.in);
+                    stored.spread = stored.spread && which == 1;
+                    panel_product<float, NarrowPanels>(x.data(), s.in, rows, s.in, s.out, k_chunk(s.in), stored, nullptr,
+                                                       y.data(), s.out, packed.data());
                 } else {
                     pack_panels<float, 16>(x.data(), s.in, rows, s.in, packed.data());
                     if (which == 0)
@@ -223,8 +227,8 @@ void panels(const std::vector<int64_t>& counts) {
             });
             free(w);
             const double values = double(rows) * n / 1e9;
-            printf("%4ld %-8s %8.1f %6.1f %8.1f\n", long(rows), s.name, values / best[0], values / best[1],
-                   values / best[2]);
+            printf("%4ld %-8s %8.1f %6.1f %8.1f %8.1f\n", long(rows), s.name, values / best[0], values / best[1],
+                   values / best[2], values / best[3]);
         }
 }
 

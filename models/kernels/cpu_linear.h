@@ -362,36 +362,55 @@ inline NextTile next_tile(const W* w, int64_t in, int64_t o, int64_t outs, int64
 // level; rows 2064 and 8208 wide: level or behind), its decode step at 16 / 32 / 64 rows 424-541 /
 // 943-954 / 1649-1960 -> 402-469 / 832-864 / 1444-1687 ms. Over the 360M F32's 960-wide rows the
 // fetch helps: 16-row panels 112-146 GFLOP/s with it, 80-137 without.
+// Where nothing is fetched, a task's tiles take rows spread across it (``spread``; panel_task): the
+// prefetchers then follow six streams that each run on from one tile into the next, where a tile
+// of six adjacent rows ended six streams and the next started six new ones. Over the 1.7B F32
+// file's layer shapes on the Zen 3 (docs/bench/float_tiles.cpp ``panels``, Loom against
+// ``adjacent``): 16 rows 74-83 against 68-78 Gvalue-rows/s, 32 rows 81-90 against 79-83, 64 level
+// (rows 16 apart ran ahead of 2 and 4 apart, and of 64 apart in tasks of 384); its decode step at
+// 16 rows 436-473 -> 398-421 ms, a 304-row prefill 7.52-7.59 -> 7.24-7.27 s, 64 rows level (two
+// checkouts alternating).
 template <typename T>
-inline auto stored_weights(const T* w, int64_t in) {
-    const bool fetch = VECTOR_BYTES == 64 || in * int64_t(sizeof(T)) % 4096 != 0;
-    return [w, in, fetch](int64_t o, int64_t outs, int64_t k, int64_t, int64_t end) {
-        return TileWeights<T>{w + o * in + k, in, fetch ? next_tile(w, in, o, outs, k, end) : NextTile{}};
-    };
-}
+struct StoredWeights {
+    const T* w;
+    int64_t in;
+    bool fetch, spread;
+
+    StoredWeights(const T* w, int64_t in)
+        : w(w), in(in), fetch(VECTOR_BYTES == 64 || in * int64_t(sizeof(T)) % 4096 != 0), spread(!fetch) {}
+
+    // Tile o's weights for [k, k + count): rows o, o + gap, ..., the next tile's fetched (gap 1 only).
+    TileWeights<T> operator()(int64_t o, int64_t gap, int64_t outs, int64_t k, int64_t, int64_t end) const {
+        return {w + o * in + k, gap * in, fetch && gap == 1 ? next_tile(w, in, o, outs, k, end) : NextTile{}};
+    }
+};
 
 // Where a tile's weights are when the matrix keeps them as W (16-bit floats): widened into a buffer
 // of the thread's own, the tile's rows of the chunk, once for every panel to pass; the next tile's
-// 16-bit rows fetched meanwhile as stored_weights' are (without, the widening waited on memory for
+// 16-bit rows fetched meanwhile as StoredWeights' are (without, the widening waited on memory for
 // 40% of a 16-row product's time: 8192 x 2048 float16 at 16 / 64 rows 68 / 96 -> 89 / 103
 // Gvalue-rows/s, two Zen 4 threads).
 template <typename T, typename W>
-inline auto widened_weights(const W* w, int64_t in) {
-    return [w, in](int64_t o, int64_t outs, int64_t k, int64_t count, int64_t end) {
+struct WidenedWeights {
+    const W* w;
+    int64_t in;
+    static constexpr bool spread = false;
+
+    TileWeights<T> operator()(int64_t o, int64_t gap, int64_t outs, int64_t k, int64_t count, int64_t end) const {
         using V = Vector<T>;
         thread_local std::vector<T> buffer;
         const int64_t stride = whole_lines<T>(count) + CACHE_LINE / sizeof(T);
         T* tile = line_aligned(buffer, stride * outs);
         for (int64_t r = 0; r < outs; ++r) {
-            const W* from = w + (o + r) * in + k;
+            const W* from = w + (o + r * gap) * in + k;
             T* to = tile + r * stride;
             int64_t j = 0;
             for (; j + V::lanes <= count; j += V::lanes) V::store(to + j, Element<T, W>::load(from + j));
             for (; j < count; ++j) to[j] = Element<T, W>::widen(from[j]);
         }
-        return TileWeights<T>{tile, stride, next_tile(w, in, o, outs, k, end)};
-    };
-}
+        return {tile, stride, gap == 1 ? next_tile(w, in, o, outs, k, end) : NextTile{}};
+    }
+};
 
 // The panels' chunks of k: widths above 1024 are cut into even chunks, so that a tile's weights and
 // a panel's share of them stay cached on wider models too.
@@ -439,8 +458,8 @@ inline int64_t panel_rows(int64_t rows) {  // of ``rows`` input rows, those the 
 
 // One task of the panels' product: weight rows [first, end) against every panel, in chunks of
 // ``chunk`` values of k (a chunk of a tile's weights stays cached while every panel passes it).
-// ``weights(o, outs, k, count, end)`` says where tile o's weights for [k, k + count) are (stored_weights:
-// in w itself). The sums gather in a buffer of the thread's own, a panel's weight row by weight row
+// ``weights(o, gap, outs, k, count, end)`` says where tile o's weights for [k, k + count) are
+// (StoredWeights: in w itself). The sums gather in a buffer of the thread's own, a panel's weight row by weight row
 // ([panel][TASK_OUTS][P]: a tile stores its sums a vector at a time), and reach y with the bias once
 // the task is done (sums_to_rows): written straight into y, a tile's column of 32 rows hit 32 lines
 // of one cache set wherever y's rows are a multiple of 4 KiB apart (the default model's 3072-wide
@@ -458,16 +477,21 @@ void panel_task(const T* packed, int64_t rows, int64_t in, int64_t chunk, int64_
     T* sums = line_aligned(buffer, panels * P * TASK_OUTS + left * (TASK_OUTS + OUTS));
     T* left_sums = sums + panels * P * TASK_OUTS;
     T* left_chunk = left_sums + left * TASK_OUTS;  // [row][OUTS]: a chunk's
-    for (int64_t o = first; o < end; o += OUTS) {
-        const int64_t outs = std::min<int64_t>(OUTS, end - o);
+    // The tiles: rows o, o + gap, ..., o + (OUTS - 1) gap each. Adjacent rows (gap 1: o = first,
+    // first + OUTS, ...) or, spread where the weights ask and the task is whole tiles, tile i takes
+    // rows first + i + j (end - first) / OUTS.
+    const int64_t gap = weights.spread && (end - first) % OUTS == 0 ? (end - first) / OUTS : 1;
+    const int64_t tiles = gap > 1 ? gap : (end - first + OUTS - 1) / OUTS;
+    for (int64_t i = 0; i < tiles; ++i) {
+        const int64_t o = first + (gap > 1 ? i : i * OUTS), outs = std::min<int64_t>(OUTS, end - o);
         for (int64_t k = 0; k < in; k += chunk) {
             const int64_t count = std::min(chunk, in - k);
-            const TileWeights<T> tile = weights(o, outs, k, count, end);
+            const TileWeights<T> tile = weights(o, gap, outs, k, count, end);
             for (int64_t panel = 0; panel < panels; ++panel) {
                 const T* xp = packed + (panel * in + k) * P;
                 T* sp = sums + (panel * TASK_OUTS + (o - first)) * P;
                 if (outs == OUTS) {
-                    panel_tile<T, OUTS, Shape::vectors>(xp, tile.w, tile.stride, count, sp, P, k == 0,
+                    panel_tile<T, OUTS, Shape::vectors>(xp, tile.w, tile.stride, count, sp, gap * P, k == 0,
                                                         panel == 0 ? tile.next : NextTile{});
                 } else {  // the last few weight rows, one at a time
                     for (int64_t r = 0; r < outs; ++r)
@@ -481,7 +505,7 @@ void panel_task(const T* packed, int64_t rows, int64_t in, int64_t chunk, int64_
                 });
                 for (int64_t m = 0; m < left; ++m)
                     for (int64_t r = 0; r < outs; ++r) {
-                        T& sum = left_sums[m * TASK_OUTS + (o - first) + r];
+                        T& sum = left_sums[m * TASK_OUTS + (o - first) + r * gap];
                         sum = (k == 0 ? T(0) : sum) + left_chunk[m * OUTS + r];
                     }
             }
@@ -615,9 +639,9 @@ void linear_rows(const T* x, int64_t x_stride, int64_t rows, const W* w, const T
                  T* y, int64_t y_stride, T* packed, int64_t panel_from) {
     if (rows >= panel_from) {
         if constexpr (std::is_same_v<T, W>)
-            panels(x, x_stride, rows, in, out, k_chunk(in), stored_weights(w, in), bias, y, y_stride, packed);
+            panels(x, x_stride, rows, in, out, k_chunk(in), StoredWeights<T>(w, in), bias, y, y_stride, packed);
         else
-            panels(x, x_stride, rows, in, out, k_chunk(in), widened_weights<T>(w, in), bias, y, y_stride, packed);
+            panels(x, x_stride, rows, in, out, k_chunk(in), WidenedWeights<T, W>{w, in}, bias, y, y_stride, packed);
         return;
     }
     // A task is few_rows_task weight rows against every input row, FEW_ROWS of them at a time (more

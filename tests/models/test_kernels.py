@@ -88,6 +88,9 @@ def panels_from(request):
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 20, 36, 40, 71])
 @pytest.mark.parametrize("width,out,bias", [(64, 96, False), (61, 29, True), (576, 8 * 3 * 7 + 5, True),
                                             (1100, 48 + 6 + 5, True),  # past 1024: chunks of k
+                                            # rows a multiple of 4 KiB: with AVX2 each whole task's
+                                            # tiles spread across it, then a partial task
+                                            (1024, 2 * 96 + 6 + 5, False),
                                             (5, 13, True)])  # narrower than a vector
 def test_linear_kernel_matches_f_linear(dtype, rows, width, out, bias, panels_from):
     """Widths that are not a multiple of the vector width, output counts that leave a partial
