@@ -368,7 +368,8 @@ inline NextTile next_tile(const W* w, int64_t in, int64_t o, int64_t outs, int64
 // file's layer shapes on the Zen 3 (docs/bench/float_tiles.cpp ``panels``, Loom against
 // ``adjacent``): 16 rows 74-83 against 68-78 Gvalue-rows/s, 32 rows 81-90 against 79-83, 64 level
 // (rows 16 apart ran ahead of 2 and 4 apart, and of 64 apart in tasks of 384); its decode step at
-// 16 rows 436-473 -> 398-421 ms, a 304-row prefill 7.52-7.59 -> 7.24-7.27 s, 64 rows level (two
+// 16 rows 436-473 -> 398-421 ms, a 304-row prefill 7.52-7.59 -> 7.24-7.27 s, 64 rows level; W6's
+// cells in-process at 16 / 64 streams 20.3-20.8 / 22.9-24.4 -> 23.3-24.4 / 25.2-25.6 tok/s (two
 // checkouts alternating).
 template <typename T>
 struct StoredWeights {
