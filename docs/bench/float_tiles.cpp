@@ -215,8 +215,8 @@ void panels(const std::vector<int64_t>& counts) {
                 if (which == 1 || which == 2) {
                     StoredWeights<float> stored(wc, s.in);
                     stored.spread = stored.spread && which == 1;
-                    panel_product<float, NarrowPanels>(x.data(), s.in, rows, s.in, s.out, k_chunk(s.in), stored, nullptr,
-                                                       y.data(), s.out, packed.data());
+                    panel_product<float, NarrowPanels>(x.data(), s.in, rows, s.in, s.out, k_chunk(s.in), stored,
+                                                       nullptr, y.data(), s.out, packed.data());
                 } else {
                     pack_panels<float, 16>(x.data(), s.in, rows, s.in, packed.data());
                     if (which == 0)

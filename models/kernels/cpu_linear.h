@@ -395,7 +395,7 @@ template <typename T, typename W>
 struct WidenedWeights {
     const W* w;
     int64_t in;
-    static constexpr bool spread = false;
+    static constexpr bool spread = false;  // (its 16-bit rows are fetched ahead instead)
 
     TileWeights<T> operator()(int64_t o, int64_t gap, int64_t outs, int64_t k, int64_t count, int64_t end) const {
         using V = Vector<T>;
@@ -459,15 +459,16 @@ inline int64_t panel_rows(int64_t rows) {  // of ``rows`` input rows, those the 
 
 // One task of the panels' product: weight rows [first, end) against every panel, in chunks of
 // ``chunk`` values of k (a chunk of a tile's weights stays cached while every panel passes it).
-// ``weights(o, gap, outs, k, count, end)`` says where tile o's weights for [k, k + count) are
-// (StoredWeights: in w itself). The sums gather in a buffer of the thread's own, a panel's weight row by weight row
-// ([panel][TASK_OUTS][P]: a tile stores its sums a vector at a time), and reach y with the bias once
-// the task is done (sums_to_rows): written straight into y, a tile's column of 32 rows hit 32 lines
-// of one cache set wherever y's rows are a multiple of 4 KiB apart (the default model's 3072-wide
-// intermediate and 49152-wide logits), and the next tile found them evicted: a 576 x 3072 product at
-// 64 rows ran at 150-190 GFLOP/s against 330-380 with the sums apart. The ``left`` rows after the
-// panels' (``x_left``, ``x_stride`` apart) meet each chunk of a tile after the panels, their sums
-// gathered [row][TASK_OUTS] after the panels'.
+// ``weights(o, gap, outs, k, count, end)`` says where the weights of tile o (rows o, o + gap, ...)
+// for [k, k + count) are (StoredWeights: in w itself); ``weights.spread``, whether a whole task's
+// tiles may take rows spread across it. The sums gather in a buffer of the thread's own, a panel's
+// weight row by weight row ([panel][TASK_OUTS][P]: a tile stores its sums a vector at a time), and
+// reach y with the bias once the task is done (sums_to_rows): written straight into y, a tile's
+// column of 32 rows hit 32 lines of one cache set wherever y's rows are a multiple of 4 KiB apart
+// (the default model's 3072-wide intermediate and 49152-wide logits), and the next tile found them
+// evicted: a 576 x 3072 product at 64 rows ran at 150-190 GFLOP/s against 330-380 with the sums
+// apart. The ``left`` rows after the panels' (``x_left``, ``x_stride`` apart) meet each chunk of a
+// tile after the panels, their sums gathered [row][TASK_OUTS] after the panels'.
 template <typename T, typename Shape, typename Weights>
 void panel_task(const T* packed, int64_t rows, int64_t in, int64_t chunk, int64_t first, int64_t end, Weights weights,
                 const T* bias, T* y, int64_t y_stride, const T* x_left, int64_t x_stride, int64_t left) {
@@ -480,7 +481,7 @@ void panel_task(const T* packed, int64_t rows, int64_t in, int64_t chunk, int64_
     T* left_chunk = left_sums + left * TASK_OUTS;  // [row][OUTS]: a chunk's
     // The tiles: rows o, o + gap, ..., o + (OUTS - 1) gap each. Adjacent rows (gap 1: o = first,
     // first + OUTS, ...) or, spread where the weights ask and the task is whole tiles, tile i takes
-    // rows first + i + j (end - first) / OUTS.
+    // rows first + i + j gap for j < OUTS, gap = (end - first) / OUTS (why: StoredWeights).
     const int64_t gap = weights.spread && (end - first) % OUTS == 0 ? (end - first) / OUTS : 1;
     const int64_t tiles = gap > 1 ? gap : (end - first + OUTS - 1) / OUTS;
     for (int64_t i = 0; i < tiles; ++i) {
