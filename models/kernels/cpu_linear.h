@@ -483,8 +483,7 @@ void panel_task(const T* packed, int64_t rows, int64_t in, int64_t chunk, int64_
     // first + OUTS, ...) or, spread where the weights ask and the task is whole tiles, tile i takes
     // rows first + i + j gap for j < OUTS, gap = (end - first) / OUTS (why: StoredWeights).
     const int64_t gap = weights.spread && (end - first) % OUTS == 0 ? (end - first) / OUTS : 1;
-    const int64_t tiles = gap > 1 ? gap : (end - first + OUTS - 1) / OUTS;
-    for (int64_t i = 0; i < tiles; ++i) {
+    for (int64_t i = 0; i < (end - first + OUTS - 1) / OUTS; ++i) {
         const int64_t o = first + (gap > 1 ? i : i * OUTS), outs = std::min<int64_t>(OUTS, end - o);
         for (int64_t k = 0; k < in; k += chunk) {
             const int64_t count = std::min(chunk, in - k);
