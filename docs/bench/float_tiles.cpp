@@ -7,7 +7,10 @@
 //                    Loom's panel_product itself (with AVX2 each task's tiles spread across it:
 //                    StoredWeights), the same with each tile's rows adjacent (``adjacent``), and the
 //                    tile over the interleaved matrix, fetching DIST bytes ahead in its stream
-//                    (DIST=0: nothing): Gvalue-rows/s
+//                    (DIST=0: nothing), Loom's product over one copy every turn (``cached``: the
+//                    o shape's 16 MB stay in a 32 MB L3) and over rows padded by 16 floats (64
+//                    bytes, so that a tile's rows fall in different L1 sets), spread, nothing
+//                    fetched (``padded``): Gvalue-rows/s
 //   few              1-6 input rows: Loom's few-row products (linear_rows) against the tiles read a
 //                    few rows at a time (a tile's rows in passes, 1 / 2 / 4 tiles side by side), and
 //                    over the panels' own [tile][k][6] layout, each input row's values spread to the
@@ -203,18 +206,23 @@ struct Shape {
 void panels(const std::vector<int64_t>& counts) {
     const Shape shapes[] = {{2048, 6144, "qkv"},     {2048, 2048, "o"},         {2048, 16384, "gate_up"},
                             {8192, 2048, "down"},    {2048, 49152, "lm_head"}};
-    printf("rows layer    row-major  Loom  adjacent  interleaved  (Gvalue-rows/s; DIST=%ld)\n", long(DIST));
+    printf("rows layer    row-major  Loom  adjacent  interleaved  cached  padded  (Gvalue-rows/s; DIST=%ld)\n",
+           long(DIST));
     for (const int64_t rows : counts)
         for (const Shape& s : shapes) {
             const int64_t n = s.in * s.out;
             const int copies = int(std::max<int64_t>(2, 400'000'000 / (n * 4)));
             float* w = weights(size_t(copies) * n);  // (the values do not matter to the time)
+            constexpr int64_t PAD = 16;  // floats a padded row has past its in
+            float* padded = weights(size_t(copies) * s.out * (s.in + PAD));
             std::vector<float> x(rows * s.in, 0.5f), y(rows * s.out), packed(packed_size<float>(rows, s.in));
-            const auto best = fastest<4>(10, copies, [&](int which, int c) {
-                const float* wc = w + int64_t(c) * n;
-                if (which == 1 || which == 2) {
+            const auto best = fastest<6>(10, copies, [&](int which, int c) {
+                const float* wc = which == 5 ? padded + int64_t(c) * s.out * (s.in + PAD)
+                                             : w + int64_t(which == 4 ? 0 : c) * n;
+                if (which == 1 || which == 2 || which >= 4) {
                     StoredWeights<float> stored(wc, s.in);
                     stored.spread = stored.spread && which == 1;
+                    if (which == 5) stored.in = s.in + PAD, stored.fetch = false, stored.spread = true;
                     panel_product<float, NarrowPanels>(x.data(), s.in, rows, s.in, s.out, k_chunk(s.in), stored,
                                                        nullptr, y.data(), s.out, packed.data());
                 } else {
@@ -225,10 +233,10 @@ void panels(const std::vector<int64_t>& counts) {
                         tiled_product<true>(packed.data(), rows, s.in, s.out, wc, y.data());
                 }
             });
-            free(w);
+            free(w), free(padded);
             const double values = double(rows) * n / 1e9;
-            printf("%4ld %-8s %8.1f %6.1f %8.1f %8.1f\n", long(rows), s.name, values / best[0], values / best[1],
-                   values / best[2], values / best[3]);
+            printf("%4ld %-8s %8.1f %6.1f %8.1f %8.1f %8.1f %8.1f\n", long(rows), s.name, values / best[0],
+                   values / best[1], values / best[2], values / best[3], values / best[4], values / best[5]);
         }
 }
 
