@@ -222,7 +222,11 @@ void panels(const std::vector<int64_t>& counts) {
                 if (which == 1 || which == 2 || which >= 4) {
                     StoredWeights<float> stored(wc, s.in);
                     stored.spread = stored.spread && which == 1;
-                    if (which == 5) stored.in = s.in + PAD, stored.fetch = false, stored.spread = true;
+                    if (which == 5) {  // StoredWeights reads ``in`` as the rows' stride only
+                        stored.in = s.in + PAD;
+                        stored.fetch = false;
+                        stored.spread = true;
+                    }
                     panel_product<float, NarrowPanels>(x.data(), s.in, rows, s.in, s.out, k_chunk(s.in), stored,
                                                        nullptr, y.data(), s.out, packed.data());
                 } else {
