@@ -70,3 +70,24 @@ def test_structured_output_on_cuda():
         value = json.loads(text)
         assert set(value) == {"name", "age"} and len(value["name"]) <= 8 and 0 <= value["age"] <= 99, text
     assert texts[3] in ("yes", "no")
+
+
+
+def test_a_gguf_of_mixed_formats_on_cuda_equals_float64_over_its_values(tmp_path):
+    # On CUDA a GGUF's blocks are widened to the engine's dtype at load (the block kernels are the
+    # CPU's): in float64 its greedy tokens are the reference's over the file's own values, exactly.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..models.test_block_formats import mixed_gguf
+
+    model = mixed_gguf(tmp_path / "mixed.gguf")
+    prompts = [[5 + i, 17, 200 - i, 33, 8] for i in range(6)]
+    config = GenerationConfig(max_new_tokens=16, ignore_eos=True)
+    with Engine.from_pretrained(tmp_path / "mixed.gguf", device="cuda", dtype=torch.float64) as engine:
+        def run(prompt):
+            return list(engine.stream_response_tokens(engine.launch_response_tokens(prompt, config), timeout=60))
+
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            results = list(pool.map(run, prompts))
+    for prompt, tokens in zip(prompts, results):
+        assert tokens == reference(model, prompt, 16, eos_token_id=None), prompt
