@@ -220,13 +220,8 @@ void panels(const std::vector<int64_t>& counts) {
                 const float* wc = which == 5 ? padded + int64_t(c) * s.out * (s.in + PAD)
                                              : w + int64_t(which == 4 ? 0 : c) * n;
                 if (which == 1 || which == 2 || which >= 4) {
-                    StoredWeights<float> stored(wc, s.in);
-                    stored.spread = stored.spread && which == 1;
-                    if (which == 5) {  // StoredWeights reads ``in`` as the rows' stride only
-                        stored.in = s.in + PAD;
-                        stored.fetch = false;
-                        stored.spread = true;
-                    }
+                    StoredWeights<float> stored(wc, s.in, which == 5 ? s.in + PAD : s.in);
+                    stored.spread = stored.spread && which != 2;
                     panel_product<float, NarrowPanels>(x.data(), s.in, rows, s.in, s.out, k_chunk(s.in), stored,
                                                        nullptr, y.data(), s.out, packed.data());
                 } else {
@@ -252,7 +247,7 @@ void few(const float* w, int copies, int64_t in, int64_t out) {
     const auto best = fastest<5>(8, copies, [&](int which, int c) {
         const float* wc = w + int64_t(c) * n;
         if (which == 0)
-            linear_rows<float>(x.data(), in, ROWS, wc, nullptr, in, out, y.data(), out, packed.data(), 1000);
+            linear_rows<float>(x.data(), in, ROWS, wc, in, nullptr, in, out, y.data(), out, packed.data(), 1000);
         else if (which == 1)
             tiled_few<ROWS, ONE, 1>(x.data(), wc, in, out, y.data());
         else if (which == 2)

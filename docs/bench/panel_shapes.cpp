@@ -31,7 +31,7 @@ double gflops(int64_t rows, const Shape& s, int copies, const std::vector<float>
         for (int c = 0; c < copies; ++c) {
             const float* wc = w.data() + int64_t(c) * s.in * s.out;
             panel_product<float, PanelShape<VECTORS, OUTS>>(x.data(), s.in, rows, s.in, s.out, k_chunk(s.in),
-                                                            StoredWeights<float>(wc, s.in), nullptr, y.data(), s.out,
+                                                            StoredWeights<float>(wc, s.in, s.in), nullptr, y.data(), s.out,
                                                             packed.data());
         }
         best = std::min(best, (omp_get_wtime() - start) / copies);

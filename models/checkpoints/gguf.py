@@ -14,7 +14,7 @@ from gguf.constants import GGMLQuantizationType as Q
 from ..cache import cache_dir
 from . import Contents
 from ..kernels.block_formats import block_format, to_blocks, widened
-from ..kernels.block_linear import GROUP, ROWS16_LAYOUT_OF, rows16, runs_as_stored
+from ..kernels.block_linear import FLOAT32, GROUP, ROWS16_LAYOUT_OF, padded_rows, pads_rows, rows16, runs_as_stored
 from .gguf_file import GGUFFile, TensorInfo
 from .tokenizer import Tokenizer
 
@@ -98,6 +98,7 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
                 tensors[name] = _unpermute(tensors[name], kv_heads)
     if keep_blocks:
         _lay_rows_side_by_side(tensors, file, formats, names)
+        _pad_float32_rows(tensors, file, formats, names)
         _fuse_blocks(tensors)
     file.release_all()  # the pages the permutations read: what the model uses in place comes back on first use
     eos = meta.get("tokenizer.ggml.eos_token_id")
@@ -179,6 +180,22 @@ def _lay_rows_side_by_side(tensors: dict, file: GGUFFile, formats: dict, names: 
         laid_out = rows16(tensors[name], info.shape[-1], layout)
         if laid_out is not None:
             tensors[name] = laid_out
+            file.release(info)
+
+
+def _pad_float32_rows(tensors: dict, file: GGUFFile, formats: dict, names: dict) -> None:
+    """The F32 matrices of linear layers whose rows are a multiple of 4 KiB long as FLOAT32_PADDED
+    where the kernels multiply them faster so (block_linear.padded_rows: rows a little longer, out of
+    each other's cache sets), one at a time, each file tensor's pages let go of as its copy is made.
+    The output layer and the embeddings stay where they lie (a 16-row product over the 1.7B's padded
+    table ran 4-6% slower)."""
+    for info in file.tensors.values():
+        name = _hf_name(info.name, names)
+        if formats[info.name] != FLOAT32 or not name.endswith("proj.weight"):
+            continue
+        if pads_rows(tensors[name]):
+            file.populate(info)
+            tensors[name] = padded_rows(tensors[name])
             file.release(info)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import struct
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,6 +95,18 @@ class GGUFFile:
                 raise ValueError(f"{self.path} is not a readable GGUF file: tensor {name} runs past its end")
             self.tensors[name] = TensorInfo(name, shape, kind, data[first:first + rows * row_bytes].reshape(rows, row_bytes),
                                             first)
+
+    def populate(self, info: TensorInfo) -> None:
+        """Map a tensor's pages in one call before it is copied whole (Linux's MADV_POPULATE_READ): a
+        copy faulting them in a 4 KB page at a time took about twice as long."""
+        if not sys.platform.startswith("linux"):
+            return
+        first = info.offset - info.offset % mmap.PAGESIZE
+        populate_read = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux's value, where Python does not name it
+        try:
+            self._map.madvise(populate_read, first, info.offset + info.nbytes - first)
+        except OSError:  # before Linux 5.14: the copy faults them in
+            pass
 
     def release(self, info: TensorInfo) -> None:
         """Let go of a tensor's pages once it has been converted (they stay in the page cache): else

@@ -33,6 +33,9 @@
 //   minimum is -8 d) codes, float16 scales and minimums of sixteen rows side by side.
 // - GGUF_Q6_K_ROWS16 (212 bytes a row's super-block; the same builds): Q6_K's low nibbles, high bit
 //   pairs, scales and d of sixteen rows side by side.
+// And one over a file's float32 matrices (block_linear.py's padded_rows, made at load): FLOAT_PADDED,
+// float32 rows ROW_PAD values longer than their width (the padding zero), for rows a multiple of
+// 4 KiB long (AVX2 builds without AVX-512; cpu_linear.h's StoredWeights says why).
 
 #pragma once
 
@@ -55,8 +58,9 @@ enum Format : int64_t {
     FLOAT = 0, LOOM_4BIT = 4, LOOM_5BIT = 5, LOOM_8BIT = 8,
     GGUF_Q2_K = 10, GGUF_Q3_K = 11, GGUF_Q4_K = 12, GGUF_Q5_K = 13, GGUF_Q6_K = 14,
     FLOAT16 = 16, BFLOAT16 = 17, GGUF_Q4_K_ROWS16 = 18, GGUF_Q8_0_ROWS16 = 19,
-    GGUF_Q4_1_ROWS16 = 20, GGUF_Q6_K_ROWS16 = 21
+    GGUF_Q4_1_ROWS16 = 20, GGUF_Q6_K_ROWS16 = 21, FLOAT_PADDED = 22
 };
+constexpr int64_t ROW_PAD = 16;  // values a FLOAT_PADDED row has past its width
 
 typedef uint8_t Bytes __attribute__((vector_size(32)));
 typedef int8_t SignedBytes __attribute__((vector_size(32)));
@@ -773,14 +777,15 @@ struct KQuantTwoBit {
 using Q2K = KQuantTwoBit<false>;
 using Q3K = KQuantTwoBit<true>;
 
-// FLOAT, FLOAT16 and BFLOAT16: a GGUF file's float matrices as the file has them (F32, F16, BF16).
-// Not blocks: their products take float32 activations and widen each weight as they read it
-// (cpu_linear.h's linear_rows); a "super-block" here is 32 values, for widen_row.
-template <typename W>
+// FLOAT, FLOAT16 and BFLOAT16: a GGUF file's float matrices as the file has them (F32, F16, BF16),
+// and FLOAT_PADDED, float32 rows PAD values longer. Not blocks: their products take float32
+// activations and widen each weight as they read it (cpu_linear.h's linear_rows); a "super-block"
+// here is 32 values, for widen_row.
+template <typename W, int64_t PAD = 0>
 struct FloatRows {
     using Element = W;
     static constexpr int64_t VALUES = GROUP;
-    static int64_t row_bytes(int64_t in) { return int64_t(sizeof(W)) * in; }
+    static int64_t row_bytes(int64_t in) { return int64_t(sizeof(W)) * (in + PAD); }
     struct Super {
         const W* values;
         Super() = default;
@@ -914,6 +919,7 @@ inline void with_format(int64_t format, int64_t in, F&& f) {
             __builtin_trap();
         case GGUF_Q5_K: f(Q5K{}); break;
         case FLOAT: f(FloatRows<float>{}); break;
+        case FLOAT_PADDED: f(FloatRows<float, ROW_PAD>{}); break;
         case FLOAT16: f(FloatRows<Float16>{}); break;
         case BFLOAT16: f(FloatRows<BFloat16>{}); break;
         default: f(Q6K{}); break;

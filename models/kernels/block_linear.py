@@ -41,6 +41,9 @@ BLOCK_ROWS16_BYTES = {GGUF_Q8_0_ROWS16: 34, GGUF_Q4_1_ROWS16: 20}
 # not blocks: a GGUF file's float matrices (F32, F16, BF16) as it keeps them, the 16-bit ones widened
 # as the products read them
 FLOAT32, FLOAT16, BFLOAT16 = 0, 16, 17
+# a file's float32 rows a multiple of 4 KiB long, laid out at load ROW_PAD values longer where the
+# build's panels take them so (padded_rows)
+FLOAT32_PADDED, ROW_PAD = 22, 16
 FLOAT_FORMATS = {torch.float32: FLOAT32, torch.float16: FLOAT16, torch.bfloat16: BFLOAT16}  # told by the dtype
 # values and bytes of a K-quant's super-block (a row's share of one, for the K-quants side by side)
 SUPER_BLOCKS = {GGUF_Q2_K: (256, 84), GGUF_Q3_K: (256, 110), GGUF_Q4_K: (256, 144), GGUF_Q5_K: (256, 176),
@@ -49,7 +52,8 @@ FORMAT_NAMES = {LOOM_4BIT: "4-bit blocks", LOOM_5BIT: "5-bit blocks", LOOM_8BIT:
                 GGUF_Q3_K: "Q3_K", GGUF_Q4_K: "Q4_K", GGUF_Q5_K: "Q5_K", GGUF_Q6_K: "Q6_K",
                 GGUF_Q4_K_ROWS16: "Q4_K (16 rows side by side)", GGUF_Q8_0_ROWS16: "Q8_0 (16 rows side by side)",
                 GGUF_Q4_1_ROWS16: "Q4_0/Q4_1 (16 rows side by side)", GGUF_Q6_K_ROWS16: "Q6_K (16 rows side by side)",
-                FLOAT32: "float32", FLOAT16: "float16", BFLOAT16: "bfloat16"}
+                FLOAT32: "float32", FLOAT16: "float16", BFLOAT16: "bfloat16",
+                FLOAT32_PADDED: f"float32 ({ROW_PAD} values padded)"}
 WITH_MINIMUMS = (LOOM_4BIT, LOOM_5BIT)  # Loom's blocks that keep a float32 minimum beside each scale
 OUTPUT_BITS = LOOM_8BIT  # the output layer's and the token embeddings' (the layers': quantized.BLOCK_WEIGHTS)
 
@@ -63,7 +67,9 @@ ROUND_ARGTYPES = [_pointer, _int64, _int64, _int64, _pointer, _int64]
 def row_bytes(width: int, format: int) -> int:
     """Bytes of one row of ``width`` values in ``format``: for Loom's blocks its codes, its float32
     scales and, for 4 and 5 bits, its float32 minimums; for a K-quant its super-blocks (block_codes.h);
-    for float rows their values."""
+    for float rows their values (FLOAT32_PADDED: and ROW_PAD more)."""
+    if format == FLOAT32_PADDED:
+        return torch.float32.itemsize * (width + ROW_PAD)
     for dtype, kept in FLOAT_FORMATS.items():
         if format == kept:
             return dtype.itemsize * width
@@ -115,6 +121,24 @@ def rows16(blocks: torch.Tensor, width: int, layout: int) -> torch.Tensor | None
     getattr(native.library(), f"loom_repack_{name}_rows16")(
         ctypes.c_void_p(source.data_ptr()), ctypes.c_int64(width), ctypes.c_int64(blocks.shape[0]),
         ctypes.c_void_p(out.data_ptr()))
+    return out
+
+
+def pads_rows(weight: torch.Tensor) -> bool:
+    """Whether this build multiplies ``weight`` faster as FLOAT32_PADDED (padded_rows): a float32
+    matrix whose rows are a multiple of 4 KiB long, on AVX2 without AVX-512 (cpu_linear.h's
+    StoredWeights says why)."""
+    library = native.library()
+    return (library is not None and library.loom_vector_bytes() == 32 and weight.dtype == torch.float32
+            and weight.dim() == 2 and weight.shape[1] * weight.element_size() % 4096 == 0)
+
+
+def padded_rows(weight: torch.Tensor) -> torch.Tensor:
+    """A float32 matrix [rows, width] as FLOAT32_PADDED: bytes [rows, row_bytes(width,
+    FLOAT32_PADDED)], each row's values then ROW_PAD zeros (a copy, the same numbers)."""
+    rows, width = weight.shape
+    out = fresh_zeros(rows * row_bytes(width, FLOAT32_PADDED)).view(rows, -1)
+    out.view(torch.float32)[:, :width].copy_(weight)
     return out
 
 

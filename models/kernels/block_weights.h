@@ -829,8 +829,8 @@ inline void block_linear_rows(const float* x, int64_t x_stride, int64_t rows, co
             }
 #endif
             const int64_t from = std::is_same_v<W, float> ? panel_from : std::max(panel_from, HALF_PANEL_MIN_ROWS);
-            linear_rows(x, x_stride, rows, reinterpret_cast<const W*>(w.base), bias, w.in, w.out, y, y_stride, scratch,
-                        from);
+            linear_rows(x, x_stride, rows, reinterpret_cast<const W*>(w.base), w.stride / int64_t(sizeof(W)), bias, w.in,
+                        w.out, y, y_stride, scratch, from);
         } else {
             block_rows<F>(x, x_stride, rows, w, bias, y, y_stride, scratch);
         }

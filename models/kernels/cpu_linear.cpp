@@ -16,7 +16,7 @@ void linear(const T* x, int64_t x_stride, int64_t rows, const T* w, const T* bia
     thread_local std::vector<T> buffer;
     T* packed = rows >= panel_from ? line_aligned(buffer, packed_size<T>(rows, in)) : nullptr;
 #pragma omp parallel
-    linear_rows(x, x_stride, rows, w, bias, in, out, y, y_stride, packed, panel_from);
+    linear_rows(x, x_stride, rows, w, in, bias, in, out, y, y_stride, packed, panel_from);
 }
 
 void block_linear(const float* x, int64_t x_stride, int64_t rows, const void* blocks, int64_t format,

@@ -346,15 +346,15 @@ struct TileWeights {
     NextTile next;
 };
 
-// Tile o + outs's weights at k in a dense [out, in] matrix of W, where a whole tile follows tile o
-// before ``end`` (else nowhere).
+// Tile o + outs's weights at k in a matrix of W whose rows lie ``stride`` values apart, where a
+// whole tile follows tile o before ``end`` (else nowhere).
 template <typename W>
-inline NextTile next_tile(const W* w, int64_t in, int64_t o, int64_t outs, int64_t k, int64_t end) {
+inline NextTile next_tile(const W* w, int64_t stride, int64_t o, int64_t outs, int64_t k, int64_t end) {
     if (o + 2 * outs > end) return {};
-    return {reinterpret_cast<const char*>(w + (o + outs) * in + k), in * int64_t(sizeof(W)), sizeof(W)};
+    return {reinterpret_cast<const char*>(w + (o + outs) * stride + k), stride * int64_t(sizeof(W)), sizeof(W)};
 }
 
-// Where a tile's weights are in a dense [out, in] matrix: in place, the next tile's fetched meanwhile,
+// Where a tile's weights are in a matrix of rows: in place, the next tile's fetched meanwhile,
 // except with AVX2 where the rows lie a multiple of 4 KiB apart: the next tile's lines then fall in
 // the L1 sets of the tile's own (a Zen 3's prefetches fill L1 at every locality), and on the Zen 3
 // the hardware prefetchers alone ran the panels faster over the 1.7B F32 file's layer shapes (16 /
@@ -371,18 +371,25 @@ inline NextTile next_tile(const W* w, int64_t in, int64_t o, int64_t outs, int64
 // 16 rows 436-473 -> 398-421 ms, a 304-row prefill 7.52-7.59 -> 7.24-7.27 s, 64 rows level; W6's
 // cells in-process at 16 / 64 streams 20.3-20.8 / 22.9-24.4 -> 23.3-24.4 / 25.2-25.6 tok/s (two
 // checkouts alternating).
+// Rows ``stride`` values apart, past their ``in`` (ROW_PAD more: models/kernels/block_linear.py's
+// padded_rows), lie in different L1 sets where rows a multiple of 4 KiB long would share one, and
+// take the spread tiles too, nothing fetched (over the padded rows fetching was level, spreading
+// 3-7% ahead in a harness of the layer products): on the Zen 3 the 1.7B F32 file's decode step at
+// 16 / 64 rows 409-464 / 1505-1624 -> 354-380 / 1361-1457 ms, a 368-row prefill 8.1-9.0 -> 7.0-7.9 s,
+// one row level (2-4 alternations; the padded copy lies in 2 MB pages too, models/pages.py).
 template <typename T>
 struct StoredWeights {
     const T* w;
-    int64_t in;
+    int64_t stride;  // between rows
     bool fetch, spread;
 
-    StoredWeights(const T* w, int64_t in)
-        : w(w), in(in), fetch(VECTOR_BYTES == 64 || in * int64_t(sizeof(T)) % 4096 != 0), spread(!fetch) {}
+    StoredWeights(const T* w, int64_t in, int64_t stride)
+        : w(w), stride(stride),
+          fetch(VECTOR_BYTES == 64 || (stride == in && stride * int64_t(sizeof(T)) % 4096 != 0)), spread(!fetch) {}
 
     // Tile o's weights for [k, k + count): rows o, o + gap, ..., the next tile's fetched (gap 1 only).
     TileWeights<T> operator()(int64_t o, int64_t gap, int64_t outs, int64_t k, int64_t, int64_t end) const {
-        return {w + o * in + k, gap * in, fetch && gap == 1 ? next_tile(w, in, o, outs, k, end) : NextTile{}};
+        return {w + o * stride + k, gap * stride, fetch && gap == 1 ? next_tile(w, stride, o, outs, k, end) : NextTile{}};
     }
 };
 
@@ -394,7 +401,7 @@ struct StoredWeights {
 template <typename T, typename W>
 struct WidenedWeights {
     const W* w;
-    int64_t in;
+    int64_t rows_apart;  // values between the rows of w
     static constexpr bool spread = false;  // (its 16-bit rows are fetched ahead instead)
 
     TileWeights<T> operator()(int64_t o, int64_t gap, int64_t outs, int64_t k, int64_t count, int64_t end) const {
@@ -403,13 +410,13 @@ struct WidenedWeights {
         const int64_t stride = whole_lines<T>(count) + CACHE_LINE / sizeof(T);
         T* tile = line_aligned(buffer, stride * outs);
         for (int64_t r = 0; r < outs; ++r) {
-            const W* from = w + (o + r * gap) * in + k;
+            const W* from = w + (o + r * gap) * rows_apart + k;
             T* to = tile + r * stride;
             int64_t j = 0;
             for (; j + V::lanes <= count; j += V::lanes) V::store(to + j, Element<T, W>::load(from + j));
             for (; j < count; ++j) to[j] = Element<T, W>::widen(from[j]);
         }
-        return {tile, stride, gap == 1 ? next_tile(w, in, o, outs, k, end) : NextTile{}};
+        return {tile, stride, gap == 1 ? next_tile(w, rows_apart, o, outs, k, end) : NextTile{}};
     }
 };
 
@@ -630,19 +637,22 @@ inline void bfloat16_linear_rows(const float* x, int64_t x_stride, int64_t rows,
 constexpr bool BFLOAT16_DOTS = false;
 #endif
 
-// Shares the work among the threads of the enclosing parallel region (alone, outside one).
+// Shares the work among the threads of the enclosing parallel region (alone, outside one). The
+// weights' rows lie ``w_stride`` values apart (``in``, or more: StoredWeights).
 // ``packed``: packed_size(rows, in) elements of scratch, shared by the region's threads; panels from
 // ``panel_from`` rows (the model's threshold, cpu_linear.py). The weights are T, or 16-bit floats W
 // (a GGUF file's F16 and BF16 tensors as the file has them), widened as they are read (BF16 where
 // the processor has no bfloat16 dot products: bfloat16_linear_rows above).
 template <typename T, typename W = T>
-void linear_rows(const T* x, int64_t x_stride, int64_t rows, const W* w, const T* bias, int64_t in, int64_t out,
-                 T* y, int64_t y_stride, T* packed, int64_t panel_from) {
+void linear_rows(const T* x, int64_t x_stride, int64_t rows, const W* w, int64_t w_stride, const T* bias, int64_t in,
+                 int64_t out, T* y, int64_t y_stride, T* packed, int64_t panel_from) {
     if (rows >= panel_from) {
         if constexpr (std::is_same_v<T, W>)
-            panels(x, x_stride, rows, in, out, k_chunk(in), StoredWeights<T>(w, in), bias, y, y_stride, packed);
+            panels(x, x_stride, rows, in, out, k_chunk(in), StoredWeights<T>(w, in, w_stride), bias, y, y_stride,
+                   packed);
         else
-            panels(x, x_stride, rows, in, out, k_chunk(in), WidenedWeights<T, W>{w, in}, bias, y, y_stride, packed);
+            panels(x, x_stride, rows, in, out, k_chunk(in), WidenedWeights<T, W>{w, w_stride}, bias, y, y_stride,
+                   packed);
         return;
     }
     // A task is few_rows_task weight rows against every input row, FEW_ROWS of them at a time (more
@@ -650,7 +660,8 @@ void linear_rows(const T* x, int64_t x_stride, int64_t rows, const W* w, const T
     // task are then cached for the later groups).
     const int64_t outs = few_rows_task(rows);
     row_group_tasks(rows, out, outs, bias, y, y_stride, [&](auto group, int64_t m, int64_t o, int64_t count) {
-        few_rows<T, group, W>(x + m * x_stride, x_stride, w + o * in, in, in, count, y + m * y_stride + o, y_stride);
+        few_rows<T, group, W>(x + m * x_stride, x_stride, w + o * w_stride, w_stride, in, count, y + m * y_stride + o,
+                              y_stride);
     });
 }
 

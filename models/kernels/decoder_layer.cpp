@@ -75,7 +75,7 @@ void product(const T* x, int64_t x_stride, int64_t rows, const Weights& w, const
             block_linear_rows(x, x_stride, rows, BlockWeights(part.data, part.format, in, part.rows), b, y + first,
                               y_stride, scratch, panel_from);
         else
-            linear_rows(x, x_stride, rows, static_cast<const T*>(part.data), b, in, part.rows, y + first, y_stride,
+            linear_rows(x, x_stride, rows, static_cast<const T*>(part.data), in, b, in, part.rows, y + first, y_stride,
                         scratch, panel_from);
         first += part.rows;
     }

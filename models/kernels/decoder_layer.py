@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from . import native
-from .block_linear import FLOAT32, BlockLinear
+from .block_linear import FLOAT32, FLOAT32_PADDED, BlockLinear
 from .cpu_linear import CpuLinear, default_panel_rows
 from ..families.gpt2 import GPT2
 from ..families.layers import NativeDecoding, chunk_rows, prefill_keys
@@ -125,7 +125,8 @@ def _products(model: Llama | GPT2) -> list:
 def _reads_float32(model: Llama | GPT2) -> bool:
     """Whether every product of ``model`` reads float32 weights (a Hugging Face model in float32, a
     GGUF file's F32 matrices)."""
-    return all(all(f == FLOAT32 for f in m.formats) if isinstance(m, BlockLinear) else m.weight.dtype == torch.float32
+    floats = (FLOAT32, FLOAT32_PADDED)
+    return all(all(f in floats for f in m.formats) if isinstance(m, BlockLinear) else m.weight.dtype == torch.float32
                for m in _products(model))
 
 

@@ -14,11 +14,11 @@ from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
 import models
 from models.kernels import native
 from models.kernels.block_formats import block_format, to_blocks
-from models.kernels.block_linear import (BFLOAT16, FLOAT16, FLOAT32, GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q4_K_ROWS16,
+from models.kernels.block_linear import (BFLOAT16, FLOAT16, FLOAT32, FLOAT32_PADDED, GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q4_K_ROWS16,
                                          GGUF_Q4_1_ROWS16, GGUF_Q5_K, GGUF_Q6_K, GGUF_Q6_K_ROWS16, GGUF_Q8_0_ROWS16,
                                          GROUP, LOOM_4BIT, LOOM_5BIT, LOOM_8BIT, SUPER_BLOCKS, WIDEN_ARGTYPES, BlockEmbedding, BlockLinear, dequantize,
-                                         multiplies_rows16, round_activations, rounding, rounds_input_to_bfloat16,
-                                         rows16)
+                                         multiplies_rows16, padded_rows, pads_rows, round_activations, rounding,
+                                         rounds_input_to_bfloat16, rows16)
 from runtime import Engine, GenerationConfig
 
 
@@ -212,6 +212,41 @@ def test_float_matrices_are_kept_and_their_products_take_the_input_as_it_is(kind
     x = torch.randn(rows, width, generator=torch.Generator().manual_seed(rows))
     expected = expected_product(x, data, kind, width)
     assert torch.allclose(layer(x).double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 18, 40, 200])
+def test_float32_rows_padded_multiply_and_widen_as_the_files_own(rows):
+    """A float32 matrix whose rows are 4 KiB long laid out with its rows padded (FLOAT32_PADDED): the
+    same values, zeros past them, and its products (a few rows at a time, the panels, two spread tasks
+    and a partial one) and lookups equal the file's matrix's to the bit."""
+    width, out = 1024, 2 * 96 + 11
+    data = np.random.default_rng(rows).standard_normal((out, width)).astype(np.float32)
+    blocks = to_blocks(data, Q.F32, width)
+    assert pads_rows(blocks) == (native.library().loom_vector_bytes() == 32)
+    assert not pads_rows(blocks[:, :width - GROUP].contiguous())  # rows not a multiple of 4 KiB
+    padded = padded_rows(blocks)
+    values = padded.view(torch.float32)
+    assert torch.equal(values[:, :width], blocks) and not values[:, width:].any()
+    layer, plain = BlockLinear.of_blocks(padded, width), BlockLinear.of_blocks(blocks, width)
+    assert layer.formats == (FLOAT32_PADDED,)
+    x = torch.randn(rows, width, generator=torch.Generator().manual_seed(rows))
+    assert torch.equal(layer(x), plain(x))
+    ids = torch.tensor([[17, 0], [out - 1, 17]])
+    assert torch.equal(BlockEmbedding(padded, out, width, FLOAT32_PADDED)(ids), blocks[ids])
+
+
+@needs_kernels
+def test_a_float32_files_4_kib_rows_are_padded_where_the_build_takes_them_so(tmp_path):
+    """The layers' F32 matrices whose rows are 4 KiB long (1024 values) are laid out padded on AVX2
+    builds (kept as they lie on AVX-512), the narrower ones and the tied table as they lie, and the
+    greedy tokens equal the file widened to float32."""
+    path = float_file(tmp_path / "wide.gguf", Q.F32, hidden=1024)
+    model = models.load(path).model
+    wide = FLOAT32_PADDED if native.library().loom_vector_bytes() == 32 else FLOAT32
+    assert model.layers[0].attn.qkv.formats == (wide,) * 3 and model.layers[1].mlp.gate_up.formats == (wide,) * 2
+    assert model.layers[0].mlp.down.formats == (FLOAT32,) and model.lm_head.formats == (FLOAT32,)
+    assert greedy_tokens(path, "stored", [12, 9, 6, 3]) == greedy_tokens(path, "float32", [12, 9, 6, 3])
 
 
 # each layer's formats, and the output layer's and embeddings' (attn_output is F16 or BF16: a float product)
