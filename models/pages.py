@@ -24,3 +24,16 @@ def fresh_zeros(size: int) -> torch.Tensor:
     if hasattr(mmap, "MADV_HUGEPAGE"):
         memory.madvise(mmap.MADV_HUGEPAGE)
     return torch.frombuffer(memory, dtype=torch.uint8)
+
+
+def available_memory() -> int | None:
+    """Bytes the system could give this process without swapping (Linux's MemAvailable: free
+    memory and the page cache it can drop); None where it does not say."""
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

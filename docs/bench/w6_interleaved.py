@@ -15,9 +15,11 @@ checkout's root:
 
     python docs/bench/w6_interleaved.py --llama-server PATH/llama-server [--model FILE.gguf] [--streams 1,4,16,64]
         [--rounds 3] [--weights stored|float32|int4] [--tokens 64] [--kv-dtype float16] [--llama-kv-type f16|f32]
-        [--busy K]
+        [--busy K] [--no-loom-server]
 
-With --busy K, K busy competitor processes (the bench's Competitors) run while the systems are
+With --no-loom-server, Loom's server is left out (two copies of a model Loom holds in memory of its
+own, such as the 1.7B F32 file's padded rows with AVX2, and llama-server's mapping of the file did
+not fit in 24 GB). With --busy K, K busy competitor processes (the bench's Competitors) run while the systems are
 measured (not while they load).
 """
 
@@ -49,13 +51,16 @@ def main():
     parser.add_argument("--kv-dtype", default=None, help="Loom's KV pool (default: the model's dtype)")
     parser.add_argument("--llama-kv-type", default="f16", choices=("f16", "f32"), help="llama-server's KV cache")
     parser.add_argument("--busy", type=int, default=0, help="busy competitor processes while measuring")
+    parser.add_argument("--loom-server", action=argparse.BooleanOptionalAction, default=True,
+                        help="measure Loom's server too (a second copy of what Loom holds in its own memory)")
     args = parser.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
     engine = Engine.from_pretrained(args.model, weights=args.weights, kv_dtype=args.kv_dtype)
     gguf = Path(args.model) if args.model else default_model_path()
     label = gguf.stem.rsplit(".", 1)[-1] if args.model is None else gguf.stem  # the default's: its format, Q4_1
     peer = (gguf, label) if args.weights != "float32" else (peers.f32_gguf(gguf, args.llama_server), "F32")
-    servers = [peers.loom_server(args, args.weights), peers.llama_server(*peer, max(streams), args)]
+    servers = [peers.loom_server(args, args.weights)] if args.loom_server else []
+    servers.append(peers.llama_server(*peer, max(streams), args))
     rates: dict[tuple[str, int], list[float]] = {}
     for server in servers:
         server.start()
@@ -87,17 +92,18 @@ def main():
     # llama-server can also slow down from round to round: it gives a request the slot whose cached
     # prompt matches most, the rounds repeat the prompts, and a batch on scattered slots costs more
     # (docs/bench/llama_slots.py). Its best round shows what it does on the slots it started with.
-    peer = servers[1].system
-    print(f"\n| streams | Loom in-process / {peer} (per round: median) | Loom server / {peer} "
-          f"| Loom's medians / {peer}'s best round (in-process, server) |")
-    print("| --- | --- | --- | --- |")
+    peer = servers[-1].system
+    looms = ["loom in-process"] + [server.system for server in servers[:-1]]
+    print(f"\n| streams | {' | '.join(f'{loom} / {peer} (per round: median)' for loom in looms)} "
+          f"| Loom's medians / {peer}'s best round ({', '.join(looms)}) |")
+    print("|" + " --- |" * (len(looms) + 2))
     for c in streams:
         cells, best = [], []
-        for system in ("loom in-process", servers[0].system):
+        for system in looms:
             ratios = [a / b for a, b in zip(rates[(system, c)], rates[(peer, c)])]
             cells.append(f"{' / '.join(f'{r:.2f}' for r in ratios)}: {statistics.median(ratios):.2f}x")
             best.append(f"{statistics.median(rates[(system, c)]) / max(rates[(peer, c)]):.2f}x")
-        print(f"| {c} | {cells[0]} | {cells[1]} | {best[0]}, {best[1]} |")
+        print(f"| {c} | {' | '.join(cells)} | {', '.join(best)} |")
 
 
 if __name__ == "__main__":

@@ -237,16 +237,23 @@ def test_float32_rows_padded_multiply_and_widen_as_the_files_own(rows):
 
 
 @needs_kernels
-def test_a_float32_files_4_kib_rows_are_padded_where_the_build_takes_them_so(tmp_path):
+def test_a_float32_files_4_kib_rows_are_padded_where_the_build_takes_them_so(tmp_path, monkeypatch):
     """The layers' F32 matrices whose rows are 4 KiB long (1024 values) are laid out padded on AVX2
     builds (kept as they lie on AVX-512), the narrower ones and the tied table as they lie, and the
-    greedy tokens equal the file widened to float32."""
+    greedy tokens equal the file widened to float32. Where the copies would take more than half of
+    the memory available, every matrix stays where it lies."""
     path = float_file(tmp_path / "wide.gguf", Q.F32, hidden=1024)
     model = models.load(path).model
     wide = FLOAT32_PADDED if native.library().loom_vector_bytes() == 32 else FLOAT32
     assert model.layers[0].attn.qkv.formats == (wide,) * 3 and model.layers[1].mlp.gate_up.formats == (wide,) * 2
     assert model.layers[0].mlp.down.formats == (FLOAT32,) and model.lm_head.formats == (FLOAT32,)
     assert greedy_tokens(path, "stored", [12, 9, 6, 3]) == greedy_tokens(path, "float32", [12, 9, 6, 3])
+    copies = 2 * (1024 + 512 + 512 + 1024 + 2 * 256) * (1024 + 16) * 4  # q, k, v, o, gate, up of two layers
+    monkeypatch.setattr(models.checkpoints.gguf, "available_memory", lambda: 2 * copies - 1)
+    tight = models.load(path).model
+    assert tight.layers[0].attn.qkv.formats == (FLOAT32,) * 3 and tight.layers[1].mlp.gate_up.formats == (FLOAT32,) * 2
+    monkeypatch.setattr(models.checkpoints.gguf, "available_memory", lambda: 2 * copies)
+    assert models.load(path).model.layers[0].attn.qkv.formats == (wide,) * 3
 
 
 # each layer's formats, and the output layer's and embeddings' (attn_output is F16 or BF16: a float product)
