@@ -15,11 +15,11 @@ checkout's root:
 
     python docs/bench/w6_interleaved.py --llama-server PATH/llama-server [--model FILE.gguf] [--streams 1,4,16,64]
         [--rounds 3] [--weights stored|float32|int4] [--tokens 64] [--kv-dtype float16] [--llama-kv-type f16|f32]
-        [--busy K] [--no-loom-server]
+        [--busy K] [--loom in-process,server]
 
-With --no-loom-server, Loom's server is left out (two copies of a model Loom holds in memory of its
-own, such as the 1.7B F32 file's padded rows with AVX2, and llama-server's mapping of the file did
-not fit in 24 GB). With --busy K, K busy competitor processes (the bench's Competitors) run while the systems are
+--loom names the Loom systems measured (both by default): one alone where two copies of a model
+Loom holds in memory of its own (the 1.7B F32 file's padded rows with AVX2) and llama-server's
+mapping of the file do not fit in the machine's memory. With --busy K, K busy competitor processes (the bench's Competitors) run while the systems are
 measured (not while they load).
 """
 
@@ -51,15 +51,21 @@ def main():
     parser.add_argument("--kv-dtype", default=None, help="Loom's KV pool (default: the model's dtype)")
     parser.add_argument("--llama-kv-type", default="f16", choices=("f16", "f32"), help="llama-server's KV cache")
     parser.add_argument("--busy", type=int, default=0, help="busy competitor processes while measuring")
-    parser.add_argument("--loom-server", action=argparse.BooleanOptionalAction, default=True,
-                        help="measure Loom's server too (a second copy of what Loom holds in its own memory)")
+    parser.add_argument("--loom", default="in-process,server",
+                        help="Loom's systems to measure: in-process, server or both (each holds its own copy of "
+                             "what Loom keeps in its own memory)")
     args = parser.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
-    engine = Engine.from_pretrained(args.model, weights=args.weights, kv_dtype=args.kv_dtype)
+    chosen = set(args.loom.split(","))
+    if not chosen <= {"in-process", "server"}:
+        parser.error(f"--loom takes in-process, server or both, not {args.loom!r}")
+    engine = None
+    if "in-process" in chosen:
+        engine = Engine.from_pretrained(args.model, weights=args.weights, kv_dtype=args.kv_dtype)
     gguf = Path(args.model) if args.model else default_model_path()
     label = gguf.stem.rsplit(".", 1)[-1] if args.model is None else gguf.stem  # the default's: its format, Q4_1
     peer = (gguf, label) if args.weights != "float32" else (peers.f32_gguf(gguf, args.llama_server), "F32")
-    servers = [peers.loom_server(args, args.weights)] if args.loom_server else []
+    servers = [peers.loom_server(args, args.weights)] if "server" in chosen else []
     servers.append(peers.llama_server(*peer, max(streams), args))
     rates: dict[tuple[str, int], list[float]] = {}
     for server in servers:
@@ -67,7 +73,7 @@ def main():
     try:
         new = args.tokens
         systems = [("loom in-process", lambda texts: run_loom(engine, [Request(engine.encode(t), new) for t in texts],
-                                                              f"W6@{len(texts)}"))]
+                                                              f"W6@{len(texts)}"))] if engine is not None else []
         systems += [(server.system, lambda texts, server=server: server.run(texts, new, f"W6@{len(texts)}"))
                     for server in servers]
         with Competitors(args.busy):
@@ -82,7 +88,8 @@ def main():
     finally:
         for server in servers:
             server.stop()
-        engine.shutdown()
+        if engine is not None:
+            engine.shutdown()
     print("| streams | system | tok/s per round | median |")
     print("| --- | --- | --- | --- |")
     for (system, c), values in sorted(rates.items(), key=lambda item: (item[0][1], item[0][0])):
@@ -93,7 +100,7 @@ def main():
     # prompt matches most, the rounds repeat the prompts, and a batch on scattered slots costs more
     # (docs/bench/llama_slots.py). Its best round shows what it does on the slots it started with.
     peer = servers[-1].system
-    looms = ["loom in-process"] + [server.system for server in servers[:-1]]
+    looms = ["loom in-process"] * (engine is not None) + [server.system for server in servers[:-1]]
     print(f"\n| streams | {' | '.join(f'{loom} / {peer} (per round: median)' for loom in looms)} "
           f"| Loom's medians / {peer}'s best round ({', '.join(looms)}) |")
     print("|" + " --- |" * (len(looms) + 2))
