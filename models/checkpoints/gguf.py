@@ -65,7 +65,9 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
     ``keep_blocks`` the quantized linear weights and embeddings come as blocks for Loom's kernels
     (uint8 [rows, bytes per row], kernels/block_formats.py: the K-quants as views of the mapped
     file, but a linear layer's Q4_K laid out anew where the kernels multiply sixteen rows side by
-    side), and float matrices (F32, F16, BF16) as views of it in their dtype; else every tensor as
+    side), and float matrices (F32, F16, BF16) as views of it in their dtype (but a layer's F32 rows a
+    multiple of 4 KiB long copied into padded rows where the build multiplies them faster so:
+    _pad_float32_rows); else every tensor as
     float32. One tensor is converted at a time, and its pages of the file let go of after. Raises ValueError for
     an architecture or tensor type Loom does not run, before any tensor is read."""
     if not path.is_file():
@@ -190,16 +192,16 @@ def _pad_float32_rows(tensors: dict, file: GGUFFile, formats: dict, names: dict)
     where the kernels multiply them faster so (block_linear.padded_rows: rows a little longer, out of
     each other's cache sets; the 1.7B F32's decode step 8-15% faster on a Zen 3), one at a time, each
     file tensor's pages let go of as its copy is made. The copies are the process's own where the
-    file's pages were shared, so they are made only where they take at most half of the memory the
-    system has available (MemAvailable counts the file's cached pages): else the file is multiplied
-    where it lies. The output layer and the embeddings stay where they lie (a 16-row product over
+    file's pages were shared, so they are made only where they take at most half of the memory
+    available (pages.available_memory: the system's, which counts the file's cached pages, or a
+    container's if less): else, or where that is unknown, the file is multiplied where it lies. The output layer and the embeddings stay where they lie (a 16-row product over
     the 1.7B's padded table ran 4-6% slower)."""
     chosen = [(info, name) for info in file.tensors.values()
               if formats[info.name] == FLOAT32 and (name := _hf_name(info.name, names)).endswith("proj.weight")
               and pads_rows(tensors[name])]
     copies = sum(tensors[name].shape[0] * row_bytes(tensors[name].shape[1], FLOAT32_PADDED) for _, name in chosen)
     available = available_memory()
-    if not chosen or (available is not None and copies > available // 2):
+    if not chosen or available is None or copies > available // 2:  # (None: unknown, so no copies)
         return
     for info, name in chosen:
         file.populate(info)

@@ -217,7 +217,9 @@ class BlockLinear(nn.Module):
     float32, float16 and bfloat16 matrices are parts too, kept as the file has them: their products
     take the input as it is (cpu_linear.h's, each 16-bit weight widened as it is read); past
     KERNEL_ROWS rows a float32 part takes oneDNN's product, as a CpuLinear does (1.7B shapes on two
-    Zen 5 threads, 512 / 2048 rows: 205-216 / 202-217 GFLOP/s against the panels' 181-200 / 145-179)."""
+    Zen 5 threads, 512 / 2048 rows: 205-216 / 202-217 GFLOP/s against the panels' 181-200 / 145-179).
+    A FLOAT32_PADDED part stays on the panels at every count: oneDNN copied a strided weight view at
+    every call, and on the AVX2 machines that pad (a Zen 3) the panels led it at 512 rows anyway."""
 
     def __init__(self, linear: nn.Linear, bits: int):
         super().__init__()
@@ -359,7 +361,8 @@ def use_stored_blocks(model: nn.Module, state: dict, float_rows: bool = False) -
     uint8 [rows, bytes per row] tensor in a kernel format, or a list of such parts stacked by output
     rows: a checkpoint kept in its own formats) for a BlockLinear or BlockEmbedding over those very
     blocks. With ``float_rows`` (a GGUF file's, read to keep its formats), float32, float16 and
-    bfloat16 matrices are kept as they are too (views of the mapped file). ``state`` then names the
+    bfloat16 matrices are kept as they are too (views of the mapped file, or FLOAT32_PADDED copies of
+    it). ``state`` then names the
     blocks as the new modules do (as bytes), for load_state_dict. Tied tables stay one tensor."""
     for prefix, module in list(model.named_modules()):
         blocks = state.get(f"{prefix}.weight")

@@ -72,7 +72,6 @@ def test_structured_output_on_cuda():
     assert texts[3] in ("yes", "no")
 
 
-
 def test_a_gguf_of_mixed_formats_on_cuda_equals_float64_over_its_values(tmp_path):
     # On CUDA a GGUF's blocks are widened to the engine's dtype at load (the block kernels are the
     # CPU's): in float64 its greedy tokens are the reference's over the file's own values, exactly.

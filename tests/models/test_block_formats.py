@@ -14,6 +14,7 @@ from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
 import models
 from models.kernels import native
 from models.kernels.block_formats import block_format, to_blocks
+from models.kernels.cpu_linear import KERNEL_ROWS
 from models.kernels.block_linear import (BFLOAT16, FLOAT16, FLOAT32, FLOAT32_PADDED, GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q4_K_ROWS16,
                                          GGUF_Q4_1_ROWS16, GGUF_Q5_K, GGUF_Q6_K, GGUF_Q6_K_ROWS16, GGUF_Q8_0_ROWS16,
                                          GROUP, LOOM_4BIT, LOOM_5BIT, LOOM_8BIT, SUPER_BLOCKS, WIDEN_ARGTYPES, BlockEmbedding, BlockLinear, dequantize,
@@ -219,7 +220,7 @@ def test_float_matrices_are_kept_and_their_products_take_the_input_as_it_is(kind
 def test_float32_rows_padded_multiply_and_widen_as_the_files_own(rows):
     """A float32 matrix whose rows are 4 KiB long laid out with its rows padded (FLOAT32_PADDED): the
     same values, zeros past them, and its products (a few rows at a time, the panels, two spread tasks
-    and a partial one) and lookups equal the file's matrix's to the bit."""
+    and a partial one) and lookups equal the file's matrix's, to the bit where both run on Loom's kernel."""
     width, out = 1024, 2 * 96 + 11
     data = np.random.default_rng(rows).standard_normal((out, width)).astype(np.float32)
     blocks = to_blocks(data, Q.F32, width)
@@ -231,7 +232,10 @@ def test_float32_rows_padded_multiply_and_widen_as_the_files_own(rows):
     layer, plain = BlockLinear.of_blocks(padded, width), BlockLinear.of_blocks(blocks, width)
     assert layer.formats == (FLOAT32_PADDED,)
     x = torch.randn(rows, width, generator=torch.Generator().manual_seed(rows))
-    assert torch.equal(layer(x), plain(x))
+    if rows <= KERNEL_ROWS:  # both on Loom's kernel
+        assert torch.equal(layer(x), plain(x))
+    else:  # the file's rows on oneDNN, whose order of sums is its own; the padded ones on the panels
+        assert torch.allclose(layer(x), plain(x), rtol=1e-5, atol=1e-4)
     ids = torch.tensor([[17, 0], [out - 1, 17]])
     assert torch.equal(BlockEmbedding(padded, out, width, FLOAT32_PADDED)(ids), blocks[ids])
 
