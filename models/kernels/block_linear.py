@@ -127,9 +127,9 @@ def rows16(blocks: torch.Tensor, width: int, layout: int) -> torch.Tensor | None
 def pads_rows(weight: torch.Tensor) -> bool:
     """Whether this build multiplies ``weight`` faster as FLOAT32_PADDED (padded_rows): a float32
     matrix whose rows are a multiple of 4 KiB long, on AVX2 without AVX-512 (cpu_linear.h's
-    StoredWeights says why)."""
+    StoredWeights says why, PADS_FLOAT_ROWS where)."""
     library = native.library()
-    return (library is not None and library.loom_vector_bytes() == 32 and weight.dtype == torch.float32
+    return (library is not None and library.loom_pads_float_rows() and weight.dtype == torch.float32
             and weight.dim() == 2 and weight.shape[1] * weight.element_size() % 4096 == 0)
 
 

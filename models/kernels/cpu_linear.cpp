@@ -89,6 +89,9 @@ extern "C" int64_t loom_bfloat16_dots() { return BFLOAT16_DOTS; }
 // The bytes of the vectors the kernels were built for: 32 (AVX2) or 64 (AVX-512).
 extern "C" int64_t loom_vector_bytes() { return VECTOR_BYTES; }
 
+// Whether a file's float32 rows a multiple of 4 KiB long are worth padding at load (cpu_linear.h).
+extern "C" int64_t loom_pads_float_rows() { return PADS_FLOAT_ROWS; }
+
 // Whether the products over the K-quants' own layouts end every super-block in exact integers, as
 // rows16's do, so that a Q4_K matrix gives the same numbers in either layout (with AVX-512: pair_rows
 // and the tiles; int8_rows elsewhere adds a super-block's blocks in float lanes).

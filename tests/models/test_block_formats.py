@@ -224,7 +224,7 @@ def test_float32_rows_padded_multiply_and_widen_as_the_files_own(rows):
     width, out = 1024, 2 * 96 + 11
     data = np.random.default_rng(rows).standard_normal((out, width)).astype(np.float32)
     blocks = to_blocks(data, Q.F32, width)
-    assert pads_rows(blocks) == (native.library().loom_vector_bytes() == 32)
+    assert pads_rows(blocks) == bool(native.library().loom_pads_float_rows())
     assert not pads_rows(blocks[:, :width - GROUP].contiguous())  # rows not a multiple of 4 KiB
     padded = padded_rows(blocks)
     values = padded.view(torch.float32)
@@ -248,7 +248,7 @@ def test_a_float32_files_4_kib_rows_are_padded_where_the_build_takes_them_so(tmp
     the memory available, every matrix stays where it lies."""
     path = float_file(tmp_path / "wide.gguf", Q.F32, hidden=1024)
     model = models.load(path).model
-    wide = FLOAT32_PADDED if native.library().loom_vector_bytes() == 32 else FLOAT32
+    wide = FLOAT32_PADDED if native.library().loom_pads_float_rows() else FLOAT32
     assert model.layers[0].attn.qkv.formats == (wide,) * 3 and model.layers[1].mlp.gate_up.formats == (wide,) * 2
     assert model.layers[0].mlp.down.formats == (FLOAT32,) and model.lm_head.formats == (FLOAT32,)
     assert greedy_tokens(path, "stored", [12, 9, 6, 3]) == greedy_tokens(path, "float32", [12, 9, 6, 3])
