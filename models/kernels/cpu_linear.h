@@ -346,12 +346,12 @@ struct TileWeights {
     NextTile next;
 };
 
-// Tile o + outs's weights at k in a matrix of W whose rows lie ``stride`` values apart, where a
+// Tile o + outs's weights at k in a matrix of W whose rows lie ``w_stride`` values apart, where a
 // whole tile follows tile o before ``end`` (else nowhere).
 template <typename W>
-inline NextTile next_tile(const W* w, int64_t stride, int64_t o, int64_t outs, int64_t k, int64_t end) {
+inline NextTile next_tile(const W* w, int64_t w_stride, int64_t o, int64_t outs, int64_t k, int64_t end) {
     if (o + 2 * outs > end) return {};
-    return {reinterpret_cast<const char*>(w + (o + outs) * stride + k), stride * int64_t(sizeof(W)), sizeof(W)};
+    return {reinterpret_cast<const char*>(w + (o + outs) * w_stride + k), w_stride * int64_t(sizeof(W)), sizeof(W)};
 }
 
 // Where a tile's weights are in a matrix of rows: in place, the next tile's fetched meanwhile,
@@ -389,16 +389,18 @@ constexpr bool PADS_FLOAT_ROWS = false;
 template <typename T>
 struct StoredWeights {
     const T* w;
-    int64_t stride;  // between rows
+    int64_t w_stride;  // values between the rows of w: in, or more where they are padded
     bool fetch, spread;
 
-    StoredWeights(const T* w, int64_t in, int64_t stride)
-        : w(w), stride(stride),
-          fetch(VECTOR_BYTES == 64 || (stride == in && stride * int64_t(sizeof(T)) % 4096 != 0)), spread(!fetch) {}
+    StoredWeights(const T* w, int64_t in, int64_t w_stride)
+        : w(w), w_stride(w_stride),
+          fetch(VECTOR_BYTES == 64 || (w_stride == in && w_stride * int64_t(sizeof(T)) % 4096 != 0)),
+          spread(!fetch) {}
 
     // Tile o's weights for [k, k + count): rows o, o + gap, ..., the next tile's fetched (gap 1 only).
     TileWeights<T> operator()(int64_t o, int64_t gap, int64_t outs, int64_t k, int64_t, int64_t end) const {
-        return {w + o * stride + k, gap * stride, fetch && gap == 1 ? next_tile(w, stride, o, outs, k, end) : NextTile{}};
+        return {w + o * w_stride + k, gap * w_stride,
+                fetch && gap == 1 ? next_tile(w, w_stride, o, outs, k, end) : NextTile{}};
     }
 };
 
@@ -410,7 +412,7 @@ struct StoredWeights {
 template <typename T, typename W>
 struct WidenedWeights {
     const W* w;
-    int64_t rows_apart;  // values between the rows of w
+    int64_t w_stride;  // values between the rows of w
     static constexpr bool spread = false;  // (its 16-bit rows are fetched ahead instead)
 
     TileWeights<T> operator()(int64_t o, int64_t gap, int64_t outs, int64_t k, int64_t count, int64_t end) const {
@@ -419,13 +421,13 @@ struct WidenedWeights {
         const int64_t stride = whole_lines<T>(count) + CACHE_LINE / sizeof(T);
         T* tile = line_aligned(buffer, stride * outs);
         for (int64_t r = 0; r < outs; ++r) {
-            const W* from = w + (o + r * gap) * rows_apart + k;
+            const W* from = w + (o + r * gap) * w_stride + k;
             T* to = tile + r * stride;
             int64_t j = 0;
             for (; j + V::lanes <= count; j += V::lanes) V::store(to + j, Element<T, W>::load(from + j));
             for (; j < count; ++j) to[j] = Element<T, W>::widen(from[j]);
         }
-        return {tile, stride, gap == 1 ? next_tile(w, rows_apart, o, outs, k, end) : NextTile{}};
+        return {tile, stride, gap == 1 ? next_tile(w, w_stride, o, outs, k, end) : NextTile{}};
     }
 };
 
