@@ -67,9 +67,9 @@ def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, de
     """Our module for a transformers-style config and state dict, its weights cast to ``dtype``
     (``weights`` other than "float32": its linear layers' weights in fewer bits, see kernels/quantized.py).
     With ``float_rows``, float matrices are kept as they are (a GGUF file's F32, F16 and BF16, read to
-    keep its formats: views of the mapped file, or padded copies of it, gguf._pad_float32_rows). Takes the tensors: ``tensors`` is left empty, so
-    that each part of a fused product is freed as soon as the fused copy exists (a model's worth of
-    copies at once, otherwise)."""
+    keep its formats: views of the mapped file, or padded copies of it, gguf._pad_float32_rows). Takes
+    the tensors: ``tensors`` is left empty, so that each part of a fused product is freed as soon as
+    the fused copy exists (a model's worth of copies at once, otherwise)."""
     spec_type, model_type = architecture(config)
     spec = spec_type.from_hf(config)
     with torch.device("meta"):  # no time spent initialising weights that are about to be replaced

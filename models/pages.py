@@ -56,7 +56,10 @@ def _group_headroom() -> int | None:
     except OSError:
         return None
     for line in lines:
-        _, controllers, path = line.split(":", 2)
+        fields = line.split(":", 2)  # id:controllers:path
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
         version = "v2" if controllers == "" else "v1" if "memory" in controllers.split(",") else None
         if version is None:
             continue

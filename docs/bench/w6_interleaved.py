@@ -19,8 +19,8 @@ checkout's root:
 
 --loom names the Loom systems measured (both by default): one alone where two copies of a model
 Loom holds in memory of its own (the 1.7B F32 file's padded rows with AVX2) and llama-server's
-mapping of the file do not fit in the machine's memory. With --busy K, K busy competitor processes (the bench's Competitors) run while the systems are
-measured (not while they load).
+mapping of the file do not fit in the machine's memory. With --busy K, K busy competitor
+processes (the bench's Competitors) run while the systems are measured (not while they load).
 """
 
 import argparse

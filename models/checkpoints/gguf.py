@@ -67,9 +67,9 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
     file, but a linear layer's Q4_K laid out anew where the kernels multiply sixteen rows side by
     side), and float matrices (F32, F16, BF16) as views of it in their dtype (but a layer's F32 rows a
     multiple of 4 KiB long copied into padded rows where the build multiplies them faster so:
-    _pad_float32_rows); else every tensor as
-    float32. One tensor is converted at a time, and its pages of the file let go of after. Raises ValueError for
-    an architecture or tensor type Loom does not run, before any tensor is read."""
+    _pad_float32_rows); else every tensor as float32. One tensor is converted at a time, and its
+    pages of the file let go of after. Raises ValueError for an architecture or tensor type Loom
+    does not run, before any tensor is read."""
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file at {path}")
     file = GGUFFile(path)
@@ -194,8 +194,9 @@ def _pad_float32_rows(tensors: dict, file: GGUFFile, formats: dict, names: dict)
     file tensor's pages let go of as its copy is made. The copies are the process's own where the
     file's pages were shared, so they are made only where they take at most half of the memory
     available (pages.available_memory: the system's, which counts the file's cached pages, or a
-    container's if less): else, or where that is unknown, the file is multiplied where it lies. The output layer and the embeddings stay where they lie (a 16-row product over
-    the 1.7B's padded table ran 4-6% slower)."""
+    container's if less): else, or where that is unknown, the file is multiplied where it lies. The
+    output layer and the embeddings stay where they lie (a 16-row product over the 1.7B's padded
+    table ran 4-6% slower)."""
     chosen = [(info, name) for info in file.tensors.values()
               if formats[info.name] == FLOAT32 and (name := _hf_name(info.name, names)).endswith("proj.weight")
               and pads_rows(tensors[name])]

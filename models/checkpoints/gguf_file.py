@@ -101,19 +101,23 @@ class GGUFFile:
         copy faulting them in a 4 KB page at a time took about twice as long."""
         if not sys.platform.startswith("linux"):
             return
-        first = info.offset - info.offset % mmap.PAGESIZE
         populate_read = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux's value, where Python does not name it
         try:
-            self._map.madvise(populate_read, first, info.offset + info.nbytes - first)
+            self._map.madvise(populate_read, *self._pages(info))
         except OSError:  # before Linux 5.14: the copy faults them in
             pass
 
     def release(self, info: TensorInfo) -> None:
         """Let go of a tensor's pages once it has been converted (they stay in the page cache): else
         they would count in the process's resident memory until the file is unmapped."""
-        first = info.offset - info.offset % mmap.PAGESIZE
         if hasattr(mmap, "MADV_DONTNEED"):
-            self._map.madvise(mmap.MADV_DONTNEED, first, info.offset + info.nbytes - first)
+            self._map.madvise(mmap.MADV_DONTNEED, *self._pages(info))
+
+    @staticmethod
+    def _pages(info: TensorInfo) -> tuple[int, int]:
+        """(start, length) of the whole pages a tensor's bytes lie in, for madvise."""
+        first = info.offset - info.offset % mmap.PAGESIZE
+        return first, info.offset + info.nbytes - first
 
     def release_all(self) -> None:
         """Let go of every page of the file read so far (tensors used where they lie are read back

@@ -371,7 +371,7 @@ inline NextTile next_tile(const W* w, int64_t w_stride, int64_t o, int64_t outs,
 // 16 rows 436-473 -> 398-421 ms, a 304-row prefill 7.52-7.59 -> 7.24-7.27 s, 64 rows level; W6's
 // cells in-process at 16 / 64 streams 20.3-20.8 / 22.9-24.4 -> 23.3-24.4 / 25.2-25.6 tok/s (two
 // checkouts alternating).
-// Rows ``stride`` values apart, past their ``in`` (ROW_PAD more: models/kernels/block_linear.py's
+// Rows ``w_stride`` values apart, past their ``in`` (ROW_PAD more: models/kernels/block_linear.py's
 // padded_rows), lie in different L1 sets where rows a multiple of 4 KiB long would share one, and
 // take the spread tiles too, nothing fetched (over the padded rows fetching was level, spreading
 // 3-7% ahead in a harness of the layer products): on the Zen 3 the 1.7B F32 file's decode step at
