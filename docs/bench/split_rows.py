@@ -1,11 +1,12 @@
-"""A decode step's forward on the default model with its threads sharing every phase of every layer
-(a barrier after each) or each thread carrying its own rows through all the layers (one barrier per
-step), at 1 and 2 threads, quiet or beside K busy processes (docs/benchmarks-history.md, "Threads that carry
-their own rows"). S sequences of 100 cached tokens add one token each; no engine. The variants
-alternate in three rounds; it prints the median and mean step and the cores the process used
-(CPU time over wall time). Run from a checkout's root:
+"""A decode step's forward (the default model, or --model) with its threads sharing every phase of
+every layer (a barrier after each) or each thread carrying its own rows through all the layers (one
+barrier per step), at 1 and 2 threads, quiet or beside K busy processes (docs/benchmarks-history.md,
+"Threads that carry their own rows", "Float32 rows split on AVX2"). S sequences of 100 cached tokens
+add one token each; no engine. The variants alternate in three rounds; it prints the median and mean
+step and the cores the process used (CPU time over wall time). Run from a checkout's root:
 
-    python docs/bench/split_rows.py [--streams 1,8,16,32,64] [--busy 0] [--threads 1,2] [--steps 30]
+    python docs/bench/split_rows.py [--model FILE] [--weights float32] [--streams 1,8,16,32,64] [--busy 0]
+        [--threads 1,2] [--steps 30]
 """
 
 import argparse
@@ -22,12 +23,11 @@ from runtime import openmp  # noqa: E402
 import torch  # noqa: E402
 
 import models  # noqa: E402
-from models.kernels import cpu_linear, decoder_layer  # noqa: E402
+from models.kernels import cpu_linear  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from decode_forward import busy_processes, decode_step  # noqa: E402
 
-SPLIT = decoder_layer.SPLIT_ROWS_PER_THREAD
 NEVER = cpu_linear.KERNEL_ROWS + 1  # more rows per thread than a step of the native layers has
 
 
@@ -37,8 +37,12 @@ def main():
     parser.add_argument("--busy", type=int, default=0, help="busy competitor processes on the same cores")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--model", default=None, help="a checkpoint (a .gguf file or a directory); the default model if left out")
+    parser.add_argument("--weights", default=None, help="as models.load's (default: the checkpoint's own)")
     args = parser.parse_args()
-    model = models.load().model
+    model = models.load(args.model, weights=args.weights).model
+    layers = model.decoder_layers
+    chosen = layers.split_rows, layers.weighs_panels
     with busy_processes(args.busy):
         time.sleep(0.5)
         print("| streams | busy procs | threads | layers | step ms median (mean) | cores used |")
@@ -54,7 +58,8 @@ def main():
                     for variant in variants:
                         threads, _, split = variant
                         torch.set_num_threads(threads)
-                        decoder_layer.SPLIT_ROWS_PER_THREAD = split  # rows per thread from which to split
+                        # rows per thread from which to split, whatever the shares' panels
+                        layers.split_rows, layers.weighs_panels = split, False
                         for _ in range(3):
                             model(step, kv)
                             openmp.release_thread_pool()  # as the engine does after every step
@@ -65,7 +70,7 @@ def main():
                             times[variant].append(time.perf_counter() - start)
                             openmp.release_thread_pool()
                         cpu[variant] += time.process_time() - start_cpu
-            decoder_layer.SPLIT_ROWS_PER_THREAD = SPLIT
+            layers.split_rows, layers.weighs_panels = chosen
             for variant, seconds in times.items():
                 threads, layers, _ = variant
                 median, mean = statistics.median(seconds) * 1e3, statistics.mean(seconds) * 1e3
