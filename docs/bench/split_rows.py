@@ -41,8 +41,8 @@ def main():
     parser.add_argument("--weights", default=None, help="as models.load's (default: the checkpoint's own)")
     args = parser.parse_args()
     model = models.load(args.model, weights=args.weights).model
-    layers = model.decoder_layers
-    chosen = layers.split_rows, layers.weighs_panels
+    native_layers = model.decoder_layers
+    chosen = native_layers.split_rows, native_layers.weighs_panels
     with busy_processes(args.busy):
         time.sleep(0.5)
         print("| streams | busy procs | threads | layers | step ms median (mean) | cores used |")
@@ -59,7 +59,7 @@ def main():
                         threads, _, split = variant
                         torch.set_num_threads(threads)
                         # rows per thread from which to split, whatever the shares' panels
-                        layers.split_rows, layers.weighs_panels = split, False
+                        native_layers.split_rows, native_layers.weighs_panels = split, False
                         for _ in range(3):
                             model(step, kv)
                             openmp.release_thread_pool()  # as the engine does after every step
@@ -70,7 +70,7 @@ def main():
                             times[variant].append(time.perf_counter() - start)
                             openmp.release_thread_pool()
                         cpu[variant] += time.process_time() - start_cpu
-            layers.split_rows, layers.weighs_panels = chosen
+            native_layers.split_rows, native_layers.weighs_panels = chosen
             for variant, seconds in times.items():
                 threads, layers, _ = variant
                 median, mean = statistics.median(seconds) * 1e3, statistics.mean(seconds) * 1e3
