@@ -42,7 +42,7 @@ def main():
     args = parser.parse_args()
     model = models.load(args.model, weights=args.weights).model
     native_layers = model.decoder_layers
-    chosen = native_layers.split_rows, native_layers.weighs_panels
+    chosen = native_layers.split_rows
     with busy_processes(args.busy):
         time.sleep(0.5)
         print("| streams | busy procs | threads | layers | step ms median (mean) | cores used |")
@@ -58,8 +58,7 @@ def main():
                     for variant in variants:
                         threads, _, split = variant
                         torch.set_num_threads(threads)
-                        # rows per thread from which to split, whatever the shares' panels
-                        native_layers.split_rows, native_layers.weighs_panels = split, False
+                        native_layers.split_rows = split  # rows per thread from which to split
                         for _ in range(3):
                             model(step, kv)
                             openmp.release_thread_pool()  # as the engine does after every step
@@ -70,7 +69,7 @@ def main():
                             times[variant].append(time.perf_counter() - start)
                             openmp.release_thread_pool()
                         cpu[variant] += time.process_time() - start_cpu
-            native_layers.split_rows, native_layers.weighs_panels = chosen
+            native_layers.split_rows = chosen
             for variant, seconds in times.items():
                 threads, layers, _ = variant
                 median, mean = statistics.median(seconds) * 1e3, statistics.mean(seconds) * 1e3

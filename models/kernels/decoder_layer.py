@@ -39,19 +39,19 @@ _pointer, _int64, _double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 # were level and 64 rows split took 74 against 81 (docs/benchmarks-history.md, "Threads that carry their
 # own rows").
 SPLIT_ROWS_PER_THREAD = 12
-# Where a model's products read float32 weights and the build's vectors are AVX2's, the threads
-# carry their own rows only where those compute no more panel rows (zero rows included,
-# cpu_linear.h's panel_computed_rows) than an even share of the team's: 48 rows split are two
-# shares of 24, each a 16-row panel and a whole one for the 8 left, where the team's 48 fill three.
-# On a Zen 3 (2026-11-28, two threads, three decode steps twice; docs/benchmarks-history.md,
-# "Float32 rows split on AVX2") the 1.7B F32 file's step at 24 / 32 / 48 / 64 rows took 725-812 /
-# 755-793 / 1309-1611 / 1437-1807 ms split against 701-1063 / 756-817 / 1053-1229 / 1485-1666 on
-# the team, the 360M F32's at 32 / 48 / 64 190-207 / 327-502 / 372-506 against 200-347 / 279-302 /
-# 401-640, the default model's level; beside one busy process every count ran faster split (1.7B
-# 64 rows 2204-2720 against 2539-2867, 360M 512-683 against 743-914), 48 rows level. At 16 rows,
-# below SPLIT_ROWS_PER_THREAD's two shares anyway, the team's one panel ran twice as fast (362-454
-# against 645-738 ms). (Before the 1.7B's rows were padded, 32 and 64 rows ran faster on the team,
-# and such models split from 96 rows.)
+# The same where a model's products read float32 weights and the build's vectors are AVX2's. A
+# thread's own rows meet each tile of weights in fewer panels, and a tile's first pass waits on
+# memory (each thread now reading every weight): on a Zen 3 the 1.7B F32 file's decode step at 32 /
+# 64 rows took 853-1038 / 1485-2187 ms split against 719-893 / 1388-1645 on the team, the 360M F32's
+# 183-202 / 353-366 against 165-214 / 312-340 (alternating, three times), 128 rows level; the
+# default model's level at 32 / 64, a Q4_K_M file's 32 rows faster on the team and 64 faster split.
+# A 1216-row prefill step still split faster (25.8 against 28.1 s). AVX-512 is unmeasured here.
+# Since the 1.7B's rows are padded, its 32 / 64-row steps run level split, and beside one busy
+# process ~20% faster; but Loom's server at 64 streams of the 360M F32 ran ~10% slower split (W6
+# 99-105 against 110-115 tok/s: its own threads take a core now and then, and a thread's pinned
+# share waits for it), so these models still split from here (docs/benchmarks-history.md, "Float32
+# rows split on AVX2, not taken").
+FLOAT32_AVX2_SPLIT_ROWS_PER_THREAD = 48
 
 # A prefill chunk whose tokens read at most this many keys in all (layers.prefill_keys: a prompt of up
 # to 1024 tokens from its start) goes through the native layers, each token a row attending to its
@@ -135,16 +135,6 @@ def _reads_float32(model: Llama | GPT2) -> bool:
                for m in _products(model))
 
 
-def computed_rows(rows: int) -> int:
-    """The rows float32 products compute for ``rows`` rows that go through the layers in passes of
-    PASS_ROWS (cpu_linear.h's panel_computed_rows for each pass: a panel's zero rows included)."""
-    panel_rows = native.library().loom_float_panel_rows
-    if panel_rows.argtypes is None:  # the same object on every getattr: set once
-        panel_rows.argtypes, panel_rows.restype = [_int64], _int64
-    whole, left = divmod(rows, PASS_ROWS)
-    return whole * panel_rows(PASS_ROWS) + (panel_rows(left) if left else 0)
-
-
 def _weights(linear: CpuLinear | BlockLinear) -> _Weights:
     """What a product reads: the float weight (format 0), or each part's blocks."""
     if isinstance(linear, BlockLinear):
@@ -168,9 +158,8 @@ class DecoderLayers:
                                default_panel_rows())
         # from how many rows each thread carries its own through the layers
         avx2 = native.library().loom_vector_bytes() == 32
-        self.split_rows = SPLIT_ROWS_PER_THREAD
-        # whether the threads' own rows may compute no more panel rows than the team's (above)
-        self.weighs_panels = avx2 and _reads_float32(model)
+        self.split_rows = (FLOAT32_AVX2_SPLIT_ROWS_PER_THREAD if avx2 and _reads_float32(model)
+                           else SPLIT_ROWS_PER_THREAD)
 
     def _llama_layer(self, block, spec) -> _Layer:
         attn, mlp = block.attn, block.mlp
@@ -244,11 +233,7 @@ class DecoderLayers:
             cuts.append(max(cuts[-1], share_start(rows * t // threads)))
         cuts.append(rows)
         widest = max(end - first for first, end in zip(cuts, cuts[1:]))
-        if widest > SPLIT_SHARE_SLACK * rows / threads:
-            return None
-        if self.weighs_panels and computed_rows(widest) > computed_rows(rows) / threads:
-            return None
-        return cuts
+        return cuts if widest <= SPLIT_SHARE_SLACK * rows / threads else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, kv_cache,
                 step) -> torch.Tensor:

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from models.kernels import cpu_linear, native, paged_decode
-from models.kernels.decoder_layer import SPLIT_ROWS_PER_THREAD
+from models.kernels.decoder_layer import FLOAT32_AVX2_SPLIT_ROWS_PER_THREAD, SPLIT_ROWS_PER_THREAD
 
 needs_kernel = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the kernels are not built")
 
@@ -379,13 +379,11 @@ def test_short_prefill_chunks_on_the_decode_kernel_match_sdpa(arch, dtype, cache
 
 
 @needs_kernel
-def test_float32_models_on_avx2_split_rows_only_into_whole_panels(two_threads):
-    """Threads carry their own rows from SPLIT_ROWS_PER_THREAD rows each. Where the products read
-    float32 weights on an AVX2 build, only if no thread's rows compute more panel rows than an even
-    share of the team's: 48 rows would be two shares of 24, each a panel and a half that computes two,
-    where the team's 48 fill three panels. A model in blocks (or any with AVX-512) splits them."""
+def test_float32_models_split_their_rows_later_on_avx2(two_threads):
+    """Threads carry their own rows from split_rows rows each: FLOAT32_AVX2_SPLIT_ROWS_PER_THREAD
+    for a model whose products read float32 weights on an AVX2 build, SPLIT_ROWS_PER_THREAD for
+    one in blocks (or with AVX-512); a step of rows between the two splits only the latter's."""
     import models
-    from models.kernels.decoder_layer import computed_rows
     from models.step import KVCache, Sequence, StepInput
 
     from ..conftest import tiny_model
@@ -393,18 +391,13 @@ def test_float32_models_on_avx2_split_rows_only_into_whole_panels(two_threads):
     avx2 = native.library().loom_vector_bytes() == 32
     float32 = models.load(tiny_model("llama"), dtype=torch.float32).model
     blocks = models.load(tiny_model("llama"), dtype=torch.float32, weights="int4").model
-    assert float32.decoder_layers.weighs_panels == avx2 and not blocks.decoder_layers.weighs_panels
-    if avx2:
-        assert [computed_rows(rows) for rows in (12, 20, 24, 32, 48, 200)] == [16, 20, 32, 32, 48, 128 + 80]
-    kv = KVCache(float32.num_layers, 64, 8, float32.num_kv_heads, float32.head_dim, torch.float32, "cpu")
-
-    def step(streams):
-        return StepInput.flatten([Sequence([5], 3, [i], True) for i in range(streams)], 8, torch.device("cpu"))
-
-    for streams in (2 * SPLIT_ROWS_PER_THREAD - 1, 2 * SPLIT_ROWS_PER_THREAD + 3, 48, 64):
-        enough = streams >= 2 * SPLIT_ROWS_PER_THREAD
-        assert blocks.decoder_layers.splits(step(streams), 2, kv) == enough
-        assert float32.decoder_layers.splits(step(streams), 2, kv) == (enough and not (avx2 and streams == 48))
+    assert float32.decoder_layers.split_rows == (FLOAT32_AVX2_SPLIT_ROWS_PER_THREAD if avx2 else SPLIT_ROWS_PER_THREAD)
+    assert blocks.decoder_layers.split_rows == SPLIT_ROWS_PER_THREAD
+    streams = 2 * SPLIT_ROWS_PER_THREAD + 3
+    kv = KVCache(float32.num_layers, streams, 8, float32.num_kv_heads, float32.head_dim, torch.float32, "cpu")
+    step = StepInput.flatten([Sequence([5], 3, [i], True) for i in range(streams)], 8, torch.device("cpu"))
+    assert float32.decoder_layers.splits(step, 2, kv) == (not avx2)
+    assert blocks.decoder_layers.splits(step, 2, kv)
 
 
 @needs_kernel
