@@ -1,9 +1,10 @@
 """A decode step's forward (the default model, or --model) with its threads sharing every phase of
 every layer (a barrier after each) or each thread carrying its own rows through all the layers (one
 barrier per step), at 1 and 2 threads, quiet or beside K busy processes (docs/benchmarks-history.md,
-"Threads that carry their own rows", "Float32 rows split on AVX2"). S sequences of 100 cached tokens
-add one token each; no engine. The variants alternate in three rounds; it prints the median and mean
-step and the cores the process used (CPU time over wall time). Run from a checkout's root:
+"Threads that carry their own rows", "Float32 rows split on AVX2, not taken"). S sequences of 100
+cached tokens add one token each; no engine. The variants alternate in three rounds; it prints the
+median and mean step and the cores the process used (CPU time over wall time). Run from a
+checkout's root:
 
     python docs/bench/split_rows.py [--model FILE] [--weights float32] [--streams 1,8,16,32,64] [--busy 0]
         [--threads 1,2] [--steps 30]

@@ -362,7 +362,8 @@ def use_stored_blocks(model: nn.Module, state: dict, float_rows: bool = False) -
     rows: a checkpoint kept in its own formats) for a BlockLinear or BlockEmbedding over those very
     blocks. With ``float_rows`` (a GGUF file's, read to keep its formats), float32, float16 and
     bfloat16 matrices are kept as they are too (views of the mapped file, or FLOAT32_PADDED copies of
-    it). ``state`` then names the blocks as the new modules do (as bytes), for load_state_dict. Tied tables stay one tensor."""
+    it). ``state`` then names the blocks as the new modules do (as bytes), for load_state_dict. Tied
+    tables stay one tensor."""
     for prefix, module in list(model.named_modules()):
         blocks = state.get(f"{prefix}.weight")
         if not isinstance(module, (nn.Linear, nn.Embedding)) or not (
