@@ -1,10 +1,11 @@
 """A decode step's forward (the default model, or --model) with its threads sharing every phase of
 every layer (a barrier after each) or each thread carrying its own rows through all the layers (one
-barrier per step), at 1 and 2 threads, quiet or beside K busy processes (docs/benchmarks-history.md,
-"Threads that carry their own rows", "Float32 rows split on AVX2, not taken"). S sequences of 100
-cached tokens add one token each; no engine. The variants alternate in three rounds; it prints the
-median and mean step and the cores the process used (CPU time over wall time). Run from a
-checkout's root:
+barrier per step), those without and with taking rows from each other (decoder_layer.TAKE_ROWS), at
+1 and 2 threads, quiet or beside K busy processes (docs/benchmarks-history.md, "Threads that carry
+their own rows", "Float32 rows split on AVX2, not taken", "Threads that take each other's rows"). S
+sequences of 100 cached tokens add one token each; no engine. The variants alternate in three
+rounds; it prints the median and mean step, the cores the process used (CPU time over wall time) and
+the rows a step's threads took from each other. Run from a checkout's root:
 
     python docs/bench/split_rows.py [--model FILE] [--weights float32] [--streams 1,8,16,32,64] [--busy 0]
         [--threads 1,2] [--steps 30]
@@ -24,7 +25,7 @@ from runtime import openmp  # noqa: E402
 import torch  # noqa: E402
 
 import models  # noqa: E402
-from models.kernels import cpu_linear  # noqa: E402
+from models.kernels import cpu_linear, decoder_layer  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from decode_forward import busy_processes, decode_step  # noqa: E402
@@ -43,39 +44,41 @@ def main():
     args = parser.parse_args()
     model = models.load(args.model, weights=args.weights).model
     native_layers = model.decoder_layers
-    chosen = native_layers.split_rows
+    chosen, taken = native_layers.split_rows, decoder_layer.TAKE_ROWS
     with busy_processes(args.busy):
         time.sleep(0.5)
-        print("| streams | busy procs | threads | layers | step ms median (mean) | cores used |")
-        print("| --- | --- | --- | --- | --- | --- |")
+        print("| streams | busy procs | threads | layers | step ms median (mean) | cores used | rows taken |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
         for streams in map(int, args.streams.split(",")):
             kv, step = decode_step(model, streams)
-            variants = [(t, "shared phases", NEVER) for t in map(int, args.threads.split(","))]
-            variants += [(t, "own rows", 1) for t, _, _ in variants if t > 1 and streams >= t]
+            variants = [(t, "shared phases", NEVER, 0) for t in map(int, args.threads.split(","))]
+            variants += [(t, "own rows" + taking, 1, take) for t, _, _, _ in variants if t > 1 and streams >= t
+                         for taking, take in (("", 0), (", taking", taken))]
             times = {v: [] for v in variants}
-            cpu = dict.fromkeys(variants, 0.0)
+            cpu, taken_rows = dict.fromkeys(variants, 0.0), dict.fromkeys(variants, 0)
             with torch.inference_mode():
                 for _ in range(3):
                     for variant in variants:
-                        threads, _, split = variant
+                        threads, _, split, decoder_layer.TAKE_ROWS = variant
                         torch.set_num_threads(threads)
                         native_layers.split_rows = split  # rows per thread from which to split
                         for _ in range(3):
                             model(step, kv)
                             openmp.release_thread_pool()  # as the engine does after every step
-                        start_cpu = time.process_time()
+                        start_cpu, start_taken = time.process_time(), native_layers.taken_rows
                         for _ in range(args.steps // 3):
                             start = time.perf_counter()
                             model(step, kv)
                             times[variant].append(time.perf_counter() - start)
                             openmp.release_thread_pool()
                         cpu[variant] += time.process_time() - start_cpu
-            native_layers.split_rows = chosen
+                        taken_rows[variant] += native_layers.taken_rows - start_taken
+            native_layers.split_rows, decoder_layer.TAKE_ROWS = chosen, taken
             for variant, seconds in times.items():
-                threads, layers, _ = variant
+                threads, layers, _, _ = variant
                 median, mean = statistics.median(seconds) * 1e3, statistics.mean(seconds) * 1e3
                 print(f"| {streams} | {args.busy} | {threads} | {layers} | {median:.1f} ({mean:.1f}) | "
-                      f"{cpu[variant] / sum(seconds):.2f} |", flush=True)
+                      f"{cpu[variant] / sum(seconds):.2f} | {taken_rows[variant] / len(seconds):.1f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -89,6 +89,9 @@ extern "C" int64_t loom_bfloat16_dots() { return BFLOAT16_DOTS; }
 // The bytes of the vectors the kernels were built for: 32 (AVX2) or 64 (AVX-512).
 extern "C" int64_t loom_vector_bytes() { return VECTOR_BYTES; }
 
+// The rows a float32 product of ``rows`` input rows computes on the panels, zero rows included.
+extern "C" int64_t loom_float_panel_rows(int64_t rows) { return panel_computed_rows<float>(rows); }
+
 // Whether a file's float32 rows a multiple of 4 KiB long are worth padding at load (cpu_linear.h).
 extern "C" int64_t loom_pads_float_rows() { return PADS_FLOAT_ROWS; }
 

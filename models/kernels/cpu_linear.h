@@ -560,6 +560,19 @@ void panels(const T* x, int64_t x_stride, int64_t rows, int64_t in, int64_t out,
         panel_product<T, NarrowPanels>(x, x_stride, rows, in, out, chunk, weights, bias, y, y_stride, packed);
 }
 
+// The rows a product of ``rows`` input rows computes on the panels: whole panels of the shape
+// ``panels`` takes, their zero rows included, then any rows past the last whole panel that take none
+// (panel_rows). decoder_layer.py weighs the rows threads would carry alone against the team's by it.
+template <typename T>
+int64_t panel_computed_rows(int64_t rows) {
+    auto computed = [rows](auto shape) {
+        constexpr int64_t P = decltype(shape)::template rows<T>();
+        const int64_t paneled = panel_rows<P>(rows);
+        return (paneled + P - 1) / P * P + rows - paneled;
+    };
+    return rows > NarrowPanels::rows<T>() * 5 / 4 ? computed(WidePanels{}) : computed(NarrowPanels{});
+}
+
 #if defined(__AVX512BF16__)
 // bfloat16 weights multiplied by AVX-512's bfloat16 dot products (vdpbf16ps: two multiply-adds a
 // float lane an instruction, where widening to float32 took a shift and one), as llama.cpp does:

@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <mutex>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -99,9 +101,15 @@ struct Step {
     // Where threads carry their own rows (decoder_layer.py chooses, and cuts where sequences start):
     // part t's rows are [shares[t], shares[t + 1]), ``parts`` of them; null: the team shares each phase.
     const int64_t* shares;
+    // The rows where a sequence starts, ``start_count`` of them in order: where a thread may take
+    // another's rows (decoder_layers).
+    const int64_t* starts;
     int64_t rows, rotary_dim, max_blocks, block_size, sampled, parts;
     int64_t panel_from;  // the model's panel threshold (cpu_linear.py)
     int64_t pass_rows;   // the most rows one pass through the layers takes (decoder_layers)
+    int64_t start_count;
+    int64_t take_rows;   // the fewest rows a thread takes from another's, or leaves it; 0: none taken
+    int64_t taken;       // out: the rows threads took from each other in this step
 };
 
 // The output layer: the final norm (RMSNorm, or LayerNorm with a bias) and the product into the
@@ -330,6 +338,16 @@ class StayOnThisCore {
     StayOnThisCore& operator=(const StayOnThisCore&) = delete;
 };
 
+// The rows one thread carries through the layers now, where threads carry their own: [first, end)
+// from ``layer`` on (the layer in flight; the layer count when none is). Another thread may take
+// the later rows for the layers after the one in flight (decoder_layers): it lowers ``end``, which
+// the carrier reads at each layer's start, and waits for ``progress`` to pass the layer in flight.
+struct alignas(64) Carried {
+    std::mutex lock;
+    int64_t first = 0, end = 0, layer = 0;  // under ``lock``
+    std::atomic<int64_t> progress{0};       // layers this thread has finished, ever (written under ``lock``)
+};
+
 // Every layer over the step's rows, then the output layer over its sampled rows. The rows go
 // through the layers in passes of at most ``pass_rows``, one pass after another: a pass's rows read
 // the K/V that earlier passes wrote, as a later prefill chunk reads an earlier one's, and the
@@ -341,23 +359,34 @@ class StayOnThisCore {
 // two threads got one core between them; a 64-row step took 162 ms shared against 121 split, quiet
 // 81 against 74; docs/benchmarks.md "Threads that carry their own rows"). The shares end where
 // sequences start: a row reads the K/V its sequence's earlier rows write in the same pass.
+//
+// A thread whose share is done takes the later half of the rows another still carries in its last
+// pass (from a sequence's start, at least ``take_rows`` each side), for the layers after the one in
+// flight, and carries those; it may be taken from in turn. Otherwise it would wait at the barrier
+// for a partner that the kernel parked (beside a busy process, or the server's own threads), with
+// every row of the partner's share left to it: a 64-row step of the 360M F32 on a Zen 3 beside a
+// process busy a quarter of the time took 423-428 ms taking, 449-470 not, 513-518 on the team
+// (docs/benchmarks-history.md, "Threads that take each other's rows"). Only a last pass gives rows
+// away: a later pass reads the K/V its earlier ones write, layer by layer.
 template <typename T, typename C>
-void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, const Step<T>& s, const Head<T>& head,
+void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, Step<T>& s, const Head<T>& head,
                     T* logits) {
     const bool split = s.shares != nullptr;
     const int parts = split ? int(s.parts) : 1;
     const int64_t panel_from = s.panel_from, hidden = layers[0].hidden;
     int64_t widest = 0;  // the most rows a share holds
     for (int t = 0; t < parts; ++t) widest = std::max(widest, split ? s.shares[t + 1] - s.shares[t] : s.rows);
-    // rows [first, end) through every layer, a pass at a time, on the intermediates at ``own``
-    // (passes of pass_rows, a multiple of the widest panels' rows, rather than of even sizes: 672
-    // rows in passes of 112 left every fourth panel half empty, 10-20% slower than 5 x 128 + 32)
+    // rows [first, end) through layers [from, to), on the intermediates at ``own``
+    auto layer_range = [&](int64_t first, int64_t end, int64_t from, int64_t to, T* own) {
+        const Step<T> rows = row_range(s, first, end);
+        for (int64_t i = from; i < to; ++i) layer_phases(x + first * hidden, layers[i], rows, own, panel_from);
+    };
+    // rows [first, end) through every layer, a pass at a time (passes of pass_rows, a multiple of
+    // the widest panels' rows, rather than of even sizes: 672 rows in passes of 112 left every
+    // fourth panel half empty, 10-20% slower than 5 x 128 + 32)
     auto passes = [&](int64_t first, int64_t end, T* own) {
-        for (int64_t a = first; a < end; a += s.pass_rows) {
-            const int64_t b = std::min(end, a + s.pass_rows);
-            const Step<T> pass = row_range(s, a, b);
-            for (int64_t i = 0; i < count; ++i) layer_phases(x + a * hidden, layers[i], pass, own, panel_from);
-        }
+        for (int64_t a = first; a < end; a += s.pass_rows)
+            layer_range(a, std::min(end, a + s.pass_rows), 0, count, own);
     };
     // The intermediates, kept per calling thread (the loop thread) from step to step: a fresh
     // buffer would come from new pages every step. One share for the team, or one per thread
@@ -375,15 +404,78 @@ void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, const Step<T
         }
         return;
     }
+    std::vector<Carried> carried(parts);
+    for (Carried& c : carried) c.layer = count;  // nothing to take until a thread publishes its last pass
+    // Rows [first, end) through the layers from ``layer`` on, published in ``mine`` for others to take.
+    auto carry = [&](Carried& mine, int64_t first, int64_t end, int64_t layer, T* own) {
+        std::unique_lock<std::mutex> hold(mine.lock);
+        mine.first = first, mine.end = end, mine.layer = layer;
+        while (mine.layer < count) {
+            const int64_t i = mine.layer, rows_end = mine.end;
+            hold.unlock();
+            layer_range(first, rows_end, i, i + 1, own);
+            hold.lock();
+            mine.layer = i + 1;
+            mine.progress.fetch_add(1, std::memory_order_release);
+        }
+    };
+    // The later half of the rows another thread carries, for this thread to carry on (true), or
+    // false where none has enough rows and layers left to give.
+    auto take = [&](int self, T* own) {
+        int64_t most = 0, cut = 0, end = 0, after = 0, seen = 0;
+        Carried* from = nullptr;
+        for (int t = 0; t < parts; ++t) {
+            if (t == self) continue;
+            Carried& c = carried[t];
+            std::lock_guard<std::mutex> hold(c.lock);
+            const int64_t layers_left = count - c.layer - 1;  // after the one in flight
+            const int64_t rows = c.end - c.first;
+            if (layers_left < 1 || rows < 2 * s.take_rows || rows * layers_left <= most) continue;
+            // the sequence start nearest the middle that leaves take_rows each side
+            const int64_t* starts_end = s.starts + s.start_count;
+            const int64_t* at = std::lower_bound(s.starts, starts_end, c.first + rows / 2);
+            int64_t best = -1;
+            for (const int64_t* p : {at - 1, at})
+                if (p >= s.starts && p < starts_end && *p - c.first >= s.take_rows && c.end - *p >= s.take_rows &&
+                    (best < 0 || std::abs(*p - c.first - rows / 2) < std::abs(best - c.first - rows / 2)))
+                    best = *p;
+            if (best < 0) continue;
+            most = rows * layers_left, from = &c, cut = best;
+        }
+        if (from == nullptr) return false;
+        {
+            std::lock_guard<std::mutex> hold(from->lock);
+            // the carrier moved on while this thread looked further: take what is there now
+            const int64_t layers_left = count - from->layer - 1;
+            if (layers_left < 1 || cut - from->first < s.take_rows || from->end - cut < s.take_rows) return true;
+            end = from->end, after = from->layer + 1, seen = from->progress.load(std::memory_order_relaxed);
+            from->end = cut;
+        }
+        // the rows' K/V and x for the layer in flight are the carrier's to write
+        while (from->progress.load(std::memory_order_acquire) <= seen) std::this_thread::yield();
+        __atomic_fetch_add(&s.taken, end - cut, __ATOMIC_RELAXED);
+        carry(carried[self], cut, end, after, own);
+        return true;
+    };
 #pragma omp parallel num_threads(parts)
     {
         const StayOnThisCore stay;
-        T* own = base + share * omp_get_thread_num();
-        // ``parts`` shares of the rows, one per thread (or more each, should the team be smaller).
-        for (int t = omp_get_thread_num(); t < parts; t += omp_get_num_threads()) {
-            // A team of one: the phases' work-sharing loops run whole in this thread.
+        const int self = omp_get_thread_num(), team = omp_get_num_threads();
+        T* own = base + share * self;
+        // A team of one: the phases' work-sharing loops run whole in this thread.
 #pragma omp parallel num_threads(1)
-            passes(s.shares[t], s.shares[t + 1], own);
+        {
+            // ``parts`` shares of the rows, one per thread (or more each, should the team be smaller)
+            for (int t = self; t < parts; t += team) {
+                const int64_t first = s.shares[t], end = s.shares[t + 1];
+                if (first == end) continue;
+                const int64_t last = first + (end - first - 1) / s.pass_rows * s.pass_rows;  // the last pass's start
+                passes(first, last, own);
+                carry(carried[self], last, end, 0, own);
+            }
+            if (s.take_rows > 0)
+                while (take(self, own)) {
+                }
         }
 #pragma omp barrier
         head_phases(x, hidden, head, s, head_scratch, logits, panel_from);  // every row done: the team's again
@@ -395,7 +487,7 @@ void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, const Step<T
 // Symbols named as paged_decode.cpp's.
 #define LOOM_DECODER_LAYERS(SUFFIX, T, C)                                                                  \
     extern "C" void loom_decoder_layers_##SUFFIX(T* x, const Layer<T, C>* layers, int64_t count,           \
-                                                 const Step<T>* step, const Head<T>* head, T* logits) {    \
+                                                 Step<T>* step, const Head<T>* head, T* logits) {          \
         decoder_layers<T, C>(x, layers, count, *step, *head, logits);                                      \
     }
 

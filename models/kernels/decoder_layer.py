@@ -39,19 +39,20 @@ _pointer, _int64, _double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 # were level and 64 rows split took 74 against 81 (docs/benchmarks-history.md, "Threads that carry their
 # own rows").
 SPLIT_ROWS_PER_THREAD = 12
-# The same where a model's products read float32 weights and the build's vectors are AVX2's. A
-# thread's own rows meet each tile of weights in fewer panels, and a tile's first pass waits on
-# memory (each thread now reading every weight): on a Zen 3 the 1.7B F32 file's decode step at 32 /
-# 64 rows took 853-1038 / 1485-2187 ms split against 719-893 / 1388-1645 on the team, the 360M F32's
-# 183-202 / 353-366 against 165-214 / 312-340 (alternating, three times), 128 rows level; the
-# default model's level at 32 / 64, a Q4_K_M file's 32 rows faster on the team and 64 faster split.
-# A 1216-row prefill step still split faster (25.8 against 28.1 s). AVX-512 is unmeasured here.
-# Since the 1.7B's rows are padded, its 32 / 64-row steps run level split, and beside one busy
-# process ~20% faster; but Loom's server at 64 streams of the 360M F32 ran ~10% slower split (W6
-# 99-105 against 110-115 tok/s: its own threads take a core now and then, and a thread's pinned
-# share waits for it), so these models still split from here (docs/benchmarks-history.md, "Float32
-# rows split on AVX2, not taken").
-FLOAT32_AVX2_SPLIT_ROWS_PER_THREAD = 48
+# Where a model's products read float32 weights and the build's vectors are AVX2's, the threads
+# carry their own rows only where those compute at most PANEL_SLACK times the panel rows (zero rows
+# included, cpu_linear.h's panel_computed_rows) of an even share of the team's: 48 rows split are
+# two shares of 24, each a 16-row panel and a whole one for the 8 left, where the team's 48 fill
+# three. On a Zen 3 (two threads, three decode steps twice; docs/benchmarks-history.md, "Float32
+# rows split on AVX2, not taken", then "Threads that take each other's rows") the 1.7B F32 file's
+# step at 24 / 32 / 48 / 64 rows took 725-812 / 755-793 / 1309-1611 / 1437-1807 ms split against
+# 701-1063 / 756-817 / 1053-1229 / 1485-1666 on the team, the 360M F32's at 32 / 48 / 64 190-207 /
+# 327-502 / 372-506 against 200-347 / 279-302 / 401-640; beside one busy process every count ran
+# faster split (1.7B 64 rows 2204-2720 against 2539-2867), 48 rows level. The slack lets a prefill
+# step split whose shares end where its prompts start: one of 1378 rows (63 prompts) computed ~2%
+# more split, and left to the team, which the load's sample had cut to one thread for Loom's
+# server's own event loop, took 11.9 s against 6.2 split.
+PANEL_SLACK = 1.125
 
 # A prefill chunk whose tokens read at most this many keys in all (layers.prefill_keys: a prompt of up
 # to 1024 tokens from its start) goes through the native layers, each token a row attending to its
@@ -75,6 +76,13 @@ PASS_ROWS = 128
 # thread's work alone.
 SPLIT_SHARE_SLACK = 1.5
 
+# Where threads carry their own rows, one whose share is done takes half the rows another still
+# carries, for the layers after the one in flight (decoder_layer.cpp), where each half holds at
+# least this many. Fewer rows would stream a layer's weights for too little arithmetic (a 1.7B F32
+# layer's weights take ~30 ms to stream on one Zen 3 core, 16 of its rows ~27 ms to compute): the
+# taker would finish after the thread it helped.
+TAKE_ROWS = 16
+
 
 class _Part(ctypes.Structure):  # decoder_layer.cpp's Weights::Part
     _fields_ = [("data", _pointer), ("format", _int64), ("rows", _int64)]
@@ -94,9 +102,11 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
 
 
 class _Step(ctypes.Structure):  # decoder_layer.cpp's Step<T>
-    _fields_ = [(name, _pointer) for name in ("cos", "sin", "slots", "tables", "lens", "samples", "shares")]
+    _fields_ = [(name, _pointer) for name in (
+        "cos", "sin", "slots", "tables", "lens", "samples", "shares", "starts")]
     _fields_ += [(name, _int64) for name in (
-        "rows", "rotary_dim", "max_blocks", "block_size", "sampled", "parts", "panel_from", "pass_rows")]
+        "rows", "rotary_dim", "max_blocks", "block_size", "sampled", "parts", "panel_from", "pass_rows",
+        "start_count", "take_rows", "taken")]
 
 
 class _Head(ctypes.Structure):  # decoder_layer.cpp's Head<T>
@@ -135,6 +145,24 @@ def _reads_float32(model: Llama | GPT2) -> bool:
                for m in _products(model))
 
 
+def computed_rows(rows: int) -> int:
+    """The rows float32 products compute for ``rows`` rows that go through the layers in passes of
+    PASS_ROWS (cpu_linear.h's panel_computed_rows for each pass: a panel's zero rows included)."""
+    panel_rows = native.library().loom_float_panel_rows
+    if panel_rows.argtypes is None:  # the same object on every getattr: set once
+        panel_rows.argtypes, panel_rows.restype = [_int64], _int64
+    whole, left = divmod(rows, PASS_ROWS)
+    return whole * panel_rows(PASS_ROWS) + (panel_rows(left) if left else 0)
+
+
+def _sequence_starts(step) -> torch.Tensor:
+    """The rows of ``step`` where a sequence starts, in order: each decode row (they come first),
+    then each prefill chunk's first."""
+    chunks = [chunk.start for chunk in step.prefills]
+    decode_rows = chunks[0] if chunks else len(step.input_ids)
+    return torch.tensor(list(range(decode_rows)) + chunks, dtype=torch.int64)
+
+
 def _weights(linear: CpuLinear | BlockLinear) -> _Weights:
     """What a product reads: the float weight (format 0), or each part's blocks."""
     if isinstance(linear, BlockLinear):
@@ -158,8 +186,10 @@ class DecoderLayers:
                                default_panel_rows())
         # from how many rows each thread carries its own through the layers
         avx2 = native.library().loom_vector_bytes() == 32
-        self.split_rows = (FLOAT32_AVX2_SPLIT_ROWS_PER_THREAD if avx2 and _reads_float32(model)
-                           else SPLIT_ROWS_PER_THREAD)
+        self.split_rows = SPLIT_ROWS_PER_THREAD
+        # whether the threads' own rows may compute no more panel rows than the team's (PANEL_SLACK)
+        self.weighs_panels = avx2 and _reads_float32(model)
+        self.taken_rows = 0  # rows that threads took from each other, over every step so far
 
     def _llama_layer(self, block, spec) -> _Layer:
         attn, mlp = block.attn, block.mlp
@@ -233,7 +263,11 @@ class DecoderLayers:
             cuts.append(max(cuts[-1], share_start(rows * t // threads)))
         cuts.append(rows)
         widest = max(end - first for first, end in zip(cuts, cuts[1:]))
-        return cuts if widest <= SPLIT_SHARE_SLACK * rows / threads else None
+        if widest > SPLIT_SHARE_SLACK * rows / threads:
+            return None
+        if self.weighs_panels and computed_rows(widest) * threads > PANEL_SLACK * computed_rows(rows):
+            return None
+        return cuts
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, kv_cache,
                 step) -> torch.Tensor:
@@ -248,14 +282,17 @@ class DecoderLayers:
         # where the threads' own rows begin, at this thread's OpenMP count (the kernel's team)
         cuts = self._shares(step, torch.get_num_threads())
         shares = None if cuts is None else torch.tensor(cuts, dtype=torch.int64)
+        starts = None if cuts is None else _sequence_starts(step)
         if cos is not None:
             cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()
         # A step that verifies proposed tokens orders its rows by context length, a sequence's
         # last first: its rows go through the layers in one pass.
         pass_rows = rows if step.verifies else PASS_ROWS
         plan = _Step(_address(cos), _address(sin), step.slot_mapping.data_ptr(), tables.data_ptr(), lens.data_ptr(),
-                     samples.data_ptr(), _address(shares), rows, 0 if cos is None else cos.shape[1], tables.shape[1],
-                     step.block_size, len(samples), 0 if cuts is None else len(cuts) - 1, self.panel_rows, pass_rows)
+                     samples.data_ptr(), _address(shares), _address(starts), rows,
+                     0 if cos is None else cos.shape[1], tables.shape[1], step.block_size, len(samples),
+                     0 if cuts is None else len(cuts) - 1, self.panel_rows, pass_rows,
+                     0 if starts is None else len(starts), TAKE_ROWS, 0)
         x = x.contiguous()
         if kv_cache is not self._pool:
             for i, layer in enumerate(self.layers):
@@ -266,6 +303,7 @@ class DecoderLayers:
         kernel = native.function("loom_decoder_layers", self.dtype, KERNEL_ARGTYPES, kv_cache.dtype)
         kernel(x.data_ptr(), self.layers, len(self.layers), ctypes.byref(plan), ctypes.byref(self.head),
                logits.data_ptr())
+        self.taken_rows += plan.taken
         return logits
 
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from models.kernels import cpu_linear, native, paged_decode
-from models.kernels.decoder_layer import FLOAT32_AVX2_SPLIT_ROWS_PER_THREAD, SPLIT_ROWS_PER_THREAD
+from models.kernels.decoder_layer import SPLIT_ROWS_PER_THREAD
 
 needs_kernel = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the kernels are not built")
 
@@ -309,8 +309,9 @@ def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtyp
                               Sequence(tokens(12), 0, table(3), True), Sequence(tokens(30), 25, table(2), True),
                               Sequence(tokens(20), 0, table(4), False), Sequence(tokens(5), 0, table(5), True)], 8, cpu)
     assert layers.serves(step, kv) and len(step.sample_indices) == 5
-    # this 69-row step splits on two threads whatever the model reads (float32 with AVX2 splits later)
-    monkeypatch.setattr(layers, "split_rows", SPLIT_ROWS_PER_THREAD)
+    # this 69-row step splits on two threads whatever the model reads (float32 with AVX2 weighs
+    # panels: its shares of 44 and 25 rows would not split)
+    monkeypatch.setattr(layers, "weighs_panels", False)
     decode_rows = [Sequence(decodes[1][-1:], 9, table(1), True)] * 30
     lopsided = StepInput.flatten(decode_rows + [Sequence(tokens(60), 0, table(3), True)], 8, cpu)
     assert not layers.splits(lopsided, 2, kv)  # the 60-token chunk would be one thread's, beside 30 rows
@@ -379,11 +380,15 @@ def test_short_prefill_chunks_on_the_decode_kernel_match_sdpa(arch, dtype, cache
 
 
 @needs_kernel
-def test_float32_models_split_their_rows_later_on_avx2(two_threads):
-    """Threads carry their own rows from split_rows rows each: FLOAT32_AVX2_SPLIT_ROWS_PER_THREAD
-    for a model whose products read float32 weights on an AVX2 build, SPLIT_ROWS_PER_THREAD for
-    one in blocks (or with AVX-512); a step of rows between the two splits only the latter's."""
+def test_float32_models_on_avx2_split_rows_only_into_whole_panels(two_threads):
+    """Threads carry their own rows from SPLIT_ROWS_PER_THREAD rows each. Where the products read
+    float32 weights on an AVX2 build, only if the threads' rows compute at most PANEL_SLACK times
+    the panel rows of an even share of the team's: 48 rows would be two shares of 24, each a panel
+    and a half that computes two, where the team's 48 fill three panels; a prefill step whose shares
+    end where its prompts start computes a little more split, and splits. A model in blocks (or any
+    with AVX-512) splits them all."""
     import models
+    from models.kernels.decoder_layer import computed_rows
     from models.step import KVCache, Sequence, StepInput
 
     from ..conftest import tiny_model
@@ -391,13 +396,25 @@ def test_float32_models_split_their_rows_later_on_avx2(two_threads):
     avx2 = native.library().loom_vector_bytes() == 32
     float32 = models.load(tiny_model("llama"), dtype=torch.float32).model
     blocks = models.load(tiny_model("llama"), dtype=torch.float32, weights="int4").model
-    assert float32.decoder_layers.split_rows == (FLOAT32_AVX2_SPLIT_ROWS_PER_THREAD if avx2 else SPLIT_ROWS_PER_THREAD)
-    assert blocks.decoder_layers.split_rows == SPLIT_ROWS_PER_THREAD
-    streams = 2 * SPLIT_ROWS_PER_THREAD + 3
-    kv = KVCache(float32.num_layers, streams, 8, float32.num_kv_heads, float32.head_dim, torch.float32, "cpu")
-    step = StepInput.flatten([Sequence([5], 3, [i], True) for i in range(streams)], 8, torch.device("cpu"))
-    assert float32.decoder_layers.splits(step, 2, kv) == (not avx2)
-    assert blocks.decoder_layers.splits(step, 2, kv)
+    assert float32.decoder_layers.weighs_panels == avx2 and not blocks.decoder_layers.weighs_panels
+    if avx2:
+        assert [computed_rows(rows) for rows in (12, 20, 24, 32, 48, 200)] == [16, 20, 32, 32, 48, 128 + 80]
+    kv = KVCache(float32.num_layers, 64, 8, float32.num_kv_heads, float32.head_dim, torch.float32, "cpu")
+    cpu = torch.device("cpu")
+
+    def step(streams):
+        return StepInput.flatten([Sequence([5], 3, [i], True) for i in range(streams)], 8, cpu)
+
+    for streams in (2 * SPLIT_ROWS_PER_THREAD - 1, 2 * SPLIT_ROWS_PER_THREAD + 3, 48, 64):
+        enough = streams >= 2 * SPLIT_ROWS_PER_THREAD
+        assert blocks.decoder_layers.splits(step(streams), 2, kv) == enough
+        assert float32.decoder_layers.splits(step(streams), 2, kv) == (enough and not (avx2 and streams == 48))
+    # 63 prompts of 22 tokens: the shares end at a prompt's start, 704 and 682 rows
+    prefill = StepInput.flatten([Sequence(list(range(4, 26)), 0, [3 * i, 3 * i + 1, 3 * i + 2], True)
+                                 for i in range(63)], 8, cpu)
+    if avx2:
+        assert computed_rows(704) > computed_rows(63 * 22) / 2
+    assert float32.decoder_layers.splits(prefill, 2, kv)
 
 
 @needs_kernel
@@ -432,3 +449,65 @@ def test_a_split_step_leaves_every_thread_free_to_move(two_threads):
     after = masks()
     assert after[threading.get_native_id()] == before
     assert all(mask == before for mask in after.values()), after
+
+
+@needs_kernel
+def test_a_thread_done_early_takes_rows_another_carries(two_threads, monkeypatch):
+    """Where threads carry their own rows, one that is done takes the later rows of another's last
+    pass (from a sequence's start) for the layers after the one in flight: the step's logits and
+    K/V equal the torch layers' whether or not rows were taken, and rows are taken (a busy thread
+    of this process holds up one of the two, as a busy neighbour or the server's own threads would)."""
+    import models
+    from models.kernels import decoder_layer
+    from models.step import KVCache, Sequence, StepInput
+
+    from ..conftest import CONFIGS, MODEL_CLASSES
+
+    torch.manual_seed(0)
+    config = CONFIGS["llama"]()
+    config.num_hidden_layers = 8  # layers enough that one thread is often done while another has some left
+    model = models.load(MODEL_CLASSES["llama"](config).to(torch.float64).eval(), dtype=torch.float64).model
+    layers = model.decoder_layers
+    monkeypatch.setattr(decoder_layer, "TAKE_ROWS", 2)
+    gen = torch.Generator().manual_seed(5)
+    tokens = lambda n: torch.randint(4, 90, (n,), generator=gen).tolist()
+    lengths = sorted(torch.randint(3, 60, (40,), generator=gen).tolist(), reverse=True)
+    chunks = [3, 7, 2, 5, 4, 6]  # prompts' rows after the decode rows: cuts only where one starts
+    blocks = 8
+    kv = KVCache(model.num_layers, blocks * (len(lengths) + len(chunks)), 8, model.num_kv_heads, model.head_dim,
+                 torch.float64, "cpu")
+    table = lambda i: list(range(blocks * i, blocks * i + blocks))
+    cpu = torch.device("cpu")
+    prompts = [tokens(n) for n in lengths]
+    with torch.no_grad():
+        model(StepInput.flatten([Sequence(p[:-1], 0, table(i), False) for i, p in enumerate(prompts)], 8, cpu), kv)
+    step = StepInput.flatten([Sequence(p[-1:], n - 1, table(i), True) for i, (p, n) in enumerate(zip(prompts, lengths))]
+                             + [Sequence(tokens(n), 0, table(len(prompts) + i), True) for i, n in enumerate(chunks)],
+                             8, cpu)
+    assert layers.splits(step, 2, kv)
+    assert decoder_layer._sequence_starts(step).tolist() == list(range(40)) + [40, 43, 50, 52, 57, 61]
+    saved = kv.data.clone()
+    with torch.no_grad():
+        model.decoder_layers = None
+        torch_logits, torch_cache = model(step, kv), kv.data.clone()
+        model.decoder_layers = layers
+        busy = threading.Event()
+
+        def spin():
+            while not busy.is_set():
+                pass
+
+        spinner = threading.Thread(target=spin)
+        spinner.start()
+        try:
+            for _ in range(200):
+                kv.data.copy_(saved)
+                logits = model(step, kv)
+                torch.testing.assert_close(logits, torch_logits, atol=1e-10, rtol=1e-10)
+                torch.testing.assert_close(kv.data, torch_cache, atol=1e-10, rtol=1e-10)
+                if layers.taken_rows > 0:
+                    break
+        finally:
+            busy.set()
+            spinner.join()
+    assert layers.taken_rows > 0
