@@ -210,7 +210,10 @@ class OpenAIServer:
         # A connection per request: llama-server may close a kept-alive one after a stream ends,
         # and a pool would then send the next request into a dead socket.
         connector = aiohttp.TCPConnector(limit=0, force_close=True)
-        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
+        # No limit on a whole cell (64 streams of a 7B file on a Zen 2 took over ten minutes), but a
+        # stream that sends nothing for ten minutes has stalled: that fails the run.
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             return await asyncio.gather(*(self._stream(session, prompt, new_tokens) for prompt in prompts))
 
     async def _stream(self, session, prompt: str, new_tokens: int) -> tuple[str, int, float, list[float]]:
