@@ -421,6 +421,11 @@ void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, Step<T>& s, 
     };
     // The later half of the rows another thread carries, for this thread to carry on (true), or
     // false where none has enough rows and layers left to give.
+    // Whether ``c``'s rows may be cut at ``cut``: take_rows each side, and a layer after the one in
+    // flight (under c.lock).
+    auto can_cut = [&](const Carried& c, int64_t cut) {
+        return c.layer + 1 < count && cut - c.first >= s.take_rows && c.end - cut >= s.take_rows;
+    };
     auto take = [&](int self, T* own) {
         int64_t most = 0, cut = 0, end = 0, after = 0, seen = 0;
         Carried* from = nullptr;
@@ -428,16 +433,16 @@ void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, Step<T>& s, 
             if (t == self) continue;
             Carried& c = carried[t];
             std::lock_guard<std::mutex> hold(c.lock);
-            const int64_t layers_left = count - c.layer - 1;  // after the one in flight
-            const int64_t rows = c.end - c.first;
-            if (layers_left < 1 || rows < 2 * s.take_rows || rows * layers_left <= most) continue;
-            // the sequence start nearest the middle that leaves take_rows each side
+            const int64_t rows = c.end - c.first, layers_left = count - c.layer - 1;  // after the one in flight
+            if (rows * layers_left <= most) continue;
+            // the sequence start nearest the middle that can_cut
+            const int64_t middle = c.first + rows / 2;
             const int64_t* starts_end = s.starts + s.start_count;
-            const int64_t* at = std::lower_bound(s.starts, starts_end, c.first + rows / 2);
+            const int64_t* at = std::lower_bound(s.starts, starts_end, middle);
             int64_t best = -1;
             for (const int64_t* p : {at - 1, at})
-                if (p >= s.starts && p < starts_end && *p - c.first >= s.take_rows && c.end - *p >= s.take_rows &&
-                    (best < 0 || std::abs(*p - c.first - rows / 2) < std::abs(best - c.first - rows / 2)))
+                if (p >= s.starts && p < starts_end && can_cut(c, *p) &&
+                    (best < 0 || std::abs(*p - middle) < std::abs(best - middle)))
                     best = *p;
             if (best < 0) continue;
             most = rows * layers_left, from = &c, cut = best;
@@ -446,8 +451,7 @@ void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, Step<T>& s, 
         {
             std::lock_guard<std::mutex> hold(from->lock);
             // the carrier moved on while this thread looked further: take what is there now
-            const int64_t layers_left = count - from->layer - 1;
-            if (layers_left < 1 || cut - from->first < s.take_rows || from->end - cut < s.take_rows) return true;
+            if (!can_cut(*from, cut)) return true;
             end = from->end, after = from->layer + 1, seen = from->progress.load(std::memory_order_relaxed);
             from->end = cut;
         }

@@ -155,12 +155,12 @@ def computed_rows(rows: int) -> int:
     return whole * panel_rows(PASS_ROWS) + (panel_rows(left) if left else 0)
 
 
-def _sequence_starts(step) -> torch.Tensor:
+def _sequence_starts(step) -> list[int]:
     """The rows of ``step`` where a sequence starts, in order: each decode row (they come first),
     then each prefill chunk's first."""
     chunks = [chunk.start for chunk in step.prefills]
     decode_rows = chunks[0] if chunks else len(step.input_ids)
-    return torch.tensor(list(range(decode_rows)) + chunks, dtype=torch.int64)
+    return list(range(decode_rows)) + chunks
 
 
 def _weights(linear: CpuLinear | BlockLinear) -> _Weights:
@@ -250,13 +250,11 @@ class DecoderLayers:
         rows = len(step.input_ids)
         if threads < 2 or rows < self.split_rows * threads:
             return None
-        chunks = [chunk.start for chunk in step.prefills]  # the decode rows before them: a sequence each
+        starts = _sequence_starts(step)
 
         def share_start(row: int) -> int:
-            if not chunks or row < chunks[0]:
-                return row
-            i = bisect.bisect_left(chunks, row)
-            return chunks[i] if i < len(chunks) else rows
+            i = bisect.bisect_left(starts, row)
+            return starts[i] if i < len(starts) else rows
 
         cuts = [0]
         for t in range(1, threads):
@@ -282,7 +280,7 @@ class DecoderLayers:
         # where the threads' own rows begin, at this thread's OpenMP count (the kernel's team)
         cuts = self._shares(step, torch.get_num_threads())
         shares = None if cuts is None else torch.tensor(cuts, dtype=torch.int64)
-        starts = None if cuts is None else _sequence_starts(step)
+        starts = None if cuts is None else torch.tensor(_sequence_starts(step), dtype=torch.int64)
         if cos is not None:
             cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()
         # A step that verifies proposed tokens orders its rows by context length, a sequence's
