@@ -152,13 +152,6 @@ void norm_rows(T* x, const T* delta, const T* weight, const T* bias, bool layer_
 // silu(gate) x up in the gate's place; otherwise gelu_tanh(x) = x sigmoid(2u), u = sqrt(2/pi) (x +
 // 0.044715 x^3), which is 0.5 x (1 + tanh(u)) with one exp where tanh costs several. Floats go a
 // vector at a time (exp_lanes): a scalar expf per element was ~1.6% of a 64-row step.
-//
-// x sigmoid(y) = x / (1 + exp(-y)) is 0 where exp(-y) passes float's range (y below -88), as
-// torch's is: exp_lanes holds its argument to 88, which would leave x / e^88, values near 1e-36
-// whose products' scales came out subnormal. Random 7B-shape Q4_K_M files have every gate near
-// -400; their down products then ran 1.7x slower on an Intel Xeon, whose subnormal arithmetic
-// takes microcode assists (7B decode forward at 16 rows 850 -> 478 ms; docs/benchmarks.md,
-// "Subnormal activations").
 template <typename T>
 void activate_rows(T* up, int64_t stride, bool gated, int64_t rows, int64_t intermediate) {
     constexpr T root_2_over_pi = T(0.7978845608028654), cubic = T(0.044715);
@@ -171,10 +164,12 @@ void activate_rows(T* up, int64_t stride, bool gated, int64_t rows, int64_t inte
             using V = Vector<float>;
             for (; i + V::lanes <= intermediate; i += V::lanes) {
                 const V::type x = V::load(a + i);
-                const V::type y = gated ? x : 2.0f * root_2_over_pi * (x + cubic * x * x * x);
-                V::type activated = y < -88.0f ? V::type{} : x / (1.0f + exp_lanes(-y));
-                if (gated) activated *= V::load(b + i);
-                V::store(a + i, activated);
+                if (gated) {
+                    V::store(a + i, x / (1.0f + exp_lanes(-x)) * V::load(b + i));
+                } else {
+                    const V::type u = root_2_over_pi * (x + cubic * x * x * x);
+                    V::store(a + i, x / (1.0f + exp_lanes(-2.0f * u)));
+                }
             }
         }
         for (; i < intermediate; ++i) {

@@ -228,8 +228,8 @@ void decode_attention_rows(const T* q, int64_t q_stride, const C* k_cache, const
                     for (int64_t in_block = t - block * block_size; t < block_end; ++t, ++in_block)
                         offsets[t - first] = (slot + in_block) * slot_stride;
                 }
-                // Each head's scores in whole vectors, padded with -inf, whose weights come out 0 (or,
-                // from exp_lanes, exp(-87)): the softmax then has no scalar tail.
+                // Each head's scores in whole vectors, padded with -inf, whose weights come out 0:
+                // the softmax then has no scalar tail.
                 const int64_t width = (n + Vector<T>::lanes - 1) / Vector<T>::lanes * Vector<T>::lanes;
                 const int64_t task_heads = (kv_end - kv_first) * group;
                 scores.resize(task_heads * width);

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -133,13 +134,17 @@ inline void transpose(typename Vector<T>::type* p) {
 }
 
 // exp(x) lane by lane, for floats: exp(x) = 2^k exp(r), k = round(x / ln 2), |r| <= ln(2) / 2, exp(r)
-// by its degree-6 Taylor polynomial (relative error below 2e-7, about float's rounding step). x is
-// first held to [-87, 88], where 2^k is a normal float: below, exp(-87) stands in for 0 (a softmax
-// weight or a sigmoid that small is lost in the sums anyway); above, exp(88) for infinity.
+// by its degree-6 Taylor polynomial (relative error below 2e-7, about float's rounding step), on x
+// held to [-87, 88], where 2^k is a normal float. Outside, 0 below and infinity above, as std::exp
+// gives: exp(-87) and exp(88) standing in for them made a SiLU of x below -88 x / e^88 rather than
+// 0, values near 1e-36 whose products' scales came out subnormal (an Intel Xeon's subnormal
+// arithmetic takes microcode assists: a random 7B file, every gate near -400, decoded 1.7x slower;
+// docs/benchmarks.md, "Subnormal activations"), and a softmax weight exp(-87), times a value, subnormal.
 inline Vector<float>::type exp_lanes(Vector<float>::type x) {
     typedef Vector<float>::type V;
     typedef Vector<float>::mask I;  // its lanes as 32-bit integers
     const V lowest = V{} - 87.0f, highest = V{} + 88.0f;
+    const V given = x;
     x = x < lowest ? lowest : x;
     x = x > highest ? highest : x;
     const V shift = V{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
@@ -155,7 +160,8 @@ inline Vector<float>::type exp_lanes(Vector<float>::type x) {
     const I bits = (__builtin_convertvector(k, I) + 127) << 23;  // 2^k
     V scale;
     std::memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
+    const V e = p * scale;
+    return given < lowest ? V{} : given > highest ? V{} + std::numeric_limits<float>::infinity() : e;
 }
 
 }  // namespace
