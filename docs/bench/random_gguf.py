@@ -9,7 +9,10 @@ Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from
 llama.cpp gives more bits), q5_k_m (the same with Q5_K), q3_k_m (Q3_K, those layers' attn_v / ffn_down
 in Q4_K) and q2_k (Q2_K, those in Q3_K); the output layer is Q6_K in all four, as llama.cpp's.
 K-quant blocks are random bytes with their float16 scales set so that weights stay near
-the magnitudes of a trained model's; their speed is what is measured, not their answers. Tensors are
+the magnitudes of a trained model's; their speed is what is measured, not their answers. (Their
+codes' random bytes lean each weight row one way: the 7B's gates come out near -400, so its MLPs
+hand their down products zeros, which neither runtime skips; an activation left near 1e-36 there
+rather than 0 ran into subnormal arithmetic, docs/benchmarks.md "Subnormal activations".) Tensors are
 written one at a time: a 7B file needs little more memory than one tensor.
 """
 

@@ -126,7 +126,7 @@ def rows16(blocks: torch.Tensor, width: int, layout: int) -> torch.Tensor | None
 
 def pads_rows(weight: torch.Tensor) -> bool:
     """Whether this build multiplies ``weight`` faster as FLOAT32_PADDED (padded_rows): a float32
-    matrix whose rows are a multiple of 4 KiB long, on AVX2 without AVX-512 (cpu_linear.h's
+    matrix whose rows are a multiple of 4 KiB long, on AVX2 or AVX-512 (cpu_linear.h's
     StoredWeights says why, PADS_FLOAT_ROWS where)."""
     library = native.library()
     return (library is not None and library.loom_pads_float_rows() and weight.dtype == torch.float32

@@ -377,10 +377,12 @@ inline NextTile next_tile(const W* w, int64_t w_stride, int64_t o, int64_t outs,
 // 3-7% ahead in a harness of the layer products): on the Zen 3 the 1.7B F32 file's decode step at
 // 16 / 64 rows 409-464 / 1505-1624 -> 354-380 / 1361-1457 ms, a 368-row prefill 8.1-9.0 -> 7.0-7.9 s,
 // one row level (2-4 alternations; the padded copy lies in 2 MB pages too, models/pages.py).
-// Whether a file's float32 rows a multiple of 4 KiB long are laid out padded at load (block_linear.py's
-// pads_rows, asking loom_pads_float_rows): measured with AVX2 alone; AVX-512 builds fetch the next
-// tile instead, and builds of neither were never measured with them.
-#if defined(__AVX2__) && !defined(__AVX512F__)
+// With AVX-512 the padded rows' tiles are still fetched ahead (StoredWeights), and ran faster too: on
+// an Intel Xeon the same file's decode step at 16 / 64 rows 400-407 / 1053-1113 -> 345-361 / 954-1004
+// ms (three alternations; docs/benchmarks.md, "Subnormal activations"); the Zen 4 and Zen 5 were not
+// measured with them. Whether a file's float32 rows a multiple of 4 KiB long are laid out padded at
+// load (block_linear.py's pads_rows, asking loom_pads_float_rows); builds without AVX2 never measured.
+#if defined(__AVX2__)
 constexpr bool PADS_FLOAT_ROWS = true;
 #else
 constexpr bool PADS_FLOAT_ROWS = false;

@@ -161,7 +161,7 @@ class OpenAIServer:
                                         f"(its log: {self.log}): {self.log.read_text()[-500:]}")
             if self.healthy():
                 return self
-            time.sleep(0.5)
+            time.sleep(0.05)
         self.stop()
         raise ServerDidNotStart(f"{self.system} did not answer /health within 300 s (its log: {self.log})")
 
