@@ -82,9 +82,13 @@ def pytest_collection_modifyitems(config, items):
                     item.add_marker(pytest.mark.skip(reason=why))
 
 
-def tiny_model(arch: str, seed: int = 0):
+def tiny_model(arch: str, seed: int = 0, **config):
+    """``arch``'s tiny random model in float64; ``config``: its config's fields set otherwise."""
     torch.manual_seed(seed)
-    return MODEL_CLASSES[arch](CONFIGS[arch]()).to(torch.float64).eval()
+    settings = CONFIGS[arch]()
+    for name, value in config.items():
+        setattr(settings, name, value)
+    return MODEL_CLASSES[arch](settings).to(torch.float64).eval()
 
 
 @pytest.fixture(scope="session", params=sorted(CONFIGS))

@@ -290,13 +290,9 @@ def test_native_activations_are_zero_where_torch_underflows(arch, two_threads):
     show in the logits."""
     import models
 
-    from ..conftest import CONFIGS, MODEL_CLASSES
+    from ..conftest import tiny_model
 
-    torch.manual_seed(0)
-    config = CONFIGS[arch]()
-    if arch == "llama":
-        config.mlp_bias = True
-    hf = MODEL_CLASSES[arch](config).eval()
+    hf = tiny_model("llama", mlp_bias=True) if arch == "llama" else tiny_model(arch)  # (GPT-2's MLP has biases)
     with torch.no_grad():
         for block in (hf.model.layers if arch == "llama" else hf.transformer.h):
             gated, down = ((block.mlp.gate_proj, block.mlp.down_proj) if arch == "llama"
