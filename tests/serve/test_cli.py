@@ -237,3 +237,15 @@ def test_a_peer_server_that_dies_at_start_says_so_and_stops(tmp_path, monkeypatc
     with pytest.raises(peers.ServerDidNotStart, match=r"exited at start with status 132 .*loading model"):
         server.start()
     assert server.process.returncode == 132
+
+
+def test_the_command_lines_process_freezes_its_imported_modules_out_of_the_garbage_collector():
+    # python -m runtime's own module run in a fresh interpreter; --help stops it before any model loads
+    probe = ("import gc, runpy, sys\n"
+             "sys.argv = ['runtime', '--help']\n"
+             "try:\n    runpy.run_module('runtime', run_name='__main__')\n"
+             "except SystemExit:\n    pass\n"
+             "print(gc.get_freeze_count())")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    frozen = int(done.stdout.strip().splitlines()[-1])
+    assert frozen > 50_000  # torch's and Loom's modules, walked by no collection after this
