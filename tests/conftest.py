@@ -109,6 +109,16 @@ def reference(hf, prompt, max_new_tokens, **kwargs):
     return out[0, len(prompt):].tolist()
 
 
+def greedy_with_logprobs(hf, prompt, max_new_tokens):
+    """transformers' greedy generate() of one request alone: its tokens and their log-probabilities
+    (transformers hands generate's logits over in float32)."""
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0,
+                          output_logits=True, return_dict_in_generate=True)
+    tokens = out.sequences[0, len(prompt):].tolist()
+    return tokens, [torch.log_softmax(row[0].double(), -1)[t].item() for row, t in zip(out.logits, tokens)]
+
+
 def random_prompt(rng: random.Random, low: int, high: int) -> list[int]:
     return [rng.randrange(4, VOCAB) for _ in range(rng.randint(low, high))]
 
@@ -172,3 +182,58 @@ def wait_until(condition, seconds=10.0):
     while not condition():
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.01)
+
+
+# transformers' parameter names -> llama.cpp's (Phi-3's fused products keep theirs: attn_qkv, and its
+# gate and up rows in ffn_up)
+GGUF_LAYER_NAMES = {
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.qkv_proj": "attn_qkv",
+    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+GGUF_GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                     "lm_head.weight": "output.weight"}
+
+
+def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: dict | None = None):
+    """``hf``'s weights in a float32 GGUF file as llama.cpp's converter writes them for ``arch``:
+    llama.cpp's names, a Llama's query and key rows permuted for llama.cpp's rotary, the sizes in
+    the metadata; ``metadata`` (key -> a uint32, float32 or str value, written under the arch's
+    prefix) and ``tensors`` (name -> float32 array) added. The file carries no tokenizer."""
+    import gguf
+    import numpy as np
+    c = hf.config
+    heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(c.num_hidden_layers)
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_key_length(getattr(c, "head_dim", None) or c.hidden_size // heads)
+    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    writer.add_vocab_size(c.vocab_size)
+    for key, value in (metadata or {}).items():
+        adds = {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string}
+        adds[type(value)](f"{arch}.{key}", value)
+    for name, tensor in hf.state_dict().items():
+        values = tensor.float().numpy()
+        if name in GGUF_GLOBAL_NAMES:
+            writer.add_tensor(GGUF_GLOBAL_NAMES[name], values)
+            continue
+        _, _, layer, rest = name.split(".", 3)
+        part, kind = rest.rsplit(".", 1)
+        if arch == "llama" and part in ("self_attn.q_proj", "self_attn.k_proj"):  # llama.cpp's permute()
+            count = heads if part == "self_attn.q_proj" else kv_heads
+            values = values.reshape(count, 2, values.shape[0] // count // 2, *values.shape[1:]).swapaxes(1, 2)
+            values = values.reshape(tensor.shape)
+        writer.add_tensor(f"blk.{layer}.{GGUF_LAYER_NAMES[part]}.{kind}", np.ascontiguousarray(values))
+    for name, values in (tensors or {}).items():
+        writer.add_tensor(name, np.asarray(values, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

