@@ -3,11 +3,16 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
 
     python docs/bench/random_gguf.py --shape 1.7b --format q4_k_m --out /tmp/gguf
     python docs/bench/random_gguf.py --shape 7b --format q4_k_m --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape 1b --format q4_k_m --vocab 128256 --out /tmp/gguf
 
 Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), q4_k_m
 (llama.cpp's recipe: Q4_K, with Q6_K for the output layer and for attn_v / ffn_down in the layers
 llama.cpp gives more bits), q5_k_m (the same with Q5_K), q3_k_m (Q3_K, those layers' attn_v / ffn_down
-in Q4_K) and q2_k (Q2_K, those in Q3_K); the output layer is Q6_K in all four, as llama.cpp's.
+in Q4_K) and q2_k (Q2_K, those in Q3_K). The files hold no output layer: the token embeddings are tied to
+it, and so take the output layer's Q6_K in all four, as llama-quantize gives a tied table (before
+2026-12-04 they took the layers' type). ``--vocab`` pads the vocabulary with reserved control tokens
+up to a real model's (Llama 3's 128,256, Qwen2.5's 151,936): the table, and the output product over
+it, at their real size.
 K-quant blocks are random bytes with their float16 scales set so that weights stay near
 the magnitudes of a trained model's; their speed is what is measured, not their answers. (Their
 codes' random bytes lean each weight row one way: the 7B's gates come out near -400, so its MLPs
@@ -31,10 +36,11 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q  # noqa: 
 from models.checkpoints.gguf import default_model_path  # noqa: E402
 from models.checkpoints.gguf_file import GGUFFile  # noqa: E402
 
-# hidden, intermediate, layers, heads, kv heads (SmolLM2's from its configs; "7b": Qwen2.5-7B's, with
-# SmolLM2's 49,152-token vocabulary in place of its 152,064, and Llama's layout)
-SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1.7b": (2048, 8192, 24, 32, 32),
-          "7b": (3584, 18944, 28, 28, 4)}
+# hidden, intermediate, layers, heads, kv heads (SmolLM2's from its configs; "1b": Llama-3.2-1B's; "7b":
+# Qwen2.5-7B's, with Llama's layout; "8b": Llama-3.1-8B's; each with SmolLM2's 49,152-token vocabulary
+# unless --vocab says)
+SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (2048, 8192, 16, 32, 8),
+          "1.7b": (2048, 8192, 24, 32, 32), "7b": (3584, 18944, 28, 28, 4), "8b": (4096, 14336, 32, 32, 8)}
 FILE_TYPES = {"f32": 0, "f16": 1, "bf16": 32, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9, "q8_0": 7, "q2_k": 10,
               "q3_k_m": 12, "q4_k_m": 15, "q5_k_m": 17}
 FLOAT_FORMATS = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1,
@@ -55,10 +61,11 @@ def tensor_type(name: str, layer: int, layers: int, fmt: str, width: int) -> Q:
         return FLOAT_FORMATS[fmt]
     more_bits = layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
     wide = more_bits and name.split(".")[-2] in ("attn_v", "ffn_down")
+    output = name in ("output.weight", "token_embd.weight")  # (the table is tied to the output layer)
     if width % 256:  # rows a K-quant's 256-value super-blocks do not divide: llama.cpp's fallbacks
-        return Q.Q8_0 if wide or name == "output.weight" else Q.Q5_0
+        return Q.Q8_0 if wide or output else Q.Q5_0
     base, more = K_RECIPES[fmt]
-    return Q.Q6_K if name == "output.weight" else more if wide else base
+    return Q.Q6_K if output else more if wide else base
 
 
 def tensor_data(kind: Q, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
@@ -89,11 +96,18 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, voc
     yield "output_norm.weight", -1, (hidden,)
 
 
-def write(shape: str, fmt: str, out: Path, seed: int = 0) -> Path:
+def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = None) -> Path:
     hidden, inner, layers, heads, kv_heads = SHAPES[shape]
     source = GGUFFile(default_model_path()).metadata
-    vocab = len(source["tokenizer.ggml.tokens"])
-    path = out / f"random-{shape}-{fmt}.gguf"
+    tokens, types = list(source["tokenizer.ggml.tokens"]), source["tokenizer.ggml.token_type"].tolist()
+    if vocab is not None:
+        if vocab < len(tokens):
+            raise SystemExit(f"--vocab {vocab} is smaller than the tokenizer's {len(tokens)} tokens")
+        tokens += [f"<|reserved_{i}|>" for i in range(vocab - len(tokens))]
+        types += [3] * (vocab - len(types))  # llama.cpp's CONTROL: never produced by encoding text
+    vocab = len(tokens)
+    padded = f"-vocab{vocab}" if vocab != len(source["tokenizer.ggml.tokens"]) else ""
+    path = out / f"random-{shape}-{fmt}{padded}.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name(f"random {shape} ({fmt})")
     writer.add_file_type(FILE_TYPES[fmt])
@@ -109,8 +123,8 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0) -> Path:
     writer.add_vocab_size(vocab)
     writer.add_tokenizer_model(source["tokenizer.ggml.model"])
     writer.add_tokenizer_pre(source["tokenizer.ggml.pre"])
-    writer.add_token_list(source["tokenizer.ggml.tokens"])
-    writer.add_token_types(source["tokenizer.ggml.token_type"].tolist())
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
     writer.add_token_merges(source["tokenizer.ggml.merges"])
     writer.add_bos_token_id(source["tokenizer.ggml.bos_token_id"])
     writer.add_eos_token_id(source["tokenizer.ggml.eos_token_id"])
@@ -142,9 +156,10 @@ def main() -> None:
     parser.add_argument("--shape", choices=SHAPES, required=True)
     parser.add_argument("--format", choices=FILE_TYPES, required=True)
     parser.add_argument("--out", type=Path, default=Path("/tmp/gguf"))
+    parser.add_argument("--vocab", type=int, default=None, help="pad the vocabulary to this many tokens")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    path = write(args.shape, args.format, args.out)
+    path = write(args.shape, args.format, args.out, vocab=args.vocab)
     print(f"{path} ({path.stat().st_size / 1e9:.2f} GB)")
 
 
