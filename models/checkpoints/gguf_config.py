@@ -1,6 +1,7 @@
 """A GGUF file's metadata as a transformers-style config: its architecture (checked before any
-tensor is read), sizes, norms and rope, the rope's scaling included where the file keeps it in
-tensors (Llama 3.1's divisor per frequency, Phi-3's longrope factors)."""
+tensor is read), sizes, norms and rope, with the rope's scaling as llama.cpp's converter writes it:
+linear or yarn in the metadata, or in tensors (Llama 3.1's divisor per frequency, Phi-3's longrope
+factors)."""
 
 from __future__ import annotations
 
@@ -63,30 +64,43 @@ def gguf_config(arch: str, meta: dict, names: dict) -> dict:
 
 
 def _rope_scaling(key, names: dict) -> dict:
-    """The config's rope scaling from the file's metadata and rotary tensors: linear, a divisor per
-    frequency (rope_freqs: Llama 3.1's llama3 scaling as llama.cpp's converter computes it, which
-    llama.cpp divides each frequency by) or longrope (Phi-3's short and long factors); {} for none."""
-    scaling = key("rope.scaling.type")
+    """The config's rope scaling (transformers' rope_scaling) from the file's metadata and rotary
+    tensors, as llama.cpp's converter writes them: linear; yarn (Qwen's long-context files); a
+    divisor per frequency (rope_freqs, no scaling type: Llama 3.1's llama3 scaling as the converter
+    computes it, which llama.cpp divides each frequency by); longrope (Phi-3's short and long
+    factors, the type written by converters since 2024, absent before); {} for none."""
+    scaling = key("rope.scaling.type") or "none"
     kept = [name for name in ROPE_TENSORS if name in names]
-    if scaling not in (None, "none") and (scaling != "linear" or kept):
-        raise ValueError(f"unsupported GGUF rope scaling {scaling!r}" + (f" beside {', '.join(kept)}" if kept else "")
-                         + "; supported: none, linear, and the rotary factors of rope_freqs or rope_factors_long/short")
-    if scaling == "linear":
-        return {"rope_scaling": {"rope_type": "linear", "factor": key("rope.scaling.factor")}}
     factors = {name: _values(names[name]) for name in kept}
     if ROPE_FREQS in factors:
-        if len(factors) > 1:
-            raise ValueError("a GGUF file with rope_freqs and rope_factors_long/short: Loom reads one or the other")
+        if scaling != "none" or len(factors) > 1:
+            raise ValueError(f"a GGUF file with rope_freqs and rope scaling {scaling!r} or longrope factors: Loom "
+                             "reads rope_freqs alone")
         return {"rope_scaling": {"rope_type": "frequency_factors", "factors": factors[ROPE_FREQS]}}
-    if factors:
-        if len(factors) != 2:
-            raise ValueError(f"a GGUF file with {kept[0]} alone: longrope needs rope_factors_long and rope_factors_short")
-        original = key("rope.scaling.original_context_length", key("context_length", 2048))
-        scaling = {"rope_type": "longrope", "long_factor": factors[ROPE_LONG], "short_factor": factors[ROPE_SHORT],
-                   "original_max_position_embeddings": original}
+    if scaling == "longrope" or factors:
+        if set(factors) != {ROPE_LONG, ROPE_SHORT} or scaling not in ("longrope", "none"):
+            raise ValueError(f"a GGUF file with rope scaling {scaling!r} and {', '.join(kept) or 'no factors'}: "
+                             "longrope needs rope_factors_long and rope_factors_short")
+        longrope = {"rope_type": "longrope", "long_factor": factors[ROPE_LONG], "short_factor": factors[ROPE_SHORT],
+                    "original_max_position_embeddings": key("rope.scaling.original_context_length",
+                                                            key("context_length", 2048))}
         if key("rope.scaling.attn_factor") is not None:
-            scaling["attention_factor"] = key("rope.scaling.attn_factor")
-        return {"rope_scaling": scaling}
+            longrope["attention_factor"] = key("rope.scaling.attn_factor")
+        return {"rope_scaling": longrope}
+    if scaling == "linear":
+        return {"rope_scaling": {"rope_type": "linear", "factor": key("rope.scaling.factor")}}
+    if scaling == "yarn":
+        yarn = {"rope_type": "yarn", "factor": key("rope.scaling.factor"),
+                "original_max_position_embeddings": key("rope.scaling.original_context_length",
+                                                        key("context_length", 2048))}
+        for field, name in (("yarn_attn_factor", "attention_factor"), ("yarn_beta_fast", "beta_fast"),
+                            ("yarn_beta_slow", "beta_slow")):  # what the converter copies from transformers'
+            if key(f"rope.scaling.{field}") is not None:
+                yarn[name] = key(f"rope.scaling.{field}")
+        return {"rope_scaling": yarn}
+    if scaling != "none":
+        raise ValueError(f"unsupported GGUF rope scaling {scaling!r}; supported: none, linear, yarn, longrope, and "
+                         "rope_freqs' factors")
     return {}
 
 

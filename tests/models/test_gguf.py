@@ -89,11 +89,13 @@ def test_a_llama_31_files_rotary_factors_turn_as_transformers_llama3_rope(tmp_pa
     assert any(mine != pytest.approx(theirs, abs=1e-3) for (_, mine), (_, theirs) in zip(plain, expected))
 
 
-def test_a_phi3_file_runs_its_fused_products_partial_rotary_window_and_longrope(tmp_path):
+@pytest.mark.parametrize("typed", [True, False], ids=["longrope-named", "factors-alone"])
+def test_a_phi3_file_runs_its_fused_products_partial_rotary_window_and_longrope(tmp_path, typed):
     """A Phi-3 file as llama.cpp's converter writes one: query, key and value rows in one matrix,
     gate and up in ffn_up, a rotary over half of each head, a sliding window, and longrope's
-    factors as tensors. Prompts short of the original context, past the window, and past the
-    original context (the long factors) each give transformers' tokens."""
+    factors as tensors (the scaling type named "longrope" since 2024, not before). Prompts short of
+    the original context, past the window, and past the original context (the long factors) each
+    give transformers' tokens."""
     pytest.importorskip("gguf")
     hf = tiny_model("phi3", seed=6).float().double()
     c, rope = hf.config, hf.config.rope_parameters
@@ -102,6 +104,8 @@ def test_a_phi3_file_runs_its_fused_products_partial_rotary_window_and_longrope(
     metadata = {"rope.dimension_count": int(c.partial_rotary_factor * c.hidden_size) // c.num_attention_heads,
                 "attention.sliding_window": c.sliding_window, "rope.scaling.original_context_length": original,
                 "rope.scaling.attn_factor": math.sqrt(1 + math.log(scale) / math.log(original))}
+    if typed:
+        metadata["rope.scaling.type"] = "longrope"
     factors = {"rope_factors_long.weight": rope["long_factor"], "rope_factors_short.weight": rope["short_factor"]}
     path = write_gguf_of(hf, tmp_path / "phi3.gguf", "phi3", metadata, factors)
     rng = random.Random(5)
@@ -144,11 +148,12 @@ def test_a_mixture_of_experts_file_is_refused_with_what_to_use_instead(tmp_path)
 
 
 @pytest.mark.parametrize("metadata, tensors, message", [
-    ({"llama.rope.scaling.type": "yarn"}, {}, "unsupported GGUF rope scaling 'yarn'"),
+    ({"llama.rope.scaling.type": "ntk-by-parts"}, {}, "unsupported GGUF rope scaling 'ntk-by-parts'; supported: none"),
     ({"llama.rope.scaling.type": "linear"}, {"rope_freqs.weight": (np.ones(2, np.float32), None)},
-     "unsupported GGUF rope scaling 'linear' beside rope_freqs.weight"),
+     "rope_freqs and rope scaling 'linear'.*reads rope_freqs alone"),
     ({}, {"rope_factors_long.weight": (np.ones(2, np.float32), None)}, "longrope needs rope_factors_long and rope_fac"),
-], ids=["yarn", "linear-and-factors", "long-factors-alone"])
+    ({"llama.rope.scaling.type": "longrope"}, {}, "longrope needs rope_factors_long and rope_factors_short"),
+], ids=["unknown", "linear-and-factors", "long-factors-alone", "longrope-without-factors"])
 def test_rope_scalings_loom_does_not_read_are_refused(tmp_path, metadata, tensors, message):
     path = write_gguf(tmp_path / "m.gguf", tensors={"token_embd.weight": (np.zeros((8, 4), np.float32), None), **tensors},
                       metadata=metadata)

@@ -64,19 +64,28 @@ def test_a_step_runs_each_expert_at_most_once(arch, monkeypatch):
 
 
 def test_qwen3_gguf_matches_its_transformers_model(tmp_path):
+    """The tiny Qwen3 (yarn: factor 4 over an original context of 64) written as llama.cpp's
+    converter writes it, its yarn in the metadata, equals its transformers model; the same weights
+    without the yarn metadata equal the model without yarn."""
     pytest.importorskip("gguf")
     hf = tiny_model("qwen3", seed=2).float().double()  # the weights as the float32 file holds them
-    write_gguf_of(hf, tmp_path / "tiny-qwen3.gguf", "qwen3")
-    prompt = [5, 6, 7, 8, 9, 10]
-    # The file's rope is plain (GGUF carries no yarn here): compare with the same model without it.
+    rope = hf.config.rope_parameters
+    yarn = {"rope.scaling.type": "yarn", "rope.scaling.factor": rope["factor"],
+            "rope.scaling.original_context_length": rope["original_max_position_embeddings"]}
     plain = tiny_model("qwen3", seed=2)
     plain.config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
     plain = type(plain)(plain.config).double().eval()
     plain.load_state_dict(hf.state_dict())
-    with Engine.from_pretrained(tmp_path / "tiny-qwen3.gguf", dtype=torch.float64) as engine:
-        assert engine.tokenizer is None  # the file carries none: the token API still works
-        tokens = list(engine.stream_response_tokens(engine.launch_response_tokens(prompt, {"max_new_tokens": 16})))
-    assert tokens == reference(plain, prompt, 16)
+    prompt = random_prompt(random.Random(8), 70, 90)  # past the original context
+    for model, metadata, name in ((hf, yarn, "yarn"), (plain, {}, "plain")):
+        path = write_gguf_of(hf, tmp_path / f"tiny-qwen3-{name}.gguf", "qwen3", metadata)
+        with Engine.from_pretrained(path, dtype=torch.float64) as engine:
+            assert engine.tokenizer is None  # the file carries none: the token API still works
+            handle = engine.launch_response_tokens(prompt, GenerationConfig(max_new_tokens=16, logprobs=0))
+            tokens = list(engine.stream_response_tokens(handle, timeout=60))
+        expected, logprobs = greedy_with_logprobs(model, prompt, 16)
+        assert tokens == expected, name
+        assert [t.logprob for t in handle.logprobs] == pytest.approx(logprobs, abs=1e-5), name
 
 
 @pytest.mark.parametrize("rope,message", [
