@@ -195,11 +195,14 @@ GGUF_GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.no
                      "lm_head.weight": "output.weight"}
 
 
-def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: dict | None = None):
-    """``hf``'s weights in a float32 GGUF file as llama.cpp's converter writes them for ``arch``:
-    llama.cpp's names, a Llama's query and key rows permuted for llama.cpp's rotary, the sizes in
-    the metadata; ``metadata`` (key -> a uint32, float32 or str value, written under the arch's
-    prefix) and ``tensors`` (name -> float32 array) added. The file carries no tokenizer."""
+def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: dict | None = None,
+                  matrices=None):
+    """``hf``'s weights in a GGUF file as llama.cpp's converter writes them for ``arch``: llama.cpp's
+    names, a Llama's query and key rows permuted for llama.cpp's rotary, the sizes in the metadata
+    (a head's size only where it is not the hidden size over the heads); ``metadata`` (key -> a
+    uint32, float32, str or list value, under the arch's prefix unless it starts with "tokenizer.")
+    and ``tensors`` (name -> float32 array) added. Matrices in float32, or in ``matrices``' type
+    (a GGMLQuantizationType gguf-py quantizes to). The file carries no tokenizer."""
     import gguf
     import numpy as np
     c = hf.config
@@ -211,17 +214,24 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     writer.add_feed_forward_length(c.intermediate_size)
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
-    writer.add_key_length(getattr(c, "head_dim", None) or c.hidden_size // heads)
+    if getattr(c, "head_dim", None) not in (None, c.hidden_size // heads):
+        writer.add_key_length(c.head_dim)
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
     writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
     writer.add_vocab_size(c.vocab_size)
     for key, value in (metadata or {}).items():
-        adds = {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string}
-        adds[type(value)](f"{arch}.{key}", value)
+        adds = {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string, list: writer.add_array}
+        adds[type(value)](key if key.startswith("tokenizer.") else f"{arch}.{key}", value)
+
+    def add(name, values):
+        if matrices is None or values.ndim != 2:
+            return writer.add_tensor(name, values)
+        writer.add_tensor(name, gguf.quants.quantize(values, matrices), raw_dtype=matrices)
+
     for name, tensor in hf.state_dict().items():
         values = tensor.float().numpy()
         if name in GGUF_GLOBAL_NAMES:
-            writer.add_tensor(GGUF_GLOBAL_NAMES[name], values)
+            add(GGUF_GLOBAL_NAMES[name], values)
             continue
         _, _, layer, rest = name.split(".", 3)
         part, kind = rest.rsplit(".", 1)
@@ -229,7 +239,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
             count = heads if part == "self_attn.q_proj" else kv_heads
             values = values.reshape(count, 2, values.shape[0] // count // 2, *values.shape[1:]).swapaxes(1, 2)
             values = values.reshape(tensor.shape)
-        writer.add_tensor(f"blk.{layer}.{GGUF_LAYER_NAMES[part]}.{kind}", np.ascontiguousarray(values))
+        add(f"blk.{layer}.{GGUF_LAYER_NAMES[part]}.{kind}", np.ascontiguousarray(values))
     for name, values in (tensors or {}).items():
         writer.add_tensor(name, np.asarray(values, dtype=np.float32))
     writer.write_header_to_file()

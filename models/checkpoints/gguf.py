@@ -18,7 +18,7 @@ from . import Contents
 from ..kernels.block_formats import block_format, to_blocks, widened
 from ..kernels.block_linear import (FLOAT32, FLOAT32_PADDED, GROUP, ROWS16_LAYOUT_OF, padded_rows, pads_rows,
                                     row_bytes, rows16, runs_as_stored)
-from .gguf_config import ROPE_TENSORS, check_architecture, gguf_config
+from .gguf_config import ROPE_TENSORS, check_architecture, end_tokens, gguf_config
 from .gguf_file import GGUFFile, TensorInfo
 from .tokenizer import Tokenizer
 
@@ -50,8 +50,6 @@ SUPPORTED_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
 # llama.cpp's names of the products a layer fuses (q/k/v, gate/up): they take one kind of blocks
 FUSED = (frozenset({"attn_q", "attn_k", "attn_v"}), frozenset({"ffn_gate", "ffn_up"}))
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-# the tokens that end a turn besides EOS, as llama.cpp stops at them too (Llama 3's <|eot_id|>, Phi-3's <|end|>)
-END_TOKEN_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 
 
 def default_model_path() -> Path:
@@ -74,8 +72,8 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
     side), and float matrices (F32, F16, BF16) as views of it in their dtype (but a layer's F32 rows a
     multiple of 4 KiB long copied into padded rows where the build multiplies them faster so:
     _pad_float32_rows); else every tensor as float32. One tensor is converted at a time, and its
-    pages of the file let go of after. Raises ValueError for an architecture or tensor type Loom
-    does not run, before any tensor is read."""
+    pages of the file let go of after. Raises ValueError for an architecture (a mixture of experts
+    included), tensor type or rope scaling Loom does not run, before any weight is read."""
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file at {path}")
     file = GGUFFile(path)
@@ -85,7 +83,7 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
         if info.type not in SUPPORTED_TYPES:
             raise ValueError(f"tensor {info.name} of {path.name} has type {info.type.name}, which Loom cannot "
                              f"dequantize; supported: {', '.join(sorted(t.name for t in SUPPORTED_TYPES))}")
-    config = gguf_config(arch, meta, file.tensors)
+    config = gguf_config(arch, meta, file.tensors, path.name)
     names = {**LAYER_NAMES, **ARCH_LAYER_NAMES.get(arch, {})}
     tensors = {}
     formats = _block_formats(file.tensors.values(), keep_blocks)
@@ -111,9 +109,8 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
         _pad_float32_rows(tensors, file, formats, names)
         _fuse_blocks(tensors)
     file.release_all()  # the pages the permutations read: what the model uses in place comes back on first use
-    ends = frozenset(meta[key] for key in END_TOKEN_KEYS if key in meta)
     tokenizer = read_tokenizer(path) if "tokenizer.ggml.model" in meta else None  # a file may carry none
-    return Contents(config, tensors, ends, tokenizer, path.stem)
+    return Contents(config, tensors, end_tokens(meta), tokenizer, path.stem)
 
 
 def _hf_name(name: str, layer_names: dict) -> str:

@@ -1,7 +1,7 @@
 """A GGUF file's metadata as a transformers-style config: its architecture (checked before any
 tensor is read), sizes, norms and rope, with the rope's scaling as llama.cpp's converter writes it:
 linear or yarn in the metadata, or in tensors (Llama 3.1's divisor per frequency, Phi-3's longrope
-factors)."""
+factors); and the tokens that end a turn, as llama.cpp picks them."""
 
 from __future__ import annotations
 
@@ -15,28 +15,43 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
 # factors (Phi-3's long-context models)
 ROPE_FREQS, ROPE_LONG, ROPE_SHORT = "rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"
 ROPE_TENSORS = (ROPE_FREQS, ROPE_LONG, ROPE_SHORT)
+END_TOKEN_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+# Tokens llama.cpp ends generation at by their text, whatever the file names as EOS: most files name
+# one end token, while a chat turn ends at another (Phi-3's EOS is <|endoftext|>, its turns end at
+# <|end|>; Llama 3 base files name <|end_of_text|>, their chats end at <|eot_id|>).
+END_TOKEN_TEXTS = frozenset({"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+                             "<|end_of_text|>", "<EOT>"})
 
 
 def check_architecture(meta: dict, file_name: str) -> str:
     """The file's architecture, or a ValueError naming the supported ones (or, for a mixture of
     experts, what runs one)."""
     arch = meta.get("general.architecture")
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"unsupported GGUF architecture {arch!r} in {file_name}; supported: {', '.join(ARCHITECTURES)}")
-    if meta.get(f"{arch}.expert_count"):  # Mixtral's files say "llama", with routed experts
+    if meta.get(f"{arch}.expert_count"):  # (Mixtral's files say "llama")
         raise ValueError(f"{file_name} is a mixture-of-experts model ({meta[f'{arch}.expert_count']} experts), which "
                          "Loom does not read from GGUF files; it runs Mixtral and Qwen3-MoE from Hugging Face directories")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unsupported GGUF architecture {arch!r} in {file_name}; supported: {', '.join(ARCHITECTURES)}")
     return arch
 
 
-def gguf_config(arch: str, meta: dict, names: dict) -> dict:
-    """The transformers-style config of an ``arch`` file's metadata and its tensors (by llama.cpp's
-    names: whether there is an output layer, rotary factors kept as tensors)."""
+def end_tokens(meta: dict) -> frozenset[int]:
+    """The ids that end a stream: the file's EOS, EOT and EOM, and the tokens llama.cpp ends at by
+    their text (END_TOKEN_TEXTS)."""
+    named = {meta[key] for key in END_TOKEN_KEYS if key in meta}
+    tokens = meta.get("tokenizer.ggml.tokens", ())
+    return frozenset(named | {i for i, text in enumerate(tokens) if text in END_TOKEN_TEXTS})
+
+
+def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name: str) -> dict:
+    """The transformers-style config of an ``arch`` file's metadata and its ``tensors`` (by
+    llama.cpp's names: whether there is an output layer, rotary factors kept as tensors). Raises
+    ValueError for a rope Loom does not run."""
     key = lambda k, default=None: meta.get(f"{arch}.{k}", default)
     heads = key("attention.head_count")
     config = {
         "model_type": ARCHITECTURES[arch],
-        "vocab_size": key("vocab_size") or names["token_embd.weight"].shape[0],
+        "vocab_size": key("vocab_size") or tensors["token_embd.weight"].shape[0],
         "hidden_size": key("embedding_length"),
         "intermediate_size": key("feed_forward_length"),
         "num_hidden_layers": key("block_count"),
@@ -46,8 +61,8 @@ def gguf_config(arch: str, meta: dict, names: dict) -> dict:
         "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-6),
         "rope_theta": key("rope.freq_base", 10000.0),
         "max_position_embeddings": key("context_length", 2048),
-        "tie_word_embeddings": "output.weight" not in names,
-        "attention_bias": "blk.0.attn_q.bias" in names and arch == "llama",
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "attention_bias": "blk.0.attn_q.bias" in tensors and arch == "llama",
     }
     if arch == "gemma3":  # what llama.cpp assumes and the file does not say (as transformers reads it)
         config |= {"sliding_window": key("attention.sliding_window"), "query_pre_attn_scalar": config["head_dim"],
@@ -57,30 +72,41 @@ def gguf_config(arch: str, meta: dict, names: dict) -> dict:
     rotary = key("rope.dimension_count")
     if rotary and heads:
         head_dim = config["head_dim"] or config["hidden_size"] // heads
-        if rotary != head_dim:  # a rotary over the first part of each head (Phi-3 may)
+        if rotary > head_dim:
+            raise ValueError(f"{file_name} rotates {rotary} values of heads of {head_dim}")
+        if rotary < head_dim:  # a rotary over the first part of each head (Phi-3 may)
             config["partial_rotary_factor"] = rotary / head_dim
-    config |= _rope_scaling(key, names)
+    try:
+        config |= _rope_scaling(key, tensors)
+    except ValueError as error:
+        raise ValueError(f"{file_name}: {error}") from None
     return config
 
 
-def _rope_scaling(key, names: dict) -> dict:
+def _rope_scaling(key, tensors: dict[str, TensorInfo]) -> dict:
     """The config's rope scaling (transformers' rope_scaling) from the file's metadata and rotary
     tensors, as llama.cpp's converter writes them: linear; yarn (Qwen's long-context files); a
     divisor per frequency (rope_freqs, no scaling type: Llama 3.1's llama3 scaling as the converter
     computes it, which llama.cpp divides each frequency by); longrope (Phi-3's short and long
-    factors, the type written by converters since 2024, absent before); {} for none."""
+    factors, with the scaling type "longrope" or, as llama.cpp's Phi-3 converter writes them,
+    without one); {} for none."""
     scaling = key("rope.scaling.type") or "none"
-    kept = [name for name in ROPE_TENSORS if name in names]
-    factors = {name: _values(names[name]) for name in kept}
+    if scaling == "linear" and key("rope.scaling.factor") in (None, 0.0, 1.0):
+        scaling = "none"  # as llama.cpp reads it (its own model saver writes linear and 0 for none)
+    kept = [name for name in ROPE_TENSORS if name in tensors]
+    factors = {name: _values(tensors[name]) for name in kept}
     if ROPE_FREQS in factors:
-        if scaling != "none" or len(factors) > 1:
-            raise ValueError(f"a GGUF file with rope_freqs and rope scaling {scaling!r} or longrope factors: Loom "
-                             "reads rope_freqs alone")
+        if scaling != "none":
+            raise ValueError(f"rope_freqs beside a {scaling} rope scaling: Loom reads rope_freqs alone")
+        if len(factors) > 1:
+            raise ValueError("rope_freqs beside longrope's factors: Loom reads one or the other")
         return {"rope_scaling": {"rope_type": "frequency_factors", "factors": factors[ROPE_FREQS]}}
     if scaling == "longrope" or factors:
-        if set(factors) != {ROPE_LONG, ROPE_SHORT} or scaling not in ("longrope", "none"):
-            raise ValueError(f"a GGUF file with rope scaling {scaling!r} and {', '.join(kept) or 'no factors'}: "
-                             "longrope needs rope_factors_long and rope_factors_short")
+        if scaling not in ("longrope", "none"):
+            raise ValueError(f"longrope's factors beside a {scaling} rope scaling: Loom reads one or the other")
+        if set(factors) != {ROPE_LONG, ROPE_SHORT}:
+            raise ValueError(f"longrope needs rope_factors_long and rope_factors_short; the file has "
+                             f"{', '.join(kept) or 'neither'}")
         longrope = {"rope_type": "longrope", "long_factor": factors[ROPE_LONG], "short_factor": factors[ROPE_SHORT],
                     "original_max_position_embeddings": key("rope.scaling.original_context_length",
                                                             key("context_length", 2048))}
@@ -90,11 +116,13 @@ def _rope_scaling(key, names: dict) -> dict:
     if scaling == "linear":
         return {"rope_scaling": {"rope_type": "linear", "factor": key("rope.scaling.factor")}}
     if scaling == "yarn":
+        # The attention factor stays transformers' default for the factor (0.1 ln(factor) + 1), as
+        # llama.cpp computes it for these families whatever yarn_attn_factor says (its model saver
+        # writes 1.0 there, meaning nothing more).
         yarn = {"rope_type": "yarn", "factor": key("rope.scaling.factor"),
                 "original_max_position_embeddings": key("rope.scaling.original_context_length",
                                                         key("context_length", 2048))}
-        for field, name in (("yarn_attn_factor", "attention_factor"), ("yarn_beta_fast", "beta_fast"),
-                            ("yarn_beta_slow", "beta_slow")):  # what the converter copies from transformers'
+        for field, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
             if key(f"rope.scaling.{field}") is not None:
                 yarn[name] = key(f"rope.scaling.{field}")
         return {"rope_scaling": yarn}

