@@ -4,13 +4,18 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape 1.7b --format q4_k_m --out /tmp/gguf
     python docs/bench/random_gguf.py --shape 7b --format q4_k_m --out /tmp/gguf
     python docs/bench/random_gguf.py --shape 1b --format q4_k_m --vocab 128256 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape qwen2.5-0.5b --format q4_k_m --vocab 151936 --out /tmp/gguf
 
 Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), q4_k_m
 (llama.cpp's recipe: Q4_K, with Q6_K for the output layer and for attn_v / ffn_down in the layers
 llama.cpp gives more bits), q5_k_m (the same with Q5_K), q3_k_m (Q3_K, those layers' attn_v / ffn_down
-in Q4_K) and q2_k (Q2_K, those in Q3_K). The files hold no output layer: the token embeddings are tied to
-it, and so take the output layer's Q6_K in all four, as llama-quantize gives a tied table (before
-2026-12-04 they took the layers' type). ``--vocab`` pads the vocabulary with reserved control tokens
+in Q4_K) and q2_k (Q2_K, those in Q3_K); rows that 256-value super-blocks do not divide (Qwen2.5-0.5B's
+896) take llama.cpp's fallbacks, Q5_0 and Q8_0. The files hold no output layer but the Qwen2.5-7B's: the
+token embeddings are tied to it, and so take the output layer's Q6_K in all four, as llama-quantize
+gives a tied table (before 2026-12-04 they took the layers' type). The qwen2.5 shapes are written as
+llama.cpp's converter writes a Qwen2 model: architecture "qwen2", biases on the queries, keys and
+values, Qwen2's rope base and norm epsilon; the qwen3 ones as a Qwen3: no biases, each head's
+queries and keys normalised (attn_q_norm, attn_k_norm), heads of 128 whatever the hidden size. ``--vocab`` pads the vocabulary with reserved control tokens
 up to a real model's (Llama 3's 128,256, Qwen2.5's 151,936): the table, and the output product over
 it, at their real size.
 K-quant blocks are random bytes with their float16 scales set so that weights stay near
@@ -37,10 +42,15 @@ from models.checkpoints.gguf import default_model_path  # noqa: E402
 from models.checkpoints.gguf_file import GGUFFile  # noqa: E402
 
 # hidden, intermediate, layers, heads, kv heads (SmolLM2's from its configs; "1b": Llama-3.2-1B's; "7b":
-# Qwen2.5-7B's, with Llama's layout; "8b": Llama-3.1-8B's; each with SmolLM2's 49,152-token vocabulary
-# unless --vocab says)
+# Qwen2.5-7B's, with Llama's layout; "8b": Llama-3.1-8B's; the qwen ones from Qwen's configs, in
+# Qwen2's and Qwen3's layouts; each with SmolLM2's 49,152-token vocabulary unless --vocab says)
 SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (2048, 8192, 16, 32, 8),
-          "1.7b": (2048, 8192, 24, 32, 32), "7b": (3584, 18944, 28, 28, 4), "8b": (4096, 14336, 32, 32, 8)}
+          "1.7b": (2048, 8192, 24, 32, 32), "7b": (3584, 18944, 28, 28, 4), "8b": (4096, 14336, 32, 32, 8),
+          "qwen2.5-0.5b": (896, 4864, 24, 14, 2), "qwen2.5-1.5b": (1536, 8960, 28, 12, 2),
+          "qwen2.5-7b": (3584, 18944, 28, 28, 4), "qwen3-0.6b": (1024, 3072, 28, 16, 8),
+          "qwen3-1.7b": (2048, 6144, 28, 16, 8), "qwen3-8b": (4096, 12288, 36, 32, 8)}
+UNTIED = {"qwen2.5-7b", "qwen3-8b"}  # the shapes whose output layer is a tensor of its own
+QWEN3_HEAD = 128  # a Qwen3's head size, whatever its hidden size
 FILE_TYPES = {"f32": 0, "f16": 1, "bf16": 32, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9, "q8_0": 7, "q2_k": 10,
               "q3_k_m": 12, "q4_k_m": 15, "q5_k_m": 17}
 FLOAT_FORMATS = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1,
@@ -54,21 +64,21 @@ HALF_RANGE = {Q.Q2_K: (1.5e-3, 3e-3), Q.Q3_K: (5e-4, 1e-3), Q.Q4_K: (2e-4, 6e-4)
               Q.Q6_K: (1e-4, 3e-4)}  # weights of about +-0.1, as a trained model's
 
 
-def tensor_type(name: str, layer: int, layers: int, fmt: str, width: int) -> Q:
-    if name.endswith("norm.weight"):
+def tensor_type(name: str, layer: int, layers: int, fmt: str, width: int, tied: bool) -> Q:
+    if name.endswith(("norm.weight", ".bias")):
         return Q.F32
     if fmt in FLOAT_FORMATS:
         return FLOAT_FORMATS[fmt]
     more_bits = layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
     wide = more_bits and name.split(".")[-2] in ("attn_v", "ffn_down")
-    output = name in ("output.weight", "token_embd.weight")  # (the table is tied to the output layer)
+    output = name == "output.weight" or (tied and name == "token_embd.weight")  # (a tied table is the output)
     if width % 256:  # rows a K-quant's 256-value super-blocks do not divide: llama.cpp's fallbacks
         return Q.Q8_0 if wide or output else Q.Q5_0
     base, more = K_RECIPES[fmt]
     return Q.Q6_K if output else more if wide else base
 
 
-def tensor_data(kind: Q, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
+def tensor_data(kind: Q, shape: tuple[int, int], rng: np.random.Generator, bias: bool = False) -> np.ndarray:
     rows, width = shape if len(shape) == 2 else (1, shape[0])
     if kind in HALF_FIELDS:
         block, block_bytes = GGML_QUANT_SIZES[kind]
@@ -78,22 +88,29 @@ def tensor_data(kind: Q, shape: tuple[int, int], rng: np.random.Generator) -> np
             data[..., at:at + 2] = scales.view(np.uint8).reshape(rows, width // block, 2)
         return data.reshape(rows, -1)
     values = (rng.standard_normal((rows, width), dtype=np.float32) * 0.05).reshape(shape)
-    if kind == Q.F32:
-        return values if len(shape) == 2 else np.ones(shape, np.float32)
+    if kind == Q.F32:  # a norm's weights are ones; a bias, small values
+        return values if len(shape) == 2 else values * 0.1 if bias else np.ones(shape, np.float32)
     if kind == Q.F16:
         return values.astype(np.float16)
     return gguf.quants.quantize(values, kind)  # (BF16's too: its bytes)
 
 
-def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, vocab: int):
-    kv = hidden // heads * kv_heads
+def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, head: int, vocab: int, arch: str,
+            tied: bool):
+    q, kv = head * heads, head * kv_heads
     yield "token_embd.weight", -1, (vocab, hidden)
     for i in range(layers):
-        for name, shape in (("attn_norm", (hidden,)), ("attn_q", (hidden, hidden)), ("attn_k", (kv, hidden)),
-                            ("attn_v", (kv, hidden)), ("attn_output", (hidden, hidden)), ("ffn_norm", (hidden,)),
+        for name, shape in (("attn_norm", (hidden,)), ("attn_q", (q, hidden)), ("attn_k", (kv, hidden)),
+                            ("attn_v", (kv, hidden)), ("attn_output", (hidden, q)), ("ffn_norm", (hidden,)),
                             ("ffn_gate", (inner, hidden)), ("ffn_up", (inner, hidden)), ("ffn_down", (hidden, inner))):
             yield f"blk.{i}.{name}.weight", i, shape
+            if arch == "qwen2" and name in ("attn_q", "attn_k", "attn_v"):
+                yield f"blk.{i}.{name}.bias", i, shape[:1]
+            if arch == "qwen3" and name in ("attn_q", "attn_k"):
+                yield f"blk.{i}.{name}_norm.weight", i, (head,)
     yield "output_norm.weight", -1, (hidden,)
+    if not tied:
+        yield "output.weight", -1, (vocab, hidden)
 
 
 def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = None) -> Path:
@@ -108,18 +125,22 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
     vocab = len(tokens)
     padded = f"-vocab{vocab}" if vocab != len(source["tokenizer.ggml.tokens"]) else ""
     path = out / f"random-{shape}-{fmt}{padded}.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
+    arch = "qwen2" if shape.startswith("qwen2") else "qwen3" if shape.startswith("qwen3") else "llama"
+    qwen, tied, head = arch != "llama", shape not in UNTIED, QWEN3_HEAD if arch == "qwen3" else hidden // heads
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"random {shape} ({fmt})")
     writer.add_file_type(FILE_TYPES[fmt])
-    writer.add_context_length(8192)
+    writer.add_context_length(32768 if qwen else 8192)
     writer.add_embedding_length(hidden)
     writer.add_feed_forward_length(inner)
     writer.add_block_count(layers)
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
-    writer.add_rope_dimension_count(hidden // heads)
-    writer.add_rope_freq_base(100000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_key_length(head)
+    writer.add_value_length(head)
+    writer.add_rope_dimension_count(head)
+    writer.add_rope_freq_base(1000000.0 if qwen else 100000.0)
+    writer.add_layer_norm_rms_eps(1e-6 if qwen else 1e-5)
     writer.add_vocab_size(vocab)
     writer.add_tokenizer_model(source["tokenizer.ggml.model"])
     writer.add_tokenizer_pre(source["tokenizer.ggml.pre"])
@@ -131,22 +152,22 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
     writer.add_pad_token_id(source["tokenizer.ggml.padding_token_id"])
     writer.add_add_bos_token(False)
     writer.add_chat_template(source["tokenizer.chat_template"])
-    plan = [(name, tensor_type(name, layer, layers, fmt, shape[-1]), shape) for name, layer, shape in
-            tensors(hidden, inner, layers, heads, kv_heads, vocab)]
-    for name, kind, shape in plan:
+    plan = [(name, tensor_type(name, layer, layers, fmt, size[-1], tied), size) for name, layer, size in
+            tensors(hidden, inner, layers, heads, kv_heads, head, vocab, arch, tied)]
+    for name, kind, size in plan:
         block, block_bytes = GGML_QUANT_SIZES[kind]
-        nbytes = int(np.prod(shape)) // block * block_bytes
+        nbytes = int(np.prod(size)) // block * block_bytes
         if kind in (Q.F32, Q.F16):
-            writer.add_tensor_info(name, shape, np.dtype(np.float32 if kind == Q.F32 else np.float16), nbytes)
+            writer.add_tensor_info(name, size, np.dtype(np.float32 if kind == Q.F32 else np.float16), nbytes)
         else:  # gguf-py takes a quantized tensor's shape in bytes
-            writer.add_tensor_info(name, (*shape[:-1], shape[-1] // block * block_bytes), np.dtype(np.uint8), nbytes,
+            writer.add_tensor_info(name, (*size[:-1], size[-1] // block * block_bytes), np.dtype(np.uint8), nbytes,
                                    raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
-    for name, kind, shape in plan:
-        writer.write_tensor_data(tensor_data(kind, shape, rng))
+    for name, kind, size in plan:
+        writer.write_tensor_data(tensor_data(kind, size, rng, bias=name.endswith(".bias")))
     writer.close()
     return path
 

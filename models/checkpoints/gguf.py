@@ -110,7 +110,8 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
         _fuse_blocks(tensors)
     file.release_all()  # the pages the permutations read: what the model uses in place comes back on first use
     tokenizer = read_tokenizer(path) if "tokenizer.ggml.model" in meta else None  # a file may carry none
-    return Contents(config, tensors, end_tokens(meta), tokenizer, path.stem)
+    # (without keep_blocks every tensor is a float32 copy, _widened's)
+    return Contents(config, tensors, end_tokens(meta), tokenizer, path.stem, owned=not keep_blocks)
 
 
 def _hf_name(name: str, layer_names: dict) -> str:

@@ -10,15 +10,20 @@ minimum of -8 d and Q5_0's w = d (q - 16) one of -16 d, exact in float32), so th
 rearranged, never widened. IQ4_NL and IQ4_XS look their 4-bit codes up in a table of sixteen
 integers from -127 to 113: those integers are 8-bit codes, under the block's scale (IQ4_XS:
 d (ls - 32) per 32 values), so they become 8-bit blocks, exact too, at twice the file's memory.
+The kernels rearrange them in one pass (gguf_blocks.cpp); without a compiler numpy does, the same
+bytes.
 """
 
 from __future__ import annotations
+
+import ctypes
 
 import numpy as np
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 
 from . import native
+from ..pages import fresh_zeros
 from .block_linear import (GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K, GROUP, FLOAT_FORMATS, LOOM_4BIT,
                            LOOM_5BIT, LOOM_8BIT, WIDEN_ARGTYPES)
 
@@ -46,7 +51,17 @@ def to_blocks(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
         return torch.from_numpy(data)
     if kind in FLOATS:
         return torch.from_numpy(data).view(FLOATS[kind])
-    return torch.from_numpy(_rearranged(data, kind, width))
+    library = native.library()
+    row_bytes = library.loom_gguf_blocks_row_bytes(ctypes.c_int64(kind), ctypes.c_int64(width)) if library else 0
+    if not row_bytes or not len(data):
+        return torch.from_numpy(_rearranged(data, kind, width))
+    source = np.ascontiguousarray(data)
+    # (in 2 MB pages where the system allows, as block_linear.rows16's: one-row products read them faster)
+    out = fresh_zeros(source.shape[0] * row_bytes).view(source.shape[0], row_bytes)
+    library.loom_rearrange_gguf_blocks(ctypes.c_void_p(source.ctypes.data), ctypes.c_int64(kind),
+                                       ctypes.c_int64(width), ctypes.c_int64(source.shape[0]),
+                                       ctypes.c_void_p(out.data_ptr()))
+    return out
 
 
 def widened(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:

@@ -45,8 +45,8 @@ struct Weights {
 // One layer's weights and shape, filled once at load (decoder_layer.py mirrors this layout: every
 // field is 8 bytes). Biases may be null; the pool keeps its elements as C (kv_element.h). Llama's
 // family: RMSNorms, a gated MLP whose ``up`` product gives [gate | up] (2 x intermediate outputs),
-// SiLU(gate) x up. GPT-2: LayerNorms with biases, an ``up`` product of intermediate outputs and
-// GELU (tanh).
+// SiLU(gate) x up; Qwen3 normalises each head's query and key (q_norm, k_norm: null elsewhere).
+// GPT-2: LayerNorms with biases, an ``up`` product of intermediate outputs and GELU (tanh).
 template <typename T, typename C>
 struct Layer {
     const T *input_norm, *input_norm_bias, *post_norm, *post_norm_bias;
@@ -58,6 +58,7 @@ struct Layer {
     const T* up_bias;
     const Weights* down;
     const T* down_bias;
+    const T *q_norm, *k_norm;
     C *k_cache, *v_cache;
     int64_t hidden, intermediate, heads, kv_heads, dim, window, layer_norm, gated;
     double eps, scale;
@@ -145,6 +146,25 @@ void norm_rows(T* x, const T* delta, const T* weight, const T* bias, bool layer_
         for (int64_t i = 0; i < width; ++i) yr[i] = (xr[i] - mean) * inv * weight[i];
         if (bias != nullptr)
             for (int64_t i = 0; i < width; ++i) yr[i] += bias[i];
+    }
+}
+
+// Each head of the rows' queries and keys, in place in qkv (rows ``stride`` apart; the queries'
+// ``heads`` heads of ``dim``, then the keys' ``kv_heads``): RMSNorm with a weight of ``dim``, before
+// the rotation, as Qwen3's q_norm and k_norm. A task per head, the sums in T as norm_rows's.
+template <typename T>
+void norm_heads(T* qkv, int64_t stride, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim, const T* q_norm,
+                const T* k_norm, double eps) {
+    const int64_t per_row = heads + kv_heads;
+#pragma omp for
+    for (int64_t task = 0; task < rows * per_row; ++task) {
+        const int64_t head = task % per_row;
+        T* v = qkv + task / per_row * stride + head * dim;
+        const T* weight = head < heads ? q_norm : k_norm;
+        T squares = 0;
+        for (int64_t i = 0; i < dim; ++i) squares += v[i] * v[i];
+        const T inv = T(1) / std::sqrt(squares / T(dim) + T(eps));
+        for (int64_t i = 0; i < dim; ++i) v[i] = v[i] * inv * weight[i];
     }
 }
 
@@ -239,6 +259,7 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
     };
     norm_rows<T>(x, nullptr, l.input_norm, l.input_norm_bias, l.layer_norm, l.eps, h, rows, hidden);
     multiply(h, hidden, hidden, l.qkv, l.qkv_bias, qkv_width, qkv);
+    if (l.q_norm != nullptr) norm_heads(qkv, qkv_width, rows, l.heads, l.kv_heads, l.dim, l.q_norm, l.k_norm, l.eps);
     rotate_and_store_rows(qkv, qkv_width, qkv + q_width, qkv_width, qkv + q_width + kv_width, qkv_width, s.cos, s.sin,
                           s.rotary_dim, s.slots, rows, l.k_cache, l.v_cache, rotary ? q : nullptr, l.heads,
                           l.kv_heads, l.dim);

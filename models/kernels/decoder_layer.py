@@ -5,8 +5,8 @@ and 6 ctypes calls, which was a quarter of a one-stream step (docs/benchmarks-hi
 "Small-batch products").
 
 ``use_decoder_layers(model)`` attaches them where the model qualifies: GPT-2, or a dense
-Llama-family model (not Qwen3's q/k norms nor routed experts) whose linear layers, the output
-layer's too, are CpuLinear or BlockLinear. A prefill chunk within PREFILL_KEYS (a prompt of up to
+Llama-family model (Qwen3's per-head q/k norms included; not routed experts) whose linear layers,
+the output layer's too, are CpuLinear or BlockLinear. A prefill chunk within PREFILL_KEYS (a prompt of up to
 1024 tokens) is rows of its sequence here too, each attending to its prefix on the decode kernel,
 and 64 prompts of 21 tokens (a 1344-row step) run as one call. On the torch
 layers that step took 4.5-5.1 s against 4.3-4.5 over the 360M F32 file, 10.1-11.2 against
@@ -95,7 +95,7 @@ class _Weights(ctypes.Structure):  # decoder_layer.cpp's Weights
 class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
     _fields_ = [(name, _pointer) for name in (
         "input_norm", "input_norm_bias", "post_norm", "post_norm_bias", "qkv", "qkv_bias", "out", "out_bias", "up",
-        "up_bias", "down", "down_bias", "k_cache", "v_cache")]
+        "up_bias", "down", "down_bias", "q_norm", "k_norm", "k_cache", "v_cache")]
     _fields_ += [(name, _int64) for name in (
         "hidden", "intermediate", "heads", "kv_heads", "dim", "window", "layer_norm", "gated")]
     _fields_ += [("eps", _double), ("scale", _double)]
@@ -193,15 +193,16 @@ class DecoderLayers:
 
     def _llama_layer(self, block, spec) -> _Layer:
         attn, mlp = block.attn, block.mlp
+        head_norms = (attn.q_norm.weight, attn.k_norm.weight) if attn.q_norm is not None else (None, None)
         return self._layer((block.input_norm.weight, None, block.post_norm.weight, None), attn.qkv, attn.out,
-                           mlp.gate_up, mlp.down, spec.hidden_size, spec.intermediate_size, spec.num_heads,
-                           spec.num_kv_heads, spec.head_dim, block.window or 0, False, True, spec.rms_norm_eps,
-                           attn.scale)
+                           mlp.gate_up, mlp.down, head_norms, spec.hidden_size, spec.intermediate_size,
+                           spec.num_heads, spec.num_kv_heads, spec.head_dim, block.window or 0, False, True,
+                           spec.rms_norm_eps, attn.scale)
 
     def _gpt2_layer(self, block, spec) -> _Layer:
         return self._layer((block.ln1.weight, block.ln1.bias, block.ln2.weight, block.ln2.bias), block.qkv,
-                           block.attn_out, block.fc, block.proj, spec.hidden_size, spec.inner_size, block.heads,
-                           block.heads, block.dim, 0, True, False, spec.eps, block.dim ** -0.5)
+                           block.attn_out, block.fc, block.proj, (None, None), spec.hidden_size, spec.inner_size,
+                           block.heads, block.heads, block.dim, 0, True, False, spec.eps, block.dim ** -0.5)
 
     def _head(self, model: Llama | GPT2) -> _Head:
         norm, output = _final_norm(model), model.lm_head
@@ -210,12 +211,13 @@ class DecoderLayers:
         return _Head(_address(norm.weight), _address(getattr(norm, "bias", None)), ctypes.addressof(weights),
                      _address(output.bias), output.out_features, isinstance(model, GPT2), norm.eps)
 
-    def _layer(self, norms, qkv, out, up, down, *shape) -> _Layer:
+    def _layer(self, norms, qkv, out, up, down, head_norms, *shape) -> _Layer:
         products = (qkv, out, up, down)
         weights = [_weights(m) for m in products]
         self.weights.append((products, weights))  # the modules hold the tensors, the structures their addresses
         pointers = (*map(_address, norms), *(a for m, w in zip(products, weights)
-                                             for a in (ctypes.addressof(w), _address(m.bias))))
+                                             for a in (ctypes.addressof(w), _address(m.bias))),
+                    *map(_address, head_norms))
         return _Layer(*pointers, None, None, *shape)
 
     @classmethod
@@ -226,8 +228,7 @@ class DecoderLayers:
         weight = _final_norm(model).weight
         if not native.supports(weight.device, weight.dtype):
             return None
-        if isinstance(model, Llama) and (
-                model.spec.qk_norm or not all(isinstance(block.mlp, MLP) for block in model.layers)):  # routed experts
+        if isinstance(model, Llama) and not all(isinstance(block.mlp, MLP) for block in model.layers):  # routed experts
             return None
         return cls(model) if all(isinstance(m, (CpuLinear, BlockLinear)) for m in _products(model)) else None
 

@@ -4,6 +4,8 @@ numbers of the file; a file mixing formats loads in them (weights="stored", the 
 greedy tokens equal a float64 forward over the file's dequantized weights whose block products take
 their input rounded to 8-bit blocks, as Loom's do."""
 
+import ctypes
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +14,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
 
 import models
-from models.kernels import native
+from models.kernels import block_formats, native
 from models.kernels.block_formats import block_format, to_blocks
 from models.kernels.block_linear import (BFLOAT16, FLOAT16, FLOAT32, FLOAT32_PADDED, GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q4_K_ROWS16,
                                          GGUF_Q4_1_ROWS16, GGUF_Q5_K, GGUF_Q6_K, GGUF_Q6_K_ROWS16, GGUF_Q8_0_ROWS16,
@@ -64,6 +66,18 @@ def test_formats_whose_numbers_blocks_hold_keep_the_files_numbers(kind):
     data = random_tensor(kind, rows=6, width=width)
     blocks = to_blocks(data, kind, width)
     assert torch.equal(dequantize(blocks.flatten(), block_format(kind), 6, width).double(), file_values(data, kind, width))
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", EXACT, ids=lambda k: k.name)
+def test_the_kernels_rearrange_a_files_blocks_into_the_bytes_numpy_does(kind):
+    """gguf_blocks.cpp's one pass and block_formats.py's numpy fallback: the same bytes, scales and
+    minimums included (a row of several super-blocks, rows shared among threads)."""
+    width = 768
+    data = random_tensor(kind, rows=37, width=width, seed=3)
+    assert native.library().loom_gguf_blocks_row_bytes(ctypes.c_int64(kind), ctypes.c_int64(width)) > 0
+    native_blocks = to_blocks(data, kind, width)
+    assert torch.equal(native_blocks, torch.from_numpy(block_formats._rearranged(data, kind, width)))
 
 
 @needs_kernels

@@ -226,9 +226,20 @@ def two_threads():
     torch.set_num_threads(before)
 
 
+def with_random_norms(hf):
+    """``hf`` with every norm's weights drawn around 1 (a new model's are ones, under which a norm
+    read from the wrong place, Qwen3's q_norm for its k_norm say, would go unseen)."""
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for name, weight in hf.named_parameters():
+            if "norm" in name or "ln" in name:
+                weight.copy_(0.5 + torch.rand(weight.shape, generator=gen, dtype=weight.dtype))
+    return hf
+
+
 @needs_kernel
-# rope, qkv bias, windows, partial rotary; LayerNorm and GELU
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_sliding", "mistral", "phi3", "gpt2"])
+# rope, qkv bias, windows, partial rotary, per-head q/k norms; LayerNorm and GELU
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_sliding", "mistral", "phi3", "qwen3", "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS, ids=POOL_IDS)
 @pytest.mark.parametrize("streams", [2, 5, 21, "split"])  # rows at a time; panels; split rows
 def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, streams, two_threads):
@@ -241,7 +252,7 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, 
 
     from ..conftest import tiny_model
 
-    model = models.load(tiny_model(arch), dtype=dtype).model
+    model = models.load(with_random_norms(tiny_model(arch)), dtype=dtype).model
     assert model.decoder_layers is not None
     if streams == "split":
         streams = 2 * model.decoder_layers.split_rows + 3
@@ -306,7 +317,7 @@ def test_native_activations_are_zero_where_torch_underflows(arch, two_threads):
 
 
 @needs_kernel
-@pytest.mark.parametrize("arch", ["llama", "qwen2_sliding", "mistral", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2_sliding", "mistral", "qwen3", "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS[:3], ids=POOL_IDS[:3])
 @pytest.mark.parametrize("pass_rows,threads", [(128, 1), (128, 2), (5, 2), (7, 1)])
 def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtype, pass_rows, threads, monkeypatch):
@@ -322,7 +333,7 @@ def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtyp
 
     from ..conftest import tiny_model
 
-    model = models.load(tiny_model(arch), dtype=dtype).model
+    model = models.load(with_random_norms(tiny_model(arch)), dtype=dtype).model
     layers = model.decoder_layers
     gen = torch.Generator().manual_seed(7)
     tokens = lambda n: torch.randint(4, 90, (n,), generator=gen).tolist()

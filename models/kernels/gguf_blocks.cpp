@@ -1,0 +1,118 @@
+// GGUF's 32-value block formats rearranged into Loom's blocks (block_codes.h), at load: the bytes
+// moved and the float16 scales widened in one pass over the file, rows shared among threads. The
+// same numbers as block_formats.py's numpy rearrangement (its fallback), which made three or four
+// temporaries a tensor: 0.56 s of a Qwen2.5-0.5B Q4_K_M file's load (its Q5_0 and Q8_0 matrices).
+//
+// A Loom row: every block's codes (8-bit: 32 bytes; 4-bit: 16 bytes of nibbles, byte j holding
+// values j and j + 16; 5-bit: those nibbles, then every block's four bytes of fifth bits), then a
+// float32 scale a block, then (4- and 5-bit) a float32 minimum a block.
+
+#include "block_codes.h"
+
+namespace {
+
+// GGML's type numbers (gguf.constants.GGMLQuantizationType) of the formats rearranged here.
+enum GGMLType : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, IQ4_NL = 20, IQ4_XS = 23 };
+
+// IQ4_NL's and IQ4_XS's sixteen values, which their 4-bit codes index: Loom's 8-bit codes.
+constexpr int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// Bytes a block of 32 values (IQ4_XS: a super-block of 256) takes in the file.
+int64_t file_block_bytes(int64_t type) {
+    switch (type) {
+        case Q4_0: case IQ4_NL: return 18;
+        case Q4_1: return 20;
+        case Q5_0: return 22;
+        case Q5_1: return 24;
+        case Q8_0: return 34;
+        case IQ4_XS: return 136;
+        default: return 0;
+    }
+}
+
+// Bytes of codes a block of 32 values takes in Loom's row (scales and minimums after them all).
+int64_t loom_code_bytes(int64_t type) {
+    switch (type) {
+        case Q4_0: case Q4_1: return 16;
+        case Q5_0: case Q5_1: return 20;
+        default: return 32;  // 8-bit codes: Q8_0's, and IQ4's values
+    }
+}
+
+bool has_minimum(int64_t type) { return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1; }
+
+// IQ4's sixteen bytes of codes as 32 values: the low nibbles first, then the high ones.
+void iq4_values(const uint8_t* codes, int8_t* values) {
+    for (int j = 0; j < 16; ++j) {
+        values[j] = IQ4_VALUES[codes[j] & 0x0F];
+        values[j + 16] = IQ4_VALUES[codes[j] >> 4];
+    }
+}
+
+// One row of ``groups`` blocks of 32 values from ``src`` (the file's) into ``dst`` (Loom's).
+void rearrange_row(int64_t type, const uint8_t* src, int64_t groups, uint8_t* dst) {
+    const int64_t code_bytes = loom_code_bytes(type);
+    uint8_t* codes = dst;
+    float* scales = reinterpret_cast<float*>(dst + groups * code_bytes);  // (rows of whole blocks: aligned to 4)
+    float* minimums = scales + groups;
+    if (type == IQ4_XS) {  // per 256 values: d, two high bits and four low bits of eight 6-bit sub-scales, codes
+        for (int64_t s = 0; s < groups / 8; ++s, src += 136) {
+            const float d = half_to_float(src);
+            const uint16_t high = uint16_t(src[2] | src[3] << 8);
+            for (int j = 0; j < 8; ++j) {
+                const int low = (src[4 + j / 2] >> (4 * (j % 2))) & 0x0F;
+                scales[8 * s + j] = d * float((low | ((high >> (2 * j)) & 3) << 4) - 32);
+                iq4_values(src + 8 + 16 * j, reinterpret_cast<int8_t*>(codes + 32 * (8 * s + j)));
+            }
+        }
+        return;
+    }
+    uint8_t* fifth_bits = codes + groups * 16;  // (5-bit: after every block's nibbles)
+    const int64_t step = file_block_bytes(type);
+    for (int64_t g = 0; g < groups; ++g, src += step) {
+        const float d = half_to_float(src);
+        scales[g] = d;
+        switch (type) {
+            case Q8_0: std::memcpy(codes + 32 * g, src + 2, 32); break;
+            case IQ4_NL: iq4_values(src + 2, reinterpret_cast<int8_t*>(codes + 32 * g)); break;
+            case Q4_0:  // w = d (q - 8): a minimum of -8 d, exact in float32
+                minimums[g] = -8 * d;
+                std::memcpy(codes + 16 * g, src + 2, 16);
+                break;
+            case Q4_1:
+                minimums[g] = half_to_float(src + 2);
+                std::memcpy(codes + 16 * g, src + 4, 16);
+                break;
+            case Q5_0:  // w = d (q - 16): a minimum of -16 d
+                minimums[g] = -16 * d;
+                std::memcpy(fifth_bits + 4 * g, src + 2, 4);
+                std::memcpy(codes + 16 * g, src + 6, 16);
+                break;
+            case Q5_1:
+                minimums[g] = half_to_float(src + 2);
+                std::memcpy(fifth_bits + 4 * g, src + 4, 4);
+                std::memcpy(codes + 16 * g, src + 8, 16);
+                break;
+        }
+    }
+}
+
+}  // namespace
+
+// Bytes a row of ``width`` values of GGML type ``type`` takes in Loom's blocks; 0 for a type not
+// rearranged here (block_formats.py then keeps its numpy path).
+extern "C" int64_t loom_gguf_blocks_row_bytes(int64_t type, int64_t width) {
+    if (file_block_bytes(type) == 0 || width % (type == IQ4_XS ? 256 : 32)) return 0;
+    const int64_t groups = width / 32;
+    return groups * (loom_code_bytes(type) + 4 * (has_minimum(type) ? 2 : 1));
+}
+
+// ``rows`` rows of ``width`` values of GGML type ``type`` (a format loom_gguf_blocks_row_bytes gives
+// a size for), from the file's bytes ``src`` into Loom's blocks ``dst``.
+extern "C" void loom_rearrange_gguf_blocks(const uint8_t* src, int64_t type, int64_t width, int64_t rows,
+                                           uint8_t* dst) {
+    const int64_t from = width / (type == IQ4_XS ? 256 : 32) * file_block_bytes(type);
+    const int64_t to = loom_gguf_blocks_row_bytes(type, width);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) rearrange_row(type, src + r * from, width / 32, dst + r * to);
+}
