@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import AttentionMasks, RMSNorm, embedding
+from .layers import AttentionMasks, NativeDecoding, RMSNorm, embedding
 from .llama import Attention
 from .rope import Rotary, rope_type
 
@@ -90,7 +90,7 @@ class Block(nn.Module):
         return x + self.post_mlp_norm(self.down(F.gelu(gate, approximate="tanh") * up))
 
 
-class Gemma3(nn.Module):
+class Gemma3(NativeDecoding, nn.Module):
     def __init__(self, s: Gemma3Spec):
         super().__init__()
         self.spec = s
@@ -117,10 +117,12 @@ class Gemma3(nn.Module):
         # sqrt(hidden) rounded to float32 first, as transformers keeps it
         x = x * torch.tensor(math.sqrt(self.spec.hidden_size), dtype=torch.float32).to(x.dtype)
         rotations = (self.local_rotary(step.positions, x.dtype), self.global_rotary(step.positions, x.dtype))
-        masks = {w: AttentionMasks(step, x.dtype, kv_cache, w) for w in set(self.spec.layer_windows)}
-        for i, layer in enumerate(self.layers):
-            x = layer(x, rotations, kv_cache, i, step, masks)
-        logits = self.lm_head(self.norm(x[step.sample_indices]))
+        logits = self.native_decode(x, *rotations[1], step, kv_cache, window_angles=rotations[0])
+        if logits is None:
+            masks = {w: AttentionMasks(step, x.dtype, kv_cache, w) for w in set(self.spec.layer_windows)}
+            for i, layer in enumerate(self.layers):
+                x = layer(x, rotations, kv_cache, i, step, masks)
+            logits = self.lm_head(self.norm(x[step.sample_indices]))
         if self.spec.final_softcap:
             logits = torch.tanh(logits / self.spec.final_softcap) * self.spec.final_softcap
         return logits

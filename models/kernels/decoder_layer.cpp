@@ -42,11 +42,18 @@ struct Weights {
     Part part[3];
 };
 
+// How the MLP activates its up product: GPT-2's GELU (tanh), or a gated MLP whose ``up`` product gives
+// [gate | up] (2 x intermediate outputs): Llama's SiLU(gate) x up, Gemma's GELU(gate) x up.
+enum Activation : int64_t { GELU_TANH = 0, SILU_GATED = 1, GELU_TANH_GATED = 2 };
+
 // One layer's weights and shape, filled once at load (decoder_layer.py mirrors this layout: every
 // field is 8 bytes). Biases may be null; the pool keeps its elements as C (kv_element.h). Llama's
-// family: RMSNorms, a gated MLP whose ``up`` product gives [gate | up] (2 x intermediate outputs),
-// SiLU(gate) x up; Qwen3 normalises each head's query and key (q_norm, k_norm: null elsewhere).
-// GPT-2: LayerNorms with biases, an ``up`` product of intermediate outputs and GELU (tanh).
+// family: RMSNorms, SILU_GATED; Qwen3 normalises each head's query and key (q_norm, k_norm: null
+// elsewhere). Gemma 3: those too, and its attention's and MLP's outputs normalised before they are
+// added (attn_out_norm, mlp_out_norm: null elsewhere), GELU_TANH_GATED, and its layers with a
+// sliding window rotating by angles of their own (window_angles: the step's window_cos/window_sin).
+// Norm weights are the factors applied (Gemma's 1 + weight, decoder_layer.py makes them). GPT-2:
+// LayerNorms with biases, GELU_TANH.
 template <typename T, typename C>
 struct Layer {
     const T *input_norm, *input_norm_bias, *post_norm, *post_norm_bias;
@@ -58,9 +65,9 @@ struct Layer {
     const T* up_bias;
     const Weights* down;
     const T* down_bias;
-    const T *q_norm, *k_norm;
+    const T *q_norm, *k_norm, *attn_out_norm, *mlp_out_norm;
     C *k_cache, *v_cache;
-    int64_t hidden, intermediate, heads, kv_heads, dim, window, layer_norm, gated;
+    int64_t hidden, intermediate, heads, kv_heads, dim, window, layer_norm, activation, window_angles;
     double eps, scale;
 };
 
@@ -91,13 +98,14 @@ int64_t product_scratch_size(int64_t rows, int64_t in) {
     return packed_size<T>(rows, in);
 }
 
-// The step's rows, filled once per step: angles (null when rotary_dim is 0), pool slots, block
-// tables (padded to the widest), context lengths, and the rows whose logits are sampled. A prefill
+// The step's rows, filled once per step: angles (null when rotary_dim is 0; the window's, for layers
+// with window_angles, null where none differ), pool slots, block tables (padded to the widest),
+// context lengths, and the rows whose logits are sampled. A prefill
 // chunk's tokens are rows of one sequence, each attending to its own prefix through the sequence's
 // table, as decode rows do.
 template <typename T>
 struct Step {
-    const T *cos, *sin;
+    const T *cos, *sin, *window_cos, *window_sin;
     const int64_t *slots, *tables, *lens, *samples;
     // Where threads carry their own rows (decoder_layer.py chooses, and cuts where sequences start):
     // part t's rows are [shares[t], shares[t + 1]), ``parts`` of them; null: the team shares each phase.
@@ -169,12 +177,13 @@ void norm_heads(T* qkv, int64_t stride, int64_t rows, int64_t heads, int64_t kv_
 }
 
 // The MLP's activation, in place on the up product's rows (``stride`` apart): gated, [gate | up] ->
-// silu(gate) x up in the gate's place; otherwise gelu_tanh(x) = x sigmoid(2u), u = sqrt(2/pi) (x +
-// 0.044715 x^3), which is 0.5 x (1 + tanh(u)) with one exp where tanh costs several. Floats go a
-// vector at a time (exp_lanes): a scalar expf per element was ~1.6% of a 64-row step.
+// act(gate) x up in the gate's place; silu(x) = x sigmoid(x), gelu_tanh(x) = x sigmoid(2u), u =
+// sqrt(2/pi) (x + 0.044715 x^3), which is 0.5 x (1 + tanh(u)) with one exp where tanh costs several.
+// Floats go a vector at a time (exp_lanes): a scalar expf per element was ~1.6% of a 64-row step.
 template <typename T>
-void activate_rows(T* up, int64_t stride, bool gated, int64_t rows, int64_t intermediate) {
+void activate_rows(T* up, int64_t stride, int64_t activation, int64_t rows, int64_t intermediate) {
     constexpr T root_2_over_pi = T(0.7978845608028654), cubic = T(0.044715);
+    const bool gated = activation != GELU_TANH, silu = activation == SILU_GATED;
 #pragma omp for
     for (int64_t r = 0; r < rows; ++r) {
         T* a = up + r * stride;
@@ -184,17 +193,15 @@ void activate_rows(T* up, int64_t stride, bool gated, int64_t rows, int64_t inte
             using V = Vector<float>;
             for (; i + V::lanes <= intermediate; i += V::lanes) {
                 const V::type x = V::load(a + i);
-                if (gated) {
-                    V::store(a + i, x / (1.0f + exp_lanes(-x)) * V::load(b + i));
-                } else {
-                    const V::type u = root_2_over_pi * (x + cubic * x * x * x);
-                    V::store(a + i, x / (1.0f + exp_lanes(-2.0f * u)));
-                }
+                const V::type u = silu ? x : root_2_over_pi * (x + cubic * x * x * x);
+                const V::type y = x / (1.0f + exp_lanes((silu ? -1.0f : -2.0f) * u));
+                V::store(a + i, gated ? y * V::load(b + i) : y);
             }
         }
         for (; i < intermediate; ++i) {
-            const T x = a[i], u = root_2_over_pi * (x + cubic * x * x * x);
-            a[i] = gated ? x / (T(1) + std::exp(-x)) * b[i] : x / (T(1) + std::exp(T(-2) * u));
+            const T x = a[i], u = silu ? x : root_2_over_pi * (x + cubic * x * x * x);
+            const T y = x / (T(1) + std::exp((silu ? T(-1) : T(-2)) * u));
+            a[i] = gated ? y * b[i] : y;
         }
     }
 }
@@ -247,7 +254,8 @@ size_t scratch_size(const Layer<T, C>& l, int64_t rows) {
 // a cache line's start.
 template <typename T, typename C>
 void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int64_t panel_from) {
-    const int64_t rows = s.rows, hidden = l.hidden, inter = l.intermediate, up_width = l.gated ? 2 * inter : inter;
+    const int64_t rows = s.rows, hidden = l.hidden, inter = l.intermediate;
+    const int64_t up_width = l.activation == GELU_TANH ? inter : 2 * inter;
     const int64_t q_width = l.heads * l.dim, kv_width = l.kv_heads * l.dim, qkv_width = q_width + 2 * kv_width;
     const Intermediates<T> buffers(l, rows, scratch);
     T *h = buffers.h, *qkv = buffers.qkv, *q = buffers.q, *attn = buffers.attn, *up = buffers.up;
@@ -260,17 +268,20 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
     norm_rows<T>(x, nullptr, l.input_norm, l.input_norm_bias, l.layer_norm, l.eps, h, rows, hidden);
     multiply(h, hidden, hidden, l.qkv, l.qkv_bias, qkv_width, qkv);
     if (l.q_norm != nullptr) norm_heads(qkv, qkv_width, rows, l.heads, l.kv_heads, l.dim, l.q_norm, l.k_norm, l.eps);
-    rotate_and_store_rows(qkv, qkv_width, qkv + q_width, qkv_width, qkv + q_width + kv_width, qkv_width, s.cos, s.sin,
+    const T *cos = l.window_angles ? s.window_cos : s.cos, *sin = l.window_angles ? s.window_sin : s.sin;
+    rotate_and_store_rows(qkv, qkv_width, qkv + q_width, qkv_width, qkv + q_width + kv_width, qkv_width, cos, sin,
                           s.rotary_dim, s.slots, rows, l.k_cache, l.v_cache, rotary ? q : nullptr, l.heads,
                           l.kv_heads, l.dim);
     decode_attention_rows(rotary ? q : qkv, rotary ? q_width : qkv_width, l.k_cache, l.v_cache, s.tables,
                           s.max_blocks, s.lens, attn, q_width, rows, l.heads, l.kv_heads, l.dim, s.block_size,
                           l.window, l.scale);
     multiply(attn, q_width, q_width, l.out, l.out_bias, hidden, delta);
+    if (l.attn_out_norm != nullptr) norm_rows<T>(delta, nullptr, l.attn_out_norm, nullptr, false, l.eps, delta, rows, hidden);
     norm_rows(x, delta, l.post_norm, l.post_norm_bias, l.layer_norm, l.eps, h, rows, hidden);
     multiply(h, hidden, hidden, l.up, l.up_bias, up_width, up);
-    activate_rows(up, up_width, l.gated, rows, inter);
-    multiply(up, up_width, inter, l.down, l.down_bias, hidden, delta);  // silu(gate) x up
+    activate_rows(up, up_width, l.activation, rows, inter);
+    multiply(up, up_width, inter, l.down, l.down_bias, hidden, delta);  // act(gate) x up
+    if (l.mlp_out_norm != nullptr) norm_rows<T>(delta, nullptr, l.mlp_out_norm, nullptr, false, l.eps, delta, rows, hidden);
     add_rows(x, delta, rows * hidden);
 }
 
@@ -303,6 +314,10 @@ Step<T> row_range(const Step<T>& s, int64_t first, int64_t end) {
     Step<T> part = s;
     part.cos += first * s.rotary_dim;
     part.sin += first * s.rotary_dim;
+    if (s.window_cos != nullptr) {
+        part.window_cos += first * s.rotary_dim;
+        part.window_sin += first * s.rotary_dim;
+    }
     part.slots += first;
     part.tables += first * s.max_blocks;
     part.lens += first;

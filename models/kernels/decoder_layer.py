@@ -27,8 +27,9 @@ from torch import nn
 from . import native
 from .block_linear import FLOAT32, FLOAT32_PADDED, BlockLinear
 from .cpu_linear import CpuLinear, default_panel_rows
+from ..families.gemma3 import Gemma3
 from ..families.gpt2 import GPT2
-from ..families.layers import NativeDecoding, chunk_rows, prefill_keys
+from ..families.layers import NativeDecoding, RMSNorm, chunk_rows, prefill_keys
 from ..families.llama import MLP, Llama
 
 _pointer, _int64, _double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
@@ -95,15 +96,15 @@ class _Weights(ctypes.Structure):  # decoder_layer.cpp's Weights
 class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
     _fields_ = [(name, _pointer) for name in (
         "input_norm", "input_norm_bias", "post_norm", "post_norm_bias", "qkv", "qkv_bias", "out", "out_bias", "up",
-        "up_bias", "down", "down_bias", "q_norm", "k_norm", "k_cache", "v_cache")]
+        "up_bias", "down", "down_bias", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm", "k_cache", "v_cache")]
     _fields_ += [(name, _int64) for name in (
-        "hidden", "intermediate", "heads", "kv_heads", "dim", "window", "layer_norm", "gated")]
+        "hidden", "intermediate", "heads", "kv_heads", "dim", "window", "layer_norm", "activation", "window_angles")]
     _fields_ += [("eps", _double), ("scale", _double)]
 
 
 class _Step(ctypes.Structure):  # decoder_layer.cpp's Step<T>
     _fields_ = [(name, _pointer) for name in (
-        "cos", "sin", "slots", "tables", "lens", "samples", "shares", "starts")]
+        "cos", "sin", "window_cos", "window_sin", "slots", "tables", "lens", "samples", "shares", "starts")]
     _fields_ += [(name, _int64) for name in (
         "rows", "rotary_dim", "max_blocks", "block_size", "sampled", "parts", "panel_from", "pass_rows",
         "start_count", "take_rows", "taken")]
@@ -115,6 +116,9 @@ class _Head(ctypes.Structure):  # decoder_layer.cpp's Head<T>
     _fields_ += [("eps", _double)]
 
 
+# decoder_layer.cpp's Activation: GPT-2's, Llama's, Gemma's
+GELU_TANH, SILU_GATED, GELU_TANH_GATED = 0, 1, 2
+
 KERNEL_ARGTYPES = [_pointer, ctypes.POINTER(_Layer), _int64, ctypes.POINTER(_Step), ctypes.POINTER(_Head), _pointer]
 
 
@@ -122,16 +126,18 @@ def _address(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
 
 
-def _final_norm(model: Llama | GPT2) -> nn.Module:
+def _final_norm(model: Llama | Gemma3 | GPT2) -> nn.Module:
     """The final norm (RMSNorm or LayerNorm): its weight is on the activations' device, in their
     dtype (the output layer's weight may be blocks)."""
-    return model.norm if isinstance(model, Llama) else model.ln_f
+    return model.ln_f if isinstance(model, GPT2) else model.norm
 
 
-def _products(model: Llama | GPT2) -> list:
+def _products(model: Llama | Gemma3 | GPT2) -> list:
     """Every linear layer a decode step runs: the layers' four products each, then the output layer."""
     if isinstance(model, Llama):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.mlp.gate_up, b.mlp.down)]
+    elif isinstance(model, Gemma3):
+        layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.gate_up, b.down)]
     else:
         layers = [m for b in model.layers for m in (b.qkv, b.attn_out, b.fc, b.proj)]
     return layers + [model.lm_head]
@@ -173,10 +179,10 @@ def _weights(linear: CpuLinear | BlockLinear) -> _Weights:
 
 
 class DecoderLayers:
-    def __init__(self, model: Llama | GPT2):
+    def __init__(self, model: Llama | Gemma3 | GPT2):
         self.dtype = _final_norm(model).weight.dtype
-        self.weights = []  # the modules and structures whose addresses the layers hold, kept alive
-        layer = self._gpt2_layer if isinstance(model, GPT2) else self._llama_layer
+        self.weights = []  # the modules, tensors and structures whose addresses the layers hold, kept alive
+        layer = {GPT2: self._gpt2_layer, Gemma3: self._gemma3_layer}.get(type(model), self._llama_layer)
         layers = [layer(block, model.spec) for block in model.layers]
         self.layers = (_Layer * len(layers))(*layers)
         self.head = self._head(model)
@@ -193,40 +199,66 @@ class DecoderLayers:
 
     def _llama_layer(self, block, spec) -> _Layer:
         attn, mlp = block.attn, block.mlp
-        head_norms = (attn.q_norm.weight, attn.k_norm.weight) if attn.q_norm is not None else (None, None)
-        return self._layer((block.input_norm.weight, None, block.post_norm.weight, None), attn.qkv, attn.out,
-                           mlp.gate_up, mlp.down, head_norms, spec.hidden_size, spec.intermediate_size,
-                           spec.num_heads, spec.num_kv_heads, spec.head_dim, block.window or 0, False, True,
+        head_norms = (attn.q_norm, attn.k_norm) if attn.q_norm is not None else (None, None)
+        return self._layer((block.input_norm, block.post_norm), attn.qkv, attn.out, mlp.gate_up, mlp.down,
+                           (*head_norms, None, None), spec.hidden_size, spec.intermediate_size, spec.num_heads,
+                           spec.num_kv_heads, spec.head_dim, block.window or 0, False, SILU_GATED, False,
+                           spec.rms_norm_eps, attn.scale)
+
+    def _gemma3_layer(self, block, spec) -> _Layer:
+        """Its pre-MLP norm where Llama's post-attention norm is; its layers with a window rotate by
+        the local angles (the step's window angles)."""
+        attn = block.attn
+        return self._layer((block.input_norm, block.pre_mlp_norm), attn.qkv, attn.out, block.gate_up, block.down,
+                           (attn.q_norm, attn.k_norm, block.post_attn_norm, block.post_mlp_norm), spec.hidden_size,
+                           spec.intermediate_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
+                           block.window or 0, False, GELU_TANH_GATED, block.window is not None,
                            spec.rms_norm_eps, attn.scale)
 
     def _gpt2_layer(self, block, spec) -> _Layer:
-        return self._layer((block.ln1.weight, block.ln1.bias, block.ln2.weight, block.ln2.bias), block.qkv,
-                           block.attn_out, block.fc, block.proj, (None, None), spec.hidden_size, spec.inner_size,
-                           block.heads, block.heads, block.dim, 0, True, False, spec.eps, block.dim ** -0.5)
+        return self._layer((block.ln1, block.ln2), block.qkv, block.attn_out, block.fc, block.proj,
+                           (None, None, None, None), spec.hidden_size, spec.inner_size, block.heads, block.heads,
+                           block.dim, 0, True, GELU_TANH, False, spec.eps, block.dim ** -0.5)
 
-    def _head(self, model: Llama | GPT2) -> _Head:
+    def _factors(self, norm: nn.Module | None) -> int | None:
+        """The address of what a norm multiplies by: its weight, or Gemma's 1 + weight (a float32
+        copy, kept alive here)."""
+        if norm is None:
+            return None
+        if isinstance(norm, RMSNorm) and norm.offset:
+            factors = norm.offset + norm.weight.float()
+            self.weights.append(factors)
+            return factors.data_ptr()
+        return norm.weight.data_ptr()
+
+    def _head(self, model: Llama | Gemma3 | GPT2) -> _Head:
         norm, output = _final_norm(model), model.lm_head
         weights = _weights(output)
         self.weights.append((output, weights))
-        return _Head(_address(norm.weight), _address(getattr(norm, "bias", None)), ctypes.addressof(weights),
+        return _Head(self._factors(norm), _address(getattr(norm, "bias", None)), ctypes.addressof(weights),
                      _address(output.bias), output.out_features, isinstance(model, GPT2), norm.eps)
 
-    def _layer(self, norms, qkv, out, up, down, head_norms, *shape) -> _Layer:
+    def _layer(self, norms, qkv, out, up, down, other_norms, *shape) -> _Layer:
+        """``norms``: the input norm and the one before the MLP (their biases, LayerNorm's, too);
+        ``other_norms``: the per-head query and key norms, and the attention's and MLP's output
+        norms (None where the model has none)."""
         products = (qkv, out, up, down)
         weights = [_weights(m) for m in products]
         self.weights.append((products, weights))  # the modules hold the tensors, the structures their addresses
-        pointers = (*map(_address, norms), *(a for m, w in zip(products, weights)
-                                             for a in (ctypes.addressof(w), _address(m.bias))),
-                    *map(_address, head_norms))
+        pointers = (*(a for n in norms for a in (self._factors(n), _address(getattr(n, "bias", None)))),
+                    *(a for m, w in zip(products, weights) for a in (ctypes.addressof(w), _address(m.bias))),
+                    *map(self._factors, other_norms))
         return _Layer(*pointers, None, None, *shape)
 
     @classmethod
     def of(cls, model) -> "DecoderLayers | None":
         """The native layers for ``model``, or None where it does not qualify (see the module's doc)."""
-        if not isinstance(model, (Llama, GPT2)):
+        if not isinstance(model, (Llama, Gemma3, GPT2)):
             return None
         weight = _final_norm(model).weight
         if not native.supports(weight.device, weight.dtype):
+            return None
+        if isinstance(model, Gemma3) and weight.dtype != torch.float32:  # its norms round to float32 whatever the dtype
             return None
         if isinstance(model, Llama) and not all(isinstance(block.mlp, MLP) for block in model.layers):  # routed experts
             return None
@@ -269,11 +301,12 @@ class DecoderLayers:
         return cuts
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, kv_cache,
-                step) -> torch.Tensor:
+                step, window_angles: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """The logits of a step's sampled rows (a step serves() takes): every layer, the final norm
         and the output layer. x is the embedded input (overwritten); cos and sin the rotary angles
-        (None for GPT-2). One forward at a time (the engine's loop thread): the layers hold the pool's
-        addresses."""
+        (None for GPT-2); ``window_angles`` those of the layers with a sliding window, where they
+        differ (Gemma 3's local layers). One forward at a time (the engine's loop thread): the layers
+        hold the pool's addresses."""
         rows = x.shape[0]
         groups = step.decode_groups + ([chunk_rows(step.prefills)] if step.prefills else [])
         tables, lens = _padded_tables(groups)
@@ -284,11 +317,14 @@ class DecoderLayers:
         starts = None if cuts is None else torch.tensor(_sequence_starts(step), dtype=torch.int64)
         if cos is not None:
             cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()
+        window_cos, window_sin = (None, None) if window_angles is None else (
+            a.reshape(rows, -1).contiguous() for a in window_angles)
         # A step that verifies proposed tokens orders its rows by context length, a sequence's
         # last first: its rows go through the layers in one pass.
         pass_rows = rows if step.verifies else PASS_ROWS
-        plan = _Step(_address(cos), _address(sin), step.slot_mapping.data_ptr(), tables.data_ptr(), lens.data_ptr(),
-                     samples.data_ptr(), _address(shares), _address(starts), rows,
+        plan = _Step(_address(cos), _address(sin), _address(window_cos), _address(window_sin),
+                     step.slot_mapping.data_ptr(), tables.data_ptr(), lens.data_ptr(), samples.data_ptr(),
+                     _address(shares), _address(starts), rows,
                      0 if cos is None else cos.shape[1], tables.shape[1], step.block_size, len(samples),
                      0 if cuts is None else len(cuts) - 1, self.panel_rows, pass_rows,
                      0 if starts is None else len(starts), TAKE_ROWS, 0)

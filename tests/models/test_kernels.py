@@ -239,20 +239,25 @@ def with_random_norms(hf):
 
 @needs_kernel
 # rope, qkv bias, windows, partial rotary, per-head q/k norms; LayerNorm and GELU
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_sliding", "mistral", "phi3", "qwen3", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_sliding", "mistral", "phi3", "qwen3", "gemma3", "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS, ids=POOL_IDS)
 @pytest.mark.parametrize("streams", [2, 5, 21, "split"])  # rows at a time; panels; split rows
 def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, streams, two_threads):
     """A decode-only step through decoder_layer.cpp (and its output layer) equals the same step
-    through llama.py's Blocks, final norm and lm_head: sequences of different lengths (several decode
-    groups), some past a sliding window, one row not sampled (a prompt's one-token chunk); from
+    through the family's torch Blocks, final norm and lm_head: sequences of different lengths (several
+    decode groups), some past a sliding window, one row not sampled (a prompt's one-token chunk); from
     2 x the layers' split_rows on two threads ("split"), each thread carries its own rows. The same with
-    a 16-bit pool, where the two paths may round a key apart by one step of its last bit."""
+    a 16-bit pool, where the two paths may round a key apart by one step of its last bit. Gemma 3
+    (four norms a layer, GELU gates, its local layers' own rotation, a final soft cap) runs them in
+    float32 only: its torch norms round to float32 whatever the model's dtype."""
     import models
 
     from ..conftest import tiny_model
 
     model = models.load(with_random_norms(tiny_model(arch)), dtype=dtype).model
+    if arch == "gemma3" and dtype == torch.float64:
+        assert model.decoder_layers is None
+        return
     assert model.decoder_layers is not None
     if streams == "split":
         streams = 2 * model.decoder_layers.split_rows + 3
@@ -317,7 +322,7 @@ def test_native_activations_are_zero_where_torch_underflows(arch, two_threads):
 
 
 @needs_kernel
-@pytest.mark.parametrize("arch", ["llama", "qwen2_sliding", "mistral", "qwen3", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2_sliding", "mistral", "qwen3", "gemma3", "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS[:3], ids=POOL_IDS[:3])
 @pytest.mark.parametrize("pass_rows,threads", [(128, 1), (128, 2), (5, 2), (7, 1)])
 def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtype, pass_rows, threads, monkeypatch):
@@ -333,6 +338,8 @@ def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtyp
 
     from ..conftest import tiny_model
 
+    if arch == "gemma3" and dtype == torch.float64:
+        pytest.skip("Gemma 3's native layers run in float32 only")
     model = models.load(with_random_norms(tiny_model(arch)), dtype=dtype).model
     layers = model.decoder_layers
     gen = torch.Generator().manual_seed(7)
@@ -376,6 +383,10 @@ def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtyp
         torch.set_num_threads(before)
         model.decoder_layers = layers
     tolerance = {torch.float32: 1e-4, torch.float64: 1e-10, torch.float16: 1e-3}[cache_dtype]
+    if arch == "gemma3" and cache_dtype == torch.float16:
+        # a key the two paths round apart by its last bit moves the next layers' keys, and Gemma's four
+        # norms a layer (factors up to 2.5 here) carry that further: 3 float16 steps at most seen
+        tolerance = 2e-3
     torch.testing.assert_close(native_logits, torch_logits, atol=tolerance, rtol=tolerance)
     torch.testing.assert_close(native_cache, kv.data, atol=tolerance, rtol=tolerance)
 
