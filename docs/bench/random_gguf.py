@@ -15,7 +15,10 @@ token embeddings are tied to it, and so take the output layer's Q6_K in all four
 gives a tied table (before 2026-12-04 they took the layers' type). The qwen2.5 shapes are written as
 llama.cpp's converter writes a Qwen2 model: architecture "qwen2", biases on the queries, keys and
 values, Qwen2's rope base and norm epsilon; the qwen3 ones as a Qwen3: no biases, each head's
-queries and keys normalised (attn_q_norm, attn_k_norm), heads of 128 whatever the hidden size. ``--vocab`` pads the vocabulary with reserved control tokens
+queries and keys normalised (attn_q_norm, attn_k_norm), heads of 128 whatever the hidden size; the
+gemma3 one as a Gemma 3: those norms, 256-wide heads, the attention's and the MLP's outputs normalised
+(post_attention_norm, post_ffw_norm), a 512-token sliding window (llama.cpp makes every sixth layer
+global). ``--vocab`` pads the vocabulary with reserved control tokens
 up to a real model's (Llama 3's 128,256, Qwen2.5's 151,936): the table, and the output product over
 it, at their real size.
 K-quant blocks are random bytes with their float16 scales set so that weights stay near
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -42,15 +46,42 @@ from models.checkpoints.gguf import default_model_path  # noqa: E402
 from models.checkpoints.gguf_file import GGUFFile  # noqa: E402
 
 # hidden, intermediate, layers, heads, kv heads (SmolLM2's from its configs; "1b": Llama-3.2-1B's; "7b":
-# Qwen2.5-7B's, with Llama's layout; "8b": Llama-3.1-8B's; the qwen ones from Qwen's configs, in
-# Qwen2's and Qwen3's layouts; each with SmolLM2's 49,152-token vocabulary unless --vocab says)
+# Qwen2.5-7B's, with Llama's layout; "8b": Llama-3.1-8B's; the qwen and gemma ones from their configs,
+# in their families' layouts; each with SmolLM2's 49,152-token vocabulary unless --vocab says)
 SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (2048, 8192, 16, 32, 8),
           "1.7b": (2048, 8192, 24, 32, 32), "7b": (3584, 18944, 28, 28, 4), "8b": (4096, 14336, 32, 32, 8),
           "qwen2.5-0.5b": (896, 4864, 24, 14, 2), "qwen2.5-1.5b": (1536, 8960, 28, 12, 2),
           "qwen2.5-7b": (3584, 18944, 28, 28, 4), "qwen3-0.6b": (1024, 3072, 28, 16, 8),
-          "qwen3-1.7b": (2048, 6144, 28, 16, 8), "qwen3-8b": (4096, 12288, 36, 32, 8)}
+          "qwen3-1.7b": (2048, 6144, 28, 16, 8), "qwen3-8b": (4096, 12288, 36, 32, 8),
+          "gemma3-1b": (1152, 6912, 26, 4, 1)}
 UNTIED = {"qwen2.5-7b", "qwen3-8b"}  # the shapes whose output layer is a tensor of its own
-QWEN3_HEAD = 128  # a Qwen3's head size, whatever its hidden size
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How llama.cpp's converter writes a family: its architecture's name, its head size (None:
+    hidden / heads), rope base, norm epsilon and context, and the tensors its layers hold besides
+    Llama's: biases on q/k/v, each head's q/k norms, norms of the attention's and the MLP's outputs."""
+    arch: str
+    head: int | None = None
+    rope_base: float = 100000.0
+    eps: float = 1e-5
+    context: int = 8192
+    biases: bool = False
+    head_norms: bool = False
+    output_norms: bool = False
+    window: int | None = None
+
+
+LAYOUTS = {"qwen2.5": Layout("qwen2", rope_base=1e6, eps=1e-6, context=32768, biases=True),
+           "qwen3": Layout("qwen3", head=128, rope_base=1e6, eps=1e-6, context=32768, head_norms=True),
+           "gemma3": Layout("gemma3", head=256, rope_base=1e6, eps=1e-6, context=32768, head_norms=True,
+                            output_norms=True, window=512)}
+
+
+def layout(shape: str) -> Layout:
+    """A shape's family layout, by its name's prefix (Llama's for the unprefixed ones)."""
+    return LAYOUTS.get(shape.split("-")[0], Layout("llama"))
 FILE_TYPES = {"f32": 0, "f16": 1, "bf16": 32, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9, "q8_0": 7, "q2_k": 10,
               "q3_k_m": 12, "q4_k_m": 15, "q5_k_m": 17}
 FLOAT_FORMATS = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1,
@@ -95,7 +126,7 @@ def tensor_data(kind: Q, shape: tuple[int, int], rng: np.random.Generator, bias:
     return gguf.quants.quantize(values, kind)  # (BF16's too: its bytes)
 
 
-def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, head: int, vocab: int, arch: str,
+def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, head: int, vocab: int, family: Layout,
             tied: bool):
     q, kv = head * heads, head * kv_heads
     yield "token_embd.weight", -1, (vocab, hidden)
@@ -104,10 +135,12 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
                             ("attn_v", (kv, hidden)), ("attn_output", (hidden, q)), ("ffn_norm", (hidden,)),
                             ("ffn_gate", (inner, hidden)), ("ffn_up", (inner, hidden)), ("ffn_down", (hidden, inner))):
             yield f"blk.{i}.{name}.weight", i, shape
-            if arch == "qwen2" and name in ("attn_q", "attn_k", "attn_v"):
+            if family.biases and name in ("attn_q", "attn_k", "attn_v"):
                 yield f"blk.{i}.{name}.bias", i, shape[:1]
-            if arch == "qwen3" and name in ("attn_q", "attn_k"):
+            if family.head_norms and name in ("attn_q", "attn_k"):
                 yield f"blk.{i}.{name}_norm.weight", i, (head,)
+            if family.output_norms and name in ("attn_output", "ffn_down"):
+                yield f"blk.{i}.{'post_attention_norm' if name == 'attn_output' else 'post_ffw_norm'}.weight", i, (hidden,)
     yield "output_norm.weight", -1, (hidden,)
     if not tied:
         yield "output.weight", -1, (vocab, hidden)
@@ -125,12 +158,12 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
     vocab = len(tokens)
     padded = f"-vocab{vocab}" if vocab != len(source["tokenizer.ggml.tokens"]) else ""
     path = out / f"random-{shape}-{fmt}{padded}.gguf"
-    arch = "qwen2" if shape.startswith("qwen2") else "qwen3" if shape.startswith("qwen3") else "llama"
-    qwen, tied, head = arch != "llama", shape not in UNTIED, QWEN3_HEAD if arch == "qwen3" else hidden // heads
-    writer = gguf.GGUFWriter(str(path), arch)
+    family, tied = layout(shape), shape not in UNTIED
+    head = family.head or hidden // heads
+    writer = gguf.GGUFWriter(str(path), family.arch)
     writer.add_name(f"random {shape} ({fmt})")
     writer.add_file_type(FILE_TYPES[fmt])
-    writer.add_context_length(32768 if qwen else 8192)
+    writer.add_context_length(family.context)
     writer.add_embedding_length(hidden)
     writer.add_feed_forward_length(inner)
     writer.add_block_count(layers)
@@ -139,8 +172,10 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
     writer.add_key_length(head)
     writer.add_value_length(head)
     writer.add_rope_dimension_count(head)
-    writer.add_rope_freq_base(1000000.0 if qwen else 100000.0)
-    writer.add_layer_norm_rms_eps(1e-6 if qwen else 1e-5)
+    writer.add_rope_freq_base(family.rope_base)
+    writer.add_layer_norm_rms_eps(family.eps)
+    if family.window:
+        writer.add_sliding_window(family.window)
     writer.add_vocab_size(vocab)
     writer.add_tokenizer_model(source["tokenizer.ggml.model"])
     writer.add_tokenizer_pre(source["tokenizer.ggml.pre"])
@@ -153,7 +188,7 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
     writer.add_add_bos_token(False)
     writer.add_chat_template(source["tokenizer.chat_template"])
     plan = [(name, tensor_type(name, layer, layers, fmt, size[-1], tied), size) for name, layer, size in
-            tensors(hidden, inner, layers, heads, kv_heads, head, vocab, arch, tied)]
+            tensors(hidden, inner, layers, heads, kv_heads, head, vocab, family, tied)]
     for name, kind, size in plan:
         block, block_bytes = GGML_QUANT_SIZES[kind]
         nbytes = int(np.prod(size)) // block * block_bytes
