@@ -163,3 +163,21 @@ def test_a_partial_cache_is_replaced_and_nothing_is_left_aside(tmp_path, monkeyp
     again = read_tokenizer(path)
     assert [p.name for p in (tmp_path / "cache" / "tokenizers").iterdir()] == [entry.name]
     assert (entry / "tokenizer.json").is_file() and again.encode(TEXTS[5]) == first.encode(TEXTS[5])
+
+
+def test_the_cache_keeps_merges_as_strings_where_no_token_holds_a_space(tmp_path, monkeypatch):
+    """A converted BPE tokenizer's merges are cached as "a b" strings (read a third faster than
+    pairs); a merge whose token holds a space stays a pair, since the string form splits at one. The
+    cached SmolLM2 tokenizer encoding as transformers' is test_encodes_and_decodes_as_transformers."""
+    from models.checkpoints.gguf import _merges_as_strings
+
+    monkeypatch.setenv("LOOM_CACHE", str(tmp_path / "cache"))
+    read_tokenizer(default_model_path())
+    (entry,) = (tmp_path / "cache" / "tokenizers").iterdir()
+    merges = json.loads((entry / "tokenizer.json").read_text(encoding="utf-8"))["model"]["merges"]
+    assert len(merges) > 40000 and all(isinstance(m, str) and len(m.split(" ")) == 2 for m in merges)
+    spaced = tmp_path / "spaced.json"
+    content = {"model": {"type": "BPE", "merges": [["a", "b"], ["c d", "e"]]}}
+    spaced.write_text(json.dumps(content))
+    _merges_as_strings(spaced)
+    assert json.loads(spaced.read_text()) == content
