@@ -52,7 +52,7 @@ def to_blocks(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
     if kind in FLOATS:
         return torch.from_numpy(data).view(FLOATS[kind])
     library = native.library()
-    row_bytes = library.loom_gguf_blocks_row_bytes(ctypes.c_int64(kind), ctypes.c_int64(width)) if library else 0
+    row_bytes = _native_row_bytes(library, kind, width) if library else 0
     if not row_bytes or not len(data):
         return torch.from_numpy(_rearranged(data, kind, width))
     source = np.ascontiguousarray(data)
@@ -62,6 +62,14 @@ def to_blocks(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
                                        ctypes.c_int64(width), ctypes.c_int64(source.shape[0]),
                                        ctypes.c_void_p(out.data_ptr()))
     return out
+
+
+def _native_row_bytes(library, kind: Q, width: int) -> int:
+    """Bytes a row of ``width`` values of ``kind`` takes in Loom's blocks as gguf_blocks.cpp lays
+    them out; 0 where it does not rearrange ``kind``."""
+    function = library.loom_gguf_blocks_row_bytes
+    function.argtypes, function.restype = [ctypes.c_int64, ctypes.c_int64], ctypes.c_int64
+    return function(kind, width)
 
 
 def widened(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:

@@ -182,9 +182,12 @@ class DecoderLayers:
     def __init__(self, model: Llama | Gemma3 | GPT2):
         self.dtype = _final_norm(model).weight.dtype
         self.weights = []  # the modules, tensors and structures whose addresses the layers hold, kept alive
-        layer = {GPT2: self._gpt2_layer, Gemma3: self._gemma3_layer}.get(type(model), self._llama_layer)
+        layer = (self._gpt2_layer if isinstance(model, GPT2) else self._gemma3_layer if isinstance(model, Gemma3)
+                 else self._llama_layer)
         layers = [layer(block, model.spec) for block in model.layers]
         self.layers = (_Layer * len(layers))(*layers)
+        # whether some layer rotates by the step's window angles (Gemma 3's local ones): forward() needs them
+        self.needs_window_angles = any(layer.window_angles for layer in layers)
         self.head = self._head(model)
         self._pool = None  # the KV pool whose addresses the layers hold (kept: its id is not reused)
         # the model's panel threshold (cpu_linear.measure_panel_rows), for its float products
@@ -222,7 +225,8 @@ class DecoderLayers:
 
     def _factors(self, norm: nn.Module | None) -> int | None:
         """The address of what a norm multiplies by: its weight, or Gemma's 1 + weight (a float32
-        copy, kept alive here)."""
+        copy made now, kept alive here: a Gemma norm's weight changed after load would need the
+        layers made again)."""
         if norm is None:
             return None
         if isinstance(norm, RMSNorm) and norm.offset:
@@ -317,6 +321,9 @@ class DecoderLayers:
         starts = None if cuts is None else torch.tensor(_sequence_starts(step), dtype=torch.int64)
         if cos is not None:
             cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()
+        if self.needs_window_angles and (window_angles is None or window_angles[0].numel() != cos.numel()):
+            raise ValueError("this model's sliding-window layers rotate by angles of their own: pass "
+                             "window_angles of the step's rows and rotary size")
         window_cos, window_sin = (None, None) if window_angles is None else (
             a.reshape(rows, -1).contiguous() for a in window_angles)
         # A step that verifies proposed tokens orders its rows by context length, a sequence's
