@@ -25,7 +25,7 @@ from gguf.constants import GGMLQuantizationType as Q
 from . import native
 from ..pages import fresh_zeros
 from .block_linear import (GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K, GROUP, FLOAT_FORMATS, LOOM_4BIT,
-                           LOOM_5BIT, LOOM_8BIT, WIDEN_ARGTYPES)
+                           LOOM_5BIT, LOOM_8BIT, WIDEN_ARGTYPES, row_bytes)
 
 NATIVE = {Q.Q2_K: GGUF_Q2_K, Q.Q3_K: GGUF_Q3_K, Q.Q4_K: GGUF_Q4_K, Q.Q5_K: GGUF_Q5_K, Q.Q6_K: GGUF_Q6_K}
 EXACT = {Q.Q4_0: LOOM_4BIT, Q.Q4_1: LOOM_4BIT, Q.Q5_0: LOOM_5BIT, Q.Q5_1: LOOM_5BIT, Q.Q8_0: LOOM_8BIT,
@@ -52,24 +52,16 @@ def to_blocks(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
     if kind in FLOATS:
         return torch.from_numpy(data).view(FLOATS[kind])
     library = native.library()
-    row_bytes = _native_row_bytes(library, kind, width) if library else 0
-    if not row_bytes or not len(data):
+    if library is None or not len(data):
         return torch.from_numpy(_rearranged(data, kind, width))
     source = np.ascontiguousarray(data)
+    size = row_bytes(width, EXACT[kind])
     # (in 2 MB pages where the system allows, as block_linear.rows16's: one-row products read them faster)
-    out = fresh_zeros(source.shape[0] * row_bytes).view(source.shape[0], row_bytes)
+    out = fresh_zeros(source.shape[0] * size).view(source.shape[0], size)
     library.loom_rearrange_gguf_blocks(ctypes.c_void_p(source.ctypes.data), ctypes.c_int64(kind),
                                        ctypes.c_int64(width), ctypes.c_int64(source.shape[0]),
                                        ctypes.c_void_p(out.data_ptr()))
     return out
-
-
-def _native_row_bytes(library, kind: Q, width: int) -> int:
-    """Bytes a row of ``width`` values of ``kind`` takes in Loom's blocks as gguf_blocks.cpp lays
-    them out; 0 where it does not rearrange ``kind``."""
-    function = library.loom_gguf_blocks_row_bytes
-    function.argtypes, function.restype = [ctypes.c_int64, ctypes.c_int64], ctypes.c_int64
-    return function(kind, width)
 
 
 def widened(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:

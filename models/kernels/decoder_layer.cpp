@@ -132,8 +132,24 @@ struct Head {
     double eps;
 };
 
-// y = norm(x (+ delta, kept in x)) * weight (+ bias), a row per task: RMSNorm, or LayerNorm (mean
+// y = norm(x) * weight (+ bias) for one row of ``width`` (y may be x): RMSNorm, or LayerNorm (mean
 // removed first); the sums in T as torch's are.
+template <typename T>
+void norm_row(const T* x, const T* weight, const T* bias, bool layer_norm, double eps, T* y, int64_t width) {
+    T mean = 0;
+    if (layer_norm) {
+        for (int64_t i = 0; i < width; ++i) mean += x[i];
+        mean /= T(width);
+    }
+    T squares = 0;
+    for (int64_t i = 0; i < width; ++i) squares += (x[i] - mean) * (x[i] - mean);
+    const T inv = T(1) / std::sqrt(squares / T(width) + T(eps));
+    for (int64_t i = 0; i < width; ++i) y[i] = (x[i] - mean) * inv * weight[i];
+    if (bias != nullptr)
+        for (int64_t i = 0; i < width; ++i) y[i] += bias[i];
+}
+
+// y = norm(x (+ delta, kept in x)) * weight (+ bias), a row per task (norm_row).
 template <typename T>
 void norm_rows(T* x, const T* delta, const T* weight, const T* bias, bool layer_norm, double eps, T* y, int64_t rows,
                int64_t width) {
@@ -142,24 +158,13 @@ void norm_rows(T* x, const T* delta, const T* weight, const T* bias, bool layer_
         T* xr = x + r * width;
         if (delta != nullptr)
             for (int64_t i = 0; i < width; ++i) xr[i] += delta[r * width + i];
-        T mean = 0;
-        if (layer_norm) {
-            for (int64_t i = 0; i < width; ++i) mean += xr[i];
-            mean /= T(width);
-        }
-        T squares = 0;
-        for (int64_t i = 0; i < width; ++i) squares += (xr[i] - mean) * (xr[i] - mean);
-        const T inv = T(1) / std::sqrt(squares / T(width) + T(eps));
-        T* yr = y + r * width;
-        for (int64_t i = 0; i < width; ++i) yr[i] = (xr[i] - mean) * inv * weight[i];
-        if (bias != nullptr)
-            for (int64_t i = 0; i < width; ++i) yr[i] += bias[i];
+        norm_row(xr, weight, bias, layer_norm, eps, y + r * width, width);
     }
 }
 
 // Each head of the rows' queries and keys, in place in qkv (rows ``stride`` apart; the queries'
 // ``heads`` heads of ``dim``, then the keys' ``kv_heads``): RMSNorm with a weight of ``dim``, before
-// the rotation, as Qwen3's q_norm and k_norm. A task per head, the sums in T as norm_rows's.
+// the rotation, as Qwen3's q_norm and k_norm. A task per head (norm_row).
 template <typename T>
 void norm_heads(T* qkv, int64_t stride, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim, const T* q_norm,
                 const T* k_norm, double eps) {
@@ -168,11 +173,7 @@ void norm_heads(T* qkv, int64_t stride, int64_t rows, int64_t heads, int64_t kv_
     for (int64_t task = 0; task < rows * per_row; ++task) {
         const int64_t head = task % per_row;
         T* v = qkv + task / per_row * stride + head * dim;
-        const T* weight = head < heads ? q_norm : k_norm;
-        T squares = 0;
-        for (int64_t i = 0; i < dim; ++i) squares += v[i] * v[i];
-        const T inv = T(1) / std::sqrt(squares / T(dim) + T(eps));
-        for (int64_t i = 0; i < dim; ++i) v[i] = v[i] * inv * weight[i];
+        norm_row<T>(v, head < heads ? q_norm : k_norm, nullptr, false, eps, v, dim);
     }
 }
 

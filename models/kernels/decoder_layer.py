@@ -202,9 +202,8 @@ class DecoderLayers:
 
     def _llama_layer(self, block, spec) -> _Layer:
         attn, mlp = block.attn, block.mlp
-        head_norms = (attn.q_norm, attn.k_norm) if attn.q_norm is not None else (None, None)
         return self._layer((block.input_norm, block.post_norm), attn.qkv, attn.out, mlp.gate_up, mlp.down,
-                           (*head_norms, None, None), spec.hidden_size, spec.intermediate_size, spec.num_heads,
+                           (attn.q_norm, attn.k_norm, None, None), spec.hidden_size, spec.intermediate_size, spec.num_heads,
                            spec.num_kv_heads, spec.head_dim, block.window or 0, False, SILU_GATED, False,
                            spec.rms_norm_eps, attn.scale)
 

@@ -30,16 +30,15 @@ int64_t file_block_bytes(int64_t type) {
     }
 }
 
-// Bytes of codes a block of 32 values takes in Loom's row (scales and minimums after them all).
-int64_t loom_code_bytes(int64_t type) {
+// The Loom format a type is rearranged into (block_linear.py's block_formats.EXACT says the same):
+// its number is its bits a value, so a block's codes take 4 x that many bytes.
+int64_t loom_format(int64_t type) {
     switch (type) {
-        case Q4_0: case Q4_1: return 16;
-        case Q5_0: case Q5_1: return 20;
-        default: return 32;  // 8-bit codes: Q8_0's, and IQ4's values
+        case Q4_0: case Q4_1: return LOOM_4BIT;
+        case Q5_0: case Q5_1: return LOOM_5BIT;
+        default: return LOOM_8BIT;  // Q8_0's codes, and IQ4's values
     }
 }
-
-bool has_minimum(int64_t type) { return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1; }
 
 // IQ4's sixteen bytes of codes as 32 values: the low nibbles first, then the high ones.
 void iq4_values(const uint8_t* codes, int8_t* values) {
@@ -51,7 +50,7 @@ void iq4_values(const uint8_t* codes, int8_t* values) {
 
 // One row of ``groups`` blocks of 32 values from ``src`` (the file's) into ``dst`` (Loom's).
 void rearrange_row(int64_t type, const uint8_t* src, int64_t groups, uint8_t* dst) {
-    const int64_t code_bytes = loom_code_bytes(type);
+    const int64_t code_bytes = 4 * loom_format(type);
     uint8_t* codes = dst;
     float* scales = reinterpret_cast<float*>(dst + groups * code_bytes);  // (rows of whole blocks: aligned to 4)
     float* minimums = scales + groups;
@@ -99,20 +98,13 @@ void rearrange_row(int64_t type, const uint8_t* src, int64_t groups, uint8_t* ds
 
 }  // namespace
 
-// Bytes a row of ``width`` values of GGML type ``type`` takes in Loom's blocks; 0 for a type not
-// rearranged here (block_formats.py then keeps its numpy path).
-extern "C" int64_t loom_gguf_blocks_row_bytes(int64_t type, int64_t width) {
-    if (file_block_bytes(type) == 0 || width % (type == IQ4_XS ? 256 : 32)) return 0;
-    const int64_t groups = width / 32;
-    return groups * (loom_code_bytes(type) + 4 * (has_minimum(type) ? 2 : 1));
-}
-
-// ``rows`` rows of ``width`` values of GGML type ``type`` (a format loom_gguf_blocks_row_bytes gives
-// a size for), from the file's bytes ``src`` into Loom's blocks ``dst``.
+// ``rows`` rows of ``width`` values of GGML type ``type`` (one of GGMLType's), from the file's bytes
+// ``src`` into Loom's blocks ``dst`` (rows of format_row_bytes(loom_format(type), width)).
 extern "C" void loom_rearrange_gguf_blocks(const uint8_t* src, int64_t type, int64_t width, int64_t rows,
                                            uint8_t* dst) {
+    if (file_block_bytes(type) == 0) __builtin_trap();  // block_formats.py passes its EXACT types only
     const int64_t from = width / (type == IQ4_XS ? 256 : 32) * file_block_bytes(type);
-    const int64_t to = loom_gguf_blocks_row_bytes(type, width);
+    const int64_t to = format_row_bytes(loom_format(type), width);
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; ++r) rearrange_row(type, src + r * from, width / 32, dst + r * to);
 }
