@@ -23,16 +23,18 @@
 //   bytes of low nibbles: code q = nibble + 16 (bit j of high byte l), value l of sub-block j.
 // - GGUF_Q6_K (210 bytes): 128 bytes of low nibbles, 64 of high bit pairs, sixteen int8 scales, a
 //   float16 d: w = d sc_g (q - 32) for group g of 16, q in 0..63.
-// And two layouts of Loom's own over a file's numbers (block_interleaved.h, made at load):
+// And layouts of Loom's own over a file's numbers (block_interleaved.h, made at load):
 // - GGUF_Q4_K_ROWS16 (148 bytes a row's super-block; AVX-512 or AVX2): Q4_K's codes, scales,
 //   minimums, d and dmin of sixteen rows side by side, so that a 512-bit vector holds four codes of
 //   each of the sixteen (a 256-bit one, of eight).
 // - GGUF_Q8_0_ROWS16 (34 bytes a row's block, as Q8_0's; AVX2 builds without AVX-512): Q8_0's codes
 //   and float16 scales of sixteen rows side by side, two codes of each row in turn.
-// - GGUF_Q4_1_ROWS16 (20 bytes a row's block, as Q4_1's; the same builds): Q4_1's (and Q4_0's, whose
+// - GGUF_Q4_1_ROWS16 (20 bytes a row's block, as Q4_1's; AVX-512 or AVX2): Q4_1's (and Q4_0's, whose
 //   minimum is -8 d) codes, float16 scales and minimums of sixteen rows side by side.
-// - GGUF_Q6_K_ROWS16 (212 bytes a row's super-block; the same builds): Q6_K's low nibbles, high bit
-//   pairs, scales and d of sixteen rows side by side.
+// - GGUF_Q5_0_ROWS16 (23 bytes a row's block, Q5_0's 22 and a spare; AVX-512 or AVX2): the same
+//   with each code's fifth bit, and no minimum (Q5_0's: -16 d).
+// - GGUF_Q6_K_ROWS16 (212 bytes a row's super-block; AVX2 builds without AVX-512): Q6_K's low
+//   nibbles, high bit pairs, scales and d of sixteen rows side by side.
 // And one over a file's float32 matrices (block_linear.py's padded_rows, made at load): FLOAT_PADDED,
 // float32 rows ROW_PAD values longer than their width (the padding zero), for rows a multiple of
 // 4 KiB long (AVX2 builds without AVX-512; cpu_linear.h's StoredWeights says why).
@@ -58,7 +60,8 @@ enum Format : int64_t {
     FLOAT = 0, LOOM_4BIT = 4, LOOM_5BIT = 5, LOOM_8BIT = 8,
     GGUF_Q2_K = 10, GGUF_Q3_K = 11, GGUF_Q4_K = 12, GGUF_Q5_K = 13, GGUF_Q6_K = 14,
     FLOAT16 = 16, BFLOAT16 = 17, GGUF_Q4_K_ROWS16 = 18, GGUF_Q8_0_ROWS16 = 19,
-    GGUF_Q4_1_ROWS16 = 20, GGUF_Q6_K_ROWS16 = 21, FLOAT_PADDED = 22
+    GGUF_Q4_1_ROWS16 = 20, GGUF_Q6_K_ROWS16 = 21, FLOAT_PADDED = 22,
+    GGUF_Q5_0_ROWS16 = 23
 };
 constexpr int64_t ROW_PAD = 16;  // values a FLOAT_PADDED row has past its width
 
@@ -833,14 +836,29 @@ struct Q80Rows16 {
 // GGUF_Q4_1_ROWS16: sixteen weight rows at a time, each block of 32 values of theirs in BLOCK_BYTES:
 // codes [quad q][row][4 bytes] (Loom's 4-bit bytes 4 q to 4 q + 3 of each row: values 4 q + b in the
 // low nibbles, 4 q + b + 16 in the high), then d [row] and m [row] as float16: w = d q + m.
-struct Q41Rows16 {
-    using From = Loom4;
+// GGUF_Q5_0_ROWS16 (HIGH): the same nibbles, then the fifth bits [quad q][row] a byte (bit b: value
+// 4 q + b's, bit 4 + b: value 4 q + b + 16's, each 16 times it), then d [row] as float16, and no
+// minimum: Q5_0's numbers, w = d q - 16 d, in 23 bytes a row's block where Loom's 5-bit blocks take
+// 28. The file's 22 and a spare byte a row, at the block's end: block_linear.py tells formats apart by
+// their rows' bytes, and 22 a block of 32 are Q5_K's (176 a super-block of 256). Q5_1's own minimums
+// would make 25 (24 are Loom's 4-bit blocks'): Q5_1 files, rare, keep Loom's 5-bit blocks.
+template <bool HIGH>
+struct NibbleRows16 {
+    using From = LoomNibbles<HIGH>;
     static constexpr int64_t ROUNDING = GROUP, VALUES = GROUP;
-    static constexpr int64_t ROWS = 16, BYTES = 20, BLOCK_BYTES = ROWS * BYTES, D = ROWS * GROUP / 2, M = D + 2 * ROWS;
+    static constexpr int64_t ROWS = 16, BYTES = HIGH ? 23 : 20, BLOCK_BYTES = ROWS * BYTES;
+    static constexpr int64_t FIFTHS = ROWS * GROUP / 2, D = FIFTHS + (HIGH ? 4 * ROWS : 0), M = D + 2 * ROWS;  // offsets
     static constexpr int64_t UNIT = 4;
     static constexpr bool MINS = true;
+    static constexpr float IMPLIED_MINIMUM = -16.0f;  // HIGH: w = d q + m with m this times d
     static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
+    // row r's minimum of the block at ``block``, given its scale d
+    static float minimum(const uint8_t* block, int r, float d) {
+        return HIGH ? IMPLIED_MINIMUM * d : half_to_float(block + M + 2 * r);
+    }
 };
+using Q41Rows16 = NibbleRows16<false>;
+using Q50Rows16 = NibbleRows16<true>;
 // GGUF_Q6_K_ROWS16: sixteen weight rows at a time, each super-block of theirs in BLOCK_BYTES (groups
 // of 16 values G, each four quads of values t: values 16 G + 4 t to 16 G + 4 t + 3): low nibbles
 // [set 4 (G % 8) + t][row][4 bytes] (groups G < 8 in the low nibbles, G + 8 in the high), high bit
@@ -857,9 +875,12 @@ struct Q6KRows16 {
     static constexpr int64_t low_at(int G, int t, int h) { return ((4 * (G % 8) + t) * ROWS + 8 * h) * 4; }
     static constexpr int64_t high_at(int G, int t, int h) { return HIGH + ((4 * (G % 4) + t) * ROWS + 8 * h) * 4; }
 };
-// Whether this build multiplies those three layouts (block_interleaved.h: AVX2 with FMA and F16C,
-// without AVX-512, whose products over Loom's blocks and Q6_K take pairs of blocks and the tiles instead);
-// elsewhere Q8_0, Q4_0 and Q4_1 are Loom's 8- and 4-bit blocks, and Q6_K keeps the file's layout.
+// Whether this build multiplies Q8_0 and Q6_K side by side (block_interleaved.h: AVX2 with FMA and
+// F16C, without AVX-512, whose products over Loom's 8-bit blocks and Q6_K take pairs of blocks and the
+// tiles instead); elsewhere Q8_0 is Loom's 8-bit blocks, and Q6_K keeps the file's layout. The
+// nibbles side by side (Q4_0, Q4_1, Q5_0) are built as Q4_K's are, AVX-512 included: over
+// Loom's 4- and 5-bit blocks a pair of blocks at a time, a one-row product was bound by its
+// instructions (6912 x 1152 from L3, two Zen 4 threads: 26-29 GB/s, where Loom's 8-bit blocks read 47).
 #if LOOM_ROWS16 && !(defined(__AVX512F__) && defined(__AVX512BW__))
 #define LOOM_BLOCKS_ROWS16 1
 #else
@@ -871,11 +892,14 @@ constexpr bool BLOCKS_ROWS16_BUILT = LOOM_BLOCKS_ROWS16;
 template <typename F>
 constexpr bool rows_side_by_side() {
     return std::is_same_v<F, Q4KRows16> || std::is_same_v<F, Q80Rows16> || std::is_same_v<F, Q41Rows16> ||
-           std::is_same_v<F, Q6KRows16>;
+           std::is_same_v<F, Q50Rows16> || std::is_same_v<F, Q6KRows16>;
 }
 // Whether this build multiplies layout L (one of those), which is made only where it does.
 template <typename L>
-constexpr bool rows16_built() { return std::is_same_v<L, Q4KRows16> ? ROWS16_BUILT : BLOCKS_ROWS16_BUILT; }
+constexpr bool rows16_built() {
+    if constexpr (std::is_same_v<L, Q80Rows16> || std::is_same_v<L, Q6KRows16>) return BLOCKS_ROWS16_BUILT;
+    else return ROWS16_BUILT;
+}
 
 template <typename F, typename = void>
 struct IsFloatRows : std::false_type {};
@@ -914,6 +938,9 @@ inline void with_format(int64_t format, int64_t in, F&& f) {
         case GGUF_Q4_1_ROWS16:
             if constexpr (rows16_built<Q41Rows16>()) return f(Q41Rows16{});
             __builtin_trap();
+        case GGUF_Q5_0_ROWS16:
+            if constexpr (rows16_built<Q50Rows16>()) return f(Q50Rows16{});
+            __builtin_trap();
         case GGUF_Q6_K_ROWS16:
             if constexpr (rows16_built<Q6KRows16>()) return f(Q6KRows16{});
             __builtin_trap();
@@ -931,6 +958,7 @@ inline int64_t format_row_bytes(int64_t format, int64_t in) {
     if (format == GGUF_Q4_K_ROWS16) return Q4KRows16::row_bytes(in);
     if (format == GGUF_Q8_0_ROWS16) return Q80Rows16::row_bytes(in);
     if (format == GGUF_Q4_1_ROWS16) return Q41Rows16::row_bytes(in);
+    if (format == GGUF_Q5_0_ROWS16) return Q50Rows16::row_bytes(in);
     if (format == GGUF_Q6_K_ROWS16) return Q6KRows16::row_bytes(in);
     int64_t bytes = 0;
     with_format(format, in, [&](auto f) { bytes = decltype(f)::row_bytes(in); });

@@ -1,5 +1,5 @@
 // Weights with sixteen rows side by side (block_codes.h's GGUF_Q4_K_ROWS16, GGUF_Q8_0_ROWS16,
-// GGUF_Q4_1_ROWS16 and GGUF_Q6_K_ROWS16), as llama.cpp's CPU backend repacks its own (q4_K_8x8): a
+// GGUF_Q4_1_ROWS16, GGUF_Q5_0_ROWS16 and GGUF_Q6_K_ROWS16), as llama.cpp's CPU backend repacks its own (q4_K_8x8): a
 // vector holds a few codes of each of sixteen (or eight) weight rows, so one multiply instruction
 // meets them all with codes of an input row broadcast, the rows' scales come in one vector, and
 // nothing is added across lanes: a lane is a weight row from the first instruction to the stored
@@ -16,16 +16,21 @@
 // Q8_0 (AVX2 without AVX-512; with it, Loom's 8-bit blocks take pairs of blocks and the tiles): a
 // 256-bit vector holds two codes of each of eight rows as 16-bit words, and one madd meets them with
 // two input codes; over Loom's 8-bit blocks a block of one row at a time took a sign, a maddubs and
-// a madd per 32 products and each block's float step per row (int8_rows). Q4_0 and Q4_1 (the same
-// builds) as Q4_K: four codes of eight rows a vector, maddubs's pairs summed in 16 bits over the
-// block before one madd. Q6_K (the same builds) as Q4_K, its codes put together from nibbles and
+// a madd per 32 products and each block's float step per row (int8_rows). Q4_0, Q4_1 and Q5_0
+// (AVX-512, or AVX2) as Q4_K: four codes of sixteen rows a 512-bit vector (AVX2: of eight, maddubs's
+// pairs summed in 16 bits before one madd), Q5_0's fifth bits added to the codes as they are loaded.
+// Over Loom's 4- and 5-bit blocks the AVX-512 build took a pair of blocks of one row a vector, its
+// codes shuffled into order and its lanes added up every pair: a one-row product from L3 read 26-29
+// GB/s, the machine's memory rate; over this layout 55-69 (6912 x 1152, two Zen 4 threads), so that
+// from memory it reads fewer bytes at the same rate (Q5_0: 23 a row's block against 28). Q6_K (AVX2
+// without AVX-512) as Q4_K, its codes put together from nibbles and
 // bit pairs, a group of 16 values summed in 16 bits before one madd: 8192 x 2048, two Zen 4 threads,
 // 16 / 64 / 1024 rows 143-145 / 152-159 / 135-141 Gvalue-rows/s against int8_rows' 114 / 115 / 107
 // over the file's layout.
 //
 // The layouts are made once, at load (repack_rows16, an overload a layout), from the file's rows
 // (the same numbers; Q4_K's packed 6-bit scales and minimums kept as bytes). A row's product ends
-// each super-block (Q8_0, Q4_1: each block) in exact integers, as the AVX-512 build's
+// each super-block (Q8_0, Q4_1, Q5_0: each block) in exact integers, as the AVX-512 build's
 // products over the other layouts do, taken into the row's sum by the same float steps, so a row's
 // numbers are the same at every row count, and the same in the AVX2 build as in the AVX-512 one (the
 // AVX2 build's int8_rows, over the file's layouts, add a super-block's blocks in float lanes
@@ -61,36 +66,58 @@ inline void repack_rows16(Q4KRows16, const uint8_t* src, int64_t in, uint8_t* ds
     }
 }
 
-#if LOOM_BLOCKS_ROWS16
-// Rows [16 k, 16 k + 16) of a matrix of Loom's blocks (L::From: 8-bit blocks for GGUF_Q8_0_ROWS16,
-// 4-bit ones for GGUF_Q4_1_ROWS16; rows of ``in`` values) into ``dst``, the same rows in layout L: a
-// block's code bytes L::UNIT at a time, a unit of each row in turn, then each row's float32 scale
-// (and minimum) as a float16 of the same value (a Q8_0, Q4_0 or Q4_1 file's own).
-template <typename L>
-inline void repack_blocks_rows16(const uint8_t* src, int64_t in, uint8_t* dst) {
-    constexpr int64_t CODE_BYTES = L::D / L::ROWS;  // a row's of a block
+#if LOOM_ROWS16
+// A float32 scale or minimum (of a Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 file, a float16's value) as the
+// float16 it was, at ``to``
+inline void put_half(uint8_t* to, float value) {
+    const uint16_t half = _cvtss_sh(value, _MM_FROUND_TO_NEAREST_INT);
+    std::memcpy(to, &half, 2);
+}
+
+// Rows [16 k, 16 k + 16) of a matrix of Loom's 4- or 5-bit blocks (rows of ``in`` values) into
+// ``dst``, the same rows in GGUF_Q4_1_ROWS16 or GGUF_Q5_0_ROWS16 (whose minimums are -16 times the
+// scales: block_linear.rows16 checks): each block's code bytes four at a time, four of each row in
+// turn, the fifth bits of a quad's eight values a byte a row, then each row's scale (and 4-bit
+// blocks' minimum) as float16s.
+template <bool HIGH>
+inline void repack_rows16(NibbleRows16<HIGH>, const uint8_t* src, int64_t in, uint8_t* dst) {
+    using L = NibbleRows16<HIGH>;
     const int64_t row_bytes = L::From::row_bytes(in);
     for (int64_t b = 0; b < in / L::VALUES; ++b) {
         uint8_t* block = dst + b * L::BLOCK_BYTES;
         for (int r = 0; r < L::ROWS; ++r) {
             const uint8_t* row = src + r * row_bytes;
-            for (int u = 0; u < CODE_BYTES / L::UNIT; ++u)
-                std::memcpy(block + (u * L::ROWS + r) * L::UNIT, row + b * CODE_BYTES + u * L::UNIT, L::UNIT);
-            const float* scales = reinterpret_cast<const float*>(row + in / L::VALUES * CODE_BYTES);
-            const uint16_t d = _cvtss_sh(scales[b], _MM_FROUND_TO_NEAREST_INT);
-            std::memcpy(block + L::D + 2 * r, &d, 2);
-            if constexpr (L::MINS) {
-                const uint16_t m = _cvtss_sh(scales[in / GROUP + b], _MM_FROUND_TO_NEAREST_INT);
-                std::memcpy(block + L::M + 2 * r, &m, 2);
+            for (int q = 0; q < 4; ++q) {
+                std::memcpy(block + (q * L::ROWS + r) * 4, row + b * GROUP / 2 + 4 * q, 4);
+                if constexpr (HIGH) {  // bit j of Loom's word: value j's
+                    const uint32_t bits = load<uint32_t>(row + in / 2 + 4 * b);
+                    block[L::FIFTHS + q * L::ROWS + r] = uint8_t((bits >> 4 * q & 15) | (bits >> (16 + 4 * q) & 15) << 4);
+                }
             }
+            const float* scales = L::From::scales_of(row, in);
+            put_half(block + L::D + 2 * r, scales[b]);
+            if constexpr (!HIGH) put_half(block + L::M + 2 * r, scales[in / GROUP + b]);  // (Q5_0's: -16 d)
         }
     }
 }
+#endif
+
+#if LOOM_BLOCKS_ROWS16
+// Rows [16 k, 16 k + 16) of a matrix of Loom's 8-bit blocks (rows of ``in`` values) into ``dst``, the
+// same rows in GGUF_Q8_0_ROWS16: a block's code bytes two at a time, two of each row in turn, then
+// each row's scale as a float16.
 inline void repack_rows16(Q80Rows16, const uint8_t* src, int64_t in, uint8_t* dst) {
-    repack_blocks_rows16<Q80Rows16>(src, in, dst);
-}
-inline void repack_rows16(Q41Rows16, const uint8_t* src, int64_t in, uint8_t* dst) {
-    repack_blocks_rows16<Q41Rows16>(src, in, dst);
+    using L = Q80Rows16;
+    const int64_t row_bytes = L::From::row_bytes(in);
+    for (int64_t b = 0; b < in / L::VALUES; ++b) {
+        uint8_t* block = dst + b * L::BLOCK_BYTES;
+        for (int r = 0; r < L::ROWS; ++r) {
+            const uint8_t* row = src + r * row_bytes;
+            for (int u = 0; u < GROUP / L::UNIT; ++u)
+                std::memcpy(block + (u * L::ROWS + r) * L::UNIT, row + b * GROUP + u * L::UNIT, L::UNIT);
+            put_half(block + L::D + 2 * r, reinterpret_cast<const float*>(row + in)[b]);
+        }
+    }
 }
 
 // Rows [16 k, 16 k + 16) of a Q6_K matrix (the file's layout) into ``dst``, the same rows' bytes in
@@ -135,17 +162,19 @@ inline void widen_row16(Q80Rows16, const BlockWeights& w, int64_t row, float* ds
             dst[b * L::VALUES + v] = d * float(int8_t(block[(v / 2 * L::ROWS + r) * 2 + v % 2]));
     }
 }
-inline void widen_row16(Q41Rows16, const BlockWeights& w, int64_t row, float* dst) {
-    using L = Q41Rows16;
+template <bool HIGH>
+inline void widen_row16(NibbleRows16<HIGH>, const BlockWeights& w, int64_t row, float* dst) {
+    using L = NibbleRows16<HIGH>;
     const uint8_t* first = w.base + row / L::ROWS * L::ROWS * w.stride;  // the row's block
     const int r = int(row % L::ROWS);
     for (int64_t b = 0; b < w.in / L::VALUES; ++b) {
         const uint8_t* block = first + b * L::BLOCK_BYTES;
-        const float d = half_to_float(block + L::D + 2 * r), m = half_to_float(block + L::M + 2 * r);
+        const float d = half_to_float(block + L::D + 2 * r), m = L::minimum(block, r, d);
         for (int v = 0; v < L::VALUES / 2; ++v) {
             const uint8_t byte = block[(v / 4 * L::ROWS + r) * 4 + v % 4];
-            dst[b * L::VALUES + v] = d * float(byte & 15) + m;
-            dst[b * L::VALUES + v + 16] = d * float(byte >> 4) + m;
+            const uint8_t fifths = HIGH ? block[L::FIFTHS + v / 4 * L::ROWS + r] : 0;
+            dst[b * L::VALUES + v] = d * float((byte & 15) | (fifths >> v % 4 & 1) << 4) + m;
+            dst[b * L::VALUES + v + 16] = d * float((byte >> 4) | (fifths >> (4 + v % 4) & 1) << 4) + m;
         }
     }
 }
@@ -193,6 +222,16 @@ inline void widen_row16(Q6KRows16, const BlockWeights& w, int64_t row, float* ds
 // super-blocks of sixteen rows (9.3 KB; the blocks lie one after another). A one-row prototype read
 // 43 GB/s at 4 KB ahead, 47 at 9.3 KB, 37 at 18.5 KB (8192 x 2048, two Zen 5 threads).
 constexpr int64_t ROWS16_AHEAD = 4 * Q4KRows16::BLOCK_BYTES;
+
+// Where a quad's fifth bits lie in each of sixteen rows' four code bytes: byte 4 r + b of a 128-bit
+// lane takes the lane's row r's byte of fifth bits (rows 4 L to 4 L + 3 in lane L), so that bit b (a
+// low nibble's value's) or 4 + b (a high one's) of it stands beside code byte b.
+alignas(64) constexpr uint8_t FIFTHS_SPREAD[64] = {
+    0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7,
+    8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11, 12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15};
+// bit b of byte b (a low nibble's fifth bit), or with HIGH bit 4 + b (a high nibble's)
+template <bool HIGH>
+constexpr int32_t FIFTH_BITS = HIGH ? int32_t(0x80402010u) : 0x08040201;
 
 // The AVX2 Q4_K and Q6_K products of a few rows fetch the block ahead a line at a time through a
 // block's products, where the others fetch a block's lines all at once as it begins: the block's
@@ -307,6 +346,59 @@ inline void rows16_chunk(const RoundedGroup<Q4KRows16, ROWS>& x, int m0, const u
     }
     for (int i = 0; i < CHUNK; ++i) _mm512_storeu_ps(y + (m0 + i) * y_stride, sums[i]);
 }
+
+// The code bytes of sixteen rows' quad whose fifth bit is set (``fifths``: the rows' bytes of the
+// quad), among the low nibbles' values, or with HIGH the high ones'.
+template <bool HIGH>
+inline __mmask64 fifth_bits(const uint8_t* fifths) {
+    const __m512i bytes = _mm512_broadcast_i32x4(load<__m128i>(fifths));
+    const __m512i spread = _mm512_shuffle_epi8(bytes, load<__m512i>(FIFTHS_SPREAD));
+    return _mm512_test_epi8_mask(spread, _mm512_set1_epi32(FIFTH_BITS<HIGH>));
+}
+
+// y[m][o] = x[m] . w[o] for input rows [m0, m0 + CHUNK) of the group and the sixteen weight rows of
+// ``blocks`` (GGUF_Q4_1_ROWS16, or with FIFTHS GGUF_Q5_0_ROWS16, its minimums -16 d): each block's four
+// quads of codes, the low nibbles and the high (values 4 q + b and 16 on), their fifth bits added as 16 where set,
+// met by four input codes broadcast in one vpdpbusd for all sixteen rows; each block ends in an exact
+// integer a row, taken into the row's sum as block_pair_rows takes a block of Loom's: block_term, the
+// same float steps in the same order, so that a row's numbers are those of Loom's blocks.
+template <int CHUNK, int ROWS, bool FIFTHS>
+inline void rows16_chunk(const RoundedGroup<NibbleRows16<FIFTHS>, ROWS>& x, int m0, const uint8_t* blocks,
+                         int64_t count, float* y, int64_t y_stride) {
+    using L = NibbleRows16<FIFTHS>;
+    const __m512i nibble = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
+    __m512 sums[CHUNK];
+    for (auto& sum : sums) sum = _mm512_setzero_ps();
+    for (int64_t b = 0; b < count; ++b) {
+        const uint8_t* block = blocks + b * L::BLOCK_BYTES;
+        if (m0 == 0) fetch_lines(block + ROWS16_AHEAD, L::BLOCK_BYTES);  // (never faults past the end)
+        const int8_t* xb[CHUNK];  // the block's codes
+        for (int i = 0; i < CHUNK; ++i) xb[i] = x.codes(m0 + i, b, 0);
+        __m512i a[CHUNK];
+        for (auto& v : a) v = _mm512_setzero_si512();
+        for (int q = 0; q < 4; ++q) {
+            const __m512i codes = _mm512_loadu_si512(block + 64 * q);
+            __m512i low = _mm512_and_si512(codes, nibble), high = _mm512_and_si512(_mm512_srli_epi16(codes, 4), nibble);
+            if constexpr (FIFTHS) {
+                const uint8_t* fifths = block + L::FIFTHS + q * L::ROWS;
+                low = _mm512_mask_add_epi8(low, fifth_bits<false>(fifths), low, sixteen);
+                high = _mm512_mask_add_epi8(high, fifth_bits<true>(fifths), high, sixteen);
+            }
+            for (int i = 0; i < CHUNK; ++i) {
+                a[i] = dot_quads(a[i], low, _mm512_set1_epi32(load<int32_t>(xb[i] + 4 * q)));
+                a[i] = dot_quads(a[i], high, _mm512_set1_epi32(load<int32_t>(xb[i] + 16 + 4 * q)));
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(load<__m256i>(block + L::D));
+        const __m512 m = FIFTHS ? _mm512_mul_ps(d, _mm512_set1_ps(L::IMPLIED_MINIMUM)) : _mm512_cvtph_ps(load<__m256i>(block + L::M));
+        for (int i = 0; i < CHUNK; ++i) {
+            const __m512 d_dx = _mm512_mul_ps(d, _mm512_set1_ps(x.scale(m0 + i, b)));
+            sums[i] = _mm512_add_ps(sums[i], block_term<true>(_mm512_cvtepi32_ps(a[i]), d_dx, m,
+                                                              _mm512_set1_ps(x.sums(m0 + i, b)[0])));
+        }
+    }
+    for (int i = 0; i < CHUNK; ++i) _mm512_storeu_ps(y + (m0 + i) * y_stride, sums[i]);
+}
 #else
 // Eight bytes as 32-bit lanes, each in both of its 16-bit halves (for madd: a row's scale against
 // both of its lane's shorts)
@@ -327,17 +419,29 @@ inline __m256i eight_scales(const uint8_t* p) {
 // 203-214 with the minimums two sub-blocks a multiply, below; 16 rows 157-160 -> 187-198).
 constexpr int ROWS16_CHUNK = 4;
 
+// The fifth bits of eight rows' quad (``fifths``: the rows' bytes of the quad) as 16 or 0 in each
+// code byte, for the low nibbles' values, or with HIGH the high ones'.
+template <bool HIGH>
+inline __m256i fifth_bits(const uint8_t* fifths) {
+    const __m256i bytes = _mm256_broadcastq_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(fifths)));
+    const __m256i spread = _mm256_shuffle_epi8(bytes, load<__m256i>(FIFTHS_SPREAD));
+    const __m256i bit = _mm256_set1_epi32(FIFTH_BITS<HIGH>);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
+}
+
 // products[h][i] += the 16-bit pair sums of four codes of each of the sixteen weight rows in the
 // 64 bytes at ``codes`` (rows 8 h to 8 h + 7 in bytes 32 h on; their low nibbles, or with HIGH the
-// high) and four codes of input row i at xs[i] + at, broadcast; the adds kept a chain (the empty
-// asm) unless ``last``, the step whose sums a madd reads next.
-template <bool HIGH, int CHUNK>
+// high, and with FIFTHS the fifth bits at ``fifths``, a byte a row) and four codes of input row i at
+// xs[i] + at, broadcast; the adds kept a chain (the empty asm) unless ``last``, the step whose sums a
+// madd reads next.
+template <bool HIGH, int CHUNK, bool FIFTHS = false>
 inline void add_nibble_products(__m256i (&products)[2][CHUNK], const uint8_t* codes, const int8_t* const (&xs)[CHUNK],
-                                int64_t at, __m256i nibble, bool last) {
+                                int64_t at, __m256i nibble, bool last, const uint8_t* fifths = nullptr) {
     __m256i these[2];
     for (int h = 0; h < 2; ++h) {
         const __m256i bytes = load<__m256i>(codes + 32 * h);
         these[h] = _mm256_and_si256(HIGH ? _mm256_srli_epi16(bytes, 4) : bytes, nibble);
+        if constexpr (FIFTHS) these[h] = _mm256_or_si256(these[h], fifth_bits<HIGH>(fifths + 8 * h));
     }
     for (int i = 0; i < CHUNK; ++i) {
         const __m256i x4 = _mm256_set1_epi32(load<int32_t>(xs[i] + at));
@@ -413,9 +517,7 @@ inline void rows16_chunk(const RoundedGroup<Q4KRows16, ROWS>& x, int m0, const u
     for (int h = 0; h < 2; ++h)
         for (int i = 0; i < CHUNK; ++i) store(y + (m0 + i) * y_stride + 8 * h, sums[h][i]);
 }
-#endif
 
-#if LOOM_BLOCKS_ROWS16
 // block_weights.h's block_term for eight weight rows' blocks (AVX2, which has no multiply with an
 // explicit rounding: an empty asm keeps the product from being fused into the add that follows):
 // the block's exact integer sums a times d dx, with MINS plus the rows' minimums m times xs.
@@ -427,6 +529,57 @@ inline Lanes block_term(Sums a, Lanes d_dx, Lanes m, float xs) {
     return (Lanes)_mm256_fmadd_ps((__m256)m, _mm256_set1_ps(xs), (__m256)c);
 }
 
+// rows16_chunk over GGUF_Q4_1_ROWS16 (or with FIFTHS GGUF_Q5_0_ROWS16): each block's four quads of
+// codes, the low nibbles then the high (values 4 q + b, then 16 on; their fifth bits added as 16
+// where set), maddubs by the input codes broadcast, the pairs summed in 16 bits (4-bit codes over
+// the block's eight steps, at most 2 x 15 x 127 each: 30480; 5-bit ones over four, 2 x 31 x 127:
+// 31496) before a madd into exact integers a row; each block's term is the AVX-512 build's over Loom's
+// 4- and 5-bit blocks (block_term: a (d dx) rounded, then m xs added by one multiply-add, xs the
+// input block's scale times its code sum).
+template <int CHUNK, int ROWS, bool FIFTHS>
+inline void rows16_chunk(const RoundedGroup<NibbleRows16<FIFTHS>, ROWS>& x, int m0, const uint8_t* blocks,
+                         int64_t count, float* y, int64_t y_stride) {
+    using L = NibbleRows16<FIFTHS>;
+    const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    Lanes sums[2][CHUNK] = {};
+    for (int64_t b = 0; b < count; ++b) {
+        const uint8_t* block = blocks + b * L::BLOCK_BYTES;
+        if (m0 == 0) fetch_lines(block + ROWS16_AHEAD, L::BLOCK_BYTES);  // (never faults past the end)
+        __m256i products[2][CHUNK], a[2][CHUNK];  // 16-bit; 32-bit
+        for (int h = 0; h < 2; ++h)
+            for (int i = 0; i < CHUNK; ++i) products[h][i] = a[h][i] = _mm256_setzero_si256();
+        const int8_t* xb[CHUNK];  // the block's codes
+        for (int i = 0; i < CHUNK; ++i) xb[i] = x.codes(m0 + i, b, 0);
+        const auto take_sums = [&] {  // the 16-bit sums so far into a, and begun again
+            for (int h = 0; h < 2; ++h)
+                for (int i = 0; i < CHUNK; ++i) {
+                    a[h][i] = _mm256_add_epi32(a[h][i], _mm256_madd_epi16(products[h][i], ones));
+                    products[h][i] = _mm256_setzero_si256();
+                }
+        };
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q)  // the low nibbles (values 0-15)
+            add_nibble_products<false, CHUNK, FIFTHS>(products, block + 64 * q, xb, 4 * q, nibble, FIFTHS && q == 3,
+                                                      block + L::FIFTHS + q * L::ROWS);
+        if constexpr (FIFTHS) take_sums();
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q)  // then the high
+            add_nibble_products<true, CHUNK, FIFTHS>(products, block + 64 * q, xb, 16 + 4 * q, nibble, q == 3,
+                                                     block + L::FIFTHS + q * L::ROWS);
+        take_sums();
+        for (int h = 0; h < 2; ++h) {
+            const Lanes d = (Lanes)_mm256_cvtph_ps(load<__m128i>(block + L::D + 16 * h));
+            const Lanes m = FIFTHS ? d * L::IMPLIED_MINIMUM : (Lanes)_mm256_cvtph_ps(load<__m128i>(block + L::M + 16 * h));
+            for (int i = 0; i < CHUNK; ++i)
+                sums[h][i] += block_term<true>((Sums)a[h][i], d * x.scale(m0 + i, b), m, x.sums(m0 + i, b)[0]);
+        }
+    }
+    for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < CHUNK; ++i) store(y + (m0 + i) * y_stride + 8 * h, sums[h][i]);
+}
+#endif
+
+#if LOOM_BLOCKS_ROWS16
 // y[m][o] = x[m] . w[o] for input rows [m0, m0 + CHUNK) of the group and the sixteen weight rows of
 // ``blocks`` (GGUF_Q8_0_ROWS16), each block's products ending in an exact integer a row, taken into
 // the row's sum as the AVX-512 build's products over Loom's 8-bit blocks take theirs (block_term:
@@ -470,44 +623,6 @@ inline void rows16_chunk(const RoundedGroup<Q80Rows16, ROWS>& x, int m0, const u
         for (int h = 0; h < 2; ++h) {
             const Lanes d = (Lanes)_mm256_cvtph_ps(load<__m128i>(block + L::D + 16 * h));
             for (int i = 0; i < CHUNK; ++i) sums[h][i] += block_term<false>((Sums)a[h][i], d * x.scale(m0 + i, b), Lanes{}, 0.0f);
-        }
-    }
-    for (int h = 0; h < 2; ++h)
-        for (int i = 0; i < CHUNK; ++i) store(y + (m0 + i) * y_stride + 8 * h, sums[h][i]);
-}
-
-// rows16_chunk over GGUF_Q4_1_ROWS16: each block's four quads of codes, the low nibbles then the
-// high (values 4 q + b, then 16 on), maddubs by the input codes broadcast, the pairs summed in 16 bits
-// over the block (eight steps of at most 2 x 15 x 127: 30480) before one madd into exact integers a
-// row; each block's term is the AVX-512 build's over Loom's 4-bit blocks (block_term: a (d dx)
-// rounded, then m xs added by one multiply-add, xs the input block's scale times its code sum).
-template <int CHUNK, int ROWS>
-inline void rows16_chunk(const RoundedGroup<Q41Rows16, ROWS>& x, int m0, const uint8_t* blocks, int64_t count,
-                         float* y, int64_t y_stride) {
-    using L = Q41Rows16;
-    const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-    Lanes sums[2][CHUNK] = {};
-    for (int64_t b = 0; b < count; ++b) {
-        const uint8_t* block = blocks + b * L::BLOCK_BYTES;
-        if (m0 == 0) fetch_lines(block + ROWS16_AHEAD, L::BLOCK_BYTES);  // (never faults past the end)
-        __m256i products[2][CHUNK];  // 16-bit
-        for (auto& half : products)
-            for (auto& p : half) p = _mm256_setzero_si256();
-        const int8_t* xb[CHUNK];  // the block's codes
-        for (int i = 0; i < CHUNK; ++i) xb[i] = x.codes(m0 + i, b, 0);
-#pragma GCC unroll 4
-        for (int q = 0; q < 4; ++q)  // the low nibbles (values 0-15)
-            add_nibble_products<false>(products, block + 64 * q, xb, 4 * q, nibble, false);
-#pragma GCC unroll 4
-        for (int q = 0; q < 4; ++q)  // then the high
-            add_nibble_products<true>(products, block + 64 * q, xb, 16 + 4 * q, nibble, q == 3);
-        for (int h = 0; h < 2; ++h) {
-            const Lanes d = (Lanes)_mm256_cvtph_ps(load<__m128i>(block + L::D + 16 * h));
-            const Lanes m = (Lanes)_mm256_cvtph_ps(load<__m128i>(block + L::M + 16 * h));
-            for (int i = 0; i < CHUNK; ++i) {
-                const Sums a = (Sums)_mm256_madd_epi16(products[h][i], ones);
-                sums[h][i] += block_term<true>(a, d * x.scale(m0 + i, b), m, x.sums(m0 + i, b)[0]);
-            }
         }
     }
     for (int h = 0; h < 2; ++h)

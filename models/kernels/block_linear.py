@@ -32,12 +32,13 @@ GROUP = 32  # values per block (block_codes.h)
 # block_codes.h's formats; Loom's own are named by their bits
 LOOM_4BIT, LOOM_5BIT, LOOM_8BIT = 4, 5, 8
 GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K = 10, 11, 12, 13, 14
-# Q4_K's, Q8_0's, Q4_1's (Q4_0's) and Q6_K's numbers with sixteen rows side by side
+# Q4_K's, Q8_0's, Q4_1's (Q4_0's), Q5_0's and Q6_K's numbers with sixteen rows side by side
 # (block_interleaved.h), made at load where the build multiplies them (rows16)
-GGUF_Q4_K_ROWS16, GGUF_Q8_0_ROWS16, GGUF_Q4_1_ROWS16, GGUF_Q6_K_ROWS16 = 18, 19, 20, 21
-# a row's bytes of a block in GGUF_Q8_0_ROWS16 and GGUF_Q4_1_ROWS16 (the files' own: the codes, a
-# float16 scale, and for Q4_1 a float16 minimum)
-BLOCK_ROWS16_BYTES = {GGUF_Q8_0_ROWS16: 34, GGUF_Q4_1_ROWS16: 20}
+GGUF_Q4_K_ROWS16, GGUF_Q8_0_ROWS16, GGUF_Q4_1_ROWS16, GGUF_Q6_K_ROWS16, GGUF_Q5_0_ROWS16 = 18, 19, 20, 21, 23
+# a row's bytes of a block in GGUF_Q8_0_ROWS16, GGUF_Q4_1_ROWS16 and GGUF_Q5_0_ROWS16 (the files' own:
+# the codes, a float16 scale, and for Q4_1 a float16 minimum; Q5_0's a spare byte besides, its rows
+# told apart from Q5_K's by their size: stored_format)
+BLOCK_ROWS16_BYTES = {GGUF_Q8_0_ROWS16: 34, GGUF_Q4_1_ROWS16: 20, GGUF_Q5_0_ROWS16: 23}
 # not blocks: a GGUF file's float matrices (F32, F16, BF16) as it keeps them, the 16-bit ones widened
 # as the products read them
 FLOAT32, FLOAT16, BFLOAT16 = 0, 16, 17
@@ -51,7 +52,8 @@ SUPER_BLOCKS = {GGUF_Q2_K: (256, 84), GGUF_Q3_K: (256, 110), GGUF_Q4_K: (256, 14
 FORMAT_NAMES = {LOOM_4BIT: "4-bit blocks", LOOM_5BIT: "5-bit blocks", LOOM_8BIT: "8-bit blocks", GGUF_Q2_K: "Q2_K",
                 GGUF_Q3_K: "Q3_K", GGUF_Q4_K: "Q4_K", GGUF_Q5_K: "Q5_K", GGUF_Q6_K: "Q6_K",
                 GGUF_Q4_K_ROWS16: "Q4_K (16 rows side by side)", GGUF_Q8_0_ROWS16: "Q8_0 (16 rows side by side)",
-                GGUF_Q4_1_ROWS16: "Q4_0/Q4_1 (16 rows side by side)", GGUF_Q6_K_ROWS16: "Q6_K (16 rows side by side)",
+                GGUF_Q4_1_ROWS16: "Q4_0/Q4_1 (16 rows side by side)",
+                GGUF_Q5_0_ROWS16: "Q5_0 (16 rows side by side)", GGUF_Q6_K_ROWS16: "Q6_K (16 rows side by side)",
                 FLOAT32: "float32", FLOAT16: "float16", BFLOAT16: "bfloat16",
                 FLOAT32_PADDED: f"float32 ({ROW_PAD} values padded)"}
 WITH_MINIMUMS = (LOOM_4BIT, LOOM_5BIT)  # Loom's blocks that keep a float32 minimum beside each scale
@@ -86,35 +88,39 @@ ROWS16 = 16  # the weight rows the ROWS16 layouts lay side by side
 # and the processors it is built for
 ROWS16_LAYOUTS = {GGUF_Q4_K_ROWS16: (GGUF_Q4_K, "q4_k", "AVX-512, or AVX2 with FMA and F16C"),
                   GGUF_Q8_0_ROWS16: (LOOM_8BIT, "q8_0", "AVX2 with FMA and F16C, without AVX-512"),
-                  GGUF_Q4_1_ROWS16: (LOOM_4BIT, "q4_1", "AVX2 with FMA and F16C, without AVX-512"),
+                  GGUF_Q4_1_ROWS16: (LOOM_4BIT, "q4_1", "AVX-512, or AVX2 with FMA and F16C"),
+                  GGUF_Q5_0_ROWS16: (LOOM_5BIT, "q5_0", "AVX-512, or AVX2 with FMA and F16C"),
                   GGUF_Q6_K_ROWS16: (GGUF_Q6_K, "q6_k", "AVX2 with FMA and F16C, without AVX-512")}
 ROWS16_LAYOUT_OF = {source: layout for layout, (source, _, _) in ROWS16_LAYOUTS.items()}  # by source format
 
 
 def multiplies_rows16(layout: int) -> bool:
-    """Whether the kernels are built for ``layout`` (GGUF_Q4_K_ROWS16: AVX-512, or AVX2 with FMA and
-    F16C; the others: AVX2 without AVX-512, whose products over Loom's blocks and Q6_K take pairs of
-    blocks and the tiles)."""
+    """Whether the kernels are built for ``layout`` (Q4_K's, Q4_1's and Q5_0's: AVX-512, or AVX2 with
+    FMA and F16C; Q8_0's and Q6_K's: AVX2 without AVX-512, whose products over Loom's 8-bit blocks and
+    Q6_K take pairs of blocks and the tiles)."""
     library = native.library()
     return library is not None and bool(getattr(library, f"loom_multiplies_{ROWS16_LAYOUTS[layout][1]}_rows16")())
 
 
 def rows16(blocks: torch.Tensor, width: int, layout: int) -> torch.Tensor | None:
-    """A matrix [rows, bytes per row] of ``layout``'s source format (Q4_K or Q6_K; Loom's 8- or 4-bit
-    blocks, each scale and minimum a float16's value, as a Q8_0, Q4_0 or Q4_1 file's are) in
-    ``layout`` (a copy, the same numbers), where this build multiplies that layout and the rows are a
-    multiple of sixteen; else None. Over it a one-row product reads the weights at the memory's rate,
-    and many rows take fewer instructions per product (block_interleaved.h)."""
+    """A matrix [rows, bytes per row] of ``layout``'s source format (Q4_K or Q6_K; Loom's 8-, 4- or
+    5-bit blocks, each scale and minimum a float16's value, as a Q8_0, Q4_0, Q4_1 or Q5_0 file's are,
+    the 5-bit ones' minimums -16 times their scales, as Q5_0's) in ``layout`` (a copy, the same
+    numbers), where this build multiplies that layout and the rows are a multiple of sixteen; else
+    None. Over it a one-row product reads the weights at the memory's rate, and many rows take fewer
+    instructions per product (block_interleaved.h)."""
     source_format, name, _ = ROWS16_LAYOUTS[layout]
     values = rounding(source_format)
     if (not multiplies_rows16(layout) or blocks.dtype != torch.uint8 or blocks.dim() != 2
             or blocks.shape[0] % ROWS16 or width % values or blocks.shape[1] != row_bytes(width, source_format)):
         return None
     source = blocks.contiguous()
-    if source_format in (LOOM_8BIT, LOOM_4BIT):  # the scales (and minimums) after the codes
+    if source_format in (LOOM_8BIT, LOOM_4BIT, LOOM_5BIT):  # the scales (and minimums) after the codes
         floats = source[:, width * source_format // 8:].contiguous().view(torch.float32)
         if not torch.equal(floats.half().float(), floats):
             return None
+        if source_format == LOOM_5BIT and not torch.equal(floats[:, width // GROUP:], floats[:, :width // GROUP] * -16):
+            return None  # (a Q5_1 file's: its minimums of its own)
     layout_bytes = row_bytes(width, layout)  # a row's, in the layout
     # (in 2 MB pages where the system allows: a one-row product streams them faster, models/pages.py)
     out = fresh_zeros(blocks.shape[0] * layout_bytes).view(blocks.shape[0], layout_bytes)

@@ -15,10 +15,10 @@ import models
 from models.kernels import block_formats, native
 from models.kernels.block_formats import block_format, to_blocks
 from models.kernels.block_linear import (BFLOAT16, FLOAT16, FLOAT32, FLOAT32_PADDED, GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q4_K_ROWS16,
-                                         GGUF_Q4_1_ROWS16, GGUF_Q5_K, GGUF_Q6_K, GGUF_Q6_K_ROWS16, GGUF_Q8_0_ROWS16,
-                                         GROUP, LOOM_4BIT, LOOM_5BIT, LOOM_8BIT, SUPER_BLOCKS, WIDEN_ARGTYPES, BlockEmbedding, BlockLinear, dequantize,
+                                         GGUF_Q4_1_ROWS16, GGUF_Q5_0_ROWS16, GGUF_Q5_K, GGUF_Q6_K, GGUF_Q6_K_ROWS16, GGUF_Q8_0_ROWS16,
+                                         FORMAT_NAMES, GROUP, LOOM_4BIT, LOOM_5BIT, LOOM_8BIT, SUPER_BLOCKS, WIDEN_ARGTYPES, BlockEmbedding, BlockLinear, dequantize,
                                          multiplies_rows16, padded_rows, pads_rows, round_activations, rounding,
-                                         rounds_input_to_bfloat16, rows16)
+                                         rounds_input_to_bfloat16, row_bytes, rows16, stored_format)
 from models.kernels.cpu_linear import KERNEL_ROWS
 from runtime import Engine, GenerationConfig
 
@@ -64,6 +64,21 @@ def test_formats_whose_numbers_blocks_hold_keep_the_files_numbers(kind):
     data = random_tensor(kind, rows=6, width=width)
     blocks = to_blocks(data, kind, width)
     assert torch.equal(dequantize(blocks.flatten(), block_format(kind), 6, width).double(), file_values(data, kind, width))
+
+
+@pytest.mark.parametrize("width", [256, 512, 1152, 2048, 8960])
+def test_every_block_format_has_rows_of_its_own_size(width):
+    """A buffer's format is told by its rows' bytes (stored_format), so no two block formats may give
+    a row of the same width the same size (Q5_0's rows side by side keep a spare byte a block so as
+    not to be Q5_K's)."""
+    sizes = {}
+    for format in FORMAT_NAMES:
+        if format in (FLOAT32, FLOAT16, BFLOAT16) or (format in SUPER_BLOCKS and width % 256):
+            continue
+        size = row_bytes(width, format)
+        assert size not in sizes, f"{FORMAT_NAMES[format]} and {FORMAT_NAMES[sizes[size]]}: {size} bytes"
+        sizes[size] = format
+        assert stored_format(torch.zeros(2, size, dtype=torch.uint8), width) == format
 
 
 @needs_kernels
@@ -136,17 +151,18 @@ def test_a_long_prompts_rows_in_bands_are_each_the_rows_product_alone(kind, layo
 @needs_kernels
 @pytest.mark.parametrize("kind, layout", [(Q.Q4_K, GGUF_Q4_K_ROWS16), (Q.Q6_K, GGUF_Q6_K_ROWS16),
                                           (Q.Q8_0, GGUF_Q8_0_ROWS16), (Q.Q4_0, GGUF_Q4_1_ROWS16),
-                                          (Q.Q4_1, GGUF_Q4_1_ROWS16)],
-                         ids=["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1"])
+                                          (Q.Q4_1, GGUF_Q4_1_ROWS16), (Q.Q5_0, GGUF_Q5_0_ROWS16)],
+                         ids=["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0"])
 def test_rows_side_by_side_hold_the_files_numbers_and_give_its_very_products(kind, layout):
-    """Q4_K, Q6_K, Q8_0, Q4_0 and Q4_1 with sixteen rows side by side (the ROWS16 layouts, made at load
+    """Q4_K, Q6_K, Q8_0, Q4_0, Q4_1 and Q5_0 with sixteen rows side by side (the ROWS16 layouts, made at load
     where the build multiplies them): their rows widen to gguf-py's values, looked up as an
     embedding's too, a row's product is bitwise the same at every row count and within float32's
     rounding of float64's over the file's values, and where the build's products over the file's
     own layout end each super-block (or block) in exact integers too (AVX-512: one row, the few-row
     products and from 13 rows the tiles) bitwise theirs, so a model's numbers do not depend on which
-    layout it takes. Rows not a multiple of sixteen, and 8-bit blocks whose scales are no float16's,
-    keep their layout, and a part of such rows is refused."""
+    layout it takes. Rows not a multiple of sixteen, Loom's blocks whose scales are no float16's, and
+    5-bit blocks with minimums of their own (Q5_1's) keep their layout, and a part of such rows is
+    refused."""
     width, out = 512, 96
     data = random_tensor(kind, rows=out, width=width, seed=7)
     blocks = to_blocks(data, kind, width)
@@ -183,6 +199,9 @@ def test_rows_side_by_side_hold_the_files_numbers_and_give_its_very_products(kin
         codes = width * block_format(kind) // 8
         blocks[0, codes:codes + 4] = torch.tensor([0.1], dtype=torch.float32).view(torch.uint8)
         assert rows16(blocks, width, layout) is None
+    if kind == Q.Q5_0:  # minimums of their own (Q5_1's), which the layout has no room for
+        q5_1 = to_blocks(random_tensor(Q.Q5_1, rows=out, width=width, seed=7), Q.Q5_1, width)
+        assert rows16(q5_1, width, layout) is None
 
 
 def expected_product(x: torch.Tensor, data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
@@ -401,18 +420,19 @@ def test_a_file_of_mixed_formats_runs_in_them_and_equals_float64_over_its_values
     assert model.layers[0].attn.out.formats == (FLOAT16,) and model.layers[1].attn.out.formats == (BFLOAT16,)
     # fused products keep their parts (no copy), each in its own format: the Q4_K ones with sixteen
     # rows side by side where the build multiplies them so, else read from the file
-    # (and Q6_K, Q8_0, Q4_0, Q4_1 and IQ4_NL, the last four's scales float16s, with AVX2 alone; IQ4_XS's,
+    # (Q4_0, Q4_1 and Q5_0 likewise; Q6_K, Q8_0 and IQ4_NL, the last two's scales float16s, with AVX2 alone; IQ4_XS's,
     # float16s times integers, need not be: this file's output layer keeps Loom's 8-bit blocks)
     q4_k = GGUF_Q4_K_ROWS16 if multiplies_rows16(GGUF_Q4_K_ROWS16) else GGUF_Q4_K
     q8_0 = GGUF_Q8_0_ROWS16 if multiplies_rows16(GGUF_Q8_0_ROWS16) else LOOM_8BIT
     q4_1 = GGUF_Q4_1_ROWS16 if multiplies_rows16(GGUF_Q4_1_ROWS16) else LOOM_4BIT
     q6_k = GGUF_Q6_K_ROWS16 if multiplies_rows16(GGUF_Q6_K_ROWS16) else GGUF_Q6_K
+    q5_0 = GGUF_Q5_0_ROWS16 if multiplies_rows16(GGUF_Q5_0_ROWS16) else LOOM_5BIT
     assert model.layers[0].attn.qkv.formats == (q4_1, q4_k, q4_1)
     assert model.layers[0].mlp.gate_up.formats == (q8_0, q8_0) and model.lm_head.formats == (LOOM_8BIT,)
     assert model.embed.format == q8_0
     assert model.layers[0].mlp.down.formats == (GGUF_Q5_K,)
     assert model.layers[1].attn.qkv.formats == (GGUF_Q3_K, LOOM_5BIT, GGUF_Q2_K)
-    assert model.layers[1].mlp.gate_up.formats == (LOOM_5BIT, q6_k) and model.layers[1].mlp.down.formats == (q4_k,)
+    assert model.layers[1].mlp.gate_up.formats == (q5_0, q6_k) and model.layers[1].mlp.down.formats == (q4_k,)
     assert model.decoder_layers is not None  # decode steps on the fused native layers
     prompts = [[5 + i, 17, 200 - i, 33, 8] for i in range(6)]
     with Engine.from_pretrained(tmp_path / "mixed.gguf") as engine:
