@@ -16,9 +16,9 @@ gives a tied table (before 2026-12-04 they took the layers' type). The qwen2.5 s
 llama.cpp's converter writes a Qwen2 model: architecture "qwen2", biases on the queries, keys and
 values, Qwen2's rope base and norm epsilon; the qwen3 ones as a Qwen3: no biases, each head's
 queries and keys normalised (attn_q_norm, attn_k_norm), heads of 128 whatever the hidden size; the
-gemma3 one as a Gemma 3: those norms, 256-wide heads, the attention's and the MLP's outputs normalised
+gemma3 ones as a Gemma 3: those norms, 256-wide heads, the attention's and the MLP's outputs normalised
 (post_attention_norm, post_ffw_norm), a 512-token sliding window (llama.cpp makes every sixth layer
-global). ``--vocab`` pads the vocabulary with reserved control tokens
+global; the 4B's window 1024 tokens, its global layers' rope scaled linearly by 8, as Gemma 3 4B's). ``--vocab`` pads the vocabulary with reserved control tokens
 up to a real model's (Llama 3's 128,256, Qwen2.5's 151,936): the table, and the output product over
 it, at their real size.
 K-quant blocks are random bytes with their float16 scales set so that weights stay near
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +53,7 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "qwen2.5-0.5b": (896, 4864, 24, 14, 2), "qwen2.5-1.5b": (1536, 8960, 28, 12, 2),
           "qwen2.5-7b": (3584, 18944, 28, 28, 4), "qwen3-0.6b": (1024, 3072, 28, 16, 8),
           "qwen3-1.7b": (2048, 6144, 28, 16, 8), "qwen3-8b": (4096, 12288, 36, 32, 8),
-          "gemma3-1b": (1152, 6912, 26, 4, 1)}
+          "gemma3-1b": (1152, 6912, 26, 4, 1), "gemma3-4b": (2560, 10240, 34, 8, 4)}
 UNTIED = {"qwen2.5-7b", "qwen3-8b"}  # the shapes whose output layer is a tensor of its own
 
 
@@ -71,6 +71,7 @@ class Layout:
     head_norms: bool = False
     output_norms: bool = False
     window: int | None = None
+    linear_rope: float | None = None  # a linear rope scaling's factor (Gemma 3's from 4B: its global layers')
 
 
 LAYOUTS = {"qwen2.5": Layout("qwen2", rope_base=1e6, eps=1e-6, context=32768, biases=True),
@@ -79,9 +80,13 @@ LAYOUTS = {"qwen2.5": Layout("qwen2", rope_base=1e6, eps=1e-6, context=32768, bi
                             output_norms=True, window=512)}
 
 
+# shapes whose layout is not their family's: Gemma 3 4B's window of 1024 and global rope scaled 8 times
+SHAPE_LAYOUTS = {"gemma3-4b": replace(LAYOUTS["gemma3"], window=1024, linear_rope=8.0)}
+
+
 def layout(shape: str) -> Layout:
     """A shape's family layout, by its name's prefix (Llama's for the unprefixed ones)."""
-    return LAYOUTS.get(shape.split("-")[0], Layout("llama"))
+    return SHAPE_LAYOUTS.get(shape) or LAYOUTS.get(shape.split("-")[0], Layout("llama"))
 FILE_TYPES = {"f32": 0, "f16": 1, "bf16": 32, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9, "q8_0": 7, "q2_k": 10,
               "q3_k_m": 12, "q4_k_m": 15, "q5_k_m": 17}
 FLOAT_FORMATS = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1,
@@ -176,6 +181,9 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
     writer.add_layer_norm_rms_eps(family.eps)
     if family.window:
         writer.add_sliding_window(family.window)
+    if family.linear_rope:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(family.linear_rope)
     writer.add_vocab_size(vocab)
     writer.add_tokenizer_model(source["tokenizer.ggml.model"])
     writer.add_tokenizer_pre(source["tokenizer.ggml.pre"])
