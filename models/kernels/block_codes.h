@@ -847,7 +847,8 @@ struct NibbleRows16 {
     using From = LoomNibbles<HIGH>;
     static constexpr int64_t ROUNDING = GROUP, VALUES = GROUP;
     static constexpr int64_t ROWS = 16, BYTES = HIGH ? 23 : 20, BLOCK_BYTES = ROWS * BYTES;
-    static constexpr int64_t FIFTHS = ROWS * GROUP / 2, D = FIFTHS + (HIGH ? 4 * ROWS : 0), M = D + 2 * ROWS;  // offsets
+    // offsets: the fifth bits, d, and m (HIGH: none, the spare bytes lie there)
+    static constexpr int64_t FIFTHS_AT = ROWS * GROUP / 2, D = FIFTHS_AT + (HIGH ? 4 * ROWS : 0), M = D + 2 * ROWS;
     static constexpr int64_t UNIT = 4;
     static constexpr bool MINS = true;
     static constexpr float IMPLIED_MINIMUM = -16.0f;  // HIGH: w = d q + m with m this times d

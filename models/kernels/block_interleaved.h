@@ -87,12 +87,11 @@ inline void repack_rows16(NibbleRows16<HIGH>, const uint8_t* src, int64_t in, ui
         uint8_t* block = dst + b * L::BLOCK_BYTES;
         for (int r = 0; r < L::ROWS; ++r) {
             const uint8_t* row = src + r * row_bytes;
+            const uint32_t bits = HIGH ? load<uint32_t>(row + in / 2 + 4 * b) : 0;  // bit j: value j's fifth
             for (int q = 0; q < 4; ++q) {
                 std::memcpy(block + (q * L::ROWS + r) * 4, row + b * GROUP / 2 + 4 * q, 4);
-                if constexpr (HIGH) {  // bit j of Loom's word: value j's
-                    const uint32_t bits = load<uint32_t>(row + in / 2 + 4 * b);
-                    block[L::FIFTHS + q * L::ROWS + r] = uint8_t((bits >> 4 * q & 15) | (bits >> (16 + 4 * q) & 15) << 4);
-                }
+                if constexpr (HIGH)
+                    block[L::FIFTHS_AT + q * L::ROWS + r] = uint8_t((bits >> 4 * q & 15) | (bits >> (16 + 4 * q) & 15) << 4);
             }
             const float* scales = L::From::scales_of(row, in);
             put_half(block + L::D + 2 * r, scales[b]);
@@ -172,7 +171,7 @@ inline void widen_row16(NibbleRows16<HIGH>, const BlockWeights& w, int64_t row, 
         const float d = half_to_float(block + L::D + 2 * r), m = L::minimum(block, r, d);
         for (int v = 0; v < L::VALUES / 2; ++v) {
             const uint8_t byte = block[(v / 4 * L::ROWS + r) * 4 + v % 4];
-            const uint8_t fifths = HIGH ? block[L::FIFTHS + v / 4 * L::ROWS + r] : 0;
+            const uint8_t fifths = HIGH ? block[L::FIFTHS_AT + v / 4 * L::ROWS + r] : 0;
             dst[b * L::VALUES + v] = d * float((byte & 15) | (fifths >> v % 4 & 1) << 4) + m;
             dst[b * L::VALUES + v + 16] = d * float((byte >> 4) | (fifths >> (4 + v % 4) & 1) << 4) + m;
         }
@@ -380,7 +379,7 @@ inline void rows16_chunk(const RoundedGroup<NibbleRows16<FIFTHS>, ROWS>& x, int 
             const __m512i codes = _mm512_loadu_si512(block + 64 * q);
             __m512i low = _mm512_and_si512(codes, nibble), high = _mm512_and_si512(_mm512_srli_epi16(codes, 4), nibble);
             if constexpr (FIFTHS) {
-                const uint8_t* fifths = block + L::FIFTHS + q * L::ROWS;
+                const uint8_t* fifths = block + L::FIFTHS_AT + q * L::ROWS;
                 low = _mm512_mask_add_epi8(low, fifth_bits<false>(fifths), low, sixteen);
                 high = _mm512_mask_add_epi8(high, fifth_bits<true>(fifths), high, sixteen);
             }
@@ -560,12 +559,12 @@ inline void rows16_chunk(const RoundedGroup<NibbleRows16<FIFTHS>, ROWS>& x, int 
 #pragma GCC unroll 4
         for (int q = 0; q < 4; ++q)  // the low nibbles (values 0-15)
             add_nibble_products<false, CHUNK, FIFTHS>(products, block + 64 * q, xb, 4 * q, nibble, FIFTHS && q == 3,
-                                                      block + L::FIFTHS + q * L::ROWS);
+                                                      block + L::FIFTHS_AT + q * L::ROWS);
         if constexpr (FIFTHS) take_sums();
 #pragma GCC unroll 4
         for (int q = 0; q < 4; ++q)  // then the high
             add_nibble_products<true, CHUNK, FIFTHS>(products, block + 64 * q, xb, 16 + 4 * q, nibble, q == 3,
-                                                     block + L::FIFTHS + q * L::ROWS);
+                                                     block + L::FIFTHS_AT + q * L::ROWS);
         take_sums();
         for (int h = 0; h < 2; ++h) {
             const Lanes d = (Lanes)_mm256_cvtph_ps(load<__m128i>(block + L::D + 16 * h));
