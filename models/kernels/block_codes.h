@@ -27,6 +27,8 @@
 // - GGUF_Q4_K_ROWS16 (148 bytes a row's super-block; AVX-512 or AVX2): Q4_K's codes, scales,
 //   minimums, d and dmin of sixteen rows side by side, so that a 512-bit vector holds four codes of
 //   each of the sixteen (a 256-bit one, of eight).
+// - GGUF_Q5_K_ROWS16 (180 bytes a row's super-block; AVX-512 or AVX2): the same with each code's
+//   fifth bit, for Q5_K.
 // - GGUF_Q8_0_ROWS16 (34 bytes a row's block, as Q8_0's; AVX2 builds without AVX-512): Q8_0's codes
 //   and float16 scales of sixteen rows side by side, two codes of each row in turn.
 // - GGUF_Q4_1_ROWS16 (20 bytes a row's block, as Q4_1's; AVX-512 or AVX2): Q4_1's (and Q4_0's, whose
@@ -61,7 +63,7 @@ enum Format : int64_t {
     GGUF_Q2_K = 10, GGUF_Q3_K = 11, GGUF_Q4_K = 12, GGUF_Q5_K = 13, GGUF_Q6_K = 14,
     FLOAT16 = 16, BFLOAT16 = 17, GGUF_Q4_K_ROWS16 = 18, GGUF_Q8_0_ROWS16 = 19,
     GGUF_Q4_1_ROWS16 = 20, GGUF_Q6_K_ROWS16 = 21, FLOAT_PADDED = 22,
-    GGUF_Q5_0_ROWS16 = 23
+    GGUF_Q5_0_ROWS16 = 23, GGUF_Q5_K_ROWS16 = 24
 };
 constexpr int64_t ROW_PAD = 16;  // values a FLOAT_PADDED row has past its width
 
@@ -804,15 +806,22 @@ struct FloatRows {
 // of each row: sub-block 2 c in the low nibbles, 2 c + 1 in the high), then the sub-blocks' scales
 // [8][row] and minimums [4][row][2] (sub-blocks 2 k and 2 k + 1 of a row side by side, for one
 // 16-bit multiply-add to meet both) as bytes, then d [row] and dmin [row] as float16.
-struct Q4KRows16 {
-    using From = Q4K;  // the rows it is made from
+// GGUF_Q5_K_ROWS16 (HIGH): the same, then each code's fifth bit, a byte a row's quad of a pair of
+// sub-blocks ([c][q][row]: bit b value 4 q + b of sub-block 2 c, bit 4 + b of 2 c + 1), 180 bytes a
+// row's super-block where Q5_K's file has 176.
+template <bool HIGH>
+struct KRows16 {
+    using From = KQuantWithMins<HIGH>;  // the rows it is made from
     static constexpr int64_t ROUNDING = 256, VALUES = 256;  // as Q4_K's
-    static constexpr int64_t ROWS = 16, BYTES = 148, BLOCK_BYTES = ROWS * BYTES;
+    static constexpr int64_t ROWS = 16, BYTES = HIGH ? 180 : 148, BLOCK_BYTES = ROWS * BYTES;
     static constexpr int64_t SCALES = 2048, MINS = SCALES + 128, D = MINS + 128, DMIN = D + 32;  // offsets
+    static constexpr int64_t FIFTHS_AT = DMIN + 32;  // HIGH: the fifth bits [pair c][quad q][row], a byte
     static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
     // the offset of row r's minimum of sub-block j
     static constexpr int64_t min_at(int j, int r) { return MINS + (j / 2 * ROWS + r) * 2 + j % 2; }
 };
+using Q4KRows16 = KRows16<false>;
+using Q5KRows16 = KRows16<true>;
 // Whether this build multiplies that layout (block_interleaved.h's rows16: AVX-512, or AVX2 with FMA
 // and F16C); elsewhere Q4_K keeps the file's layout.
 #if (defined(__AVX512F__) && defined(__AVX512BW__)) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
@@ -892,7 +901,8 @@ constexpr bool BLOCKS_ROWS16_BUILT = LOOM_BLOCKS_ROWS16;
 // Whether format F lays sixteen weight rows side by side (block_interleaved.h's products).
 template <typename F>
 constexpr bool rows_side_by_side() {
-    return std::is_same_v<F, Q4KRows16> || std::is_same_v<F, Q80Rows16> || std::is_same_v<F, Q41Rows16> ||
+    return std::is_same_v<F, Q4KRows16> || std::is_same_v<F, Q5KRows16> || std::is_same_v<F, Q80Rows16> ||
+           std::is_same_v<F, Q41Rows16> ||
            std::is_same_v<F, Q50Rows16> || std::is_same_v<F, Q6KRows16>;
 }
 // Whether this build multiplies layout L (one of those), which is made only where it does.
@@ -933,6 +943,9 @@ inline void with_format(int64_t format, int64_t in, F&& f) {
         case GGUF_Q4_K_ROWS16:  // made only where the products over it are built
             if constexpr (rows16_built<Q4KRows16>()) return f(Q4KRows16{});
             __builtin_trap();
+        case GGUF_Q5_K_ROWS16:
+            if constexpr (rows16_built<Q5KRows16>()) return f(Q5KRows16{});
+            __builtin_trap();
         case GGUF_Q8_0_ROWS16:
             if constexpr (rows16_built<Q80Rows16>()) return f(Q80Rows16{});
             __builtin_trap();
@@ -957,6 +970,7 @@ inline void with_format(int64_t format, int64_t in, F&& f) {
 inline int64_t format_row_bytes(int64_t format, int64_t in) {
     // (asked of every BlockWeights: answered here so that a build without AVX-512 does not trap)
     if (format == GGUF_Q4_K_ROWS16) return Q4KRows16::row_bytes(in);
+    if (format == GGUF_Q5_K_ROWS16) return Q5KRows16::row_bytes(in);
     if (format == GGUF_Q8_0_ROWS16) return Q80Rows16::row_bytes(in);
     if (format == GGUF_Q4_1_ROWS16) return Q41Rows16::row_bytes(in);
     if (format == GGUF_Q5_0_ROWS16) return Q50Rows16::row_bytes(in);

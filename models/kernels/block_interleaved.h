@@ -43,23 +43,32 @@
 
 namespace {
 
-// Rows [16 k, 16 k + 16) of a Q4_K matrix of rows of ``in`` values (the file's layout) into ``dst``,
-// the same rows' bytes in GGUF_Q4_K_ROWS16.
-inline void repack_rows16(Q4KRows16, const uint8_t* src, int64_t in, uint8_t* dst) {
-    using L = Q4KRows16;
+// Rows [16 k, 16 k + 16) of a Q4_K (HIGH: Q5_K) matrix of rows of ``in`` values (the file's layout)
+// into ``dst``, the same rows' bytes in GGUF_Q4_K_ROWS16 (GGUF_Q5_K_ROWS16).
+template <bool HIGH>
+inline void repack_rows16(KRows16<HIGH>, const uint8_t* src, int64_t in, uint8_t* dst) {
+    using L = KRows16<HIGH>;
     const int64_t row_bytes = L::From::row_bytes(in);
     for (int64_t s = 0; s < in / L::VALUES; ++s) {
         uint8_t* block = dst + s * L::BLOCK_BYTES;
         for (int r = 0; r < L::ROWS; ++r) {
             const uint8_t* row = src + r * row_bytes;
-            const Q4K::Super super(row, in, s);  // its 6-bit scales and minimums decoded
+            const typename L::From::Super super(row, in, s);  // its 6-bit scales and minimums decoded
             for (int c = 0; c < 4; ++c)
-                for (int q = 0; q < 8; ++q) std::memcpy(block + ((c * 8 + q) * L::ROWS + r) * 4, super.qs + 32 * c + 4 * q, 4);
+                for (int q = 0; q < 8; ++q) {
+                    std::memcpy(block + ((c * 8 + q) * L::ROWS + r) * 4, super.qs + 32 * c + 4 * q, 4);
+                    if constexpr (HIGH) {  // bit j of the file's byte l: value l of sub-block j's
+                        uint8_t fifths = 0;
+                        for (int b = 0; b < 4; ++b)
+                            for (int h = 0; h < 2; ++h) fifths |= (super.qh[4 * q + b] >> (2 * c + h) & 1) << (4 * h + b);
+                        block[L::FIFTHS_AT + (c * 8 + q) * L::ROWS + r] = fifths;
+                    }
+                }
             for (int j = 0; j < 8; ++j) {
                 block[L::SCALES + j * L::ROWS + r] = uint8_t(super.sc[j]);
                 block[L::min_at(j, r)] = uint8_t(super.min_codes >> (8 * j));
             }
-            const uint8_t* halves = row + s * Q4K::BYTES;  // d and dmin, the file's float16s as they are
+            const uint8_t* halves = row + s * L::From::BYTES;  // d and dmin, the file's float16s as they are
             std::memcpy(block + L::D + 2 * r, halves, 2);
             std::memcpy(block + L::DMIN + 2 * r, halves + 2, 2);
         }
@@ -177,8 +186,9 @@ inline void widen_row16(NibbleRows16<HIGH>, const BlockWeights& w, int64_t row, 
         }
     }
 }
-inline void widen_row16(Q4KRows16, const BlockWeights& w, int64_t row, float* dst) {
-    using L = Q4KRows16;
+template <bool HIGH>
+inline void widen_row16(KRows16<HIGH>, const BlockWeights& w, int64_t row, float* dst) {
+    using L = KRows16<HIGH>;
     const uint8_t* first = w.base + row / L::ROWS * L::ROWS * w.stride;  // the row's block
     const int r = int(row % L::ROWS);
     for (int64_t s = 0; s < w.in / L::VALUES; ++s) {
@@ -188,11 +198,13 @@ inline void widen_row16(Q4KRows16, const BlockWeights& w, int64_t row, float* ds
             for (int q = 0; q < 8; ++q)
                 for (int b = 0; b < 4; ++b) {
                     const uint8_t byte = block[((c * 8 + q) * L::ROWS + r) * 4 + b];
+                    const uint8_t fifths = HIGH ? block[L::FIFTHS_AT + (c * 8 + q) * L::ROWS + r] : 0;
                     for (int h = 0; h < 2; ++h) {
                         const int j = 2 * c + h;  // the sub-block
                         const float scale = d * float(block[L::SCALES + j * L::ROWS + r]);
                         const float low = dmin * float(block[L::min_at(j, r)]);
-                        dst[s * L::VALUES + 32 * j + 4 * q + b] = scale * float(h ? byte >> 4 : byte & 15) - low;
+                        const int code = (h ? byte >> 4 : byte & 15) | (fifths >> (4 * h + b) & 1) << 4;
+                        dst[s * L::VALUES + 32 * j + 4 * q + b] = scale * float(code) - low;
                     }
                 }
     }
@@ -290,15 +302,24 @@ inline __m256i sub_block_sums(const int16_t* sixteens) {
 // Sixteen bytes as 32-bit lanes
 inline __m512i widen_bytes(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
+// Sixteen rows' bytes of a quad's fifth bits (at ``fifths``), each beside its row's four code bytes
+inline __m512i spread_fifths(const uint8_t* fifths) {
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(load<__m128i>(fifths)), load<__m512i>(FIFTHS_SPREAD));
+}
+// The code bytes whose fifth bit is set, of the low nibbles' values, or with HIGH the high ones'
+template <bool HIGH>
+inline __mmask64 fifth_bits(__m512i spread) { return _mm512_test_epi8_mask(spread, _mm512_set1_epi32(FIFTH_BITS<HIGH>)); }
+
 // y[m][o] = x[m] . w[o] for input rows [m0, m0 + CHUNK) of the group and the sixteen weight rows of
-// ``blocks`` (their sums in registers: two sub-blocks' products, the codes' and the minimums'
+// ``blocks`` (GGUF_Q4_K_ROWS16, or with HIGH GGUF_Q5_K_ROWS16, whose fifth bits are added to the codes
+// as 16 where set; their sums in registers: two sub-blocks' products, the codes' and the minimums'
 // integers and the float sum, each CHUNK vectors; CHUNK a constant, for them to stay there).
 constexpr int ROWS16_CHUNK = 4;
-template <int CHUNK, int ROWS>
-inline void rows16_chunk(const RoundedGroup<Q4KRows16, ROWS>& x, int m0, const uint8_t* blocks, int64_t supers,
+template <int CHUNK, int ROWS, bool HIGH>
+inline void rows16_chunk(const RoundedGroup<KRows16<HIGH>, ROWS>& x, int m0, const uint8_t* blocks, int64_t supers,
                          float* y, int64_t y_stride) {
-    using L = Q4KRows16;
-    const __m512i nibble = _mm512_set1_epi8(15);
+    using L = KRows16<HIGH>;
+    const __m512i nibble = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
     __m512 sums[CHUNK];
     for (auto& sum : sums) sum = _mm512_setzero_ps();
     for (int64_t s = 0; s < supers; ++s) {
@@ -313,8 +334,13 @@ inline void rows16_chunk(const RoundedGroup<Q4KRows16, ROWS>& x, int m0, const u
             for (int i = 0; i < CHUNK; ++i) first_sums[i] = second_sums[i] = _mm512_setzero_si512();
             for (int q = 0; q < 8; ++q) {
                 const __m512i codes = _mm512_loadu_si512(block + (c * 8 + q) * 64);
-                const __m512i first_codes = _mm512_and_si512(codes, nibble);
-                const __m512i second_codes = _mm512_and_si512(_mm512_srli_epi16(codes, 4), nibble);
+                __m512i first_codes = _mm512_and_si512(codes, nibble);
+                __m512i second_codes = _mm512_and_si512(_mm512_srli_epi16(codes, 4), nibble);
+                if constexpr (HIGH) {
+                    const __m512i fifths = spread_fifths(block + L::FIFTHS_AT + (c * 8 + q) * L::ROWS);
+                    first_codes = _mm512_mask_add_epi8(first_codes, fifth_bits<false>(fifths), first_codes, sixteen);
+                    second_codes = _mm512_mask_add_epi8(second_codes, fifth_bits<true>(fifths), second_codes, sixteen);
+                }
                 for (int i = 0; i < CHUNK; ++i) {
                     first_sums[i] = dot_quads(first_sums[i], first_codes,
                                               _mm512_set1_epi32(load<int32_t>(xq[i] + 64 * c + 4 * q)));
@@ -346,15 +372,6 @@ inline void rows16_chunk(const RoundedGroup<Q4KRows16, ROWS>& x, int m0, const u
     for (int i = 0; i < CHUNK; ++i) _mm512_storeu_ps(y + (m0 + i) * y_stride, sums[i]);
 }
 
-// The code bytes of sixteen rows' quad whose fifth bit is set (``fifths``: the rows' bytes of the
-// quad), among the low nibbles' values, or with HIGH the high ones'.
-template <bool HIGH>
-inline __mmask64 fifth_bits(const uint8_t* fifths) {
-    const __m512i bytes = _mm512_broadcast_i32x4(load<__m128i>(fifths));
-    const __m512i spread = _mm512_shuffle_epi8(bytes, load<__m512i>(FIFTHS_SPREAD));
-    return _mm512_test_epi8_mask(spread, _mm512_set1_epi32(FIFTH_BITS<HIGH>));
-}
-
 // y[m][o] = x[m] . w[o] for input rows [m0, m0 + CHUNK) of the group and the sixteen weight rows of
 // ``blocks`` (GGUF_Q4_1_ROWS16, or with FIFTHS GGUF_Q5_0_ROWS16, its minimums -16 d): each block's four
 // quads of codes, the low nibbles and the high (values 4 q + b and 16 on), their fifth bits added as 16 where set,
@@ -379,7 +396,7 @@ inline void rows16_chunk(const RoundedGroup<NibbleRows16<FIFTHS>, ROWS>& x, int 
             const __m512i codes = _mm512_loadu_si512(block + 64 * q);
             __m512i low = _mm512_and_si512(codes, nibble), high = _mm512_and_si512(_mm512_srli_epi16(codes, 4), nibble);
             if constexpr (FIFTHS) {
-                const uint8_t* fifths = block + L::FIFTHS_AT + q * L::ROWS;
+                const __m512i fifths = spread_fifths(block + L::FIFTHS_AT + q * L::ROWS);
                 low = _mm512_mask_add_epi8(low, fifth_bits<false>(fifths), low, sixteen);
                 high = _mm512_mask_add_epi8(high, fifth_bits<true>(fifths), high, sixteen);
             }
@@ -451,49 +468,60 @@ inline void add_nibble_products(__m256i (&products)[2][CHUNK], const uint8_t* co
     }
 }
 
-using Q4KShares = FetchShares<Q4KRows16, 8, 8>;  // (a share for each sub-block's eight steps)
+template <bool FIFTHS>
+using KShares = FetchShares<KRows16<FIFTHS>, 8, 8>;  // (a share for each sub-block's eight steps)
 
 // a[h][i] += sub-block 2 c + HIGH's products of the sixteen weight rows of ``block`` (their codes
-// the low nibbles of pair c's bytes, or the high) and input row i's codes of the super-block
-// ``xq[i]``, times the rows' sub-block scales (the block ahead's share j of its lines fetched
-// meanwhile: FetchShares)
-template <bool HIGH, int CHUNK>
+// the low nibbles of pair c's bytes, or the high; with FIFTHS, Q5_K's, their fifth bits added) and
+// input row i's codes of the super-block ``xq[i]``, times the rows' sub-block scales (the block
+// ahead's share j of its lines fetched meanwhile: FetchShares). 5-bit codes' 16-bit sums take the
+// scales every four steps (eight could pass 32767: 8 x 2 x 31 x 127).
+template <bool HIGH, int CHUNK, bool FIFTHS>
 inline void rows16_sub_block(__m256i (&a)[2][CHUNK], const uint8_t* block, int c, const int8_t* const (&xq)[CHUNK],
-                             __m256i nibble, Q4KShares fetch) {
-    using L = Q4KRows16;
+                             __m256i nibble, KShares<FIFTHS> fetch) {
+    using L = KRows16<FIFTHS>;
     const int j = 2 * c + HIGH;  // the sub-block
     const uint8_t* share = fetch.share(j);
     __m256i products[2][CHUNK];  // 16-bit
+    const auto take_products = [&] {  // (the scales loaded here, where no product's sum holds a register)
+        for (int h = 0; h < 2; ++h) {
+            const __m256i scale = eight_scales(block + L::SCALES + j * L::ROWS + 8 * h);
+            for (int i = 0; i < CHUNK; ++i) {
+                a[h][i] = _mm256_add_epi32(a[h][i], _mm256_madd_epi16(products[h][i], scale));
+                products[h][i] = _mm256_setzero_si256();
+            }
+        }
+    };
     for (auto& half : products)
         for (auto& p : half) p = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int q = 0; q < 8; ++q) {
-        Q4KShares::fetch_line(share, q);
-        add_nibble_products<HIGH>(products, block + c * 512 + 64 * q, xq, 32 * j + 4 * q, nibble, q == 7);
+        KShares<FIFTHS>::fetch_line(share, q);
+        const bool last = q == 7 || (FIFTHS && q == 3);
+        add_nibble_products<HIGH, CHUNK, FIFTHS>(products, block + c * 512 + 64 * q, xq, 32 * j + 4 * q, nibble, last,
+                                                 block + L::FIFTHS_AT + (c * 8 + q) * L::ROWS);
+        if (FIFTHS && q == 3) take_products();
     }
-    for (int h = 0; h < 2; ++h) {
-        const __m256i scale = eight_scales(block + L::SCALES + j * L::ROWS + 8 * h);
-        for (int i = 0; i < CHUNK; ++i) a[h][i] = _mm256_add_epi32(a[h][i], _mm256_madd_epi16(products[h][i], scale));
-    }
+    take_products();
 }
 
-template <int CHUNK, int ROWS>
-inline void rows16_chunk(const RoundedGroup<Q4KRows16, ROWS>& x, int m0, const uint8_t* blocks, int64_t supers,
+template <int CHUNK, int ROWS, bool FIFTHS>
+inline void rows16_chunk(const RoundedGroup<KRows16<FIFTHS>, ROWS>& x, int m0, const uint8_t* blocks, int64_t supers,
                          float* y, int64_t y_stride) {
-    using L = Q4KRows16;
+    using L = KRows16<FIFTHS>;
     const __m256i nibble = _mm256_set1_epi8(15);
     Lanes sums[2][CHUNK] = {};
     for (int64_t s = 0; s < supers; ++s) {
         const uint8_t* block = blocks + s * L::BLOCK_BYTES;
-        const auto fetch = Q4KShares::for_chunk<ROWS, CHUNK>(block, m0);
+        const auto fetch = KShares<FIFTHS>::template for_chunk<ROWS, CHUNK>(block, m0);
         __m256i a[2][CHUNK];
         for (auto& half : a)
             for (auto& v : half) v = _mm256_setzero_si256();
         const int8_t* xq[CHUNK];  // the super-block's codes, in order
         for (int i = 0; i < CHUNK; ++i) xq[i] = x.codes(m0 + i, s, 0);
         for (int c = 0; c < 4; ++c) {  // sub-blocks 2 c (the low nibbles of pair c's codes) and 2 c + 1
-            rows16_sub_block<false>(a, block, c, xq, nibble, fetch);
-            rows16_sub_block<true>(a, block, c, xq, nibble, fetch);
+            rows16_sub_block<false, CHUNK, FIFTHS>(a, block, c, xq, nibble, fetch);
+            rows16_sub_block<true, CHUNK, FIFTHS>(a, block, c, xq, nibble, fetch);
         }
         __m256i sub_sums[CHUNK];
         for (int i = 0; i < CHUNK; ++i) sub_sums[i] = sub_block_sums(x.sixteens(m0 + i, s));
@@ -713,9 +741,13 @@ inline void rows16_chunk(const RoundedGroup<Q6KRows16, ROWS>& x, int m0, const u
 #endif
 
 // Input rows a rows16_chunk takes: Q6_K's one half of the weight rows at a time, so that its codes,
-// put together with more instructions than Q4_K's, serve eight input rows.
+// put together with more instructions than Q4_K's, serve eight input rows; and with AVX-512's 32
+// registers Q5_K's, whose fifth bits cost their own (8192 x 2048, two Zen 4 threads, 16 / 64 rows:
+// 183 / 185 Gvalue-rows/s four rows at a time, 225 / 233 eight).
 template <typename L>
-constexpr int rows16_chunk_rows() { return std::is_same_v<L, Q6KRows16> ? 8 : ROWS16_CHUNK; }
+constexpr int rows16_chunk_rows() {
+    return std::is_same_v<L, Q6KRows16> || (std::is_same_v<L, Q5KRows16> && VECTOR_BYTES == 64) ? 8 : ROWS16_CHUNK;
+}
 
 // y[m][o] = x[m] . w[o] for the group's ROWS input rows and the sixteen weight rows from ``first``
 // (a block of layout L), rows16_chunk_rows<L>() input rows at a time, the block's bytes of a super-block

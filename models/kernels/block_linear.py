@@ -32,9 +32,10 @@ GROUP = 32  # values per block (block_codes.h)
 # block_codes.h's formats; Loom's own are named by their bits
 LOOM_4BIT, LOOM_5BIT, LOOM_8BIT = 4, 5, 8
 GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K = 10, 11, 12, 13, 14
-# Q4_K's, Q8_0's, Q4_1's (Q4_0's), Q5_0's and Q6_K's numbers with sixteen rows side by side
+# Q4_K's, Q8_0's, Q4_1's (Q4_0's), Q5_0's, Q5_K's and Q6_K's numbers with sixteen rows side by side
 # (block_interleaved.h), made at load where the build multiplies them (rows16)
-GGUF_Q4_K_ROWS16, GGUF_Q8_0_ROWS16, GGUF_Q4_1_ROWS16, GGUF_Q6_K_ROWS16, GGUF_Q5_0_ROWS16 = 18, 19, 20, 21, 23
+GGUF_Q4_K_ROWS16, GGUF_Q8_0_ROWS16, GGUF_Q4_1_ROWS16, GGUF_Q6_K_ROWS16 = 18, 19, 20, 21
+GGUF_Q5_0_ROWS16, GGUF_Q5_K_ROWS16 = 23, 24
 # a row's bytes of a block in GGUF_Q8_0_ROWS16, GGUF_Q4_1_ROWS16 and GGUF_Q5_0_ROWS16 (the files' own:
 # the codes, a float16 scale, and for Q4_1 a float16 minimum; Q5_0's a spare byte besides, its rows
 # told apart from Q5_K's by their size: stored_format)
@@ -48,10 +49,11 @@ FLOAT32_PADDED, ROW_PAD = 22, 16
 FLOAT_FORMATS = {torch.float32: FLOAT32, torch.float16: FLOAT16, torch.bfloat16: BFLOAT16}  # told by the dtype
 # values and bytes of a K-quant's super-block (a row's share of one, for the K-quants side by side)
 SUPER_BLOCKS = {GGUF_Q2_K: (256, 84), GGUF_Q3_K: (256, 110), GGUF_Q4_K: (256, 144), GGUF_Q5_K: (256, 176),
-                GGUF_Q6_K: (256, 210), GGUF_Q4_K_ROWS16: (256, 148), GGUF_Q6_K_ROWS16: (256, 212)}
+                GGUF_Q6_K: (256, 210), GGUF_Q4_K_ROWS16: (256, 148), GGUF_Q5_K_ROWS16: (256, 180),
+                GGUF_Q6_K_ROWS16: (256, 212)}
 FORMAT_NAMES = {LOOM_4BIT: "4-bit blocks", LOOM_5BIT: "5-bit blocks", LOOM_8BIT: "8-bit blocks", GGUF_Q2_K: "Q2_K",
                 GGUF_Q3_K: "Q3_K", GGUF_Q4_K: "Q4_K", GGUF_Q5_K: "Q5_K", GGUF_Q6_K: "Q6_K",
-                GGUF_Q4_K_ROWS16: "Q4_K (16 rows side by side)", GGUF_Q8_0_ROWS16: "Q8_0 (16 rows side by side)",
+                GGUF_Q4_K_ROWS16: "Q4_K (16 rows side by side)", GGUF_Q5_K_ROWS16: "Q5_K (16 rows side by side)", GGUF_Q8_0_ROWS16: "Q8_0 (16 rows side by side)",
                 GGUF_Q4_1_ROWS16: "Q4_0/Q4_1 (16 rows side by side)",
                 GGUF_Q5_0_ROWS16: "Q5_0 (16 rows side by side)", GGUF_Q6_K_ROWS16: "Q6_K (16 rows side by side)",
                 FLOAT32: "float32", FLOAT16: "float16", BFLOAT16: "bfloat16",
@@ -87,6 +89,7 @@ ROWS16 = 16  # the weight rows the ROWS16 layouts lay side by side
 # each layout with rows side by side: the format it is made from, its name in the kernels' symbols,
 # and the processors it is built for
 ROWS16_LAYOUTS = {GGUF_Q4_K_ROWS16: (GGUF_Q4_K, "q4_k", "AVX-512, or AVX2 with FMA and F16C"),
+                  GGUF_Q5_K_ROWS16: (GGUF_Q5_K, "q5_k", "AVX-512, or AVX2 with FMA and F16C"),
                   GGUF_Q8_0_ROWS16: (LOOM_8BIT, "q8_0", "AVX2 with FMA and F16C, without AVX-512"),
                   GGUF_Q4_1_ROWS16: (LOOM_4BIT, "q4_1", "AVX-512, or AVX2 with FMA and F16C"),
                   GGUF_Q5_0_ROWS16: (LOOM_5BIT, "q5_0", "AVX-512, or AVX2 with FMA and F16C"),
@@ -95,7 +98,7 @@ ROWS16_LAYOUT_OF = {source: layout for layout, (source, _, _) in ROWS16_LAYOUTS.
 
 
 def multiplies_rows16(layout: int) -> bool:
-    """Whether the kernels are built for ``layout`` (Q4_K's, Q4_1's and Q5_0's: AVX-512, or AVX2 with
+    """Whether the kernels are built for ``layout`` (Q4_K's, Q5_K's, Q4_1's and Q5_0's: AVX-512, or AVX2 with
     FMA and F16C; Q8_0's and Q6_K's: AVX2 without AVX-512, whose products over Loom's 8-bit blocks and
     Q6_K take pairs of blocks and the tiles)."""
     library = native.library()
@@ -103,7 +106,7 @@ def multiplies_rows16(layout: int) -> bool:
 
 
 def rows16(blocks: torch.Tensor, width: int, layout: int) -> torch.Tensor | None:
-    """A matrix [rows, bytes per row] of ``layout``'s source format (Q4_K or Q6_K; Loom's 8-, 4- or
+    """A matrix [rows, bytes per row] of ``layout``'s source format (Q4_K, Q5_K or Q6_K; Loom's 8-, 4- or
     5-bit blocks, each scale and minimum a float16's value, as a Q8_0, Q4_0, Q4_1 or Q5_0 file's are,
     the 5-bit ones' minimums -16 times their scales, as Q5_0's) in ``layout`` (a copy, the same
     numbers), where this build multiplies that layout and the rows are a multiple of sixteen; else

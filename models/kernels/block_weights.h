@@ -143,7 +143,8 @@ int64_t record_values(int64_t in) { return rounds_by_super_block<F>() ? F::VALUE
 // float scales and sums per block (int8_rows', and every other format's).
 template <typename F>
 constexpr bool integer_records() {
-    return (PAIRS || std::is_same_v<F, Q4KRows16> || std::is_same_v<F, Q6KRows16>) && rounds_by_super_block<F>();
+    return (PAIRS || std::is_same_v<F, Q4KRows16> || std::is_same_v<F, Q5KRows16> || std::is_same_v<F, Q6KRows16>) &&
+           rounds_by_super_block<F>();
 }
 // Whether format F's products read its rounded input's group_offsets too (Q6_K side by side).
 template <typename F>

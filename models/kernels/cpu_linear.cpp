@@ -115,16 +115,21 @@ void repack_rows_side_by_side(const uint8_t* src, int64_t in, int64_t out, uint8
     }
 }
 
-// Whether this build multiplies Q4_K weights with sixteen rows side by side (GGUF_Q4_K_ROWS16), Q6_K
+// Whether this build multiplies Q4_K and Q5_K weights with sixteen rows side by side (GGUF_Q4_K_ROWS16,
+// GGUF_Q5_K_ROWS16), Q6_K
 // (GGUF_Q6_K_ROWS16) and Loom's 8-, 4- and 5-bit blocks (GGUF_Q8_0_ROWS16, GGUF_Q4_1_ROWS16,
 // GGUF_Q5_0_ROWS16; each scale and minimum a float16's value); and ``out`` rows of each laid out so.
 extern "C" int64_t loom_multiplies_q4_k_rows16() { return rows16_built<Q4KRows16>(); }
+extern "C" int64_t loom_multiplies_q5_k_rows16() { return rows16_built<Q5KRows16>(); }
 extern "C" int64_t loom_multiplies_q8_0_rows16() { return rows16_built<Q80Rows16>(); }
 extern "C" int64_t loom_multiplies_q4_1_rows16() { return rows16_built<Q41Rows16>(); }
 extern "C" int64_t loom_multiplies_q5_0_rows16() { return rows16_built<Q50Rows16>(); }
 extern "C" int64_t loom_multiplies_q6_k_rows16() { return rows16_built<Q6KRows16>(); }
 extern "C" void loom_repack_q4_k_rows16(const uint8_t* src, int64_t in, int64_t out, uint8_t* dst) {
     repack_rows_side_by_side<Q4KRows16>(src, in, out, dst);
+}
+extern "C" void loom_repack_q5_k_rows16(const uint8_t* src, int64_t in, int64_t out, uint8_t* dst) {
+    repack_rows_side_by_side<Q5KRows16>(src, in, out, dst);
 }
 extern "C" void loom_repack_q8_0_rows16(const uint8_t* src, int64_t in, int64_t out, uint8_t* dst) {
     repack_rows_side_by_side<Q80Rows16>(src, in, out, dst);

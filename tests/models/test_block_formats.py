@@ -15,7 +15,7 @@ import models
 from models.kernels import block_formats, native
 from models.kernels.block_formats import block_format, to_blocks
 from models.kernels.block_linear import (BFLOAT16, FLOAT16, FLOAT32, FLOAT32_PADDED, GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q4_K_ROWS16,
-                                         GGUF_Q4_1_ROWS16, GGUF_Q5_0_ROWS16, GGUF_Q5_K, GGUF_Q6_K, GGUF_Q6_K_ROWS16, GGUF_Q8_0_ROWS16,
+                                         GGUF_Q4_1_ROWS16, GGUF_Q5_0_ROWS16, GGUF_Q5_K, GGUF_Q5_K_ROWS16, GGUF_Q6_K, GGUF_Q6_K_ROWS16, GGUF_Q8_0_ROWS16,
                                          FORMAT_NAMES, GROUP, LOOM_4BIT, LOOM_5BIT, LOOM_8BIT, SUPER_BLOCKS, WIDEN_ARGTYPES, BlockEmbedding, BlockLinear, dequantize,
                                          multiplies_rows16, padded_rows, pads_rows, round_activations, rounding,
                                          rounds_input_to_bfloat16, row_bytes, rows16, stored_format)
@@ -127,9 +127,9 @@ def test_a_rows_product_is_the_same_whatever_rows_share_it(kind, width):
 
 
 @needs_kernels
-@pytest.mark.parametrize("kind, layout", [(Q.Q4_K, None), (Q.Q4_K, GGUF_Q4_K_ROWS16), (Q.Q6_K, None),
-                                          (Q.Q6_K, GGUF_Q6_K_ROWS16), (Q.Q8_0, None)],
-                         ids=["Q4_K", "Q4_K-rows16", "Q6_K", "Q6_K-rows16", "Q8_0"])
+@pytest.mark.parametrize("kind, layout", [(Q.Q4_K, None), (Q.Q4_K, GGUF_Q4_K_ROWS16), (Q.Q5_K, GGUF_Q5_K_ROWS16),
+                                          (Q.Q6_K, None), (Q.Q6_K, GGUF_Q6_K_ROWS16), (Q.Q8_0, None)],
+                         ids=["Q4_K", "Q4_K-rows16", "Q5_K-rows16", "Q6_K", "Q6_K-rows16", "Q8_0"])
 def test_a_long_prompts_rows_in_bands_are_each_the_rows_product_alone(kind, layout):
     """A product of many input rows over a wide matrix takes them in bands whose rounded input stays
     cached (block_weights.h's input_band_rows: 40 rows at 8192 wide, so 100 rows are three bands,
@@ -149,12 +149,13 @@ def test_a_long_prompts_rows_in_bands_are_each_the_rows_product_alone(kind, layo
 
 
 @needs_kernels
-@pytest.mark.parametrize("kind, layout", [(Q.Q4_K, GGUF_Q4_K_ROWS16), (Q.Q6_K, GGUF_Q6_K_ROWS16),
-                                          (Q.Q8_0, GGUF_Q8_0_ROWS16), (Q.Q4_0, GGUF_Q4_1_ROWS16),
-                                          (Q.Q4_1, GGUF_Q4_1_ROWS16), (Q.Q5_0, GGUF_Q5_0_ROWS16)],
-                         ids=["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0"])
+@pytest.mark.parametrize("kind, layout", [(Q.Q4_K, GGUF_Q4_K_ROWS16), (Q.Q5_K, GGUF_Q5_K_ROWS16),
+                                          (Q.Q6_K, GGUF_Q6_K_ROWS16), (Q.Q8_0, GGUF_Q8_0_ROWS16),
+                                          (Q.Q4_0, GGUF_Q4_1_ROWS16), (Q.Q4_1, GGUF_Q4_1_ROWS16),
+                                          (Q.Q5_0, GGUF_Q5_0_ROWS16)],
+                         ids=["Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0"])
 def test_rows_side_by_side_hold_the_files_numbers_and_give_its_very_products(kind, layout):
-    """Q4_K, Q6_K, Q8_0, Q4_0, Q4_1 and Q5_0 with sixteen rows side by side (the ROWS16 layouts, made at load
+    """Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1 and Q5_0 with sixteen rows side by side (the ROWS16 layouts, made at load
     where the build multiplies them): their rows widen to gguf-py's values, looked up as an
     embedding's too, a row's product is bitwise the same at every row count and within float32's
     rounding of float64's over the file's values, and where the build's products over the file's
@@ -175,7 +176,7 @@ def test_rows_side_by_side_hold_the_files_numbers_and_give_its_very_products(kin
         BlockLinear.of_blocks(laid_out[:out - 8], width)
     layer, as_filed = BlockLinear.of_blocks(laid_out, width), BlockLinear.of_blocks(blocks, width)
     assert layer.formats == (layout,) and as_filed.formats == (block_format(kind),)
-    exact = kind == Q.Q4_K and bool(native.library().loom_k_quant_super_blocks_exact())
+    exact = kind in (Q.Q4_K, Q.Q5_K) and bool(native.library().loom_k_quant_super_blocks_exact())
     together = torch.randn(40, width, generator=torch.Generator().manual_seed(3))
     for count in (1, 2, 3, 4, 5, 8, 9, 13, 17, 40):
         x = together[:count]
@@ -195,7 +196,7 @@ def test_rows_side_by_side_hold_the_files_numbers_and_give_its_very_products(kin
     assert torch.equal(table(ids).double(), file_values(data, kind, width)[ids])
     with pytest.raises(IndexError, match=r"token ids must lie in \[0, 96\); got 0 to 96"):
         table(torch.tensor([0, 96]))
-    if kind not in (Q.Q4_K, Q.Q6_K):  # a scale no float16 holds: Loom's blocks stay as they are
+    if kind not in (Q.Q4_K, Q.Q5_K, Q.Q6_K):  # a scale no float16 holds: Loom's blocks stay as they are
         codes = width * block_format(kind) // 8
         blocks[0, codes:codes + 4] = torch.tensor([0.1], dtype=torch.float32).view(torch.uint8)
         assert rows16(blocks, width, layout) is None
@@ -430,7 +431,8 @@ def test_a_file_of_mixed_formats_runs_in_them_and_equals_float64_over_its_values
     assert model.layers[0].attn.qkv.formats == (q4_1, q4_k, q4_1)
     assert model.layers[0].mlp.gate_up.formats == (q8_0, q8_0) and model.lm_head.formats == (LOOM_8BIT,)
     assert model.embed.format == q8_0
-    assert model.layers[0].mlp.down.formats == (GGUF_Q5_K,)
+    q5_k = GGUF_Q5_K_ROWS16 if multiplies_rows16(GGUF_Q5_K_ROWS16) else GGUF_Q5_K
+    assert model.layers[0].mlp.down.formats == (q5_k,)
     assert model.layers[1].attn.qkv.formats == (GGUF_Q3_K, LOOM_5BIT, GGUF_Q2_K)
     assert model.layers[1].mlp.gate_up.formats == (q5_0, q6_k) and model.layers[1].mlp.down.formats == (q4_k,)
     assert model.decoder_layers is not None  # decode steps on the fused native layers
