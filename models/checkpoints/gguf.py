@@ -147,7 +147,7 @@ def _block_formats(infos, keep_blocks: bool) -> dict[str, int | None]:
 
 
 def _lay_rows_side_by_side(tensors: dict, file: GGUFFile, formats: dict, names: dict) -> None:
-    """The Q4_K, Q6_K, Q8_0, Q4_0/Q4_1 and Q5_0 matrices (the last as Loom's 8-, 4- and 5-bit blocks;
+    """The Q4_K, Q5_K, Q6_K, Q8_0, Q4_0/Q4_1 and Q5_0 matrices (the last as Loom's 8-, 4- and 5-bit blocks;
     IQ4_NL's too) of linear layers and embedding tables in the ROWS16 layouts where the kernels multiply them
     (block_linear.rows16: sixteen rows side by side, a one-row product at the memory's rate), one at a
     time, each file tensor's pages let go of as its copy is made. A tied table is laid out once, for

@@ -10,7 +10,7 @@
 //   w = d q + m, q in 0..31.
 // - LOOM_8BIT: w = d q, q in -127..127.
 // GGUF's K-quants are read as the file lays them out (memory-mapped, not copied; but with AVX-512 or
-// AVX2 a linear layer's Q4_K is laid out anew at load, GGUF_Q4_K_ROWS16 below), in super-blocks
+// AVX2 a linear layer's Q4_K and Q5_K are laid out anew at load, GGUF_Q4_K_ROWS16 below), in super-blocks
 // of 256 values (the layouts: llama.cpp's dequantize_row_q*_K, which each Super's codes follow):
 // - GGUF_Q2_K (84 bytes): sixteen bytes of 4-bit scales sc and minimums m, 64 bytes of 2-bit codes,
 //   float16 d and dmin: w = d sc_g q - dmin m_g for group g of 16.
