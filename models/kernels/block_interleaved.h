@@ -313,14 +313,14 @@ template <bool HIGH>
 inline __mmask64 fifth_bits(__m512i spread) { return _mm512_test_epi8_mask(spread, _mm512_set1_epi32(FIFTH_BITS<HIGH>)); }
 
 // y[m][o] = x[m] . w[o] for input rows [m0, m0 + CHUNK) of the group and the sixteen weight rows of
-// ``blocks`` (GGUF_Q4_K_ROWS16, or with HIGH GGUF_Q5_K_ROWS16, whose fifth bits are added to the codes
+// ``blocks`` (GGUF_Q4_K_ROWS16, or with FIFTHS GGUF_Q5_K_ROWS16, whose fifth bits are added to the codes
 // as 16 where set; their sums in registers: two sub-blocks' products, the codes' and the minimums'
 // integers and the float sum, each CHUNK vectors; CHUNK a constant, for them to stay there).
 constexpr int ROWS16_CHUNK = 4;
-template <int CHUNK, int ROWS, bool HIGH>
-inline void rows16_chunk(const RoundedGroup<KRows16<HIGH>, ROWS>& x, int m0, const uint8_t* blocks, int64_t supers,
+template <int CHUNK, int ROWS, bool FIFTHS>
+inline void rows16_chunk(const RoundedGroup<KRows16<FIFTHS>, ROWS>& x, int m0, const uint8_t* blocks, int64_t supers,
                          float* y, int64_t y_stride) {
-    using L = KRows16<HIGH>;
+    using L = KRows16<FIFTHS>;
     const __m512i nibble = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
     __m512 sums[CHUNK];
     for (auto& sum : sums) sum = _mm512_setzero_ps();
@@ -338,7 +338,7 @@ inline void rows16_chunk(const RoundedGroup<KRows16<HIGH>, ROWS>& x, int m0, con
                 const __m512i codes = _mm512_loadu_si512(block + (c * 8 + q) * 64);
                 __m512i first_codes = _mm512_and_si512(codes, nibble);
                 __m512i second_codes = _mm512_and_si512(_mm512_srli_epi16(codes, 4), nibble);
-                if constexpr (HIGH) {
+                if constexpr (FIFTHS) {
                     const __m512i fifths = spread_fifths(block + L::FIFTHS_AT + (c * 8 + q) * L::ROWS);
                     first_codes = _mm512_mask_add_epi8(first_codes, fifth_bits<false>(fifths), first_codes, sixteen);
                     second_codes = _mm512_mask_add_epi8(second_codes, fifth_bits<true>(fifths), second_codes, sixteen);
