@@ -902,8 +902,7 @@ constexpr bool BLOCKS_ROWS16_BUILT = LOOM_BLOCKS_ROWS16;
 template <typename F>
 constexpr bool rows_side_by_side() {
     return std::is_same_v<F, Q4KRows16> || std::is_same_v<F, Q5KRows16> || std::is_same_v<F, Q80Rows16> ||
-           std::is_same_v<F, Q41Rows16> ||
-           std::is_same_v<F, Q50Rows16> || std::is_same_v<F, Q6KRows16>;
+           std::is_same_v<F, Q41Rows16> || std::is_same_v<F, Q50Rows16> || std::is_same_v<F, Q6KRows16>;
 }
 // Whether this build multiplies layout L (one of those), which is made only where it does.
 template <typename L>

@@ -45,6 +45,10 @@
 
 namespace {
 
+// A code's fifth bit as 16 or 0, from its row's byte of fifth bits of a quad (GGUF_Q5_K_ROWS16's and
+// GGUF_Q5_0_ROWS16's: bit b for value b of the quad's low nibbles, with ``high`` bit 4 + b for the high ones')
+inline int fifth_of(uint8_t fifths, bool high, int b) { return (fifths >> (4 * high + b) & 1) << 4; }
+
 // Rows [16 k, 16 k + 16) of a Q4_K (HIGH: Q5_K) matrix of rows of ``in`` values (the file's layout)
 // into ``dst``, the same rows' bytes in GGUF_Q4_K_ROWS16 (GGUF_Q5_K_ROWS16).
 template <bool HIGH>
@@ -183,8 +187,8 @@ inline void widen_row16(NibbleRows16<HIGH>, const BlockWeights& w, int64_t row, 
         for (int v = 0; v < L::VALUES / 2; ++v) {
             const uint8_t byte = block[(v / 4 * L::ROWS + r) * 4 + v % 4];
             const uint8_t fifths = HIGH ? block[L::FIFTHS_AT + v / 4 * L::ROWS + r] : 0;
-            dst[b * L::VALUES + v] = d * float((byte & 15) | (fifths >> v % 4 & 1) << 4) + m;
-            dst[b * L::VALUES + v + 16] = d * float((byte >> 4) | (fifths >> (4 + v % 4) & 1) << 4) + m;
+            dst[b * L::VALUES + v] = d * float((byte & 15) | fifth_of(fifths, false, v % 4)) + m;
+            dst[b * L::VALUES + v + 16] = d * float((byte >> 4) | fifth_of(fifths, true, v % 4)) + m;
         }
     }
 }
@@ -205,7 +209,7 @@ inline void widen_row16(KRows16<HIGH>, const BlockWeights& w, int64_t row, float
                         const int j = 2 * c + h;  // the sub-block
                         const float scale = d * float(block[L::SCALES + j * L::ROWS + r]);
                         const float low = dmin * float(block[L::min_at(j, r)]);
-                        const int code = (h ? byte >> 4 : byte & 15) | (fifths >> (4 * h + b) & 1) << 4;
+                        const int code = (h ? byte >> 4 : byte & 15) | fifth_of(fifths, h, b);
                         dst[s * L::VALUES + 32 * j + 4 * q + b] = scale * float(code) - low;
                     }
                 }
@@ -312,6 +316,20 @@ inline __m512i spread_fifths(const uint8_t* fifths) {
 template <bool HIGH>
 inline __mmask64 fifth_bits(__m512i spread) { return _mm512_test_epi8_mask(spread, _mm512_set1_epi32(FIFTH_BITS<HIGH>)); }
 
+// Sixteen rows' codes of a quad, from their 64 bytes at ``codes``: the low nibbles' (``low``) and the
+// high ones' (``high``), with FIFTHS each 16 more where its fifth bit (at ``fifths``, a byte a row) is set
+template <bool FIFTHS>
+inline void quad_codes(const uint8_t* codes, const uint8_t* fifths, __m512i& low, __m512i& high) {
+    const __m512i bytes = _mm512_loadu_si512(codes), nibble = _mm512_set1_epi8(15);
+    low = _mm512_and_si512(bytes, nibble);
+    high = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
+    if constexpr (FIFTHS) {
+        const __m512i spread = spread_fifths(fifths), sixteen = _mm512_set1_epi8(16);
+        low = _mm512_mask_add_epi8(low, fifth_bits<false>(spread), low, sixteen);
+        high = _mm512_mask_add_epi8(high, fifth_bits<true>(spread), high, sixteen);
+    }
+}
+
 // y[m][o] = x[m] . w[o] for input rows [m0, m0 + CHUNK) of the group and the sixteen weight rows of
 // ``blocks`` (GGUF_Q4_K_ROWS16, or with FIFTHS GGUF_Q5_K_ROWS16, whose fifth bits are added to the codes
 // as 16 where set; their sums in registers: two sub-blocks' products, the codes' and the minimums'
@@ -321,7 +339,6 @@ template <int CHUNK, int ROWS, bool FIFTHS>
 inline void rows16_chunk(const RoundedGroup<KRows16<FIFTHS>, ROWS>& x, int m0, const uint8_t* blocks, int64_t supers,
                          float* y, int64_t y_stride) {
     using L = KRows16<FIFTHS>;
-    const __m512i nibble = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
     __m512 sums[CHUNK];
     for (auto& sum : sums) sum = _mm512_setzero_ps();
     for (int64_t s = 0; s < supers; ++s) {
@@ -335,14 +352,9 @@ inline void rows16_chunk(const RoundedGroup<KRows16<FIFTHS>, ROWS>& x, int m0, c
             __m512i first_sums[CHUNK], second_sums[CHUNK];
             for (int i = 0; i < CHUNK; ++i) first_sums[i] = second_sums[i] = _mm512_setzero_si512();
             for (int q = 0; q < 8; ++q) {
-                const __m512i codes = _mm512_loadu_si512(block + (c * 8 + q) * 64);
-                __m512i first_codes = _mm512_and_si512(codes, nibble);
-                __m512i second_codes = _mm512_and_si512(_mm512_srli_epi16(codes, 4), nibble);
-                if constexpr (FIFTHS) {
-                    const __m512i fifths = spread_fifths(block + L::FIFTHS_AT + (c * 8 + q) * L::ROWS);
-                    first_codes = _mm512_mask_add_epi8(first_codes, fifth_bits<false>(fifths), first_codes, sixteen);
-                    second_codes = _mm512_mask_add_epi8(second_codes, fifth_bits<true>(fifths), second_codes, sixteen);
-                }
+                __m512i first_codes, second_codes;
+                quad_codes<FIFTHS>(block + (c * 8 + q) * 64, block + L::FIFTHS_AT + (c * 8 + q) * L::ROWS, first_codes,
+                                   second_codes);
                 for (int i = 0; i < CHUNK; ++i) {
                     first_sums[i] = dot_quads(first_sums[i], first_codes,
                                               _mm512_set1_epi32(load<int32_t>(xq[i] + 64 * c + 4 * q)));
@@ -384,7 +396,6 @@ template <int CHUNK, int ROWS, bool FIFTHS>
 inline void rows16_chunk(const RoundedGroup<NibbleRows16<FIFTHS>, ROWS>& x, int m0, const uint8_t* blocks,
                          int64_t count, float* y, int64_t y_stride) {
     using L = NibbleRows16<FIFTHS>;
-    const __m512i nibble = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
     __m512 sums[CHUNK];
     for (auto& sum : sums) sum = _mm512_setzero_ps();
     for (int64_t b = 0; b < count; ++b) {
@@ -395,13 +406,8 @@ inline void rows16_chunk(const RoundedGroup<NibbleRows16<FIFTHS>, ROWS>& x, int 
         __m512i a[CHUNK];
         for (auto& v : a) v = _mm512_setzero_si512();
         for (int q = 0; q < 4; ++q) {
-            const __m512i codes = _mm512_loadu_si512(block + 64 * q);
-            __m512i low = _mm512_and_si512(codes, nibble), high = _mm512_and_si512(_mm512_srli_epi16(codes, 4), nibble);
-            if constexpr (FIFTHS) {
-                const __m512i fifths = spread_fifths(block + L::FIFTHS_AT + q * L::ROWS);
-                low = _mm512_mask_add_epi8(low, fifth_bits<false>(fifths), low, sixteen);
-                high = _mm512_mask_add_epi8(high, fifth_bits<true>(fifths), high, sixteen);
-            }
+            __m512i low, high;
+            quad_codes<FIFTHS>(block + 64 * q, block + L::FIFTHS_AT + q * L::ROWS, low, high);
             for (int i = 0; i < CHUNK; ++i) {
                 a[i] = dot_quads(a[i], low, _mm512_set1_epi32(load<int32_t>(xb[i] + 4 * q)));
                 a[i] = dot_quads(a[i], high, _mm512_set1_epi32(load<int32_t>(xb[i] + 16 + 4 * q)));
