@@ -11,7 +11,7 @@ checkout's root:
     python docs/bench/block_products.py [--formats q4_k,q6_k] [--rows 1,16,64] [--rounds 3] [--side-by-side]
 
 With --side-by-side, the formats a GGUF load lays out with sixteen rows side by side where the build
-multiplies them so (block_linear.rows16: Q4_K, Q5_K, Q4_0, Q4_1 and Q5_0; with AVX2 alone Q6_K and Q8_0) are
+multiplies them so (block_formats.to_rows16: Q4_K, Q5_K, Q4_0, Q4_1 and Q5_0; with AVX2 alone Q6_K and Q8_0) are
 measured in that layout, as a model runs them.
 
 Each round measures every format in turn, so that the machine's drift reaches them alike; the best
@@ -33,8 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gguf.constants import GGMLQuantizationType as Q  # noqa: E402
 
-from models.kernels.block_formats import block_format, to_blocks  # noqa: E402
-from models.kernels.block_linear import ROWS16_LAYOUT_OF, BlockLinear, rows16  # noqa: E402
+from models.kernels.block_formats import to_blocks, to_rows16  # noqa: E402
+from models.kernels.block_linear import BlockLinear  # noqa: E402
 from random_gguf import tensor_data  # noqa: E402
 
 FORMATS = {"q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1, "q8_0": Q.Q8_0, "q2_k": Q.Q2_K,
@@ -43,12 +43,11 @@ FORMATS = {"q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1, "q8_0
 
 def layers_of(kind: Q, out: int, width: int, megabytes: int, side_by_side: bool = False) -> list[BlockLinear]:
     rng = np.random.default_rng(0)
-    layout = ROWS16_LAYOUT_OF.get(block_format(kind))
 
     def layer() -> BlockLinear:
-        blocks = to_blocks(tensor_data(kind, (out, width), rng), kind, width)
-        laid_out = rows16(blocks, width, layout) if side_by_side and layout is not None else None
-        return BlockLinear.of_blocks(blocks if laid_out is None else laid_out, width)
+        data = tensor_data(kind, (out, width), rng)
+        laid_out = to_rows16(data, kind, width) if side_by_side else None
+        return BlockLinear.of_blocks(to_blocks(data, kind, width) if laid_out is None else laid_out, width)
 
     first = layer()
     copies = max(2, -(-megabytes * 1_000_000 // first.blocks.numel()))

@@ -16,9 +16,8 @@ from gguf.constants import GGMLQuantizationType as Q
 from ..cache import cache_dir
 from ..pages import available_memory
 from . import Contents
-from ..kernels.block_formats import block_format, to_blocks, widened
-from ..kernels.block_linear import (FLOAT32, FLOAT32_PADDED, GROUP, ROWS16_LAYOUT_OF, padded_rows, pads_rows,
-                                    row_bytes, rows16, runs_as_stored)
+from ..kernels.block_formats import block_format, to_blocks, to_rows16, widened
+from ..kernels.block_linear import FLOAT32, FLOAT32_PADDED, GROUP, padded_rows, pads_rows, row_bytes, runs_as_stored
 from .gguf_config import ROPE_TENSORS, check_architecture, end_tokens, gguf_config
 from .gguf_file import GGUFFile, TensorInfo
 from .tokenizer import Tokenizer
@@ -51,6 +50,8 @@ SUPPORTED_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
 # llama.cpp's names of the products a layer fuses (q/k/v, gate/up): they take one kind of blocks
 FUSED = (frozenset({"attn_q", "attn_k", "attn_v"}), frozenset({"ffn_gate", "ffn_up"}))
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# the matrices laid out with sixteen rows side by side where the kernels multiply their format so
+ROWS16_NAMES = ("proj.weight", "lm_head.weight", "embed_tokens.weight")
 
 
 def default_model_path() -> Path:
@@ -69,8 +70,8 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
     """The file's config, tensors (transformers' names and layout) and tokenizer. With
     ``keep_blocks`` the quantized linear weights and embeddings come as blocks for Loom's kernels
     (uint8 [rows, bytes per row], kernels/block_formats.py: the K-quants as views of the mapped
-    file, but a linear layer's Q4_K laid out anew where the kernels multiply sixteen rows side by
-    side), and float matrices (F32, F16, BF16) as views of it in their dtype (but a layer's F32 rows a
+    file, but a linear layer's matrix laid out anew, in one copy, where the kernels multiply its
+    format with sixteen rows side by side: _read_tensor), and float matrices (F32, F16, BF16) as views of it in their dtype (but a layer's F32 rows a
     multiple of 4 KiB long copied into padded rows where the build multiplies them faster so:
     _pad_float32_rows); else every tensor as float32. One tensor is converted at a time, and its
     pages of the file let go of after. Raises ValueError for an architecture (a mixture of experts
@@ -91,25 +92,17 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
     for info in file.tensors.values():
         if info.name in ROPE_TENSORS:  # read into the config's rope scaling
             continue
-        blocks = formats[info.name] is not None
-        tensors[_hf_name(info.name, names)] = to_blocks(info.data, info.type, info.shape[-1]) if blocks else _widened(info)
+        name = _hf_name(info.name, names)
+        tensors[name] = _read_tensor(info, name, formats[info.name], _row_order(name, info, arch, config))
         file.release(info)  # a tensor read where it lies (the K-quants, F16, BF16) comes back on its first use
     if arch in NORM_OFFSET:
         for name in tensors:
             if name.endswith("norm.weight"):
                 tensors[name] = tensors[name] - NORM_OFFSET[arch]
-    if arch in PERMUTED_QK:
-        heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-        for name in list(tensors):  # weights and biases: llama.cpp's converter permutes both
-            if name.endswith(("q_proj.weight", "q_proj.bias")):
-                tensors[name] = _unpermute(tensors[name], heads)
-            elif name.endswith(("k_proj.weight", "k_proj.bias")):
-                tensors[name] = _unpermute(tensors[name], kv_heads)
     if keep_blocks:
-        _lay_rows_side_by_side(tensors, file, formats, names)
         _pad_float32_rows(tensors, file, formats, names)
         _fuse_blocks(tensors)
-    file.release_all()  # the pages the permutations read: what the model uses in place comes back on first use
+    file.release_all()  # the pages the padding read: what the model uses in place comes back on first use
     tokenizer = read_tokenizer(path) if "tokenizer.ggml.model" in meta else None  # a file may carry none
     # (without keep_blocks every tensor is a float32 copy, _widened's)
     return Contents(config, tensors, end_tokens(meta), tokenizer, path.stem, owned=not keep_blocks)
@@ -146,21 +139,36 @@ def _block_formats(infos, keep_blocks: bool) -> dict[str, int | None]:
     return formats
 
 
-def _lay_rows_side_by_side(tensors: dict, file: GGUFFile, formats: dict, names: dict) -> None:
-    """The Q4_K, Q5_K, Q6_K, Q8_0, Q4_0/Q4_1 and Q5_0 matrices (the last as Loom's 8-, 4- and 5-bit blocks;
-    IQ4_NL's too) of linear layers and embedding tables in the ROWS16 layouts where the kernels multiply them
-    (block_linear.rows16: sixteen rows side by side, a one-row product at the memory's rate), one at a
-    time, each file tensor's pages let go of as its copy is made. A tied table is laid out once, for
-    its lookups (BlockEmbedding reads rows from either layout) and the output layer's products alike."""
-    for info in file.tensors.values():
-        name = _hf_name(info.name, names)
-        layout = ROWS16_LAYOUT_OF.get(formats[info.name])
-        if layout is None or not name.endswith(("proj.weight", "lm_head.weight", "embed_tokens.weight")):
-            continue
-        laid_out = rows16(tensors[name], info.shape[-1], layout)
-        if laid_out is not None:
-            tensors[name] = laid_out
-            file.release(info)
+def _read_tensor(info: TensorInfo, name: str, format: int | None, order: torch.Tensor | None) -> torch.Tensor:
+    """A tensor in its kernel ``format`` (None: float32), its rows in ``order`` (the file's row of each
+    of transformers' rows; None: the file's order). A linear layer's matrix or an embedding table
+    whose format the kernels multiply with sixteen rows side by side is laid out so in one copy
+    (to_rows16: a one-row product at the memory's rate); a tied table is laid out once, for its
+    lookups (BlockEmbedding reads rows from either layout) and the output layer's products alike."""
+    if format is None:
+        tensor = _widened(info)
+    else:
+        if name.endswith(ROWS16_NAMES):
+            laid_out = to_rows16(info.data, info.type, info.shape[-1], order)
+            if laid_out is not None:
+                return laid_out
+        tensor = to_blocks(info.data, info.type, info.shape[-1])
+    return tensor if order is None else tensor[order]
+
+
+def _row_order(name: str, info: TensorInfo, arch: str, config: dict) -> torch.Tensor | None:
+    """Where llama.cpp's converter permuted a tensor's rows (Llama's Q/K weights and biases: from
+    rotate-half pairs to interleaved pairs), the file's row of each of transformers' rows; else None."""
+    if arch not in PERMUTED_QK:
+        return None
+    if name.endswith(("q_proj.weight", "q_proj.bias")):
+        heads = config["num_attention_heads"]
+    elif name.endswith(("k_proj.weight", "k_proj.bias")):
+        heads = config["num_key_value_heads"]
+    else:
+        return None
+    rows = info.shape[0]
+    return torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(rows)
 
 
 def _pad_float32_rows(tensors: dict, file: GGUFFile, formats: dict, names: dict) -> None:
@@ -204,13 +212,6 @@ def _fuse_blocks(tensors: dict) -> None:
 def _widened(info: TensorInfo) -> torch.Tensor:
     """The tensor in float32."""
     return widened(info.data, info.type, info.shape[-1]).view(info.shape)
-
-
-def _unpermute(weight: torch.Tensor, heads: int) -> torch.Tensor:
-    """Undo llama.cpp's permutation of Q/K rows (from rotate-half pairs to interleaved pairs), of a
-    weight [rows, cols] or a bias [rows]."""
-    rows = weight.shape[0]
-    return weight.reshape(heads, rows // heads // 2, 2, -1).transpose(1, 2).reshape(weight.shape)
 
 
 def _merges_as_strings(tokenizer_json: Path) -> None:

@@ -3,8 +3,9 @@ the file's own numbers. (F32, F16 and BF16 matrices too: kept as the file has th
 mapped file that the products read in place, widening the 16-bit ones as they read them.)
 
 The K-quants (Q2_K to Q6_K) are kept as the file lays them out: the kernels read their super-blocks
-where they lie in the memory-mapped file (with AVX-512 or AVX2 the loader then lays Q4_K, Q5_K, Q4_0, Q4_1 and
-Q5_0, and with AVX2 alone Q8_0 and Q6_K, out sixteen rows side by side: block_linear.rows16). Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 hold what Loom's 4-, 5-
+where they lie in the memory-mapped file. (But where the kernels multiply a format with sixteen rows
+side by side, as with AVX-512 or AVX2 they do Q4_K, Q5_K, Q4_0, Q4_1 and Q5_0, and with AVX2 alone Q8_0
+and Q6_K, the loader lays a linear layer's matrix out so, straight from the file: to_rows16.) Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 hold what Loom's 4-, 5-
 and 8-bit blocks hold (32 values, a scale, for 4 and 5 bits a minimum; Q4_0's w = d (q - 8) is a
 minimum of -8 d and Q5_0's w = d (q - 16) one of -16 d, exact in float32), so their bytes are
 rearranged, never widened. IQ4_NL and IQ4_XS look their 4-bit codes up in a table of sixteen
@@ -25,7 +26,8 @@ from gguf.constants import GGMLQuantizationType as Q
 from . import native
 from ..pages import fresh_zeros
 from .block_linear import (GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K, GROUP, FLOAT_FORMATS, LOOM_4BIT,
-                           LOOM_5BIT, LOOM_8BIT, WIDEN_ARGTYPES, row_bytes)
+                           LOOM_5BIT, LOOM_8BIT, ROWS16, ROWS16_LAYOUT_OF, WIDEN_ARGTYPES, multiplies_rows16,
+                           rounding, row_bytes)
 
 NATIVE = {Q.Q2_K: GGUF_Q2_K, Q.Q3_K: GGUF_Q3_K, Q.Q4_K: GGUF_Q4_K, Q.Q5_K: GGUF_Q5_K, Q.Q6_K: GGUF_Q6_K}
 EXACT = {Q.Q4_0: LOOM_4BIT, Q.Q4_1: LOOM_4BIT, Q.Q5_0: LOOM_5BIT, Q.Q5_1: LOOM_5BIT, Q.Q8_0: LOOM_8BIT,
@@ -56,12 +58,36 @@ def to_blocks(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
         return torch.from_numpy(_rearranged(data, kind, width))
     source = np.ascontiguousarray(data)
     size = row_bytes(width, EXACT[kind])
-    # (in 2 MB pages where the system allows, as block_linear.rows16's: one-row products read them faster)
+    # (in 2 MB pages where the system allows: one-row products read them faster, models/pages.py)
     out = fresh_zeros(source.shape[0] * size).view(source.shape[0], size)
     library.loom_rearrange_gguf_blocks(ctypes.c_void_p(source.ctypes.data), ctypes.c_int64(kind),
                                        ctypes.c_int64(width), ctypes.c_int64(source.shape[0]),
                                        ctypes.c_void_p(out.data_ptr()))
     return out
+
+
+def to_rows16(data: np.ndarray, kind: Q, width: int, order: torch.Tensor | None = None) -> torch.Tensor | None:
+    """A GGUF tensor's raw bytes [rows, bytes per row] with sixteen rows side by side, in the ROWS16
+    layout of its kernel format (block_linear.ROWS16_LAYOUTS: over it a one-row product reads the
+    weights at the memory's rate, and many rows take fewer instructions a product), made in one copy
+    from the file's bytes; row i is the file's row order[i] (a permutation; None: row i). None where
+    this build does not multiply that layout, the rows are not a multiple of sixteen, or the numbers
+    do not fit it (a Q4_0 minimum, -8 d, beyond float16's range; Q5_1's own minimums; IQ4_XS's scales,
+    no float16s): to_blocks' is the tensor then."""
+    layout = ROWS16_LAYOUT_OF.get(block_format(kind))
+    if (layout is None or not multiplies_rows16(layout) or data.ndim != 2 or not len(data) or len(data) % ROWS16
+            or width % rounding(block_format(kind))):
+        return None
+    source = np.ascontiguousarray(data)
+    if order is not None:
+        order = order.to(torch.int64).contiguous()
+    size = row_bytes(width, layout)
+    out = fresh_zeros(source.shape[0] * size).view(source.shape[0], size)  # (2 MB pages, as to_blocks')
+    fits = native.library().loom_lay_out_gguf_rows16(
+        ctypes.c_void_p(source.ctypes.data), ctypes.c_int64(kind), ctypes.c_int64(width),
+        ctypes.c_int64(source.shape[0]), ctypes.c_void_p(None if order is None else order.data_ptr()),
+        ctypes.c_int64(layout), ctypes.c_void_p(out.data_ptr()))
+    return out if fits else None
 
 
 def widened(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:

@@ -91,7 +91,7 @@ inline void put_half(uint8_t* to, float value) {
 
 // Rows [16 k, 16 k + 16) of a matrix of Loom's 4- or 5-bit blocks (rows of ``in`` values) into
 // ``dst``, the same rows in GGUF_Q4_1_ROWS16 or GGUF_Q5_0_ROWS16 (whose minimums are -16 times the
-// scales: block_linear.rows16 checks): each block's code bytes four at a time, four of each row in
+// scales: gguf_blocks.cpp's holds checks): each block's code bytes four at a time, four of each row in
 // turn, the fifth bits of a quad's eight values a byte a row, then each row's scale (and 4-bit
 // blocks' minimum) as float16s.
 template <bool HIGH>

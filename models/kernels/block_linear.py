@@ -105,34 +105,6 @@ def multiplies_rows16(layout: int) -> bool:
     return library is not None and bool(getattr(library, f"loom_multiplies_{ROWS16_LAYOUTS[layout][1]}_rows16")())
 
 
-def rows16(blocks: torch.Tensor, width: int, layout: int) -> torch.Tensor | None:
-    """A matrix [rows, bytes per row] of ``layout``'s source format (Q4_K, Q5_K or Q6_K; Loom's 8-, 4- or
-    5-bit blocks, each scale and minimum a float16's value, as a Q8_0, Q4_0, Q4_1 or Q5_0 file's are,
-    the 5-bit ones' minimums -16 times their scales, as Q5_0's) in ``layout`` (a copy, the same
-    numbers), where this build multiplies that layout and the rows are a multiple of sixteen; else
-    None. Over it a one-row product reads the weights at the memory's rate, and many rows take fewer
-    instructions per product (block_interleaved.h)."""
-    source_format, name, _ = ROWS16_LAYOUTS[layout]
-    values = rounding(source_format)
-    if (not multiplies_rows16(layout) or blocks.dtype != torch.uint8 or blocks.dim() != 2
-            or blocks.shape[0] % ROWS16 or width % values or blocks.shape[1] != row_bytes(width, source_format)):
-        return None
-    source = blocks.contiguous()
-    if source_format in (LOOM_8BIT, LOOM_4BIT, LOOM_5BIT):  # the scales (and minimums) after the codes
-        floats = source[:, width * source_format // 8:].contiguous().view(torch.float32)
-        if not torch.equal(floats.half().float(), floats):
-            return None
-        if source_format == LOOM_5BIT and not torch.equal(floats[:, width // GROUP:], floats[:, :width // GROUP] * -16):
-            return None  # (a Q5_1 file's: its minimums of its own)
-    layout_bytes = row_bytes(width, layout)  # a row's, in the layout
-    # (in 2 MB pages where the system allows: a one-row product streams them faster, models/pages.py)
-    out = fresh_zeros(blocks.shape[0] * layout_bytes).view(blocks.shape[0], layout_bytes)
-    getattr(native.library(), f"loom_repack_{name}_rows16")(
-        ctypes.c_void_p(source.data_ptr()), ctypes.c_int64(width), ctypes.c_int64(blocks.shape[0]),
-        ctypes.c_void_p(out.data_ptr()))
-    return out
-
-
 def pads_rows(weight: torch.Tensor) -> bool:
     """Whether this build multiplies ``weight`` faster as FLOAT32_PADDED (padded_rows): a float32
     matrix whose rows are a multiple of 4 KiB long, on AVX2 or AVX-512 (cpu_linear.h's

@@ -100,47 +100,13 @@ extern "C" int64_t loom_pads_float_rows() { return PADS_FLOAT_ROWS; }
 // and the tiles; int8_rows elsewhere adds a super-block's blocks in float lanes).
 extern "C" int64_t loom_k_quant_super_blocks_exact() { return PAIRS; }
 
-// ``out`` rows of format To::From (a multiple of sixteen) laid out sixteen rows side by side in layout
-// To (block_interleaved.h's repack_rows16), sixteen at a time; only where this build multiplies To
-// (block_linear.py asks loom_multiplies_*_rows16 first).
-template <typename To>
-void repack_rows_side_by_side(const uint8_t* src, int64_t in, int64_t out, uint8_t* dst) {
-    if constexpr (rows16_built<To>()) {
-        const int64_t from = To::ROWS * To::From::row_bytes(in), to = To::ROWS * To::row_bytes(in);
-#pragma omp parallel for schedule(static)
-        for (int64_t k = 0; k < out / To::ROWS; ++k) repack_rows16(To{}, src + k * from, in, dst + k * to);
-    } else {
-        (void)src, (void)in, (void)out, (void)dst;
-        __builtin_trap();
-    }
-}
-
 // Whether this build multiplies Q4_K and Q5_K weights with sixteen rows side by side (GGUF_Q4_K_ROWS16,
-// GGUF_Q5_K_ROWS16), Q6_K
-// (GGUF_Q6_K_ROWS16) and Loom's 8-, 4- and 5-bit blocks (GGUF_Q8_0_ROWS16, GGUF_Q4_1_ROWS16,
-// GGUF_Q5_0_ROWS16; each scale and minimum a float16's value); and ``out`` rows of each laid out so.
+// GGUF_Q5_K_ROWS16), Q6_K (GGUF_Q6_K_ROWS16) and Loom's 8-, 4- and 5-bit blocks (GGUF_Q8_0_ROWS16,
+// GGUF_Q4_1_ROWS16, GGUF_Q5_0_ROWS16; each scale and minimum a float16's value). The file's tensors are
+// laid out so at load by gguf_blocks.cpp.
 extern "C" int64_t loom_multiplies_q4_k_rows16() { return rows16_built<Q4KRows16>(); }
 extern "C" int64_t loom_multiplies_q5_k_rows16() { return rows16_built<Q5KRows16>(); }
 extern "C" int64_t loom_multiplies_q8_0_rows16() { return rows16_built<Q80Rows16>(); }
 extern "C" int64_t loom_multiplies_q4_1_rows16() { return rows16_built<Q41Rows16>(); }
 extern "C" int64_t loom_multiplies_q5_0_rows16() { return rows16_built<Q50Rows16>(); }
 extern "C" int64_t loom_multiplies_q6_k_rows16() { return rows16_built<Q6KRows16>(); }
-extern "C" void loom_repack_q4_k_rows16(const uint8_t* src, int64_t in, int64_t out, uint8_t* dst) {
-    repack_rows_side_by_side<Q4KRows16>(src, in, out, dst);
-}
-extern "C" void loom_repack_q5_k_rows16(const uint8_t* src, int64_t in, int64_t out, uint8_t* dst) {
-    repack_rows_side_by_side<Q5KRows16>(src, in, out, dst);
-}
-extern "C" void loom_repack_q8_0_rows16(const uint8_t* src, int64_t in, int64_t out, uint8_t* dst) {
-    repack_rows_side_by_side<Q80Rows16>(src, in, out, dst);
-}
-extern "C" void loom_repack_q4_1_rows16(const uint8_t* src, int64_t in, int64_t out, uint8_t* dst) {
-    repack_rows_side_by_side<Q41Rows16>(src, in, out, dst);
-}
-extern "C" void loom_repack_q5_0_rows16(const uint8_t* src, int64_t in, int64_t out, uint8_t* dst) {
-    repack_rows_side_by_side<Q50Rows16>(src, in, out, dst);
-}
-extern "C" void loom_repack_q6_k_rows16(const uint8_t* src, int64_t in, int64_t out, uint8_t* dst) {
-    repack_rows_side_by_side<Q6KRows16>(src, in, out, dst);
-}
-

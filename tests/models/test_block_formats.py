@@ -13,12 +13,12 @@ from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
 
 import models
 from models.kernels import block_formats, native
-from models.kernels.block_formats import block_format, to_blocks
+from models.kernels.block_formats import block_format, to_blocks, to_rows16
 from models.kernels.block_linear import (BFLOAT16, FLOAT16, FLOAT32, FLOAT32_PADDED, GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q4_K_ROWS16,
                                          GGUF_Q4_1_ROWS16, GGUF_Q5_0_ROWS16, GGUF_Q5_K, GGUF_Q5_K_ROWS16, GGUF_Q6_K, GGUF_Q6_K_ROWS16, GGUF_Q8_0_ROWS16,
                                          FORMAT_NAMES, GROUP, LOOM_4BIT, LOOM_5BIT, LOOM_8BIT, SUPER_BLOCKS, WIDEN_ARGTYPES, BlockEmbedding, BlockLinear, dequantize,
                                          multiplies_rows16, padded_rows, pads_rows, round_activations, rounding,
-                                         rounds_input_to_bfloat16, row_bytes, rows16, stored_format)
+                                         rounds_input_to_bfloat16, row_bytes, stored_format)
 from models.kernels.cpu_linear import KERNEL_ROWS
 from runtime import Engine, GenerationConfig
 
@@ -136,11 +136,13 @@ def test_a_long_prompts_rows_in_bands_are_each_the_rows_product_alone(kind, layo
     the last part full); every row's product is bitwise its product alone, and the bias is added
     to every band's rows once."""
     width, out, rows = 8192, 32, 100
-    blocks = to_blocks(random_tensor(kind, rows=out, width=width, seed=8), kind, width)
+    data = random_tensor(kind, rows=out, width=width, seed=8)
+    blocks = to_blocks(data, kind, width)
     if layout is not None:
-        blocks = rows16(blocks, width, layout)
+        blocks = to_rows16(data, kind, width)
         if blocks is None:
             pytest.skip(f"this build multiplies {kind.name} in its own layout only")
+        assert stored_format(blocks, width) == layout
     layer = BlockLinear.of_blocks(blocks, width, torch.randn(out, generator=torch.Generator().manual_seed(9)))
     x = torch.randn(rows, width, generator=torch.Generator().manual_seed(10))
     together = layer(x)
@@ -161,17 +163,19 @@ def test_rows_side_by_side_hold_the_files_numbers_and_give_its_very_products(kin
     rounding of float64's over the file's values, and where the build's products over the file's
     own layout end each super-block (or block) in exact integers too (AVX-512: one row, the few-row
     products and from 13 rows the tiles) bitwise theirs, so a model's numbers do not depend on which
-    layout it takes. Rows not a multiple of sixteen, Loom's blocks whose scales are no float16's, and
-    5-bit blocks with minimums of their own (Q5_1's) keep their layout, and a part of such rows is
-    refused."""
+    layout it takes. The layout is made straight from the file's bytes, rows in a given order too
+    (Llama's Q/K rows are read so). Rows not a multiple of sixteen, a Q4_0 minimum (-8 d) no float16
+    holds, and 5-bit blocks with minimums of their own (Q5_1's) keep Loom's blocks, and a part of such
+    rows is refused."""
     width, out = 512, 96
     data = random_tensor(kind, rows=out, width=width, seed=7)
     blocks = to_blocks(data, kind, width)
-    laid_out = rows16(blocks, width, layout)
+    laid_out = to_rows16(data, kind, width)
     if not multiplies_rows16(layout):
         assert laid_out is None
         pytest.skip(f"this build multiplies {kind.name} in its own layout only")
-    assert rows16(blocks[:out - 8], width, layout) is None
+    assert stored_format(laid_out, width) == layout
+    assert to_rows16(data[:out - 8], kind, width) is None
     with pytest.raises(ValueError, match="whole blocks of 16 rows"):
         BlockLinear.of_blocks(laid_out[:out - 8], width)
     layer, as_filed = BlockLinear.of_blocks(laid_out, width), BlockLinear.of_blocks(blocks, width)
@@ -196,13 +200,16 @@ def test_rows_side_by_side_hold_the_files_numbers_and_give_its_very_products(kin
     assert torch.equal(table(ids).double(), file_values(data, kind, width)[ids])
     with pytest.raises(IndexError, match=r"token ids must lie in \[0, 96\); got 0 to 96"):
         table(torch.tensor([0, 96]))
-    if kind not in (Q.Q4_K, Q.Q5_K, Q.Q6_K):  # a scale no float16 holds: Loom's blocks stay as they are
-        codes = width * block_format(kind) // 8
-        blocks[0, codes:codes + 4] = torch.tensor([0.1], dtype=torch.float32).view(torch.uint8)
-        assert rows16(blocks, width, layout) is None
+    order = torch.randperm(out, generator=torch.Generator().manual_seed(4))  # (as Llama's Q/K rows are read)
+    reordered = to_rows16(data, kind, width, order)
+    widen(reordered.data_ptr(), layout, width, out, 0, out, values.data_ptr())
+    assert torch.equal(values.double(), file_values(data, kind, width)[order])
+    if kind == Q.Q4_0:  # a minimum, -8 d, beyond float16's range: Loom's blocks, which hold it, stay
+        huge = data.copy()
+        huge[5, 0:2] = np.array([10000], np.float16).view(np.uint8)
+        assert to_rows16(huge, kind, width) is None
     if kind == Q.Q5_0:  # minimums of their own (Q5_1's), which the layout has no room for
-        q5_1 = to_blocks(random_tensor(Q.Q5_1, rows=out, width=width, seed=7), Q.Q5_1, width)
-        assert rows16(q5_1, width, layout) is None
+        assert to_rows16(random_tensor(Q.Q5_1, rows=out, width=width, seed=7), Q.Q5_1, width) is None
 
 
 def expected_product(x: torch.Tensor, data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
