@@ -120,8 +120,8 @@ def load(source=None, *, device="cpu", dtype=None, weights=None) -> Checkpoint:
     file, or an in-memory transformers causal LM. ``weights``: "stored" (as the checkpoint holds
     them: a GGUF file's blocks where Loom's CPU kernels run them, float in ``dtype`` otherwise),
     "float32" (everything in ``dtype``), "int4", "int8", "float16" or "int8-dynamic" (linear layers
-    in fewer bits on the CPU; see kernels/quantized.py). None: "stored", except "float32" for the
-    embedded default model (DEFAULT_MODEL_WEIGHTS)."""
+    in fewer bits on the CPU; see kernels/quantized.py). None: "stored", the embedded model's Q4_1
+    blocks included (DEFAULT_WEIGHTS says why)."""
     checkpoint = _load(source, torch.device(device), dtype, weights)
     return_freed_memory()
     return checkpoint
@@ -138,26 +138,25 @@ def return_freed_memory() -> None:
         pass
 
 
-# The embedded model's weights when none are asked for: float32, whose greedy text equals transformers'
-# and does not depend on a request's batch-mates. Its file's Q4_1 blocks (weights="stored") decode
-# one stream no faster (143 against 145 tok/s, 2026-11-25, Zen 5), and their products round the input
-# to 8 bits (as llama.cpp's do): on this 135M model that moved the greedy text off float32's within
-# 1-44 tokens on 8 of 10 chat prompts and changed an answer when another request's prefill shared the
-# step (docs/benchmarks.md, "GGUF files in their own formats").
-DEFAULT_MODEL_WEIGHTS = "float32"
+# The weights when none are asked for, the embedded model's included: its file's Q4_1 blocks decode
+# 3.3-4.2x as fast as float32 at one stream on a Zen 4 (163-230 against 48-55 tok/s) and 1.6-2x at 16
+# and 64, on the AVX2 paths too, and were never slower (a Zen 5: level, 143 against 145, before Q4_1
+# was laid out side by side). Their products round the input to 8 bits, as llama.cpp's do, so greedy
+# text parts from float32's (transformers') within 2-40 tokens on 7 of 10 chat prompts, with answers
+# alike; a request's text no longer depends on its batch-mates. weights="float32" gives transformers'
+# numbers (docs/benchmarks.md, "The default model's weights").
+DEFAULT_WEIGHTS = "stored"
 
 
 def _load(source, device: torch.device, dtype, weights) -> Checkpoint:
     kept = False  # a GGUF file read to keep its formats, its F16/BF16 matrices too
+    weights = DEFAULT_WEIGHTS if weights is None else weights
     if isinstance(source, nn.Module):
-        weights = "stored" if weights is None else weights
         contents = huggingface.read_module(source)
         dtype = resolve_dtype(dtype if dtype is not None else source.dtype, device)
         weights = check_weights(weights, device, dtype)
     else:
         path = Path(source).expanduser() if source is not None else gguf.default_model_path()
-        if weights is None:
-            weights = DEFAULT_MODEL_WEIGHTS if source is None else "stored"
         if path.is_dir() and not (path / "config.json").exists() and len(list(path.glob("*.gguf"))) == 1:
             path = next(path.glob("*.gguf"))
         dtype = resolve_dtype(dtype, device)

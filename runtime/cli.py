@@ -73,7 +73,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                        help="float32, bfloat16, float16 or float64 (default: float32 on CPU, bfloat16 on CUDA)")
     group.add_argument("--weights", default=None,
                        choices=("stored", "float32", "float16", "int8", "int8-dynamic", "int4"),
-                       help="stored (the default, but for the embedded model, float32): as the checkpoint holds "
+                       help="stored (the default): as the checkpoint holds "
                             "them, a GGUF file's quantized blocks included (on the CPU, the input rounded to 8 bits "
                             "as llama.cpp does); float32: every weight widened to --dtype; on the CPU, linear "
                             "layers with smaller weights: int4 / int8 in 4- / 8-bit blocks as llama.cpp's Q4_1 / "
@@ -92,11 +92,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--draft", default=None, metavar="MODEL",
                        help="a smaller model of the same tokenizer whose proposals the steps verify in place of "
                             "prompt lookup's (with --speculative-tokens): a checkpoint directory, a .gguf file, or "
-                            "'default' for the embedded model (with --draft-weights stored, its 4-bit blocks "
-                            "drafting for itself in float32)")
+                            "'default' for the embedded model (with --weights float32 and --draft-weights stored, "
+                            "its 4-bit blocks drafting for itself in float32)")
     group.add_argument("--draft-weights", default=None,
                        choices=("stored", "float32", "float16", "int8", "int8-dynamic", "int4"),
-                       help="the draft model's weights, as --weights (default: as --weights' default)")
+                       help="the draft model's weights, as --weights (default: stored)")
     group.add_argument("--cpu-threads", type=int, default=None,
                        help="at most this many threads for the forward on CPU (default: the available cores; "
                             "fewer while other processes keep them busy)")

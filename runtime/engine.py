@@ -104,7 +104,7 @@ class Engine(TextAPI):
                         draft_weights=None, **options) -> "Engine":
         """Load ``source`` (None: the embedded SmolLM2; a Hugging Face directory; a .gguf file;
         an in-memory transformers model) and build an engine. ``weights``: None (the default: "stored",
-        "float32" for the embedded model: models.DEFAULT_MODEL_WEIGHTS), "stored" (as the checkpoint
+        models.DEFAULT_WEIGHTS says why), "stored" (as the checkpoint
         holds them, a GGUF file's quantized blocks included, on the CPU; see
         models/kernels/block_formats.py), "float32" (everything widened to ``dtype``), or on the CPU
         linear layers with smaller weights: "int4" / "int8" (4- or 8-bit blocks as llama.cpp's
@@ -118,7 +118,7 @@ class Engine(TextAPI):
         ``source`` is ("default": the embedded model) or a models.Checkpoint, loaded with
         ``draft_weights`` (as ``weights``) and ``dtype``; its paged KV cache is its own
         (``draft_num_kv_blocks``). The embedded model in "stored" weights (its Q4_1 blocks) can draft
-        for itself in float32. Raises ValueError/TypeError for a bad option, source or choice before
+        for itself in float32 (``weights="float32"``). Raises ValueError/TypeError for a bad option, source or choice before
         anything loads, ValueError for a draft whose vocabulary or tokenizer differs from the target's."""
         engine_options = EngineOptions.from_kwargs(options)  # bad options fail before a slow load
         device = torch.device(device)

@@ -226,7 +226,7 @@ def peer_workload(measure, args, load_engine) -> None:
         finally:
             server.stop()
     if "fastllm" in available:  # last: its library's threads stay in this process
-        fast = peers.FastLLM(peers.hf_directory(gguf), FASTLLM_DTYPES[args.weights or "float32"], args.fastllm_threads)
+        fast = peers.FastLLM(peers.hf_directory(gguf), FASTLLM_DTYPES[args.weights or "stored"], args.fastllm_threads)
         note = agreement([engine.tokenizer.decode(fast.generate(p, 32), skip_special_tokens=True) for p in checks_ids])
         for c in streams:
             requests = [Request(p, 64) for p in prompts[:c]]
@@ -235,8 +235,9 @@ def peer_workload(measure, args, load_engine) -> None:
 
 
 # fastllm's dtype for each of Loom's weights choices: the nearest it has (int4g32: 4-bit groups of 32 with a
-# scale and a minimum each, as Loom's int4 blocks).
-FASTLLM_DTYPES = {"float32": "float32", "float16": "float16", "int8": "int8", "int8-dynamic": "int8", "int4": "int4g32"}
+# scale and a minimum each, as Loom's int4 blocks and the default model's stored Q4_1 ones).
+FASTLLM_DTYPES = {"stored": "int4g32", "float32": "float32", "float16": "float16", "int8": "int8", "int8-dynamic": "int8",
+                  "int4": "int4g32"}
 
 
 def peer_texts(count: int, run: str | None = None) -> list[str]:

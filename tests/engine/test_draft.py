@@ -235,7 +235,7 @@ def test_the_default_models_blocks_draft_for_its_float32_self_within_a_grammar()
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
               "required": ["name", "age"], "additionalProperties": False}
     prompt = [{"role": "user", "content": "Describe a person as JSON with a name and an age."}]
-    with Engine.from_pretrained(draft="default", draft_weights="stored", max_batch_size=4) as engine:
+    with Engine.from_pretrained(weights="float32", draft="default", draft_weights="stored", max_batch_size=4) as engine:
         plain = engine.complete(prompt, GenerationConfig(max_new_tokens=30, json_schema=schema))
         drafted = engine.complete(prompt, GenerationConfig(max_new_tokens=30, speculative_tokens=4, json_schema=schema))
         assert drafted.token_ids == plain.token_ids and drafted.finish_reason == plain.finish_reason == "stop"

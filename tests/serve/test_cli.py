@@ -41,7 +41,8 @@ def test_generate_with_speculative_tokens_gives_the_same_answers(tmp_path):
     for extra in ([], ["--speculative-tokens", "4"],
                   ["--speculative-tokens", "4", "--draft", "default", "--draft-weights", "stored"]):
         out = tmp_path / "answers.jsonl"
-        assert main(["generate", str(prompts), "--max-new-tokens", "16", "--output", str(out), *extra]) == 0
+        assert main(["generate", str(prompts), "--weights", "float32", "--max-new-tokens", "16", "--output", str(out),
+                     *extra]) == 0
         answers.append(out.read_text())
     assert answers[0] == answers[1] == answers[2]
 
