@@ -71,9 +71,9 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
     ``keep_blocks`` the quantized linear weights and embeddings come as blocks for Loom's kernels
     (uint8 [rows, bytes per row], kernels/block_formats.py: the K-quants as views of the mapped
     file, but a linear layer's matrix laid out anew, in one copy, where the kernels multiply its
-    format with sixteen rows side by side: _read_tensor), and float matrices (F32, F16, BF16) as views of it in their dtype (but a layer's F32 rows a
-    multiple of 4 KiB long copied into padded rows where the build multiplies them faster so:
-    _pad_float32_rows); else every tensor as float32. One tensor is converted at a time, and its
+    format with sixteen rows side by side: _read_tensor), and float matrices (F32, F16, BF16) as
+    views of it in their dtype (but a layer's F32 rows a multiple of 4 KiB long copied into padded
+    rows where the build multiplies them faster so: _pad_float32_rows); else every tensor as float32. One tensor is converted at a time, and its
     pages of the file let go of after. Raises ValueError for an architecture (a mixture of experts
     included), tensor type or rope scaling Loom does not run, before any weight is read."""
     if not path.is_file():
