@@ -40,6 +40,8 @@ def end_tokens(meta: dict) -> frozenset[int]:
     their text (END_TOKEN_TEXTS)."""
     named = {meta[key] for key in END_TOKEN_KEYS if key in meta}
     tokens = meta.get("tokenizer.ggml.tokens", ())
+    if hasattr(tokens, "indices_of"):  # a file's StringArray: found in its bytes, nothing else decoded
+        return frozenset(named.union(*(tokens.indices_of(text) for text in END_TOKEN_TEXTS)))
     return frozenset(named | {i for i, text in enumerate(tokens) if text in END_TOKEN_TEXTS})
 
 

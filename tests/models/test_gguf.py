@@ -7,6 +7,7 @@ and files that must be refused with a clear error."""
 import importlib.util
 import math
 import random
+import struct
 
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ import torch
 
 from models.checkpoints import gguf as gguf_reader
 from models.checkpoints.gguf import default_model_path
+from models.checkpoints.gguf_config import end_tokens
+from models.checkpoints.gguf_file import GGUFFile
 from runtime import Engine, GenerationConfig
 
 from ..conftest import CONFIGS, greedy_with_logprobs, random_prompt, tiny_model, write_gguf_of
@@ -187,6 +190,27 @@ def test_the_tokens_that_end_a_turn_end_a_stream(tmp_path):
         with Engine.from_pretrained(write_gguf_of(hf, tmp_path / f"{name}.gguf", "llama", metadata)) as engine:
             ended = list(engine.stream_response_tokens(engine.launch_response_tokens(prompt, config), timeout=60))
         assert ended == answer[:at + 1], name
+
+
+def test_a_files_strings_are_read_as_written_and_found_by_their_text_alone(tmp_path):
+    """A header's arrays of strings are decoded when read (StringArray): every one as gguf-py wrote
+    it, whole or sliced, and a token found by its text is that token, never the same bytes inside
+    another token (here one that holds <|end|>'s length and text) or across two."""
+    import gguf
+    end = "<|end|>"
+    inside = "x" + struct.pack("<Q", len(end)).decode("latin-1") + end  # <|end|>'s bytes in the file, inside a token
+    tokens = ["<unk>", inside, "é\u00e9✓", "", end, "<|end", "|>", end]
+    path = tmp_path / "strings.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list(tokens)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    read = GGUFFile(path).metadata["tokenizer.ggml.tokens"]
+    assert len(read) == len(tokens) and read[2] == tokens[2] and read[-1] == end and read[1:4] == tokens[1:4]
+    assert read.indices_of(end) == [4, 7] and read.indices_of("<|end") == [5] and read.indices_of("nothing") == []
+    assert list(read) == tokens and end_tokens({"tokenizer.ggml.tokens": read}) == {4, 7}
 
 
 EMBEDDINGS = {"token_embd.weight": (np.zeros((8, 4), np.float32), None)}
