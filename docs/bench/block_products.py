@@ -11,7 +11,7 @@ checkout's root:
     python docs/bench/block_products.py [--formats q4_k,q6_k] [--rows 1,16,64] [--rounds 3] [--side-by-side]
 
 With --side-by-side, the formats a GGUF load lays out with sixteen rows side by side where the build
-multiplies them so (block_formats.to_rows16: Q4_K, Q5_K, Q4_0, Q4_1 and Q5_0; with AVX2 alone Q6_K and Q8_0) are
+multiplies them so (block_formats.to_rows16: Q4_K, Q5_K, Q4_0, Q4_1, Q5_0 and Q8_0; with AVX2 alone Q6_K) are
 measured in that layout, as a model runs them.
 
 Each round measures every format in turn, so that the machine's drift reaches them alike; the best

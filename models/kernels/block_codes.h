@@ -831,16 +831,28 @@ using Q5KRows16 = KRows16<true>;
 #endif
 constexpr bool ROWS16_BUILT = LOOM_ROWS16;
 
+// Whether the AVX-512 build multiplies Q8_0 side by side: with VNNI, whose vpdpbusd meets four of
+// sixteen rows' signed codes with four input codes made unsigned (block_interleaved.h); without it
+// the 16-bit sums of its emulation would saturate.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define LOOM_Q8_0_QUADS 1
+#else
+#define LOOM_Q8_0_QUADS 0
+#endif
+
 // GGUF_Q8_0_ROWS16: sixteen weight rows at a time, each block of 32 values of theirs in BLOCK_BYTES:
-// codes [pair p of values][row][2 bytes] (each row's values 2 p and 2 p + 1), then d [row] as
-// float16 (Q8_0's own: w = d q, q in -128..127).
+// codes [unit u of values][row][UNIT bytes] (each row's values UNIT u to UNIT u + UNIT - 1: pairs for
+// AVX2's 16-bit multiply-adds, quads for AVX-512's vpdpbusd), then d [row] as float16 (Q8_0's own:
+// w = d q, q in -128..127). A build's own layout: made at load, never stored.
 struct Q80Rows16 {
     using From = Loom8;  // the blocks it is made from, as Q8_0's are
     static constexpr int64_t ROUNDING = GROUP, VALUES = GROUP;  // the input rounded as for Loom's blocks
     static constexpr int64_t ROWS = 16, BYTES = 34, BLOCK_BYTES = ROWS * BYTES, D = ROWS * GROUP;
-    static constexpr int64_t UNIT = 2;  // a row's code bytes side by side with the next row's
+    static constexpr int64_t UNIT = LOOM_Q8_0_QUADS ? 4 : 2;  // a row's code bytes side by side with the next row's
     static constexpr bool MINS = false;
     static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
+    // the offset of row r's code of value v in a block
+    static constexpr int64_t code_at(int v, int r) { return (v / UNIT * ROWS + r) * UNIT + v % UNIT; }
 };
 // GGUF_Q4_1_ROWS16: sixteen weight rows at a time, each block of 32 values of theirs in BLOCK_BYTES:
 // codes [quad q][row][4 bytes] (Loom's 4-bit bytes 4 q to 4 q + 3 of each row: values 4 q + b in the
@@ -887,7 +899,8 @@ struct Q6KRows16 {
 };
 // Whether this build multiplies Q8_0 and Q6_K side by side (block_interleaved.h: AVX2 with FMA and
 // F16C, without AVX-512, whose products over Loom's 8-bit blocks and Q6_K take pairs of blocks and the
-// tiles instead); elsewhere Q8_0 is Loom's 8-bit blocks, and Q6_K keeps the file's layout. The
+// tiles instead; Q8_0 with AVX-512 too where it has VNNI, LOOM_Q8_0_QUADS); elsewhere Q8_0 is Loom's
+// 8-bit blocks, and Q6_K keeps the file's layout. The
 // nibbles side by side (Q4_0, Q4_1, Q5_0) are built as Q4_K's are, AVX-512 included: over
 // Loom's 4- and 5-bit blocks a pair of blocks at a time, a one-row product was bound by its
 // instructions (6912 x 1152 from L3, two Zen 4 threads: 26-29 GB/s, where Loom's 8-bit blocks read 47).
@@ -897,6 +910,7 @@ struct Q6KRows16 {
 #define LOOM_BLOCKS_ROWS16 0
 #endif
 constexpr bool BLOCKS_ROWS16_BUILT = LOOM_BLOCKS_ROWS16;
+constexpr bool Q8_0_ROWS16_BUILT = LOOM_BLOCKS_ROWS16 || LOOM_Q8_0_QUADS;
 
 // Whether format F lays sixteen weight rows side by side (block_interleaved.h's products).
 template <typename F>
@@ -907,7 +921,8 @@ constexpr bool rows_side_by_side() {
 // Whether this build multiplies layout L (one of those), which is made only where it does.
 template <typename L>
 constexpr bool rows16_built() {
-    if constexpr (std::is_same_v<L, Q80Rows16> || std::is_same_v<L, Q6KRows16>) return BLOCKS_ROWS16_BUILT;
+    if constexpr (std::is_same_v<L, Q80Rows16>) return Q8_0_ROWS16_BUILT;
+    else if constexpr (std::is_same_v<L, Q6KRows16>) return BLOCKS_ROWS16_BUILT;
     else return ROWS16_BUILT;
 }
 

@@ -116,9 +116,9 @@ inline void repack_rows16(NibbleRows16<HIGH>, const uint8_t* src, int64_t in, ui
 }
 #endif
 
-#if LOOM_BLOCKS_ROWS16
+#if LOOM_BLOCKS_ROWS16 || LOOM_Q8_0_QUADS
 // Rows [16 k, 16 k + 16) of a matrix of Loom's 8-bit blocks (rows of ``in`` values) into ``dst``, the
-// same rows in GGUF_Q8_0_ROWS16: a block's code bytes two at a time, two of each row in turn, then
+// same rows in GGUF_Q8_0_ROWS16: a block's code bytes UNIT at a time, UNIT of each row in turn, then
 // each row's scale as a float16.
 inline void repack_rows16(Q80Rows16, const uint8_t* src, int64_t in, uint8_t* dst) {
     using L = Q80Rows16;
@@ -133,7 +133,9 @@ inline void repack_rows16(Q80Rows16, const uint8_t* src, int64_t in, uint8_t* ds
         }
     }
 }
+#endif
 
+#if LOOM_BLOCKS_ROWS16
 // Rows [16 k, 16 k + 16) of a Q6_K matrix (the file's layout) into ``dst``, the same rows' bytes in
 // GGUF_Q6_K_ROWS16.
 inline void repack_rows16(Q6KRows16, const uint8_t* src, int64_t in, uint8_t* dst) {
@@ -172,8 +174,7 @@ inline void widen_row16(Q80Rows16, const BlockWeights& w, int64_t row, float* ds
     for (int64_t b = 0; b < w.in / L::VALUES; ++b) {
         const uint8_t* block = first + b * L::BLOCK_BYTES;
         const float d = half_to_float(block + L::D + 2 * r);
-        for (int v = 0; v < L::VALUES; ++v)
-            dst[b * L::VALUES + v] = d * float(int8_t(block[(v / 2 * L::ROWS + r) * 2 + v % 2]));
+        for (int v = 0; v < L::VALUES; ++v) dst[b * L::VALUES + v] = d * float(int8_t(block[L::code_at(v, r)]));
     }
 }
 template <bool HIGH>
@@ -423,6 +424,50 @@ inline void rows16_chunk(const RoundedGroup<NibbleRows16<FIFTHS>, ROWS>& x, int 
     }
     for (int i = 0; i < CHUNK; ++i) _mm512_storeu_ps(y + (m0 + i) * y_stride, sums[i]);
 }
+
+#if LOOM_Q8_0_QUADS
+// y[m][o] = x[m] . w[o] for input rows [m0, m0 + CHUNK) of the group and the sixteen weight rows of
+// ``blocks`` (GGUF_Q8_0_ROWS16, its codes in quads): vpdpbusd takes its first operand unsigned, so
+// four input codes are broadcast as unsigned bytes (each 128 more: its sign bit flipped) to meet four
+// signed codes of each of the sixteen rows in one instruction; each block's integer, less 128 times
+// each row's code sum (a vpdpbusd of its own by ones, shared by the chunk's input rows), is the exact
+// one the products over Loom's 8-bit blocks reach, taken into the row's sum by the same float step
+// (block_term: rounded once by the multiply, then added).
+template <int CHUNK, int ROWS>
+inline void rows16_chunk(const RoundedGroup<Q80Rows16, ROWS>& x, int m0, const uint8_t* blocks, int64_t count,
+                         float* y, int64_t y_stride) {
+    using L = Q80Rows16;
+    const __m512i ones = _mm512_set1_epi8(1), none = _mm512_setzero_si512();
+    __m512 sums[CHUNK];
+    for (auto& sum : sums) sum = _mm512_setzero_ps();
+    for (int64_t b = 0; b < count; ++b) {
+        const uint8_t* block = blocks + b * L::BLOCK_BYTES;
+        if (m0 == 0) fetch_lines(block + ROWS16_AHEAD, L::BLOCK_BYTES);  // (never faults past the end)
+        alignas(32) uint8_t unsigned_codes[CHUNK][GROUP];  // the block's input codes, each 128 more
+        for (int i = 0; i < CHUNK; ++i)
+            store(unsigned_codes[i], _mm256_xor_si256(load<__m256i>(x.codes(m0 + i, b, 0)), _mm256_set1_epi8(-128)));
+        // (hidden from GCC, which would otherwise take each quad out of registers with shifts and moves)
+        const uint8_t* input = &unsigned_codes[0][0];
+        asm("" : "+r"(input) : : "memory");
+        __m512i a[CHUNK], code_sums = none;
+        for (auto& v : a) v = none;
+        for (int q = 0; q < L::VALUES / L::UNIT; ++q) {
+            const __m512i codes = _mm512_loadu_si512(block + 64 * q);
+            code_sums = dot_quads(code_sums, ones, codes);
+            for (int i = 0; i < CHUNK; ++i)
+                a[i] = dot_quads(a[i], _mm512_set1_epi32(load<int32_t>(input + GROUP * i + 4 * q)), codes);
+        }
+        const __m512i offsets = _mm512_slli_epi32(code_sums, 7);
+        const __m512 d = _mm512_cvtph_ps(load<__m256i>(block + L::D)), unused = _mm512_setzero_ps();
+        for (int i = 0; i < CHUNK; ++i) {
+            const __m512 d_dx = _mm512_mul_ps(d, _mm512_set1_ps(x.scale(m0 + i, b)));
+            const __m512 exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(a[i], offsets));
+            sums[i] = _mm512_add_ps(sums[i], block_term<false>(exact, d_dx, unused, unused));
+        }
+    }
+    for (int i = 0; i < CHUNK; ++i) _mm512_storeu_ps(y + (m0 + i) * y_stride, sums[i]);
+}
+#endif
 #else
 // Eight bytes as 32-bit lanes, each in both of its 16-bit halves (for madd: a row's scale against
 // both of its lane's shorts)
@@ -754,7 +799,8 @@ inline void rows16_chunk(const RoundedGroup<Q6KRows16, ROWS>& x, int m0, const u
 // 183 / 185 Gvalue-rows/s four rows at a time, 225 / 233 eight).
 template <typename L>
 constexpr int rows16_chunk_rows() {
-    return std::is_same_v<L, Q6KRows16> || (std::is_same_v<L, Q5KRows16> && VECTOR_BYTES == 64) ? 8 : ROWS16_CHUNK;
+    return std::is_same_v<L, Q6KRows16> || ((std::is_same_v<L, Q5KRows16> || std::is_same_v<L, Q80Rows16>) && VECTOR_BYTES == 64)
+               ? 8 : ROWS16_CHUNK;
 }
 
 // y[m][o] = x[m] . w[o] for the group's ROWS input rows and the sixteen weight rows from ``first``

@@ -90,7 +90,7 @@ ROWS16 = 16  # the weight rows the ROWS16 layouts lay side by side
 # and the processors it is built for
 ROWS16_LAYOUTS = {GGUF_Q4_K_ROWS16: (GGUF_Q4_K, "q4_k", "AVX-512, or AVX2 with FMA and F16C"),
                   GGUF_Q5_K_ROWS16: (GGUF_Q5_K, "q5_k", "AVX-512, or AVX2 with FMA and F16C"),
-                  GGUF_Q8_0_ROWS16: (LOOM_8BIT, "q8_0", "AVX2 with FMA and F16C, without AVX-512"),
+                  GGUF_Q8_0_ROWS16: (LOOM_8BIT, "q8_0", "AVX-512 with VNNI, or AVX2 with FMA and F16C"),
                   GGUF_Q4_1_ROWS16: (LOOM_4BIT, "q4_1", "AVX-512, or AVX2 with FMA and F16C"),
                   GGUF_Q5_0_ROWS16: (LOOM_5BIT, "q5_0", "AVX-512, or AVX2 with FMA and F16C"),
                   GGUF_Q6_K_ROWS16: (GGUF_Q6_K, "q6_k", "AVX2 with FMA and F16C, without AVX-512")}
@@ -99,8 +99,8 @@ ROWS16_LAYOUT_OF = {source: layout for layout, (source, _, _) in ROWS16_LAYOUTS.
 
 def multiplies_rows16(layout: int) -> bool:
     """Whether the kernels are built for ``layout`` (Q4_K's, Q5_K's, Q4_1's and Q5_0's: AVX-512, or AVX2 with
-    FMA and F16C; Q8_0's and Q6_K's: AVX2 without AVX-512, whose products over Loom's 8-bit blocks and
-    Q6_K take pairs of blocks and the tiles)."""
+    FMA and F16C; Q8_0's: AVX-512 with VNNI, or AVX2 with FMA and F16C; Q6_K's: AVX2 without AVX-512,
+    whose products over Q6_K take pairs of blocks and the tiles)."""
     library = native.library()
     return library is not None and bool(getattr(library, f"loom_multiplies_{ROWS16_LAYOUTS[layout][1]}_rows16")())
 

@@ -157,13 +157,13 @@ def test_a_long_prompts_rows_in_bands_are_each_the_rows_product_alone(kind, layo
                                           (Q.Q5_0, GGUF_Q5_0_ROWS16)],
                          ids=["Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0"])
 def test_rows_side_by_side_hold_the_files_numbers_and_give_its_very_products(kind, layout):
-    """Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1 and Q5_0 with sixteen rows side by side (the ROWS16 layouts, made at load
-    where the build multiplies them): their rows widen to gguf-py's values, looked up as an
-    embedding's too, a row's product is bitwise the same at every row count and within float32's
+    """Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1 and Q5_0 with sixteen rows side by side (the ROWS16 layouts,
+    made at load where the build multiplies them): their rows widen to gguf-py's values, looked up as
+    an embedding's too, a row's product is bitwise the same at every row count and within float32's
     rounding of float64's over the file's values, and where the build's products over the file's
     own layout end each super-block (or block) in exact integers too (AVX-512: one row, the few-row
-    products and from 13 rows the tiles) bitwise theirs, so a model's numbers do not depend on which
-    layout it takes. The layout is made straight from the file's bytes, rows in a given order too
+    products and from 13 rows the tiles; Q8_0's over Loom's 8-bit blocks likewise) bitwise theirs,
+    so a model's numbers do not depend on which layout it takes. The layout is made straight from the file's bytes, rows in a given order too
     (Llama's Q/K rows are read so). Rows not a multiple of sixteen, a Q4_0 minimum (-8 d) no float16
     holds, and 5-bit blocks with minimums of their own (Q5_1's) keep Loom's blocks, and a part of such
     rows is refused."""
@@ -180,7 +180,7 @@ def test_rows_side_by_side_hold_the_files_numbers_and_give_its_very_products(kin
         BlockLinear.of_blocks(laid_out[:out - 8], width)
     layer, as_filed = BlockLinear.of_blocks(laid_out, width), BlockLinear.of_blocks(blocks, width)
     assert layer.formats == (layout,) and as_filed.formats == (block_format(kind),)
-    exact = kind in (Q.Q4_K, Q.Q5_K) and bool(native.library().loom_k_quant_super_blocks_exact())
+    exact = kind in (Q.Q4_K, Q.Q5_K, Q.Q8_0) and bool(native.library().loom_k_quant_super_blocks_exact())
     together = torch.randn(40, width, generator=torch.Generator().manual_seed(3))
     for count in (1, 2, 3, 4, 5, 8, 9, 13, 17, 40):
         x = together[:count]
