@@ -144,7 +144,7 @@ def return_freed_memory() -> None:
 # was laid out side by side). Their products round the input to 8 bits, as llama.cpp's do, so greedy
 # text parts from float32's (transformers') within 2-40 tokens on 7 of 10 chat prompts, with answers
 # alike; a request's text no longer depends on its batch-mates. weights="float32" gives transformers'
-# numbers (docs/benchmarks.md, "The default model's weights").
+# numbers (docs/benchmarks.md, the Zen 4's "2026-12-05, evening").
 DEFAULT_WEIGHTS = "stored"
 
 

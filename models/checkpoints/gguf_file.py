@@ -42,9 +42,9 @@ class TensorInfo:
 
 
 class StringArray(Sequence):
-    """A GGUF array of strings, each decoded when first read. Decoding a header's every string took
-    0.32 s for Gemma 3's 262,144 tokens (0.4 s for Llama 3's tokens and merges), where a load whose
-    tokenizer is cached reads only the few that end a stream (``indices_of``)."""
+    """A GGUF array of strings, each decoded when first read: decoding every one made Gemma 3's
+    262,144-token header take 0.11 s against 0.05, where a load whose tokenizer is cached reads only
+    the few that end a stream (``indices_of``)."""
 
     def __init__(self, data: mmap.mmap, starts: array):
         self._data, self._starts = data, starts  # where each string's 8-byte length lies
