@@ -120,7 +120,7 @@ class Tokenizer:
                 raise ValueError(f"this tokenizer has several chat templates ({sorted(template)}) and no default")
             template = template[name]
         if template not in self._templates:
-            from .chat_template import compiled  # (jinja2's import: 0.09 s of every start-up, wanted by chats alone)
+            from .chat_template import compiled  # (jinja2 is imported for chats alone)
             self._templates[template] = compiled(template)
         return self._templates[template]
 
