@@ -17,6 +17,7 @@ from models.checkpoints import gguf as gguf_reader
 from models.checkpoints.gguf import default_model_path
 from models.checkpoints.gguf_config import end_tokens
 from models.checkpoints.gguf_file import GGUFFile
+from models.kernels.block_linear import FLOAT32, GGUF_Q4_1_ROWS16, multiplies_rows16
 from runtime import Engine, GenerationConfig
 
 from ..conftest import CONFIGS, greedy_with_logprobs, random_prompt, tiny_model, write_gguf_of
@@ -39,6 +40,30 @@ def test_default_model_matches_transformers_gguf(smollm, transformers_smollm, pr
     with torch.no_grad():
         theirs = transformers_smollm.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)
     assert ours == theirs[0, len(ids):].tolist()
+
+
+@pytest.mark.skipif(not multiplies_rows16(GGUF_Q4_1_ROWS16), reason="this build lays no Q4_1 out side by side")
+def test_the_default_model_runs_its_files_blocks_and_its_answers_do_not_move_with_their_batch_mates():
+    """With no weights asked for, the embedded model runs its file's Q4_1 blocks (models.DEFAULT_WEIGHTS:
+    measured faster everywhere), and where they are laid out side by side (a row's numbers the same
+    at any row count) a greedy answer is the same token for token when other requests' prefills join
+    its steps (the reason float32 had been the default)."""
+    with Engine.from_pretrained(max_batch_size=8) as engine:
+        formats = {f for module in engine.model.modules() for f in getattr(module, "formats", ())}
+        assert formats and FLOAT32 not in formats
+        config = GenerationConfig(max_new_tokens=20, ignore_eos=True)
+        prompts = [engine.encode([{"role": "user", "content": text}])
+                   for text in ("What is the boiling point of water?", "List three colors.", "Who wrote Hamlet?")]
+        alone = [list(engine.stream_response_tokens(engine.launch_response_tokens(p, config), timeout=60)) for p in prompts]
+        for i, prompt in enumerate(prompts):
+            handle, joined, others = engine.launch_response_tokens(prompt, config), [], []
+            for token in engine.stream_response_tokens(handle, timeout=60):
+                joined.append(token)
+                if len(joined) in (2, 9):  # another request's prefill shares this one's next steps
+                    others.append(engine.launch_response_tokens(prompts[(i + 1) % 3] * 3, GenerationConfig(max_new_tokens=2)))
+            for other in others:
+                list(engine.stream_response_tokens(other, timeout=60))
+            assert joined == alone[i], f"prompt {i}"
 
 
 def greedy(path, prompts, new_tokens=16) -> list[tuple[list[int], list[float]]]:
