@@ -124,6 +124,11 @@ class Engine(TextAPI):
         device = torch.device(device)
         if draft_weights is not None and draft is None:
             raise ValueError("draft_weights needs a draft model (draft=...)")
+        resolved = lambda asked: asked or models.DEFAULT_WEIGHTS  # (None: the default)
+        if draft == "default" and source is None and resolved(weights) == resolved(draft_weights):
+            raise ValueError("draft='default' in the target's own weights would propose just what the target computes, "
+                             "at a second model's cost: give the target other weights (weights='float32', "
+                             "draft_weights='stored') or another draft")
         checkpoint = models.load(source, device=device, dtype=dtype, weights=weights)
         if tokenizer is not None:
             checkpoint.tokenizer = tokenizer

@@ -91,6 +91,14 @@ def test_a_draft_of_another_vocabulary_is_refused(llama):
         Engine.from_pretrained(llama, draft=llama, draft_num_kv_blocks=0)
 
 
+def test_the_default_model_drafting_for_itself_in_its_own_weights_is_refused():
+    """draft="default" in the target's own weights would propose exactly what the target computes:
+    refused before anything loads, saying which weights to give instead."""
+    for weights, draft_weights in ((None, None), ("stored", None), (None, "stored"), ("float32", "float32")):
+        with pytest.raises(ValueError, match="target's own weights.*weights='float32', draft_weights='stored'"):
+            Engine.from_pretrained(weights=weights, draft="default", draft_weights=draft_weights)
+
+
 def test_a_draft_with_another_tokenizer_is_refused(llama):
     tokenizers = pytest.importorskip("tokenizers")
 
