@@ -29,8 +29,8 @@
 //   each of the sixteen (a 256-bit one, of eight).
 // - GGUF_Q5_K_ROWS16 (180 bytes a row's super-block; AVX-512 or AVX2): the same with each code's
 //   fifth bit, for Q5_K.
-// - GGUF_Q8_0_ROWS16 (34 bytes a row's block, as Q8_0's; AVX2 builds without AVX-512): Q8_0's codes
-//   and float16 scales of sixteen rows side by side, two codes of each row in turn.
+// - GGUF_Q8_0_ROWS16 (34 bytes a row's block, as Q8_0's; AVX2, or AVX-512 with VNNI): Q8_0's codes
+//   and float16 scales of sixteen rows side by side, two codes of each row in turn (AVX-512: four).
 // - GGUF_Q4_1_ROWS16 (20 bytes a row's block, as Q4_1's; AVX-512 or AVX2): Q4_1's (and Q4_0's, whose
 //   minimum is -8 d) codes, float16 scales and minimums of sixteen rows side by side.
 // - GGUF_Q5_0_ROWS16 (23 bytes a row's block, Q5_0's 22 and a spare; AVX-512 or AVX2): the same

@@ -74,9 +74,10 @@ def to_rows16(data: np.ndarray, kind: Q, width: int, order: torch.Tensor | None 
     this build does not multiply that layout, the rows are not a multiple of sixteen, or the numbers
     do not fit it (a Q4_0 minimum, -8 d, beyond float16's range; Q5_1's own minimums; IQ4_XS's scales,
     no float16s): to_blocks' is the tensor then."""
-    layout = ROWS16_LAYOUT_OF.get(block_format(kind))
+    format = block_format(kind)
+    layout = ROWS16_LAYOUT_OF.get(format)
     if (layout is None or not multiplies_rows16(layout) or data.ndim != 2 or not len(data) or len(data) % ROWS16
-            or width % rounding(block_format(kind))):
+            or width % rounding(format)):
         return None
     source = np.ascontiguousarray(data)
     if order is not None:

@@ -33,7 +33,7 @@ GROUP = 32  # values per block (block_codes.h)
 LOOM_4BIT, LOOM_5BIT, LOOM_8BIT = 4, 5, 8
 GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K = 10, 11, 12, 13, 14
 # Q4_K's, Q8_0's, Q4_1's (Q4_0's), Q5_0's, Q5_K's and Q6_K's numbers with sixteen rows side by side
-# (block_interleaved.h), made at load where the build multiplies them (rows16)
+# (block_interleaved.h), made at load where the build multiplies them (block_formats.to_rows16)
 GGUF_Q4_K_ROWS16, GGUF_Q8_0_ROWS16, GGUF_Q4_1_ROWS16, GGUF_Q6_K_ROWS16 = 18, 19, 20, 21
 GGUF_Q5_0_ROWS16, GGUF_Q5_K_ROWS16 = 23, 24
 # a row's bytes of a block in GGUF_Q8_0_ROWS16, GGUF_Q4_1_ROWS16 and GGUF_Q5_0_ROWS16 (the files' own:
@@ -53,7 +53,8 @@ SUPER_BLOCKS = {GGUF_Q2_K: (256, 84), GGUF_Q3_K: (256, 110), GGUF_Q4_K: (256, 14
                 GGUF_Q6_K_ROWS16: (256, 212)}
 FORMAT_NAMES = {LOOM_4BIT: "4-bit blocks", LOOM_5BIT: "5-bit blocks", LOOM_8BIT: "8-bit blocks", GGUF_Q2_K: "Q2_K",
                 GGUF_Q3_K: "Q3_K", GGUF_Q4_K: "Q4_K", GGUF_Q5_K: "Q5_K", GGUF_Q6_K: "Q6_K",
-                GGUF_Q4_K_ROWS16: "Q4_K (16 rows side by side)", GGUF_Q5_K_ROWS16: "Q5_K (16 rows side by side)", GGUF_Q8_0_ROWS16: "Q8_0 (16 rows side by side)",
+                GGUF_Q4_K_ROWS16: "Q4_K (16 rows side by side)", GGUF_Q5_K_ROWS16: "Q5_K (16 rows side by side)",
+                GGUF_Q8_0_ROWS16: "Q8_0 (16 rows side by side)",
                 GGUF_Q4_1_ROWS16: "Q4_0/Q4_1 (16 rows side by side)",
                 GGUF_Q5_0_ROWS16: "Q5_0 (16 rows side by side)", GGUF_Q6_K_ROWS16: "Q6_K (16 rows side by side)",
                 FLOAT32: "float32", FLOAT16: "float16", BFLOAT16: "bfloat16",

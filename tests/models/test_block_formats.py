@@ -163,10 +163,10 @@ def test_rows_side_by_side_hold_the_files_numbers_and_give_its_very_products(kin
     rounding of float64's over the file's values, and where the build's products over the file's
     own layout end each super-block (or block) in exact integers too (AVX-512: one row, the few-row
     products and from 13 rows the tiles; Q8_0's over Loom's 8-bit blocks likewise) bitwise theirs,
-    so a model's numbers do not depend on which layout it takes. The layout is made straight from the file's bytes, rows in a given order too
-    (Llama's Q/K rows are read so). Rows not a multiple of sixteen, a Q4_0 minimum (-8 d) no float16
-    holds, and 5-bit blocks with minimums of their own (Q5_1's) keep Loom's blocks, and a part of such
-    rows is refused."""
+    so a model's numbers do not depend on which layout it takes. The layout is made straight from the
+    file's bytes, rows in a given order too (Llama's Q/K rows are read so). Rows not a multiple of
+    sixteen, a Q4_0 minimum (-8 d) no float16 holds, and 5-bit blocks with minimums of their own
+    (Q5_1's) keep Loom's blocks, and a part of such rows is refused."""
     width, out = 512, 96
     data = random_tensor(kind, rows=out, width=width, seed=7)
     blocks = to_blocks(data, kind, width)

@@ -221,17 +221,10 @@ def test_a_files_strings_are_read_as_written_and_found_by_their_text_alone(tmp_p
     """A header's arrays of strings are decoded when read (StringArray): every one as gguf-py wrote
     it, whole or sliced, and a token found by its text is that token, never the same bytes inside
     another token (here one that holds <|end|>'s length and text) or across two."""
-    import gguf
     end = "<|end|>"
     inside = "x" + struct.pack("<Q", len(end)).decode("latin-1") + end  # <|end|>'s bytes in the file, inside a token
     tokens = ["<unk>", inside, "é\u00e9✓", "", end, "<|end", "|>", end]
-    path = tmp_path / "strings.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_token_list(tokens)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    path = write_gguf(tmp_path / "strings.gguf", metadata={"tokenizer.ggml.tokens": tokens})
     read = GGUFFile(path).metadata["tokenizer.ggml.tokens"]
     assert len(read) == len(tokens) and read[2] == tokens[2] and read[-1] == end and read[1:4] == tokens[1:4]
     assert read.indices_of(end) == [4, 7] and read.indices_of("<|end") == [5] and read.indices_of("nothing") == []
@@ -246,7 +239,8 @@ def write_gguf(path, arch="llama", tensors=None, metadata=None):
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(1)
     for key, value in (metadata or {}).items():
-        {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string}[type(value)](key, value)
+        {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string,
+         list: writer.add_array}[type(value)](key, value)
     for name, (data, raw) in (tensors or EMBEDDINGS).items():
         writer.add_tensor(name, data, raw_dtype=raw)
     writer.write_header_to_file()
