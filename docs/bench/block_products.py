@@ -38,7 +38,8 @@ from models.kernels.block_linear import BlockLinear  # noqa: E402
 from random_gguf import tensor_data  # noqa: E402
 
 FORMATS = {"q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1, "q8_0": Q.Q8_0, "q2_k": Q.Q2_K,
-           "q3_k": Q.Q3_K, "q4_k": Q.Q4_K, "q5_k": Q.Q5_K, "q6_k": Q.Q6_K, "f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16}
+           "q3_k": Q.Q3_K, "q4_k": Q.Q4_K, "q5_k": Q.Q5_K, "q6_k": Q.Q6_K, "iq4_nl": Q.IQ4_NL, "iq4_xs": Q.IQ4_XS,
+           "f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16}
 
 
 def layers_of(kind: Q, out: int, width: int, megabytes: int, side_by_side: bool = False) -> list[BlockLinear]:

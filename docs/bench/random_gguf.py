@@ -9,7 +9,8 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
 Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), q4_k_m
 (llama.cpp's recipe: Q4_K, with Q6_K for the output layer and for attn_v / ffn_down in the layers
 llama.cpp gives more bits), q5_k_m (the same with Q5_K), q3_k_m (Q3_K, those layers' attn_v / ffn_down
-in Q4_K) and q2_k (Q2_K, those in Q3_K); rows that 256-value super-blocks do not divide (Qwen2.5-0.5B's
+in Q4_K), q2_k (Q2_K, those in Q3_K), iq4_nl and iq4_xs (llama.cpp's recipes without an importance matrix:
+Q5_K for the first eighth of the ffn_down, and for attn_v where four or more query heads share a key head); rows that 256-value super-blocks do not divide (Qwen2.5-0.5B's
 896) take llama.cpp's fallbacks, Q5_0 and Q8_0. The files hold no output layer but the Qwen2.5-7B's: the
 token embeddings are tied to it, and so take the output layer's Q6_K in all four, as llama-quantize
 gives a tied table (before 2026-12-04 they took the layers' type). The qwen2.5 shapes are written as
@@ -88,26 +89,38 @@ def layout(shape: str) -> Layout:
     """A shape's family layout, by its name's prefix (Llama's for the unprefixed ones)."""
     return SHAPE_LAYOUTS.get(shape) or LAYOUTS.get(shape.split("-")[0], Layout("llama"))
 FILE_TYPES = {"f32": 0, "f16": 1, "bf16": 32, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9, "q8_0": 7, "q2_k": 10,
-              "q3_k_m": 12, "q4_k_m": 15, "q5_k_m": 17}
+              "q3_k_m": 12, "q4_k_m": 15, "q5_k_m": 17, "iq4_nl": 25, "iq4_xs": 30}
 FLOAT_FORMATS = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1,
                  "q4_0": Q.Q4_0, "q4_1": Q.Q4_1}  # one type for every matrix
 # the K-quant recipes: the layers' type, and the type of the tensors llama.cpp gives more bits
 K_RECIPES = {"q2_k": (Q.Q2_K, Q.Q3_K), "q3_k_m": (Q.Q3_K, Q.Q4_K), "q4_k_m": (Q.Q4_K, Q.Q6_K),
              "q5_k_m": (Q.Q5_K, Q.Q6_K)}
+# the IQ4 recipes (llama.cpp's without an importance matrix): the layers' type, Q5_K for the first eighth
+# of the layers' ffn_down and (where four or more query heads share a key head) every attn_v
+IQ4_RECIPES = {"iq4_nl": Q.IQ4_NL, "iq4_xs": Q.IQ4_XS}
 # where each K-quant block keeps its float16 scale (d) and, where it has one, its minimums' scale (dmin)
-HALF_FIELDS = {Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+HALF_FIELDS = {Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.IQ4_NL: (0,),
+               Q.IQ4_XS: (0,)}
 HALF_RANGE = {Q.Q2_K: (1.5e-3, 3e-3), Q.Q3_K: (5e-4, 1e-3), Q.Q4_K: (2e-4, 6e-4), Q.Q5_K: (1e-4, 3e-4),
-              Q.Q6_K: (1e-4, 3e-4)}  # weights of about +-0.1, as a trained model's
+              Q.Q6_K: (1e-4, 3e-4), Q.IQ4_NL: (5e-4, 1e-3),
+              Q.IQ4_XS: (3e-5, 6e-5)}  # weights of about +-0.1, as a trained model's
 
 
-def tensor_type(name: str, layer: int, layers: int, fmt: str, width: int, tied: bool) -> Q:
+def tensor_type(name: str, layer: int, layers: int, fmt: str, width: int, tied: bool, shared_heads: int) -> Q:
     if name.endswith(("norm.weight", ".bias")):
         return Q.F32
     if fmt in FLOAT_FORMATS:
         return FLOAT_FORMATS[fmt]
+    output = name == "output.weight" or (tied and name == "token_embd.weight")  # (a tied table is the output)
+    if fmt in IQ4_RECIPES:
+        kind = name.split(".")[-2]
+        if output:
+            return Q.Q6_K
+        if (kind == "ffn_down" and layer < layers // 8) or (kind == "attn_v" and shared_heads >= 4):
+            return Q.Q5_K
+        return Q.IQ4_NL if width % 256 else IQ4_RECIPES[fmt]  # (llama.cpp's fallback for IQ4_XS)
     more_bits = layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
     wide = more_bits and name.split(".")[-2] in ("attn_v", "ffn_down")
-    output = name == "output.weight" or (tied and name == "token_embd.weight")  # (a tied table is the output)
     if width % 256:  # rows a K-quant's 256-value super-blocks do not divide: llama.cpp's fallbacks
         return Q.Q8_0 if wide or output else Q.Q5_0
     base, more = K_RECIPES[fmt]
@@ -195,7 +208,7 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
     writer.add_pad_token_id(source["tokenizer.ggml.padding_token_id"])
     writer.add_add_bos_token(False)
     writer.add_chat_template(source["tokenizer.chat_template"])
-    plan = [(name, tensor_type(name, layer, layers, fmt, size[-1], tied), size) for name, layer, size in
+    plan = [(name, tensor_type(name, layer, layers, fmt, size[-1], tied, heads // kv_heads), size) for name, layer, size in
             tensors(hidden, inner, layers, heads, kv_heads, head, vocab, family, tied)]
     for name, kind, size in plan:
         block, block_bytes = GGML_QUANT_SIZES[kind]

@@ -4,11 +4,13 @@
 //
 // Loom's own layouts (block_linear.py; GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4 are rearranged
 // into them at load, exactly) keep a row as its codes, then its float32 scales, then (4 and 5 bits)
-// its float32 minimums:
+// its float32 minimums (LOOM_IQ4: its scales in two parts):
 // - LOOM_4BIT: w = d q + m, q in 0..15; byte j of a block holds value j (low nibble) and j + 16.
 // - LOOM_5BIT: LOOM_4BIT's nibbles, then each block's 32 fifth bits (bit j: value j's, 16 times it):
 //   w = d q + m, q in 0..31.
 // - LOOM_8BIT: w = d q, q in -127..127.
+// - LOOM_IQ4 (IQ4_NL's and IQ4_XS's numbers): LOOM_4BIT's nibbles, indices into a table of sixteen
+//   8-bit codes, then a float32 scale and a signed byte multiplying it a block (LoomIQ4 below).
 // GGUF's K-quants are read as the file lays them out (memory-mapped, not copied; but with AVX-512 or
 // AVX2 a linear layer's Q4_K and Q5_K are laid out anew at load, GGUF_Q4_K_ROWS16 below), in super-blocks
 // of 256 values (the layouts: llama.cpp's dequantize_row_q*_K, which each Super's codes follow):
@@ -35,6 +37,8 @@
 //   minimum is -8 d) codes, float16 scales and minimums of sixteen rows side by side.
 // - GGUF_Q5_0_ROWS16 (23 bytes a row's block, Q5_0's 22 and a spare; AVX-512 or AVX2): the same
 //   with each code's fifth bit, and no minimum (Q5_0's: -16 d).
+// - GGUF_IQ4_ROWS16 (19 bytes a row's block; AVX-512 with VNNI): IQ4_NL's and IQ4_XS's codes, d and
+//   multipliers of sixteen rows side by side, four codes of each row in turn.
 // - GGUF_Q6_K_ROWS16 (212 bytes a row's super-block; AVX2 builds without AVX-512): Q6_K's low
 //   nibbles, high bit pairs, scales and d of sixteen rows side by side.
 // And one over a file's float32 matrices (block_linear.py's padded_rows, made at load): FLOAT_PADDED,
@@ -63,7 +67,7 @@ enum Format : int64_t {
     GGUF_Q2_K = 10, GGUF_Q3_K = 11, GGUF_Q4_K = 12, GGUF_Q5_K = 13, GGUF_Q6_K = 14,
     FLOAT16 = 16, BFLOAT16 = 17, GGUF_Q4_K_ROWS16 = 18, GGUF_Q8_0_ROWS16 = 19,
     GGUF_Q4_1_ROWS16 = 20, GGUF_Q6_K_ROWS16 = 21, FLOAT_PADDED = 22,
-    GGUF_Q5_0_ROWS16 = 23, GGUF_Q5_K_ROWS16 = 24
+    GGUF_Q5_0_ROWS16 = 23, GGUF_Q5_K_ROWS16 = 24, LOOM_IQ4 = 25, GGUF_IQ4_ROWS16 = 26
 };
 constexpr int64_t ROW_PAD = 16;  // values a FLOAT_PADDED row has past its width
 
@@ -305,6 +309,24 @@ struct ConsecutivePairs {
     static constexpr int second(int P) { return 2 * P + 1; }
 };
 
+// A block's sixteen bytes of nibbles as its 32 codes in the values' order (byte j holds value j in
+// its low nibble, j + 16 in its high one); and two blocks' 32 bytes as their 64.
+inline Bytes nibbles_of(HalfBytes packed) {
+    return __builtin_shufflevector(packed & 15, packed >> 4, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
+                                   17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+}
+inline PairBytes pair_nibbles_of(Bytes packed) {
+    const Bytes low = packed & 15, high = packed >> 4;
+#if defined(__AVX512F__)  // the four 16-byte quarters in the order low 0, high 0, low 1, high 1
+    const __m512i both = (__m512i)pair_of(low, high);
+    return (PairBytes)_mm512_shuffle_i64x2(both, both, _MM_SHUFFLE(3, 1, 2, 0));
+#else
+    return __builtin_shufflevector(low, high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 32, 33, 34, 35, 36,
+                                   37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25,
+                                   26, 27, 28, 29, 30, 31, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63);
+#endif
+}
+
 // LOOM_4BIT, and with HIGH LOOM_5BIT: the same codes with a fifth bit each, a block's 32 of them
 // (bit j: value j) between the nibbles and the scales.
 template <bool HIGH>
@@ -324,12 +346,8 @@ struct LoomNibbles {
             : packed(load<HalfBytes>(row + s * 16)), high(HIGH ? load<uint32_t>(row + in / 2 + 4 * s) : 0),
               d(scales_of(row, in)[s]), m(scales_of(row, in)[in / GROUP + s]) {}
         Bytes codes(int) const {
-            const HalfBytes low = packed & 15, high_nibbles = packed >> 4;
-            const Bytes nibbles = __builtin_shufflevector(low, high_nibbles, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
-                                                          13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27,
-                                                          28, 29, 30, 31);
-            if constexpr (!HIGH) return nibbles;
-            return nibbles | sixteens_of_bits(high);
+            if constexpr (!HIGH) return nibbles_of(packed);
+            return nibbles_of(packed) | sixteens_of_bits(high);
         }
         Lanes scales(int) const { return Lanes{} + d; }
         Lanes offset(const float* sums, const float*) const { return Lanes{m * sums[0]}; }
@@ -401,18 +419,8 @@ struct LoomNibblePairs {
         }
         template <int>
         PairBytes pair_codes() const {
-            const Bytes low = packed & 15, high_nibbles = packed >> 4;
-#if defined(__AVX512F__)  // the four 16-byte quarters in the order low 0, high 0, low 1, high 1
-            const __m512i both = (__m512i)pair_of(low, high_nibbles);
-            const PairBytes nibbles = (PairBytes)_mm512_shuffle_i64x2(both, both, _MM_SHUFFLE(3, 1, 2, 0));
-#else
-            const PairBytes nibbles = __builtin_shufflevector(
-                low, high_nibbles, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 32, 33, 34, 35, 36, 37, 38,
-                39, 40, 41, 42, 43, 44, 45, 46, 47, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31,
-                48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63);
-#endif
-            if constexpr (!HIGH) return nibbles;
-            return nibbles | sixteens_of_bits(high);
+            if constexpr (!HIGH) return pair_nibbles_of(packed);
+            return pair_nibbles_of(packed) | sixteens_of_bits(high);
         }
         void widen(float* out) const {
             const PairBytes q = pair_codes<0>();
@@ -459,6 +467,77 @@ struct Loom8Pairs {
 #endif
         void widen(float* out) const {
             for (int i = 0; i < 64; ++i) out[i] = d[i / 32] * float(q[i]);
+        }
+    };
+};
+
+// IQ4_NL's and IQ4_XS's sixteen values, which their 4-bit codes index (llama.cpp's kvalues_iq4nl).
+alignas(16) constexpr int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// The values 32 codes of 4 bits index (a pair's 64): one byte shuffle, the table in each 128-bit lane.
+inline SignedBytes iq4_values(Bytes codes) {
+#if defined(__AVX2__)
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(IQ4_VALUES)));
+    return (SignedBytes)_mm256_shuffle_epi8(table, (__m256i)codes);
+#else
+    SignedBytes values;
+    for (int j = 0; j < 32; ++j) values[j] = IQ4_VALUES[codes[j]];
+    return values;
+#endif
+}
+inline PairSigned iq4_values(PairBytes codes) {
+#if defined(__AVX512BW__)
+    const __m512i table = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(IQ4_VALUES)));
+    return (PairSigned)_mm512_shuffle_epi8(table, (__m512i)codes);
+#else
+    return pair_of(iq4_values(first_half(codes)), iq4_values(second_half(codes)));
+#endif
+}
+
+// LOOM_IQ4, IQ4_NL's and IQ4_XS's numbers: LOOM_4BIT's nibbles, each the index of one of
+// IQ4_VALUES, then a float32 scale d a block, then a signed byte k a block: w = d k IQ4_VALUES[q]
+// (IQ4_NL: its d, k = 1; IQ4_XS: its super-block's d, k its 6-bit sub-scale less 32; the product
+// exact in float32, as llama.cpp computes it). 21 bytes a block, a size no other format's rows take
+// (block_linear.py tells formats apart by their rows' bytes; d k as one float32 would be Q4_1 side by
+// side's 20): where the build lays IQ4 rows side by side, as on AVX-512 with VNNI, the products read
+// GGUF_IQ4_ROWS16's 19 instead. The products meet the looked-up values as Loom8's codes.
+struct LoomIQ4 {
+    static constexpr int64_t ROUNDING = GROUP;  // values under one scale of the rounded input
+    static constexpr int64_t VALUES = GROUP;
+    static int64_t row_bytes(int64_t in) { return in / 2 + in / GROUP * 5; }
+    static const float* scales_d(const uint8_t* row, int64_t in) { return reinterpret_cast<const float*>(row + in / 2); }
+    static const int8_t* multipliers(const uint8_t* row, int64_t in) {
+        return reinterpret_cast<const int8_t*>(row + in / 2 + in / GROUP * 4);
+    }
+    static float scale(const uint8_t* row, int64_t in, int64_t b) {  // block b's d k
+        return scales_d(row, in)[b] * float(multipliers(row, in)[b]);
+    }
+    struct Super : Loom8::Super {
+        Super() = default;
+        Super(const uint8_t* row, int64_t in, int64_t s) {
+            q = iq4_values(nibbles_of(load<HalfBytes>(row + s * 16)));
+            d = scale(row, in, s);
+        }
+    };
+};
+struct LoomIQ4Pairs {
+    static constexpr int64_t ROUNDING = GROUP;  // values under one scale of the rounded input
+    static constexpr int64_t VALUES = 2 * GROUP;
+    static int64_t row_bytes(int64_t in) { return LoomIQ4::row_bytes(in); }
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    // blocks [b, b + count)'s scales d k (count <= 8; zeros past), for block_pair_rows
+    static Lanes scale_lanes(const uint8_t* row, int64_t in, int64_t b, int count) {
+        const __mmask8 mask = __mmask8((1u << count) - 1);
+        const __m256 d = _mm256_maskz_loadu_ps(mask, LoomIQ4::scales_d(row, in) + b);
+        const __m128i k = _mm_maskz_loadu_epi8(__mmask16(mask), LoomIQ4::multipliers(row, in) + b);
+        return (Lanes)_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(k)));
+    }
+#endif
+    struct Super : Loom8Pairs::Super {
+        Super() = default;
+        Super(const uint8_t* row, int64_t in, int64_t s) {
+            q = iq4_values(pair_nibbles_of(load<Bytes>(row + s * 32)));
+            d[0] = LoomIQ4::scale(row, in, 2 * s), d[1] = LoomIQ4::scale(row, in, 2 * s + 1);
         }
     };
 };
@@ -881,6 +960,16 @@ struct NibbleRows16 {
 };
 using Q41Rows16 = NibbleRows16<false>;
 using Q50Rows16 = NibbleRows16<true>;
+// GGUF_IQ4_ROWS16 (AVX-512 with VNNI): sixteen weight rows at a time, each block of 32 values of theirs
+// in BLOCK_BYTES: codes [quad q][row][4 bytes] as GGUF_Q4_1_ROWS16's (LOOM_IQ4's nibbles 4 q to 4 q + 3
+// of each row: values 4 q + b in the low nibbles, 4 q + b + 16 in the high), then d [row] as float16
+// (the file's), then k [row] as signed bytes: w = d k IQ4_VALUES[q], 19 bytes a row's block.
+struct IQ4Rows16 {
+    using From = LoomIQ4;
+    static constexpr int64_t ROUNDING = GROUP, VALUES = GROUP;  // the input rounded as for Loom's blocks
+    static constexpr int64_t ROWS = 16, BYTES = 19, BLOCK_BYTES = ROWS * BYTES, D = ROWS * GROUP / 2, K = D + 2 * ROWS;
+    static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
+};
 // GGUF_Q6_K_ROWS16: sixteen weight rows at a time, each super-block of theirs in BLOCK_BYTES (groups
 // of 16 values G, each four quads of values t: values 16 G + 4 t to 16 G + 4 t + 3): low nibbles
 // [set 4 (G % 8) + t][row][4 bytes] (groups G < 8 in the low nibbles, G + 8 in the high), high bit
@@ -916,12 +1005,14 @@ constexpr bool Q8_0_ROWS16_BUILT = LOOM_BLOCKS_ROWS16 || LOOM_Q8_0_QUADS;
 template <typename F>
 constexpr bool rows_side_by_side() {
     return std::is_same_v<F, Q4KRows16> || std::is_same_v<F, Q5KRows16> || std::is_same_v<F, Q80Rows16> ||
-           std::is_same_v<F, Q41Rows16> || std::is_same_v<F, Q50Rows16> || std::is_same_v<F, Q6KRows16>;
+           std::is_same_v<F, Q41Rows16> || std::is_same_v<F, Q50Rows16> || std::is_same_v<F, Q6KRows16> ||
+           std::is_same_v<F, IQ4Rows16>;
 }
 // Whether this build multiplies layout L (one of those), which is made only where it does.
 template <typename L>
 constexpr bool rows16_built() {
     if constexpr (std::is_same_v<L, Q80Rows16>) return Q8_0_ROWS16_BUILT;
+    else if constexpr (std::is_same_v<L, IQ4Rows16>) return LOOM_Q8_0_QUADS;  // (Q8_0's products, looked up)
     else if constexpr (std::is_same_v<L, Q6KRows16>) return BLOCKS_ROWS16_BUILT;
     else return ROWS16_BUILT;
 }
@@ -951,6 +1042,11 @@ inline void with_format(int64_t format, int64_t in, F&& f) {
                 if (pairs) return f(Loom8Pairs{});
             }
             return f(Loom8{});
+        case LOOM_IQ4:
+            if constexpr (PAIRS) {
+                if (pairs) return f(LoomIQ4Pairs{});
+            }
+            return f(LoomIQ4{});
         case GGUF_Q2_K: f(Q2K{}); break;
         case GGUF_Q3_K: f(Q3K{}); break;
         case GGUF_Q4_K: f(Q4K{}); break;
@@ -972,6 +1068,9 @@ inline void with_format(int64_t format, int64_t in, F&& f) {
         case GGUF_Q6_K_ROWS16:
             if constexpr (rows16_built<Q6KRows16>()) return f(Q6KRows16{});
             __builtin_trap();
+        case GGUF_IQ4_ROWS16:
+            if constexpr (rows16_built<IQ4Rows16>()) return f(IQ4Rows16{});
+            __builtin_trap();
         case GGUF_Q5_K: f(Q5K{}); break;
         case FLOAT: f(FloatRows<float>{}); break;
         case FLOAT_PADDED: f(FloatRows<float, ROW_PAD>{}); break;
@@ -989,6 +1088,7 @@ inline int64_t format_row_bytes(int64_t format, int64_t in) {
     if (format == GGUF_Q4_1_ROWS16) return Q41Rows16::row_bytes(in);
     if (format == GGUF_Q5_0_ROWS16) return Q50Rows16::row_bytes(in);
     if (format == GGUF_Q6_K_ROWS16) return Q6KRows16::row_bytes(in);
+    if (format == GGUF_IQ4_ROWS16) return IQ4Rows16::row_bytes(in);
     int64_t bytes = 0;
     with_format(format, in, [&](auto f) { bytes = decltype(f)::row_bytes(in); });
     return bytes;

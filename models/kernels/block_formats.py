@@ -8,11 +8,12 @@ side by side, as with AVX-512 or AVX2 they do Q4_K, Q5_K, Q4_0, Q4_1, Q5_0 and (
 and with AVX2 alone Q6_K, the loader lays a linear layer's matrix out so, straight from the file:
 to_rows16.) Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 hold what Loom's 4-, 5- and 8-bit blocks hold (32
 values, a scale, for 4 and 5 bits a minimum; Q4_0's w = d (q - 8) is a minimum of -8 d and Q5_0's
-w = d (q - 16) one of -16 d, exact in float32), so their bytes are rearranged, never widened. IQ4_NL and IQ4_XS look their 4-bit codes up in a table of sixteen
-integers from -127 to 113: those integers are 8-bit codes, under the block's scale (IQ4_XS:
-d (ls - 32) per 32 values), so they become 8-bit blocks, exact too, at twice the file's memory.
-The kernels rearrange them in one pass (gguf_blocks.cpp); without a compiler numpy does, the same
-bytes.
+w = d (q - 16) one of -16 d, exact in float32), so their bytes are rearranged, never widened. IQ4_NL and
+IQ4_XS look their 4-bit codes up in a table of sixteen integers from -127 to 113 under a block's scale
+(IQ4_XS: d (ls - 32) per 32 values): their codes stay as they are, with d and a multiplier k a block
+(LOOM_IQ4; side by side where the build multiplies them so, GGUF_IQ4_ROWS16, 19 bytes a block against
+the file's 18 and 17), which the kernels look up as 8-bit codes. The kernels rearrange them in one pass (gguf_blocks.cpp); without a compiler numpy does,
+the same bytes.
 """
 
 from __future__ import annotations
@@ -26,14 +27,13 @@ from gguf.constants import GGMLQuantizationType as Q
 from . import native
 from ..pages import fresh_zeros
 from .block_linear import (GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K, GROUP, FLOAT_FORMATS, LOOM_4BIT,
-                           LOOM_5BIT, LOOM_8BIT, ROWS16, ROWS16_LAYOUT_OF, WIDEN_ARGTYPES, multiplies_rows16,
+                           LOOM_5BIT, LOOM_8BIT, LOOM_IQ4, ROWS16, ROWS16_LAYOUT_OF, WIDEN_ARGTYPES, multiplies_rows16,
                            rounding, row_bytes)
 
 NATIVE = {Q.Q2_K: GGUF_Q2_K, Q.Q3_K: GGUF_Q3_K, Q.Q4_K: GGUF_Q4_K, Q.Q5_K: GGUF_Q5_K, Q.Q6_K: GGUF_Q6_K}
 EXACT = {Q.Q4_0: LOOM_4BIT, Q.Q4_1: LOOM_4BIT, Q.Q5_0: LOOM_5BIT, Q.Q5_1: LOOM_5BIT, Q.Q8_0: LOOM_8BIT,
-         Q.IQ4_NL: LOOM_8BIT, Q.IQ4_XS: LOOM_8BIT}
+         Q.IQ4_NL: LOOM_IQ4, Q.IQ4_XS: LOOM_IQ4}
 FLOATS = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}  # the dtype each float type is kept in
-IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
 WIDENED_VALUES = 16 << 20  # values widened to float32 at a time (weights="float32", a float tensor)
 
 
@@ -72,8 +72,8 @@ def to_rows16(data: np.ndarray, kind: Q, width: int, order: torch.Tensor | None 
     weights at the memory's rate, and many rows take fewer instructions a product), made in one copy
     from the file's bytes; row i is the file's row order[i] (a permutation; None: row i). None where
     this build does not multiply that layout, the rows are not a multiple of sixteen, or the numbers
-    do not fit it (a Q4_0 minimum, -8 d, beyond float16's range; Q5_1's own minimums; IQ4_XS's scales,
-    no float16s): to_blocks' is the tensor then."""
+    do not fit it (a Q4_0 minimum, -8 d, beyond float16's range; Q5_1's own minimums): to_blocks' is
+    the tensor then."""
     format = block_format(kind)
     layout = ROWS16_LAYOUT_OF.get(format)
     if (layout is None or not multiplies_rows16(layout) or data.ndim != 2 or not len(data) or len(data) % ROWS16
@@ -138,22 +138,22 @@ def _halves(field: np.ndarray) -> np.ndarray:
 
 def _iq4_rearranged(data: np.ndarray, kind: Q, rows: int, groups: int) -> np.ndarray:
     """IQ4_NL (per 32 values: d, 16 bytes of codes) and IQ4_XS (per 256: d, 6-bit sub-scales in two
-    fields, 128 bytes of codes) as 8-bit blocks of the table's values."""
+    fields, 128 bytes of codes) as LOOM_IQ4: the codes, each block's d as float32, and its multiplier."""
     if kind == Q.IQ4_NL:
         blocks = data.reshape(rows, groups, 18)
-        scale = _halves(blocks[..., 0:2]).reshape(rows, groups)
-        codes = blocks[..., 2:]
+        halves, codes = blocks[..., 0:2], blocks[..., 2:]
+        multipliers = np.ones((rows, groups), np.int8)
     else:
         blocks = data.reshape(rows, groups // 8, 136)
-        d = _halves(blocks[..., 0:2])  # [rows, supers, 1]
+        halves = np.repeat(blocks[..., 0:2], 8, axis=1)  # the super-block's d, for each of its blocks
         high = blocks[..., 2:4].copy().view(np.uint16)  # [rows, supers, 1]: two bits a sub-block
         low = blocks[..., 4:8]  # four bits a sub-block, two sub-blocks a byte
         low = (low[..., None] >> np.array([0, 4], np.uint8)).reshape(rows, -1, 8) & 0x0F
         high = (high >> (2 * np.arange(8, dtype=np.uint16))) & 3
-        scale = (d * ((low | (high.astype(np.uint8) << 4)).astype(np.float32) - 32)).reshape(rows, groups)
-        codes = blocks[..., 8:].reshape(rows, groups, 16)
-    values = IQ4_VALUES[np.stack([codes & 0x0F, codes >> 4], axis=-2).reshape(rows, groups, 32)]
-    return np.concatenate([values.view(np.uint8).reshape(rows, -1), scale.view(np.uint8)], axis=1)
+        multipliers = ((low | (high.astype(np.uint8) << 4)).astype(np.int16) - 32).astype(np.int8).reshape(rows, groups)
+        codes = blocks[..., 8:]
+    scales = _halves(halves.reshape(rows, groups, 2)).view(np.uint8).reshape(rows, -1)
+    return np.concatenate([codes.reshape(rows, -1), scales, multipliers.view(np.uint8)], axis=1)
 
 
 def _q5_rearranged(data: np.ndarray, kind: Q, rows: int, groups: int) -> np.ndarray:

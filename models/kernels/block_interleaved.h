@@ -137,6 +137,25 @@ inline void repack_rows16(Q80Rows16, const uint8_t* src, int64_t in, uint8_t* ds
 }
 #endif
 
+#if LOOM_Q8_0_QUADS
+// Rows [16 k, 16 k + 16) of a matrix of LOOM_IQ4 blocks (rows of ``in`` values) into ``dst``, the same
+// rows in GGUF_IQ4_ROWS16: each block's code bytes four at a time, four of each row in turn, then each
+// row's d (a float16's value: the file's) and multiplier k.
+inline void repack_rows16(IQ4Rows16, const uint8_t* src, int64_t in, uint8_t* dst) {
+    using L = IQ4Rows16;
+    const int64_t row_bytes = L::From::row_bytes(in);
+    for (int64_t b = 0; b < in / L::VALUES; ++b) {
+        uint8_t* block = dst + b * L::BLOCK_BYTES;
+        for (int r = 0; r < L::ROWS; ++r) {
+            const uint8_t* row = src + r * row_bytes;
+            for (int q = 0; q < 4; ++q) std::memcpy(block + (q * L::ROWS + r) * 4, row + b * GROUP / 2 + 4 * q, 4);
+            put_half(block + L::D + 2 * r, L::From::scales_d(row, in)[b]);
+            block[L::K + r] = uint8_t(L::From::multipliers(row, in)[b]);
+        }
+    }
+}
+#endif
+
 #if LOOM_BLOCKS_ROWS16
 // Rows [16 k, 16 k + 16) of a Q6_K matrix (the file's layout) into ``dst``, the same rows' bytes in
 // GGUF_Q6_K_ROWS16.
@@ -192,6 +211,20 @@ inline void widen_row16(NibbleRows16<HIGH>, const BlockWeights& w, int64_t row, 
             const uint8_t fifths = HIGH ? block[L::FIFTHS_AT + v / 4 * L::ROWS + r] : 0;
             dst[b * L::VALUES + v] = d * float((byte & 15) | fifth_of(fifths, false, v % 4)) + m;
             dst[b * L::VALUES + v + 16] = d * float((byte >> 4) | fifth_of(fifths, true, v % 4)) + m;
+        }
+    }
+}
+inline void widen_row16(IQ4Rows16, const BlockWeights& w, int64_t row, float* dst) {
+    using L = IQ4Rows16;
+    const uint8_t* first = w.base + row / L::ROWS * L::ROWS * w.stride;  // the row's block
+    const int r = int(row % L::ROWS);
+    for (int64_t b = 0; b < w.in / L::VALUES; ++b) {
+        const uint8_t* block = first + b * L::BLOCK_BYTES;
+        const float scale = half_to_float(block + L::D + 2 * r) * float(int8_t(block[L::K + r]));
+        for (int v = 0; v < L::VALUES / 2; ++v) {
+            const uint8_t byte = block[(v / 4 * L::ROWS + r) * 4 + v % 4];
+            dst[b * L::VALUES + v] = scale * float(IQ4_VALUES[byte & 15]);
+            dst[b * L::VALUES + v + 16] = scale * float(IQ4_VALUES[byte >> 4]);
         }
     }
 }
@@ -461,6 +494,50 @@ inline void rows16_chunk(const RoundedGroup<Q80Rows16, ROWS>& x, int m0, const u
         }
         const __m512i offsets = _mm512_slli_epi32(code_sums, 7);
         const __m512 d = _mm512_cvtph_ps(load<__m256i>(block + L::D)), unused = _mm512_setzero_ps();
+        for (int i = 0; i < CHUNK; ++i) {
+            const __m512 d_dx = _mm512_mul_ps(d, _mm512_set1_ps(x.scale(m0 + i, b)));
+            const __m512 exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(a[i], offsets));
+            sums[i] = _mm512_add_ps(sums[i], block_term<false>(exact, d_dx, unused, unused));
+        }
+    }
+    for (int i = 0; i < CHUNK; ++i) _mm512_storeu_ps(y + (m0 + i) * y_stride, sums[i]);
+}
+
+// rows16_chunk over GGUF_IQ4_ROWS16: Q8_0's products (above), each quad's codes the values of
+// IQ4_VALUES that its sixteen rows' nibbles index (a byte shuffle for the low nibbles' and one for the
+// high ones'), each row's scale its d k: the exact integers and float steps of the products over
+// LOOM_IQ4's pairs of blocks.
+template <int CHUNK, int ROWS>
+inline void rows16_chunk(const RoundedGroup<IQ4Rows16, ROWS>& x, int m0, const uint8_t* blocks, int64_t count,
+                         float* y, int64_t y_stride) {
+    using L = IQ4Rows16;
+    const __m512i ones = _mm512_set1_epi8(1), none = _mm512_setzero_si512(), nibble = _mm512_set1_epi8(15);
+    const __m512i table = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(IQ4_VALUES)));
+    __m512 sums[CHUNK];
+    for (auto& sum : sums) sum = _mm512_setzero_ps();
+    for (int64_t b = 0; b < count; ++b) {
+        const uint8_t* block = blocks + b * L::BLOCK_BYTES;
+        if (m0 == 0) fetch_lines(block + ROWS16_AHEAD, L::BLOCK_BYTES);  // (never faults past the end)
+        alignas(32) uint8_t unsigned_codes[CHUNK][GROUP];  // the block's input codes, each 128 more
+        for (int i = 0; i < CHUNK; ++i)
+            store(unsigned_codes[i], _mm256_xor_si256(load<__m256i>(x.codes(m0 + i, b, 0)), _mm256_set1_epi8(-128)));
+        const uint8_t* input = &unsigned_codes[0][0];
+        asm("" : "+r"(input) : : "memory");  // (as Q8_0's)
+        __m512i a[CHUNK], code_sums = none;
+        for (auto& v : a) v = none;
+        for (int q = 0; q < 4; ++q) {
+            const __m512i bytes = _mm512_loadu_si512(block + 64 * q);
+            const __m512i low = _mm512_shuffle_epi8(table, _mm512_and_si512(bytes, nibble));
+            const __m512i high = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble));
+            code_sums = dot_quads(dot_quads(code_sums, ones, low), ones, high);
+            for (int i = 0; i < CHUNK; ++i) {
+                a[i] = dot_quads(a[i], _mm512_set1_epi32(load<int32_t>(input + GROUP * i + 4 * q)), low);
+                a[i] = dot_quads(a[i], _mm512_set1_epi32(load<int32_t>(input + GROUP * i + 16 + 4 * q)), high);
+            }
+        }
+        const __m512i offsets = _mm512_slli_epi32(code_sums, 7);
+        const __m512 k = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load<__m128i>(block + L::K)));
+        const __m512 d = _mm512_mul_ps(_mm512_cvtph_ps(load<__m256i>(block + L::D)), k), unused = _mm512_setzero_ps();
         for (int i = 0; i < CHUNK; ++i) {
             const __m512 d_dx = _mm512_mul_ps(d, _mm512_set1_ps(x.scale(m0 + i, b)));
             const __m512 exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(a[i], offsets));
@@ -803,7 +880,8 @@ inline void rows16_chunk(const RoundedGroup<Q6KRows16, ROWS>& x, int m0, const u
 template <typename L>
 constexpr int rows16_chunk_rows() {
     constexpr bool wide = VECTOR_BYTES == 64;
-    return std::is_same_v<L, Q6KRows16> || (wide && (std::is_same_v<L, Q5KRows16> || std::is_same_v<L, Q80Rows16>))
+    return std::is_same_v<L, Q6KRows16> || (wide && (std::is_same_v<L, Q5KRows16> || std::is_same_v<L, Q80Rows16> ||
+                                                     std::is_same_v<L, IQ4Rows16>))
                ? 8 : ROWS16_CHUNK;
 }
 

@@ -31,15 +31,19 @@ from .cpu_linear import KERNEL_ROWS, CpuLinear, large_product
 GROUP = 32  # values per block (block_codes.h)
 # block_codes.h's formats; Loom's own are named by their bits
 LOOM_4BIT, LOOM_5BIT, LOOM_8BIT = 4, 5, 8
+# IQ4_NL's and IQ4_XS's numbers: LOOM_4BIT's nibbles, indices into IQ4's sixteen values, then a float32
+# scale and a signed byte multiplying it a block (21 bytes a block: block_codes.h's LoomIQ4)
+LOOM_IQ4 = 25
 GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K = 10, 11, 12, 13, 14
-# Q4_K's, Q8_0's, Q4_1's (Q4_0's), Q5_0's, Q5_K's and Q6_K's numbers with sixteen rows side by side
-# (block_interleaved.h), made at load where the build multiplies them (block_formats.to_rows16)
+# Q4_K's, Q8_0's, Q4_1's (Q4_0's), Q5_0's, Q5_K's, Q6_K's and IQ4's numbers with sixteen rows side by
+# side (block_interleaved.h), made at load where the build multiplies them (block_formats.to_rows16)
 GGUF_Q4_K_ROWS16, GGUF_Q8_0_ROWS16, GGUF_Q4_1_ROWS16, GGUF_Q6_K_ROWS16 = 18, 19, 20, 21
-GGUF_Q5_0_ROWS16, GGUF_Q5_K_ROWS16 = 23, 24
-# a row's bytes of a block in GGUF_Q8_0_ROWS16, GGUF_Q4_1_ROWS16 and GGUF_Q5_0_ROWS16 (the files' own:
-# the codes, a float16 scale, and for Q4_1 a float16 minimum; Q5_0's a spare byte besides, its rows
-# told apart from Q5_K's by their size: stored_format)
-BLOCK_ROWS16_BYTES = {GGUF_Q8_0_ROWS16: 34, GGUF_Q4_1_ROWS16: 20, GGUF_Q5_0_ROWS16: 23}
+GGUF_Q5_0_ROWS16, GGUF_Q5_K_ROWS16, GGUF_IQ4_ROWS16 = 23, 24, 26
+# a row's bytes of a block in GGUF_Q8_0_ROWS16, GGUF_Q4_1_ROWS16, GGUF_Q5_0_ROWS16 (the files' own: the
+# codes, a float16 scale, and for Q4_1 a float16 minimum; Q5_0's a spare byte besides, its rows told
+# apart from Q5_K's by their size: stored_format) and GGUF_IQ4_ROWS16 (the codes, d, and IQ4_XS's
+# sub-scale a block)
+BLOCK_ROWS16_BYTES = {GGUF_Q8_0_ROWS16: 34, GGUF_Q4_1_ROWS16: 20, GGUF_Q5_0_ROWS16: 23, GGUF_IQ4_ROWS16: 19}
 # not blocks: a GGUF file's float matrices (F32, F16, BF16) as it keeps them, the 16-bit ones widened
 # as the products read them
 FLOAT32, FLOAT16, BFLOAT16 = 0, 16, 17
@@ -51,12 +55,14 @@ FLOAT_FORMATS = {torch.float32: FLOAT32, torch.float16: FLOAT16, torch.bfloat16:
 SUPER_BLOCKS = {GGUF_Q2_K: (256, 84), GGUF_Q3_K: (256, 110), GGUF_Q4_K: (256, 144), GGUF_Q5_K: (256, 176),
                 GGUF_Q6_K: (256, 210), GGUF_Q4_K_ROWS16: (256, 148), GGUF_Q5_K_ROWS16: (256, 180),
                 GGUF_Q6_K_ROWS16: (256, 212)}
-FORMAT_NAMES = {LOOM_4BIT: "4-bit blocks", LOOM_5BIT: "5-bit blocks", LOOM_8BIT: "8-bit blocks", GGUF_Q2_K: "Q2_K",
+FORMAT_NAMES = {LOOM_4BIT: "4-bit blocks", LOOM_5BIT: "5-bit blocks", LOOM_8BIT: "8-bit blocks",
+                LOOM_IQ4: "IQ4 blocks", GGUF_Q2_K: "Q2_K",
                 GGUF_Q3_K: "Q3_K", GGUF_Q4_K: "Q4_K", GGUF_Q5_K: "Q5_K", GGUF_Q6_K: "Q6_K",
                 GGUF_Q4_K_ROWS16: "Q4_K (16 rows side by side)", GGUF_Q5_K_ROWS16: "Q5_K (16 rows side by side)",
                 GGUF_Q8_0_ROWS16: "Q8_0 (16 rows side by side)",
                 GGUF_Q4_1_ROWS16: "Q4_0/Q4_1 (16 rows side by side)",
                 GGUF_Q5_0_ROWS16: "Q5_0 (16 rows side by side)", GGUF_Q6_K_ROWS16: "Q6_K (16 rows side by side)",
+                GGUF_IQ4_ROWS16: "IQ4_NL/IQ4_XS (16 rows side by side)",
                 FLOAT32: "float32", FLOAT16: "float16", BFLOAT16: "bfloat16",
                 FLOAT32_PADDED: f"float32 ({ROW_PAD} values padded)"}
 WITH_MINIMUMS = (LOOM_4BIT, LOOM_5BIT)  # Loom's blocks that keep a float32 minimum beside each scale
@@ -71,7 +77,8 @@ ROUND_ARGTYPES = [_pointer, _int64, _int64, _int64, _pointer, _int64]
 
 def row_bytes(width: int, format: int) -> int:
     """Bytes of one row of ``width`` values in ``format``: for Loom's blocks its codes, its float32
-    scales and, for 4 and 5 bits, its float32 minimums; for a K-quant its super-blocks (block_codes.h);
+    scales and, for 4 and 5 bits, its float32 minimums (LOOM_IQ4: its nibbles, then a float32 and a
+    byte a block); for a K-quant its super-blocks (block_codes.h);
     for float rows their values (FLOAT32_PADDED: and ROW_PAD more)."""
     if format == FLOAT32_PADDED:
         return torch.float32.itemsize * (width + ROW_PAD)
@@ -83,6 +90,8 @@ def row_bytes(width: int, format: int) -> int:
         return width // values * size
     if format in BLOCK_ROWS16_BYTES:
         return width // GROUP * BLOCK_ROWS16_BYTES[format]
+    if format == LOOM_IQ4:
+        return width // 2 + width // GROUP * 5
     return width * format // 8 + width // GROUP * (8 if format in WITH_MINIMUMS else 4)
 
 
@@ -94,7 +103,8 @@ ROWS16_LAYOUTS = {GGUF_Q4_K_ROWS16: (GGUF_Q4_K, "q4_k", "AVX-512, or AVX2 with F
                   GGUF_Q8_0_ROWS16: (LOOM_8BIT, "q8_0", "AVX-512 with VNNI, or AVX2 with FMA and F16C"),
                   GGUF_Q4_1_ROWS16: (LOOM_4BIT, "q4_1", "AVX-512, or AVX2 with FMA and F16C"),
                   GGUF_Q5_0_ROWS16: (LOOM_5BIT, "q5_0", "AVX-512, or AVX2 with FMA and F16C"),
-                  GGUF_Q6_K_ROWS16: (GGUF_Q6_K, "q6_k", "AVX2 with FMA and F16C, without AVX-512")}
+                  GGUF_Q6_K_ROWS16: (GGUF_Q6_K, "q6_k", "AVX2 with FMA and F16C, without AVX-512"),
+                  GGUF_IQ4_ROWS16: (LOOM_IQ4, "iq4", "AVX-512 with VNNI")}
 ROWS16_LAYOUT_OF = {source: layout for layout, (source, _, _) in ROWS16_LAYOUTS.items()}  # by source format
 
 
@@ -175,6 +185,8 @@ def dequantize(blocks: torch.Tensor, bits: int, out: int, width: int) -> torch.T
     """The float32 [out, in] weight a buffer of Loom's blocks stands for (the reference the tests check
     the kernel, quantize and block_formats' rearrangements against)."""
     rows = blocks.view(out, -1)
+    if bits == LOOM_IQ4:
+        return _iq4_values(rows, out, width)
     code_bytes, groups = width * bits // 8, width // GROUP
     codes = rows[:, :code_bytes]
     scales = rows[:, code_bytes:code_bytes + 4 * groups].contiguous().view(torch.float32)[..., None]
@@ -187,6 +199,19 @@ def dequantize(blocks: torch.Tensor, bits: int, out: int, width: int) -> torch.T
         mins = rows[:, code_bytes + 4 * groups:].contiguous().view(torch.float32)[..., None]
         return (values.float() * scales + mins).reshape(out, width)
     return (codes.contiguous().view(torch.int8).view(out, groups, GROUP).float() * scales).reshape(out, width)
+
+
+IQ4_VALUES = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])
+
+
+def _iq4_values(rows: torch.Tensor, out: int, width: int) -> torch.Tensor:
+    """dequantize for LOOM_IQ4: each nibble's value of IQ4_VALUES times its block's d k."""
+    groups = width // GROUP
+    nibbles = rows[:, :width // 2].reshape(out, groups, GROUP // 2).long()
+    values = IQ4_VALUES[torch.cat([nibbles & 15, nibbles >> 4], dim=-1)].float()
+    scales = rows[:, width // 2:width // 2 + 4 * groups].contiguous().view(torch.float32)
+    multipliers = rows[:, width // 2 + 4 * groups:].contiguous().view(torch.int8).float()
+    return (values * (scales * multipliers)[..., None]).reshape(out, width)
 
 
 class BlockLinear(nn.Module):

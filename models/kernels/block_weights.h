@@ -647,6 +647,14 @@ inline Lanes row_floats(const float* from, int count) {
     return (Lanes)_mm256_maskz_loadu_ps(__mmask8((1u << count) - 1), from);
 }
 
+// Whether format F's rows keep their blocks' scales as float32s, which block_pair_rows loads from
+// them (F::scales_of); else it makes them eight at a time (F::scale_lanes: LoomIQ4Pairs', a float16
+// and a multiplier each; as the Supers' scalar arithmetic, a one-row product ran at 16 GB/s).
+template <typename F, typename = void>
+struct KeepsScales : std::false_type {};
+template <typename F>
+struct KeepsScales<F, std::void_t<decltype(F::scales_of(nullptr, 0))>> : std::true_type {};
+
 // pair_rows for Loom's blocks (with AVX-512), whose input has a scale a block: each block's products
 // of every pair of rows added up into one exact integer, then block_term in the row's order. G pairs
 // of blocks go at a time, so that half_sums adds up eight vectors at once (one or two input rows: a
@@ -659,6 +667,7 @@ inline void block_pair_rows(const RoundedGroup<F, ROWS>& x, const BlockWeights& 
     using Super = typename F::Super;
     constexpr int ITEMS = SIDE * ROWS, G = ITEMS <= 2 ? 4 : ITEMS <= 4 ? 2 : 1;
     using Place = TermLanes<ROWS, SIDE, G>;
+    constexpr bool KEEPS_SCALES = KeepsScales<F>::value;
     const int64_t pairs = w.in / (2 * GROUP), share = w.stride / pairs;  // a pair's share of a row's bytes
     for (int64_t r = 0; r < count; r += SIDE) {
         const uint8_t* rows[SIDE];
@@ -696,7 +705,14 @@ inline void block_pair_rows(const RoundedGroup<F, ROWS>& x, const BlockWeights& 
             };
             PairLanes m = {}, xs = {};
             if constexpr (Super::MINS) m = of_weights(F::mins_of), xs = of_input(load<PairLanes>(x.block_sums(b)));
-            const PairLanes d_dx = of_weights(F::scales_of) * of_input(load<PairLanes>(x.block_scales(b)));
+            PairLanes d = {};
+            if constexpr (KEEPS_SCALES) {
+                d = of_weights(F::scales_of);
+            } else {
+                const Lanes first = F::scale_lanes(rows[0], w.in, b, 2 * n), last = F::scale_lanes(rows[SIDE - 1], w.in, b, 2 * n);
+                d = pick_lanes<typename Place::OfWeights>(pair_of(first, last), PairLanes{});
+            }
+            const PairLanes d_dx = d * of_input(load<PairLanes>(x.block_scales(b)));
             const PairLanes terms = (PairLanes)block_term<Super::MINS>(
                 _mm512_cvtepi32_ps((__m512i)totals), (__m512)d_dx, (__m512)m, (__m512)xs);
             for_each_index<G>([&](auto pair) {

@@ -5,7 +5,8 @@
 //
 // A Loom row: every block's codes (8-bit: 32 bytes; 4-bit: 16 bytes of nibbles, byte j holding
 // values j and j + 16; 5-bit: those nibbles, then every block's four bytes of fifth bits), then a
-// float32 scale a block, then (4- and 5-bit) a float32 minimum a block.
+// float32 scale a block, then (4- and 5-bit) a float32 minimum a block. IQ4_NL's and IQ4_XS's codes
+// stay 4-bit indices (LOOM_IQ4: the nibbles, then a float32 scale and a multiplier a block).
 //
 // Where the kernels multiply a format with sixteen rows side by side (block_interleaved.h's layouts),
 // a tensor is laid out so straight from the file (loom_lay_out_gguf_rows16): sixteen rows at a time put
@@ -23,9 +24,6 @@ namespace {
 
 // GGML's type numbers (gguf.constants.GGMLQuantizationType) of the formats rearranged here.
 enum GGMLType : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, IQ4_NL = 20, IQ4_XS = 23 };
-
-// IQ4_NL's and IQ4_XS's sixteen values, which their 4-bit codes index: Loom's 8-bit codes.
-constexpr int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 // Bytes a block of 32 values (IQ4_XS: a super-block of 256) takes in the file.
 int64_t file_block_bytes(int64_t type) {
@@ -45,42 +43,50 @@ int64_t file_row_bytes(int64_t type, int64_t width) {
     return width / (type == IQ4_XS ? 256 : 32) * file_block_bytes(type);
 }
 
-// The Loom format a type is rearranged into (block_linear.py's block_formats.EXACT says the same):
-// its number is its bits a value, so a block's codes take 4 x that many bytes.
+// The Loom format a type is rearranged into (block_linear.py's block_formats.EXACT says the same).
 int64_t loom_format(int64_t type) {
     switch (type) {
         case Q4_0: case Q4_1: return LOOM_4BIT;
         case Q5_0: case Q5_1: return LOOM_5BIT;
-        default: return LOOM_8BIT;  // Q8_0's codes, and IQ4's values
+        case IQ4_NL: case IQ4_XS: return LOOM_IQ4;
+        default: return LOOM_8BIT;  // Q8_0's codes
     }
 }
 
-// IQ4's sixteen bytes of codes as 32 values: the low nibbles first, then the high ones.
-void iq4_values(const uint8_t* codes, int8_t* values) {
-    for (int j = 0; j < 16; ++j) {
-        values[j] = IQ4_VALUES[codes[j] & 0x0F];
-        values[j + 16] = IQ4_VALUES[codes[j] >> 4];
+// IQ4_NL (per 32 values: float16 d, sixteen bytes of codes) and IQ4_XS (per 256: d, the two high
+// bits of eight 6-bit sub-scales, their four low bits, then the codes) as LOOM_IQ4: the codes as
+// they are, each block's d widened, and its multiplier (IQ4_XS's sub-scale less 32).
+void rearrange_iq4_row(int64_t type, const uint8_t* src, int64_t groups, uint8_t* dst) {
+    uint8_t* codes = dst;
+    float* scales = reinterpret_cast<float*>(dst + groups * 16);  // (rows of whole blocks: aligned to 4)
+    int8_t* multipliers = reinterpret_cast<int8_t*>(scales + groups);
+    if (type == IQ4_NL) {
+        for (int64_t g = 0; g < groups; ++g, src += 18) {
+            scales[g] = half_to_float(src);
+            multipliers[g] = 1;
+            std::memcpy(codes + 16 * g, src + 2, 16);
+        }
+        return;
+    }
+    for (int64_t s = 0; s < groups / 8; ++s, src += 136) {
+        const float d = half_to_float(src);
+        const uint16_t high = uint16_t(src[2] | src[3] << 8);
+        for (int j = 0; j < 8; ++j) {
+            const int low = (src[4 + j / 2] >> (4 * (j % 2))) & 0x0F;
+            scales[8 * s + j] = d;
+            multipliers[8 * s + j] = int8_t((low | ((high >> (2 * j)) & 3) << 4) - 32);
+        }
+        std::memcpy(codes + 128 * s, src + 8, 128);
     }
 }
 
 // One row of ``groups`` blocks of 32 values from ``src`` (the file's) into ``dst`` (Loom's).
 void rearrange_row(int64_t type, const uint8_t* src, int64_t groups, uint8_t* dst) {
-    const int64_t code_bytes = 4 * loom_format(type);
+    if (type == IQ4_NL || type == IQ4_XS) return rearrange_iq4_row(type, src, groups, dst);
+    const int64_t code_bytes = 4 * loom_format(type);  // (its number is its bits a value)
     uint8_t* codes = dst;
     float* scales = reinterpret_cast<float*>(dst + groups * code_bytes);  // (rows of whole blocks: aligned to 4)
     float* minimums = scales + groups;
-    if (type == IQ4_XS) {  // per 256 values: d, two high bits and four low bits of eight 6-bit sub-scales, codes
-        for (int64_t s = 0; s < groups / 8; ++s, src += 136) {
-            const float d = half_to_float(src);
-            const uint16_t high = uint16_t(src[2] | src[3] << 8);
-            for (int j = 0; j < 8; ++j) {
-                const int low = (src[4 + j / 2] >> (4 * (j % 2))) & 0x0F;
-                scales[8 * s + j] = d * float((low | ((high >> (2 * j)) & 3) << 4) - 32);
-                iq4_values(src + 8 + 16 * j, reinterpret_cast<int8_t*>(codes + 32 * (8 * s + j)));
-            }
-        }
-        return;
-    }
     uint8_t* fifth_bits = codes + groups * 16;  // (5-bit: after every block's nibbles)
     const int64_t step = file_block_bytes(type);
     for (int64_t g = 0; g < groups; ++g, src += step) {
@@ -88,7 +94,6 @@ void rearrange_row(int64_t type, const uint8_t* src, int64_t groups, uint8_t* ds
         scales[g] = d;
         switch (type) {
             case Q8_0: std::memcpy(codes + 32 * g, src + 2, 32); break;
-            case IQ4_NL: iq4_values(src + 2, reinterpret_cast<int8_t*>(codes + 32 * g)); break;
             case Q4_0:  // w = d (q - 8): a minimum of -8 d, exact in float32
                 minimums[g] = -8 * d;
                 std::memcpy(codes + 16 * g, src + 2, 16);
@@ -117,7 +122,7 @@ inline bool is_half(float v) { return _cvtsh_ss(_cvtss_sh(v, _MM_FROUND_TO_NEARE
 
 // Whether layout L holds the numbers of a row of its source format (L::From) of ``in`` values: the
 // K-quants' always (their bytes are kept); Loom's blocks' where every scale and minimum is a float16's
-// value (a Q4_0 file's -8 d may lie beyond float16's range, IQ4_XS's d (ls - 32) between its values),
+// value (a Q4_0 file's -8 d may lie beyond float16's range),
 // and the 5-bit blocks' minimums are -16 times their scales (Q5_0's; Q5_1's are their own).
 template <typename L>
 bool holds(L, const uint8_t*, int64_t) { return true; }

@@ -15,8 +15,8 @@ import models
 from models.kernels import block_formats, native
 from models.kernels.block_formats import block_format, to_blocks, to_rows16
 from models.kernels.block_linear import (BFLOAT16, FLOAT16, FLOAT32, FLOAT32_PADDED, GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q4_K_ROWS16,
-                                         GGUF_Q4_1_ROWS16, GGUF_Q5_0_ROWS16, GGUF_Q5_K, GGUF_Q5_K_ROWS16, GGUF_Q6_K, GGUF_Q6_K_ROWS16, GGUF_Q8_0_ROWS16,
-                                         FORMAT_NAMES, GROUP, LOOM_4BIT, LOOM_5BIT, LOOM_8BIT, SUPER_BLOCKS, WIDEN_ARGTYPES, BlockEmbedding, BlockLinear, dequantize,
+                                         GGUF_Q4_1_ROWS16, GGUF_Q5_0_ROWS16, GGUF_Q5_K, GGUF_Q5_K_ROWS16, GGUF_Q6_K, GGUF_Q6_K_ROWS16, GGUF_Q8_0_ROWS16, GGUF_IQ4_ROWS16,
+                                         FORMAT_NAMES, GROUP, LOOM_4BIT, LOOM_5BIT, LOOM_8BIT, LOOM_IQ4, SUPER_BLOCKS, WIDEN_ARGTYPES, BlockEmbedding, BlockLinear, dequantize,
                                          multiplies_rows16, padded_rows, pads_rows, round_activations, rounding,
                                          rounds_input_to_bfloat16, row_bytes, stored_format)
 from models.kernels.cpu_linear import KERNEL_ROWS
@@ -128,8 +128,10 @@ def test_a_rows_product_is_the_same_whatever_rows_share_it(kind, width):
 
 @needs_kernels
 @pytest.mark.parametrize("kind, layout", [(Q.Q4_K, None), (Q.Q4_K, GGUF_Q4_K_ROWS16), (Q.Q5_K, GGUF_Q5_K_ROWS16),
-                                          (Q.Q6_K, None), (Q.Q6_K, GGUF_Q6_K_ROWS16), (Q.Q8_0, None)],
-                         ids=["Q4_K", "Q4_K-rows16", "Q5_K-rows16", "Q6_K", "Q6_K-rows16", "Q8_0"])
+                                          (Q.Q6_K, None), (Q.Q6_K, GGUF_Q6_K_ROWS16), (Q.Q8_0, None),
+                                          (Q.IQ4_XS, None), (Q.IQ4_XS, GGUF_IQ4_ROWS16)],
+                         ids=["Q4_K", "Q4_K-rows16", "Q5_K-rows16", "Q6_K", "Q6_K-rows16", "Q8_0", "IQ4_XS",
+                              "IQ4_XS-rows16"])
 def test_a_long_prompts_rows_in_bands_are_each_the_rows_product_alone(kind, layout):
     """A product of many input rows over a wide matrix takes them in bands whose rounded input stays
     cached (block_weights.h's input_band_rows: 40 rows at 8192 wide, so 100 rows are three bands,
@@ -154,15 +156,17 @@ def test_a_long_prompts_rows_in_bands_are_each_the_rows_product_alone(kind, layo
 @pytest.mark.parametrize("kind, layout", [(Q.Q4_K, GGUF_Q4_K_ROWS16), (Q.Q5_K, GGUF_Q5_K_ROWS16),
                                           (Q.Q6_K, GGUF_Q6_K_ROWS16), (Q.Q8_0, GGUF_Q8_0_ROWS16),
                                           (Q.Q4_0, GGUF_Q4_1_ROWS16), (Q.Q4_1, GGUF_Q4_1_ROWS16),
-                                          (Q.Q5_0, GGUF_Q5_0_ROWS16)],
-                         ids=["Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0"])
+                                          (Q.Q5_0, GGUF_Q5_0_ROWS16), (Q.IQ4_NL, GGUF_IQ4_ROWS16),
+                                          (Q.IQ4_XS, GGUF_IQ4_ROWS16)],
+                         ids=["Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "IQ4_NL", "IQ4_XS"])
 def test_rows_side_by_side_hold_the_files_numbers_and_give_its_very_products(kind, layout):
-    """Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1 and Q5_0 with sixteen rows side by side (the ROWS16 layouts,
+    """Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, IQ4_NL and IQ4_XS with sixteen rows side by side (the ROWS16 layouts,
     made at load where the build multiplies them): their rows widen to gguf-py's values, looked up as
     an embedding's too, a row's product is bitwise the same at every row count and within float32's
     rounding of float64's over the file's values, and where the build's products over the file's
     own layout end each super-block (or block) in exact integers too (AVX-512: one row, the few-row
-    products and from 13 rows the tiles; Q8_0's over Loom's 8-bit blocks likewise) bitwise theirs,
+    products and from 13 rows the tiles; Q8_0's over Loom's 8-bit blocks and IQ4's over Loom's IQ4
+    blocks likewise) bitwise theirs,
     so a model's numbers do not depend on which layout it takes. The layout is made straight from the
     file's bytes, rows in a given order too (Llama's Q/K rows are read so). Rows not a multiple of
     sixteen, a Q4_0 minimum (-8 d) no float16 holds, and 5-bit blocks with minimums of their own
@@ -180,7 +184,7 @@ def test_rows_side_by_side_hold_the_files_numbers_and_give_its_very_products(kin
         BlockLinear.of_blocks(laid_out[:out - 8], width)
     layer, as_filed = BlockLinear.of_blocks(laid_out, width), BlockLinear.of_blocks(blocks, width)
     assert layer.formats == (layout,) and as_filed.formats == (block_format(kind),)
-    exact = kind in (Q.Q4_K, Q.Q5_K, Q.Q8_0) and bool(native.library().loom_k_quant_super_blocks_exact())
+    exact = kind in (Q.Q4_K, Q.Q5_K, Q.Q8_0, Q.IQ4_NL, Q.IQ4_XS) and bool(native.library().loom_k_quant_super_blocks_exact())
     together = torch.randn(40, width, generator=torch.Generator().manual_seed(3))
     for count in (1, 2, 3, 4, 5, 8, 9, 13, 17, 40):
         x = together[:count]
@@ -428,15 +432,16 @@ def test_a_file_of_mixed_formats_runs_in_them_and_equals_float64_over_its_values
     assert model.layers[0].attn.out.formats == (FLOAT16,) and model.layers[1].attn.out.formats == (BFLOAT16,)
     # fused products keep their parts (no copy), each in its own format: the Q4_K ones with sixteen
     # rows side by side where the build multiplies them so, else read from the file
-    # (Q4_0, Q4_1 and Q5_0 likewise; Q6_K, Q8_0 and IQ4_NL, the last two's scales float16s, with AVX2 alone; IQ4_XS's,
-    # float16s times integers, need not be: this file's output layer keeps Loom's 8-bit blocks)
+    # (Q4_0, Q4_1 and Q5_0 likewise; Q6_K with AVX2 alone; Q8_0 with AVX2 or VNNI; IQ4_NL and IQ4_XS, the gate and
+    # this file's output layer, with VNNI, else Loom's IQ4 blocks)
     q4_k = GGUF_Q4_K_ROWS16 if multiplies_rows16(GGUF_Q4_K_ROWS16) else GGUF_Q4_K
     q8_0 = GGUF_Q8_0_ROWS16 if multiplies_rows16(GGUF_Q8_0_ROWS16) else LOOM_8BIT
     q4_1 = GGUF_Q4_1_ROWS16 if multiplies_rows16(GGUF_Q4_1_ROWS16) else LOOM_4BIT
     q6_k = GGUF_Q6_K_ROWS16 if multiplies_rows16(GGUF_Q6_K_ROWS16) else GGUF_Q6_K
     q5_0 = GGUF_Q5_0_ROWS16 if multiplies_rows16(GGUF_Q5_0_ROWS16) else LOOM_5BIT
     assert model.layers[0].attn.qkv.formats == (q4_1, q4_k, q4_1)
-    assert model.layers[0].mlp.gate_up.formats == (q8_0, q8_0) and model.lm_head.formats == (LOOM_8BIT,)
+    iq4 = GGUF_IQ4_ROWS16 if multiplies_rows16(GGUF_IQ4_ROWS16) else LOOM_IQ4
+    assert model.layers[0].mlp.gate_up.formats == (iq4, q8_0) and model.lm_head.formats == (iq4,)
     assert model.embed.format == q8_0
     q5_k = GGUF_Q5_K_ROWS16 if multiplies_rows16(GGUF_Q5_K_ROWS16) else GGUF_Q5_K
     assert model.layers[0].mlp.down.formats == (q5_k,)
