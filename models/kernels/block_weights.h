@@ -146,6 +146,10 @@ constexpr bool integer_records() {
     return (PAIRS || std::is_same_v<F, Q4KRows16> || std::is_same_v<F, Q5KRows16> || std::is_same_v<F, Q6KRows16>) &&
            rounds_by_super_block<F>();
 }
+// Whether format F's products read its rounded input's integer code sums a block (IQ4 side by side,
+// whose looked-up codes are made unsigned instead of the input).
+template <typename F>
+constexpr bool takes_code_sums() { return std::is_same_v<F, IQ4Rows16>; }
 // Whether format F's products read its rounded input's group_offsets too (Q6_K side by side).
 template <typename F>
 constexpr bool takes_group_offsets() { return std::is_same_v<F, Q6KRows16>; }
@@ -186,6 +190,8 @@ struct RoundedGroup {
     }
     float scale(int m, int64_t s, int j = 0) const { return scales_[block(m, s) + j]; }
     const float* sums(int m, int64_t s) const { return sums_ + block(m, s); }
+    // row m's code sum of block b (takes_code_sums formats')
+    int32_t code_sum(int m, int64_t b) const { return block_code_sums_[block(m, b)]; }
     const float* halves(int m, int64_t s) const { return halves_ + 2 * block(m, s); }
     // row m's code sums over each 16 of super-block s, and the group's rows' scales of it side by side
     // (the K-quants')
@@ -282,6 +288,7 @@ inline void round_rows(const float* x, int64_t x_stride, const RoundedRows& r) {
             } else if constexpr (!integer_records<F>()) {
                 r.scales[block] = d;
                 r.sums[block] = d * float(code_sum);
+                if constexpr (takes_code_sums<F>()) r.block_code_sums[block] = code_sum;
                 r.halves[2 * block] = d * float(sixteens[2 * b]);
                 r.halves[2 * block + 1] = d * float(sixteens[2 * b + 1]);
             }
