@@ -37,7 +37,7 @@
 //   minimum is -8 d) codes, float16 scales and minimums of sixteen rows side by side.
 // - GGUF_Q5_0_ROWS16 (23 bytes a row's block, Q5_0's 22 and a spare; AVX-512 or AVX2): the same
 //   with each code's fifth bit, and no minimum (Q5_0's: -16 d).
-// - GGUF_IQ4_ROWS16 (19 bytes a row's block; AVX-512 with VNNI): IQ4_NL's and IQ4_XS's codes, d and
+// - GGUF_IQ4_ROWS16 (19 bytes a row's block; AVX2, or AVX-512 with VNNI): IQ4_NL's and IQ4_XS's codes, d and
 //   multipliers of sixteen rows side by side, four codes of each row in turn.
 // - GGUF_Q6_K_ROWS16 (212 bytes a row's super-block; AVX2 builds without AVX-512): Q6_K's low
 //   nibbles, high bit pairs, scales and d of sixteen rows side by side.
@@ -960,7 +960,7 @@ struct NibbleRows16 {
 };
 using Q41Rows16 = NibbleRows16<false>;
 using Q50Rows16 = NibbleRows16<true>;
-// GGUF_IQ4_ROWS16 (AVX-512 with VNNI): sixteen weight rows at a time, each block of 32 values of theirs
+// GGUF_IQ4_ROWS16 (AVX-512 with VNNI, or AVX2): sixteen weight rows at a time, each block of 32 values of theirs
 // in BLOCK_BYTES: codes [quad q][row][4 bytes] as GGUF_Q4_1_ROWS16's (LOOM_IQ4's nibbles 4 q to 4 q + 3
 // of each row: values 4 q + b in the low nibbles, 4 q + b + 16 in the high), then d [row] as float16
 // (the file's), then k [row] as signed bytes: w = d k IQ4_VALUES[q], 19 bytes a row's block.
@@ -1012,7 +1012,7 @@ constexpr bool rows_side_by_side() {
 template <typename L>
 constexpr bool rows16_built() {
     if constexpr (std::is_same_v<L, Q80Rows16>) return Q8_0_ROWS16_BUILT;
-    else if constexpr (std::is_same_v<L, IQ4Rows16>) return LOOM_Q8_0_QUADS;  // (Q8_0's products, looked up)
+    else if constexpr (std::is_same_v<L, IQ4Rows16>) return Q8_0_ROWS16_BUILT;  // (Q8_0's builds)
     else if constexpr (std::is_same_v<L, Q6KRows16>) return BLOCKS_ROWS16_BUILT;
     else return ROWS16_BUILT;
 }

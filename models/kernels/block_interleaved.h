@@ -137,7 +137,7 @@ inline void repack_rows16(Q80Rows16, const uint8_t* src, int64_t in, uint8_t* ds
 }
 #endif
 
-#if LOOM_Q8_0_QUADS
+#if LOOM_BLOCKS_ROWS16 || LOOM_Q8_0_QUADS
 // Rows [16 k, 16 k + 16) of a matrix of LOOM_IQ4 blocks (rows of ``in`` values) into ``dst``, the same
 // rows in GGUF_IQ4_ROWS16: each block's code bytes four at a time, four of each row in turn, then each
 // row's d (a float16's value: the file's) and multiplier k.
@@ -783,6 +783,54 @@ inline void rows16_chunk(const RoundedGroup<Q80Rows16, ROWS>& x, int m0, const u
         }
         for (int h = 0; h < 2; ++h) {
             const Lanes d = (Lanes)_mm256_cvtph_ps(load<__m128i>(block + L::D + 16 * h));
+            for (int i = 0; i < CHUNK; ++i) sums[h][i] += block_term<false>((Sums)a[h][i], d * x.scale(m0 + i, b), Lanes{}, 0.0f);
+        }
+    }
+    for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < CHUNK; ++i) store(y + (m0 + i) * y_stride + 8 * h, sums[h][i]);
+}
+
+// rows16_chunk over GGUF_IQ4_ROWS16 with AVX2: each block's four quads of the sixteen rows' codes, the
+// low nibbles' then the high ones', looked up (a byte shuffle for eight rows' four codes), their
+// magnitudes met by four input codes broadcast with the values' signs (maddubs, whose 16-bit pairs the
+// AVX-512 kernel's unsigned codes, up to 241, would saturate), each step's pairs taken into 32 bits by a
+// madd (two steps' could pass 32767: 2 x 127 x 127 each); each block's term as the AVX-512 kernel's.
+template <int CHUNK, int ROWS>
+inline void rows16_chunk(const RoundedGroup<IQ4Rows16, ROWS>& x, int m0, const uint8_t* blocks, int64_t count,
+                         float* y, int64_t y_stride) {
+    using L = IQ4Rows16;
+    const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(IQ4_VALUES)));
+    Lanes sums[2][CHUNK] = {};
+    for (int64_t b = 0; b < count; ++b) {
+        const uint8_t* block = blocks + b * L::BLOCK_BYTES;
+        if (m0 == 0) fetch_lines(block + ROWS16_AHEAD, L::BLOCK_BYTES);  // (never faults past the end)
+        const int8_t* xb[CHUNK];  // the block's codes
+        for (int i = 0; i < CHUNK; ++i) xb[i] = x.codes(m0 + i, b, 0);
+        __m256i a[2][CHUNK];
+        for (auto& half : a)
+            for (auto& v : half) v = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int step = 0; step < 8; ++step) {  // quad step % 4, its low nibbles (values 4 q on), then the high
+            const int q = step % 4, high = step / 4;
+            __m256i values[2], magnitudes[2];  // rows 8 h to 8 h + 7
+            for (int h = 0; h < 2; ++h) {
+                const __m256i bytes = load<__m256i>(block + 64 * q + 32 * h);
+                values[h] = _mm256_shuffle_epi8(table, _mm256_and_si256(high ? _mm256_srli_epi16(bytes, 4) : bytes, nibble));
+                magnitudes[h] = _mm256_abs_epi8(values[h]);
+            }
+            for (int i = 0; i < CHUNK; ++i) {
+                const __m256i x4 = _mm256_set1_epi32(load<int32_t>(xb[i] + 16 * high + 4 * q));
+                for (int h = 0; h < 2; ++h) {
+                    const __m256i pairs = _mm256_maddubs_epi16(magnitudes[h], _mm256_sign_epi8(x4, values[h]));
+                    a[h][i] = _mm256_add_epi32(a[h][i], _mm256_madd_epi16(pairs, ones));
+                }
+            }
+        }
+        for (int h = 0; h < 2; ++h) {
+            const Lanes k = (Lanes)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                reinterpret_cast<const __m128i*>(block + L::K + 8 * h))));
+            const Lanes d = (Lanes)_mm256_cvtph_ps(load<__m128i>(block + L::D + 16 * h)) * k;
             for (int i = 0; i < CHUNK; ++i) sums[h][i] += block_term<false>((Sums)a[h][i], d * x.scale(m0 + i, b), Lanes{}, 0.0f);
         }
     }

@@ -104,13 +104,13 @@ ROWS16_LAYOUTS = {GGUF_Q4_K_ROWS16: (GGUF_Q4_K, "q4_k", "AVX-512, or AVX2 with F
                   GGUF_Q4_1_ROWS16: (LOOM_4BIT, "q4_1", "AVX-512, or AVX2 with FMA and F16C"),
                   GGUF_Q5_0_ROWS16: (LOOM_5BIT, "q5_0", "AVX-512, or AVX2 with FMA and F16C"),
                   GGUF_Q6_K_ROWS16: (GGUF_Q6_K, "q6_k", "AVX2 with FMA and F16C, without AVX-512"),
-                  GGUF_IQ4_ROWS16: (LOOM_IQ4, "iq4", "AVX-512 with VNNI")}
+                  GGUF_IQ4_ROWS16: (LOOM_IQ4, "iq4", "AVX-512 with VNNI, or AVX2 with FMA and F16C")}
 ROWS16_LAYOUT_OF = {source: layout for layout, (source, _, _) in ROWS16_LAYOUTS.items()}  # by source format
 
 
 def multiplies_rows16(layout: int) -> bool:
     """Whether the kernels are built for ``layout`` (Q4_K's, Q5_K's, Q4_1's and Q5_0's: AVX-512, or AVX2 with
-    FMA and F16C; Q8_0's: AVX-512 with VNNI, or AVX2 with FMA and F16C; Q6_K's: AVX2 without AVX-512,
+    FMA and F16C; Q8_0's and IQ4's: AVX-512 with VNNI, or AVX2 with FMA and F16C; Q6_K's: AVX2 without AVX-512,
     whose products over Q6_K take pairs of blocks and the tiles)."""
     library = native.library()
     return library is not None and bool(getattr(library, f"loom_multiplies_{ROWS16_LAYOUTS[layout][1]}_rows16")())
