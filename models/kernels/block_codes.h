@@ -921,13 +921,15 @@ constexpr bool ROWS16_BUILT = LOOM_ROWS16;
 
 // GGUF_Q8_0_ROWS16: sixteen weight rows at a time, each block of 32 values of theirs in BLOCK_BYTES:
 // codes [unit u of values][row][UNIT bytes] (each row's values UNIT u to UNIT u + UNIT - 1: pairs for
-// AVX2's 16-bit multiply-adds, quads for AVX-512's vpdpbusd), then d [row] as float16 (Q8_0's own:
-// w = d q, q in -128..127). A build's own layout: made at load, never stored.
+// AVX2's 16-bit multiply-adds, quads for AVX-512's vpdpbusd, which takes them unsigned: each 128 more,
+// OFFSET), then d [row] as float16 (Q8_0's own: w = d q, q in -128..127). A build's own layout: made
+// at load, never stored.
 struct Q80Rows16 {
     using From = Loom8;  // the blocks it is made from, as Q8_0's are
     static constexpr int64_t ROUNDING = GROUP, VALUES = GROUP;  // the input rounded as for Loom's blocks
     static constexpr int64_t ROWS = 16, BYTES = 34, BLOCK_BYTES = ROWS * BYTES, D = ROWS * GROUP;
     static constexpr int64_t UNIT = LOOM_Q8_0_QUADS ? 4 : 2;  // a row's code bytes side by side with the next row's
+    static constexpr uint8_t OFFSET = LOOM_Q8_0_QUADS ? 0x80 : 0;  // what a code's byte holds more (its sign bit flipped)
     static constexpr bool MINS = false;
     static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
     // the offset of row r's code of value v in a block
