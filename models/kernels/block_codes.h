@@ -499,8 +499,8 @@ inline PairSigned iq4_values(PairBytes codes) {
 // (IQ4_NL: its d, k = 1; IQ4_XS: its super-block's d, k its 6-bit sub-scale less 32; the product
 // exact in float32, as llama.cpp computes it). 21 bytes a block, a size no other format's rows take
 // (block_linear.py tells formats apart by their rows' bytes; d k as one float32 would be Q4_1 side by
-// side's 20): where the build lays IQ4 rows side by side, as on AVX-512 with VNNI, the products read
-// GGUF_IQ4_ROWS16's 19 instead. The products meet the looked-up values as Loom8's codes.
+// side's 20): where the build lays IQ4 rows side by side (AVX-512 with VNNI, or AVX2), the products
+// read GGUF_IQ4_ROWS16's 19 instead. The products meet the looked-up values as Loom8's codes.
 struct LoomIQ4 {
     static constexpr int64_t ROUNDING = GROUP;  // values under one scale of the rounded input
     static constexpr int64_t VALUES = GROUP;

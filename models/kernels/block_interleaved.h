@@ -1,5 +1,6 @@
 // Weights with sixteen rows side by side (block_codes.h's GGUF_Q4_K_ROWS16, GGUF_Q5_K_ROWS16,
-// GGUF_Q8_0_ROWS16, GGUF_Q4_1_ROWS16, GGUF_Q5_0_ROWS16 and GGUF_Q6_K_ROWS16), as llama.cpp's CPU backend repacks its own (q4_K_8x8): a
+// GGUF_Q8_0_ROWS16, GGUF_Q4_1_ROWS16, GGUF_Q5_0_ROWS16, GGUF_Q6_K_ROWS16 and GGUF_IQ4_ROWS16), as
+// llama.cpp's CPU backend repacks its own (q4_K_8x8): a
 // vector holds a few codes of each of sixteen (or eight) weight rows, so one multiply instruction
 // meets them all with codes of an input row broadcast, the rows' scales come in one vector, and
 // nothing is added across lanes: a lane is a weight row from the first instruction to the stored
@@ -18,9 +19,10 @@
 // Q8_0 with AVX2: a 256-bit vector holds two codes of each of eight rows as 16-bit words, and one
 // madd meets them with two input codes; over Loom's 8-bit blocks a block of one row at a time took a
 // sign, a maddubs and a madd per 32 products and each block's float step per row (int8_rows). With
-// AVX-512's VNNI: four codes of sixteen rows a vector, one vpdpbusd against four input codes made
-// unsigned (2560 x 960, 1 / 16 / 64 rows: 24.9 GB/s / 222 / 260 Gvalue-rows/s against Loom's 8-bit
-// blocks' 20.7 / 137 / 224). Q4_0, Q4_1 and Q5_0
+// AVX-512's VNNI: four codes of sixteen rows a vector, kept unsigned, one vpdpbusd against four input
+// codes (2560 x 960, 1 / 16 / 64 rows: 24.9 GB/s / 228 / 279 Gvalue-rows/s against Loom's 8-bit blocks'
+// 20.7 / 137 / 224). IQ4_NL and IQ4_XS (AVX-512 with VNNI, or AVX2) as Q8_0, their codes looked up from
+// nibbles laid out as Q4_1's (below). Q4_0, Q4_1 and Q5_0
 // (AVX-512, or AVX2) as Q4_K: four codes of sixteen rows a 512-bit vector (AVX2: of eight, maddubs's
 // pairs summed in 16 bits before one madd), Q5_0's fifth bits added to the codes as they are loaded.
 // Over Loom's 4- and 5-bit blocks the AVX-512 build took a pair of blocks of one row a vector, its
@@ -34,7 +36,7 @@
 //
 // The layouts are made once, at load (repack_rows16, an overload a layout), from the file's rows
 // (the same numbers; Q4_K's packed 6-bit scales and minimums kept as bytes). A row's product ends
-// each super-block (Q8_0, Q4_1, Q5_0: each block) in exact integers, as the AVX-512 build's
+// each super-block (Q8_0, Q4_1, Q5_0, IQ4: each block) in exact integers, as the AVX-512 build's
 // products over the other layouts do, taken into the row's sum by the same float steps, so a row's
 // numbers are the same at every row count, and the same in the AVX2 build as in the AVX-512 one (the
 // AVX2 build's int8_rows, over the file's layouts, add a super-block's blocks in float lanes
