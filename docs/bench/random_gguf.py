@@ -98,6 +98,8 @@ K_RECIPES = {"q2_k": (Q.Q2_K, Q.Q3_K), "q3_k_m": (Q.Q3_K, Q.Q4_K), "q4_k_m": (Q.
 # the IQ4 recipes (llama.cpp's without an importance matrix): the layers' type, Q5_K for the first eighth
 # of the layers' ffn_down and (where four or more query heads share a key head) every attn_v
 IQ4_RECIPES = {"iq4_nl": Q.IQ4_NL, "iq4_xs": Q.IQ4_XS}
+# llama.cpp's fallbacks for rows that 256-value super-blocks do not divide, in those recipes
+IQ4_FALLBACKS = {Q.IQ4_XS: Q.IQ4_NL, Q.IQ4_NL: Q.IQ4_NL, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0}
 # where each K-quant block keeps its float16 scale (d) and, where it has one, its minimums' scale (dmin)
 HALF_FIELDS = {Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.IQ4_NL: (0,),
                Q.IQ4_XS: (0,)}
@@ -115,10 +117,12 @@ def tensor_type(name: str, layer: int, layers: int, fmt: str, width: int, tied: 
     if fmt in IQ4_RECIPES:
         kind = name.split(".")[-2]
         if output:
-            return Q.Q6_K
-        if (kind == "ffn_down" and layer < layers // 8) or (kind == "attn_v" and shared_heads >= 4):
-            return Q.Q5_K
-        return Q.IQ4_NL if width % 256 else IQ4_RECIPES[fmt]  # (llama.cpp's fallback for IQ4_XS)
+            kind = Q.Q6_K
+        elif (kind == "ffn_down" and layer < layers // 8) or (kind == "attn_v" and shared_heads >= 4):
+            kind = Q.Q5_K
+        else:
+            kind = IQ4_RECIPES[fmt]
+        return IQ4_FALLBACKS[kind] if width % 256 else kind
     more_bits = layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
     wide = more_bits and name.split(".")[-2] in ("attn_v", "ffn_down")
     if width % 256:  # rows a K-quant's 256-value super-blocks do not divide: llama.cpp's fallbacks
