@@ -505,12 +505,15 @@ struct LoomIQ4 {
     static constexpr int64_t ROUNDING = GROUP;  // values under one scale of the rounded input
     static constexpr int64_t VALUES = GROUP;
     static int64_t row_bytes(int64_t in) { return in / 2 + in / GROUP * 5; }
-    static const float* scales_d(const uint8_t* row, int64_t in) { return reinterpret_cast<const float*>(row + in / 2); }
+    // where a row's d and k begin (its d's as bytes: a row of 21 bytes a block need not start at a
+    // float's alignment)
+    static const uint8_t* scales_d(const uint8_t* row, int64_t in) { return row + in / 2; }
     static const int8_t* multipliers(const uint8_t* row, int64_t in) {
         return reinterpret_cast<const int8_t*>(row + in / 2 + in / GROUP * 4);
     }
+    static float d_of(const uint8_t* row, int64_t in, int64_t b) { return load<float>(scales_d(row, in) + 4 * b); }
     static float scale(const uint8_t* row, int64_t in, int64_t b) {  // block b's d k
-        return scales_d(row, in)[b] * float(multipliers(row, in)[b]);
+        return d_of(row, in, b) * float(multipliers(row, in)[b]);
     }
     struct Super : Loom8::Super {
         Super() = default;
@@ -528,7 +531,7 @@ struct LoomIQ4Pairs {
     // blocks [b, b + count)'s scales d k (count <= 8; zeros past), for block_pair_rows
     static Lanes scale_lanes(const uint8_t* row, int64_t in, int64_t b, int count) {
         const __mmask8 mask = __mmask8((1u << count) - 1);
-        const __m256 d = _mm256_maskz_loadu_ps(mask, LoomIQ4::scales_d(row, in) + b);
+        const __m256 d = _mm256_maskz_loadu_ps(mask, LoomIQ4::scales_d(row, in) + 4 * b);
         const __m128i k = _mm_maskz_loadu_epi8(__mmask16(mask), LoomIQ4::multipliers(row, in) + b);
         return (Lanes)_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(k)));
     }

@@ -145,7 +145,7 @@ inline void repack_rows16(IQ4Rows16, const uint8_t* src, int64_t in, uint8_t* ds
     using L = IQ4Rows16;
     for_row_blocks<L>(src, in, dst, [&](uint8_t* block, const uint8_t* row, int64_t b, int r) {
         for (int q = 0; q < 4; ++q) std::memcpy(block + (q * L::ROWS + r) * 4, row + b * GROUP / 2 + 4 * q, 4);
-        put_half(block + L::D + 2 * r, L::From::scales_d(row, in)[b]);
+        put_half(block + L::D + 2 * r, L::From::d_of(row, in, b));
         block[L::K + r] = uint8_t(L::From::multipliers(row, in)[b]);
     });
 }

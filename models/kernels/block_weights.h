@@ -657,8 +657,8 @@ inline Lanes row_floats(const float* from, int count) {
 }
 
 // Whether format F's rows keep their blocks' scales as float32s, which block_pair_rows loads from
-// them (F::scales_of); else it makes them eight at a time (F::scale_lanes: LoomIQ4Pairs', a float16
-// and a multiplier each; as the Supers' scalar arithmetic, a one-row product ran at 16 GB/s).
+// them (F::scales_of); else it makes them eight at a time (F::scale_lanes: LoomIQ4Pairs', a d and a
+// multiplier each; as the Supers' scalar arithmetic, a one-row product ran at 16 GB/s).
 template <typename F, typename = void>
 struct KeepsScales : std::false_type {};
 template <typename F>

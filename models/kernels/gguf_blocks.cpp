@@ -57,12 +57,11 @@ int64_t loom_format(int64_t type) {
 // bits of eight 6-bit sub-scales, their four low bits, then the codes) as LOOM_IQ4: the codes as
 // they are, each block's d widened, and its multiplier (IQ4_XS's sub-scale less 32).
 void rearrange_iq4_row(int64_t type, const uint8_t* src, int64_t groups, uint8_t* dst) {
-    uint8_t* codes = dst;
-    float* scales = reinterpret_cast<float*>(dst + groups * 16);  // (rows of whole blocks: aligned to 4)
-    int8_t* multipliers = reinterpret_cast<int8_t*>(scales + groups);
+    uint8_t *codes = dst, *scales = dst + groups * 16;  // (stored as bytes: LoomIQ4's rows need not align a float)
+    int8_t* multipliers = reinterpret_cast<int8_t*>(scales + groups * 4);
     if (type == IQ4_NL) {
         for (int64_t g = 0; g < groups; ++g, src += 18) {
-            scales[g] = half_to_float(src);
+            store(scales + 4 * g, half_to_float(src));
             multipliers[g] = 1;
             std::memcpy(codes + 16 * g, src + 2, 16);
         }
@@ -73,7 +72,7 @@ void rearrange_iq4_row(int64_t type, const uint8_t* src, int64_t groups, uint8_t
         const uint16_t high = uint16_t(src[2] | src[3] << 8);
         for (int j = 0; j < 8; ++j) {
             const int low = (src[4 + j / 2] >> (4 * (j % 2))) & 0x0F;
-            scales[8 * s + j] = d;
+            store(scales + 4 * (8 * s + j), d);
             multipliers[8 * s + j] = int8_t((low | ((high >> (2 * j)) & 3) << 4) - 32);
         }
         std::memcpy(codes + 128 * s, src + 8, 128);
