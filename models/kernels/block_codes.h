@@ -973,6 +973,7 @@ struct IQ4Rows16 {
     using From = LoomIQ4;
     static constexpr int64_t ROUNDING = GROUP, VALUES = GROUP;  // the input rounded as for Loom's blocks
     static constexpr int64_t ROWS = 16, BYTES = 19, BLOCK_BYTES = ROWS * BYTES, D = ROWS * GROUP / 2, K = D + 2 * ROWS;
+    static constexpr bool MINS = false;
     static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
 };
 // GGUF_Q6_K_ROWS16: sixteen weight rows at a time, each super-block of theirs in BLOCK_BYTES (groups

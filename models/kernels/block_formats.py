@@ -12,8 +12,8 @@ w = d (q - 16) one of -16 d, exact in float32), so their bytes are rearranged, n
 IQ4_XS look their 4-bit codes up in a table of sixteen integers from -127 to 113 under a block's scale
 (IQ4_XS: d (ls - 32) per 32 values): their codes stay as they are, with d and a multiplier k a block
 (LOOM_IQ4; side by side where the build multiplies them so, GGUF_IQ4_ROWS16, 19 bytes a block against
-the file's 18 and 17), which the kernels look up as 8-bit codes. The kernels rearrange them in one pass (gguf_blocks.cpp); without a compiler numpy does,
-the same bytes.
+the file's 18 and 17), which the kernels look up as 8-bit codes. The kernels rearrange them in one
+pass (gguf_blocks.cpp); without a compiler numpy does, the same bytes.
 """
 
 from __future__ import annotations

@@ -411,6 +411,45 @@ inline void rows16_chunk(const RoundedGroup<KRows16<FIFTHS>, ROWS>& x, int m0, c
 }
 
 // y[m][o] = x[m] . w[o] for input rows [m0, m0 + CHUNK) of the group and the sixteen weight rows of
+// ``blocks`` of a layout L of 32-value blocks side by side (Q4_1's, Q5_0's, Q8_0's, IQ4's):
+// add_products(block, xb, a) adds the block's quads of the sixteen rows' codes, each met by four input
+// codes broadcast from the rounded rows as they lie (xb[i]: input row m0 + i's codes of the block) in one
+// dot_quads for all sixteen rows, into a[i], which starts at zero, or where the layout keeps its codes 128
+// more (takes_code_sums) at -128 times the input row's code sum. Each block's exact integer then joins
+// the row's sum as the products over Loom's blocks take theirs (block_term: the same float steps in the
+// same order), by the rows' scales scales_of(block) and, where the layout has minimums (L::MINS), their
+// minimums_of(block, scales) against the input block's sum.
+template <int CHUNK, int ROWS, typename L, typename Products, typename Scales, typename Minimums>
+inline void rows16_block_chunk(const RoundedGroup<L, ROWS>& x, int m0, const uint8_t* blocks, int64_t count,
+                               float* y, int64_t y_stride, Products add_products, Scales scales_of,
+                               Minimums minimums_of) {
+    const __m512 none = _mm512_setzero_ps();
+    __m512 sums[CHUNK];
+    for (auto& sum : sums) sum = none;
+    for (int64_t b = 0; b < count; ++b) {
+        const uint8_t* block = blocks + b * L::BLOCK_BYTES;
+        if (m0 == 0) fetch_lines(block + ROWS16_AHEAD, L::BLOCK_BYTES);  // (never faults past the end)
+        const int8_t* xb[CHUNK];  // the block's codes
+        __m512i a[CHUNK];
+        for (int i = 0; i < CHUNK; ++i) {
+            xb[i] = x.codes(m0 + i, b, 0);
+            if constexpr (takes_code_sums<L>()) a[i] = _mm512_set1_epi32(-128 * x.code_sum(m0 + i, b));
+            else a[i] = _mm512_setzero_si512();
+        }
+        add_products(block, xb, a);
+        const __m512 d = scales_of(block);
+        __m512 m = none;
+        if constexpr (L::MINS) m = minimums_of(block, d);
+        for (int i = 0; i < CHUNK; ++i) {
+            const __m512 d_dx = _mm512_mul_ps(d, _mm512_set1_ps(x.scale(m0 + i, b)));
+            const __m512 xs = L::MINS ? _mm512_set1_ps(x.sums(m0 + i, b)[0]) : none;
+            sums[i] = _mm512_add_ps(sums[i], block_term<L::MINS>(_mm512_cvtepi32_ps(a[i]), d_dx, m, xs));
+        }
+    }
+    for (int i = 0; i < CHUNK; ++i) _mm512_storeu_ps(y + (m0 + i) * y_stride, sums[i]);
+}
+
+// y[m][o] = x[m] . w[o] for input rows [m0, m0 + CHUNK) of the group and the sixteen weight rows of
 // ``blocks`` (GGUF_Q4_1_ROWS16, or with FIFTHS GGUF_Q5_0_ROWS16, its minimums -16 d): each block's four
 // quads of codes, the low nibbles and the high (values 4 q + b and 16 on), their fifth bits added as 16 where set,
 // met by four input codes broadcast in one vpdpbusd for all sixteen rows; each block ends in an exact
@@ -420,15 +459,7 @@ template <int CHUNK, int ROWS, bool FIFTHS>
 inline void rows16_chunk(const RoundedGroup<NibbleRows16<FIFTHS>, ROWS>& x, int m0, const uint8_t* blocks,
                          int64_t count, float* y, int64_t y_stride) {
     using L = NibbleRows16<FIFTHS>;
-    __m512 sums[CHUNK];
-    for (auto& sum : sums) sum = _mm512_setzero_ps();
-    for (int64_t b = 0; b < count; ++b) {
-        const uint8_t* block = blocks + b * L::BLOCK_BYTES;
-        if (m0 == 0) fetch_lines(block + ROWS16_AHEAD, L::BLOCK_BYTES);  // (never faults past the end)
-        const int8_t* xb[CHUNK];  // the block's codes
-        for (int i = 0; i < CHUNK; ++i) xb[i] = x.codes(m0 + i, b, 0);
-        __m512i a[CHUNK];
-        for (auto& v : a) v = _mm512_setzero_si512();
+    const auto add_products = [](const uint8_t* block, const int8_t* const (&xb)[CHUNK], __m512i (&a)[CHUNK]) {
         for (int q = 0; q < 4; ++q) {
             __m512i low, high;
             quad_codes<FIFTHS>(block + 64 * q, block + L::FIFTHS_AT + q * L::ROWS, low, high);
@@ -437,50 +468,15 @@ inline void rows16_chunk(const RoundedGroup<NibbleRows16<FIFTHS>, ROWS>& x, int 
                 a[i] = dot_quads(a[i], high, _mm512_set1_epi32(load<int32_t>(xb[i] + 16 + 4 * q)));
             }
         }
-        const __m512 d = _mm512_cvtph_ps(load<__m256i>(block + L::D));
-        const __m512 m = FIFTHS ? _mm512_mul_ps(d, _mm512_set1_ps(L::IMPLIED_MINIMUM)) : _mm512_cvtph_ps(load<__m256i>(block + L::M));
-        for (int i = 0; i < CHUNK; ++i) {
-            const __m512 d_dx = _mm512_mul_ps(d, _mm512_set1_ps(x.scale(m0 + i, b)));
-            sums[i] = _mm512_add_ps(sums[i], block_term<true>(_mm512_cvtepi32_ps(a[i]), d_dx, m,
-                                                              _mm512_set1_ps(x.sums(m0 + i, b)[0])));
-        }
-    }
-    for (int i = 0; i < CHUNK; ++i) _mm512_storeu_ps(y + (m0 + i) * y_stride, sums[i]);
+    };
+    const auto minimums_of = [](const uint8_t* block, __m512 d) {
+        return FIFTHS ? _mm512_mul_ps(d, _mm512_set1_ps(L::IMPLIED_MINIMUM)) : _mm512_cvtph_ps(load<__m256i>(block + L::M));
+    };
+    rows16_block_chunk<CHUNK>(x, m0, blocks, count, y, y_stride, add_products,
+                              [](const uint8_t* block) { return _mm512_cvtph_ps(load<__m256i>(block + L::D)); }, minimums_of);
 }
 
 #if LOOM_Q8_0_QUADS
-// y[m][o] = x[m] . w[o] for input rows [m0, m0 + CHUNK) of the group and the sixteen weight rows of
-// ``blocks``, whose codes are kept unsigned, each 128 more (vpdpbusd takes its first operand so):
-// add_products(block, xb, a) adds each block's quads of the sixteen rows' codes met by four input codes
-// broadcast from the rounded rows as they lie (xb[i]: input row m0 + i's codes of the block), one
-// instruction for all sixteen rows, into a[i], which starts at -128 times the input row's code sum
-// (which the rounding keeps for these layouts, takes_code_sums); the exact integer is then taken into the
-// row's sum as the products over Loom's blocks take theirs (block_term: rounded once by the multiply,
-// then added), by the rows' scales scales_of(block).
-template <int CHUNK, int ROWS, typename L, typename Products, typename Scales>
-inline void unsigned_rows16_chunk(const RoundedGroup<L, ROWS>& x, int m0, const uint8_t* blocks, int64_t count,
-                                  float* y, int64_t y_stride, Products add_products, Scales scales_of) {
-    __m512 sums[CHUNK];
-    for (auto& sum : sums) sum = _mm512_setzero_ps();
-    for (int64_t b = 0; b < count; ++b) {
-        const uint8_t* block = blocks + b * L::BLOCK_BYTES;
-        if (m0 == 0) fetch_lines(block + ROWS16_AHEAD, L::BLOCK_BYTES);  // (never faults past the end)
-        const int8_t* xb[CHUNK];  // the block's codes
-        __m512i a[CHUNK];
-        for (int i = 0; i < CHUNK; ++i) {
-            xb[i] = x.codes(m0 + i, b, 0);
-            a[i] = _mm512_set1_epi32(-128 * x.code_sum(m0 + i, b));
-        }
-        add_products(block, xb, a);
-        const __m512 d = scales_of(block), unused = _mm512_setzero_ps();
-        for (int i = 0; i < CHUNK; ++i) {
-            const __m512 d_dx = _mm512_mul_ps(d, _mm512_set1_ps(x.scale(m0 + i, b)));
-            sums[i] = _mm512_add_ps(sums[i], block_term<false>(_mm512_cvtepi32_ps(a[i]), d_dx, unused, unused));
-        }
-    }
-    for (int i = 0; i < CHUNK; ++i) _mm512_storeu_ps(y + (m0 + i) * y_stride, sums[i]);
-}
-
 // rows16_chunk over GGUF_Q8_0_ROWS16 (its codes in quads, kept 128 more: their sign bits flipped at
 // load). The input's sign bits flipped instead, into a buffer each block, and each row's block integer
 // taken back by 128 times its code sum (a vpdpbusd by ones a quad), 64 rows of 2560 x 960 and 8192 x 2048
@@ -496,8 +492,8 @@ inline void rows16_chunk(const RoundedGroup<Q80Rows16, ROWS>& x, int m0, const u
             for (int i = 0; i < CHUNK; ++i) a[i] = dot_quads(a[i], codes, _mm512_set1_epi32(load<int32_t>(xb[i] + 4 * q)));
         }
     };
-    unsigned_rows16_chunk<CHUNK>(x, m0, blocks, count, y, y_stride, add_products,
-                                 [](const uint8_t* block) { return _mm512_cvtph_ps(load<__m256i>(block + L::D)); });
+    rows16_block_chunk<CHUNK>(x, m0, blocks, count, y, y_stride, add_products,
+                              [](const uint8_t* block) { return _mm512_cvtph_ps(load<__m256i>(block + L::D)); }, nullptr);
 }
 
 // rows16_chunk over GGUF_IQ4_ROWS16: a quad's codes the values of IQ4_VALUES (each 128 more) that its
@@ -528,7 +524,7 @@ inline void rows16_chunk(const RoundedGroup<IQ4Rows16, ROWS>& x, int m0, const u
         const __m512 k = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load<__m128i>(block + L::K)));
         return _mm512_mul_ps(_mm512_cvtph_ps(load<__m256i>(block + L::D)), k);
     };
-    unsigned_rows16_chunk<CHUNK>(x, m0, blocks, count, y, y_stride, add_products, scales_of);
+    rows16_block_chunk<CHUNK>(x, m0, blocks, count, y, y_stride, add_products, scales_of, nullptr);
 }
 #endif
 #else
