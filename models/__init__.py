@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .checkpoints import gguf, huggingface
-from .families.gemma3 import Gemma3, Gemma3Spec
+from .families.gemma import Gemma, GemmaSpec
 from .families.gpt2 import GPT2, GPT2Spec
 from .families.llama import FAMILIES as LLAMA_FAMILIES, Llama, LlamaSpec
 from .kernels import native
@@ -25,7 +25,7 @@ from .kernels.cpu_linear import use_cpu_linears
 from .kernels.decoder_layer import use_decoder_layers
 from .kernels.quantized import BLOCK_WEIGHTS, check_weights, reduce_linears, runs_blocks
 
-ARCHITECTURES = {"gpt2": (GPT2Spec, GPT2), "gemma3_text": (Gemma3Spec, Gemma3),
+ARCHITECTURES = {"gpt2": (GPT2Spec, GPT2), "gemma2": (GemmaSpec, Gemma), "gemma3_text": (GemmaSpec, Gemma),
                  **{family: (LlamaSpec, Llama) for family in LLAMA_FAMILIES}}
 
 

@@ -52,6 +52,12 @@ CONFIGS = {
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=EOS,
         bos_token_id=1, num_experts=6, num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1],
         experts_implementation="eager"),
+    # scores and logits large enough that both soft caps bend them (initializer_range: scores up to ~3)
+    "gemma2": lambda: transformers.Gemma2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        pad_token_id=0, sliding_window=12, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+        final_logit_softcapping=3.0, initializer_range=0.1, attn_implementation="eager"),  # SDPA has no soft cap
     "gemma3": lambda: transformers.Gemma3TextConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=1, head_dim=32, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
@@ -64,7 +70,8 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "qwen2": transformers.Qwen2ForCausalLM, "mistral": transformers.MistralForCausalLM,
                  "qwen3": transformers.Qwen3ForCausalLM, "qwen2_sliding": transformers.Qwen2ForCausalLM,
                  "phi3": transformers.Phi3ForCausalLM, "mixtral": transformers.MixtralForCausalLM,
-                 "qwen3_moe": transformers.Qwen3MoeForCausalLM, "gemma3": transformers.Gemma3ForCausalLM}
+                 "qwen3_moe": transformers.Qwen3MoeForCausalLM, "gemma2": transformers.Gemma2ForCausalLM,
+                 "gemma3": transformers.Gemma3ForCausalLM}
 
 
 def pytest_addoption(parser):
@@ -193,6 +200,9 @@ GGUF_LAYER_NAMES = {
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
 GGUF_GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                      "lm_head.weight": "output.weight"}
+# Gemma's four norms a block (its "ffn_norm" the pre-feed-forward one), stored as 1 + weight
+GGUF_GEMMA_NAMES = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+                    "post_feedforward_layernorm": "post_ffw_norm"}
 
 
 def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: dict | None = None,
@@ -202,7 +212,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     (a head's size only where it is not the hidden size over the heads); ``metadata`` (key -> a
     uint32, float32, str or list value, under the arch's prefix unless it starts with "tokenizer.")
     and ``tensors`` (name -> float32 array) added. Matrices in float32, or in ``matrices``' type
-    (a GGMLQuantizationType gguf-py quantizes to). The file carries no tokenizer."""
+    (a GGMLQuantizationType gguf-py quantizes to). Gemma's norms are stored as 1 + weight, as its
+    converter stores them. The file carries no tokenizer."""
     import gguf
     import numpy as np
     c = hf.config
@@ -228,8 +239,12 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
             return writer.add_tensor(name, values)
         writer.add_tensor(name, gguf.quants.quantize(values, matrices), raw_dtype=matrices)
 
+    gemma = arch.startswith("gemma")
+    names = {**GGUF_LAYER_NAMES, **(GGUF_GEMMA_NAMES if gemma else {})}
     for name, tensor in hf.state_dict().items():
         values = tensor.float().numpy()
+        if gemma and name.endswith("norm.weight"):
+            values = values + 1
         if name in GGUF_GLOBAL_NAMES:
             add(GGUF_GLOBAL_NAMES[name], values)
             continue
@@ -239,7 +254,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
             count = heads if part == "self_attn.q_proj" else kv_heads
             values = values.reshape(count, 2, values.shape[0] // count // 2, *values.shape[1:]).swapaxes(1, 2)
             values = values.reshape(tensor.shape)
-        add(f"blk.{layer}.{GGUF_LAYER_NAMES[part]}.{kind}", np.ascontiguousarray(values))
+        add(f"blk.{layer}.{names[part]}.{kind}", np.ascontiguousarray(values))
     for name, values in (tensors or {}).items():
         writer.add_tensor(name, np.asarray(values, dtype=np.float32))
     writer.write_header_to_file()

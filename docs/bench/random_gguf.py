@@ -5,6 +5,7 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape 7b --format q4_k_m --out /tmp/gguf
     python docs/bench/random_gguf.py --shape 1b --format q4_k_m --vocab 128256 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape qwen2.5-0.5b --format q4_k_m --vocab 151936 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape gemma2-2b --format q4_k_m --vocab 256000 --out /tmp/gguf
 
 Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), q4_k_m
 (llama.cpp's recipe: Q4_K, with Q6_K for the output layer and for attn_v / ffn_down in the layers
@@ -19,7 +20,9 @@ values, Qwen2's rope base and norm epsilon; the qwen3 ones as a Qwen3: no biases
 queries and keys normalised (attn_q_norm, attn_k_norm), heads of 128 whatever the hidden size; the
 gemma3 ones as a Gemma 3: those norms, 256-wide heads, the attention's and the MLP's outputs normalised
 (post_attention_norm, post_ffw_norm), a 512-token sliding window (llama.cpp makes every sixth layer
-global; the 4B's window 1024 tokens, its global layers' rope scaled linearly by 8, as Gemma 3 4B's). ``--vocab`` pads the vocabulary with reserved control tokens
+global; the 4B's window 1024 tokens, its global layers' rope scaled linearly by 8, as Gemma 3 4B's);
+the gemma2 one as a Gemma 2: 256-wide heads without their norms, the output norms, a 4096-token window
+on every other layer, the attention's and the logits' soft caps (50 and 30). ``--vocab`` pads the vocabulary with reserved control tokens
 up to a real model's (Llama 3's 128,256, Qwen2.5's 151,936): the table, and the output product over
 it, at their real size.
 K-quant blocks are random bytes with their float16 scales set so that weights stay near
@@ -54,7 +57,8 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "qwen2.5-0.5b": (896, 4864, 24, 14, 2), "qwen2.5-1.5b": (1536, 8960, 28, 12, 2),
           "qwen2.5-7b": (3584, 18944, 28, 28, 4), "qwen3-0.6b": (1024, 3072, 28, 16, 8),
           "qwen3-1.7b": (2048, 6144, 28, 16, 8), "qwen3-8b": (4096, 12288, 36, 32, 8),
-          "gemma3-1b": (1152, 6912, 26, 4, 1), "gemma3-4b": (2560, 10240, 34, 8, 4)}
+          "gemma2-2b": (2304, 9216, 26, 8, 4), "gemma3-1b": (1152, 6912, 26, 4, 1),
+          "gemma3-4b": (2560, 10240, 34, 8, 4)}
 UNTIED = {"qwen2.5-7b", "qwen3-8b"}  # the shapes whose output layer is a tensor of its own
 
 
@@ -73,10 +77,13 @@ class Layout:
     output_norms: bool = False
     window: int | None = None
     linear_rope: float | None = None  # a linear rope scaling's factor (Gemma 3's from 4B: its global layers')
+    soft_caps: tuple[float, float] | None = None  # the attention scores' and the logits' soft caps (Gemma 2's)
 
 
 LAYOUTS = {"qwen2.5": Layout("qwen2", rope_base=1e6, eps=1e-6, context=32768, biases=True),
            "qwen3": Layout("qwen3", head=128, rope_base=1e6, eps=1e-6, context=32768, head_norms=True),
+           "gemma2": Layout("gemma2", head=256, rope_base=10000.0, eps=1e-6, context=8192, output_norms=True,
+                            window=4096, soft_caps=(50.0, 30.0)),
            "gemma3": Layout("gemma3", head=256, rope_base=1e6, eps=1e-6, context=32768, head_norms=True,
                             output_norms=True, window=512)}
 
@@ -198,6 +205,9 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
     writer.add_layer_norm_rms_eps(family.eps)
     if family.window:
         writer.add_sliding_window(family.window)
+    if family.soft_caps:
+        writer.add_attn_logit_softcapping(family.soft_caps[0])
+        writer.add_final_logit_softcapping(family.soft_caps[1])
     if family.linear_rope:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(family.linear_rope)

@@ -35,16 +35,16 @@ LAYER_NAMES = {
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
-# Gemma 3 has four norms per block; llama.cpp's "ffn_norm" is its pre-feed-forward norm. Phi-3's
-# files hold its query, key and value rows in one matrix, and its gate and up rows in "ffn_up", as
-# its Hugging Face checkpoints do.
-ARCH_LAYER_NAMES = {"gemma3": {"ffn_norm": "pre_feedforward_layernorm",
-                               "post_attention_norm": "post_attention_layernorm",
-                               "post_ffw_norm": "post_feedforward_layernorm"},
+# Gemma 2 and 3 have four norms per block; llama.cpp's "ffn_norm" is their pre-feed-forward norm.
+# Phi-3's files hold its query, key and value rows in one matrix, and its gate and up rows in
+# "ffn_up", as its Hugging Face checkpoints do.
+GEMMA_LAYER_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+                     "post_ffw_norm": "post_feedforward_layernorm"}
+ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
                     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}}
 # llama.cpp multiplies by a norm's weight where Gemma multiplies by (1 + weight): its converter
 # stores weight + 1, which loading takes back.
-NORM_OFFSET = {"gemma3": 1.0}
+NORM_OFFSET = {"gemma2": 1.0, "gemma3": 1.0}
 SUPPORTED_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
                    Q.IQ4_NL, Q.IQ4_XS}
 # llama.cpp's names of the products a layer fuses (q/k/v, gate/up): they take one kind of blocks

@@ -9,7 +9,11 @@ from .gguf_file import TensorInfo
 from ..kernels.block_formats import widened
 
 # gguf architecture -> transformers model_type
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3_text"}
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma2": "gemma2",
+                 "gemma3": "gemma3_text"}
+# Gemma 2 27B's layers: llama.cpp scales its queries by the hidden size over the heads, the other
+# Gemma 2 sizes' by the head size (their query_pre_attn_scalar, which the files do not keep)
+GEMMA2_27B_LAYERS = 46
 # Rotary frequencies a file keeps as tensors, which become the config's rope scaling: a divisor per
 # frequency (Llama 3.1's scaling, as llama.cpp's converter writes it), or longrope's short and long
 # factors (Phi-3's long-context models)
@@ -69,6 +73,15 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
     if arch == "gemma3":  # what llama.cpp assumes and the file does not say (as transformers reads it)
         config |= {"sliding_window": key("attention.sliding_window"), "query_pre_attn_scalar": config["head_dim"],
                    "rope_local_base_freq": 10000.0, "rope_theta": key("rope.freq_base", 1_000_000.0)}
+    if arch == "gemma2":  # what llama.cpp assumes where the file does not say
+        heads_width = config["hidden_size"] // heads
+        config |= {"sliding_window": key("attention.sliding_window", 4096),
+                   "query_pre_attn_scalar": heads_width if config["num_hidden_layers"] == GEMMA2_27B_LAYERS
+                   else config["head_dim"] or heads_width,
+                   "attn_logit_softcapping": key("attn_logit_softcapping", 50.0),
+                   "final_logit_softcapping": key("final_logit_softcapping", 30.0)}
+        if key("rope.freq_base_swa") is not None:
+            config["rope_local_base_freq"] = key("rope.freq_base_swa")
     if arch == "phi3":
         config["sliding_window"] = key("attention.sliding_window") or None  # 0: none (Phi-4 is a "phi3" too)
     rotary = key("rope.dimension_count")

@@ -86,10 +86,11 @@ def chunk_rows(chunks: list[PrefillChunk]) -> DecodeGroup:
 
 
 def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, scale: float,
-                    cos=None, sin=None) -> torch.Tensor:
+                    cos=None, sin=None, softcap: float | None = None) -> torch.Tensor:
     """q: [T, heads, dim]; k, v: [T, kv_heads, dim]. Rotates q and k by the step's angles (if
     given, from rope.Rotary), writes the step's K/V into the pool (rounded to its dtype, where that
-    is not q's), then attends through block tables. Returns [T, heads, dim]."""
+    is not q's), then attends through block tables, each score soft-capped to softcap tanh(score /
+    softcap) where ``softcap`` is given (Gemma 2). Returns [T, heads, dim]."""
     k_cache, v_cache = kv_cache.layer(layer)
     kv_heads, dim = k.shape[1], k.shape[2]
     if masks.on_kernel:
@@ -99,13 +100,12 @@ def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, 
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         k_cache.view(-1, kv_heads, dim).index_copy_(0, step.slot_mapping, k.to(k_cache.dtype))
         v_cache.view(-1, kv_heads, dim).index_copy_(0, step.slot_mapping, v.to(v_cache.dtype))
-    gqa = q.shape[1] != kv_heads
     out = torch.empty_like(q)
     if masks.on_kernel:  # one read of each key and value, straight from the pool
         for group in step.decode_groups + masks.prefill_rows:
             rows = slice(group.start, group.end)
             paged_decode.decode_attention(q[rows], k_cache, v_cache, group.block_tables, group.context_lens,
-                                          out[rows], scale, masks.window)
+                                          out[rows], scale, masks.window, softcap)
     for group, mask in zip(step.decode_groups, masks.decode):  # the torch path
         rows = slice(group.start, group.end)
         # index_select copies whole blocks; advanced indexing (cache[tables]) measured 8x slower.
@@ -113,18 +113,31 @@ def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, 
         shape = (group.end - group.start, -1, kv_heads, dim)
         keys = kv_cache.gather(k_cache, blocks, 0, q.dtype).view(shape).transpose(1, 2)  # [n, kv_heads, L, dim]
         values = kv_cache.gather(v_cache, blocks, 1, q.dtype).view(shape).transpose(1, 2)
-        o = F.scaled_dot_product_attention(q[rows, :, None, :], keys, values, attn_mask=mask, scale=scale,
-                                           enable_gqa=gqa)
-        out[rows] = o[:, :, 0, :]
+        out[rows] = attend(q[rows, :, None, :], keys, values, mask, scale, softcap)[:, :, 0, :]
     for chunk, mask in masks.prefill:
         length = chunk.first_position + chunk.end - chunk.start
         keys = kv_cache.gather(k_cache, chunk.block_table, 0, q.dtype).flatten(0, 1)[:length].transpose(0, 1)[None]
         values = kv_cache.gather(v_cache, chunk.block_table, 1, q.dtype).flatten(0, 1)[:length].transpose(0, 1)[None]
         queries = q[chunk.start:chunk.end].transpose(0, 1)[None]
-        o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=mask is None,
-                                           scale=scale, enable_gqa=gqa)
-        out[chunk.start:chunk.end] = o[0].transpose(0, 1)
+        out[chunk.start:chunk.end] = attend(queries, keys, values, mask, scale, softcap)[0].transpose(0, 1)
     return out
+
+
+def attend(q, k, v, mask, scale: float, softcap: float | None) -> torch.Tensor:
+    """Attention of q [..., heads, n, dim] over k, v [..., kv_heads, L, dim] (kv_heads dividing heads)
+    under a boolean ``mask`` ([n, L] or broadcast to it; None: causal, n == L): SDPA, or, with a
+    ``softcap``, which SDPA cannot apply, the scores soft-capped and softmaxed here."""
+    gqa = q.shape[-3] != k.shape[-3]
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                              enable_gqa=gqa)
+    if gqa:
+        group = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    scores = torch.tanh(q @ k.transpose(-1, -2) * scale / softcap) * softcap
+    if mask is None:
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+    return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v
 
 
 class NativeDecoding:

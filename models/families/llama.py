@@ -95,10 +95,10 @@ def _layer_windows(kind: str, c: dict, layers: int) -> tuple[int | None, ...]:
 
 
 class Attention(nn.Module):
-    """GQA over the paged cache, with optional per-head q/k norms (Qwen3; Gemma 3 passes its own
-    norm and scale)."""
+    """GQA over the paged cache, with optional per-head q/k norms (Qwen3; Gemma passes its own
+    norm, scale and soft cap)."""
 
-    def __init__(self, s, norm=RMSNorm, scale: float | None = None):
+    def __init__(self, s, norm=RMSNorm, scale: float | None = None, softcap: float | None = None):
         super().__init__()
         self.heads, self.kv_heads, self.dim = s.num_heads, s.num_kv_heads, s.head_dim
         self.qkv = nn.Linear(s.hidden_size, (s.num_heads + 2 * s.num_kv_heads) * s.head_dim, bias=s.qkv_bias)
@@ -106,6 +106,7 @@ class Attention(nn.Module):
         self.q_norm = norm(s.head_dim, s.rms_norm_eps) if s.qk_norm else None
         self.k_norm = norm(s.head_dim, s.rms_norm_eps) if s.qk_norm else None
         self.scale = scale if scale is not None else s.head_dim ** -0.5
+        self.softcap = softcap
 
     def forward(self, x, cos, sin, kv_cache, layer, step, masks):
         q, k, v = self.qkv(x).split([self.heads * self.dim, self.kv_heads * self.dim, self.kv_heads * self.dim], -1)
@@ -113,7 +114,7 @@ class Attention(nn.Module):
         if self.q_norm is not None:  # each head normalised before the rotation
             q, k = self.q_norm(q), self.k_norm(k)
         o = paged_attention(q, k, v.view(-1, self.kv_heads, self.dim), kv_cache, layer, step, masks, self.scale,
-                            cos, sin)
+                            cos, sin, self.softcap)
         return self.out(o.flatten(1))
 
 

@@ -49,10 +49,10 @@ enum Activation : int64_t { GELU_TANH = 0, SILU_GATED = 1, GELU_TANH_GATED = 2 }
 // One layer's weights and shape, filled once at load (decoder_layer.py mirrors this layout: every
 // field is 8 bytes). Biases may be null; the pool keeps its elements as C (kv_element.h). Llama's
 // family: RMSNorms, SILU_GATED; Qwen3 normalises each head's query and key (q_norm, k_norm: null
-// elsewhere). Gemma 3: those too, and its attention's and MLP's outputs normalised before they are
-// added (attn_out_norm, mlp_out_norm: null elsewhere), GELU_TANH_GATED, and its layers with a
-// sliding window rotating by angles of their own (window_angles: the step's window_cos/window_sin).
-// Norm weights are the factors applied (Gemma's 1 + weight, decoder_layer.py makes them). GPT-2:
+// elsewhere). Gemma: its attention's and MLP's outputs normalised before they are added
+// (attn_out_norm, mlp_out_norm: null elsewhere), GELU_TANH_GATED; Gemma 3's q/k norms and its layers
+// with a sliding window rotating by angles of their own (window_angles: the step's
+// window_cos/window_sin); Gemma 2's attention scores soft-capped (softcap: 0 elsewhere). Norm weights are the factors applied (Gemma's 1 + weight, decoder_layer.py makes them). GPT-2:
 // LayerNorms with biases, GELU_TANH.
 template <typename T, typename C>
 struct Layer {
@@ -68,7 +68,7 @@ struct Layer {
     const T *q_norm, *k_norm, *attn_out_norm, *mlp_out_norm;
     C *k_cache, *v_cache;
     int64_t hidden, intermediate, heads, kv_heads, dim, window, layer_norm, activation, window_angles;
-    double eps, scale;
+    double eps, scale, softcap;
 };
 
 // y = x w^T + b for one of a layer's products, a part of its weights at a time (a float model's
@@ -275,7 +275,7 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
                           l.kv_heads, l.dim);
     decode_attention_rows(rotary ? q : qkv, rotary ? q_width : qkv_width, l.k_cache, l.v_cache, s.tables,
                           s.max_blocks, s.lens, attn, q_width, rows, l.heads, l.kv_heads, l.dim, s.block_size,
-                          l.window, l.scale);
+                          l.window, l.scale, l.softcap);
     multiply(attn, q_width, q_width, l.out, l.out_bias, hidden, delta);
     if (l.attn_out_norm != nullptr) norm_rows<T>(delta, nullptr, l.attn_out_norm, nullptr, false, l.eps, delta, rows, hidden);
     norm_rows(x, delta, l.post_norm, l.post_norm_bias, l.layer_norm, l.eps, h, rows, hidden);

@@ -27,7 +27,7 @@ from torch import nn
 from . import native
 from .block_linear import FLOAT32, FLOAT32_PADDED, BlockLinear
 from .cpu_linear import CpuLinear, default_panel_rows
-from ..families.gemma3 import Gemma3
+from ..families.gemma import Gemma
 from ..families.gpt2 import GPT2
 from ..families.layers import NativeDecoding, RMSNorm, chunk_rows, prefill_keys
 from ..families.llama import MLP, Llama
@@ -99,7 +99,7 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
         "up_bias", "down", "down_bias", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm", "k_cache", "v_cache")]
     _fields_ += [(name, _int64) for name in (
         "hidden", "intermediate", "heads", "kv_heads", "dim", "window", "layer_norm", "activation", "window_angles")]
-    _fields_ += [("eps", _double), ("scale", _double)]
+    _fields_ += [(name, _double) for name in ("eps", "scale", "softcap")]
 
 
 class _Step(ctypes.Structure):  # decoder_layer.cpp's Step<T>
@@ -126,17 +126,17 @@ def _address(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
 
 
-def _final_norm(model: Llama | Gemma3 | GPT2) -> nn.Module:
+def _final_norm(model: Llama | Gemma | GPT2) -> nn.Module:
     """The final norm (RMSNorm or LayerNorm): its weight is on the activations' device, in their
     dtype (the output layer's weight may be blocks)."""
     return model.ln_f if isinstance(model, GPT2) else model.norm
 
 
-def _products(model: Llama | Gemma3 | GPT2) -> list:
+def _products(model: Llama | Gemma | GPT2) -> list:
     """Every linear layer a decode step runs: the layers' four products each, then the output layer."""
     if isinstance(model, Llama):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.mlp.gate_up, b.mlp.down)]
-    elif isinstance(model, Gemma3):
+    elif isinstance(model, Gemma):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.gate_up, b.down)]
     else:
         layers = [m for b in model.layers for m in (b.qkv, b.attn_out, b.fc, b.proj)]
@@ -179,10 +179,10 @@ def _weights(linear: CpuLinear | BlockLinear) -> _Weights:
 
 
 class DecoderLayers:
-    def __init__(self, model: Llama | Gemma3 | GPT2):
+    def __init__(self, model: Llama | Gemma | GPT2):
         self.dtype = _final_norm(model).weight.dtype
         self.weights = []  # the modules, tensors and structures whose addresses the layers hold, kept alive
-        layer = (self._gpt2_layer if isinstance(model, GPT2) else self._gemma3_layer if isinstance(model, Gemma3)
+        layer = (self._gpt2_layer if isinstance(model, GPT2) else self._gemma_layer if isinstance(model, Gemma)
                  else self._llama_layer)
         layers = [layer(block, model.spec) for block in model.layers]
         self.layers = (_Layer * len(layers))(*layers)
@@ -205,22 +205,23 @@ class DecoderLayers:
         return self._layer((block.input_norm, block.post_norm), attn.qkv, attn.out, mlp.gate_up, mlp.down,
                            (attn.q_norm, attn.k_norm, None, None), spec.hidden_size, spec.intermediate_size, spec.num_heads,
                            spec.num_kv_heads, spec.head_dim, block.window or 0, False, SILU_GATED, False,
-                           spec.rms_norm_eps, attn.scale)
+                           spec.rms_norm_eps, attn.scale, 0.0)
 
-    def _gemma3_layer(self, block, spec) -> _Layer:
-        """Its pre-MLP norm where Llama's post-attention norm is; its layers with a window rotate by
-        the local angles (the step's window angles)."""
+    def _gemma_layer(self, block, spec) -> _Layer:
+        """Its pre-MLP norm where Llama's post-attention norm is; Gemma 3's layers with a window rotate
+        by the local angles (the step's window angles)."""
         attn = block.attn
         return self._layer((block.input_norm, block.pre_mlp_norm), attn.qkv, attn.out, block.gate_up, block.down,
                            (attn.q_norm, attn.k_norm, block.post_attn_norm, block.post_mlp_norm), spec.hidden_size,
                            spec.intermediate_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
-                           block.window or 0, False, GELU_TANH_GATED, block.window is not None,
-                           spec.rms_norm_eps, attn.scale)
+                           block.window or 0, False, GELU_TANH_GATED,
+                           block.window is not None and spec.local_theta is not None, spec.rms_norm_eps, attn.scale,
+                           attn.softcap or 0.0)
 
     def _gpt2_layer(self, block, spec) -> _Layer:
         return self._layer((block.ln1, block.ln2), block.qkv, block.attn_out, block.fc, block.proj,
                            (None, None, None, None), spec.hidden_size, spec.inner_size, block.heads, block.heads,
-                           block.dim, 0, True, GELU_TANH, False, spec.eps, block.dim ** -0.5)
+                           block.dim, 0, True, GELU_TANH, False, spec.eps, block.dim ** -0.5, 0.0)
 
     def _factors(self, norm: nn.Module | None) -> int | None:
         """The address of what a norm multiplies by: its weight, or Gemma's 1 + weight (a float32
@@ -234,7 +235,7 @@ class DecoderLayers:
             return factors.data_ptr()
         return norm.weight.data_ptr()
 
-    def _head(self, model: Llama | Gemma3 | GPT2) -> _Head:
+    def _head(self, model: Llama | Gemma | GPT2) -> _Head:
         norm, output = _final_norm(model), model.lm_head
         weights = _weights(output)
         self.weights.append((output, weights))
@@ -256,12 +257,12 @@ class DecoderLayers:
     @classmethod
     def of(cls, model) -> "DecoderLayers | None":
         """The native layers for ``model``, or None where it does not qualify (see the module's doc)."""
-        if not isinstance(model, (Llama, Gemma3, GPT2)):
+        if not isinstance(model, (Llama, Gemma, GPT2)):
             return None
         weight = _final_norm(model).weight
         if not native.supports(weight.device, weight.dtype):
             return None
-        if isinstance(model, Gemma3) and weight.dtype != torch.float32:  # its norms round to float32 whatever the dtype
+        if isinstance(model, Gemma) and weight.dtype != torch.float32:  # its norms round to float32 whatever the dtype
             return None
         if isinstance(model, Llama) and not all(isinstance(block.mlp, MLP) for block in model.layers):  # routed experts
             return None

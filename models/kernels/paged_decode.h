@@ -60,6 +60,29 @@ float exp_shifted<float>(float* row, int64_t n, float peak) {
     return sum;
 }
 
+// row[i] = cap tanh(row[i] / cap) for i < n: attention scores soft-capped before their softmax, as
+// Gemma 2 does (within (-cap, cap), nearly unchanged well inside). Generic: std::tanh.
+template <typename T>
+void soft_cap(T* row, int64_t n, T cap) {
+    for (int64_t i = 0; i < n; ++i) row[i] = cap * std::tanh(row[i] / cap);
+}
+
+// float: a vector at a time, tanh |x| = (1 - e) / (1 + e) with e = exp(-2 |x|) (exp_lanes), which
+// stays finite for any score; a scalar tanhf per score would cost as much as the scores themselves.
+template <>
+void soft_cap<float>(float* row, int64_t n, float cap) {
+    using V = Vector<float>;
+    const V::type zero = {};
+    int64_t i = 0;
+    for (; i + V::lanes <= n; i += V::lanes) {
+        const V::type x = V::load(row + i) / cap;
+        const V::type e = exp_lanes((x < zero ? x : -x) * 2.0f);
+        const V::type capped = (1.0f - e) / (1.0f + e) * cap;
+        V::store(row + i, x < zero ? -capped : capped);
+    }
+    for (; i < n; ++i) row[i] = cap * std::tanh(row[i] / cap);
+}
+
 // The largest of row[0, n), n a whole number of vectors: a vector of maxima, then its lanes (the
 // scalar std::max_element waited on each comparison in turn: 7% of decode attention's time).
 template <typename T>
@@ -192,14 +215,15 @@ void weigh_values(const T* p, int64_t stride, int64_t group, int64_t n, const C*
 // block's pages are then read while open and the prefetcher's (64 sequences of 100 tokens, 32 / 32
 // heads, 24 layers' pools, two Zen 5 threads: 3.9-5.2 -> 3.2-3.7 ms a layer, AVX2 build 4.7-6.0 ->
 // 3.1-3.8 ms). Shorter rows keep a head at a time (with the default model's 3 K/V heads and a 7B's
-// 4, the blocks ran level to 4% slower).
+// 4, the blocks ran level to 4% slower). A ``softcap`` above 0 soft-caps each score (soft_cap)
+// before the softmax; a ``window`` above 0 reads a sequence's last ``window`` keys only.
 constexpr int64_t SCORE_TOKENS = 16, SCORE_BLOCKS_FROM_BYTES = 4096;
 
 template <typename T, typename C>
 void decode_attention_rows(const T* q, int64_t q_stride, const C* k_cache, const C* v_cache,
                       const int64_t* block_tables, int64_t max_blocks, const int64_t* context_lens,
                       T* out, int64_t out_stride, int64_t num_seqs, int64_t heads, int64_t kv_heads,
-                      int64_t dim, int64_t block_size, int64_t window, double scale) {
+                      int64_t dim, int64_t block_size, int64_t window, double scale, double softcap) {
     const int64_t group = heads / kv_heads;  // query heads sharing one K/V head (GQA)
     const int64_t slot_stride = kv_heads * dim;
     // A task is a sequence and a run of its KV heads. Whole sequences keep the reads sequential
@@ -250,6 +274,7 @@ void decode_attention_rows(const T* q, int64_t q_stride, const C* k_cache, const
                 each_head([&](int64_t g, T* head_scores, T*) {
                     for (int64_t h = 0; h < group; ++h) {
                         T* row = head_scores + h * width;
+                        if (softcap > 0) soft_cap(row, n, static_cast<T>(softcap));
                         std::fill(row + n, row + width, -std::numeric_limits<T>::infinity());
                         inv_sum[(g - kv_first) * group + h] = T(1) / exp_shifted(row, width, largest(row, width));
                     }

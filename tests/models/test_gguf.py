@@ -1,7 +1,7 @@
 """GGUF loading: the embedded default model against transformers' own GGUF loader; what a file
 keeps beside its weights (Llama 3.1's rotary factors, Phi-3's fused products, partial rotary, window
-and longrope, Qwen3's yarn, the tokens that end a turn), each against transformers' model of the same
-weights;
+and longrope, Qwen3's yarn, Gemma 2's soft caps and windows, the tokens that end a turn), each
+against transformers' model of the same weights;
 and files that must be refused with a clear error."""
 
 import importlib.util
@@ -165,6 +165,26 @@ def test_a_qwen3_file_with_yarn_in_its_metadata_equals_its_transformers_model(tm
         path = write_gguf_of(hf, tmp_path / f"tiny-qwen3-{name}.gguf", "qwen3", metadata)
         assert gguf_reader.read(path).tokenizer is None
         assert_same_answers(greedy(path, prompts), [greedy_with_logprobs(model, p, 16) for p in prompts])
+
+
+def test_a_gemma2_file_runs_its_soft_caps_and_windows_as_transformers_does(tmp_path):
+    """A Gemma 2 file as llama.cpp's converter writes one (norms stored as 1 + weight, the soft caps
+    and the window in its metadata, no query scale: the head size's, as llama.cpp takes it) equals
+    its transformers model, prompts within and past the window; the same weights without the soft
+    caps in the metadata would be llama.cpp's defaults (50 and 30), and answer otherwise."""
+    pytest.importorskip("gguf")
+    hf = tiny_model("gemma2", seed=4, query_pre_attn_scalar=CONFIGS["gemma2"]().head_dim)
+    caps = {"attn_logit_softcapping": hf.config.attn_logit_softcapping,
+            "final_logit_softcapping": hf.config.final_logit_softcapping}
+    path = write_gguf_of(hf, tmp_path / "gemma2.gguf", "gemma2",
+                         {"attention.sliding_window": hf.config.sliding_window, **caps})
+    rng = random.Random(6)
+    prompts = [random_prompt(rng, 5, 10), random_prompt(rng, 30, 40)]
+    expected = [greedy_with_logprobs(hf, p, 16) for p in prompts]
+    assert_same_answers(greedy(path, prompts), expected)
+    defaults = greedy(write_gguf_of(hf, tmp_path / "defaults.gguf", "gemma2",
+                                    {"attention.sliding_window": hf.config.sliding_window}), prompts)
+    assert any(mine != pytest.approx(theirs, abs=1e-3) for (_, mine), (_, theirs) in zip(defaults, expected))
 
 
 def test_a_phi3_file_of_8_bit_blocks_runs_its_fused_products_on_them(tmp_path):

@@ -1,5 +1,5 @@
 """Loom's CPU kernels against the torch paths they replace: decode attention (gather + masked
-SDPA), the small-batch linear product (F.linear); and the fallback when the build fails. (The
+SDPA; soft-capped scores), the small-batch linear product (F.linear); and the fallback when the build fails. (The
 engine on both paths: test_correctness.)"""
 
 import os
@@ -15,7 +15,7 @@ from models.kernels.decoder_layer import SPLIT_ROWS_PER_THREAD
 needs_kernel = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the kernels are not built")
 
 
-def reference_attention(q, k_cache, v_cache, tables, lens, scale, window):
+def reference_attention(q, k_cache, v_cache, tables, lens, scale, window, softcap=None):
     n, heads, dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     keys = k_cache[tables].flatten(1, 2).transpose(1, 2)  # [n, kv_heads, blocks * block_size, dim]
@@ -24,8 +24,13 @@ def reference_attention(q, k_cache, v_cache, tables, lens, scale, window):
     mask = positions < lens[:, None]
     if window:
         mask &= positions >= lens[:, None] - window
-    return F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=mask[:, None, None], scale=scale,
-                                          enable_gqa=heads != kv_heads)[:, :, 0]
+    if softcap is None:
+        return F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=mask[:, None, None], scale=scale,
+                                              enable_gqa=heads != kv_heads)[:, :, 0]
+    keys, values = keys.repeat_interleave(heads // kv_heads, 1), values.repeat_interleave(heads // kv_heads, 1)
+    scores = torch.einsum("nhd,nhkd->nhk", q, keys) * scale
+    scores = (softcap * torch.tanh(scores / softcap)).masked_fill(~mask[:, None], float("-inf"))
+    return torch.einsum("nhk,nhkd->nhd", scores.softmax(-1), values)
 
 
 # (the model's dtype, the pool's): a float32 model's pool may keep float16 or bfloat16
@@ -56,6 +61,30 @@ def test_kernel_matches_gather_and_sdpa(dtype, cache_dtype, num_seqs, heads, kv_
     expected = reference_attention(q, k_cache.to(dtype), v_cache.to(dtype), tables, lens, dim ** -0.5, window)
     tolerance = 1e-5 if dtype == torch.float32 else 1e-12
     torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype,cache_dtype", POOLS[:3], ids=POOL_IDS[:3])
+@pytest.mark.parametrize("num_seqs,heads,kv_heads,window", [(1, 8, 2, None), (40, 8, 2, None), (3, 4, 2, 7),
+                                                            (40, 32, 32, None)])
+def test_kernel_soft_caps_scores_as_tanh_does(dtype, cache_dtype, num_seqs, heads, kv_heads, window):
+    """Gemma 2's soft cap (cap tanh(score / cap) before the softmax): scores near 0, around the cap
+    and far past it (saturated), over contexts of whole vectors and a tail."""
+    gen = torch.Generator().manual_seed(num_seqs + heads)
+    block_size, num_blocks, max_blocks, dim, cap = 4, 400, 9, 40, 1.5
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=gen, dtype=dtype).to(cache_dtype)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=gen, dtype=dtype).to(cache_dtype)
+    tables = torch.randperm(num_blocks, generator=gen)[:num_seqs * max_blocks].view(num_seqs, max_blocks)
+    lens = torch.randint(1, max_blocks * block_size + 1, (num_seqs,), generator=gen)
+    q = torch.randn(num_seqs, heads, dim, generator=gen, dtype=dtype) * torch.tensor([0.05, 1.0, 6.0], dtype=dtype)[
+        torch.arange(heads) % 3, None]  # each head's scores small, near the cap, or saturated
+    out = torch.full_like(q, float("nan"))
+    paged_decode.decode_attention(q, k_cache, v_cache, tables, lens, out, dim ** -0.5, window, softcap=cap)
+    expected = reference_attention(q, k_cache.to(dtype), v_cache.to(dtype), tables, lens, dim ** -0.5, window, cap)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
+    uncapped = reference_attention(q, k_cache.to(dtype), v_cache.to(dtype), tables, lens, dim ** -0.5, window)
+    assert not torch.allclose(out, uncapped, atol=1e-3)
 
 
 @needs_kernel
@@ -238,8 +267,9 @@ def with_random_norms(hf):
 
 
 @needs_kernel
-# rope, qkv bias, windows, partial rotary, per-head q/k norms; LayerNorm and GELU
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_sliding", "mistral", "phi3", "qwen3", "gemma3", "gpt2"])
+# rope, qkv bias, windows, partial rotary, per-head q/k norms, soft-capped scores; LayerNorm and GELU
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_sliding", "mistral", "phi3", "qwen3", "gemma2", "gemma3",
+                                  "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS, ids=POOL_IDS)
 @pytest.mark.parametrize("streams", [2, 5, 21, "split"])  # rows at a time; panels; split rows
 def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, streams, two_threads):
@@ -247,15 +277,16 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, 
     through the family's torch Blocks, final norm and lm_head: sequences of different lengths (several
     decode groups), some past a sliding window, one row not sampled (a prompt's one-token chunk); from
     2 x the layers' split_rows on two threads ("split"), each thread carries its own rows. The same with
-    a 16-bit pool, where the two paths may round a key apart by one step of its last bit. Gemma 3
-    (four norms a layer, GELU gates, its local layers' own rotation, a final soft cap) runs them in
-    float32 only: its torch norms round to float32 whatever the model's dtype."""
+    a 16-bit pool, where the two paths may round a key apart by one step of its last bit. Gemma
+    (four norms a layer, GELU gates, a final soft cap; Gemma 3's local layers' own rotation, Gemma
+    2's soft-capped attention scores) runs them in float32 only: its torch norms round to float32
+    whatever the model's dtype."""
     import models
 
     from ..conftest import tiny_model
 
     model = models.load(with_random_norms(tiny_model(arch)), dtype=dtype).model
-    if arch == "gemma3" and dtype == torch.float64:
+    if arch.startswith("gemma") and dtype == torch.float64:
         assert model.decoder_layers is None
         return
     assert model.decoder_layers is not None
@@ -322,7 +353,7 @@ def test_native_activations_are_zero_where_torch_underflows(arch, two_threads):
 
 
 @needs_kernel
-@pytest.mark.parametrize("arch", ["llama", "qwen2_sliding", "mistral", "qwen3", "gemma3", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2_sliding", "mistral", "qwen3", "gemma2", "gemma3", "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS[:3], ids=POOL_IDS[:3])
 @pytest.mark.parametrize("pass_rows,threads", [(128, 1), (128, 2), (5, 2), (7, 1)])
 def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtype, pass_rows, threads, monkeypatch):
@@ -338,8 +369,8 @@ def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtyp
 
     from ..conftest import tiny_model
 
-    if arch == "gemma3" and dtype == torch.float64:
-        pytest.skip("Gemma 3's native layers run in float32 only")
+    if arch.startswith("gemma") and dtype == torch.float64:
+        pytest.skip("Gemma's native layers run in float32 only")
     model = models.load(with_random_norms(tiny_model(arch)), dtype=dtype).model
     layers = model.decoder_layers
     gen = torch.Generator().manual_seed(7)
@@ -383,7 +414,7 @@ def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtyp
         torch.set_num_threads(before)
         model.decoder_layers = layers
     tolerance = {torch.float32: 1e-4, torch.float64: 1e-10, torch.float16: 1e-3}[cache_dtype]
-    if arch == "gemma3" and cache_dtype == torch.float16:
+    if arch.startswith("gemma") and cache_dtype == torch.float16:
         # a key the two paths round apart by its last bit moves the next layers' keys, and Gemma's four
         # norms a layer (factors up to 2.5 here) carry that further: 3 float16 steps at most seen
         tolerance = 2e-3

@@ -1,6 +1,8 @@
-"""Gemma 3 (text) over the paged KV cache: local sliding-window layers and global layers with their
-own rope bases, q/k norms, four norms per block in Gemma's (1 + weight) convention, a GELU-tanh gated
-MLP, embeddings scaled by sqrt(hidden), attention scaled by query_pre_attn_scalar."""
+"""Gemma 2 and Gemma 3 (text) over the paged KV cache: four norms per block in Gemma's (1 + weight)
+convention, a GELU-tanh gated MLP, embeddings scaled by sqrt(hidden), attention scaled by
+query_pre_attn_scalar, layers with a sliding window between layers without. Gemma 2 soft-caps its
+attention scores and every layer rotates alike; Gemma 3 normalises each head's query and key and
+its sliding-window layers rotate with a rope base of their own."""
 
 from __future__ import annotations
 
@@ -15,11 +17,13 @@ from .layers import AttentionMasks, NativeDecoding, RMSNorm, embedding
 from .llama import Attention
 from .rope import Rotary, rope_type
 
-SLIDING_PATTERN = 6  # Gemma 3: five local layers, then a global one (when the config lists none)
+# when the config lists no layer types: Gemma 2's layers alternate, a local one first; Gemma 3 has
+# five local layers, then a global one
+SLIDING_PATTERNS = {"gemma2": 2, "gemma3_text": 6}
 
 
 @dataclass
-class Gemma3Spec:
+class GemmaSpec:
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -29,40 +33,44 @@ class Gemma3Spec:
     head_dim: int
     rms_norm_eps: float
     global_rope: dict          # rope parameters of the global layers (theta and scaling)
-    local_theta: float         # rope base of the sliding-window layers
+    local_theta: float | None  # rope base of the sliding-window layers (Gemma 3); None: they rotate as the others
     layer_windows: tuple[int | None, ...]
     query_scale: float
+    attn_softcap: float | None  # the attention scores' soft cap (Gemma 2)
     final_softcap: float | None
+    qk_norm: bool              # per-head q/k norms (Gemma 3)
     max_position: int
     tie_word_embeddings: bool
-    qkv_bias = out_bias = False  # what llama.Attention reads: no biases, q/k norms on
-    qk_norm = True
+    qkv_bias = out_bias = False  # what llama.Attention reads: no biases
 
     @classmethod
-    def from_hf(cls, c: dict) -> "Gemma3Spec":
+    def from_hf(cls, c: dict) -> "GemmaSpec":
+        kind = c["model_type"]
         if c.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
-            raise ValueError(f"unsupported hidden_activation {c['hidden_activation']!r} for gemma3")
-        if c.get("attn_logit_softcapping") is not None or c.get("use_bidirectional_attention"):
-            raise ValueError("gemma3 with attention logit soft-capping or bidirectional attention is not supported")
+            raise ValueError(f"unsupported hidden_activation {c['hidden_activation']!r} for {kind}")
+        if c.get("use_bidirectional_attention"):
+            raise ValueError(f"{kind} with bidirectional attention is not supported")
         rope = c.get("rope_parameters") or {}
-        if "full_attention" in rope:  # transformers 5: one set per layer type
+        if "full_attention" in rope:  # transformers 5's Gemma 3: one set per layer type
             global_rope, local_theta = dict(rope["full_attention"]), rope["sliding_attention"]["rope_theta"]
         else:
             global_rope = dict(rope or c.get("rope_scaling") or {})
-            global_rope.setdefault("rope_theta", c.get("rope_theta", 1_000_000.0))
-            local_theta = c.get("rope_local_base_freq", 10_000.0)
+            global_rope.setdefault("rope_theta", c.get("rope_theta", 10_000.0 if kind == "gemma2" else 1_000_000.0))
+            local_theta = c.get("rope_local_base_freq", None if kind == "gemma2" else 10_000.0)
         layers = c["num_hidden_layers"]
-        types = c.get("layer_types") or ["full_attention" if (i + 1) % SLIDING_PATTERN == 0 else "sliding_attention"
+        pattern = SLIDING_PATTERNS[kind]
+        types = c.get("layer_types") or ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
                                          for i in range(layers)]
         heads = c["num_attention_heads"]
         return cls(
             vocab_size=c["vocab_size"], hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
             num_layers=layers, num_heads=heads, num_kv_heads=c.get("num_key_value_heads") or heads,
             head_dim=c.get("head_dim") or c["hidden_size"] // heads, rms_norm_eps=c.get("rms_norm_eps", 1e-6),
-            global_rope=global_rope, local_theta=float(local_theta),
+            global_rope=global_rope, local_theta=None if local_theta is None else float(local_theta),
             layer_windows=tuple(c["sliding_window"] if t == "sliding_attention" else None for t in types),
-            query_scale=c.get("query_pre_attn_scalar", 256) ** -0.5, final_softcap=c.get("final_logit_softcapping"),
-            max_position=c.get("max_position_embeddings", 32768),
+            query_scale=c.get("query_pre_attn_scalar", 256) ** -0.5, attn_softcap=c.get("attn_logit_softcapping"),
+            final_softcap=c.get("final_logit_softcapping"), qk_norm=kind == "gemma3_text",
+            max_position=c.get("max_position_embeddings", 32768 if kind == "gemma3_text" else 8192),
             tie_word_embeddings=bool(c.get("tie_word_embeddings", True)))
 
 
@@ -72,11 +80,11 @@ def gemma_norm(dim: int, eps: float) -> RMSNorm:
 
 
 class Block(nn.Module):
-    def __init__(self, s: Gemma3Spec, index: int):
+    def __init__(self, s: GemmaSpec, index: int):
         super().__init__()
         self.window = s.layer_windows[index]
         self.input_norm = gemma_norm(s.hidden_size, s.rms_norm_eps)
-        self.attn = Attention(s, norm=gemma_norm, scale=s.query_scale)
+        self.attn = Attention(s, norm=gemma_norm, scale=s.query_scale, softcap=s.attn_softcap)
         self.post_attn_norm = gemma_norm(s.hidden_size, s.rms_norm_eps)
         self.pre_mlp_norm = gemma_norm(s.hidden_size, s.rms_norm_eps)
         self.gate_up = nn.Linear(s.hidden_size, 2 * s.intermediate_size, bias=False)
@@ -90,8 +98,8 @@ class Block(nn.Module):
         return x + self.post_mlp_norm(self.down(F.gelu(gate, approximate="tanh") * up))
 
 
-class Gemma3(NativeDecoding, nn.Module):
-    def __init__(self, s: Gemma3Spec):
+class Gemma(NativeDecoding, nn.Module):
+    def __init__(self, s: GemmaSpec):
         super().__init__()
         self.spec = s
         self.num_layers, self.num_kv_heads, self.head_dim = s.num_layers, s.num_kv_heads, s.head_dim
@@ -103,9 +111,9 @@ class Gemma3(NativeDecoding, nn.Module):
         self.tie_embeddings()
         scaling = s.global_rope if rope_type(s.global_rope) != "default" else None
         self.global_rotary = Rotary(s.head_dim, s.global_rope["rope_theta"], scaling, max_position=s.max_position)
-        self.local_rotary = Rotary(s.head_dim, s.local_theta)
+        self.local_rotary = None if s.local_theta is None else Rotary(s.head_dim, s.local_theta)
         if self.global_rotary.long_from is not None:
-            raise ValueError("gemma3 with longrope is not supported")
+            raise ValueError("Gemma with longrope is not supported")
 
     def tie_embeddings(self):
         if self.spec.tie_word_embeddings:
@@ -116,8 +124,10 @@ class Gemma3(NativeDecoding, nn.Module):
         x = self.embed(step.input_ids)
         # sqrt(hidden) rounded to float32 first, as transformers keeps it
         x = x * torch.tensor(math.sqrt(self.spec.hidden_size), dtype=torch.float32).to(x.dtype)
-        rotations = (self.local_rotary(step.positions, x.dtype), self.global_rotary(step.positions, x.dtype))
-        logits = self.native_decode(x, *rotations[1], step, kv_cache, window_angles=rotations[0])
+        angles = self.global_rotary(step.positions, x.dtype)
+        window_angles = None if self.local_rotary is None else self.local_rotary(step.positions, x.dtype)
+        rotations = (window_angles or angles, angles)  # by whether a layer has no window
+        logits = self.native_decode(x, *angles, step, kv_cache, window_angles=window_angles)
         if logits is None:
             masks = {w: AttentionMasks(step, x.dtype, kv_cache, w) for w in set(self.spec.layer_windows)}
             for i, layer in enumerate(self.layers):
@@ -128,14 +138,15 @@ class Gemma3(NativeDecoding, nn.Module):
         return logits
 
     @staticmethod
-    def convert(hf: dict[str, torch.Tensor], s: Gemma3Spec) -> dict[str, torch.Tensor]:
+    def convert(hf: dict[str, torch.Tensor], s: GemmaSpec) -> dict[str, torch.Tensor]:
         """Transformers' parameter names -> this module's, fusing q/k/v and gate/up."""
         hf = {k.removeprefix("model.").removeprefix("language_model."): v for k, v in hf.items()}
         out = {"embed.weight": hf["embed_tokens.weight"], "norm.weight": hf["norm.weight"]}
         out["lm_head.weight"] = hf["embed_tokens.weight"] if s.tie_word_embeddings else hf["lm_head.weight"]
         norms = {"input_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
-                 "pre_mlp_norm": "pre_feedforward_layernorm", "post_mlp_norm": "post_feedforward_layernorm",
-                 "attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}
+                 "pre_mlp_norm": "pre_feedforward_layernorm", "post_mlp_norm": "post_feedforward_layernorm"}
+        if s.qk_norm:
+            norms |= {"attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}
         for i in range(s.num_layers):
             p = o = f"layers.{i}."
             for ours, theirs in norms.items():
