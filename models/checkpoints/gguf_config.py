@@ -9,8 +9,13 @@ from .gguf_file import TensorInfo
 from ..kernels.block_formats import widened
 
 # gguf architecture -> transformers model_type
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma2": "gemma2",
-                 "gemma3": "gemma3_text"}
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "smollm3": "smollm3",
+                 "granite": "granite", "gemma2": "gemma2", "gemma3": "gemma3_text"}
+# SmolLM3: every fourth layer attends without rotary, as llama.cpp fixes it (the files do not say)
+SMOLLM3_NO_ROPE_STEP = 4
+# Granite's multipliers: the file's keys (under the architecture's prefix) -> transformers' names
+GRANITE_SCALES = {"embedding_scale": "embedding_multiplier", "residual_scale": "residual_multiplier",
+                  "attention.scale": "attention_multiplier", "logit_scale": "logits_scaling"}
 # Gemma 2 27B's layers: llama.cpp scales its queries by the hidden size over the heads, the other
 # Gemma 2 sizes' by the head size (their query_pre_attn_scalar, which the files do not keep)
 GEMMA2_27B_LAYERS = 46
@@ -68,7 +73,7 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         "rope_theta": key("rope.freq_base", 10000.0),
         "max_position_embeddings": key("context_length", 2048),
         "tie_word_embeddings": "output.weight" not in tensors,
-        "attention_bias": "blk.0.attn_q.bias" in tensors and arch == "llama",
+        "attention_bias": "blk.0.attn_q.bias" in tensors and arch in ("llama", "smollm3", "granite"),
     }
     if arch == "gemma3":  # what llama.cpp assumes and the file does not say (as transformers reads it)
         config |= {"sliding_window": key("attention.sliding_window"), "query_pre_attn_scalar": config["head_dim"],
@@ -82,6 +87,10 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
                    "final_logit_softcapping": key("final_logit_softcapping", 30.0)}
         if key("rope.freq_base_swa") is not None:
             config["rope_local_base_freq"] = key("rope.freq_base_swa")
+    if arch == "smollm3":
+        config["no_rope_layers"] = [int((i + 1) % SMOLLM3_NO_ROPE_STEP != 0) for i in range(config["num_hidden_layers"])]
+    if arch == "granite":  # (a scale of 0 or none: 1, or the head size's for the attention, as llama.cpp reads it)
+        config |= {name: key(field) for field, name in GRANITE_SCALES.items() if key(field)}
     if arch == "phi3":
         config["sliding_window"] = key("attention.sliding_window") or None  # 0: none (Phi-4 is a "phi3" too)
     rotary = key("rope.dimension_count")

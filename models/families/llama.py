@@ -1,6 +1,7 @@
-"""The Llama family over the paged KV cache: Llama, Qwen2, Qwen3, Mistral, Phi-3, and the
-mixture-of-experts Mixtral and Qwen3-MoE. GQA, RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k
-norms (Qwen3), sliding windows for all or some layers, fused checkpoint tensors (Phi-3), routed
+"""The Llama family over the paged KV cache: Llama, Qwen2, Qwen3, Mistral, Phi-3, SmolLM3, Granite,
+and the mixture-of-experts Mixtral and Qwen3-MoE. GQA, RoPE (rope.py), RMSNorm, SwiGLU; per family:
+q/k norms (Qwen3), sliding windows for all or some layers, layers without rotary (SmolLM3's every
+fourth), fused checkpoint tensors (Phi-3), scaled embeddings, residuals and logits (Granite), routed
 experts (moe.py)."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from .layers import AttentionMasks, NativeDecoding, RMSNorm, embedding, paged_at
 from .moe import MoESpec, SparseMoE
 from .rope import Rotary, rope_type, sequence_ends
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "mixtral", "qwen3_moe")
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "granite", "mixtral", "qwen3_moe")
 
 
 @dataclass
@@ -39,7 +40,14 @@ class LlamaSpec:
     mlp_bias: bool
     qk_norm: bool
     layer_windows: tuple[int | None, ...]  # each layer's sliding window, None for full attention
+    layer_rotates: tuple[bool, ...]  # whether each layer rotates its queries and keys (SmolLM3: 3 in 4)
     moe: MoESpec | None
+    # Granite's multipliers: of the embeddings, of each attention's and MLP's output before it is
+    # added, the attention's scale (None: 1 / sqrt(head_dim)), and the logits' divisor
+    embedding_scale: float = 1.0
+    residual_scale: float = 1.0
+    attention_scale: float | None = None
+    logits_divisor: float = 1.0
 
     @property
     def sliding_window(self) -> int | None:
@@ -78,20 +86,25 @@ class LlamaSpec:
             mlp_bias=bool(c.get("mlp_bias", False)),
             qk_norm=kind in ("qwen3", "qwen3_moe"),
             layer_windows=_layer_windows(kind, c, layers),
+            layer_rotates=tuple(bool(r) for r in c.get("no_rope_layers") or [1] * layers),
             moe=MoESpec.from_hf(c),
+            embedding_scale=float(c.get("embedding_multiplier", 1.0)),
+            residual_scale=float(c.get("residual_multiplier", 1.0)),
+            attention_scale=c.get("attention_multiplier"),
+            logits_divisor=float(c.get("logits_scaling", 1.0)),
         )
 
 
 def _layer_windows(kind: str, c: dict, layers: int) -> tuple[int | None, ...]:
     """Which layers attend through a sliding window, as transformers decides it for each family."""
     window = c.get("sliding_window")
-    if kind in ("qwen2", "qwen3", "qwen3_moe"):
+    if kind in ("qwen2", "qwen3", "qwen3_moe", "smollm3"):
         if not c.get("use_sliding_window"):
             return (None,) * layers
         types = c.get("layer_types") or ["sliding_attention" if i >= c.get("max_window_layers", layers)
                                          else "full_attention" for i in range(layers)]
         return tuple(window if t == "sliding_attention" else None for t in types)
-    return (window,) * layers  # llama (None), mistral, mixtral, phi3: one window for every layer
+    return (window,) * layers  # llama, granite (None), mistral, mixtral, phi3: one window for every layer
 
 
 class Attention(nn.Module):
@@ -132,14 +145,20 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, s: LlamaSpec, index: int):
         super().__init__()
-        self.window = s.layer_windows[index]
+        self.window, self.rotates, self.residual_scale = s.layer_windows[index], s.layer_rotates[index], s.residual_scale
         self.input_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.attn = Attention(s)
+        self.attn = Attention(s, scale=s.attention_scale)
         self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.mlp = SparseMoE(s.hidden_size, s.moe) if s.moe and s.moe.routes(index) else MLP(s)
 
     def forward(self, x, cos, sin, kv_cache, layer, step, masks):
-        x = x + self.attn(self.input_norm(x), cos, sin, kv_cache, layer, step, masks[self.window])
+        if not self.rotates:
+            cos = sin = None
+        attended = self.attn(self.input_norm(x), cos, sin, kv_cache, layer, step, masks[self.window])
+        if self.residual_scale != 1.0:
+            x = x + attended * self.residual_scale
+            return x + self.mlp(self.post_norm(x)) * self.residual_scale
+        x = x + attended
         return x + self.mlp(self.post_norm(x))
 
 
@@ -167,14 +186,17 @@ class Llama(NativeDecoding, nn.Module):
     def forward(self, step, kv_cache) -> torch.Tensor:
         """Logits [S, vocab] for the step's sampled positions only."""
         x = self.embed(step.input_ids)
+        if self.spec.embedding_scale != 1.0:
+            x = x * self.spec.embedding_scale
         ends = sequence_ends(step) if self.rotary.per_sequence else None
         cos, sin = self.rotary(step.positions, x.dtype, ends)
-        if (logits := self.native_decode(x, cos, sin, step, kv_cache)) is not None:
-            return logits
-        masks = {w: AttentionMasks(step, x.dtype, kv_cache, w) for w in set(self.spec.layer_windows)}
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, kv_cache, i, step, masks)
-        return self.lm_head(self.norm(x[step.sample_indices]))
+        logits = self.native_decode(x, cos, sin, step, kv_cache)
+        if logits is None:
+            masks = {w: AttentionMasks(step, x.dtype, kv_cache, w) for w in set(self.spec.layer_windows)}
+            for i, layer in enumerate(self.layers):
+                x = layer(x, cos, sin, kv_cache, i, step, masks)
+            logits = self.lm_head(self.norm(x[step.sample_indices]))
+        return logits / self.spec.logits_divisor if self.spec.logits_divisor != 1.0 else logits
 
     @staticmethod
     def convert(hf: dict[str, torch.Tensor], s: LlamaSpec) -> dict[str, torch.Tensor]:

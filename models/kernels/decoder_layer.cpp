@@ -52,7 +52,9 @@ enum Activation : int64_t { GELU_TANH = 0, SILU_GATED = 1, GELU_TANH_GATED = 2 }
 // elsewhere). Gemma: its attention's and MLP's outputs normalised before they are added
 // (attn_out_norm, mlp_out_norm: null elsewhere), GELU_TANH_GATED; Gemma 3's q/k norms and its layers
 // with a sliding window rotating by angles of their own (window_angles: the step's
-// window_cos/window_sin); Gemma 2's attention scores soft-capped (softcap: 0 elsewhere). Norm weights are the factors applied (Gemma's 1 + weight, decoder_layer.py makes them). GPT-2:
+// window_cos/window_sin); Gemma 2's attention scores soft-capped (softcap: 0 elsewhere). A layer that
+// does not rotate (rotates 0: SmolLM3's every fourth) stores its keys and reads its queries as they
+// are; Granite's outputs are scaled before they are added (residual_scale: 1 elsewhere). Norm weights are the factors applied (Gemma's 1 + weight, decoder_layer.py makes them). GPT-2:
 // LayerNorms with biases, GELU_TANH.
 template <typename T, typename C>
 struct Layer {
@@ -67,8 +69,8 @@ struct Layer {
     const T* down_bias;
     const T *q_norm, *k_norm, *attn_out_norm, *mlp_out_norm;
     C *k_cache, *v_cache;
-    int64_t hidden, intermediate, heads, kv_heads, dim, window, layer_norm, activation, window_angles;
-    double eps, scale, softcap;
+    int64_t hidden, intermediate, heads, kv_heads, dim, window, layer_norm, activation, window_angles, rotates;
+    double eps, scale, softcap, residual_scale;
 };
 
 // y = x w^T + b for one of a layer's products, a part of its weights at a time (a float model's
@@ -213,6 +215,13 @@ void add_rows(T* x, const T* delta, int64_t count) {
     for (int64_t i = 0; i < count; ++i) x[i] += delta[i];
 }
 
+template <typename T>
+void scale_values(T* x, double factor, int64_t count) {
+    const T f = static_cast<T>(factor);
+#pragma omp for
+    for (int64_t i = 0; i < count; ++i) x[i] *= f;
+}
+
 // One team's intermediates for ``rows`` rows of a layer, each on whole cache lines (vector.h).
 template <typename T>
 struct Intermediates {
@@ -261,7 +270,8 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
     const Intermediates<T> buffers(l, rows, scratch);
     T *h = buffers.h, *qkv = buffers.qkv, *q = buffers.q, *attn = buffers.attn, *up = buffers.up;
     T* delta = buffers.delta;
-    const bool rotary = s.rotary_dim > 0;  // else the queries are read from qkv as they are
+    const bool rotary = s.rotary_dim > 0 && l.rotates;  // else the queries are read from qkv as they are
+    const bool scales_residuals = l.residual_scale != 1.0;
     // y [rows, out] = a [rows, in] w^T + b, a's rows ``stride`` apart
     auto multiply = [&](const T* a, int64_t stride, int64_t in, const Weights* w, const T* b, int64_t out, T* y) {
         product(a, stride, rows, *w, b, in, y, out, buffers.scratch, panel_from);
@@ -271,18 +281,20 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
     if (l.q_norm != nullptr) norm_heads(qkv, qkv_width, rows, l.heads, l.kv_heads, l.dim, l.q_norm, l.k_norm, l.eps);
     const T *cos = l.window_angles ? s.window_cos : s.cos, *sin = l.window_angles ? s.window_sin : s.sin;
     rotate_and_store_rows(qkv, qkv_width, qkv + q_width, qkv_width, qkv + q_width + kv_width, qkv_width, cos, sin,
-                          s.rotary_dim, s.slots, rows, l.k_cache, l.v_cache, rotary ? q : nullptr, l.heads,
+                          rotary ? s.rotary_dim : 0, s.slots, rows, l.k_cache, l.v_cache, rotary ? q : nullptr, l.heads,
                           l.kv_heads, l.dim);
     decode_attention_rows(rotary ? q : qkv, rotary ? q_width : qkv_width, l.k_cache, l.v_cache, s.tables,
                           s.max_blocks, s.lens, attn, q_width, rows, l.heads, l.kv_heads, l.dim, s.block_size,
                           l.window, l.scale, l.softcap);
     multiply(attn, q_width, q_width, l.out, l.out_bias, hidden, delta);
     if (l.attn_out_norm != nullptr) norm_rows<T>(delta, nullptr, l.attn_out_norm, nullptr, false, l.eps, delta, rows, hidden);
+    if (scales_residuals) scale_values(delta, l.residual_scale, rows * hidden);
     norm_rows(x, delta, l.post_norm, l.post_norm_bias, l.layer_norm, l.eps, h, rows, hidden);
     multiply(h, hidden, hidden, l.up, l.up_bias, up_width, up);
     activate_rows(up, up_width, l.activation, rows, inter);
     multiply(up, up_width, inter, l.down, l.down_bias, hidden, delta);  // act(gate) x up
     if (l.mlp_out_norm != nullptr) norm_rows<T>(delta, nullptr, l.mlp_out_norm, nullptr, false, l.eps, delta, rows, hidden);
+    if (scales_residuals) scale_values(delta, l.residual_scale, rows * hidden);
     add_rows(x, delta, rows * hidden);
 }
 

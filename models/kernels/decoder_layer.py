@@ -4,8 +4,9 @@ gpt2.py, the final norm and lm_head compute, without the per-layer dispatch of ~
 and 6 ctypes calls, which was a quarter of a one-stream step (docs/benchmarks-history.md,
 "Small-batch products").
 
-``use_decoder_layers(model)`` attaches them where the model qualifies: GPT-2, or a dense
-Llama-family model (Qwen3's per-head q/k norms included; not routed experts) whose linear layers,
+``use_decoder_layers(model)`` attaches them where the model qualifies: GPT-2, Gemma 2 and 3 in
+float32, or a dense Llama-family model (Qwen3's per-head q/k norms, SmolLM3's layers without rotary
+and Granite's scaled residuals included; not routed experts) whose linear layers,
 the output layer's too, are CpuLinear or BlockLinear. A prefill chunk within PREFILL_KEYS (a prompt of up to
 1024 tokens) is rows of its sequence here too, each attending to its prefix on the decode kernel,
 and 64 prompts of 21 tokens (a 1344-row step) run as one call. On the torch
@@ -98,8 +99,9 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
         "input_norm", "input_norm_bias", "post_norm", "post_norm_bias", "qkv", "qkv_bias", "out", "out_bias", "up",
         "up_bias", "down", "down_bias", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm", "k_cache", "v_cache")]
     _fields_ += [(name, _int64) for name in (
-        "hidden", "intermediate", "heads", "kv_heads", "dim", "window", "layer_norm", "activation", "window_angles")]
-    _fields_ += [(name, _double) for name in ("eps", "scale", "softcap")]
+        "hidden", "intermediate", "heads", "kv_heads", "dim", "window", "layer_norm", "activation", "window_angles",
+        "rotates")]
+    _fields_ += [(name, _double) for name in ("eps", "scale", "softcap", "residual_scale")]
 
 
 class _Step(ctypes.Structure):  # decoder_layer.cpp's Step<T>
@@ -205,7 +207,7 @@ class DecoderLayers:
         return self._layer((block.input_norm, block.post_norm), attn.qkv, attn.out, mlp.gate_up, mlp.down,
                            (attn.q_norm, attn.k_norm, None, None), spec.hidden_size, spec.intermediate_size, spec.num_heads,
                            spec.num_kv_heads, spec.head_dim, block.window or 0, False, SILU_GATED, False,
-                           spec.rms_norm_eps, attn.scale, 0.0)
+                           block.rotates, spec.rms_norm_eps, attn.scale, 0.0, spec.residual_scale)
 
     def _gemma_layer(self, block, spec) -> _Layer:
         """Its pre-MLP norm where Llama's post-attention norm is; Gemma 3's layers with a window rotate
@@ -215,13 +217,13 @@ class DecoderLayers:
                            (attn.q_norm, attn.k_norm, block.post_attn_norm, block.post_mlp_norm), spec.hidden_size,
                            spec.intermediate_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
                            block.window or 0, False, GELU_TANH_GATED,
-                           block.window is not None and spec.local_theta is not None, spec.rms_norm_eps, attn.scale,
-                           attn.softcap or 0.0)
+                           block.window is not None and spec.local_theta is not None, True, spec.rms_norm_eps,
+                           attn.scale, attn.softcap or 0.0, 1.0)
 
     def _gpt2_layer(self, block, spec) -> _Layer:
         return self._layer((block.ln1, block.ln2), block.qkv, block.attn_out, block.fc, block.proj,
                            (None, None, None, None), spec.hidden_size, spec.inner_size, block.heads, block.heads,
-                           block.dim, 0, True, GELU_TANH, False, spec.eps, block.dim ** -0.5, 0.0)
+                           block.dim, 0, True, GELU_TANH, False, True, spec.eps, block.dim ** -0.5, 0.0, 1.0)
 
     def _factors(self, norm: nn.Module | None) -> int | None:
         """The address of what a norm multiplies by: its weight, or Gemma's 1 + weight (a float32

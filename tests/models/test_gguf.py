@@ -1,7 +1,8 @@
 """GGUF loading: the embedded default model against transformers' own GGUF loader; what a file
 keeps beside its weights (Llama 3.1's rotary factors, Phi-3's fused products, partial rotary, window
-and longrope, Qwen3's yarn, Gemma 2's soft caps and windows, the tokens that end a turn), each
-against transformers' model of the same weights;
+and longrope, Qwen3's yarn, Gemma 2's soft caps and windows, SmolLM3's layers without rotary,
+Granite's multipliers, the tokens that end a turn), each against transformers' model of the same
+weights;
 and files that must be refused with a clear error."""
 
 import importlib.util
@@ -185,6 +186,26 @@ def test_a_gemma2_file_runs_its_soft_caps_and_windows_as_transformers_does(tmp_p
     defaults = greedy(write_gguf_of(hf, tmp_path / "defaults.gguf", "gemma2",
                                     {"attention.sliding_window": hf.config.sliding_window}), prompts)
     assert any(mine != pytest.approx(theirs, abs=1e-3) for (_, mine), (_, theirs) in zip(defaults, expected))
+
+
+@pytest.mark.parametrize("arch", ["smollm3", "granite"])
+def test_smollm3_and_granite_files_equal_their_transformers_models(tmp_path, arch):
+    """A SmolLM3 file (no rotary in every fourth layer, which llama.cpp fixes and the file does not
+    say) and a Granite file (its four multipliers in the metadata: embeddings, residuals, attention
+    scale, logits), written as llama.cpp's converter writes them (Q/K permuted as Llama's), equal
+    their transformers models; the Granite file without its multipliers answers otherwise."""
+    pytest.importorskip("gguf")
+    hf = tiny_model(arch, seed=3)
+    c = hf.config
+    metadata = {"embedding_scale": c.embedding_multiplier, "residual_scale": c.residual_multiplier,
+                "attention.scale": c.attention_multiplier, "logit_scale": c.logits_scaling} if arch == "granite" else {}
+    rng = random.Random(11)
+    prompts = [random_prompt(rng, 5, 10), random_prompt(rng, 30, 40)]
+    expected = [greedy_with_logprobs(hf, p, 16) for p in prompts]
+    assert_same_answers(greedy(write_gguf_of(hf, tmp_path / f"{arch}.gguf", arch, metadata), prompts), expected)
+    if arch == "granite":
+        plain = greedy(write_gguf_of(hf, tmp_path / "plain.gguf", arch), prompts)
+        assert any(mine != pytest.approx(theirs, abs=1e-3) for (_, mine), (_, theirs) in zip(plain, expected))
 
 
 def test_a_phi3_file_of_8_bit_blocks_runs_its_fused_products_on_them(tmp_path):
