@@ -103,7 +103,7 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
         _pad_float32_rows(tensors, file, formats, names)
         _fuse_blocks(tensors)
     file.release_all()  # the pages the padding read: what the model uses in place comes back on first use
-    tokenizer = read_tokenizer(path) if "tokenizer.ggml.model" in meta else None  # a file may carry none
+    tokenizer = read_tokenizer(path, arch) if "tokenizer.ggml.model" in meta else None  # a file may carry none
     # (without keep_blocks every tensor is a float32 copy, _widened's)
     return Contents(config, tensors, end_tokens(meta), tokenizer, path.stem, owned=not keep_blocks)
 
@@ -228,17 +228,16 @@ def _merges_as_strings(tokenizer_json: Path) -> None:
     tokenizer_json.write_text(json.dumps(content, ensure_ascii=False), encoding="utf-8")
 
 
-def read_tokenizer(path: Path) -> Tokenizer:
-    """The tokenizer from the file, converted by transformers the first time (seconds) and kept in
-    the user's cache directory, from which later loads read it without transformers (0.1 s)."""
+def read_tokenizer(path: Path, arch: str | None = None) -> Tokenizer:
+    """The tokenizer from the file (of architecture ``arch``; None: as its metadata says), converted by
+    transformers the first time (seconds) and kept in the user's cache directory, from which later
+    loads read it without transformers (0.1 s)."""
     stat = path.stat()
     cached = cache_dir() / "tokenizers" / f"{path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
     complete = lambda: (cached / "tokenizer_config.json").is_file() and (cached / "tokenizer.json").is_file()
     if complete():
         return Tokenizer.from_directory(cached)
-    from transformers import AutoTokenizer
-
-    converted = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    converted = _converted_tokenizer(path, arch or GGUFFile(path).metadata.get("general.architecture"))
     # Written aside and renamed whole: replicas starting together each convert, and one lands.
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
@@ -257,3 +256,36 @@ def read_tokenizer(path: Path) -> Tokenizer:
     finally:
         shutil.rmtree(written, ignore_errors=True)  # (gone once renamed)
     return Tokenizer.from_transformers(converted)
+
+
+# Architectures whose files transformers' GGUF reader refuses, though it converts their tokenizers (it
+# converts by tokenizer.ggml.model; the architecture names only a config): it reads the tokenizer of a
+# copy of the file's tokenizer metadata under a stand-in's name.
+TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama"}
+
+
+def _converted_tokenizer(path: Path, arch: str):
+    """transformers' fast tokenizer of the file (of a metadata copy, for TOKENIZER_STAND_INS)."""
+    from transformers import AutoTokenizer
+
+    if arch not in TOKENIZER_STAND_INS:
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    with tempfile.TemporaryDirectory() as directory:
+        copy = tokenizer_copy(path, TOKENIZER_STAND_INS[arch], Path(directory) / path.name)
+        return AutoTokenizer.from_pretrained(directory, gguf_file=copy.name)
+
+
+def tokenizer_copy(path: Path, arch: str, out: Path) -> Path:
+    """A GGUF file at ``out`` holding ``path``'s tokenizer metadata alone (its keys and value types),
+    under the architecture ``arch``."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(out), arch)
+    for key, field in gguf.GGUFReader(path).fields.items():
+        if key.startswith("tokenizer."):  # (types: the value's, then an array's items')
+            writer.add_key_value(key, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1
+                                 else None)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    return out

@@ -88,7 +88,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         if key("rope.freq_base_swa") is not None:
             config["rope_local_base_freq"] = key("rope.freq_base_swa")
     if arch == "smollm3":
-        config["no_rope_layers"] = [int((i + 1) % SMOLLM3_NO_ROPE_STEP != 0) for i in range(config["num_hidden_layers"])]
+        layers = config["num_hidden_layers"]
+        config["no_rope_layers"] = [int((i + 1) % SMOLLM3_NO_ROPE_STEP != 0) for i in range(layers)]
     if arch == "granite":  # (a scale of 0 or none: 1, or the head size's for the attention, as llama.cpp reads it)
         config |= {name: key(field) for field, name in GRANITE_SCALES.items() if key(field)}
     if arch == "phi3":

@@ -145,7 +145,8 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, s: LlamaSpec, index: int):
         super().__init__()
-        self.window, self.rotates, self.residual_scale = s.layer_windows[index], s.layer_rotates[index], s.residual_scale
+        self.window, self.rotates = s.layer_windows[index], s.layer_rotates[index]
+        self.residual_scale = s.residual_scale
         self.input_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.attn = Attention(s, scale=s.attention_scale)
         self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from models.checkpoints.gguf import default_model_path, read_tokenizer
+from models.checkpoints.gguf import default_model_path, read_tokenizer, tokenizer_copy
 from models.checkpoints.tokenizer import Tokenizer
 
 TEXTS = ["Hello world!", "  spaces   and\ttabs\n\nnewlines", "<|im_start|>user\nhi<|im_end|>", "<s>hello</s>",
@@ -22,14 +22,14 @@ CHATS = [
 ]
 
 
-def spm_gguf(path):
-    """A Llama file carrying only a small SentencePiece-style vocabulary (byte fallback, BOS added)
+def spm_gguf(path, arch="llama"):
+    """An ``arch`` file carrying only a small SentencePiece-style vocabulary (byte fallback, BOS added)
     and a chat template: the other tokenizer kind GGUF files hold, beside SmolLM2's byte-level BPE."""
     import gguf
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), arch)
     for key, value in [("block_count", 1), ("context_length", 64), ("embedding_length", 32),
                        ("feed_forward_length", 64), ("attention.head_count", 2), ("attention.head_count_kv", 2)]:
-        writer.add_uint32(f"llama.{key}", value)
+        writer.add_uint32(f"{arch}.{key}", value)
     pieces = ["▁", "▁a", "▁the", "▁hello", "▁world", "he", "ll", "o", "wor", "ld", "▁wor", "!", "th", "e", "a", "h"]
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
     writer.add_tokenizer_model("llama")
@@ -181,3 +181,22 @@ def test_the_cache_keeps_merges_as_strings_where_no_token_holds_a_space(tmp_path
     spaced.write_text(json.dumps(content))
     _merges_as_strings(spaced)
     assert json.loads(spaced.read_text()) == content
+
+
+@pytest.mark.parametrize("arch", ["smollm3", "granite"])
+@pytest.mark.parametrize("kind", ["bpe", "spm"])
+def test_a_file_transformers_gguf_reader_refuses_keeps_its_tokenizer(arch, kind, tmp_path, monkeypatch):
+    """transformers reads no SmolLM3 or Granite GGUF file; their tokenizers, converted from a copy of
+    the metadata under Llama's name, equal the same vocabulary's from a Llama file: SmolLM2's
+    byte-level BPE and a SentencePiece-style one, text and chat prompts."""
+    monkeypatch.setenv("LOOM_CACHE", str(tmp_path / "cache"))
+    if kind == "bpe":
+        llama, other = default_model_path(), tokenizer_copy(default_model_path(), arch, tmp_path / f"{arch}.gguf")
+    else:
+        llama, other = spm_gguf(tmp_path / "llama.gguf"), spm_gguf(tmp_path / f"{arch}.gguf", arch)
+    theirs, ours = read_tokenizer(llama), read_tokenizer(other)
+    assert [ours.encode(text) for text in TEXTS] == [theirs.encode(text) for text in TEXTS]
+    for chat in CHATS:
+        assert ours.apply_chat_template(chat, add_generation_prompt=True) == theirs.apply_chat_template(
+            chat, add_generation_prompt=True)
+    assert ours.special_tokens_map == theirs.special_tokens_map
