@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import AttentionMasks, NativeDecoding, RMSNorm, embedding
+from .layers import AttentionMasks, DecoderModel, RMSNorm
 from .llama import Attention
 from .rope import Rotary, rope_type
 
@@ -98,26 +98,14 @@ class Block(nn.Module):
         return x + self.post_mlp_norm(self.down(F.gelu(gate, approximate="tanh") * up))
 
 
-class Gemma(NativeDecoding, nn.Module):
+class Gemma(DecoderModel):
     def __init__(self, s: GemmaSpec):
-        super().__init__()
-        self.spec = s
-        self.num_layers, self.num_kv_heads, self.head_dim = s.num_layers, s.num_kv_heads, s.head_dim
-        self.vocab_size, self.max_position = s.vocab_size, s.max_position
-        self.embed = embedding(s.vocab_size, s.hidden_size)
-        self.layers = nn.ModuleList(Block(s, i) for i in range(s.num_layers))
-        self.norm = gemma_norm(s.hidden_size, s.rms_norm_eps)
-        self.lm_head = nn.Linear(s.hidden_size, s.vocab_size, bias=False)
-        self.tie_embeddings()
+        super().__init__(s, Block, gemma_norm)
         scaling = s.global_rope if rope_type(s.global_rope) != "default" else None
         self.global_rotary = Rotary(s.head_dim, s.global_rope["rope_theta"], scaling, max_position=s.max_position)
         self.local_rotary = None if s.local_theta is None else Rotary(s.head_dim, s.local_theta)
         if self.global_rotary.long_from is not None:
             raise ValueError("Gemma with longrope is not supported")
-
-    def tie_embeddings(self):
-        if self.spec.tie_word_embeddings:
-            self.lm_head.weight = self.embed.weight
 
     def forward(self, step, kv_cache) -> torch.Tensor:
         """Logits [S, vocab] for the step's sampled positions only."""

@@ -165,6 +165,27 @@ class NativeDecoding:
                 and self.decoder_layers.splits(step, threads, kv_cache))
 
 
+class DecoderModel(NativeDecoding, nn.Module):
+    """What a Llama-family or Gemma model holds and tells the engine: its spec, the cache geometry,
+    the token embeddings, its blocks (``block(spec, index)``), the final norm (``norm(width, eps)``)
+    and the output layer, tied to the embeddings where the spec says."""
+
+    def __init__(self, s, block, norm):
+        super().__init__()
+        self.spec = s
+        self.num_layers, self.num_kv_heads, self.head_dim = s.num_layers, s.num_kv_heads, s.head_dim
+        self.vocab_size, self.max_position = s.vocab_size, s.max_position
+        self.embed = embedding(s.vocab_size, s.hidden_size)
+        self.layers = nn.ModuleList(block(s, i) for i in range(s.num_layers))
+        self.norm = norm(s.hidden_size, s.rms_norm_eps)
+        self.lm_head = nn.Linear(s.hidden_size, s.vocab_size, bias=False)
+        self.tie_embeddings()
+
+    def tie_embeddings(self):
+        if self.spec.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+
 def embedding(rows: int, dim: int) -> nn.Embedding:
     """An nn.Embedding whose table is left uninitialised, for loading to replace: its own init (a
     normal_ that, even on the meta device, imports torch's compiler) took 1.5 s of a 2.5 s load."""

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import AttentionMasks, NativeDecoding, RMSNorm, embedding, paged_attention
+from .layers import AttentionMasks, DecoderModel, RMSNorm, paged_attention
 from .moe import MoESpec, SparseMoE
 from .rope import Rotary, rope_type, sequence_ends
 
@@ -163,26 +163,14 @@ class Block(nn.Module):
         return x + self.mlp(self.post_norm(x))
 
 
-class Llama(NativeDecoding, nn.Module):
+class Llama(DecoderModel):
     def __init__(self, s: LlamaSpec):
-        super().__init__()
-        self.spec = s
-        self.num_layers, self.num_kv_heads, self.head_dim = s.num_layers, s.num_kv_heads, s.head_dim
-        self.vocab_size, self.max_position = s.vocab_size, s.max_position
-        self.embed = embedding(s.vocab_size, s.hidden_size)
-        self.layers = nn.ModuleList(Block(s, i) for i in range(s.num_layers))
-        self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.lm_head = nn.Linear(s.hidden_size, s.vocab_size, bias=False)
-        self.tie_embeddings()
+        super().__init__(s, Block, RMSNorm)
         self.rotary = Rotary(s.head_dim, s.rope_theta, s.rope_scaling, s.partial_rotary_factor, s.rope_max_position)
         # longrope: past the original context every key rotates with the long factors, so a sequence
         # that grows past it is recomputed from its first token (models/step.py), as transformers'
         # Phi3ForCausalLM drops its cache there.
         self.recompute_past = self.rotary.long_from
-
-    def tie_embeddings(self):
-        if self.spec.tie_word_embeddings:
-            self.lm_head.weight = self.embed.weight
 
     def forward(self, step, kv_cache) -> torch.Tensor:
         """Logits [S, vocab] for the step's sampled positions only."""
