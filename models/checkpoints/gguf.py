@@ -258,9 +258,9 @@ def read_tokenizer(path: Path, arch: str | None = None) -> Tokenizer:
     return Tokenizer.from_transformers(converted)
 
 
-# Architectures whose files transformers' GGUF reader refuses, though it converts their tokenizers (it
-# converts by tokenizer.ggml.model; the architecture names only a config): it reads the tokenizer of a
-# copy of the file's tokenizer metadata under a stand-in's name.
+# Architectures whose files transformers' GGUF reader refuses, though it converts their tokenizers (a
+# BPE one by tokenizer.ggml.model alone; its SentencePiece builders differ only for Gemma and Phi-3):
+# it reads the tokenizer of a copy of the file's tokenizer metadata under Llama's name.
 TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama"}
 
 

@@ -59,15 +59,16 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
     llama.cpp's names: whether there is an output layer, rotary factors kept as tensors). Raises
     ValueError for a rope Loom does not run."""
     key = lambda k, default=None: meta.get(f"{arch}.{k}", default)
-    heads = key("attention.head_count")
+    shared = lambda k, default=None: _shared_by_layers(key(k, default), f"{arch}.{k}", file_name)
+    heads = shared("attention.head_count")
     config = {
         "model_type": ARCHITECTURES[arch],
         "vocab_size": key("vocab_size") or tensors["token_embd.weight"].shape[0],
         "hidden_size": key("embedding_length"),
-        "intermediate_size": key("feed_forward_length"),
+        "intermediate_size": shared("feed_forward_length"),
         "num_hidden_layers": key("block_count"),
         "num_attention_heads": heads,
-        "num_key_value_heads": key("attention.head_count_kv", heads),
+        "num_key_value_heads": shared("attention.head_count_kv", heads),
         "head_dim": key("attention.key_length"),
         "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-6),
         "rope_theta": key("rope.freq_base", 10000.0),
@@ -78,9 +79,12 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
     if arch == "gemma3":  # what llama.cpp assumes and the file does not say (as transformers reads it)
         config |= {"sliding_window": key("attention.sliding_window"), "query_pre_attn_scalar": config["head_dim"],
                    "rope_local_base_freq": 10000.0, "rope_theta": key("rope.freq_base", 1_000_000.0)}
+    if arch in ("gemma2", "gemma3") and (types := _sliding_layers(key, config["num_hidden_layers"], file_name)):
+        config["layer_types"] = types
     if arch == "gemma2":  # what llama.cpp assumes where the file does not say
         heads_width = config["hidden_size"] // heads
         config |= {"sliding_window": key("attention.sliding_window", 4096),
+                   "tie_word_embeddings": True,  # (llama.cpp's Gemma 2 reads token_embd as its output layer)
                    "query_pre_attn_scalar": heads_width if config["num_hidden_layers"] == GEMMA2_27B_LAYERS
                    else config["head_dim"] or heads_width,
                    "attn_logit_softcapping": key("attn_logit_softcapping", 50.0),
@@ -92,6 +96,9 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         config["no_rope_layers"] = [int((i + 1) % SMOLLM3_NO_ROPE_STEP != 0) for i in range(layers)]
     if arch == "granite":  # (a scale of 0 or none: 1, or the head size's for the attention, as llama.cpp reads it)
         config |= {name: key(field) for field, name in GRANITE_SCALES.items() if key(field)}
+        config.setdefault("attention_multiplier", (config["head_dim"] or config["hidden_size"] // heads) ** -0.5)
+        if key("rope.scaling.finetuned") is False:  # llama.cpp's switch for Granite's rotary: off, every layer
+            config["no_rope_layers"] = [0] * config["num_hidden_layers"]
     if arch == "phi3":
         config["sliding_window"] = key("attention.sliding_window") or None  # 0: none (Phi-4 is a "phi3" too)
     rotary = key("rope.dimension_count")
@@ -106,6 +113,32 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
     except ValueError as error:
         raise ValueError(f"{file_name}: {error}") from None
     return config
+
+
+def _shared_by_layers(value, name: str, file_name: str):
+    """A size every layer shares, which a file may list a layer at a time (Granite 4's converter
+    writes its heads so): the one value, or a ValueError where the layers differ."""
+    if value is None or isinstance(value, (int, float)):
+        return value
+    if len(set(int(v) for v in value)) != 1:
+        raise ValueError(f"{file_name} gives its layers different {name} ({sorted(set(int(v) for v in value))}); Loom "
+                         "runs models whose layers share one")
+    return int(value[0])
+
+
+def _sliding_layers(key, layers: int, file_name: str) -> list[str] | None:
+    """Each layer's type where the file says which slide (attention.sliding_window_pattern: a flag a
+    layer, or n: n - 1 local layers, then a global one, as llama.cpp reads it); None where it does not."""
+    pattern = key("attention.sliding_window_pattern")
+    if pattern is None:
+        return None
+    if isinstance(pattern, int):
+        slides = [pattern == 0 or i % pattern < pattern - 1 for i in range(layers)]
+    else:
+        slides = [bool(flag) for flag in pattern]
+        if len(slides) != layers:
+            raise ValueError(f"{file_name}'s sliding_window_pattern names {len(slides)} layers of {layers}")
+    return ["sliding_attention" if slide else "full_attention" for slide in slides]
 
 
 def _rope_scaling(key, tensors: dict[str, TensorInfo]) -> dict:

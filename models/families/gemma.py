@@ -65,11 +65,14 @@ class GemmaSpec:
         return cls(
             vocab_size=c["vocab_size"], hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
             num_layers=layers, num_heads=heads, num_kv_heads=c.get("num_key_value_heads") or heads,
-            head_dim=c.get("head_dim") or c["hidden_size"] // heads, rms_norm_eps=c.get("rms_norm_eps", 1e-6),
+            head_dim=c.get("head_dim") or 256, rms_norm_eps=c.get("rms_norm_eps", 1e-6),
             global_rope=global_rope, local_theta=None if local_theta is None else float(local_theta),
-            layer_windows=tuple(c["sliding_window"] if t == "sliding_attention" else None for t in types),
-            query_scale=c.get("query_pre_attn_scalar", 256) ** -0.5, attn_softcap=c.get("attn_logit_softcapping"),
-            final_softcap=c.get("final_logit_softcapping"), qk_norm=kind == "gemma3_text",
+            layer_windows=tuple(c.get("sliding_window", 4096) if t == "sliding_attention" else None for t in types),
+            query_scale=c.get("query_pre_attn_scalar", 256) ** -0.5,
+            # (transformers' defaults where the config names none: Gemma 2's caps, 256-wide heads, 4096-token windows)
+            attn_softcap=c.get("attn_logit_softcapping", 50.0 if kind == "gemma2" else None),
+            final_softcap=c.get("final_logit_softcapping", 30.0 if kind == "gemma2" else None),
+            qk_norm=kind == "gemma3_text",
             max_position=c.get("max_position_embeddings", 32768 if kind == "gemma3_text" else 8192),
             tie_word_embeddings=bool(c.get("tie_word_embeddings", True)))
 

@@ -80,19 +80,31 @@ class LlamaSpec:
             partial_rotary_factor=float(c.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0),
             max_position=context,
             rope_max_position=trained,
-            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", kind == "smollm3")),
             qkv_bias=kind == "qwen2" or bias,
             out_bias=bias,
             mlp_bias=bool(c.get("mlp_bias", False)),
             qk_norm=kind in ("qwen3", "qwen3_moe"),
             layer_windows=_layer_windows(kind, c, layers),
-            layer_rotates=tuple(bool(r) for r in c.get("no_rope_layers") or [1] * layers),
+            layer_rotates=_layer_rotates(kind, c, layers),
             moe=MoESpec.from_hf(c),
             embedding_scale=float(c.get("embedding_multiplier", 1.0)),
             residual_scale=float(c.get("residual_multiplier", 1.0)),
-            attention_scale=c.get("attention_multiplier"),
+            attention_scale=c.get("attention_multiplier", 1.0 if kind == "granite" else None),  # (transformers')
             logits_divisor=float(c.get("logits_scaling", 1.0)),
         )
+
+
+def _layer_rotates(kind: str, c: dict, layers: int) -> tuple[bool, ...]:
+    """Whether each layer rotates its queries and keys: SmolLM3's no_rope_layers (1: it does), or all
+    but every no_rope_layer_interval-th where the config lists none, as transformers derives them."""
+    rotates = c.get("no_rope_layers")
+    if rotates is None:
+        interval = c.get("no_rope_layer_interval", 4) if kind == "smollm3" else 0
+        rotates = [not interval or (i + 1) % interval != 0 for i in range(layers)]
+    if len(rotates) != layers:
+        raise ValueError(f"no_rope_layers lists {len(rotates)} layers of {layers}")
+    return tuple(bool(r) for r in rotates)
 
 
 def _layer_windows(kind: str, c: dict, layers: int) -> tuple[int | None, ...]:

@@ -54,8 +54,9 @@ enum Activation : int64_t { GELU_TANH = 0, SILU_GATED = 1, GELU_TANH_GATED = 2 }
 // with a sliding window rotating by angles of their own (window_angles: the step's
 // window_cos/window_sin); Gemma 2's attention scores soft-capped (softcap: 0 elsewhere). A layer that
 // does not rotate (rotates 0: SmolLM3's every fourth) stores its keys and reads its queries as they
-// are; Granite's outputs are scaled before they are added (residual_scale: 1 elsewhere). Norm weights are the factors applied (Gemma's 1 + weight, decoder_layer.py makes them). GPT-2:
-// LayerNorms with biases, GELU_TANH.
+// are; Granite's outputs are scaled before they are added (residual_scale: 1 elsewhere). Norm weights
+// are the factors applied (Gemma's 1 + weight, decoder_layer.py makes them). GPT-2: LayerNorms with
+// biases, GELU_TANH.
 template <typename T, typename C>
 struct Layer {
     const T *input_norm, *input_norm_bias, *post_norm, *post_norm_bias;

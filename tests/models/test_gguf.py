@@ -208,6 +208,29 @@ def test_smollm3_and_granite_files_equal_their_transformers_models(tmp_path, arc
         assert any(mine != pytest.approx(theirs, abs=1e-3) for (_, mine), (_, theirs) in zip(plain, expected))
 
 
+def test_sizes_listed_a_layer_at_a_time_switches_and_window_patterns_read_as_llama_cpp_reads_them():
+    """Granite 4's converter lists the heads a layer at a time (one value: taken; different ones: a
+    clear refusal), and may switch its rotary off (rope.scaling.finetuned); a file without an attention
+    scale takes the head size's. A Gemma file may say which layers slide: every n-th global, or a flag
+    a layer."""
+    from models.checkpoints.gguf_config import gguf_config
+    sizes = {"attention.head_count": 4, "block_count": 3, "embedding_length": 64, "feed_forward_length": 128,
+             "vocab_size": 256}
+    granite = {f"granite.{k}": v for k, v in sizes.items()} | {
+        "granite.attention.head_count_kv": np.array([2, 2, 2], np.uint32), "granite.rope.scaling.finetuned": False}
+    config = gguf_config("granite", granite, {}, "g.gguf")
+    assert config["num_key_value_heads"] == 2 and config["no_rope_layers"] == [0, 0, 0]
+    assert config["attention_multiplier"] == pytest.approx(16 ** -0.5)
+    granite["granite.attention.head_count_kv"] = np.array([2, 4, 2], np.uint32)
+    with pytest.raises(ValueError, match=r"g.gguf gives its layers different granite.attention.head_count_kv \(\[2, 4\]\)"):
+        gguf_config("granite", granite, {}, "g.gguf")
+    gemma = {f"gemma2.{k}": v for k, v in sizes.items()} | {"gemma2.attention.sliding_window_pattern": 3}
+    local, full = "sliding_attention", "full_attention"
+    assert gguf_config("gemma2", gemma, {}, "g.gguf")["layer_types"] == [local, local, full]
+    gemma["gemma2.attention.sliding_window_pattern"] = np.array([False, True, False])
+    assert gguf_config("gemma2", gemma, {}, "g.gguf")["layer_types"] == [full, local, full]
+
+
 def test_a_phi3_file_of_8_bit_blocks_runs_its_fused_products_on_them(tmp_path):
     """A quantized Phi-3 file's fused query/key/value and gate/up matrices are multiplied in the
     file's blocks, as single products (no fusing of parts at load)."""
