@@ -21,7 +21,8 @@ queries and keys normalised (attn_q_norm, attn_k_norm), heads of 128 whatever th
 gemma3 ones as a Gemma 3: those norms, 256-wide heads, the attention's and the MLP's outputs normalised
 (post_attention_norm, post_ffw_norm), a 512-token sliding window (llama.cpp makes every sixth layer
 global; the 4B's window 1024 tokens, its global layers' rope scaled linearly by 8, as Gemma 3 4B's);
-the smollm3 one as a SmolLM3 (Llama's layout; llama.cpp leaves every fourth layer unrotated);
+the smollm3 one as a SmolLM3 (Llama's layout; llama.cpp leaves every fourth layer unrotated); the
+granite3 one as a Granite 3 2B (Llama's layout and its four multipliers);
 the gemma2 one as a Gemma 2: 256-wide heads without their norms, the output norms, a 4096-token window
 on every other layer, the attention's and the logits' soft caps (50 and 30). ``--vocab`` pads the vocabulary with reserved control tokens
 up to a real model's (Llama 3's 128,256, Qwen2.5's 151,936): the table, and the output product over
@@ -51,14 +52,15 @@ from models.checkpoints.gguf import default_model_path  # noqa: E402
 from models.checkpoints.gguf_file import GGUFFile  # noqa: E402
 
 # hidden, intermediate, layers, heads, kv heads (SmolLM2's from its configs; "1b": Llama-3.2-1B's; "7b":
-# Qwen2.5-7B's, with Llama's layout; "8b": Llama-3.1-8B's; the qwen, smollm3 and gemma ones from their configs,
-# in their families' layouts; each with SmolLM2's 49,152-token vocabulary unless --vocab says)
+# Qwen2.5-7B's, with Llama's layout; "8b": Llama-3.1-8B's; the qwen, smollm3, granite and gemma ones from
+# their configs, in their families' layouts; each with SmolLM2's 49,152-token vocabulary unless --vocab says)
 SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (2048, 8192, 16, 32, 8),
           "1.7b": (2048, 8192, 24, 32, 32), "7b": (3584, 18944, 28, 28, 4), "8b": (4096, 14336, 32, 32, 8),
           "qwen2.5-0.5b": (896, 4864, 24, 14, 2), "qwen2.5-1.5b": (1536, 8960, 28, 12, 2),
           "qwen2.5-7b": (3584, 18944, 28, 28, 4), "qwen3-0.6b": (1024, 3072, 28, 16, 8),
           "qwen3-1.7b": (2048, 6144, 28, 16, 8), "qwen3-8b": (4096, 12288, 36, 32, 8),
-          "smollm3-3b": (2048, 11008, 36, 16, 4), "gemma2-2b": (2304, 9216, 26, 8, 4), "gemma3-1b": (1152, 6912, 26, 4, 1),
+          "smollm3-3b": (2048, 11008, 36, 16, 4), "granite3-2b": (2048, 8192, 40, 32, 8),
+          "gemma2-2b": (2304, 9216, 26, 8, 4), "gemma3-1b": (1152, 6912, 26, 4, 1),
           "gemma3-4b": (2560, 10240, 34, 8, 4)}
 UNTIED = {"qwen2.5-7b", "qwen3-8b"}  # the shapes whose output layer is a tensor of its own
 
@@ -79,9 +81,11 @@ class Layout:
     window: int | None = None
     linear_rope: float | None = None  # a linear rope scaling's factor (Gemma 3's from 4B: its global layers')
     soft_caps: tuple[float, float] | None = None  # the attention scores' and the logits' soft caps (Gemma 2's)
+    scales: tuple[float, float, float, float] | None = None  # Granite's: embeddings, residuals, attention, logits
 
 
 LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
+           "granite3": Layout("granite", rope_base=1e7, eps=1e-5, context=131072, scales=(12.0, 0.22, 0.015625, 8.0)),
            "qwen2.5": Layout("qwen2", rope_base=1e6, eps=1e-6, context=32768, biases=True),
            "qwen3": Layout("qwen3", head=128, rope_base=1e6, eps=1e-6, context=32768, head_norms=True),
            "gemma2": Layout("gemma2", head=256, rope_base=10000.0, eps=1e-6, context=8192, output_norms=True,
@@ -210,6 +214,12 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
     if family.soft_caps:
         writer.add_attn_logit_softcapping(family.soft_caps[0])
         writer.add_final_logit_softcapping(family.soft_caps[1])
+    if family.scales:
+        embeddings, residuals, attention, logits = family.scales
+        writer.add_embedding_scale(embeddings)
+        writer.add_residual_scale(residuals)
+        writer.add_attention_scale(attention)
+        writer.add_logit_scale(logits)
     if family.linear_rope:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(family.linear_rope)
