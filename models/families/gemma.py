@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import AttentionMasks, DecoderModel, RMSNorm
+from .layers import AttentionMasks, DecoderModel, DecoderShape, RMSNorm
 from .llama import Attention
 from .rope import Rotary, rope_type
 
@@ -23,15 +23,7 @@ SLIDING_PATTERNS = {"gemma2": 2, "gemma3_text": 6}
 
 
 @dataclass
-class GemmaSpec:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
+class GemmaSpec(DecoderShape):
     global_rope: dict          # rope parameters of the global layers (theta and scaling)
     local_theta: float | None  # rope base of the sliding-window layers (Gemma 3); None: they rotate as the others
     layer_windows: tuple[int | None, ...]

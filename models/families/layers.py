@@ -1,8 +1,11 @@
-"""Building blocks shared by the models: attention over the paged KV cache and RMSNorm (rotary
-embeddings are in rope.py, CPU linear layers in cpu_linear.py). They read a StepInput and know nothing of requests,
+"""Building blocks shared by the models: attention over the paged KV cache, RMSNorm, and the frame of
+the Llama-family and Gemma models (DecoderShape, DecoderModel; rotary embeddings are in rope.py, CPU
+linear layers in cpu_linear.py). They read a StepInput and know nothing of requests,
 threads or scheduling."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -163,6 +166,19 @@ class NativeDecoding:
         proposed tokens (StepInput.verifies)."""
         return (self.decoder_layers is not None and not step.verifies
                 and self.decoder_layers.splits(step, threads, kv_cache))
+
+
+@dataclass
+class DecoderShape:
+    """The sizes a Llama-family or Gemma spec holds first, from which DecoderModel builds."""
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
 
 
 class DecoderModel(NativeDecoding, nn.Module):

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import AttentionMasks, DecoderModel, RMSNorm, paged_attention
+from .layers import AttentionMasks, DecoderModel, DecoderShape, RMSNorm, paged_attention
 from .moe import MoESpec, SparseMoE
 from .rope import Rotary, rope_type, sequence_ends
 
@@ -20,15 +20,7 @@ FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "granite", 
 
 
 @dataclass
-class LlamaSpec:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
+class LlamaSpec(DecoderShape):
     rope_theta: float
     rope_scaling: dict | None
     partial_rotary_factor: float
