@@ -20,6 +20,7 @@ from .families.gemma import Gemma, GemmaSpec
 from .families.gpt2 import GPT2, GPT2Spec
 from .families.llama import FAMILIES as LLAMA_FAMILIES, Llama, LlamaSpec
 from .kernels import native
+from .kernels.block_experts import use_stored_experts
 from .kernels.block_linear import use_block_linears, use_stored_blocks
 from .kernels.cpu_linear import use_cpu_linears
 from .kernels.decoder_layer import use_decoder_layers
@@ -80,6 +81,7 @@ def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, de
     except KeyError as missing:
         raise ValueError(f"the {config['model_type']} checkpoint is missing tensor {missing.args[0]}") from None
     use_stored_blocks(model, state, float_rows)  # weights a checkpoint keeps in blocks run on them as they are
+    use_stored_experts(model, state)  # and a GGUF mixture's expert stacks
     model.load_state_dict(_owned(state, device, dtype, copy=not owned), assign=True)
     if isinstance(getattr(model, "lm_head", None), nn.Linear):
         model.tie_embeddings()  # assign=True loaded the tied names as two tensors (blocks stay one)

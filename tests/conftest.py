@@ -206,7 +206,8 @@ GGUF_LAYER_NAMES = {
     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
     "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.qkv_proj": "attn_qkv",
     "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp"}
 GGUF_GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                      "lm_head.weight": "output.weight"}
 # Gemma's four norms a block (its "ffn_norm" the pre-feed-forward one), stored as 1 + weight
@@ -222,7 +223,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     uint32, float32, str or list value, under the arch's prefix unless it starts with "tokenizer.")
     and ``tensors`` (name -> float32 array) added. Matrices in float32, or in ``matrices``' type
     (a GGMLQuantizationType gguf-py quantizes to). Gemma's norms are stored as 1 + weight, as its
-    converter stores them. The file carries no tokenizer."""
+    converter stores them; a mixture's experts as three stacks (ffn_gate_exps, ffn_up_exps,
+    ffn_down_exps), its router in float32. The file carries no tokenizer."""
     import gguf
     import numpy as np
     c = hf.config
@@ -244,7 +246,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         adds[type(value)](key if key.startswith("tokenizer.") else f"{arch}.{key}", value)
 
     def add(name, values):
-        if matrices is None or values.ndim != 2:
+        if matrices is None or values.ndim < 2 or name.endswith("ffn_gate_inp.weight"):  # (routers stay F32)
             return writer.add_tensor(name, values)
         writer.add_tensor(name, gguf.quants.quantize(values, matrices), raw_dtype=matrices)
 
@@ -258,6 +260,14 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
             add(GGUF_GLOBAL_NAMES[name], values)
             continue
         _, _, layer, rest = name.split(".", 3)
+        if rest.startswith("mlp.experts."):  # transformers' expert stacks: gate and up rows together
+            if rest.endswith("gate_up_proj"):
+                gate, up = np.split(values, 2, axis=1)
+                add(f"blk.{layer}.ffn_gate_exps.weight", np.ascontiguousarray(gate))
+                add(f"blk.{layer}.ffn_up_exps.weight", np.ascontiguousarray(up))
+            else:
+                add(f"blk.{layer}.ffn_down_exps.weight", values)
+            continue
         part, kind = rest.rsplit(".", 1)
         if arch in ("llama", "smollm3", "granite") and part in ("self_attn.q_proj", "self_attn.k_proj"):  # permute()
             count = heads if part == "self_attn.q_proj" else kv_heads

@@ -6,6 +6,7 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape 1b --format q4_k_m --vocab 128256 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape qwen2.5-0.5b --format q4_k_m --vocab 151936 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape gemma2-2b --format q4_k_m --vocab 256000 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape qwen3moe-30b-a3b --format q4_k_m --vocab 151936 --out /tmp/gguf
 
 Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), q4_k_m
 (llama.cpp's recipe: Q4_K, with Q6_K for the output layer and for attn_v / ffn_down in the layers
@@ -21,6 +22,8 @@ queries and keys normalised (attn_q_norm, attn_k_norm), heads of 128 whatever th
 gemma3 ones as a Gemma 3: those norms, 256-wide heads, the attention's and the MLP's outputs normalised
 (post_attention_norm, post_ffw_norm), a 512-token sliding window (llama.cpp makes every sixth layer
 global; the 4B's window 1024 tokens, its global layers' rope scaled linearly by 8, as Gemma 3 4B's);
+the qwen3moe one as a Qwen3-MoE (Qwen3's layout, 128 experts of 768 rows, 8 a token, each layer's
+three expert products a stack of all 128 experts' matrices, its router in F32 as llama-quantize leaves it);
 the smollm3 one as a SmolLM3 (Llama's layout; llama.cpp leaves every fourth layer unrotated); the
 granite3 one as a Granite 3 2B (Llama's layout and its four multipliers);
 the gemma2 one as a Gemma 2: 256-wide heads without their norms, the output norms, a 4096-token window
@@ -61,8 +64,8 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "qwen3-1.7b": (2048, 6144, 28, 16, 8), "qwen3-8b": (4096, 12288, 36, 32, 8),
           "smollm3-3b": (2048, 11008, 36, 16, 4), "granite3-2b": (2048, 8192, 40, 32, 8),
           "gemma2-2b": (2304, 9216, 26, 8, 4), "gemma3-1b": (1152, 6912, 26, 4, 1),
-          "gemma3-4b": (2560, 10240, 34, 8, 4)}
-UNTIED = {"qwen2.5-7b", "qwen3-8b"}  # the shapes whose output layer is a tensor of its own
+          "gemma3-4b": (2560, 10240, 34, 8, 4), "qwen3moe-30b-a3b": (2048, 6144, 48, 32, 4)}
+UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b"}  # the shapes whose output layer is a tensor of its own
 
 
 @dataclass(frozen=True)
@@ -82,12 +85,15 @@ class Layout:
     linear_rope: float | None = None  # a linear rope scaling's factor (Gemma 3's from 4B: its global layers')
     soft_caps: tuple[float, float] | None = None  # the attention scores' and the logits' soft caps (Gemma 2's)
     scales: tuple[float, float, float, float] | None = None  # Granite's: embeddings, residuals, attention, logits
+    experts: tuple[int, int, int] | None = None  # a mixture's experts, those each token uses, an expert's width
 
 
 LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
            "granite3": Layout("granite", rope_base=1e7, eps=1e-5, context=131072, scales=(12.0, 0.22, 0.015625, 8.0)),
            "qwen2.5": Layout("qwen2", rope_base=1e6, eps=1e-6, context=32768, biases=True),
            "qwen3": Layout("qwen3", head=128, rope_base=1e6, eps=1e-6, context=32768, head_norms=True),
+           "qwen3moe": Layout("qwen3moe", head=128, rope_base=1e6, eps=1e-6, context=32768, head_norms=True,
+                              experts=(128, 8, 768)),
            "gemma2": Layout("gemma2", head=256, rope_base=10000.0, eps=1e-6, context=8192, output_norms=True,
                             window=4096, soft_caps=(50.0, 30.0)),
            "gemma3": Layout("gemma3", head=256, rope_base=1e6, eps=1e-6, context=32768, head_norms=True,
@@ -122,8 +128,9 @@ HALF_RANGE = {Q.Q2_K: (1.5e-3, 3e-3), Q.Q3_K: (5e-4, 1e-3), Q.Q4_K: (2e-4, 6e-4)
 
 
 def tensor_type(name: str, layer: int, layers: int, fmt: str, width: int, tied: bool, shared_heads: int) -> Q:
-    if name.endswith(("norm.weight", ".bias")):
+    if name.endswith(("norm.weight", ".bias", "ffn_gate_inp.weight")):  # (llama.cpp quantizes no router)
         return Q.F32
+    name = name.replace("_exps.", ".")  # an expert stack's type is its dense product's
     if fmt in FLOAT_FORMATS:
         return FLOAT_FORMATS[fmt]
     output = name == "output.weight" or (tied and name == "token_embd.weight")  # (a tied table is the output)
@@ -144,8 +151,8 @@ def tensor_type(name: str, layer: int, layers: int, fmt: str, width: int, tied: 
     return Q.Q6_K if output else more if wide else base
 
 
-def tensor_data(kind: Q, shape: tuple[int, int], rng: np.random.Generator, bias: bool = False) -> np.ndarray:
-    rows, width = shape if len(shape) == 2 else (1, shape[0])
+def tensor_data(kind: Q, shape: tuple[int, ...], rng: np.random.Generator, bias: bool = False) -> np.ndarray:
+    rows, width = (int(np.prod(shape[:-1])), shape[-1]) if len(shape) >= 2 else (1, shape[0])
     if kind in HALF_FIELDS:
         block, block_bytes = GGML_QUANT_SIZES[kind]
         data = rng.integers(0, 256, (rows, width // block, block_bytes), dtype=np.uint8)
@@ -155,7 +162,7 @@ def tensor_data(kind: Q, shape: tuple[int, int], rng: np.random.Generator, bias:
         return data.reshape(rows, -1)
     values = (rng.standard_normal((rows, width), dtype=np.float32) * 0.05).reshape(shape)
     if kind == Q.F32:  # a norm's weights are ones; a bias, small values
-        return values if len(shape) == 2 else values * 0.1 if bias else np.ones(shape, np.float32)
+        return values if len(shape) >= 2 else values * 0.1 if bias else np.ones(shape, np.float32)
     if kind == Q.F16:
         return values.astype(np.float16)
     return gguf.quants.quantize(values, kind)  # (BF16's too: its bytes)
@@ -164,11 +171,15 @@ def tensor_data(kind: Q, shape: tuple[int, int], rng: np.random.Generator, bias:
 def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, head: int, vocab: int, family: Layout,
             tied: bool):
     q, kv = head * heads, head * kv_heads
+    mlp = (("ffn_gate", (inner, hidden)), ("ffn_up", (inner, hidden)), ("ffn_down", (hidden, inner)))
+    if family.experts:  # the router, then every expert's matrices of a product as one stack
+        count, _, width = family.experts
+        mlp = (("ffn_gate_inp", (count, hidden)), ("ffn_gate_exps", (count, width, hidden)),
+               ("ffn_up_exps", (count, width, hidden)), ("ffn_down_exps", (count, hidden, width)))
     yield "token_embd.weight", -1, (vocab, hidden)
     for i in range(layers):
         for name, shape in (("attn_norm", (hidden,)), ("attn_q", (q, hidden)), ("attn_k", (kv, hidden)),
-                            ("attn_v", (kv, hidden)), ("attn_output", (hidden, q)), ("ffn_norm", (hidden,)),
-                            ("ffn_gate", (inner, hidden)), ("ffn_up", (inner, hidden)), ("ffn_down", (hidden, inner))):
+                            ("attn_v", (kv, hidden)), ("attn_output", (hidden, q)), ("ffn_norm", (hidden,)), *mlp):
             yield f"blk.{i}.{name}.weight", i, shape
             if family.biases and name in ("attn_q", "attn_k", "attn_v"):
                 yield f"blk.{i}.{name}.bias", i, shape[:1]
@@ -220,6 +231,11 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_residual_scale(residuals)
         writer.add_attention_scale(attention)
         writer.add_logit_scale(logits)
+    if family.experts:
+        count, used, width = family.experts
+        writer.add_expert_count(count)
+        writer.add_expert_used_count(used)
+        writer.add_expert_feed_forward_length(width)
     if family.linear_rope:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(family.linear_rope)

@@ -15,12 +15,17 @@ checkout's root:
 
     python docs/bench/w6_interleaved.py --llama-server PATH/llama-server [--model FILE.gguf] [--streams 1,4,16,64]
         [--rounds 3] [--weights stored|float32|int4] [--tokens 64] [--kv-dtype float16] [--llama-kv-type f16|f32]
-        [--busy K] [--loom in-process,server]
+        [--busy K] [--loom in-process,server] [--apart]
 
 --loom names the Loom systems measured (both by default): one alone where two copies of a model
 Loom holds in memory of its own (the 1.7B F32 file's padded rows with AVX2) and llama-server's
-mapping of the file do not fit in the machine's memory. With --busy K, K busy competitor
-processes (the bench's Competitors) run while the systems are measured (not while they load).
+mapping of the file do not fit in the machine's memory. With --apart, the servers (Loom's, then
+llama-server; --loom server) are held one at a time: each round starts each in turn, runs its cells
+and stops it, for files of which two runtimes' copies do not fit in memory together (llama.cpp
+repacks a Q4_K file's weights into memory of its own on AVX2 and AVX-512: a 30B mixture's 17 GB, beside
+which the other runtime's mapped pages of the same file were read from disk again and again).
+With --busy K, K busy competitor processes (the bench's Competitors) run while the systems are
+measured (not while they load).
 """
 
 import argparse
@@ -54,11 +59,15 @@ def main():
     parser.add_argument("--loom", default="in-process,server",
                         help="Loom's systems to measure: in-process, server or both (each holds its own copy of "
                              "what Loom keeps in its own memory)")
+    parser.add_argument("--apart", action="store_true",
+                        help="hold one server at a time, started and stopped in its turn (with --loom server)")
     args = parser.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
     chosen = set(args.loom.split(","))
     if not chosen <= {"in-process", "server"}:
         parser.error(f"--loom takes in-process, server or both, not {args.loom!r}")
+    if args.apart and chosen != {"server"}:
+        parser.error("--apart starts and stops servers: measure Loom's server alone (--loom server)")
     engine = None
     if "in-process" in chosen:
         engine = Engine.from_pretrained(args.model, weights=args.weights, kv_dtype=args.kv_dtype)
@@ -68,7 +77,8 @@ def main():
     servers = [peers.loom_server(args, args.weights)] if "server" in chosen else []
     servers.append(peers.llama_server(*peer, max(streams), args))
     rates: dict[tuple[str, int], list[float]] = {}
-    for server in servers:
+    held = [] if args.apart else servers  # the servers running now
+    for server in held:
         server.start()
     try:
         new = args.tokens
@@ -76,17 +86,30 @@ def main():
                                                               f"W6@{len(texts)}"))] if engine is not None else []
         systems += [(server.system, lambda texts, server=server: server.run(texts, new, f"W6@{len(texts)}"))
                     for server in servers]
-        with Competitors(args.busy):
-            for round_ in range(args.rounds):
-                for c in streams:
-                    # Each round starts with the next system: a drift within a round weighs on all alike.
-                    first = round_ % len(systems)
-                    for k in list(range(first, len(systems))) + list(range(first)):
-                        system, run_cell = systems[k]
-                        run = run_cell(peer_texts(c, f"{round_}.{c}.{k}"))  # prompts no system has seen
-                        rates.setdefault((system, c), []).append(run.tokens / run.seconds)
+
+        def cell(round_: int, c: int, k: int) -> None:
+            system, run_cell = systems[k]
+            run = run_cell(peer_texts(c, f"{round_}.{c}.{k}"))  # prompts no system has seen
+            rates.setdefault((system, c), []).append(run.tokens / run.seconds)
+
+        for round_ in range(args.rounds):
+            # Each round starts with the next system: a drift within a round weighs on all alike.
+            first = round_ % len(systems)
+            order = list(range(first, len(systems))) + list(range(first))
+            if not args.apart:
+                with Competitors(args.busy):
+                    for c in streams:
+                        for k in order:
+                            cell(round_, c, k)
+                continue
+            for k in order:  # (systems are the servers here)
+                held.append(servers[k].start())
+                with Competitors(args.busy):
+                    for c in streams:
+                        cell(round_, c, k)
+                held.pop().stop()
     finally:
-        for server in servers:
+        for server in held:
             server.stop()
         if engine is not None:
             engine.shutdown()

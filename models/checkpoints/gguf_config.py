@@ -10,7 +10,10 @@ from ..kernels.block_formats import widened
 
 # gguf architecture -> transformers model_type
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "smollm3": "smollm3",
-                 "granite": "granite", "gemma2": "gemma2", "gemma3": "gemma3_text"}
+                 "granite": "granite", "gemma2": "gemma2", "gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}
+# the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
+# files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in both
+MIXTURES = {"llama": "mixtral", "qwen3moe": "qwen3_moe"}
 # architectures llama.cpp's converter writes as Llama's: Q/K rows permuted for its interleaved rotary,
 # attention biases where the model has them
 LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite"})
@@ -37,13 +40,18 @@ END_TOKEN_TEXTS = frozenset({"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>"
 
 def check_architecture(meta: dict, file_name: str) -> str:
     """The file's architecture, or a ValueError naming the supported ones (or, for a mixture of
-    experts, what runs one)."""
+    experts Loom does not run, the ones it does)."""
     arch = meta.get("general.architecture")
-    if meta.get(f"{arch}.expert_count"):  # (Mixtral's files say "llama")
-        raise ValueError(f"{file_name} is a mixture-of-experts model ({meta[f'{arch}.expert_count']} experts), which "
-                         "Loom does not read from GGUF files; it runs Mixtral and Qwen3-MoE from Hugging Face directories")
     if arch not in ARCHITECTURES:
         raise ValueError(f"unsupported GGUF architecture {arch!r} in {file_name}; supported: {', '.join(ARCHITECTURES)}")
+    key = lambda k: meta.get(f"{arch}.{k}")
+    if key("expert_count"):
+        if arch not in MIXTURES:
+            raise ValueError(f"{file_name} is a {arch} model with {key('expert_count')} experts; Loom runs experts "
+                             f"in {', '.join(MIXTURES)} files (Mixtral's and Qwen3-MoE's)")
+        if key("expert_weights_scale") not in (None, 0.0, 1.0):  # (llama.cpp: 0 and 1 scale nothing)
+            raise ValueError(f"{file_name} scales its experts' weights by {key('expert_weights_scale')}, which Loom "
+                             "does not run")
     return arch
 
 
@@ -79,6 +87,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         "tie_word_embeddings": "output.weight" not in tensors,
         "attention_bias": "blk.0.attn_q.bias" in tensors and arch in LLAMA_LAYOUT,
     }
+    if key("expert_count"):
+        config |= _experts(arch, key, config)
     if arch == "gemma3":  # what llama.cpp assumes and the file does not say (as transformers reads it)
         config |= {"sliding_window": key("attention.sliding_window"), "query_pre_attn_scalar": config["head_dim"],
                    "rope_local_base_freq": 10000.0, "rope_theta": key("rope.freq_base", 1_000_000.0)}
@@ -116,6 +126,18 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
     except ValueError as error:
         raise ValueError(f"{file_name}: {error}") from None
     return config
+
+
+def _experts(arch: str, key, config: dict) -> dict:
+    """A mixture of experts' config fields as transformers names them for Mixtral or Qwen3-MoE: every
+    layer routes, the chosen experts' weights renormalised, as llama.cpp runs both."""
+    experts, used, inner = key("expert_count"), key("expert_used_count"), key("expert_feed_forward_length")
+    if MIXTURES[arch] == "mixtral":  # (llama.cpp's experts there are feed_forward_length wide)
+        return {"model_type": "mixtral", "num_local_experts": experts, "num_experts_per_tok": used,
+                "intermediate_size": inner or config["intermediate_size"]}
+    inner = inner or config["intermediate_size"] // used  # (llama.cpp's Qwen3-MoE fallback)
+    return {"num_experts": experts, "num_experts_per_tok": used, "moe_intermediate_size": inner,
+            "intermediate_size": config["intermediate_size"] or inner, "norm_topk_prob": True}
 
 
 def _shared_by_layers(value, name: str, file_name: str):

@@ -36,13 +36,28 @@ class MoESpec:
         return layer not in self.dense_layers and (layer + 1) % self.sparse_step == 0
 
 
+class Experts(nn.Module):
+    """The experts' SwiGLU weights in float, a stack per product: gate_up [experts, 2 x inner, hidden]
+    (each expert's gate rows, then its up rows), down [experts, hidden, inner]. A GGUF file's quantized
+    stacks run on kernels/block_experts.py's BlockExperts instead, which answers the same call."""
+
+    def __init__(self, count: int, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_up = nn.Parameter(torch.empty(count, 2 * intermediate_size, hidden_size))
+        self.down = nn.Parameter(torch.empty(count, hidden_size, intermediate_size))
+
+    def forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        """Expert ``index``'s SwiGLU over all the step's tokens routed to it."""
+        gate, up = F.linear(x, self.gate_up[index]).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down[index])
+
+
 class SparseMoE(nn.Module):
     def __init__(self, hidden_size: int, s: MoESpec):
         super().__init__()
         self.spec = s
         self.router = nn.Linear(hidden_size, s.num_experts, bias=False)
-        self.gate_up = nn.Parameter(torch.empty(s.num_experts, 2 * s.intermediate_size, hidden_size))
-        self.down = nn.Parameter(torch.empty(s.num_experts, hidden_size, s.intermediate_size))
+        self.experts = Experts(s.num_experts, hidden_size, s.intermediate_size)
 
     def forward(self, x):
         # Routing in float32, as transformers does: its top-k and weights then match exactly.
@@ -59,24 +74,28 @@ class SparseMoE(nn.Module):
             if count:
                 pairs = order[start:start + count]
                 tokens = pairs // self.spec.top_k
-                out.index_add_(0, tokens, self.expert(expert, x[tokens]) * weights[pairs, None])
+                out.index_add_(0, tokens, self.experts(expert, x[tokens]) * weights[pairs, None])
                 start += count
         return out
 
-    def expert(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        """One expert's SwiGLU over all the step's tokens routed to it."""
-        gate, up = F.linear(x, self.gate_up[index]).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down[index])
-
     @staticmethod
     def convert(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
-        """The router and experts under ``prefix`` in any of the three layouts: transformers 5's
+        """The router and experts under ``prefix`` in any of the four layouts: transformers 5's
         fused tensors (mlp.experts.gate_up_proj), Mixtral's files (block_sparse_moe.experts.E.w1/w3/w2),
-        Qwen3-MoE's files (mlp.experts.E.gate_proj/up_proj/down_proj)."""
+        Qwen3-MoE's files (mlp.experts.E.gate_proj/up_proj/down_proj), and a GGUF file's stacks
+        (mlp.experts.gate_proj/up_proj/down_proj.weight: float [experts, rows, width], or blocks of
+        experts x rows rows, which stay three, kernels/block_experts.py's)."""
+        experts = out_prefix + "experts."
         if prefix + "mlp.experts.gate_up_proj" in hf:
             return {out_prefix + "router.weight": hf[prefix + "mlp.gate.weight"],
-                    out_prefix + "gate_up": hf[prefix + "mlp.experts.gate_up_proj"],
-                    out_prefix + "down": hf[prefix + "mlp.experts.down_proj"]}
+                    experts + "gate_up": hf[prefix + "mlp.experts.gate_up_proj"],
+                    experts + "down": hf[prefix + "mlp.experts.down_proj"]}
+        if prefix + "mlp.experts.gate_proj.weight" in hf:
+            gate, up, down = (hf.pop(f"{prefix}mlp.experts.{n}_proj.weight") for n in ("gate", "up", "down"))
+            floats = gate.dim() == 3  # (else blocks [experts x rows, bytes a row])
+            return {out_prefix + "router.weight": hf[prefix + "mlp.gate.weight"],
+                    experts + "gate_up": torch.cat([gate, up], dim=1) if floats else [gate, up],
+                    experts + "down": down}
         if prefix + "block_sparse_moe.gate.weight" in hf:
             base, names = prefix + "block_sparse_moe.", ("w1", "w3", "w2")
         else:
@@ -84,6 +103,6 @@ class SparseMoE(nn.Module):
         expert = lambda e, n: hf[f"{base}experts.{e}.{n}.weight"]
         gate, up, down = names
         return {out_prefix + "router.weight": hf[base + "gate.weight"],
-                out_prefix + "gate_up": torch.stack([torch.cat([expert(e, gate), expert(e, up)])
-                                                     for e in range(s.num_experts)]),
-                out_prefix + "down": torch.stack([expert(e, down) for e in range(s.num_experts)])}
+                experts + "gate_up": torch.stack([torch.cat([expert(e, gate), expert(e, up)])
+                                                  for e in range(s.num_experts)]),
+                experts + "down": torch.stack([expert(e, down) for e in range(s.num_experts)])}

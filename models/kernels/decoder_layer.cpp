@@ -42,6 +42,17 @@ struct Weights {
     Part part[3];
 };
 
+// A mixture's routed experts in a layer's MLP's place (Mixtral, Qwen3-MoE; decoder_layer.py fills
+// it): the router's product gives each row ``count`` logits; a row goes to the top_k experts of
+// their softmax, weighted by their probabilities (renormalised to sum to 1 where ``normalize``).
+// Expert e is a SwiGLU: gate_up[e] gives [gate | up] (2 x inner outputs), down[e] the hidden ones.
+struct Experts {
+    const Weights* router;
+    const Weights* gate_up;  // count of them
+    const Weights* down;     // count of them
+    int64_t count, top_k, inner, normalize;
+};
+
 // How the MLP activates its up product: GPT-2's GELU (tanh), or a gated MLP whose ``up`` product gives
 // [gate | up] (2 x intermediate outputs): Llama's SiLU(gate) x up, Gemma's GELU(gate) x up.
 enum Activation : int64_t { GELU_TANH = 0, SILU_GATED = 1, GELU_TANH_GATED = 2 };
@@ -54,7 +65,8 @@ enum Activation : int64_t { GELU_TANH = 0, SILU_GATED = 1, GELU_TANH_GATED = 2 }
 // with a sliding window rotating by angles of their own (window_angles: the step's
 // window_cos/window_sin); Gemma 2's attention scores soft-capped (softcap: 0 elsewhere). A layer that
 // does not rotate (rotates 0: SmolLM3's every fourth) stores its keys and reads its queries as they
-// are; Granite's outputs are scaled before they are added (residual_scale: 1 elsewhere). Norm weights
+// are; Granite's outputs are scaled before they are added (residual_scale: 1 elsewhere). A layer
+// with routed experts (experts: null elsewhere) has no up or down product of its own. Norm weights
 // are the factors applied (Gemma's 1 + weight, decoder_layer.py makes them). GPT-2: LayerNorms with
 // biases, GELU_TANH.
 template <typename T, typename C>
@@ -70,6 +82,7 @@ struct Layer {
     const T* down_bias;
     const T *q_norm, *k_norm, *attn_out_norm, *mlp_out_norm;
     C *k_cache, *v_cache;
+    const Experts* experts;
     int64_t hidden, intermediate, heads, kv_heads, dim, window, layer_norm, activation, window_angles, rotates;
     double eps, scale, softcap, residual_scale;
 };
@@ -223,34 +236,53 @@ void scale_values(T* x, double factor, int64_t count) {
     for (int64_t i = 0; i < count; ++i) x[i] *= f;
 }
 
-// One team's intermediates for ``rows`` rows of a layer, each on whole cache lines (vector.h).
+// One team's intermediates for ``rows`` rows of a layer, each on whole cache lines (vector.h). A
+// layer with experts works on its rows' (row, expert) pairs, rows x top_k of them, grouped by expert.
 template <typename T>
 struct Intermediates {
     T* h;       // [rows, hidden] normed input of a product
     T* qkv;     // [rows, qkv_width]
     T* q;       // [rows, q_width] rotated queries
     T* attn;    // [rows, q_width]
-    T* up;      // [rows, up_width]
+    T* up;      // [rows, up_width]; with experts [pairs, 2 x inner]
     T* delta;   // [rows, hidden] a product's output, added to x
     T* scratch;  // the products' (product_scratch_size for the widest input)
+    // with experts: the router's logits [rows, count]; each pair's weight (pair r x top_k + j: row r's
+    // j-th choice), expert and place in the grouped order; each expert's first place (count + 1);
+    // the pairs' input rows and outputs in that order [pairs, hidden]
+    T *logits, *pair_weights, *pair_rows, *pair_outputs;
+    int64_t *pair_experts, *pair_places, *expert_starts;
     int64_t size = 0;  // elements in all
 
     // ``base`` null: the size alone
     template <typename C>
     Intermediates(const Layer<T, C>& l, int64_t rows, T* base) {
         const int64_t q_width = l.heads * l.dim, qkv_width = q_width + 2 * l.kv_heads * l.dim;
+        const int64_t pairs = l.experts == nullptr ? 0 : rows * l.experts->top_k;
         auto take = [&](int64_t elements) {
             T* p = base == nullptr ? nullptr : base + size;
             size += whole_lines<T>(elements);
             return p;
         };
+        auto take_indices = [&](int64_t count) {
+            return reinterpret_cast<int64_t*>(take((count * int64_t(sizeof(int64_t)) + sizeof(T) - 1) / sizeof(T)));
+        };
         h = take(rows * l.hidden);
         qkv = take(rows * qkv_width);
         q = take(rows * q_width);
         attn = take(rows * q_width);
-        up = take(rows * 2 * l.intermediate);
+        up = take(std::max(rows, pairs) * 2 * l.intermediate);
         delta = take(rows * l.hidden);
-        scratch = take(product_scratch_size<T>(rows, std::max({l.hidden, q_width, l.intermediate})));
+        scratch = take(product_scratch_size<T>(std::max(rows, pairs), std::max({l.hidden, q_width, l.intermediate})));
+        if (l.experts != nullptr) {
+            logits = take(rows * l.experts->count);
+            pair_weights = take(pairs);
+            pair_rows = take(pairs * l.hidden);
+            pair_outputs = take(pairs * l.hidden);
+            pair_experts = take_indices(pairs);
+            pair_places = take_indices(pairs);
+            expert_starts = take_indices(l.experts->count + 1);
+        }
     }
 };
 
@@ -258,6 +290,81 @@ struct Intermediates {
 template <typename T, typename C>
 size_t scratch_size(const Layer<T, C>& l, int64_t rows) {
     return Intermediates<T>(l, rows, nullptr).size;
+}
+
+// Each row's top_k experts and their weights (pair r x top_k + j: row r's j-th most probable): the
+// softmax of its logits in float32 whatever the model's dtype (as transformers routes, and the torch
+// layers), renormalised over the chosen where the model says (``normalize``). A task per row.
+template <typename T>
+void choose_experts(const T* logits, int64_t rows, const Experts& e, T* pair_weights, int64_t* pair_experts) {
+    using R = float;
+    thread_local std::vector<R> probs;
+    thread_local std::vector<int64_t> order;
+#pragma omp for
+    for (int64_t r = 0; r < rows; ++r) {
+        const T* l = logits + r * e.count;
+        probs.resize(e.count);
+        order.resize(e.count);
+        R top = R(l[0]), sum = 0, chosen = 0;
+        for (int64_t i = 1; i < e.count; ++i) top = std::max(top, R(l[i]));
+        for (int64_t i = 0; i < e.count; ++i) sum += probs[i] = std::exp(R(l[i]) - top);
+        for (int64_t i = 0; i < e.count; ++i) order[i] = i;
+        // the most probable first; of equal ones, the lower index (torch.topk's order on the CPU)
+        std::partial_sort(order.begin(), order.begin() + e.top_k, order.end(),
+                          [&](int64_t a, int64_t b) { return probs[a] > probs[b] || (probs[a] == probs[b] && a < b); });
+        for (int64_t j = 0; j < e.top_k; ++j) chosen += probs[order[j]] / sum;
+        for (int64_t j = 0; j < e.top_k; ++j) {
+            const R weight = probs[order[j]] / sum;
+            pair_weights[r * e.top_k + j] = T(e.normalize ? weight / chosen : weight);
+            pair_experts[r * e.top_k + j] = order[j];
+        }
+    }
+}
+
+// The routed experts' output for the rows of h [rows, hidden] into ``out`` [rows, hidden]: each
+// expert's products once over all the rows routed to it (its pairs gathered in a run), the rows
+// taking their experts' outputs weighted, in the order of their choices. The team shares each
+// product, as a dense MLP's.
+template <typename T, typename C>
+void expert_phases(const T* h, const Layer<T, C>& l, int64_t rows, const Intermediates<T>& b, T* out,
+                   int64_t panel_from) {
+    const Experts& e = *l.experts;
+    const int64_t hidden = l.hidden, inner = e.inner, pairs = rows * e.top_k, up_width = 2 * inner;
+    product(h, hidden, rows, *e.router, static_cast<const T*>(nullptr), hidden, b.logits, e.count, b.scratch, panel_from);
+    choose_experts(b.logits, rows, e, b.pair_weights, b.pair_experts);
+#pragma omp single
+    {  // the pairs grouped by expert, in pair order within each (a counting sort)
+        std::fill_n(b.expert_starts, e.count + 1, int64_t(0));
+        for (int64_t p = 0; p < pairs; ++p) ++b.expert_starts[b.pair_experts[p] + 1];
+        for (int64_t i = 0; i < e.count; ++i) b.expert_starts[i + 1] += b.expert_starts[i];
+        std::vector<int64_t> next(b.expert_starts, b.expert_starts + e.count);
+        for (int64_t p = 0; p < pairs; ++p) b.pair_places[p] = next[b.pair_experts[p]]++;
+    }
+#pragma omp for
+    for (int64_t p = 0; p < pairs; ++p) std::copy_n(h + p / e.top_k * hidden, hidden, b.pair_rows + b.pair_places[p] * hidden);
+    for (int64_t i = 0; i < e.count; ++i) {
+        const int64_t first = b.expert_starts[i], count = b.expert_starts[i + 1] - first;
+        if (count > 0)
+            product(b.pair_rows + first * hidden, hidden, count, e.gate_up[i], static_cast<const T*>(nullptr), hidden,
+                    b.up + first * up_width, up_width, b.scratch, panel_from);
+    }
+    activate_rows(b.up, up_width, SILU_GATED, pairs, inner);
+    for (int64_t i = 0; i < e.count; ++i) {
+        const int64_t first = b.expert_starts[i], count = b.expert_starts[i + 1] - first;
+        if (count > 0)
+            product(b.up + first * up_width, up_width, count, e.down[i], static_cast<const T*>(nullptr), inner,
+                    b.pair_outputs + first * hidden, hidden, b.scratch, panel_from);
+    }
+#pragma omp for
+    for (int64_t r = 0; r < rows; ++r) {
+        T* y = out + r * hidden;
+        std::fill_n(y, hidden, T(0));
+        for (int64_t j = 0; j < e.top_k; ++j) {
+            const int64_t p = r * e.top_k + j;
+            const T weight = b.pair_weights[p], *expert_out = b.pair_outputs + b.pair_places[p] * hidden;
+            for (int64_t c = 0; c < hidden; ++c) y[c] += weight * expert_out[c];
+        }
+    }
 }
 
 // One layer over the step's rows, its work shared among the threads of the enclosing team: every
@@ -291,9 +398,13 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
     if (l.attn_out_norm != nullptr) norm_rows<T>(delta, nullptr, l.attn_out_norm, nullptr, false, l.eps, delta, rows, hidden);
     if (scales_residuals) scale_values(delta, l.residual_scale, rows * hidden);
     norm_rows(x, delta, l.post_norm, l.post_norm_bias, l.layer_norm, l.eps, h, rows, hidden);
-    multiply(h, hidden, hidden, l.up, l.up_bias, up_width, up);
-    activate_rows(up, up_width, l.activation, rows, inter);
-    multiply(up, up_width, inter, l.down, l.down_bias, hidden, delta);  // act(gate) x up
+    if (l.experts != nullptr) {
+        expert_phases(h, l, rows, buffers, delta, panel_from);
+    } else {
+        multiply(h, hidden, hidden, l.up, l.up_bias, up_width, up);
+        activate_rows(up, up_width, l.activation, rows, inter);
+        multiply(up, up_width, inter, l.down, l.down_bias, hidden, delta);  // act(gate) x up
+    }
     if (l.mlp_out_norm != nullptr) norm_rows<T>(delta, nullptr, l.mlp_out_norm, nullptr, false, l.eps, delta, rows, hidden);
     if (scales_residuals) scale_values(delta, l.residual_scale, rows * hidden);
     add_rows(x, delta, rows * hidden);
@@ -440,9 +551,10 @@ void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, Step<T>& s, 
     };
     // The intermediates, kept per calling thread (the loop thread) from step to step: a fresh
     // buffer would come from new pages every step. One share for the team, or one per thread
-    // (every layer has the first's shape), then the output layer's.
+    // (for the layer that takes the most), then the output layer's.
     thread_local std::vector<T> scratch;
-    const size_t share = scratch_size(layers[0], std::min(widest, s.pass_rows));
+    size_t share = 0;  // (layers differ where some route to experts and others not: Qwen3-MoE's mlp_only_layers)
+    for (int64_t i = 0; i < count; ++i) share = std::max(share, scratch_size(layers[i], std::min(widest, s.pass_rows)));
     const size_t all_shares = share * parts;
     T* base = line_aligned(scratch, all_shares + head_scratch_size<T>(s.sampled, hidden));
     T* head_scratch = base + all_shares;

@@ -5,8 +5,8 @@ and 6 ctypes calls, which was a quarter of a one-stream step (docs/benchmarks-hi
 "Small-batch products").
 
 ``use_decoder_layers(model)`` attaches them where the model qualifies: GPT-2, Gemma 2 and 3 in
-float32, or a dense Llama-family model (Qwen3's per-head q/k norms, SmolLM3's layers without rotary
-and Granite's scaled residuals included; not routed experts) whose linear layers,
+float32, or a Llama-family model (Qwen3's per-head q/k norms, SmolLM3's layers without rotary,
+Granite's scaled residuals and Mixtral's and Qwen3-MoE's routed experts included) whose linear layers,
 the output layer's too, are CpuLinear or BlockLinear. A prefill chunk within PREFILL_KEYS (a prompt of up to
 1024 tokens) is rows of its sequence here too, each attending to its prefix on the decode kernel,
 and 64 prompts of 21 tokens (a 1344-row step) run as one call. On the torch
@@ -31,7 +31,9 @@ from .cpu_linear import CpuLinear, default_panel_rows
 from ..families.gemma import Gemma
 from ..families.gpt2 import GPT2
 from ..families.layers import NativeDecoding, RMSNorm, chunk_rows, prefill_keys
-from ..families.llama import MLP, Llama
+from ..families.llama import Llama
+from ..families.moe import Experts, SparseMoE
+from .block_experts import BlockExperts
 
 _pointer, _int64, _double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 
@@ -41,6 +43,9 @@ _pointer, _int64, _double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 # were level and 64 rows split took 74 against 81 (docs/benchmarks-history.md, "Threads that carry their
 # own rows").
 SPLIT_ROWS_PER_THREAD = 12
+# A model with routed experts: each thread carrying its own rows would read every expert its rows
+# route to, where the team reads each once.
+EXPERT_SPLIT_ROWS_PER_THREAD = 1 << 30
 # Where a model's products read float32 weights and the build's vectors are AVX2's, the threads
 # carry their own rows only where those compute at most PANEL_SLACK times the panel rows (zero rows
 # included, cpu_linear.h's panel_computed_rows) of an even share of the team's: 48 rows split are
@@ -94,10 +99,16 @@ class _Weights(ctypes.Structure):  # decoder_layer.cpp's Weights
     _fields_ = [("parts", _int64), ("part", _Part * 3)]
 
 
+class _Experts(ctypes.Structure):  # decoder_layer.cpp's Experts
+    _fields_ = [(name, _pointer) for name in ("router", "gate_up", "down")]
+    _fields_ += [(name, _int64) for name in ("count", "top_k", "inner", "normalize")]
+
+
 class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
     _fields_ = [(name, _pointer) for name in (
         "input_norm", "input_norm_bias", "post_norm", "post_norm_bias", "qkv", "qkv_bias", "out", "out_bias", "up",
-        "up_bias", "down", "down_bias", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm", "k_cache", "v_cache")]
+        "up_bias", "down", "down_bias", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm", "k_cache", "v_cache",
+        "experts")]
     _fields_ += [(name, _int64) for name in (
         "hidden", "intermediate", "heads", "kv_heads", "dim", "window", "layer_norm", "activation", "window_angles",
         "rotates")]
@@ -135,9 +146,11 @@ def _final_norm(model: Llama | Gemma | GPT2) -> nn.Module:
 
 
 def _products(model: Llama | Gemma | GPT2) -> list:
-    """Every linear layer a decode step runs: the layers' four products each, then the output layer."""
+    """Every linear layer a decode step runs: the layers' four products each (a router where a layer
+    routes to experts, whose products moe.Experts or BlockExperts hold), then the output layer."""
     if isinstance(model, Llama):
-        layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.mlp.gate_up, b.mlp.down)]
+        layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, *(
+            (b.mlp.router,) if isinstance(b.mlp, SparseMoE) else (b.mlp.gate_up, b.mlp.down)))]
     elif isinstance(model, Gemma):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.gate_up, b.down)]
     else:
@@ -180,6 +193,17 @@ def _weights(linear: CpuLinear | BlockLinear) -> _Weights:
     return _Weights(len(parts), (_Part * 3)(*parts))
 
 
+def _expert_weights(experts: Experts | BlockExperts, index: int) -> tuple[_Weights, _Weights]:
+    """What expert ``index``'s gate/up and down products read: its rows of a file's stacks (two
+    parts, gate and up, then one), or its float matrices (one part each, format 0)."""
+    if isinstance(experts, BlockExperts):
+        gate, up, down = (_Part(*experts.expert_rows(name, index)) for name in ("gate", "up", "down"))
+        return _Weights(2, (_Part * 3)(gate, up)), _Weights(1, (_Part * 3)(down))
+    gate_up, down = experts.gate_up[index], experts.down[index]
+    return (_Weights(1, (_Part * 3)(_Part(gate_up.data_ptr(), 0, gate_up.shape[0]))),
+            _Weights(1, (_Part * 3)(_Part(down.data_ptr(), 0, down.shape[0]))))
+
+
 class DecoderLayers:
     def __init__(self, model: Llama | Gemma | GPT2):
         self.dtype = _final_norm(model).weight.dtype
@@ -197,18 +221,37 @@ class DecoderLayers:
                                default_panel_rows())
         # from how many rows each thread carries its own through the layers
         avx2 = native.library().loom_vector_bytes() == 32
-        self.split_rows = SPLIT_ROWS_PER_THREAD
+        routes = isinstance(model, Llama) and any(isinstance(block.mlp, SparseMoE) for block in model.layers)
+        self.split_rows = EXPERT_SPLIT_ROWS_PER_THREAD if routes else SPLIT_ROWS_PER_THREAD
         # whether the threads' own rows may compute no more panel rows than the team's (PANEL_SLACK)
         self.weighs_panels = avx2 and _reads_float32(model)
         self.taken_rows = 0  # rows that threads took from each other, over every step so far
 
     def _llama_layer(self, block, spec) -> _Layer:
         attn, mlp = block.attn, block.mlp
-        return self._layer((block.input_norm, block.post_norm), attn.qkv, attn.out, mlp.gate_up, mlp.down,
-                           (attn.q_norm, attn.k_norm, None, None), hidden=spec.hidden_size,
-                           intermediate=spec.intermediate_size, heads=spec.num_heads, kv_heads=spec.num_kv_heads,
-                           dim=spec.head_dim, window=block.window or 0, activation=SILU_GATED, rotates=block.rotates,
-                           eps=spec.rms_norm_eps, scale=attn.scale, residual_scale=spec.residual_scale)
+        routes = isinstance(mlp, SparseMoE)
+        layer = self._layer((block.input_norm, block.post_norm), attn.qkv, attn.out, None if routes else mlp.gate_up,
+                            None if routes else mlp.down, (attn.q_norm, attn.k_norm, None, None),
+                            hidden=spec.hidden_size,
+                            intermediate=mlp.spec.intermediate_size if routes else spec.intermediate_size,
+                            heads=spec.num_heads, kv_heads=spec.num_kv_heads, dim=spec.head_dim,
+                            window=block.window or 0, activation=SILU_GATED, rotates=block.rotates,
+                            eps=spec.rms_norm_eps, scale=attn.scale, residual_scale=spec.residual_scale)
+        if routes:
+            layer.experts = ctypes.addressof(self._experts(mlp))
+        return layer
+
+    def _experts(self, moe: SparseMoE) -> _Experts:
+        """The native description of a layer's router and experts, kept alive here."""
+        s = moe.spec
+        router = _weights(moe.router)
+        each = [_expert_weights(moe.experts, i) for i in range(s.num_experts)]
+        gate_up = (_Weights * s.num_experts)(*(g for g, _ in each))
+        down = (_Weights * s.num_experts)(*(d for _, d in each))
+        experts = _Experts(ctypes.addressof(router), ctypes.addressof(gate_up), ctypes.addressof(down), s.num_experts,
+                           s.top_k, s.intermediate_size, s.normalize)
+        self.weights.append((moe, router, gate_up, down, experts))
+        return experts
 
     def _gemma_layer(self, block, spec) -> _Layer:
         """Its pre-MLP norm where Llama's post-attention norm is; Gemma 3's layers with a window rotate
@@ -252,11 +295,12 @@ class DecoderLayers:
         ``other_norms``: the per-head query and key norms, and the attention's and MLP's output
         norms (None where the model has none); ``shape``: the layer's other fields by name (those not
         given 0: no window, RMSNorm, no window angles, no soft cap)."""
-        products = (qkv, out, up, down)
-        weights = [_weights(m) for m in products]
+        products = (qkv, out, up, down)  # (up and down None where the layer routes to experts)
+        weights = [None if m is None else _weights(m) for m in products]
         self.weights.append((products, weights))  # the modules hold the tensors, the structures their addresses
         pointers = (*(a for n in norms for a in (self._factors(n), _address(getattr(n, "bias", None)))),
-                    *(a for m, w in zip(products, weights) for a in (ctypes.addressof(w), _address(m.bias))),
+                    *(a for m, w in zip(products, weights)
+                      for a in ((None, None) if m is None else (ctypes.addressof(w), _address(m.bias)))),
                     *map(self._factors, other_norms))
         return _Layer(*pointers, None, None, rotates=rotates, residual_scale=residual_scale, **shape)
 
@@ -270,7 +314,8 @@ class DecoderLayers:
             return None
         if isinstance(model, Gemma) and weight.dtype != torch.float32:  # its norms round to float32 whatever the dtype
             return None
-        if isinstance(model, Llama) and not all(isinstance(block.mlp, MLP) for block in model.layers):  # routed experts
+        if isinstance(model, Llama) and not all(isinstance(block.mlp.experts, (Experts, BlockExperts))
+                                                for block in model.layers if isinstance(block.mlp, SparseMoE)):
             return None
         return cls(model) if all(isinstance(m, (CpuLinear, BlockLinear)) for m in _products(model)) else None
 

@@ -319,10 +319,15 @@ def test_unsupported_architecture(tmp_path):
         Engine.from_pretrained(write_gguf(tmp_path / "m.gguf", arch="bert"))
 
 
-def test_a_mixture_of_experts_file_is_refused_with_what_to_use_instead(tmp_path):
-    path = write_gguf(tmp_path / "mixtral.gguf", metadata={"llama.expert_count": 8})
-    with pytest.raises(ValueError, match="mixture-of-experts model .8 experts.*Mixtral and Qwen3-MoE from Hugging Face"):
-        Engine.from_pretrained(path)
+@pytest.mark.parametrize("arch, metadata, message", [
+    ("qwen2", {"qwen2.expert_count": 8}, r"m.gguf is a qwen2 model with 8 experts; Loom runs experts in llama, "
+                                         r"qwen3moe files \(Mixtral's and Qwen3-MoE's\)"),
+    ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_weights_scale": 2.5},
+     "m.gguf scales its experts' weights by 2.5, which Loom does not run"),
+])
+def test_a_mixture_loom_does_not_run_is_refused_saying_which_it_does(tmp_path, arch, metadata, message):
+    with pytest.raises(ValueError, match=message):
+        Engine.from_pretrained(write_gguf(tmp_path / "m.gguf", arch=arch, metadata=metadata))
 
 
 @pytest.mark.parametrize("metadata, tensors, message", [

@@ -268,9 +268,9 @@ def with_random_norms(hf):
 
 @needs_kernel
 # rope, qkv bias, windows, partial rotary, per-head q/k norms, layers without rotary, scaled residuals,
-# soft-capped scores; LayerNorm and GELU
+# routed experts (Qwen3-MoE's beside a dense layer), soft-capped scores; LayerNorm and GELU
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_sliding", "mistral", "phi3", "qwen3", "smollm3", "granite",
-                                  "gemma2", "gemma3", "gpt2"])
+                                  "mixtral", "qwen3_moe", "gemma2", "gemma3", "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS, ids=POOL_IDS)
 @pytest.mark.parametrize("streams", [2, 5, 21, "split"])  # rows at a time; panels; split rows
 def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, streams, two_threads):
@@ -283,6 +283,7 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, 
     2's soft-capped attention scores) runs them in float32 only: its torch norms round to float32
     whatever the model's dtype."""
     import models
+    from models.kernels import decoder_layer
 
     from ..conftest import tiny_model
 
@@ -292,9 +293,13 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, 
         return
     assert model.decoder_layers is not None
     if streams == "split":
+        if model.decoder_layers.split_rows == decoder_layer.EXPERT_SPLIT_ROWS_PER_THREAD:
+            pytest.skip("a model with routed experts keeps its rows on the team")
         streams = 2 * model.decoder_layers.split_rows + 3
     native_logits, native_cache, torch_logits, torch_cache = decode_both_ways(model, streams, cache_dtype)
     tolerance = {torch.float32: 1e-4, torch.float64: 1e-10, torch.float16: 1e-3, torch.bfloat16: 1e-2}[cache_dtype]
+    if arch in ("mixtral", "qwen3_moe"):  # experts weighted in float32 whatever the dtype, as transformers does
+        tolerance = max(tolerance, 1e-5)
     torch.testing.assert_close(native_logits, torch_logits, atol=tolerance, rtol=tolerance)
     torch.testing.assert_close(native_cache, torch_cache, atol=tolerance, rtol=tolerance)
 

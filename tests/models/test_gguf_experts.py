@@ -1,0 +1,147 @@
+"""GGUF mixtures of experts (Mixtral's files, which say "llama", and Qwen3-MoE's): the experts' three
+stacks multiplied where the file keeps them, in its own formats, an expert at a time, on the torch
+layers and on the native ones, against float64 products over the file's values and against
+transformers' models of the same weights."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf.constants import GGMLQuantizationType as Q
+
+import models
+from models.checkpoints import gguf as gguf_reader
+from models.kernels import native
+from models.kernels.block_experts import BlockExperts
+from models.kernels.block_formats import block_format, to_blocks, to_rows16
+from models.kernels.block_linear import round_activations, rounding
+from runtime import Engine, GenerationConfig
+
+from ..conftest import greedy_with_logprobs, random_prompt, tiny_model, write_gguf_of
+from .test_block_formats import NEAR_TIE, file_values, random_tensor
+from .test_gguf import assert_same_answers, greedy
+
+needs_kernels = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the kernels are not built")
+
+# each family's llama.cpp architecture, and the metadata its converter writes for the tiny models'
+# experts (every Qwen3-MoE layer routes in llama.cpp: the tiny one's dense layer is routed too)
+MIXTURES = {"mixtral": ("llama", lambda c: {"expert_count": c.num_local_experts,
+                                            "expert_used_count": c.num_experts_per_tok}),
+            "qwen3_moe": ("qwen3moe", lambda c: {"expert_count": c.num_experts, "expert_used_count": c.num_experts_per_tok,
+                                                 "expert_feed_forward_length": c.moe_intermediate_size})}
+SETTINGS = {"mixtral": {}, "qwen3_moe": {"mlp_only_layers": [], "moe_intermediate_size": 64}}
+
+
+def mixture_file(path, arch: str, seed: int = 3, matrices: Q | None = None):
+    """A tiny ``arch`` model and its GGUF file as llama.cpp's converter writes it (matrices in float32
+    or ``matrices``)."""
+    hf = tiny_model(arch, seed=seed, **SETTINGS[arch])
+    gguf_arch, metadata = MIXTURES[arch]
+    return hf, write_gguf_of(hf, path, gguf_arch, metadata(hf.config), matrices=matrices)
+
+
+@pytest.mark.parametrize("arch", sorted(MIXTURES))
+def test_a_mixture_file_equals_its_transformers_model(tmp_path, arch):
+    """Mixtral's and Qwen3-MoE's files (every expert's matrices of a product one stack, the router
+    a matrix of its own): Loom's greedy tokens and log-probabilities equal transformers' over the
+    same weights."""
+    hf, path = mixture_file(tmp_path / f"{arch}.gguf", arch)
+    rng = random.Random(5)
+    prompts = [random_prompt(rng, 5, 10), random_prompt(rng, 30, 40)]
+    assert_same_answers(greedy(path, prompts, 12), [greedy_with_logprobs(hf, p, 12) for p in prompts])
+
+
+def expected_expert(x: torch.Tensor, stacks: dict, kind: Q, index: int, hidden: int, inner: int) -> torch.Tensor:
+    """float64's SwiGLU of expert ``index`` over the stacks' file values, each product's input rounded
+    to 8-bit blocks as the block products round theirs."""
+    span = rounding(block_format(kind))
+    matrix = lambda name, rows, width: file_values(stacks[name], kind, width)[index * rows:(index + 1) * rows]
+    rounded = round_activations(x, span).double()
+    gate, up = rounded @ matrix("gate", inner, hidden).T, rounded @ matrix("up", inner, hidden).T
+    return round_activations((F.silu(gate) * up).float(), span).double() @ matrix("down", hidden, inner).T
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.Q4_0], ids=lambda k: k.name)
+@pytest.mark.parametrize("layout", ["file", "rows16"])
+def test_each_experts_product_over_a_files_stacks_equals_float64(kind, layout):
+    """An expert's gate, up and down products read its rows of the file's stacks (as the file lays them
+    out, or sixteen rows side by side where the build multiplies that layout): its SwiGLU equals
+    float64 over the file's values, for every expert of the stack and one to many input rows."""
+    count, hidden, inner = 3, 256, 512
+    stacks = {"gate": random_tensor(kind, count * inner, hidden, seed=1),
+              "up": random_tensor(kind, count * inner, hidden, seed=2),
+              "down": random_tensor(kind, count * hidden, inner, seed=3)}
+    widths = {"gate": hidden, "up": hidden, "down": inner}
+    kept = {name: to_rows16(data, kind, widths[name]) if layout == "rows16" else to_blocks(data, kind, widths[name])
+            for name, data in stacks.items()}
+    if any(blocks is None for blocks in kept.values()):
+        pytest.skip(f"this build lays no {kind.name} out side by side")
+    experts = BlockExperts(kept["gate"], kept["up"], kept["down"], count, hidden, inner)
+    for rows in (1, 5, 40):
+        x = torch.randn(rows, hidden, generator=torch.Generator().manual_seed(rows))
+        for index in range(count):
+            expected = expected_expert(x, stacks, kind, index, hidden, inner)
+            torch.testing.assert_close(experts(index, x).double(), expected, rtol=2e-3, atol=2e-3 * expected.abs().max())
+
+
+def test_a_stack_whose_experts_are_not_its_rows_is_refused():
+    blocks = to_blocks(random_tensor(Q.Q8_0, 40, 64), Q.Q8_0, 64)
+    with pytest.raises(ValueError, match="the experts' gate stack holds 40 rows, not 3 x 16"):
+        BlockExperts(blocks, blocks, blocks, 3, 64, 16)
+
+
+@needs_kernels
+def test_a_quantized_mixture_runs_its_experts_in_the_files_blocks_on_the_native_layers(tmp_path):
+    """A Qwen3-MoE file of 8-bit blocks runs its experts in them (no float copy) and its decode steps on
+    the native layers, whose greedy tokens equal the torch layers' (the reference) over the same blocks,
+    and transformers' over the file's values but where their two best logits lie within a near tie."""
+    hf, path = mixture_file(tmp_path / "qwen3moe-q8.gguf", "qwen3_moe", matrices=Q.Q8_0)
+    contents = gguf_reader.read(path)  # the file's values in float32: transformers' model of them
+    state = {name: tensor.double() for name, tensor in contents.tensors.items() if "mlp.experts" not in name}
+    for i in range(hf.config.num_hidden_layers):
+        stack = lambda n: contents.tensors[f"model.layers.{i}.mlp.experts.{n}_proj.weight"].double()
+        state[f"model.layers.{i}.mlp.experts.gate_up_proj"] = torch.cat([stack("gate"), stack("up")], dim=1)
+        state[f"model.layers.{i}.mlp.experts.down_proj"] = stack("down")
+    hf.load_state_dict(state, strict=False)  # (the output layer: tied to the embeddings)
+    prompts = [random_prompt(random.Random(9), 3, 30) for _ in range(6)]
+    config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
+    answers = []
+    for native_layers in (True, False):
+        with Engine.from_pretrained(path, max_batch_size=8) as engine:
+            assert all(isinstance(block.mlp.experts, BlockExperts) for block in engine.model.layers)
+            assert engine.model.decoder_layers is not None
+            if not native_layers:
+                engine.model.decoder_layers = None
+            handles = [engine.launch_response_tokens(p, config) for p in prompts]
+            answers.append([list(engine.stream_response_tokens(h, timeout=60)) for h in handles])
+    assert answers[0] == answers[1]
+    exact = 0
+    for prompt, tokens in zip(prompts, answers[0]):
+        with torch.no_grad():
+            theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                                 pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+        expected = theirs.sequences[0, len(prompt):].tolist()
+        differs = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), None)
+        if differs is None:
+            exact += 1
+            continue
+        best = theirs.scores[differs][0].topk(2).values
+        assert best[0] - best[1] < NEAR_TIE, (prompt, differs, tokens, expected)
+    assert exact >= len(prompts) - 1
+
+
+def test_a_float_load_of_a_mixture_widens_its_stacks_into_transformers_layout(tmp_path):
+    """weights="float32": the stacks widened, each expert's gate and up rows together, as a Hugging Face
+    checkpoint's experts load."""
+    hf, path = mixture_file(tmp_path / "mixtral-q8.gguf", "mixtral", matrices=Q.Q8_0)
+    model = models.load(path, weights="float32").model
+    experts = model.layers[0].mlp.experts
+    assert not isinstance(experts, BlockExperts) and experts.gate_up.dtype == torch.float32
+    values = gguf_reader.read(path).tensors
+    gate = values["model.layers.0.mlp.experts.gate_proj.weight"]
+    assert torch.equal(experts.gate_up[:, :gate.shape[1]], gate)
+    assert np.isclose(experts.gate_up.detach().abs().max().item(), hf.model.layers[0].mlp.experts.gate_up_proj.abs().max().item(),
+                      rtol=0.02)
