@@ -20,7 +20,7 @@ from models.kernels.block_linear import round_activations, rounding
 from runtime import Engine, GenerationConfig
 
 from ..conftest import greedy_with_logprobs, random_prompt, tiny_model, write_gguf_of
-from .test_block_formats import NEAR_TIE, file_values, random_tensor
+from .test_block_formats import assert_greedy_but_near_ties, file_values, random_tensor
 from .test_gguf import assert_same_answers, greedy
 
 needs_kernels = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the kernels are not built")
@@ -118,19 +118,7 @@ def test_a_quantized_mixture_runs_its_experts_in_the_files_blocks_on_the_native_
             handles = [engine.launch_response_tokens(p, config) for p in prompts]
             answers.append([list(engine.stream_response_tokens(h, timeout=60)) for h in handles])
     assert answers[0] == answers[1]
-    exact = 0
-    for prompt, tokens in zip(prompts, answers[0]):
-        with torch.no_grad():
-            theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
-                                 pad_token_id=0, output_scores=True, return_dict_in_generate=True)
-        expected = theirs.sequences[0, len(prompt):].tolist()
-        differs = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), None)
-        if differs is None:
-            exact += 1
-            continue
-        best = theirs.scores[differs][0].topk(2).values
-        assert best[0] - best[1] < NEAR_TIE, (prompt, differs, tokens, expected)
-    assert exact >= len(prompts) - 1
+    assert_greedy_but_near_ties(hf, prompts, answers[0])
 
 
 def test_a_float_load_of_a_mixture_widens_its_stacks_into_transformers_layout(tmp_path):
