@@ -60,6 +60,11 @@ CONFIGS = {
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
         embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.015625, logits_scaling=8.0),
+    "granitemoe": lambda: transformers.GraniteMoeConfig(  # Granite 3 1B-A400M's multipliers
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
+        num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=12.0, residual_multiplier=0.22,
+        attention_multiplier=0.015625, logits_scaling=6.0, experts_implementation="eager"),
     # scores and logits large enough that both soft caps bend them (initializer_range: scores up to ~3)
     "gemma2": lambda: transformers.Gemma2Config(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
@@ -79,7 +84,8 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "qwen3": transformers.Qwen3ForCausalLM, "qwen2_sliding": transformers.Qwen2ForCausalLM,
                  "phi3": transformers.Phi3ForCausalLM, "mixtral": transformers.MixtralForCausalLM,
                  "qwen3_moe": transformers.Qwen3MoeForCausalLM, "smollm3": transformers.SmolLM3ForCausalLM,
-                 "granite": transformers.GraniteForCausalLM, "gemma2": transformers.Gemma2ForCausalLM,
+                 "granite": transformers.GraniteForCausalLM, "granitemoe": transformers.GraniteMoeForCausalLM,
+                 "gemma2": transformers.Gemma2ForCausalLM,
                  "gemma3": transformers.Gemma3ForCausalLM}
 
 
@@ -207,7 +213,7 @@ GGUF_LAYER_NAMES = {
     "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.qkv_proj": "attn_qkv",
     "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-    "mlp.gate": "ffn_gate_inp"}
+    "mlp.gate": "ffn_gate_inp", "block_sparse_moe.router": "ffn_gate_inp"}
 GGUF_GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                      "lm_head.weight": "output.weight"}
 # Gemma's four norms a block (its "ffn_norm" the pre-feed-forward one), stored as 1 + weight
@@ -260,7 +266,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
             add(GGUF_GLOBAL_NAMES[name], values)
             continue
         _, _, layer, rest = name.split(".", 3)
-        if rest.startswith("mlp.experts."):  # transformers' expert stacks: gate and up rows together
+        if rest.startswith(("mlp.experts.", "block_sparse_moe.experts.")):  # stacks: gate and up rows together
             if rest.endswith("gate_up_proj"):
                 gate, up = np.split(values, 2, axis=1)
                 add(f"blk.{layer}.ffn_gate_exps.weight", np.ascontiguousarray(gate))
@@ -269,7 +275,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                 add(f"blk.{layer}.ffn_down_exps.weight", values)
             continue
         part, kind = rest.rsplit(".", 1)
-        if arch in ("llama", "smollm3", "granite") and part in ("self_attn.q_proj", "self_attn.k_proj"):  # permute()
+        if arch in ("llama", "smollm3", "granite", "granitemoe") and part in ("self_attn.q_proj", "self_attn.k_proj"):
             count = heads if part == "self_attn.q_proj" else kv_heads
             values = values.reshape(count, 2, values.shape[0] // count // 2, *values.shape[1:]).swapaxes(1, 2)
             values = values.reshape(tensor.shape)

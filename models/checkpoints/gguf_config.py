@@ -10,13 +10,14 @@ from ..kernels.block_formats import widened
 
 # gguf architecture -> transformers model_type
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "smollm3": "smollm3",
-                 "granite": "granite", "gemma2": "gemma2", "gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}
+                 "granite": "granite", "gemma2": "gemma2", "gemma3": "gemma3_text", "qwen3moe": "qwen3_moe",
+                 "granitemoe": "granitemoe"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in both
-MIXTURES = {"llama": "mixtral", "qwen3moe": "qwen3_moe"}
+MIXTURES = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe"}
 # architectures llama.cpp's converter writes as Llama's: Q/K rows permuted for its interleaved rotary,
 # attention biases where the model has them
-LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite"})
+LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe"})
 # SmolLM3: every fourth layer attends without rotary, as llama.cpp fixes it (the files do not say)
 SMOLLM3_NO_ROPE_STEP = 4
 # Granite's multipliers: the file's keys (under the architecture's prefix) -> transformers' names
@@ -48,7 +49,9 @@ def check_architecture(meta: dict, file_name: str) -> str:
     if key("expert_count"):
         if arch not in MIXTURES:
             raise ValueError(f"{file_name} is a {arch} model with {key('expert_count')} experts; Loom runs experts "
-                             f"in {', '.join(MIXTURES)} files (Mixtral's and Qwen3-MoE's)")
+                             f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen3-MoE's and Granite MoE's)")
+        if key("expert_shared_feed_forward_length"):  # (Granite MoE Shared's: a dense expert every token takes)
+            raise ValueError(f"{file_name} has a shared expert, which Loom does not run")
         if key("expert_weights_scale") not in (None, 0.0, 1.0):  # (llama.cpp: 0 and 1 scale nothing)
             raise ValueError(f"{file_name} scales its experts' weights by {key('expert_weights_scale')}, which Loom "
                              "does not run")
@@ -107,7 +110,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
     if arch == "smollm3":
         layers = config["num_hidden_layers"]
         config["no_rope_layers"] = [int((i + 1) % SMOLLM3_NO_ROPE_STEP != 0) for i in range(layers)]
-    if arch == "granite":  # (a scale of 0 or none: 1, or the head size's for the attention, as llama.cpp reads it)
+    # Granite's scales: a scale of 0 or none is 1, or the head size's for the attention, as llama.cpp reads it
+    if arch in ("granite", "granitemoe"):
         config |= {name: key(field) for field, name in GRANITE_SCALES.items() if key(field)}
         config.setdefault("attention_multiplier", (config["head_dim"] or config["hidden_size"] // heads) ** -0.5)
         if key("rope.scaling.finetuned") is False:  # llama.cpp's switch for Granite's rotary: off, every layer
@@ -129,11 +133,11 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
 
 
 def _experts(arch: str, key, config: dict) -> dict:
-    """A mixture of experts' config fields as transformers names them for Mixtral or Qwen3-MoE: every
-    layer routes, the chosen experts' weights renormalised, as llama.cpp runs both."""
+    """A mixture of experts' config fields as transformers names them for Mixtral, Qwen3-MoE or Granite
+    MoE: every layer routes, the chosen experts' weights renormalised, as llama.cpp runs them."""
     experts, used, inner = key("expert_count"), key("expert_used_count"), key("expert_feed_forward_length")
-    if MIXTURES[arch] == "mixtral":  # (llama.cpp's experts there are feed_forward_length wide)
-        return {"model_type": "mixtral", "num_local_experts": experts, "num_experts_per_tok": used,
+    if MIXTURES[arch] in ("mixtral", "granitemoe"):  # (llama.cpp's experts there are feed_forward_length wide)
+        return {"model_type": MIXTURES[arch], "num_local_experts": experts, "num_experts_per_tok": used,
                 "intermediate_size": inner or config["intermediate_size"]}
     inner = inner or config["intermediate_size"] // used  # (llama.cpp's Qwen3-MoE fallback)
     return {"num_experts": experts, "num_experts_per_tok": used, "moe_intermediate_size": inner,

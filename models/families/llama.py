@@ -1,5 +1,5 @@
 """The Llama family over the paged KV cache: Llama, Qwen2, Qwen3, Mistral, Phi-3, SmolLM3, Granite,
-and the mixture-of-experts Mixtral and Qwen3-MoE. GQA, RoPE (rope.py), RMSNorm, SwiGLU; per family:
+and the mixture-of-experts Mixtral, Qwen3-MoE and Granite MoE. GQA, RoPE (rope.py), RMSNorm, SwiGLU; per family:
 q/k norms (Qwen3), sliding windows for all or some layers, layers without rotary (SmolLM3's every
 fourth), fused checkpoint tensors (Phi-3), scaled embeddings, residuals and logits (Granite), routed
 experts (moe.py)."""
@@ -16,7 +16,7 @@ from .layers import AttentionMasks, DecoderModel, DecoderShape, RMSNorm, paged_a
 from .moe import MoESpec, SparseMoE
 from .rope import Rotary, rope_type, sequence_ends
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "granite", "mixtral", "qwen3_moe")
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "granite", "mixtral", "qwen3_moe", "granitemoe")
 
 
 @dataclass
@@ -82,7 +82,7 @@ class LlamaSpec(DecoderShape):
             moe=MoESpec.from_hf(c),
             embedding_scale=float(c.get("embedding_multiplier", 1.0)),
             residual_scale=float(c.get("residual_multiplier", 1.0)),
-            attention_scale=c.get("attention_multiplier", 1.0 if kind == "granite" else None),  # (transformers')
+            attention_scale=c.get("attention_multiplier", 1.0 if kind.startswith("granite") else None),  # (transformers')
             logits_divisor=float(c.get("logits_scaling", 1.0)),
         )
 

@@ -1,4 +1,4 @@
-"""Mixture-of-experts feed-forward (Mixtral, Qwen3-MoE): a router picks each token's top-k experts;
+"""Mixture-of-experts feed-forward (Mixtral, Qwen3-MoE, Granite MoE): a router picks each token's top-k experts;
 the step's tokens are grouped by expert so that every expert runs one matrix product per step on
 all the tokens routed to it, however many requests the flat batch holds."""
 
@@ -23,7 +23,7 @@ class MoESpec:
     @classmethod
     def from_hf(cls, c: dict) -> "MoESpec | None":
         kind = c["model_type"]
-        if kind == "mixtral":
+        if kind in ("mixtral", "granitemoe"):  # (Granite's softmax over the top-k logits: the same weights)
             return cls(c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"], True, frozenset(), 1)
         if kind == "qwen3_moe":
             experts = c.get("num_experts") or c["num_local_experts"]  # the hub's name, transformers 5's
@@ -80,16 +80,23 @@ class SparseMoE(nn.Module):
 
     @staticmethod
     def convert(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
-        """The router and experts under ``prefix`` in any of the four layouts: transformers 5's
-        fused tensors (mlp.experts.gate_up_proj), Mixtral's files (block_sparse_moe.experts.E.w1/w3/w2),
-        Qwen3-MoE's files (mlp.experts.E.gate_proj/up_proj/down_proj), and a GGUF file's stacks
-        (mlp.experts.gate_proj/up_proj/down_proj.weight: float [experts, rows, width], or blocks of
-        experts x rows rows, which stay three, kernels/block_experts.py's)."""
+        """The router and experts under ``prefix`` in any of the six layouts: transformers 5's
+        fused tensors (mlp.experts.gate_up_proj; Granite MoE's under block_sparse_moe), Granite MoE's
+        files (block_sparse_moe.input_linear, output_linear: already stacks), Mixtral's files
+        (block_sparse_moe.experts.E.w1/w3/w2), Qwen3-MoE's files (mlp.experts.E.gate_proj/up_proj/
+        down_proj), and a GGUF file's stacks (mlp.experts.gate_proj/up_proj/down_proj.weight: float
+        [experts, rows, width], or blocks of experts x rows rows, which stay three,
+        kernels/block_experts.py's)."""
         experts = out_prefix + "experts."
-        if prefix + "mlp.experts.gate_up_proj" in hf:
-            return {out_prefix + "router.weight": hf[prefix + "mlp.gate.weight"],
-                    experts + "gate_up": hf[prefix + "mlp.experts.gate_up_proj"],
-                    experts + "down": hf[prefix + "mlp.experts.down_proj"]}
+        for base, router in (("mlp.", "mlp.gate.weight"), ("block_sparse_moe.", "block_sparse_moe.router.weight")):
+            if prefix + base + "experts.gate_up_proj" in hf:
+                return {out_prefix + "router.weight": hf[prefix + router],
+                        experts + "gate_up": hf[prefix + base + "experts.gate_up_proj"],
+                        experts + "down": hf[prefix + base + "experts.down_proj"]}
+        if prefix + "block_sparse_moe.input_linear.weight" in hf:
+            return {out_prefix + "router.weight": hf[prefix + "block_sparse_moe.router.layer.weight"],
+                    experts + "gate_up": hf[prefix + "block_sparse_moe.input_linear.weight"],
+                    experts + "down": hf[prefix + "block_sparse_moe.output_linear.weight"]}
         if prefix + "mlp.experts.gate_proj.weight" in hf:
             gate, up, down = (hf.pop(f"{prefix}mlp.experts.{n}_proj.weight") for n in ("gate", "up", "down"))
             floats = gate.dim() == 3  # (else blocks [experts x rows, bytes a row])

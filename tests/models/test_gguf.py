@@ -321,9 +321,11 @@ def test_unsupported_architecture(tmp_path):
 
 @pytest.mark.parametrize("arch, metadata, message", [
     ("qwen2", {"qwen2.expert_count": 8}, r"m.gguf is a qwen2 model with 8 experts; Loom runs experts in llama, "
-                                         r"qwen3moe files \(Mixtral's and Qwen3-MoE's\)"),
+                                         r"qwen3moe, granitemoe files \(Mixtral's, Qwen3-MoE's and Granite MoE's\)"),
     ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_weights_scale": 2.5},
      "m.gguf scales its experts' weights by 2.5, which Loom does not run"),
+    ("granitemoe", {"granitemoe.expert_count": 8, "granitemoe.expert_shared_feed_forward_length": 1024},
+     "m.gguf has a shared expert, which Loom does not run"),
 ])
 def test_a_mixture_loom_does_not_run_is_refused_saying_which_it_does(tmp_path, arch, metadata, message):
     with pytest.raises(ValueError, match=message):

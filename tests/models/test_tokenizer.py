@@ -183,7 +183,7 @@ def test_the_cache_keeps_merges_as_strings_where_no_token_holds_a_space(tmp_path
     assert json.loads(spaced.read_text()) == content
 
 
-@pytest.mark.parametrize("arch", ["smollm3", "granite"])
+@pytest.mark.parametrize("arch", ["smollm3", "granite", "granitemoe"])
 @pytest.mark.parametrize("kind", ["bpe", "spm"])
 def test_a_file_transformers_gguf_reader_refuses_keeps_its_tokenizer(arch, kind, tmp_path, monkeypatch):
     """transformers reads no SmolLM3 or Granite GGUF file; their tokenizers, converted from a copy of
