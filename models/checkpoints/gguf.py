@@ -10,6 +10,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 
@@ -93,6 +94,7 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
     names = {**LAYER_NAMES, **ARCH_LAYER_NAMES.get(arch, {})}
     tensors = {}
     formats = _block_formats(file.tensors.values(), keep_blocks)
+    _check_widened_size(file, formats, path.name)
     copy_stacks = _copies_stacks(file.tensors.values())
     for info in file.tensors.values():
         if info.name in ROPE_TENSORS:  # read into the config's rope scaling
@@ -165,6 +167,19 @@ def _read_tensor(info: TensorInfo, name: str, format: int | None, order: torch.T
                 return laid_out
         tensor = to_blocks(info.data, info.type, info.shape[-1])
     return tensor if order is None else tensor[order]
+
+
+def _check_widened_size(file: GGUFFile, formats: dict, file_name: str) -> None:
+    """A ValueError, before any tensor is read, where the tensors widened to float32 (formats None:
+    every one for weights other than "stored") would take more memory than is available
+    (pages.available_memory): a 30B mixture's 18.6 GB file is ~120 GB of float32, and a load that
+    ran into that would be killed, and the user's process with it."""
+    widened = sum(4 * int(np.prod(info.shape)) for info in file.tensors.values() if formats[info.name] is None)
+    available = available_memory()
+    if available is not None and widened > available:
+        raise ValueError(f"{file_name} widened to float32 takes {widened / 1e9:.1f} GB, more than the "
+                         f"{available / 1e9:.1f} GB available: run it in its own formats (weights='stored', "
+                         "the default, on the CPU in float32)")
 
 
 def _copies_stacks(infos) -> bool:

