@@ -179,7 +179,7 @@ def _check_widened_size(file: GGUFFile, formats: dict, file_name: str) -> None:
     if available is not None and widened > available:
         raise ValueError(f"{file_name} widened to float32 takes {widened / 1e9:.1f} GB, more than the "
                          f"{available / 1e9:.1f} GB available: run it in its own formats (weights='stored', "
-                         "the default, on the CPU in float32)")
+                         "the default, on the CPU in float32, with Loom's kernels built)")
 
 
 def _copies_stacks(infos) -> bool:
