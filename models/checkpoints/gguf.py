@@ -160,8 +160,8 @@ def _read_tensor(info: TensorInfo, name: str, format: int | None, order: torch.T
     if format is None:
         tensor = _widened(info)
     else:
-        # (a stack of experts side by side only where no block of sixteen rows spans two experts)
-        if name.endswith(ROWS16_NAMES) and not (_stacks(info) and (info.shape[-2] % ROWS16 or not copy_stacks)):
+        # a stack of experts side by side only with copy_stacks, where no block of sixteen rows spans two experts
+        if name.endswith(ROWS16_NAMES) and (not _stacks(info) or copy_stacks and info.shape[-2] % ROWS16 == 0):
             laid_out = to_rows16(info.data, info.type, info.shape[-1], order)
             if laid_out is not None:
                 return laid_out

@@ -72,7 +72,7 @@ def use_stored_experts(model: nn.Module, state: dict) -> None:
         stacks = state.get(f"{prefix}.gate_up")
         if not isinstance(module, Experts) or not isinstance(stacks, list):
             continue
-        count, hidden, inner = module.down.shape[0], module.down.shape[1], module.down.shape[2]
+        count, hidden, inner = module.down.shape
         gate, up = stacks
         experts = BlockExperts(gate, up, state.pop(f"{prefix}.down"), count, hidden, inner)
         del state[f"{prefix}.gate_up"]

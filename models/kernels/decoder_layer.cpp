@@ -45,12 +45,13 @@ struct Weights {
 // A mixture's routed experts in a layer's MLP's place (Mixtral, Qwen3-MoE; decoder_layer.py fills
 // it): the router's product gives each row ``count`` logits; a row goes to the top_k experts of
 // their softmax, weighted by their probabilities (renormalised to sum to 1 where ``normalize``).
-// Expert e is a SwiGLU: gate_up[e] gives [gate | up] (2 x inner outputs), down[e] the hidden ones.
+// Expert e is a SwiGLU: gate_up[e] gives [gate | up] (2 x the layer's intermediate outputs), down[e]
+// the hidden ones.
 struct Experts {
     const Weights* router;
     const Weights* gate_up;  // count of them
     const Weights* down;     // count of them
-    int64_t count, top_k, inner, normalize;
+    int64_t count, top_k, normalize;
 };
 
 // How the MLP activates its up product: GPT-2's GELU (tanh), or a gated MLP whose ``up`` product gives
@@ -244,7 +245,7 @@ struct Intermediates {
     T* qkv;     // [rows, qkv_width]
     T* q;       // [rows, q_width] rotated queries
     T* attn;    // [rows, q_width]
-    T* up;      // [rows, up_width]; with experts [pairs, 2 x inner]
+    T* up;      // [rows, up_width]; with experts [pairs, 2 x intermediate]
     T* delta;   // [rows, hidden] a product's output, added to x
     T* scratch;  // the products' (product_scratch_size for the widest input)
     // with experts: the router's logits [rows, count]; each pair's weight (pair r x top_k + j: row r's
@@ -329,7 +330,7 @@ template <typename T, typename C>
 void expert_phases(const T* h, const Layer<T, C>& l, int64_t rows, const Intermediates<T>& b, T* out,
                    int64_t panel_from) {
     const Experts& e = *l.experts;
-    const int64_t hidden = l.hidden, inner = e.inner, pairs = rows * e.top_k, up_width = 2 * inner;
+    const int64_t hidden = l.hidden, inner = l.intermediate, pairs = rows * e.top_k, up_width = 2 * inner;
     product(h, hidden, rows, *e.router, static_cast<const T*>(nullptr), hidden, b.logits, e.count, b.scratch, panel_from);
     choose_experts(b.logits, rows, e, b.pair_weights, b.pair_experts);
 #pragma omp single

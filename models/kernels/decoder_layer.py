@@ -101,7 +101,7 @@ class _Weights(ctypes.Structure):  # decoder_layer.cpp's Weights
 
 class _Experts(ctypes.Structure):  # decoder_layer.cpp's Experts
     _fields_ = [(name, _pointer) for name in ("router", "gate_up", "down")]
-    _fields_ += [(name, _int64) for name in ("count", "top_k", "inner", "normalize")]
+    _fields_ += [(name, _int64) for name in ("count", "top_k", "normalize")]
 
 
 class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
@@ -242,14 +242,15 @@ class DecoderLayers:
         return layer
 
     def _experts(self, moe: SparseMoE) -> _Experts:
-        """The native description of a layer's router and experts, kept alive here."""
+        """The native description of a layer's router and experts, kept alive here (their width is
+        the layer's intermediate size)."""
         s = moe.spec
         router = _weights(moe.router)
         each = [_expert_weights(moe.experts, i) for i in range(s.num_experts)]
         gate_up = (_Weights * s.num_experts)(*(g for g, _ in each))
         down = (_Weights * s.num_experts)(*(d for _, d in each))
         experts = _Experts(ctypes.addressof(router), ctypes.addressof(gate_up), ctypes.addressof(down), s.num_experts,
-                           s.top_k, s.intermediate_size, s.normalize)
+                           s.top_k, s.normalize)
         self.weights.append((moe, router, gate_up, down, experts))
         return experts
 
@@ -313,9 +314,6 @@ class DecoderLayers:
         if not native.supports(weight.device, weight.dtype):
             return None
         if isinstance(model, Gemma) and weight.dtype != torch.float32:  # its norms round to float32 whatever the dtype
-            return None
-        if isinstance(model, Llama) and not all(isinstance(block.mlp.experts, (Experts, BlockExperts))
-                                                for block in model.layers if isinstance(block.mlp, SparseMoE)):
             return None
         return cls(model) if all(isinstance(m, (CpuLinear, BlockLinear)) for m in _products(model)) else None
 
