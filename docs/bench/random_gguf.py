@@ -7,6 +7,7 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape qwen2.5-0.5b --format q4_k_m --vocab 151936 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape gemma2-2b --format q4_k_m --vocab 256000 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape qwen3moe-30b-a3b --format q4_k_m --vocab 151936 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape ministral3-3b --format q4_k_m --vocab 131072 --out /tmp/gguf
 
 Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), q4_k_m
 (llama.cpp's recipe: Q4_K, with Q6_K for the output layer and for attn_v / ffn_down in the layers
@@ -25,6 +26,8 @@ global; the 4B's window 1024 tokens, its global layers' rope scaled linearly by 
 the granitemoe one as a Granite 3.1 3B-A800M (Granite's layout and multipliers, 40 experts of 512 rows,
 8 a token); the qwen3moe one as a Qwen3-MoE (Qwen3's layout, 128 experts of 768 rows, 8 a token, each layer's
 three expert products a stack of all 128 experts' matrices, its router in F32 as llama-quantize leaves it);
+the ministral3 ones as Ministral 3's (architecture mistral3: Llama's layout, 128-wide heads, its yarn
+from a 16,384-token original context to 262,144, its queries' temperature past it; the 3B's table tied);
 the smollm3 one as a SmolLM3 (Llama's layout; llama.cpp leaves every fourth layer unrotated); the
 granite3 one as a Granite 3 2B (Llama's layout and its four multipliers);
 the gemma2 one as a Gemma 2: 256-wide heads without their norms, the output norms, a 4096-token window
@@ -66,8 +69,9 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "smollm3-3b": (2048, 11008, 36, 16, 4), "granite3-2b": (2048, 8192, 40, 32, 8),
           "gemma2-2b": (2304, 9216, 26, 8, 4), "gemma3-1b": (1152, 6912, 26, 4, 1),
           "gemma3-4b": (2560, 10240, 34, 8, 4), "qwen3moe-30b-a3b": (2048, 6144, 48, 32, 4),
-          "granitemoe-3b-a800m": (1536, 512, 32, 24, 8)}
-UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b"}  # the shapes whose output layer is a tensor of its own
+          "granitemoe-3b-a800m": (1536, 512, 32, 24, 8), "ministral3-3b": (3072, 9216, 26, 32, 8),
+          "ministral3-8b": (4096, 14336, 34, 32, 8)}
+UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b"}  # the shapes whose output layer is a tensor of its own
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,8 @@ class Layout:
     soft_caps: tuple[float, float] | None = None  # the attention scores' and the logits' soft caps (Gemma 2's)
     scales: tuple[float, float, float, float] | None = None  # Granite's: embeddings, residuals, attention, logits
     experts: tuple[int, int, int] | None = None  # a mixture's experts, those each token uses, an expert's width
+    yarn: tuple[float, int] | None = None  # a yarn's factor and original context (its log multiplier 1)
+    temperature: float | None = None  # the queries' temperature past the original context (Ministral 3's beta)
 
 
 LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
@@ -98,6 +104,8 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
                                 scales=(12.0, 0.22, 0.015625, 6.0), experts=(40, 8, 512)),
            "qwen3moe": Layout("qwen3moe", head=128, rope_base=1e6, eps=1e-6, context=32768, head_norms=True,
                               experts=(128, 8, 768)),
+           "ministral3": Layout("mistral3", head=128, rope_base=1e6, eps=1e-5, context=262144, yarn=(16.0, 16384),
+                                temperature=0.1),
            "gemma2": Layout("gemma2", head=256, rope_base=10000.0, eps=1e-6, context=8192, output_norms=True,
                             window=4096, soft_caps=(50.0, 30.0)),
            "gemma3": Layout("gemma3", head=256, rope_base=1e6, eps=1e-6, context=32768, head_norms=True,
@@ -240,6 +248,13 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_expert_count(count)
         writer.add_expert_used_count(used)
         writer.add_expert_feed_forward_length(width)
+    if family.yarn:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(family.yarn[0])
+        writer.add_rope_scaling_orig_ctx_len(family.yarn[1])
+        writer.add_rope_scaling_yarn_log_mul(1.0)
+    if family.temperature:
+        writer.add_attn_temperature_scale(family.temperature)
     if family.linear_rope:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(family.linear_rope)

@@ -317,7 +317,7 @@ def read_tokenizer(path: Path, arch: str | None = None) -> Tokenizer:
 # Architectures whose files transformers' GGUF reader refuses, though it converts their tokenizers (a
 # BPE one by tokenizer.ggml.model alone; its SentencePiece builders differ only for Gemma and Phi-3):
 # it reads the tokenizer of a copy of the file's tokenizer metadata under Llama's name.
-TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "llama"}
+TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "llama", "mistral3": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

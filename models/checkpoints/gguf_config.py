@@ -11,13 +11,13 @@ from ..kernels.block_formats import widened
 # gguf architecture -> transformers model_type
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "smollm3": "smollm3",
                  "granite": "granite", "gemma2": "gemma2", "gemma3": "gemma3_text", "qwen3moe": "qwen3_moe",
-                 "granitemoe": "granitemoe"}
+                 "granitemoe": "granitemoe", "mistral3": "ministral3"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in both
 MIXTURES = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe"}
 # architectures llama.cpp's converter writes as Llama's: Q/K rows permuted for its interleaved rotary,
 # attention biases where the model has them
-LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe"})
+LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "mistral3"})
 # SmolLM3: every fourth layer attends without rotary, as llama.cpp fixes it (the files do not say)
 SMOLLM3_NO_ROPE_STEP = 4
 # Granite's multipliers: the file's keys (under the architecture's prefix) -> transformers' names
@@ -129,6 +129,11 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         config |= _rope_scaling(key, tensors)
     except ValueError as error:
         raise ValueError(f"{file_name}: {error}") from None
+    if key("attention.temperature_scale"):  # Ministral 3's queries scaled past the original context
+        config.setdefault("rope_scaling", {"rope_type": "default"})["llama_4_scaling_beta"] = \
+            key("attention.temperature_scale")
+        config["rope_scaling"].setdefault("original_max_position_embeddings",  # (llama.cpp: the yarn's, or the trained)
+                                          key("rope.scaling.original_context_length", config["max_position_embeddings"]))
     return config
 
 
@@ -213,6 +218,8 @@ def _rope_scaling(key, tensors: dict[str, TensorInfo]) -> dict:
         for field, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
             if key(f"rope.scaling.{field}") is not None:
                 yarn[name] = key(f"rope.scaling.{field}")
+        if key("rope.scaling.yarn_log_multiplier"):  # (Ministral 3's mscale_all_dim, its mscale taken as 1 as llama.cpp does)
+            yarn |= {"mscale": 1.0, "mscale_all_dim": key("rope.scaling.yarn_log_multiplier")}
         return {"rope_scaling": yarn}
     if scaling != "none":
         raise ValueError(f"unsupported GGUF rope scaling {scaling!r}; supported: none, linear, yarn, longrope, and "

@@ -1,8 +1,9 @@
-"""The Llama family over the paged KV cache: Llama, Qwen2, Qwen3, Mistral, Phi-3, SmolLM3, Granite,
-and the mixture-of-experts Mixtral, Qwen3-MoE and Granite MoE. GQA, RoPE (rope.py), RMSNorm, SwiGLU; per family:
-q/k norms (Qwen3), sliding windows for all or some layers, layers without rotary (SmolLM3's every
-fourth), fused checkpoint tensors (Phi-3), scaled embeddings, residuals and logits (Granite), routed
-experts (moe.py)."""
+"""The Llama family over the paged KV cache: Llama, Qwen2, Qwen3, Mistral, Ministral 3, Phi-3,
+SmolLM3, Granite, and the mixture-of-experts Mixtral, Qwen3-MoE and Granite MoE. GQA, RoPE (rope.py),
+RMSNorm, SwiGLU; per family: q/k norms (Qwen3), sliding windows for all or some layers, layers without
+rotary (SmolLM3's every fourth), queries scaled by position past the original context (Ministral 3),
+fused checkpoint tensors (Phi-3), scaled embeddings, residuals and logits (Granite), routed experts
+(moe.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from torch import nn
 
 from .layers import AttentionMasks, DecoderModel, DecoderShape, RMSNorm, paged_attention
 from .moe import MoESpec, SparseMoE
-from .rope import Rotary, rope_type, sequence_ends
+from .rope import Rotary, query_temperature, rope_type, sequence_ends
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "granite", "mixtral", "qwen3_moe", "granitemoe")
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "phi3", "smollm3", "granite", "mixtral", "qwen3_moe",
+            "granitemoe")
 
 
 @dataclass
@@ -34,6 +36,8 @@ class LlamaSpec(DecoderShape):
     layer_windows: tuple[int | None, ...]  # each layer's sliding window, None for full attention
     layer_rotates: tuple[bool, ...]  # whether each layer rotates its queries and keys (SmolLM3: 3 in 4)
     moe: MoESpec | None
+    # Ministral 3's (Llama 4's) attention temperature: (beta, the original context), rope.query_temperature
+    query_temperature: tuple[float, int] | None = None
     # Granite's multipliers: of the embeddings, of each attention's and MLP's output before it is
     # added, the attention's scale (None: 1 / sqrt(head_dim)), and the logits' divisor
     embedding_scale: float = 1.0
@@ -80,11 +84,19 @@ class LlamaSpec(DecoderShape):
             layer_windows=_layer_windows(kind, c, layers),
             layer_rotates=_layer_rotates(kind, c, layers),
             moe=MoESpec.from_hf(c),
+            query_temperature=_query_temperature(rope),
             embedding_scale=float(c.get("embedding_multiplier", 1.0)),
             residual_scale=float(c.get("residual_multiplier", 1.0)),
             attention_scale=c.get("attention_multiplier", 1.0 if kind.startswith("granite") else None),  # (transformers')
             logits_divisor=float(c.get("logits_scaling", 1.0)),
         )
+
+
+def _query_temperature(rope: dict) -> tuple[float, int] | None:
+    """(beta, the original context) of a rope that scales the queries by position (Ministral 3's
+    llama_4_scaling_beta), or None."""
+    beta = rope.get("llama_4_scaling_beta")
+    return (float(beta), int(rope["original_max_position_embeddings"])) if beta else None
 
 
 def _layer_rotates(kind: str, c: dict, layers: int) -> tuple[bool, ...]:
@@ -125,11 +137,14 @@ class Attention(nn.Module):
         self.scale = scale if scale is not None else s.head_dim ** -0.5
         self.softcap = softcap
 
-    def forward(self, x, cos, sin, kv_cache, layer, step, masks):
+    def forward(self, x, cos, sin, kv_cache, layer, step, masks, query_scales=None):
+        """``query_scales``: each row's query scale (rope.query_temperature), or None."""
         q, k, v = self.qkv(x).split([self.heads * self.dim, self.kv_heads * self.dim, self.kv_heads * self.dim], -1)
         q, k = q.view(-1, self.heads, self.dim), k.view(-1, self.kv_heads, self.dim)
         if self.q_norm is not None:  # each head normalised before the rotation
             q, k = self.q_norm(q), self.k_norm(k)
+        if query_scales is not None:  # (before the rotation, which it commutes with)
+            q = q * query_scales[:, None, None]
         o = paged_attention(q, k, v.view(-1, self.kv_heads, self.dim), kv_cache, layer, step, masks, self.scale,
                             cos, sin, self.softcap)
         return self.out(o.flatten(1))
@@ -156,10 +171,11 @@ class Block(nn.Module):
         self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.mlp = SparseMoE(s.hidden_size, s.moe) if s.moe and s.moe.routes(index) else MLP(s)
 
-    def forward(self, x, cos, sin, kv_cache, layer, step, masks):
+    def forward(self, x, cos, sin, kv_cache, layer, step, masks, query_scales=None):
         if not self.rotates:
             cos = sin = None
-        x = x + self.scaled(self.attn(self.input_norm(x), cos, sin, kv_cache, layer, step, masks[self.window]))
+        attended = self.attn(self.input_norm(x), cos, sin, kv_cache, layer, step, masks[self.window], query_scales)
+        x = x + self.scaled(attended)
         return x + self.scaled(self.mlp(self.post_norm(x)))
 
     def scaled(self, output: torch.Tensor) -> torch.Tensor:
@@ -183,11 +199,13 @@ class Llama(DecoderModel):
             x = x * self.spec.embedding_scale
         ends = sequence_ends(step) if self.rotary.per_sequence else None
         cos, sin = self.rotary(step.positions, x.dtype, ends)
-        logits = self.native_decode(x, cos, sin, step, kv_cache)
+        temperature = self.spec.query_temperature
+        scales = None if temperature is None else query_temperature(step.positions, *temperature).to(x.dtype)
+        logits = self.native_decode(x, cos, sin, step, kv_cache, query_scales=scales)
         if logits is None:
             masks = {w: AttentionMasks(step, x.dtype, kv_cache, w) for w in set(self.spec.layer_windows)}
             for i, layer in enumerate(self.layers):
-                x = layer(x, cos, sin, kv_cache, i, step, masks)
+                x = layer(x, cos, sin, kv_cache, i, step, masks, scales)
             logits = self.lm_head(self.norm(x[step.sample_indices]))
         return logits / self.spec.logits_divisor if self.spec.logits_divisor != 1.0 else logits
 

@@ -1,7 +1,8 @@
 """Rotary position embeddings with the checkpoint's rope settings: default, linear, llama3, yarn,
 longrope and dynamic (NTK), over the whole head or its first ``partial_rotary_factor`` of it; and a
 GGUF file's own divisor per frequency (frequency_factors: its rope_freqs tensor, which is how
-llama.cpp keeps Llama 3.1's llama3 scaling). The frequencies are computed in float32 as transformers
+llama.cpp keeps Llama 3.1's llama3 scaling). Also the queries' scale by position some families add
+past the original context (query_temperature). The frequencies are computed in float32 as transformers
 computes them, so that float64 runs match it exactly."""
 
 from __future__ import annotations
@@ -104,6 +105,14 @@ def sequence_ends(step) -> torch.Tensor:
         length = lengths[decodes + i] if lengths is not None else chunk.first_position + chunk.end - chunk.start
         ends[chunk.start:chunk.end] = length - 1
     return ends
+
+
+def query_temperature(positions: torch.Tensor, beta: float, floor: int) -> torch.Tensor:
+    """Llama 4's attention temperature, which Ministral 3 keeps: each position's query scale,
+    1 + beta ln(1 + floor(position / floor)), exactly 1 before ``floor`` (the original context),
+    growing by steps past it so that long contexts do not flatten the scores. In float32, as
+    transformers computes it."""
+    return 1 + beta * torch.log(1 + torch.floor(positions / floor))
 
 
 def apply_rotary(x, cos, sin):

@@ -116,13 +116,14 @@ int64_t product_scratch_size(int64_t rows, int64_t in) {
 }
 
 // The step's rows, filled once per step: angles (null when rotary_dim is 0; the window's, for layers
-// with window_angles, null where none differ), pool slots, block tables (padded to the widest),
+// with window_angles, null where none differ), each row's query scale (Ministral 3's temperature,
+// rope.py's query_temperature: null where the model has none), pool slots, block tables (padded to the widest),
 // context lengths, and the rows whose logits are sampled. A prefill
 // chunk's tokens are rows of one sequence, each attending to its own prefix through the sequence's
 // table, as decode rows do.
 template <typename T>
 struct Step {
-    const T *cos, *sin, *window_cos, *window_sin;
+    const T *cos, *sin, *window_cos, *window_sin, *query_scales;
     const int64_t *slots, *tables, *lens, *samples;
     // Where threads carry their own rows (decoder_layer.py chooses, and cuts where sequences start):
     // part t's rows are [shares[t], shares[t + 1]), ``parts`` of them; null: the team shares each phase.
@@ -235,6 +236,17 @@ void scale_values(T* x, double factor, int64_t count) {
     const T f = static_cast<T>(factor);
 #pragma omp for
     for (int64_t i = 0; i < count; ++i) x[i] *= f;
+}
+
+// Each row's queries (the first q_width values of its qkv row) times the row's scale, before the
+// rotation (which a scale commutes with).
+template <typename T>
+void scale_queries(T* qkv, int64_t qkv_width, int64_t q_width, const T* scales, int64_t rows) {
+#pragma omp for
+    for (int64_t r = 0; r < rows; ++r) {
+        T* q = qkv + r * qkv_width;
+        for (int64_t i = 0; i < q_width; ++i) q[i] *= scales[r];
+    }
 }
 
 // One team's intermediates for ``rows`` rows of a layer, each on whole cache lines (vector.h). A
@@ -388,6 +400,7 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
     norm_rows<T>(x, nullptr, l.input_norm, l.input_norm_bias, l.layer_norm, l.eps, h, rows, hidden);
     multiply(h, hidden, hidden, l.qkv, l.qkv_bias, qkv_width, qkv);
     if (l.q_norm != nullptr) norm_heads(qkv, qkv_width, rows, l.heads, l.kv_heads, l.dim, l.q_norm, l.k_norm, l.eps);
+    if (s.query_scales != nullptr) scale_queries(qkv, qkv_width, q_width, s.query_scales, rows);
     const T *cos = l.window_angles ? s.window_cos : s.cos, *sin = l.window_angles ? s.window_sin : s.sin;
     rotate_and_store_rows(qkv, qkv_width, qkv + q_width, qkv_width, qkv + q_width + kv_width, qkv_width, cos, sin,
                           rotary ? s.rotary_dim : 0, s.slots, rows, l.k_cache, l.v_cache, rotary ? q : nullptr, l.heads,
@@ -444,6 +457,7 @@ Step<T> row_range(const Step<T>& s, int64_t first, int64_t end) {
         part.window_cos += first * s.rotary_dim;
         part.window_sin += first * s.rotary_dim;
     }
+    if (s.query_scales != nullptr) part.query_scales += first;
     part.slots += first;
     part.tables += first * s.max_blocks;
     part.lens += first;

@@ -117,7 +117,8 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
 
 class _Step(ctypes.Structure):  # decoder_layer.cpp's Step<T>
     _fields_ = [(name, _pointer) for name in (
-        "cos", "sin", "window_cos", "window_sin", "slots", "tables", "lens", "samples", "shares", "starts")]
+        "cos", "sin", "window_cos", "window_sin", "query_scales", "slots", "tables", "lens", "samples", "shares",
+        "starts")]
     _fields_ += [(name, _int64) for name in (
         "rows", "rotary_dim", "max_blocks", "block_size", "sampled", "parts", "panel_from", "pass_rows",
         "start_count", "take_rows", "taken")]
@@ -354,11 +355,13 @@ class DecoderLayers:
         return cuts
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, kv_cache,
-                step, window_angles: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                step, window_angles: tuple[torch.Tensor, torch.Tensor] | None = None,
+                query_scales: torch.Tensor | None = None) -> torch.Tensor:
         """The logits of a step's sampled rows (a step serves() takes): every layer, the final norm
         and the output layer. x is the embedded input (overwritten); cos and sin the rotary angles
         (None for GPT-2); ``window_angles`` those of the layers with a sliding window, where they
-        differ (Gemma 3's local layers). One forward at a time (the engine's loop thread): the layers
+        differ (Gemma 3's local layers); ``query_scales`` each row's query scale, in x's dtype
+        (Ministral 3's temperature; None: 1). One forward at a time (the engine's loop thread): the layers
         hold the pool's addresses."""
         rows = x.shape[0]
         groups = step.decode_groups + ([chunk_rows(step.prefills)] if step.prefills else [])
@@ -378,7 +381,9 @@ class DecoderLayers:
         # A step that verifies proposed tokens orders its rows by context length, a sequence's
         # last first: its rows go through the layers in one pass.
         pass_rows = rows if step.verifies else PASS_ROWS
-        plan = _Step(_address(cos), _address(sin), _address(window_cos), _address(window_sin),
+        if query_scales is not None:
+            query_scales = query_scales.to(x.dtype).contiguous()
+        plan = _Step(_address(cos), _address(sin), _address(window_cos), _address(window_sin), _address(query_scales),
                      step.slot_mapping.data_ptr(), tables.data_ptr(), lens.data_ptr(), samples.data_ptr(),
                      _address(shares), _address(starts), rows,
                      0 if cos is None else cos.shape[1], tables.shape[1], step.block_size, len(samples),

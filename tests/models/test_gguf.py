@@ -188,23 +188,41 @@ def test_a_gemma2_file_runs_its_soft_caps_and_windows_as_transformers_does(tmp_p
     assert any(mine != pytest.approx(theirs, abs=1e-3) for (_, mine), (_, theirs) in zip(defaults, expected))
 
 
-@pytest.mark.parametrize("arch", ["smollm3", "granite"])
-def test_smollm3_and_granite_files_equal_their_transformers_models(tmp_path, arch):
+def ministral3_metadata(c) -> tuple[dict, dict]:
+    """A Ministral 3 file's metadata as llama.cpp's converter writes it for ``c``: its yarn (the
+    log multiplier, mscale_all_dim), then its queries' temperature."""
+    rope = c.rope_parameters
+    yarn = {"rope.scaling.type": "yarn", "rope.scaling.factor": rope["factor"],
+            "rope.scaling.original_context_length": rope["original_max_position_embeddings"],
+            "rope.scaling.yarn_beta_fast": rope["beta_fast"], "rope.scaling.yarn_beta_slow": rope["beta_slow"],
+            "rope.scaling.yarn_log_multiplier": rope["mscale_all_dim"]}
+    return yarn, {"attention.temperature_scale": rope["llama_4_scaling_beta"]}
+
+
+@pytest.mark.parametrize("arch", ["smollm3", "granite", "ministral3"])
+def test_smollm3_granite_and_ministral3_files_equal_their_transformers_models(tmp_path, arch):
     """A SmolLM3 file (no rotary in every fourth layer, which llama.cpp fixes and the file does not
-    say) and a Granite file (its four multipliers in the metadata: embeddings, residuals, attention
-    scale, logits), written as llama.cpp's converter writes them (Q/K permuted as Llama's), equal
-    their transformers models; the Granite file without its multipliers answers otherwise."""
+    say), a Granite file (its four multipliers in the metadata: embeddings, residuals, attention
+    scale, logits) and a Ministral 3 file (architecture mistral3: yarn, and its queries scaled past
+    the original context), written as llama.cpp's converter writes them (Q/K permuted as Llama's),
+    equal their transformers models; the Granite file without its multipliers, and the Ministral 3
+    file without its temperature, answer otherwise."""
     pytest.importorskip("gguf")
     hf = tiny_model(arch, seed=3)
     c = hf.config
-    metadata = {"embedding_scale": c.embedding_multiplier, "residual_scale": c.residual_multiplier,
-                "attention.scale": c.attention_multiplier, "logit_scale": c.logits_scaling} if arch == "granite" else {}
+    file_arch, metadata, vital = arch, {}, {}
+    if arch == "granite":
+        vital = {"embedding_scale": c.embedding_multiplier, "residual_scale": c.residual_multiplier,
+                 "attention.scale": c.attention_multiplier, "logit_scale": c.logits_scaling}
+    if arch == "ministral3":
+        file_arch, (metadata, vital) = "mistral3", ministral3_metadata(c)
     rng = random.Random(11)
     prompts = [random_prompt(rng, 5, 10), random_prompt(rng, 30, 40)]
     expected = [greedy_with_logprobs(hf, p, 16) for p in prompts]
-    assert_same_answers(greedy(write_gguf_of(hf, tmp_path / f"{arch}.gguf", arch, metadata), prompts), expected)
-    if arch == "granite":
-        plain = greedy(write_gguf_of(hf, tmp_path / "plain.gguf", arch), prompts)
+    written = write_gguf_of(hf, tmp_path / f"{arch}.gguf", file_arch, metadata | vital)
+    assert_same_answers(greedy(written, prompts), expected)
+    if vital:
+        plain = greedy(write_gguf_of(hf, tmp_path / "plain.gguf", file_arch, metadata), prompts)
         assert any(mine != pytest.approx(theirs, abs=1e-3) for (_, mine), (_, theirs) in zip(plain, expected))
 
 
