@@ -44,6 +44,10 @@ CONFIGS = {
         pad_token_id=0, rope_parameters={"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 16.0,
                                          "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
                                          "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.4}),
+    "ernie4_5": lambda: transformers.Ernie4_5Config(  # its rotary pairs side by side in q/k's rows
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        pad_token_id=0),
     "phi3": lambda: transformers.Phi3Config(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, original_max_position_embeddings=64,
@@ -89,7 +93,7 @@ CONFIGS = {
 MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.LlamaForCausalLM,
                  "qwen2": transformers.Qwen2ForCausalLM, "mistral": transformers.MistralForCausalLM,
                  "qwen3": transformers.Qwen3ForCausalLM, "qwen2_sliding": transformers.Qwen2ForCausalLM,
-                 "ministral3": transformers.Ministral3ForCausalLM,
+                 "ministral3": transformers.Ministral3ForCausalLM, "ernie4_5": transformers.Ernie4_5ForCausalLM,
                  "phi3": transformers.Phi3ForCausalLM, "mixtral": transformers.MixtralForCausalLM,
                  "qwen3_moe": transformers.Qwen3MoeForCausalLM, "smollm3": transformers.SmolLM3ForCausalLM,
                  "granite": transformers.GraniteForCausalLM, "granitemoe": transformers.GraniteMoeForCausalLM,

@@ -15,6 +15,7 @@ import torch
 from gguf.constants import GGMLQuantizationType as Q
 
 from ..cache import cache_dir
+from ..families.rope import halves_from_pairs
 from ..pages import available_memory
 from . import Contents
 from ..kernels.block_formats import FLOATS, NATIVE, block_format, to_blocks, to_rows16, widened
@@ -223,8 +224,7 @@ def _row_order(name: str, info: TensorInfo, arch: str, config: dict) -> torch.Te
         heads = config["num_key_value_heads"]
     else:
         return None
-    rows = info.shape[0]
-    return torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(rows)
+    return halves_from_pairs(info.shape[0], heads)
 
 
 def _pad_float32_rows(tensors: dict, file: GGUFFile, formats: dict, names: dict) -> None:
@@ -317,7 +317,8 @@ def read_tokenizer(path: Path, arch: str | None = None) -> Tokenizer:
 # Architectures whose files transformers' GGUF reader refuses, though it converts their tokenizers (a
 # BPE one by tokenizer.ggml.model alone; its SentencePiece builders differ only for Gemma and Phi-3):
 # it reads the tokenizer of a copy of the file's tokenizer metadata under Llama's name.
-TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "llama", "mistral3": "llama"}
+TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "llama", "mistral3": "llama",
+                       "ernie4_5": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

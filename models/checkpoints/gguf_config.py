@@ -11,13 +11,14 @@ from ..kernels.block_formats import widened
 # gguf architecture -> transformers model_type
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "smollm3": "smollm3",
                  "granite": "granite", "gemma2": "gemma2", "gemma3": "gemma3_text", "qwen3moe": "qwen3_moe",
-                 "granitemoe": "granitemoe", "mistral3": "ministral3"}
+                 "granitemoe": "granitemoe", "mistral3": "ministral3", "ernie4_5": "llama"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in both
 MIXTURES = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe"}
-# architectures llama.cpp's converter writes as Llama's: Q/K rows permuted for its interleaved rotary,
+# architectures whose files keep Llama's layout: Q/K rows in the interleaved rotary's order (llama.cpp's
+# converter permutes Llama's; ERNIE 4.5's checkpoints hold them so: its files are Llama's from there),
 # attention biases where the model has them
-LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "mistral3"})
+LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "mistral3", "ernie4_5"})
 # SmolLM3: every fourth layer attends without rotary, as llama.cpp fixes it (the files do not say)
 SMOLLM3_NO_ROPE_STEP = 4
 # Granite's multipliers: the file's keys (under the architecture's prefix) -> transformers' names

@@ -1,8 +1,8 @@
-"""The Llama family over the paged KV cache: Llama, Qwen2, Qwen3, Mistral, Ministral 3, Phi-3,
-SmolLM3, Granite, and the mixture-of-experts Mixtral, Qwen3-MoE and Granite MoE. GQA, RoPE (rope.py),
+"""The Llama family over the paged KV cache: Llama, Qwen2, Qwen3, Mistral, Ministral 3, ERNIE 4.5,
+Phi-3, SmolLM3, Granite, and the mixture-of-experts Mixtral, Qwen3-MoE and Granite MoE. GQA, RoPE (rope.py),
 RMSNorm, SwiGLU; per family: q/k norms (Qwen3), sliding windows for all or some layers, layers without
 rotary (SmolLM3's every fourth), queries scaled by position past the original context (Ministral 3),
-fused checkpoint tensors (Phi-3), scaled embeddings, residuals and logits (Granite), routed experts
+fused checkpoint tensors (Phi-3), rotary pairs side by side in the checkpoint (ERNIE 4.5), scaled embeddings, residuals and logits (Granite), routed experts
 (moe.py)."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from torch import nn
 
 from .layers import AttentionMasks, DecoderModel, DecoderShape, RMSNorm, paged_attention
 from .moe import MoESpec, SparseMoE
-from .rope import Rotary, query_temperature, rope_type, sequence_ends
+from .rope import Rotary, halves_from_pairs, query_temperature, rope_type, sequence_ends
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "phi3", "smollm3", "granite", "mixtral", "qwen3_moe",
-            "granitemoe")
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi3", "smollm3", "granite", "mixtral",
+            "qwen3_moe", "granitemoe")
 
 
 @dataclass
@@ -38,6 +38,9 @@ class LlamaSpec(DecoderShape):
     moe: MoESpec | None
     # Ministral 3's (Llama 4's) attention temperature: (beta, the original context), rope.query_temperature
     query_temperature: tuple[float, int] | None = None
+    # ERNIE 4.5's checkpoints keep each head's rotary pairs side by side (GLM's rotation): their query
+    # and key rows are reordered at load into the halves apply_rotary takes
+    interleaved_rotary: bool = False
     # Granite's multipliers: of the embeddings, of each attention's and MLP's output before it is
     # added, the attention's scale (None: 1 / sqrt(head_dim)), and the logits' divisor
     embedding_scale: float = 1.0
@@ -60,7 +63,7 @@ class LlamaSpec(DecoderShape):
         trained = c.get("max_position_embeddings", 2048)
         # Dynamic NTK scaling exists to run past the trained context: up to factor times it.
         context = int(trained * rope["factor"]) if rope_type(rope) == "dynamic" else trained
-        bias = bool(c.get("attention_bias", False))
+        bias = bool(c.get("attention_bias", c.get("use_bias", False)))  # (ERNIE 4.5's use_bias: every product's)
         layers = c["num_hidden_layers"]
         return cls(
             vocab_size=c["vocab_size"],
@@ -79,12 +82,13 @@ class LlamaSpec(DecoderShape):
             tie_word_embeddings=bool(c.get("tie_word_embeddings", kind == "smollm3")),
             qkv_bias=kind == "qwen2" or bias,
             out_bias=bias,
-            mlp_bias=bool(c.get("mlp_bias", False)),
+            mlp_bias=bool(c.get("mlp_bias", c.get("use_bias", False))),
             qk_norm=kind in ("qwen3", "qwen3_moe"),
             layer_windows=_layer_windows(kind, c, layers),
             layer_rotates=_layer_rotates(kind, c, layers),
             moe=MoESpec.from_hf(c),
             query_temperature=_query_temperature(rope),
+            interleaved_rotary=kind == "ernie4_5",
             embedding_scale=float(c.get("embedding_multiplier", 1.0)),
             residual_scale=float(c.get("residual_multiplier", 1.0)),
             attention_scale=c.get("attention_multiplier", 1.0 if kind.startswith("granite") else None),  # (transformers')
@@ -97,6 +101,14 @@ def _query_temperature(rope: dict) -> tuple[float, int] | None:
     llama_4_scaling_beta), or None."""
     beta = rope.get("llama_4_scaling_beta")
     return (float(beta), int(rope["original_max_position_embeddings"])) if beta else None
+
+
+def _qkv_rows_in_halves(s: LlamaSpec) -> torch.Tensor:
+    """The fused q/k/v rows of a checkpoint that keeps rotary pairs side by side, for each row of the
+    rotate-half layout (the values' rows as they are)."""
+    q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+    return torch.cat([halves_from_pairs(q, s.num_heads), q + halves_from_pairs(kv, s.num_kv_heads),
+                      torch.arange(q + kv, q + 2 * kv)])
 
 
 def _layer_rotates(kind: str, c: dict, layers: int) -> tuple[bool, ...]:
@@ -222,8 +234,9 @@ class Llama(DecoderModel):
             out[o + "post_norm.weight"] = hf[p + "post_attention_layernorm.weight"]
             for kind in ("weight", "bias") if s.qkv_bias else ("weight",):
                 fused = hf.get(p + f"self_attn.qkv_proj.{kind}")
-                out[o + f"attn.qkv.{kind}"] = fused if fused is not None else torch.cat(
-                    [hf.pop(p + f"self_attn.{n}_proj.{kind}") for n in "qkv"])  # popped: the parts go now
+                if fused is None:  # popped: the parts go now
+                    fused = torch.cat([hf.pop(p + f"self_attn.{n}_proj.{kind}") for n in "qkv"])
+                out[o + f"attn.qkv.{kind}"] = fused[_qkv_rows_in_halves(s)] if s.interleaved_rotary else fused
             for kind in ("weight", "bias") if s.out_bias else ("weight",):
                 out[o + f"attn.out.{kind}"] = hf[p + f"self_attn.o_proj.{kind}"]
             if s.qk_norm:

@@ -115,6 +115,13 @@ def query_temperature(positions: torch.Tensor, beta: float, floor: int) -> torch
     return 1 + beta * torch.log(1 + torch.floor(positions / floor))
 
 
+def halves_from_pairs(rows: int, heads: int) -> torch.Tensor:
+    """For a query or key projection of ``heads`` heads whose rows keep each rotary pair side by side
+    (the interleaved rotation: llama.cpp's files of Llama's layout, ERNIE 4.5's checkpoints), the
+    row of each row of the rotate-half layout apply_rotary takes (a pair's halves dim / 2 apart)."""
+    return torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(rows)
+
+
 def apply_rotary(x, cos, sin):
     """Rotate the first cos.shape[-1] features of each head (all of them, unless partial)."""
     dim = cos.shape[-1]

@@ -199,13 +199,14 @@ def ministral3_metadata(c) -> tuple[dict, dict]:
     return yarn, {"attention.temperature_scale": rope["llama_4_scaling_beta"]}
 
 
-@pytest.mark.parametrize("arch", ["smollm3", "granite", "ministral3"])
-def test_smollm3_granite_and_ministral3_files_equal_their_transformers_models(tmp_path, arch):
+@pytest.mark.parametrize("arch", ["smollm3", "granite", "ministral3", "ernie4_5"])
+def test_files_of_llamas_layout_equal_their_transformers_models(tmp_path, arch):
     """A SmolLM3 file (no rotary in every fourth layer, which llama.cpp fixes and the file does not
     say), a Granite file (its four multipliers in the metadata: embeddings, residuals, attention
-    scale, logits) and a Ministral 3 file (architecture mistral3: yarn, and its queries scaled past
-    the original context), written as llama.cpp's converter writes them (Q/K permuted as Llama's),
-    equal their transformers models; the Granite file without its multipliers, and the Ministral 3
+    scale, logits), a Ministral 3 file (architecture mistral3: yarn, and its queries scaled past
+    the original context) and an ERNIE 4.5 file (its checkpoint's Q/K rows as they are), written as
+    llama.cpp's converter writes them (Q/K rows in the interleaved rotary's order), equal their
+    transformers models; the Granite file without its multipliers, and the Ministral 3
     file without its temperature, answer otherwise."""
     pytest.importorskip("gguf")
     hf = tiny_model(arch, seed=3)
