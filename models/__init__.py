@@ -19,6 +19,7 @@ from .checkpoints import gguf, huggingface
 from .families.gemma import Gemma, GemmaSpec
 from .families.gpt2 import GPT2, GPT2Spec
 from .families.llama import FAMILIES as LLAMA_FAMILIES, Llama, LlamaSpec
+from .families.olmo import FAMILIES as OLMO_FAMILIES, Olmo, OlmoSpec
 from .kernels import native
 from .kernels.block_experts import use_stored_experts
 from .kernels.block_linear import use_block_linears, use_stored_blocks
@@ -27,7 +28,8 @@ from .kernels.decoder_layer import use_decoder_layers
 from .kernels.quantized import BLOCK_WEIGHTS, check_weights, reduce_linears, runs_blocks
 
 ARCHITECTURES = {"gpt2": (GPT2Spec, GPT2), "gemma2": (GemmaSpec, Gemma), "gemma3_text": (GemmaSpec, Gemma),
-                 **{family: (LlamaSpec, Llama) for family in LLAMA_FAMILIES}}
+                 **{family: (LlamaSpec, Llama) for family in LLAMA_FAMILIES},
+                 **{family: (OlmoSpec, Olmo) for family in OLMO_FAMILIES}}
 
 
 @dataclass

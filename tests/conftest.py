@@ -48,6 +48,21 @@ CONFIGS = {
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
         pad_token_id=0),
+    "olmoe": lambda: transformers.OlmoeConfig(  # its q/k norms across heads; the top-k weights as they come
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
+        num_experts=6, num_experts_per_tok=2, experts_implementation="eager"),
+    "olmo2": lambda: transformers.Olmo2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0),
+    # three layers in four through a window the test prompts pass; the global layers' rope a yarn
+    "olmo3": lambda: transformers.Olmo3Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
+        sliding_window=12, rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0},
+            "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
+                               "original_max_position_embeddings": 64}}),
     "phi3": lambda: transformers.Phi3Config(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, original_max_position_embeddings=64,
@@ -94,6 +109,8 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "qwen2": transformers.Qwen2ForCausalLM, "mistral": transformers.MistralForCausalLM,
                  "qwen3": transformers.Qwen3ForCausalLM, "qwen2_sliding": transformers.Qwen2ForCausalLM,
                  "ministral3": transformers.Ministral3ForCausalLM, "ernie4_5": transformers.Ernie4_5ForCausalLM,
+                 "olmo2": transformers.Olmo2ForCausalLM, "olmo3": transformers.Olmo3ForCausalLM,
+                 "olmoe": transformers.OlmoeForCausalLM,
                  "phi3": transformers.Phi3ForCausalLM, "mixtral": transformers.MixtralForCausalLM,
                  "qwen3_moe": transformers.Qwen3MoeForCausalLM, "smollm3": transformers.SmolLM3ForCausalLM,
                  "granite": transformers.GraniteForCausalLM, "granitemoe": transformers.GraniteMoeForCausalLM,
@@ -241,7 +258,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     uint32, float32, str or list value, under the arch's prefix unless it starts with "tokenizer.")
     and ``tensors`` (name -> float32 array) added. Matrices in float32, or in ``matrices``' type
     (a GGMLQuantizationType gguf-py quantizes to). Gemma's norms are stored as 1 + weight, as its
-    converter stores them; a mixture's experts as three stacks (ffn_gate_exps, ffn_up_exps,
+    converter stores them (OLMo's output norms are named as Gemma's); a mixture's experts as three stacks (ffn_gate_exps, ffn_up_exps,
     ffn_down_exps), its router in float32. The file carries no tokenizer."""
     import gguf
     import numpy as np
@@ -257,7 +274,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     if getattr(c, "head_dim", None) not in (None, c.hidden_size // heads):
         writer.add_key_length(c.head_dim)
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
-    writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    rope = c.rope_parameters
+    writer.add_rope_freq_base((rope.get("full_attention") or rope)["rope_theta"])  # (OLMo 3's: its global layers')
     writer.add_vocab_size(c.vocab_size)
     for key, value in (metadata or {}).items():
         adds = {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string, list: writer.add_array}
@@ -269,7 +287,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         writer.add_tensor(name, gguf.quants.quantize(values, matrices), raw_dtype=matrices)
 
     gemma = arch.startswith("gemma")
-    names = {**GGUF_LAYER_NAMES, **(GGUF_GEMMA_NAMES if gemma else {})}
+    names = {**GGUF_LAYER_NAMES, **(GGUF_GEMMA_NAMES if gemma or arch == "olmo2" else {})}
     for name, tensor in hf.state_dict().items():
         values = tensor.float().numpy()
         if gemma and name.endswith("norm.weight"):

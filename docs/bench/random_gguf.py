@@ -8,6 +8,7 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape gemma2-2b --format q4_k_m --vocab 256000 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape qwen3moe-30b-a3b --format q4_k_m --vocab 151936 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape ministral3-3b --format q4_k_m --vocab 131072 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape olmo3-7b --format q4_k_m --vocab 100278 --out /tmp/gguf
 
 Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), q4_k_m
 (llama.cpp's recipe: Q4_K, with Q6_K for the output layer and for attn_v / ffn_down in the layers
@@ -28,6 +29,9 @@ the granitemoe one as a Granite 3.1 3B-A800M (Granite's layout and multipliers, 
 three expert products a stack of all 128 experts' matrices, its router in F32 as llama-quantize leaves it);
 the ministral3 ones as Ministral 3's (architecture mistral3: Llama's layout, 128-wide heads, its yarn
 from a 16,384-token original context to 262,144, its queries' temperature past it; the 3B's table tied);
+the olmo3 one as an OLMo 3 (architecture olmo2: no norms before the attention or the MLP, their outputs'
+norms, the q/k norms across all heads, three layers in four through a 4096-token window, its global
+layers' yarn from an 8,192-token original context);
 the smollm3 one as a SmolLM3 (Llama's layout; llama.cpp leaves every fourth layer unrotated); the
 granite3 one as a Granite 3 2B (Llama's layout and its four multipliers);
 the gemma2 one as a Gemma 2: 256-wide heads without their norms, the output norms, a 4096-token window
@@ -70,8 +74,8 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "gemma2-2b": (2304, 9216, 26, 8, 4), "gemma3-1b": (1152, 6912, 26, 4, 1),
           "gemma3-4b": (2560, 10240, 34, 8, 4), "qwen3moe-30b-a3b": (2048, 6144, 48, 32, 4),
           "granitemoe-3b-a800m": (1536, 512, 32, 24, 8), "ministral3-3b": (3072, 9216, 26, 32, 8),
-          "ministral3-8b": (4096, 14336, 34, 32, 8)}
-UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b"}  # the shapes whose output layer is a tensor of its own
+          "ministral3-8b": (4096, 14336, 34, 32, 8), "olmo3-7b": (4096, 11008, 32, 32, 32)}
+UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b"}  # the shapes whose output layer is a tensor of its own
 
 
 @dataclass(frozen=True)
@@ -88,11 +92,13 @@ class Layout:
     head_norms: bool = False
     output_norms: bool = False
     window: int | None = None
+    input_norms: bool = True  # norms before the attention and the MLP (OLMo has none: its outputs' norms only)
+    norms_across_heads: bool = False  # the q/k norms over all heads at once (OLMo's), not a head's
     linear_rope: float | None = None  # a linear rope scaling's factor (Gemma 3's from 4B: its global layers')
     soft_caps: tuple[float, float] | None = None  # the attention scores' and the logits' soft caps (Gemma 2's)
     scales: tuple[float, float, float, float] | None = None  # Granite's: embeddings, residuals, attention, logits
     experts: tuple[int, int, int] | None = None  # a mixture's experts, those each token uses, an expert's width
-    yarn: tuple[float, int] | None = None  # a yarn's factor and original context (its log multiplier 1)
+    yarn: tuple[float, int, float | None] | None = None  # a yarn's factor, original context, log multiplier
     temperature: float | None = None  # the queries' temperature past the original context (Ministral 3's beta)
 
 
@@ -104,8 +110,10 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
                                 scales=(12.0, 0.22, 0.015625, 6.0), experts=(40, 8, 512)),
            "qwen3moe": Layout("qwen3moe", head=128, rope_base=1e6, eps=1e-6, context=32768, head_norms=True,
                               experts=(128, 8, 768)),
-           "ministral3": Layout("mistral3", head=128, rope_base=1e6, eps=1e-5, context=262144, yarn=(16.0, 16384),
-                                temperature=0.1),
+           "ministral3": Layout("mistral3", head=128, rope_base=1e6, eps=1e-5, context=262144,
+                                yarn=(16.0, 16384, 1.0), temperature=0.1),
+           "olmo3": Layout("olmo2", rope_base=500000.0, eps=1e-6, context=65536, head_norms=True, output_norms=True,
+                           input_norms=False, norms_across_heads=True, window=4096, yarn=(8.0, 8192, None)),
            "gemma2": Layout("gemma2", head=256, rope_base=10000.0, eps=1e-6, context=8192, output_norms=True,
                             window=4096, soft_caps=(50.0, 30.0)),
            "gemma3": Layout("gemma3", head=256, rope_base=1e6, eps=1e-6, context=32768, head_norms=True,
@@ -192,11 +200,13 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
     for i in range(layers):
         for name, shape in (("attn_norm", (hidden,)), ("attn_q", (q, hidden)), ("attn_k", (kv, hidden)),
                             ("attn_v", (kv, hidden)), ("attn_output", (hidden, q)), ("ffn_norm", (hidden,)), *mlp):
+            if name in ("attn_norm", "ffn_norm") and not family.input_norms:
+                continue
             yield f"blk.{i}.{name}.weight", i, shape
             if family.biases and name in ("attn_q", "attn_k", "attn_v"):
                 yield f"blk.{i}.{name}.bias", i, shape[:1]
             if family.head_norms and name in ("attn_q", "attn_k"):
-                yield f"blk.{i}.{name}_norm.weight", i, (head,)
+                yield f"blk.{i}.{name}_norm.weight", i, shape[:1] if family.norms_across_heads else (head,)
             if family.output_norms and name in ("attn_output", "ffn_down"):
                 yield f"blk.{i}.{'post_attention_norm' if name == 'attn_output' else 'post_ffw_norm'}.weight", i, (hidden,)
     yield "output_norm.weight", -1, (hidden,)
@@ -252,7 +262,8 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(family.yarn[0])
         writer.add_rope_scaling_orig_ctx_len(family.yarn[1])
-        writer.add_rope_scaling_yarn_log_mul(1.0)
+        if family.yarn[2] is not None:
+            writer.add_rope_scaling_yarn_log_mul(family.yarn[2])
     if family.temperature:
         writer.add_attn_temperature_scale(family.temperature)
     if family.linear_rope:

@@ -39,12 +39,15 @@ LAYER_NAMES = {
     "ffn_down_exps": "mlp.experts.down_proj",
 }
 # Gemma 2 and 3 have four norms per block; llama.cpp's "ffn_norm" is their pre-feed-forward norm.
+# OLMo's two norms a block normalise the attention's and the MLP's outputs.
 # Phi-3's files hold its query, key and value rows in one matrix, and its gate and up rows in
 # "ffn_up", as its Hugging Face checkpoints do.
 GEMMA_LAYER_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
                      "post_ffw_norm": "post_feedforward_layernorm"}
 ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
-                    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}}
+                    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+                    "olmo2": {"post_attention_norm": "post_attention_layernorm",
+                              "post_ffw_norm": "post_feedforward_layernorm"}}
 # llama.cpp multiplies by a norm's weight where Gemma multiplies by (1 + weight): its converter
 # stores weight + 1, which loading takes back.
 NORM_OFFSET = {"gemma2": 1.0, "gemma3": 1.0}
@@ -318,7 +321,7 @@ def read_tokenizer(path: Path, arch: str | None = None) -> Tokenizer:
 # BPE one by tokenizer.ggml.model alone; its SentencePiece builders differ only for Gemma and Phi-3):
 # it reads the tokenizer of a copy of the file's tokenizer metadata under Llama's name.
 TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "llama", "mistral3": "llama",
-                       "ernie4_5": "llama"}
+                       "ernie4_5": "llama", "olmo2": "llama", "olmoe": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

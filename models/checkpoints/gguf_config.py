@@ -11,10 +11,11 @@ from ..kernels.block_formats import widened
 # gguf architecture -> transformers model_type
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "smollm3": "smollm3",
                  "granite": "granite", "gemma2": "gemma2", "gemma3": "gemma3_text", "qwen3moe": "qwen3_moe",
-                 "granitemoe": "granitemoe", "mistral3": "ministral3", "ernie4_5": "llama"}
+                 "granitemoe": "granitemoe", "mistral3": "ministral3", "ernie4_5": "llama", "olmo2": "olmo2",
+                 "olmoe": "olmoe"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
-# files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in both
-MIXTURES = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe"}
+# files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's
+MIXTURES = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "olmoe": "olmoe"}
 # architectures whose files keep Llama's layout: Q/K rows in the interleaved rotary's order (llama.cpp's
 # converter permutes Llama's; ERNIE 4.5's checkpoints hold them so: its files are Llama's from there),
 # attention biases where the model has them
@@ -50,7 +51,7 @@ def check_architecture(meta: dict, file_name: str) -> str:
     if key("expert_count"):
         if arch not in MIXTURES:
             raise ValueError(f"{file_name} is a {arch} model with {key('expert_count')} experts; Loom runs experts "
-                             f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen3-MoE's and Granite MoE's)")
+                             f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen3-MoE's, Granite MoE's and OLMoE's)")
         if key("expert_shared_feed_forward_length"):  # (Granite MoE Shared's: a dense expert every token takes)
             raise ValueError(f"{file_name} has a shared expert, which Loom does not run")
         if key("expert_weights_scale") not in (None, 0.0, 1.0):  # (llama.cpp: 0 and 1 scale nothing)
@@ -119,6 +120,12 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
             config["no_rope_layers"] = [0] * config["num_hidden_layers"]
     if arch == "phi3":
         config["sliding_window"] = key("attention.sliding_window") or None  # 0: none (Phi-4 is a "phi3" too)
+    if arch == "olmo2" and key("attention.sliding_window"):  # an OLMo 3 (where the file lists no layer types,
+        config |= {"model_type": "olmo3", "sliding_window": key("attention.sliding_window")}  # three local in four)
+        if types := _sliding_layers(key, config["num_hidden_layers"], file_name):
+            config["layer_types"] = types
+        if key("rope.freq_base_swa") is not None:
+            config["rope_local_base_freq"] = key("rope.freq_base_swa")
     rotary = key("rope.dimension_count")
     if rotary and heads:
         head_dim = config["head_dim"] or config["hidden_size"] // heads
@@ -139,11 +146,15 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
 
 
 def _experts(arch: str, key, config: dict) -> dict:
-    """A mixture of experts' config fields as transformers names them for Mixtral, Qwen3-MoE or Granite
-    MoE: every layer routes, the chosen experts' weights renormalised, as llama.cpp runs them."""
+    """A mixture of experts' config fields as transformers names them for Mixtral, Qwen3-MoE, Granite
+    MoE or OLMoE: every layer routes, the chosen experts' weights renormalised (but OLMoE's), as
+    llama.cpp runs them."""
     experts, used, inner = key("expert_count"), key("expert_used_count"), key("expert_feed_forward_length")
     if MIXTURES[arch] in ("mixtral", "granitemoe"):  # (llama.cpp's experts there are feed_forward_length wide)
         return {"model_type": MIXTURES[arch], "num_local_experts": experts, "num_experts_per_tok": used,
+                "intermediate_size": inner or config["intermediate_size"]}
+    if arch == "olmoe":  # (and there)
+        return {"num_experts": experts, "num_experts_per_tok": used, "norm_topk_prob": False,
                 "intermediate_size": inner or config["intermediate_size"]}
     inner = inner or config["intermediate_size"] // used  # (llama.cpp's Qwen3-MoE fallback)
     return {"num_experts": experts, "num_experts_per_tok": used, "moe_intermediate_size": inner,

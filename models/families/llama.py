@@ -1,6 +1,6 @@
 """The Llama family over the paged KV cache: Llama, Qwen2, Qwen3, Mistral, Ministral 3, ERNIE 4.5,
-Phi-3, SmolLM3, Granite, and the mixture-of-experts Mixtral, Qwen3-MoE and Granite MoE. GQA, RoPE (rope.py),
-RMSNorm, SwiGLU; per family: q/k norms (Qwen3), sliding windows for all or some layers, layers without
+Phi-3, SmolLM3, Granite, and the mixture-of-experts Mixtral, Qwen3-MoE, Granite MoE and OLMoE. GQA, RoPE
+(rope.py), RMSNorm, SwiGLU; per family: q/k norms (per head: Qwen3; across heads: OLMoE), sliding windows for all or some layers, layers without
 rotary (SmolLM3's every fourth), queries scaled by position past the original context (Ministral 3),
 fused checkpoint tensors (Phi-3), rotary pairs side by side in the checkpoint (ERNIE 4.5), scaled embeddings, residuals and logits (Granite), routed experts
 (moe.py)."""
@@ -18,7 +18,7 @@ from .moe import MoESpec, SparseMoE
 from .rope import Rotary, halves_from_pairs, query_temperature, rope_type, sequence_ends
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi3", "smollm3", "granite", "mixtral",
-            "qwen3_moe", "granitemoe")
+            "qwen3_moe", "granitemoe", "olmoe")
 
 
 @dataclass
@@ -33,6 +33,7 @@ class LlamaSpec(DecoderShape):
     out_bias: bool
     mlp_bias: bool
     qk_norm: bool
+    qk_norm_across_heads: bool  # the q/k norms over all heads at once (OLMoE's), not a head at a time
     layer_windows: tuple[int | None, ...]  # each layer's sliding window, None for full attention
     layer_rotates: tuple[bool, ...]  # whether each layer rotates its queries and keys (SmolLM3: 3 in 4)
     moe: MoESpec | None
@@ -60,6 +61,8 @@ class LlamaSpec(DecoderShape):
         theta = c.get("rope_theta") or rope.get("rope_theta") or 10000.0
         if c.get("hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {c['hidden_act']!r} for {kind}; supported: silu")
+        if c.get("clip_qkv") is not None:
+            raise ValueError(f"{kind} with clip_qkv (queries, keys and values clamped) is not supported")
         trained = c.get("max_position_embeddings", 2048)
         # Dynamic NTK scaling exists to run past the trained context: up to factor times it.
         context = int(trained * rope["factor"]) if rope_type(rope) == "dynamic" else trained
@@ -83,7 +86,8 @@ class LlamaSpec(DecoderShape):
             qkv_bias=kind == "qwen2" or bias,
             out_bias=bias,
             mlp_bias=bool(c.get("mlp_bias", c.get("use_bias", False))),
-            qk_norm=kind in ("qwen3", "qwen3_moe"),
+            qk_norm=kind in ("qwen3", "qwen3_moe", "olmoe"),
+            qk_norm_across_heads=kind == "olmoe",
             layer_windows=_layer_windows(kind, c, layers),
             layer_rotates=_layer_rotates(kind, c, layers),
             moe=MoESpec.from_hf(c),
@@ -136,24 +140,29 @@ def _layer_windows(kind: str, c: dict, layers: int) -> tuple[int | None, ...]:
 
 
 class Attention(nn.Module):
-    """GQA over the paged cache, with optional per-head q/k norms (Qwen3; Gemma passes its own
-    norm, scale and soft cap)."""
+    """GQA over the paged cache, with optional q/k norms: per head (Qwen3), or across all heads
+    (OLMo: the spec's qk_norm_across_heads); Gemma passes its own norm, scale and soft cap."""
 
     def __init__(self, s, norm=RMSNorm, scale: float | None = None, softcap: float | None = None):
         super().__init__()
         self.heads, self.kv_heads, self.dim = s.num_heads, s.num_kv_heads, s.head_dim
         self.qkv = nn.Linear(s.hidden_size, (s.num_heads + 2 * s.num_kv_heads) * s.head_dim, bias=s.qkv_bias)
         self.out = nn.Linear(s.num_heads * s.head_dim, s.hidden_size, bias=s.out_bias)
-        self.q_norm = norm(s.head_dim, s.rms_norm_eps) if s.qk_norm else None
-        self.k_norm = norm(s.head_dim, s.rms_norm_eps) if s.qk_norm else None
+        self.norms_across_heads = getattr(s, "qk_norm_across_heads", False)
+        q_width, k_width = (s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim) if self.norms_across_heads else (
+            s.head_dim, s.head_dim)
+        self.q_norm = norm(q_width, s.rms_norm_eps) if s.qk_norm else None
+        self.k_norm = norm(k_width, s.rms_norm_eps) if s.qk_norm else None
         self.scale = scale if scale is not None else s.head_dim ** -0.5
         self.softcap = softcap
 
     def forward(self, x, cos, sin, kv_cache, layer, step, masks, query_scales=None):
         """``query_scales``: each row's query scale (rope.query_temperature), or None."""
         q, k, v = self.qkv(x).split([self.heads * self.dim, self.kv_heads * self.dim, self.kv_heads * self.dim], -1)
+        if self.norms_across_heads:  # all heads' queries (keys) normalised as one, before the rotation
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.view(-1, self.heads, self.dim), k.view(-1, self.kv_heads, self.dim)
-        if self.q_norm is not None:  # each head normalised before the rotation
+        if self.q_norm is not None and not self.norms_across_heads:  # each head normalised before the rotation
             q, k = self.q_norm(q), self.k_norm(k)
         if query_scales is not None:  # (before the rotation, which it commutes with)
             q = q * query_scales[:, None, None]

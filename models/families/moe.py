@@ -1,4 +1,4 @@
-"""Mixture-of-experts feed-forward (Mixtral, Qwen3-MoE, Granite MoE): a router picks each token's top-k experts;
+"""Mixture-of-experts feed-forward (Mixtral, Qwen3-MoE, Granite MoE, OLMoE): a router picks each token's top-k experts;
 the step's tokens are grouped by expert so that every expert runs one matrix product per step on
 all the tokens routed to it, however many requests the flat batch holds."""
 
@@ -25,6 +25,9 @@ class MoESpec:
         kind = c["model_type"]
         if kind in ("mixtral", "granitemoe"):  # (Granite's softmax over the top-k logits: the same weights)
             return cls(c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"], True, frozenset(), 1)
+        if kind == "olmoe":
+            return cls(c["num_experts"], c["num_experts_per_tok"], c["intermediate_size"],
+                       bool(c.get("norm_topk_prob", False)), frozenset(), 1)
         if kind == "qwen3_moe":
             experts = c.get("num_experts") or c["num_local_experts"]  # the hub's name, transformers 5's
             return cls(experts, c["num_experts_per_tok"], c["moe_intermediate_size"],

@@ -61,7 +61,8 @@ enum Activation : int64_t { GELU_TANH = 0, SILU_GATED = 1, GELU_TANH_GATED = 2 }
 // One layer's weights and shape, filled once at load (decoder_layer.py mirrors this layout: every
 // field is 8 bytes). Biases may be null; the pool keeps its elements as C (kv_element.h). Llama's
 // family: RMSNorms, SILU_GATED; Qwen3 normalises each head's query and key (q_norm, k_norm: null
-// elsewhere). Gemma: its attention's and MLP's outputs normalised before they are added
+// elsewhere), OLMo all heads' queries and all keys as one (norms_across_heads), and has no norm
+// before the attention or the MLP (input_norm, post_norm: null), its outputs' norms as Gemma's. Gemma: its attention's and MLP's outputs normalised before they are added
 // (attn_out_norm, mlp_out_norm: null elsewhere), GELU_TANH_GATED; Gemma 3's q/k norms and its layers
 // with a sliding window rotating by angles of their own (window_angles: the step's
 // window_cos/window_sin); Gemma 2's attention scores soft-capped (softcap: 0 elsewhere). A layer that
@@ -84,7 +85,8 @@ struct Layer {
     const T *q_norm, *k_norm, *attn_out_norm, *mlp_out_norm;
     C *k_cache, *v_cache;
     const Experts* experts;
-    int64_t hidden, intermediate, heads, kv_heads, dim, window, layer_norm, activation, window_angles, rotates;
+    int64_t hidden, intermediate, heads, kv_heads, dim, window, layer_norm, activation, window_angles, rotates,
+        norms_across_heads;
     double eps, scale, softcap, residual_scale;
 };
 
@@ -180,18 +182,20 @@ void norm_rows(T* x, const T* delta, const T* weight, const T* bias, bool layer_
     }
 }
 
-// Each head of the rows' queries and keys, in place in qkv (rows ``stride`` apart; the queries'
-// ``heads`` heads of ``dim``, then the keys' ``kv_heads``): RMSNorm with a weight of ``dim``, before
-// the rotation, as Qwen3's q_norm and k_norm. A task per head (norm_row).
+// The rows' queries and keys, in place in qkv (rows ``stride`` apart; the queries' ``heads`` spans of
+// ``q_dim``, then the keys' ``kv_heads`` of ``k_dim``): RMSNorm of each span, before the rotation. A
+// span a head, as Qwen3's q_norm and k_norm; or one span for all queries and one for all keys, as
+// OLMo's. A task per span (norm_row).
 template <typename T>
-void norm_heads(T* qkv, int64_t stride, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim, const T* q_norm,
-                const T* k_norm, double eps) {
+void norm_spans(T* qkv, int64_t stride, int64_t rows, int64_t heads, int64_t kv_heads, int64_t q_dim, int64_t k_dim,
+                const T* q_norm, const T* k_norm, double eps) {
     const int64_t per_row = heads + kv_heads;
 #pragma omp for
     for (int64_t task = 0; task < rows * per_row; ++task) {
-        const int64_t head = task % per_row;
-        T* v = qkv + task / per_row * stride + head * dim;
-        norm_row<T>(v, head < heads ? q_norm : k_norm, nullptr, false, eps, v, dim);
+        const int64_t span = task % per_row;
+        const bool query = span < heads;
+        T* v = qkv + task / per_row * stride + (query ? span * q_dim : heads * q_dim + (span - heads) * k_dim);
+        norm_row<T>(v, query ? q_norm : k_norm, nullptr, false, eps, v, query ? q_dim : k_dim);
     }
 }
 
@@ -397,9 +401,16 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
     auto multiply = [&](const T* a, int64_t stride, int64_t in, const Weights* w, const T* b, int64_t out, T* y) {
         product(a, stride, rows, *w, b, in, y, out, buffers.scratch, panel_from);
     };
-    norm_rows<T>(x, nullptr, l.input_norm, l.input_norm_bias, l.layer_norm, l.eps, h, rows, hidden);
-    multiply(h, hidden, hidden, l.qkv, l.qkv_bias, qkv_width, qkv);
-    if (l.q_norm != nullptr) norm_heads(qkv, qkv_width, rows, l.heads, l.kv_heads, l.dim, l.q_norm, l.k_norm, l.eps);
+    const T* attn_in = x;  // (OLMo's attention reads the residual stream as it is)
+    if (l.input_norm != nullptr) {
+        norm_rows<T>(x, nullptr, l.input_norm, l.input_norm_bias, l.layer_norm, l.eps, h, rows, hidden);
+        attn_in = h;
+    }
+    multiply(attn_in, hidden, hidden, l.qkv, l.qkv_bias, qkv_width, qkv);
+    if (l.q_norm != nullptr && l.norms_across_heads)
+        norm_spans(qkv, qkv_width, rows, 1, 1, q_width, kv_width, l.q_norm, l.k_norm, l.eps);
+    else if (l.q_norm != nullptr)
+        norm_spans(qkv, qkv_width, rows, l.heads, l.kv_heads, l.dim, l.dim, l.q_norm, l.k_norm, l.eps);
     if (s.query_scales != nullptr) scale_queries(qkv, qkv_width, q_width, s.query_scales, rows);
     const T *cos = l.window_angles ? s.window_cos : s.cos, *sin = l.window_angles ? s.window_sin : s.sin;
     rotate_and_store_rows(qkv, qkv_width, qkv + q_width, qkv_width, qkv + q_width + kv_width, qkv_width, cos, sin,
@@ -411,11 +422,17 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
     multiply(attn, q_width, q_width, l.out, l.out_bias, hidden, delta);
     if (l.attn_out_norm != nullptr) norm_rows<T>(delta, nullptr, l.attn_out_norm, nullptr, false, l.eps, delta, rows, hidden);
     if (scales_residuals) scale_values(delta, l.residual_scale, rows * hidden);
-    norm_rows(x, delta, l.post_norm, l.post_norm_bias, l.layer_norm, l.eps, h, rows, hidden);
-    if (l.experts != nullptr) {
-        expert_phases(h, l, rows, buffers, delta, panel_from);
+    const T* mlp_in = x;  // (and so does its MLP)
+    if (l.post_norm != nullptr) {
+        norm_rows(x, delta, l.post_norm, l.post_norm_bias, l.layer_norm, l.eps, h, rows, hidden);
+        mlp_in = h;
     } else {
-        multiply(h, hidden, hidden, l.up, l.up_bias, up_width, up);
+        add_rows(x, delta, rows * hidden);
+    }
+    if (l.experts != nullptr) {
+        expert_phases(mlp_in, l, rows, buffers, delta, panel_from);
+    } else {
+        multiply(mlp_in, hidden, hidden, l.up, l.up_bias, up_width, up);
         activate_rows(up, up_width, l.activation, rows, inter);
         multiply(up, up_width, inter, l.down, l.down_bias, hidden, delta);  // act(gate) x up
     }

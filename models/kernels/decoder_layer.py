@@ -5,7 +5,7 @@ and 6 ctypes calls, which was a quarter of a one-stream step (docs/benchmarks-hi
 "Small-batch products").
 
 ``use_decoder_layers(model)`` attaches them where the model qualifies: GPT-2, Gemma 2 and 3 in
-float32, or a Llama-family model (Qwen3's per-head q/k norms, SmolLM3's layers without rotary,
+float32, OLMo 2 and 3, or a Llama-family model (Qwen3's per-head q/k norms, SmolLM3's layers without rotary,
 Granite's scaled residuals and Mixtral's and Qwen3-MoE's routed experts included) whose linear layers,
 the output layer's too, are CpuLinear or BlockLinear. A prefill chunk within PREFILL_KEYS (a prompt of up to
 1024 tokens) is rows of its sequence here too, each attending to its prefix on the decode kernel,
@@ -32,6 +32,7 @@ from ..families.gemma import Gemma
 from ..families.gpt2 import GPT2
 from ..families.layers import NativeDecoding, RMSNorm, chunk_rows, prefill_keys
 from ..families.llama import Llama
+from ..families.olmo import Olmo
 from ..families.moe import Experts, SparseMoE
 from .block_experts import BlockExperts
 
@@ -111,7 +112,7 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
         "experts")]
     _fields_ += [(name, _int64) for name in (
         "hidden", "intermediate", "heads", "kv_heads", "dim", "window", "layer_norm", "activation", "window_angles",
-        "rotates")]
+        "rotates", "norms_across_heads")]
     _fields_ += [(name, _double) for name in ("eps", "scale", "softcap", "residual_scale")]
 
 
@@ -140,16 +141,16 @@ def _address(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
 
 
-def _final_norm(model: Llama | Gemma | GPT2) -> nn.Module:
+def _final_norm(model: Llama | Gemma | Olmo | GPT2) -> nn.Module:
     """The final norm (RMSNorm or LayerNorm): its weight is on the activations' device, in their
     dtype (the output layer's weight may be blocks)."""
     return model.ln_f if isinstance(model, GPT2) else model.norm
 
 
-def _products(model: Llama | Gemma | GPT2) -> list:
+def _products(model: Llama | Gemma | Olmo | GPT2) -> list:
     """Every linear layer a decode step runs: the layers' four products each (a router where a layer
     routes to experts, whose products moe.Experts or BlockExperts hold), then the output layer."""
-    if isinstance(model, Llama):
+    if isinstance(model, (Llama, Olmo)):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, *(
             (b.mlp.router,) if isinstance(b.mlp, SparseMoE) else (b.mlp.gate_up, b.mlp.down)))]
     elif isinstance(model, Gemma):
@@ -206,11 +207,11 @@ def _expert_weights(experts: Experts | BlockExperts, index: int) -> tuple[_Weigh
 
 
 class DecoderLayers:
-    def __init__(self, model: Llama | Gemma | GPT2):
+    def __init__(self, model: Llama | Gemma | Olmo | GPT2):
         self.dtype = _final_norm(model).weight.dtype
         self.weights = []  # the modules, tensors and structures whose addresses the layers hold, kept alive
         layer = (self._gpt2_layer if isinstance(model, GPT2) else self._gemma_layer if isinstance(model, Gemma)
-                 else self._llama_layer)
+                 else self._olmo_layer if isinstance(model, Olmo) else self._llama_layer)
         layers = [layer(block, model.spec) for block in model.layers]
         self.layers = (_Layer * len(layers))(*layers)
         # whether some layer rotates by the step's window angles (Gemma 3's local ones): forward() needs them
@@ -237,7 +238,8 @@ class DecoderLayers:
                             intermediate=mlp.spec.intermediate_size if routes else spec.intermediate_size,
                             heads=spec.num_heads, kv_heads=spec.num_kv_heads, dim=spec.head_dim,
                             window=block.window or 0, activation=SILU_GATED, rotates=block.rotates,
-                            eps=spec.rms_norm_eps, scale=attn.scale, residual_scale=spec.residual_scale)
+                            norms_across_heads=attn.norms_across_heads, eps=spec.rms_norm_eps, scale=attn.scale,
+                            residual_scale=spec.residual_scale)
         if routes:
             layer.experts = ctypes.addressof(self._experts(mlp))
         return layer
@@ -267,6 +269,18 @@ class DecoderLayers:
                            window_angles=block.window is not None and spec.local_theta is not None,
                            eps=spec.rms_norm_eps, scale=attn.scale, softcap=attn.softcap or 0.0)
 
+    def _olmo_layer(self, block, spec) -> _Layer:
+        """No norm before the attention or the MLP, their outputs' norms where Gemma's are; the
+        queries' and keys' norms across all heads; the layers with a window rotate by the window
+        angles where those differ (OLMo 3's long-context global rope)."""
+        attn = block.attn
+        return self._layer((None, None), attn.qkv, attn.out, block.mlp.gate_up, block.mlp.down,
+                           (attn.q_norm, attn.k_norm, block.post_attn_norm, block.post_mlp_norm),
+                           hidden=spec.hidden_size, intermediate=spec.intermediate_size, heads=spec.num_heads,
+                           kv_heads=spec.num_kv_heads, dim=spec.head_dim, window=block.window or 0,
+                           activation=SILU_GATED, window_angles=block.window is not None and spec.local_rotation,
+                           norms_across_heads=True, eps=spec.rms_norm_eps, scale=attn.scale)
+
     def _gpt2_layer(self, block, spec) -> _Layer:
         return self._layer((block.ln1, block.ln2), block.qkv, block.attn_out, block.fc, block.proj,
                            (None, None, None, None), hidden=spec.hidden_size, intermediate=spec.inner_size,
@@ -285,7 +299,7 @@ class DecoderLayers:
             return factors.data_ptr()
         return norm.weight.data_ptr()
 
-    def _head(self, model: Llama | Gemma | GPT2) -> _Head:
+    def _head(self, model: Llama | Gemma | Olmo | GPT2) -> _Head:
         norm, output = _final_norm(model), model.lm_head
         weights = _weights(output)
         self.weights.append((output, weights))
@@ -309,7 +323,7 @@ class DecoderLayers:
     @classmethod
     def of(cls, model) -> "DecoderLayers | None":
         """The native layers for ``model``, or None where it does not qualify (see the module's doc)."""
-        if not isinstance(model, (Llama, Gemma, GPT2)):
+        if not isinstance(model, (Llama, Gemma, Olmo, GPT2)):
             return None
         weight = _final_norm(model).weight
         if not native.supports(weight.device, weight.dtype):

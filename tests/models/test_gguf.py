@@ -227,6 +227,30 @@ def test_files_of_llamas_layout_equal_their_transformers_models(tmp_path, arch):
         assert any(mine != pytest.approx(theirs, abs=1e-3) for (_, mine), (_, theirs) in zip(plain, expected))
 
 
+@pytest.mark.parametrize("arch", ["olmo2", "olmo3"])
+def test_olmo_files_equal_their_transformers_models(tmp_path, arch):
+    """OLMo 2 and OLMo 3 files (architecture olmo2; OLMo 3's with a sliding window, three local
+    layers in four as llama.cpp assumes, its global layers' yarn in the file's rope scaling) equal
+    their transformers models: norms after the attention and the MLP, the queries' and keys' norms
+    across all heads. The OLMo 3 file without its window answers otherwise."""
+    pytest.importorskip("gguf")
+    hf = tiny_model(arch, seed=3)
+    metadata = {}
+    if arch == "olmo3":
+        rope = hf.config.rope_parameters["full_attention"]
+        metadata = {"attention.sliding_window": hf.config.sliding_window, "rope.scaling.type": "yarn",
+                    "rope.scaling.factor": rope["factor"],
+                    "rope.scaling.original_context_length": rope["original_max_position_embeddings"]}
+    rng = random.Random(12)
+    prompts = [random_prompt(rng, 5, 10), random_prompt(rng, 30, 40)]
+    expected = [greedy_with_logprobs(hf, p, 16) for p in prompts]
+    assert_same_answers(greedy(write_gguf_of(hf, tmp_path / f"{arch}.gguf", "olmo2", metadata), prompts), expected)
+    if arch == "olmo3":
+        del metadata["attention.sliding_window"]
+        unwindowed = greedy(write_gguf_of(hf, tmp_path / "unwindowed.gguf", "olmo2", metadata), prompts)
+        assert any(mine != pytest.approx(theirs, abs=1e-3) for (_, mine), (_, theirs) in zip(unwindowed, expected))
+
+
 def test_sizes_listed_a_layer_at_a_time_switches_and_window_patterns_read_as_llama_cpp_reads_them():
     """Granite 4's converter lists the heads a layer at a time (one value: taken; different ones: a
     clear refusal), and may switch its rotary off (rope.scaling.finetuned); a file without an attention
@@ -340,7 +364,8 @@ def test_unsupported_architecture(tmp_path):
 
 @pytest.mark.parametrize("arch, metadata, message", [
     ("qwen2", {"qwen2.expert_count": 8}, r"m.gguf is a qwen2 model with 8 experts; Loom runs experts in llama, "
-                                         r"qwen3moe, granitemoe files \(Mixtral's, Qwen3-MoE's and Granite MoE's\)"),
+                                         r"qwen3moe, granitemoe, olmoe files \(Mixtral's, Qwen3-MoE's, Granite MoE's and "
+                                         r"OLMoE's\)"),
     ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_weights_scale": 2.5},
      "m.gguf scales its experts' weights by 2.5, which Loom does not run"),
     ("granitemoe", {"granitemoe.expert_count": 8, "granitemoe.expert_shared_feed_forward_length": 1024},

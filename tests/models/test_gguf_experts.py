@@ -1,4 +1,4 @@
-"""GGUF mixtures of experts (Mixtral's files, which say "llama", Qwen3-MoE's and Granite MoE's): the experts' three
+"""GGUF mixtures of experts (Mixtral's files, which say "llama", Qwen3-MoE's, Granite MoE's and OLMoE's): the experts' three
 stacks multiplied where the file keeps them, in its own formats, an expert at a time, on the torch
 layers and on the native ones, against float64 products over the file's values and against
 transformers' models of the same weights."""
@@ -36,8 +36,10 @@ MIXTURES = {"mixtral": ("llama", lambda c: {"expert_count": c.num_local_experts,
                                                     "embedding_scale": c.embedding_multiplier,
                                                     "residual_scale": c.residual_multiplier,
                                                     "attention.scale": c.attention_multiplier,
-                                                    "logit_scale": c.logits_scaling})}
-SETTINGS = {"mixtral": {}, "qwen3_moe": {"mlp_only_layers": [], "moe_intermediate_size": 64}, "granitemoe": {}}
+                                                    "logit_scale": c.logits_scaling}),
+            "olmoe": ("olmoe", lambda c: {"expert_count": c.num_experts, "expert_used_count": c.num_experts_per_tok})}
+SETTINGS = {"mixtral": {}, "qwen3_moe": {"mlp_only_layers": [], "moe_intermediate_size": 64}, "granitemoe": {},
+            "olmoe": {}}
 
 
 def mixture_file(path, arch: str, seed: int = 3, matrices: Q | None = None):
@@ -50,8 +52,8 @@ def mixture_file(path, arch: str, seed: int = 3, matrices: Q | None = None):
 
 @pytest.mark.parametrize("arch", sorted(MIXTURES))
 def test_a_mixture_file_equals_its_transformers_model(tmp_path, arch):
-    """Mixtral's, Qwen3-MoE's and Granite MoE's files (every expert's matrices of a product one stack,
-    the router a matrix of its own; Granite's four multipliers): Loom's greedy tokens and log-probabilities equal transformers' over the
+    """Mixtral's, Qwen3-MoE's, Granite MoE's and OLMoE's files (every expert's matrices of a product one
+    stack, the router a matrix of its own; Granite's four multipliers; OLMoE's weights not renormalised): Loom's greedy tokens and log-probabilities equal transformers' over the
     same weights."""
     hf, path = mixture_file(tmp_path / f"{arch}.gguf", arch)
     rng = random.Random(5)

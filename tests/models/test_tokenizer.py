@@ -183,10 +183,10 @@ def test_the_cache_keeps_merges_as_strings_where_no_token_holds_a_space(tmp_path
     assert json.loads(spaced.read_text()) == content
 
 
-@pytest.mark.parametrize("arch", ["smollm3", "granite", "granitemoe", "mistral3", "ernie4_5"])
+@pytest.mark.parametrize("arch", ["smollm3", "granite", "granitemoe", "mistral3", "ernie4_5", "olmo2"])
 @pytest.mark.parametrize("kind", ["bpe", "spm"])
 def test_a_file_transformers_gguf_reader_refuses_keeps_its_tokenizer(arch, kind, tmp_path, monkeypatch):
-    """transformers reads no SmolLM3, Granite, Mistral 3 or ERNIE 4.5 GGUF file; their tokenizers, converted from a copy of
+    """transformers reads no SmolLM3, Granite, Mistral 3, ERNIE 4.5 or OLMo GGUF file; their tokenizers, converted from a copy of
     the metadata under Llama's name, equal the same vocabulary's from a Llama file: SmolLM2's
     byte-level BPE and a SentencePiece-style one, text and chat prompts."""
     monkeypatch.setenv("LOOM_CACHE", str(tmp_path / "cache"))
