@@ -137,11 +137,11 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         config |= _rope_scaling(key, tensors)
     except ValueError as error:
         raise ValueError(f"{file_name}: {error}") from None
-    if key("attention.temperature_scale"):  # Ministral 3's queries scaled past the original context
-        config.setdefault("rope_scaling", {"rope_type": "default"})["llama_4_scaling_beta"] = \
-            key("attention.temperature_scale")
-        config["rope_scaling"].setdefault("original_max_position_embeddings",  # (llama.cpp: the yarn's, or the trained)
-                                          key("rope.scaling.original_context_length", config["max_position_embeddings"]))
+    if key("attention.temperature_scale"):  # Ministral 3's queries scaled past the original context (llama.cpp's:
+        rope = config.setdefault("rope_scaling", {"rope_type": "default"})  # the yarn's, or the trained one)
+        rope["llama_4_scaling_beta"] = key("attention.temperature_scale")
+        rope.setdefault("original_max_position_embeddings",
+                        key("rope.scaling.original_context_length", config["max_position_embeddings"]))
     return config
 
 
@@ -230,7 +230,7 @@ def _rope_scaling(key, tensors: dict[str, TensorInfo]) -> dict:
         for field, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
             if key(f"rope.scaling.{field}") is not None:
                 yarn[name] = key(f"rope.scaling.{field}")
-        if key("rope.scaling.yarn_log_multiplier"):  # (Ministral 3's mscale_all_dim, its mscale taken as 1 as llama.cpp does)
+        if key("rope.scaling.yarn_log_multiplier"):  # Ministral 3's mscale_all_dim (mscale 1, as llama.cpp has it)
             yarn |= {"mscale": 1.0, "mscale_all_dim": key("rope.scaling.yarn_log_multiplier")}
         return {"rope_scaling": yarn}
     if scaling != "none":

@@ -33,7 +33,7 @@ class GemmaSpec(DecoderShape):
     qk_norm: bool              # per-head q/k norms (Gemma 3)
     max_position: int
     tie_word_embeddings: bool
-    qkv_bias = out_bias = False  # what llama.Attention reads: no biases
+    qkv_bias = out_bias = qk_norm_across_heads = False  # what llama.Attention reads: no biases, per-head norms
 
     @classmethod
     def from_hf(cls, c: dict) -> "GemmaSpec":

@@ -1,9 +1,10 @@
 """The Llama family over the paged KV cache: Llama, Qwen2, Qwen3, Mistral, Ministral 3, ERNIE 4.5,
-Phi-3, SmolLM3, Granite, and the mixture-of-experts Mixtral, Qwen3-MoE, Granite MoE and OLMoE. GQA, RoPE
-(rope.py), RMSNorm, SwiGLU; per family: q/k norms (per head: Qwen3; across heads: OLMoE), sliding windows for all or some layers, layers without
-rotary (SmolLM3's every fourth), queries scaled by position past the original context (Ministral 3),
-fused checkpoint tensors (Phi-3), rotary pairs side by side in the checkpoint (ERNIE 4.5), scaled embeddings, residuals and logits (Granite), routed experts
-(moe.py)."""
+Phi-3, SmolLM3, Granite, and the mixture-of-experts Mixtral, Qwen3-MoE, Granite MoE and OLMoE. GQA,
+RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k norms (per head: Qwen3; across heads: OLMoE), sliding
+windows for all or some layers, layers without rotary (SmolLM3's every fourth), queries scaled by
+position past the original context (Ministral 3), fused checkpoint tensors (Phi-3), rotary pairs side
+by side in the checkpoint (ERNIE 4.5), scaled embeddings, residuals and logits (Granite), routed
+experts (moe.py)."""
 
 from __future__ import annotations
 
@@ -148,7 +149,7 @@ class Attention(nn.Module):
         self.heads, self.kv_heads, self.dim = s.num_heads, s.num_kv_heads, s.head_dim
         self.qkv = nn.Linear(s.hidden_size, (s.num_heads + 2 * s.num_kv_heads) * s.head_dim, bias=s.qkv_bias)
         self.out = nn.Linear(s.num_heads * s.head_dim, s.hidden_size, bias=s.out_bias)
-        self.norms_across_heads = getattr(s, "qk_norm_across_heads", False)
+        self.norms_across_heads = s.qk_norm_across_heads
         q_width, k_width = (s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim) if self.norms_across_heads else (
             s.head_dim, s.head_dim)
         self.q_norm = norm(q_width, s.rms_norm_eps) if s.qk_norm else None

@@ -62,7 +62,8 @@ enum Activation : int64_t { GELU_TANH = 0, SILU_GATED = 1, GELU_TANH_GATED = 2 }
 // field is 8 bytes). Biases may be null; the pool keeps its elements as C (kv_element.h). Llama's
 // family: RMSNorms, SILU_GATED; Qwen3 normalises each head's query and key (q_norm, k_norm: null
 // elsewhere), OLMo all heads' queries and all keys as one (norms_across_heads), and has no norm
-// before the attention or the MLP (input_norm, post_norm: null), its outputs' norms as Gemma's. Gemma: its attention's and MLP's outputs normalised before they are added
+// before the attention or the MLP (input_norm, post_norm: null), its outputs' norms as Gemma's.
+// Gemma: its attention's and MLP's outputs normalised before they are added
 // (attn_out_norm, mlp_out_norm: null elsewhere), GELU_TANH_GATED; Gemma 3's q/k norms and its layers
 // with a sliding window rotating by angles of their own (window_angles: the step's
 // window_cos/window_sin); Gemma 2's attention scores soft-capped (softcap: 0 elsewhere). A layer that
@@ -119,8 +120,8 @@ int64_t product_scratch_size(int64_t rows, int64_t in) {
 
 // The step's rows, filled once per step: angles (null when rotary_dim is 0; the window's, for layers
 // with window_angles, null where none differ), each row's query scale (Ministral 3's temperature,
-// rope.py's query_temperature: null where the model has none), pool slots, block tables (padded to the widest),
-// context lengths, and the rows whose logits are sampled. A prefill
+// rope.py's query_temperature: null where the model has none), pool slots, block tables (padded to
+// the widest), context lengths, and the rows whose logits are sampled. A prefill
 // chunk's tokens are rows of one sequence, each attending to its own prefix through the sequence's
 // table, as decode rows do.
 template <typename T>
