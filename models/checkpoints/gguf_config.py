@@ -6,6 +6,7 @@ factors); and the tokens that end a turn, as llama.cpp picks them."""
 from __future__ import annotations
 
 from .gguf_file import TensorInfo
+from ..families.rope import rope_type
 from ..kernels.block_formats import widened
 
 # gguf architecture -> transformers model_type
@@ -120,12 +121,12 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
             config["no_rope_layers"] = [0] * config["num_hidden_layers"]
     if arch == "phi3":
         config["sliding_window"] = key("attention.sliding_window") or None  # 0: none (Phi-4 is a "phi3" too)
-    if arch == "olmo2" and key("attention.sliding_window"):  # an OLMo 3 (where the file lists no layer types,
-        config |= {"model_type": "olmo3", "sliding_window": key("attention.sliding_window")}  # three local in four)
+    # An OLMo 3: three local layers in four where the file lists none, rotating by the global layers' base
+    # without their scaling, as llama.cpp's graph does (its rope.freq_base_swa serves only its cache shifts)
+    if arch == "olmo2" and key("attention.sliding_window"):
+        config |= {"model_type": "olmo3", "sliding_window": key("attention.sliding_window")}
         if types := _sliding_layers(key, config["num_hidden_layers"], file_name):
             config["layer_types"] = types
-        if key("rope.freq_base_swa") is not None:
-            config["rope_local_base_freq"] = key("rope.freq_base_swa")
     rotary = key("rope.dimension_count")
     if rotary and heads:
         head_dim = config["head_dim"] or config["hidden_size"] // heads
@@ -137,12 +138,23 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         config |= _rope_scaling(key, tensors)
     except ValueError as error:
         raise ValueError(f"{file_name}: {error}") from None
-    if key("attention.temperature_scale"):  # Ministral 3's queries scaled past the original context (llama.cpp's:
-        rope = config.setdefault("rope_scaling", {"rope_type": "default"})  # the yarn's, or the trained one)
+    if arch == "mistral3":
+        config |= _mistral3_scales(key, config)
+    return config
+
+
+def _mistral3_scales(key, config: dict) -> dict:
+    """What llama.cpp reads of a Ministral 3 file alone (other architectures' files may carry these
+    keys, which it ignores there): its yarn's log multiplier (transformers' mscale_all_dim, mscale taken
+    as 1), and its queries' temperature past the original context (the yarn's, or the trained one)."""
+    rope = dict(config.get("rope_scaling") or {"rope_type": "default"})
+    if rope_type(rope) == "yarn" and key("rope.scaling.yarn_log_multiplier"):
+        rope |= {"mscale": 1.0, "mscale_all_dim": key("rope.scaling.yarn_log_multiplier")}
+    if key("attention.temperature_scale"):
         rope["llama_4_scaling_beta"] = key("attention.temperature_scale")
         rope.setdefault("original_max_position_embeddings",
                         key("rope.scaling.original_context_length", config["max_position_embeddings"]))
-    return config
+    return {"rope_scaling": rope}
 
 
 def _experts(arch: str, key, config: dict) -> dict:
@@ -153,7 +165,7 @@ def _experts(arch: str, key, config: dict) -> dict:
     if MIXTURES[arch] in ("mixtral", "granitemoe"):  # (llama.cpp's experts there are feed_forward_length wide)
         return {"model_type": MIXTURES[arch], "num_local_experts": experts, "num_experts_per_tok": used,
                 "intermediate_size": inner or config["intermediate_size"]}
-    if arch == "olmoe":  # (and there)
+    if arch == "olmoe":  # (feed_forward_length wide too)
         return {"num_experts": experts, "num_experts_per_tok": used, "norm_topk_prob": False,
                 "intermediate_size": inner or config["intermediate_size"]}
     inner = inner or config["intermediate_size"] // used  # (llama.cpp's Qwen3-MoE fallback)
@@ -230,8 +242,6 @@ def _rope_scaling(key, tensors: dict[str, TensorInfo]) -> dict:
         for field, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
             if key(f"rope.scaling.{field}") is not None:
                 yarn[name] = key(f"rope.scaling.{field}")
-        if key("rope.scaling.yarn_log_multiplier"):  # Ministral 3's mscale_all_dim (mscale 1, as llama.cpp has it)
-            yarn |= {"mscale": 1.0, "mscale_all_dim": key("rope.scaling.yarn_log_multiplier")}
         return {"rope_scaling": yarn}
     if scaling != "none":
         raise ValueError(f"unsupported GGUF rope scaling {scaling!r}; supported: none, linear, yarn, longrope, and "

@@ -83,7 +83,8 @@ class LlamaSpec(DecoderShape):
             partial_rotary_factor=float(c.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0),
             max_position=context,
             rope_max_position=trained,
-            tie_word_embeddings=bool(c.get("tie_word_embeddings", kind == "smollm3")),
+            # (transformers' default where a config saved with it leaves the key out)
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", kind in ("smollm3", "ernie4_5"))),
             qkv_bias=kind == "qwen2" or bias,
             out_bias=bias,
             mlp_bias=bool(c.get("mlp_bias", c.get("use_bias", False))),
@@ -105,7 +106,12 @@ def _query_temperature(rope: dict) -> tuple[float, int] | None:
     """(beta, the original context) of a rope that scales the queries by position (Ministral 3's
     llama_4_scaling_beta), or None."""
     beta = rope.get("llama_4_scaling_beta")
-    return (float(beta), int(rope["original_max_position_embeddings"])) if beta else None
+    if not beta:
+        return None
+    if not rope.get("original_max_position_embeddings"):
+        raise ValueError("llama_4_scaling_beta needs the rope's original_max_position_embeddings, from which the "
+                         "queries' scale grows")
+    return float(beta), int(rope["original_max_position_embeddings"])
 
 
 def _qkv_rows_in_halves(s: LlamaSpec) -> torch.Tensor:

@@ -41,6 +41,10 @@ class OlmoSpec(DecoderShape):
             raise ValueError(f"unsupported hidden_act {c['hidden_act']!r} for {kind}; supported: silu")
         rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
         if "full_attention" in rope:  # transformers 5's OLMo 3: one set per layer type
+            if rope_type(rope["sliding_attention"]) != "default":
+                raise ValueError(f"{kind} whose sliding-window layers scale their rope "
+                                 f"({rope_type(rope['sliding_attention'])}) is not supported; supported: the "
+                                 "global layers' scaling alone")
             global_rope, local_theta = dict(rope["full_attention"]), rope["sliding_attention"]["rope_theta"]
         else:
             global_rope = dict(rope)
@@ -51,6 +55,8 @@ class OlmoSpec(DecoderShape):
         if types is None:
             types = ["sliding_attention" if kind == "olmo3" and (i + 1) % OLMO3_GLOBAL_EVERY else "full_attention"
                      for i in range(layers)]
+        if len(types) != layers:
+            raise ValueError(f"layer_types lists {len(types)} layers of {layers}")
         window = c.get("sliding_window", 4096)
         bias = bool(c.get("attention_bias", False))
         return cls(
@@ -92,7 +98,8 @@ class Olmo(DecoderModel):
         self.global_rotary = Rotary(s.head_dim, theta, scaling, max_position=s.rope_max_position)
         self.local_rotary = Rotary(s.head_dim, s.local_theta) if s.local_rotation else None
         if self.global_rotary.per_sequence:
-            raise ValueError(f"OLMo with a {rope_type(scaling)} rope scaling is not supported")
+            raise ValueError(f"OLMo with a {rope_type(scaling)} rope scaling is not supported; supported: default, "
+                             "linear, llama3, yarn")
 
     def forward(self, step, kv_cache) -> torch.Tensor:
         """Logits [S, vocab] for the step's sampled positions only."""

@@ -107,18 +107,19 @@ def sequence_ends(step) -> torch.Tensor:
     return ends
 
 
-def query_temperature(positions: torch.Tensor, beta: float, floor: int) -> torch.Tensor:
+def query_temperature(positions: torch.Tensor, beta: float, original_context: int) -> torch.Tensor:
     """Llama 4's attention temperature, which Ministral 3 keeps: each position's query scale,
-    1 + beta ln(1 + floor(position / floor)), exactly 1 before ``floor`` (the original context),
+    1 + beta ln(1 + floor(position / original_context)), exactly 1 within the original context,
     growing by steps past it so that long contexts do not flatten the scores. In float32, as
     transformers computes it."""
-    return 1 + beta * torch.log(1 + torch.floor(positions / floor))
+    return 1 + beta * torch.log(1 + torch.floor(positions / original_context))
 
 
 def halves_from_pairs(rows: int, heads: int) -> torch.Tensor:
-    """For a query or key projection of ``heads`` heads whose rows keep each rotary pair side by side
-    (the interleaved rotation: llama.cpp's files of Llama's layout, ERNIE 4.5's checkpoints), the
-    row of each row of the rotate-half layout apply_rotary takes (a pair's halves dim / 2 apart)."""
+    """The reordering of a query or key projection's ``rows`` (``heads`` heads) from rotary pairs side
+    by side (the interleaved rotation: llama.cpp's files of Llama's layout, ERNIE 4.5's checkpoints) to
+    the rotate-half layout apply_rotary takes (a pair's values head_dim / 2 apart): new row i is old
+    row order[i]."""
     return torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(rows)
 
 

@@ -183,19 +183,19 @@ void norm_rows(T* x, const T* delta, const T* weight, const T* bias, bool layer_
     }
 }
 
-// The rows' queries and keys, in place in qkv (rows ``stride`` apart; the queries' ``heads`` spans of
-// ``q_dim``, then the keys' ``kv_heads`` of ``k_dim``): RMSNorm of each span, before the rotation. A
+// The rows' queries and keys, in place in qkv (rows ``stride`` apart; the queries' ``q_spans`` spans
+// of ``q_dim``, then the keys' ``k_spans`` of ``k_dim``): RMSNorm of each span, before the rotation. A
 // span a head, as Qwen3's q_norm and k_norm; or one span for all queries and one for all keys, as
 // OLMo's. A task per span (norm_row).
 template <typename T>
-void norm_spans(T* qkv, int64_t stride, int64_t rows, int64_t heads, int64_t kv_heads, int64_t q_dim, int64_t k_dim,
+void norm_spans(T* qkv, int64_t stride, int64_t rows, int64_t q_spans, int64_t k_spans, int64_t q_dim, int64_t k_dim,
                 const T* q_norm, const T* k_norm, double eps) {
-    const int64_t per_row = heads + kv_heads;
+    const int64_t per_row = q_spans + k_spans;
 #pragma omp for
     for (int64_t task = 0; task < rows * per_row; ++task) {
         const int64_t span = task % per_row;
-        const bool query = span < heads;
-        T* v = qkv + task / per_row * stride + (query ? span * q_dim : heads * q_dim + (span - heads) * k_dim);
+        const bool query = span < q_spans;
+        T* v = qkv + task / per_row * stride + (query ? span * q_dim : q_spans * q_dim + (span - q_spans) * k_dim);
         norm_row<T>(v, query ? q_norm : k_norm, nullptr, false, eps, v, query ? q_dim : k_dim);
     }
 }

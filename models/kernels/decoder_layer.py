@@ -5,8 +5,9 @@ and 6 ctypes calls, which was a quarter of a one-stream step (docs/benchmarks-hi
 "Small-batch products").
 
 ``use_decoder_layers(model)`` attaches them where the model qualifies: GPT-2, Gemma 2 and 3 in
-float32, OLMo 2 and 3, or a Llama-family model (Qwen3's per-head q/k norms, SmolLM3's layers without rotary,
-Granite's scaled residuals and Mixtral's and Qwen3-MoE's routed experts included) whose linear layers,
+float32, OLMo 2 and 3, or a Llama-family model (Qwen3's per-head q/k norms and OLMoE's across heads,
+Ministral 3's queries scaled by position, SmolLM3's layers without rotary, Granite's scaled residuals and
+the mixtures' routed experts included) whose linear layers,
 the output layer's too, are CpuLinear or BlockLinear. A prefill chunk within PREFILL_KEYS (a prompt of up to
 1024 tokens) is rows of its sequence here too, each attending to its prefix on the decode kernel,
 and 64 prompts of 21 tokens (a 1344-row step) run as one call. On the torch
@@ -307,9 +308,10 @@ class DecoderLayers:
                      _address(output.bias), output.out_features, isinstance(model, GPT2), norm.eps)
 
     def _layer(self, norms, qkv, out, up, down, other_norms, rotates=True, residual_scale=1.0, **shape) -> _Layer:
-        """``norms``: the input norm and the one before the MLP (their biases, LayerNorm's, too);
-        ``other_norms``: the per-head query and key norms, and the attention's and MLP's output
-        norms (None where the model has none); ``shape``: the layer's other fields by name (those not
+        """``norms``: the input norm and the one before the MLP (their biases, LayerNorm's, too; None
+        where the layer has none: OLMo's); ``other_norms``: the query and key norms (a head's, or all
+        heads' with norms_across_heads), and the attention's and MLP's output norms (None where the
+        model has none); ``shape``: the layer's other fields by name (those not
         given 0: no window, RMSNorm, no window angles, no soft cap)."""
         products = (qkv, out, up, down)  # (up and down None where the layer routes to experts)
         weights = [None if m is None else _weights(m) for m in products]

@@ -274,6 +274,26 @@ def test_sizes_listed_a_layer_at_a_time_switches_and_window_patterns_read_as_lla
     assert gguf_config("gemma2", gemma, {}, "g.gguf")["layer_types"] == [full, local, full]
 
 
+def test_ministral3_keys_are_read_in_ministral3_files_alone():
+    """llama.cpp reads a yarn's log multiplier and the queries' temperature in Ministral 3's files alone
+    (its converter writes the multiplier into Mistral-format files of architecture llama too, which take
+    yarn's default attention factor); an OLMo 3 file's window layers rotate by the global base, as
+    llama.cpp's graph does whatever rope.freq_base_swa says."""
+    from models.checkpoints.gguf_config import gguf_config
+    sizes = {"attention.head_count": 4, "block_count": 4, "embedding_length": 64, "feed_forward_length": 128,
+             "vocab_size": 256, "context_length": 1024, "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+             "rope.scaling.original_context_length": 256, "rope.scaling.yarn_log_multiplier": 1.0,
+             "attention.temperature_scale": 0.1, "attention.sliding_window": 8, "rope.freq_base_swa": 10.0}
+    of = lambda arch: gguf_config(arch, {f"{arch}.{k}": v for k, v in sizes.items()}, {}, "f.gguf")
+    ministral = of("mistral3")["rope_scaling"]
+    assert (ministral["mscale_all_dim"], ministral["llama_4_scaling_beta"]) == (1.0, pytest.approx(0.1))
+    assert ministral["original_max_position_embeddings"] == 256
+    llama = of("llama")["rope_scaling"]
+    assert "mscale_all_dim" not in llama and "llama_4_scaling_beta" not in llama
+    olmo3 = of("olmo2")
+    assert olmo3["model_type"] == "olmo3" and "rope_local_base_freq" not in olmo3
+
+
 def test_a_phi3_file_of_8_bit_blocks_runs_its_fused_products_on_them(tmp_path):
     """A quantized Phi-3 file's fused query/key/value and gate/up matrices are multiplied in the
     file's blocks, as single products (no fusing of parts at load)."""

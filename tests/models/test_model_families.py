@@ -4,6 +4,7 @@ equals transformers' generate() in float64, and a mixture-of-experts step runs e
 The real Gemma 3 270M (an optional package, under Gemma's terms) against transformers' own GGUF load."""
 
 import collections
+import json
 import random
 import threading
 
@@ -32,6 +33,34 @@ def test_a_saved_checkpoint_directory_loads_and_matches(arch, tmp_path):
         outputs = [list(engine.stream_response_tokens(engine.launch_response_tokens(p, {"max_new_tokens": 16}),
                                                       timeout=60)) for p in prompts]
     assert outputs == [reference(hf, p, 16) for p in prompts]
+
+
+def test_an_ernie_checkpoint_whose_config_leaves_out_its_tied_table_loads_tied(tmp_path):
+    """transformers 4 saved ERNIE 4.5's configs without tie_word_embeddings (True, its default): such a
+    directory holds no lm_head, and loads with the output layer tied to the embeddings."""
+    hf = tiny_model("ernie4_5", seed=5)
+    hf.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.pop("tie_word_embeddings", None)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    prompt = random_prompt(random.Random(2), 5, 20)
+    with Engine.from_pretrained(tmp_path, dtype=torch.float64) as engine:
+        output = list(engine.stream_response_tokens(engine.launch_response_tokens(prompt, {"max_new_tokens": 8}),
+                                                    timeout=60))
+    assert output == reference(hf, prompt, 8)
+
+
+def test_olmo_configs_loom_does_not_run_are_refused():
+    """An OLMo 3 config whose window layers scale their rope, or whose layer types miss layers, is
+    refused naming what is wrong."""
+    from models.families.olmo import OlmoSpec
+    config = tiny_model("olmo3").config.to_dict()
+    scaled = config | {"rope_parameters": {**config["rope_parameters"], "sliding_attention": {
+        "rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}}
+    with pytest.raises(ValueError, match=r"olmo3 whose sliding-window layers scale their rope \(linear\)"):
+        OlmoSpec.from_hf(scaled)
+    with pytest.raises(ValueError, match="layer_types lists 3 layers of 4"):
+        OlmoSpec.from_hf(config | {"layer_types": config["layer_types"][:3]})
 
 
 @pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe", "granitemoe", "olmoe"])
