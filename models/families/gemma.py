@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import AttentionMasks, DecoderModel, DecoderShape, RMSNorm
+from .layers import GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, fused
 from .llama import Attention
 from .rope import Rotary, rope_type
 
@@ -134,12 +134,8 @@ class Gemma(DecoderModel):
             p = o = f"layers.{i}."
             for ours, theirs in norms.items():
                 out[o + ours + ".weight"] = hf[p + theirs + ".weight"]
-            fused = hf.get(p + "self_attn.qkv_proj.weight")  # a GGUF file's blocks come fused (gguf.py)
-            out[o + "attn.qkv.weight"] = fused if fused is not None else torch.cat(
-                [hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
+            out[o + "attn.qkv.weight"] = fused(hf, p, QKV)
             out[o + "attn.out.weight"] = hf[p + "self_attn.o_proj.weight"]
-            fused = hf.get(p + "mlp.gate_up_proj.weight")
-            out[o + "gate_up.weight"] = fused if fused is not None else torch.cat(
-                [hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
+            out[o + "gate_up.weight"] = fused(hf, p, GATE_UP)
             out[o + "down.weight"] = hf[p + "mlp.down_proj.weight"]
         return out

@@ -203,6 +203,20 @@ class DecoderModel(NativeDecoding, nn.Module):
             self.lm_head.weight = self.embed.weight
 
 
+# a layer's products that the models fuse: their checkpoint names, and their parts' (the rows in order)
+QKV = ("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"))
+GATE_UP = ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj"))
+
+
+def fused(hf: dict, prefix: str, product: tuple[str, tuple[str, ...]], kind: str = "weight") -> torch.Tensor:
+    """A fused product's ``kind`` tensor under ``prefix`` (QKV, GATE_UP): the checkpoint's own (Phi-3's;
+    a GGUF file's blocks, which gguf.py fuses), or its parts' rows one after another, popped from ``hf``
+    so that they go now."""
+    name, parts = product
+    whole = hf.get(f"{prefix}{name}.{kind}")
+    return whole if whole is not None else torch.cat([hf.pop(f"{prefix}{part}.{kind}") for part in parts])
+
+
 def embedding(rows: int, dim: int) -> nn.Embedding:
     """An nn.Embedding whose table is left uninitialised, for loading to replace: its own init (a
     normal_ that, even on the meta device, imports torch's compiler) took 1.5 s of a 2.5 s load."""

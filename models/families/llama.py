@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import AttentionMasks, DecoderModel, DecoderShape, RMSNorm, paged_attention
+from .layers import GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, fused, paged_attention
 from .moe import MoESpec, SparseMoE
 from .rope import Rotary, halves_from_pairs, query_temperature, rope_type, sequence_ends
 
@@ -249,10 +249,8 @@ class Llama(DecoderModel):
             out[o + "input_norm.weight"] = hf[p + "input_layernorm.weight"]
             out[o + "post_norm.weight"] = hf[p + "post_attention_layernorm.weight"]
             for kind in ("weight", "bias") if s.qkv_bias else ("weight",):
-                fused = hf.get(p + f"self_attn.qkv_proj.{kind}")
-                if fused is None:  # popped: the parts go now
-                    fused = torch.cat([hf.pop(p + f"self_attn.{n}_proj.{kind}") for n in "qkv"])
-                out[o + f"attn.qkv.{kind}"] = fused[_qkv_rows_in_halves(s)] if s.interleaved_rotary else fused
+                qkv = fused(hf, p, QKV, kind)
+                out[o + f"attn.qkv.{kind}"] = qkv[_qkv_rows_in_halves(s)] if s.interleaved_rotary else qkv
             for kind in ("weight", "bias") if s.out_bias else ("weight",):
                 out[o + f"attn.out.{kind}"] = hf[p + f"self_attn.o_proj.{kind}"]
             if s.qk_norm:
@@ -262,8 +260,6 @@ class Llama(DecoderModel):
                 out.update(SparseMoE.convert(hf, p, o + "mlp.", s.moe))
                 continue
             for kind in ("weight", "bias") if s.mlp_bias else ("weight",):
-                fused = hf.get(p + f"mlp.gate_up_proj.{kind}")
-                out[o + f"mlp.gate_up.{kind}"] = fused if fused is not None else torch.cat(
-                    [hf.pop(p + f"mlp.gate_proj.{kind}"), hf.pop(p + f"mlp.up_proj.{kind}")])
+                out[o + f"mlp.gate_up.{kind}"] = fused(hf, p, GATE_UP, kind)
                 out[o + f"mlp.down.{kind}"] = hf[p + f"mlp.down_proj.{kind}"]
         return out

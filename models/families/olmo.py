@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .layers import AttentionMasks, DecoderModel, DecoderShape, RMSNorm
+from .layers import GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, fused
 from .llama import MLP, Attention
 from .rope import Rotary, rope_type
 
@@ -57,7 +57,7 @@ class OlmoSpec(DecoderShape):
                      for i in range(layers)]
         if len(types) != layers:
             raise ValueError(f"layer_types lists {len(types)} layers of {layers}")
-        window = c.get("sliding_window", 4096)
+        window, trained = c.get("sliding_window", 4096), c.get("max_position_embeddings", 4096)
         bias = bool(c.get("attention_bias", False))
         return cls(
             vocab_size=c["vocab_size"], hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
@@ -65,7 +65,7 @@ class OlmoSpec(DecoderShape):
             head_dim=c.get("head_dim") or c["hidden_size"] // heads, rms_norm_eps=c.get("rms_norm_eps", 1e-6),
             global_rope=global_rope, local_theta=float(local_theta),
             layer_windows=tuple(window if t == "sliding_attention" else None for t in types),
-            max_position=c.get("max_position_embeddings", 4096), rope_max_position=c.get("max_position_embeddings", 4096),
+            max_position=trained, rope_max_position=trained,
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)), qkv_bias=bias, out_bias=bias)
 
     @property
@@ -132,10 +132,6 @@ class Olmo(DecoderModel):
             out.update({o + ours: hf[p + theirs] for ours, theirs in named.items()})
             out[o + "attn.out.weight"] = hf[p + "self_attn.o_proj.weight"]
             for kind in ("weight", "bias") if s.qkv_bias else ("weight",):
-                fused = hf.get(p + f"self_attn.qkv_proj.{kind}")  # a GGUF file's blocks come fused (gguf.py)
-                out[o + f"attn.qkv.{kind}"] = fused if fused is not None else torch.cat(
-                    [hf.pop(p + f"self_attn.{n}_proj.{kind}") for n in "qkv"])
-            fused = hf.get(p + "mlp.gate_up_proj.weight")
-            out[o + "mlp.gate_up.weight"] = fused if fused is not None else torch.cat(
-                [hf.pop(p + "mlp.gate_proj.weight"), hf.pop(p + "mlp.up_proj.weight")])
+                out[o + f"attn.qkv.{kind}"] = fused(hf, p, QKV, kind)
+            out[o + "mlp.gate_up.weight"] = fused(hf, p, GATE_UP)
         return out

@@ -280,7 +280,7 @@ class DecoderLayers:
                            hidden=spec.hidden_size, intermediate=spec.intermediate_size, heads=spec.num_heads,
                            kv_heads=spec.num_kv_heads, dim=spec.head_dim, window=block.window or 0,
                            activation=SILU_GATED, window_angles=block.window is not None and spec.local_rotation,
-                           norms_across_heads=True, eps=spec.rms_norm_eps, scale=attn.scale)
+                           norms_across_heads=attn.norms_across_heads, eps=spec.rms_norm_eps, scale=attn.scale)
 
     def _gpt2_layer(self, block, spec) -> _Layer:
         return self._layer((block.ln1, block.ln2), block.qkv, block.attn_out, block.fc, block.proj,
