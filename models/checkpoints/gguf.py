@@ -52,7 +52,7 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
 # stores weight + 1, which loading takes back.
 NORM_OFFSET = {"gemma2": 1.0, "gemma3": 1.0}
 SUPPORTED_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
-                   Q.IQ4_NL, Q.IQ4_XS}
+                   Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4}
 # llama.cpp's names of the products a layer fuses (q/k/v, gate/up), and of its experts' stacks: each
 # group is kept in blocks or copied to float32 as a whole
 FUSED = (frozenset({"attn_q", "attn_k", "attn_v"}), frozenset({"ffn_gate", "ffn_up"}),

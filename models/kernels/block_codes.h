@@ -67,7 +67,7 @@ enum Format : int64_t {
     GGUF_Q2_K = 10, GGUF_Q3_K = 11, GGUF_Q4_K = 12, GGUF_Q5_K = 13, GGUF_Q6_K = 14,
     FLOAT16 = 16, BFLOAT16 = 17, GGUF_Q4_K_ROWS16 = 18, GGUF_Q8_0_ROWS16 = 19,
     GGUF_Q4_1_ROWS16 = 20, GGUF_Q6_K_ROWS16 = 21, FLOAT_PADDED = 22,
-    GGUF_Q5_0_ROWS16 = 23, GGUF_Q5_K_ROWS16 = 24, LOOM_IQ4 = 25, GGUF_IQ4_ROWS16 = 26
+    GGUF_Q5_0_ROWS16 = 23, GGUF_Q5_K_ROWS16 = 24, LOOM_IQ4 = 25, GGUF_IQ4_ROWS16 = 26, GGUF_MXFP4 = 27
 };
 constexpr int64_t ROW_PAD = 16;  // values a FLOAT_PADDED row has past its width
 
@@ -473,24 +473,30 @@ struct Loom8Pairs {
 
 // IQ4_NL's and IQ4_XS's sixteen values, which their 4-bit codes index (llama.cpp's kvalues_iq4nl).
 alignas(16) constexpr int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+// MXFP4's sixteen values (E2M1: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives) doubled into
+// integers, as llama.cpp's kvalues_mxfp4 holds them; a block's scale is halved to match.
+alignas(16) constexpr int8_t MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
-// The values 32 codes of 4 bits index (a pair's 64): one byte shuffle, the table in each 128-bit lane.
-inline SignedBytes iq4_values(Bytes codes) {
+// The values of TABLE (sixteen int8s) that 32 codes of 4 bits index (a pair's 64): one byte shuffle,
+// the table in each 128-bit lane.
+template <const int8_t* TABLE = IQ4_VALUES>
+inline SignedBytes table_values(Bytes codes) {
 #if defined(__AVX2__)
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(IQ4_VALUES)));
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(TABLE)));
     return (SignedBytes)_mm256_shuffle_epi8(table, (__m256i)codes);
 #else
     SignedBytes values;
-    for (int j = 0; j < 32; ++j) values[j] = IQ4_VALUES[codes[j]];
+    for (int j = 0; j < 32; ++j) values[j] = TABLE[codes[j]];
     return values;
 #endif
 }
-inline PairSigned iq4_values(PairBytes codes) {
+template <const int8_t* TABLE = IQ4_VALUES>
+inline PairSigned table_values(PairBytes codes) {
 #if defined(__AVX512BW__)
-    const __m512i table = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(IQ4_VALUES)));
+    const __m512i table = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(TABLE)));
     return (PairSigned)_mm512_shuffle_epi8(table, (__m512i)codes);
 #else
-    return pair_of(iq4_values(first_half(codes)), iq4_values(second_half(codes)));
+    return pair_of(table_values<TABLE>(first_half(codes)), table_values<TABLE>(second_half(codes)));
 #endif
 }
 
@@ -518,7 +524,7 @@ struct LoomIQ4 {
     struct Super : Loom8::Super {
         Super() = default;
         Super(const uint8_t* row, int64_t in, int64_t s) {
-            q = iq4_values(nibbles_of(load<HalfBytes>(row + s * 16)));
+            q = table_values(nibbles_of(load<HalfBytes>(row + s * 16)));
             d = scale(row, in, s);
         }
     };
@@ -539,8 +545,56 @@ struct LoomIQ4Pairs {
     struct Super : Loom8Pairs::Super {
         Super() = default;
         Super(const uint8_t* row, int64_t in, int64_t s) {
-            q = iq4_values(pair_nibbles_of(load<Bytes>(row + s * 32)));
+            q = table_values(pair_nibbles_of(load<Bytes>(row + s * 32)));
             d[0] = LoomIQ4::scale(row, in, 2 * s), d[1] = LoomIQ4::scale(row, in, 2 * s + 1);
+        }
+    };
+};
+
+// GGUF_MXFP4 (gpt-oss's experts), as the file lays it out: per 32 values an E8M0 exponent byte e, then
+// sixteen bytes of 4-bit codes (LOOM_4BIT's nibble order) indexing MXFP4_VALUES: w = 2^(e - 128)
+// MXFP4_VALUES[q], the doubled values under a halved scale, as llama.cpp computes it (its
+// GGML_E8M0_TO_FP32_HALF). 17 bytes a block, a size no other format's rows take. The products meet
+// the looked-up values as Loom8's codes.
+struct MXFP4 {
+    static constexpr int64_t ROUNDING = GROUP;  // values under one scale of the rounded input
+    static constexpr int64_t VALUES = GROUP, BYTES = 17;
+    static int64_t row_bytes(int64_t in) { return in / GROUP * BYTES; }
+    static float scale(const uint8_t* row, int64_t b) {  // 2^(e - 128), built from its bits
+        const uint32_t e = row[b * BYTES], bits = e < 2 ? 0x00200000u << e : (e - 1) << 23;
+        float d;
+        std::memcpy(&d, &bits, 4);
+        return d;
+    }
+    static HalfBytes nibbles(const uint8_t* row, int64_t b) { return load<HalfBytes>(row + b * BYTES + 1); }
+    struct Super : Loom8::Super {
+        Super() = default;
+        Super(const uint8_t* row, int64_t, int64_t s) {
+            q = table_values<MXFP4_VALUES>(nibbles_of(MXFP4::nibbles(row, s)));
+            d = scale(row, s);
+        }
+    };
+};
+struct MXFP4Pairs {
+    static constexpr int64_t ROUNDING = GROUP;  // values under one scale of the rounded input
+    static constexpr int64_t VALUES = 2 * GROUP;
+    static int64_t row_bytes(int64_t in) { return MXFP4::row_bytes(in); }
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    // blocks [b, b + count)'s scales (count <= 8; zeros past), for block_pair_rows
+    static Lanes scale_lanes(const uint8_t* row, int64_t, int64_t b, int count) {
+        Lanes d = {};
+        for (int i = 0; i < count; ++i) d[i] = MXFP4::scale(row, b + i);
+        return d;
+    }
+#endif
+    struct Super : Loom8Pairs::Super {
+        Super() = default;
+        Super(const uint8_t* row, int64_t, int64_t s) {
+            const HalfBytes first = MXFP4::nibbles(row, 2 * s), second = MXFP4::nibbles(row, 2 * s + 1);
+            q = table_values<MXFP4_VALUES>(pair_nibbles_of(__builtin_shufflevector(
+                first, second, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24,
+                25, 26, 27, 28, 29, 30, 31)));
+            d[0] = MXFP4::scale(row, 2 * s), d[1] = MXFP4::scale(row, 2 * s + 1);
         }
     };
 };
@@ -1053,6 +1107,11 @@ inline void with_format(int64_t format, int64_t in, F&& f) {
                 if (pairs) return f(LoomIQ4Pairs{});
             }
             return f(LoomIQ4{});
+        case GGUF_MXFP4:
+            if constexpr (PAIRS) {
+                if (pairs) return f(MXFP4Pairs{});
+            }
+            return f(MXFP4{});
         case GGUF_Q2_K: f(Q2K{}); break;
         case GGUF_Q3_K: f(Q3K{}); break;
         case GGUF_Q4_K: f(Q4K{}); break;

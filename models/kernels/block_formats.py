@@ -2,8 +2,8 @@
 the file's own numbers. (F32, F16 and BF16 matrices too: kept as the file has them, views of the
 mapped file that the products read in place, widening the 16-bit ones as they read them.)
 
-The K-quants (Q2_K to Q6_K) are kept as the file lays them out: the kernels read their super-blocks
-where they lie in the memory-mapped file. (But where the kernels multiply a format with sixteen rows
+The K-quants (Q2_K to Q6_K) and MXFP4 are kept as the file lays them out: the kernels read their
+blocks where they lie in the memory-mapped file. (But where the kernels multiply a format with sixteen rows
 side by side, as with AVX-512 or AVX2 they do Q4_K, Q5_K, Q4_0, Q4_1, Q5_0 and (AVX-512 with VNNI) Q8_0,
 and with AVX2 alone Q6_K, the loader lays a linear layer's matrix out so, straight from the file:
 to_rows16.) Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 hold what Loom's 4-, 5- and 8-bit blocks hold (32
@@ -26,11 +26,12 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from . import native
 from ..pages import fresh_zeros
-from .block_linear import (GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K, GROUP, FLOAT_FORMATS, LOOM_4BIT,
+from .block_linear import (GGUF_MXFP4, GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K, GROUP, FLOAT_FORMATS, LOOM_4BIT,
                            LOOM_5BIT, LOOM_8BIT, LOOM_IQ4, ROWS16, ROWS16_LAYOUT_OF, WIDEN_ARGTYPES, multiplies_rows16,
                            rounding, row_bytes)
 
-NATIVE = {Q.Q2_K: GGUF_Q2_K, Q.Q3_K: GGUF_Q3_K, Q.Q4_K: GGUF_Q4_K, Q.Q5_K: GGUF_Q5_K, Q.Q6_K: GGUF_Q6_K}
+NATIVE = {Q.Q2_K: GGUF_Q2_K, Q.Q3_K: GGUF_Q3_K, Q.Q4_K: GGUF_Q4_K, Q.Q5_K: GGUF_Q5_K, Q.Q6_K: GGUF_Q6_K,
+          Q.MXFP4: GGUF_MXFP4}
 EXACT = {Q.Q4_0: LOOM_4BIT, Q.Q4_1: LOOM_4BIT, Q.Q5_0: LOOM_5BIT, Q.Q5_1: LOOM_5BIT, Q.Q8_0: LOOM_8BIT,
          Q.IQ4_NL: LOOM_IQ4, Q.IQ4_XS: LOOM_IQ4}
 FLOATS = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}  # the dtype each float type is kept in
@@ -46,7 +47,7 @@ def block_format(kind: Q) -> int | None:
 
 def to_blocks(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
     """A GGUF tensor's raw bytes [rows, bytes per row] in its kernel format [rows, bytes per row]:
-    the file's own bytes (a view of the mapped file) for the K-quants, else each row as Loom's blocks
+    the file's own bytes (a view of the mapped file) for the K-quants and MXFP4, else each row as Loom's blocks
     (its codes, its float32 scales and, for 4 and 5 bits, its float32 minimums); F32, F16 and BF16 as
     a float32, float16 or bfloat16 [rows, width] view of the file (the dtype tells them apart)."""
     if kind in NATIVE:

@@ -39,11 +39,14 @@ GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K = 10, 11, 12, 13, 14
 # side (block_interleaved.h), made at load where the build multiplies them (block_formats.to_rows16)
 GGUF_Q4_K_ROWS16, GGUF_Q8_0_ROWS16, GGUF_Q4_1_ROWS16, GGUF_Q6_K_ROWS16 = 18, 19, 20, 21
 GGUF_Q5_0_ROWS16, GGUF_Q5_K_ROWS16, GGUF_IQ4_ROWS16 = 23, 24, 26
-# a row's bytes of a block in GGUF_Q8_0_ROWS16, GGUF_Q4_1_ROWS16, GGUF_Q5_0_ROWS16 (the files' own: the
-# codes, a float16 scale, and for Q4_1 a float16 minimum; Q5_0's a spare byte besides, its rows told
-# apart from Q5_K's by their size: stored_format) and GGUF_IQ4_ROWS16 (the codes, d, and IQ4_XS's
-# sub-scale a block)
-BLOCK_ROWS16_BYTES = {GGUF_Q8_0_ROWS16: 34, GGUF_Q4_1_ROWS16: 20, GGUF_Q5_0_ROWS16: 23, GGUF_IQ4_ROWS16: 19}
+# MXFP4 as the file lays it out (gpt-oss's experts): an exponent byte and sixteen bytes of 4-bit codes a
+# block of 32 values (block_codes.h's MXFP4)
+GGUF_MXFP4 = 27
+# a row's bytes of a block of 32 values in GGUF_Q8_0_ROWS16, GGUF_Q4_1_ROWS16, GGUF_Q5_0_ROWS16 (the
+# files' own: the codes, a float16 scale, and for Q4_1 a float16 minimum; Q5_0's a spare byte besides,
+# its rows told apart from Q5_K's by their size: stored_format), GGUF_IQ4_ROWS16 (the codes, d, and
+# IQ4_XS's sub-scale a block) and GGUF_MXFP4 (the file's)
+BLOCK_BYTES = {GGUF_Q8_0_ROWS16: 34, GGUF_Q4_1_ROWS16: 20, GGUF_Q5_0_ROWS16: 23, GGUF_IQ4_ROWS16: 19, GGUF_MXFP4: 17}
 # not blocks: a GGUF file's float matrices (F32, F16, BF16) as it keeps them, the 16-bit ones widened
 # as the products read them
 FLOAT32, FLOAT16, BFLOAT16 = 0, 16, 17
@@ -62,7 +65,7 @@ FORMAT_NAMES = {LOOM_4BIT: "4-bit blocks", LOOM_5BIT: "5-bit blocks", LOOM_8BIT:
                 GGUF_Q8_0_ROWS16: "Q8_0 (16 rows side by side)",
                 GGUF_Q4_1_ROWS16: "Q4_0/Q4_1 (16 rows side by side)",
                 GGUF_Q5_0_ROWS16: "Q5_0 (16 rows side by side)", GGUF_Q6_K_ROWS16: "Q6_K (16 rows side by side)",
-                GGUF_IQ4_ROWS16: "IQ4_NL/IQ4_XS (16 rows side by side)",
+                GGUF_IQ4_ROWS16: "IQ4_NL/IQ4_XS (16 rows side by side)", GGUF_MXFP4: "MXFP4",
                 FLOAT32: "float32", FLOAT16: "float16", BFLOAT16: "bfloat16",
                 FLOAT32_PADDED: f"float32 ({ROW_PAD} values padded)"}
 WITH_MINIMUMS = (LOOM_4BIT, LOOM_5BIT)  # Loom's blocks that keep a float32 minimum beside each scale
@@ -88,8 +91,8 @@ def row_bytes(width: int, format: int) -> int:
     if format in SUPER_BLOCKS:
         values, size = SUPER_BLOCKS[format]
         return width // values * size
-    if format in BLOCK_ROWS16_BYTES:
-        return width // GROUP * BLOCK_ROWS16_BYTES[format]
+    if format in BLOCK_BYTES:
+        return width // GROUP * BLOCK_BYTES[format]
     if format == LOOM_IQ4:
         return width // 2 + width // GROUP * 5
     return width * format // 8 + width // GROUP * (8 if format in WITH_MINIMUMS else 4)

@@ -1,5 +1,5 @@
 """A GGUF file's formats on Loom's block kernels (models/kernels/block_formats.py): the K-quants (Q2_K to
-Q6_K) read as the file has them, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and IQ4_XS rearranged to the very
+Q6_K) and MXFP4 read as the file has them, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and IQ4_XS rearranged to the very
 numbers of the file; a file mixing formats loads in them (weights="stored", the default) and its
 greedy tokens equal a float64 forward over the file's dequantized weights whose block products take
 their input rounded to 8-bit blocks, as Loom's do."""
@@ -15,7 +15,7 @@ import models
 from models.kernels import block_formats, native
 from models.kernels.block_formats import block_format, to_blocks, to_rows16
 from models.kernels.block_linear import (BFLOAT16, FLOAT16, FLOAT32, FLOAT32_PADDED, GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q4_K_ROWS16,
-                                         GGUF_Q4_1_ROWS16, GGUF_Q5_0_ROWS16, GGUF_Q5_K, GGUF_Q5_K_ROWS16, GGUF_Q6_K, GGUF_Q6_K_ROWS16, GGUF_Q8_0_ROWS16, GGUF_IQ4_ROWS16,
+                                         GGUF_Q4_1_ROWS16, GGUF_Q5_0_ROWS16, GGUF_Q5_K, GGUF_Q5_K_ROWS16, GGUF_Q6_K, GGUF_Q6_K_ROWS16, GGUF_Q8_0_ROWS16, GGUF_IQ4_ROWS16, GGUF_MXFP4,
                                          FORMAT_NAMES, GROUP, LOOM_4BIT, LOOM_5BIT, LOOM_8BIT, LOOM_IQ4, SUPER_BLOCKS, WIDEN_ARGTYPES, BlockEmbedding, BlockLinear, dequantize,
                                          multiplies_rows16, padded_rows, pads_rows, round_activations, rounding,
                                          rounds_input_to_bfloat16, row_bytes, stored_format)
@@ -25,22 +25,29 @@ from runtime import Engine, GenerationConfig
 
 needs_kernels = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the kernels are not built")
 
-NATIVE = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+NATIVE = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4]
 EXACT = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.IQ4_XS]
 FLOATS = [Q.F32, Q.F16, Q.BF16]  # kept as the file has them, not blocks
 # where each K-quant keeps its float16 super-block scales (d, and dmin where it has one)
 HALF_FIELDS = {Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208], Q.IQ4_NL: [0],
                Q.IQ4_XS: [0]}
+# where MXFP4 keeps each block's exponent byte (E8M0: the scale 2^(e - 127), which the tests keep to trained
+# weights' magnitudes)
+EXPONENT_FIELDS = {Q.MXFP4: (0, (118, 126))}
 
 
 def random_tensor(kind: Q, rows: int, width: int, seed: int = 0, half_range=(0.001, 0.01)) -> np.ndarray:
     """A tensor's raw bytes [rows, bytes per row]: quantized by gguf-py where it can, else random
     bytes (any codes are valid) with the float16 scale fields set to small finite values."""
     rng = np.random.default_rng(seed)
-    if kind not in HALF_FIELDS:
+    if kind not in HALF_FIELDS and kind not in EXPONENT_FIELDS:
         return gguf_quantize(rng.standard_normal((rows, width)).astype(np.float32), kind)
     block, block_bytes = GGML_QUANT_SIZES[kind]
     data = rng.integers(0, 256, (rows, width // block, block_bytes), dtype=np.uint8)
+    if kind in EXPONENT_FIELDS:
+        at, exponents = EXPONENT_FIELDS[kind]
+        data[..., at] = rng.integers(*exponents, (rows, width // block))
+        return data.reshape(rows, -1)
     for at in HALF_FIELDS[kind]:
         scales = rng.uniform(*half_range, (rows, width // block)).astype(np.float16)
         data[..., at:at + 2] = scales.view(np.uint8).reshape(rows, width // block, 2)
@@ -52,10 +59,11 @@ def file_values(data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("kind", NATIVE, ids=lambda k: k.name)
-def test_k_quants_are_kept_as_the_file_lays_them_out(kind):
+def test_k_quants_and_mxfp4_are_kept_as_the_file_lays_them_out(kind):
     data = random_tensor(kind, rows=6, width=512)
     blocks = to_blocks(data, kind, 512)
-    assert torch.equal(blocks, torch.from_numpy(data)) and block_format(kind) in SUPER_BLOCKS
+    assert torch.equal(blocks, torch.from_numpy(data))
+    assert block_format(kind) in SUPER_BLOCKS or stored_format(blocks, 512) == block_format(kind) == GGUF_MXFP4
 
 
 @pytest.mark.parametrize("kind", EXACT, ids=lambda k: k.name)
