@@ -52,6 +52,15 @@ CONFIGS = {
         vocab_size=VOCAB, hidden_size=64, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=4, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
         num_experts=6, num_experts_per_tok=2, experts_implementation="eager"),
+    # every other layer through a window the test prompts pass, the clamp low enough to bind, sinks and
+    # biases set (transformers starts its biases at 0: tiny_model draws them)
+    "gpt_oss": lambda: transformers.GptOssConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        pad_token_id=0, num_local_experts=6, num_experts_per_tok=2, sliding_window=12, swiglu_limit=0.3,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64},
+        attn_implementation="eager", experts_implementation="eager"),
     "olmo2": lambda: transformers.Olmo2Config(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0),
@@ -110,7 +119,7 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "qwen3": transformers.Qwen3ForCausalLM, "qwen2_sliding": transformers.Qwen2ForCausalLM,
                  "ministral3": transformers.Ministral3ForCausalLM, "ernie4_5": transformers.Ernie4_5ForCausalLM,
                  "olmo2": transformers.Olmo2ForCausalLM, "olmo3": transformers.Olmo3ForCausalLM,
-                 "olmoe": transformers.OlmoeForCausalLM,
+                 "olmoe": transformers.OlmoeForCausalLM, "gpt_oss": transformers.GptOssForCausalLM,
                  "phi3": transformers.Phi3ForCausalLM, "mixtral": transformers.MixtralForCausalLM,
                  "qwen3_moe": transformers.Qwen3MoeForCausalLM, "smollm3": transformers.SmolLM3ForCausalLM,
                  "granite": transformers.GraniteForCausalLM, "granitemoe": transformers.GraniteMoeForCausalLM,
@@ -139,7 +148,12 @@ def tiny_model(arch: str, seed: int = 0, **config):
     settings = CONFIGS[arch]()
     for name, value in config.items():
         setattr(settings, name, value)
-    return MODEL_CLASSES[arch](settings).to(torch.float64).eval()
+    model = MODEL_CLASSES[arch](settings).to(torch.float64).eval()
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if name.endswith(("sinks", "_bias", "router.bias")):  # (transformers starts gpt-oss's biases at 0)
+                tensor.normal_(0.0, 0.5)
+    return model
 
 
 @pytest.fixture(scope="session", params=sorted(CONFIGS))
@@ -250,6 +264,24 @@ GGUF_GEMMA_NAMES = {"post_attention_layernorm": "post_attention_norm", "pre_feed
                     "post_feedforward_layernorm": "post_ffw_norm"}
 
 
+def _gpt_oss_tensors(rest: str, values):
+    """A gpt-oss parameter as llama.cpp's converter writes it: (name within the block, values) pairs.
+    Its experts' interleaved gate and up columns [experts, hidden, 2 x inner] split into two stacks
+    [experts, inner, hidden], their biases likewise; down_proj transposed; the router's weight and bias."""
+    if rest == "self_attn.sinks":
+        return [("attn_sinks.weight", values)]
+    if rest.startswith("mlp.router."):
+        return [(f"ffn_gate_inp.{rest.rsplit('.', 1)[1]}", values)]
+    if rest.endswith("gate_up_proj"):
+        values = values.swapaxes(1, 2)
+        return [("ffn_gate_exps.weight", values[:, 0::2]), ("ffn_up_exps.weight", values[:, 1::2])]
+    if rest.endswith("gate_up_proj_bias"):
+        return [("ffn_gate_exps.bias", values[:, 0::2]), ("ffn_up_exps.bias", values[:, 1::2])]
+    if rest.endswith("down_proj"):
+        return [("ffn_down_exps.weight", values.swapaxes(1, 2))]
+    return [("ffn_down_exps.bias", values)]
+
+
 def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: dict | None = None,
                   matrices=None):
     """``hf``'s weights in a GGUF file as llama.cpp's converter writes them for ``arch``: llama.cpp's
@@ -259,7 +291,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     and ``tensors`` (name -> float32 array) added. Matrices in float32, or in ``matrices``' type
     (a GGMLQuantizationType gguf-py quantizes to). Gemma's norms are stored as 1 + weight, as its
     converter stores them (OLMo's output norms are named as Gemma's); a mixture's experts as three stacks (ffn_gate_exps, ffn_up_exps,
-    ffn_down_exps), its router in float32. The file carries no tokenizer."""
+    ffn_down_exps), its router in float32 (gpt-oss's: _gpt_oss_tensors). The file carries no tokenizer."""
     import gguf
     import numpy as np
     c = hf.config
@@ -282,12 +314,12 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         adds[type(value)](key if key.startswith("tokenizer.") else f"{arch}.{key}", value)
 
     def add(name, values):
-        if matrices is None or values.ndim < 2 or name.endswith("ffn_gate_inp.weight"):  # (routers stay F32)
+        if matrices is None or values.ndim < 2 or name.endswith(("ffn_gate_inp.weight", ".bias")):  # (routers stay F32)
             return writer.add_tensor(name, values)
         writer.add_tensor(name, gguf.quants.quantize(values, matrices), raw_dtype=matrices)
 
     gemma = arch.startswith("gemma")
-    names = {**GGUF_LAYER_NAMES, **(GGUF_GEMMA_NAMES if gemma or arch == "olmo2" else {})}
+    names = {**GGUF_LAYER_NAMES, **(GGUF_GEMMA_NAMES if gemma or arch in ("olmo2", "gpt-oss") else {})}
     for name, tensor in hf.state_dict().items():
         values = tensor.float().numpy()
         if gemma and name.endswith("norm.weight"):
@@ -296,6 +328,10 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
             add(GGUF_GLOBAL_NAMES[name], values)
             continue
         _, _, layer, rest = name.split(".", 3)
+        if arch == "gpt-oss" and rest.startswith(("mlp.experts.", "mlp.router.", "self_attn.sinks")):
+            for part, part_values in _gpt_oss_tensors(rest, values):
+                add(f"blk.{layer}.{part}", np.ascontiguousarray(part_values))
+            continue
         if rest.startswith(("mlp.experts.", "block_sparse_moe.experts.")):  # stacks: gate and up rows together
             if rest.endswith("gate_up_proj"):
                 gate, up = np.split(values, 2, axis=1)

@@ -39,7 +39,8 @@ LAYER_NAMES = {
     "ffn_down_exps": "mlp.experts.down_proj",
 }
 # Gemma 2 and 3 have four norms per block; llama.cpp's "ffn_norm" is their pre-feed-forward norm.
-# OLMo's two norms a block normalise the attention's and the MLP's outputs.
+# OLMo's two norms a block normalise the attention's and the MLP's outputs. gpt-oss's norm before its
+# experts is its "post_attention_norm".
 # Phi-3's files hold its query, key and value rows in one matrix, and its gate and up rows in
 # "ffn_up", as its Hugging Face checkpoints do.
 GEMMA_LAYER_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
@@ -47,7 +48,10 @@ GEMMA_LAYER_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_no
 ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
                     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
                     "olmo2": {"post_attention_norm": "post_attention_layernorm",
-                              "post_ffw_norm": "post_feedforward_layernorm"}}
+                              "post_ffw_norm": "post_feedforward_layernorm"},
+                    "gpt-oss": {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"}}
+# parameters transformers names without a kind (gpt-oss's sinks: llama.cpp's converter adds ".weight")
+BARE_NAMES = ("self_attn.sinks",)
 # llama.cpp multiplies by a norm's weight where Gemma multiplies by (1 + weight): its converter
 # stores weight + 1, which loading takes back.
 NORM_OFFSET = {"gemma2": 1.0, "gemma3": 1.0}
@@ -127,7 +131,8 @@ def _hf_name(name: str, layer_names: dict) -> str:
     if base.startswith("blk."):
         _, layer, part = base.split(".", 2)
         if part in layer_names:
-            return f"model.layers.{layer}.{layer_names[part]}.{kind}"
+            name = f"model.layers.{layer}.{layer_names[part]}"
+            return name if layer_names[part] in BARE_NAMES else f"{name}.{kind}"
     elif base in GLOBAL_NAMES:
         return f"{GLOBAL_NAMES[base]}.{kind}"
     return name  # unknown names stay, and are ignored by the model's converter

@@ -13,10 +13,12 @@ from ..kernels.block_formats import widened
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "smollm3": "smollm3",
                  "granite": "granite", "gemma2": "gemma2", "gemma3": "gemma3_text", "qwen3moe": "qwen3_moe",
                  "granitemoe": "granitemoe", "mistral3": "ministral3", "ernie4_5": "llama", "olmo2": "olmo2",
-                 "olmoe": "olmoe"}
+                 "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's
-MIXTURES = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "olmoe": "olmoe"}
+# (gpt-oss's softmax over the chosen logits: the same weights)
+MIXTURES = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "olmoe": "olmoe",
+            "gpt-oss": "gpt_oss"}
 # architectures whose files keep Llama's layout: Q/K rows in the interleaved rotary's order (llama.cpp's
 # converter permutes Llama's; ERNIE 4.5's checkpoints hold them so: its files are Llama's from there),
 # attention biases where the model has them
@@ -52,7 +54,8 @@ def check_architecture(meta: dict, file_name: str) -> str:
     if key("expert_count"):
         if arch not in MIXTURES:
             raise ValueError(f"{file_name} is a {arch} model with {key('expert_count')} experts; Loom runs experts "
-                             f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen3-MoE's, Granite MoE's and OLMoE's)")
+                             f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen3-MoE's, Granite MoE's, OLMoE's and "
+                             "gpt-oss's)")
         if key("expert_shared_feed_forward_length"):  # (Granite MoE Shared's: a dense expert every token takes)
             raise ValueError(f"{file_name} has a shared expert, which Loom does not run")
         if key("expert_weights_scale") not in (None, 0.0, 1.0):  # (llama.cpp: 0 and 1 scale nothing)
@@ -91,7 +94,7 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         "rope_theta": key("rope.freq_base", 10000.0),
         "max_position_embeddings": key("context_length", 2048),
         "tie_word_embeddings": "output.weight" not in tensors,
-        "attention_bias": "blk.0.attn_q.bias" in tensors and arch in LLAMA_LAYOUT,
+        "attention_bias": "blk.0.attn_q.bias" in tensors and (arch in LLAMA_LAYOUT or arch == "gpt-oss"),
     }
     if key("expert_count"):
         config |= _experts(arch, key, config)
@@ -121,6 +124,9 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
             config["no_rope_layers"] = [0] * config["num_hidden_layers"]
     if arch == "phi3":
         config["sliding_window"] = key("attention.sliding_window") or None  # 0: none (Phi-4 is a "phi3" too)
+    if arch == "gpt-oss":  # every other layer through its window where the file lists none, as llama.cpp reads it
+        config |= {"sliding_window": key("attention.sliding_window"),
+                   "layer_types": _sliding_layers(key, config["num_hidden_layers"], file_name, default_pattern=2)}
     # An OLMo 3: three local layers in four where the file lists none, rotating by the global layers' base
     # without their scaling, as llama.cpp's graph does (its rope.freq_base_swa serves only its cache shifts)
     if arch == "olmo2" and key("attention.sliding_window"):
@@ -159,11 +165,14 @@ def _mistral3_scales(key, config: dict) -> dict:
 
 def _experts(arch: str, key, config: dict) -> dict:
     """A mixture of experts' config fields as transformers names them for Mixtral, Qwen3-MoE, Granite
-    MoE or OLMoE: every layer routes, the chosen experts' weights renormalised (but OLMoE's), as
+    MoE, OLMoE or gpt-oss: every layer routes, the chosen experts' weights renormalised (but OLMoE's), as
     llama.cpp runs them."""
     experts, used, inner = key("expert_count"), key("expert_used_count"), key("expert_feed_forward_length")
     if MIXTURES[arch] in ("mixtral", "granitemoe"):  # (llama.cpp's experts there are feed_forward_length wide)
         return {"model_type": MIXTURES[arch], "num_local_experts": experts, "num_experts_per_tok": used,
+                "intermediate_size": inner or config["intermediate_size"]}
+    if arch == "gpt-oss":
+        return {"num_local_experts": experts, "num_experts_per_tok": used,
                 "intermediate_size": inner or config["intermediate_size"]}
     if arch == "olmoe":  # (feed_forward_length wide too)
         return {"num_experts": experts, "num_experts_per_tok": used, "norm_topk_prob": False,
@@ -185,10 +194,11 @@ def _shared_by_layers(value, name: str, file_name: str):
     return values[0]
 
 
-def _sliding_layers(key, layers: int, file_name: str) -> list[str] | None:
+def _sliding_layers(key, layers: int, file_name: str, default_pattern: int | None = None) -> list[str] | None:
     """Each layer's type where the file says which slide (attention.sliding_window_pattern: a flag a
-    layer, or n: n - 1 local layers, then a global one, as llama.cpp reads it); None where it does not."""
-    pattern = key("attention.sliding_window_pattern")
+    layer, or n: n - 1 local layers, then a global one, as llama.cpp reads it), else by
+    ``default_pattern`` (the architecture's, llama.cpp's); None where neither says."""
+    pattern = key("attention.sliding_window_pattern", default_pattern)
     if pattern is None:
         return None
     if isinstance(pattern, int):

@@ -89,11 +89,12 @@ def chunk_rows(chunks: list[PrefillChunk]) -> DecodeGroup:
 
 
 def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, scale: float,
-                    cos=None, sin=None, softcap: float | None = None) -> torch.Tensor:
+                    cos=None, sin=None, softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q: [T, heads, dim]; k, v: [T, kv_heads, dim]. Rotates q and k by the step's angles (if
     given, from rope.Rotary), writes the step's K/V into the pool (rounded to its dtype, where that
     is not q's), then attends through block tables, each score soft-capped to softcap tanh(score /
-    softcap) where ``softcap`` is given (Gemma 2). Returns [T, heads, dim]."""
+    softcap) where ``softcap`` is given (Gemma 2), each head's softmax taking its sink's logit
+    (``sinks`` [heads], gpt-oss's) in its denominator where given. Returns [T, heads, dim]."""
     k_cache, v_cache = kv_cache.layer(layer)
     kv_heads, dim = k.shape[1], k.shape[2]
     if masks.on_kernel:
@@ -108,7 +109,7 @@ def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, 
         for group in step.decode_groups + masks.prefill_rows:
             rows = slice(group.start, group.end)
             paged_decode.decode_attention(q[rows], k_cache, v_cache, group.block_tables, group.context_lens,
-                                          out[rows], scale, masks.window, softcap)
+                                          out[rows], scale, masks.window, softcap, sinks)
     for group, mask in zip(step.decode_groups, masks.decode):  # the torch path
         rows = slice(group.start, group.end)
         # index_select copies whole blocks; advanced indexing (cache[tables]) measured 8x slower.
@@ -116,31 +117,38 @@ def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, 
         shape = (group.end - group.start, -1, kv_heads, dim)
         keys = kv_cache.gather(k_cache, blocks, 0, q.dtype).view(shape).transpose(1, 2)  # [n, kv_heads, L, dim]
         values = kv_cache.gather(v_cache, blocks, 1, q.dtype).view(shape).transpose(1, 2)
-        out[rows] = attend(q[rows, :, None, :], keys, values, mask, scale, softcap)[:, :, 0, :]
+        out[rows] = attend(q[rows, :, None, :], keys, values, mask, scale, softcap, sinks)[:, :, 0, :]
     for chunk, mask in masks.prefill:
         length = chunk.first_position + chunk.end - chunk.start
         keys = kv_cache.gather(k_cache, chunk.block_table, 0, q.dtype).flatten(0, 1)[:length].transpose(0, 1)[None]
         values = kv_cache.gather(v_cache, chunk.block_table, 1, q.dtype).flatten(0, 1)[:length].transpose(0, 1)[None]
         queries = q[chunk.start:chunk.end].transpose(0, 1)[None]
-        out[chunk.start:chunk.end] = attend(queries, keys, values, mask, scale, softcap)[0].transpose(0, 1)
+        out[chunk.start:chunk.end] = attend(queries, keys, values, mask, scale, softcap, sinks)[0].transpose(0, 1)
     return out
 
 
-def attend(q, k, v, mask, scale: float, softcap: float | None) -> torch.Tensor:
+def attend(q, k, v, mask, scale: float, softcap: float | None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of q [..., heads, n, dim] over k, v [..., kv_heads, L, dim] (kv_heads dividing heads)
     under a boolean ``mask`` ([n, L] or broadcast to it; None: causal, n == L): SDPA, or, with a
-    ``softcap``, which SDPA cannot apply, the scores soft-capped and softmaxed here."""
+    ``softcap`` or ``sinks`` ([heads]), which SDPA cannot apply, the scores soft-capped and softmaxed
+    here, each head's sink a logit in its softmax that weighs no value."""
     gqa = q.shape[-3] != k.shape[-3]
-    if softcap is None:
+    if softcap is None and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
                                               enable_gqa=gqa)
     if gqa:
         group = q.shape[-3] // k.shape[-3]
         k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
-    scores = torch.tanh(q @ k.transpose(-1, -2) * scale / softcap) * softcap
+    scores = q @ k.transpose(-1, -2) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is None:
         mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
-    return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v
+    scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is None:
+        return torch.softmax(scores, dim=-1) @ v
+    sink = sinks.to(scores.dtype)[:, None, None].expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1] @ v
 
 
 class NativeDecoding:

@@ -1,10 +1,10 @@
 """The Llama family over the paged KV cache: Llama, Qwen2, Qwen3, Mistral, Ministral 3, ERNIE 4.5,
-Phi-3, SmolLM3, Granite, and the mixture-of-experts Mixtral, Qwen3-MoE, Granite MoE and OLMoE. GQA,
+Phi-3, SmolLM3, Granite, and the mixture-of-experts Mixtral, Qwen3-MoE, Granite MoE, OLMoE and gpt-oss. GQA,
 RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k norms (per head: Qwen3; across heads: OLMoE), sliding
 windows for all or some layers, layers without rotary (SmolLM3's every fourth), queries scaled by
 position past the original context (Ministral 3), fused checkpoint tensors (Phi-3), rotary pairs side
-by side in the checkpoint (ERNIE 4.5), scaled embeddings, residuals and logits (Granite), routed
-experts (moe.py)."""
+by side in the checkpoint (ERNIE 4.5), scaled embeddings, residuals and logits (Granite), attention
+sinks (gpt-oss), routed experts (moe.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from .moe import MoESpec, SparseMoE
 from .rope import Rotary, halves_from_pairs, query_temperature, rope_type, sequence_ends
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi3", "smollm3", "granite", "mixtral",
-            "qwen3_moe", "granitemoe", "olmoe")
+            "qwen3_moe", "granitemoe", "olmoe", "gpt_oss")
 
 
 @dataclass
@@ -43,6 +43,8 @@ class LlamaSpec(DecoderShape):
     # ERNIE 4.5's checkpoints keep each head's rotary pairs side by side (GLM's rotation): their query
     # and key rows are reordered at load into the halves apply_rotary takes
     interleaved_rotary: bool = False
+    # gpt-oss's attention sinks: a learned logit a head, in each softmax's denominator and no value's weight
+    attention_sinks: bool = False
     # Granite's multipliers: of the embeddings, of each attention's and MLP's output before it is
     # added, the attention's scale (None: 1 / sqrt(head_dim)), and the logits' divisor
     embedding_scale: float = 1.0
@@ -95,6 +97,7 @@ class LlamaSpec(DecoderShape):
             moe=MoESpec.from_hf(c),
             query_temperature=_query_temperature(rope),
             interleaved_rotary=kind == "ernie4_5",
+            attention_sinks=kind == "gpt_oss",
             embedding_scale=float(c.get("embedding_multiplier", 1.0)),
             residual_scale=float(c.get("residual_multiplier", 1.0)),
             attention_scale=c.get("attention_multiplier", 1.0 if kind.startswith("granite") else None),  # (transformers')
@@ -143,12 +146,18 @@ def _layer_windows(kind: str, c: dict, layers: int) -> tuple[int | None, ...]:
         types = c.get("layer_types") or ["sliding_attention" if i >= c.get("max_window_layers", layers)
                                          else "full_attention" for i in range(layers)]
         return tuple(window if t == "sliding_attention" else None for t in types)
+    if kind == "gpt_oss":  # (its config lists them: every other layer through the window, the first included)
+        types = c.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+        if len(types) != layers:
+            raise ValueError(f"layer_types lists {len(types)} layers of {layers}")
+        return tuple(window if t == "sliding_attention" else None for t in types)
     return (window,) * layers  # llama, granite (None), mistral, mixtral, phi3: one window for every layer
 
 
 class Attention(nn.Module):
     """GQA over the paged cache, with optional q/k norms: per head (Qwen3), or across all heads
-    (OLMo: the spec's qk_norm_across_heads); Gemma passes its own norm, scale and soft cap."""
+    (OLMo: the spec's qk_norm_across_heads), and sinks (gpt-oss); Gemma passes its own norm, scale and
+    soft cap."""
 
     def __init__(self, s, norm=RMSNorm, scale: float | None = None, softcap: float | None = None):
         super().__init__()
@@ -162,6 +171,7 @@ class Attention(nn.Module):
         self.k_norm = norm(k_width, s.rms_norm_eps) if s.qk_norm else None
         self.scale = scale if scale is not None else s.head_dim ** -0.5
         self.softcap = softcap
+        self.sinks = nn.Parameter(torch.zeros(s.num_heads)) if getattr(s, "attention_sinks", False) else None
 
     def forward(self, x, cos, sin, kv_cache, layer, step, masks, query_scales=None):
         """``query_scales``: each row's query scale (rope.query_temperature), or None."""
@@ -174,7 +184,7 @@ class Attention(nn.Module):
         if query_scales is not None:  # (before the rotation, which it commutes with)
             q = q * query_scales[:, None, None]
         o = paged_attention(q, k, v.view(-1, self.kv_heads, self.dim), kv_cache, layer, step, masks, self.scale,
-                            cos, sin, self.softcap)
+                            cos, sin, self.softcap, self.sinks)
         return self.out(o.flatten(1))
 
 
@@ -253,6 +263,8 @@ class Llama(DecoderModel):
                 out[o + f"attn.qkv.{kind}"] = qkv[_qkv_rows_in_halves(s)] if s.interleaved_rotary else qkv
             for kind in ("weight", "bias") if s.out_bias else ("weight",):
                 out[o + f"attn.out.{kind}"] = hf[p + f"self_attn.o_proj.{kind}"]
+            if s.attention_sinks:
+                out[o + "attn.sinks"] = hf[p + "self_attn.sinks"]
             if s.qk_norm:
                 out[o + "attn.q_norm.weight"] = hf[p + "self_attn.q_norm.weight"]
                 out[o + "attn.k_norm.weight"] = hf[p + "self_attn.k_norm.weight"]

@@ -1,4 +1,4 @@
-"""Mixture-of-experts feed-forward (Mixtral, Qwen3-MoE, Granite MoE, OLMoE): a router picks each token's top-k experts;
+"""Mixture-of-experts feed-forward (Mixtral, Qwen3-MoE, Granite MoE, OLMoE, gpt-oss): a router picks each token's top-k experts;
 the step's tokens are grouped by expert so that every expert runs one matrix product per step on
 all the tokens routed to it, however many requests the flat batch holds."""
 
@@ -19,6 +19,10 @@ class MoESpec:
     normalize: bool                 # renormalise the top-k weights to sum to 1
     dense_layers: frozenset[int]    # layers that keep a plain MLP
     sparse_step: int                # every sparse_step-th layer routes (Qwen3-MoE's decoder_sparse_step)
+    biases: bool = False            # the router and the experts' products add biases (gpt-oss)
+    # gpt-oss's clamped SwiGLU, (alpha, limit): min(gate, limit) sigmoid(alpha min(gate, limit)) x
+    # (clamp(up, -limit, limit) + 1); None: silu(gate) x up
+    clamped_swiglu: tuple[float, float] | None = None
 
     @classmethod
     def from_hf(cls, c: dict) -> "MoESpec | None":
@@ -28,6 +32,10 @@ class MoESpec:
         if kind == "olmoe":
             return cls(c["num_experts"], c["num_experts_per_tok"], c["intermediate_size"],
                        bool(c.get("norm_topk_prob", False)), frozenset(), 1)
+        if kind == "gpt_oss":  # (the softmax over the top-k logits: the chosen probabilities renormalised)
+            return cls(c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"], True, frozenset(), 1,
+                       biases=True, clamped_swiglu=(float(c.get("swiglu_alpha", 1.702)),
+                                                    float(c.get("swiglu_limit", 7.0))))
         if kind == "qwen3_moe":
             experts = c.get("num_experts") or c["num_local_experts"]  # the hub's name, transformers 5's
             return cls(experts, c["num_experts_per_tok"], c["moe_intermediate_size"],
@@ -39,28 +47,43 @@ class MoESpec:
         return layer not in self.dense_layers and (layer + 1) % self.sparse_step == 0
 
 
+def gated(gate: torch.Tensor, up: torch.Tensor, clamped: tuple[float, float] | None) -> torch.Tensor:
+    """An expert's activation: silu(gate) x up, or gpt-oss's clamped SwiGLU (MoESpec.clamped_swiglu)."""
+    if clamped is None:
+        return F.silu(gate) * up
+    alpha, limit = clamped
+    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return gate * torch.sigmoid(alpha * gate) * (up + 1)
+
+
 class Experts(nn.Module):
     """The experts' SwiGLU weights in float, a stack per product: gate_up [experts, 2 x inner, hidden]
-    (each expert's gate rows, then its up rows), down [experts, hidden, inner]. A GGUF file's quantized
+    (each expert's gate rows, then its up rows), down [experts, hidden, inner], and with ``biases``
+    theirs (gate_up_bias [experts, 2 x inner], down_bias [experts, hidden]). A GGUF file's quantized
     stacks run on kernels/block_experts.py's BlockExperts instead, which answers the same call."""
 
-    def __init__(self, count: int, hidden_size: int, intermediate_size: int):
+    def __init__(self, count: int, hidden_size: int, intermediate_size: int, biases: bool = False,
+                 clamped_swiglu: tuple[float, float] | None = None):
         super().__init__()
         self.gate_up = nn.Parameter(torch.empty(count, 2 * intermediate_size, hidden_size))
         self.down = nn.Parameter(torch.empty(count, hidden_size, intermediate_size))
+        self.gate_up_bias = nn.Parameter(torch.empty(count, 2 * intermediate_size)) if biases else None
+        self.down_bias = nn.Parameter(torch.empty(count, hidden_size)) if biases else None
+        self.clamped_swiglu = clamped_swiglu
 
     def forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
         """Expert ``index``'s SwiGLU over all the step's tokens routed to it."""
-        gate, up = F.linear(x, self.gate_up[index]).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down[index])
+        bias = lambda b: None if b is None else b[index]
+        gate, up = F.linear(x, self.gate_up[index], bias(self.gate_up_bias)).chunk(2, dim=-1)
+        return F.linear(gated(gate, up, self.clamped_swiglu), self.down[index], bias(self.down_bias))
 
 
 class SparseMoE(nn.Module):
     def __init__(self, hidden_size: int, s: MoESpec):
         super().__init__()
         self.spec = s
-        self.router = nn.Linear(hidden_size, s.num_experts, bias=False)
-        self.experts = Experts(s.num_experts, hidden_size, s.intermediate_size)
+        self.router = nn.Linear(hidden_size, s.num_experts, bias=s.biases)
+        self.experts = Experts(s.num_experts, hidden_size, s.intermediate_size, s.biases, s.clamped_swiglu)
 
     def forward(self, x):
         # Routing in float32, as transformers does: its top-k and weights then match exactly.
@@ -83,7 +106,9 @@ class SparseMoE(nn.Module):
 
     @staticmethod
     def convert(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
-        """The router and experts under ``prefix`` in any of the six layouts: transformers 5's
+        """The router and experts under ``prefix`` in any of the seven layouts: gpt-oss's (mlp.router;
+        mlp.experts.gate_up_proj [experts, hidden, 2 x inner], each expert's gate and up columns
+        interleaved, down_proj [experts, inner, hidden], their biases), transformers 5's
         fused tensors (mlp.experts.gate_up_proj; Granite MoE's under block_sparse_moe), Granite MoE's
         files (block_sparse_moe.input_linear, output_linear: already stacks), Mixtral's files
         (block_sparse_moe.experts.E.w1/w3/w2), Qwen3-MoE's files (mlp.experts.E.gate_proj/up_proj/
@@ -91,6 +116,8 @@ class SparseMoE(nn.Module):
         [experts, rows, width], or blocks of experts x rows rows, which stay three,
         kernels/block_experts.py's)."""
         experts = out_prefix + "experts."
+        if prefix + "mlp.router.weight" in hf:
+            return _gpt_oss_experts(hf, prefix, out_prefix)
         for base, router in (("mlp.", "mlp.gate.weight"), ("block_sparse_moe.", "block_sparse_moe.router.weight")):
             if prefix + base + "experts.gate_up_proj" in hf:
                 return {out_prefix + "router.weight": hf[prefix + router],
@@ -103,9 +130,15 @@ class SparseMoE(nn.Module):
         if prefix + "mlp.experts.gate_proj.weight" in hf:
             gate, up, down = (hf.pop(f"{prefix}mlp.experts.{n}_proj.weight") for n in ("gate", "up", "down"))
             floats = gate.dim() == 3  # (else blocks [experts x rows, bytes a row])
-            return {out_prefix + "router.weight": hf[prefix + "mlp.gate.weight"],
-                    experts + "gate_up": torch.cat([gate, up], dim=1) if floats else [gate, up],
-                    experts + "down": down}
+            out = {out_prefix + "router.weight": hf[prefix + "mlp.gate.weight"],
+                   experts + "gate_up": torch.cat([gate, up], dim=1) if floats else [gate, up],
+                   experts + "down": down}
+            if s.biases:  # (gpt-oss's files: [experts, rows] each)
+                bias = lambda n: hf.pop(f"{prefix}mlp.experts.{n}_proj.bias")
+                out |= {out_prefix + "router.bias": hf[prefix + "mlp.gate.bias"],
+                        experts + "gate_up_bias": torch.cat([bias("gate"), bias("up")], dim=1),
+                        experts + "down_bias": bias("down")}
+            return out
         if prefix + "block_sparse_moe.gate.weight" in hf:
             base, names = prefix + "block_sparse_moe.", ("w1", "w3", "w2")
         else:
@@ -116,3 +149,19 @@ class SparseMoE(nn.Module):
                 experts + "gate_up": torch.stack([torch.cat([expert(e, gate), expert(e, up)])
                                                   for e in range(s.num_experts)]),
                 experts + "down": torch.stack([expert(e, down) for e in range(s.num_experts)])}
+
+
+def _gpt_oss_experts(hf: dict, prefix: str, out_prefix: str) -> dict:
+    """gpt-oss's router and experts (its checkpoints' layout: SparseMoE.convert) in Experts' layout."""
+    base = prefix + "mlp.experts."
+    if base + "gate_up_proj_blocks" in hf:
+        raise ValueError("this gpt-oss checkpoint keeps its experts in MXFP4 blocks (gate_up_proj_blocks), which Loom "
+                         "reads from GGUF files only: load its GGUF file, or a checkpoint with float experts (BF16)")
+    gate_up, gate_up_bias = hf.pop(base + "gate_up_proj").transpose(1, 2), hf.pop(base + "gate_up_proj_bias")
+    return {out_prefix + "router.weight": hf[prefix + "mlp.router.weight"],
+            out_prefix + "router.bias": hf[prefix + "mlp.router.bias"],
+            # the interleaved gate and up rows (0, 2, 4, ... and 1, 3, 5, ...) as the gate's, then the up's
+            out_prefix + "experts.gate_up": torch.cat([gate_up[:, 0::2], gate_up[:, 1::2]], dim=1),
+            out_prefix + "experts.gate_up_bias": torch.cat([gate_up_bias[:, 0::2], gate_up_bias[:, 1::2]], dim=1),
+            out_prefix + "experts.down": hf.pop(base + "down_proj").transpose(1, 2).contiguous(),  # (the kernels read rows)
+            out_prefix + "experts.down_bias": hf.pop(base + "down_proj_bias")}

@@ -8,21 +8,27 @@ out, and a file's quantized experts never pass through float32."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from . import native
+from ..families.moe import gated
 from .block_linear import (ARGTYPES, FORMAT_NAMES, ROWS16, ROWS16_LAYOUTS, as_bytes, multiplies_rows16, row_bytes,
                            stored_format)
 
 
 class BlockExperts(nn.Module):
     """moe.Experts' call over three stacks kept as a file holds them: gate and up [experts x inner,
-    bytes a row of hidden values], down [experts x hidden, bytes a row of inner values]."""
+    bytes a row of hidden values], down [experts x hidden, bytes a row of inner values]; with
+    moe.Experts' biases (float [experts, 2 x inner] and [experts, hidden], or None) and activation."""
 
-    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, count: int, hidden: int, inner: int):
+    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, count: int, hidden: int, inner: int,
+                 gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None,
+                 clamped_swiglu: tuple[float, float] | None = None):
         super().__init__()
         self.count, self.hidden, self.inner = count, hidden, inner
+        self.register_buffer("gate_up_bias", gate_up_bias)  # (None: no bias)
+        self.register_buffer("down_bias", down_bias)
+        self.clamped_swiglu = clamped_swiglu
         self.formats = {}
         for name, stack, width, rows in (("gate", gate, hidden, inner), ("up", up, hidden, inner),
                                          ("down", down, inner, hidden)):
@@ -51,11 +57,13 @@ class BlockExperts(nn.Module):
             address, format, rows = self.expert_rows(name, index)
             self.kernel(x.data_ptr(), self.hidden, tokens, address, format, None, self.hidden, rows,
                         gate_up[:, half * inner:].data_ptr(), 2 * inner)
-        hidden = F.silu(gate_up[:, :inner]) * gate_up[:, inner:]
+        if self.gate_up_bias is not None:
+            gate_up += self.gate_up_bias[index].float()
+        hidden = gated(gate_up[:, :inner], gate_up[:, inner:], self.clamped_swiglu).contiguous()
         out = torch.empty(tokens, self.hidden)
         address, format, rows = self.expert_rows("down", index)
         self.kernel(hidden.data_ptr(), inner, tokens, address, format, None, inner, rows, out.data_ptr(), self.hidden)
-        return out
+        return out if self.down_bias is None else out + self.down_bias[index].float()
 
     def extra_repr(self) -> str:
         kinds = ", ".join(f"{name} {FORMAT_NAMES[f]}" for name, f in self.formats.items())
@@ -74,7 +82,9 @@ def use_stored_experts(model: nn.Module, state: dict) -> None:
             continue
         count, hidden, inner = module.down.shape
         gate, up = stacks
-        experts = BlockExperts(gate, up, state.pop(f"{prefix}.down"), count, hidden, inner)
+        biases = [state.pop(f"{prefix}.{name}", None) for name in ("gate_up_bias", "down_bias")]
+        experts = BlockExperts(gate, up, state.pop(f"{prefix}.down"), count, hidden, inner, *biases,
+                               module.clamped_swiglu)
         del state[f"{prefix}.gate_up"]
         state.update({f"{prefix}.{name}": buffer for name, buffer in experts.named_buffers()})
         parent_name, _, name = prefix.rpartition(".")

@@ -42,21 +42,26 @@ struct Weights {
     Part part[3];
 };
 
-// A mixture's routed experts in a layer's MLP's place (Mixtral, Qwen3-MoE; decoder_layer.py fills
-// it): the router's product gives each row ``count`` logits; a row goes to the top_k experts of
-// their softmax, weighted by their probabilities (renormalised to sum to 1 where ``normalize``).
-// Expert e is a SwiGLU: gate_up[e] gives [gate | up] (2 x the layer's intermediate outputs), down[e]
-// the hidden ones.
+// How the MLP activates its up product: GPT-2's GELU (tanh), or a gated MLP whose ``up`` product gives
+// [gate | up] (2 x intermediate outputs): Llama's SiLU(gate) x up, Gemma's GELU(gate) x up, gpt-oss's
+// experts' clamped SwiGLU (Experts' alpha and limit).
+enum Activation : int64_t { GELU_TANH = 0, SILU_GATED = 1, GELU_TANH_GATED = 2, CLAMPED_SWIGLU = 3 };
+
+// A mixture's routed experts in a layer's MLP's place (Mixtral, Qwen3-MoE, gpt-oss; decoder_layer.py
+// fills it): the router's product (plus router_bias, where not null) gives each row ``count`` logits;
+// a row goes to the top_k experts of their softmax, weighted by their probabilities (renormalised to
+// sum to 1 where ``normalize``). Expert e is a SwiGLU: gate_up[e] gives [gate | up] (2 x the layer's
+// intermediate outputs), down[e] the hidden ones; with biases (gpt-oss's; null elsewhere) expert e's
+// are rows e of gate_up_bias [count, 2 x intermediate] and down_bias [count, hidden], in the model's
+// type. ``activation``: SILU_GATED, or CLAMPED_SWIGLU with ``alpha`` and ``limit``.
 struct Experts {
     const Weights* router;
     const Weights* gate_up;  // count of them
     const Weights* down;     // count of them
-    int64_t count, top_k, normalize;
+    const void *router_bias, *gate_up_bias, *down_bias;
+    int64_t count, top_k, normalize, activation;
+    double alpha, limit;
 };
-
-// How the MLP activates its up product: GPT-2's GELU (tanh), or a gated MLP whose ``up`` product gives
-// [gate | up] (2 x intermediate outputs): Llama's SiLU(gate) x up, Gemma's GELU(gate) x up.
-enum Activation : int64_t { GELU_TANH = 0, SILU_GATED = 1, GELU_TANH_GATED = 2 };
 
 // One layer's weights and shape, filled once at load (decoder_layer.py mirrors this layout: every
 // field is 8 bytes). Biases may be null; the pool keeps its elements as C (kv_element.h). Llama's
@@ -69,7 +74,8 @@ enum Activation : int64_t { GELU_TANH = 0, SILU_GATED = 1, GELU_TANH_GATED = 2 }
 // window_cos/window_sin); Gemma 2's attention scores soft-capped (softcap: 0 elsewhere). A layer that
 // does not rotate (rotates 0: SmolLM3's every fourth) stores its keys and reads its queries as they
 // are; Granite's outputs are scaled before they are added (residual_scale: 1 elsewhere). A layer
-// with routed experts (experts: null elsewhere) has no up or down product of its own. Norm weights
+// with routed experts (experts: null elsewhere) has no up or down product of its own; gpt-oss's
+// attention takes a sink a head in its softmax (sinks: null elsewhere). Norm weights
 // are the factors applied (Gemma's 1 + weight, decoder_layer.py makes them). GPT-2: LayerNorms with
 // biases, GELU_TANH.
 template <typename T, typename C>
@@ -86,6 +92,7 @@ struct Layer {
     const T *q_norm, *k_norm, *attn_out_norm, *mlp_out_norm;
     C *k_cache, *v_cache;
     const Experts* experts;
+    const T* sinks;  // gpt-oss's attention sinks, a logit a query head (null elsewhere)
     int64_t hidden, intermediate, heads, kv_heads, dim, window, layer_norm, activation, window_angles, rotates,
         norms_across_heads;
     double eps, scale, softcap, residual_scale;
@@ -207,6 +214,7 @@ void norm_spans(T* qkv, int64_t stride, int64_t rows, int64_t q_spans, int64_t k
 template <typename T>
 void activate_rows(T* up, int64_t stride, int64_t activation, int64_t rows, int64_t intermediate) {
     constexpr T root_2_over_pi = T(0.7978845608028654), cubic = T(0.044715);
+    if (activation == CLAMPED_SWIGLU) __builtin_trap();  // (clamped_swiglu_rows: it takes its alpha and limit)
     const bool gated = activation != GELU_TANH, silu = activation == SILU_GATED;
 #pragma omp for
     for (int64_t r = 0; r < rows; ++r) {
@@ -226,6 +234,33 @@ void activate_rows(T* up, int64_t stride, int64_t activation, int64_t rows, int6
             const T x = a[i], u = silu ? x : root_2_over_pi * (x + cubic * x * x * x);
             const T y = x / (T(1) + std::exp((silu ? T(-1) : T(-2)) * u));
             a[i] = gated ? y * b[i] : y;
+        }
+    }
+}
+
+// gpt-oss's experts' activation, in place as activate_rows': [gate | up] -> g sigmoid(alpha g) x (u + 1)
+// in the gate's place, g = min(gate, limit), u = up clamped to [-limit, limit].
+template <typename T>
+void clamped_swiglu_rows(T* up, int64_t stride, int64_t rows, int64_t intermediate, double alpha, double limit) {
+    const T a = T(alpha), top = T(limit);
+#pragma omp for
+    for (int64_t r = 0; r < rows; ++r) {
+        T* gates = up + r * stride;
+        const T* ups = gates + intermediate;
+        int64_t i = 0;
+        if constexpr (std::is_same_v<float, T>) {
+            using V = Vector<float>;
+            const V::type high = V::type{} + top, low = -high;
+            for (; i + V::lanes <= intermediate; i += V::lanes) {
+                V::type g = V::load(gates + i), u = V::load(ups + i);
+                g = g < high ? g : high;
+                u = u < high ? (u > low ? u : low) : high;
+                V::store(gates + i, g / (1.0f + exp_lanes(-a * g)) * (u + 1.0f));
+            }
+        }
+        for (; i < intermediate; ++i) {
+            const T g = std::min(gates[i], top), u = std::clamp(ups[i], -top, top);
+            gates[i] = g / (T(1) + std::exp(-a * g)) * (u + T(1));
         }
     }
 }
@@ -348,7 +383,11 @@ void expert_phases(const T* h, const Layer<T, C>& l, int64_t rows, const Interme
                    int64_t panel_from) {
     const Experts& e = *l.experts;
     const int64_t hidden = l.hidden, inner = l.intermediate, pairs = rows * e.top_k, up_width = 2 * inner;
-    product(h, hidden, rows, *e.router, static_cast<const T*>(nullptr), hidden, b.logits, e.count, b.scratch, panel_from);
+    const T *router_bias = static_cast<const T*>(e.router_bias), *gate_up_bias = static_cast<const T*>(e.gate_up_bias),
+            *down_bias = static_cast<const T*>(e.down_bias);
+    // expert i's row of a bias stack, or null
+    const auto row_of = [](const T* biases, int64_t i, int64_t width) { return biases ? biases + i * width : nullptr; };
+    product(h, hidden, rows, *e.router, router_bias, hidden, b.logits, e.count, b.scratch, panel_from);
     choose_experts(b.logits, rows, e, b.pair_weights, b.pair_experts);
 #pragma omp single
     {  // the pairs grouped by expert, in pair order within each (a counting sort)
@@ -363,14 +402,17 @@ void expert_phases(const T* h, const Layer<T, C>& l, int64_t rows, const Interme
     for (int64_t i = 0; i < e.count; ++i) {
         const int64_t first = b.expert_starts[i], count = b.expert_starts[i + 1] - first;
         if (count > 0)
-            product(b.pair_rows + first * hidden, hidden, count, e.gate_up[i], static_cast<const T*>(nullptr), hidden,
+            product(b.pair_rows + first * hidden, hidden, count, e.gate_up[i], row_of(gate_up_bias, i, up_width), hidden,
                     b.up + first * up_width, up_width, b.scratch, panel_from);
     }
-    activate_rows(b.up, up_width, SILU_GATED, pairs, inner);
+    if (e.activation == CLAMPED_SWIGLU)
+        clamped_swiglu_rows(b.up, up_width, pairs, inner, e.alpha, e.limit);
+    else
+        activate_rows(b.up, up_width, SILU_GATED, pairs, inner);
     for (int64_t i = 0; i < e.count; ++i) {
         const int64_t first = b.expert_starts[i], count = b.expert_starts[i + 1] - first;
         if (count > 0)
-            product(b.up + first * up_width, up_width, count, e.down[i], static_cast<const T*>(nullptr), inner,
+            product(b.up + first * up_width, up_width, count, e.down[i], row_of(down_bias, i, hidden), inner,
                     b.pair_outputs + first * hidden, hidden, b.scratch, panel_from);
     }
 #pragma omp for
@@ -419,7 +461,7 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
                           l.kv_heads, l.dim);
     decode_attention_rows(rotary ? q : qkv, rotary ? q_width : qkv_width, l.k_cache, l.v_cache, s.tables,
                           s.max_blocks, s.lens, attn, q_width, rows, l.heads, l.kv_heads, l.dim, s.block_size,
-                          l.window, l.scale, l.softcap);
+                          l.window, l.scale, l.softcap, l.sinks);
     multiply(attn, q_width, q_width, l.out, l.out_bias, hidden, delta);
     if (l.attn_out_norm != nullptr) norm_rows<T>(delta, nullptr, l.attn_out_norm, nullptr, false, l.eps, delta, rows, hidden);
     if (scales_residuals) scale_values(delta, l.residual_scale, rows * hidden);

@@ -6,8 +6,8 @@ and 6 ctypes calls, which was a quarter of a one-stream step (docs/benchmarks-hi
 
 ``use_decoder_layers(model)`` attaches them where the model qualifies: GPT-2, Gemma 2 and 3 in
 float32, OLMo 2 and 3, or a Llama-family model (Qwen3's per-head q/k norms and OLMoE's across heads,
-Ministral 3's queries scaled by position, SmolLM3's layers without rotary, Granite's scaled residuals and
-the mixtures' routed experts included) whose linear layers,
+Ministral 3's queries scaled by position, SmolLM3's layers without rotary, Granite's scaled residuals,
+gpt-oss's sinks and the mixtures' routed experts, biases and clamped SwiGLU included) whose linear layers,
 the output layer's too, are CpuLinear or BlockLinear. A prefill chunk within PREFILL_KEYS (a prompt of up to
 1024 tokens) is rows of its sequence here too, each attending to its prefix on the decode kernel,
 and 64 prompts of 21 tokens (a 1344-row step) run as one call. On the torch
@@ -102,15 +102,16 @@ class _Weights(ctypes.Structure):  # decoder_layer.cpp's Weights
 
 
 class _Experts(ctypes.Structure):  # decoder_layer.cpp's Experts
-    _fields_ = [(name, _pointer) for name in ("router", "gate_up", "down")]
-    _fields_ += [(name, _int64) for name in ("count", "top_k", "normalize")]
+    _fields_ = [(name, _pointer) for name in ("router", "gate_up", "down", "router_bias", "gate_up_bias", "down_bias")]
+    _fields_ += [(name, _int64) for name in ("count", "top_k", "normalize", "activation")]
+    _fields_ += [(name, _double) for name in ("alpha", "limit")]
 
 
 class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
     _fields_ = [(name, _pointer) for name in (
         "input_norm", "input_norm_bias", "post_norm", "post_norm_bias", "qkv", "qkv_bias", "out", "out_bias", "up",
         "up_bias", "down", "down_bias", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm", "k_cache", "v_cache",
-        "experts")]
+        "experts", "sinks")]
     _fields_ += [(name, _int64) for name in (
         "hidden", "intermediate", "heads", "kv_heads", "dim", "window", "layer_norm", "activation", "window_angles",
         "rotates", "norms_across_heads")]
@@ -132,8 +133,8 @@ class _Head(ctypes.Structure):  # decoder_layer.cpp's Head<T>
     _fields_ += [("eps", _double)]
 
 
-# decoder_layer.cpp's Activation: GPT-2's, Llama's, Gemma's
-GELU_TANH, SILU_GATED, GELU_TANH_GATED = 0, 1, 2
+# decoder_layer.cpp's Activation: GPT-2's, Llama's, Gemma's, gpt-oss's experts'
+GELU_TANH, SILU_GATED, GELU_TANH_GATED, CLAMPED_SWIGLU = 0, 1, 2, 3
 
 KERNEL_ARGTYPES = [_pointer, ctypes.POINTER(_Layer), _int64, ctypes.POINTER(_Step), ctypes.POINTER(_Head), _pointer]
 
@@ -243,7 +244,16 @@ class DecoderLayers:
                             residual_scale=spec.residual_scale)
         if routes:
             layer.experts = ctypes.addressof(self._experts(mlp))
+        layer.sinks = self._in_dtype(attn.sinks)
         return layer
+
+    def _in_dtype(self, tensor: torch.Tensor | None) -> int | None:
+        """The address of ``tensor`` in the layers' dtype (a copy kept alive here where it is not), or None."""
+        if tensor is None:
+            return None
+        tensor = tensor.detach().to(self.dtype).contiguous()
+        self.weights.append(tensor)
+        return tensor.data_ptr()
 
     def _experts(self, moe: SparseMoE) -> _Experts:
         """The native description of a layer's router and experts, kept alive here (their width is
@@ -253,8 +263,11 @@ class DecoderLayers:
         each = [_expert_weights(moe.experts, i) for i in range(s.num_experts)]
         gate_up = (_Weights * s.num_experts)(*(g for g, _ in each))
         down = (_Weights * s.num_experts)(*(d for _, d in each))
-        experts = _Experts(ctypes.addressof(router), ctypes.addressof(gate_up), ctypes.addressof(down), s.num_experts,
-                           s.top_k, s.normalize)
+        alpha, limit = s.clamped_swiglu or (0.0, 0.0)
+        experts = _Experts(ctypes.addressof(router), ctypes.addressof(gate_up), ctypes.addressof(down),
+                           self._in_dtype(moe.router.bias), self._in_dtype(moe.experts.gate_up_bias),
+                           self._in_dtype(moe.experts.down_bias), s.num_experts, s.top_k, s.normalize,
+                           SILU_GATED if s.clamped_swiglu is None else CLAMPED_SWIGLU, alpha, limit)
         self.weights.append((moe, router, gate_up, down, experts))
         return experts
 
@@ -320,7 +333,7 @@ class DecoderLayers:
                     *(a for m, w in zip(products, weights)
                       for a in ((None, None) if m is None else (ctypes.addressof(w), _address(m.bias)))),
                     *map(self._factors, other_norms))
-        return _Layer(*pointers, None, None, rotates=rotates, residual_scale=residual_scale, **shape)
+        return _Layer(*pointers, None, None, None, None, rotates=rotates, residual_scale=residual_scale, **shape)
 
     @classmethod
     def of(cls, model) -> "DecoderLayers | None":

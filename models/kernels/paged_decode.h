@@ -216,14 +216,16 @@ void weigh_values(const T* p, int64_t stride, int64_t group, int64_t n, const C*
 // heads, 24 layers' pools, two Zen 5 threads: 3.9-5.2 -> 3.2-3.7 ms a layer, AVX2 build 4.7-6.0 ->
 // 3.1-3.8 ms). Shorter rows keep a head at a time (with the default model's 3 K/V heads and a 7B's
 // 4, the blocks ran level to 4% slower). A ``softcap`` above 0 soft-caps each score (soft_cap)
-// before the softmax; a ``window`` above 0 reads a sequence's last ``window`` keys only.
+// before the softmax; a ``window`` above 0 reads a sequence's last ``window`` keys only; ``sinks``
+// (a logit a query head, gpt-oss's; null: none) join each head's softmax denominator and weigh no value.
 constexpr int64_t SCORE_TOKENS = 16, SCORE_BLOCKS_FROM_BYTES = 4096;
 
 template <typename T, typename C>
 void decode_attention_rows(const T* q, int64_t q_stride, const C* k_cache, const C* v_cache,
                       const int64_t* block_tables, int64_t max_blocks, const int64_t* context_lens,
                       T* out, int64_t out_stride, int64_t num_seqs, int64_t heads, int64_t kv_heads,
-                      int64_t dim, int64_t block_size, int64_t window, double scale, double softcap) {
+                      int64_t dim, int64_t block_size, int64_t window, double scale, double softcap,
+                      const T* sinks = nullptr) {
     const int64_t group = heads / kv_heads;  // query heads sharing one K/V head (GQA)
     const int64_t slot_stride = kv_heads * dim;
     // A task is a sequence and a run of its KV heads. Whole sequences keep the reads sequential
@@ -276,7 +278,13 @@ void decode_attention_rows(const T* q, int64_t q_stride, const C* k_cache, const
                         T* row = head_scores + h * width;
                         if (softcap > 0) soft_cap(row, n, static_cast<T>(softcap));
                         std::fill(row + n, row + width, -std::numeric_limits<T>::infinity());
-                        inv_sum[(g - kv_first) * group + h] = T(1) / exp_shifted(row, width, largest(row, width));
+                        if (sinks == nullptr) {
+                            inv_sum[(g - kv_first) * group + h] = T(1) / exp_shifted(row, width, largest(row, width));
+                            continue;
+                        }
+                        const T sink = sinks[g * group + h], peak = std::max(sink, largest(row, width));
+                        inv_sum[(g - kv_first) * group + h] =
+                            T(1) / (exp_shifted(row, width, peak) + std::exp(sink - peak));
                     }
                 });
                 for (int64_t t0 = 0; t0 < n; t0 += tokens)

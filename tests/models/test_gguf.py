@@ -384,8 +384,8 @@ def test_unsupported_architecture(tmp_path):
 
 @pytest.mark.parametrize("arch, metadata, message", [
     ("qwen2", {"qwen2.expert_count": 8}, r"m.gguf is a qwen2 model with 8 experts; Loom runs experts in llama, "
-                                         r"qwen3moe, granitemoe, olmoe files \(Mixtral's, Qwen3-MoE's, Granite MoE's and "
-                                         r"OLMoE's\)"),
+                                         r"qwen3moe, granitemoe, olmoe, gpt-oss files \(Mixtral's, Qwen3-MoE's, Granite "
+                                         r"MoE's, OLMoE's and gpt-oss's\)"),
     ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_weights_scale": 2.5},
      "m.gguf scales its experts' weights by 2.5, which Loom does not run"),
     ("granitemoe", {"granitemoe.expert_count": 8, "granitemoe.expert_shared_feed_forward_length": 1024},

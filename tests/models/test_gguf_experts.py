@@ -1,4 +1,4 @@
-"""GGUF mixtures of experts (Mixtral's files, which say "llama", Qwen3-MoE's, Granite MoE's and OLMoE's): the experts' three
+"""GGUF mixtures of experts (Mixtral's files, which say "llama", Qwen3-MoE's, Granite MoE's, OLMoE's and gpt-oss's): the experts' three
 stacks multiplied where the file keeps them, in its own formats, an expert at a time, on the torch
 layers and on the native ones, against float64 products over the file's values and against
 transformers' models of the same weights."""
@@ -16,7 +16,7 @@ from models.checkpoints import gguf as gguf_reader
 from models.kernels import native
 from models.kernels.block_experts import BlockExperts
 from models.kernels.block_formats import block_format, to_blocks, to_rows16
-from models.kernels.block_linear import round_activations, rounding
+from models.kernels.block_linear import GGUF_MXFP4, round_activations, rounding
 from runtime import Engine, GenerationConfig
 
 from ..conftest import greedy_with_logprobs, random_prompt, tiny_model, write_gguf_of
@@ -37,9 +37,21 @@ MIXTURES = {"mixtral": ("llama", lambda c: {"expert_count": c.num_local_experts,
                                                     "residual_scale": c.residual_multiplier,
                                                     "attention.scale": c.attention_multiplier,
                                                     "logit_scale": c.logits_scaling}),
-            "olmoe": ("olmoe", lambda c: {"expert_count": c.num_experts, "expert_used_count": c.num_experts_per_tok})}
+            "olmoe": ("olmoe", lambda c: {"expert_count": c.num_experts, "expert_used_count": c.num_experts_per_tok}),
+            "gpt_oss": ("gpt-oss", lambda c: {"expert_count": c.num_local_experts,
+                                              "expert_used_count": c.num_experts_per_tok,
+                                              "expert_feed_forward_length": c.intermediate_size,
+                                              "attention.sliding_window": c.sliding_window,
+                                              "rope.scaling.type": "yarn",
+                                              "rope.scaling.factor": c.rope_parameters["factor"],
+                                              "rope.scaling.original_context_length":
+                                                  c.rope_parameters["original_max_position_embeddings"]})}
+# gpt-oss: llama.cpp's yarn rounds its correction range (transformers' truncate), and its clamp is
+# the model's 7.0 (the files do not say)
 SETTINGS = {"mixtral": {}, "qwen3_moe": {"mlp_only_layers": [], "moe_intermediate_size": 64}, "granitemoe": {},
-            "olmoe": {}}
+            "olmoe": {}, "gpt_oss": {"swiglu_limit": 7.0, "intermediate_size": 64, "rope_parameters": {
+                "rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": True, "original_max_position_embeddings": 64}}}
 
 
 def mixture_file(path, arch: str, seed: int = 3, matrices: Q | None = None):
@@ -127,6 +139,52 @@ def test_a_quantized_mixture_runs_its_experts_in_the_files_blocks_on_the_native_
             answers.append([list(engine.stream_response_tokens(h, timeout=60)) for h in handles])
     assert answers[0] == answers[1]
     assert_greedy_but_near_ties(hf, prompts, answers[0])
+
+
+def gpt_oss_of_file_values(hf, path):
+    """``hf`` with the weights of its GGUF file ``path`` as gguf-py reads them (float32), in gpt-oss's
+    layout: the experts' gate and up rows interleaved into gate_up_proj [experts, hidden, 2 x inner]."""
+    values = gguf_reader.read(path).tensors
+    state = {}
+    for name, tensor in values.items():
+        base, _, kind = name.rpartition(".")
+        if ".mlp.experts." not in name:
+            state[name.replace("mlp.gate.", "mlp.router.")] = tensor.double()
+            continue
+        prefix, part = base.rsplit(".mlp.experts.", 1)
+        stack = lambda n: values[f"{prefix}.mlp.experts.{n}_proj.{kind}"].double()
+        suffix = "" if kind == "weight" else "_bias"
+        if part == "down_proj":
+            state[f"{prefix}.mlp.experts.down_proj{suffix}"] = stack("down").transpose(1, 2) if suffix == "" else stack("down")
+        elif part == "gate_proj":
+            gate, up = stack("gate"), stack("up")
+            both = torch.stack([gate, up], dim=2).flatten(1, 2)  # rows gate 0, up 0, gate 1, ...
+            state[f"{prefix}.mlp.experts.gate_up_proj{suffix}"] = both.transpose(1, 2) if suffix == "" else both
+    hf.load_state_dict(state)
+    return hf
+
+
+@needs_kernels
+def test_a_gpt_oss_file_with_mxfp4_experts_runs_them_where_they_lie(tmp_path):
+    """gpt-oss's files keep its experts in MXFP4: Loom multiplies them in the file's blocks, on the native
+    layers and the torch ones alike, and its greedy tokens equal transformers' over the file's values but
+    where their two best logits lie within a near tie."""
+    hf, path = mixture_file(tmp_path / "gpt-oss-mxfp4.gguf", "gpt_oss", matrices=Q.MXFP4)
+    reference = gpt_oss_of_file_values(hf, path)
+    prompts = [random_prompt(random.Random(9), 3, 30) for _ in range(6)]
+    config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
+    answers = []
+    for native_layers in (True, False):
+        with Engine.from_pretrained(path, max_batch_size=8) as engine:
+            experts = [block.mlp.experts for block in engine.model.layers]
+            assert all(isinstance(e, BlockExperts) and set(e.formats.values()) == {GGUF_MXFP4} for e in experts)
+            assert engine.model.decoder_layers is not None
+            if not native_layers:
+                engine.model.decoder_layers = None
+            handles = [engine.launch_response_tokens(p, config) for p in prompts]
+            answers.append([list(engine.stream_response_tokens(h, timeout=60)) for h in handles])
+    assert answers[0] == answers[1]
+    assert_greedy_but_near_ties(reference, prompts, answers[0])
 
 
 def test_a_float_load_of_a_mixture_widens_its_stacks_into_transformers_layout(tmp_path):
