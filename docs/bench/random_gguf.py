@@ -9,8 +9,10 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape qwen3moe-30b-a3b --format q4_k_m --vocab 151936 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape ministral3-3b --format q4_k_m --vocab 131072 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape olmo3-7b --format q4_k_m --vocab 100278 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape gpt-oss-20b --format mxfp4 --vocab 201088 --out /tmp/gguf
 
-Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), q4_k_m
+Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), mxfp4
+(gpt-oss's files as ggml-org publishes them: the experts in MXFP4, the other matrices in Q8_0), q4_k_m
 (llama.cpp's recipe: Q4_K, with Q6_K for the output layer and for attn_v / ffn_down in the layers
 llama.cpp gives more bits), q5_k_m (the same with Q5_K), q3_k_m (Q3_K, those layers' attn_v / ffn_down
 in Q4_K), q2_k (Q2_K, those in Q3_K), iq4_nl and iq4_xs (llama.cpp's recipes without an importance matrix:
@@ -32,6 +34,9 @@ from a 16,384-token original context to 262,144, its queries' temperature past i
 the olmo3 one as an OLMo 3 (architecture olmo2: no norms before the attention or the MLP, their outputs'
 norms, the q/k norms across all heads, three layers in four through a 4096-token window, its global
 layers' yarn from an 8,192-token original context);
+the gpt-oss one as gpt-oss-20b (architecture gpt-oss: biases on q/k/v and the attention's output, a sink
+a head, every other layer through a 128-token window, yarn from a 4,096-token original context, 32 experts
+of 2880 rows with biases, 4 a token, its router's bias);
 the smollm3 one as a SmolLM3 (Llama's layout; llama.cpp leaves every fourth layer unrotated); the
 granite3 one as a Granite 3 2B (Llama's layout and its four multipliers);
 the gemma2 one as a Gemma 2: 256-wide heads without their norms, the output norms, a 4096-token window
@@ -74,8 +79,9 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "gemma2-2b": (2304, 9216, 26, 8, 4), "gemma3-1b": (1152, 6912, 26, 4, 1),
           "gemma3-4b": (2560, 10240, 34, 8, 4), "qwen3moe-30b-a3b": (2048, 6144, 48, 32, 4),
           "granitemoe-3b-a800m": (1536, 512, 32, 24, 8), "ministral3-3b": (3072, 9216, 26, 32, 8),
-          "ministral3-8b": (4096, 14336, 34, 32, 8), "olmo3-7b": (4096, 11008, 32, 32, 32)}
-UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b"}  # the shapes whose output layer is a tensor of its own
+          "ministral3-8b": (4096, 14336, 34, 32, 8), "olmo3-7b": (4096, 11008, 32, 32, 32),
+          "gpt-oss-20b": (2880, 2880, 24, 64, 8)}
+UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b"}  # the shapes whose output layer is a tensor of its own
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,8 @@ class Layout:
     experts: tuple[int, int, int] | None = None  # a mixture's experts, those each token uses, an expert's width
     yarn: tuple[float, int, float | None] | None = None  # a yarn's factor, original context, log multiplier
     temperature: float | None = None  # the queries' temperature past the original context (Ministral 3's beta)
+    sinks: bool = False  # gpt-oss's: a sink a head, a bias on the attention's output, the router's and experts' biases
+    mlp_norm: str = "ffn_norm"  # the name of the norm before the MLP (gpt-oss's "post_attention_norm")
 
 
 LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
@@ -114,6 +122,9 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
                                 yarn=(16.0, 16384, 1.0), temperature=0.1),
            "olmo3": Layout("olmo2", rope_base=500000.0, eps=1e-6, context=65536, head_norms=True, output_norms=True,
                            input_norms=False, norms_across_heads=True, window=4096, yarn=(8.0, 8192, None)),
+           # (gpt-oss's shapes, by their names' first part)
+           "gpt": Layout("gpt-oss", head=64, rope_base=150000.0, eps=1e-5, context=131072, biases=True, window=128,
+                         yarn=(32.0, 4096, None), experts=(32, 4, 2880), sinks=True, mlp_norm="post_attention_norm"),
            "gemma2": Layout("gemma2", head=256, rope_base=10000.0, eps=1e-6, context=8192, output_norms=True,
                             window=4096, soft_caps=(50.0, 30.0)),
            "gemma3": Layout("gemma3", head=256, rope_base=1e6, eps=1e-6, context=32768, head_norms=True,
@@ -128,7 +139,7 @@ def layout(shape: str) -> Layout:
     """A shape's family layout, by its name's prefix (Llama's for the unprefixed ones)."""
     return SHAPE_LAYOUTS.get(shape) or LAYOUTS.get(shape.split("-")[0], Layout("llama"))
 FILE_TYPES = {"f32": 0, "f16": 1, "bf16": 32, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9, "q8_0": 7, "q2_k": 10,
-              "q3_k_m": 12, "q4_k_m": 15, "q5_k_m": 17, "iq4_nl": 25, "iq4_xs": 30}
+              "q3_k_m": 12, "q4_k_m": 15, "q5_k_m": 17, "iq4_nl": 25, "iq4_xs": 30, "mxfp4": 38}
 FLOAT_FORMATS = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1,
                  "q4_0": Q.Q4_0, "q4_1": Q.Q4_1}  # one type for every matrix
 # the K-quant recipes: the layers' type, and the type of the tensors llama.cpp gives more bits
@@ -142,14 +153,18 @@ IQ4_FALLBACKS = {Q.IQ4_XS: Q.IQ4_NL, Q.IQ4_NL: Q.IQ4_NL, Q.Q5_K: Q.Q5_1, Q.Q6_K:
 # where each K-quant block keeps its float16 scale (d) and, where it has one, its minimums' scale (dmin)
 HALF_FIELDS = {Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.IQ4_NL: (0,),
                Q.IQ4_XS: (0,)}
+# MXFP4's exponent bytes (E8M0, a block's scale 2^(e - 127)): values of up to 6 x 2^-7, as HALF_RANGE's
+EXPONENTS = {Q.MXFP4: (118, 122)}
 HALF_RANGE = {Q.Q2_K: (1.5e-3, 3e-3), Q.Q3_K: (5e-4, 1e-3), Q.Q4_K: (2e-4, 6e-4), Q.Q5_K: (1e-4, 3e-4),
               Q.Q6_K: (1e-4, 3e-4), Q.IQ4_NL: (5e-4, 1e-3),
               Q.IQ4_XS: (3e-5, 6e-5)}  # weights of about +-0.1, as a trained model's
 
 
 def tensor_type(name: str, layer: int, layers: int, fmt: str, width: int, tied: bool, shared_heads: int) -> Q:
-    if name.endswith(("norm.weight", ".bias", "ffn_gate_inp.weight")):  # (llama.cpp quantizes no router)
+    if name.endswith(("norm.weight", ".bias", "ffn_gate_inp.weight", "attn_sinks.weight")):  # (nor any router)
         return Q.F32
+    if fmt == "mxfp4":
+        return Q.MXFP4 if "_exps." in name else Q.Q8_0
     name = name.replace("_exps.", ".")  # an expert stack's type is its dense product's
     if fmt in FLOAT_FORMATS:
         return FLOAT_FORMATS[fmt]
@@ -173,6 +188,11 @@ def tensor_type(name: str, layer: int, layers: int, fmt: str, width: int, tied: 
 
 def tensor_data(kind: Q, shape: tuple[int, ...], rng: np.random.Generator, bias: bool = False) -> np.ndarray:
     rows, width = (int(np.prod(shape[:-1])), shape[-1]) if len(shape) >= 2 else (1, shape[0])
+    if kind in EXPONENTS:  # random codes, the first byte of each block its exponent
+        block, block_bytes = GGML_QUANT_SIZES[kind]
+        data = rng.integers(0, 256, (rows, width // block, block_bytes), dtype=np.uint8)
+        data[..., 0] = rng.integers(*EXPONENTS[kind], (rows, width // block), dtype=np.uint8)
+        return data.reshape(rows, -1)
     if kind in HALF_FIELDS:
         block, block_bytes = GGML_QUANT_SIZES[kind]
         data = rng.integers(0, 256, (rows, width // block, block_bytes), dtype=np.uint8)
@@ -199,12 +219,16 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
     yield "token_embd.weight", -1, (vocab, hidden)
     for i in range(layers):
         for name, shape in (("attn_norm", (hidden,)), ("attn_q", (q, hidden)), ("attn_k", (kv, hidden)),
-                            ("attn_v", (kv, hidden)), ("attn_output", (hidden, q)), ("ffn_norm", (hidden,)), *mlp):
-            if name in ("attn_norm", "ffn_norm") and not family.input_norms:
+                            ("attn_v", (kv, hidden)), ("attn_output", (hidden, q)), (family.mlp_norm, (hidden,)), *mlp):
+            if name in ("attn_norm", family.mlp_norm) and not family.input_norms:
                 continue
             yield f"blk.{i}.{name}.weight", i, shape
             if family.biases and name in ("attn_q", "attn_k", "attn_v"):
                 yield f"blk.{i}.{name}.bias", i, shape[:1]
+            if family.sinks and (name == "attn_output" or name.startswith("ffn_")):  # (a stack's: a row an expert)
+                yield f"blk.{i}.{name}.bias", i, shape[:-1]
+            if family.sinks and name == "attn_output":
+                yield f"blk.{i}.attn_sinks.weight", i, (heads,)
             if family.head_norms and name in ("attn_q", "attn_k"):
                 yield f"blk.{i}.{name}_norm.weight", i, shape[:1] if family.norms_across_heads else (head,)
             if family.output_norms and name in ("attn_output", "ffn_down"):

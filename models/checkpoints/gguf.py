@@ -20,7 +20,7 @@ from ..pages import available_memory
 from . import Contents
 from ..kernels.block_formats import FLOATS, NATIVE, block_format, to_blocks, to_rows16, widened
 from ..kernels.block_linear import (FLOAT32, FLOAT32_PADDED, GROUP, ROWS16, padded_rows, pads_rows, row_bytes,
-                                    runs_as_stored)
+                                    runs_as_stored, stored_format)
 from .gguf_config import LLAMA_LAYOUT, ROPE_TENSORS, check_architecture, end_tokens, gguf_config
 from .gguf_file import GGUFFile, TensorInfo
 from .tokenizer import Tokenizer
@@ -119,8 +119,8 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
         _pad_float32_rows(tensors, file, formats, names)
         _fuse_blocks(tensors)
     file.release_all()  # the pages the padding read: what the model uses in place comes back on first use
-    if keep_blocks and not copy_stacks:
-        _map_stacks(file, formats)
+    if keep_blocks:
+        _map_stacks(file, formats, tensors, names)
     tokenizer = read_tokenizer(path, arch) if "tokenizer.ggml.model" in meta else None  # a file may carry none
     # (without keep_blocks every tensor is a float32 copy, _widened's)
     return Contents(config, tensors, end_tokens(meta), tokenizer, path.stem, owned=not keep_blocks)
@@ -204,14 +204,17 @@ def _copies_stacks(infos) -> bool:
     return copies > 0 and available is not None and copies <= available // 2
 
 
-def _map_stacks(file: GGUFFile, formats: dict) -> None:
-    """Map the pages of the expert stacks used where the file keeps them (the K-quants', the float
-    ones'), a stack a call (GGUFFile.populate): a step touches some experts of every layer, and the
-    first steps faulted the stacks in a 4 KB page at a time, ~9 s of a Qwen3-30B-A3B-shape file's first
-    16 tokens on a Zen 4 guest, against 1.1 s for the whole file in one call where its pages are cached
-    (read from disk where not, as llama.cpp reads every weight at its start)."""
+def _map_stacks(file: GGUFFile, formats: dict, tensors: dict, names: dict) -> None:
+    """Map the pages of the expert stacks used where the file keeps them (the K-quants', MXFP4's, the
+    float ones': those not laid out anew, _copies_stacks), a stack a call (GGUFFile.populate): a step
+    touches some experts of every layer, and the first steps faulted the stacks in a 4 KB page at a
+    time, ~9 s of a Qwen3-30B-A3B-shape file's first 16 tokens on a Zen 4 guest, against 1.1 s for the
+    whole file in one call where its pages are cached (read from disk where not, as llama.cpp reads
+    every weight at its start)."""
     for info in file.tensors.values():
-        if _stacks(info) and formats[info.name] is not None and (info.type in NATIVE or info.type in FLOATS):
+        if not _stacks(info) or formats[info.name] is None or not (info.type in NATIVE or info.type in FLOATS):
+            continue
+        if stored_format(tensors[_hf_name(info.name, names)], info.shape[-1]) == formats[info.name]:  # (in place)
             file.populate(info)
 
 
@@ -322,11 +325,12 @@ def read_tokenizer(path: Path, arch: str | None = None) -> Tokenizer:
     return Tokenizer.from_transformers(converted)
 
 
-# Architectures whose files transformers' GGUF reader refuses, though it converts their tokenizers (a
-# BPE one by tokenizer.ggml.model alone; its SentencePiece builders differ only for Gemma and Phi-3):
-# it reads the tokenizer of a copy of the file's tokenizer metadata under Llama's name.
+# Architectures whose files transformers' GGUF reader refuses (or, gpt-oss's, fails on: transformers 5.25
+# reads its rope.scaling keys' lengths as their values), though it converts their tokenizers (a BPE one by
+# tokenizer.ggml.model and .pre alone; its SentencePiece builders differ only for Gemma and Phi-3): it
+# reads the tokenizer of a copy of the file's tokenizer metadata under Llama's name.
 TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "llama", "mistral3": "llama",
-                       "ernie4_5": "llama", "olmo2": "llama", "olmoe": "llama"}
+                       "ernie4_5": "llama", "olmo2": "llama", "olmoe": "llama", "gpt-oss": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

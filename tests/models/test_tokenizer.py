@@ -201,3 +201,26 @@ def test_a_file_transformers_gguf_reader_refuses_keeps_its_tokenizer(arch, kind,
         assert ours.apply_chat_template(chat, add_generation_prompt=True) == theirs.apply_chat_template(
             chat, add_generation_prompt=True)
     assert ours.special_tokens_map == theirs.special_tokens_map
+
+
+def test_a_gpt_oss_files_tokenizer_is_read_past_its_rope_metadata(tmp_path, monkeypatch):
+    """transformers (5.25) fails on a gpt-oss file's rope.scaling keys, reading their lengths as their
+    values, before it converts the tokenizer: Loom converts it from a copy of the tokenizer metadata
+    under Llama's name, the same tokenizer as the Llama file's."""
+    import gguf
+
+    monkeypatch.setenv("LOOM_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "gpt-oss.gguf"
+    writer = gguf.GGUFWriter(str(path), "gpt-oss")
+    for key, field in gguf.GGUFReader(default_model_path()).fields.items():
+        if key.startswith("tokenizer."):
+            writer.add_key_value(key, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1
+                                 else None)
+    writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(32.0)
+    writer.add_rope_scaling_orig_ctx_len(4096)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    theirs, ours = read_tokenizer(default_model_path()), read_tokenizer(path)
+    assert [ours.encode(text) for text in TEXTS] == [theirs.encode(text) for text in TEXTS]
