@@ -207,62 +207,58 @@ void norm_spans(T* qkv, int64_t stride, int64_t rows, int64_t q_spans, int64_t k
     }
 }
 
-// The MLP's activation, in place on the up product's rows (``stride`` apart): gated, [gate | up] ->
-// act(gate) x up in the gate's place; silu(x) = x sigmoid(x), gelu_tanh(x) = x sigmoid(2u), u =
-// sqrt(2/pi) (x + 0.044715 x^3), which is 0.5 x (1 + tanh(u)) with one exp where tanh costs several.
+// ``vector(x, b)`` a vector at a time where T is float, then ``one(x, b)`` a value at a time, in place
+// over the first ``intermediate`` values x of each of the rows (``stride`` apart); b points at the
+// values ``intermediate`` further on (a gated MLP's up half, which a lambda reads where it is one).
 // Floats go a vector at a time (exp_lanes): a scalar expf per element was ~1.6% of a 64-row step.
-template <typename T>
-void activate_rows(T* up, int64_t stride, int64_t activation, int64_t rows, int64_t intermediate) {
-    constexpr T root_2_over_pi = T(0.7978845608028654), cubic = T(0.044715);
-    if (activation == CLAMPED_SWIGLU) __builtin_trap();  // (clamped_swiglu_rows: it takes its alpha and limit)
-    const bool gated = activation != GELU_TANH, silu = activation == SILU_GATED;
+template <typename T, typename Vectors, typename Values>
+void each_activation(T* up, int64_t stride, int64_t rows, int64_t intermediate, Vectors vector, Values one) {
 #pragma omp for
     for (int64_t r = 0; r < rows; ++r) {
         T* a = up + r * stride;
         const T* b = a + intermediate;
         int64_t i = 0;
-        if constexpr (std::is_same_v<T, float>) {
-            using V = Vector<float>;
-            for (; i + V::lanes <= intermediate; i += V::lanes) {
-                const V::type x = V::load(a + i);
-                const V::type u = silu ? x : root_2_over_pi * (x + cubic * x * x * x);
-                const V::type y = x / (1.0f + exp_lanes((silu ? -1.0f : -2.0f) * u));
-                V::store(a + i, gated ? y * V::load(b + i) : y);
-            }
-        }
-        for (; i < intermediate; ++i) {
-            const T x = a[i], u = silu ? x : root_2_over_pi * (x + cubic * x * x * x);
-            const T y = x / (T(1) + std::exp((silu ? T(-1) : T(-2)) * u));
-            a[i] = gated ? y * b[i] : y;
-        }
+        if constexpr (std::is_same_v<T, float>)
+            for (; i + Vector<float>::lanes <= intermediate; i += Vector<float>::lanes)
+                Vector<float>::store(a + i, vector(Vector<float>::load(a + i), b + i));
+        for (; i < intermediate; ++i) a[i] = one(a[i], b + i);
     }
 }
 
-// gpt-oss's experts' activation, in place as activate_rows': [gate | up] -> g sigmoid(alpha g) x (u + 1)
-// in the gate's place, g = min(gate, limit), u = up clamped to [-limit, limit].
+// The MLP's activation, in place on the up product's rows (``stride`` apart): gated, [gate | up] ->
+// act(gate) x up in the gate's place; silu(x) = x sigmoid(x), gelu_tanh(x) = x sigmoid(2u), u =
+// sqrt(2/pi) (x + 0.044715 x^3), which is 0.5 x (1 + tanh(u)) with one exp where tanh costs several.
+// gpt-oss's experts' (CLAMPED_SWIGLU): g sigmoid(alpha g) x (u + 1), g = min(gate, limit), u = up
+// clamped to [-limit, limit].
 template <typename T>
-void clamped_swiglu_rows(T* up, int64_t stride, int64_t rows, int64_t intermediate, double alpha, double limit) {
-    const T a = T(alpha), top = T(limit);
-#pragma omp for
-    for (int64_t r = 0; r < rows; ++r) {
-        T* gates = up + r * stride;
-        const T* ups = gates + intermediate;
-        int64_t i = 0;
-        if constexpr (std::is_same_v<float, T>) {
-            using V = Vector<float>;
-            const V::type high = V::type{} + top, low = -high;
-            for (; i + V::lanes <= intermediate; i += V::lanes) {
-                V::type g = V::load(gates + i), u = V::load(ups + i);
-                g = g < high ? g : high;
-                u = u < high ? (u > low ? u : low) : high;
-                V::store(gates + i, g / (1.0f + exp_lanes(-a * g)) * (u + 1.0f));
-            }
-        }
-        for (; i < intermediate; ++i) {
-            const T g = std::min(gates[i], top), u = std::clamp(ups[i], -top, top);
-            gates[i] = g / (T(1) + std::exp(-a * g)) * (u + T(1));
-        }
+void activate_rows(T* up, int64_t stride, int64_t activation, int64_t rows, int64_t intermediate, double alpha = 0,
+                   double limit = 0) {
+    using V = Vector<float>;
+    if (activation == CLAMPED_SWIGLU) {
+        const T a = T(alpha), top = T(limit);
+        each_activation(up, stride, rows, intermediate, [&](V::type g, const float* b) {
+            const V::type high = V::type{} + float(top), low = -high;
+            V::type u = V::load(b);
+            g = g < high ? g : high;
+            u = u < high ? (u > low ? u : low) : high;
+            return g / (1.0f + exp_lanes(-float(a) * g)) * (u + 1.0f);
+        }, [&](T gate, const T* b) {
+            const T g = std::min(gate, top), u = std::clamp(*b, -top, top);
+            return g / (T(1) + std::exp(-a * g)) * (u + T(1));
+        });
+        return;
     }
+    constexpr T root_2_over_pi = T(0.7978845608028654), cubic = T(0.044715);
+    const bool gated = activation != GELU_TANH, silu = activation == SILU_GATED;
+    each_activation(up, stride, rows, intermediate, [&](V::type x, const float* b) {
+        const V::type u = silu ? x : float(root_2_over_pi) * (x + float(cubic) * x * x * x);
+        const V::type y = x / (1.0f + exp_lanes((silu ? -1.0f : -2.0f) * u));
+        return gated ? y * V::load(b) : y;
+    }, [&](T x, const T* b) {
+        const T u = silu ? x : root_2_over_pi * (x + cubic * x * x * x);
+        const T y = x / (T(1) + std::exp((silu ? T(-1) : T(-2)) * u));
+        return gated ? y * *b : y;
+    });
 }
 
 template <typename T>
@@ -405,10 +401,7 @@ void expert_phases(const T* h, const Layer<T, C>& l, int64_t rows, const Interme
             product(b.pair_rows + first * hidden, hidden, count, e.gate_up[i], row_of(gate_up_bias, i, up_width), hidden,
                     b.up + first * up_width, up_width, b.scratch, panel_from);
     }
-    if (e.activation == CLAMPED_SWIGLU)
-        clamped_swiglu_rows(b.up, up_width, pairs, inner, e.alpha, e.limit);
-    else
-        activate_rows(b.up, up_width, SILU_GATED, pairs, inner);
+    activate_rows(b.up, up_width, e.activation, pairs, inner, e.alpha, e.limit);
     for (int64_t i = 0; i < e.count; ++i) {
         const int64_t first = b.expert_starts[i], count = b.expert_starts[i + 1] - first;
         if (count > 0)

@@ -127,18 +127,26 @@ def test_a_quantized_mixture_runs_its_experts_in_the_files_blocks_on_the_native_
         state[f"model.layers.{i}.mlp.experts.down_proj"] = stack("down")
     hf.load_state_dict(state, strict=False)  # (the output layer: tied to the embeddings)
     prompts = [random_prompt(random.Random(9), 3, 30) for _ in range(6)]
+    assert_greedy_but_near_ties(hf, prompts, native_and_torch_answers(path, prompts))
+
+
+def native_and_torch_answers(path, prompts: list, experts_format: int | None = None) -> list:
+    """The greedy answers of a file whose experts run in its blocks (``experts_format``'s, where given),
+    on the native layers, which equal the torch layers' (the reference) over the same blocks."""
     config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
     answers = []
     for native_layers in (True, False):
         with Engine.from_pretrained(path, max_batch_size=8) as engine:
-            assert all(isinstance(block.mlp.experts, BlockExperts) for block in engine.model.layers)
+            experts = [block.mlp.experts for block in engine.model.layers]
+            assert all(isinstance(e, BlockExperts) for e in experts)
+            assert experts_format is None or all(set(e.formats.values()) == {experts_format} for e in experts)
             assert engine.model.decoder_layers is not None
             if not native_layers:
                 engine.model.decoder_layers = None
             handles = [engine.launch_response_tokens(p, config) for p in prompts]
             answers.append([list(engine.stream_response_tokens(h, timeout=60)) for h in handles])
     assert answers[0] == answers[1]
-    assert_greedy_but_near_ties(hf, prompts, answers[0])
+    return answers[0]
 
 
 def gpt_oss_of_file_values(hf, path):
@@ -172,19 +180,7 @@ def test_a_gpt_oss_file_with_mxfp4_experts_runs_them_where_they_lie(tmp_path):
     hf, path = mixture_file(tmp_path / "gpt-oss-mxfp4.gguf", "gpt_oss", matrices=Q.MXFP4)
     reference = gpt_oss_of_file_values(hf, path)
     prompts = [random_prompt(random.Random(9), 3, 30) for _ in range(6)]
-    config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
-    answers = []
-    for native_layers in (True, False):
-        with Engine.from_pretrained(path, max_batch_size=8) as engine:
-            experts = [block.mlp.experts for block in engine.model.layers]
-            assert all(isinstance(e, BlockExperts) and set(e.formats.values()) == {GGUF_MXFP4} for e in experts)
-            assert engine.model.decoder_layers is not None
-            if not native_layers:
-                engine.model.decoder_layers = None
-            handles = [engine.launch_response_tokens(p, config) for p in prompts]
-            answers.append([list(engine.stream_response_tokens(h, timeout=60)) for h in handles])
-    assert answers[0] == answers[1]
-    assert_greedy_but_near_ties(reference, prompts, answers[0])
+    assert_greedy_but_near_ties(reference, prompts, native_and_torch_answers(path, prompts, GGUF_MXFP4))
 
 
 def test_a_float_load_of_a_mixture_widens_its_stacks_into_transformers_layout(tmp_path):

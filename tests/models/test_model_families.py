@@ -239,3 +239,15 @@ def test_gemma3_270m_matches_transformers_own_gguf_load(gemma_gguf):
         for prompt, tokens in zip(prompts, ours):
             assert tokens == theirs.eval().generate(torch.tensor([prompt]), max_new_tokens=20,
                                                     do_sample=False)[0, len(prompt):].tolist()
+
+
+def test_a_gpt_oss_checkpoint_with_mxfp4_experts_is_refused_naming_the_gguf_route():
+    """The hub's gpt-oss checkpoints keep their experts as MXFP4 blocks and scales, which Loom reads from
+    GGUF files only: refused with what to load instead, before any weight is used."""
+    import models
+    hf = tiny_model("gpt_oss")
+    state = {name: tensor for name, tensor in hf.state_dict().items() if "mlp.experts.gate_up_proj" not in name}
+    state["model.layers.0.mlp.experts.gate_up_proj_blocks"] = torch.zeros(6, 96, 2, 16, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"keeps its experts in MXFP4 blocks \(gate_up_proj_blocks\), which Loom "
+                                         r"reads from GGUF files only"):
+        models.build(hf.config.to_dict(), state, torch.float64, torch.device("cpu"))
