@@ -19,7 +19,7 @@ from models.kernels.block_formats import block_format, to_blocks, to_rows16
 from models.kernels.block_linear import GGUF_MXFP4, round_activations, rounding
 from runtime import Engine, GenerationConfig
 
-from ..conftest import greedy_with_logprobs, random_prompt, tiny_model, write_gguf_of
+from ..conftest import greedy_with_logprobs, random_prompt, reference as reference_tokens, tiny_model, write_gguf_of
 from .test_block_formats import assert_greedy_but_near_ties, file_values, random_tensor
 from .test_gguf import assert_same_answers, greedy
 
@@ -181,6 +181,20 @@ def test_a_gpt_oss_file_with_mxfp4_experts_runs_them_where_they_lie(tmp_path):
     reference = gpt_oss_of_file_values(hf, path)
     prompts = [random_prompt(random.Random(9), 3, 30) for _ in range(6)]
     assert_greedy_but_near_ties(reference, prompts, native_and_torch_answers(path, prompts, GGUF_MXFP4))
+
+
+def test_a_float_load_of_a_gpt_oss_file_with_mxfp4_experts_equals_transformers_over_its_values(tmp_path):
+    """weights="float32" widens the MXFP4 stacks (and their biases) into the float experts: in float64 its
+    greedy tokens equal transformers' over the file's values exactly."""
+    hf, path = mixture_file(tmp_path / "gpt-oss-mxfp4.gguf", "gpt_oss", matrices=Q.MXFP4)
+    reference = gpt_oss_of_file_values(hf, path)
+    prompts = [random_prompt(random.Random(i), 3, 30) for i in range(4)]
+    config = GenerationConfig(max_new_tokens=10, ignore_eos=True)
+    with Engine.from_pretrained(path, weights="float32", dtype=torch.float64) as engine:
+        assert not isinstance(engine.model.layers[0].mlp.experts, BlockExperts)
+        answers = [list(engine.stream_response_tokens(engine.launch_response_tokens(p, config), timeout=60))
+                   for p in prompts]
+    assert answers == [reference_tokens(reference, p, 10, eos_token_id=None) for p in prompts]
 
 
 def test_a_float_load_of_a_mixture_widens_its_stacks_into_transformers_layout(tmp_path):
