@@ -33,7 +33,8 @@ class GemmaSpec(DecoderShape):
     qk_norm: bool              # per-head q/k norms (Gemma 3)
     max_position: int
     tie_word_embeddings: bool
-    qkv_bias = out_bias = qk_norm_across_heads = False  # what llama.Attention reads: no biases, per-head norms
+    # what llama.Attention reads: no biases, per-head norms, no sinks
+    qkv_bias = out_bias = qk_norm_across_heads = attention_sinks = False
 
     @classmethod
     def from_hf(cls, c: dict) -> "GemmaSpec":

@@ -145,13 +145,13 @@ def _layer_windows(kind: str, c: dict, layers: int) -> tuple[int | None, ...]:
             return (None,) * layers
         types = c.get("layer_types") or ["sliding_attention" if i >= c.get("max_window_layers", layers)
                                          else "full_attention" for i in range(layers)]
-        return tuple(window if t == "sliding_attention" else None for t in types)
-    if kind == "gpt_oss":  # (its config lists them: every other layer through the window, the first included)
+    elif kind == "gpt_oss":  # (its config lists them: every other layer through the window, the first included)
         types = c.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
-        if len(types) != layers:
-            raise ValueError(f"layer_types lists {len(types)} layers of {layers}")
-        return tuple(window if t == "sliding_attention" else None for t in types)
-    return (window,) * layers  # llama, granite (None), mistral, mixtral, phi3: one window for every layer
+    else:
+        return (window,) * layers  # llama, granite (None), mistral, mixtral, phi3: one window for every layer
+    if len(types) != layers:
+        raise ValueError(f"layer_types lists {len(types)} layers of {layers}")
+    return tuple(window if t == "sliding_attention" else None for t in types)
 
 
 class Attention(nn.Module):
@@ -171,7 +171,7 @@ class Attention(nn.Module):
         self.k_norm = norm(k_width, s.rms_norm_eps) if s.qk_norm else None
         self.scale = scale if scale is not None else s.head_dim ** -0.5
         self.softcap = softcap
-        self.sinks = nn.Parameter(torch.zeros(s.num_heads)) if getattr(s, "attention_sinks", False) else None
+        self.sinks = nn.Parameter(torch.zeros(s.num_heads)) if s.attention_sinks else None
 
     def forward(self, x, cos, sin, kv_cache, layer, step, masks, query_scales=None):
         """``query_scales``: each row's query scale (rope.query_temperature), or None."""

@@ -157,11 +157,11 @@ def _gpt_oss_experts(hf: dict, prefix: str, out_prefix: str) -> dict:
     if base + "gate_up_proj_blocks" in hf:
         raise ValueError("this gpt-oss checkpoint keeps its experts in MXFP4 blocks (gate_up_proj_blocks), which Loom "
                          "reads from GGUF files only: load its GGUF file, or a checkpoint with float experts (BF16)")
-    gate_up, gate_up_bias = hf.pop(base + "gate_up_proj").transpose(1, 2), hf.pop(base + "gate_up_proj_bias")
+    # the interleaved gate and up rows (0, 2, 4, ... and 1, 3, 5, ...) as the gate's, then the up's
+    gate_then_up = lambda t: torch.cat([t[:, 0::2], t[:, 1::2]], dim=1)
     return {out_prefix + "router.weight": hf[prefix + "mlp.router.weight"],
             out_prefix + "router.bias": hf[prefix + "mlp.router.bias"],
-            # the interleaved gate and up rows (0, 2, 4, ... and 1, 3, 5, ...) as the gate's, then the up's
-            out_prefix + "experts.gate_up": torch.cat([gate_up[:, 0::2], gate_up[:, 1::2]], dim=1),
-            out_prefix + "experts.gate_up_bias": torch.cat([gate_up_bias[:, 0::2], gate_up_bias[:, 1::2]], dim=1),
+            out_prefix + "experts.gate_up": gate_then_up(hf.pop(base + "gate_up_proj").transpose(1, 2)),
+            out_prefix + "experts.gate_up_bias": gate_then_up(hf.pop(base + "gate_up_proj_bias")),
             out_prefix + "experts.down": hf.pop(base + "down_proj").transpose(1, 2).contiguous(),  # (the kernels read rows)
             out_prefix + "experts.down_bias": hf.pop(base + "down_proj_bias")}

@@ -30,9 +30,9 @@ class OlmoSpec(DecoderShape):
     tie_word_embeddings: bool
     qkv_bias: bool
     out_bias: bool
-    # what llama.Attention and MLP read: norms over all heads' queries and keys, an MLP without biases
+    # what llama.Attention and MLP read: norms over all heads' queries and keys, no sinks, an MLP without biases
     qk_norm = qk_norm_across_heads = True
-    mlp_bias = False
+    attention_sinks = mlp_bias = False
 
     @classmethod
     def from_hf(cls, c: dict) -> "OlmoSpec":

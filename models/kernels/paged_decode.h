@@ -278,13 +278,10 @@ void decode_attention_rows(const T* q, int64_t q_stride, const C* k_cache, const
                         T* row = head_scores + h * width;
                         if (softcap > 0) soft_cap(row, n, static_cast<T>(softcap));
                         std::fill(row + n, row + width, -std::numeric_limits<T>::infinity());
-                        if (sinks == nullptr) {
-                            inv_sum[(g - kv_first) * group + h] = T(1) / exp_shifted(row, width, largest(row, width));
-                            continue;
-                        }
-                        const T sink = sinks[g * group + h], peak = std::max(sink, largest(row, width));
-                        inv_sum[(g - kv_first) * group + h] =
-                            T(1) / (exp_shifted(row, width, peak) + std::exp(sink - peak));
+                        // a head's sink (gpt-oss's) joins the peak and the sum, and weighs no value
+                        const T sink = sinks ? sinks[g * group + h] : -std::numeric_limits<T>::infinity();
+                        const T peak = std::max(sink, largest(row, width));
+                        inv_sum[(g - kv_first) * group + h] = T(1) / (exp_shifted(row, width, peak) + std::exp(sink - peak));
                     }
                 });
                 for (int64_t t0 = 0; t0 < n; t0 += tokens)
