@@ -11,7 +11,8 @@ checkout's root:
     python docs/bench/block_products.py [--formats q4_k,q6_k] [--rows 1,16,64] [--rounds 3] [--side-by-side]
 
 With --side-by-side, the formats a GGUF load lays out with sixteen rows side by side where the build
-multiplies them so (block_formats.to_rows16: Q4_K, Q5_K, Q4_0, Q4_1, Q5_0 and Q8_0; with AVX2 alone Q6_K) are
+multiplies them so (block_formats.to_rows16: Q4_K, Q5_K, Q4_0, Q4_1, Q5_0, Q8_0, IQ4 and MXFP4; with AVX2 alone
+Q6_K) are
 measured in that layout, as a model runs them.
 
 Each round measures every format in turn, so that the machine's drift reaches them alike; the best
@@ -39,7 +40,7 @@ from random_gguf import tensor_data  # noqa: E402
 
 FORMATS = {"q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1, "q8_0": Q.Q8_0, "q2_k": Q.Q2_K,
            "q3_k": Q.Q3_K, "q4_k": Q.Q4_K, "q5_k": Q.Q5_K, "q6_k": Q.Q6_K, "iq4_nl": Q.IQ4_NL, "iq4_xs": Q.IQ4_XS,
-           "f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16}
+           "mxfp4": Q.MXFP4, "f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16}
 
 
 def layers_of(kind: Q, out: int, width: int, megabytes: int, side_by_side: bool = False) -> list[BlockLinear]:

@@ -39,6 +39,8 @@
 //   with each code's fifth bit, and no minimum (Q5_0's: -16 d).
 // - GGUF_IQ4_ROWS16 (19 bytes a row's block; AVX2, or AVX-512 with VNNI): IQ4_NL's and IQ4_XS's codes, d and
 //   multipliers of sixteen rows side by side, four codes of each row in turn.
+// - GGUF_MXFP4_ROWS16 (17 bytes a row's block, as the file's, and a spare byte a row; AVX2, or AVX-512
+//   with VNNI): MXFP4's codes and exponents of sixteen rows side by side, as GGUF_IQ4_ROWS16's.
 // - GGUF_Q6_K_ROWS16 (212 bytes a row's super-block; AVX2 builds without AVX-512): Q6_K's low
 //   nibbles, high bit pairs, scales and d of sixteen rows side by side.
 // And one over a file's float32 matrices (block_linear.py's padded_rows, made at load): FLOAT_PADDED,
@@ -67,7 +69,8 @@ enum Format : int64_t {
     GGUF_Q2_K = 10, GGUF_Q3_K = 11, GGUF_Q4_K = 12, GGUF_Q5_K = 13, GGUF_Q6_K = 14,
     FLOAT16 = 16, BFLOAT16 = 17, GGUF_Q4_K_ROWS16 = 18, GGUF_Q8_0_ROWS16 = 19,
     GGUF_Q4_1_ROWS16 = 20, GGUF_Q6_K_ROWS16 = 21, FLOAT_PADDED = 22,
-    GGUF_Q5_0_ROWS16 = 23, GGUF_Q5_K_ROWS16 = 24, LOOM_IQ4 = 25, GGUF_IQ4_ROWS16 = 26, GGUF_MXFP4 = 27
+    GGUF_Q5_0_ROWS16 = 23, GGUF_Q5_K_ROWS16 = 24, LOOM_IQ4 = 25, GGUF_IQ4_ROWS16 = 26, GGUF_MXFP4 = 27,
+    GGUF_MXFP4_ROWS16 = 28
 };
 constexpr int64_t ROW_PAD = 16;  // values a FLOAT_PADDED row has past its width
 
@@ -560,12 +563,13 @@ struct MXFP4 {
     static constexpr int64_t ROUNDING = GROUP;  // values under one scale of the rounded input
     static constexpr int64_t VALUES = GROUP, BYTES = 17;
     static int64_t row_bytes(int64_t in) { return in / GROUP * BYTES; }
-    static float scale(const uint8_t* row, int64_t b) {  // 2^(e - 128), built from its bits
-        const uint32_t e = row[b * BYTES], bits = e < 2 ? 0x00200000u << e : (e - 1) << 23;
+    static float exponent_scale(uint32_t e) {  // 2^(e - 128), built from its bits (below 2^-126 subnormal)
+        const uint32_t bits = e < 2 ? 0x00200000u << e : (e - 1) << 23;
         float d;
         std::memcpy(&d, &bits, 4);
         return d;
     }
+    static float scale(const uint8_t* row, int64_t b) { return exponent_scale(row[b * BYTES]); }
     static HalfBytes nibbles(const uint8_t* row, int64_t b) { return load<HalfBytes>(row + b * BYTES + 1); }
     struct Super : Loom8::Super {
         Super() = default;
@@ -1025,10 +1029,25 @@ using Q50Rows16 = NibbleRows16<true>;
 // (the file's), then k [row] as signed bytes: w = d k IQ4_VALUES[q], 19 bytes a row's block.
 struct IQ4Rows16 {
     using From = LoomIQ4;
+    static constexpr const int8_t* TABLE = IQ4_VALUES;  // what the codes index
     static constexpr int64_t ROUNDING = GROUP, VALUES = GROUP;  // the input rounded as for Loom's blocks
     static constexpr int64_t ROWS = 16, BYTES = 19, BLOCK_BYTES = ROWS * BYTES, D = ROWS * GROUP / 2, K = D + 2 * ROWS;
     static constexpr bool MINS = false;
     static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES; }
+};
+// GGUF_MXFP4_ROWS16 (AVX-512 with VNNI, or AVX2): sixteen weight rows at a time, each block of 32 values of
+// theirs in BLOCK_BYTES: codes [quad q][row][4 bytes] as GGUF_IQ4_ROWS16's (the file's nibbles 4 q to 4 q + 3
+// of each row), then e [row] (the file's exponent bytes): w = 2^(e - 128) MXFP4_VALUES[q], MXFP4's numbers in
+// its 17 bytes a row's block, and one spare byte a row, at the end of the sixteen rows' blocks: block_linear.py
+// tells formats apart by their rows' bytes, and 17 a block are the file's layout's (18, with a spare byte a
+// block, Q4_K's).
+struct MXFP4Rows16 {
+    using From = MXFP4;
+    static constexpr const int8_t* TABLE = MXFP4_VALUES;
+    static constexpr int64_t ROUNDING = GROUP, VALUES = GROUP;
+    static constexpr int64_t ROWS = 16, BYTES = MXFP4::BYTES, BLOCK_BYTES = ROWS * BYTES, E = ROWS * GROUP / 2;
+    static constexpr bool MINS = false;
+    static int64_t row_bytes(int64_t in) { return in / VALUES * BYTES + 1; }
 };
 // GGUF_Q6_K_ROWS16: sixteen weight rows at a time, each super-block of theirs in BLOCK_BYTES (groups
 // of 16 values G, each four quads of values t: values 16 G + 4 t to 16 G + 4 t + 3): low nibbles
@@ -1066,13 +1085,16 @@ template <typename F>
 constexpr bool rows_side_by_side() {
     return std::is_same_v<F, Q4KRows16> || std::is_same_v<F, Q5KRows16> || std::is_same_v<F, Q80Rows16> ||
            std::is_same_v<F, Q41Rows16> || std::is_same_v<F, Q50Rows16> || std::is_same_v<F, Q6KRows16> ||
-           std::is_same_v<F, IQ4Rows16>;
+           std::is_same_v<F, IQ4Rows16> || std::is_same_v<F, MXFP4Rows16>;
 }
+// Whether layout L's codes index a table of values (L::TABLE: IQ4's and MXFP4's), which its products look up.
+template <typename L>
+constexpr bool looks_up_codes() { return std::is_same_v<L, IQ4Rows16> || std::is_same_v<L, MXFP4Rows16>; }
 // Whether this build multiplies layout L (one of those), which is made only where it does.
 template <typename L>
 constexpr bool rows16_built() {
     if constexpr (std::is_same_v<L, Q80Rows16>) return Q8_0_ROWS16_BUILT;
-    else if constexpr (std::is_same_v<L, IQ4Rows16>) return Q8_0_ROWS16_BUILT;  // (Q8_0's builds)
+    else if constexpr (looks_up_codes<L>()) return Q8_0_ROWS16_BUILT;  // (Q8_0's builds)
     else if constexpr (std::is_same_v<L, Q6KRows16>) return BLOCKS_ROWS16_BUILT;
     else return ROWS16_BUILT;
 }
@@ -1136,6 +1158,9 @@ inline void with_format(int64_t format, int64_t in, F&& f) {
         case GGUF_IQ4_ROWS16:
             if constexpr (rows16_built<IQ4Rows16>()) return f(IQ4Rows16{});
             __builtin_trap();
+        case GGUF_MXFP4_ROWS16:
+            if constexpr (rows16_built<MXFP4Rows16>()) return f(MXFP4Rows16{});
+            __builtin_trap();
         case GGUF_Q5_K: f(Q5K{}); break;
         case FLOAT: f(FloatRows<float>{}); break;
         case FLOAT_PADDED: f(FloatRows<float, ROW_PAD>{}); break;
@@ -1154,6 +1179,7 @@ inline int64_t format_row_bytes(int64_t format, int64_t in) {
     if (format == GGUF_Q5_0_ROWS16) return Q50Rows16::row_bytes(in);
     if (format == GGUF_Q6_K_ROWS16) return Q6KRows16::row_bytes(in);
     if (format == GGUF_IQ4_ROWS16) return IQ4Rows16::row_bytes(in);
+    if (format == GGUF_MXFP4_ROWS16) return MXFP4Rows16::row_bytes(in);
     int64_t bytes = 0;
     with_format(format, in, [&](auto f) { bytes = decltype(f)::row_bytes(in); });
     return bytes;

@@ -4,8 +4,8 @@ mapped file that the products read in place, widening the 16-bit ones as they re
 
 The K-quants (Q2_K to Q6_K) and MXFP4 are kept as the file lays them out: the kernels read their
 blocks where they lie in the memory-mapped file. (But where the kernels multiply a format with sixteen rows
-side by side, as with AVX-512 or AVX2 they do Q4_K, Q5_K, Q4_0, Q4_1, Q5_0 and (AVX-512 with VNNI) Q8_0,
-and with AVX2 alone Q6_K, the loader lays a linear layer's matrix out so, straight from the file:
+side by side, as with AVX-512 or AVX2 they do Q4_K, Q5_K, Q4_0, Q4_1, Q5_0 and (AVX-512 with VNNI) Q8_0 and
+MXFP4, and with AVX2 alone Q6_K, the loader lays a linear layer's matrix out so, straight from the file:
 to_rows16.) Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 hold what Loom's 4-, 5- and 8-bit blocks hold (32
 values, a scale, for 4 and 5 bits a minimum; Q4_0's w = d (q - 8) is a minimum of -8 d and Q5_0's
 w = d (q - 16) one of -16 d, exact in float32), so their bytes are rearranged, never widened. IQ4_NL and

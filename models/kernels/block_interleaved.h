@@ -149,6 +149,18 @@ inline void repack_rows16(IQ4Rows16, const uint8_t* src, int64_t in, uint8_t* ds
         block[L::K + r] = uint8_t(L::From::multipliers(row, in)[b]);
     });
 }
+
+// Rows [16 k, 16 k + 16) of an MXFP4 matrix (the file's layout) into ``dst``, the same rows in
+// GGUF_MXFP4_ROWS16: each block's code bytes four at a time, four of each row in turn, then each row's
+// exponent byte (the sixteen rows' spare bytes, past their blocks, left as they are: zeros).
+inline void repack_rows16(MXFP4Rows16, const uint8_t* src, int64_t in, uint8_t* dst) {
+    using L = MXFP4Rows16;
+    for_row_blocks<L>(src, in, dst, [&](uint8_t* block, const uint8_t* row, int64_t b, int r) {
+        const uint8_t* from = row + b * L::BYTES;  // the exponent, then the codes
+        for (int q = 0; q < 4; ++q) std::memcpy(block + (q * L::ROWS + r) * 4, from + 1 + 4 * q, 4);
+        block[L::E + r] = from[0];
+    });
+}
 #endif
 
 #if LOOM_BLOCKS_ROWS16
@@ -211,14 +223,21 @@ inline void widen_row16(NibbleRows16<HIGH>, const BlockWeights& w, int64_t row, 
         }
     });
 }
-inline void widen_row16(IQ4Rows16, const BlockWeights& w, int64_t row, float* dst) {
-    using L = IQ4Rows16;
+// Row r's scale of a block of the layouts whose codes index a table: IQ4's d k, MXFP4's 2^(e - 128).
+inline float block_scale(IQ4Rows16, const uint8_t* block, int r) {
+    return half_to_float(block + IQ4Rows16::D + 2 * r) * float(int8_t(block[IQ4Rows16::K + r]));
+}
+inline float block_scale(MXFP4Rows16, const uint8_t* block, int r) {
+    return MXFP4::exponent_scale(block[MXFP4Rows16::E + r]);
+}
+template <typename L, std::enable_if_t<looks_up_codes<L>(), int> = 0>
+inline void widen_row16(L, const BlockWeights& w, int64_t row, float* dst) {
     each_block_of_row<L>(w, row, [&](const uint8_t* block, int r, int64_t b) {
-        const float scale = half_to_float(block + L::D + 2 * r) * float(int8_t(block[L::K + r]));
+        const float scale = block_scale(L{}, block, r);
         for (int v = 0; v < L::VALUES / 2; ++v) {
             const uint8_t byte = block[(v / 4 * L::ROWS + r) * 4 + v % 4];
-            dst[b * L::VALUES + v] = scale * float(IQ4_VALUES[byte & 15]);
-            dst[b * L::VALUES + v + 16] = scale * float(IQ4_VALUES[byte >> 4]);
+            dst[b * L::VALUES + v] = scale * float(L::TABLE[byte & 15]);
+            dst[b * L::VALUES + v + 16] = scale * float(L::TABLE[byte >> 4]);
         }
     });
 }
@@ -496,18 +515,27 @@ inline void rows16_chunk(const RoundedGroup<Q80Rows16, ROWS>& x, int m0, const u
                               [](const uint8_t* block) { return _mm512_cvtph_ps(load<__m256i>(block + L::D)); }, nullptr);
 }
 
-// rows16_chunk over GGUF_IQ4_ROWS16: a quad's codes the values of IQ4_VALUES (each 128 more) that its
-// sixteen rows' nibbles index, a byte shuffle (a load's low nibbles values 4 q on, its high ones 16 + 4 q
-// on), each row's scale its d k: the exact integers and float steps of the products over LOOM_IQ4's
-// pairs of blocks (8192 x 2048, two Zen 4 threads, 1 / 4 / 16 / 64 rows: 195 / 261 / 274 Gvalue-rows/s
-// with the input flipped as Q8_0's was, 215 / 305 / 322 so, as Q4_K side by side's 216 / 295 / 322; one
-// row at the memory's rate either way).
-template <int CHUNK, int ROWS>
-inline void rows16_chunk(const RoundedGroup<IQ4Rows16, ROWS>& x, int m0, const uint8_t* blocks, int64_t count,
-                         float* y, int64_t y_stride) {
-    using L = IQ4Rows16;
+// rows16_chunk over the layouts whose codes index a table (GGUF_IQ4_ROWS16, GGUF_MXFP4_ROWS16): a quad's
+// codes the values of L::TABLE (each 128 more) that its sixteen rows' nibbles index, a byte shuffle (a
+// load's low nibbles values 4 q on, its high ones 16 + 4 q on), each row's scale its block_scale: the exact
+// integers and float steps of the products over LOOM_IQ4's (MXFP4's) pairs of blocks (IQ4, 8192 x 2048, two
+// Zen 4 threads, 1 / 4 / 16 / 64 rows: 195 / 261 / 274 Gvalue-rows/s with the input flipped as Q8_0's was,
+// 215 / 305 / 322 so, as Q4_K side by side's 216 / 295 / 322; one row at the memory's rate either way).
+inline __m512 block_scales(IQ4Rows16, const uint8_t* block) {
+    const __m512 k = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load<__m128i>(block + IQ4Rows16::K)));
+    return _mm512_mul_ps(_mm512_cvtph_ps(load<__m256i>(block + IQ4Rows16::D)), k);
+}
+inline __m512 block_scales(MXFP4Rows16, const uint8_t* block) {  // MXFP4::exponent_scale's bits, sixteen at a time
+    const __m512i e = _mm512_cvtepu8_epi32(load<__m128i>(block + MXFP4Rows16::E));
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), normal, subnormal));
+}
+template <int CHUNK, int ROWS, typename L, std::enable_if_t<looks_up_codes<L>(), int> = 0>
+inline void rows16_chunk(const RoundedGroup<L, ROWS>& x, int m0, const uint8_t* blocks, int64_t count, float* y,
+                         int64_t y_stride) {
     const __m512i nibble = _mm512_set1_epi8(15);
-    const __m512i table = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(IQ4_VALUES))),
+    const __m512i table = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(L::TABLE))),
                                            _mm512_set1_epi8(-128));  // each value 128 more
     const auto add_products = [&](const uint8_t* block, const int8_t* const (&xb)[CHUNK], __m512i (&a)[CHUNK]) {
         for (int q = 0; q < 4; ++q) {
@@ -520,11 +548,8 @@ inline void rows16_chunk(const RoundedGroup<IQ4Rows16, ROWS>& x, int m0, const u
             }
         }
     };
-    const auto scales_of = [](const uint8_t* block) {
-        const __m512 k = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load<__m128i>(block + L::K)));
-        return _mm512_mul_ps(_mm512_cvtph_ps(load<__m256i>(block + L::D)), k);
-    };
-    rows16_block_chunk<CHUNK>(x, m0, blocks, count, y, y_stride, add_products, scales_of, nullptr);
+    rows16_block_chunk<CHUNK>(x, m0, blocks, count, y, y_stride, add_products,
+                              [](const uint8_t* block) { return block_scales(L{}, block); }, nullptr);
 }
 #endif
 #else
@@ -768,17 +793,27 @@ inline void rows16_chunk(const RoundedGroup<Q80Rows16, ROWS>& x, int m0, const u
         for (int i = 0; i < CHUNK; ++i) store(y + (m0 + i) * y_stride + 8 * h, sums[h][i]);
 }
 
-// rows16_chunk over GGUF_IQ4_ROWS16 with AVX2: each block's four quads of the sixteen rows' codes, the
+// rows16_chunk over the layouts whose codes index a table with AVX2: each block's four quads of the sixteen rows' codes, the
 // low nibbles' then the high ones', looked up (a byte shuffle for eight rows' four codes), their
 // magnitudes met by four input codes broadcast with the values' signs (maddubs, whose 16-bit pairs the
 // AVX-512 kernel's unsigned codes, up to 241, would saturate), each step's pairs taken into 32 bits by a
 // madd (two steps' could pass 32767: 2 x 127 x 127 each); each block's term as the AVX-512 kernel's.
-template <int CHUNK, int ROWS>
-inline void rows16_chunk(const RoundedGroup<IQ4Rows16, ROWS>& x, int m0, const uint8_t* blocks, int64_t count,
-                         float* y, int64_t y_stride) {
-    using L = IQ4Rows16;
+inline Lanes block_scales(IQ4Rows16, const uint8_t* block, int h) {  // rows 8 h to 8 h + 7
+    const Lanes k = (Lanes)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+        reinterpret_cast<const __m128i*>(block + IQ4Rows16::K + 8 * h))));
+    return (Lanes)_mm256_cvtph_ps(load<__m128i>(block + IQ4Rows16::D + 16 * h)) * k;
+}
+inline Lanes block_scales(MXFP4Rows16, const uint8_t* block, int h) {  // MXFP4::exponent_scale's bits
+    const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + MXFP4Rows16::E + 8 * h)));
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    return (Lanes)_mm256_castsi256_ps(_mm256_blendv_epi8(normal, subnormal, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
+}
+template <int CHUNK, int ROWS, typename L, std::enable_if_t<looks_up_codes<L>(), int> = 0>
+inline void rows16_chunk(const RoundedGroup<L, ROWS>& x, int m0, const uint8_t* blocks, int64_t count, float* y,
+                         int64_t y_stride) {
     const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(IQ4_VALUES)));
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(L::TABLE)));
     Lanes sums[2][CHUNK] = {};
     for (int64_t b = 0; b < count; ++b) {
         const uint8_t* block = blocks + b * L::BLOCK_BYTES;
@@ -806,9 +841,7 @@ inline void rows16_chunk(const RoundedGroup<IQ4Rows16, ROWS>& x, int m0, const u
             }
         }
         for (int h = 0; h < 2; ++h) {
-            const Lanes k = (Lanes)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
-                reinterpret_cast<const __m128i*>(block + L::K + 8 * h))));
-            const Lanes d = (Lanes)_mm256_cvtph_ps(load<__m128i>(block + L::D + 16 * h)) * k;
+            const Lanes d = block_scales(L{}, block, h);
             for (int i = 0; i < CHUNK; ++i) sums[h][i] += block_term<false>((Sums)a[h][i], d * x.scale(m0 + i, b), Lanes{}, 0.0f);
         }
     }
@@ -909,7 +942,7 @@ template <typename L>
 constexpr int rows16_chunk_rows() {
     constexpr bool wide = VECTOR_BYTES == 64;
     return std::is_same_v<L, Q6KRows16> || (wide && (std::is_same_v<L, Q5KRows16> || std::is_same_v<L, Q80Rows16> ||
-                                                     std::is_same_v<L, IQ4Rows16>))
+                                                     looks_up_codes<L>()))
                ? 8 : ROWS16_CHUNK;
 }
 

@@ -36,12 +36,13 @@ LOOM_4BIT, LOOM_5BIT, LOOM_8BIT = 4, 5, 8
 LOOM_IQ4 = 25
 GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K = 10, 11, 12, 13, 14
 # Q4_K's, Q8_0's, Q4_1's (Q4_0's), Q5_0's, Q5_K's, Q6_K's and IQ4's numbers with sixteen rows side by
-# side (block_interleaved.h), made at load where the build multiplies them (block_formats.to_rows16)
+# side (block_interleaved.h; MXFP4's below), made at load where the build multiplies them (block_formats.to_rows16)
 GGUF_Q4_K_ROWS16, GGUF_Q8_0_ROWS16, GGUF_Q4_1_ROWS16, GGUF_Q6_K_ROWS16 = 18, 19, 20, 21
 GGUF_Q5_0_ROWS16, GGUF_Q5_K_ROWS16, GGUF_IQ4_ROWS16 = 23, 24, 26
 # MXFP4 as the file lays it out (gpt-oss's experts): an exponent byte and sixteen bytes of 4-bit codes a
-# block of 32 values (block_codes.h's MXFP4)
-GGUF_MXFP4 = 27
+# block of 32 values (block_codes.h's MXFP4); and with sixteen rows side by side, its 17 bytes a row's block
+# and a spare byte a row (a row's bytes tell it from the file's layout, and from Q4_K's 18 a block)
+GGUF_MXFP4, GGUF_MXFP4_ROWS16 = 27, 28
 # a row's bytes of a block of 32 values in GGUF_Q8_0_ROWS16, GGUF_Q4_1_ROWS16, GGUF_Q5_0_ROWS16 (the
 # files' own: the codes, a float16 scale, and for Q4_1 a float16 minimum; Q5_0's a spare byte besides,
 # its rows told apart from Q5_K's by their size: stored_format), GGUF_IQ4_ROWS16 (the codes, d, and
@@ -66,6 +67,7 @@ FORMAT_NAMES = {LOOM_4BIT: "4-bit blocks", LOOM_5BIT: "5-bit blocks", LOOM_8BIT:
                 GGUF_Q4_1_ROWS16: "Q4_0/Q4_1 (16 rows side by side)",
                 GGUF_Q5_0_ROWS16: "Q5_0 (16 rows side by side)", GGUF_Q6_K_ROWS16: "Q6_K (16 rows side by side)",
                 GGUF_IQ4_ROWS16: "IQ4_NL/IQ4_XS (16 rows side by side)", GGUF_MXFP4: "MXFP4",
+                GGUF_MXFP4_ROWS16: "MXFP4 (16 rows side by side)",
                 FLOAT32: "float32", FLOAT16: "float16", BFLOAT16: "bfloat16",
                 FLOAT32_PADDED: f"float32 ({ROW_PAD} values padded)"}
 WITH_MINIMUMS = (LOOM_4BIT, LOOM_5BIT)  # Loom's blocks that keep a float32 minimum beside each scale
@@ -81,8 +83,8 @@ ROUND_ARGTYPES = [_pointer, _int64, _int64, _int64, _pointer, _int64]
 def row_bytes(width: int, format: int) -> int:
     """Bytes of one row of ``width`` values in ``format``: for Loom's blocks its codes, its float32
     scales and, for 4 and 5 bits, its float32 minimums (LOOM_IQ4: its nibbles, then a float32 and a
-    byte a block); for a K-quant its super-blocks (block_codes.h);
-    for float rows their values (FLOAT32_PADDED: and ROW_PAD more)."""
+    byte a block); for a K-quant its super-blocks (block_codes.h), for MXFP4 its blocks (GGUF_MXFP4_ROWS16:
+    and a spare byte); for float rows their values (FLOAT32_PADDED: and ROW_PAD more)."""
     if format == FLOAT32_PADDED:
         return torch.float32.itemsize * (width + ROW_PAD)
     for dtype, kept in FLOAT_FORMATS.items():
@@ -93,6 +95,8 @@ def row_bytes(width: int, format: int) -> int:
         return width // values * size
     if format in BLOCK_BYTES:
         return width // GROUP * BLOCK_BYTES[format]
+    if format == GGUF_MXFP4_ROWS16:
+        return width // GROUP * BLOCK_BYTES[GGUF_MXFP4] + 1
     if format == LOOM_IQ4:
         return width // 2 + width // GROUP * 5
     return width * format // 8 + width // GROUP * (8 if format in WITH_MINIMUMS else 4)
@@ -107,13 +111,14 @@ ROWS16_LAYOUTS = {GGUF_Q4_K_ROWS16: (GGUF_Q4_K, "q4_k", "AVX-512, or AVX2 with F
                   GGUF_Q4_1_ROWS16: (LOOM_4BIT, "q4_1", "AVX-512, or AVX2 with FMA and F16C"),
                   GGUF_Q5_0_ROWS16: (LOOM_5BIT, "q5_0", "AVX-512, or AVX2 with FMA and F16C"),
                   GGUF_Q6_K_ROWS16: (GGUF_Q6_K, "q6_k", "AVX2 with FMA and F16C, without AVX-512"),
-                  GGUF_IQ4_ROWS16: (LOOM_IQ4, "iq4", "AVX-512 with VNNI, or AVX2 with FMA and F16C")}
+                  GGUF_IQ4_ROWS16: (LOOM_IQ4, "iq4", "AVX-512 with VNNI, or AVX2 with FMA and F16C"),
+                  GGUF_MXFP4_ROWS16: (GGUF_MXFP4, "mxfp4", "AVX-512 with VNNI, or AVX2 with FMA and F16C")}
 ROWS16_LAYOUT_OF = {source: layout for layout, (source, _, _) in ROWS16_LAYOUTS.items()}  # by source format
 
 
 def multiplies_rows16(layout: int) -> bool:
     """Whether the kernels are built for ``layout`` (Q4_K's, Q5_K's, Q4_1's and Q5_0's: AVX-512, or AVX2 with
-    FMA and F16C; Q8_0's and IQ4's: AVX-512 with VNNI, or AVX2 with FMA and F16C; Q6_K's: AVX2 without AVX-512,
+    FMA and F16C; Q8_0's, IQ4's and MXFP4's: AVX-512 with VNNI, or AVX2 with FMA and F16C; Q6_K's: AVX2 without AVX-512,
     whose products over Q6_K take pairs of blocks and the tiles)."""
     library = native.library()
     return library is not None and bool(getattr(library, f"loom_multiplies_{ROWS16_LAYOUTS[layout][1]}_rows16")())

@@ -146,11 +146,11 @@ constexpr bool integer_records() {
     return (PAIRS || std::is_same_v<F, Q4KRows16> || std::is_same_v<F, Q5KRows16> || std::is_same_v<F, Q6KRows16>) &&
            rounds_by_super_block<F>();
 }
-// Whether format F's products read its rounded input's integer code sums a block (Q8_0 and IQ4 side by
-// side with VNNI, whose codes are made unsigned instead of the input).
+// Whether format F's products read its rounded input's integer code sums a block (Q8_0, IQ4 and MXFP4
+// side by side with VNNI, whose codes are made unsigned instead of the input).
 template <typename F>
 constexpr bool takes_code_sums() {
-    return LOOM_Q8_0_QUADS && (std::is_same_v<F, Q80Rows16> || std::is_same_v<F, IQ4Rows16>);
+    return LOOM_Q8_0_QUADS && (std::is_same_v<F, Q80Rows16> || looks_up_codes<F>());
 }
 // Whether format F's products read its rounded input's group_offsets too (Q6_K side by side).
 template <typename F>

@@ -102,8 +102,9 @@ extern "C" int64_t loom_k_quant_super_blocks_exact() { return PAIRS; }
 
 // Whether this build multiplies Q4_K and Q5_K weights with sixteen rows side by side (GGUF_Q4_K_ROWS16,
 // GGUF_Q5_K_ROWS16), Q6_K (GGUF_Q6_K_ROWS16), Loom's 8-, 4- and 5-bit blocks (GGUF_Q8_0_ROWS16,
-// GGUF_Q4_1_ROWS16, GGUF_Q5_0_ROWS16; each scale and minimum a float16's value) and IQ4's
-// (GGUF_IQ4_ROWS16). The file's tensors are laid out so at load by gguf_blocks.cpp.
+// GGUF_Q4_1_ROWS16, GGUF_Q5_0_ROWS16; each scale and minimum a float16's value), IQ4's
+// (GGUF_IQ4_ROWS16) and MXFP4's (GGUF_MXFP4_ROWS16). The file's tensors are laid out so at load by
+// gguf_blocks.cpp.
 extern "C" int64_t loom_multiplies_q4_k_rows16() { return rows16_built<Q4KRows16>(); }
 extern "C" int64_t loom_multiplies_q5_k_rows16() { return rows16_built<Q5KRows16>(); }
 extern "C" int64_t loom_multiplies_q8_0_rows16() { return rows16_built<Q80Rows16>(); }
@@ -111,3 +112,4 @@ extern "C" int64_t loom_multiplies_q4_1_rows16() { return rows16_built<Q41Rows16
 extern "C" int64_t loom_multiplies_q5_0_rows16() { return rows16_built<Q50Rows16>(); }
 extern "C" int64_t loom_multiplies_q6_k_rows16() { return rows16_built<Q6KRows16>(); }
 extern "C" int64_t loom_multiplies_iq4_rows16() { return rows16_built<IQ4Rows16>(); }
+extern "C" int64_t loom_multiplies_mxfp4_rows16() { return rows16_built<MXFP4Rows16>(); }

@@ -148,7 +148,7 @@ template <typename To>
 bool lay_out_rows16(const uint8_t* src, int64_t type, int64_t width, int64_t rows, const int64_t* order,
                     uint8_t* dst) {
     if constexpr (rows16_built<To>()) {
-        const bool rearranged = file_block_bytes(type) != 0;  // else a K-quant, whose rows are To::From's
+        const bool rearranged = file_block_bytes(type) != 0;  // else a K-quant or MXFP4, whose rows are To::From's
         const int64_t from = rearranged ? file_row_bytes(type, width) : To::From::row_bytes(width);
         const int64_t source_bytes = To::From::row_bytes(width), to = To::ROWS * To::row_bytes(width);
         std::atomic<bool> fits{true};

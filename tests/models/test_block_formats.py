@@ -16,6 +16,7 @@ from models.kernels import block_formats, native
 from models.kernels.block_formats import block_format, to_blocks, to_rows16
 from models.kernels.block_linear import (BFLOAT16, FLOAT16, FLOAT32, FLOAT32_PADDED, GGUF_Q2_K, GGUF_Q3_K, GGUF_Q4_K, GGUF_Q4_K_ROWS16,
                                          GGUF_Q4_1_ROWS16, GGUF_Q5_0_ROWS16, GGUF_Q5_K, GGUF_Q5_K_ROWS16, GGUF_Q6_K, GGUF_Q6_K_ROWS16, GGUF_Q8_0_ROWS16, GGUF_IQ4_ROWS16, GGUF_MXFP4,
+                                         GGUF_MXFP4_ROWS16,
                                          FORMAT_NAMES, GROUP, LOOM_4BIT, LOOM_5BIT, LOOM_8BIT, LOOM_IQ4, SUPER_BLOCKS, WIDEN_ARGTYPES, BlockEmbedding, BlockLinear, dequantize,
                                          multiplies_rows16, padded_rows, pads_rows, round_activations, rounding,
                                          rounds_input_to_bfloat16, row_bytes, stored_format)
@@ -137,9 +138,10 @@ def test_a_rows_product_is_the_same_whatever_rows_share_it(kind, width):
 @needs_kernels
 @pytest.mark.parametrize("kind, layout", [(Q.Q4_K, None), (Q.Q4_K, GGUF_Q4_K_ROWS16), (Q.Q5_K, GGUF_Q5_K_ROWS16),
                                           (Q.Q6_K, None), (Q.Q6_K, GGUF_Q6_K_ROWS16), (Q.Q8_0, None),
-                                          (Q.IQ4_XS, None), (Q.IQ4_XS, GGUF_IQ4_ROWS16)],
+                                          (Q.IQ4_XS, None), (Q.IQ4_XS, GGUF_IQ4_ROWS16), (Q.MXFP4, None),
+                                          (Q.MXFP4, GGUF_MXFP4_ROWS16)],
                          ids=["Q4_K", "Q4_K-rows16", "Q5_K-rows16", "Q6_K", "Q6_K-rows16", "Q8_0", "IQ4_XS",
-                              "IQ4_XS-rows16"])
+                              "IQ4_XS-rows16", "MXFP4", "MXFP4-rows16"])
 def test_a_long_prompts_rows_in_bands_are_each_the_rows_product_alone(kind, layout):
     """A product of many input rows over a wide matrix takes them in bands whose rounded input stays
     cached (block_weights.h's input_band_rows: 40 rows at 8192 wide, so 100 rows are three bands,
@@ -165,16 +167,16 @@ def test_a_long_prompts_rows_in_bands_are_each_the_rows_product_alone(kind, layo
                                           (Q.Q6_K, GGUF_Q6_K_ROWS16), (Q.Q8_0, GGUF_Q8_0_ROWS16),
                                           (Q.Q4_0, GGUF_Q4_1_ROWS16), (Q.Q4_1, GGUF_Q4_1_ROWS16),
                                           (Q.Q5_0, GGUF_Q5_0_ROWS16), (Q.IQ4_NL, GGUF_IQ4_ROWS16),
-                                          (Q.IQ4_XS, GGUF_IQ4_ROWS16)],
-                         ids=["Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "IQ4_NL", "IQ4_XS"])
+                                          (Q.IQ4_XS, GGUF_IQ4_ROWS16), (Q.MXFP4, GGUF_MXFP4_ROWS16)],
+                         ids=["Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "IQ4_NL", "IQ4_XS", "MXFP4"])
 def test_rows_side_by_side_hold_the_files_numbers_and_give_its_very_products(kind, layout):
-    """Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, IQ4_NL and IQ4_XS with sixteen rows side by side (the ROWS16 layouts,
+    """Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, IQ4_NL, IQ4_XS and MXFP4 with sixteen rows side by side (the ROWS16 layouts,
     made at load where the build multiplies them): their rows widen to gguf-py's values, looked up as
     an embedding's too, a row's product is bitwise the same at every row count and within float32's
     rounding of float64's over the file's values, and where the build's products over the file's
     own layout end each super-block (or block) in exact integers too (AVX-512: one row, the few-row
-    products and from 13 rows the tiles; Q8_0's over Loom's 8-bit blocks and IQ4's over Loom's IQ4
-    blocks likewise) bitwise theirs,
+    products and from 13 rows the tiles; Q8_0's over Loom's 8-bit blocks, IQ4's over Loom's IQ4
+    blocks and MXFP4's over the file's likewise) bitwise theirs,
     so a model's numbers do not depend on which layout it takes. The layout is made straight from the
     file's bytes, rows in a given order too (Llama's Q/K rows are read so). Rows not a multiple of
     sixteen, a Q4_0 minimum (-8 d) no float16 holds, and 5-bit blocks with minimums of their own
@@ -192,7 +194,7 @@ def test_rows_side_by_side_hold_the_files_numbers_and_give_its_very_products(kin
         BlockLinear.of_blocks(laid_out[:out - 8], width)
     layer, as_filed = BlockLinear.of_blocks(laid_out, width), BlockLinear.of_blocks(blocks, width)
     assert layer.formats == (layout,) and as_filed.formats == (block_format(kind),)
-    exact = kind in (Q.Q4_K, Q.Q5_K, Q.Q8_0, Q.IQ4_NL, Q.IQ4_XS) and bool(native.library().loom_k_quant_super_blocks_exact())
+    exact = kind in (Q.Q4_K, Q.Q5_K, Q.Q8_0, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4) and bool(native.library().loom_k_quant_super_blocks_exact())
     together = torch.randn(40, width, generator=torch.Generator().manual_seed(3))
     for count in (1, 2, 3, 4, 5, 8, 9, 13, 17, 40):
         x = together[:count]
@@ -614,16 +616,20 @@ def _has_avx2() -> bool:
 @pytest.mark.skipif(not _has_avx2(), reason="an x86 processor with AVX2 runs the AVX2 build")
 def test_an_avx2_build_computes_the_same_products(monkeypatch):
     """The kernels as a machine without AVX-512 builds them (-march=x86-64-v3: a block at a time,
-    AVX2's byte products), whatever this machine has: every format's product against float64."""
+    AVX2's byte products), whatever this machine has: every format's product against float64, in the
+    file's layout and with sixteen rows side by side where that build lays the format out so."""
     native_build = native.build_name()
     monkeypatch.setenv(native.MARCH, "x86-64-v3")
     for loaded in ("_library", "_build_name"):  # built and loaded anew; the old one comes back after
         monkeypatch.setattr(native, loaded, False if loaded == "_library" else None)
     assert native.library() is not None and native.build_name() not in (None, native_build)
-    for kind in NATIVE + [Q.Q4_0, Q.Q5_1, Q.Q8_0] + FLOATS:
-        data = random_tensor(kind, rows=40, width=512, seed=3)
-        layer = BlockLinear.of_blocks(to_blocks(data, kind, 512), 512)
-        for rows in (1, 5, 12, 40):
-            x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
-            expected = expected_product(x, data, kind, 512)
-            assert torch.allclose(layer(x).double(), expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
+    for kind in NATIVE + [Q.Q4_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL] + FLOATS:
+        data = random_tensor(kind, rows=48, width=512, seed=3)
+        for blocks in (to_blocks(data, kind, 512), to_rows16(data, kind, 512)):
+            if blocks is None:  # (no such layout in this build)
+                continue
+            layer = BlockLinear.of_blocks(blocks, 512)
+            for rows in (1, 5, 12, 40):
+                x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+                expected = expected_product(x, data, kind, 512)
+                assert torch.allclose(layer(x).double(), expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
