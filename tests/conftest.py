@@ -3,6 +3,7 @@ comparisons with transformers are exact rather than at the mercy of float32 ties
 
 import contextlib
 import random
+import signal
 import threading
 import time
 
@@ -125,6 +126,13 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "granite": transformers.GraniteForCausalLM, "granitemoe": transformers.GraniteMoeForCausalLM,
                  "gemma2": transformers.Gemma2ForCausalLM,
                  "gemma3": transformers.Gemma3ForCausalLM}
+
+
+def interruptible() -> None:
+    """A child process's ``preexec_fn`` where a test sends it Ctrl-C: SIGINT's default, as a terminal
+    gives it. A suite run as a shell's background job (``&``) starts with SIGINT ignored, which Python
+    keeps, so the child would never see the signal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def pytest_addoption(parser):

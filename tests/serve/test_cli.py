@@ -9,6 +9,8 @@ import pytest
 
 from runtime.cli import main
 
+from ..conftest import interruptible
+
 
 @pytest.mark.parametrize("command", ["chat", "generate", "bench", "serve"])
 def test_every_subcommand_explains_itself(command, capsys):
@@ -147,15 +149,9 @@ def test_chat_streams_answers_until_an_empty_line():
     assert "bot> " in done.stdout and "Paris" in done.stdout
 
 
-def _interruptible():
-    """Ctrl-C's default in the child: a shell's background job (a suite started with ``&``) starts with
-    SIGINT ignored, which Python then keeps, so that the chat would never see the user's Ctrl-C."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_ctrl_c_stops_the_answer_and_the_chat_goes_on():
     chat = subprocess.Popen([sys.executable, "-u", "-m", "runtime", "chat", "--max-new-tokens", "100000",
-                             "--temperature", "1", "--seed", "1"], preexec_fn=_interruptible,
+                             "--temperature", "1", "--seed", "1"], preexec_fn=interruptible,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         chat.stdin.write("Tell me a very long story.\n")

@@ -17,6 +17,8 @@ from runtime import Engine, GenerationConfig  # noqa: E402
 from runtime.bench.peers import free_port  # noqa: E402
 from runtime.serve.ray_app import REPLICA_HEADER, loom_application, missing_room, start_ray  # noqa: E402
 
+from ..conftest import interruptible  # noqa: E402
+
 MODEL = "tiny"
 
 
@@ -61,7 +63,7 @@ def test_serve_command_runs_replicas_and_stops_on_a_signal(checkpoint, sig, stat
     server = subprocess.Popen([sys.executable, "-m", "runtime", "serve", "--replicas", "2", "--replica-cpus", "0.5",
                                "--model", str(checkpoint), "--model-name", MODEL, "--port", str(port),
                                "--drain-timeout", "1"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=interruptible)
     events = []
     try:
         deadline = time.monotonic() + 180

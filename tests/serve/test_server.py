@@ -18,6 +18,8 @@ from runtime import Engine, EngineBusy, GenerationConfig  # noqa: E402
 from runtime.bench.peers import free_port  # noqa: E402
 from runtime.serve import create_app  # noqa: E402
 
+from ..conftest import interruptible  # noqa: E402
+
 KEY = "test-key"
 MODEL = "smollm2"
 
@@ -274,7 +276,7 @@ def start_serve_command(port, *options):
     import subprocess
     import sys
     proc = subprocess.Popen([sys.executable, "-m", "runtime", "serve", "--port", str(port), *options],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=interruptible)
     deadline = time.monotonic() + 120
     while True:
         assert proc.poll() is None, proc.stdout.read()
