@@ -103,13 +103,15 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
     tensors = {}
     formats = _block_formats(file.tensors.values(), keep_blocks)
     _check_widened_size(file, formats, path.name)
-    copy_stacks = _copies_stacks(file.tensors.values())
+    stack_room = _stack_copy_room()
     for info in file.tensors.values():
         if info.name in ROPE_TENSORS:  # read into the config's rope scaling
             continue
         name = _hf_name(info.name, names)
+        copy_stack = _stacks(info) and info.data.nbytes <= stack_room
+        stack_room -= info.data.nbytes if copy_stack else 0
         tensors[name] = _read_tensor(info, name, formats[info.name], _row_order(name, info, arch, config),
-                                     copy_stacks)
+                                     copy_stack)
         file.release(info)  # a tensor read where it lies (the K-quants, F16, BF16) comes back on its first use
     if arch in NORM_OFFSET:
         for name in tensors:
@@ -159,18 +161,18 @@ def _block_formats(infos, keep_blocks: bool) -> dict[str, int | None]:
 
 
 def _read_tensor(info: TensorInfo, name: str, format: int | None, order: torch.Tensor | None,
-                 copy_stacks: bool = False) -> torch.Tensor:
+                 copy_stack: bool = False) -> torch.Tensor:
     """A tensor in its kernel ``format`` (None: float32), its rows in ``order`` (the file's row of each
     of transformers' rows; None: the file's order). A linear layer's matrix or an embedding table
     whose format the kernels multiply with sixteen rows side by side is laid out so in one copy
     (to_rows16: a one-row product at the memory's rate); a tied table is laid out once, for its
     lookups (BlockEmbedding reads rows from either layout) and the output layer's products alike. An
-    expert stack is laid out so only with ``copy_stacks`` (_copies_stacks)."""
+    expert stack is laid out so only with ``copy_stack`` (_stack_copy_room)."""
     if format is None:
         tensor = _widened(info)
     else:
-        # a stack of experts side by side only with copy_stacks, where no block of sixteen rows spans two experts
-        if name.endswith(ROWS16_NAMES) and (not _stacks(info) or copy_stacks and info.shape[-2] % ROWS16 == 0):
+        # a stack of experts side by side only with copy_stack, where no block of sixteen rows spans two experts
+        if name.endswith(ROWS16_NAMES) and (not _stacks(info) or copy_stack and info.shape[-2] % ROWS16 == 0):
             laid_out = to_rows16(info.data, info.type, info.shape[-1], order)
             if laid_out is not None:
                 return laid_out
@@ -191,22 +193,24 @@ def _check_widened_size(file: GGUFFile, formats: dict, file_name: str) -> None:
                          "the default, on the CPU in float32, with Loom's kernels built)")
 
 
-def _copies_stacks(infos) -> bool:
-    """Whether a mixture's expert stacks are laid out with sixteen rows side by side (a copy: one
-    stream of a Qwen3-30B-A3B-shape Q4_K_M 16.3 tok/s against 14.7 where they lie, on a Zen 4), or
-    multiplied where the file keeps them: laid out where the copies take at most half of the memory
-    available (pages.available_memory). They are most of such a file (17 of the 30B's 18.6 GB), and
-    copies where the file's pages would do leave the system a model's worth less to keep files'
+def _stack_copy_room() -> int:
+    """Bytes of a mixture's expert stacks that may be laid out with sixteen rows side by side (a copy:
+    one stream of a Qwen3-30B-A3B-shape Q4_K_M 16.3 tok/s against 14.7 where they lie, on a Zen 4; a
+    gpt-oss-20b shape's MXFP4 8.7 against 4.5 on an Intel guest), the stacks taken in the file's order
+    while their copies fit, the rest multiplied where the file keeps them: half of the memory available
+    (pages.available_memory; none where it is unknown). The stacks are most of such a file (17 of the
+    30B's 18.6 GB), and copies where the file's pages would do leave the system less to keep files'
     pages in: another process's mapping of the same file (a second server, or llama-server taking
-    turns) would read it from disk again."""
-    copies = sum(info.data.nbytes for info in infos if _stacks(info))
+    turns) would read it from disk again. A file whose stacks do not all fit has its first layers' laid
+    out (gpt-oss-20b's 10.2 GB against ~10 GB of room on some 24 GiB machines): all or none had left
+    every stack of such a file where it lies."""
     available = available_memory()
-    return copies > 0 and available is not None and copies <= available // 2
+    return 0 if available is None else available // 2
 
 
 def _map_stacks(file: GGUFFile, formats: dict, tensors: dict, names: dict) -> None:
     """Map the pages of the expert stacks used where the file keeps them (the K-quants', MXFP4's, the
-    float ones': those not laid out anew, _copies_stacks), a stack a call (GGUFFile.populate): a step
+    float ones': those not laid out anew, _stack_copy_room), a stack a call (GGUFFile.populate): a step
     touches some experts of every layer, and the first steps faulted the stacks in a 4 KB page at a
     time, ~9 s of a Qwen3-30B-A3B-shape file's first 16 tokens on a Zen 4 guest, against 1.1 s for the
     whole file in one call where its pages are cached (read from disk where not, as llama.cpp reads

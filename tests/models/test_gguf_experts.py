@@ -13,6 +13,7 @@ from gguf.constants import GGMLQuantizationType as Q
 
 import models
 from models.checkpoints import gguf as gguf_reader
+from models.checkpoints.gguf_file import GGUFFile
 from models.kernels import native
 from models.kernels.block_experts import BlockExperts
 from models.kernels.block_formats import block_format, to_blocks, to_rows16
@@ -184,6 +185,38 @@ def test_a_gpt_oss_file_with_mxfp4_experts_runs_them_in_its_blocks(tmp_path):
     kept = GGUF_MXFP4_ROWS16 if multiplies_rows16(GGUF_MXFP4_ROWS16) else GGUF_MXFP4
     assert_greedy_but_near_ties(reference, prompts, native_and_torch_answers(path, prompts, kept))
 
+
+
+@needs_kernels
+def test_stacks_are_laid_out_side_by_side_while_their_copies_fit_half_the_memory(tmp_path, monkeypatch):
+    """A mixture's expert stacks are laid out sixteen rows side by side in the file's order while their
+    copies fit in half of the memory available, the rest multiplied where the file keeps them; every
+    layout gives the same products, so the same greedy tokens."""
+    if not multiplies_rows16(GGUF_MXFP4_ROWS16):
+        pytest.skip("this build multiplies MXFP4 in the file's layout only")
+    _, path = mixture_file(tmp_path / "gpt-oss-mxfp4.gguf", "gpt_oss", matrices=Q.MXFP4)
+    stacks = [info for info in GGUFFile(path).tensors.values() if info.name.endswith("_exps.weight")]
+    kept = lambda model: [set(block.mlp.experts.formats.values()) for block in model.layers]
+
+    with monkeypatch.context() as patched:
+        patched.setattr(gguf_reader, "available_memory", lambda: 10_001)
+        assert gguf_reader._stack_copy_room() == 5_000
+
+    def load_with(room: int):
+        monkeypatch.setattr(gguf_reader, "_stack_copy_room", lambda: room)
+        return models.load(path).model
+
+    first, everything = sum(info.data.nbytes for info in stacks[:3]), sum(info.data.nbytes for info in stacks)
+    layers = len(stacks) // 3
+    assert kept(load_with(first + 1)) == [{GGUF_MXFP4_ROWS16}] + [{GGUF_MXFP4}] * (layers - 1)  # the first layer's
+    assert kept(load_with(0)) == [{GGUF_MXFP4}] * layers
+    assert kept(load_with(everything)) == [{GGUF_MXFP4_ROWS16}] * layers
+    if native.library().loom_k_quant_super_blocks_exact():  # (the file layout's products end blocks in integers)
+        prompts = [random_prompt(random.Random(i), 3, 30) for i in range(3)]
+        monkeypatch.setattr(gguf_reader, "_stack_copy_room", lambda: first + 1)
+        partly = greedy(path, prompts)
+        monkeypatch.setattr(gguf_reader, "_stack_copy_room", lambda: 0)
+        assert partly == greedy(path, prompts)
 
 def test_a_float_load_of_a_gpt_oss_file_with_mxfp4_experts_equals_transformers_over_its_values(tmp_path):
     """weights="float32" widens the MXFP4 stacks (and their biases) into the float experts: in float64 its
