@@ -559,12 +559,18 @@ struct LoomIQ4Pairs {
 // MXFP4_VALUES[q], the doubled values under a halved scale, as llama.cpp computes it (its
 // GGML_E8M0_TO_FP32_HALF). 17 bytes a block, a size no other format's rows take. The products meet
 // the looked-up values as Loom8's codes.
+// 2^(e - 128) as a float's bits (a subnormal's below 2^-126) for an exponent byte e: an int32_t, or a
+// vector of them, a lane each (the side-by-side layout's products take sixteen rows' at once).
+template <typename I>
+inline I exponent_scale_bits(I e) {
+    return e < 2 ? (I{} + 0x00200000) << e : (e - 1) << 23;
+}
 struct MXFP4 {
     static constexpr int64_t ROUNDING = GROUP;  // values under one scale of the rounded input
     static constexpr int64_t VALUES = GROUP, BYTES = 17;
     static int64_t row_bytes(int64_t in) { return in / GROUP * BYTES; }
-    static float exponent_scale(uint32_t e) {  // 2^(e - 128), built from its bits (below 2^-126 subnormal)
-        const uint32_t bits = e < 2 ? 0x00200000u << e : (e - 1) << 23;
+    static float exponent_scale(int32_t e) {  // 2^(e - 128)
+        const int32_t bits = exponent_scale_bits(e);
         float d;
         std::memcpy(&d, &bits, 4);
         return d;

@@ -525,11 +525,8 @@ inline __m512 block_scales(IQ4Rows16, const uint8_t* block) {
     const __m512 k = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load<__m128i>(block + IQ4Rows16::K)));
     return _mm512_mul_ps(_mm512_cvtph_ps(load<__m256i>(block + IQ4Rows16::D)), k);
 }
-inline __m512 block_scales(MXFP4Rows16, const uint8_t* block) {  // MXFP4::exponent_scale's bits, sixteen at a time
-    const __m512i e = _mm512_cvtepu8_epi32(load<__m128i>(block + MXFP4Rows16::E));
-    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
-    const __m512i subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
-    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), normal, subnormal));
+inline __m512 block_scales(MXFP4Rows16, const uint8_t* block) {
+    return (__m512)exponent_scale_bits((PairSums)_mm512_cvtepu8_epi32(load<__m128i>(block + MXFP4Rows16::E)));
 }
 template <int CHUNK, int ROWS, typename L, std::enable_if_t<looks_up_codes<L>(), int> = 0>
 inline void rows16_chunk(const RoundedGroup<L, ROWS>& x, int m0, const uint8_t* blocks, int64_t count, float* y,
@@ -803,11 +800,9 @@ inline Lanes block_scales(IQ4Rows16, const uint8_t* block, int h) {  // rows 8 h
         reinterpret_cast<const __m128i*>(block + IQ4Rows16::K + 8 * h))));
     return (Lanes)_mm256_cvtph_ps(load<__m128i>(block + IQ4Rows16::D + 16 * h)) * k;
 }
-inline Lanes block_scales(MXFP4Rows16, const uint8_t* block, int h) {  // MXFP4::exponent_scale's bits
-    const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + MXFP4Rows16::E + 8 * h)));
-    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
-    const __m256i subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
-    return (Lanes)_mm256_castsi256_ps(_mm256_blendv_epi8(normal, subnormal, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
+inline Lanes block_scales(MXFP4Rows16, const uint8_t* block, int h) {
+    return (Lanes)exponent_scale_bits((Sums)_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+        reinterpret_cast<const __m128i*>(block + MXFP4Rows16::E + 8 * h))));
 }
 template <int CHUNK, int ROWS, typename L, std::enable_if_t<looks_up_codes<L>(), int> = 0>
 inline void rows16_chunk(const RoundedGroup<L, ROWS>& x, int m0, const uint8_t* blocks, int64_t count, float* y,

@@ -226,6 +226,29 @@ def test_rows_side_by_side_hold_the_files_numbers_and_give_its_very_products(kin
         assert to_rows16(random_tensor(Q.Q5_1, rows=out, width=width, seed=7), Q.Q5_1, width) is None
 
 
+
+@needs_kernels
+def test_mxfp4_exponents_at_their_ends_keep_the_files_values_in_either_layout():
+    """MXFP4's exponent bytes 0 and 1 make subnormal scales (2^-128, 2^-127), which the side-by-side
+    products make sixteen at a time and the products over the file's layout one at a time: rows with
+    them and with large exponents widen to gguf-py's values in both layouts, and their products are
+    bitwise the same in both where the build's products end each block in exact integers."""
+    if not multiplies_rows16(GGUF_MXFP4_ROWS16):
+        pytest.skip("this build multiplies MXFP4 in the file's layout only")
+    rows, width = 32, 256
+    data = random_tensor(Q.MXFP4, rows=rows, width=width, seed=11)
+    data.reshape(rows, -1, 17)[..., 0] = np.random.default_rng(12).choice([0, 1, 2, 3, 120, 126, 160], (rows, width // 32))
+    widen = native.function("loom_block_widen", torch.float32, WIDEN_ARGTYPES)
+    layouts = {GGUF_MXFP4: to_blocks(data, Q.MXFP4, width), GGUF_MXFP4_ROWS16: to_rows16(data, Q.MXFP4, width)}
+    for layout, blocks in layouts.items():
+        values = torch.empty(rows, width)
+        widen(blocks.data_ptr(), layout, width, rows, 0, rows, values.data_ptr())
+        assert torch.equal(values.double(), file_values(data, Q.MXFP4, width)), FORMAT_NAMES[layout]
+    if native.library().loom_k_quant_super_blocks_exact():
+        x = torch.randn(9, width, generator=torch.Generator().manual_seed(13))
+        products = [BlockLinear.of_blocks(blocks, width)(x) for blocks in layouts.values()]
+        assert torch.equal(*products)
+
 def expected_product(x: torch.Tensor, data: np.ndarray, kind: Q, width: int) -> torch.Tensor:
     """float64's product over a tensor's values: of the input rounded to 8-bit blocks for a block
     format, of the input itself for a float matrix (rounded to bfloat16 for BF16 where the kernels
