@@ -88,6 +88,13 @@ CONFIGS = {
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=EOS,
         bos_token_id=1, num_experts=6, num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1],
         experts_implementation="eager"),
+    # a shared expert beside the routed ones, weighted by its own router (tiny_model draws its weights
+    # large, for the weight to matter); the top-k weights as they come; a dense layer
+    "qwen2_moe": lambda: transformers.Qwen2MoeConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        shared_expert_intermediate_size=80, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, num_experts=6, num_experts_per_tok=2,
+        mlp_only_layers=[1], experts_implementation="eager"),
     "smollm3": lambda: transformers.SmolLM3Config(  # its fourth layer without rotary
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
@@ -101,6 +108,11 @@ CONFIGS = {
         num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
         num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=12.0, residual_multiplier=0.22,
         attention_multiplier=0.015625, logits_scaling=6.0, experts_implementation="eager"),
+    "granitemoeshared": lambda: transformers.GraniteMoeSharedConfig(  # Granite MoE's, and a shared expert
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=64, shared_intermediate_size=80, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        pad_token_id=0, num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=12.0,
+        residual_multiplier=0.22, attention_multiplier=0.015625, logits_scaling=6.0, experts_implementation="eager"),
     # scores and logits large enough that both soft caps bend them (initializer_range: scores up to ~3)
     "gemma2": lambda: transformers.Gemma2Config(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
@@ -122,8 +134,10 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "olmo2": transformers.Olmo2ForCausalLM, "olmo3": transformers.Olmo3ForCausalLM,
                  "olmoe": transformers.OlmoeForCausalLM, "gpt_oss": transformers.GptOssForCausalLM,
                  "phi3": transformers.Phi3ForCausalLM, "mixtral": transformers.MixtralForCausalLM,
-                 "qwen3_moe": transformers.Qwen3MoeForCausalLM, "smollm3": transformers.SmolLM3ForCausalLM,
-                 "granite": transformers.GraniteForCausalLM, "granitemoe": transformers.GraniteMoeForCausalLM,
+                 "qwen2_moe": transformers.Qwen2MoeForCausalLM, "qwen3_moe": transformers.Qwen3MoeForCausalLM,
+                 "smollm3": transformers.SmolLM3ForCausalLM, "granite": transformers.GraniteForCausalLM,
+                 "granitemoe": transformers.GraniteMoeForCausalLM,
+                 "granitemoeshared": transformers.GraniteMoeSharedForCausalLM,
                  "gemma2": transformers.Gemma2ForCausalLM,
                  "gemma3": transformers.Gemma3ForCausalLM}
 
@@ -159,7 +173,8 @@ def tiny_model(arch: str, seed: int = 0, **config):
     model = MODEL_CLASSES[arch](settings).to(torch.float64).eval()
     with torch.no_grad():
         for name, tensor in model.named_parameters():
-            if name.endswith(("sinks", "_bias", "router.bias")):  # (transformers starts gpt-oss's biases at 0)
+            # (transformers starts gpt-oss's biases at 0, and Qwen2-MoE's shared expert's router near it)
+            if name.endswith(("sinks", "_bias", "router.bias", "shared_expert_gate.weight")):
                 tensor.normal_(0.0, 0.5)
     return model
 
@@ -264,7 +279,9 @@ GGUF_LAYER_NAMES = {
     "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.qkv_proj": "attn_qkv",
     "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-    "mlp.gate": "ffn_gate_inp", "block_sparse_moe.router": "ffn_gate_inp"}
+    "mlp.gate": "ffn_gate_inp", "block_sparse_moe.router": "ffn_gate_inp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp", "shared_mlp.output_linear": "ffn_down_shexp"}
 GGUF_GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                      "lm_head.weight": "output.weight"}
 # Gemma's four norms a block (its "ffn_norm" the pre-feed-forward one), stored as 1 + weight
@@ -299,7 +316,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     and ``tensors`` (name -> float32 array) added. Matrices in float32, or in ``matrices``' type
     (a GGMLQuantizationType gguf-py quantizes to). Gemma's norms are stored as 1 + weight, as its
     converter stores them (OLMo's output norms are named as Gemma's); a mixture's experts as three stacks (ffn_gate_exps, ffn_up_exps,
-    ffn_down_exps), its router in float32 (gpt-oss's: _gpt_oss_tensors). The file carries no tokenizer."""
+    ffn_down_exps), its router in float32 (gpt-oss's: _gpt_oss_tensors), a shared expert's three
+    products (*_shexp) and its router's one row (a vector). The file carries no tokenizer."""
     import gguf
     import numpy as np
     c = hf.config
@@ -339,6 +357,14 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         if arch == "gpt-oss" and rest.startswith(("mlp.experts.", "mlp.router.", "self_attn.sinks")):
             for part, part_values in _gpt_oss_tensors(rest, values):
                 add(f"blk.{layer}.{part}", np.ascontiguousarray(part_values))
+            continue
+        if rest == "mlp.shared_expert_gate.weight":  # (one vector in the file)
+            add(f"blk.{layer}.ffn_gate_inp_shexp.weight", values.reshape(-1))
+            continue
+        if rest == "shared_mlp.input_linear.weight":  # Granite MoE Shared's gate and up rows together
+            gate, up = np.split(values, 2, axis=0)
+            add(f"blk.{layer}.ffn_gate_shexp.weight", np.ascontiguousarray(gate))
+            add(f"blk.{layer}.ffn_up_shexp.weight", np.ascontiguousarray(up))
             continue
         if rest.startswith(("mlp.experts.", "block_sparse_moe.experts.")):  # stacks: gate and up rows together
             if rest.endswith("gate_up_proj"):

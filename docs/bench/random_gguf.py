@@ -10,6 +10,7 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape ministral3-3b --format q4_k_m --vocab 131072 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape olmo3-7b --format q4_k_m --vocab 100278 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape gpt-oss-20b --format mxfp4 --vocab 201088 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape qwen2moe-a2.7b --format q4_k_m --vocab 151936 --out /tmp/gguf
 
 Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), mxfp4
 (gpt-oss's files as ggml-org publishes them: the experts in MXFP4, the other matrices in Q8_0), q4_k_m
@@ -27,7 +28,9 @@ gemma3 ones as a Gemma 3: those norms, 256-wide heads, the attention's and the M
 (post_attention_norm, post_ffw_norm), a 512-token sliding window (llama.cpp makes every sixth layer
 global; the 4B's window 1024 tokens, its global layers' rope scaled linearly by 8, as Gemma 3 4B's);
 the granitemoe one as a Granite 3.1 3B-A800M (Granite's layout and multipliers, 40 experts of 512 rows,
-8 a token); the qwen3moe one as a Qwen3-MoE (Qwen3's layout, 128 experts of 768 rows, 8 a token, each layer's
+8 a token); the qwen2moe one as Qwen1.5-MoE-A2.7B (Qwen2's layout, 60 experts of 1408 rows, 4 a token, and a shared
+expert of 5632 rows every token takes, weighted by the sigmoid of its own one-row router, ffn_gate_inp_shexp;
+1408-wide rows take the K-quants' fallbacks as above); the qwen3moe one as a Qwen3-MoE (Qwen3's layout, 128 experts of 768 rows, 8 a token, each layer's
 three expert products a stack of all 128 experts' matrices, its router in F32 as llama-quantize leaves it);
 the ministral3 ones as Ministral 3's (architecture mistral3: Llama's layout, 128-wide heads, its yarn
 from a 16,384-token original context to 262,144, its queries' temperature past it; the 3B's table tied);
@@ -80,8 +83,9 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "gemma3-4b": (2560, 10240, 34, 8, 4), "qwen3moe-30b-a3b": (2048, 6144, 48, 32, 4),
           "granitemoe-3b-a800m": (1536, 512, 32, 24, 8), "ministral3-3b": (3072, 9216, 26, 32, 8),
           "ministral3-8b": (4096, 14336, 34, 32, 8), "olmo3-7b": (4096, 11008, 32, 32, 32),
-          "gpt-oss-20b": (2880, 2880, 24, 64, 8)}
-UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b"}  # the shapes whose output layer is a tensor of its own
+          "gpt-oss-20b": (2880, 2880, 24, 64, 8), "qwen2moe-a2.7b": (2048, 5632, 24, 16, 16)}
+UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
+          "qwen2moe-a2.7b"}  # the shapes whose output layer is a tensor of its own
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,7 @@ class Layout:
     soft_caps: tuple[float, float] | None = None  # the attention scores' and the logits' soft caps (Gemma 2's)
     scales: tuple[float, float, float, float] | None = None  # Granite's: embeddings, residuals, attention, logits
     experts: tuple[int, int, int] | None = None  # a mixture's experts, those each token uses, an expert's width
+    shared_expert: int | None = None  # the width of an expert every token takes (Qwen2-MoE's, gated by its own router)
     yarn: tuple[float, int, float | None] | None = None  # a yarn's factor, original context, log multiplier
     temperature: float | None = None  # the queries' temperature past the original context (Ministral 3's beta)
     sinks: bool = False  # gpt-oss's: a sink a head, a bias on the attention's output, the router's and experts' biases
@@ -116,6 +121,8 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
            "qwen3": Layout("qwen3", head=128, rope_base=1e6, eps=1e-6, context=32768, head_norms=True),
            "granitemoe": Layout("granitemoe", rope_base=1e7, eps=1e-6, context=131072,
                                 scales=(12.0, 0.22, 0.015625, 6.0), experts=(40, 8, 512)),
+           "qwen2moe": Layout("qwen2moe", rope_base=1e6, eps=1e-6, context=8192, biases=True, experts=(60, 4, 1408),
+                              shared_expert=5632),
            "qwen3moe": Layout("qwen3moe", head=128, rope_base=1e6, eps=1e-6, context=32768, head_norms=True,
                               experts=(128, 8, 768)),
            "ministral3": Layout("mistral3", head=128, rope_base=1e6, eps=1e-5, context=262144,
@@ -161,11 +168,12 @@ HALF_RANGE = {Q.Q2_K: (1.5e-3, 3e-3), Q.Q3_K: (5e-4, 1e-3), Q.Q4_K: (2e-4, 6e-4)
 
 
 def tensor_type(name: str, layer: int, layers: int, fmt: str, width: int, tied: bool, shared_heads: int) -> Q:
-    if name.endswith(("norm.weight", ".bias", "ffn_gate_inp.weight", "attn_sinks.weight")):  # (nor any router)
+    if name.endswith(("norm.weight", ".bias", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight",
+                      "attn_sinks.weight")):  # (nor any router)
         return Q.F32
     if fmt == "mxfp4":
         return Q.MXFP4 if "_exps." in name else Q.Q8_0
-    name = name.replace("_exps.", ".")  # an expert stack's type is its dense product's
+    name = name.replace("_exps.", ".").replace("_shexp.", ".")  # an expert's type is its dense product's
     if fmt in FLOAT_FORMATS:
         return FLOAT_FORMATS[fmt]
     output = name == "output.weight" or (tied and name == "token_embd.weight")  # (a tied table is the output)
@@ -216,6 +224,10 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
         count, _, width = family.experts
         mlp = (("ffn_gate_inp", (count, hidden)), ("ffn_gate_exps", (count, width, hidden)),
                ("ffn_up_exps", (count, width, hidden)), ("ffn_down_exps", (count, hidden, width)))
+    if family.shared_expert:  # its router's one row, then its products
+        width = family.shared_expert
+        mlp += (("ffn_gate_inp_shexp", (hidden,)), ("ffn_gate_shexp", (width, hidden)),
+                ("ffn_up_shexp", (width, hidden)), ("ffn_down_shexp", (hidden, width)))
     yield "token_embd.weight", -1, (vocab, hidden)
     for i in range(layers):
         for name, shape in (("attn_norm", (hidden,)), ("attn_q", (q, hidden)), ("attn_k", (kv, hidden)),
@@ -282,6 +294,8 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_expert_count(count)
         writer.add_expert_used_count(used)
         writer.add_expert_feed_forward_length(width)
+    if family.shared_expert:
+        writer.add_expert_shared_feed_forward_length(family.shared_expert)
     if family.yarn:
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(family.yarn[0])
@@ -319,7 +333,8 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
     writer.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
     for name, kind, size in plan:
-        writer.write_tensor_data(tensor_data(kind, size, rng, bias=name.endswith(".bias")))
+        # (a shared expert's one-row router small as a bias, not a norm's ones)
+        writer.write_tensor_data(tensor_data(kind, size, rng, bias=name.endswith((".bias", "_inp_shexp.weight"))))
     writer.close()
     return path
 

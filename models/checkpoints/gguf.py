@@ -15,6 +15,8 @@ import torch
 from gguf.constants import GGMLQuantizationType as Q
 
 from ..cache import cache_dir
+from ..families.layers import GATE_UP, QKV
+from ..families.moe import SHARED_GATE_UP
 from ..families.rope import halves_from_pairs
 from ..pages import available_memory
 from . import Contents
@@ -37,6 +39,9 @@ LAYER_NAMES = {
     # a mixture of experts' router, and its experts' products, a stack of every expert's matrix each
     "ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_proj", "ffn_up_exps": "mlp.experts.up_proj",
     "ffn_down_exps": "mlp.experts.down_proj",
+    # an expert every token takes, and its one-row router (Qwen2-MoE's), by Qwen2-MoE's names
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
 # Gemma 2 and 3 have four norms per block; llama.cpp's "ffn_norm" is their pre-feed-forward norm.
 # OLMo's two norms a block normalise the attention's and the MLP's outputs. gpt-oss's norm before its
@@ -60,7 +65,7 @@ SUPPORTED_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
 # llama.cpp's names of the products a layer fuses (q/k/v, gate/up), and of its experts' stacks: each
 # group is kept in blocks or copied to float32 as a whole
 FUSED = (frozenset({"attn_q", "attn_k", "attn_v"}), frozenset({"ffn_gate", "ffn_up"}),
-         frozenset({"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}))
+         frozenset({"ffn_gate_shexp", "ffn_up_shexp"}), frozenset({"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}))
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # the matrices laid out with sixteen rows side by side where the kernels multiply their format so
 ROWS16_NAMES = ("proj.weight", "lm_head.weight", "embed_tokens.weight")
@@ -269,8 +274,7 @@ def _fuse_blocks(tensors: dict) -> None:
     """The products a model fuses (q/k/v, gate/up) whose parts are blocks, as one entry of parts under
     the fused name, which the model takes as it is (BlockLinear's parts): no copy made to fuse them,
     and parts may differ in format (Q4_K_M's Q6_K values beside Q4_K queries and keys)."""
-    for fused, members in (("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
-                           ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj"))):
+    for fused, members in (QKV, GATE_UP, SHARED_GATE_UP):
         for name in [n for n in tensors if n.endswith(f".{members[0]}.weight")]:
             prefix = name.removesuffix(f"{members[0]}.weight")
             parts = [tensors.get(f"{prefix}{m}.weight") for m in members]

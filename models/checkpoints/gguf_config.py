@@ -13,12 +13,15 @@ from ..kernels.block_formats import widened
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "smollm3": "smollm3",
                  "granite": "granite", "gemma2": "gemma2", "gemma3": "gemma3_text", "qwen3moe": "qwen3_moe",
                  "granitemoe": "granitemoe", "mistral3": "ministral3", "ernie4_5": "llama", "olmo2": "olmo2",
-                 "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
+                 "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen2moe": "qwen2_moe"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
-# files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's
-# (gpt-oss's softmax over the chosen logits: the same weights)
-MIXTURES = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "olmoe": "olmoe",
-            "gpt-oss": "gpt_oss"}
+# files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
+# Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
+MIXTURES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe",
+            "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
+# the mixtures whose files may add a shared expert every token takes (Qwen2-MoE's always, weighted by a
+# router of its own; Granite MoE Shared's, a granitemoe file with expert_shared_feed_forward_length)
+SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe"})
 # architectures whose files keep Llama's layout: Q/K rows in the interleaved rotary's order (llama.cpp's
 # converter permutes Llama's; ERNIE 4.5's checkpoints hold them so: its files are Llama's from there),
 # attention biases where the model has them
@@ -54,10 +57,11 @@ def check_architecture(meta: dict, file_name: str) -> str:
     if key("expert_count"):
         if arch not in MIXTURES:
             raise ValueError(f"{file_name} is a {arch} model with {key('expert_count')} experts; Loom runs experts "
-                             f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen3-MoE's, Granite MoE's, OLMoE's and "
-                             "gpt-oss's)")
-        if key("expert_shared_feed_forward_length"):  # (Granite MoE Shared's: a dense expert every token takes)
-            raise ValueError(f"{file_name} has a shared expert, which Loom does not run")
+                             f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, "
+                             "OLMoE's and gpt-oss's)")
+        if key("expert_shared_feed_forward_length") and arch not in SHARED_EXPERTS:
+            raise ValueError(f"{file_name} is a {arch} model with a shared expert, which Loom runs in "
+                             f"{' and '.join(sorted(SHARED_EXPERTS))} files only")
         if key("expert_weights_scale") not in (None, 0.0, 1.0):  # (llama.cpp: 0 and 1 scale nothing)
             raise ValueError(f"{file_name} scales its experts' weights by {key('expert_weights_scale')}, which Loom "
                              "does not run")
@@ -98,6 +102,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
     }
     if key("expert_count"):
         config |= _experts(arch, key, config)
+    if arch == "qwen2moe":  # (llama.cpp's adds the biases a file has)
+        config["qkv_bias"] = "blk.0.attn_q.bias" in tensors
     if arch == "gemma3":  # what llama.cpp assumes and the file does not say (as transformers reads it)
         config |= {"sliding_window": key("attention.sliding_window"), "query_pre_attn_scalar": config["head_dim"],
                    "rope_local_base_freq": 10000.0, "rope_theta": key("rope.freq_base", 1_000_000.0)}
@@ -164,10 +170,15 @@ def _mistral3_scales(key, config: dict) -> dict:
 
 
 def _experts(arch: str, key, config: dict) -> dict:
-    """A mixture of experts' config fields as transformers names them for Mixtral, Qwen3-MoE, Granite
-    MoE, OLMoE or gpt-oss: every layer routes, the chosen experts' weights renormalised (but OLMoE's), as
-    llama.cpp runs them."""
+    """A mixture of experts' config fields as transformers names them for Mixtral, Qwen2-MoE, Qwen3-MoE,
+    Granite MoE (Shared), OLMoE or gpt-oss: every layer routes, the chosen experts' weights renormalised
+    (but OLMoE's and Qwen2-MoE's), as llama.cpp runs them; a shared expert as wide as the file says (Qwen2-MoE's
+    feed_forward_length where it does not)."""
     experts, used, inner = key("expert_count"), key("expert_used_count"), key("expert_feed_forward_length")
+    shared = key("expert_shared_feed_forward_length")
+    if MIXTURES[arch] == "granitemoe" and shared:
+        return {"model_type": "granitemoeshared", "num_local_experts": experts, "num_experts_per_tok": used,
+                "intermediate_size": inner or config["intermediate_size"], "shared_intermediate_size": shared}
     if MIXTURES[arch] in ("mixtral", "granitemoe"):  # (llama.cpp's experts there are feed_forward_length wide)
         return {"model_type": MIXTURES[arch], "num_local_experts": experts, "num_experts_per_tok": used,
                 "intermediate_size": inner or config["intermediate_size"]}
@@ -177,9 +188,12 @@ def _experts(arch: str, key, config: dict) -> dict:
     if arch == "olmoe":  # (feed_forward_length wide too)
         return {"num_experts": experts, "num_experts_per_tok": used, "norm_topk_prob": False,
                 "intermediate_size": inner or config["intermediate_size"]}
-    inner = inner or config["intermediate_size"] // used  # (llama.cpp's Qwen3-MoE fallback)
-    return {"num_experts": experts, "num_experts_per_tok": used, "moe_intermediate_size": inner,
-            "intermediate_size": config["intermediate_size"] or inner, "norm_topk_prob": True}
+    inner = inner or config["intermediate_size"] // used  # (llama.cpp's Qwen2-MoE and Qwen3-MoE fallback)
+    fields = {"num_experts": experts, "num_experts_per_tok": used, "moe_intermediate_size": inner,
+              "intermediate_size": config["intermediate_size"] or inner, "norm_topk_prob": arch == "qwen3moe"}
+    if arch == "qwen2moe":
+        fields["shared_expert_intermediate_size"] = shared or config["intermediate_size"]
+    return fields
 
 
 def _shared_by_layers(value, name: str, file_name: str):

@@ -1,10 +1,11 @@
 """The Llama family over the paged KV cache: Llama, Qwen2, Qwen3, Mistral, Ministral 3, ERNIE 4.5,
-Phi-3, SmolLM3, Granite, and the mixture-of-experts Mixtral, Qwen3-MoE, Granite MoE, OLMoE and gpt-oss. GQA,
+Phi-3, SmolLM3, Granite, and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE (and MoE Shared),
+OLMoE and gpt-oss. GQA,
 RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k norms (per head: Qwen3; across heads: OLMoE), sliding
 windows for all or some layers, layers without rotary (SmolLM3's every fourth), queries scaled by
 position past the original context (Ministral 3), fused checkpoint tensors (Phi-3), rotary pairs side
 by side in the checkpoint (ERNIE 4.5), scaled embeddings, residuals and logits (Granite), attention
-sinks (gpt-oss), routed experts (moe.py)."""
+sinks (gpt-oss), routed and shared experts (moe.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from .moe import MoESpec, SparseMoE
 from .rope import Rotary, halves_from_pairs, query_temperature, rope_type, sequence_ends
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi3", "smollm3", "granite", "mixtral",
-            "qwen3_moe", "granitemoe", "olmoe", "gpt_oss")
+            "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "olmoe", "gpt_oss")
 
 
 @dataclass
@@ -87,7 +88,7 @@ class LlamaSpec(DecoderShape):
             rope_max_position=trained,
             # (transformers' default where a config saved with it leaves the key out)
             tie_word_embeddings=bool(c.get("tie_word_embeddings", kind in ("smollm3", "ernie4_5"))),
-            qkv_bias=kind == "qwen2" or bias,
+            qkv_bias=kind == "qwen2" or (kind == "qwen2_moe" and c.get("qkv_bias", True)) or bias,
             out_bias=bias,
             mlp_bias=bool(c.get("mlp_bias", c.get("use_bias", False))),
             qk_norm=kind in ("qwen3", "qwen3_moe", "olmoe"),
@@ -140,7 +141,7 @@ def _layer_rotates(kind: str, c: dict, layers: int) -> tuple[bool, ...]:
 def _layer_windows(kind: str, c: dict, layers: int) -> tuple[int | None, ...]:
     """Which layers attend through a sliding window, as transformers decides it for each family."""
     window = c.get("sliding_window")
-    if kind in ("qwen2", "qwen3", "qwen3_moe", "smollm3"):
+    if kind in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "smollm3"):
         if not c.get("use_sliding_window"):
             return (None,) * layers
         types = c.get("layer_types") or ["sliding_attention" if i >= c.get("max_window_layers", layers)

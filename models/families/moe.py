@@ -1,6 +1,7 @@
-"""Mixture-of-experts feed-forward (Mixtral, Qwen3-MoE, Granite MoE, OLMoE, gpt-oss): a router picks each token's top-k experts;
-the step's tokens are grouped by expert so that every expert runs one matrix product per step on
-all the tokens routed to it, however many requests the flat batch holds."""
+"""Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE and MoE Shared, OLMoE, gpt-oss): a
+router picks each token's top-k experts; the step's tokens are grouped by expert so that every expert
+runs one matrix product per step on all the tokens routed to it, however many requests the flat batch
+holds. Some mixtures add a shared expert every token takes (Qwen2-MoE's weighted by a router of its own)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .layers import fused
+
+# a shared expert's fused gate and up rows, or its two products (layers.fused's)
+SHARED_GATE_UP = ("mlp.shared_expert.gate_up_proj", ("mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj"))
 
 
 @dataclass(frozen=True)
@@ -23,6 +29,8 @@ class MoESpec:
     # gpt-oss's clamped SwiGLU, (alpha, limit): min(gate, limit) sigmoid(alpha min(gate, limit)) x
     # (clamp(up, -limit, limit) + 1); None: silu(gate) x up
     clamped_swiglu: tuple[float, float] | None = None
+    shared_intermediate_size: int = 0  # the width of an expert every token takes (0: none)
+    shared_gate: bool = False  # the shared expert's output weighted by sigmoid(a one-row router's logit) (Qwen2-MoE)
 
     @classmethod
     def from_hf(cls, c: dict) -> "MoESpec | None":
@@ -36,11 +44,15 @@ class MoESpec:
             return cls(c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"], True, frozenset(), 1,
                        biases=True, clamped_swiglu=(float(c.get("swiglu_alpha", 1.702)),
                                                     float(c.get("swiglu_limit", 7.0))))
-        if kind == "qwen3_moe":
+        if kind == "granitemoeshared":
+            return cls(c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"], True, frozenset(), 1,
+                       shared_intermediate_size=c.get("shared_intermediate_size") or 0)
+        if kind in ("qwen3_moe", "qwen2_moe"):
             experts = c.get("num_experts") or c["num_local_experts"]  # the hub's name, transformers 5's
+            shared = (c.get("shared_expert_intermediate_size") or 0) if kind == "qwen2_moe" else 0
             return cls(experts, c["num_experts_per_tok"], c["moe_intermediate_size"],
                        bool(c.get("norm_topk_prob", False)), frozenset(c.get("mlp_only_layers") or ()),
-                       c.get("decoder_sparse_step") or 1)
+                       c.get("decoder_sparse_step") or 1, shared_intermediate_size=shared, shared_gate=bool(shared))
         return None
 
     def routes(self, layer: int) -> bool:
@@ -78,12 +90,31 @@ class Experts(nn.Module):
         return F.linear(gated(gate, up, self.clamped_swiglu), self.down[index], bias(self.down_bias))
 
 
+class SharedExpert(nn.Module):
+    """An expert every token takes (a SwiGLU beside the routed ones), its output weighted by
+    sigmoid(``gate``'s one logit) where the model has that router (Qwen2-MoE's; Granite MoE Shared's
+    adds it as it is)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, gated: bool):
+        super().__init__()
+        self.gate_up = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate = nn.Linear(hidden_size, 1, bias=False) if gated else None
+
+    def forward(self, x):
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        y = self.down(F.silu(gate) * up)
+        return y * torch.sigmoid(self.gate(x)) if self.gate is not None else y
+
+
 class SparseMoE(nn.Module):
     def __init__(self, hidden_size: int, s: MoESpec):
         super().__init__()
         self.spec = s
         self.router = nn.Linear(hidden_size, s.num_experts, bias=s.biases)
         self.experts = Experts(s.num_experts, hidden_size, s.intermediate_size, s.biases, s.clamped_swiglu)
+        self.shared = SharedExpert(hidden_size, s.shared_intermediate_size, s.shared_gate) \
+            if s.shared_intermediate_size else None
 
     def forward(self, x):
         # Routing in float32, as transformers does: its top-k and weights then match exactly.
@@ -102,53 +133,76 @@ class SparseMoE(nn.Module):
                 tokens = pairs // self.spec.top_k
                 out.index_add_(0, tokens, self.experts(expert, x[tokens]) * weights[pairs, None])
                 start += count
-        return out
+        return out + self.shared(x) if self.shared is not None else out
 
     @staticmethod
     def convert(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
-        """The router and experts under ``prefix`` in any of the seven layouts: gpt-oss's (mlp.router;
-        mlp.experts.gate_up_proj [experts, hidden, 2 x inner], each expert's gate and up columns
-        interleaved, down_proj [experts, inner, hidden], their biases), transformers 5's
-        fused tensors (mlp.experts.gate_up_proj; Granite MoE's under block_sparse_moe), Granite MoE's
-        files (block_sparse_moe.input_linear, output_linear: already stacks), Mixtral's files
-        (block_sparse_moe.experts.E.w1/w3/w2), Qwen3-MoE's files (mlp.experts.E.gate_proj/up_proj/
-        down_proj), and a GGUF file's stacks (mlp.experts.gate_proj/up_proj/down_proj.weight: float
-        [experts, rows, width], or blocks of experts x rows rows, which stay three,
-        kernels/block_experts.py's)."""
-        experts = out_prefix + "experts."
-        if prefix + "mlp.router.weight" in hf:
-            return _gpt_oss_experts(hf, prefix, out_prefix)
-        for base, router in (("mlp.", "mlp.gate.weight"), ("block_sparse_moe.", "block_sparse_moe.router.weight")):
-            if prefix + base + "experts.gate_up_proj" in hf:
-                return {out_prefix + "router.weight": hf[prefix + router],
-                        experts + "gate_up": hf[prefix + base + "experts.gate_up_proj"],
-                        experts + "down": hf[prefix + base + "experts.down_proj"]}
-        if prefix + "block_sparse_moe.input_linear.weight" in hf:
-            return {out_prefix + "router.weight": hf[prefix + "block_sparse_moe.router.layer.weight"],
-                    experts + "gate_up": hf[prefix + "block_sparse_moe.input_linear.weight"],
-                    experts + "down": hf[prefix + "block_sparse_moe.output_linear.weight"]}
-        if prefix + "mlp.experts.gate_proj.weight" in hf:
-            gate, up, down = (hf.pop(f"{prefix}mlp.experts.{n}_proj.weight") for n in ("gate", "up", "down"))
-            floats = gate.dim() == 3  # (else blocks [experts x rows, bytes a row])
-            out = {out_prefix + "router.weight": hf[prefix + "mlp.gate.weight"],
-                   experts + "gate_up": torch.cat([gate, up], dim=1) if floats else [gate, up],
-                   experts + "down": down}
-            if s.biases:  # (gpt-oss's files: [experts, rows] each)
-                bias = lambda n: hf.pop(f"{prefix}mlp.experts.{n}_proj.bias")
-                out |= {out_prefix + "router.bias": hf[prefix + "mlp.gate.bias"],
-                        experts + "gate_up_bias": torch.cat([bias("gate"), bias("up")], dim=1),
-                        experts + "down_bias": bias("down")}
-            return out
-        if prefix + "block_sparse_moe.gate.weight" in hf:
-            base, names = prefix + "block_sparse_moe.", ("w1", "w3", "w2")
-        else:
-            base, names = prefix + "mlp.", ("gate_proj", "up_proj", "down_proj")
-        expert = lambda e, n: hf[f"{base}experts.{e}.{n}.weight"]
-        gate, up, down = names
-        return {out_prefix + "router.weight": hf[base + "gate.weight"],
-                experts + "gate_up": torch.stack([torch.cat([expert(e, gate), expert(e, up)])
-                                                  for e in range(s.num_experts)]),
-                experts + "down": torch.stack([expert(e, down) for e in range(s.num_experts)])}
+        """The router, the experts (_routed_experts) and the shared expert under ``prefix``."""
+        out = _routed_experts(hf, prefix, out_prefix, s)
+        if s.shared_intermediate_size:
+            out |= _shared_expert(hf, prefix, out_prefix + "shared.", s)
+        return out
+
+
+def _shared_expert(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
+    """The shared expert under ``prefix`` in SharedExpert's layout, from Granite MoE Shared's files
+    (shared_mlp.input_linear: its gate and up rows, output_linear) or Qwen2-MoE's (mlp.shared_expert's
+    three products, and mlp.shared_expert_gate, which a GGUF file keeps as one vector; a file's gate
+    and up blocks as gguf.py fuses them)."""
+    if prefix + "shared_mlp.input_linear.weight" in hf:
+        return {out_prefix + "gate_up.weight": hf.pop(prefix + "shared_mlp.input_linear.weight"),
+                out_prefix + "down.weight": hf.pop(prefix + "shared_mlp.output_linear.weight")}
+    out = {out_prefix + "gate_up.weight": fused(hf, prefix, SHARED_GATE_UP),
+           out_prefix + "down.weight": hf.pop(prefix + "mlp.shared_expert.down_proj.weight")}
+    if s.shared_gate:
+        out[out_prefix + "gate.weight"] = hf.pop(prefix + "mlp.shared_expert_gate.weight").reshape(1, -1)
+    return out
+
+
+def _routed_experts(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
+    """The router and experts under ``prefix`` in any of the seven layouts: gpt-oss's (mlp.router;
+    mlp.experts.gate_up_proj [experts, hidden, 2 x inner], each expert's gate and up columns
+    interleaved, down_proj [experts, inner, hidden], their biases), transformers 5's
+    fused tensors (mlp.experts.gate_up_proj; Granite MoE's under block_sparse_moe), Granite MoE's
+    files (block_sparse_moe.input_linear, output_linear: already stacks), Mixtral's files
+    (block_sparse_moe.experts.E.w1/w3/w2), Qwen3-MoE's files (mlp.experts.E.gate_proj/up_proj/
+    down_proj), and a GGUF file's stacks (mlp.experts.gate_proj/up_proj/down_proj.weight: float
+    [experts, rows, width], or blocks of experts x rows rows, which stay three,
+    kernels/block_experts.py's)."""
+    experts = out_prefix + "experts."
+    if prefix + "mlp.router.weight" in hf:
+        return _gpt_oss_experts(hf, prefix, out_prefix)
+    for base, router in (("mlp.", "mlp.gate.weight"), ("block_sparse_moe.", "block_sparse_moe.router.weight")):
+        if prefix + base + "experts.gate_up_proj" in hf:
+            return {out_prefix + "router.weight": hf[prefix + router],
+                    experts + "gate_up": hf[prefix + base + "experts.gate_up_proj"],
+                    experts + "down": hf[prefix + base + "experts.down_proj"]}
+    if prefix + "block_sparse_moe.input_linear.weight" in hf:
+        return {out_prefix + "router.weight": hf[prefix + "block_sparse_moe.router.layer.weight"],
+                experts + "gate_up": hf[prefix + "block_sparse_moe.input_linear.weight"],
+                experts + "down": hf[prefix + "block_sparse_moe.output_linear.weight"]}
+    if prefix + "mlp.experts.gate_proj.weight" in hf:
+        gate, up, down = (hf.pop(f"{prefix}mlp.experts.{n}_proj.weight") for n in ("gate", "up", "down"))
+        floats = gate.dim() == 3  # (else blocks [experts x rows, bytes a row])
+        out = {out_prefix + "router.weight": hf[prefix + "mlp.gate.weight"],
+               experts + "gate_up": torch.cat([gate, up], dim=1) if floats else [gate, up],
+               experts + "down": down}
+        if s.biases:  # (gpt-oss's files: [experts, rows] each)
+            bias = lambda n: hf.pop(f"{prefix}mlp.experts.{n}_proj.bias")
+            out |= {out_prefix + "router.bias": hf[prefix + "mlp.gate.bias"],
+                    experts + "gate_up_bias": torch.cat([bias("gate"), bias("up")], dim=1),
+                    experts + "down_bias": bias("down")}
+        return out
+    if prefix + "block_sparse_moe.gate.weight" in hf:
+        base, names = prefix + "block_sparse_moe.", ("w1", "w3", "w2")
+    else:
+        base, names = prefix + "mlp.", ("gate_proj", "up_proj", "down_proj")
+    expert = lambda e, n: hf[f"{base}experts.{e}.{n}.weight"]
+    gate, up, down = names
+    return {out_prefix + "router.weight": hf[base + "gate.weight"],
+            experts + "gate_up": torch.stack([torch.cat([expert(e, gate), expert(e, up)])
+                                              for e in range(s.num_experts)]),
+            experts + "down": torch.stack([expert(e, down) for e in range(s.num_experts)])}
 
 
 def _gpt_oss_experts(hf: dict, prefix: str, out_prefix: str) -> dict:

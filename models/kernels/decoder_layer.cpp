@@ -53,13 +53,17 @@ enum Activation : int64_t { GELU_TANH = 0, SILU_GATED = 1, GELU_TANH_GATED = 2, 
 // sum to 1 where ``normalize``). Expert e is a SwiGLU: gate_up[e] gives [gate | up] (2 x the layer's
 // intermediate outputs), down[e] the hidden ones; with biases (gpt-oss's; null elsewhere) expert e's
 // are rows e of gate_up_bias [count, 2 x intermediate] and down_bias [count, hidden], in the model's
-// type. ``activation``: SILU_GATED, or CLAMPED_SWIGLU with ``alpha`` and ``limit``.
+// type. ``activation``: SILU_GATED, or CLAMPED_SWIGLU with ``alpha`` and ``limit``. A shared expert
+// (Qwen2-MoE's, Granite MoE Shared's; shared_gate_up null elsewhere) is a SwiGLU every row takes,
+// shared_intermediate wide, added to the routed ones' output: weighted by the sigmoid of shared_gate's
+// one logit where that is not null (Qwen2-MoE's), as it is otherwise.
 struct Experts {
     const Weights* router;
     const Weights* gate_up;  // count of them
     const Weights* down;     // count of them
     const void *router_bias, *gate_up_bias, *down_bias;
-    int64_t count, top_k, normalize, activation;
+    const Weights *shared_gate_up, *shared_down, *shared_gate;
+    int64_t count, top_k, normalize, activation, shared_intermediate;
     double alpha, limit;
 };
 
@@ -293,12 +297,13 @@ struct Intermediates {
     T* qkv;     // [rows, qkv_width]
     T* q;       // [rows, q_width] rotated queries
     T* attn;    // [rows, q_width]
-    T* up;      // [rows, up_width]; with experts [pairs, 2 x intermediate]
+    T* up;      // [rows, up_width]; with experts [pairs, 2 x intermediate], or a shared expert's [rows, 2 x its]
     T* delta;   // [rows, hidden] a product's output, added to x
     T* scratch;  // the products' (product_scratch_size for the widest input)
     // with experts: the router's logits [rows, count]; each pair's weight (pair r x top_k + j: row r's
     // j-th choice), expert and place in the grouped order; each expert's first place (count + 1);
-    // the pairs' input rows and outputs in that order [pairs, hidden]
+    // the pairs' input rows and outputs in that order [pairs, hidden] (once the routed products are
+    // done, the shared expert's outputs [rows, hidden] in pair_rows, its gates' logits in logits)
     T *logits, *pair_weights, *pair_rows, *pair_outputs;
     int64_t *pair_experts, *pair_places, *expert_starts;
     int64_t size = 0;  // elements in all
@@ -308,6 +313,7 @@ struct Intermediates {
     Intermediates(const Layer<T, C>& l, int64_t rows, T* base) {
         const int64_t q_width = l.heads * l.dim, qkv_width = q_width + 2 * l.kv_heads * l.dim;
         const int64_t pairs = l.experts == nullptr ? 0 : rows * l.experts->top_k;
+        const int64_t shared = l.experts == nullptr ? 0 : l.experts->shared_intermediate;
         auto take = [&](int64_t elements) {
             T* p = base == nullptr ? nullptr : base + size;
             size += whole_lines<T>(elements);
@@ -320,9 +326,10 @@ struct Intermediates {
         qkv = take(rows * qkv_width);
         q = take(rows * q_width);
         attn = take(rows * q_width);
-        up = take(std::max(rows, pairs) * 2 * l.intermediate);
+        up = take(std::max(std::max(rows, pairs) * l.intermediate, rows * shared) * 2);
         delta = take(rows * l.hidden);
-        scratch = take(product_scratch_size<T>(std::max(rows, pairs), std::max({l.hidden, q_width, l.intermediate})));
+        scratch = take(product_scratch_size<T>(std::max(rows, pairs), std::max({l.hidden, q_width, l.intermediate,
+                                                                                shared})));
         if (l.experts != nullptr) {
             logits = take(rows * l.experts->count);
             pair_weights = take(pairs);
@@ -370,10 +377,10 @@ void choose_experts(const T* logits, int64_t rows, const Experts& e, T* pair_wei
     }
 }
 
-// The routed experts' output for the rows of h [rows, hidden] into ``out`` [rows, hidden]: each
+// The experts' output for the rows of h [rows, hidden] into ``out`` [rows, hidden]: each routed
 // expert's products once over all the rows routed to it (its pairs gathered in a run), the rows
-// taking their experts' outputs weighted, in the order of their choices. The team shares each
-// product, as a dense MLP's.
+// taking their experts' outputs weighted, in the order of their choices, then the shared expert's
+// (Experts says how). The team shares each product, as a dense MLP's.
 template <typename T, typename C>
 void expert_phases(const T* h, const Layer<T, C>& l, int64_t rows, const Intermediates<T>& b, T* out,
                    int64_t panel_from) {
@@ -408,6 +415,16 @@ void expert_phases(const T* h, const Layer<T, C>& l, int64_t rows, const Interme
             product(b.up + first * up_width, up_width, count, e.down[i], row_of(down_bias, i, hidden), inner,
                     b.pair_outputs + first * hidden, hidden, b.scratch, panel_from);
     }
+    const bool shares = e.shared_gate_up != nullptr;
+    if (shares) {  // the routed products' inputs and activations are spent: their room takes the shared expert's
+        const int64_t width = e.shared_intermediate;
+        const T* no_bias = nullptr;
+        product(h, hidden, rows, *e.shared_gate_up, no_bias, hidden, b.up, 2 * width, b.scratch, panel_from);
+        activate_rows(b.up, 2 * width, SILU_GATED, rows, width);
+        product(b.up, 2 * width, rows, *e.shared_down, no_bias, width, b.pair_rows, hidden, b.scratch, panel_from);
+        if (e.shared_gate != nullptr)
+            product(h, hidden, rows, *e.shared_gate, no_bias, hidden, b.logits, int64_t(1), b.scratch, panel_from);
+    }
 #pragma omp for
     for (int64_t r = 0; r < rows; ++r) {
         T* y = out + r * hidden;
@@ -416,6 +433,11 @@ void expert_phases(const T* h, const Layer<T, C>& l, int64_t rows, const Interme
             const int64_t p = r * e.top_k + j;
             const T weight = b.pair_weights[p], *expert_out = b.pair_outputs + b.pair_places[p] * hidden;
             for (int64_t c = 0; c < hidden; ++c) y[c] += weight * expert_out[c];
+        }
+        if (shares) {
+            const T weight = e.shared_gate == nullptr ? T(1) : T(1) / (T(1) + std::exp(-b.logits[r]));
+            const T* shared_out = b.pair_rows + r * hidden;
+            for (int64_t c = 0; c < hidden; ++c) y[c] += weight * shared_out[c];
         }
     }
 }

@@ -7,7 +7,7 @@ and 6 ctypes calls, which was a quarter of a one-stream step (docs/benchmarks-hi
 ``use_decoder_layers(model)`` attaches them where the model qualifies: GPT-2, Gemma 2 and 3 in
 float32, OLMo 2 and 3, or a Llama-family model (Qwen3's per-head q/k norms and OLMoE's across heads,
 Ministral 3's queries scaled by position, SmolLM3's layers without rotary, Granite's scaled residuals,
-gpt-oss's sinks and the mixtures' routed experts, biases and clamped SwiGLU included) whose linear layers,
+gpt-oss's sinks and the mixtures' routed and shared experts, biases and clamped SwiGLU included) whose linear layers,
 the output layer's too, are CpuLinear or BlockLinear. A prefill chunk within PREFILL_KEYS (a prompt of up to
 1024 tokens) is rows of its sequence here too, each attending to its prefix on the decode kernel,
 and 64 prompts of 21 tokens (a 1344-row step) run as one call. On the torch
@@ -102,8 +102,9 @@ class _Weights(ctypes.Structure):  # decoder_layer.cpp's Weights
 
 
 class _Experts(ctypes.Structure):  # decoder_layer.cpp's Experts
-    _fields_ = [(name, _pointer) for name in ("router", "gate_up", "down", "router_bias", "gate_up_bias", "down_bias")]
-    _fields_ += [(name, _int64) for name in ("count", "top_k", "normalize", "activation")]
+    _fields_ = [(name, _pointer) for name in ("router", "gate_up", "down", "router_bias", "gate_up_bias", "down_bias",
+                                              "shared_gate_up", "shared_down", "shared_gate")]
+    _fields_ += [(name, _int64) for name in ("count", "top_k", "normalize", "activation", "shared_intermediate")]
     _fields_ += [(name, _double) for name in ("alpha", "limit")]
 
 
@@ -150,16 +151,24 @@ def _final_norm(model: Llama | Gemma | Olmo | GPT2) -> nn.Module:
 
 
 def _products(model: Llama | Gemma | Olmo | GPT2) -> list:
-    """Every linear layer a decode step runs: the layers' four products each (a router where a layer
-    routes to experts, whose products moe.Experts or BlockExperts hold), then the output layer."""
+    """Every linear layer a decode step runs: the layers' four products each (a router, and a shared
+    expert's products, where a layer routes to experts, whose products moe.Experts or BlockExperts
+    hold), then the output layer."""
     if isinstance(model, (Llama, Olmo)):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, *(
-            (b.mlp.router,) if isinstance(b.mlp, SparseMoE) else (b.mlp.gate_up, b.mlp.down)))]
+            _moe_products(b.mlp) if isinstance(b.mlp, SparseMoE) else (b.mlp.gate_up, b.mlp.down)))]
     elif isinstance(model, Gemma):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.gate_up, b.down)]
     else:
         layers = [m for b in model.layers for m in (b.qkv, b.attn_out, b.fc, b.proj)]
     return layers + [model.lm_head]
+
+
+def _moe_products(moe: SparseMoE) -> tuple:
+    """A mixture's linear layers besides its experts' stacks: its router, and its shared expert's."""
+    shared = moe.shared
+    return (moe.router,) if shared is None else (moe.router, shared.gate_up, shared.down,
+                                                 *(() if shared.gate is None else (shared.gate,)))
 
 
 def _reads_float32(model: Llama | GPT2) -> bool:
@@ -263,12 +272,16 @@ class DecoderLayers:
         each = [_expert_weights(moe.experts, i) for i in range(s.num_experts)]
         gate_up = (_Weights * s.num_experts)(*(g for g, _ in each))
         down = (_Weights * s.num_experts)(*(d for _, d in each))
+        shared = [None if m is None else _weights(m) for m in (
+            (moe.shared.gate_up, moe.shared.down, moe.shared.gate) if moe.shared is not None else (None,) * 3)]
         alpha, limit = s.clamped_swiglu or (0.0, 0.0)
         experts = _Experts(ctypes.addressof(router), ctypes.addressof(gate_up), ctypes.addressof(down),
                            self._in_dtype(moe.router.bias), self._in_dtype(moe.experts.gate_up_bias),
-                           self._in_dtype(moe.experts.down_bias), s.num_experts, s.top_k, s.normalize,
-                           SILU_GATED if s.clamped_swiglu is None else CLAMPED_SWIGLU, alpha, limit)
-        self.weights.append((moe, router, gate_up, down, experts))
+                           self._in_dtype(moe.experts.down_bias),
+                           *(None if w is None else ctypes.addressof(w) for w in shared), s.num_experts, s.top_k,
+                           s.normalize, SILU_GATED if s.clamped_swiglu is None else CLAMPED_SWIGLU,
+                           s.shared_intermediate_size, alpha, limit)
+        self.weights.append((moe, router, gate_up, down, shared, experts))
         return experts
 
     def _gemma_layer(self, block, spec) -> _Layer:

@@ -1,4 +1,5 @@
-"""GGUF mixtures of experts (Mixtral's files, which say "llama", Qwen3-MoE's, Granite MoE's, OLMoE's and gpt-oss's): the experts' three
+"""GGUF mixtures of experts (Mixtral's files, which say "llama", Qwen2-MoE's and Granite MoE Shared's with
+their shared experts, Qwen3-MoE's, Granite MoE's, OLMoE's and gpt-oss's): the experts' three
 stacks multiplied where the file keeps them, in its own formats, an expert at a time, on the torch
 layers and on the native ones, against float64 products over the file's values and against
 transformers' models of the same weights."""
@@ -17,7 +18,8 @@ from models.checkpoints.gguf_file import GGUFFile
 from models.kernels import native
 from models.kernels.block_experts import BlockExperts
 from models.kernels.block_formats import block_format, to_blocks, to_rows16
-from models.kernels.block_linear import GGUF_MXFP4, GGUF_MXFP4_ROWS16, multiplies_rows16, round_activations, rounding
+from models.kernels.block_linear import (GGUF_MXFP4, GGUF_MXFP4_ROWS16, BlockLinear, multiplies_rows16,
+                                        round_activations, rounding)
 from runtime import Engine, GenerationConfig
 
 from ..conftest import greedy_with_logprobs, random_prompt, reference as reference_tokens, tiny_model, write_gguf_of
@@ -30,6 +32,10 @@ needs_kernels = pytest.mark.skipif(native.library() is None, reason="no C++ comp
 # experts (every Qwen3-MoE layer routes in llama.cpp: the tiny one's dense layer is routed too)
 MIXTURES = {"mixtral": ("llama", lambda c: {"expert_count": c.num_local_experts,
                                             "expert_used_count": c.num_experts_per_tok}),
+            "qwen2_moe": ("qwen2moe", lambda c: {"expert_count": c.num_experts, "expert_used_count": c.num_experts_per_tok,
+                                                 "expert_feed_forward_length": c.moe_intermediate_size,
+                                                 "expert_shared_feed_forward_length":
+                                                     c.shared_expert_intermediate_size}),
             "qwen3_moe": ("qwen3moe", lambda c: {"expert_count": c.num_experts, "expert_used_count": c.num_experts_per_tok,
                                                  "expert_feed_forward_length": c.moe_intermediate_size}),
             "granitemoe": ("granitemoe", lambda c: {"expert_count": c.num_local_experts,
@@ -38,6 +44,13 @@ MIXTURES = {"mixtral": ("llama", lambda c: {"expert_count": c.num_local_experts,
                                                     "residual_scale": c.residual_multiplier,
                                                     "attention.scale": c.attention_multiplier,
                                                     "logit_scale": c.logits_scaling}),
+            "granitemoeshared": ("granitemoe", lambda c: {"expert_count": c.num_local_experts,
+                                                          "expert_used_count": c.num_experts_per_tok,
+                                                          "expert_shared_feed_forward_length": c.shared_intermediate_size,
+                                                          "embedding_scale": c.embedding_multiplier,
+                                                          "residual_scale": c.residual_multiplier,
+                                                          "attention.scale": c.attention_multiplier,
+                                                          "logit_scale": c.logits_scaling}),
             "olmoe": ("olmoe", lambda c: {"expert_count": c.num_experts, "expert_used_count": c.num_experts_per_tok}),
             "gpt_oss": ("gpt-oss", lambda c: {"expert_count": c.num_local_experts,
                                               "expert_used_count": c.num_experts_per_tok,
@@ -50,6 +63,8 @@ MIXTURES = {"mixtral": ("llama", lambda c: {"expert_count": c.num_local_experts,
 # gpt-oss: llama.cpp's yarn rounds its correction range (transformers' truncate), and its clamp is
 # the model's 7.0 (the files do not say)
 SETTINGS = {"mixtral": {}, "qwen3_moe": {"mlp_only_layers": [], "moe_intermediate_size": 64}, "granitemoe": {},
+            "qwen2_moe": {"mlp_only_layers": [], "moe_intermediate_size": 64, "shared_expert_intermediate_size": 96},
+            "granitemoeshared": {"shared_intermediate_size": 96},
             "olmoe": {}, "gpt_oss": {"swiglu_limit": 7.0, "intermediate_size": 64, "rope_parameters": {
                 "rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
                 "truncate": True, "original_max_position_embeddings": 64}}}
@@ -115,13 +130,17 @@ def test_a_stack_whose_experts_are_not_its_rows_is_refused():
 
 
 @needs_kernels
-def test_a_quantized_mixture_runs_its_experts_in_the_files_blocks_on_the_native_layers(tmp_path):
-    """A Qwen3-MoE file of 8-bit blocks runs its experts in them (no float copy) and its decode steps on
-    the native layers, whose greedy tokens equal the torch layers' (the reference) over the same blocks,
-    and transformers' over the file's values but where their two best logits lie within a near tie."""
-    hf, path = mixture_file(tmp_path / "qwen3moe-q8.gguf", "qwen3_moe", matrices=Q.Q8_0)
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe"])
+def test_a_quantized_mixture_runs_its_experts_in_the_files_blocks_on_the_native_layers(tmp_path, arch):
+    """A Qwen3-MoE file of 8-bit blocks runs its experts in them (no float copy), and a Qwen2-MoE's its
+    shared expert too, and its decode steps on the native layers, whose greedy tokens equal the torch
+    layers' (the reference) over the same blocks, and transformers' over the file's values but where
+    their two best logits lie within a near tie."""
+    hf, path = mixture_file(tmp_path / f"{arch}-q8.gguf", arch, matrices=Q.Q8_0)
     contents = gguf_reader.read(path)  # the file's values in float32: transformers' model of them
-    state = {name: tensor.double() for name, tensor in contents.tensors.items() if "mlp.experts" not in name}
+    shapes = hf.state_dict()
+    state = {name: tensor.double().reshape(shapes[name].shape)  # (the shared expert's router: a vector in the file)
+             for name, tensor in contents.tensors.items() if "mlp.experts" not in name}
     for i in range(hf.config.num_hidden_layers):
         stack = lambda n: contents.tensors[f"model.layers.{i}.mlp.experts.{n}_proj.weight"].double()
         state[f"model.layers.{i}.mlp.experts.gate_up_proj"] = torch.cat([stack("gate"), stack("up")], dim=1)
@@ -140,6 +159,8 @@ def native_and_torch_answers(path, prompts: list, experts_format: int | None = N
         with Engine.from_pretrained(path, max_batch_size=8) as engine:
             experts = [block.mlp.experts for block in engine.model.layers]
             assert all(isinstance(e, BlockExperts) for e in experts)
+            shared = [block.mlp.shared for block in engine.model.layers if block.mlp.shared is not None]
+            assert all(isinstance(m, BlockLinear) for s in shared for m in (s.gate_up, s.down))
             assert experts_format is None or all(set(e.formats.values()) == {experts_format} for e in experts)
             assert engine.model.decoder_layers is not None
             if not native_layers:
