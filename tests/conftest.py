@@ -95,6 +95,14 @@ CONFIGS = {
         shared_expert_intermediate_size=80, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
         max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, num_experts=6, num_experts_per_tok=2,
         mlp_only_layers=[1], experts_implementation="eager"),
+    # ERNIE 4.5's rotary pairs side by side, a dense first layer, two experts' width shared, a bias to choose
+    # experts by (tiny_model draws it large: the choice then differs from the probabilities' top-k), weights
+    # large enough for the choice to change greedy tokens (at 0.02 a zero bias answered alike)
+    "ernie4_5_moe": lambda: transformers.Ernie4_5_MoeConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, moe_num_shared_experts=2,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+        eos_token_id=EOS, bos_token_id=1, pad_token_id=0, moe_num_experts=6, moe_k=2, moe_layer_start_index=1,
+        initializer_range=0.1, experts_implementation="eager"),
     "smollm3": lambda: transformers.SmolLM3Config(  # its fourth layer without rotary
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
@@ -134,7 +142,7 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "olmo2": transformers.Olmo2ForCausalLM, "olmo3": transformers.Olmo3ForCausalLM,
                  "olmoe": transformers.OlmoeForCausalLM, "gpt_oss": transformers.GptOssForCausalLM,
                  "phi3": transformers.Phi3ForCausalLM, "mixtral": transformers.MixtralForCausalLM,
-                 "qwen2_moe": transformers.Qwen2MoeForCausalLM, "qwen3_moe": transformers.Qwen3MoeForCausalLM,
+                 "qwen2_moe": transformers.Qwen2MoeForCausalLM, "ernie4_5_moe": transformers.Ernie4_5_MoeForCausalLM, "qwen3_moe": transformers.Qwen3MoeForCausalLM,
                  "smollm3": transformers.SmolLM3ForCausalLM, "granite": transformers.GraniteForCausalLM,
                  "granitemoe": transformers.GraniteMoeForCausalLM,
                  "granitemoeshared": transformers.GraniteMoeSharedForCausalLM,
@@ -281,7 +289,9 @@ GGUF_LAYER_NAMES = {
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
     "mlp.gate": "ffn_gate_inp", "block_sparse_moe.router": "ffn_gate_inp",
     "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
-    "mlp.shared_expert.down_proj": "ffn_down_shexp", "shared_mlp.output_linear": "ffn_down_shexp"}
+    "mlp.shared_expert.down_proj": "ffn_down_shexp", "shared_mlp.output_linear": "ffn_down_shexp",
+    "mlp.shared_experts.gate_proj": "ffn_gate_shexp", "mlp.shared_experts.up_proj": "ffn_up_shexp",
+    "mlp.shared_experts.down_proj": "ffn_down_shexp"}
 GGUF_GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                      "lm_head.weight": "output.weight"}
 # Gemma's four norms a block (its "ffn_norm" the pre-feed-forward one), stored as 1 + weight
@@ -308,7 +318,7 @@ def _gpt_oss_tensors(rest: str, values):
 
 
 def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: dict | None = None,
-                  matrices=None):
+                  matrices=None, leave_out: tuple[str, ...] = ()):
     """``hf``'s weights in a GGUF file as llama.cpp's converter writes them for ``arch``: llama.cpp's
     names, a Llama's (SmolLM3's, Granite's) query and key rows permuted for llama.cpp's rotary, the sizes in the metadata
     (a head's size only where it is not the hidden size over the heads); ``metadata`` (key -> a
@@ -317,7 +327,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     (a GGMLQuantizationType gguf-py quantizes to). Gemma's norms are stored as 1 + weight, as its
     converter stores them (OLMo's output norms are named as Gemma's); a mixture's experts as three stacks (ffn_gate_exps, ffn_up_exps,
     ffn_down_exps), its router in float32 (gpt-oss's: _gpt_oss_tensors), a shared expert's three
-    products (*_shexp) and its router's one row (a vector). The file carries no tokenizer."""
+    products (*_shexp) and its router's one row (a vector). Tensors whose llama.cpp names end in one of
+    ``leave_out`` are left out (those a file may go without). The file carries no tokenizer."""
     import gguf
     import numpy as np
     c = hf.config
@@ -340,6 +351,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         adds[type(value)](key if key.startswith("tokenizer.") else f"{arch}.{key}", value)
 
     def add(name, values):
+        if name.endswith(leave_out):
+            return None
         if matrices is None or values.ndim < 2 or name.endswith(("ffn_gate_inp.weight", ".bias")):  # (routers stay F32)
             return writer.add_tensor(name, values)
         writer.add_tensor(name, gguf.quants.quantize(values, matrices), raw_dtype=matrices)
@@ -360,6 +373,9 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
             continue
         if rest == "mlp.shared_expert_gate.weight":  # (one vector in the file)
             add(f"blk.{layer}.ffn_gate_inp_shexp.weight", values.reshape(-1))
+            continue
+        if rest == "mlp.gate.moe_statics.e_score_correction_bias":  # ERNIE 4.5's, a vector
+            add(f"blk.{layer}.exp_probs_b.bias", values.reshape(-1))
             continue
         if rest == "shared_mlp.input_linear.weight":  # Granite MoE Shared's gate and up rows together
             gate, up = np.split(values, 2, axis=0)

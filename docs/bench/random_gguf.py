@@ -11,6 +11,7 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape olmo3-7b --format q4_k_m --vocab 100278 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape gpt-oss-20b --format mxfp4 --vocab 201088 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape qwen2moe-a2.7b --format q4_k_m --vocab 151936 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape ernie4_5moe-21b-a3b --format q4_k_m --vocab 103424 --out /tmp/gguf
 
 Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), mxfp4
 (gpt-oss's files as ggml-org publishes them: the experts in MXFP4, the other matrices in Q8_0), q4_k_m
@@ -30,7 +31,10 @@ global; the 4B's window 1024 tokens, its global layers' rope scaled linearly by 
 the granitemoe one as a Granite 3.1 3B-A800M (Granite's layout and multipliers, 40 experts of 512 rows,
 8 a token); the qwen2moe one as Qwen1.5-MoE-A2.7B (Qwen2's layout, 60 experts of 1408 rows, 4 a token, and a shared
 expert of 5632 rows every token takes, weighted by the sigmoid of its own one-row router, ffn_gate_inp_shexp;
-1408-wide rows take the K-quants' fallbacks as above); the qwen3moe one as a Qwen3-MoE (Qwen3's layout, 128 experts of 768 rows, 8 a token, each layer's
+1408-wide rows take the K-quants' fallbacks as above); the ernie4_5moe one as ERNIE-4.5-21B-A3B
+(architecture ernie4_5-moe: Llama's layout, a dense first layer, then 64 experts of 1536 rows, 6 a token,
+chosen by probability plus a bias an expert, exp_probs_b, and a shared expert two experts wide; its table
+tied); the qwen3moe one as a Qwen3-MoE (Qwen3's layout, 128 experts of 768 rows, 8 a token, each layer's
 three expert products a stack of all 128 experts' matrices, its router in F32 as llama-quantize leaves it);
 the ministral3 ones as Ministral 3's (architecture mistral3: Llama's layout, 128-wide heads, its yarn
 from a 16,384-token original context to 262,144, its queries' temperature past it; the 3B's table tied);
@@ -83,7 +87,8 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "gemma3-4b": (2560, 10240, 34, 8, 4), "qwen3moe-30b-a3b": (2048, 6144, 48, 32, 4),
           "granitemoe-3b-a800m": (1536, 512, 32, 24, 8), "ministral3-3b": (3072, 9216, 26, 32, 8),
           "ministral3-8b": (4096, 14336, 34, 32, 8), "olmo3-7b": (4096, 11008, 32, 32, 32),
-          "gpt-oss-20b": (2880, 2880, 24, 64, 8), "qwen2moe-a2.7b": (2048, 5632, 24, 16, 16)}
+          "gpt-oss-20b": (2880, 2880, 24, 64, 8), "qwen2moe-a2.7b": (2048, 5632, 24, 16, 16),
+          "ernie4_5moe-21b-a3b": (2560, 12288, 28, 20, 4)}
 UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
           "qwen2moe-a2.7b"}  # the shapes whose output layer is a tensor of its own
 
@@ -109,6 +114,9 @@ class Layout:
     scales: tuple[float, float, float, float] | None = None  # Granite's: embeddings, residuals, attention, logits
     experts: tuple[int, int, int] | None = None  # a mixture's experts, those each token uses, an expert's width
     shared_expert: int | None = None  # the width of an expert every token takes (Qwen2-MoE's, gated by its own router)
+    shared_gate: bool = False  # the shared expert weighted by a router of its own (Qwen2-MoE's ffn_gate_inp_shexp)
+    dense_lead: int = 0  # leading layers with a dense MLP (ERNIE 4.5's first)
+    selection_bias: bool = False  # a bias an expert to choose by (ERNIE 4.5's exp_probs_b)
     yarn: tuple[float, int, float | None] | None = None  # a yarn's factor, original context, log multiplier
     temperature: float | None = None  # the queries' temperature past the original context (Ministral 3's beta)
     sinks: bool = False  # gpt-oss's: a sink a head, a bias on the attention's output, the router's and experts' biases
@@ -122,7 +130,9 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
            "granitemoe": Layout("granitemoe", rope_base=1e7, eps=1e-6, context=131072,
                                 scales=(12.0, 0.22, 0.015625, 6.0), experts=(40, 8, 512)),
            "qwen2moe": Layout("qwen2moe", rope_base=1e6, eps=1e-6, context=8192, biases=True, experts=(60, 4, 1408),
-                              shared_expert=5632),
+                              shared_expert=5632, shared_gate=True),
+           "ernie4_5moe": Layout("ernie4_5-moe", rope_base=500000.0, eps=1e-5, context=131072, experts=(64, 6, 1536),
+                                 shared_expert=3072, dense_lead=1, selection_bias=True),
            "qwen3moe": Layout("qwen3moe", head=128, rope_base=1e6, eps=1e-6, context=32768, head_norms=True,
                               experts=(128, 8, 768)),
            "ministral3": Layout("mistral3", head=128, rope_base=1e6, eps=1e-5, context=262144,
@@ -219,22 +229,26 @@ def tensor_data(kind: Q, shape: tuple[int, ...], rng: np.random.Generator, bias:
 def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, head: int, vocab: int, family: Layout,
             tied: bool):
     q, kv = head * heads, head * kv_heads
-    mlp = (("ffn_gate", (inner, hidden)), ("ffn_up", (inner, hidden)), ("ffn_down", (hidden, inner)))
+    dense = (("ffn_gate", (inner, hidden)), ("ffn_up", (inner, hidden)), ("ffn_down", (hidden, inner)))
+    mlp = dense
     if family.experts:  # the router, then every expert's matrices of a product as one stack
         count, _, width = family.experts
         mlp = (("ffn_gate_inp", (count, hidden)), ("ffn_gate_exps", (count, width, hidden)),
                ("ffn_up_exps", (count, width, hidden)), ("ffn_down_exps", (count, hidden, width)))
+        if family.selection_bias:
+            mlp += (("exp_probs_b", (count,)),)
     if family.shared_expert:  # its router's one row, then its products
         width = family.shared_expert
-        mlp += (("ffn_gate_inp_shexp", (hidden,)), ("ffn_gate_shexp", (width, hidden)),
-                ("ffn_up_shexp", (width, hidden)), ("ffn_down_shexp", (hidden, width)))
+        mlp += ((("ffn_gate_inp_shexp", (hidden,)),) if family.shared_gate else ()) + (
+            ("ffn_gate_shexp", (width, hidden)), ("ffn_up_shexp", (width, hidden)), ("ffn_down_shexp", (hidden, width)))
     yield "token_embd.weight", -1, (vocab, hidden)
     for i in range(layers):
         for name, shape in (("attn_norm", (hidden,)), ("attn_q", (q, hidden)), ("attn_k", (kv, hidden)),
-                            ("attn_v", (kv, hidden)), ("attn_output", (hidden, q)), (family.mlp_norm, (hidden,)), *mlp):
+                            ("attn_v", (kv, hidden)), ("attn_output", (hidden, q)), (family.mlp_norm, (hidden,)),
+                            *(dense if i < family.dense_lead else mlp)):
             if name in ("attn_norm", family.mlp_norm) and not family.input_norms:
                 continue
-            yield f"blk.{i}.{name}.weight", i, shape
+            yield f"blk.{i}.{name}.{'bias' if name == 'exp_probs_b' else 'weight'}", i, shape
             if family.biases and name in ("attn_q", "attn_k", "attn_v"):
                 yield f"blk.{i}.{name}.bias", i, shape[:1]
             if family.sinks and (name == "attn_output" or name.startswith("ffn_")):  # (a stack's: a row an expert)
@@ -296,6 +310,9 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_expert_feed_forward_length(width)
     if family.shared_expert:
         writer.add_expert_shared_feed_forward_length(family.shared_expert)
+    if family.arch == "ernie4_5-moe":  # (llama.cpp requires the step)
+        writer.add_leading_dense_block_count(family.dense_lead)
+        writer.add_interleave_moe_layer_step(1)
     if family.yarn:
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(family.yarn[0])

@@ -42,6 +42,8 @@ LAYER_NAMES = {
     # an expert every token takes, and its one-row router (Qwen2-MoE's), by Qwen2-MoE's names
     "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
     "ffn_down_shexp": "mlp.shared_expert.down_proj", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    # an expert's bias to choose it by (ERNIE 4.5's), by its checkpoints' name
+    "exp_probs_b": "mlp.moe_statics.e_score_correction_bias",
 }
 # Gemma 2 and 3 have four norms per block; llama.cpp's "ffn_norm" is their pre-feed-forward norm.
 # OLMo's two norms a block normalise the attention's and the MLP's outputs. gpt-oss's norm before its
@@ -55,8 +57,9 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
                     "olmo2": {"post_attention_norm": "post_attention_layernorm",
                               "post_ffw_norm": "post_feedforward_layernorm"},
                     "gpt-oss": {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"}}
-# parameters transformers names without a kind (gpt-oss's sinks: llama.cpp's converter adds ".weight")
-BARE_NAMES = ("self_attn.sinks",)
+# parameters transformers names without a kind (gpt-oss's sinks: llama.cpp's converter adds ".weight";
+# ERNIE 4.5's selection bias, ".bias")
+BARE_NAMES = ("self_attn.sinks", "mlp.moe_statics.e_score_correction_bias")
 # llama.cpp multiplies by a norm's weight where Gemma multiplies by (1 + weight): its converter
 # stores weight + 1, which loading takes back.
 NORM_OFFSET = {"gemma2": 1.0, "gemma3": 1.0}

@@ -13,19 +13,19 @@ from ..kernels.block_formats import widened
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "smollm3": "smollm3",
                  "granite": "granite", "gemma2": "gemma2", "gemma3": "gemma3_text", "qwen3moe": "qwen3_moe",
                  "granitemoe": "granitemoe", "mistral3": "ministral3", "ernie4_5": "llama", "olmo2": "olmo2",
-                 "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen2moe": "qwen2_moe"}
+                 "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen2moe": "qwen2_moe", "ernie4_5-moe": "ernie4_5_moe"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
 # Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
 MIXTURES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe",
-            "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
+            "olmoe": "olmoe", "ernie4_5-moe": "ernie4_5_moe", "gpt-oss": "gpt_oss"}
 # the mixtures whose files may add a shared expert every token takes (Qwen2-MoE's always, weighted by a
-# router of its own; Granite MoE Shared's, a granitemoe file with expert_shared_feed_forward_length)
-SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe"})
+# router of its own; Granite MoE Shared's, a granitemoe file with expert_shared_feed_forward_length; ERNIE 4.5's)
+SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe"})
 # architectures whose files keep Llama's layout: Q/K rows in the interleaved rotary's order (llama.cpp's
 # converter permutes Llama's; ERNIE 4.5's checkpoints hold them so: its files are Llama's from there),
 # attention biases where the model has them
-LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "mistral3", "ernie4_5"})
+LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "mistral3", "ernie4_5", "ernie4_5-moe"})
 # SmolLM3: every fourth layer attends without rotary, as llama.cpp fixes it (the files do not say)
 SMOLLM3_NO_ROPE_STEP = 4
 # Granite's multipliers: the file's keys (under the architecture's prefix) -> transformers' names
@@ -58,10 +58,10 @@ def check_architecture(meta: dict, file_name: str) -> str:
         if arch not in MIXTURES:
             raise ValueError(f"{file_name} is a {arch} model with {key('expert_count')} experts; Loom runs experts "
                              f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, "
-                             "OLMoE's and gpt-oss's)")
+                             "OLMoE's, ERNIE 4.5's and gpt-oss's)")
         if key("expert_shared_feed_forward_length") and arch not in SHARED_EXPERTS:
             raise ValueError(f"{file_name} is a {arch} model with a shared expert, which Loom runs in "
-                             f"{' and '.join(sorted(SHARED_EXPERTS))} files only")
+                             f"{', '.join(sorted(SHARED_EXPERTS))} files only")
         if key("expert_weights_scale") not in (None, 0.0, 1.0):  # (llama.cpp: 0 and 1 scale nothing)
             raise ValueError(f"{file_name} scales its experts' weights by {key('expert_weights_scale')}, which Loom "
                              "does not run")
@@ -176,6 +176,8 @@ def _experts(arch: str, key, config: dict) -> dict:
     feed_forward_length where it does not)."""
     experts, used, inner = key("expert_count"), key("expert_used_count"), key("expert_feed_forward_length")
     shared = key("expert_shared_feed_forward_length")
+    if arch == "ernie4_5-moe":
+        return _ernie_experts(key, config, experts, used, inner, shared)
     if MIXTURES[arch] == "granitemoe" and shared:
         return {"model_type": "granitemoeshared", "num_local_experts": experts, "num_experts_per_tok": used,
                 "intermediate_size": inner or config["intermediate_size"], "shared_intermediate_size": shared}
@@ -194,6 +196,22 @@ def _experts(arch: str, key, config: dict) -> dict:
     if arch == "qwen2moe":
         fields["shared_expert_intermediate_size"] = shared or config["intermediate_size"]
     return fields
+
+
+def _ernie_experts(key, config: dict, experts: int, used: int, inner: int | None, shared: int | None) -> dict:
+    """ERNIE 4.5's mixture as transformers names it: the layers from leading_dense_block_count on route
+    (every interleave_moe_layer_step-th), its shared expert a whole number of experts wide; its q/k
+    rows put in rotate-half order as they are read (the file keeps the checkpoint's pairs)."""
+    if not inner:
+        raise ValueError("an ernie4_5-moe file needs expert_feed_forward_length, as llama.cpp does")
+    if (shared or 0) % inner:
+        raise ValueError(f"ERNIE 4.5's shared expert is a whole number of experts wide; the file's is {shared} "
+                         f"wide, its experts {inner}")
+    return {"moe_num_experts": experts, "moe_k": used, "moe_intermediate_size": inner,
+            "moe_num_shared_experts": (shared or 0) // inner,
+            "moe_layer_start_index": key("leading_dense_block_count") or 0,
+            "moe_layer_end_index": config["num_hidden_layers"] - 1,
+            "moe_layer_interval": key("interleave_moe_layer_step") or 1, "rotary_rows_in_halves": True}
 
 
 def _shared_by_layers(value, name: str, file_name: str):

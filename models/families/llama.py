@@ -1,6 +1,6 @@
 """The Llama family over the paged KV cache: Llama, Qwen2, Qwen3, Mistral, Ministral 3, ERNIE 4.5,
 Phi-3, SmolLM3, Granite, and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE (and MoE Shared),
-OLMoE and gpt-oss. GQA,
+OLMoE, ERNIE 4.5's and gpt-oss. GQA,
 RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k norms (per head: Qwen3; across heads: OLMoE), sliding
 windows for all or some layers, layers without rotary (SmolLM3's every fourth), queries scaled by
 position past the original context (Ministral 3), fused checkpoint tensors (Phi-3), rotary pairs side
@@ -20,7 +20,7 @@ from .moe import MoESpec, SparseMoE
 from .rope import Rotary, halves_from_pairs, query_temperature, rope_type, sequence_ends
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi3", "smollm3", "granite", "mixtral",
-            "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "olmoe", "gpt_oss")
+            "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss")
 
 
 @dataclass
@@ -87,7 +87,7 @@ class LlamaSpec(DecoderShape):
             max_position=context,
             rope_max_position=trained,
             # (transformers' default where a config saved with it leaves the key out)
-            tie_word_embeddings=bool(c.get("tie_word_embeddings", kind in ("smollm3", "ernie4_5"))),
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", kind in ("smollm3", "ernie4_5", "ernie4_5_moe"))),
             qkv_bias=kind == "qwen2" or (kind == "qwen2_moe" and c.get("qkv_bias", True)) or bias,
             out_bias=bias,
             mlp_bias=bool(c.get("mlp_bias", c.get("use_bias", False))),
@@ -97,7 +97,8 @@ class LlamaSpec(DecoderShape):
             layer_rotates=_layer_rotates(kind, c, layers),
             moe=MoESpec.from_hf(c),
             query_temperature=_query_temperature(rope),
-            interleaved_rotary=kind == "ernie4_5",
+            # (a GGUF file's rows are put in halves as they are read: gguf_config says so)
+            interleaved_rotary=kind in ("ernie4_5", "ernie4_5_moe") and not c.get("rotary_rows_in_halves", False),
             attention_sinks=kind == "gpt_oss",
             embedding_scale=float(c.get("embedding_multiplier", 1.0)),
             residual_scale=float(c.get("residual_multiplier", 1.0)),

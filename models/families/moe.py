@@ -1,7 +1,8 @@
-"""Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE and MoE Shared, OLMoE, gpt-oss): a
-router picks each token's top-k experts; the step's tokens are grouped by expert so that every expert
-runs one matrix product per step on all the tokens routed to it, however many requests the flat batch
-holds. Some mixtures add a shared expert every token takes (Qwen2-MoE's weighted by a router of its own)."""
+"""Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE and MoE Shared, OLMoE, ERNIE 4.5,
+gpt-oss): a router picks each token's top-k experts; the step's tokens are grouped by expert so that
+every expert runs one matrix product per step on all the tokens routed to it, however many requests the
+flat batch holds. Some mixtures add a shared expert every token takes (Qwen2-MoE's weighted by a router
+of its own)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from .layers import fused
 
 # a shared expert's fused gate and up rows, or its two products (layers.fused's)
 SHARED_GATE_UP = ("mlp.shared_expert.gate_up_proj", ("mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj"))
+# where ERNIE 4.5's selection bias lies: transformers 5's layout, its checkpoints' (and a GGUF file's)
+SELECTION_BIASES = ("mlp.gate.moe_statics.e_score_correction_bias", "mlp.moe_statics.e_score_correction_bias")
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,9 @@ class MoESpec:
     clamped_swiglu: tuple[float, float] | None = None
     shared_intermediate_size: int = 0  # the width of an expert every token takes (0: none)
     shared_gate: bool = False  # the shared expert's output weighted by sigmoid(a one-row router's logit) (Qwen2-MoE)
+    # a bias an expert added to its probability to choose the top-k, not to weigh them (ERNIE 4.5's
+    # e_score_correction_bias, a GGUF file's exp_probs_b)
+    selection_bias: bool = False
 
     @classmethod
     def from_hf(cls, c: dict) -> "MoESpec | None":
@@ -47,6 +53,14 @@ class MoESpec:
         if kind == "granitemoeshared":
             return cls(c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"], True, frozenset(), 1,
                        shared_intermediate_size=c.get("shared_intermediate_size") or 0)
+        if kind == "ernie4_5_moe":  # (its weights over max(their sum, 1e-12): renormalised)
+            layers, inner = c["num_hidden_layers"], c["moe_intermediate_size"]
+            start, end = c.get("moe_layer_start_index", 1), c.get("moe_layer_end_index", -1)
+            end = layers - 1 if end in (None, -1) else end
+            return cls(c.get("moe_num_experts") or c["num_experts"], c.get("moe_k") or c["num_experts_per_tok"], inner,
+                       True, frozenset(i for i in range(layers) if not start <= i <= end),
+                       c.get("moe_layer_interval") or 1,
+                       shared_intermediate_size=inner * (c.get("moe_num_shared_experts") or 0), selection_bias=True)
         if kind in ("qwen3_moe", "qwen2_moe"):
             experts = c.get("num_experts") or c["num_local_experts"]  # the hub's name, transformers 5's
             shared = (c.get("shared_expert_intermediate_size") or 0) if kind == "qwen2_moe" else 0
@@ -115,11 +129,14 @@ class SparseMoE(nn.Module):
         self.experts = Experts(s.num_experts, hidden_size, s.intermediate_size, s.biases, s.clamped_swiglu)
         self.shared = SharedExpert(hidden_size, s.shared_intermediate_size, s.shared_gate) \
             if s.shared_intermediate_size else None
+        self.selection_bias = nn.Parameter(torch.zeros(s.num_experts)) if s.selection_bias else None
 
     def forward(self, x):
         # Routing in float32, as transformers does: its top-k and weights then match exactly.
         probs = self.router(x).float().softmax(-1)
-        weights, experts = probs.topk(self.spec.top_k, dim=-1)
+        scores = probs if self.selection_bias is None else probs + self.selection_bias.float()
+        experts = scores.topk(self.spec.top_k, dim=-1).indices
+        weights = probs.gather(-1, experts)
         if self.spec.normalize:
             weights = weights / weights.sum(-1, keepdim=True)
         weights, experts = weights.to(x.dtype).flatten(), experts.flatten()
@@ -137,23 +154,33 @@ class SparseMoE(nn.Module):
 
     @staticmethod
     def convert(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
-        """The router, the experts (_routed_experts) and the shared expert under ``prefix``."""
+        """The router, the experts (_routed_experts), the shared expert and the selection bias (ERNIE
+        4.5's: [1, experts] under its router in transformers 5's layout, beside it in its checkpoints',
+        a vector in a GGUF file, which gguf.py names as the checkpoints do, and which a file may leave
+        out) under ``prefix``."""
         out = _routed_experts(hf, prefix, out_prefix, s)
         if s.shared_intermediate_size:
             out |= _shared_expert(hf, prefix, out_prefix + "shared.", s)
+        if s.selection_bias:  # (none in a file: zeros, as llama.cpp takes it)
+            name = next((prefix + n for n in SELECTION_BIASES if prefix + n in hf), None)
+            out[out_prefix + "selection_bias"] = hf.pop(name).reshape(-1) if name else torch.zeros(s.num_experts)
         return out
 
 
 def _shared_expert(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
     """The shared expert under ``prefix`` in SharedExpert's layout, from Granite MoE Shared's files
-    (shared_mlp.input_linear: its gate and up rows, output_linear) or Qwen2-MoE's (mlp.shared_expert's
-    three products, and mlp.shared_expert_gate, which a GGUF file keeps as one vector; a file's gate
-    and up blocks as gguf.py fuses them)."""
+    (shared_mlp.input_linear: its gate and up rows, output_linear), ERNIE 4.5's (mlp.shared_experts'
+    three products) or Qwen2-MoE's (mlp.shared_expert's, and mlp.shared_expert_gate, which a GGUF file
+    keeps as one vector; a GGUF file's shared expert under these names, its gate and up blocks as
+    gguf.py fuses them)."""
     if prefix + "shared_mlp.input_linear.weight" in hf:
         return {out_prefix + "gate_up.weight": hf.pop(prefix + "shared_mlp.input_linear.weight"),
                 out_prefix + "down.weight": hf.pop(prefix + "shared_mlp.output_linear.weight")}
-    out = {out_prefix + "gate_up.weight": fused(hf, prefix, SHARED_GATE_UP),
-           out_prefix + "down.weight": hf.pop(prefix + "mlp.shared_expert.down_proj.weight")}
+    name, (gate, up) = SHARED_GATE_UP
+    if prefix + "mlp.shared_experts.down_proj.weight" in hf:  # (ERNIE 4.5's plural)
+        name, gate, up = (n.replace(".shared_expert.", ".shared_experts.") for n in (name, gate, up))
+    out = {out_prefix + "gate_up.weight": fused(hf, prefix, (name, (gate, up))),
+           out_prefix + "down.weight": hf.pop(prefix + name.replace("gate_up_proj", "down_proj.weight"))}
     if s.shared_gate:
         out[out_prefix + "gate.weight"] = hf.pop(prefix + "mlp.shared_expert_gate.weight").reshape(1, -1)
     return out

@@ -56,12 +56,14 @@ enum Activation : int64_t { GELU_TANH = 0, SILU_GATED = 1, GELU_TANH_GATED = 2, 
 // type. ``activation``: SILU_GATED, or CLAMPED_SWIGLU with ``alpha`` and ``limit``. A shared expert
 // (Qwen2-MoE's, Granite MoE Shared's; shared_gate_up null elsewhere) is a SwiGLU every row takes,
 // shared_intermediate wide, added to the routed ones' output: weighted by the sigmoid of shared_gate's
-// one logit where that is not null (Qwen2-MoE's), as it is otherwise.
+// one logit where that is not null (Qwen2-MoE's), as it is otherwise. ``selection_bias`` (ERNIE 4.5's;
+// null elsewhere): an expert's bias [count], in the model's type, added to its probability to choose
+// a row's top_k, not to weigh them.
 struct Experts {
     const Weights* router;
     const Weights* gate_up;  // count of them
     const Weights* down;     // count of them
-    const void *router_bias, *gate_up_bias, *down_bias;
+    const void *router_bias, *gate_up_bias, *down_bias, *selection_bias;
     const Weights *shared_gate_up, *shared_down, *shared_gate;
     int64_t count, top_k, normalize, activation, shared_intermediate;
     double alpha, limit;
@@ -350,11 +352,13 @@ size_t scratch_size(const Layer<T, C>& l, int64_t rows) {
 
 // Each row's top_k experts and their weights (pair r x top_k + j: row r's j-th most probable): the
 // softmax of its logits in float32 whatever the model's dtype (as transformers routes, and the torch
-// layers), renormalised over the chosen where the model says (``normalize``). A task per row.
+// layers), renormalised over the chosen where the model says (``normalize``); chosen by probability
+// plus the expert's selection bias where the model has one. A task per row.
 template <typename T>
 void choose_experts(const T* logits, int64_t rows, const Experts& e, T* pair_weights, int64_t* pair_experts) {
     using R = float;
-    thread_local std::vector<R> probs;
+    const T* bias = static_cast<const T*>(e.selection_bias);
+    thread_local std::vector<R> probs, scores;
     thread_local std::vector<int64_t> order;
 #pragma omp for
     for (int64_t r = 0; r < rows; ++r) {
@@ -365,9 +369,15 @@ void choose_experts(const T* logits, int64_t rows, const Experts& e, T* pair_wei
         for (int64_t i = 1; i < e.count; ++i) top = std::max(top, R(l[i]));
         for (int64_t i = 0; i < e.count; ++i) sum += probs[i] = std::exp(R(l[i]) - top);
         for (int64_t i = 0; i < e.count; ++i) order[i] = i;
-        // the most probable first; of equal ones, the lower index (torch.topk's order on the CPU)
+        const R* score = probs.data();  // (a row's probabilities, or with a bias their sum with it)
+        if (bias != nullptr) {
+            scores.resize(e.count);
+            for (int64_t i = 0; i < e.count; ++i) scores[i] = probs[i] / sum + R(bias[i]);
+            score = scores.data();
+        }
+        // the highest score first; of equal ones, the lower index (torch.topk's order on the CPU)
         std::partial_sort(order.begin(), order.begin() + e.top_k, order.end(),
-                          [&](int64_t a, int64_t b) { return probs[a] > probs[b] || (probs[a] == probs[b] && a < b); });
+                          [&](int64_t a, int64_t b) { return score[a] > score[b] || (score[a] == score[b] && a < b); });
         for (int64_t j = 0; j < e.top_k; ++j) chosen += probs[order[j]] / sum;
         for (int64_t j = 0; j < e.top_k; ++j) {
             const R weight = probs[order[j]] / sum;

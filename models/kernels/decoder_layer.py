@@ -103,7 +103,7 @@ class _Weights(ctypes.Structure):  # decoder_layer.cpp's Weights
 
 class _Experts(ctypes.Structure):  # decoder_layer.cpp's Experts
     _fields_ = [(name, _pointer) for name in ("router", "gate_up", "down", "router_bias", "gate_up_bias", "down_bias",
-                                              "shared_gate_up", "shared_down", "shared_gate")]
+                                              "selection_bias", "shared_gate_up", "shared_down", "shared_gate")]
     _fields_ += [(name, _int64) for name in ("count", "top_k", "normalize", "activation", "shared_intermediate")]
     _fields_ += [(name, _double) for name in ("alpha", "limit")]
 
@@ -277,7 +277,7 @@ class DecoderLayers:
         alpha, limit = s.clamped_swiglu or (0.0, 0.0)
         experts = _Experts(ctypes.addressof(router), ctypes.addressof(gate_up), ctypes.addressof(down),
                            self._in_dtype(moe.router.bias), self._in_dtype(moe.experts.gate_up_bias),
-                           self._in_dtype(moe.experts.down_bias),
+                           self._in_dtype(moe.experts.down_bias), self._in_dtype(moe.selection_bias),
                            *(None if w is None else ctypes.addressof(w) for w in shared), s.num_experts, s.top_k,
                            s.normalize, SILU_GATED if s.clamped_swiglu is None else CLAMPED_SWIGLU,
                            s.shared_intermediate_size, alpha, limit)

@@ -384,12 +384,17 @@ def test_unsupported_architecture(tmp_path):
 
 @pytest.mark.parametrize("arch, metadata, message", [
     ("qwen2", {"qwen2.expert_count": 8}, r"m.gguf is a qwen2 model with 8 experts; Loom runs experts in llama, "
-                                         r"qwen2moe, qwen3moe, granitemoe, olmoe, gpt-oss files \(Mixtral's, "
-                                         r"Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, OLMoE's and gpt-oss's\)"),
+                                         r"qwen2moe, qwen3moe, granitemoe, olmoe, ernie4_5-moe, gpt-oss files "
+                                         r"\(Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, OLMoE's, ERNIE 4.5's "
+                                         r"and gpt-oss's\)"),
     ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_weights_scale": 2.5},
      "m.gguf scales its experts' weights by 2.5, which Loom does not run"),
     ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_shared_feed_forward_length": 1024},
-     "m.gguf is a qwen3moe model with a shared expert, which Loom runs in granitemoe and qwen2moe files only"),
+     "m.gguf is a qwen3moe model with a shared expert, which Loom runs in ernie4_5-moe, granitemoe, qwen2moe "
+     "files only"),
+    ("ernie4_5-moe", {"ernie4_5-moe.expert_count": 8, "ernie4_5-moe.expert_feed_forward_length": 64,
+                      "ernie4_5-moe.expert_shared_feed_forward_length": 96},
+     "ERNIE 4.5's shared expert is a whole number of experts wide; the file's is 96 wide, its experts 64"),
 ])
 def test_a_mixture_loom_does_not_run_is_refused_saying_which_it_does(tmp_path, arch, metadata, message):
     with pytest.raises(ValueError, match=message):

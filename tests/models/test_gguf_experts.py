@@ -1,5 +1,5 @@
-"""GGUF mixtures of experts (Mixtral's files, which say "llama", Qwen2-MoE's and Granite MoE Shared's with
-their shared experts, Qwen3-MoE's, Granite MoE's, OLMoE's and gpt-oss's): the experts' three
+"""GGUF mixtures of experts (Mixtral's files, which say "llama", Qwen2-MoE's, Granite MoE Shared's and ERNIE
+4.5's with their shared experts, Qwen3-MoE's, Granite MoE's, OLMoE's and gpt-oss's): the experts' three
 stacks multiplied where the file keeps them, in its own formats, an expert at a time, on the torch
 layers and on the native ones, against float64 products over the file's values and against
 transformers' models of the same weights."""
@@ -51,6 +51,12 @@ MIXTURES = {"mixtral": ("llama", lambda c: {"expert_count": c.num_local_experts,
                                                           "residual_scale": c.residual_multiplier,
                                                           "attention.scale": c.attention_multiplier,
                                                           "logit_scale": c.logits_scaling}),
+            "ernie4_5_moe": ("ernie4_5-moe", lambda c: {"expert_count": c.moe_num_experts, "expert_used_count": c.moe_k,
+                                                        "expert_feed_forward_length": c.moe_intermediate_size,
+                                                        "expert_shared_feed_forward_length":
+                                                            c.moe_intermediate_size * c.moe_num_shared_experts,
+                                                        "leading_dense_block_count": c.moe_layer_start_index,
+                                                        "interleave_moe_layer_step": c.moe_layer_interval}),
             "olmoe": ("olmoe", lambda c: {"expert_count": c.num_experts, "expert_used_count": c.num_experts_per_tok}),
             "gpt_oss": ("gpt-oss", lambda c: {"expert_count": c.num_local_experts,
                                               "expert_used_count": c.num_experts_per_tok,
@@ -64,7 +70,7 @@ MIXTURES = {"mixtral": ("llama", lambda c: {"expert_count": c.num_local_experts,
 # the model's 7.0 (the files do not say)
 SETTINGS = {"mixtral": {}, "qwen3_moe": {"mlp_only_layers": [], "moe_intermediate_size": 64}, "granitemoe": {},
             "qwen2_moe": {"mlp_only_layers": [], "moe_intermediate_size": 64, "shared_expert_intermediate_size": 96},
-            "granitemoeshared": {"shared_intermediate_size": 96},
+            "granitemoeshared": {"shared_intermediate_size": 96}, "ernie4_5_moe": {},
             "olmoe": {}, "gpt_oss": {"swiglu_limit": 7.0, "intermediate_size": 64, "rope_parameters": {
                 "rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
                 "truncate": True, "original_max_position_embeddings": 64}}}
@@ -86,6 +92,21 @@ def test_a_mixture_file_equals_its_transformers_model(tmp_path, arch):
     hf, path = mixture_file(tmp_path / f"{arch}.gguf", arch)
     rng = random.Random(5)
     prompts = [random_prompt(rng, 5, 10), random_prompt(rng, 30, 40)]
+    assert_same_answers(greedy(path, prompts, 12), [greedy_with_logprobs(hf, p, 12) for p in prompts])
+
+
+def test_an_ernie_file_without_its_selection_bias_chooses_experts_by_probability(tmp_path):
+    """llama.cpp reads an ERNIE 4.5 MoE file without exp_probs_b: its experts are then chosen by probability
+    alone, as transformers' model with a zero bias chooses them."""
+    hf = tiny_model("ernie4_5_moe", seed=3)
+    with torch.no_grad():
+        for name, tensor in hf.named_parameters():
+            if name.endswith("e_score_correction_bias"):
+                tensor.zero_()
+    gguf_arch, metadata = MIXTURES["ernie4_5_moe"]
+    path = write_gguf_of(hf, tmp_path / "ernie.gguf", gguf_arch, metadata(hf.config), leave_out=("exp_probs_b.bias",))
+    assert not any(name.endswith("exp_probs_b.bias") for name in GGUFFile(path).tensors)
+    prompts = [random_prompt(random.Random(6), 5, 30) for _ in range(2)]
     assert_same_answers(greedy(path, prompts, 12), [greedy_with_logprobs(hf, p, 12) for p in prompts])
 
 
