@@ -341,7 +341,8 @@ def read_tokenizer(path: Path, arch: str | None = None) -> Tokenizer:
 # tokenizer.ggml.model and .pre alone; its SentencePiece builders differ only for Gemma and Phi-3): it
 # reads the tokenizer of a copy of the file's tokenizer metadata under Llama's name.
 TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "llama", "mistral3": "llama",
-                       "ernie4_5": "llama", "olmo2": "llama", "olmoe": "llama", "gpt-oss": "llama"}
+                       "ernie4_5": "llama", "ernie4_5-moe": "llama", "olmo2": "llama", "olmoe": "llama",
+                       "gpt-oss": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):
