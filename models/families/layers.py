@@ -231,6 +231,20 @@ def embedding(rows: int, dim: int) -> nn.Embedding:
     return nn.Embedding(rows, dim, _weight=torch.empty(rows, dim))
 
 
+class SwiGLU(nn.Module):
+    """silu(gate) x up, then the down product: the Llama family's MLP (its gate and up rows one product),
+    OLMo's, and a mixture's shared expert's."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
+        super().__init__()
+        self.gate_up = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
+        self.down = nn.Linear(intermediate_size, hidden_size, bias=bias)
+
+    def forward(self, x):
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
 class RMSNorm(nn.Module):
     """x / rms(x) * (offset + weight). Gemma's norms (offset 1: its checkpoints store weight - 1)
     normalise in float32 whatever the model's dtype, as transformers' do; the others in the model's

@@ -12,10 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .layers import GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, fused, paged_attention
+from .layers import GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, SwiGLU, fused, paged_attention
 from .moe import MoESpec, SparseMoE
 from .rope import Rotary, halves_from_pairs, query_temperature, rope_type, sequence_ends
 
@@ -190,17 +189,6 @@ class Attention(nn.Module):
         return self.out(o.flatten(1))
 
 
-class MLP(nn.Module):
-    def __init__(self, s: LlamaSpec):
-        super().__init__()
-        self.gate_up = nn.Linear(s.hidden_size, 2 * s.intermediate_size, bias=s.mlp_bias)
-        self.down = nn.Linear(s.intermediate_size, s.hidden_size, bias=s.mlp_bias)
-
-    def forward(self, x):
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up)
-
-
 class Block(nn.Module):
     def __init__(self, s: LlamaSpec, index: int):
         super().__init__()
@@ -209,7 +197,8 @@ class Block(nn.Module):
         self.input_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.attn = Attention(s, scale=s.attention_scale)
         self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.mlp = SparseMoE(s.hidden_size, s.moe) if s.moe and s.moe.routes(index) else MLP(s)
+        self.mlp = SparseMoE(s.hidden_size, s.moe) if s.moe and s.moe.routes(index) else \
+            SwiGLU(s.hidden_size, s.intermediate_size, s.mlp_bias)
 
     def forward(self, x, cos, sin, kv_cache, layer, step, masks, query_scales=None):
         if not self.rotates:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import fused
+from .layers import SwiGLU, fused
 
 # a shared expert's fused gate and up rows, or its two products (layers.fused's)
 SHARED_GATE_UP = ("mlp.shared_expert.gate_up_proj", ("mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj"))
@@ -104,20 +104,17 @@ class Experts(nn.Module):
         return F.linear(gated(gate, up, self.clamped_swiglu), self.down[index], bias(self.down_bias))
 
 
-class SharedExpert(nn.Module):
+class SharedExpert(SwiGLU):
     """An expert every token takes (a SwiGLU beside the routed ones), its output weighted by
     sigmoid(``gate``'s one logit) where the model has that router (Qwen2-MoE's; Granite MoE Shared's
-    adds it as it is)."""
+    and ERNIE 4.5's add it as it is)."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, gated: bool):
-        super().__init__()
-        self.gate_up = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.down = nn.Linear(intermediate_size, hidden_size, bias=False)
+        super().__init__(hidden_size, intermediate_size)
         self.gate = nn.Linear(hidden_size, 1, bias=False) if gated else None
 
     def forward(self, x):
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        y = self.down(F.silu(gate) * up)
+        y = super().forward(x)
         return y * torch.sigmoid(self.gate(x)) if self.gate is not None else y
 
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .layers import GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, fused
-from .llama import MLP, Attention
+from .layers import GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, SwiGLU, fused
+from .llama import Attention
 from .rope import Rotary, rope_type
 
 FAMILIES = ("olmo2", "olmo3")
@@ -30,9 +30,9 @@ class OlmoSpec(DecoderShape):
     tie_word_embeddings: bool
     qkv_bias: bool
     out_bias: bool
-    # what llama.Attention and MLP read: norms over all heads' queries and keys, no sinks, an MLP without biases
+    # what llama.Attention reads: norms over all heads' queries and keys, no sinks
     qk_norm = qk_norm_across_heads = True
-    attention_sinks = mlp_bias = False
+    attention_sinks = False
 
     @classmethod
     def from_hf(cls, c: dict) -> "OlmoSpec":
@@ -81,7 +81,7 @@ class Block(nn.Module):
         self.window = s.layer_windows[index]
         self.attn = Attention(s)
         self.post_attn_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.mlp = MLP(s)
+        self.mlp = SwiGLU(s.hidden_size, s.intermediate_size)  # (without biases)
         self.post_mlp_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
 
     def forward(self, x, rotations, kv_cache, layer, step, masks):

@@ -86,9 +86,10 @@ def mixture_file(path, arch: str, seed: int = 3, matrices: Q | None = None):
 
 @pytest.mark.parametrize("arch", sorted(MIXTURES))
 def test_a_mixture_file_equals_its_transformers_model(tmp_path, arch):
-    """Mixtral's, Qwen3-MoE's, Granite MoE's and OLMoE's files (every expert's matrices of a product one
-    stack, the router a matrix of its own; Granite's four multipliers; OLMoE's weights not renormalised): Loom's greedy tokens and log-probabilities equal transformers' over the
-    same weights."""
+    """Every mixture's file (every expert's matrices of a product one stack, the router a matrix of its
+    own; Granite's four multipliers; OLMoE's and Qwen2-MoE's weights not renormalised; a shared expert,
+    Qwen2-MoE's weighted by its router; ERNIE 4.5's bias to choose experts by): Loom's greedy tokens
+    and log-probabilities equal transformers' over the same weights."""
     hf, path = mixture_file(tmp_path / f"{arch}.gguf", arch)
     rng = random.Random(5)
     prompts = [random_prompt(rng, 5, 10), random_prompt(rng, 30, 40)]
