@@ -2,7 +2,8 @@
 
 A model is an ``nn.Module`` whose ``forward(step, kv_cache)`` returns the logits of the step's
 sampled positions, and which tells the engine its cache geometry: ``num_layers``,
-``num_kv_heads``, ``head_dim``, ``vocab_size``, ``max_position``.
+``num_kv_heads``, ``head_dim``, ``vocab_size``, ``max_position`` (and ``conv_rows``, where some layers
+keep a row a token instead of K/V: models/step.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import nn
 from .checkpoints import gguf, huggingface
 from .families.gemma import Gemma, GemmaSpec
 from .families.gpt2 import GPT2, GPT2Spec
+from .families.lfm2 import FAMILIES as LFM2_FAMILIES, Lfm2, Lfm2Spec
 from .families.llama import FAMILIES as LLAMA_FAMILIES, Llama, LlamaSpec
 from .families.olmo import FAMILIES as OLMO_FAMILIES, Olmo, OlmoSpec
 from .kernels import native
@@ -29,7 +31,8 @@ from .kernels.quantized import BLOCK_WEIGHTS, check_weights, reduce_linears, run
 
 ARCHITECTURES = {"gpt2": (GPT2Spec, GPT2), "gemma2": (GemmaSpec, Gemma), "gemma3_text": (GemmaSpec, Gemma),
                  **{family: (LlamaSpec, Llama) for family in LLAMA_FAMILIES},
-                 **{family: (OlmoSpec, Olmo) for family in OLMO_FAMILIES}}
+                 **{family: (OlmoSpec, Olmo) for family in OLMO_FAMILIES},
+                 **{family: (Lfm2Spec, Lfm2) for family in LFM2_FAMILIES}}
 
 
 @dataclass

@@ -14,6 +14,11 @@ an attribute ``recompute_past``, a length: a sequence that grows past it is reco
 first token, and K/V computed on one side of that length never serve a sequence on the other.
 A model without it may leave K/V in place whatever the length.
 
+A model with layers that keep a row a token instead of K/V (LFM2's short convolutions, which read
+the rows of the tokens before) has an attribute ``conv_rows``, (those layers, the rows' width): the
+pool keeps those rows beside the K/V, in the same blocks, so that prefix caching, preemption and
+speculative decoding treat them as K/V. Its ``num_layers`` counts the layers that keep K/V.
+
 A model whose forward may give each CPU thread rows of its own (the native decoder layers) has a
 method ``splits_rows(step, threads, kv_cache)`` saying whether it will for a step: the runtime
 chooses the step's thread count by it.
@@ -173,19 +178,27 @@ def group_by_length(widths: list[int]) -> list[tuple[int, int]]:
 
 
 class KVCache:
-    """Per-layer K and V tensors of shape [num_blocks, block_size, num_kv_heads, head_dim],
-    allocated once; a step writes only its new tokens' K/V and reads through block tables."""
+    """Per-layer K and V tensors of shape [num_blocks, block_size, num_kv_heads, head_dim], and for a
+    model with convolution layers (``conv_rows``: their count and width) each such layer's input rows,
+    [num_blocks, block_size, width]; allocated once, a step writes only its new tokens' rows and reads
+    through block tables."""
 
-    def __init__(self, num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device):
+    def __init__(self, num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device,
+                 conv_rows: tuple[int, int] = (0, 0)):
         shape = (2, num_layers, num_blocks, block_size, num_kv_heads, head_dim)
-        if torch.device(device).type == "cpu":
-            size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-            self.data = fresh_zeros(size).view(dtype).view(shape)
-        else:
-            self.data = torch.zeros(shape, dtype=dtype, device=device)
+        conv_layers, conv_width = conv_rows
+        conv_shape = (conv_layers, num_blocks, block_size, conv_width)
+        self.data, self.conv = (self._pool(s, dtype, device) for s in (shape, conv_shape))
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.scratch = [torch.empty(0, dtype=dtype, device=device) for _ in range(2)]  # for K, for V
+
+    @staticmethod
+    def _pool(shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
+        if torch.device(device).type == "cpu" and torch.Size(shape).numel() > 0:
+            size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+            return fresh_zeros(size).view(dtype).view(shape)
+        return torch.zeros(shape, dtype=dtype, device=device)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -194,9 +207,11 @@ class KVCache:
 
     @property
     def block_bytes(self) -> int:
-        """The memory one block takes, K and V of every layer."""
+        """The memory one block takes, K and V of every layer (and the convolution layers' rows)."""
         _, num_layers, _, block_size, num_kv_heads, head_dim = self.data.shape
-        return self.bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, self.dtype)
+        conv_layers, _, _, conv_width = self.conv.shape
+        return self.bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, self.dtype,
+                                    (conv_layers, conv_width))
 
     def commit(self, first: int, end: int) -> bool:
         """Back blocks [first, end) with memory now, their contents unchanged, so that the first
@@ -204,15 +219,26 @@ class KVCache:
         that cannot be done: a GPU pool, or a system without MADV_POPULATE_WRITE."""
         if self.data.device.type != "cpu" or not _populate_write.available:
             return False
-        per_block = self.data[0, 0, 0].numel() * self.data.element_size()  # one layer's K (or V)
-        for run in range(2 * self.data.shape[1]):  # [K | V][layer], each a run of num_blocks blocks
-            start = self.data.data_ptr() + (run * self.num_blocks + first) * per_block
-            if not _populate_write(start, (end - first) * per_block):
-                return False
+        # runs of num_blocks blocks: [K | V][layer], then [convolution layer]
+        for pool, runs in ((self.data, 2 * self.data.shape[1]), (self.conv, self.conv.shape[0])):
+            per_block = pool.numel() // max(1, runs * self.num_blocks) * pool.element_size()
+            for run in range(runs):
+                start = pool.data_ptr() + (run * self.num_blocks + first) * per_block
+                if not _populate_write(start, (end - first) * per_block):
+                    return False
         return True
+
+    def zero_(self) -> None:
+        """Zero every element (and so touch every page: a benchmark commits the pool before it times)."""
+        self.data.zero_()
+        self.conv.zero_()
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.data[0, index], self.data[1, index]
+
+    def conv_layer(self, index: int) -> torch.Tensor:
+        """Convolution layer ``index``'s rows, [num_blocks, block_size, width]."""
+        return self.conv[index]
 
     def gather(self, cache: torch.Tensor, blocks: torch.Tensor, which: int, dtype: torch.dtype) -> torch.Tensor:
         """``cache[blocks]`` (which: 0 for K, 1 for V) in ``dtype``, the model's (a 16-bit pool is
@@ -227,11 +253,13 @@ class KVCache:
         return torch.index_select(cache, 0, blocks, out=out).to(dtype)
 
     @staticmethod
-    def bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype) -> int:
-        """The memory one block of a pool of this geometry takes, K and V of every layer: the
-        engine sizes the pool from it before the pool exists."""
+    def bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype,
+                        conv_rows: tuple[int, int] = (0, 0)) -> int:
+        """The memory one block of a pool of this geometry takes, K and V of every layer and the
+        convolution layers' rows: the engine sizes the pool from it before the pool exists."""
         element = torch.empty((), dtype=dtype).element_size()
-        return 2 * num_layers * block_size * num_kv_heads * head_dim * element
+        conv_layers, conv_width = conv_rows
+        return (2 * num_layers * num_kv_heads * head_dim + conv_layers * conv_width) * block_size * element
 
 
 class _PopulateWrite:

@@ -127,6 +127,12 @@ CONFIGS = {
         num_key_value_heads=2, head_dim=32, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
         pad_token_id=0, sliding_window=12, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
         final_logit_softcapping=3.0, initializer_range=0.1, attn_implementation="eager"),  # SDPA has no soft cap
+    # short convolutions around one attention layer, the weights drawn wide enough that the convolutions
+    # move greedy tokens (at transformers' 0.02 their B x rows are ~1e-3)
+    "lfm2": lambda: transformers.Lfm2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=192, block_multiple_of=32, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        pad_token_id=0, layer_types=["conv", "full_attention", "conv", "conv"], initializer_range=0.15),
     "gemma3": lambda: transformers.Gemma3TextConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=1, head_dim=32, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
@@ -147,7 +153,7 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "smollm3": transformers.SmolLM3ForCausalLM, "granite": transformers.GraniteForCausalLM,
                  "granitemoe": transformers.GraniteMoeForCausalLM,
                  "granitemoeshared": transformers.GraniteMoeSharedForCausalLM,
-                 "gemma2": transformers.Gemma2ForCausalLM,
+                 "gemma2": transformers.Gemma2ForCausalLM, "lfm2": transformers.Lfm2ForCausalLM,
                  "gemma3": transformers.Gemma3ForCausalLM}
 
 
@@ -294,7 +300,11 @@ GGUF_LAYER_NAMES = {
     "mlp.shared_experts.gate_proj": "ffn_gate_shexp", "mlp.shared_experts.up_proj": "ffn_up_shexp",
     "mlp.shared_experts.down_proj": "ffn_down_shexp"}
 GGUF_GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                     "lm_head.weight": "output.weight"}
+                     "lm_head.weight": "output.weight", "model.embedding_norm.weight": "token_embd_norm.weight"}
+GGUF_LFM2_NAMES = {"operator_norm": "attn_norm", "ffn_norm": "ffn_norm", "self_attn.out_proj": "attn_output",
+                   "self_attn.q_layernorm": "attn_q_norm", "self_attn.k_layernorm": "attn_k_norm",
+                   "feed_forward.w1": "ffn_gate", "feed_forward.w3": "ffn_up", "feed_forward.w2": "ffn_down",
+                   "conv.in_proj": "shortconv.in_proj", "conv.conv": "shortconv.conv", "conv.out_proj": "shortconv.out_proj"}
 # Gemma's four norms a block (its "ffn_norm" the pre-feed-forward one), stored as 1 + weight
 GGUF_GEMMA_NAMES = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
                     "post_feedforward_layernorm": "post_ffw_norm"}
@@ -338,12 +348,15 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     writer.add_block_count(c.num_hidden_layers)
     writer.add_context_length(c.max_position_embeddings)
     writer.add_embedding_length(c.hidden_size)
-    writer.add_feed_forward_length(c.intermediate_size)
+    lfm2 = arch == "lfm2"  # its MLP's width as derived, no K/V heads in a convolution layer, the convolution's length
+    writer.add_feed_forward_length(hf.model.layers[0].feed_forward.w1.out_features if lfm2 else c.intermediate_size)
     writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
+    writer.add_head_count_kv([0 if t == "conv" else kv_heads for t in c.layer_types] if lfm2 else kv_heads)
+    if lfm2:
+        writer.add_uint32("lfm2.shortconv.l_cache", c.conv_L_cache)
     if getattr(c, "head_dim", None) not in (None, c.hidden_size // heads):
         writer.add_key_length(c.head_dim)
-    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    writer.add_layer_norm_rms_eps(c.norm_eps if lfm2 else c.rms_norm_eps)
     rope = c.rope_parameters
     writer.add_rope_freq_base((rope.get("full_attention") or rope)["rope_theta"])  # (OLMo 3's: its global layers')
     writer.add_vocab_size(c.vocab_size)
@@ -354,14 +367,18 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     def add(name, values):
         if name.endswith(leave_out):
             return None
-        if matrices is None or values.ndim < 2 or name.endswith(("ffn_gate_inp.weight", ".bias")):  # (routers stay F32)
+        if matrices is None or values.ndim < 2 or name.endswith(("ffn_gate_inp.weight", ".bias", "shortconv.conv.weight")):
+            # (routers and convolutions' taps stay F32)
             return writer.add_tensor(name, values)
         writer.add_tensor(name, gguf.quants.quantize(values, matrices), raw_dtype=matrices)
 
     gemma = arch.startswith("gemma")
-    names = {**GGUF_LAYER_NAMES, **(GGUF_GEMMA_NAMES if gemma or arch in ("olmo2", "gpt-oss") else {})}
+    names = {**GGUF_LAYER_NAMES, **(GGUF_GEMMA_NAMES if gemma or arch in ("olmo2", "gpt-oss") else {}),
+             **(GGUF_LFM2_NAMES if lfm2 else {})}
     for name, tensor in hf.state_dict().items():
         values = tensor.float().numpy()
+        if name.endswith("conv.conv.weight"):  # LFM2's taps [hidden, 1, length], kept [hidden, length]
+            values = values.reshape(values.shape[0], -1)
         if gemma and name.endswith("norm.weight"):
             values = values + 1
         if name in GGUF_GLOBAL_NAMES:

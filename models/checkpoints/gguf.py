@@ -16,6 +16,7 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from ..cache import cache_dir
 from ..families.layers import GATE_UP, QKV
+from ..families.lfm2 import FEED_FORWARD
 from ..families.moe import SHARED_GATE_UP
 from ..families.rope import halves_from_pairs
 from ..pages import available_memory
@@ -56,7 +57,12 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
                     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
                     "olmo2": {"post_attention_norm": "post_attention_layernorm",
                               "post_ffw_norm": "post_feedforward_layernorm"},
-                    "gpt-oss": {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"}}
+                    "gpt-oss": {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"},
+                    "lfm2": {"attn_norm": "operator_norm", "ffn_norm": "ffn_norm", "attn_output": "self_attn.out_proj",
+                             "attn_q_norm": "self_attn.q_layernorm", "attn_k_norm": "self_attn.k_layernorm",
+                             "ffn_gate": "feed_forward.w1", "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2",
+                             "shortconv.in_proj": "conv.in_proj", "shortconv.conv": "conv.conv",
+                             "shortconv.out_proj": "conv.out_proj"}}
 # parameters transformers names without a kind (gpt-oss's sinks: llama.cpp's converter adds ".weight";
 # ERNIE 4.5's selection bias, ".bias")
 BARE_NAMES = ("self_attn.sinks", "mlp.moe_statics.e_score_correction_bias")
@@ -69,9 +75,12 @@ SUPPORTED_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
 # group is kept in blocks or copied to float32 as a whole
 FUSED = (frozenset({"attn_q", "attn_k", "attn_v"}), frozenset({"ffn_gate", "ffn_up"}),
          frozenset({"ffn_gate_shexp", "ffn_up_shexp"}), frozenset({"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}))
-GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head",
+                "token_embd_norm": "model.embedding_norm"}  # (LFM2's final norm, by llama.cpp's name for it)
+# a layer's linear products, by how their names end (LFM2's MLP names its products w1, w2, w3)
+LINEAR_NAMES = ("proj.weight", "feed_forward.w1.weight", "feed_forward.w2.weight", "feed_forward.w3.weight")
 # the matrices laid out with sixteen rows side by side where the kernels multiply their format so
-ROWS16_NAMES = ("proj.weight", "lm_head.weight", "embed_tokens.weight")
+ROWS16_NAMES = (*LINEAR_NAMES, "lm_head.weight", "embed_tokens.weight")
 
 
 def default_model_path() -> Path:
@@ -261,7 +270,7 @@ def _pad_float32_rows(tensors: dict, file: GGUFFile, formats: dict, names: dict)
     output layer and the embeddings stay where they lie (a 16-row product over the 1.7B's padded
     table ran 4-6% slower)."""
     chosen = [(info, name) for info in file.tensors.values()
-              if formats[info.name] == FLOAT32 and (name := _hf_name(info.name, names)).endswith("proj.weight")
+              if formats[info.name] == FLOAT32 and (name := _hf_name(info.name, names)).endswith(LINEAR_NAMES)
               and pads_rows(tensors[name])]
     copies = sum(tensors[name].shape[0] * row_bytes(tensors[name].shape[1], FLOAT32_PADDED) for _, name in chosen)
     available = available_memory()
@@ -277,7 +286,7 @@ def _fuse_blocks(tensors: dict) -> None:
     """The products a model fuses (q/k/v, gate/up) whose parts are blocks, as one entry of parts under
     the fused name, which the model takes as it is (BlockLinear's parts): no copy made to fuse them,
     and parts may differ in format (Q4_K_M's Q6_K values beside Q4_K queries and keys)."""
-    for fused, members in (QKV, GATE_UP, SHARED_GATE_UP):
+    for fused, members in (QKV, GATE_UP, SHARED_GATE_UP, FEED_FORWARD):
         for name in [n for n in tensors if n.endswith(f".{members[0]}.weight")]:
             prefix = name.removesuffix(f"{members[0]}.weight")
             parts = [tensors.get(f"{prefix}{m}.weight") for m in members]
@@ -342,7 +351,7 @@ def read_tokenizer(path: Path, arch: str | None = None) -> Tokenizer:
 # reads the tokenizer of a copy of the file's tokenizer metadata under Llama's name.
 TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "llama", "mistral3": "llama",
                        "ernie4_5": "llama", "ernie4_5-moe": "llama", "olmo2": "llama", "olmoe": "llama",
-                       "gpt-oss": "llama"}
+                       "gpt-oss": "llama", "lfm2": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

@@ -13,7 +13,8 @@ from ..kernels.block_formats import widened
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "smollm3": "smollm3",
                  "granite": "granite", "gemma2": "gemma2", "gemma3": "gemma3_text", "qwen3moe": "qwen3_moe",
                  "granitemoe": "granitemoe", "mistral3": "ministral3", "ernie4_5": "llama", "olmo2": "olmo2",
-                 "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen2moe": "qwen2_moe", "ernie4_5-moe": "ernie4_5_moe"}
+                 "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen2moe": "qwen2_moe", "ernie4_5-moe": "ernie4_5_moe",
+                 "lfm2": "lfm2"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
 # Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
@@ -92,7 +93,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         "intermediate_size": shared("feed_forward_length"),
         "num_hidden_layers": key("block_count"),
         "num_attention_heads": heads,
-        "num_key_value_heads": shared("attention.head_count_kv", heads),
+        # (LFM2's files list them a layer at a time, none for a convolution layer: _lfm2_layers)
+        "num_key_value_heads": None if arch == "lfm2" else shared("attention.head_count_kv", heads),
         "head_dim": key("attention.key_length"),
         "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-6),
         "rope_theta": key("rope.freq_base", 10000.0),
@@ -102,6 +104,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
     }
     if key("expert_count"):
         config |= _experts(arch, key, config)
+    if arch == "lfm2":
+        config |= _lfm2_layers(key, heads, config["num_hidden_layers"], file_name)
     if arch == "qwen2moe":  # (llama.cpp's adds the biases a file has)
         config["qkv_bias"] = "blk.0.attn_q.bias" in tensors
     if arch == "gemma3":  # what llama.cpp assumes and the file does not say (as transformers reads it)
@@ -212,6 +216,24 @@ def _ernie_experts(key, config: dict, experts: int, used: int, inner: int | None
             "moe_layer_start_index": key("leading_dense_block_count") or 0,
             "moe_layer_end_index": config["num_hidden_layers"] - 1,
             "moe_layer_interval": key("interleave_moe_layer_step") or 1, "rotary_rows_in_halves": True}
+
+
+def _lfm2_layers(key, heads: int, layers: int, file_name: str) -> dict:
+    """An LFM2 file's layers as transformers names them: a layer without K/V heads is a short
+    convolution (llama.cpp's reading), the others attend with one count of them; the MLP's width as
+    the file keeps it (transformers would derive it again from intermediate_size)."""
+    counts = key("attention.head_count_kv", heads)
+    counts = [counts] * layers if isinstance(counts, int) else [int(n) for n in counts]
+    if len(counts) != layers:
+        raise ValueError(f"{file_name} lists K/V heads for {len(counts)} layers of {layers}")
+    kv_heads = {n for n in counts if n}
+    if len(kv_heads) > 1:
+        raise ValueError(f"{file_name}'s attention layers have different K/V head counts ({sorted(kv_heads)}); Loom "
+                         "runs LFM2 models whose attention layers share one")
+    return {"num_key_value_heads": kv_heads.pop() if kv_heads else heads,
+            "layer_types": ["full_attention" if n else "conv" for n in counts],
+            "conv_L_cache": key("shortconv.l_cache", 3), "block_auto_adjust_ff_dim": False,
+            "sliding_window": key("attention.sliding_window")}
 
 
 def _shared_by_layers(value, name: str, file_name: str):

@@ -109,9 +109,9 @@ WARM_UP_TEXT = "Warm-up: say hello."
 def warm_up_loom(engine, requests: list[Request]) -> None:
     """Untimed: touch every page of the KV pools once (they are committed lazily, as a long-running
     process would have done long ago) and run one short request (of none of ``requests``' prompts)."""
-    engine.kv_cache.data.zero_()
+    engine.kv_cache.zero_()
     if engine.drafter is not None:  # the draft model's pool too
-        engine.drafter.kv.cache.data.zero_()
+        engine.drafter.kv.cache.zero_()
     # (a model without a tokenizer: one token of the first prompt, which fills no block to reuse)
     prompt = engine.encode(WARM_UP_TEXT) if engine.tokenizer is not None else requests[0].prompt[:1]
     handle = engine.launch_response_tokens(prompt, GenerationConfig(max_new_tokens=2, ignore_eos=True))
@@ -190,7 +190,8 @@ def run_pure_forward(model, requests: list[Request], workload: str, block_size=1
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     blocks = -(-max(len(r.prompt) + r.new_tokens for r in requests) // block_size)
-    kv = KVCache(model.num_layers, blocks * len(requests), block_size, model.num_kv_heads, model.head_dim, dtype, device)
+    kv = KVCache(model.num_layers, blocks * len(requests), block_size, model.num_kv_heads, model.head_dim, dtype, device,
+                 getattr(model, "conv_rows", (0, 0)))
     tables = [list(range(i * blocks, (i + 1) * blocks)) for i in range(len(requests))]
     tokens = [list(r.prompt) for r in requests]
     computed = [0] * len(requests)
@@ -215,7 +216,7 @@ def run_pure_forward(model, requests: list[Request], workload: str, block_size=1
                 tokens[i].append(tokens[i][-1])
     token_times = [[] for _ in requests]
     with torch.inference_mode():
-        kv.data.zero_()  # commit the lazily allocated pool before the clock starts, as for Loom
+        kv.zero_()  # commit the lazily allocated pool before the clock starts, as for Loom
         model(steps[-1], kv)  # warm up
         synchronize(device)
         start = time.perf_counter()

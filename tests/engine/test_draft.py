@@ -47,7 +47,7 @@ def assert_all_blocks_back(stats):
 
 
 # target family, draft: "same" (the target itself), "noisy" (a perturbed copy), or another family's small model
-CASES = [("llama", "same"), ("gpt2", "same"), ("phi3", "same"), ("llama", "noisy"), ("gemma3", "qwen2")]
+CASES = [("llama", "same"), ("gpt2", "same"), ("phi3", "same"), ("llama", "noisy"), ("gemma3", "qwen2"), ("lfm2", "noisy")]
 
 
 @pytest.mark.parametrize("arch,draft_kind", CASES)
