@@ -38,9 +38,11 @@ class Lfm2Spec(DecoderShape):
     layer_convolves: tuple[bool, ...]  # whether each layer is a short convolution (else it attends)
     conv_size: int                     # the tokens a convolution reads: this one and conv_size - 1 before
     conv_bias: bool
-    # what llama.Attention reads: each head's query and key normalised, no biases, no sinks
+    # what llama.Attention reads: each head's query and key normalised, no biases, no sinks; and the
+    # native layers of a Llama block: outputs added as they are
     qk_norm = True
     qkv_bias = out_bias = qk_norm_across_heads = attention_sinks = False
+    residual_scale = 1.0
 
     @classmethod
     def from_hf(cls, c: dict) -> "Lfm2Spec":
@@ -128,6 +130,8 @@ class ShortConv(nn.Module):
 
 
 class Block(nn.Module):
+    window, rotates = None, True  # (what the native layers read of an attention layer, as of Llama's)
+
     def __init__(self, s: Lfm2Spec, index: int):
         super().__init__()
         self.convolves = s.layer_convolves[index]

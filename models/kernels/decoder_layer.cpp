@@ -1,7 +1,8 @@
 // A model's decoder layers for a step of decode rows and short prefill chunks (a chunk's tokens are
 // rows of its sequence), in one call and one parallel region: Llama's family and GPT-2. A layer:
 // norm, the q/k/v product, rotary (Llama) + K/V writes into the pool, decode attention, the output
-// product and residual, norm, the MLP's up product, its activation, the down product and residual.
+// product and residual, norm, the MLP's up product, its activation, the down product and residual
+// (LFM2's convolution layers: their short convolution in the attention's place, short_convolution.h).
 //
 // At one or a few rows the layer's arithmetic is small and its weights stream in about 0.5 ms; run
 // as ~16 torch operators and 6 ctypes calls it also paid ~0.2 ms of dispatch per layer, a quarter
@@ -27,6 +28,7 @@
 #include "block_weights.h"
 #include "cpu_linear.h"
 #include "paged_decode.h"
+#include "short_convolution.h"
 
 namespace {
 
@@ -99,9 +101,19 @@ struct Layer {
     C *k_cache, *v_cache;
     const Experts* experts;
     const T* sinks;  // gpt-oss's attention sinks, a logit a query head (null elsewhere)
+    // LFM2's short convolution in the attention's place (null elsewhere): its taps [hidden, conv_taps],
+    // their bias (null: none) and the layer's rows in the pool (short_convolution.h); the qkv product
+    // is then its input product (B, C and x), the out product its output product
+    const T *conv, *conv_bias;
+    C* conv_cache;
     int64_t hidden, intermediate, heads, kv_heads, dim, window, layer_norm, activation, window_angles, rotates,
-        norms_across_heads;
+        norms_across_heads, conv_taps;
     double eps, scale, softcap, residual_scale;
+
+    // the width of the first product's output (q/k/v; a convolution's B, C and x), and of the output
+    // product's input (the heads' values; a convolution's output)
+    int64_t mix_width() const { return conv != nullptr ? 3 * hidden : (heads + 2 * kv_heads) * dim; }
+    int64_t mixed_width() const { return conv != nullptr ? hidden : heads * dim; }
 };
 
 // y = x w^T + b for one of a layer's products, a part of its weights at a time (a float model's
@@ -313,7 +325,7 @@ struct Intermediates {
     // ``base`` null: the size alone
     template <typename C>
     Intermediates(const Layer<T, C>& l, int64_t rows, T* base) {
-        const int64_t q_width = l.heads * l.dim, qkv_width = q_width + 2 * l.kv_heads * l.dim;
+        const int64_t q_width = l.mixed_width(), qkv_width = l.mix_width();
         const int64_t pairs = l.experts == nullptr ? 0 : rows * l.experts->top_k;
         const int64_t shared = l.experts == nullptr ? 0 : l.experts->shared_intermediate;
         auto take = [&](int64_t elements) {
@@ -474,20 +486,27 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
         norm_rows<T>(x, nullptr, l.input_norm, l.input_norm_bias, l.layer_norm, l.eps, h, rows, hidden);
         attn_in = h;
     }
-    multiply(attn_in, hidden, hidden, l.qkv, l.qkv_bias, qkv_width, qkv);
-    if (l.q_norm != nullptr && l.norms_across_heads)
-        norm_spans(qkv, qkv_width, rows, 1, 1, q_width, kv_width, l.q_norm, l.k_norm, l.eps);
-    else if (l.q_norm != nullptr)
-        norm_spans(qkv, qkv_width, rows, l.heads, l.kv_heads, l.dim, l.dim, l.q_norm, l.k_norm, l.eps);
-    if (s.query_scales != nullptr) scale_queries(qkv, qkv_width, q_width, s.query_scales, rows);
-    const T *cos = l.window_angles ? s.window_cos : s.cos, *sin = l.window_angles ? s.window_sin : s.sin;
-    rotate_and_store_rows(qkv, qkv_width, qkv + q_width, qkv_width, qkv + q_width + kv_width, qkv_width, cos, sin,
-                          rotary ? s.rotary_dim : 0, s.slots, rows, l.k_cache, l.v_cache, rotary ? q : nullptr, l.heads,
-                          l.kv_heads, l.dim);
-    decode_attention_rows(rotary ? q : qkv, rotary ? q_width : qkv_width, l.k_cache, l.v_cache, s.tables,
-                          s.max_blocks, s.lens, attn, q_width, rows, l.heads, l.kv_heads, l.dim, s.block_size,
-                          l.window, l.scale, l.softcap, l.sinks);
-    multiply(attn, q_width, q_width, l.out, l.out_bias, hidden, delta);
+    if (l.conv != nullptr) {  // LFM2's short convolution
+        multiply(attn_in, hidden, hidden, l.qkv, l.qkv_bias, 3 * hidden, qkv);
+        convolve_rows(qkv, hidden, l.conv, l.conv_bias, l.conv_taps, l.conv_cache, s.slots, s.tables, s.max_blocks,
+                      s.lens, s.block_size, rows, attn);
+        multiply(attn, hidden, hidden, l.out, l.out_bias, hidden, delta);
+    } else {
+        multiply(attn_in, hidden, hidden, l.qkv, l.qkv_bias, qkv_width, qkv);
+        if (l.q_norm != nullptr && l.norms_across_heads)
+            norm_spans(qkv, qkv_width, rows, 1, 1, q_width, kv_width, l.q_norm, l.k_norm, l.eps);
+        else if (l.q_norm != nullptr)
+            norm_spans(qkv, qkv_width, rows, l.heads, l.kv_heads, l.dim, l.dim, l.q_norm, l.k_norm, l.eps);
+        if (s.query_scales != nullptr) scale_queries(qkv, qkv_width, q_width, s.query_scales, rows);
+        const T *cos = l.window_angles ? s.window_cos : s.cos, *sin = l.window_angles ? s.window_sin : s.sin;
+        rotate_and_store_rows(qkv, qkv_width, qkv + q_width, qkv_width, qkv + q_width + kv_width, qkv_width, cos,
+                              sin, rotary ? s.rotary_dim : 0, s.slots, rows, l.k_cache, l.v_cache, rotary ? q : nullptr,
+                              l.heads, l.kv_heads, l.dim);
+        decode_attention_rows(rotary ? q : qkv, rotary ? q_width : qkv_width, l.k_cache, l.v_cache, s.tables,
+                              s.max_blocks, s.lens, attn, q_width, rows, l.heads, l.kv_heads, l.dim, s.block_size,
+                              l.window, l.scale, l.softcap, l.sinks);
+        multiply(attn, q_width, q_width, l.out, l.out_bias, hidden, delta);
+    }
     if (l.attn_out_norm != nullptr) norm_rows<T>(delta, nullptr, l.attn_out_norm, nullptr, false, l.eps, delta, rows, hidden);
     if (scales_residuals) scale_values(delta, l.residual_scale, rows * hidden);
     const T* mlp_in = x;  // (and so does its MLP)

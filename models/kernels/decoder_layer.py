@@ -32,6 +32,7 @@ from .cpu_linear import CpuLinear, default_panel_rows
 from ..families.gemma import Gemma
 from ..families.gpt2 import GPT2
 from ..families.layers import NativeDecoding, RMSNorm, chunk_rows, prefill_keys
+from ..families.lfm2 import Lfm2
 from ..families.llama import Llama
 from ..families.olmo import Olmo
 from ..families.moe import Experts, SparseMoE
@@ -112,10 +113,10 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
     _fields_ = [(name, _pointer) for name in (
         "input_norm", "input_norm_bias", "post_norm", "post_norm_bias", "qkv", "qkv_bias", "out", "out_bias", "up",
         "up_bias", "down", "down_bias", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm", "k_cache", "v_cache",
-        "experts", "sinks")]
+        "experts", "sinks", "conv", "conv_bias", "conv_cache")]
     _fields_ += [(name, _int64) for name in (
         "hidden", "intermediate", "heads", "kv_heads", "dim", "window", "layer_norm", "activation", "window_angles",
-        "rotates", "norms_across_heads")]
+        "rotates", "norms_across_heads", "conv_taps")]
     _fields_ += [(name, _double) for name in ("eps", "scale", "softcap", "residual_scale")]
 
 
@@ -144,17 +145,20 @@ def _address(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
 
 
-def _final_norm(model: Llama | Gemma | Olmo | GPT2) -> nn.Module:
+def _final_norm(model: Llama | Gemma | Olmo | Lfm2 | GPT2) -> nn.Module:
     """The final norm (RMSNorm or LayerNorm): its weight is on the activations' device, in their
     dtype (the output layer's weight may be blocks)."""
     return model.ln_f if isinstance(model, GPT2) else model.norm
 
 
-def _products(model: Llama | Gemma | Olmo | GPT2) -> list:
+def _products(model: Llama | Gemma | Olmo | Lfm2 | GPT2) -> list:
     """Every linear layer a decode step runs: the layers' four products each (a router, and a shared
     expert's products, where a layer routes to experts, whose products moe.Experts or BlockExperts
-    hold), then the output layer."""
-    if isinstance(model, (Llama, Olmo)):
+    hold; LFM2's convolution's two in its attention's place), then the output layer."""
+    if isinstance(model, Lfm2):
+        layers = [m for b in model.layers for m in (
+            (b.conv.in_proj, b.conv.out) if b.convolves else (b.attn.qkv, b.attn.out)) + (b.mlp.gate_up, b.mlp.down)]
+    elif isinstance(model, (Llama, Olmo)):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, *(
             _moe_products(b.mlp) if isinstance(b.mlp, SparseMoE) else (b.mlp.gate_up, b.mlp.down)))]
     elif isinstance(model, Gemma):
@@ -218,12 +222,16 @@ def _expert_weights(experts: Experts | BlockExperts, index: int) -> tuple[_Weigh
 
 
 class DecoderLayers:
-    def __init__(self, model: Llama | Gemma | Olmo | GPT2):
+    def __init__(self, model: Llama | Gemma | Olmo | Lfm2 | GPT2):
         self.dtype = _final_norm(model).weight.dtype
         self.weights = []  # the modules, tensors and structures whose addresses the layers hold, kept alive
         layer = (self._gpt2_layer if isinstance(model, GPT2) else self._gemma_layer if isinstance(model, Gemma)
-                 else self._olmo_layer if isinstance(model, Olmo) else self._llama_layer)
+                 else self._olmo_layer if isinstance(model, Olmo) else self._lfm2_layer if isinstance(model, Lfm2)
+                 else self._llama_layer)
         layers = [layer(block, model.spec) for block in model.layers]
+        # each layer's rows in the pool: its K/V (kv_cache.layer), or a convolution's (kv_cache.conv_layer)
+        self.pool_places = [(block.convolves, block.pool_layer) if isinstance(model, Lfm2) else (False, i)
+                            for i, block in enumerate(model.layers)]
         self.layers = (_Layer * len(layers))(*layers)
         # whether some layer rotates by the step's window angles (Gemma 3's local ones): forward() needs them
         self.needs_window_angles = any(layer.window_angles for layer in layers)
@@ -254,6 +262,19 @@ class DecoderLayers:
         if routes:
             layer.experts = ctypes.addressof(self._experts(mlp))
         layer.sinks = self._in_dtype(attn.sinks)
+        return layer
+
+    def _lfm2_layer(self, block, spec) -> _Layer:
+        """An attention layer as Qwen3's; a convolution layer with its input and output products in
+        the q/k/v's and the output's places, its taps (and their bias) in the layers' dtype."""
+        if not block.convolves:
+            return self._llama_layer(block, spec)
+        conv = block.conv
+        layer = self._layer((block.input_norm, block.post_norm), conv.in_proj, conv.out, block.mlp.gate_up,
+                            block.mlp.down, (None, None, None, None), hidden=spec.hidden_size,
+                            intermediate=spec.intermediate_size, heads=spec.num_heads, kv_heads=spec.num_kv_heads,
+                            dim=spec.head_dim, activation=SILU_GATED, eps=spec.rms_norm_eps, conv_taps=spec.conv_size)
+        layer.conv, layer.conv_bias = self._in_dtype(conv.weight), self._in_dtype(conv.bias)
         return layer
 
     def _in_dtype(self, tensor: torch.Tensor | None) -> int | None:
@@ -346,12 +367,13 @@ class DecoderLayers:
                     *(a for m, w in zip(products, weights)
                       for a in ((None, None) if m is None else (ctypes.addressof(w), _address(m.bias)))),
                     *map(self._factors, other_norms))
-        return _Layer(*pointers, None, None, None, None, rotates=rotates, residual_scale=residual_scale, **shape)
+        return _Layer(*pointers, None, None, None, None, None, None, None, rotates=rotates,
+                      residual_scale=residual_scale, **shape)
 
     @classmethod
     def of(cls, model) -> "DecoderLayers | None":
         """The native layers for ``model``, or None where it does not qualify (see the module's doc)."""
-        if not isinstance(model, (Llama, Gemma, Olmo, GPT2)):
+        if not isinstance(model, (Llama, Gemma, Olmo, Lfm2, GPT2)):
             return None
         weight = _final_norm(model).weight
         if not native.supports(weight.device, weight.dtype):
@@ -433,9 +455,12 @@ class DecoderLayers:
                      0 if starts is None else len(starts), TAKE_ROWS, 0)
         x = x.contiguous()
         if kv_cache is not self._pool:
-            for i, layer in enumerate(self.layers):
-                k_cache, v_cache = kv_cache.layer(i)
-                layer.k_cache, layer.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
+            for layer, (convolves, place) in zip(self.layers, self.pool_places):
+                if convolves:
+                    layer.conv_cache = kv_cache.conv_layer(place).data_ptr()
+                else:
+                    k_cache, v_cache = kv_cache.layer(place)
+                    layer.k_cache, layer.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
             self._pool = kv_cache
         logits = torch.empty(len(samples), self.head.vocab, dtype=x.dtype)
         kernel = native.function("loom_decoder_layers", self.dtype, KERNEL_ARGTYPES, kv_cache.dtype)

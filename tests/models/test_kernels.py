@@ -270,10 +270,10 @@ def with_random_norms(hf):
 # rope, qkv bias, windows, queries scaled by position, partial rotary, q/k norms per head and across heads,
 # no norms before the attention and MLP, layers without rotary, scaled residuals,
 # routed experts (Qwen3-MoE's beside a dense layer; gpt-oss's with biases and a clamped SwiGLU beside
-# attention sinks), soft-capped scores; LayerNorm and GELU
+# attention sinks), soft-capped scores, short convolutions in the attention's place (LFM2's); LayerNorm and GELU
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_sliding", "mistral", "ministral3", "phi3", "qwen3", "smollm3",
                                   "granite", "mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "gemma2", "gemma3",
-                                  "olmo2", "olmo3", "gpt2"])
+                                  "olmo2", "olmo3", "lfm2", "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS, ids=POOL_IDS)
 @pytest.mark.parametrize("streams", [2, 5, 21, "split"])  # rows at a time; panels; split rows
 def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, streams, two_threads):
@@ -312,11 +312,11 @@ def decode_both_ways(model, streams, cache_dtype):
     past a sliding window, one row not sampled: a prompt's one-token chunk) after their prefill,
     through decoder_layer.cpp and then through the torch layers from the same pool: (native logits,
     native pool, torch logits, torch pool)."""
-    from models.step import KVCache, Sequence, StepInput
+    from models.step import Sequence, StepInput
 
     gen = torch.Generator().manual_seed(3)
     lengths = ([70, 9, 33, 2, 17] + torch.randint(2, 80, (max(0, streams - 5),), generator=gen).tolist())[:streams]
-    kv = KVCache(model.num_layers, 10 * streams, 8, model.num_kv_heads, model.head_dim, cache_dtype, "cpu")
+    kv = pool_of(model, 10 * streams, cache_dtype)
     tables = [list(range(10 * i, 10 * i + 10)) for i in range(len(lengths))]
     prompts = [torch.randint(4, 90, (n,), generator=gen).tolist() for n in lengths]
     with torch.no_grad():
@@ -327,14 +327,32 @@ def decode_both_ways(model, streams, cache_dtype):
         decode = StepInput.flatten([Sequence(prompts[i][-1:], lengths[i] - 1, tables[i], i != order[1])
                                     for i in order], 8, torch.device("cpu"))
         assert len(decode.decode_groups) > 1 and decode.sample_indices.tolist() == [0] + list(range(2, streams))
-        saved = kv.data.clone()
+        saved = pool_contents(kv)
         native_logits = model(decode, kv)
-        native_cache = kv.data.clone()
-        kv.data.copy_(saved)
+        native_cache = pool_contents(kv)
+        restore(kv, saved)
         layers, model.decoder_layers = model.decoder_layers, None
         torch_logits = model(decode, kv)
         model.decoder_layers = layers
-    return native_logits, native_cache, torch_logits, kv.data
+    return native_logits, native_cache, torch_logits, pool_contents(kv)
+
+
+def pool_of(model, blocks: int, cache_dtype: torch.dtype):
+    """A pool of ``blocks`` blocks of 8 tokens for ``model``: its K/V, and its convolution layers' rows (LFM2's)."""
+    from models.step import KVCache
+    return KVCache(model.num_layers, blocks, 8, model.num_kv_heads, model.head_dim, cache_dtype, "cpu",
+                   getattr(model, "conv_rows", (0, 0)))
+
+
+def pool_contents(kv) -> torch.Tensor:
+    """Every element of a pool, K/V and convolution rows, as one vector (a copy)."""
+    return torch.cat([kv.data.flatten(), kv.conv.flatten()])
+
+
+def restore(kv, contents: torch.Tensor) -> None:
+    """A pool's elements back as pool_contents gave them."""
+    kv.data.view(-1).copy_(contents[:kv.data.numel()])
+    kv.conv.view(-1).copy_(contents[kv.data.numel():])
 
 
 @needs_kernel
@@ -363,7 +381,7 @@ def test_native_activations_are_zero_where_torch_underflows(arch, two_threads):
 
 @needs_kernel
 @pytest.mark.parametrize("arch", ["llama", "qwen2_sliding", "mistral", "ministral3", "qwen3", "smollm3", "granite",
-                                  "gemma2", "gemma3", "olmo3", "gpt2"])
+                                  "gemma2", "gemma3", "olmo3", "lfm2", "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS[:3], ids=POOL_IDS[:3])
 @pytest.mark.parametrize("pass_rows,threads", [(128, 1), (128, 2), (5, 2), (7, 1)])
 def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtype, pass_rows, threads, monkeypatch):
@@ -375,7 +393,7 @@ def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtyp
     layers'."""
     import models
     from models.kernels import decoder_layer
-    from models.step import KVCache, Sequence, StepInput
+    from models.step import Sequence, StepInput
 
     from ..conftest import tiny_model
 
@@ -385,7 +403,7 @@ def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtyp
     layers = model.decoder_layers
     gen = torch.Generator().manual_seed(7)
     tokens = lambda n: torch.randint(4, 90, (n,), generator=gen).tolist()
-    kv = KVCache(model.num_layers, 80, 8, model.num_kv_heads, model.head_dim, cache_dtype, "cpu")
+    kv = pool_of(model, 80, cache_dtype)
     table = lambda i: list(range(12 * i, 12 * i + 12))
     cpu = torch.device("cpu")
     decodes, prefix = [tokens(70), tokens(10)], tokens(25)
@@ -413,11 +431,11 @@ def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtyp
     torch.set_num_threads(threads)
     try:
         assert layers.splits(step, torch.get_num_threads(), kv) == (threads == 2)
-        saved = kv.data.clone()
+        saved = pool_contents(kv)
         with torch.no_grad():
             native_logits = model(step, kv)
-            native_cache = kv.data.clone()
-            kv.data.copy_(saved)
+            native_cache = pool_contents(kv)
+            restore(kv, saved)
             model.decoder_layers = None
             torch_logits = model(step, kv)
     finally:
@@ -429,7 +447,7 @@ def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtyp
         # norms a layer (factors up to 2.5 here) carry that further: 3 float16 steps at most seen
         tolerance = 2e-3
     torch.testing.assert_close(native_logits, torch_logits, atol=tolerance, rtol=tolerance)
-    torch.testing.assert_close(native_cache, kv.data, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(native_cache, pool_contents(kv), atol=tolerance, rtol=tolerance)
 
 
 @needs_kernel
@@ -441,14 +459,14 @@ def test_short_prefill_chunks_on_the_decode_kernel_match_sdpa(arch, dtype, cache
     the pool equal those of every chunk on SDPA."""
     import models
     from models.families import layers
-    from models.step import KVCache, Sequence, StepInput
+    from models.step import Sequence, StepInput
 
     from ..conftest import tiny_model
 
     model = models.load(tiny_model(arch), dtype=dtype).model
     gen = torch.Generator().manual_seed(5)
     tokens = lambda n: torch.randint(4, 90, (n,), generator=gen).tolist()
-    kv = KVCache(model.num_layers, 80, 8, model.num_kv_heads, model.head_dim, cache_dtype, "cpu")
+    kv = pool_of(model, 80, cache_dtype)
     table = lambda i: list(range(12 * i, 12 * i + 12))
     cpu = torch.device("cpu")
     decodes = [tokens(34), tokens(10)]

@@ -36,7 +36,7 @@ def test_an_lfm2_file_equals_its_transformers_model(tmp_path):
 @needs_kernels
 def test_a_quantized_lfm2_file_runs_in_its_blocks(tmp_path):
     """A file of 8-bit blocks runs its convolution layers' products in them, as the attention's and the
-    MLP's (no float copy), and answers as transformers over the file's values, each product's input
+    MLP's (no float copy), on the native layers, and answers as transformers over the file's values, each product's input
     rounded to 8 bits as the blocks' products round it, but near ties."""
     hf = tiny_model("lfm2", seed=4)
     path = write_gguf_of(hf, tmp_path / "lfm2-q8.gguf", "lfm2", matrices=Q.Q8_0)
@@ -49,6 +49,7 @@ def test_a_quantized_lfm2_file_runs_in_its_blocks(tmp_path):
     with Engine.from_pretrained(path, max_batch_size=8) as engine:
         convolutions = [block.conv for block in engine.model.layers if block.convolves]
         assert convolutions and all(isinstance(m, BlockLinear) for c in convolutions for m in (c.in_proj, c.out))
+        assert engine.model.decoder_layers is not None  # (its decode steps and short prompts on the native layers)
         config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
         handles = [engine.launch_response_tokens(p, config) for p in prompts]
         answers = [list(engine.stream_response_tokens(h, timeout=60)) for h in handles]
