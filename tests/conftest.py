@@ -133,6 +133,12 @@ CONFIGS = {
         vocab_size=VOCAB, hidden_size=64, intermediate_size=192, block_multiple_of=32, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
         pad_token_id=0, layer_types=["conv", "full_attention", "conv", "conv"], initializer_range=0.15),
+    # a dense leading layer, then experts chosen by sigmoid plus a bias each (tiny_model draws the bias)
+    "lfm2_moe": lambda: transformers.Lfm2MoeConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        pad_token_id=0, layer_types=["conv", "full_attention", "conv", "conv"], num_dense_layers=1, num_experts=6,
+        num_experts_per_tok=2, routed_scaling_factor=1.5, initializer_range=0.15, experts_implementation="eager"),
     "gemma3": lambda: transformers.Gemma3TextConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=1, head_dim=32, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
@@ -154,6 +160,7 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "granitemoe": transformers.GraniteMoeForCausalLM,
                  "granitemoeshared": transformers.GraniteMoeSharedForCausalLM,
                  "gemma2": transformers.Gemma2ForCausalLM, "lfm2": transformers.Lfm2ForCausalLM,
+                 "lfm2_moe": transformers.Lfm2MoeForCausalLM,
                  "gemma3": transformers.Gemma3ForCausalLM}
 
 
@@ -190,6 +197,9 @@ def tiny_model(arch: str, seed: int = 0, **config):
         for name, tensor in model.named_parameters():
             # (transformers starts gpt-oss's biases at 0, and Qwen2-MoE's shared expert's router near it)
             if name.endswith(("sinks", "_bias", "router.bias", "shared_expert_gate.weight")):
+                tensor.normal_(0.0, 0.5)
+        for name, tensor in model.named_buffers():  # (LFM2-MoE's selection bias, a buffer starting at 0)
+            if name.endswith("expert_bias"):
                 tensor.normal_(0.0, 0.5)
     return model
 
@@ -348,12 +358,13 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     writer.add_block_count(c.num_hidden_layers)
     writer.add_context_length(c.max_position_embeddings)
     writer.add_embedding_length(c.hidden_size)
-    lfm2 = arch == "lfm2"  # its MLP's width as derived, no K/V heads in a convolution layer, the convolution's length
+    # LFM2's: its MLP's width as derived, no K/V heads in a convolution layer, the convolution's length
+    lfm2 = arch in ("lfm2", "lfm2moe")
     writer.add_feed_forward_length(hf.model.layers[0].feed_forward.w1.out_features if lfm2 else c.intermediate_size)
     writer.add_head_count(heads)
     writer.add_head_count_kv([0 if t == "conv" else kv_heads for t in c.layer_types] if lfm2 else kv_heads)
     if lfm2:
-        writer.add_uint32("lfm2.shortconv.l_cache", c.conv_L_cache)
+        writer.add_uint32(f"{arch}.shortconv.l_cache", c.conv_L_cache)
     if getattr(c, "head_dim", None) not in (None, c.hidden_size // heads):
         writer.add_key_length(c.head_dim)
     writer.add_layer_norm_rms_eps(c.norm_eps if lfm2 else c.rms_norm_eps)
@@ -392,9 +403,11 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         if rest == "mlp.shared_expert_gate.weight":  # (one vector in the file)
             add(f"blk.{layer}.ffn_gate_inp_shexp.weight", values.reshape(-1))
             continue
-        if rest == "mlp.gate.moe_statics.e_score_correction_bias":  # ERNIE 4.5's, a vector
+        if rest in ("mlp.gate.moe_statics.e_score_correction_bias", "feed_forward.expert_bias"):  # ERNIE's, LFM2-MoE's
             add(f"blk.{layer}.exp_probs_b.bias", values.reshape(-1))
             continue
+        if rest.startswith("feed_forward.experts.") or rest == "feed_forward.gate.weight":  # LFM2-MoE's: as a mixture's
+            rest = rest.replace("feed_forward.", "mlp.", 1)
         if rest == "shared_mlp.input_linear.weight":  # Granite MoE Shared's gate and up rows together
             gate, up = np.split(values, 2, axis=0)
             add(f"blk.{layer}.ffn_gate_shexp.weight", np.ascontiguousarray(gate))

@@ -13,6 +13,7 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape qwen2moe-a2.7b --format q4_k_m --vocab 151936 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape ernie4_5moe-21b-a3b --format q4_k_m --vocab 103424 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape lfm2-1.2b --format q4_k_m --vocab 65536 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape lfm2moe-8b-a1b --format q4_k_m --vocab 65536 --out /tmp/gguf
 
 Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), mxfp4
 (gpt-oss's files as ggml-org publishes them: the experts in MXFP4, the other matrices in Q8_0), q4_k_m
@@ -37,7 +38,9 @@ expert of 5632 rows every token takes, weighted by the sigmoid of its own one-ro
 chosen by probability plus a bias an expert, exp_probs_b, and a shared expert two experts wide; its table
 tied); the lfm2 ones as LFM2's (architecture lfm2: ten of the sixteen layers short convolutions, shortconv.in_proj
 giving B, C and x, shortconv.conv's three taps a channel in F32, shortconv.out_proj; no K/V heads listed for
-them; the others attend with Qwen3's q/k norms; the final norm named token_embd_norm; its table tied);
+them; the others attend with Qwen3's q/k norms; the final norm named token_embd_norm; its table tied; the
+lfm2moe one as LFM2-8B-A1B: 18 of 24 layers convolutions, two dense leading layers, then 32 experts of 1792
+rows, 4 a token, chosen by the sigmoid of their logits plus a bias each, exp_probs_b);
 the qwen3moe one as a Qwen3-MoE (Qwen3's layout, 128 experts of 768 rows, 8 a token, each layer's
 three expert products a stack of all 128 experts' matrices, its router in F32 as llama-quantize leaves it);
 the ministral3 ones as Ministral 3's (architecture mistral3: Llama's layout, 128-wide heads, its yarn
@@ -93,7 +96,7 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "ministral3-8b": (4096, 14336, 34, 32, 8), "olmo3-7b": (4096, 11008, 32, 32, 32),
           "gpt-oss-20b": (2880, 2880, 24, 64, 8), "qwen2moe-a2.7b": (2048, 5632, 24, 16, 16),
           "ernie4_5moe-21b-a3b": (2560, 12288, 28, 20, 4), "lfm2-350m": (1024, 4608, 16, 16, 8),
-          "lfm2-1.2b": (2048, 8192, 16, 32, 8)}
+          "lfm2-1.2b": (2048, 8192, 16, 32, 8), "lfm2moe-8b-a1b": (2048, 7168, 24, 32, 8)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
 UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
           "qwen2moe-a2.7b"}  # the shapes whose output layer is a tensor of its own
@@ -142,6 +145,9 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
                                  shared_expert=3072, dense_lead=1, selection_bias=True),
            "lfm2": Layout("lfm2", rope_base=1e6, eps=1e-5, context=128000, head_norms=True,
                           attending=(2, 5, 8, 10, 12, 14)),
+           "lfm2moe": Layout("lfm2moe", rope_base=1e6, eps=1e-5, context=128000, head_norms=True,
+                             attending=(2, 6, 10, 14, 18, 21), experts=(32, 4, 1792), dense_lead=2,
+                             selection_bias=True),
            "qwen3moe": Layout("qwen3moe", head=128, rope_base=1e6, eps=1e-6, context=32768, head_norms=True,
                               experts=(128, 8, 768)),
            "ministral3": Layout("mistral3", head=128, rope_base=1e6, eps=1e-5, context=262144,
@@ -255,8 +261,8 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
         if family.attending is not None and i not in family.attending:  # a short convolution, then the MLP
             for name, shape in (("attn_norm", (hidden,)), ("shortconv.in_proj", (3 * hidden, hidden)),
                                 ("shortconv.conv", (hidden, CONV_TAPS)), ("shortconv.out_proj", (hidden, hidden)),
-                                (family.mlp_norm, (hidden,)), *mlp):
-                yield f"blk.{i}.{name}.weight", i, shape
+                                (family.mlp_norm, (hidden,)), *(dense if i < family.dense_lead else mlp)):
+                yield f"blk.{i}.{name}.{'bias' if name == 'exp_probs_b' else 'weight'}", i, shape
             continue
         for name, shape in (("attn_norm", (hidden,)), ("attn_q", (q, hidden)), ("attn_k", (kv, hidden)),
                             ("attn_v", (kv, hidden)), ("attn_output", (hidden, q)), (family.mlp_norm, (hidden,)),
@@ -274,7 +280,7 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
                 yield f"blk.{i}.{name}_norm.weight", i, shape[:1] if family.norms_across_heads else (head,)
             if family.output_norms and name in ("attn_output", "ffn_down"):
                 yield f"blk.{i}.{'post_attention_norm' if name == 'attn_output' else 'post_ffw_norm'}.weight", i, (hidden,)
-    yield "token_embd_norm.weight" if family.arch == "lfm2" else "output_norm.weight", -1, (hidden,)
+    yield "token_embd_norm.weight" if family.attending is not None else "output_norm.weight", -1, (hidden,)
     if not tied:
         yield "output.weight", -1, (vocab, hidden)
 
@@ -303,7 +309,7 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
     writer.add_head_count(heads)
     if family.attending is not None:  # (none in a convolution layer: how llama.cpp tells them apart)
         writer.add_head_count_kv([kv_heads if i in family.attending else 0 for i in range(layers)])
-        writer.add_uint32("lfm2.shortconv.l_cache", CONV_TAPS)
+        writer.add_uint32(f"{family.arch}.shortconv.l_cache", CONV_TAPS)
     else:
         writer.add_head_count_kv(kv_heads)
     writer.add_key_length(head)
@@ -332,6 +338,9 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
     if family.arch == "ernie4_5-moe":  # (llama.cpp requires the step)
         writer.add_leading_dense_block_count(family.dense_lead)
         writer.add_interleave_moe_layer_step(1)
+    if family.arch == "lfm2moe":  # (llama.cpp requires the gating function)
+        writer.add_leading_dense_block_count(family.dense_lead)
+        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     if family.yarn:
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(family.yarn[0])

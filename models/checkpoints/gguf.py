@@ -51,6 +51,12 @@ LAYER_NAMES = {
 # experts is its "post_attention_norm".
 # Phi-3's files hold its query, key and value rows in one matrix, and its gate and up rows in
 # "ffn_up", as its Hugging Face checkpoints do.
+# LFM2's by transformers' names (a mixture's experts keep LAYER_NAMES', which lfm2.py reads as they are)
+LFM2_LAYER_NAMES = {"attn_norm": "operator_norm", "ffn_norm": "ffn_norm", "attn_output": "self_attn.out_proj",
+                    "attn_q_norm": "self_attn.q_layernorm", "attn_k_norm": "self_attn.k_layernorm",
+                    "ffn_gate": "feed_forward.w1", "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2",
+                    "shortconv.in_proj": "conv.in_proj", "shortconv.conv": "conv.conv",
+                    "shortconv.out_proj": "conv.out_proj"}
 GEMMA_LAYER_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
                      "post_ffw_norm": "post_feedforward_layernorm"}
 ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
@@ -58,11 +64,7 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
                     "olmo2": {"post_attention_norm": "post_attention_layernorm",
                               "post_ffw_norm": "post_feedforward_layernorm"},
                     "gpt-oss": {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"},
-                    "lfm2": {"attn_norm": "operator_norm", "ffn_norm": "ffn_norm", "attn_output": "self_attn.out_proj",
-                             "attn_q_norm": "self_attn.q_layernorm", "attn_k_norm": "self_attn.k_layernorm",
-                             "ffn_gate": "feed_forward.w1", "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2",
-                             "shortconv.in_proj": "conv.in_proj", "shortconv.conv": "conv.conv",
-                             "shortconv.out_proj": "conv.out_proj"}}
+                    "lfm2": LFM2_LAYER_NAMES, "lfm2moe": LFM2_LAYER_NAMES}
 # parameters transformers names without a kind (gpt-oss's sinks: llama.cpp's converter adds ".weight";
 # ERNIE 4.5's selection bias, ".bias")
 BARE_NAMES = ("self_attn.sinks", "mlp.moe_statics.e_score_correction_bias")
@@ -351,7 +353,7 @@ def read_tokenizer(path: Path, arch: str | None = None) -> Tokenizer:
 # reads the tokenizer of a copy of the file's tokenizer metadata under Llama's name.
 TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "llama", "mistral3": "llama",
                        "ernie4_5": "llama", "ernie4_5-moe": "llama", "olmo2": "llama", "olmoe": "llama",
-                       "gpt-oss": "llama", "lfm2": "llama"}
+                       "gpt-oss": "llama", "lfm2": "llama", "lfm2moe": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

@@ -14,12 +14,16 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "granite": "granite", "gemma2": "gemma2", "gemma3": "gemma3_text", "qwen3moe": "qwen3_moe",
                  "granitemoe": "granitemoe", "mistral3": "ministral3", "ernie4_5": "llama", "olmo2": "olmo2",
                  "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen2moe": "qwen2_moe", "ernie4_5-moe": "ernie4_5_moe",
-                 "lfm2": "lfm2"}
+                 "lfm2": "lfm2", "lfm2moe": "lfm2_moe"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
 # Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
 MIXTURES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe",
-            "olmoe": "olmoe", "ernie4_5-moe": "ernie4_5_moe", "gpt-oss": "gpt_oss"}
+            "olmoe": "olmoe", "ernie4_5-moe": "ernie4_5_moe", "gpt-oss": "gpt_oss", "lfm2moe": "lfm2_moe"}
+# llama.cpp's expert_gating_func: how an architecture's experts are scored where the file says (LFM2-MoE's
+# sigmoid; the others' softmax, which their files need not say)
+GATING = {1: "softmax", 2: "sigmoid"}
+SIGMOID_MIXTURES = frozenset({"lfm2moe"})
 # the mixtures whose files may add a shared expert every token takes (Qwen2-MoE's always, weighted by a
 # router of its own; Granite MoE Shared's, a granitemoe file with expert_shared_feed_forward_length; ERNIE 4.5's)
 SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe"})
@@ -59,13 +63,17 @@ def check_architecture(meta: dict, file_name: str) -> str:
         if arch not in MIXTURES:
             raise ValueError(f"{file_name} is a {arch} model with {key('expert_count')} experts; Loom runs experts "
                              f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, "
-                             "OLMoE's, ERNIE 4.5's and gpt-oss's)")
+                             "OLMoE's, ERNIE 4.5's, gpt-oss's and LFM2-MoE's)")
         if key("expert_shared_feed_forward_length") and arch not in SHARED_EXPERTS:
             raise ValueError(f"{file_name} is a {arch} model with a shared expert, which Loom runs in "
                              f"{', '.join(sorted(SHARED_EXPERTS))} files only")
-        if key("expert_weights_scale") not in (None, 0.0, 1.0):  # (llama.cpp: 0 and 1 scale nothing)
+        if key("expert_weights_scale") not in (None, 0.0, 1.0) and arch not in SIGMOID_MIXTURES:
+            # (llama.cpp: 0 and 1 scale nothing; LFM2-MoE's routed_scaling_factor is read)
             raise ValueError(f"{file_name} scales its experts' weights by {key('expert_weights_scale')}, which Loom "
-                             "does not run")
+                             f"runs in {', '.join(sorted(SIGMOID_MIXTURES))} files only")
+        gating = GATING.get(key("expert_gating_func"), key("expert_gating_func"))
+        if gating is not None and gating != ("sigmoid" if arch in SIGMOID_MIXTURES else "softmax"):
+            raise ValueError(f"{file_name} scores its experts by {gating}, which Loom does not run for {arch}")
     return arch
 
 
@@ -94,7 +102,7 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         "num_hidden_layers": key("block_count"),
         "num_attention_heads": heads,
         # (LFM2's files list them a layer at a time, none for a convolution layer: _lfm2_layers)
-        "num_key_value_heads": None if arch == "lfm2" else shared("attention.head_count_kv", heads),
+        "num_key_value_heads": None if arch in ("lfm2", "lfm2moe") else shared("attention.head_count_kv", heads),
         "head_dim": key("attention.key_length"),
         "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-6),
         "rope_theta": key("rope.freq_base", 10000.0),
@@ -104,7 +112,7 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
     }
     if key("expert_count"):
         config |= _experts(arch, key, config)
-    if arch == "lfm2":
+    if arch in ("lfm2", "lfm2moe"):
         config |= _lfm2_layers(key, heads, config["num_hidden_layers"], file_name)
     if arch == "qwen2moe":  # (llama.cpp's adds the biases a file has)
         config["qkv_bias"] = "blk.0.attn_q.bias" in tensors
@@ -175,13 +183,18 @@ def _mistral3_scales(key, config: dict) -> dict:
 
 def _experts(arch: str, key, config: dict) -> dict:
     """A mixture of experts' config fields as transformers names them for Mixtral, Qwen2-MoE, Qwen3-MoE,
-    Granite MoE (Shared), OLMoE or gpt-oss: every layer routes, the chosen experts' weights renormalised
-    (but OLMoE's and Qwen2-MoE's), as llama.cpp runs them; a shared expert as wide as the file says (Qwen2-MoE's
-    feed_forward_length where it does not)."""
+    Granite MoE (Shared), OLMoE, gpt-oss, ERNIE 4.5 or LFM2-MoE: every layer routes (but ERNIE's and
+    LFM2-MoE's dense leading ones), the chosen experts' weights renormalised (but OLMoE's and Qwen2-MoE's),
+    as llama.cpp runs them; a shared expert as wide as the file says (Qwen2-MoE's feed_forward_length where
+    it does not)."""
     experts, used, inner = key("expert_count"), key("expert_used_count"), key("expert_feed_forward_length")
     shared = key("expert_shared_feed_forward_length")
     if arch == "ernie4_5-moe":
         return _ernie_experts(key, config, experts, used, inner, shared)
+    if arch == "lfm2moe":  # (llama.cpp requires its bias, renormalises; its dense layers feed_forward_length wide)
+        return {"num_experts": experts, "num_experts_per_tok": used, "moe_intermediate_size": inner,
+                "num_dense_layers": key("leading_dense_block_count") or 0, "use_expert_bias": True,
+                "norm_topk_prob": True, "routed_scaling_factor": key("expert_weights_scale") or 1.0}
     if MIXTURES[arch] == "granitemoe" and shared:
         return {"model_type": "granitemoeshared", "num_local_experts": experts, "num_experts_per_tok": used,
                 "intermediate_size": inner or config["intermediate_size"], "shared_intermediate_size": shared}

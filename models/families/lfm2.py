@@ -1,6 +1,7 @@
 """LFM2 (Liquid's hybrid models) over the paged KV cache: most layers mix their tokens through a short
 convolution in attention's place, the others attend as Qwen3 does (each head's query and key
-normalised); every layer then takes a SwiGLU MLP.
+normalised); every layer then takes a SwiGLU MLP, or (LFM2-MoE, past its dense leading layers) routed
+experts chosen by the sigmoid of their logits plus a bias each (moe.py).
 
 A convolution layer's product gives three rows a token, B, C and x; B x is convolved over this token
 and the ``conv_size - 1`` before it, a channel at a time, and C times that goes through the output
@@ -20,9 +21,10 @@ from torch import nn
 
 from .layers import QKV, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, SwiGLU, fused
 from .llama import Attention
+from .moe import MoESpec, SparseMoE
 from .rope import Rotary, rope_type
 
-FAMILIES = ("lfm2",)
+FAMILIES = ("lfm2", "lfm2_moe")
 # transformers' LFM2 defaults, for a config that leaves them out
 DEFAULT_THETA, DEFAULT_EPS, DEFAULT_CONTEXT = 1_000_000.0, 1e-5, 128_000
 # llama.cpp's and transformers' names of LFM2's gate and up products, fused as Llama's are
@@ -38,6 +40,7 @@ class Lfm2Spec(DecoderShape):
     layer_convolves: tuple[bool, ...]  # whether each layer is a short convolution (else it attends)
     conv_size: int                     # the tokens a convolution reads: this one and conv_size - 1 before
     conv_bias: bool
+    moe: MoESpec | None                # LFM2-MoE's experts
     # what llama.Attention reads: each head's query and key normalised, no biases, no sinks; and the
     # native layers of a Llama block: outputs added as they are
     qk_norm = True
@@ -68,15 +71,16 @@ class Lfm2Spec(DecoderShape):
             rope_scaling=rope if rope_type(rope) != "default" else None, max_position=trained,
             tie_word_embeddings=bool(c.get("tie_word_embeddings", c.get("tie_embedding", True))),
             layer_convolves=tuple(t == "conv" for t in types), conv_size=c.get("conv_L_cache", 3),
-            conv_bias=bool(c.get("conv_bias", False)))
+            conv_bias=bool(c.get("conv_bias", False)), moe=MoESpec.from_hf(c))
 
 
 def feed_forward_width(c: dict) -> int:
     """The MLP's width as transformers' Lfm2MLP derives it from the config: two thirds of
     intermediate_size, times block_ffn_dim_multiplier, rounded up to block_multiple_of, unless
-    block_auto_adjust_ff_dim is off (a GGUF file's, which keeps the width itself)."""
+    block_auto_adjust_ff_dim is off (a GGUF file's, which keeps the width itself); LFM2-MoE's dense
+    layers take intermediate_size as it is."""
     width = c["intermediate_size"]
-    if not c.get("block_auto_adjust_ff_dim", True):
+    if not c.get("block_auto_adjust_ff_dim", True) or c["model_type"] == "lfm2_moe":
         return width
     width = int(2 * width / 3)
     multiplier, multiple = c.get("block_ffn_dim_multiplier"), c.get("block_multiple_of", 256)
@@ -142,7 +146,8 @@ class Block(nn.Module):
         self.conv = ShortConv(s, place) if self.convolves else None
         self.pool_layer = place
         self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.mlp = SwiGLU(s.hidden_size, s.intermediate_size)
+        self.mlp = SparseMoE(s.hidden_size, s.moe) if s.moe and s.moe.routes(index) else \
+            SwiGLU(s.hidden_size, s.intermediate_size)
 
     def forward(self, x, cos, sin, kv_cache, step, masks, earlier):
         h = self.input_norm(x)
@@ -179,7 +184,8 @@ class Lfm2(DecoderModel):
 
     @staticmethod
     def convert(hf: dict[str, torch.Tensor], s: Lfm2Spec) -> dict[str, torch.Tensor]:
-        """Transformers' parameter names -> this module's, fusing q/k/v and gate/up."""
+        """Transformers' parameter names -> this module's, fusing q/k/v and gate/up; a routed layer's
+        feed_forward read as a mixture's mlp (moe.py's layouts)."""
         hf = {k.removeprefix("model."): v for k, v in hf.items()}
         out = {"embed.weight": hf["embed_tokens.weight"], "norm.weight": hf["embedding_norm.weight"]}
         out["lm_head.weight"] = hf["embed_tokens.weight"] if s.tie_word_embeddings else hf["lm_head.weight"]
@@ -200,6 +206,11 @@ class Lfm2(DecoderModel):
                 out[o + "attn.out.weight"] = hf[p + "self_attn.out_proj.weight"]
                 out[o + "attn.q_norm.weight"] = hf[p + "self_attn.q_layernorm.weight"]
                 out[o + "attn.k_norm.weight"] = hf[p + "self_attn.k_layernorm.weight"]
+            if s.moe and s.moe.routes(i):
+                for name in [n for n in hf if n.startswith(p + "feed_forward.")]:
+                    hf[name.replace(p + "feed_forward.", p + "mlp.", 1)] = hf.pop(name)
+                out.update(SparseMoE.convert(hf, p, o + "mlp.", s.moe))
+                continue
             out[o + "mlp.gate_up.weight"] = fused(hf, p, FEED_FORWARD)
             out[o + "mlp.down.weight"] = hf[p + "feed_forward.w2.weight"]
         return out

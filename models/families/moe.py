@@ -1,5 +1,5 @@
 """Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE and MoE Shared, OLMoE, ERNIE 4.5,
-gpt-oss): a router picks each token's top-k experts; the step's tokens are grouped by expert so that
+gpt-oss, LFM2-MoE): a router picks each token's top-k experts; the step's tokens are grouped by expert so that
 every expert runs one matrix product per step on all the tokens routed to it, however many requests the
 flat batch holds. Some mixtures add a shared expert every token takes (Qwen2-MoE's weighted by a router
 of its own)."""
@@ -16,8 +16,10 @@ from .layers import SwiGLU, fused
 
 # a shared expert's fused gate and up rows, or its two products (layers.fused's)
 SHARED_GATE_UP = ("mlp.shared_expert.gate_up_proj", ("mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj"))
-# where ERNIE 4.5's selection bias lies: transformers 5's layout, its checkpoints' (and a GGUF file's)
-SELECTION_BIASES = ("mlp.gate.moe_statics.e_score_correction_bias", "mlp.moe_statics.e_score_correction_bias")
+# where a selection bias lies: ERNIE 4.5's in transformers 5's layout, in its checkpoints' (and a GGUF
+# file's); LFM2-MoE's (its feed_forward named mlp here: lfm2.py)
+SELECTION_BIASES = ("mlp.gate.moe_statics.e_score_correction_bias", "mlp.moe_statics.e_score_correction_bias",
+                    "mlp.expert_bias")
 
 
 @dataclass(frozen=True)
@@ -35,8 +37,11 @@ class MoESpec:
     shared_intermediate_size: int = 0  # the width of an expert every token takes (0: none)
     shared_gate: bool = False  # the shared expert's output weighted by sigmoid(a one-row router's logit) (Qwen2-MoE)
     # a bias an expert added to its probability to choose the top-k, not to weigh them (ERNIE 4.5's
-    # e_score_correction_bias, a GGUF file's exp_probs_b)
+    # e_score_correction_bias, LFM2-MoE's expert_bias, a GGUF file's exp_probs_b)
     selection_bias: bool = False
+    # each expert's probability the sigmoid of its logit, not the softmax over the experts (LFM2-MoE's)
+    sigmoid: bool = False
+    routed_scale: float = 1.0  # the chosen experts' weights times this (after any renormalising)
 
     @classmethod
     def from_hf(cls, c: dict) -> "MoESpec | None":
@@ -61,6 +66,11 @@ class MoESpec:
                        True, frozenset(i for i in range(layers) if not start <= i <= end),
                        c.get("moe_layer_interval") or 1,
                        shared_intermediate_size=inner * (c.get("moe_num_shared_experts") or 0), selection_bias=True)
+        if kind == "lfm2_moe":  # (its weights over their sum plus 1e-6 in transformers, over their sum here)
+            return cls(c["num_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"],
+                       bool(c.get("norm_topk_prob", True)), frozenset(range(c.get("num_dense_layers", 2))), 1,
+                       selection_bias=bool(c.get("use_expert_bias", True)), sigmoid=True,
+                       routed_scale=float(c.get("routed_scaling_factor") or 1.0))
         if kind in ("qwen3_moe", "qwen2_moe"):
             experts = c.get("num_experts") or c["num_local_experts"]  # the hub's name, transformers 5's
             shared = (c.get("shared_expert_intermediate_size") or 0) if kind == "qwen2_moe" else 0
@@ -130,12 +140,15 @@ class SparseMoE(nn.Module):
 
     def forward(self, x):
         # Routing in float32, as transformers does: its top-k and weights then match exactly.
-        probs = self.router(x).float().softmax(-1)
+        logits = self.router(x).float()
+        probs = logits.sigmoid() if self.spec.sigmoid else logits.softmax(-1)
         scores = probs if self.selection_bias is None else probs + self.selection_bias.float()
         experts = scores.topk(self.spec.top_k, dim=-1).indices
         weights = probs.gather(-1, experts)
         if self.spec.normalize:
             weights = weights / weights.sum(-1, keepdim=True)
+        if self.spec.routed_scale != 1.0:
+            weights = weights * self.spec.routed_scale
         weights, experts = weights.to(x.dtype).flatten(), experts.flatten()
         order = experts.argsort(stable=True)  # (token, choice) pairs grouped by expert
         counts = torch.bincount(experts, minlength=self.spec.num_experts).tolist()
@@ -184,13 +197,13 @@ def _shared_expert(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
 
 
 def _routed_experts(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
-    """The router and experts under ``prefix`` in any of the seven layouts: gpt-oss's (mlp.router;
+    """The router and experts under ``prefix`` in any of the eight layouts: gpt-oss's (mlp.router;
     mlp.experts.gate_up_proj [experts, hidden, 2 x inner], each expert's gate and up columns
     interleaved, down_proj [experts, inner, hidden], their biases), transformers 5's
     fused tensors (mlp.experts.gate_up_proj; Granite MoE's under block_sparse_moe), Granite MoE's
     files (block_sparse_moe.input_linear, output_linear: already stacks), Mixtral's files
-    (block_sparse_moe.experts.E.w1/w3/w2), Qwen3-MoE's files (mlp.experts.E.gate_proj/up_proj/
-    down_proj), and a GGUF file's stacks (mlp.experts.gate_proj/up_proj/down_proj.weight: float
+    (block_sparse_moe.experts.E.w1/w3/w2), LFM2-MoE's (mlp.experts.E.w1/w3/w2), Qwen3-MoE's files
+    (mlp.experts.E.gate_proj/up_proj/down_proj), and a GGUF file's stacks (mlp.experts.gate_proj/up_proj/down_proj.weight: float
     [experts, rows, width], or blocks of experts x rows rows, which stay three,
     kernels/block_experts.py's)."""
     experts = out_prefix + "experts."
@@ -219,6 +232,8 @@ def _routed_experts(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
         return out
     if prefix + "block_sparse_moe.gate.weight" in hf:
         base, names = prefix + "block_sparse_moe.", ("w1", "w3", "w2")
+    elif prefix + "mlp.experts.0.w1.weight" in hf:  # (LFM2-MoE's files, their feed_forward named mlp: lfm2.py)
+        base, names = prefix + "mlp.", ("w1", "w3", "w2")
     else:
         base, names = prefix + "mlp.", ("gate_proj", "up_proj", "down_proj")
     expert = lambda e, n: hf[f"{base}experts.{e}.{n}.weight"]

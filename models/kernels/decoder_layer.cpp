@@ -60,15 +60,16 @@ enum Activation : int64_t { GELU_TANH = 0, SILU_GATED = 1, GELU_TANH_GATED = 2, 
 // shared_intermediate wide, added to the routed ones' output: weighted by the sigmoid of shared_gate's
 // one logit where that is not null (Qwen2-MoE's), as it is otherwise. ``selection_bias`` (ERNIE 4.5's;
 // null elsewhere): an expert's bias [count], in the model's type, added to its probability to choose
-// a row's top_k, not to weigh them.
+// a row's top_k, not to weigh them. With ``sigmoid`` (LFM2-MoE's) an expert's probability is the
+// sigmoid of its logit, not their softmax. The chosen weights are multiplied by ``routed_scale``.
 struct Experts {
     const Weights* router;
     const Weights* gate_up;  // count of them
     const Weights* down;     // count of them
     const void *router_bias, *gate_up_bias, *down_bias, *selection_bias;
     const Weights *shared_gate_up, *shared_down, *shared_gate;
-    int64_t count, top_k, normalize, activation, shared_intermediate;
-    double alpha, limit;
+    int64_t count, top_k, normalize, activation, shared_intermediate, sigmoid;
+    double alpha, limit, routed_scale;
 };
 
 // One layer's weights and shape, filled once at load (decoder_layer.py mirrors this layout: every
@@ -378,8 +379,13 @@ void choose_experts(const T* logits, int64_t rows, const Experts& e, T* pair_wei
         probs.resize(e.count);
         order.resize(e.count);
         R top = R(l[0]), sum = 0, chosen = 0;
-        for (int64_t i = 1; i < e.count; ++i) top = std::max(top, R(l[i]));
-        for (int64_t i = 0; i < e.count; ++i) sum += probs[i] = std::exp(R(l[i]) - top);
+        if (e.sigmoid) {  // (a sum of 1: each probability its own)
+            for (int64_t i = 0; i < e.count; ++i) probs[i] = R(1) / (R(1) + std::exp(-R(l[i])));
+            sum = 1;
+        } else {
+            for (int64_t i = 1; i < e.count; ++i) top = std::max(top, R(l[i]));
+            for (int64_t i = 0; i < e.count; ++i) sum += probs[i] = std::exp(R(l[i]) - top);
+        }
         for (int64_t i = 0; i < e.count; ++i) order[i] = i;
         const R* score = probs.data();  // (a row's probabilities, or with a bias their sum with it)
         if (bias != nullptr) {
@@ -393,7 +399,7 @@ void choose_experts(const T* logits, int64_t rows, const Experts& e, T* pair_wei
         for (int64_t j = 0; j < e.top_k; ++j) chosen += probs[order[j]] / sum;
         for (int64_t j = 0; j < e.top_k; ++j) {
             const R weight = probs[order[j]] / sum;
-            pair_weights[r * e.top_k + j] = T(e.normalize ? weight / chosen : weight);
+            pair_weights[r * e.top_k + j] = T((e.normalize ? weight / chosen : weight) * R(e.routed_scale));
             pair_experts[r * e.top_k + j] = order[j];
         }
     }

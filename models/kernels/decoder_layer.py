@@ -105,8 +105,9 @@ class _Weights(ctypes.Structure):  # decoder_layer.cpp's Weights
 class _Experts(ctypes.Structure):  # decoder_layer.cpp's Experts
     _fields_ = [(name, _pointer) for name in ("router", "gate_up", "down", "router_bias", "gate_up_bias", "down_bias",
                                               "selection_bias", "shared_gate_up", "shared_down", "shared_gate")]
-    _fields_ += [(name, _int64) for name in ("count", "top_k", "normalize", "activation", "shared_intermediate")]
-    _fields_ += [(name, _double) for name in ("alpha", "limit")]
+    _fields_ += [(name, _int64) for name in ("count", "top_k", "normalize", "activation", "shared_intermediate",
+                                              "sigmoid")]
+    _fields_ += [(name, _double) for name in ("alpha", "limit", "routed_scale")]
 
 
 class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
@@ -157,15 +158,19 @@ def _products(model: Llama | Gemma | Olmo | Lfm2 | GPT2) -> list:
     hold; LFM2's convolution's two in its attention's place), then the output layer."""
     if isinstance(model, Lfm2):
         layers = [m for b in model.layers for m in (
-            (b.conv.in_proj, b.conv.out) if b.convolves else (b.attn.qkv, b.attn.out)) + (b.mlp.gate_up, b.mlp.down)]
+            (b.conv.in_proj, b.conv.out) if b.convolves else (b.attn.qkv, b.attn.out)) + _mlp_products(b.mlp)]
     elif isinstance(model, (Llama, Olmo)):
-        layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, *(
-            _moe_products(b.mlp) if isinstance(b.mlp, SparseMoE) else (b.mlp.gate_up, b.mlp.down)))]
+        layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, *_mlp_products(b.mlp))]
     elif isinstance(model, Gemma):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.gate_up, b.down)]
     else:
         layers = [m for b in model.layers for m in (b.qkv, b.attn_out, b.fc, b.proj)]
     return layers + [model.lm_head]
+
+
+def _mlp_products(mlp: nn.Module) -> tuple:
+    """An MLP's linear layers: a SwiGLU's two, or a mixture's (_moe_products)."""
+    return _moe_products(mlp) if isinstance(mlp, SparseMoE) else (mlp.gate_up, mlp.down)
 
 
 def _moe_products(moe: SparseMoE) -> tuple:
@@ -242,7 +247,7 @@ class DecoderLayers:
                                default_panel_rows())
         # from how many rows each thread carries its own through the layers
         avx2 = native.library().loom_vector_bytes() == 32
-        routes = isinstance(model, Llama) and any(isinstance(block.mlp, SparseMoE) for block in model.layers)
+        routes = isinstance(model, (Llama, Lfm2)) and any(isinstance(block.mlp, SparseMoE) for block in model.layers)
         self.split_rows = EXPERT_SPLIT_ROWS_PER_THREAD if routes else SPLIT_ROWS_PER_THREAD
         # whether the threads' own rows may compute no more panel rows than the team's (PANEL_SLACK)
         self.weighs_panels = avx2 and _reads_float32(model)
@@ -269,12 +274,16 @@ class DecoderLayers:
         the q/k/v's and the output's places, its taps (and their bias) in the layers' dtype."""
         if not block.convolves:
             return self._llama_layer(block, spec)
-        conv = block.conv
-        layer = self._layer((block.input_norm, block.post_norm), conv.in_proj, conv.out, block.mlp.gate_up,
-                            block.mlp.down, (None, None, None, None), hidden=spec.hidden_size,
-                            intermediate=spec.intermediate_size, heads=spec.num_heads, kv_heads=spec.num_kv_heads,
-                            dim=spec.head_dim, activation=SILU_GATED, eps=spec.rms_norm_eps, conv_taps=spec.conv_size)
+        conv, mlp = block.conv, block.mlp
+        routes = isinstance(mlp, SparseMoE)
+        layer = self._layer((block.input_norm, block.post_norm), conv.in_proj, conv.out, None if routes else mlp.gate_up,
+                            None if routes else mlp.down, (None, None, None, None), hidden=spec.hidden_size,
+                            intermediate=mlp.spec.intermediate_size if routes else spec.intermediate_size,
+                            heads=spec.num_heads, kv_heads=spec.num_kv_heads, dim=spec.head_dim, activation=SILU_GATED,
+                            eps=spec.rms_norm_eps, conv_taps=spec.conv_size)
         layer.conv, layer.conv_bias = self._in_dtype(conv.weight), self._in_dtype(conv.bias)
+        if routes:
+            layer.experts = ctypes.addressof(self._experts(mlp))
         return layer
 
     def _in_dtype(self, tensor: torch.Tensor | None) -> int | None:
@@ -301,7 +310,7 @@ class DecoderLayers:
                            self._in_dtype(moe.experts.down_bias), self._in_dtype(moe.selection_bias),
                            *(None if w is None else ctypes.addressof(w) for w in shared), s.num_experts, s.top_k,
                            s.normalize, SILU_GATED if s.clamped_swiglu is None else CLAMPED_SWIGLU,
-                           s.shared_intermediate_size, alpha, limit)
+                           s.shared_intermediate_size, s.sigmoid, alpha, limit, s.routed_scale)
         self.weights.append((moe, router, gate_up, down, shared, experts))
         return experts
 

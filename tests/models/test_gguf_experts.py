@@ -58,6 +58,11 @@ MIXTURES = {"mixtral": ("llama", lambda c: {"expert_count": c.num_local_experts,
                                                         "leading_dense_block_count": c.moe_layer_start_index,
                                                         "interleave_moe_layer_step": c.moe_layer_interval}),
             "olmoe": ("olmoe", lambda c: {"expert_count": c.num_experts, "expert_used_count": c.num_experts_per_tok}),
+            "lfm2_moe": ("lfm2moe", lambda c: {"expert_count": c.num_experts, "expert_used_count": c.num_experts_per_tok,
+                                               "expert_feed_forward_length": c.moe_intermediate_size,
+                                               "leading_dense_block_count": c.num_dense_layers,
+                                               "expert_weights_scale": c.routed_scaling_factor,
+                                               "expert_gating_func": 2}),
             "gpt_oss": ("gpt-oss", lambda c: {"expert_count": c.num_local_experts,
                                               "expert_used_count": c.num_experts_per_tok,
                                               "expert_feed_forward_length": c.intermediate_size,
@@ -71,7 +76,7 @@ MIXTURES = {"mixtral": ("llama", lambda c: {"expert_count": c.num_local_experts,
 SETTINGS = {"mixtral": {}, "qwen3_moe": {"mlp_only_layers": [], "moe_intermediate_size": 64}, "granitemoe": {},
             "qwen2_moe": {"mlp_only_layers": [], "moe_intermediate_size": 64, "shared_expert_intermediate_size": 96},
             "granitemoeshared": {"shared_intermediate_size": 96}, "ernie4_5_moe": {},
-            "olmoe": {}, "gpt_oss": {"swiglu_limit": 7.0, "intermediate_size": 64, "rope_parameters": {
+            "olmoe": {}, "lfm2_moe": {}, "gpt_oss": {"swiglu_limit": 7.0, "intermediate_size": 64, "rope_parameters": {
                 "rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
                 "truncate": True, "original_max_position_embeddings": 64}}}
 
@@ -88,7 +93,8 @@ def mixture_file(path, arch: str, seed: int = 3, matrices: Q | None = None):
 def test_a_mixture_file_equals_its_transformers_model(tmp_path, arch):
     """Every mixture's file (every expert's matrices of a product one stack, the router a matrix of its
     own; Granite's four multipliers; OLMoE's and Qwen2-MoE's weights not renormalised; a shared expert,
-    Qwen2-MoE's weighted by its router; ERNIE 4.5's bias to choose experts by): Loom's greedy tokens
+    Qwen2-MoE's weighted by its router; ERNIE 4.5's and LFM2-MoE's bias to choose experts by, LFM2-MoE's
+    sigmoid scores and scaled weights): Loom's greedy tokens
     and log-probabilities equal transformers' over the same weights."""
     hf, path = mixture_file(tmp_path / f"{arch}.gguf", arch)
     rng = random.Random(5)

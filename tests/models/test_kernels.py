@@ -273,7 +273,7 @@ def with_random_norms(hf):
 # attention sinks), soft-capped scores, short convolutions in the attention's place (LFM2's); LayerNorm and GELU
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_sliding", "mistral", "ministral3", "phi3", "qwen3", "smollm3",
                                   "granite", "mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "gemma2", "gemma3",
-                                  "olmo2", "olmo3", "lfm2", "gpt2"])
+                                  "olmo2", "olmo3", "lfm2", "lfm2_moe", "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS, ids=POOL_IDS)
 @pytest.mark.parametrize("streams", [2, 5, 21, "split"])  # rows at a time; panels; split rows
 def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, streams, two_threads):
@@ -301,7 +301,7 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, 
         streams = 2 * model.decoder_layers.split_rows + 3
     native_logits, native_cache, torch_logits, torch_cache = decode_both_ways(model, streams, cache_dtype)
     tolerance = {torch.float32: 1e-4, torch.float64: 1e-10, torch.float16: 1e-3, torch.bfloat16: 1e-2}[cache_dtype]
-    if arch in ("mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss"):  # experts weighted in float32 whatever the dtype, as transformers does
+    if arch in ("mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "lfm2_moe"):  # experts weighted in float32 whatever the dtype, as transformers does
         tolerance = max(tolerance, 1e-5)
     torch.testing.assert_close(native_logits, torch_logits, atol=tolerance, rtol=tolerance)
     torch.testing.assert_close(native_cache, torch_cache, atol=tolerance, rtol=tolerance)

