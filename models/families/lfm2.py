@@ -93,8 +93,9 @@ def earlier_slots(step, back: int) -> torch.Tensor:
     """[T, back]: where in the pool the row of the token 1, 2, ..., ``back`` positions before each of
     the step's tokens lies (its sequence's block table at that position), -1 before the sequence's
     first token."""
-    slots = torch.full((len(step.positions), back), -1, dtype=torch.long)
-    offsets = torch.arange(1, back + 1)
+    device = step.positions.device
+    slots = torch.full((len(step.positions), back), -1, dtype=torch.long, device=device)
+    offsets = torch.arange(1, back + 1, device=device)
     runs = [(g.start, g.end, g.block_tables) for g in step.decode_groups]
     runs += [(c.start, c.end, c.block_table.expand(c.end - c.start, -1)) for c in step.prefills]
     for start, end, tables in runs:
