@@ -29,7 +29,8 @@ from .kernels.cpu_linear import use_cpu_linears
 from .kernels.decoder_layer import use_decoder_layers
 from .kernels.quantized import BLOCK_WEIGHTS, check_weights, reduce_linears, runs_blocks
 
-ARCHITECTURES = {"gpt2": (GPT2Spec, GPT2), "gemma2": (GemmaSpec, Gemma), "gemma3_text": (GemmaSpec, Gemma),
+ARCHITECTURES = {"gpt2": (GPT2Spec, GPT2), "gemma": (GemmaSpec, Gemma), "gemma2": (GemmaSpec, Gemma),
+                 "gemma3_text": (GemmaSpec, Gemma),
                  **{family: (LlamaSpec, Llama) for family in LLAMA_FAMILIES},
                  **{family: (OlmoSpec, Olmo) for family in OLMO_FAMILIES},
                  **{family: (Lfm2Spec, Lfm2) for family in LFM2_FAMILIES}}

@@ -46,7 +46,8 @@ LAYER_NAMES = {
     # an expert's bias to choose it by (ERNIE 4.5's), by its checkpoints' name
     "exp_probs_b": "mlp.moe_statics.e_score_correction_bias",
 }
-# Gemma 2 and 3 have four norms per block; llama.cpp's "ffn_norm" is their pre-feed-forward norm.
+# Gemma 2 and 3 have four norms per block; llama.cpp's "ffn_norm" is their pre-feed-forward norm
+# (Gemma 1 has Llama's two).
 # OLMo's two norms a block normalise the attention's and the MLP's outputs. gpt-oss's norm before its
 # experts is its "post_attention_norm".
 # Phi-3's files hold its query, key and value rows in one matrix, and its gate and up rows in
@@ -70,7 +71,7 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
 BARE_NAMES = ("self_attn.sinks", "mlp.moe_statics.e_score_correction_bias")
 # llama.cpp multiplies by a norm's weight where Gemma multiplies by (1 + weight): its converter
 # stores weight + 1, which loading takes back.
-NORM_OFFSET = {"gemma2": 1.0, "gemma3": 1.0}
+NORM_OFFSET = {"gemma": 1.0, "gemma2": 1.0, "gemma3": 1.0}
 SUPPORTED_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
                    Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4}
 # llama.cpp's names of the products a layer fuses (q/k/v, gate/up), and of its experts' stacks: each
@@ -350,10 +351,11 @@ def read_tokenizer(path: Path, arch: str | None = None) -> Tokenizer:
 # Architectures whose files transformers' GGUF reader refuses (or, gpt-oss's, fails on: transformers 5.25
 # reads its rope.scaling keys' lengths as their values), though it converts their tokenizers (a BPE one by
 # tokenizer.ggml.model and .pre alone; its SentencePiece builders differ only for Gemma and Phi-3): it
-# reads the tokenizer of a copy of the file's tokenizer metadata under Llama's name.
+# reads the tokenizer of a copy of the file's tokenizer metadata under Llama's name (Gemma 1's under
+# Gemma 2's, for Gemma's SentencePiece build).
 TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "llama", "mistral3": "llama",
                        "ernie4_5": "llama", "ernie4_5-moe": "llama", "olmo2": "llama", "olmoe": "llama",
-                       "gpt-oss": "llama", "lfm2": "llama", "lfm2moe": "llama"}
+                       "gpt-oss": "llama", "lfm2": "llama", "lfm2moe": "llama", "gemma": "gemma2"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

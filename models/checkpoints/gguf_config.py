@@ -11,7 +11,7 @@ from ..kernels.block_formats import widened
 
 # gguf architecture -> transformers model_type
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "smollm3": "smollm3",
-                 "granite": "granite", "gemma2": "gemma2", "gemma3": "gemma3_text", "qwen3moe": "qwen3_moe",
+                 "granite": "granite", "gemma": "gemma", "gemma2": "gemma2", "gemma3": "gemma3_text", "qwen3moe": "qwen3_moe",
                  "granitemoe": "granitemoe", "mistral3": "ministral3", "ernie4_5": "llama", "olmo2": "olmo2",
                  "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen2moe": "qwen2_moe", "ernie4_5-moe": "ernie4_5_moe",
                  "lfm2": "lfm2", "lfm2moe": "lfm2_moe"}
@@ -116,6 +116,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         config |= _lfm2_layers(key, heads, config["num_hidden_layers"], file_name)
     if arch == "qwen2moe":  # (llama.cpp's adds the biases a file has)
         config["qkv_bias"] = "blk.0.attn_q.bias" in tensors
+    if arch == "gemma":  # (llama.cpp's Gemma reads token_embd as its output layer)
+        config["tie_word_embeddings"] = True
     if arch == "gemma3":  # what llama.cpp assumes and the file does not say (as transformers reads it)
         config |= {"sliding_window": key("attention.sliding_window"), "query_pre_attn_scalar": config["head_dim"],
                    "rope_local_base_freq": 10000.0, "rope_theta": key("rope.freq_base", 1_000_000.0)}

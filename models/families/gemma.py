@@ -1,8 +1,9 @@
-"""Gemma 2 and Gemma 3 (text) over the paged KV cache: four norms per block in Gemma's (1 + weight)
-convention, a GELU-tanh gated MLP, embeddings scaled by sqrt(hidden), attention scaled by
-query_pre_attn_scalar, layers with a sliding window between layers without. Gemma 2 soft-caps its
-attention scores and every layer rotates alike; Gemma 3 normalises each head's query and key and
-its sliding-window layers rotate with a rope base of their own."""
+"""Gemma 1, 2 and 3 (text) over the paged KV cache: norms in Gemma's (1 + weight) convention, a
+GELU-tanh gated MLP, embeddings scaled by sqrt(hidden). Gemma 1 has Llama's two norms a block and
+attends to the whole context. Gemma 2 and 3 add norms of the attention's and the MLP's outputs (four
+a block), scale their attention by query_pre_attn_scalar and put layers with a sliding window between
+layers without; Gemma 2 soft-caps its attention scores and every layer rotates alike; Gemma 3
+normalises each head's query and key and its sliding-window layers rotate with a rope base of their own."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from .llama import Attention
 from .rope import Rotary, rope_type
 
 # when the config lists no layer types: Gemma 2's layers alternate, a local one first; Gemma 3 has
-# five local layers, then a global one
-SLIDING_PATTERNS = {"gemma2": 2, "gemma3_text": 6}
+# five local layers, then a global one; Gemma 1's are all global
+SLIDING_PATTERNS = {"gemma": 1, "gemma2": 2, "gemma3_text": 6}
 
 
 @dataclass
@@ -33,14 +34,18 @@ class GemmaSpec(DecoderShape):
     qk_norm: bool              # per-head q/k norms (Gemma 3)
     max_position: int
     tie_word_embeddings: bool
+    output_norms: bool = True  # the attention's and the MLP's outputs normalised before they are added (not Gemma 1)
     # what llama.Attention reads: no biases, per-head norms, no sinks
     qkv_bias = out_bias = qk_norm_across_heads = attention_sinks = False
 
     @classmethod
     def from_hf(cls, c: dict) -> "GemmaSpec":
         kind = c["model_type"]
-        if c.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
-            raise ValueError(f"unsupported hidden_activation {c['hidden_activation']!r} for {kind}")
+        activation = c.get("hidden_activation") or (c.get("hidden_act") if kind == "gemma" else None)
+        if kind == "gemma" and activation == "gelu":  # (Gemma 1's configs' name for it, as transformers reads them)
+            activation = "gelu_pytorch_tanh"
+        if (activation or "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+            raise ValueError(f"unsupported hidden_activation {activation!r} for {kind}; supported: gelu_pytorch_tanh")
         if c.get("use_bidirectional_attention"):
             raise ValueError(f"{kind} with bidirectional attention is not supported")
         rope = c.get("rope_parameters") or {}
@@ -48,26 +53,28 @@ class GemmaSpec(DecoderShape):
             global_rope, local_theta = dict(rope["full_attention"]), rope["sliding_attention"]["rope_theta"]
         else:
             global_rope = dict(rope or c.get("rope_scaling") or {})
-            global_rope.setdefault("rope_theta", c.get("rope_theta", 10_000.0 if kind == "gemma2" else 1_000_000.0))
-            local_theta = c.get("rope_local_base_freq", None if kind == "gemma2" else 10_000.0)
+            global_rope.setdefault("rope_theta", c.get("rope_theta", 1_000_000.0 if kind == "gemma3_text" else 10_000.0))
+            local_theta = c.get("rope_local_base_freq", 10_000.0 if kind == "gemma3_text" else None)
         layers = c["num_hidden_layers"]
         pattern = SLIDING_PATTERNS[kind]
         types = c.get("layer_types") or ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
                                          for i in range(layers)]
         heads = c["num_attention_heads"]
+        head_dim = c.get("head_dim") or 256
         return cls(
             vocab_size=c["vocab_size"], hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
             num_layers=layers, num_heads=heads, num_kv_heads=c.get("num_key_value_heads") or heads,
-            head_dim=c.get("head_dim") or 256, rms_norm_eps=c.get("rms_norm_eps", 1e-6),
+            head_dim=head_dim, rms_norm_eps=c.get("rms_norm_eps", 1e-6),
             global_rope=global_rope, local_theta=None if local_theta is None else float(local_theta),
             layer_windows=tuple(c.get("sliding_window", 4096) if t == "sliding_attention" else None for t in types),
-            query_scale=c.get("query_pre_attn_scalar", 256) ** -0.5,
+            # (Gemma 1's: the head size's)
+            query_scale=c.get("query_pre_attn_scalar", head_dim if kind == "gemma" else 256) ** -0.5,
             # (transformers' defaults where the config names none: Gemma 2's caps, 256-wide heads, 4096-token windows)
             attn_softcap=c.get("attn_logit_softcapping", 50.0 if kind == "gemma2" else None),
             final_softcap=c.get("final_logit_softcapping", 30.0 if kind == "gemma2" else None),
             qk_norm=kind == "gemma3_text",
             max_position=c.get("max_position_embeddings", 32768 if kind == "gemma3_text" else 8192),
-            tie_word_embeddings=bool(c.get("tie_word_embeddings", True)))
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", True)), output_norms=kind != "gemma")
 
 
 def gemma_norm(dim: int, eps: float) -> RMSNorm:
@@ -81,17 +88,19 @@ class Block(nn.Module):
         self.window = s.layer_windows[index]
         self.input_norm = gemma_norm(s.hidden_size, s.rms_norm_eps)
         self.attn = Attention(s, norm=gemma_norm, scale=s.query_scale, softcap=s.attn_softcap)
-        self.post_attn_norm = gemma_norm(s.hidden_size, s.rms_norm_eps)
+        self.post_attn_norm = gemma_norm(s.hidden_size, s.rms_norm_eps) if s.output_norms else None
         self.pre_mlp_norm = gemma_norm(s.hidden_size, s.rms_norm_eps)
         self.gate_up = nn.Linear(s.hidden_size, 2 * s.intermediate_size, bias=False)
         self.down = nn.Linear(s.intermediate_size, s.hidden_size, bias=False)
-        self.post_mlp_norm = gemma_norm(s.hidden_size, s.rms_norm_eps)
+        self.post_mlp_norm = gemma_norm(s.hidden_size, s.rms_norm_eps) if s.output_norms else None
 
     def forward(self, x, rotations, kv_cache, layer, step, masks):
         cos, sin = rotations[self.window is None]
-        x = x + self.post_attn_norm(self.attn(self.input_norm(x), cos, sin, kv_cache, layer, step, masks[self.window]))
+        attended = self.attn(self.input_norm(x), cos, sin, kv_cache, layer, step, masks[self.window])
+        x = x + (self.post_attn_norm(attended) if self.post_attn_norm is not None else attended)
         gate, up = self.gate_up(self.pre_mlp_norm(x)).chunk(2, dim=-1)
-        return x + self.post_mlp_norm(self.down(F.gelu(gate, approximate="tanh") * up))
+        mixed = self.down(F.gelu(gate, approximate="tanh") * up)
+        return x + (self.post_mlp_norm(mixed) if self.post_mlp_norm is not None else mixed)
 
 
 class Gemma(DecoderModel):
@@ -129,6 +138,8 @@ class Gemma(DecoderModel):
         out["lm_head.weight"] = hf["embed_tokens.weight"] if s.tie_word_embeddings else hf["lm_head.weight"]
         norms = {"input_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
                  "pre_mlp_norm": "pre_feedforward_layernorm", "post_mlp_norm": "post_feedforward_layernorm"}
+        if not s.output_norms:  # (Gemma 1's norm after the attention is the MLP's input norm, as Llama's)
+            norms = {"input_norm": "input_layernorm", "pre_mlp_norm": "post_attention_layernorm"}
         if s.qk_norm:
             norms |= {"attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}
         for i in range(s.num_layers):

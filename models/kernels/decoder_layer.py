@@ -4,7 +4,7 @@ gpt2.py, the final norm and lm_head compute, without the per-layer dispatch of ~
 and 6 ctypes calls, which was a quarter of a one-stream step (docs/benchmarks-history.md,
 "Small-batch products").
 
-``use_decoder_layers(model)`` attaches them where the model qualifies: GPT-2, Gemma 2 and 3 in
+``use_decoder_layers(model)`` attaches them where the model qualifies: GPT-2, Gemma 1, 2 and 3 in
 float32, OLMo 2 and 3, or a Llama-family model (Qwen3's per-head q/k norms and OLMoE's across heads,
 Ministral 3's queries scaled by position, SmolLM3's layers without rotary, Granite's scaled residuals,
 gpt-oss's sinks and the mixtures' routed and shared experts, biases and clamped SwiGLU included) whose linear layers,

@@ -188,6 +188,17 @@ def test_a_gemma2_file_runs_its_soft_caps_and_windows_as_transformers_does(tmp_p
     assert any(mine != pytest.approx(theirs, abs=1e-3) for (_, mine), (_, theirs) in zip(defaults, expected))
 
 
+def test_a_gemma_file_equals_its_transformers_model(tmp_path):
+    """A Gemma 1 file (architecture gemma: norms stored as 1 + weight, two a block as Llama's, every
+    layer global, the queries scaled by the head size, the table tied) equals its transformers model."""
+    pytest.importorskip("gguf")
+    hf = tiny_model("gemma", seed=4)
+    path = write_gguf_of(hf, tmp_path / "gemma.gguf", "gemma")
+    rng = random.Random(8)
+    prompts = [random_prompt(rng, 5, 10), random_prompt(rng, 30, 40)]
+    assert_same_answers(greedy(path, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
+
+
 def ministral3_metadata(c) -> tuple[dict, dict]:
     """A Ministral 3 file's metadata as llama.cpp's converter writes it for ``c``: its yarn (the
     log multiplier, mscale_all_dim), then its queries' temperature."""
