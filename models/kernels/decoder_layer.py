@@ -5,8 +5,8 @@ and 6 ctypes calls, which was a quarter of a one-stream step (docs/benchmarks-hi
 "Small-batch products").
 
 ``use_decoder_layers(model)`` attaches them where the model qualifies: GPT-2, Gemma 1, 2 and 3 in
-float32, OLMo 2 and 3, or a Llama-family model (Qwen3's per-head q/k norms and OLMoE's across heads,
-Ministral 3's queries scaled by position, SmolLM3's layers without rotary, Granite's scaled residuals,
+float32, OLMo 2 and 3, LFM2 (its short convolutions in the attention's place, and LFM2-MoE's experts),
+or a Llama-family model (Qwen3's per-head q/k norms and OLMoE's across heads, Ministral 3's queries scaled by position, SmolLM3's layers without rotary, Granite's scaled residuals,
 gpt-oss's sinks and the mixtures' routed and shared experts, biases and clamped SwiGLU included) whose linear layers,
 the output layer's too, are CpuLinear or BlockLinear. A prefill chunk within PREFILL_KEYS (a prompt of up to
 1024 tokens) is rows of its sequence here too, each attending to its prefix on the decode kernel,
@@ -253,20 +253,23 @@ class DecoderLayers:
         self.weighs_panels = avx2 and _reads_float32(model)
         self.taken_rows = 0  # rows that threads took from each other, over every step so far
 
-    def _llama_layer(self, block, spec) -> _Layer:
+    def _llama_layer(self, block, spec, mixer: tuple | None = None) -> _Layer:
+        """``mixer``: the two products in the attention's place (LFM2's convolution's; None: the attention's)."""
         attn, mlp = block.attn, block.mlp
         routes = isinstance(mlp, SparseMoE)
-        layer = self._layer((block.input_norm, block.post_norm), attn.qkv, attn.out, None if routes else mlp.gate_up,
-                            None if routes else mlp.down, (attn.q_norm, attn.k_norm, None, None),
+        qkv, out = mixer or (attn.qkv, attn.out)
+        layer = self._layer((block.input_norm, block.post_norm), qkv, out, None if routes else mlp.gate_up,
+                            None if routes else mlp.down,
+                            (None, None, None, None) if mixer else (attn.q_norm, attn.k_norm, None, None),
                             hidden=spec.hidden_size,
                             intermediate=mlp.spec.intermediate_size if routes else spec.intermediate_size,
                             heads=spec.num_heads, kv_heads=spec.num_kv_heads, dim=spec.head_dim,
                             window=block.window or 0, activation=SILU_GATED, rotates=block.rotates,
-                            norms_across_heads=attn.norms_across_heads, eps=spec.rms_norm_eps, scale=attn.scale,
-                            residual_scale=spec.residual_scale)
+                            norms_across_heads=not mixer and attn.norms_across_heads, eps=spec.rms_norm_eps,
+                            scale=1.0 if mixer else attn.scale, residual_scale=spec.residual_scale)
         if routes:
             layer.experts = ctypes.addressof(self._experts(mlp))
-        layer.sinks = self._in_dtype(attn.sinks)
+        layer.sinks = None if mixer else self._in_dtype(attn.sinks)
         return layer
 
     def _lfm2_layer(self, block, spec) -> _Layer:
@@ -274,16 +277,9 @@ class DecoderLayers:
         the q/k/v's and the output's places, its taps (and their bias) in the layers' dtype."""
         if not block.convolves:
             return self._llama_layer(block, spec)
-        conv, mlp = block.conv, block.mlp
-        routes = isinstance(mlp, SparseMoE)
-        layer = self._layer((block.input_norm, block.post_norm), conv.in_proj, conv.out, None if routes else mlp.gate_up,
-                            None if routes else mlp.down, (None, None, None, None), hidden=spec.hidden_size,
-                            intermediate=mlp.spec.intermediate_size if routes else spec.intermediate_size,
-                            heads=spec.num_heads, kv_heads=spec.num_kv_heads, dim=spec.head_dim, activation=SILU_GATED,
-                            eps=spec.rms_norm_eps, conv_taps=spec.conv_size)
-        layer.conv, layer.conv_bias = self._in_dtype(conv.weight), self._in_dtype(conv.bias)
-        if routes:
-            layer.experts = ctypes.addressof(self._experts(mlp))
+        conv = block.conv
+        layer = self._llama_layer(block, spec, mixer=(conv.in_proj, conv.out))
+        layer.conv, layer.conv_bias, layer.conv_taps = self._in_dtype(conv.weight), self._in_dtype(conv.bias), spec.conv_size
         return layer
 
     def _in_dtype(self, tensor: torch.Tensor | None) -> int | None:

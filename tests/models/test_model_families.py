@@ -1,7 +1,8 @@
 """The families beyond GPT-2 and Llama (Qwen3, Qwen2 with sliding windows, Ministral 3, ERNIE 4.5, OLMo 2
 and 3, Phi-3, SmolLM3, Granite, Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE and MoE Shared, OLMoE, ERNIE 4.5's
-mixture, gpt-oss, Gemma 1, 2 and 3; yarn and longrope): loaded from their checkpoint layouts, each greedy stream
-equals transformers' generate() in float64, and a mixture-of-experts step runs each expert once.
+mixture, gpt-oss, Gemma 1, 2 and 3, LFM2 and LFM2-MoE; yarn and longrope): loaded from their checkpoint
+layouts, each greedy stream equals transformers' generate() in float64, and a mixture-of-experts step runs
+each expert once.
 The real Gemma 3 270M (an optional package, under Gemma's terms) against transformers' own GGUF load."""
 
 import collections
