@@ -53,7 +53,8 @@ class GemmaSpec(DecoderShape):
             global_rope, local_theta = dict(rope["full_attention"]), rope["sliding_attention"]["rope_theta"]
         else:
             global_rope = dict(rope or c.get("rope_scaling") or {})
-            global_rope.setdefault("rope_theta", c.get("rope_theta", 1_000_000.0 if kind == "gemma3_text" else 10_000.0))
+            theta = c.get("rope_theta", 1_000_000.0 if kind == "gemma3_text" else 10_000.0)
+            global_rope.setdefault("rope_theta", theta)
             local_theta = c.get("rope_local_base_freq", 10_000.0 if kind == "gemma3_text" else None)
         layers = c["num_hidden_layers"]
         pattern = SLIDING_PATTERNS[kind]
