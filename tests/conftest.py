@@ -143,6 +143,11 @@ CONFIGS = {
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=1, head_dim=32, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
         pad_token_id=0),
+    # a window the test prompts pass on three layers in four, the fourth attending without rotary
+    "exaone4": lambda: transformers.Exaone4Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        pad_token_id=0, sliding_window=12, sliding_window_pattern=4, initializer_range=0.15),
     "gemma3": lambda: transformers.Gemma3TextConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=1, head_dim=32, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
@@ -163,7 +168,8 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "smollm3": transformers.SmolLM3ForCausalLM, "granite": transformers.GraniteForCausalLM,
                  "granitemoe": transformers.GraniteMoeForCausalLM,
                  "granitemoeshared": transformers.GraniteMoeSharedForCausalLM,
-                 "gemma": transformers.GemmaForCausalLM, "gemma2": transformers.Gemma2ForCausalLM, "lfm2": transformers.Lfm2ForCausalLM,
+                 "exaone4": transformers.Exaone4ForCausalLM, "gemma": transformers.GemmaForCausalLM,
+                 "gemma2": transformers.Gemma2ForCausalLM, "lfm2": transformers.Lfm2ForCausalLM,
                  "lfm2_moe": transformers.Lfm2MoeForCausalLM,
                  "gemma3": transformers.Gemma3ForCausalLM}
 
@@ -388,7 +394,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         writer.add_tensor(name, gguf.quants.quantize(values, matrices), raw_dtype=matrices)
 
     gemma = arch.startswith("gemma")
-    names = {**GGUF_LAYER_NAMES, **(GGUF_GEMMA_NAMES if arch in ("gemma2", "gemma3", "olmo2", "gpt-oss") else {}),
+    names = {**GGUF_LAYER_NAMES,
+             **(GGUF_GEMMA_NAMES if arch in ("gemma2", "gemma3", "olmo2", "gpt-oss", "exaone4") else {}),
              **(GGUF_LFM2_NAMES if lfm2 else {})}
     for name, tensor in hf.state_dict().items():
         values = tensor.float().numpy()

@@ -7,6 +7,7 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape qwen2.5-0.5b --format q4_k_m --vocab 151936 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape gemma2-2b --format q4_k_m --vocab 256000 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape gemma-2b --format q4_k_m --vocab 256000 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape exaone4-1.2b --format q4_k_m --vocab 102400 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape qwen3moe-30b-a3b --format q4_k_m --vocab 151936 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape ministral3-3b --format q4_k_m --vocab 131072 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape olmo3-7b --format q4_k_m --vocab 100278 --out /tmp/gguf
@@ -54,7 +55,8 @@ a head, every other layer through a 128-token window, yarn from a 4,096-token or
 of 2880 rows with biases, 4 a token, its router's bias);
 the smollm3 one as a SmolLM3 (Llama's layout; llama.cpp leaves every fourth layer unrotated); the
 granite3 one as a Granite 3 2B (Llama's layout and its four multipliers);
-the gemma ones as Gemma 1's (architecture gemma: Llama's two norms a block, 256-wide heads, every layer
+the exaone4 one as EXAONE-4.0-1.2B (architecture exaone4: OLMo's norms of the outputs alone, each head's
+q/k norms, every layer global; its rope's llama3 factors left out); the gemma ones as Gemma 1's (architecture gemma: Llama's two norms a block, 256-wide heads, every layer
 global; the 2B's one key head); the gemma2 one as a Gemma 2: 256-wide heads without their norms, the output norms, a 4096-token window
 on every other layer, the attention's and the logits' soft caps (50 and 30). ``--vocab`` pads the vocabulary with reserved control tokens
 up to a real model's (Llama 3's 128,256, Qwen2.5's 151,936): the table, and the output product over
@@ -92,7 +94,7 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "qwen2.5-7b": (3584, 18944, 28, 28, 4), "qwen3-0.6b": (1024, 3072, 28, 16, 8),
           "qwen3-1.7b": (2048, 6144, 28, 16, 8), "qwen3-8b": (4096, 12288, 36, 32, 8),
           "smollm3-3b": (2048, 11008, 36, 16, 4), "granite3-2b": (2048, 8192, 40, 32, 8),
-          "gemma-2b": (2048, 16384, 18, 8, 1), "gemma-7b": (3072, 24576, 28, 16, 16),
+          "exaone4-1.2b": (2048, 4096, 30, 32, 8), "gemma-2b": (2048, 16384, 18, 8, 1), "gemma-7b": (3072, 24576, 28, 16, 16),
           "gemma2-2b": (2304, 9216, 26, 8, 4), "gemma3-1b": (1152, 6912, 26, 4, 1),
           "gemma3-4b": (2560, 10240, 34, 8, 4), "qwen3moe-30b-a3b": (2048, 6144, 48, 32, 4),
           "granitemoe-3b-a800m": (1536, 512, 32, 24, 8), "ministral3-3b": (3072, 9216, 26, 32, 8),
@@ -160,6 +162,8 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
            # (gpt-oss's shapes, by their names' first part)
            "gpt": Layout("gpt-oss", head=64, rope_base=150000.0, eps=1e-5, context=131072, biases=True, window=128,
                          yarn=(32.0, 4096, None), experts=(32, 4, 2880), sinks=True, mlp_norm="post_attention_norm"),
+           "exaone4": Layout("exaone4", rope_base=1e6, eps=1e-5, context=65536, head_norms=True, output_norms=True,
+                             input_norms=False),
            "gemma": Layout("gemma", head=256, rope_base=10000.0, eps=1e-6, context=8192),
            "gemma2": Layout("gemma2", head=256, rope_base=10000.0, eps=1e-6, context=8192, output_norms=True,
                             window=4096, soft_caps=(50.0, 30.0)),

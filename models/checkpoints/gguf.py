@@ -52,6 +52,8 @@ LAYER_NAMES = {
 # experts is its "post_attention_norm".
 # Phi-3's files hold its query, key and value rows in one matrix, and its gate and up rows in
 # "ffn_up", as its Hugging Face checkpoints do.
+# OLMo's and EXAONE 4's norms of the attention's and the MLP's outputs (no norms before them)
+OUTPUT_NORM_NAMES = {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 # LFM2's by transformers' names (a mixture's experts keep LAYER_NAMES', which lfm2.py reads as they are)
 LFM2_LAYER_NAMES = {"attn_norm": "operator_norm", "ffn_norm": "ffn_norm", "attn_output": "self_attn.out_proj",
                     "attn_q_norm": "self_attn.q_layernorm", "attn_k_norm": "self_attn.k_layernorm",
@@ -62,8 +64,7 @@ GEMMA_LAYER_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_no
                      "post_ffw_norm": "post_feedforward_layernorm"}
 ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
                     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
-                    "olmo2": {"post_attention_norm": "post_attention_layernorm",
-                              "post_ffw_norm": "post_feedforward_layernorm"},
+                    "olmo2": OUTPUT_NORM_NAMES, "exaone4": OUTPUT_NORM_NAMES,
                     "gpt-oss": {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"},
                     "lfm2": LFM2_LAYER_NAMES, "lfm2moe": LFM2_LAYER_NAMES}
 # parameters transformers names without a kind (gpt-oss's sinks: llama.cpp's converter adds ".weight";
@@ -355,7 +356,7 @@ def read_tokenizer(path: Path, arch: str | None = None) -> Tokenizer:
 # Gemma 2's, for Gemma's SentencePiece build).
 TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "llama", "mistral3": "llama",
                        "ernie4_5": "llama", "ernie4_5-moe": "llama", "olmo2": "llama", "olmoe": "llama",
-                       "gpt-oss": "llama", "lfm2": "llama", "lfm2moe": "llama", "gemma": "gemma2"}
+                       "gpt-oss": "llama", "lfm2": "llama", "lfm2moe": "llama", "exaone4": "llama", "gemma": "gemma2"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

@@ -14,7 +14,7 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "granite": "granite", "gemma": "gemma", "gemma2": "gemma2", "gemma3": "gemma3_text",
                  "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "mistral3": "ministral3", "ernie4_5": "llama", "olmo2": "olmo2",
                  "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen2moe": "qwen2_moe", "ernie4_5-moe": "ernie4_5_moe",
-                 "lfm2": "lfm2", "lfm2moe": "lfm2_moe"}
+                 "lfm2": "lfm2", "lfm2moe": "lfm2_moe", "exaone4": "exaone4"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
 # Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
@@ -33,6 +33,9 @@ SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe"})
 LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "mistral3", "ernie4_5", "ernie4_5-moe"})
 # SmolLM3: every fourth layer attends without rotary, as llama.cpp fixes it (the files do not say)
 SMOLLM3_NO_ROPE_STEP = 4
+# EXAONE 4: llama.cpp gives only the 32B's 64 layers a window (three layers in four, 4096 tokens where the file
+# names none), whatever other files say
+EXAONE4_WINDOWED_LAYERS, EXAONE4_WINDOW, EXAONE4_PATTERN = 64, 4096, 4
 # Granite's multipliers: the file's keys (under the architecture's prefix) -> transformers' names
 GRANITE_SCALES = {"embedding_scale": "embedding_multiplier", "residual_scale": "residual_multiplier",
                   "attention.scale": "attention_multiplier", "logit_scale": "logits_scaling"}
@@ -153,6 +156,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         config |= {"model_type": "olmo3", "sliding_window": key("attention.sliding_window")}
         if types := _sliding_layers(key, config["num_hidden_layers"], file_name):
             config["layer_types"] = types
+    if arch == "exaone4":
+        config |= _exaone4_layers(key, config["num_hidden_layers"], file_name)
     rotary = key("rope.dimension_count")
     if rotary and heads:
         head_dim = config["head_dim"] or config["hidden_size"] // heads
@@ -249,6 +254,18 @@ def _lfm2_layers(key, heads: int, layers: int, file_name: str) -> dict:
             "layer_types": ["full_attention" if n else "conv" for n in counts],
             "conv_L_cache": key("shortconv.l_cache", 3), "block_auto_adjust_ff_dim": False,
             "sliding_window": key("attention.sliding_window")}
+
+
+def _exaone4_layers(key, layers: int, file_name: str) -> dict:
+    """An EXAONE 4 file's layer types as llama.cpp reads them: a window for the 32B's 64 layers alone
+    (its global layers then without rotary), none for the others."""
+    if layers != EXAONE4_WINDOWED_LAYERS:
+        return {"sliding_window": None, "layer_types": ["full_attention"] * layers}
+    if key("rope.freq_base_swa") not in (None, key("rope.freq_base")):
+        raise ValueError(f"{file_name}'s window layers rotate by a base of their own, which Loom does not run for "
+                         "exaone4")
+    return {"sliding_window": key("attention.sliding_window", EXAONE4_WINDOW),
+            "layer_types": _sliding_layers(key, layers, file_name, default_pattern=EXAONE4_PATTERN)}
 
 
 def _shared_by_layers(value, name: str, file_name: str):

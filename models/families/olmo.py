@@ -1,8 +1,9 @@
-"""OLMo 2 and OLMo 3 over the paged KV cache: Llama's attention and SwiGLU MLP with the norms moved
-after them (each output normalised before it is added; the attention and the MLP read the residual
-stream as it is), the queries and keys each normalised across all heads at once, and (OLMo 3) three
-layers in four attending through a sliding window, rotating without the rope scaling of the
-global layers."""
+"""OLMo 2 and OLMo 3, and EXAONE 4, over the paged KV cache: Llama's attention and SwiGLU MLP with the
+norms moved after them (each output normalised before it is added; the attention and the MLP read the
+residual stream as it is), the queries and keys each normalised across all heads at once (EXAONE 4: a
+head at a time, as Qwen3's), and (OLMo 3, EXAONE 4's 32B) three layers in four attending through a
+sliding window: OLMo 3's rotating without the rope scaling of the global layers, EXAONE 4's as the
+global layers would, whose own attend without rotary."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from .layers import GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, RM
 from .llama import Attention
 from .rope import Rotary, rope_type
 
-FAMILIES = ("olmo2", "olmo3")
+FAMILIES = ("olmo2", "olmo3", "exaone4")
 # OLMo 3's layers where the config lists none: three with a window, then one without
 OLMO3_GLOBAL_EVERY = 4
+EXAONE4_GLOBAL_EVERY = 4  # (transformers' sliding_window_pattern where a windowed config names none)
 
 
 @dataclass
@@ -30,8 +32,11 @@ class OlmoSpec(DecoderShape):
     tie_word_embeddings: bool
     qkv_bias: bool
     out_bias: bool
-    # what llama.Attention reads: norms over all heads' queries and keys, no sinks
-    qk_norm = qk_norm_across_heads = True
+    qk_norm_across_heads: bool = True  # (EXAONE 4's a head at a time)
+    # EXAONE 4's: its window layers rotate as its global ones would; its global layers, where some slide, not at all
+    global_nope: bool = False
+    # what llama.Attention reads: norms of the queries and keys, no sinks
+    qk_norm = True
     attention_sinks = False
 
     @classmethod
@@ -52,13 +57,18 @@ class OlmoSpec(DecoderShape):
             local_theta = c.get("rope_local_base_freq", global_rope["rope_theta"])
         layers, heads = c["num_hidden_layers"], c["num_attention_heads"]
         types = c.get("layer_types")
-        if types is None:
-            types = ["sliding_attention" if kind == "olmo3" and (i + 1) % OLMO3_GLOBAL_EVERY else "full_attention"
-                     for i in range(layers)]
+        if types is None:  # OLMo 3's three window layers in four, EXAONE 4's in its pattern where it has a window
+            every = (OLMO3_GLOBAL_EVERY if kind == "olmo3" else
+                     c.get("sliding_window_pattern") or EXAONE4_GLOBAL_EVERY if c.get("sliding_window") else 0)
+            types = ["sliding_attention" if every and (i + 1) % every else "full_attention" for i in range(layers)]
         if len(types) != layers:
             raise ValueError(f"layer_types lists {len(types)} layers of {layers}")
-        window, trained = c.get("sliding_window", 4096), c.get("max_position_embeddings", 4096)
+        window = c.get("sliding_window", None if kind == "exaone4" else 4096)
+        trained = c.get("max_position_embeddings", 4096)
         bias = bool(c.get("attention_bias", False))
+        exaone = kind == "exaone4"
+        if exaone:  # (one rotary for every layer: the window layers' base is the global layers')
+            local_theta = global_rope["rope_theta"]
         return cls(
             vocab_size=c["vocab_size"], hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
             num_layers=layers, num_heads=heads, num_kv_heads=c.get("num_key_value_heads") or heads,
@@ -66,12 +76,14 @@ class OlmoSpec(DecoderShape):
             global_rope=global_rope, local_theta=float(local_theta),
             layer_windows=tuple(window if t == "sliding_attention" else None for t in types),
             max_position=trained, rope_max_position=trained,
-            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)), qkv_bias=bias, out_bias=bias)
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)), qkv_bias=bias, out_bias=bias,
+            qk_norm_across_heads=not exaone, global_nope=exaone and window is not None)
 
     @property
     def local_rotation(self) -> bool:
-        """Whether the sliding-window layers rotate otherwise than the global ones."""
-        return any(w is not None for w in self.layer_windows) and (
+        """Whether the sliding-window layers rotate otherwise than the global ones (OLMo 3's: by the
+        global base without its scaling; EXAONE 4's window layers rotate as its global ones would)."""
+        return any(w is not None for w in self.layer_windows) and not self.global_nope and (
             rope_type(self.global_rope) != "default" or self.local_theta != self.global_rope["rope_theta"])
 
 
@@ -79,13 +91,14 @@ class Block(nn.Module):
     def __init__(self, s: OlmoSpec, index: int):
         super().__init__()
         self.window = s.layer_windows[index]
+        self.rotates = not (s.global_nope and self.window is None)
         self.attn = Attention(s)
         self.post_attn_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.mlp = SwiGLU(s.hidden_size, s.intermediate_size)  # (without biases)
         self.post_mlp_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
 
     def forward(self, x, rotations, kv_cache, layer, step, masks):
-        cos, sin = rotations[self.window is None]
+        cos, sin = rotations[self.window is None] if self.rotates else (None, None)
         x = x + self.post_attn_norm(self.attn(x, cos, sin, kv_cache, layer, step, masks[self.window]))
         return x + self.post_mlp_norm(self.mlp(x))
 

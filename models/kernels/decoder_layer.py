@@ -324,15 +324,17 @@ class DecoderLayers:
 
     def _olmo_layer(self, block, spec) -> _Layer:
         """No norm before the attention or the MLP, their outputs' norms where Gemma's are; the
-        queries' and keys' norms across all heads; the layers with a window rotate by the window
-        angles where those differ (OLMo 3's long-context global rope)."""
+        queries' and keys' norms across all heads (EXAONE 4's a head at a time); the layers with a
+        window rotate by the window angles where those differ (OLMo 3's long-context global rope);
+        EXAONE 4's global layers, where some slide, without rotary."""
         attn = block.attn
         return self._layer((None, None), attn.qkv, attn.out, block.mlp.gate_up, block.mlp.down,
                            (attn.q_norm, attn.k_norm, block.post_attn_norm, block.post_mlp_norm),
                            hidden=spec.hidden_size, intermediate=spec.intermediate_size, heads=spec.num_heads,
                            kv_heads=spec.num_kv_heads, dim=spec.head_dim, window=block.window or 0,
                            activation=SILU_GATED, window_angles=block.window is not None and spec.local_rotation,
-                           norms_across_heads=attn.norms_across_heads, eps=spec.rms_norm_eps, scale=attn.scale)
+                           rotates=block.rotates, norms_across_heads=attn.norms_across_heads, eps=spec.rms_norm_eps,
+                           scale=attn.scale)
 
     def _gpt2_layer(self, block, spec) -> _Layer:
         return self._layer((block.ln1, block.ln2), block.qkv, block.attn_out, block.fc, block.proj,

@@ -21,7 +21,7 @@ from models.checkpoints.gguf_file import GGUFFile
 from models.kernels.block_linear import FLOAT32, GGUF_Q4_1_ROWS16, multiplies_rows16
 from runtime import Engine, GenerationConfig
 
-from ..conftest import CONFIGS, greedy_with_logprobs, random_prompt, tiny_model, write_gguf_of
+from ..conftest import CONFIGS, EOS, greedy_with_logprobs, random_prompt, tiny_model, write_gguf_of
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", [{"role": "user", "content": "What is 2+2?"}]]
 
@@ -260,6 +260,39 @@ def test_olmo_files_equal_their_transformers_models(tmp_path, arch):
         del metadata["attention.sliding_window"]
         unwindowed = greedy(write_gguf_of(hf, tmp_path / "unwindowed.gguf", "olmo2", metadata), prompts)
         assert any(mine != pytest.approx(theirs, abs=1e-3) for (_, mine), (_, theirs) in zip(unwindowed, expected))
+
+
+def test_an_exaone4_file_equals_its_transformers_model(tmp_path):
+    """An EXAONE 4 file in the 1.2B's layout (architecture exaone4: norms after the attention and the MLP
+    alone, each head's query and key normalised, every layer global and rotating) equals its
+    transformers model."""
+    pytest.importorskip("gguf")
+    hf = tiny_model("exaone4", seed=3, sliding_window=None, layer_types=["full_attention"] * 4)
+    rng = random.Random(14)
+    prompts = [random_prompt(rng, 5, 10), random_prompt(rng, 30, 40)]
+    expected = [greedy_with_logprobs(hf, p, 16) for p in prompts]
+    path = write_gguf_of(hf, tmp_path / "exaone4.gguf", "exaone4", {"tokenizer.ggml.eos_token_id": EOS})
+    assert_same_answers(greedy(path, prompts), expected)
+
+
+def test_exaone4_windows_are_read_as_llama_cpp_reads_them():
+    """llama.cpp gives an EXAONE 4 file a window only where it has the 32B's 64 layers (three layers in
+    four, 4096 tokens where the file names none; its global layers then without rotary), none
+    otherwise whatever the file says; window layers rotating by a base of their own are refused."""
+    from models.checkpoints.gguf_config import gguf_config
+    from models.families.olmo import OlmoSpec
+    sizes = {"attention.head_count": 4, "embedding_length": 64, "feed_forward_length": 128, "vocab_size": 256,
+             "attention.sliding_window": 128}
+    of = lambda layers, **more: gguf_config("exaone4", {f"exaone4.{k}": v for k, v in (sizes | more).items()} | {
+        "exaone4.block_count": layers}, {}, "e.gguf")
+    small = of(30)
+    assert small["sliding_window"] is None and set(small["layer_types"]) == {"full_attention"}
+    big = of(64)
+    assert big["sliding_window"] == 128 and big["layer_types"][:4] == ["sliding_attention"] * 3 + ["full_attention"]
+    spec = OlmoSpec.from_hf(big | {"rms_norm_eps": 1e-5})
+    assert spec.global_nope and not spec.qk_norm_across_heads and spec.layer_windows[:4] == (128, 128, 128, None)
+    with pytest.raises(ValueError, match="e.gguf's window layers rotate by a base of their own"):
+        of(64, **{"rope.freq_base": 1e6, "rope.freq_base_swa": 1e4})
 
 
 def test_sizes_listed_a_layer_at_a_time_switches_and_window_patterns_read_as_llama_cpp_reads_them():

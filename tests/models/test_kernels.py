@@ -273,7 +273,7 @@ def with_random_norms(hf):
 # attention sinks), soft-capped scores, short convolutions in the attention's place (LFM2's); LayerNorm and GELU
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_sliding", "mistral", "ministral3", "phi3", "qwen3", "smollm3",
                                   "granite", "mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "gemma", "gemma2",
-                                  "gemma3", "olmo2", "olmo3", "lfm2", "lfm2_moe", "gpt2"])
+                                  "gemma3", "olmo2", "olmo3", "exaone4", "lfm2", "lfm2_moe", "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS, ids=POOL_IDS)
 @pytest.mark.parametrize("streams", [2, 5, 21, "split"])  # rows at a time; panels; split rows
 def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, streams, two_threads):
@@ -381,7 +381,7 @@ def test_native_activations_are_zero_where_torch_underflows(arch, two_threads):
 
 @needs_kernel
 @pytest.mark.parametrize("arch", ["llama", "qwen2_sliding", "mistral", "ministral3", "qwen3", "smollm3", "granite",
-                                  "gemma", "gemma2", "gemma3", "olmo3", "lfm2", "gpt2"])
+                                  "gemma", "gemma2", "gemma3", "olmo3", "exaone4", "lfm2", "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS[:3], ids=POOL_IDS[:3])
 @pytest.mark.parametrize("pass_rows,threads", [(128, 1), (128, 2), (5, 2), (7, 1)])
 def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtype, pass_rows, threads, monkeypatch):
