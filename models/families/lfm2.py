@@ -111,19 +111,19 @@ class ShortConv(nn.Module):
     """in_proj's B, C and x; B x convolved over this token and the ones before it (their rows in the
     pool), a channel at a time; C times that through the output product."""
 
-    def __init__(self, s: Lfm2Spec, index: int):
+    def __init__(self, s: Lfm2Spec):
         super().__init__()
-        self.index = index  # its rows' layer in the pool
         self.in_proj = nn.Linear(s.hidden_size, 3 * s.hidden_size, bias=s.conv_bias)
         self.weight = nn.Parameter(torch.empty(s.hidden_size, s.conv_size))  # a channel's taps, the oldest first
         self.bias = nn.Parameter(torch.empty(s.hidden_size)) if s.conv_bias else None
         self.out = nn.Linear(s.hidden_size, s.hidden_size, bias=s.conv_bias)
 
-    def forward(self, x, kv_cache, step, earlier: torch.Tensor) -> torch.Tensor:
-        """``earlier``: earlier_slots(step, conv_size - 1)."""
+    def forward(self, x, pool: torch.Tensor, step, earlier: torch.Tensor) -> torch.Tensor:
+        """``pool``: this layer's rows in the KV pool (KVCache.conv_layer); ``earlier``: earlier_slots(step,
+        conv_size - 1)."""
         b, c, h = self.in_proj(x).chunk(3, dim=-1)
         bx = b * h
-        pool = kv_cache.conv_layer(self.index).flatten(0, 1)
+        pool = pool.flatten(0, 1)
         pool.index_copy_(0, step.slot_mapping, bx.to(pool.dtype))  # every row written before any is read
         rows = pool[earlier.clamp(min=0)].to(x.dtype) * (earlier >= 0)[..., None]  # [T, taps - 1, hidden]
         mixed = bx * self.weight[:, -1]
@@ -144,7 +144,7 @@ class Block(nn.Module):
         place = s.layer_convolves[:index].count(self.convolves)
         self.input_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.attn = None if self.convolves else Attention(s)
-        self.conv = ShortConv(s, place) if self.convolves else None
+        self.conv = ShortConv(s) if self.convolves else None
         self.pool_layer = place
         self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.mlp = SparseMoE(s.hidden_size, s.moe) if s.moe and s.moe.routes(index) else \
@@ -153,7 +153,7 @@ class Block(nn.Module):
     def forward(self, x, cos, sin, kv_cache, step, masks, earlier):
         h = self.input_norm(x)
         if self.convolves:
-            x = x + self.conv(h, kv_cache, step, earlier)
+            x = x + self.conv(h, kv_cache.conv_layer(self.pool_layer), step, earlier)
         else:
             x = x + self.attn(h, cos, sin, kv_cache, self.pool_layer, step, masks)
         return x + self.mlp(self.post_norm(x))
