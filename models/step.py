@@ -193,6 +193,19 @@ class KVCache:
         self.block_size = block_size
         self.scratch = [torch.empty(0, dtype=dtype, device=device) for _ in range(2)]  # for K, for V
 
+    @classmethod
+    def for_model(cls, model, num_blocks: int, block_size: int, dtype: torch.dtype, device) -> "KVCache":
+        """A pool of ``num_blocks`` blocks in ``model``'s geometry (geometry_of)."""
+        return cls(num_blocks=num_blocks, block_size=block_size, dtype=dtype, device=device, **cls.geometry_of(model))
+
+    @staticmethod
+    def geometry_of(model) -> dict:
+        """What a pool for ``model`` holds a block, by this class's argument names: the model's K/V layers,
+        heads and head size, and its convolution layers' rows where it has them (the module docstring,
+        and models/__init__.py's contract)."""
+        return {"num_layers": model.num_layers, "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
+                "conv_rows": getattr(model, "conv_rows", (0, 0))}
+
     @staticmethod
     def _pool(shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
         if torch.device(device).type == "cpu" and torch.Size(shape).numel() > 0:

@@ -50,11 +50,9 @@ class KVManager:
         """A pool of the model's geometry: ``options.num_kv_blocks`` blocks, or as many as
         ``kv_cache_bytes`` holds. Raises ValueError when the budget cannot hold one block."""
         dtype = getattr(torch, options.kv_dtype) if options.kv_dtype else next(model.parameters()).dtype
-        geometry = (model.num_layers, options.block_size, model.num_kv_heads, model.head_dim)
-        conv_rows = getattr(model, "conv_rows", (0, 0))
-        block_bytes = KVCache.bytes_per_block(*geometry, dtype, conv_rows)
+        block_bytes = KVCache.bytes_per_block(block_size=options.block_size, dtype=dtype, **KVCache.geometry_of(model))
         num_blocks = options.num_kv_blocks or blocks_in_budget(block_bytes, options, model.max_position, device)
-        cache = KVCache(model.num_layers, num_blocks, *geometry[1:], dtype, device, conv_rows)
+        cache = KVCache.for_model(model, num_blocks, options.block_size, dtype, device)
         return cls(cache, options.enable_prefix_caching, getattr(model, "recompute_past", None))
 
     @property

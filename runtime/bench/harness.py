@@ -190,8 +190,7 @@ def run_pure_forward(model, requests: list[Request], workload: str, block_size=1
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     blocks = -(-max(len(r.prompt) + r.new_tokens for r in requests) // block_size)
-    kv = KVCache(model.num_layers, blocks * len(requests), block_size, model.num_kv_heads, model.head_dim, dtype, device,
-                 getattr(model, "conv_rows", (0, 0)))
+    kv = KVCache.for_model(model, blocks * len(requests), block_size, dtype, device)
     tables = [list(range(i * blocks, (i + 1) * blocks)) for i in range(len(requests))]
     tokens = [list(r.prompt) for r in requests]
     computed = [0] * len(requests)

@@ -88,7 +88,7 @@ def test_float32_cpu_model_with_cpu_linears_matches_transformers(prompt_length):
         assert isinstance(model.layers[0].mlp.down if arch == "llama" else model.layers[0].fc, CpuLinear)
         prompt = [(7 * i + 5) % 90 for i in range(prompt_length)]
         blocks = -(-prompt_length // 16)
-        kv = KVCache(model.num_layers, blocks, 16, model.num_kv_heads, model.head_dim, torch.float32, "cpu")
+        kv = KVCache.for_model(model, blocks, 16, torch.float32, "cpu")
         step = StepInput.flatten([Sequence(prompt, 0, list(range(blocks)), sample=True)], 16, torch.device("cpu"))
         with torch.no_grad():
             ours = model(step, kv)[0]
@@ -127,7 +127,7 @@ def test_a_16_bit_kv_pool_keeps_float32_logits_close(cache_dtype, decode_path, m
     for arch in ("llama", "gpt2"):
         model = models.load(tiny_model(arch).float()).model
         prompts = [[(7 * i + 5 * s) % 90 + 3 for i in range(n)] for s, n in enumerate([37, 5, 18])]
-        pools = {dtype: KVCache(model.num_layers, 12, 16, model.num_kv_heads, model.head_dim, dtype, "cpu")
+        pools = {dtype: KVCache.for_model(model, 12, 16, dtype, "cpu")
                  for dtype in (torch.float32, cache_dtype)}
         tables = [[4 * s + b for b in range(4)] for s in range(len(prompts))]
         prefill = StepInput.flatten([Sequence(p, 0, t, True) for p, t in zip(prompts, tables)], 16, cpu)

@@ -157,7 +157,7 @@ def test_native_layers_on_blocks_match_the_torch_path(arch):
         kinds = [type(m) for b in model.layers for m in (b.attn.qkv, b.attn.out, b.mlp.gate_up, b.mlp.down)]
         assert kinds == [CpuLinear, CpuLinear, CpuLinear, BlockLinear] * 2 and isinstance(model.embed, nn.Embedding)
     for rows in (1, 3, 12):  # the one-row kernel, the tiles, the panels
-        kv = KVCache(model.num_layers, 4 * rows, 16, model.num_kv_heads, model.head_dim, torch.float32, "cpu")
+        kv = KVCache.for_model(model, 4 * rows, 16, torch.float32, "cpu")
         kv.data.normal_(generator=torch.Generator().manual_seed(rows))
         tables = [list(range(4 * i, 4 * i + 4)) for i in range(rows)]
         step = StepInput.flatten([Sequence([i + 5], 40 - i, table, True) for i, table in enumerate(tables)], 16,
@@ -175,7 +175,7 @@ def test_a_decode_step_with_no_row_sampled_gives_no_logits(weights):
     """Every row a prompt's one-token chunk (none sampled): the native layers still write the pool
     as the torch layers do, and the output layer gives an empty [0, vocab] (nothing is written past it)."""
     model = models.load(tiny_model("llama"), dtype=torch.float32, weights=weights).model
-    kv = KVCache(model.num_layers, 12, 16, model.num_kv_heads, model.head_dim, torch.float32, "cpu")
+    kv = KVCache.for_model(model, 12, 16, torch.float32, "cpu")
     step = StepInput.flatten([Sequence([i + 5], 20 - i, [3 * i, 3 * i + 1], False) for i in range(3)], 16,
                              torch.device("cpu"))
     with torch.inference_mode():

@@ -340,8 +340,7 @@ def decode_both_ways(model, streams, cache_dtype):
 def pool_of(model, blocks: int, cache_dtype: torch.dtype):
     """A pool of ``blocks`` blocks of 8 tokens for ``model``: its K/V, and its convolution layers' rows (LFM2's)."""
     from models.step import KVCache
-    return KVCache(model.num_layers, blocks, 8, model.num_kv_heads, model.head_dim, cache_dtype, "cpu",
-                   getattr(model, "conv_rows", (0, 0)))
+    return KVCache.for_model(model, blocks, 8, cache_dtype, "cpu")
 
 
 def pool_contents(kv) -> torch.Tensor:
@@ -514,7 +513,7 @@ def test_float32_models_on_avx2_split_rows_only_into_whole_panels(two_threads):
     assert float32.decoder_layers.weighs_panels == avx2 and not blocks.decoder_layers.weighs_panels
     if avx2:
         assert [computed_rows(rows) for rows in (12, 20, 24, 32, 48, 200)] == [16, 20, 32, 32, 48, 128 + 80]
-    kv = KVCache(float32.num_layers, 64, 8, float32.num_kv_heads, float32.head_dim, torch.float32, "cpu")
+    kv = KVCache.for_model(float32, 64, 8, torch.float32, "cpu")
     cpu = torch.device("cpu")
 
     def step(streams):
@@ -544,7 +543,7 @@ def test_a_split_step_leaves_every_thread_free_to_move(two_threads):
 
     model = models.load(tiny_model("llama"), dtype=torch.float32).model
     streams = 2 * model.decoder_layers.split_rows + 3
-    kv = KVCache(model.num_layers, streams, 8, model.num_kv_heads, model.head_dim, torch.float32, "cpu")
+    kv = KVCache.for_model(model, streams, 8, torch.float32, "cpu")
     step = StepInput.flatten([Sequence([5], 3, [i], True) for i in range(streams)], 8, torch.device("cpu"))
     assert model.decoder_layers.splits(step, 2, kv)
 
@@ -589,8 +588,7 @@ def test_a_thread_done_early_takes_rows_another_carries(two_threads, monkeypatch
     lengths = sorted(torch.randint(3, 60, (40,), generator=gen).tolist(), reverse=True)
     chunks = [3, 7, 2, 5, 4, 6]  # prompts' rows after the decode rows: cuts only where one starts
     blocks = 8
-    kv = KVCache(model.num_layers, blocks * (len(lengths) + len(chunks)), 8, model.num_kv_heads, model.head_dim,
-                 torch.float64, "cpu")
+    kv = KVCache.for_model(model, blocks * (len(lengths) + len(chunks)), 8, torch.float64, "cpu")
     table = lambda i: list(range(blocks * i, blocks * i + blocks))
     cpu = torch.device("cpu")
     prompts = [tokens(n) for n in lengths]
