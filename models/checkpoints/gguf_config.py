@@ -6,6 +6,7 @@ factors); and the tokens that end a turn, as llama.cpp picks them."""
 from __future__ import annotations
 
 from .gguf_file import TensorInfo
+from ..families.olmo import EXAONE4_GLOBAL_EVERY
 from ..families.rope import rope_type
 from ..kernels.block_formats import widened
 
@@ -35,7 +36,9 @@ LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "mistral3
 SMOLLM3_NO_ROPE_STEP = 4
 # EXAONE 4: llama.cpp gives only the 32B's 64 layers a window (three layers in four, 4096 tokens where the file
 # names none), whatever other files say
-EXAONE4_WINDOWED_LAYERS, EXAONE4_WINDOW, EXAONE4_PATTERN = 64, 4096, 4
+EXAONE4_WINDOWED_LAYERS, EXAONE4_WINDOW = 64, 4096
+# the architectures whose layers may be short convolutions, told apart by having no K/V heads (LFM2's)
+CONVOLVING = frozenset({"lfm2", "lfm2moe"})
 # Granite's multipliers: the file's keys (under the architecture's prefix) -> transformers' names
 GRANITE_SCALES = {"embedding_scale": "embedding_multiplier", "residual_scale": "residual_multiplier",
                   "attention.scale": "attention_multiplier", "logit_scale": "logits_scaling"}
@@ -105,7 +108,7 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         "num_hidden_layers": key("block_count"),
         "num_attention_heads": heads,
         # (LFM2's files list them a layer at a time, none for a convolution layer: _lfm2_layers)
-        "num_key_value_heads": None if arch in ("lfm2", "lfm2moe") else shared("attention.head_count_kv", heads),
+        "num_key_value_heads": None if arch in CONVOLVING else shared("attention.head_count_kv", heads),
         "head_dim": key("attention.key_length"),
         "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-6),
         "rope_theta": key("rope.freq_base", 10000.0),
@@ -115,7 +118,7 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
     }
     if key("expert_count"):
         config |= _experts(arch, key, config)
-    if arch in ("lfm2", "lfm2moe"):
+    if arch in CONVOLVING:
         config |= _lfm2_layers(key, heads, config["num_hidden_layers"], file_name)
     if arch == "qwen2moe":  # (llama.cpp's adds the biases a file has)
         config["qkv_bias"] = "blk.0.attn_q.bias" in tensors
@@ -265,7 +268,7 @@ def _exaone4_layers(key, layers: int, file_name: str) -> dict:
         raise ValueError(f"{file_name}'s window layers rotate by a base of their own, which Loom does not run for "
                          "exaone4")
     return {"sliding_window": key("attention.sliding_window", EXAONE4_WINDOW),
-            "layer_types": _sliding_layers(key, layers, file_name, default_pattern=EXAONE4_PATTERN)}
+            "layer_types": _sliding_layers(key, layers, file_name, default_pattern=EXAONE4_GLOBAL_EVERY)}
 
 
 def _shared_by_layers(value, name: str, file_name: str):

@@ -56,17 +56,19 @@ class OlmoSpec(DecoderShape):
             global_rope.setdefault("rope_theta", c.get("rope_theta", 10000.0))
             local_theta = c.get("rope_local_base_freq", global_rope["rope_theta"])
         layers, heads = c["num_hidden_layers"], c["num_attention_heads"]
+        exaone = kind == "exaone4"
+        window = c.get("sliding_window", None if exaone else 4096)
         types = c.get("layer_types")
-        if types is None:  # OLMo 3's three window layers in four, EXAONE 4's in its pattern where it has a window
-            every = (OLMO3_GLOBAL_EVERY if kind == "olmo3" else
-                     c.get("sliding_window_pattern") or EXAONE4_GLOBAL_EVERY if c.get("sliding_window") else 0)
+        if types is None:  # a global layer every few (OLMo 3's; EXAONE 4's where it has a window), else all global
+            if kind == "olmo3":
+                every = OLMO3_GLOBAL_EVERY
+            else:
+                every = (c.get("sliding_window_pattern") or EXAONE4_GLOBAL_EVERY) if exaone and window else 0
             types = ["sliding_attention" if every and (i + 1) % every else "full_attention" for i in range(layers)]
         if len(types) != layers:
             raise ValueError(f"layer_types lists {len(types)} layers of {layers}")
-        window = c.get("sliding_window", None if kind == "exaone4" else 4096)
         trained = c.get("max_position_embeddings", 4096)
         bias = bool(c.get("attention_bias", False))
-        exaone = kind == "exaone4"
         if exaone:  # (one rotary for every layer: the window layers' base is the global layers')
             local_theta = global_rope["rope_theta"]
         return cls(
