@@ -3,7 +3,7 @@
 A model is an ``nn.Module`` whose ``forward(step, kv_cache)`` returns the logits of the step's
 sampled positions, and which tells the engine its cache geometry: ``num_layers``,
 ``num_kv_heads``, ``head_dim``, ``vocab_size``, ``max_position`` (and ``conv_rows``, where some layers
-keep a row a token instead of K/V: models/step.py).
+keep a row a token instead of K/V, or ``state_shapes``, where some carry a state a sequence: models/step.py).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from .families.gpt2 import GPT2, GPT2Spec
 from .families.lfm2 import FAMILIES as LFM2_FAMILIES, Lfm2, Lfm2Spec
 from .families.llama import FAMILIES as LLAMA_FAMILIES, Llama, LlamaSpec
 from .families.olmo import FAMILIES as OLMO_FAMILIES, Olmo, OlmoSpec
+from .families.qwen35 import FAMILIES as QWEN35_FAMILIES, Qwen35, Qwen35Spec
 from .kernels import native
 from .kernels.block_experts import use_stored_experts
 from .kernels.block_linear import use_block_linears, use_stored_blocks
@@ -33,7 +34,8 @@ ARCHITECTURES = {"gpt2": (GPT2Spec, GPT2), "gemma": (GemmaSpec, Gemma), "gemma2"
                  "gemma3_text": (GemmaSpec, Gemma),
                  **{family: (LlamaSpec, Llama) for family in LLAMA_FAMILIES},
                  **{family: (OlmoSpec, Olmo) for family in OLMO_FAMILIES},
-                 **{family: (Lfm2Spec, Lfm2) for family in LFM2_FAMILIES}}
+                 **{family: (Lfm2Spec, Lfm2) for family in LFM2_FAMILIES},
+                 **{family: (Qwen35Spec, Qwen35) for family in QWEN35_FAMILIES}}
 
 
 @dataclass

@@ -19,6 +19,14 @@ the rows of the tokens before) has an attribute ``conv_rows``, (those layers, th
 pool keeps those rows beside the K/V, in the same blocks, so that prefix caching, preemption and
 speculative decoding treat them as K/V. Its ``num_layers`` counts the layers that keep K/V.
 
+A model with layers that carry a state a sequence from token to token (Qwen3.5's gated delta rule,
+whose state is a matrix a head: megabytes a sequence, too much to keep a token or a block) has an
+attribute ``state_shapes``, (those layers, the shapes of a sequence's state tensors in each): the
+pool keeps ``state_slots`` such states, and each Sequence names the slot it reads and writes
+(``state_slot``). A sequence's computed tokens are its state: a chunk at position 0 starts from
+zeros (the model's part), and none can be shared, skipped or rolled back, so such a model runs without
+prefix caching and without speculative decoding (the runtime's part).
+
 A model whose forward may give each CPU thread rows of its own (the native decoder layers) has a
 method ``splits_rows(step, threads, kv_cache)`` saying whether it will for a step: the runtime
 chooses the step's thread count by it.
@@ -51,6 +59,7 @@ class Sequence:
     # With sample: how many of its last tokens' logits are sampled. More than one where a step verifies
     # proposed tokens (speculative decoding): the logits after each of them, and after the token before.
     num_sampled: int = 1
+    state_slot: int = -1  # the pool's state slot of the request (a model with state_shapes), else -1
 
 
 @dataclass
@@ -90,6 +99,8 @@ class StepInput:
     # row's K/V before any row attends (what a layer does), and so must not give threads rows of their
     # own to carry through the layers alone.
     verifies: bool = False
+    # each one-token row's and then each chunk's Sequence.state_slot, as ``lengths`` (None: no slots)
+    state_slots: torch.Tensor | None = None
 
     @classmethod
     def flatten(cls, sequences: list[Sequence], block_size: int, device: torch.device) -> "StepInput":
@@ -120,7 +131,7 @@ class StepInput:
         if verifies:
             rows.sort(key=lambda row: -row[0])  # stable: the plain decodes keep their order
 
-        ids, positions, slots, lengths, tables, context_lens = [], [], [], [], [], []
+        ids, positions, slots, lengths, tables, context_lens, state_slots = [], [], [], [], [], [], []
         where = {}  # (sequence, token) -> a row's flat position; (sequence, 0) -> where a chunk starts
         for flat, (context, i, j) in enumerate(rows):
             seq = sequences[i]
@@ -132,6 +143,7 @@ class StepInput:
             tables.append(table[:-(-context // block_size)])
             context_lens.append(context)
             lengths.append(seq.length or seq.start + len(seq.token_ids))
+            state_slots.append(seq.state_slot)
             where[i, j] = flat
         prefills = []
         for i in chunks:
@@ -145,6 +157,7 @@ class StepInput:
             prefills.append(PrefillChunk(start, start + n, first,
                                          torch.tensor(table[:-(-(first + n) // block_size)], device=device)))
             lengths.append(seq.length or first + n)
+            state_slots.append(seq.state_slot)
             where[i, 0] = start
         samples = []
         for i, seq in enumerate(sequences):
@@ -163,8 +176,9 @@ class StepInput:
             padded = [t + [0] * (width - len(t)) for t in tables[start:end]]
             groups.append(DecodeGroup(start, end, as_tensor(padded).view(end - start, width),
                                       as_tensor(context_lens[start:end])))
+        keeps_state = any(slot >= 0 for slot in state_slots)
         return cls(as_tensor(ids), as_tensor(positions), as_tensor(slots), groups, prefills,
-                   as_tensor(samples), block_size, lengths, verifies)
+                   as_tensor(samples), block_size, lengths, verifies, as_tensor(state_slots) if keeps_state else None)
 
 
 def group_by_length(widths: list[int]) -> list[tuple[int, int]]:
@@ -181,30 +195,39 @@ class KVCache:
     """Per-layer K and V tensors of shape [num_blocks, block_size, num_kv_heads, head_dim], and for a
     model with convolution layers (``conv_rows``: their count and width) each such layer's input rows,
     [num_blocks, block_size, width]; allocated once, a step writes only its new tokens' rows and reads
-    through block tables."""
+    through block tables. For a model with recurrent layers (``state_shapes``: their count and the
+    shapes of a sequence's state in each), ``state_slots`` states a layer, in float32 at least (as
+    llama.cpp keeps them), their memory taken as slots are first used."""
 
     def __init__(self, num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device,
-                 conv_rows: tuple[int, int] = (0, 0)):
+                 conv_rows: tuple[int, int] = (0, 0), state_shapes: tuple[int, tuple] = (0, ()), state_slots: int = 0):
         shape = (2, num_layers, num_blocks, block_size, num_kv_heads, head_dim)
         conv_layers, conv_width = conv_rows
         conv_shape = (conv_layers, num_blocks, block_size, conv_width)
         self.data, self.conv = (self._pool(s, dtype, device) for s in (shape, conv_shape))
+        state_layers, shapes = state_shapes
+        state_dtype = torch.promote_types(dtype, torch.float32)
+        self.states = [self._pool((state_layers, state_slots, *s), state_dtype, device) for s in shapes]
+        self.num_state_slots = state_slots if shapes else 0
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.scratch = [torch.empty(0, dtype=dtype, device=device) for _ in range(2)]  # for K, for V
 
     @classmethod
-    def for_model(cls, model, num_blocks: int, block_size: int, dtype: torch.dtype, device) -> "KVCache":
-        """A pool of ``num_blocks`` blocks in ``model``'s geometry (geometry_of)."""
-        return cls(num_blocks=num_blocks, block_size=block_size, dtype=dtype, device=device, **cls.geometry_of(model))
+    def for_model(cls, model, num_blocks: int, block_size: int, dtype: torch.dtype, device,
+                  state_slots: int = 1) -> "KVCache":
+        """A pool of ``num_blocks`` blocks in ``model``'s geometry (geometry_of), and ``state_slots``
+        sequences' states where the model keeps any."""
+        return cls(num_blocks=num_blocks, block_size=block_size, dtype=dtype, device=device, state_slots=state_slots,
+                   **cls.geometry_of(model))
 
     @staticmethod
     def geometry_of(model) -> dict:
         """What a pool for ``model`` holds a block, by this class's argument names: the model's K/V layers,
-        heads and head size, and its convolution layers' rows where it has them (the module docstring,
-        and models/__init__.py's contract)."""
+        heads and head size, and its convolution layers' rows and recurrent layers' state shapes where it
+        has them (the module docstring, and models/__init__.py's contract)."""
         return {"num_layers": model.num_layers, "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
-                "conv_rows": getattr(model, "conv_rows", (0, 0))}
+                "conv_rows": getattr(model, "conv_rows", (0, 0)), "state_shapes": getattr(model, "state_shapes", (0, ()))}
 
     @staticmethod
     def _pool(shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
@@ -243,8 +266,8 @@ class KVCache:
 
     def zero_(self) -> None:
         """Zero every element (and so touch every page: a benchmark commits the pool before it times)."""
-        self.data.zero_()
-        self.conv.zero_()
+        for pool in (self.data, self.conv, *self.states):
+            pool.zero_()
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.data[0, index], self.data[1, index]
@@ -252,6 +275,10 @@ class KVCache:
     def conv_layer(self, index: int) -> torch.Tensor:
         """Convolution layer ``index``'s rows, [num_blocks, block_size, width]."""
         return self.conv[index]
+
+    def state_layer(self, index: int) -> list[torch.Tensor]:
+        """Recurrent layer ``index``'s states, a tensor [state_slots, *shape] for each of the model's shapes."""
+        return [states[index] for states in self.states]
 
     def gather(self, cache: torch.Tensor, blocks: torch.Tensor, which: int, dtype: torch.dtype) -> torch.Tensor:
         """``cache[blocks]`` (which: 0 for K, 1 for V) in ``dtype``, the model's (a 16-bit pool is
@@ -267,9 +294,10 @@ class KVCache:
 
     @staticmethod
     def bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype,
-                        conv_rows: tuple[int, int] = (0, 0)) -> int:
+                        conv_rows: tuple[int, int] = (0, 0), state_shapes: tuple[int, tuple] = (0, ())) -> int:
         """The memory one block of a pool of this geometry takes, K and V of every layer and the
-        convolution layers' rows: the engine sizes the pool from it before the pool exists."""
+        convolution layers' rows: the engine sizes the pool from it before the pool exists. (The
+        recurrent layers' states are a sequence's, not a block's: they take none of it.)"""
         element = torch.empty((), dtype=dtype).element_size()
         conv_layers, conv_width = conv_rows
         return (2 * num_layers * num_kv_heads * head_dim + conv_layers * conv_width) * block_size * element

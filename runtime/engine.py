@@ -65,6 +65,13 @@ class Engine(TextAPI):
         self.device = device
         self.options = options
         self.kv_manager = KVManager.for_model(model, options, device)
+        if self.kv_manager.keeps_state and (draft is not None or options.speculative_tokens):
+            raise ValueError(f"{checkpoint.name} carries a state a sequence through its recurrent layers, which cannot "
+                             "take back rejected proposals: it runs without speculative decoding (no draft, "
+                             "speculative_tokens=0)")
+        if draft is not None and getattr(draft.model, "state_shapes", None):
+            raise ValueError(f"the draft {draft.name} carries a state a sequence through its recurrent layers, which "
+                             "cannot take back rejected proposals: draft with a model of attention layers")
         self.drafter = (Drafter.for_model(draft.model, options, device, self.kv_manager.num_blocks)
                         if draft is not None else None)
         self.scheduler = Scheduler(options, self.kv_manager, self.drafter)
@@ -161,6 +168,9 @@ class Engine(TextAPI):
     def _launch(self, input_tokens, config, n: int) -> list[Handle]:
         config = as_config(config)
         check_token_ids(config, self.vocab_size)
+        if config.speculative_tokens and self.kv_manager.keeps_state:
+            raise ValueError(f"speculative_tokens={config.speculative_tokens}: {self.name} carries a state a sequence "
+                             "through its recurrent layers, which cannot take back rejected proposals; leave it 0")
         prompt = check_prompt(input_tokens, self.vocab_size)
         check_room(len(prompt), config.max_new_tokens, max_context=self.max_context, max_position=self.max_position,
                    num_blocks=self.kv_manager.num_blocks, block_size=self.options.block_size)

@@ -4,7 +4,9 @@ on the CPU, the committer that backs the pool with memory ahead of its use (runt
 
 The scheduler decides who runs and how many tokens each; it asks this room for the blocks those
 tokens need (allocate), gives them back (free) and has the computed ones named for later requests
-(cache_computed_blocks). Nothing else touches a block id.
+(cache_computed_blocks). Nothing else touches a block id. For a model with recurrent layers it also
+hands each admitted request a state slot (models/step.py), and keeps no prefix cache: such a
+request's past is its state, which the blocks of a shared prefix do not hold.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class HeldBlocks:
     table: list[int] = field(default_factory=list)
     num_hashed: int = 0            # leading blocks already named in the prefix cache ...
     chain_hash: int | None = None  # ... and the chained hash after them
+    state_slot: int = -1           # its recurrent layers' state slot (a model with state_shapes), else -1
 
 
 class KVManager:
@@ -44,6 +47,7 @@ class KVManager:
         # own: their K/V were computed differently, so neither side may take the other's blocks.
         self.long_root = None if recompute_past is None else hash(("longer than", recompute_past))
         self.held: dict[int, HeldBlocks] = {}
+        self.free_slots = list(range(cache.num_state_slots))[::-1]  # (popped from the end: the lowest first)
 
     @classmethod
     def for_model(cls, model, options: EngineOptions, device: torch.device) -> "KVManager":
@@ -52,8 +56,16 @@ class KVManager:
         dtype = getattr(torch, options.kv_dtype) if options.kv_dtype else next(model.parameters()).dtype
         block_bytes = KVCache.bytes_per_block(block_size=options.block_size, dtype=dtype, **KVCache.geometry_of(model))
         num_blocks = options.num_kv_blocks or blocks_in_budget(block_bytes, options, model.max_position, device)
-        cache = KVCache.for_model(model, num_blocks, options.block_size, dtype, device)
-        return cls(cache, options.enable_prefix_caching, getattr(model, "recompute_past", None))
+        # a state slot for each request that may run at once (the scheduler admits no more)
+        cache = KVCache.for_model(model, num_blocks, options.block_size, dtype, device, options.max_batch_size)
+        return cls(cache, options.enable_prefix_caching and not cache.num_state_slots,
+                   getattr(model, "recompute_past", None))
+
+    @property
+    def keeps_state(self) -> bool:
+        """Whether the model carries a state a sequence (models/step.py): its requests cannot take a
+        cached prefix, nor have proposed tokens verified and the rejected ones rolled back."""
+        return self.cache.num_state_slots > 0
 
     @property
     def num_blocks(self) -> int:
@@ -75,8 +87,15 @@ class KVManager:
         cache holds; returns how many tokens they cover (never the last one: its logits are sampled)."""
         root = self.hash_root(ctx)
         cached = self.allocator.match_prefix(ctx.tokens, root)
-        self.held[ctx.handle] = HeldBlocks(cached, len(cached), self.allocator.chain_hash(cached) if cached else root)
+        held = HeldBlocks(cached, len(cached), self.allocator.chain_hash(cached) if cached else root)
+        if self.keeps_state:
+            held.state_slot = self.free_slots.pop()  # (IndexError: more requests running than max_batch_size)
+        self.held[ctx.handle] = held
         return len(cached) * self.block_size
+
+    def state_slot(self, ctx) -> int:
+        """The state slot ``ctx`` holds (admitted with take_cached_prefix), -1 for a model without state."""
+        return self.held[ctx.handle].state_slot
 
     def allocate(self, ctx, num_tokens: int, reserve: int = 0) -> list[int] | None:
         """Grow the blocks of ``ctx`` (admitted with take_cached_prefix) to hold its first
@@ -95,6 +114,8 @@ class KVManager:
         held = self.held.pop(ctx.handle, None)
         if held is not None:
             self.allocator.release(held.table)
+            if held.state_slot >= 0:
+                self.free_slots.append(held.state_slot)
 
     def trim(self, ctx, num_tokens: int) -> None:
         """Give back the blocks of ``ctx`` past those its first ``num_tokens`` tokens need: after a

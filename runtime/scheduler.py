@@ -25,11 +25,12 @@ class Scheduled:
     follow them (speculative decoding; only a decoding request has any). With a draft model, the
     plan holds room for ``reserved`` proposals that its ``drafting`` job makes outside the lock,
     and ``propose`` then puts them in (``draft_probs``: the draft's distribution q of each, for a
-    sampled request)."""
+    sampled request). ``state_slot``: its state slot where the model keeps one (KVManager.state_slot)."""
 
     ctx: ResponseContext
     num_tokens: int
     block_table: list[int]
+    state_slot: int = -1
     draft: list[int] = field(default_factory=list)
     reserved: int = 0
     drafting: DraftJob | None = None
@@ -103,7 +104,8 @@ class StepPlan:
         for e in self.entries:
             ctx, own = e.ctx, e.num_tokens - len(e.draft)
             sequences.append(Sequence(ctx.tokens[ctx.num_computed:ctx.num_computed + own] + e.draft, ctx.num_computed,
-                                      e.block_table, e.samples, len(ctx.tokens) + len(e.draft), max(e.num_sampled, 1)))
+                                      e.block_table, e.samples, len(ctx.tokens) + len(e.draft), max(e.num_sampled, 1),
+                                      e.state_slot))
         return sequences
 
 
@@ -171,7 +173,7 @@ class Scheduler:
                 if victim is ctx:
                     break
             else:
-                plan.entries.append(Scheduled(ctx, n, block_table))
+                plan.entries.append(Scheduled(ctx, n, block_table, self.kv.state_slot(ctx)))
                 budget -= n
         budget = self.admit(plan, budget)
         self.speculate(plan, budget)
@@ -199,7 +201,7 @@ class Scheduler:
             self.running.append(ctx)
             self.prompt_tokens += len(ctx.tokens)
             self.cached_tokens += ctx.num_cached
-            plan.entries.append(Scheduled(ctx, n, block_table))
+            plan.entries.append(Scheduled(ctx, n, block_table, self.kv.state_slot(ctx)))
             budget -= n
         return budget
 

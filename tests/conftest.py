@@ -148,6 +148,14 @@ CONFIGS = {
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
         pad_token_id=0, sliding_window=12, sliding_window_pattern=4, initializer_range=0.15),
+    # three delta-rule layers (two key heads read by four value heads) around an attention layer, the
+    # weights drawn wide enough that the delta-rule layers move greedy tokens
+    "qwen3_5": lambda: transformers.Qwen3_5TextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        pad_token_id=0, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+        linear_value_head_dim=8, initializer_range=0.15,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
     "gemma3": lambda: transformers.Gemma3TextConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=1, head_dim=32, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
@@ -170,7 +178,7 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "granitemoeshared": transformers.GraniteMoeSharedForCausalLM,
                  "exaone4": transformers.Exaone4ForCausalLM, "gemma": transformers.GemmaForCausalLM,
                  "gemma2": transformers.Gemma2ForCausalLM, "lfm2": transformers.Lfm2ForCausalLM,
-                 "lfm2_moe": transformers.Lfm2MoeForCausalLM,
+                 "lfm2_moe": transformers.Lfm2MoeForCausalLM, "qwen3_5": transformers.Qwen3_5ForCausalLM,
                  "gemma3": transformers.Gemma3ForCausalLM}
 
 

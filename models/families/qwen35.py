@@ -1,0 +1,319 @@
+"""Qwen3.5 over the paged KV cache and a state a sequence: three layers in four mix their tokens through a
+gated delta rule (linear attention whose memory is a matrix a head, carried from token to token), the
+fourth attends as Qwen3 does with an output gate; every layer then takes a SwiGLU MLP. Its norms scale
+by 1 + weight (Gemma's), the rotary turns the first quarter of each head.
+
+A delta-rule layer's product gives q, k and v (convolved with the three tokens before, a channel at a
+time, through a SiLU), a gate z and, a head each, beta and a decay. Each head's state S (key width x
+value width) decays, takes the value k would read corrected by beta (S += k (beta (v - S^T k))^T) and
+answers q; the answers are normalised, times SiLU(z), and go through the output product. S and the
+convolution's last three inputs are the sequence's state, kept in the pool's state slots
+(models/step.py's ``state_shapes``): a step reads each sequence's from its slot (zeros at position 0)
+and writes it back. The value heads are kept in llama.cpp's tiled order (value head h reads key head
+h mod the key heads), into which a Hugging Face checkpoint's grouped order is put as it loads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layers import GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, SwiGLU, fused, paged_attention
+from .llama import Attention
+from .rope import Rotary, rope_type
+
+FAMILIES = ("qwen3_5", "qwen3_5_text")
+# transformers' Qwen3.5 defaults, for a config that leaves them out
+DEFAULT_THETA, DEFAULT_ROTARY_SHARE, DEFAULT_ATTENTION_EVERY = 10_000_000.0, 0.25, 4
+# its decoder norms multiply by 1 + weight (their checkpoints store weight - 1, llama.cpp's files weight)
+NORM_OFFSET = 1.0
+
+
+@dataclass
+class DeltaShape:
+    """A gated delta-rule layer's sizes."""
+    key_heads: int
+    value_heads: int  # a multiple of key_heads
+    key_dim: int
+    value_dim: int
+    conv_size: int    # the inputs a convolution reads: this token's and conv_size - 1 before
+
+    @property
+    def conv_width(self) -> int:
+        return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+
+    @property
+    def state_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """A sequence's state: the convolution's earlier inputs, the heads' matrices."""
+        return (self.conv_size - 1, self.conv_width), (self.value_heads, self.key_dim, self.value_dim)
+
+
+@dataclass
+class Qwen35Spec(DecoderShape):
+    rope_theta: float
+    partial_rotary_factor: float
+    max_position: int
+    tie_word_embeddings: bool
+    layer_recurrent: tuple[bool, ...]  # whether each layer is a delta-rule layer (else it attends)
+    delta: DeltaShape
+    # a GGUF file's layout (gguf_config says so): its value heads tiled, its query rows split from the
+    # gates' as they are read, -exp(A_log) stored
+    llama_cpp_layout: bool = False
+    # what llama.Attention reads: each head's query and key normalised, no biases or sinks
+    qk_norm = True
+    qkv_bias = out_bias = qk_norm_across_heads = attention_sinks = False
+
+    @classmethod
+    def from_hf(cls, c: dict) -> "Qwen35Spec":
+        c = {**c, **c.get("text_config", {})}  # (a hub directory's config keeps the text model's under text_config)
+        layers, heads = c["num_hidden_layers"], c["num_attention_heads"]
+        every = c.get("full_attention_interval", DEFAULT_ATTENTION_EVERY)
+        types = c.get("layer_types") or ["full_attention" if (i + 1) % every == 0 else "linear_attention"
+                                         for i in range(layers)]
+        if len(types) != layers:
+            raise ValueError(f"layer_types lists {len(types)} layers of {layers}")
+        if unknown := set(types) - {"full_attention", "linear_attention"}:
+            raise ValueError(f"Qwen3.5 layer types {sorted(unknown)} are not supported; supported: full_attention, "
+                             "linear_attention")
+        if c.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"unsupported hidden_act {c['hidden_act']!r} for Qwen3.5; supported: silu")
+        rope = dict(c.get("rope_parameters") or c.get("rope_scaling") or {})
+        if rope_type(rope) != "default":
+            raise ValueError(f"Qwen3.5 with a {rope_type(rope)} rope scaling is not supported; supported: default")
+        delta = DeltaShape(c.get("linear_num_key_heads", 16), c.get("linear_num_value_heads", 32),
+                           c.get("linear_key_head_dim", 128), c.get("linear_value_head_dim", 128),
+                           c.get("linear_conv_kernel_dim", 4))
+        if delta.value_heads % delta.key_heads:
+            raise ValueError(f"Qwen3.5's value heads ({delta.value_heads}) must be a multiple of its key heads "
+                             f"({delta.key_heads})")
+        return cls(
+            vocab_size=c["vocab_size"], hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
+            num_layers=layers, num_heads=heads, num_kv_heads=c.get("num_key_value_heads") or heads,
+            head_dim=c.get("head_dim") or c["hidden_size"] // heads, rms_norm_eps=c.get("rms_norm_eps", 1e-6),
+            rope_theta=float(c.get("rope_theta") or rope.get("rope_theta") or DEFAULT_THETA),
+            partial_rotary_factor=float(c.get("partial_rotary_factor") or rope.get("partial_rotary_factor")
+                                        or DEFAULT_ROTARY_SHARE),
+            max_position=c.get("max_position_embeddings", 32768),
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+            layer_recurrent=tuple(t == "linear_attention" for t in types), delta=delta,
+            llama_cpp_layout=bool(c.get("llama_cpp_layout", False)))
+
+
+class StateRuns:
+    """A step's sequences as runs of rows (each decode row one; each prefill chunk its rows), with what
+    every delta-rule layer reads of them, built once a step: each run's state slot, whether it starts
+    at its sequence's first token (its state then zeros), where each row's convolution inputs lie in
+    [the runs' earlier inputs; the step's], and the waves of the recurrence (the t-th row of each run
+    longer than t)."""
+
+    def __init__(self, step, back: int):
+        if step.verifies or step.state_slots is None:
+            raise ValueError("a model with recurrent layers needs a state slot a sequence and no verified proposals "
+                             "(models/step.py)")
+        device = step.positions.device
+        decodes = sum(g.end - g.start for g in step.decode_groups)
+        starts = list(range(decodes)) + [c.start for c in step.prefills]
+        lengths = [1] * decodes + [c.end - c.start for c in step.prefills]
+        firsts = step.positions[:decodes].tolist() + [c.first_position for c in step.prefills]
+        self.slots = step.state_slots
+        self.fresh = torch.tensor([p == 0 for p in firsts], device=device)
+        runs = len(starts)
+        # sources[row, b]: the input b + 1 tokens before the row's, in [earlier inputs (runs x back); rows]
+        sources, tails, run_of_row, offset_of_row = [], [], [], []
+        for r, (start, n) in enumerate(zip(starts, lengths)):
+            for i in range(n):
+                sources.append([runs * back + start + i - b if i >= b else r * back + back + i - b
+                                for b in range(1, back + 1)])
+            tails.append([runs * back + start + n - back + j if n - back + j >= 0 else r * back + n + j
+                          for j in range(back)])
+            run_of_row += [r] * n
+            offset_of_row += range(n)
+        self.sources = torch.tensor(sources, dtype=torch.long, device=device).view(-1, back)
+        self.tails = torch.tensor(tails, dtype=torch.long, device=device).view(runs, back)
+        self.runs = runs
+        self.starts, self.lengths = starts, lengths
+        by_offset = torch.tensor(offset_of_row, device=device)
+        run_of_row = torch.tensor(run_of_row, dtype=torch.long, device=device)
+        self.waves = [((by_offset == t).nonzero().flatten(), run_of_row[by_offset == t]) for t in range(max(lengths))]
+
+
+class GatedDeltaNet(nn.Module):
+    """The delta-rule layer (the module docstring): products, convolution, recurrence, gated norm, output."""
+
+    def __init__(self, s: Qwen35Spec):
+        super().__init__()
+        d = self.shape = s.delta
+        self.qkv = nn.Linear(s.hidden_size, d.conv_width, bias=False)
+        self.z = nn.Linear(s.hidden_size, d.value_heads * d.value_dim, bias=False)
+        self.beta = nn.Linear(s.hidden_size, d.value_heads, bias=False)
+        self.alpha = nn.Linear(s.hidden_size, d.value_heads, bias=False)
+        self.conv = nn.Parameter(torch.empty(d.conv_width, d.conv_size))  # a channel's taps, the oldest first
+        self.dt_bias = nn.Parameter(torch.empty(d.value_heads))
+        self.decay = nn.Parameter(torch.empty(d.value_heads))  # -exp(A_log): llama.cpp's ssm_a
+        self.norm = RMSNorm(d.value_dim, s.rms_norm_eps)
+        self.out = nn.Linear(d.value_heads * d.value_dim, s.hidden_size, bias=False)
+
+    def forward(self, x, states: list[torch.Tensor], runs: StateRuns) -> torch.Tensor:
+        """``states``: this layer's conv inputs [slots, conv_size - 1, width] and matrices [slots, heads,
+        key, value] (KVCache.state_layer); ``runs``: the step's StateRuns."""
+        d = self.shape
+        conv_states, matrices = states
+        mixed = self.qkv(x)
+        # the convolution over each row's input and the back before it: from this step, or the run's state
+        keep = (~runs.fresh)[:, None, None]
+        earlier = (conv_states[runs.slots] * keep).to(mixed.dtype).flatten(0, 1)
+        inputs = torch.cat([earlier, mixed])
+        conv = mixed * self.conv[:, -1]
+        for b in range(1, d.conv_size):
+            conv = conv + inputs[runs.sources[:, b - 1]] * self.conv[:, -1 - b]
+        conv_states[runs.slots] = inputs[runs.tails].to(conv_states.dtype)
+        q, k, v = F.silu(conv).split([d.key_heads * d.key_dim, d.key_heads * d.key_dim, d.value_heads * d.value_dim], -1)
+        repeat = d.value_heads // d.key_heads  # (tiled: value head h reads key head h mod key_heads)
+        q = unit(q.view(-1, d.key_heads, d.key_dim)).repeat(1, repeat, 1)
+        k = unit(k.view(-1, d.key_heads, d.key_dim)).repeat(1, repeat, 1)
+        v = v.view(-1, d.value_heads, d.value_dim)
+        beta = torch.sigmoid(self.beta(x))
+        decay = torch.exp(self.decay * F.softplus(self.alpha(x) + self.dt_bias))
+        out = delta_rule(q * d.key_dim ** -0.5, k, v, decay, beta, matrices, runs)
+        gated = self.norm(out) * F.silu(self.z(x).view(-1, d.value_heads, d.value_dim))
+        return self.out(gated.flatten(1))
+
+
+def unit(x: torch.Tensor) -> torch.Tensor:
+    """Each row over its length (as transformers' l2norm: x / sqrt(|x|^2 + 1e-6))."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def delta_rule(q, k, v, decay, beta, matrices: torch.Tensor, runs: StateRuns) -> torch.Tensor:
+    """Each run's rows through its heads' matrices (read from and written back to their slots in
+    ``matrices``): per row, S = decay S; S += k (beta (v - S^T k))^T; out = S^T q. [rows, heads, value]."""
+    state = matrices[runs.slots].to(q.dtype) * (~runs.fresh)[:, None, None, None]
+    out = torch.empty_like(v)
+    for rows, which in runs.waves:
+        s = state[which] * decay[rows, :, None, None]
+        delta = (v[rows] - torch.einsum("rhk,rhkv->rhv", k[rows], s)) * beta[rows, :, None]
+        s = s + k[rows, :, :, None] * delta[:, :, None, :]
+        out[rows] = torch.einsum("rhk,rhkv->rhv", q[rows], s)
+        state[which] = s
+    matrices[runs.slots] = state.to(matrices.dtype)
+    return out
+
+
+class GatedAttention(Attention):
+    """Qwen3's attention (q/k norms a head), its output times the sigmoid of a gate that the query
+    product also gives: the fused product's rows are [queries; gates; keys; values]."""
+
+    def __init__(self, s: Qwen35Spec):
+        super().__init__(s, norm=lambda width, eps: RMSNorm(width, eps, NORM_OFFSET))
+        self.qkv = nn.Linear(s.hidden_size, (2 * s.num_heads + 2 * s.num_kv_heads) * s.head_dim, bias=False)
+
+    def forward(self, x, cos, sin, kv_cache, layer, step, masks):
+        width, kv_width = self.heads * self.dim, self.kv_heads * self.dim
+        q, gate, k, v = self.qkv(x).split([width, width, kv_width, kv_width], -1)
+        q, k = self.q_norm(q.view(-1, self.heads, self.dim)), self.k_norm(k.view(-1, self.kv_heads, self.dim))
+        o = paged_attention(q, k, v.view(-1, self.kv_heads, self.dim), kv_cache, layer, step, masks, self.scale,
+                            cos, sin)
+        return self.out(o.flatten(1) * torch.sigmoid(gate))
+
+
+class Block(nn.Module):
+    def __init__(self, s: Qwen35Spec, index: int):
+        super().__init__()
+        self.recurrent = s.layer_recurrent[index]
+        # its place in the pool: among the delta-rule layers' states, or the attention layers' K/V
+        self.pool_layer = s.layer_recurrent[:index].count(self.recurrent)
+        self.input_norm = RMSNorm(s.hidden_size, s.rms_norm_eps, NORM_OFFSET)
+        self.mixer = GatedDeltaNet(s) if self.recurrent else GatedAttention(s)
+        self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps, NORM_OFFSET)
+        self.mlp = SwiGLU(s.hidden_size, s.intermediate_size)
+
+    def forward(self, x, cos, sin, kv_cache, step, masks, runs):
+        h = self.input_norm(x)
+        if self.recurrent:
+            x = x + self.mixer(h, kv_cache.state_layer(self.pool_layer), runs)
+        else:
+            x = x + self.mixer(h, cos, sin, kv_cache, self.pool_layer, step, masks)
+        return x + self.mlp(self.post_norm(x))
+
+
+class Qwen35(DecoderModel):
+    def __init__(self, s: Qwen35Spec):
+        super().__init__(s, Block, lambda width, eps: RMSNorm(width, eps, NORM_OFFSET))
+        self.rotary = Rotary(s.head_dim, s.rope_theta, None, s.partial_rotary_factor, s.max_position)
+        # the pool's geometry: K/V for the attention layers, a state a sequence for the delta-rule layers
+        self.num_layers = s.layer_recurrent.count(False)
+        self.state_shapes = (s.layer_recurrent.count(True), s.delta.state_shapes)
+
+    def forward(self, step, kv_cache) -> torch.Tensor:
+        """Logits [S, vocab] for the step's sampled positions only."""
+        x = self.embed(step.input_ids)
+        cos, sin = self.rotary(step.positions, x.dtype)
+        masks = AttentionMasks(step, x.dtype, kv_cache)
+        runs = StateRuns(step, self.spec.delta.conv_size - 1)
+        for layer in self.layers:
+            x = layer(x, cos, sin, kv_cache, step, masks, runs)
+        return self.lm_head(self.norm(x[step.sample_indices]))
+
+    @staticmethod
+    def convert(hf: dict[str, torch.Tensor], s: Qwen35Spec) -> dict[str, torch.Tensor]:
+        """Transformers' parameter names (a hub directory's under model.language_model) -> this module's:
+        q/k/v and gate/up fused, each head's query rows split from its gate rows, and (where the file is not
+        llama.cpp's, whose converter did so) the value heads put in tiled order, A_log read as -exp(A_log)."""
+        hf = {k.removeprefix("model.").removeprefix("language_model."): v for k, v in hf.items()}
+        out = {"embed.weight": hf["embed_tokens.weight"], "norm.weight": hf["norm.weight"]}
+        out["lm_head.weight"] = hf["embed_tokens.weight"] if s.tie_word_embeddings else hf["lm_head.weight"]
+        d, theirs = s.delta, not s.llama_cpp_layout
+        tiled = _tiled_order(d)
+        heads = lambda t, width: t[_rows(tiled, width)] if theirs else t  # value heads' rows in tiled order
+        for i, recurrent in enumerate(s.layer_recurrent):
+            p = o = f"layers.{i}."
+            out[o + "input_norm.weight"] = hf[p + "input_layernorm.weight"]
+            out[o + "post_norm.weight"] = hf[p + "post_attention_layernorm.weight"]
+            out[o + "mlp.gate_up.weight"] = fused(hf, p, GATE_UP)
+            out[o + "mlp.down.weight"] = hf[p + "mlp.down_proj.weight"]
+            if not recurrent:
+                a = p + "self_attn."
+                if theirs:
+                    hf[a + "q_proj.weight"] = hf[a + "q_proj.weight"][_query_then_gate(s.num_heads, s.head_dim)]
+                out[o + "mixer.qkv.weight"] = fused(hf, p, QKV)
+                out[o + "mixer.out.weight"] = hf[a + "o_proj.weight"]
+                out[o + "mixer.q_norm.weight"] = hf[a + "q_norm.weight"]
+                out[o + "mixer.k_norm.weight"] = hf[a + "k_norm.weight"]
+                continue
+            a = p + "linear_attn."
+            values = 2 * d.key_heads * d.key_dim  # where the value channels begin
+            qkv, conv = hf[a + "in_proj_qkv.weight"], hf[a + "conv1d.weight"].reshape(d.conv_width, d.conv_size)
+            if theirs:
+                qkv = torch.cat([qkv[:values], heads(qkv[values:], d.value_dim)])
+                conv = torch.cat([conv[:values], heads(conv[values:], d.value_dim)])
+            out[o + "mixer.qkv.weight"], out[o + "mixer.conv"] = qkv, conv
+            out[o + "mixer.z.weight"] = heads(hf[a + "in_proj_z.weight"], d.value_dim)
+            out[o + "mixer.beta.weight"] = heads(hf[a + "in_proj_b.weight"], 1)
+            out[o + "mixer.alpha.weight"] = heads(hf[a + "in_proj_a.weight"], 1)
+            out[o + "mixer.dt_bias"] = heads(hf[a + "dt_bias"], 1)
+            out[o + "mixer.decay"] = -torch.exp(heads(hf[a + "A_log"], 1)) if theirs else hf[a + "ssm_a"]
+            out[o + "mixer.norm.weight"] = hf[a + "norm.weight"]
+            o_proj = hf[a + "out_proj.weight"]
+            out[o + "mixer.out.weight"] = o_proj[:, _rows(tiled, d.value_dim)] if theirs else o_proj
+        return out
+
+
+def _tiled_order(d: DeltaShape) -> torch.Tensor:
+    """The grouped order's value head of each tiled one (Hugging Face's heads come a key head's group
+    at a time; llama.cpp's, and Loom's, value head h reads key head h mod key_heads)."""
+    repeat = d.value_heads // d.key_heads
+    return torch.arange(d.value_heads).view(d.key_heads, repeat).t().flatten()
+
+
+def _rows(heads: torch.Tensor, width: int) -> torch.Tensor:
+    """The rows of ``heads``, ``width`` rows a head, in order."""
+    return (heads[:, None] * width + torch.arange(width)).flatten()
+
+
+def _query_then_gate(heads: int, dim: int) -> torch.Tensor:
+    """The query product's rows as [every head's query; every head's gate] (each head's come as
+    [query, gate] in the checkpoint and in llama.cpp's files)."""
+    per_head = torch.arange(2 * heads * dim).view(heads, 2, dim)
+    return per_head.transpose(0, 1).flatten()
