@@ -14,6 +14,32 @@ import transformers
 VOCAB = 256
 EOS = 3
 
+
+def _delta_rule_in_float64(query, key, value, g, beta, initial_state=None, output_final_state=False,
+                           use_qk_l2norm_in_kernel=False, **_):
+    """transformers' Qwen3.5 delta rule (its recurrent and chunked forms alike) token by token in the
+    inputs' dtype: transformers' own runs in float32 whatever the model's, too coarse a reference for
+    float64 comparisons (log-probabilities 1e-5 apart)."""
+    dtype = query.dtype
+    heads, key_heads = value.shape[2], key.shape[2]
+    query, key = (x.repeat_interleave(heads // key_heads, dim=2) for x in (query, key))
+    if use_qk_l2norm_in_kernel:
+        query, key = (x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6) for x in (query, key))
+    query = query * query.shape[-1] ** -0.5
+    state = torch.zeros(value.shape[0], heads, key.shape[-1], value.shape[-1], dtype=dtype) \
+        if initial_state is None else initial_state.to(dtype)
+    out = torch.empty_like(value)
+    for t in range(value.shape[1]):
+        state = state * g[:, t].to(dtype).exp()[..., None, None]
+        delta = (value[:, t] - torch.einsum("bhk,bhkv->bhv", key[:, t], state)) * beta[:, t, :, None].to(dtype)
+        state = state + key[:, t, :, :, None] * delta[:, :, None, :]
+        out[:, t] = torch.einsum("bhk,bhkv->bhv", query[:, t], state)
+    return out, state if output_final_state else None
+
+
+transformers.models.qwen3_5.modeling_qwen3_5.torch_chunk_gated_delta_rule = _delta_rule_in_float64
+transformers.models.qwen3_5.modeling_qwen3_5.torch_recurrent_gated_delta_rule = _delta_rule_in_float64
+
 CONFIGS = {
     "gpt2": lambda: transformers.GPT2Config(
         vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256, eos_token_id=EOS, bos_token_id=1),
@@ -338,6 +364,45 @@ GGUF_GEMMA_NAMES = {"post_attention_layernorm": "post_attention_norm", "pre_feed
                     "post_feedforward_layernorm": "post_ffw_norm"}
 
 
+# Qwen3.5's: its delta-rule layers' products and parameters, its norm after the attention
+GGUF_QWEN35_NAMES = {"post_attention_layernorm": "post_attention_norm", "linear_attn.in_proj_qkv": "attn_qkv",
+                     "linear_attn.in_proj_z": "attn_gate", "linear_attn.in_proj_b": "ssm_beta",
+                     "linear_attn.in_proj_a": "ssm_alpha", "linear_attn.conv1d": "ssm_conv1d",
+                     "linear_attn.norm": "ssm_norm", "linear_attn.out_proj": "ssm_out"}
+
+
+def _qwen35_tensor(rest: str, values, c):
+    """A Qwen3.5 delta-rule parameter as llama.cpp's converter writes it: (name within the block, values),
+    its value heads from the checkpoint's grouped order to the tiled one (value head h reading key head h
+    mod the key heads), A_log as -exp(A_log), dt_bias as ssm_dt's bias, the convolution's taps [channels,
+    length]; None for the others."""
+    import numpy as np
+    groups, repeat, key_width = c.linear_num_key_heads, c.linear_num_value_heads // c.linear_num_key_heads, \
+        2 * c.linear_num_key_heads * c.linear_key_head_dim
+
+    def tiled(x, width, axis=0):
+        x = np.moveaxis(x, axis, 0)
+        x = x.reshape(groups, repeat, width, *x.shape[1:]).swapaxes(0, 1).reshape(x.shape)
+        return np.ascontiguousarray(np.moveaxis(x, 0, axis))
+
+    width = c.linear_value_head_dim
+    if rest == "linear_attn.A_log":
+        return "ssm_a", -np.exp(tiled(values, 1))
+    if rest == "linear_attn.dt_bias":
+        return "ssm_dt.bias", tiled(values, 1)
+    if rest in ("linear_attn.in_proj_qkv.weight", "linear_attn.conv1d.weight"):
+        values = values.reshape(values.shape[0], -1)
+        values = np.concatenate([values[:key_width], tiled(values[key_width:], width)])
+    elif rest in ("linear_attn.in_proj_z.weight", "linear_attn.in_proj_b.weight", "linear_attn.in_proj_a.weight"):
+        values = tiled(values, 1 if rest != "linear_attn.in_proj_z.weight" else width)
+    elif rest == "linear_attn.out_proj.weight":
+        values = tiled(values, width, axis=1)
+    else:
+        return None
+    part, kind = rest.rsplit(".", 1)
+    return f"{GGUF_QWEN35_NAMES[part]}.{kind}", values
+
+
 def _gpt_oss_tensors(rest: str, values):
     """A gpt-oss parameter as llama.cpp's converter writes it: (name within the block, values) pairs.
     Its experts' interleaved gate and up columns [experts, hidden, 2 x inner] split into two stacks
@@ -362,7 +427,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     names, a Llama's (SmolLM3's, Granite's) query and key rows permuted for llama.cpp's rotary, the sizes in the metadata
     (a head's size only where it is not the hidden size over the heads); ``metadata`` (key -> a
     uint32, float32, str or list value, under the arch's prefix unless it starts with "tokenizer.")
-    and ``tensors`` (name -> float32 array) added. Matrices in float32, or in ``matrices``' type
+    and ``tensors`` (name -> float32 array) added (a None value leaves a key out). Matrices in float32, or in ``matrices``' type
     (a GGMLQuantizationType gguf-py quantizes to). Gemma's norms are stored as 1 + weight, as its
     converter stores them (OLMo's output norms are named as Gemma's); a mixture's experts as three stacks (ffn_gate_exps, ffn_up_exps,
     ffn_down_exps), its router in float32 (gpt-oss's: _gpt_oss_tensors), a shared expert's three
@@ -383,6 +448,13 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     writer.add_head_count_kv([0 if t == "conv" else kv_heads for t in c.layer_types] if lfm2 else kv_heads)
     if lfm2:
         writer.add_uint32(f"{arch}.shortconv.l_cache", c.conv_L_cache)
+    if arch == "qwen35":  # its delta-rule layers' sizes and places, its rotary's share of a head
+        metadata = {"ssm.conv_kernel": c.linear_conv_kernel_dim, "ssm.state_size": c.linear_key_head_dim,
+                    "ssm.group_count": c.linear_num_key_heads, "ssm.time_step_rank": c.linear_num_value_heads,
+                    "ssm.inner_size": c.linear_value_head_dim * c.linear_num_value_heads,
+                    "attention.recurrent_layers": [t == "linear_attention" for t in c.layer_types],
+                    "rope.dimension_count": int(c.head_dim * c.rope_parameters["partial_rotary_factor"]),
+                    **(metadata or {})}
     if getattr(c, "head_dim", None) not in (None, c.hidden_size // heads):
         writer.add_key_length(c.head_dim)
     writer.add_layer_norm_rms_eps(c.norm_eps if lfm2 else c.rms_norm_eps)
@@ -390,13 +462,16 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     writer.add_rope_freq_base((rope.get("full_attention") or rope)["rope_theta"])  # (OLMo 3's: its global layers')
     writer.add_vocab_size(c.vocab_size)
     for key, value in (metadata or {}).items():
+        if value is None:  # (a key the architecture's files carry, left out)
+            continue
         adds = {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string, list: writer.add_array}
         adds[type(value)](key if key.startswith("tokenizer.") else f"{arch}.{key}", value)
 
     def add(name, values):
         if name.endswith(leave_out):
             return None
-        if matrices is None or values.ndim < 2 or name.endswith(("ffn_gate_inp.weight", ".bias", "shortconv.conv.weight")):
+        if matrices is None or values.ndim < 2 or name.endswith(("ffn_gate_inp.weight", ".bias", "shortconv.conv.weight",
+                                                                  "ssm_conv1d.weight")):
             # (routers and convolutions' taps stay F32)
             return writer.add_tensor(name, values)
         writer.add_tensor(name, gguf.quants.quantize(values, matrices), raw_dtype=matrices)
@@ -404,17 +479,20 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     gemma = arch.startswith("gemma")
     names = {**GGUF_LAYER_NAMES,
              **(GGUF_GEMMA_NAMES if arch in ("gemma2", "gemma3", "olmo2", "gpt-oss", "exaone4") else {}),
-             **(GGUF_LFM2_NAMES if lfm2 else {})}
+             **(GGUF_LFM2_NAMES if lfm2 else {}), **(GGUF_QWEN35_NAMES if arch == "qwen35" else {})}
     for name, tensor in hf.state_dict().items():
         values = tensor.float().numpy()
         if name.endswith("conv.conv.weight"):  # LFM2's taps [hidden, 1, length], kept [hidden, length]
             values = values.reshape(values.shape[0], -1)
-        if gemma and name.endswith("norm.weight"):
+        if (gemma or arch == "qwen35") and name.endswith("norm.weight") and "linear_attn" not in name:
             values = values + 1
         if name in GGUF_GLOBAL_NAMES:
             add(GGUF_GLOBAL_NAMES[name], values)
             continue
         _, _, layer, rest = name.split(".", 3)
+        if arch == "qwen35" and (written := _qwen35_tensor(rest, values, c)) is not None:
+            add(f"blk.{layer}.{written[0]}", written[1])
+            continue
         if arch == "gpt-oss" and rest.startswith(("mlp.experts.", "mlp.router.", "self_attn.sinks")):
             for part, part_values in _gpt_oss_tensors(rest, values):
                 add(f"blk.{layer}.{part}", np.ascontiguousarray(part_values))

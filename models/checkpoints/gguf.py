@@ -18,6 +18,7 @@ from ..cache import cache_dir
 from ..families.layers import GATE_UP, QKV
 from ..families.lfm2 import FEED_FORWARD
 from ..families.moe import SHARED_GATE_UP
+from ..families.qwen35 import query_then_gate
 from ..families.rope import halves_from_pairs
 from ..pages import available_memory
 from . import Contents
@@ -60,19 +61,27 @@ LFM2_LAYER_NAMES = {"attn_norm": "operator_norm", "ffn_norm": "ffn_norm", "attn_
                     "ffn_gate": "feed_forward.w1", "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2",
                     "shortconv.in_proj": "conv.in_proj", "shortconv.conv": "conv.conv",
                     "shortconv.out_proj": "conv.out_proj"}
+# Qwen3.5's by transformers' names (its delta-rule layers' ssm_a, -exp(A_log), by a name of its own)
+QWEN35_LAYER_NAMES = {"post_attention_norm": "post_attention_layernorm", "attn_qkv": "linear_attn.in_proj_qkv",
+                      "attn_gate": "linear_attn.in_proj_z", "ssm_beta": "linear_attn.in_proj_b",
+                      "ssm_alpha": "linear_attn.in_proj_a", "ssm_conv1d": "linear_attn.conv1d",
+                      "ssm_dt": "linear_attn.dt_bias", "ssm_a": "linear_attn.ssm_a", "ssm_norm": "linear_attn.norm",
+                      "ssm_out": "linear_attn.out_proj"}
 GEMMA_LAYER_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
                      "post_ffw_norm": "post_feedforward_layernorm"}
 ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
                     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
                     "olmo2": OUTPUT_NORM_NAMES, "exaone4": OUTPUT_NORM_NAMES,
                     "gpt-oss": {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"},
-                    "lfm2": LFM2_LAYER_NAMES, "lfm2moe": LFM2_LAYER_NAMES}
+                    "lfm2": LFM2_LAYER_NAMES, "lfm2moe": LFM2_LAYER_NAMES, "qwen35": QWEN35_LAYER_NAMES}
 # parameters transformers names without a kind (gpt-oss's sinks: llama.cpp's converter adds ".weight";
 # ERNIE 4.5's selection bias, ".bias")
-BARE_NAMES = ("self_attn.sinks", "mlp.moe_statics.e_score_correction_bias")
-# llama.cpp multiplies by a norm's weight where Gemma multiplies by (1 + weight): its converter
-# stores weight + 1, which loading takes back.
-NORM_OFFSET = {"gemma": 1.0, "gemma2": 1.0, "gemma3": 1.0}
+BARE_NAMES = ("self_attn.sinks", "mlp.moe_statics.e_score_correction_bias", "linear_attn.dt_bias",
+              "linear_attn.ssm_a")
+# llama.cpp multiplies by a norm's weight where Gemma (and Qwen3.5, but for its delta-rule layers' gated norm)
+# multiplies by (1 + weight): its converter stores weight + 1, which loading takes back.
+NORM_OFFSET = {"gemma": 1.0, "gemma2": 1.0, "gemma3": 1.0, "qwen35": 1.0}
+PLAIN_NORMS = ("linear_attn.norm.weight",)
 SUPPORTED_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
                    Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4}
 # llama.cpp's names of the products a layer fuses (q/k/v, gate/up), and of its experts' stacks: each
@@ -136,7 +145,7 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
         file.release(info)  # a tensor read where it lies (the K-quants, F16, BF16) comes back on its first use
     if arch in NORM_OFFSET:
         for name in tensors:
-            if name.endswith("norm.weight"):
+            if name.endswith("norm.weight") and not name.endswith(PLAIN_NORMS):
                 tensors[name] = tensors[name] - NORM_OFFSET[arch]
     if keep_blocks:
         _pad_float32_rows(tensors, file, formats, names)
@@ -150,6 +159,8 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
 
 
 def _hf_name(name: str, layer_names: dict) -> str:
+    if name.startswith("blk.") and name.count(".") == 2:  # a name without a kind (Qwen3.5's ssm_a)
+        name += ".weight"
     base, _, kind = name.rpartition(".")
     if base.startswith("blk."):
         _, layer, part = base.split(".", 2)
@@ -251,7 +262,11 @@ def _stacks(info: TensorInfo) -> bool:
 
 def _row_order(name: str, info: TensorInfo, arch: str, config: dict) -> torch.Tensor | None:
     """Where llama.cpp's converter permuted a tensor's rows (Llama's Q/K weights and biases: from
-    rotate-half pairs to interleaved pairs), the file's row of each of transformers' rows; else None."""
+    rotate-half pairs to interleaved pairs), the file's row of each of transformers' rows; else None.
+    (Qwen3.5's query rows, each head's beside its gate's, come as every query's, then every gate's.)"""
+    if arch == "qwen35" and name.endswith("q_proj.weight"):
+        heads = config["num_attention_heads"]
+        return query_then_gate(heads, info.shape[0] // heads // 2)
     if arch not in LLAMA_LAYOUT:  # (the others use the NeoX layout, stored as is)
         return None
     if name.endswith(("q_proj.weight", "q_proj.bias")):

@@ -15,7 +15,8 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "granite": "granite", "gemma": "gemma", "gemma2": "gemma2", "gemma3": "gemma3_text",
                  "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "mistral3": "ministral3", "ernie4_5": "llama",
                  "olmo2": "olmo2", "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen2moe": "qwen2_moe",
-                 "ernie4_5-moe": "ernie4_5_moe", "lfm2": "lfm2", "lfm2moe": "lfm2_moe", "exaone4": "exaone4"}
+                 "ernie4_5-moe": "ernie4_5_moe", "lfm2": "lfm2", "lfm2moe": "lfm2_moe", "exaone4": "exaone4",
+                 "qwen35": "qwen3_5_text"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
 # Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
@@ -161,6 +162,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
             config["layer_types"] = types
     if arch == "exaone4":
         config |= _exaone4_layers(key, config["num_hidden_layers"], file_name)
+    if arch == "qwen35":
+        config |= _qwen35_layers(key, config["num_hidden_layers"], file_name)
     rotary = key("rope.dimension_count")
     if rotary and heads:
         head_dim = config["head_dim"] or config["hidden_size"] // heads
@@ -269,6 +272,27 @@ def _exaone4_layers(key, layers: int, file_name: str) -> dict:
                          "exaone4")
     return {"sliding_window": key("attention.sliding_window", EXAONE4_WINDOW),
             "layer_types": _sliding_layers(key, layers, file_name, default_pattern=EXAONE4_GLOBAL_EVERY)}
+
+
+def _qwen35_layers(key, layers: int, file_name: str) -> dict:
+    """A Qwen3.5 file's delta-rule layers as transformers names them, read as llama.cpp reads them: the
+    layers the file lists as recurrent, else all but every full_attention_interval-th; the file's layout
+    (qwen35.py's llama_cpp_layout: value heads tiled, -exp(A_log) stored, query rows beside the gates')."""
+    recurrent = key("attention.recurrent_layers")
+    if recurrent is None:
+        every = key("full_attention_interval", 4)
+        recurrent = [(i + 1) % every != 0 for i in range(layers)]
+    if len(recurrent) != layers:
+        raise ValueError(f"{file_name} lists {len(recurrent)} recurrent layers of {layers}")
+    value_heads = key("ssm.time_step_rank")
+    fields = {"linear_conv_kernel_dim": key("ssm.conv_kernel"), "linear_key_head_dim": key("ssm.state_size"),
+              "linear_num_key_heads": key("ssm.group_count"), "linear_num_value_heads": value_heads,
+              "linear_value_head_dim": (key("ssm.inner_size") or 0) // (value_heads or 1)}
+    if missing := [name for name, value in fields.items() if not value]:
+        raise ValueError(f"{file_name} leaves out the delta-rule layers' sizes ({', '.join(missing)}), which "
+                         "llama.cpp requires")
+    return fields | {"layer_types": ["linear_attention" if r else "full_attention" for r in recurrent],
+                     "llama_cpp_layout": True}
 
 
 def _shared_by_layers(value, name: str, file_name: str):

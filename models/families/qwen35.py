@@ -276,7 +276,7 @@ class Qwen35(DecoderModel):
             if not recurrent:
                 a = p + "self_attn."
                 if theirs:
-                    hf[a + "q_proj.weight"] = hf[a + "q_proj.weight"][_query_then_gate(s.num_heads, s.head_dim)]
+                    hf[a + "q_proj.weight"] = hf[a + "q_proj.weight"][query_then_gate(s.num_heads, s.head_dim)]
                 out[o + "mixer.qkv.weight"] = fused(hf, p, QKV)
                 out[o + "mixer.out.weight"] = hf[a + "o_proj.weight"]
                 out[o + "mixer.q_norm.weight"] = hf[a + "q_norm.weight"]
@@ -312,7 +312,7 @@ def _rows(heads: torch.Tensor, width: int) -> torch.Tensor:
     return (heads[:, None] * width + torch.arange(width)).flatten()
 
 
-def _query_then_gate(heads: int, dim: int) -> torch.Tensor:
+def query_then_gate(heads: int, dim: int) -> torch.Tensor:
     """The query product's rows as [every head's query; every head's gate] (each head's come as
     [query, gate] in the checkpoint and in llama.cpp's files)."""
     per_head = torch.arange(2 * heads * dim).view(heads, 2, dim)
