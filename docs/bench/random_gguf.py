@@ -16,6 +16,7 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape ernie4_5moe-21b-a3b --format q4_k_m --vocab 103424 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape lfm2-1.2b --format q4_k_m --vocab 65536 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape lfm2moe-8b-a1b --format q4_k_m --vocab 65536 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape qwen35-2b --format q4_k_m --vocab 248320 --out /tmp/gguf
 
 Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), mxfp4
 (gpt-oss's files as ggml-org publishes them: the experts in MXFP4, the other matrices in Q8_0), q4_k_m
@@ -43,6 +44,13 @@ giving B, C and x, shortconv.conv's three taps a channel in F32, shortconv.out_p
 them; the others attend with Qwen3's q/k norms; the final norm named token_embd_norm; its table tied; the
 lfm2moe one as LFM2-8B-A1B: 18 of 24 layers convolutions, two dense leading layers, then 32 experts of 1792
 rows, 4 a token, chosen by the sigmoid of their logits plus a bias each, exp_probs_b);
+the qwen35 ones as Qwen3.5's (architecture qwen35: three layers in four gated delta-rule layers, attn_qkv
+giving q, k and v, attn_gate z, ssm_beta and ssm_alpha a value a head, ssm_conv1d's four taps a channel in F32,
+ssm_dt's bias, ssm_a (-exp(A_log), drawn in [-8, -0.5] so that states decay), ssm_norm, ssm_out; the fourth
+attends with 256-wide heads whose query product also gives a gate a head, Qwen3's q/k norms, a rotary over a
+quarter of each head; the norms after the attention named post_attention_norm; attn_qkv takes attn_v's extra
+bits, as llama-quantize counts it; the 0.8B and 2B sixteen value heads a layer, the 4B and 9B 32 over sixteen
+key heads; the 9B's output layer its own);
 the qwen3moe one as a Qwen3-MoE (Qwen3's layout, 128 experts of 768 rows, 8 a token, each layer's
 three expert products a stack of all 128 experts' matrices, its router in F32 as llama-quantize leaves it);
 the ministral3 ones as Ministral 3's (architecture mistral3: Llama's layout, 128-wide heads, its yarn
@@ -101,10 +109,12 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "ministral3-8b": (4096, 14336, 34, 32, 8), "olmo3-7b": (4096, 11008, 32, 32, 32),
           "gpt-oss-20b": (2880, 2880, 24, 64, 8), "qwen2moe-a2.7b": (2048, 5632, 24, 16, 16),
           "ernie4_5moe-21b-a3b": (2560, 12288, 28, 20, 4), "lfm2-350m": (1024, 4608, 16, 16, 8),
-          "lfm2-1.2b": (2048, 8192, 16, 32, 8), "lfm2moe-8b-a1b": (2048, 7168, 24, 32, 8)}
+          "lfm2-1.2b": (2048, 8192, 16, 32, 8), "lfm2moe-8b-a1b": (2048, 7168, 24, 32, 8),
+          "qwen35-0.8b": (1024, 3584, 24, 8, 2), "qwen35-2b": (2048, 6144, 24, 8, 2),
+          "qwen35-4b": (2560, 9216, 32, 16, 4), "qwen35-9b": (4096, 12288, 32, 16, 4)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
 UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
-          "qwen2moe-a2.7b"}  # the shapes whose output layer is a tensor of its own
+          "qwen2moe-a2.7b", "qwen35-9b"}  # the shapes whose output layer is a tensor of its own
 
 
 @dataclass(frozen=True)
@@ -136,6 +146,7 @@ class Layout:
     sinks: bool = False  # gpt-oss's: a sink a head, a bias on the attention's output, the router's and experts' biases
     mlp_norm: str = "ffn_norm"  # the name of the norm before the MLP (gpt-oss's "post_attention_norm")
     attending: tuple[int, ...] | None = None  # LFM2's: the layers that attend, the others short convolutions
+    delta: tuple[int, int, int] | None = None  # Qwen3.5's delta-rule layers: key heads, value heads, a head's width
 
 
 LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
@@ -164,6 +175,8 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
                          yarn=(32.0, 4096, None), experts=(32, 4, 2880), sinks=True, mlp_norm="post_attention_norm"),
            "exaone4": Layout("exaone4", rope_base=1e6, eps=1e-5, context=65536, head_norms=True, output_norms=True,
                              input_norms=False),
+           "qwen35": Layout("qwen35", head=256, rope_base=1e7, eps=1e-6, context=262144, head_norms=True,
+                            mlp_norm="post_attention_norm", delta=(16, 16, 128)),
            "gemma": Layout("gemma", head=256, rope_base=10000.0, eps=1e-6, context=8192),
            "gemma2": Layout("gemma2", head=256, rope_base=10000.0, eps=1e-6, context=8192, output_norms=True,
                             window=4096, soft_caps=(50.0, 30.0)),
@@ -172,7 +185,9 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
 
 
 # shapes whose layout is not their family's: Gemma 3 4B's window of 1024 and global rope scaled 8 times
-SHAPE_LAYOUTS = {"gemma3-4b": replace(LAYOUTS["gemma3"], window=1024, linear_rope=8.0)}
+SHAPE_LAYOUTS = {"gemma3-4b": replace(LAYOUTS["gemma3"], window=1024, linear_rope=8.0),
+                 **{shape: replace(LAYOUTS["qwen35"], delta=(16, 32, 128)) for shape in ("qwen35-4b", "qwen35-9b")}}
+QWEN35_ATTENTION_EVERY, QWEN35_CONV_TAPS = 4, 4
 
 
 def layout(shape: str) -> Layout:
@@ -202,7 +217,8 @@ HALF_RANGE = {Q.Q2_K: (1.5e-3, 3e-3), Q.Q3_K: (5e-4, 1e-3), Q.Q4_K: (2e-4, 6e-4)
 
 def tensor_type(name: str, layer: int, layers: int, fmt: str, width: int, tied: bool, shared_heads: int) -> Q:
     if name.endswith(("norm.weight", ".bias", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight",
-                      "attn_sinks.weight", "shortconv.conv.weight")):  # (nor any router, nor a convolution's taps)
+                      "attn_sinks.weight", "shortconv.conv.weight", "ssm_conv1d.weight", ".ssm_a")):
+        # (nor any router, nor a convolution's taps, nor Qwen3.5's decay rates)
         return Q.F32
     if fmt == "mxfp4":
         return Q.MXFP4 if "_exps." in name else Q.Q8_0
@@ -220,14 +236,15 @@ def tensor_type(name: str, layer: int, layers: int, fmt: str, width: int, tied: 
             kind = IQ4_RECIPES[fmt]
         return IQ4_FALLBACKS[kind] if width % 256 else kind
     more_bits = layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
-    wide = more_bits and name.split(".")[-2] in ("attn_v", "ffn_down")
+    wide = more_bits and name.split(".")[-2] in ("attn_v", "attn_qkv", "ffn_down")  # (attn_qkv: llama-quantize's)
     if width % 256:  # rows a K-quant's 256-value super-blocks do not divide: llama.cpp's fallbacks
         return Q.Q8_0 if wide or output else Q.Q5_0
     base, more = K_RECIPES[fmt]
     return Q.Q6_K if output else more if wide else base
 
 
-def tensor_data(kind: Q, shape: tuple[int, ...], rng: np.random.Generator, bias: bool = False) -> np.ndarray:
+def tensor_data(kind: Q, shape: tuple[int, ...], rng: np.random.Generator, bias: bool = False,
+                decays: bool = False) -> np.ndarray:
     rows, width = (int(np.prod(shape[:-1])), shape[-1]) if len(shape) >= 2 else (1, shape[0])
     if kind in EXPONENTS:  # random codes, the first byte of each block its exponent
         block, block_bytes = GGML_QUANT_SIZES[kind]
@@ -242,6 +259,8 @@ def tensor_data(kind: Q, shape: tuple[int, ...], rng: np.random.Generator, bias:
             data[..., at:at + 2] = scales.view(np.uint8).reshape(rows, width // block, 2)
         return data.reshape(rows, -1)
     values = (rng.standard_normal((rows, width), dtype=np.float32) * 0.05).reshape(shape)
+    if decays:  # Qwen3.5's -exp(A_log): a state that decays
+        return -rng.uniform(0.5, 8.0, shape).astype(np.float32)
     if kind == Q.F32:  # a norm's weights are ones; a bias, small values
         return values if len(shape) >= 2 else values * 0.1 if bias else np.ones(shape, np.float32)
     if kind == Q.F16:
@@ -265,14 +284,26 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
         mlp += ((("ffn_gate_inp_shexp", (hidden,)),) if family.shared_gate else ()) + (
             ("ffn_gate_shexp", (width, hidden)), ("ffn_up_shexp", (width, hidden)), ("ffn_down_shexp", (hidden, width)))
     yield "token_embd.weight", -1, (vocab, hidden)
+    q_rows = 2 * q if family.delta else q  # (Qwen3.5's query product gives a gate a head too)
     for i in range(layers):
+        if family.delta and (i + 1) % QWEN35_ATTENTION_EVERY:  # a delta-rule layer, then the MLP
+            key_heads, value_heads, width = family.delta
+            conv, values = 2 * key_heads * width + value_heads * width, value_heads * width
+            for name, shape in (("attn_norm.weight", (hidden,)), ("attn_qkv.weight", (conv, hidden)),
+                                ("attn_gate.weight", (values, hidden)), ("ssm_conv1d.weight", (conv, QWEN35_CONV_TAPS)),
+                                ("ssm_dt.bias", (value_heads,)), ("ssm_a", (value_heads,)),
+                                ("ssm_beta.weight", (value_heads, hidden)), ("ssm_alpha.weight", (value_heads, hidden)),
+                                ("ssm_norm.weight", (width,)), ("ssm_out.weight", (hidden, values)),
+                                *((f"{n}.weight", s) for n, s in ((family.mlp_norm, (hidden,)), *mlp))):
+                yield f"blk.{i}.{name}", i, shape
+            continue
         if family.attending is not None and i not in family.attending:  # a short convolution, then the MLP
             for name, shape in (("attn_norm", (hidden,)), ("shortconv.in_proj", (3 * hidden, hidden)),
                                 ("shortconv.conv", (hidden, CONV_TAPS)), ("shortconv.out_proj", (hidden, hidden)),
                                 (family.mlp_norm, (hidden,)), *(dense if i < family.dense_lead else mlp)):
                 yield f"blk.{i}.{name}.{'bias' if name == 'exp_probs_b' else 'weight'}", i, shape
             continue
-        for name, shape in (("attn_norm", (hidden,)), ("attn_q", (q, hidden)), ("attn_k", (kv, hidden)),
+        for name, shape in (("attn_norm", (hidden,)), ("attn_q", (q_rows, hidden)), ("attn_k", (kv, hidden)),
                             ("attn_v", (kv, hidden)), ("attn_output", (hidden, q)), (family.mlp_norm, (hidden,)),
                             *(dense if i < family.dense_lead else mlp)):
             if name in ("attn_norm", family.mlp_norm) and not family.input_norms:
@@ -315,6 +346,15 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
     writer.add_feed_forward_length(inner)
     writer.add_block_count(layers)
     writer.add_head_count(heads)
+    if family.delta:  # its delta-rule layers' sizes, a rotary over a quarter of a head (llama.cpp's sections)
+        key_heads, value_heads, width = family.delta
+        writer.add_ssm_conv_kernel(QWEN35_CONV_TAPS)
+        writer.add_ssm_state_size(width)
+        writer.add_ssm_group_count(key_heads)
+        writer.add_ssm_time_step_rank(value_heads)
+        writer.add_ssm_inner_size(value_heads * width)
+        writer.add_full_attention_interval(QWEN35_ATTENTION_EVERY)
+        writer.add_array(f"{family.arch}.rope.dimension_sections", [11, 11, 10, 0])
     if family.attending is not None:  # (none in a convolution layer: how llama.cpp tells them apart)
         writer.add_head_count_kv([kv_heads if i in family.attending else 0 for i in range(layers)])
         writer.add_uint32(f"{family.arch}.shortconv.l_cache", CONV_TAPS)
@@ -322,7 +362,7 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_head_count_kv(kv_heads)
     writer.add_key_length(head)
     writer.add_value_length(head)
-    writer.add_rope_dimension_count(head)
+    writer.add_rope_dimension_count(head // 4 if family.delta else head)
     writer.add_rope_freq_base(family.rope_base)
     writer.add_layer_norm_rms_eps(family.eps)
     if family.window:
@@ -387,7 +427,8 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
     rng = np.random.default_rng(seed)
     for name, kind, size in plan:
         # (a shared expert's one-row router small as a bias, not a norm's ones)
-        writer.write_tensor_data(tensor_data(kind, size, rng, bias=name.endswith((".bias", "_inp_shexp.weight"))))
+        writer.write_tensor_data(tensor_data(kind, size, rng, bias=name.endswith((".bias", "_inp_shexp.weight")),
+                                             decays=name.endswith(".ssm_a")))
     writer.close()
     return path
 

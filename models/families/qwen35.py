@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import delta_rule as native_delta
 from .layers import GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, SwiGLU, fused, paged_attention
 from .llama import Attention
 from .rope import Rotary, rope_type
@@ -188,7 +189,11 @@ def unit(x: torch.Tensor) -> torch.Tensor:
 
 def delta_rule(q, k, v, decay, beta, matrices: torch.Tensor, runs: StateRuns) -> torch.Tensor:
     """Each run's rows through its heads' matrices (read from and written back to their slots in
-    ``matrices``): per row, S = decay S; S += k (beta (v - S^T k))^T; out = S^T q. [rows, heads, value]."""
+    ``matrices``): per row, S = decay S; S += k (beta (v - S^T k))^T; out = S^T q. [rows, heads, value].
+    On the CPU kernel where it is built (kernels/delta_rule.py), else in waves of torch operators."""
+    if native_delta.supports(q, matrices):
+        return native_delta.delta_rule(q, k, v, decay, beta, matrices, runs.slots, runs.fresh, runs.starts,
+                                       runs.lengths)
     state = matrices[runs.slots].to(q.dtype) * (~runs.fresh)[:, None, None, None]
     out = torch.empty_like(v)
     for rows, which in runs.waves:
