@@ -135,6 +135,10 @@ class StateRuns:
         self.tails = torch.tensor(tails, dtype=torch.long, device=device).view(runs, back)
         self.runs = runs
         self.starts, self.lengths = starts, lengths
+        # (the kernel's: kernels/delta_rule.py)
+        self.slots = self.slots.to(torch.int64).contiguous()
+        self.fresh_bytes = self.fresh.to(torch.uint8)
+        self.run_starts, self.run_lengths = (torch.tensor(v, dtype=torch.int64) for v in (starts, lengths))
         by_offset = torch.tensor(offset_of_row, device=device)
         run_of_row = torch.tensor(run_of_row, dtype=torch.long, device=device)
         self.waves = [((by_offset == t).nonzero().flatten(), run_of_row[by_offset == t]) for t in range(max(lengths))]
@@ -158,10 +162,20 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x, states: list[torch.Tensor], runs: StateRuns) -> torch.Tensor:
         """``states``: this layer's conv inputs [slots, conv_size - 1, width] and matrices [slots, heads,
-        key, value] (KVCache.state_layer); ``runs``: the step's StateRuns."""
+        key, value] (KVCache.state_layer); ``runs``: the step's StateRuns. On the CPU kernel where it is
+        built (kernels/delta_rule.py), else on torch operators."""
+        mixed, z, beta, alpha = self.qkv(x), self.z(x), self.beta(x), self.alpha(x)
+        if native_delta.supports(mixed, states):
+            gated = native_delta.mixer(mixed, self.conv, alpha, beta, self.dt_bias, self.decay, z, self.norm.weight,
+                                       self.norm.eps, states, runs, self.shape)
+        else:
+            gated = self.mix(mixed, z, beta, alpha, states, runs)
+        return self.out(gated)
+
+    def mix(self, mixed, z, beta, alpha, states, runs: StateRuns) -> torch.Tensor:
+        """The kernel's work on torch operators: [rows, heads x value width]."""
         d = self.shape
         conv_states, matrices = states
-        mixed = self.qkv(x)
         # the convolution over each row's input and the back before it: from this step, or the run's state
         keep = (~runs.fresh)[:, None, None]
         earlier = (conv_states[runs.slots] * keep).to(mixed.dtype).flatten(0, 1)
@@ -175,11 +189,9 @@ class GatedDeltaNet(nn.Module):
         q = unit(q.view(-1, d.key_heads, d.key_dim)).repeat(1, repeat, 1)
         k = unit(k.view(-1, d.key_heads, d.key_dim)).repeat(1, repeat, 1)
         v = v.view(-1, d.value_heads, d.value_dim)
-        beta = torch.sigmoid(self.beta(x))
-        decay = torch.exp(self.decay * F.softplus(self.alpha(x) + self.dt_bias))
-        out = delta_rule(q * d.key_dim ** -0.5, k, v, decay, beta, matrices, runs)
-        gated = self.norm(out) * F.silu(self.z(x).view(-1, d.value_heads, d.value_dim))
-        return self.out(gated.flatten(1))
+        decay = torch.exp(self.decay * F.softplus(alpha + self.dt_bias))
+        out = delta_rule(q * d.key_dim ** -0.5, k, v, decay, torch.sigmoid(beta), matrices, runs)
+        return (self.norm(out) * F.silu(z.view(-1, d.value_heads, d.value_dim))).flatten(1)
 
 
 def unit(x: torch.Tensor) -> torch.Tensor:
@@ -189,11 +201,8 @@ def unit(x: torch.Tensor) -> torch.Tensor:
 
 def delta_rule(q, k, v, decay, beta, matrices: torch.Tensor, runs: StateRuns) -> torch.Tensor:
     """Each run's rows through its heads' matrices (read from and written back to their slots in
-    ``matrices``): per row, S = decay S; S += k (beta (v - S^T k))^T; out = S^T q. [rows, heads, value].
-    On the CPU kernel where it is built (kernels/delta_rule.py), else in waves of torch operators."""
-    if native_delta.supports(q, matrices):
-        return native_delta.delta_rule(q, k, v, decay, beta, matrices, runs.slots, runs.fresh, runs.starts,
-                                       runs.lengths)
+    ``matrices``): per row, S = decay S; S += k (beta (v - S^T k))^T; out = S^T q. [rows, heads, value],
+    in waves (the t-th row of each run at once)."""
     state = matrices[runs.slots].to(q.dtype) * (~runs.fresh)[:, None, None, None]
     out = torch.empty_like(v)
     for rows, which in runs.waves:

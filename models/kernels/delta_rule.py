@@ -1,5 +1,6 @@
-"""The gated delta rule's CPU kernel (delta_rule.cpp, built by native.py), called through ctypes: each
-run's rows through its heads' state matrices, read and written in place in the pool's state slots."""
+"""A gated delta-rule layer's CPU kernel (delta_rule.cpp, built by native.py), called through ctypes:
+between the layer's products, the convolution, the recurrence through each head's state matrix and the
+gated norm, every sequence's state read and written in place in the pool's state slots."""
 
 from __future__ import annotations
 
@@ -10,30 +11,29 @@ import torch
 from . import native
 
 _int64, _pointer = ctypes.c_int64, ctypes.c_void_p
-ARGTYPES = [_pointer] * 11 + [_int64] * 4
+ARGTYPES = [_pointer] * 16 + [_int64] * 6 + [ctypes.c_double]
 
 
-def supports(q: torch.Tensor, matrices: torch.Tensor) -> bool:
-    """Whether the kernel runs rows of ``q``'s dtype over states of ``matrices``' (the same: the pool keeps a
-    float32 model's in float32, a float64 model's in float64)."""
-    return native.supports(q.device, q.dtype) and matrices.dtype == q.dtype and matrices.is_contiguous()
+def supports(x: torch.Tensor, states: list[torch.Tensor]) -> bool:
+    """Whether the kernel runs rows of ``x``'s dtype over ``states`` (the pool keeps a float32 model's in
+    float32, a float64 model's in float64)."""
+    return native.supports(x.device, x.dtype) and all(s.dtype == x.dtype and s.is_contiguous() for s in states)
 
 
-def delta_rule(q, k, v, decay, beta, matrices, slots, fresh, starts, lengths) -> torch.Tensor:
-    """[rows, heads, value width]: q, k [rows, heads, key width] (a value head's key head repeated to it),
-    v [rows, heads, value width], decay and beta [rows, heads]; ``matrices`` [slots, heads, key width, value
-    width], run r's read from and written back to slot ``slots[r]`` (zeros first where ``fresh[r]``), its
-    rows ``starts[r]`` to ``starts[r] + lengths[r]``, one after another."""
-    rows, heads, key_dim = q.shape
-    value_dim = v.shape[-1]
-    q, k, v, decay, beta = (t.contiguous() for t in (q, k, v, decay, beta))
-    out = torch.empty(rows, heads, value_dim, dtype=q.dtype)
-    slots = slots.to(torch.int64).contiguous()
-    fresh = fresh.to(torch.uint8).contiguous()
-    starts = torch.tensor(starts, dtype=torch.int64)
-    lengths = torch.tensor(lengths, dtype=torch.int64)
-    native.function("loom_delta_rule", q.dtype, ARGTYPES)(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), decay.data_ptr(), beta.data_ptr(), matrices.data_ptr(),
-        out.data_ptr(), slots.data_ptr(), fresh.data_ptr(), starts.data_ptr(), lengths.data_ptr(), len(starts),
-        heads, key_dim, value_dim)
+def mixer(mixed, conv_weight, alpha, beta, dt_bias, decay_rate, z, norm_weight, eps: float, states, runs, shape):
+    """[rows, heads x value width]: the layer's answers, normalised and gated, before its output product.
+    ``mixed`` [rows, conv width] (the qkv product's), ``alpha``, ``beta`` [rows, heads], ``z`` [rows, heads x
+    value width]; ``states``: the layer's [slots, taps - 1, conv width] and [slots, heads, key, value]
+    (KVCache.state_layer); ``runs``: qwen35.StateRuns; ``shape``: qwen35.DeltaShape."""
+    rows = mixed.shape[0]
+    mixed, alpha, beta, z = (t.contiguous() for t in (mixed, alpha, beta, z))
+    conv_states, matrices = states
+    convolved = torch.empty_like(mixed)
+    out = torch.empty(rows, shape.value_heads * shape.value_dim, dtype=mixed.dtype)
+    native.function("loom_delta_mixer", mixed.dtype, ARGTYPES)(
+        mixed.data_ptr(), conv_weight.data_ptr(), conv_states.data_ptr(), alpha.data_ptr(), beta.data_ptr(),
+        dt_bias.data_ptr(), decay_rate.data_ptr(), matrices.data_ptr(), z.data_ptr(), norm_weight.data_ptr(),
+        convolved.data_ptr(), out.data_ptr(), runs.slots.data_ptr(), runs.fresh_bytes.data_ptr(),
+        runs.run_starts.data_ptr(), runs.run_lengths.data_ptr(), runs.runs, shape.key_heads, shape.value_heads,
+        shape.key_dim, shape.value_dim, shape.conv_size, ctypes.c_double(eps))
     return out
