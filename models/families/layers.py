@@ -256,6 +256,8 @@ class RMSNorm(nn.Module):
         self.eps, self.offset = eps, offset
 
     def forward(self, x):
+        if self.offset and x.dtype == torch.float32:  # one operator (Qwen3.5's 72 norms a step: 12% of a decode's)
+            return F.rms_norm(x, self.weight.shape, self.offset + self.weight, self.eps)
         if self.offset:
             h = x.float()
             h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
