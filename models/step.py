@@ -102,6 +102,12 @@ class StepInput:
     # each one-token row's and then each chunk's Sequence.state_slot, as ``lengths`` (None: no slots)
     state_slots: torch.Tensor | None = None
 
+    def row_state_slots(self) -> torch.Tensor:
+        """Each row's state slot (``state_slots`` is a sequence's: one a decode row, one a chunk's rows)."""
+        chunks = [c.end - c.start for c in self.prefills]
+        rows = torch.tensor([1] * (len(self.state_slots) - len(chunks)) + chunks, device=self.state_slots.device)
+        return torch.repeat_interleave(self.state_slots, rows)
+
     @classmethod
     def flatten(cls, sequences: list[Sequence], block_size: int, device: torch.device) -> "StepInput":
         """One flat batch of ``sequences``, which must list one-token entries first, longest

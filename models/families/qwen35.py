@@ -135,10 +135,9 @@ class StateRuns:
         self.tails = torch.tensor(tails, dtype=torch.long, device=device).view(runs, back)
         self.runs = runs
         self.starts, self.lengths = starts, lengths
-        # (the kernel's: kernels/delta_rule.py)
-        self.slots = self.slots.to(torch.int64).contiguous()
-        self.fresh_bytes = self.fresh.to(torch.uint8)
-        self.run_starts, self.run_lengths = (torch.tensor(v, dtype=torch.int64) for v in (starts, lengths))
+        # each row's slot and context length (the kernel's, kernels/delta_rule.py, and the native layers')
+        self.row_slots = step.row_state_slots().contiguous()
+        self.row_lens = (step.positions + 1).contiguous()
         by_offset = torch.tensor(offset_of_row, device=device)
         run_of_row = torch.tensor(run_of_row, dtype=torch.long, device=device)
         self.waves = [((by_offset == t).nonzero().flatten(), run_of_row[by_offset == t]) for t in range(max(lengths))]
@@ -264,6 +263,9 @@ class Qwen35(DecoderModel):
         """Logits [S, vocab] for the step's sampled positions only."""
         x = self.embed(step.input_ids)
         cos, sin = self.rotary(step.positions, x.dtype)
+        logits = self.native_decode(x, cos, sin, step, kv_cache)
+        if logits is not None:
+            return logits
         masks = AttentionMasks(step, x.dtype, kv_cache)
         runs = StateRuns(step, self.spec.delta.conv_size - 1)
         for layer in self.layers:

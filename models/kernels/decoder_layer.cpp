@@ -2,7 +2,8 @@
 // rows of its sequence), in one call and one parallel region: Llama's family and GPT-2. A layer:
 // norm, the q/k/v product, rotary (Llama) + K/V writes into the pool, decode attention, the output
 // product and residual, norm, the MLP's up product, its activation, the down product and residual
-// (LFM2's convolution layers: their short convolution in the attention's place, short_convolution.h).
+// (LFM2's convolution layers: their short convolution in the attention's place, short_convolution.h;
+// Qwen3.5's delta-rule layers: their recurrence in the attention's place, delta_rule.h).
 //
 // At one or a few rows the layer's arithmetic is small and its weights stream in about 0.5 ms; run
 // as ~16 torch operators and 6 ctypes calls it also paid ~0.2 ms of dispatch per layer, a quarter
@@ -27,6 +28,7 @@
 
 #include "block_weights.h"
 #include "cpu_linear.h"
+#include "delta_rule.h"
 #include "paged_decode.h"
 #include "short_convolution.h"
 
@@ -72,6 +74,20 @@ struct Experts {
     double alpha, limit, routed_scale;
 };
 
+// Qwen3.5's gated delta rule in the attention's place (delta_rule.h; decoder_layer.py fills it): the
+// layer's qkv product gives its q, k and v, its out product reads its answers; these are its other three
+// products (z, beta's and alpha's logits), its parameters in the layers' type, and this layer's states
+// in the pool (set where the pool is bound): the convolution's last inputs and the heads' matrices.
+struct DeltaLayer {
+    const Weights *z, *beta, *alpha;
+    const void *conv, *dt_bias, *decay_rate, *norm;
+    void *conv_states, *states;
+    int64_t key_heads, heads, key_dim, value_dim, taps;
+    double eps;
+
+    int64_t conv_width() const { return 2 * key_heads * key_dim + heads * value_dim; }
+};
+
 // One layer's weights and shape, filled once at load (decoder_layer.py mirrors this layout: every
 // field is 8 bytes). Biases may be null; the pool keeps its elements as C (kv_element.h). Llama's
 // family: RMSNorms, SILU_GATED; Qwen3 normalises each head's query and key (q_norm, k_norm: null
@@ -107,14 +123,24 @@ struct Layer {
     // is then its input product (B, C and x), the out product its output product
     const T *conv, *conv_bias;
     C* conv_cache;
+    // Qwen3.5's delta rule in the attention's place (null elsewhere); its attention layers' queries come
+    // with a gate a head (``gated``: the qkv product gives [queries | gates | keys | values]), the heads'
+    // values times its sigmoid before the output product
+    const DeltaLayer* delta;
     int64_t hidden, intermediate, heads, kv_heads, dim, window, layer_norm, activation, window_angles, rotates,
-        norms_across_heads, conv_taps;
+        norms_across_heads, conv_taps, gated;
     double eps, scale, softcap, residual_scale;
 
-    // the width of the first product's output (q/k/v; a convolution's B, C and x), and of the output
-    // product's input (the heads' values; a convolution's output)
-    int64_t mix_width() const { return conv != nullptr ? 3 * hidden : (heads + 2 * kv_heads) * dim; }
-    int64_t mixed_width() const { return conv != nullptr ? hidden : heads * dim; }
+    // the width of the first product's output (q/k/v, and the gates where gated; a convolution's B, C and
+    // x; a delta rule's q, k and v), and of the output product's input (the heads' values; a convolution's
+    // output; a delta rule's answers)
+    int64_t mix_width() const {
+        return conv != nullptr ? 3 * hidden : delta != nullptr ? delta->conv_width()
+                                                               : ((gated ? 2 : 1) * heads + 2 * kv_heads) * dim;
+    }
+    int64_t mixed_width() const {
+        return conv != nullptr ? hidden : delta != nullptr ? delta->heads * delta->value_dim : heads * dim;
+    }
 };
 
 // y = x w^T + b for one of a layer's products, a part of its weights at a time (a float model's
@@ -160,6 +186,7 @@ struct Step {
     // The rows where a sequence starts, ``start_count`` of them in order: where a thread may take
     // another's rows (decoder_layers).
     const int64_t* starts;
+    const int64_t* state_slots;  // each row's state slot (a model with delta-rule layers; null elsewhere)
     int64_t rows, rotary_dim, max_blocks, block_size, sampled, parts;
     int64_t panel_from;  // the model's panel threshold (cpu_linear.py)
     int64_t pass_rows;   // the most rows one pass through the layers takes (decoder_layers)
@@ -280,6 +307,17 @@ void activate_rows(T* up, int64_t stride, int64_t activation, int64_t rows, int6
     });
 }
 
+// Each row's attention output times the sigmoid of its gates (Qwen3.5's, ``stride`` apart in qkv).
+template <typename T>
+void gate_rows(T* attn, const T* gates, int64_t stride, int64_t rows, int64_t width) {
+#pragma omp for
+    for (int64_t r = 0; r < rows; ++r) {
+        const T* g = gates + r * stride;
+        T* a = attn + r * width;
+        for (int64_t i = 0; i < width; ++i) a[i] /= T(1) + std::exp(-g[i]);
+    }
+}
+
 template <typename T>
 void add_rows(T* x, const T* delta, int64_t count) {
 #pragma omp for
@@ -315,6 +353,9 @@ struct Intermediates {
     T* up;      // [rows, up_width]; with experts [pairs, 2 x intermediate], or a shared expert's [rows, 2 x its]
     T* delta;   // [rows, hidden] a product's output, added to x
     T* scratch;  // the products' (product_scratch_size for the widest input)
+    // a delta-rule layer's (null elsewhere): its convolution's output [rows, conv width], z [rows, its
+    // answers' width], beta's and alpha's logits [rows, heads]
+    T *convolved = nullptr, *z = nullptr, *beta = nullptr, *alpha = nullptr;
     // with experts: the router's logits [rows, count]; each pair's weight (pair r x top_k + j: row r's
     // j-th choice), expert and place in the grouped order; each expert's first place (count + 1);
     // the pairs' input rows and outputs in that order [pairs, hidden] (once the routed products are
@@ -345,6 +386,12 @@ struct Intermediates {
         delta = take(rows * l.hidden);
         scratch = take(product_scratch_size<T>(std::max(rows, pairs), std::max({l.hidden, q_width, l.intermediate,
                                                                                 shared})));
+        if (l.delta != nullptr) {
+            convolved = take(rows * qkv_width);
+            z = take(rows * q_width);
+            beta = take(rows * l.delta->heads);
+            alpha = take(rows * l.delta->heads);
+        }
         if (l.experts != nullptr) {
             logits = take(rows * l.experts->count);
             pair_weights = take(pairs);
@@ -477,7 +524,8 @@ template <typename T, typename C>
 void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int64_t panel_from) {
     const int64_t rows = s.rows, hidden = l.hidden, inter = l.intermediate;
     const int64_t up_width = l.activation == GELU_TANH ? inter : 2 * inter;
-    const int64_t q_width = l.heads * l.dim, kv_width = l.kv_heads * l.dim, qkv_width = q_width + 2 * kv_width;
+    const int64_t q_width = l.heads * l.dim, kv_width = l.kv_heads * l.dim, qkv_width = l.mix_width();
+    const int64_t gate_width = l.gated ? q_width : 0;  // (the gates between the queries and the keys)
     const Intermediates<T> buffers(l, rows, scratch);
     T *h = buffers.h, *qkv = buffers.qkv, *q = buffers.q, *attn = buffers.attn, *up = buffers.up;
     T* delta = buffers.delta;
@@ -497,20 +545,40 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
         convolve_rows(qkv, hidden, l.conv, l.conv_bias, l.conv_taps, l.conv_cache, s.slots, s.tables, s.max_blocks,
                       s.lens, s.block_size, rows, attn);
         multiply(attn, hidden, hidden, l.out, l.out_bias, hidden, delta);
+    } else if (l.delta != nullptr) {  // Qwen3.5's delta rule
+        const DeltaLayer& d = *l.delta;
+        const int64_t answers = l.mixed_width();
+        multiply(attn_in, hidden, hidden, l.qkv, nullptr, qkv_width, qkv);
+        multiply(attn_in, hidden, hidden, d.z, nullptr, answers, buffers.z);
+        multiply(attn_in, hidden, hidden, d.beta, nullptr, d.heads, buffers.beta);
+        multiply(attn_in, hidden, hidden, d.alpha, nullptr, d.heads, buffers.alpha);
+        const DeltaMixer<T> mixer{qkv, static_cast<const T*>(d.conv), static_cast<T*>(d.conv_states), buffers.alpha,
+                                  buffers.beta, static_cast<const T*>(d.dt_bias), static_cast<const T*>(d.decay_rate),
+                                  static_cast<T*>(d.states), buffers.z, static_cast<const T*>(d.norm),
+                                  buffers.convolved, attn, s.state_slots, s.lens, rows, d.key_heads, d.heads,
+                                  d.key_dim, d.value_dim, d.taps, d.eps};
+        mixer.run();
+        multiply(attn, answers, answers, l.out, nullptr, hidden, delta);
     } else {
+        T* keys = qkv + q_width + gate_width;
         multiply(attn_in, hidden, hidden, l.qkv, l.qkv_bias, qkv_width, qkv);
-        if (l.q_norm != nullptr && l.norms_across_heads)
+        if (l.q_norm != nullptr && l.norms_across_heads) {
             norm_spans(qkv, qkv_width, rows, 1, 1, q_width, kv_width, l.q_norm, l.k_norm, l.eps);
-        else if (l.q_norm != nullptr)
+        } else if (l.q_norm != nullptr && l.gated) {  // (the gates between: the queries', then the keys' spans)
+            norm_spans(qkv, qkv_width, rows, l.heads, 0, l.dim, l.dim, l.q_norm, l.k_norm, l.eps);
+            norm_spans(keys, qkv_width, rows, 0, l.kv_heads, l.dim, l.dim, l.q_norm, l.k_norm, l.eps);
+        } else if (l.q_norm != nullptr) {
             norm_spans(qkv, qkv_width, rows, l.heads, l.kv_heads, l.dim, l.dim, l.q_norm, l.k_norm, l.eps);
+        }
         if (s.query_scales != nullptr) scale_queries(qkv, qkv_width, q_width, s.query_scales, rows);
         const T *cos = l.window_angles ? s.window_cos : s.cos, *sin = l.window_angles ? s.window_sin : s.sin;
-        rotate_and_store_rows(qkv, qkv_width, qkv + q_width, qkv_width, qkv + q_width + kv_width, qkv_width, cos,
-                              sin, rotary ? s.rotary_dim : 0, s.slots, rows, l.k_cache, l.v_cache, rotary ? q : nullptr,
+        rotate_and_store_rows(qkv, qkv_width, keys, qkv_width, keys + kv_width, qkv_width, cos, sin,
+                              rotary ? s.rotary_dim : 0, s.slots, rows, l.k_cache, l.v_cache, rotary ? q : nullptr,
                               l.heads, l.kv_heads, l.dim);
         decode_attention_rows(rotary ? q : qkv, rotary ? q_width : qkv_width, l.k_cache, l.v_cache, s.tables,
                               s.max_blocks, s.lens, attn, q_width, rows, l.heads, l.kv_heads, l.dim, s.block_size,
                               l.window, l.scale, l.softcap, l.sinks);
+        if (l.gated) gate_rows(attn, qkv + q_width, qkv_width, rows, q_width);
         multiply(attn, q_width, q_width, l.out, l.out_bias, hidden, delta);
     }
     if (l.attn_out_norm != nullptr) norm_rows<T>(delta, nullptr, l.attn_out_norm, nullptr, false, l.eps, delta, rows, hidden);
@@ -569,6 +637,7 @@ Step<T> row_range(const Step<T>& s, int64_t first, int64_t end) {
     }
     if (s.query_scales != nullptr) part.query_scales += first;
     part.slots += first;
+    if (s.state_slots != nullptr) part.state_slots += first;
     part.tables += first * s.max_blocks;
     part.lens += first;
     part.rows = end - first;

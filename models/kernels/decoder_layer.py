@@ -6,6 +6,7 @@ and 6 ctypes calls, which was a quarter of a one-stream step (docs/benchmarks-hi
 
 ``use_decoder_layers(model)`` attaches them where the model qualifies: GPT-2, Gemma 1, 2 and 3 in
 float32, OLMo 2 and 3, LFM2 (its short convolutions in the attention's place, and LFM2-MoE's experts),
+Qwen3.5 in float32 (its gated delta rule in the attention's place, its other layers' attention gated),
 or a Llama-family model (Qwen3's per-head q/k norms and OLMoE's across heads, Ministral 3's queries scaled by position, SmolLM3's layers without rotary, Granite's scaled residuals,
 gpt-oss's sinks and the mixtures' routed and shared experts, biases and clamped SwiGLU included) whose linear layers,
 the output layer's too, are CpuLinear or BlockLinear. A prefill chunk within PREFILL_KEYS (a prompt of up to
@@ -35,6 +36,7 @@ from ..families.layers import NativeDecoding, RMSNorm, chunk_rows, prefill_keys
 from ..families.lfm2 import Lfm2
 from ..families.llama import Llama
 from ..families.olmo import Olmo
+from ..families.qwen35 import Qwen35
 from ..families.moe import Experts, SparseMoE
 from .block_experts import BlockExperts
 
@@ -114,17 +116,24 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
     _fields_ = [(name, _pointer) for name in (
         "input_norm", "input_norm_bias", "post_norm", "post_norm_bias", "qkv", "qkv_bias", "out", "out_bias", "up",
         "up_bias", "down", "down_bias", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm", "k_cache", "v_cache",
-        "experts", "sinks", "conv", "conv_bias", "conv_cache")]
+        "experts", "sinks", "conv", "conv_bias", "conv_cache", "delta")]
     _fields_ += [(name, _int64) for name in (
         "hidden", "intermediate", "heads", "kv_heads", "dim", "window", "layer_norm", "activation", "window_angles",
-        "rotates", "norms_across_heads", "conv_taps")]
+        "rotates", "norms_across_heads", "conv_taps", "gated")]
     _fields_ += [(name, _double) for name in ("eps", "scale", "softcap", "residual_scale")]
+
+
+class _DeltaLayer(ctypes.Structure):  # decoder_layer.cpp's DeltaLayer
+    _fields_ = [(name, _pointer) for name in (
+        "z", "beta", "alpha", "conv", "dt_bias", "decay_rate", "norm", "conv_states", "states")]
+    _fields_ += [(name, _int64) for name in ("key_heads", "heads", "key_dim", "value_dim", "taps")]
+    _fields_ += [("eps", _double)]
 
 
 class _Step(ctypes.Structure):  # decoder_layer.cpp's Step<T>
     _fields_ = [(name, _pointer) for name in (
         "cos", "sin", "window_cos", "window_sin", "query_scales", "slots", "tables", "lens", "samples", "shares",
-        "starts")]
+        "starts", "state_slots")]
     _fields_ += [(name, _int64) for name in (
         "rows", "rotary_dim", "max_blocks", "block_size", "sampled", "parts", "panel_from", "pass_rows",
         "start_count", "take_rows", "taken")]
@@ -146,7 +155,7 @@ def _address(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
 
 
-def _final_norm(model: Llama | Gemma | Olmo | Lfm2 | GPT2) -> nn.Module:
+def _final_norm(model: Llama | Gemma | Olmo | Lfm2 | Qwen35 | GPT2) -> nn.Module:
     """The final norm (RMSNorm or LayerNorm): its weight is on the activations' device, in their
     dtype (the output layer's weight may be blocks)."""
     return model.ln_f if isinstance(model, GPT2) else model.norm
@@ -159,6 +168,10 @@ def _products(model: Llama | Gemma | Olmo | Lfm2 | GPT2) -> list:
     if isinstance(model, Lfm2):
         layers = [m for b in model.layers for m in (
             (b.conv.in_proj, b.conv.out) if b.convolves else (b.attn.qkv, b.attn.out)) + _mlp_products(b.mlp)]
+    elif isinstance(model, Qwen35):
+        layers = [m for b in model.layers for m in (
+            (b.mixer.qkv, b.mixer.z, b.mixer.beta, b.mixer.alpha, b.mixer.out) if b.recurrent
+            else (b.mixer.qkv, b.mixer.out)) + _mlp_products(b.mlp)]
     elif isinstance(model, (Llama, Olmo)):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, *_mlp_products(b.mlp))]
     elif isinstance(model, Gemma):
@@ -232,11 +245,11 @@ class DecoderLayers:
         self.weights = []  # the modules, tensors and structures whose addresses the layers hold, kept alive
         layer = (self._gpt2_layer if isinstance(model, GPT2) else self._gemma_layer if isinstance(model, Gemma)
                  else self._olmo_layer if isinstance(model, Olmo) else self._lfm2_layer if isinstance(model, Lfm2)
-                 else self._llama_layer)
+                 else self._qwen35_layer if isinstance(model, Qwen35) else self._llama_layer)
         layers = [layer(block, model.spec) for block in model.layers]
-        # each layer's rows in the pool: its K/V (kv_cache.layer), or a convolution's (kv_cache.conv_layer)
-        self.pool_places = [(block.convolves, block.pool_layer) if isinstance(model, Lfm2) else (False, i)
-                            for i, block in enumerate(model.layers)]
+        # each layer's place in the pool: its K/V (kv_cache.layer), a convolution's rows (kv_cache.conv_layer)
+        # or a delta rule's states (kv_cache.state_layer)
+        self.pool_places = [(_pool_kind(block), getattr(block, "pool_layer", i)) for i, block in enumerate(model.layers)]
         self.layers = (_Layer * len(layers))(*layers)
         # whether some layer rotates by the step's window angles (Gemma 3's local ones): forward() needs them
         self.needs_window_angles = any(layer.window_angles for layer in layers)
@@ -280,6 +293,26 @@ class DecoderLayers:
         conv = block.conv
         layer = self._llama_layer(block, spec, mixer=(conv.in_proj, conv.out))
         layer.conv, layer.conv_bias, layer.conv_taps = self._in_dtype(conv.weight), self._in_dtype(conv.bias), spec.conv_size
+        return layer
+
+    def _qwen35_layer(self, block, spec) -> _Layer:
+        """A delta-rule layer: its qkv and output products in the attention's, its other products,
+        parameters (in the layers' dtype) and states in a DeltaLayer; an attention layer: Qwen3's, gated."""
+        mixer, mlp, d = block.mixer, block.mlp, spec.delta
+        layer = self._layer((block.input_norm, block.post_norm), mixer.qkv, mixer.out, mlp.gate_up, mlp.down,
+                            (None, None, None, None) if block.recurrent else (mixer.q_norm, mixer.k_norm, None, None),
+                            hidden=spec.hidden_size, intermediate=spec.intermediate_size, heads=spec.num_heads,
+                            kv_heads=spec.num_kv_heads, dim=spec.head_dim, activation=SILU_GATED,
+                            eps=spec.rms_norm_eps, scale=1.0 if block.recurrent else mixer.scale,
+                            gated=not block.recurrent)
+        if block.recurrent:
+            products = [_weights(m) for m in (mixer.z, mixer.beta, mixer.alpha)]
+            delta = _DeltaLayer(*(ctypes.addressof(w) for w in products),
+                                *(self._in_dtype(t) for t in (mixer.conv, mixer.dt_bias, mixer.decay, mixer.norm.weight)),
+                                None, None, d.key_heads, d.value_heads, d.key_dim, d.value_dim, d.conv_size,
+                                mixer.norm.eps)
+            self.weights.append((mixer, products, delta))
+            layer.delta = ctypes.addressof(delta)
         return layer
 
     def _in_dtype(self, tensor: torch.Tensor | None) -> int | None:
@@ -380,13 +413,13 @@ class DecoderLayers:
     @classmethod
     def of(cls, model) -> "DecoderLayers | None":
         """The native layers for ``model``, or None where it does not qualify (see the module's doc)."""
-        if not isinstance(model, (Llama, Gemma, Olmo, Lfm2, GPT2)):
+        if not isinstance(model, (Llama, Gemma, Olmo, Lfm2, Qwen35, GPT2)):
             return None
         weight = _final_norm(model).weight
         if not native.supports(weight.device, weight.dtype):
             return None
-        if isinstance(model, Gemma) and weight.dtype != torch.float32:  # its norms round to float32 whatever the dtype
-            return None
+        if isinstance(model, (Gemma, Qwen35)) and weight.dtype != torch.float32:  # their norms round to float32 whatever
+            return None                                                           # the dtype
         return cls(model) if all(isinstance(m, (CpuLinear, BlockLinear)) for m in _products(model)) else None
 
     def serves(self, step, kv_cache) -> bool:
@@ -442,6 +475,7 @@ class DecoderLayers:
         cuts = self._shares(step, torch.get_num_threads())
         shares = None if cuts is None else torch.tensor(cuts, dtype=torch.int64)
         starts = None if cuts is None else torch.tensor(_sequence_starts(step), dtype=torch.int64)
+        state_slots = None if step.state_slots is None else step.row_state_slots().contiguous()
         if cos is not None:
             cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()
         if self.needs_window_angles and (window_angles is None or window_angles[0].numel() != cos.numel()):
@@ -456,15 +490,18 @@ class DecoderLayers:
             query_scales = query_scales.to(x.dtype).contiguous()
         plan = _Step(_address(cos), _address(sin), _address(window_cos), _address(window_sin), _address(query_scales),
                      step.slot_mapping.data_ptr(), tables.data_ptr(), lens.data_ptr(), samples.data_ptr(),
-                     _address(shares), _address(starts), rows,
+                     _address(shares), _address(starts), _address(state_slots), rows,
                      0 if cos is None else cos.shape[1], tables.shape[1], step.block_size, len(samples),
                      0 if cuts is None else len(cuts) - 1, self.panel_rows, pass_rows,
                      0 if starts is None else len(starts), TAKE_ROWS, 0)
         x = x.contiguous()
         if kv_cache is not self._pool:
-            for layer, (convolves, place) in zip(self.layers, self.pool_places):
-                if convolves:
+            for layer, (kind, place) in zip(self.layers, self.pool_places):
+                if kind == "conv":
                     layer.conv_cache = kv_cache.conv_layer(place).data_ptr()
+                elif kind == "state":
+                    delta = _DeltaLayer.from_address(layer.delta)
+                    delta.conv_states, delta.states = (t.data_ptr() for t in kv_cache.state_layer(place))
                 else:
                     k_cache, v_cache = kv_cache.layer(place)
                     layer.k_cache, layer.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
@@ -475,6 +512,14 @@ class DecoderLayers:
                logits.data_ptr())
         self.taken_rows += plan.taken
         return logits
+
+
+def _pool_kind(block) -> str:
+    """Where a block keeps its past in the pool: "kv", "conv" (LFM2's convolution rows) or "state" (Qwen3.5's
+    delta-rule states)."""
+    if getattr(block, "convolves", False):
+        return "conv"
+    return "state" if getattr(block, "recurrent", False) else "kv"
 
 
 def _padded_tables(groups: list) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""A gated delta-rule layer's CPU kernel (delta_rule.cpp, built by native.py), called through ctypes:
+"""A gated delta-rule layer's CPU kernel (delta_rule.h, built by native.py), called through ctypes:
 between the layer's products, the convolution, the recurrence through each head's state matrix and the
 gated norm, every sequence's state read and written in place in the pool's state slots."""
 
@@ -11,7 +11,7 @@ import torch
 from . import native
 
 _int64, _pointer = ctypes.c_int64, ctypes.c_void_p
-ARGTYPES = [_pointer] * 16 + [_int64] * 6 + [ctypes.c_double]
+ARGTYPES = [_pointer] * 14 + [_int64] * 6 + [ctypes.c_double]
 
 
 def supports(x: torch.Tensor, states: list[torch.Tensor]) -> bool:
@@ -33,7 +33,6 @@ def mixer(mixed, conv_weight, alpha, beta, dt_bias, decay_rate, z, norm_weight, 
     native.function("loom_delta_mixer", mixed.dtype, ARGTYPES)(
         mixed.data_ptr(), conv_weight.data_ptr(), conv_states.data_ptr(), alpha.data_ptr(), beta.data_ptr(),
         dt_bias.data_ptr(), decay_rate.data_ptr(), matrices.data_ptr(), z.data_ptr(), norm_weight.data_ptr(),
-        convolved.data_ptr(), out.data_ptr(), runs.slots.data_ptr(), runs.fresh_bytes.data_ptr(),
-        runs.run_starts.data_ptr(), runs.run_lengths.data_ptr(), runs.runs, shape.key_heads, shape.value_heads,
-        shape.key_dim, shape.value_dim, shape.conv_size, ctypes.c_double(eps))
+        convolved.data_ptr(), out.data_ptr(), runs.row_slots.data_ptr(), runs.row_lens.data_ptr(), rows,
+        shape.key_heads, shape.value_heads, shape.key_dim, shape.value_dim, shape.conv_size, ctypes.c_double(eps))
     return out

@@ -270,10 +270,11 @@ def with_random_norms(hf):
 # rope, qkv bias, windows, queries scaled by position, partial rotary, q/k norms per head and across heads,
 # no norms before the attention and MLP, layers without rotary, scaled residuals,
 # routed experts (Qwen3-MoE's beside a dense layer; gpt-oss's with biases and a clamped SwiGLU beside
-# attention sinks), soft-capped scores, short convolutions in the attention's place (LFM2's); LayerNorm and GELU
+# attention sinks), soft-capped scores, short convolutions in the attention's place (LFM2's), delta rules in it and
+# gated attention (Qwen3.5's); LayerNorm and GELU
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_sliding", "mistral", "ministral3", "phi3", "qwen3", "smollm3",
                                   "granite", "mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "gemma", "gemma2",
-                                  "gemma3", "olmo2", "olmo3", "exaone4", "lfm2", "lfm2_moe", "gpt2"])
+                                  "gemma3", "olmo2", "olmo3", "exaone4", "lfm2", "lfm2_moe", "qwen3_5", "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS, ids=POOL_IDS)
 @pytest.mark.parametrize("streams", [2, 5, 21, "split"])  # rows at a time; panels; split rows
 def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, streams, two_threads):
@@ -291,7 +292,7 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, 
     from ..conftest import tiny_model
 
     model = models.load(with_random_norms(tiny_model(arch)), dtype=dtype).model
-    if arch.startswith("gemma") and dtype == torch.float64:
+    if arch.startswith(("gemma", "qwen3_5")) and dtype == torch.float64:
         assert model.decoder_layers is None
         return
     assert model.decoder_layers is not None
@@ -320,11 +321,11 @@ def decode_both_ways(model, streams, cache_dtype):
     tables = [list(range(10 * i, 10 * i + 10)) for i in range(len(lengths))]
     prompts = [torch.randint(4, 90, (n,), generator=gen).tolist() for n in lengths]
     with torch.no_grad():
-        prefill = sorted((Sequence(p[:-1], 0, t, False) for p, t in zip(prompts, tables)),
+        prefill = sorted((Sequence(p[:-1], 0, t, False, state_slot=i) for i, (p, t) in enumerate(zip(prompts, tables))),
                          key=lambda s: len(s.token_ids) != 1)  # one-token entries first, as the contract asks
         model(StepInput.flatten(prefill, 8, torch.device("cpu")), kv)
         order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # decodes longest first, as the scheduler does
-        decode = StepInput.flatten([Sequence(prompts[i][-1:], lengths[i] - 1, tables[i], i != order[1])
+        decode = StepInput.flatten([Sequence(prompts[i][-1:], lengths[i] - 1, tables[i], i != order[1], state_slot=i)
                                     for i in order], 8, torch.device("cpu"))
         assert len(decode.decode_groups) > 1 and decode.sample_indices.tolist() == [0] + list(range(2, streams))
         saved = pool_contents(kv)
@@ -338,20 +339,23 @@ def decode_both_ways(model, streams, cache_dtype):
 
 
 def pool_of(model, blocks: int, cache_dtype: torch.dtype):
-    """A pool of ``blocks`` blocks of 8 tokens for ``model``: its K/V, and its convolution layers' rows (LFM2's)."""
+    """A pool of ``blocks`` blocks of 8 tokens for ``model``: its K/V, its convolution layers' rows (LFM2's), and
+    a state slot for every 8 blocks (Qwen3.5's delta-rule states; the tests' sequence i takes slot i)."""
     from models.step import KVCache
-    return KVCache.for_model(model, blocks, 8, cache_dtype, "cpu")
+    return KVCache.for_model(model, blocks, 8, cache_dtype, "cpu", state_slots=blocks // 8)
 
 
 def pool_contents(kv) -> torch.Tensor:
-    """Every element of a pool, K/V and convolution rows, as one vector (a copy)."""
-    return torch.cat([kv.data.flatten(), kv.conv.flatten()])
+    """Every element of a pool, K/V, convolution rows and states, as one vector of float64 (a copy, exact
+    whatever each part's type)."""
+    return torch.cat([pool.flatten().double() for pool in (kv.data, kv.conv, *kv.states)])
 
 
 def restore(kv, contents: torch.Tensor) -> None:
     """A pool's elements back as pool_contents gave them."""
-    kv.data.view(-1).copy_(contents[:kv.data.numel()])
-    kv.conv.view(-1).copy_(contents[kv.data.numel():])
+    for pool in (kv.data, kv.conv, *kv.states):
+        pool.view(-1).copy_(contents[:pool.numel()])
+        contents = contents[pool.numel():]
 
 
 @needs_kernel
@@ -380,7 +384,7 @@ def test_native_activations_are_zero_where_torch_underflows(arch, two_threads):
 
 @needs_kernel
 @pytest.mark.parametrize("arch", ["llama", "qwen2_sliding", "mistral", "ministral3", "qwen3", "smollm3", "granite",
-                                  "gemma", "gemma2", "gemma3", "olmo3", "exaone4", "lfm2", "gpt2"])
+                                  "gemma", "gemma2", "gemma3", "olmo3", "exaone4", "lfm2", "qwen3_5", "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS[:3], ids=POOL_IDS[:3])
 @pytest.mark.parametrize("pass_rows,threads", [(128, 1), (128, 2), (5, 2), (7, 1)])
 def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtype, pass_rows, threads, monkeypatch):
@@ -396,8 +400,8 @@ def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtyp
 
     from ..conftest import tiny_model
 
-    if arch.startswith("gemma") and dtype == torch.float64:
-        pytest.skip("Gemma's native layers run in float32 only")
+    if arch.startswith(("gemma", "qwen3_5")) and dtype == torch.float64:
+        pytest.skip("Gemma's and Qwen3.5's native layers run in float32 only")
     model = models.load(with_random_norms(tiny_model(arch)), dtype=dtype).model
     layers = model.decoder_layers
     gen = torch.Generator().manual_seed(7)
@@ -406,24 +410,24 @@ def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtyp
     table = lambda i: list(range(12 * i, 12 * i + 12))
     cpu = torch.device("cpu")
     decodes, prefix = [tokens(70), tokens(10)], tokens(25)
-    cached = [Sequence(decodes[0][:-1], 0, table(0), False), Sequence(decodes[1][:-1], 0, table(1), False),
-              Sequence(prefix, 0, table(2), False)]
+    cached = [Sequence(decodes[0][:-1], 0, table(0), False, state_slot=0), Sequence(decodes[1][:-1], 0, table(1), False, state_slot=1),
+              Sequence(prefix, 0, table(2), False, state_slot=2)]
     # the bound set between the chunks below (at most 30 x 55 keys) and a 69-token prompt's 69 x 69
     monkeypatch.setattr(decoder_layer, "PREFILL_KEYS", 1700)
     with torch.no_grad():  # the decodes' prompts and the prefix, cached (a 69-token chunk: the torch layers)
         first = StepInput.flatten(cached, 8, cpu)
         assert not layers.serves(first, kv)
         model(first, kv)
-    step = StepInput.flatten([Sequence(decodes[0][-1:], 69, table(0), True),
-                              Sequence(decodes[1][-1:], 9, table(1), True),
-                              Sequence(tokens(12), 0, table(3), True), Sequence(tokens(30), 25, table(2), True),
-                              Sequence(tokens(20), 0, table(4), False), Sequence(tokens(5), 0, table(5), True)], 8, cpu)
+    step = StepInput.flatten([Sequence(decodes[0][-1:], 69, table(0), True, state_slot=0),
+                              Sequence(decodes[1][-1:], 9, table(1), True, state_slot=1),
+                              Sequence(tokens(12), 0, table(3), True, state_slot=3), Sequence(tokens(30), 25, table(2), True, state_slot=2),
+                              Sequence(tokens(20), 0, table(4), False, state_slot=4), Sequence(tokens(5), 0, table(5), True, state_slot=5)], 8, cpu)
     assert layers.serves(step, kv) and len(step.sample_indices) == 5
     # this 69-row step splits on two threads whatever the model reads (float32 with AVX2 weighs
     # panels: its shares of 44 and 25 rows would not split)
     monkeypatch.setattr(layers, "weighs_panels", False)
-    decode_rows = [Sequence(decodes[1][-1:], 9, table(1), True)] * 30
-    lopsided = StepInput.flatten(decode_rows + [Sequence(tokens(60), 0, table(3), True)], 8, cpu)
+    decode_rows = [Sequence(decodes[1][-1:], 9, table(1), True, state_slot=1)] * 30
+    lopsided = StepInput.flatten(decode_rows + [Sequence(tokens(60), 0, table(3), True, state_slot=3)], 8, cpu)
     assert not layers.splits(lopsided, 2, kv)  # the 60-token chunk would be one thread's, beside 30 rows
     monkeypatch.setattr(decoder_layer, "PASS_ROWS", pass_rows)
     before = torch.get_num_threads()
@@ -470,14 +474,14 @@ def test_short_prefill_chunks_on_the_decode_kernel_match_sdpa(arch, dtype, cache
     cpu = torch.device("cpu")
     decodes = [tokens(34), tokens(10)]
     prefix = tokens(25)
-    cached = [Sequence(decodes[0][:-1], 0, table(0), False), Sequence(decodes[1][:-1], 0, table(1), False),
-              Sequence(prefix, 0, table(2), False)]
+    cached = [Sequence(decodes[0][:-1], 0, table(0), False, state_slot=0), Sequence(decodes[1][:-1], 0, table(1), False, state_slot=1),
+              Sequence(prefix, 0, table(2), False, state_slot=2)]
     with torch.no_grad():  # the decodes' prompts and the prefix, cached
         model(StepInput.flatten(cached, 8, cpu), kv)
-    step = StepInput.flatten([Sequence(decodes[0][-1:], 33, table(0), True),
-                              Sequence(decodes[1][-1:], 9, table(1), True),
-                              Sequence(tokens(12), 0, table(3), True), Sequence(tokens(30), 25, table(2), True),
-                              Sequence(tokens(70), 0, table(4), True), Sequence(tokens(5), 0, table(5), True)], 8, cpu)
+    step = StepInput.flatten([Sequence(decodes[0][-1:], 33, table(0), True, state_slot=0),
+                              Sequence(decodes[1][-1:], 9, table(1), True, state_slot=1),
+                              Sequence(tokens(12), 0, table(3), True, state_slot=3), Sequence(tokens(30), 25, table(2), True, state_slot=2),
+                              Sequence(tokens(70), 0, table(4), True, state_slot=4), Sequence(tokens(5), 0, table(5), True, state_slot=5)], 8, cpu)
     runs = layers.AttentionMasks(step, dtype, kv).prefill_rows
     assert [(run.start, run.end) for run in runs] == [(2, 44), (114, 119)]  # the 70-token chunk keeps SDPA
     saved = kv.data.clone()

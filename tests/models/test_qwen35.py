@@ -56,7 +56,7 @@ def test_a_qwen35_file_without_its_layer_list_takes_every_fourth_as_attention(tm
 @needs_kernels
 def test_a_quantized_qwen35_file_runs_in_its_blocks(tmp_path):
     """A file of 8-bit blocks runs every product in them (the delta-rule layers' five, the gated attention's
-    q/gate/k/v), and answers as transformers over the file's values, each product's input rounded to 8 bits
+    q/gate/k/v), on the native layers, and answers as transformers over the file's values, each product's input rounded to 8 bits
     as the blocks' products round it, but near ties. (Near at 0.1 here, not 5e-3: a value that float32
     rounds to 8 bits on the other side of a tie from float64 changes the delta rule's state, which carries
     the change to every later token; measured gaps reached 0.06.)"""
@@ -72,6 +72,7 @@ def test_a_quantized_qwen35_file_runs_in_its_blocks(tmp_path):
     with Engine.from_pretrained(path, max_batch_size=8) as engine:
         mixers = [block.mixer for block in engine.model.layers if block.recurrent]
         assert mixers and all(isinstance(m, BlockLinear) for d in mixers for m in (d.qkv, d.z, d.beta, d.alpha, d.out))
+        assert engine.model.decoder_layers is not None  # (its decode steps and short prompts on the native layers)
         config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
         handles = [engine.launch_response_tokens(p, config) for p in prompts]
         answers = [list(engine.stream_response_tokens(h, timeout=60)) for h in handles]

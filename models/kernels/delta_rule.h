@@ -1,0 +1,174 @@
+// A gated delta-rule layer (Qwen3.5's linear attention) between its products, over a step's rows, each
+// sequence's a run of consecutive rows with one state slot (a run that starts at the sequence's first
+// token, context length 1, starts from zeros):
+//   1. a run at a time: each channel of the qkv product convolved with the taps - 1 inputs before (the
+//      run's earlier rows, or its slot's last inputs), through a SiLU, and the slot's last inputs moved on;
+//   2. a (run, head) at a time: q and k over their lengths (q times key_dim^-1/2), beta = sigmoid, decay =
+//      exp(A softplus(alpha + dt_bias)); then for each row S = decay S; S += k (beta (v - S^T k))^T;
+//      o = S^T q, and o normalised (RMS), times the norm's weight and SiLU(z).
+// A head's matrix (key width x value width, 64 KiB at 128 x 128 floats) stays in the core's L2 while the
+// run's rows go through it, read and written twice a row. The torch path (qwen35.py) took some thirty
+// operators a layer and gathered, masked and scattered every slot's matrices through memory. Its work is
+// shared among the threads of the enclosing team (work-sharing loops, each ending at a barrier).
+
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+template <typename T>
+struct DeltaMixer {
+    const T* mixed;          // [rows, width]: the qkv product's rows
+    const T* conv_weight;    // [width, taps], a channel's taps the oldest first
+    T* conv_states;          // [slots, taps - 1, width]: a sequence's last inputs, the oldest first
+    const T* alpha;          // [rows, heads]
+    const T* beta;           // [rows, heads]
+    const T* dt_bias;        // [heads]
+    const T* decay_rate;     // [heads]: -exp(A_log)
+    T* states;               // [slots, heads, key_dim, value_dim]
+    const T* z;              // [rows, heads * value_dim]
+    const T* norm_weight;    // [value_dim]
+    T* convolved;            // [rows, width]: scratch
+    T* out;                  // [rows, heads * value_dim]
+    const int64_t* slots;  // [rows]: each row's state slot (a run's rows share one)
+    const int64_t* lens;   // [rows]: each row's context length (1: its sequence's first token)
+    int64_t rows, key_heads, heads, key_dim, value_dim, taps;
+    double eps;
+
+    int64_t width() const { return 2 * key_heads * key_dim + heads * value_dim; }
+
+    static T silu(T x) { return x / (T(1) + std::exp(-x)); }
+
+    // Stage 1 for the run of rows [start, start + n): its convolution (into convolved), and its slot's last
+    // inputs moved on.
+    void convolve(int64_t start, int64_t n, std::vector<T>& tail) const {
+        const int64_t C = width(), back = taps - 1;
+        T* earlier = conv_states + slots[start] * back * C;
+        if (lens[start] == 1) {
+            std::memset(earlier, 0, sizeof(T) * back * C);
+        }
+        // input at run position p (negative: the slot's, p = -back the oldest)
+        auto input = [&](int64_t p) { return p >= 0 ? mixed + (start + p) * C : earlier + (back + p) * C; };
+        for (int64_t t = 0; t < n; ++t) {
+            T* o = convolved + (start + t) * C;
+            for (int64_t c = 0; c < C; ++c) {
+                o[c] = 0;
+            }
+            for (int64_t j = 0; j < taps; ++j) {
+                const T* x = input(t - back + j);
+                for (int64_t c = 0; c < C; ++c) {
+                    o[c] += conv_weight[c * taps + j] * x[c];
+                }
+            }
+            for (int64_t c = 0; c < C; ++c) {
+                o[c] = silu(o[c]);
+            }
+        }
+        tail.resize(back * C);
+        for (int64_t j = 0; j < back; ++j) {
+            std::memcpy(tail.data() + j * C, input(n - back + j), sizeof(T) * C);
+        }
+        std::memcpy(earlier, tail.data(), sizeof(T) * back * C);
+    }
+
+    // Stage 2 for head h of the run of rows [start, start + n): its rows through the head's matrix, each
+    // answer normalised and gated.
+    void recur(int64_t start, int64_t n, int64_t h, std::vector<T>& scratch) const {
+        const int64_t C = width(), kh = h % key_heads;  // (value head h reads key head h mod key_heads)
+        scratch.resize(2 * key_dim + 3 * value_dim);
+        T* q = scratch.data();
+        T* k = q + key_dim;
+        T* memory = k + key_dim;        // S^T k
+        T* delta = memory + value_dim;  // beta (v - S^T k)
+        T* o = delta + value_dim;       // S^T q
+        T* S = states + (slots[start] * heads + h) * key_dim * value_dim;
+        if (lens[start] == 1) {
+            std::memset(S, 0, sizeof(T) * key_dim * value_dim);
+        }
+        for (int64_t row = start; row < start + n; ++row) {
+            const T* qkv = convolved + row * C;
+            const T* v = qkv + 2 * key_heads * key_dim + h * value_dim;
+            T qq = 0, kk = 0;
+            for (int64_t i = 0; i < key_dim; ++i) {
+                q[i] = qkv[kh * key_dim + i];
+                k[i] = qkv[(key_heads + kh) * key_dim + i];
+                qq += q[i] * q[i];
+                kk += k[i] * k[i];
+            }
+            const T q_scale = T(1) / std::sqrt((qq + T(1e-6)) * T(key_dim)), k_scale = T(1) / std::sqrt(kk + T(1e-6));
+            for (int64_t i = 0; i < key_dim; ++i) {
+                q[i] *= q_scale;
+                k[i] *= k_scale;
+            }
+            const int64_t at = row * heads + h;
+            const T b = T(1) / (T(1) + std::exp(-beta[at]));
+            const T raw = alpha[at] + dt_bias[h];
+            const T softplus = raw > T(20) ? raw : std::log1p(std::exp(raw));  // (torch's threshold)
+            const T a = std::exp(decay_rate[h] * softplus);
+            for (int64_t j = 0; j < value_dim; ++j) {
+                memory[j] = 0;
+                o[j] = 0;
+            }
+            for (int64_t i = 0; i < key_dim; ++i) {  // decay, and read the state at k
+                T* Si = S + i * value_dim;
+                const T ki = k[i];
+#pragma omp simd
+                for (int64_t j = 0; j < value_dim; ++j) {
+                    Si[j] *= a;
+                    memory[j] += ki * Si[j];
+                }
+            }
+            for (int64_t j = 0; j < value_dim; ++j) {
+                delta[j] = b * (v[j] - memory[j]);
+            }
+            for (int64_t i = 0; i < key_dim; ++i) {  // write k's correction, and read the state at q
+                T* Si = S + i * value_dim;
+                const T ki = k[i], qi = q[i];
+#pragma omp simd
+                for (int64_t j = 0; j < value_dim; ++j) {
+                    Si[j] += ki * delta[j];
+                    o[j] += qi * Si[j];
+                }
+            }
+            T squares = 0;
+            for (int64_t j = 0; j < value_dim; ++j) {
+                squares += o[j] * o[j];
+            }
+            const T inverse_rms = T(1) / std::sqrt(squares / T(value_dim) + T(eps));
+            const T* gate = z + at * value_dim;
+            T* result = out + at * value_dim;
+            for (int64_t j = 0; j < value_dim; ++j) {
+                result[j] = o[j] * inverse_rms * norm_weight[j] * silu(gate[j]);
+            }
+        }
+    }
+
+    // Both stages, in the enclosing team. The runs: where the slot changes (each thread finds them).
+    void run() const {
+        thread_local std::vector<T> scratch;
+        thread_local std::vector<int64_t> starts;
+        starts.clear();
+        for (int64_t r = 0; r < rows; ++r) {
+            if (r == 0 || slots[r] != slots[r - 1]) starts.push_back(r);
+        }
+        const int64_t runs = int64_t(starts.size());
+        starts.push_back(rows);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t r = 0; r < runs; ++r) {
+            convolve(starts[r], starts[r + 1] - starts[r], scratch);
+        }  // (the loop's barrier: every row convolved before any head reads one)
+#pragma omp for schedule(dynamic, 1) collapse(2)
+        for (int64_t r = 0; r < runs; ++r) {
+            for (int64_t h = 0; h < heads; ++h) {
+                recur(starts[r], starts[r + 1] - starts[r], h, scratch);
+            }
+        }
+    }
+};
+
+}  // namespace
+
