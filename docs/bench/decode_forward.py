@@ -40,9 +40,10 @@ def prefill_step(model, streams: int, tokens: int, kv_dtype=torch.float32) -> tu
 def step_of(model, streams: int, tokens: list[int], start: int, kv_dtype) -> tuple[KVCache, StepInput]:
     """A pool and a step of ``streams`` sequences, each computing ``tokens`` from position ``start``."""
     blocks = (start + len(tokens) - 1) // 16 + 1
-    kv = KVCache.for_model(model, blocks * streams, 16, kv_dtype, "cpu")
+    kv = KVCache.for_model(model, blocks * streams, 16, kv_dtype, "cpu", state_slots=streams)
     tables = [list(range(blocks * i, blocks * (i + 1))) for i in range(streams)]
-    return kv, StepInput.flatten([Sequence(tokens, start, table, True) for table in tables], 16, torch.device("cpu"))
+    return kv, StepInput.flatten([Sequence(tokens, start, table, True, state_slot=i) for i, table in enumerate(tables)],
+                                 16, torch.device("cpu"))
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ h mod the key heads), into which a Hugging Face checkpoint's grouped order is pu
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -104,43 +105,50 @@ class Qwen35Spec(DecoderShape):
 
 class StateRuns:
     """A step's sequences as runs of rows (each decode row one; each prefill chunk its rows), with what
-    every delta-rule layer reads of them, built once a step: each run's state slot, whether it starts
-    at its sequence's first token (its state then zeros), where each row's convolution inputs lie in
-    [the runs' earlier inputs; the step's], and the waves of the recurrence (the t-th row of each run
-    longer than t)."""
+    every delta-rule layer reads of them, built once a step: each row's state slot and context length
+    (the kernel's); for the torch operators, each run's slot and whether it starts at its sequence's first
+    token (its state then zeros), where each row's convolution inputs lie in [the runs' earlier inputs;
+    the step's], and the waves of the recurrence (the t-th row of each run longer than t)."""
 
     def __init__(self, step, back: int):
         if step.verifies or step.state_slots is None:
             raise ValueError("a model with recurrent layers needs a state slot a sequence and no verified proposals "
                              "(models/step.py)")
-        device = step.positions.device
-        decodes = sum(g.end - g.start for g in step.decode_groups)
-        starts = list(range(decodes)) + [c.start for c in step.prefills]
-        lengths = [1] * decodes + [c.end - c.start for c in step.prefills]
-        firsts = step.positions[:decodes].tolist() + [c.first_position for c in step.prefills]
-        self.slots = step.state_slots
-        self.fresh = torch.tensor([p == 0 for p in firsts], device=device)
-        runs = len(starts)
-        # sources[row, b]: the input b + 1 tokens before the row's, in [earlier inputs (runs x back); rows]
-        sources, tails, run_of_row, offset_of_row = [], [], [], []
-        for r, (start, n) in enumerate(zip(starts, lengths)):
-            for i in range(n):
-                sources.append([runs * back + start + i - b if i >= b else r * back + back + i - b
-                                for b in range(1, back + 1)])
-            tails.append([runs * back + start + n - back + j if n - back + j >= 0 else r * back + n + j
-                          for j in range(back)])
-            run_of_row += [r] * n
-            offset_of_row += range(n)
-        self.sources = torch.tensor(sources, dtype=torch.long, device=device).view(-1, back)
-        self.tails = torch.tensor(tails, dtype=torch.long, device=device).view(runs, back)
-        self.runs = runs
-        self.starts, self.lengths = starts, lengths
-        # each row's slot and context length (the kernel's, kernels/delta_rule.py, and the native layers')
+        self.back = back
         self.row_slots = step.row_state_slots().contiguous()
         self.row_lens = (step.positions + 1).contiguous()
-        by_offset = torch.tensor(offset_of_row, device=device)
-        run_of_row = torch.tensor(run_of_row, dtype=torch.long, device=device)
-        self.waves = [((by_offset == t).nonzero().flatten(), run_of_row[by_offset == t]) for t in range(max(lengths))]
+        decodes = sum(g.end - g.start for g in step.decode_groups)
+        self.starts = list(range(decodes)) + [c.start for c in step.prefills]
+        self.lengths = [1] * decodes + [c.end - c.start for c in step.prefills]
+        self.slots = step.state_slots
+        self.fresh = self.row_lens[self.starts] == 1
+
+    @functools.cached_property
+    def sources(self) -> torch.Tensor:
+        """[rows, back]: where the input b + 1 tokens before each row's lies in [earlier inputs (runs x back);
+        the step's rows]."""
+        runs, back = len(self.starts), self.back
+        return self._tensor([[runs * back + start + i - b if i >= b else r * back + back + i - b
+                              for b in range(1, back + 1)]
+                             for r, (start, n) in enumerate(zip(self.starts, self.lengths)) for i in range(n)], back)
+
+    @functools.cached_property
+    def tails(self) -> torch.Tensor:
+        """[runs, back]: where each run's last ``back`` inputs lie (its slot's next earlier inputs), as ``sources``."""
+        runs, back = len(self.starts), self.back
+        return self._tensor([[runs * back + start + n - back + j if n - back + j >= 0 else r * back + n + j
+                              for j in range(back)] for r, (start, n) in enumerate(zip(self.starts, self.lengths))], back)
+
+    @functools.cached_property
+    def waves(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """For each t, the rows that are their run's t-th and those runs."""
+        offsets = torch.cat([torch.arange(n) for n in self.lengths]).to(self.slots.device)
+        run_of_row = torch.repeat_interleave(torch.arange(len(self.lengths), device=self.slots.device),
+                                             torch.tensor(self.lengths, device=self.slots.device))
+        return [((offsets == t).nonzero().flatten(), run_of_row[offsets == t]) for t in range(max(self.lengths))]
+
+    def _tensor(self, rows: list, width: int) -> torch.Tensor:
+        return torch.tensor(rows, dtype=torch.long, device=self.slots.device).view(-1, width)
 
 
 class GatedDeltaNet(nn.Module):

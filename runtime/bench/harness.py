@@ -190,7 +190,7 @@ def run_pure_forward(model, requests: list[Request], workload: str, block_size=1
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     blocks = -(-max(len(r.prompt) + r.new_tokens for r in requests) // block_size)
-    kv = KVCache.for_model(model, blocks * len(requests), block_size, dtype, device)
+    kv = KVCache.for_model(model, blocks * len(requests), block_size, dtype, device, state_slots=len(requests))
     tables = [list(range(i * blocks, (i + 1) * blocks)) for i in range(len(requests))]
     tokens = [list(r.prompt) for r in requests]
     computed = [0] * len(requests)
@@ -206,7 +206,7 @@ def run_pure_forward(model, requests: list[Request], workload: str, block_size=1
             break
         work.sort(key=lambda w: (w[1] != 1, -computed[w[0]] if w[1] == 1 else 0))
         sequences = [Sequence(tokens[i][computed[i]:computed[i] + n], computed[i], tables[i],
-                              computed[i] + n == len(tokens[i])) for i, n in work]
+                              computed[i] + n == len(tokens[i]), state_slot=i) for i, n in work]
         steps.append(StepInput.flatten(sequences, block_size, device))
         sampled_by.append([i for (i, _), seq in zip(work, sequences) if seq.sample])
         for i, n in work:
