@@ -364,14 +364,15 @@ def read_tokenizer(path: Path, arch: str | None = None) -> Tokenizer:
     return Tokenizer.from_transformers(converted)
 
 
-# Architectures whose files transformers' GGUF reader refuses (or, gpt-oss's, fails on: transformers 5.25
-# reads its rope.scaling keys' lengths as their values), though it converts their tokenizers (a BPE one by
-# tokenizer.ggml.model and .pre alone; its SentencePiece builders differ only for Gemma and Phi-3): it
-# reads the tokenizer of a copy of the file's tokenizer metadata under Llama's name (Gemma 1's under
-# Gemma 2's, for Gemma's SentencePiece build).
+# Architectures whose files transformers' GGUF reader refuses (or fails on: transformers 5.25 reads gpt-oss's
+# rope.scaling keys' lengths as their values, and wants Qwen3.5's sizes to read its tokenizer), though it
+# converts their tokenizers (a BPE one by tokenizer.ggml.model and .pre alone; its SentencePiece builders
+# differ only for Gemma and Phi-3): it reads the tokenizer of a copy of the file's tokenizer metadata under
+# Llama's name (Gemma 1's under Gemma 2's, for Gemma's SentencePiece build).
 TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "llama", "mistral3": "llama",
                        "ernie4_5": "llama", "ernie4_5-moe": "llama", "olmo2": "llama", "olmoe": "llama",
-                       "gpt-oss": "llama", "lfm2": "llama", "lfm2moe": "llama", "exaone4": "llama", "gemma": "gemma2"}
+                       "gpt-oss": "llama", "lfm2": "llama", "lfm2moe": "llama", "exaone4": "llama", "gemma": "gemma2",
+                       "qwen35": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):
