@@ -26,7 +26,8 @@ def mixer(mixed, conv_weight, alpha, beta, dt_bias, decay_rate, z, norm_weight, 
     value width]; ``states``: the layer's [slots, taps - 1, conv width] and [slots, heads, key, value]
     (KVCache.state_layer); ``runs``: qwen35.StateRuns; ``shape``: qwen35.DeltaShape."""
     rows = mixed.shape[0]
-    mixed, alpha, beta, z = (t.contiguous() for t in (mixed, alpha, beta, z))
+    mixed, alpha, beta, z, conv_weight, dt_bias, decay_rate, norm_weight = (t.contiguous() for t in (
+        mixed, alpha, beta, z, conv_weight, dt_bias, decay_rate, norm_weight))
     conv_states, matrices = states
     convolved = torch.empty_like(mixed)
     out = torch.empty(rows, shape.value_heads * shape.value_dim, dtype=mixed.dtype)
