@@ -203,7 +203,7 @@ class KVCache:
     [num_blocks, block_size, width]; allocated once, a step writes only its new tokens' rows and reads
     through block tables. For a model with recurrent layers (``state_shapes``: their count and the
     shapes of a sequence's state in each), ``state_slots`` states a layer, in float32 at least (as
-    llama.cpp keeps them), their memory taken as slots are first used."""
+    llama.cpp keeps them): on the CPU their memory is taken as slots are first used, on a GPU at once."""
 
     def __init__(self, num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device,
                  conv_rows: tuple[int, int] = (0, 0), state_shapes: tuple[int, tuple] = (0, ()), state_slots: int = 0):

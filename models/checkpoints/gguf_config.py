@@ -106,7 +106,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         "vocab_size": key("vocab_size") or tensors["token_embd.weight"].shape[0],
         "hidden_size": key("embedding_length"),
         "intermediate_size": shared("feed_forward_length"),
-        "num_hidden_layers": key("block_count"),
+        # (llama.cpp runs the layers before a file's next-token prediction layers, which it keeps for speculation)
+        "num_hidden_layers": key("block_count") - (key("nextn_predict_layers") or 0),
         "num_attention_heads": heads,
         # (LFM2's files list them a layer at a time, none for a convolution layer: _lfm2_layers)
         "num_key_value_heads": None if arch in CONVOLVING else shared("attention.head_count_kv", heads),
@@ -276,12 +277,16 @@ def _exaone4_layers(key, layers: int, file_name: str) -> dict:
 
 def _qwen35_layers(key, layers: int, file_name: str) -> dict:
     """A Qwen3.5 file's delta-rule layers as transformers names them, read as llama.cpp reads them: the
-    layers the file lists as recurrent, else all but every full_attention_interval-th; the file's layout
+    layers the file lists as recurrent, else all but every full_attention_interval-th (its next-token
+    prediction layers, MTP, which its converter keeps after them, are not run); the file's layout
     (qwen35.py's llama_cpp_layout: value heads tiled, -exp(A_log) stored, query rows beside the gates')."""
     recurrent = key("attention.recurrent_layers")
     if recurrent is None:
         every = key("full_attention_interval", 4)
         recurrent = [(i + 1) % every != 0 for i in range(layers)]
+    predicting = key("nextn_predict_layers") or 0
+    if predicting and len(recurrent) == layers + predicting:  # (the prediction layers listed too, last)
+        recurrent = recurrent[:layers]
     if len(recurrent) != layers:
         raise ValueError(f"{file_name} lists {len(recurrent)} recurrent layers of {layers}")
     value_heads = key("ssm.time_step_rank")

@@ -103,6 +103,17 @@ class Qwen35Spec(DecoderShape):
             llama_cpp_layout=bool(c.get("llama_cpp_layout", False)))
 
 
+def check_state_slots(step, kv_cache) -> None:
+    """A ValueError unless each of the step's sequences names a state slot of its own in the pool and none
+    verifies proposals (models/step.py): the layers read and write a slot in place, a sequence's rows at a time."""
+    slots = step.state_slots
+    own = slots is not None and (not len(slots) or 0 <= int(slots.min()) and int(slots.max()) < kv_cache.num_state_slots
+                                 and len(slots.unique()) == len(slots))
+    if not own or step.verifies:
+        raise ValueError(f"a model with recurrent layers needs each sequence to name one of the pool's "
+                         f"{kv_cache.num_state_slots} state slots, its own, and no verified proposals (models/step.py)")
+
+
 class StateRuns:
     """A step's sequences as runs of rows (each decode row one; each prefill chunk its rows), with what
     every delta-rule layer reads of them, built once a step: each row's state slot and context length
@@ -111,9 +122,6 @@ class StateRuns:
     the step's], and the waves of the recurrence (the t-th row of each run longer than t)."""
 
     def __init__(self, step, back: int):
-        if step.verifies or step.state_slots is None:
-            raise ValueError("a model with recurrent layers needs a state slot a sequence and no verified proposals "
-                             "(models/step.py)")
         self.back = back
         self.row_slots = step.row_state_slots().contiguous()
         self.row_lens = (step.positions + 1).contiguous()
@@ -209,7 +217,10 @@ def unit(x: torch.Tensor) -> torch.Tensor:
 def delta_rule(q, k, v, decay, beta, matrices: torch.Tensor, runs: StateRuns) -> torch.Tensor:
     """Each run's rows through its heads' matrices (read from and written back to their slots in
     ``matrices``): per row, S = decay S; S += k (beta (v - S^T k))^T; out = S^T q. [rows, heads, value],
-    in waves (the t-th row of each run at once)."""
+    in waves (the t-th row of each run at once), in float32 at least (a 16-bit state rounded every token
+    drifts; transformers and llama.cpp keep it in float32)."""
+    dtype = v.dtype
+    q, k, v, decay, beta = (t.to(torch.promote_types(dtype, torch.float32)) for t in (q, k, v, decay, beta))
     state = matrices[runs.slots].to(q.dtype) * (~runs.fresh)[:, None, None, None]
     out = torch.empty_like(v)
     for rows, which in runs.waves:
@@ -219,7 +230,7 @@ def delta_rule(q, k, v, decay, beta, matrices: torch.Tensor, runs: StateRuns) ->
         out[rows] = torch.einsum("rhk,rhkv->rhv", q[rows], s)
         state[which] = s
     matrices[runs.slots] = state.to(matrices.dtype)
-    return out
+    return out.to(dtype)
 
 
 class GatedAttention(Attention):
@@ -269,6 +280,7 @@ class Qwen35(DecoderModel):
 
     def forward(self, step, kv_cache) -> torch.Tensor:
         """Logits [S, vocab] for the step's sampled positions only."""
+        check_state_slots(step, kv_cache)
         x = self.embed(step.input_ids)
         cos, sin = self.rotary(step.positions, x.dtype)
         logits = self.native_decode(x, cos, sin, step, kv_cache)

@@ -53,6 +53,19 @@ def test_a_qwen35_file_without_its_layer_list_takes_every_fourth_as_attention(tm
         assert [block.recurrent for block in engine.model.layers] == [True, True, True, False]
 
 
+def test_a_qwen35_files_prediction_layer_is_not_run(tmp_path):
+    """llama.cpp's converter keeps Qwen3.5's next-token prediction layer (MTP) after the others, in
+    block_count and the recurrent-layer list, and names it by nextn_predict_layers: Loom runs the layers
+    before it, as llama.cpp does, and answers as the model without it."""
+    types = ["linear_attention"] * 3 + ["full_attention"] * 2
+    hf = float32_weights(tiny_model("qwen3_5", seed=6, num_hidden_layers=5, layer_types=types))
+    path = write_gguf_of(hf, tmp_path / "mtp.gguf", "qwen35", {"nextn_predict_layers": 1})
+    without = tiny_model("qwen3_5")
+    without.load_state_dict({k: v for k, v in hf.state_dict().items() if not k.startswith("model.layers.4.")})
+    prompts = [random_prompt(random.Random(3), 5, 30)]
+    assert_same_answers(greedy(path, prompts), [greedy_with_logprobs(without, p, 16) for p in prompts])
+
+
 @needs_kernels
 def test_a_quantized_qwen35_file_runs_in_its_blocks(tmp_path):
     """A file of 8-bit blocks runs every product in them (the delta-rule layers' five, the gated attention's
@@ -132,6 +145,21 @@ def test_speculative_decoding_is_refused_for_a_model_that_carries_a_state():
         assert len(list(engine.stream_response_tokens(running, timeout=60))) == 6
     with pytest.raises(ValueError, match="the draft .* carries a state a sequence"):
         Engine.from_pretrained(tiny_model("llama"), dtype=torch.float64, draft=hf, speculative_tokens=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # (the native layers', the torch layers')
+def test_a_step_without_a_slot_of_its_own_is_refused_before_any_state_is_touched(dtype):
+    """The model's contract, used directly: a sequence without a state slot, two sharing one, or one past the
+    pool's slots raise ValueError (the native layers would have written another sequence's state)."""
+    from models.step import Sequence, StepInput
+    with Engine.from_pretrained(tiny_model("qwen3_5"), dtype=dtype, max_batch_size=4) as engine:
+        before = [s.clone() for s in engine.kv_cache.states]
+        for sequences in ([Sequence([5, 6], 0, [0], True)],
+                          [Sequence([5], 3, [0], True, state_slot=1), Sequence([6], 3, [1], True, state_slot=1)],
+                          [Sequence([5], 3, [0], True, state_slot=4)]):
+            with pytest.raises(ValueError, match="needs each sequence to name one of the pool's 4 state slots"):
+                engine.model(StepInput.flatten(sequences, 16, torch.device("cpu")), engine.kv_cache)
+        assert all(torch.equal(a, b) for a, b in zip(before, engine.kv_cache.states))
 
 
 def test_qwen35_configs_loom_does_not_run_are_refused(tmp_path):
