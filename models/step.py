@@ -102,10 +102,17 @@ class StepInput:
     # each one-token row's and then each chunk's Sequence.state_slot, as ``lengths`` (None: no slots)
     state_slots: torch.Tensor | None = None
 
+    def sequence_starts(self) -> list[int]:
+        """The rows where a sequence starts, in order: each decode row (they come first; a step that
+        verifies proposals has rows of one sequence among them), then each prefill chunk's first."""
+        chunks = [chunk.start for chunk in self.prefills]
+        decode_rows = chunks[0] if chunks else len(self.input_ids)
+        return list(range(decode_rows)) + chunks
+
     def row_state_slots(self) -> torch.Tensor:
         """Each row's state slot (``state_slots`` is a sequence's: one a decode row, one a chunk's rows)."""
-        chunks = [c.end - c.start for c in self.prefills]
-        rows = torch.tensor([1] * (len(self.state_slots) - len(chunks)) + chunks, device=self.state_slots.device)
+        starts = self.sequence_starts() + [len(self.input_ids)]
+        rows = torch.tensor([end - start for start, end in zip(starts, starts[1:])], device=self.state_slots.device)
         return torch.repeat_interleave(self.state_slots, rows)
 
     @classmethod
@@ -224,16 +231,17 @@ class KVCache:
                   state_slots: int = 1) -> "KVCache":
         """A pool of ``num_blocks`` blocks in ``model``'s geometry (geometry_of), and ``state_slots``
         sequences' states where the model keeps any."""
-        return cls(num_blocks=num_blocks, block_size=block_size, dtype=dtype, device=device, state_slots=state_slots,
+        return cls(num_blocks=num_blocks, block_size=block_size, dtype=dtype, device=device,
+                   state_shapes=getattr(model, "state_shapes", (0, ())), state_slots=state_slots,
                    **cls.geometry_of(model))
 
     @staticmethod
     def geometry_of(model) -> dict:
         """What a pool for ``model`` holds a block, by this class's argument names: the model's K/V layers,
-        heads and head size, and its convolution layers' rows and recurrent layers' state shapes where it
-        has them (the module docstring, and models/__init__.py's contract)."""
+        heads and head size, and its convolution layers' rows where it has them (the module docstring, and
+        models/__init__.py's contract). (A recurrent layer's state is a sequence's, not a block's.)"""
         return {"num_layers": model.num_layers, "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
-                "conv_rows": getattr(model, "conv_rows", (0, 0)), "state_shapes": getattr(model, "state_shapes", (0, ()))}
+                "conv_rows": getattr(model, "conv_rows", (0, 0))}
 
     @staticmethod
     def _pool(shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
@@ -300,10 +308,9 @@ class KVCache:
 
     @staticmethod
     def bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype,
-                        conv_rows: tuple[int, int] = (0, 0), state_shapes: tuple[int, tuple] = (0, ())) -> int:
+                        conv_rows: tuple[int, int] = (0, 0)) -> int:
         """The memory one block of a pool of this geometry takes, K and V of every layer and the
-        convolution layers' rows: the engine sizes the pool from it before the pool exists. (The
-        recurrent layers' states are a sequence's, not a block's: they take none of it.)"""
+        convolution layers' rows: the engine sizes the pool from it before the pool exists."""
         element = torch.empty((), dtype=dtype).element_size()
         conv_layers, conv_width = conv_rows
         return (2 * num_layers * num_kv_heads * head_dim + conv_layers * conv_width) * block_size * element

@@ -125,9 +125,8 @@ class StateRuns:
         self.back = back
         self.row_slots = step.row_state_slots().contiguous()
         self.row_lens = (step.positions + 1).contiguous()
-        decodes = sum(g.end - g.start for g in step.decode_groups)
-        self.starts = list(range(decodes)) + [c.start for c in step.prefills]
-        self.lengths = [1] * decodes + [c.end - c.start for c in step.prefills]
+        self.starts = step.sequence_starts()
+        self.lengths = [end - start for start, end in zip(self.starts, self.starts[1:] + [len(step.input_ids)])]
         self.slots = step.state_slots
         self.fresh = self.row_lens[self.starts] == 1
 

@@ -211,14 +211,6 @@ def computed_rows(rows: int) -> int:
     return whole * panel_rows(PASS_ROWS) + (panel_rows(left) if left else 0)
 
 
-def _sequence_starts(step) -> list[int]:
-    """The rows of ``step`` where a sequence starts, in order: each decode row (they come first),
-    then each prefill chunk's first."""
-    chunks = [chunk.start for chunk in step.prefills]
-    decode_rows = chunks[0] if chunks else len(step.input_ids)
-    return list(range(decode_rows)) + chunks
-
-
 def _weights(linear: CpuLinear | BlockLinear) -> _Weights:
     """What a product reads: the float weight (format 0), or each part's blocks."""
     if isinstance(linear, BlockLinear):
@@ -441,7 +433,7 @@ class DecoderLayers:
         rows = len(step.input_ids)
         if threads < 2 or rows < self.split_rows * threads:
             return None
-        starts = _sequence_starts(step)
+        starts = step.sequence_starts()
 
         def share_start(row: int) -> int:
             i = bisect.bisect_left(starts, row)
@@ -474,7 +466,7 @@ class DecoderLayers:
         # where the threads' own rows begin, at this thread's OpenMP count (the kernel's team)
         cuts = self._shares(step, torch.get_num_threads())
         shares = None if cuts is None else torch.tensor(cuts, dtype=torch.int64)
-        starts = None if cuts is None else torch.tensor(_sequence_starts(step), dtype=torch.int64)
+        starts = None if cuts is None else torch.tensor(step.sequence_starts(), dtype=torch.int64)
         state_slots = None if step.state_slots is None else step.row_state_slots().contiguous()
         if cos is not None:
             cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()

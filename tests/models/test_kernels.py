@@ -602,7 +602,7 @@ def test_a_thread_done_early_takes_rows_another_carries(two_threads, monkeypatch
                              + [Sequence(tokens(n), 0, table(len(prompts) + i), True) for i, n in enumerate(chunks)],
                              8, cpu)
     assert layers.splits(step, 2, kv)
-    assert decoder_layer._sequence_starts(step) == list(range(40)) + [40, 43, 50, 52, 57, 61]
+    assert step.sequence_starts() == list(range(40)) + [40, 43, 50, 52, 57, 61]
     saved = kv.data.clone()
     with torch.no_grad():
         model.decoder_layers = None
