@@ -19,6 +19,7 @@ from torch import nn
 from .checkpoints import gguf, huggingface
 from .families.gemma import Gemma, GemmaSpec
 from .families.gpt2 import GPT2, GPT2Spec
+from .families.granite_hybrid import FAMILIES as GRANITE_HYBRID_FAMILIES, GraniteHybrid, GraniteHybridSpec
 from .families.lfm2 import FAMILIES as LFM2_FAMILIES, Lfm2, Lfm2Spec
 from .families.llama import FAMILIES as LLAMA_FAMILIES, Llama, LlamaSpec
 from .families.olmo import FAMILIES as OLMO_FAMILIES, Olmo, OlmoSpec
@@ -35,7 +36,8 @@ ARCHITECTURES = {"gpt2": (GPT2Spec, GPT2), "gemma": (GemmaSpec, Gemma), "gemma2"
                  **{family: (LlamaSpec, Llama) for family in LLAMA_FAMILIES},
                  **{family: (OlmoSpec, Olmo) for family in OLMO_FAMILIES},
                  **{family: (Lfm2Spec, Lfm2) for family in LFM2_FAMILIES},
-                 **{family: (Qwen35Spec, Qwen35) for family in QWEN35_FAMILIES}}
+                 **{family: (Qwen35Spec, Qwen35) for family in QWEN35_FAMILIES},
+                 **{family: (GraniteHybridSpec, GraniteHybrid) for family in GRANITE_HYBRID_FAMILIES}}
 
 
 @dataclass

@@ -40,6 +40,30 @@ def _delta_rule_in_float64(query, key, value, g, beta, initial_state=None, outpu
 transformers.models.qwen3_5.modeling_qwen3_5.torch_chunk_gated_delta_rule = _delta_rule_in_float64
 transformers.models.qwen3_5.modeling_qwen3_5.torch_recurrent_gated_delta_rule = _delta_rule_in_float64
 
+def _mamba2_scan_in_float64(module, hidden_states, B, C, dt, cache, **_):
+    """transformers' Granite 4 Mamba2 scan (its recurrent and chunked forms alike) token by token in the
+    inputs' dtype: transformers' own runs in float32 whatever the model's (A too), too coarse a reference for
+    float64 comparisons."""
+    state = cache.get_recurrent_state(module.layer_idx, state_idx=0) if cache is not None else None
+    batch, length, _ = hidden_states.shape
+    heads, per_group = module.num_heads, module.num_heads // module.n_groups
+    x = hidden_states.view(batch, length, heads, module.head_dim)
+    B, C = (t.view(batch, length, module.n_groups, -1).repeat_interleave(per_group, dim=2) for t in (B, C))
+    dt = torch.nn.functional.softplus(dt + module.dt_bias)
+    A = -torch.exp(module.A_log)
+    state = torch.zeros(batch, heads, module.head_dim, module.ssm_state_size, dtype=x.dtype) \
+        if state is None else state.to(x.dtype)
+    out = torch.empty_like(x)
+    for t in range(length):
+        state = state * torch.exp(dt[:, t] * A)[..., None, None] + (dt[:, t, :, None] * x[:, t])[..., None] * B[:, t, :, None]
+        out[:, t] = torch.einsum("bhpn,bhn->bhp", state, C[:, t]) + x[:, t] * module.D[:, None]
+    if cache is not None:
+        cache.update_recurrent_state(state, module.layer_idx)
+    return out.view(batch, length, -1)
+
+
+transformers.models.granitemoehybrid.modeling_granitemoehybrid.mamba2_scan_forward = _mamba2_scan_in_float64
+
 CONFIGS = {
     "gpt2": lambda: transformers.GPT2Config(
         vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256, eos_token_id=EOS, bos_token_id=1),
@@ -182,6 +206,15 @@ CONFIGS = {
         pad_token_id=0, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
         linear_value_head_dim=8, initializer_range=0.15,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
+    # Granite 4 H: Mamba2 layers (eight heads of 16 in two groups) around an attention layer without rotary,
+    # routed experts beside a shared one, Granite's multipliers
+    "granitemoehybrid": lambda: transformers.GraniteMoeHybridConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=32, shared_intermediate_size=64, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        pad_token_id=0, layer_types=["mamba", "attention", "mamba", "mamba"], num_local_experts=4,
+        num_experts_per_tok=2, mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=2, mamba_d_conv=4,
+        embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=3.0,
+        position_embedding_type="nope", initializer_range=0.15, experts_implementation="eager"),
     "gemma3": lambda: transformers.Gemma3TextConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=1, head_dim=32, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
@@ -205,7 +238,7 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "exaone4": transformers.Exaone4ForCausalLM, "gemma": transformers.GemmaForCausalLM,
                  "gemma2": transformers.Gemma2ForCausalLM, "lfm2": transformers.Lfm2ForCausalLM,
                  "lfm2_moe": transformers.Lfm2MoeForCausalLM, "qwen3_5": transformers.Qwen3_5ForCausalLM,
-                 "gemma3": transformers.Gemma3ForCausalLM}
+                 "granitemoehybrid": transformers.GraniteMoeHybridForCausalLM, "gemma3": transformers.Gemma3ForCausalLM}
 
 
 def interruptible() -> None:
@@ -239,8 +272,8 @@ def tiny_model(arch: str, seed: int = 0, **config):
     model = MODEL_CLASSES[arch](settings).to(torch.float64).eval()
     with torch.no_grad():
         for name, tensor in model.named_parameters():
-            # (transformers starts gpt-oss's biases at 0, and Qwen2-MoE's shared expert's router near it)
-            if name.endswith(("sinks", "_bias", "router.bias", "shared_expert_gate.weight")):
+            # (transformers starts gpt-oss's biases at 0, Qwen2-MoE's shared expert's router near it, Mamba2's D at 1)
+            if name.endswith(("sinks", "_bias", "router.bias", "shared_expert_gate.weight", "mamba.D")):
                 tensor.normal_(0.0, 0.5)
         for name, tensor in model.named_buffers():  # (LFM2-MoE's selection bias, a buffer starting at 0)
             if name.endswith("expert_bias"):
@@ -403,6 +436,50 @@ def _qwen35_tensor(rest: str, values, c):
     return f"{GGUF_QWEN35_NAMES[part]}.{kind}", values
 
 
+# Granite 4's hybrids': their Mamba2 layers' products and parameters
+GGUF_GRANITE_HYBRID_NAMES = {"mamba.in_proj": "ssm_in", "mamba.out_proj": "ssm_out", "mamba.conv1d": "ssm_conv1d"}
+
+
+def _granite_hybrid_tensor(rest: str, values, c):
+    """A Granite 4 hybrid parameter as llama.cpp's converter writes it: (name within the block, values): the
+    Mamba2 layers' A_log as -exp(A_log) and D as [heads, 1], dt_bias as ssm_dt's bias, the convolution's taps
+    [channels, length], the gated norm's weight a row a group; a dense model's shared MLP as Llama's; None for
+    the others."""
+    import numpy as np
+    if rest == "mamba.A_log":
+        return [("ssm_a", -np.exp(values)[:, None])]
+    if rest == "mamba.D":
+        return [("ssm_d", values[:, None])]
+    if rest == "mamba.dt_bias":
+        return [("ssm_dt.bias", values)]
+    if rest == "mamba.norm.weight":
+        return [("ssm_norm.weight", values.reshape(c.mamba_n_groups, -1))]
+    if rest.startswith(("mamba.in_proj.", "mamba.out_proj.", "mamba.conv1d.")):
+        part, kind = rest.rsplit(".", 1)
+        return [(f"{GGUF_GRANITE_HYBRID_NAMES[part]}.{kind}", values.reshape(values.shape[0], -1) if kind == "weight"
+                 else values)]
+    if c.num_local_experts:
+        return None
+    if rest == "shared_mlp.input_linear.weight":
+        gate, up = np.split(values, 2, axis=0)
+        return [("ffn_gate.weight", np.ascontiguousarray(gate)), ("ffn_up.weight", np.ascontiguousarray(up))]
+    if rest == "shared_mlp.output_linear.weight":
+        return [("ffn_down.weight", values)]
+    return None
+
+
+def _granite_hybrid_metadata(c) -> dict:
+    """The metadata llama.cpp's converter writes for a Granite 4 hybrid: its Mamba2 sizes, no K/V heads in a
+    Mamba2 layer, Granite's multipliers, the rotary off (Granite 4.0 H's), its experts."""
+    experts = {"expert_count": c.num_local_experts, "expert_used_count": c.num_experts_per_tok,
+               "expert_shared_feed_forward_length": c.shared_intermediate_size} if c.num_local_experts else {}
+    return {"ssm.conv_kernel": c.mamba_d_conv, "ssm.state_size": c.mamba_d_state, "ssm.group_count": c.mamba_n_groups,
+            "ssm.time_step_rank": c.mamba_n_heads, "ssm.inner_size": c.mamba_n_heads * c.mamba_d_head,
+            "embedding_scale": c.embedding_multiplier, "residual_scale": c.residual_multiplier,
+            "attention.scale": c.attention_multiplier, "logit_scale": c.logits_scaling,
+            "rope.scaling.finetuned": c.position_embedding_type == "rope", **experts}
+
+
 def _gpt_oss_tensors(rest: str, values):
     """A gpt-oss parameter as llama.cpp's converter writes it: (name within the block, values) pairs.
     Its experts' interleaved gate and up columns [experts, hidden, 2 x inner] split into two stacks
@@ -442,10 +519,15 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     writer.add_context_length(c.max_position_embeddings)
     writer.add_embedding_length(c.hidden_size)
     # LFM2's: its MLP's width as derived, no K/V heads in a convolution layer, the convolution's length
-    lfm2 = arch in ("lfm2", "lfm2moe")
-    writer.add_feed_forward_length(hf.model.layers[0].feed_forward.w1.out_features if lfm2 else c.intermediate_size)
+    lfm2, hybrid = arch in ("lfm2", "lfm2moe"), arch == "granitehybrid"
+    writer.add_feed_forward_length(hf.model.layers[0].feed_forward.w1.out_features if lfm2 else
+                                   c.shared_intermediate_size if hybrid and not c.num_local_experts else
+                                   c.intermediate_size)
     writer.add_head_count(heads)
-    writer.add_head_count_kv([0 if t == "conv" else kv_heads for t in c.layer_types] if lfm2 else kv_heads)
+    writer.add_head_count_kv([0 if t in ("conv", "linear_attention") else kv_heads for t in c.layer_types]
+                             if lfm2 or hybrid else kv_heads)
+    if hybrid:
+        metadata = _granite_hybrid_metadata(c) | (metadata or {})
     if lfm2:
         writer.add_uint32(f"{arch}.shortconv.l_cache", c.conv_L_cache)
     if arch == "qwen35":  # its delta-rule layers' sizes and places, its rotary's share of a head
@@ -464,15 +546,16 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     for key, value in (metadata or {}).items():
         if value is None:  # (a key the architecture's files carry, left out)
             continue
-        adds = {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string, list: writer.add_array}
+        adds = {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string, list: writer.add_array,
+                bool: writer.add_bool}
         adds[type(value)](key if key.startswith("tokenizer.") else f"{arch}.{key}", value)
 
     def add(name, values):
         if name.endswith(leave_out):
             return None
         if matrices is None or values.ndim < 2 or name.endswith(("ffn_gate_inp.weight", ".bias", "shortconv.conv.weight",
-                                                                  "ssm_conv1d.weight")):
-            # (routers and convolutions' taps stay F32)
+                                                                  "ssm_conv1d.weight", "ssm_norm.weight")):
+            # (routers, convolutions' taps and norms stay F32)
             return writer.add_tensor(name, values)
         writer.add_tensor(name, gguf.quants.quantize(values, matrices), raw_dtype=matrices)
 
@@ -492,6 +575,10 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         _, _, layer, rest = name.split(".", 3)
         if arch == "qwen35" and (written := _qwen35_tensor(rest, values, c)) is not None:
             add(f"blk.{layer}.{written[0]}", written[1])
+            continue
+        if hybrid and (written := _granite_hybrid_tensor(rest, values, c)) is not None:
+            for part, part_values in written:
+                add(f"blk.{layer}.{part}", np.ascontiguousarray(part_values))
             continue
         if arch == "gpt-oss" and rest.startswith(("mlp.experts.", "mlp.router.", "self_attn.sinks")):
             for part, part_values in _gpt_oss_tensors(rest, values):
@@ -519,7 +606,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                 add(f"blk.{layer}.ffn_down_exps.weight", values)
             continue
         part, kind = rest.rsplit(".", 1)
-        if arch in ("llama", "smollm3", "granite", "granitemoe", "mistral3") and part in ("self_attn.q_proj", "self_attn.k_proj"):
+        if arch in ("llama", "smollm3", "granite", "granitemoe", "granitehybrid", "mistral3") and part in ("self_attn.q_proj", "self_attn.k_proj"):
             count = heads if part == "self_attn.q_proj" else kv_heads
             values = values.reshape(count, 2, values.shape[0] // count // 2, *values.shape[1:]).swapaxes(1, 2)
             values = values.reshape(tensor.shape)

@@ -67,17 +67,22 @@ QWEN35_LAYER_NAMES = {"post_attention_norm": "post_attention_layernorm", "attn_q
                       "ssm_alpha": "linear_attn.in_proj_a", "ssm_conv1d": "linear_attn.conv1d",
                       "ssm_dt": "linear_attn.dt_bias", "ssm_a": "linear_attn.ssm_a", "ssm_norm": "linear_attn.norm",
                       "ssm_out": "linear_attn.out_proj"}
+# Granite 4's hybrids' Mamba2 layers by transformers' names (their ssm_a, -exp(A_log), by a name of its own)
+GRANITE_HYBRID_LAYER_NAMES = {"ssm_in": "mamba.in_proj", "ssm_conv1d": "mamba.conv1d", "ssm_dt": "mamba.dt_bias",
+                              "ssm_a": "mamba.ssm_a", "ssm_d": "mamba.D", "ssm_norm": "mamba.norm",
+                              "ssm_out": "mamba.out_proj"}
 GEMMA_LAYER_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
                      "post_ffw_norm": "post_feedforward_layernorm"}
 ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
                     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
                     "olmo2": OUTPUT_NORM_NAMES, "exaone4": OUTPUT_NORM_NAMES,
                     "gpt-oss": {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"},
-                    "lfm2": LFM2_LAYER_NAMES, "lfm2moe": LFM2_LAYER_NAMES, "qwen35": QWEN35_LAYER_NAMES}
+                    "lfm2": LFM2_LAYER_NAMES, "lfm2moe": LFM2_LAYER_NAMES, "qwen35": QWEN35_LAYER_NAMES,
+                    "granitehybrid": GRANITE_HYBRID_LAYER_NAMES}
 # parameters transformers names without a kind (gpt-oss's sinks: llama.cpp's converter adds ".weight";
-# ERNIE 4.5's selection bias, ".bias")
+# ERNIE 4.5's selection bias, Qwen3.5's and Mamba2's dt_bias, ".bias")
 BARE_NAMES = ("self_attn.sinks", "mlp.moe_statics.e_score_correction_bias", "linear_attn.dt_bias",
-              "linear_attn.ssm_a")
+              "linear_attn.ssm_a", "mamba.dt_bias", "mamba.ssm_a", "mamba.D")
 # llama.cpp multiplies by a norm's weight where Gemma (and Qwen3.5, but for its delta-rule layers' gated norm)
 # multiplies by (1 + weight): its converter stores weight + 1, which loading takes back.
 NORM_OFFSET = {"gemma": 1.0, "gemma2": 1.0, "gemma3": 1.0, "qwen35": 1.0}
@@ -372,7 +377,7 @@ def read_tokenizer(path: Path, arch: str | None = None) -> Tokenizer:
 TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "llama", "mistral3": "llama",
                        "ernie4_5": "llama", "ernie4_5-moe": "llama", "olmo2": "llama", "olmoe": "llama",
                        "gpt-oss": "llama", "lfm2": "llama", "lfm2moe": "llama", "exaone4": "llama", "gemma": "gemma2",
-                       "qwen35": "llama"}
+                       "qwen35": "llama", "granitehybrid": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

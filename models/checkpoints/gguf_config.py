@@ -16,30 +16,34 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "mistral3": "ministral3", "ernie4_5": "llama",
                  "olmo2": "olmo2", "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen2moe": "qwen2_moe",
                  "ernie4_5-moe": "ernie4_5_moe", "lfm2": "lfm2", "lfm2moe": "lfm2_moe", "exaone4": "exaone4",
-                 "qwen35": "qwen3_5_text"}
+                 "qwen35": "qwen3_5_text", "granitehybrid": "granitemoehybrid"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
 # Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
 MIXTURES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe",
-            "olmoe": "olmoe", "ernie4_5-moe": "ernie4_5_moe", "gpt-oss": "gpt_oss", "lfm2moe": "lfm2_moe"}
+            "olmoe": "olmoe", "ernie4_5-moe": "ernie4_5_moe", "gpt-oss": "gpt_oss", "lfm2moe": "lfm2_moe",
+            "granitehybrid": "granitemoehybrid"}
 # llama.cpp's expert_gating_func: how an architecture's experts are scored where the file says (LFM2-MoE's
 # sigmoid; the others' softmax, which their files need not say)
 GATING = {1: "softmax", 2: "sigmoid"}
 SIGMOID_MIXTURES = frozenset({"lfm2moe"})
 # the mixtures whose files may add a shared expert every token takes (Qwen2-MoE's always, weighted by a
 # router of its own; Granite MoE Shared's, a granitemoe file with expert_shared_feed_forward_length; ERNIE 4.5's)
-SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe"})
+SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe", "granitehybrid"})
 # architectures whose files keep Llama's layout: Q/K rows in the interleaved rotary's order (llama.cpp's
 # converter permutes Llama's; ERNIE 4.5's checkpoints hold them so: its files are Llama's from there),
 # attention biases where the model has them
-LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "mistral3", "ernie4_5", "ernie4_5-moe"})
+LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "granitehybrid", "mistral3", "ernie4_5",
+                          "ernie4_5-moe"})
 # SmolLM3: every fourth layer attends without rotary, as llama.cpp fixes it (the files do not say)
 SMOLLM3_NO_ROPE_STEP = 4
 # EXAONE 4: llama.cpp gives only the 32B's 64 layers a window (three layers in four, 4096 tokens where the file
 # names none), whatever other files say
 EXAONE4_WINDOWED_LAYERS, EXAONE4_WINDOW = 64, 4096
-# the architectures whose layers may be short convolutions, told apart by having no K/V heads (LFM2's)
+# the architectures whose layers may be short convolutions (LFM2's) or Mamba2 layers (Granite 4's hybrids), told
+# apart by having no K/V heads
 CONVOLVING = frozenset({"lfm2", "lfm2moe"})
+MAMBA_HYBRIDS = frozenset({"granitehybrid"})
 # Granite's multipliers: the file's keys (under the architecture's prefix) -> transformers' names
 GRANITE_SCALES = {"embedding_scale": "embedding_multiplier", "residual_scale": "residual_multiplier",
                   "attention.scale": "attention_multiplier", "logit_scale": "logits_scaling"}
@@ -70,7 +74,7 @@ def check_architecture(meta: dict, file_name: str) -> str:
         if arch not in MIXTURES:
             raise ValueError(f"{file_name} is a {arch} model with {key('expert_count')} experts; Loom runs experts "
                              f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, "
-                             "OLMoE's, ERNIE 4.5's, gpt-oss's and LFM2-MoE's)")
+                             "OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's and Granite 4's)")
         if key("expert_shared_feed_forward_length") and arch not in SHARED_EXPERTS:
             raise ValueError(f"{file_name} is a {arch} model with a shared expert, which Loom runs in "
                              f"{', '.join(sorted(SHARED_EXPERTS))} files only")
@@ -110,7 +114,7 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         "num_hidden_layers": key("block_count") - (key("nextn_predict_layers") or 0),
         "num_attention_heads": heads,
         # (LFM2's files list them a layer at a time, none for a convolution layer: _lfm2_layers)
-        "num_key_value_heads": None if arch in CONVOLVING else shared("attention.head_count_kv", heads),
+        "num_key_value_heads": None if arch in CONVOLVING | MAMBA_HYBRIDS else shared("attention.head_count_kv", heads),
         "head_dim": key("attention.key_length"),
         "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-6),
         "rope_theta": key("rope.freq_base", 10000.0),
@@ -122,6 +126,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         config |= _experts(arch, key, config)
     if arch in CONVOLVING:
         config |= _lfm2_layers(key, heads, config["num_hidden_layers"], file_name)
+    if arch in MAMBA_HYBRIDS:
+        config |= _granite_hybrid_layers(key, heads, config, file_name)
     if arch == "qwen2moe":  # (llama.cpp's adds the biases a file has)
         config["qkv_bias"] = "blk.0.attn_q.bias" in tensors
     if arch == "gemma":  # (llama.cpp's Gemma reads token_embd as its output layer)
@@ -145,7 +151,7 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         layers = config["num_hidden_layers"]
         config["no_rope_layers"] = [int((i + 1) % SMOLLM3_NO_ROPE_STEP != 0) for i in range(layers)]
     # Granite's scales: a scale of 0 or none is 1, or the head size's for the attention, as llama.cpp reads it
-    if arch in ("granite", "granitemoe"):
+    if arch in ("granite", "granitemoe", "granitehybrid"):
         config |= {name: key(field) for field, name in GRANITE_SCALES.items() if key(field)}
         config.setdefault("attention_multiplier", (config["head_dim"] or config["hidden_size"] // heads) ** -0.5)
         if key("rope.scaling.finetuned") is False:  # llama.cpp's switch for Granite's rotary: off, every layer
@@ -209,6 +215,9 @@ def _experts(arch: str, key, config: dict) -> dict:
         return {"num_experts": experts, "num_experts_per_tok": used, "moe_intermediate_size": inner,
                 "num_dense_layers": key("leading_dense_block_count") or 0, "use_expert_bias": True,
                 "norm_topk_prob": True, "routed_scaling_factor": key("expert_weights_scale") or 1.0}
+    if arch == "granitehybrid":  # (its experts feed_forward_length wide, as llama.cpp reads them)
+        return {"num_local_experts": experts, "num_experts_per_tok": used,
+                "intermediate_size": inner or config["intermediate_size"], "shared_intermediate_size": shared or 0}
     if MIXTURES[arch] == "granitemoe" and shared:
         return {"model_type": "granitemoeshared", "num_local_experts": experts, "num_experts_per_tok": used,
                 "intermediate_size": inner or config["intermediate_size"], "shared_intermediate_size": shared}
@@ -261,6 +270,36 @@ def _lfm2_layers(key, heads: int, layers: int, file_name: str) -> dict:
             "layer_types": ["full_attention" if n else "conv" for n in counts],
             "conv_L_cache": key("shortconv.l_cache", 3), "block_auto_adjust_ff_dim": False,
             "sliding_window": key("attention.sliding_window")}
+
+
+def _granite_hybrid_layers(key, heads: int, config: dict, file_name: str) -> dict:
+    """A Granite 4 hybrid file's layers as transformers names them, read as llama.cpp reads them: a layer
+    without K/V heads is a Mamba2 layer, the others attend with one count of them (rotating only where
+    rope.scaling.finetuned says so: Granite 4.0 H's files say not); the Mamba2 layers' sizes; a dense file's
+    MLP as its shared one (experts: _experts)."""
+    layers = config["num_hidden_layers"]
+    counts = key("attention.head_count_kv", heads)
+    counts = [counts] * layers if isinstance(counts, int) else [int(n) for n in counts]
+    if len(counts) != layers:
+        raise ValueError(f"{file_name} lists K/V heads for {len(counts)} layers of {layers}")
+    kv_heads = {n for n in counts if n}
+    if len(kv_heads) > 1:
+        raise ValueError(f"{file_name}'s attention layers have different K/V head counts ({sorted(kv_heads)}); Loom "
+                         "runs Granite 4 models whose attention layers share one")
+    ssm_heads, inner = key("ssm.time_step_rank"), key("ssm.inner_size")
+    fields = {"mamba_d_conv": key("ssm.conv_kernel"), "mamba_d_state": key("ssm.state_size"),
+              "mamba_n_groups": key("ssm.group_count"), "mamba_n_heads": ssm_heads, "inner_size": inner}
+    if missing := [name for name, value in fields.items() if not value]:
+        raise ValueError(f"{file_name} leaves out the Mamba2 layers' sizes ({', '.join(missing)}), which llama.cpp "
+                         "requires")
+    del fields["inner_size"]
+    fields |= {"mamba_d_head": inner // ssm_heads, "mamba_expand": inner / config["hidden_size"],
+               "num_key_value_heads": kv_heads.pop() if kv_heads else heads,
+               "layer_types": ["attention" if n else "mamba" for n in counts],
+               "position_embedding_type": None if key("rope.scaling.finetuned") is False else "rope"}
+    if not config.get("num_local_experts"):
+        fields |= {"shared_intermediate_size": config["intermediate_size"], "num_local_experts": 0}
+    return fields
 
 
 def _exaone4_layers(key, layers: int, file_name: str) -> dict:

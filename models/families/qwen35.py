@@ -14,7 +14,6 @@ h mod the key heads), into which a Hugging Face checkpoint's grouped order is pu
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +23,7 @@ from torch import nn
 from ..kernels import delta_rule as native_delta
 from .layers import GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, SwiGLU, fused, paged_attention
 from .llama import Attention
+from .recurrent import StateRuns, check_state_slots, convolve
 from .rope import Rotary, rope_type
 
 FAMILIES = ("qwen3_5", "qwen3_5_text")
@@ -103,61 +103,6 @@ class Qwen35Spec(DecoderShape):
             llama_cpp_layout=bool(c.get("llama_cpp_layout", False)))
 
 
-def check_state_slots(step, kv_cache) -> None:
-    """A ValueError unless each of the step's sequences names a state slot of its own in the pool and none
-    verifies proposals (models/step.py): the layers read and write a slot in place, a sequence's rows at a time."""
-    slots = step.state_slots
-    own = slots is not None and (not len(slots) or 0 <= int(slots.min()) and int(slots.max()) < kv_cache.num_state_slots
-                                 and len(slots.unique()) == len(slots))
-    if not own or step.verifies:
-        raise ValueError(f"a model with recurrent layers needs each sequence to name one of the pool's "
-                         f"{kv_cache.num_state_slots} state slots, its own, and no verified proposals (models/step.py)")
-
-
-class StateRuns:
-    """A step's sequences as runs of rows (each decode row one; each prefill chunk its rows), with what
-    every delta-rule layer reads of them, built once a step: each row's state slot and context length
-    (the kernel's); for the torch operators, each run's slot and whether it starts at its sequence's first
-    token (its state then zeros), where each row's convolution inputs lie in [the runs' earlier inputs;
-    the step's], and the waves of the recurrence (the t-th row of each run longer than t)."""
-
-    def __init__(self, step, back: int):
-        self.back = back
-        self.row_slots = step.row_state_slots().contiguous()
-        self.row_lens = (step.positions + 1).contiguous()
-        self.starts = step.sequence_starts()
-        self.lengths = [end - start for start, end in zip(self.starts, self.starts[1:] + [len(step.input_ids)])]
-        self.slots = step.state_slots
-        self.fresh = self.row_lens[self.starts] == 1
-
-    @functools.cached_property
-    def sources(self) -> torch.Tensor:
-        """[rows, back]: where the input b + 1 tokens before each row's lies in [earlier inputs (runs x back);
-        the step's rows]."""
-        runs, back = len(self.starts), self.back
-        return self._tensor([[runs * back + start + i - b if i >= b else r * back + back + i - b
-                              for b in range(1, back + 1)]
-                             for r, (start, n) in enumerate(zip(self.starts, self.lengths)) for i in range(n)], back)
-
-    @functools.cached_property
-    def tails(self) -> torch.Tensor:
-        """[runs, back]: where each run's last ``back`` inputs lie (its slot's next earlier inputs), as ``sources``."""
-        runs, back = len(self.starts), self.back
-        return self._tensor([[runs * back + start + n - back + j if n - back + j >= 0 else r * back + n + j
-                              for j in range(back)] for r, (start, n) in enumerate(zip(self.starts, self.lengths))], back)
-
-    @functools.cached_property
-    def waves(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """For each t, the rows that are their run's t-th and those runs."""
-        offsets = torch.cat([torch.arange(n) for n in self.lengths]).to(self.slots.device)
-        run_of_row = torch.repeat_interleave(torch.arange(len(self.lengths), device=self.slots.device),
-                                             torch.tensor(self.lengths, device=self.slots.device))
-        return [((offsets == t).nonzero().flatten(), run_of_row[offsets == t]) for t in range(max(self.lengths))]
-
-    def _tensor(self, rows: list, width: int) -> torch.Tensor:
-        return torch.tensor(rows, dtype=torch.long, device=self.slots.device).view(-1, width)
-
-
 class GatedDeltaNet(nn.Module):
     """The delta-rule layer (the module docstring): products, convolution, recurrence, gated norm, output."""
 
@@ -176,7 +121,7 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x, states: list[torch.Tensor], runs: StateRuns) -> torch.Tensor:
         """``states``: this layer's conv inputs [slots, conv_size - 1, width] and matrices [slots, heads,
-        key, value] (KVCache.state_layer); ``runs``: the step's StateRuns. On the CPU kernel where it is
+        key, value] (KVCache.state_layer); ``runs``: the step's recurrent.StateRuns. On the CPU kernel where it is
         built (kernels/delta_rule.py), else on torch operators."""
         mixed, z, beta, alpha = self.qkv(x), self.z(x), self.beta(x), self.alpha(x)
         if native_delta.supports(mixed, states):
@@ -190,15 +135,8 @@ class GatedDeltaNet(nn.Module):
         """The kernel's work on torch operators: [rows, heads x value width]."""
         d = self.shape
         conv_states, matrices = states
-        # the convolution over each row's input and the back before it: from this step, or the run's state
-        keep = (~runs.fresh)[:, None, None]
-        earlier = (conv_states[runs.slots] * keep).to(mixed.dtype).flatten(0, 1)
-        inputs = torch.cat([earlier, mixed])
-        conv = mixed * self.conv[:, -1]
-        for b in range(1, d.conv_size):
-            conv = conv + inputs[runs.sources[:, b - 1]] * self.conv[:, -1 - b]
-        conv_states[runs.slots] = inputs[runs.tails].to(conv_states.dtype)
-        q, k, v = F.silu(conv).split([d.key_heads * d.key_dim, d.key_heads * d.key_dim, d.value_heads * d.value_dim], -1)
+        conv = convolve(mixed, self.conv, None, conv_states, runs)
+        q, k, v = conv.split([d.key_heads * d.key_dim, d.key_heads * d.key_dim, d.value_heads * d.value_dim], -1)
         repeat = d.value_heads // d.key_heads  # (tiled: value head h reads key head h mod key_heads)
         q = unit(q.view(-1, d.key_heads, d.key_dim)).repeat(1, repeat, 1)
         k = unit(k.view(-1, d.key_heads, d.key_dim)).repeat(1, repeat, 1)

@@ -3,7 +3,8 @@
 // norm, the q/k/v product, rotary (Llama) + K/V writes into the pool, decode attention, the output
 // product and residual, norm, the MLP's up product, its activation, the down product and residual
 // (LFM2's convolution layers: their short convolution in the attention's place, short_convolution.h;
-// Qwen3.5's delta-rule layers: their recurrence in the attention's place, delta_rule.h).
+// Qwen3.5's delta-rule layers and Granite 4's Mamba2 layers: their recurrence in the attention's place,
+// delta_rule.h, mamba_scan.h).
 //
 // At one or a few rows the layer's arithmetic is small and its weights stream in about 0.5 ms; run
 // as ~16 torch operators and 6 ctypes calls it also paid ~0.2 ms of dispatch per layer, a quarter
@@ -29,6 +30,7 @@
 #include "block_weights.h"
 #include "cpu_linear.h"
 #include "delta_rule.h"
+#include "mamba_scan.h"
 #include "paged_decode.h"
 #include "short_convolution.h"
 
@@ -88,6 +90,21 @@ struct DeltaLayer {
     int64_t conv_width() const { return 2 * key_heads * key_dim + heads * value_dim; }
 };
 
+// Granite 4's Mamba2 in the attention's place (mamba_scan.h; decoder_layer.py fills it): the layer's qkv
+// product is its input product ([z | x, B, C | dt]), its out product reads its answers; these are its
+// parameters in the layers' type (conv_bias may be null) and this layer's states in the pool (set where
+// the pool is bound): the convolution's last inputs and the heads' matrices.
+struct MambaLayer {
+    const void *conv, *conv_bias, *dt_bias, *decay, *skip, *norm;
+    void *conv_states, *states;
+    int64_t heads, head_dim, state_size, groups, taps;
+    double eps;
+
+    int64_t inner() const { return heads * head_dim; }
+    int64_t conv_width() const { return inner() + 2 * groups * state_size; }
+    int64_t projection() const { return inner() + conv_width() + heads; }
+};
+
 // One layer's weights and shape, filled once at load (decoder_layer.py mirrors this layout: every
 // field is 8 bytes). Biases may be null; the pool keeps its elements as C (kv_element.h). Llama's
 // family: RMSNorms, SILU_GATED; Qwen3 normalises each head's query and key (q_norm, k_norm: null
@@ -127,19 +144,25 @@ struct Layer {
     // with a gate a head (``gated``: the qkv product gives [queries | gates | keys | values]), the heads'
     // values times its sigmoid before the output product
     const DeltaLayer* delta;
+    const MambaLayer* mamba;  // Granite 4's Mamba2 in the attention's place (null elsewhere)
     int64_t hidden, intermediate, heads, kv_heads, dim, window, layer_norm, activation, window_angles, rotates,
         norms_across_heads, conv_taps, gated;
     double eps, scale, softcap, residual_scale;
 
     // the width of the first product's output (q/k/v, and the gates where gated; a convolution's B, C and
-    // x; a delta rule's q, k and v), and of the output product's input (the heads' values; a convolution's
-    // output; a delta rule's answers)
+    // x; a delta rule's q, k and v; a Mamba2's z, x, B, C and dt), and of the output product's input (the
+    // heads' values; a convolution's output; a delta rule's or a Mamba2's answers)
     int64_t mix_width() const {
-        return conv != nullptr ? 3 * hidden : delta != nullptr ? delta->conv_width()
-                                                               : ((gated ? 2 : 1) * heads + 2 * kv_heads) * dim;
+        return conv != nullptr    ? 3 * hidden
+               : delta != nullptr ? delta->conv_width()
+               : mamba != nullptr ? mamba->projection()
+                                  : ((gated ? 2 : 1) * heads + 2 * kv_heads) * dim;
     }
     int64_t mixed_width() const {
-        return conv != nullptr ? hidden : delta != nullptr ? delta->heads * delta->value_dim : heads * dim;
+        return conv != nullptr    ? hidden
+               : delta != nullptr ? delta->heads * delta->value_dim
+               : mamba != nullptr ? mamba->inner()
+                                  : heads * dim;
     }
 };
 
@@ -186,7 +209,7 @@ struct Step {
     // The rows where a sequence starts, ``start_count`` of them in order: where a thread may take
     // another's rows (decoder_layers).
     const int64_t* starts;
-    const int64_t* state_slots;  // each row's state slot (a model with delta-rule layers; null elsewhere)
+    const int64_t* state_slots;  // each row's state slot (a model with recurrent layers; null elsewhere)
     int64_t rows, rotary_dim, max_blocks, block_size, sampled, parts;
     int64_t panel_from;  // the model's panel threshold (cpu_linear.py)
     int64_t pass_rows;   // the most rows one pass through the layers takes (decoder_layers)
@@ -354,7 +377,7 @@ struct Intermediates {
     T* delta;   // [rows, hidden] a product's output, added to x
     T* scratch;  // the products' (product_scratch_size for the widest input)
     // a delta-rule layer's (null elsewhere): its convolution's output [rows, conv width], z [rows, its
-    // answers' width], beta's and alpha's logits [rows, heads]
+    // answers' width], beta's and alpha's logits [rows, heads]; a Mamba2 layer's convolution's output
     T *convolved = nullptr, *z = nullptr, *beta = nullptr, *alpha = nullptr;
     // with experts: the router's logits [rows, count]; each pair's weight (pair r x top_k + j: row r's
     // j-th choice), expert and place in the grouped order; each expert's first place (count + 1);
@@ -386,6 +409,7 @@ struct Intermediates {
         delta = take(rows * l.hidden);
         scratch = take(product_scratch_size<T>(std::max(rows, pairs), std::max({l.hidden, q_width, l.intermediate,
                                                                                 shared})));
+        if (l.mamba != nullptr) convolved = take(rows * l.mamba->conv_width());
         if (l.delta != nullptr) {
             convolved = take(rows * qkv_width);
             z = take(rows * q_width);
@@ -559,6 +583,18 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
                                   d.key_dim, d.value_dim, d.taps, d.eps};
         mixer.run();
         multiply(attn, answers, answers, l.out, nullptr, hidden, delta);
+    } else if (l.mamba != nullptr) {  // Granite 4's Mamba2
+        const MambaLayer& m = *l.mamba;
+        const int64_t answers = l.mixed_width();
+        multiply(attn_in, hidden, hidden, l.qkv, l.qkv_bias, qkv_width, qkv);
+        const Mamba2Mixer<T> mixer{qkv, qkv_width, static_cast<const T*>(m.conv), static_cast<const T*>(m.conv_bias),
+                                   static_cast<T*>(m.conv_states), static_cast<const T*>(m.dt_bias),
+                                   static_cast<const T*>(m.decay), static_cast<const T*>(m.skip),
+                                   static_cast<const T*>(m.norm), static_cast<T*>(m.states), buffers.convolved, attn,
+                                   s.state_slots, s.lens, rows, m.heads, m.head_dim, m.state_size, m.groups, m.taps,
+                                   m.eps};
+        mixer.run();
+        multiply(attn, answers, answers, l.out, l.out_bias, hidden, delta);
     } else {
         T* keys = qkv + q_width + gate_width;
         multiply(attn_in, hidden, hidden, l.qkv, l.qkv_bias, qkv_width, qkv);

@@ -6,7 +6,8 @@ and 6 ctypes calls, which was a quarter of a one-stream step (docs/benchmarks-hi
 
 ``use_decoder_layers(model)`` attaches them where the model qualifies: GPT-2, Gemma 1, 2 and 3 in
 float32, OLMo 2 and 3, LFM2 (its short convolutions in the attention's place, and LFM2-MoE's experts),
-Qwen3.5 in float32 (its gated delta rule in the attention's place, its other layers' attention gated),
+Qwen3.5 in float32 (its gated delta rule in the attention's place, its other layers' attention gated), Granite 4's
+hybrids (Mamba2 in the attention's place),
 or a Llama-family model (Qwen3's per-head q/k norms and OLMoE's across heads, Ministral 3's queries scaled by position, SmolLM3's layers without rotary, Granite's scaled residuals,
 gpt-oss's sinks and the mixtures' routed and shared experts, biases and clamped SwiGLU included) whose linear layers,
 the output layer's too, are CpuLinear or BlockLinear. A prefill chunk within PREFILL_KEYS (a prompt of up to
@@ -32,6 +33,7 @@ from .block_linear import FLOAT32, FLOAT32_PADDED, BlockLinear
 from .cpu_linear import CpuLinear, default_panel_rows
 from ..families.gemma import Gemma
 from ..families.gpt2 import GPT2
+from ..families.granite_hybrid import GraniteHybrid
 from ..families.layers import NativeDecoding, RMSNorm, chunk_rows, prefill_keys
 from ..families.lfm2 import Lfm2
 from ..families.llama import Llama
@@ -116,7 +118,7 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
     _fields_ = [(name, _pointer) for name in (
         "input_norm", "input_norm_bias", "post_norm", "post_norm_bias", "qkv", "qkv_bias", "out", "out_bias", "up",
         "up_bias", "down", "down_bias", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm", "k_cache", "v_cache",
-        "experts", "sinks", "conv", "conv_bias", "conv_cache", "delta")]
+        "experts", "sinks", "conv", "conv_bias", "conv_cache", "delta", "mamba")]
     _fields_ += [(name, _int64) for name in (
         "hidden", "intermediate", "heads", "kv_heads", "dim", "window", "layer_norm", "activation", "window_angles",
         "rotates", "norms_across_heads", "conv_taps", "gated")]
@@ -127,6 +129,13 @@ class _DeltaLayer(ctypes.Structure):  # decoder_layer.cpp's DeltaLayer
     _fields_ = [(name, _pointer) for name in (
         "z", "beta", "alpha", "conv", "dt_bias", "decay_rate", "norm", "conv_states", "states")]
     _fields_ += [(name, _int64) for name in ("key_heads", "heads", "key_dim", "value_dim", "taps")]
+    _fields_ += [("eps", _double)]
+
+
+class _MambaLayer(ctypes.Structure):  # decoder_layer.cpp's MambaLayer
+    _fields_ = [(name, _pointer) for name in (
+        "conv", "conv_bias", "dt_bias", "decay", "skip", "norm", "conv_states", "states")]
+    _fields_ += [(name, _int64) for name in ("heads", "head_dim", "state_size", "groups", "taps")]
     _fields_ += [("eps", _double)]
 
 
@@ -172,6 +181,9 @@ def _products(model: Llama | Gemma | Olmo | Lfm2 | GPT2) -> list:
         layers = [m for b in model.layers for m in (
             (b.mixer.qkv, b.mixer.z, b.mixer.beta, b.mixer.alpha, b.mixer.out) if b.recurrent
             else (b.mixer.qkv, b.mixer.out)) + _mlp_products(b.mlp)]
+    elif isinstance(model, GraniteHybrid):
+        layers = [m for b in model.layers for m in (
+            (b.mamba.in_proj, b.mamba.out) if b.recurrent else (b.attn.qkv, b.attn.out)) + _mlp_products(b.mlp)]
     elif isinstance(model, (Llama, Olmo)):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, *_mlp_products(b.mlp))]
     elif isinstance(model, Gemma):
@@ -237,7 +249,8 @@ class DecoderLayers:
         self.weights = []  # the modules, tensors and structures whose addresses the layers hold, kept alive
         layer = (self._gpt2_layer if isinstance(model, GPT2) else self._gemma_layer if isinstance(model, Gemma)
                  else self._olmo_layer if isinstance(model, Olmo) else self._lfm2_layer if isinstance(model, Lfm2)
-                 else self._qwen35_layer if isinstance(model, Qwen35) else self._llama_layer)
+                 else self._qwen35_layer if isinstance(model, Qwen35)
+                 else self._granite_hybrid_layer if isinstance(model, GraniteHybrid) else self._llama_layer)
         layers = [layer(block, model.spec) for block in model.layers]
         # each layer's place in the pool: its K/V (kv_cache.layer), a convolution's rows (kv_cache.conv_layer)
         # or a delta rule's states (kv_cache.state_layer)
@@ -252,7 +265,8 @@ class DecoderLayers:
                                default_panel_rows())
         # from how many rows each thread carries its own through the layers
         avx2 = native.library().loom_vector_bytes() == 32
-        routes = isinstance(model, (Llama, Lfm2)) and any(isinstance(block.mlp, SparseMoE) for block in model.layers)
+        routes = isinstance(model, (Llama, Lfm2, GraniteHybrid)) and any(isinstance(block.mlp, SparseMoE)
+                                                                          for block in model.layers)
         self.split_rows = EXPERT_SPLIT_ROWS_PER_THREAD if routes else SPLIT_ROWS_PER_THREAD
         # whether the threads' own rows may compute no more panel rows than the team's (PANEL_SLACK)
         self.weighs_panels = avx2 and _reads_float32(model)
@@ -305,6 +319,20 @@ class DecoderLayers:
                                 mixer.norm.eps)
             self.weights.append((mixer, products, delta))
             layer.delta = ctypes.addressof(delta)
+        return layer
+
+    def _granite_hybrid_layer(self, block, spec) -> _Layer:
+        """An attention layer as Granite's; a Mamba2 layer with its input and output products in the q/k/v's
+        and the output's places, its parameters (in the layers' dtype) and states in a MambaLayer."""
+        if not block.recurrent:
+            return self._llama_layer(block, spec)
+        mixer, m = block.mamba, spec.mamba
+        layer = self._llama_layer(block, spec, mixer=(mixer.in_proj, mixer.out))
+        mamba = _MambaLayer(*(self._in_dtype(t) for t in (mixer.conv, mixer.conv_bias, mixer.dt_bias, mixer.decay,
+                                                           mixer.skip, mixer.norm)),
+                            None, None, m.heads, m.head_dim, m.state_size, m.groups, m.conv_size, m.eps)
+        self.weights.append(mamba)
+        layer.mamba = ctypes.addressof(mamba)
         return layer
 
     def _in_dtype(self, tensor: torch.Tensor | None) -> int | None:
@@ -405,7 +433,7 @@ class DecoderLayers:
     @classmethod
     def of(cls, model) -> "DecoderLayers | None":
         """The native layers for ``model``, or None where it does not qualify (see the module's doc)."""
-        if not isinstance(model, (Llama, Gemma, Olmo, Lfm2, Qwen35, GPT2)):
+        if not isinstance(model, (Llama, Gemma, Olmo, Lfm2, Qwen35, GraniteHybrid, GPT2)):
             return None
         weight = _final_norm(model).weight
         if not native.supports(weight.device, weight.dtype):
@@ -491,9 +519,9 @@ class DecoderLayers:
             for layer, (kind, place) in zip(self.layers, self.pool_places):
                 if kind == "conv":
                     layer.conv_cache = kv_cache.conv_layer(place).data_ptr()
-                elif kind == "state":
-                    delta = _DeltaLayer.from_address(layer.delta)
-                    delta.conv_states, delta.states = (t.data_ptr() for t in kv_cache.state_layer(place))
+                elif kind == "state":  # (a delta rule's or a Mamba2's)
+                    mixer = _DeltaLayer.from_address(layer.delta) if layer.delta else _MambaLayer.from_address(layer.mamba)
+                    mixer.conv_states, mixer.states = (t.data_ptr() for t in kv_cache.state_layer(place))
                 else:
                     k_cache, v_cache = kv_cache.layer(place)
                     layer.k_cache, layer.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
@@ -508,7 +536,7 @@ class DecoderLayers:
 
 def _pool_kind(block) -> str:
     """Where a block keeps its past in the pool: "kv", "conv" (LFM2's convolution rows) or "state" (Qwen3.5's
-    delta-rule states)."""
+    delta-rule states, Granite 4's Mamba2 states)."""
     if getattr(block, "convolves", False):
         return "conv"
     return "state" if getattr(block, "recurrent", False) else "kv"

@@ -18,6 +18,8 @@
 #include <cstring>
 #include <vector>
 
+#include "state_convolution.h"
+
 namespace {
 
 template <typename T>
@@ -42,38 +44,6 @@ struct DeltaMixer {
     int64_t width() const { return 2 * key_heads * key_dim + heads * value_dim; }
 
     static T silu(T x) { return x / (T(1) + std::exp(-x)); }
-
-    // Stage 1 for the run of rows [start, start + n): its convolution (into convolved), and its slot's last
-    // inputs moved on.
-    void convolve(int64_t start, int64_t n, std::vector<T>& tail) const {
-        const int64_t C = width(), back = taps - 1;
-        T* earlier = conv_states + slots[start] * back * C;
-        if (lens[start] == 1) {
-            std::memset(earlier, 0, sizeof(T) * back * C);
-        }
-        // input at run position p (negative: the slot's, p = -back the oldest)
-        auto input = [&](int64_t p) { return p >= 0 ? mixed + (start + p) * C : earlier + (back + p) * C; };
-        for (int64_t t = 0; t < n; ++t) {
-            T* o = convolved + (start + t) * C;
-            for (int64_t c = 0; c < C; ++c) {
-                o[c] = 0;
-            }
-            for (int64_t j = 0; j < taps; ++j) {
-                const T* x = input(t - back + j);
-                for (int64_t c = 0; c < C; ++c) {
-                    o[c] += conv_weight[c * taps + j] * x[c];
-                }
-            }
-            for (int64_t c = 0; c < C; ++c) {
-                o[c] = silu(o[c]);
-            }
-        }
-        tail.resize(back * C);
-        for (int64_t j = 0; j < back; ++j) {
-            std::memcpy(tail.data() + j * C, input(n - back + j), sizeof(T) * C);
-        }
-        std::memcpy(earlier, tail.data(), sizeof(T) * back * C);
-    }
 
     // Stage 2 for head h of the run of rows [start, start + n): its rows through the head's matrix, each
     // answer normalised and gated.
@@ -159,7 +129,9 @@ struct DeltaMixer {
         starts.push_back(rows);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t r = 0; r < runs; ++r) {
-            convolve(starts[r], starts[r + 1] - starts[r], scratch);
+            const int64_t C = width(), back = taps - 1, start = starts[r];
+            convolve_run(mixed, C, conv_weight, static_cast<const T*>(nullptr), conv_states + slots[start] * back * C,
+                         lens[start] == 1, start, starts[r + 1] - start, C, taps, convolved, scratch);
         }  // (the loop's barrier: every row convolved before any head reads one)
 #pragma omp for schedule(dynamic, 1) collapse(2)
         for (int64_t r = 0; r < runs; ++r) {

@@ -24,7 +24,7 @@ def mixer(mixed, conv_weight, alpha, beta, dt_bias, decay_rate, z, norm_weight, 
     """[rows, heads x value width]: the layer's answers, normalised and gated, before its output product.
     ``mixed`` [rows, conv width] (the qkv product's), ``alpha``, ``beta`` [rows, heads], ``z`` [rows, heads x
     value width]; ``states``: the layer's [slots, taps - 1, conv width] and [slots, heads, key, value]
-    (KVCache.state_layer); ``runs``: qwen35.StateRuns; ``shape``: qwen35.DeltaShape."""
+    (KVCache.state_layer); ``runs``: recurrent.StateRuns; ``shape``: qwen35.DeltaShape."""
     rows = mixed.shape[0]
     mixed, alpha, beta, z, conv_weight, dt_bias, decay_rate, norm_weight = (t.contiguous() for t in (
         mixed, alpha, beta, z, conv_weight, dt_bias, decay_rate, norm_weight))

@@ -1,0 +1,135 @@
+"""Mamba2's mixer (Granite 4's recurrent layers) over a state a sequence: the layer's one input product gives
+a gate z, x with B and C (x a head's values, B and C a group's of heads' keys and queries, in SSD's duality
+with attention) and a time step a head. x, B and C are convolved with the three tokens before, a channel at a
+time, through a SiLU. Each head keeps a matrix S (head width x state width) that decays by exp(dt A) and takes
+dt x B^T every token; its answer is S C, plus D x. The answers, times SiLU(z), are RMS-normed a group of
+heads at a time and go through the output product. S and the convolution's last inputs are the sequence's
+state, kept in the pool's state slots (models/step.py's ``state_shapes``): a step reads each sequence's from
+its slot (zeros at position 0) and writes it back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kernels import mamba_scan as native_scan
+from .recurrent import StateRuns, convolve
+
+
+@dataclass(frozen=True)
+class Mamba2Shape:
+    """A Mamba2 layer's sizes."""
+    heads: int
+    head_dim: int
+    state_size: int
+    groups: int      # B and C a group of heads' (heads // groups consecutive heads read one)
+    conv_size: int   # the inputs a convolution reads: this token's and conv_size - 1 before
+    eps: float
+    bias: bool = False       # the input and output products add biases
+    conv_bias: bool = True
+
+    @classmethod
+    def from_hf(cls, c: dict, prefix: str = "mamba_") -> "Mamba2Shape":
+        """From a config's Mamba2 fields (Granite 4's ``mamba_*``), refusing what Loom does not run."""
+        get = lambda name, default=None: c.get(prefix + name, default)
+        inner = int(get("expand", 2) * c["hidden_size"])
+        heads = get("n_heads", 128)
+        head_dim = get("d_head", "auto")
+        head_dim = inner // heads if head_dim in (None, "auto") else head_dim
+        groups = get("n_groups", 1)
+        if heads * head_dim != inner:
+            raise ValueError(f"Mamba2's {heads} heads of {head_dim} must make its inner width {inner} (expand x hidden)")
+        if heads % groups:
+            raise ValueError(f"Mamba2's groups ({groups}) must divide its heads ({heads})")
+        limit = tuple(c.get("time_step_limit") or (0.0, float("inf")))
+        if limit != (0.0, float("inf")):
+            raise ValueError(f"Mamba2 with time steps clamped to {list(limit)} is not supported; llama.cpp's and Loom's "
+                             "run them unclamped (time_step_limit (0, inf))")
+        return cls(heads, head_dim, get("d_state", 128), groups, get("d_conv", 4), c.get("rms_norm_eps", 1e-6),
+                   bool(get("proj_bias", False)), bool(get("conv_bias", True)))
+
+    @property
+    def inner(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def conv_width(self) -> int:
+        return self.inner + 2 * self.groups * self.state_size
+
+    @property
+    def projection(self) -> int:
+        """The input product's rows: [z; x, B, C; dt]."""
+        return self.inner + self.conv_width + self.heads
+
+    @property
+    def state_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """A sequence's state: the convolution's earlier inputs, the heads' matrices."""
+        return (self.conv_size - 1, self.conv_width), (self.heads, self.head_dim, self.state_size)
+
+
+class Mamba2Mixer(nn.Module):
+    """The layer between its two norms (the module docstring): products, convolution, scan, gated norm."""
+
+    def __init__(self, hidden_size: int, m: Mamba2Shape):
+        super().__init__()
+        self.shape = m
+        self.in_proj = nn.Linear(hidden_size, m.projection, bias=m.bias)
+        self.conv = nn.Parameter(torch.empty(m.conv_width, m.conv_size))  # a channel's taps, the oldest first
+        self.conv_bias = nn.Parameter(torch.empty(m.conv_width)) if m.conv_bias else None
+        self.dt_bias = nn.Parameter(torch.empty(m.heads))
+        self.decay = nn.Parameter(torch.empty(m.heads))  # A = -exp(A_log): llama.cpp's ssm_a
+        self.skip = nn.Parameter(torch.empty(m.heads))   # D
+        self.norm = nn.Parameter(torch.empty(m.inner))
+        self.out = nn.Linear(m.inner, hidden_size, bias=m.bias)
+
+    def forward(self, x, states: list[torch.Tensor], runs: StateRuns) -> torch.Tensor:
+        """``states``: this layer's conv inputs [slots, conv_size - 1, conv width] and matrices [slots, heads,
+        head width, state width] (KVCache.state_layer); ``runs``: the step's recurrent.StateRuns. On the CPU
+        kernel where it is built (kernels/mamba_scan.py), else on torch operators."""
+        projected = self.in_proj(x)
+        if native_scan.supports(projected, states):
+            return self.out(native_scan.mixer(projected, self, states, runs))
+        return self.out(self.mix(projected, states, runs))
+
+    def mix(self, projected, states, runs: StateRuns) -> torch.Tensor:
+        """The kernel's work on torch operators: [rows, inner]."""
+        m = self.shape
+        conv_states, matrices = states
+        z, xbc, dt = projected.split([m.inner, m.conv_width, m.heads], -1)
+        x, b, c = convolve(xbc, self.conv, self.conv_bias, conv_states, runs).split(
+            [m.inner, m.groups * m.state_size, m.groups * m.state_size], -1)
+        x = x.view(-1, m.heads, m.head_dim)
+        per_group = m.heads // m.groups  # (consecutive heads read one group's B and C)
+        b, c = (t.view(-1, m.groups, m.state_size).repeat_interleave(per_group, dim=1) for t in (b, c))
+        y = scan(x, F.softplus(dt + self.dt_bias), self.decay, b, c, matrices, runs) + x * self.skip[:, None]
+        return gated_norm(y.flatten(1), z, self.norm, m.groups, m.eps)
+
+
+def scan(x, dt, decay, b, c, matrices: torch.Tensor, runs: StateRuns) -> torch.Tensor:
+    """Each run's rows through its heads' matrices (read from and written back to their slots in
+    ``matrices``): per row, S = exp(dt A) S + dt x b^T; y = S c. x [rows, heads, head width], dt [rows, heads],
+    b, c [rows, heads, state width]; [rows, heads, head width], in waves (the t-th row of each run at once),
+    in float32 at least (as transformers, llama.cpp)."""
+    dtype = x.dtype
+    work = torch.promote_types(dtype, torch.float32)
+    x, dt, b, c = (t.to(work) for t in (x, dt, b, c))
+    state = matrices[runs.slots].to(work) * (~runs.fresh)[:, None, None, None]
+    decays = torch.exp(dt * decay.to(work))
+    out = torch.empty_like(x)
+    for rows, which in runs.waves:
+        s = state[which] * decays[rows, :, None, None] + (dt[rows, :, None] * x[rows])[..., None] * b[rows, :, None, :]
+        out[rows] = torch.einsum("rhpn,rhn->rhp", s, c[rows])
+        state[which] = s
+    matrices[runs.slots] = state.to(matrices.dtype)
+    return out.to(dtype)
+
+
+def gated_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, groups: int, eps: float) -> torch.Tensor:
+    """y SiLU(z), RMS-normed a group at a time (in float32 at least, as transformers), times ``weight``."""
+    dtype = y.dtype
+    h = (y * F.silu(z)).to(torch.promote_types(dtype, torch.float32)).view(y.shape[0], groups, -1)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.flatten(1).to(dtype)

@@ -1,0 +1,40 @@
+// The short causal convolution that recurrent layers run before their recurrence (Qwen3.5's delta rule,
+// Mamba2), over one sequence's run of rows: each channel of this row's input and the taps - 1 before it
+// (the run's earlier rows, or its state slot's last inputs: zeros where the run starts its sequence),
+// times the channel's taps, plus its bias, through a SiLU; the slot's last inputs then moved on.
+
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+// Rows [start, start + n) of ``mixed`` (``stride`` apart, ``width`` channels from each row's start) into
+// ``out`` [rows, width]; ``weight`` [width, taps] (a channel's taps, the oldest first), ``bias`` [width] or
+// null; ``earlier`` [taps - 1, width] the slot's last inputs, the oldest first (zeroed first where ``fresh``).
+// ``tail``: scratch.
+template <typename T>
+void convolve_run(const T* mixed, int64_t stride, const T* weight, const T* bias, T* earlier, bool fresh,
+                  int64_t start, int64_t n, int64_t width, int64_t taps, T* out, std::vector<T>& tail) {
+    const int64_t back = taps - 1;
+    if (fresh) std::memset(earlier, 0, sizeof(T) * back * width);
+    // input at run position p (negative: the slot's, p = -back the oldest)
+    auto input = [&](int64_t p) { return p >= 0 ? mixed + (start + p) * stride : earlier + (back + p) * width; };
+    for (int64_t t = 0; t < n; ++t) {
+        T* o = out + (start + t) * width;
+        for (int64_t c = 0; c < width; ++c) o[c] = bias == nullptr ? T(0) : bias[c];
+        for (int64_t j = 0; j < taps; ++j) {
+            const T* x = input(t - back + j);
+            for (int64_t c = 0; c < width; ++c) o[c] += weight[c * taps + j] * x[c];
+        }
+        for (int64_t c = 0; c < width; ++c) o[c] = o[c] / (T(1) + std::exp(-o[c]));
+    }
+    tail.resize(back * width);
+    for (int64_t j = 0; j < back; ++j) std::memcpy(tail.data() + j * width, input(n - back + j), sizeof(T) * width);
+    std::memcpy(earlier, tail.data(), sizeof(T) * back * width);
+}
+
+}  // namespace
