@@ -17,6 +17,7 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape lfm2-1.2b --format q4_k_m --vocab 65536 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape lfm2moe-8b-a1b --format q4_k_m --vocab 65536 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape qwen35-2b --format q4_k_m --vocab 248320 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape granite4h-micro --format q4_k_m --vocab 100352 --out /tmp/gguf
 
 Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), mxfp4
 (gpt-oss's files as ggml-org publishes them: the experts in MXFP4, the other matrices in Q8_0), q4_k_m
@@ -51,6 +52,12 @@ attends with 256-wide heads whose query product also gives a gate a head, Qwen3'
 quarter of each head; the norms after the attention named post_attention_norm; attn_qkv takes attn_v's extra
 bits, as llama-quantize counts it; the 0.8B and 2B sixteen value heads a layer, the 4B and 9B 32 over sixteen
 key heads; the 9B's output layer its own);
+the granite4h ones as Granite 4.0 H's (architecture granitehybrid: four attention layers of 40 (of 32 for the
+350M), the others Mamba2 layers: ssm_in giving z, x, B, C and a time step a head, ssm_conv1d's four taps a
+channel and their bias in F32, ssm_dt's bias, ssm_a (-exp(A_log), drawn in [-8, -0.5]) and ssm_d a value a
+head, ssm_norm a row a group, ssm_out; no K/V heads listed for them; attention without rotary
+(rope.scaling.finetuned false), Granite's four multipliers; the tiny one's 64 experts of 512 rows, 6 a token,
+beside a shared expert of 1024 rows; dims as I recall their configs);
 the qwen3moe one as a Qwen3-MoE (Qwen3's layout, 128 experts of 768 rows, 8 a token, each layer's
 three expert products a stack of all 128 experts' matrices, its router in F32 as llama-quantize leaves it);
 the ministral3 ones as Ministral 3's (architecture mistral3: Llama's layout, 128-wide heads, its yarn
@@ -111,7 +118,9 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "ernie4_5moe-21b-a3b": (2560, 12288, 28, 20, 4), "lfm2-350m": (1024, 4608, 16, 16, 8),
           "lfm2-1.2b": (2048, 8192, 16, 32, 8), "lfm2moe-8b-a1b": (2048, 7168, 24, 32, 8),
           "qwen35-0.8b": (1024, 3584, 24, 8, 2), "qwen35-2b": (2048, 6144, 24, 8, 2),
-          "qwen35-4b": (2560, 9216, 32, 16, 4), "qwen35-9b": (4096, 12288, 32, 16, 4)}
+          "qwen35-4b": (2560, 9216, 32, 16, 4), "qwen35-9b": (4096, 12288, 32, 16, 4),
+          "granite4h-350m": (768, 2048, 32, 12, 4), "granite4h-1b": (1536, 4096, 40, 12, 4),
+          "granite4h-micro": (2048, 8192, 40, 32, 8), "granite4h-tiny": (1536, 512, 40, 12, 4)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
 UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
           "qwen2moe-a2.7b", "qwen35-9b"}  # the shapes whose output layer is a tensor of its own
@@ -147,6 +156,7 @@ class Layout:
     mlp_norm: str = "ffn_norm"  # the name of the norm before the MLP (gpt-oss's "post_attention_norm")
     attending: tuple[int, ...] | None = None  # LFM2's: the layers that attend, the others short convolutions
     delta: tuple[int, int, int] | None = None  # Qwen3.5's delta-rule layers: key heads, value heads, a head's width
+    mamba: tuple[int, int, int, int] | None = None  # Granite 4 H's Mamba2 layers: heads, a head's width, state, groups
 
 
 LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
@@ -177,6 +187,8 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
                              input_norms=False),
            "qwen35": Layout("qwen35", head=256, rope_base=1e7, eps=1e-6, context=262144, head_norms=True,
                             mlp_norm="post_attention_norm", delta=(16, 16, 128)),
+           "granite4h": Layout("granitehybrid", eps=1e-5, context=1 << 20, scales=(12.0, 0.22, 0.0078125, 8.0),
+                               attending=(5, 15, 25, 35), mamba=(48, 64, 128, 1)),
            "gemma": Layout("gemma", head=256, rope_base=10000.0, eps=1e-6, context=8192),
            "gemma2": Layout("gemma2", head=256, rope_base=10000.0, eps=1e-6, context=8192, output_norms=True,
                             window=4096, soft_caps=(50.0, 30.0)),
@@ -186,7 +198,10 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
 
 # shapes whose layout is not their family's: Gemma 3 4B's window of 1024 and global rope scaled 8 times
 SHAPE_LAYOUTS = {"gemma3-4b": replace(LAYOUTS["gemma3"], window=1024, linear_rope=8.0),
-                 **{shape: replace(LAYOUTS["qwen35"], delta=(16, 32, 128)) for shape in ("qwen35-4b", "qwen35-9b")}}
+                 **{shape: replace(LAYOUTS["qwen35"], delta=(16, 32, 128)) for shape in ("qwen35-4b", "qwen35-9b")},
+                 "granite4h-350m": replace(LAYOUTS["granite4h"], attending=(3, 11, 19, 27), mamba=(48, 32, 128, 1)),
+                 "granite4h-micro": replace(LAYOUTS["granite4h"], mamba=(64, 64, 128, 1)),
+                 "granite4h-tiny": replace(LAYOUTS["granite4h"], experts=(64, 6, 512), shared_expert=1024)}
 QWEN35_ATTENTION_EVERY, QWEN35_CONV_TAPS = 4, 4
 
 
@@ -217,8 +232,8 @@ HALF_RANGE = {Q.Q2_K: (1.5e-3, 3e-3), Q.Q3_K: (5e-4, 1e-3), Q.Q4_K: (2e-4, 6e-4)
 
 def tensor_type(name: str, layer: int, layers: int, fmt: str, width: int, tied: bool, shared_heads: int) -> Q:
     if name.endswith(("norm.weight", ".bias", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight",
-                      "attn_sinks.weight", "shortconv.conv.weight", "ssm_conv1d.weight", ".ssm_a")):
-        # (nor any router, nor a convolution's taps, nor Qwen3.5's decay rates)
+                      "attn_sinks.weight", "shortconv.conv.weight", "ssm_conv1d.weight", ".ssm_a", ".ssm_d")):
+        # (nor any router, nor a convolution's taps, nor the recurrent layers' decay rates and skips)
         return Q.F32
     if fmt == "mxfp4":
         return Q.MXFP4 if "_exps." in name else Q.Q8_0
@@ -297,6 +312,18 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
                                 *((f"{n}.weight", s) for n, s in ((family.mlp_norm, (hidden,)), *mlp))):
                 yield f"blk.{i}.{name}", i, shape
             continue
+        if family.mamba and i not in family.attending:  # a Mamba2 layer, then the MLP
+            ssm_heads, width, state, groups = family.mamba
+            conv = ssm_heads * width + 2 * groups * state
+            for name, shape in (("attn_norm.weight", (hidden,)), ("ssm_in.weight", (ssm_heads * width + conv + ssm_heads,
+                                                                                      hidden)),
+                                ("ssm_conv1d.weight", (conv, QWEN35_CONV_TAPS)), ("ssm_conv1d.bias", (conv,)),
+                                ("ssm_dt.bias", (ssm_heads,)), ("ssm_a", (ssm_heads, 1)), ("ssm_d", (ssm_heads, 1)),
+                                ("ssm_norm.weight", (groups, ssm_heads * width // groups)),
+                                ("ssm_out.weight", (hidden, ssm_heads * width)),
+                                *((f"{n}.weight", s) for n, s in ((family.mlp_norm, (hidden,)), *mlp))):
+                yield f"blk.{i}.{name}", i, shape
+            continue
         if family.attending is not None and i not in family.attending:  # a short convolution, then the MLP
             for name, shape in (("attn_norm", (hidden,)), ("shortconv.in_proj", (3 * hidden, hidden)),
                                 ("shortconv.conv", (hidden, CONV_TAPS)), ("shortconv.out_proj", (hidden, hidden)),
@@ -319,7 +346,8 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
                 yield f"blk.{i}.{name}_norm.weight", i, shape[:1] if family.norms_across_heads else (head,)
             if family.output_norms and name in ("attn_output", "ffn_down"):
                 yield f"blk.{i}.{'post_attention_norm' if name == 'attn_output' else 'post_ffw_norm'}.weight", i, (hidden,)
-    yield "token_embd_norm.weight" if family.attending is not None else "output_norm.weight", -1, (hidden,)
+    lfm2 = family.attending is not None and not family.mamba  # (LFM2's final norm by llama.cpp's name for it)
+    yield "token_embd_norm.weight" if lfm2 else "output_norm.weight", -1, (hidden,)
     if not tied:
         yield "output.weight", -1, (vocab, hidden)
 
@@ -355,9 +383,18 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_ssm_inner_size(value_heads * width)
         writer.add_full_attention_interval(QWEN35_ATTENTION_EVERY)
         writer.add_array(f"{family.arch}.rope.dimension_sections", [11, 11, 10, 0])
-    if family.attending is not None:  # (none in a convolution layer: how llama.cpp tells them apart)
+    if family.mamba:  # its Mamba2 layers' sizes; attention without rotary (Granite 4.0 H's)
+        ssm_heads, width, state, groups = family.mamba
+        writer.add_ssm_conv_kernel(QWEN35_CONV_TAPS)
+        writer.add_ssm_state_size(state)
+        writer.add_ssm_group_count(groups)
+        writer.add_ssm_time_step_rank(ssm_heads)
+        writer.add_ssm_inner_size(ssm_heads * width)
+        writer.add_rope_scaling_finetuned(False)
+    if family.attending is not None:  # (none in a convolution or Mamba2 layer: how llama.cpp tells them apart)
         writer.add_head_count_kv([kv_heads if i in family.attending else 0 for i in range(layers)])
-        writer.add_uint32(f"{family.arch}.shortconv.l_cache", CONV_TAPS)
+        if not family.mamba:
+            writer.add_uint32(f"{family.arch}.shortconv.l_cache", CONV_TAPS)
     else:
         writer.add_head_count_kv(kv_heads)
     writer.add_key_length(head)
