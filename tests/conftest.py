@@ -554,7 +554,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         if name.endswith(leave_out):
             return None
         if matrices is None or values.ndim < 2 or name.endswith(("ffn_gate_inp.weight", ".bias", "shortconv.conv.weight",
-                                                                  "ssm_conv1d.weight", "ssm_norm.weight")):
+                                                                  "ssm_conv1d.weight", "ssm_norm.weight", "ssm_a",
+                                                                  "ssm_d")):
             # (routers, convolutions' taps and norms stay F32)
             return writer.add_tensor(name, values)
         writer.add_tensor(name, gguf.quants.quantize(values, matrices), raw_dtype=matrices)

@@ -44,7 +44,9 @@ class Mamba2Shape:
             raise ValueError(f"Mamba2's {heads} heads of {head_dim} must make its inner width {inner} (expand x hidden)")
         if heads % groups:
             raise ValueError(f"Mamba2's groups ({groups}) must divide its heads ({heads})")
-        limit = tuple(c.get("time_step_limit") or (0.0, float("inf")))
+        # (a saved config.json keeps infinity as {"__float__": "Infinity"})
+        limit = tuple(float(v["__float__"] if isinstance(v, dict) else v)
+                      for v in c.get("time_step_limit") or (0.0, float("inf")))
         if limit != (0.0, float("inf")):
             raise ValueError(f"Mamba2 with time steps clamped to {list(limit)} is not supported; llama.cpp's and Loom's "
                              "run them unclamped (time_step_limit (0, inf))")

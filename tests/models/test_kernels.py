@@ -274,7 +274,8 @@ def with_random_norms(hf):
 # gated attention (Qwen3.5's); LayerNorm and GELU
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_sliding", "mistral", "ministral3", "phi3", "qwen3", "smollm3",
                                   "granite", "mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "gemma", "gemma2",
-                                  "gemma3", "olmo2", "olmo3", "exaone4", "lfm2", "lfm2_moe", "qwen3_5", "gpt2"])
+                                  "gemma3", "olmo2", "olmo3", "exaone4", "lfm2", "lfm2_moe", "qwen3_5", "granitemoehybrid",
+                                  "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS, ids=POOL_IDS)
 @pytest.mark.parametrize("streams", [2, 5, 21, "split"])  # rows at a time; panels; split rows
 def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, streams, two_threads):
@@ -302,7 +303,7 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, 
         streams = 2 * model.decoder_layers.split_rows + 3
     native_logits, native_cache, torch_logits, torch_cache = decode_both_ways(model, streams, cache_dtype)
     tolerance = {torch.float32: 1e-4, torch.float64: 1e-10, torch.float16: 1e-3, torch.bfloat16: 1e-2}[cache_dtype]
-    if arch in ("mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "lfm2_moe"):  # experts weighted in float32 whatever the dtype, as transformers does
+    if arch in ("mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "lfm2_moe", "granitemoehybrid"):  # experts weighted in float32 whatever the dtype, as transformers does
         tolerance = max(tolerance, 1e-5)
     torch.testing.assert_close(native_logits, torch_logits, atol=tolerance, rtol=tolerance)
     torch.testing.assert_close(native_cache, torch_cache, atol=tolerance, rtol=tolerance)
@@ -384,7 +385,8 @@ def test_native_activations_are_zero_where_torch_underflows(arch, two_threads):
 
 @needs_kernel
 @pytest.mark.parametrize("arch", ["llama", "qwen2_sliding", "mistral", "ministral3", "qwen3", "smollm3", "granite",
-                                  "gemma", "gemma2", "gemma3", "olmo3", "exaone4", "lfm2", "qwen3_5", "gpt2"])
+                                  "gemma", "gemma2", "gemma3", "olmo3", "exaone4", "lfm2", "qwen3_5", "granitemoehybrid",
+                                  "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS[:3], ids=POOL_IDS[:3])
 @pytest.mark.parametrize("pass_rows,threads", [(128, 1), (128, 2), (5, 2), (7, 1)])
 def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtype, pass_rows, threads, monkeypatch):
@@ -402,7 +404,9 @@ def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtyp
 
     if arch.startswith(("gemma", "qwen3_5")) and dtype == torch.float64:
         pytest.skip("Gemma's and Qwen3.5's native layers run in float32 only")
-    model = models.load(with_random_norms(tiny_model(arch)), dtype=dtype).model
+    # (Granite 4's dense hybrid: a model with routed experts keeps its rows on the team, and weighs them in float32)
+    dense = {"num_local_experts": 0} if arch == "granitemoehybrid" else {}
+    model = models.load(with_random_norms(tiny_model(arch, **dense)), dtype=dtype).model
     layers = model.decoder_layers
     gen = torch.Generator().manual_seed(7)
     tokens = lambda n: torch.randint(4, 90, (n,), generator=gen).tolist()

@@ -66,6 +66,31 @@ def test_a_qwen35_files_prediction_layer_is_not_run(tmp_path):
     assert_same_answers(greedy(path, prompts), [greedy_with_logprobs(without, p, 16) for p in prompts])
 
 
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "torch"])
+def test_the_delta_rule_layers_answer_alike_on_the_kernel_and_on_torch_operators(kernel, monkeypatch):
+    """The torch layers (the native decoder layers set aside), their delta rule on delta_rule.h or on torch
+    operators (where no compiler built the kernels), over prompts, chunked prefills and decode steps of
+    several requests at once: transformers' tokens and log-probabilities."""
+    from models.families import qwen35
+    from models.kernels import delta_rule
+    if kernel and native.library() is None:
+        pytest.skip("no C++ compiler: the kernels are not built")
+    if not kernel:
+        monkeypatch.setattr(delta_rule, "supports", lambda x, states: False)
+    calls = []
+    real_mix = qwen35.GatedDeltaNet.mix
+    monkeypatch.setattr(qwen35.GatedDeltaNet, "mix", lambda *a: calls.append(1) or real_mix(*a))
+    hf = tiny_model("qwen3_5", seed=4)
+    prompts = [random_prompt(random.Random(i), 2, 40) for i in range(4)]
+    with Engine.from_pretrained(hf, dtype=torch.float64, max_batch_size=4, max_batch_tokens=16) as engine:
+        engine.model.decoder_layers = None
+        handles = [engine.launch_response_tokens(p, GenerationConfig(max_new_tokens=10, logprobs=0)) for p in prompts]
+        answers = [(list(engine.stream_response_tokens(h, timeout=60)), [t.logprob for t in h.logprobs])
+                   for h in handles]
+    assert bool(calls) != kernel
+    assert_same_answers(answers, [greedy_with_logprobs(hf, p, 10) for p in prompts])
+
+
 @needs_kernels
 def test_a_quantized_qwen35_file_runs_in_its_blocks(tmp_path):
     """A file of 8-bit blocks runs every product in them (the delta-rule layers' five, the gated attention's

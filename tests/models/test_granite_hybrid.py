@@ -1,0 +1,122 @@
+"""Granite 4's hybrids (Mamba2 layers beside a few attention layers): GGUF files of them, as llama.cpp's
+converter writes them, against transformers' models (dense and with experts, without rotary and with it);
+the Mamba2 layers on the kernel and on torch operators; their states in the pool's slots; the configs Loom
+refuses. (The engine's threaded, preemption, prefix-cache, saved-directory and native-layer tests run them
+among the other families.)"""
+
+import random
+
+import gguf
+import pytest
+import torch
+from gguf.constants import GGMLQuantizationType as Q
+
+from models.families import mamba2
+from models.families.granite_hybrid import GraniteHybridSpec
+from models.kernels import mamba_scan, native
+from models.kernels.block_linear import GROUP, BlockLinear
+from runtime import Engine, GenerationConfig
+
+from ..conftest import CONFIGS, greedy_with_logprobs, random_prompt, tiny_model, write_gguf_of
+from .test_block_formats import assert_greedy_but_near_ties, rounding_inputs
+from .test_gguf import assert_same_answers, greedy
+from .test_qwen35 import float32_weights
+
+needs_kernels = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the kernels are not built")
+
+
+@pytest.mark.parametrize("settings", [{}, {"num_local_experts": 0}, {"position_embedding_type": "rope"}],
+                         ids=["experts", "dense", "rotary"])
+def test_a_granite_hybrid_file_equals_its_transformers_model(tmp_path, settings):
+    """A file as llama.cpp's converter writes it (no K/V heads for a Mamba2 layer, -exp(A_log), the gated
+    norm a row a group, the multipliers; a dense model's shared MLP as Llama's; the rotary on where the file
+    says, the queries' and keys' rows permuted for it), in float64, prompts long and short: transformers'
+    greedy tokens and their log-probabilities."""
+    hf = float32_weights(tiny_model("granitemoehybrid", seed=3, **settings))
+    rng = random.Random(13)
+    prompts = [random_prompt(rng, 1, 4), random_prompt(rng, 30, 60)]
+    written = write_gguf_of(hf, tmp_path / "granite.gguf", "granitehybrid")
+    assert_same_answers(greedy(written, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "torch"])
+def test_the_mamba2_layers_answer_alike_on_the_kernel_and_on_torch_operators(kernel, monkeypatch):
+    """The torch layers (the native decoder layers set aside), their Mamba2 mixing on mamba_scan.h or on
+    torch operators (where no compiler built the kernels), over prompts, chunked prefills and decode steps
+    of several requests at once: transformers' tokens and log-probabilities."""
+    if kernel and native.library() is None:
+        pytest.skip("no C++ compiler: the kernels are not built")
+    if not kernel:
+        monkeypatch.setattr(mamba_scan, "supports", lambda x, states: False)
+    calls = []
+    real_mix = mamba2.Mamba2Mixer.mix
+    monkeypatch.setattr(mamba2.Mamba2Mixer, "mix", lambda *a: calls.append(1) or real_mix(*a))
+    hf = tiny_model("granitemoehybrid", seed=4)
+    prompts = [random_prompt(random.Random(i), 2, 40) for i in range(4)]
+    with Engine.from_pretrained(hf, dtype=torch.float64, max_batch_size=4, max_batch_tokens=16) as engine:
+        engine.model.decoder_layers = None
+        handles = [engine.launch_response_tokens(p, GenerationConfig(max_new_tokens=10, logprobs=0)) for p in prompts]
+        answers = [(list(engine.stream_response_tokens(h, timeout=60)), [t.logprob for t in h.logprobs])
+                   for h in handles]
+    assert bool(calls) != kernel
+    assert_same_answers(answers, [greedy_with_logprobs(hf, p, 10) for p in prompts])
+
+
+@needs_kernels
+def test_a_quantized_granite_hybrid_file_runs_in_its_blocks(tmp_path):
+    """A file of 8-bit blocks runs every product in them (the Mamba2 layers' two, the attention's, the
+    MLPs'), on the native layers, and answers as transformers over the file's
+    values, each product's input rounded to 8 bits as the blocks' products round it, but near ties (0.1, as
+    Qwen3.5's: a state carries a rounding across a tie to every later token)."""
+    hf = tiny_model("granitemoehybrid", seed=5, num_local_experts=0)  # (transformers' experts take no hooks)
+    with torch.no_grad():  # the file's values: each matrix through Q8_0 and back
+        for name, tensor in hf.named_parameters():
+            if tensor.ndim == 2 and not name.endswith("norm.weight"):
+                codes = gguf.quants.quantize(tensor.float().numpy(), Q.Q8_0)
+                tensor.copy_(torch.from_numpy(gguf.quants.dequantize(codes, Q.Q8_0)).double())
+    path = write_gguf_of(hf, tmp_path / "granite-q8.gguf", "granitehybrid", matrices=Q.Q8_0)
+    rounding_inputs(hf, {"proj": GROUP, "lm_head": GROUP, "linear": GROUP})
+    prompts = [random_prompt(random.Random(i), 3, 30) for i in range(6)]
+    with Engine.from_pretrained(path, max_batch_size=8) as engine:
+        mixers = [block.mamba for block in engine.model.layers if block.recurrent]
+        assert mixers and all(isinstance(m, BlockLinear) for mixer in mixers for m in (mixer.in_proj, mixer.out))
+        assert engine.model.decoder_layers is not None
+        config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
+        handles = [engine.launch_response_tokens(p, config) for p in prompts]
+        answers = [list(engine.stream_response_tokens(h, timeout=60)) for h in handles]
+    assert_greedy_but_near_ties(hf, prompts, answers, near_tie=0.1)
+
+
+def test_the_pool_keeps_a_mamba2_state_a_request_and_k_v_for_the_attention_layer():
+    """K/V for the one attention layer alone, and for each Mamba2 layer a state slot for each request that
+    may run: the convolution's last inputs (x, B and C) and the heads' matrices."""
+    hf = tiny_model("granitemoehybrid")
+    c = hf.config
+    with Engine.from_pretrained(hf, dtype=torch.float64, max_batch_size=5, block_size=16) as engine:
+        pool = engine.kv_cache
+        conv_width = c.mamba_n_heads * c.mamba_d_head + 2 * c.mamba_n_groups * c.mamba_d_state
+        assert pool.data.shape[1] == 1
+        assert [tuple(s.shape) for s in pool.states] == [
+            (3, 5, c.mamba_d_conv - 1, conv_width), (3, 5, c.mamba_n_heads, c.mamba_d_head, c.mamba_d_state)]
+        assert engine.kv_manager.keeps_state
+
+
+def test_granite_hybrid_configs_loom_does_not_run_are_refused(tmp_path):
+    """Clamped time steps, groups that do not divide the heads, heads that do not make the inner width, an
+    unknown layer type, no attention layer at all, and a file without its Mamba2 sizes: refused, saying
+    what is wrong."""
+    config = CONFIGS["granitemoehybrid"]().to_dict()
+    with pytest.raises(ValueError, match=r"time steps clamped to \[0.001, 0.1\] is not supported"):
+        GraniteHybridSpec.from_hf(config | {"time_step_limit": [0.001, 0.1]})
+    with pytest.raises(ValueError, match=r"groups \(3\) must divide its heads \(8\)"):
+        GraniteHybridSpec.from_hf(config | {"mamba_n_groups": 3})
+    with pytest.raises(ValueError, match="8 heads of 8 must make its inner width 128"):
+        GraniteHybridSpec.from_hf(config | {"mamba_d_head": 8})
+    with pytest.raises(ValueError, match=r"Granite 4 layer types \['conv'\] are not supported"):
+        GraniteHybridSpec.from_hf(config | {"layer_types": ["mamba", "conv", "mamba", "attention"]})
+    with pytest.raises(ValueError, match="without attention layers is not supported"):
+        GraniteHybridSpec.from_hf(config | {"layer_types": ["mamba"] * 4})
+    path = write_gguf_of(tiny_model("granitemoehybrid"), tmp_path / "bare.gguf", "granitehybrid",
+                         {"ssm.state_size": None})
+    with pytest.raises(ValueError, match=r"leaves out the Mamba2 layers' sizes \(mamba_d_state\)"):
+        Engine.from_pretrained(path)
