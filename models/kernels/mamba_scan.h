@@ -4,7 +4,8 @@
 //   1. a run at a time: x, B and C convolved with the taps - 1 inputs before, through a SiLU
 //      (state_convolution.h), and the slot's last inputs moved on;
 //   2. a (run, head) at a time: dt = softplus(dt + dt_bias); for each row S = exp(dt A) S + dt x B^T and
-//      y = S C + D x, B and C the head's group's (heads / groups consecutive heads read one);
+//      y = S C + D x, B and C the head's group's (heads / groups consecutive heads read one), subnormals
+//      flushed (FlushSubnormals);
 //   3. a row at a time: y SiLU(z), RMS-normed a group of heads at a time, times the norm's weight.
 // A head's matrix (head width x state width, 32 KiB at 64 x 128 floats) stays in the core's L1/L2 while
 // the run's rows go through it, read and written once a row. Its work is shared among the threads of the
@@ -17,9 +18,30 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
 #include "state_convolution.h"
 
 namespace {
+
+// For its lifetime, this thread's arithmetic flushes subnormal results and reads subnormal inputs as 0
+// (x86's FTZ and DAZ; a no-op elsewhere). A scan's time steps underflow where softplus meets a very
+// negative input (below about -87: dt itself subnormal), and x dt B, a decayed state, take them on; each such
+// multiply-add then took a microcode assist on Intel's cores: the random Granite 4.0 H-1B shape's 16-stream
+// decode step 367 ms against 177 flushed (docs/benchmarks-history.md, "Granite 4's hybrids"). What is
+// flushed is below float32's least normal value, 1.2e-38, beside a state or a skip term D x that a float sum
+// keeps.
+class FlushSubnormals {
+#if defined(__SSE__)
+    unsigned before_ = _mm_getcsr();
+
+public:
+    FlushSubnormals() { _mm_setcsr(before_ | 0x8040); }  // (FTZ 0x8000, DAZ 0x0040)
+    ~FlushSubnormals() { _mm_setcsr(before_); }
+#endif
+};
 
 template <typename T>
 struct Mamba2Mixer {
@@ -103,9 +125,12 @@ struct Mamba2Mixer {
             convolve_run(projected + inner(), stride, conv_weight, conv_bias, conv_states + slots[start] * back * W,
                          lens[start] == 1, start, starts[r + 1] - start, W, taps, convolved, scratch);
         }  // (the loop's barrier: every row convolved before any head reads one)
+        {
+            const FlushSubnormals flushing;
 #pragma omp for schedule(dynamic, 1) collapse(2)
-        for (int64_t r = 0; r < runs; ++r) {
-            for (int64_t h = 0; h < heads; ++h) scan(starts[r], starts[r + 1] - starts[r], h);
+            for (int64_t r = 0; r < runs; ++r) {
+                for (int64_t h = 0; h < heads; ++h) scan(starts[r], starts[r + 1] - starts[r], h);
+            }
         }
 #pragma omp for
         for (int64_t row = 0; row < rows; ++row) gate_and_norm(row);
