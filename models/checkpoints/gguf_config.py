@@ -258,6 +258,17 @@ def _lfm2_layers(key, heads: int, layers: int, file_name: str) -> dict:
     """An LFM2 file's layers as transformers names them: a layer without K/V heads is a short
     convolution (llama.cpp's reading), the others attend with one count of them; the MLP's width as
     the file keeps it (transformers would derive it again from intermediate_size)."""
+    counts, kv_heads = _kv_heads_by_layer(key, heads, layers, file_name, "LFM2")
+    return {"num_key_value_heads": kv_heads,
+            "layer_types": ["full_attention" if n else "conv" for n in counts],
+            "conv_L_cache": key("shortconv.l_cache", 3), "block_auto_adjust_ff_dim": False,
+            "sliding_window": key("attention.sliding_window")}
+
+
+def _kv_heads_by_layer(key, heads: int, layers: int, file_name: str, family: str) -> tuple[list[int], int]:
+    """Each layer's K/V heads as a hybrid's file lists them (none: a layer that does not attend, as llama.cpp
+    reads LFM2's and Granite 4's), and the one count its attention layers share (``heads`` where none
+    attends), or a ValueError where they differ."""
     counts = key("attention.head_count_kv", heads)
     counts = [counts] * layers if isinstance(counts, int) else [int(n) for n in counts]
     if len(counts) != layers:
@@ -265,11 +276,8 @@ def _lfm2_layers(key, heads: int, layers: int, file_name: str) -> dict:
     kv_heads = {n for n in counts if n}
     if len(kv_heads) > 1:
         raise ValueError(f"{file_name}'s attention layers have different K/V head counts ({sorted(kv_heads)}); Loom "
-                         "runs LFM2 models whose attention layers share one")
-    return {"num_key_value_heads": kv_heads.pop() if kv_heads else heads,
-            "layer_types": ["full_attention" if n else "conv" for n in counts],
-            "conv_L_cache": key("shortconv.l_cache", 3), "block_auto_adjust_ff_dim": False,
-            "sliding_window": key("attention.sliding_window")}
+                         f"runs {family} models whose attention layers share one")
+    return counts, kv_heads.pop() if kv_heads else heads
 
 
 def _granite_hybrid_layers(key, heads: int, config: dict, file_name: str) -> dict:
@@ -277,15 +285,7 @@ def _granite_hybrid_layers(key, heads: int, config: dict, file_name: str) -> dic
     without K/V heads is a Mamba2 layer, the others attend with one count of them (rotating only where
     rope.scaling.finetuned says so: Granite 4.0 H's files say not); the Mamba2 layers' sizes; a dense file's
     MLP as its shared one (experts: _experts)."""
-    layers = config["num_hidden_layers"]
-    counts = key("attention.head_count_kv", heads)
-    counts = [counts] * layers if isinstance(counts, int) else [int(n) for n in counts]
-    if len(counts) != layers:
-        raise ValueError(f"{file_name} lists K/V heads for {len(counts)} layers of {layers}")
-    kv_heads = {n for n in counts if n}
-    if len(kv_heads) > 1:
-        raise ValueError(f"{file_name}'s attention layers have different K/V head counts ({sorted(kv_heads)}); Loom "
-                         "runs Granite 4 models whose attention layers share one")
+    counts, kv_heads = _kv_heads_by_layer(key, heads, config["num_hidden_layers"], file_name, "Granite 4")
     ssm_heads, inner = key("ssm.time_step_rank"), key("ssm.inner_size")
     fields = {"mamba_d_conv": key("ssm.conv_kernel"), "mamba_d_state": key("ssm.state_size"),
               "mamba_n_groups": key("ssm.group_count"), "mamba_n_heads": ssm_heads, "inner_size": inner}
@@ -294,8 +294,7 @@ def _granite_hybrid_layers(key, heads: int, config: dict, file_name: str) -> dic
                          "requires")
     del fields["inner_size"]
     fields |= {"mamba_d_head": inner // ssm_heads, "mamba_expand": inner / config["hidden_size"],
-               "num_key_value_heads": kv_heads.pop() if kv_heads else heads,
-               "layer_types": ["attention" if n else "mamba" for n in counts],
+               "num_key_value_heads": kv_heads, "layer_types": ["attention" if n else "mamba" for n in counts],
                "position_embedding_type": None if key("rope.scaling.finetuned") is False else "rope"}
     if not config.get("num_local_experts"):
         fields |= {"shared_intermediate_size": config["intermediate_size"], "num_local_experts": 0}

@@ -18,7 +18,7 @@
 #include <cstring>
 #include <vector>
 
-#include "state_convolution.h"
+#include "recurrent.h"
 
 namespace {
 
@@ -121,12 +121,8 @@ struct DeltaMixer {
     void run() const {
         thread_local std::vector<T> scratch;
         thread_local std::vector<int64_t> starts;
-        starts.clear();
-        for (int64_t r = 0; r < rows; ++r) {
-            if (r == 0 || slots[r] != slots[r - 1]) starts.push_back(r);
-        }
-        const int64_t runs = int64_t(starts.size());
-        starts.push_back(rows);
+        find_runs(slots, rows, starts);
+        const int64_t runs = int64_t(starts.size()) - 1;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t r = 0; r < runs; ++r) {
             const int64_t C = width(), back = taps - 1, start = starts[r];

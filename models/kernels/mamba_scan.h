@@ -2,7 +2,7 @@
 // each sequence's a run of consecutive rows with one state slot (a run that starts at the sequence's first
 // token, context length 1, starts from zeros):
 //   1. a run at a time: x, B and C convolved with the taps - 1 inputs before, through a SiLU
-//      (state_convolution.h), and the slot's last inputs moved on;
+//      (recurrent.h), and the slot's last inputs moved on;
 //   2. a (run, head) at a time: dt = softplus(dt + dt_bias); for each row S = exp(dt A) S + dt x B^T and
 //      y = S C + D x, B and C the head's group's (heads / groups consecutive heads read one), subnormals
 //      flushed (FlushSubnormals);
@@ -22,7 +22,7 @@
 #include <xmmintrin.h>
 #endif
 
-#include "state_convolution.h"
+#include "recurrent.h"
 
 namespace {
 
@@ -113,12 +113,8 @@ struct Mamba2Mixer {
     void run() const {
         thread_local std::vector<T> scratch;
         thread_local std::vector<int64_t> starts;
-        starts.clear();
-        for (int64_t r = 0; r < rows; ++r) {
-            if (r == 0 || slots[r] != slots[r - 1]) starts.push_back(r);
-        }
-        const int64_t runs = int64_t(starts.size()), W = conv_width(), back = taps - 1;
-        starts.push_back(rows);
+        find_runs(slots, rows, starts);
+        const int64_t runs = int64_t(starts.size()) - 1, W = conv_width(), back = taps - 1;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t r = 0; r < runs; ++r) {
             const int64_t start = starts[r];

@@ -20,7 +20,7 @@ from runtime import Engine, GenerationConfig
 from ..conftest import CONFIGS, greedy_with_logprobs, random_prompt, tiny_model, write_gguf_of
 from .test_block_formats import assert_greedy_but_near_ties, rounding_inputs
 from .test_gguf import assert_same_answers, greedy
-from .test_qwen35 import float32_weights
+from .test_qwen35 import assert_mixing_alike, float32_weights
 
 needs_kernels = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the kernels are not built")
 
@@ -44,22 +44,7 @@ def test_the_mamba2_layers_answer_alike_on_the_kernel_and_on_torch_operators(ker
     """The torch layers (the native decoder layers set aside), their Mamba2 mixing on mamba_scan.h or on
     torch operators (where no compiler built the kernels), over prompts, chunked prefills and decode steps
     of several requests at once: transformers' tokens and log-probabilities."""
-    if kernel and native.library() is None:
-        pytest.skip("no C++ compiler: the kernels are not built")
-    if not kernel:
-        monkeypatch.setattr(mamba_scan, "supports", lambda x, states: False)
-    calls = []
-    real_mix = mamba2.Mamba2Mixer.mix
-    monkeypatch.setattr(mamba2.Mamba2Mixer, "mix", lambda *a: calls.append(1) or real_mix(*a))
-    hf = tiny_model("granitemoehybrid", seed=4)
-    prompts = [random_prompt(random.Random(i), 2, 40) for i in range(4)]
-    with Engine.from_pretrained(hf, dtype=torch.float64, max_batch_size=4, max_batch_tokens=16) as engine:
-        engine.model.decoder_layers = None
-        handles = [engine.launch_response_tokens(p, GenerationConfig(max_new_tokens=10, logprobs=0)) for p in prompts]
-        answers = [(list(engine.stream_response_tokens(h, timeout=60)), [t.logprob for t in h.logprobs])
-                   for h in handles]
-    assert bool(calls) != kernel
-    assert_same_answers(answers, [greedy_with_logprobs(hf, p, 10) for p in prompts])
+    assert_mixing_alike("granitemoehybrid", mamba_scan, mamba2.Mamba2Mixer, kernel, monkeypatch)
 
 
 @needs_kernels

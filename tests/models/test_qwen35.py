@@ -71,16 +71,23 @@ def test_the_delta_rule_layers_answer_alike_on_the_kernel_and_on_torch_operators
     """The torch layers (the native decoder layers set aside), their delta rule on delta_rule.h or on torch
     operators (where no compiler built the kernels), over prompts, chunked prefills and decode steps of
     several requests at once: transformers' tokens and log-probabilities."""
-    from models.families import qwen35
+    from models.families.qwen35 import GatedDeltaNet
     from models.kernels import delta_rule
+    assert_mixing_alike("qwen3_5", delta_rule, GatedDeltaNet, kernel, monkeypatch)
+
+
+def assert_mixing_alike(arch: str, kernel_module, mixer, kernel: bool, monkeypatch):
+    """``arch``'s tiny model on the torch layers, its recurrent layers (``mixer``, whose ``mix`` is the torch
+    operators' way) on ``kernel_module``'s kernel or (``kernel`` False) on torch operators, four requests
+    at once, their prompts chunked: transformers' greedy tokens and log-probabilities."""
     if kernel and native.library() is None:
         pytest.skip("no C++ compiler: the kernels are not built")
     if not kernel:
-        monkeypatch.setattr(delta_rule, "supports", lambda x, states: False)
+        monkeypatch.setattr(kernel_module, "supports", lambda x, states: False)
     calls = []
-    real_mix = qwen35.GatedDeltaNet.mix
-    monkeypatch.setattr(qwen35.GatedDeltaNet, "mix", lambda *a: calls.append(1) or real_mix(*a))
-    hf = tiny_model("qwen3_5", seed=4)
+    real_mix = mixer.mix
+    monkeypatch.setattr(mixer, "mix", lambda *a: calls.append(1) or real_mix(*a))
+    hf = tiny_model(arch, seed=4)
     prompts = [random_prompt(random.Random(i), 2, 40) for i in range(4)]
     with Engine.from_pretrained(hf, dtype=torch.float64, max_batch_size=4, max_batch_tokens=16) as engine:
         engine.model.decoder_layers = None

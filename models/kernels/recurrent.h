@@ -1,7 +1,8 @@
-// The short causal convolution that recurrent layers run before their recurrence (Qwen3.5's delta rule,
-// Mamba2), over one sequence's run of rows: each channel of this row's input and the taps - 1 before it
-// (the run's earlier rows, or its state slot's last inputs: zeros where the run starts its sequence),
-// times the channel's taps, plus its bias, through a SiLU; the slot's last inputs then moved on.
+// What the recurrent layers' kernels share (delta_rule.h, mamba_scan.h; the torch side's is
+// families/recurrent.py): a step's runs of rows, each sequence's with one state slot, and the short causal
+// convolution they run before their recurrence over a run's rows: each channel of this row's input and the
+// taps - 1 before it (the run's earlier rows, or its state slot's last inputs: zeros where the run starts its
+// sequence), times the channel's taps, plus its bias, through a SiLU; the slot's last inputs then moved on.
 
 #pragma once
 
@@ -11,6 +12,15 @@
 #include <vector>
 
 namespace {
+
+// Where each run of ``slots`` [rows] (a row's state slot) starts, then ``rows``: a run's rows share a slot.
+void find_runs(const int64_t* slots, int64_t rows, std::vector<int64_t>& starts) {
+    starts.clear();
+    for (int64_t r = 0; r < rows; ++r) {
+        if (r == 0 || slots[r] != slots[r - 1]) starts.push_back(r);
+    }
+    starts.push_back(rows);
+}
 
 // Rows [start, start + n) of ``mixed`` (``stride`` apart, ``width`` channels from each row's start) into
 // ``out`` [rows, width]; ``weight`` [width, taps] (a channel's taps, the oldest first), ``bias`` [width] or
