@@ -126,8 +126,9 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         config |= _experts(arch, key, config)
     if arch in CONVOLVING:
         config |= _lfm2_layers(key, heads, config["num_hidden_layers"], file_name)
-    if arch in MAMBA_HYBRIDS:
+    if arch in MAMBA_HYBRIDS:  # (a convolution's bias a file may leave out, as llama.cpp reads it)
         config |= _granite_hybrid_layers(key, heads, config, file_name)
+        config["mamba_conv_bias"] = any(name.endswith(".ssm_conv1d.bias") for name in tensors)
     if arch == "qwen2moe":  # (llama.cpp's adds the biases a file has)
         config["qkv_bias"] = "blk.0.attn_q.bias" in tensors
     if arch == "gemma":  # (llama.cpp's Gemma reads token_embd as its output layer)

@@ -39,6 +39,19 @@ def test_a_granite_hybrid_file_equals_its_transformers_model(tmp_path, settings)
     assert_same_answers(greedy(written, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
 
 
+def test_a_granite_hybrid_file_without_its_convolutions_biases_runs_without_them(tmp_path):
+    """llama.cpp reads ssm_conv1d's bias where a file has it: a file without it answers as the model with
+    zero biases."""
+    hf = float32_weights(tiny_model("granitemoehybrid", seed=6))
+    path = write_gguf_of(hf, tmp_path / "no-bias.gguf", "granitehybrid", leave_out=("ssm_conv1d.bias",))
+    with torch.no_grad():
+        for name, tensor in hf.named_parameters():
+            if name.endswith("conv1d.bias"):
+                tensor.zero_()
+    prompts = [random_prompt(random.Random(5), 5, 30)]
+    assert_same_answers(greedy(path, prompts, 12), [greedy_with_logprobs(hf, p, 12) for p in prompts])
+
+
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "torch"])
 def test_the_mamba2_layers_answer_alike_on_the_kernel_and_on_torch_operators(kernel, monkeypatch):
     """The torch layers (the native decoder layers set aside), their Mamba2 mixing on mamba_scan.h or on
