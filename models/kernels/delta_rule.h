@@ -5,7 +5,8 @@
 //      run's earlier rows, or its slot's last inputs), through a SiLU, and the slot's last inputs moved on;
 //   2. a (run, head) at a time: q and k over their lengths (q times key_dim^-1/2), beta = sigmoid, decay =
 //      exp(A softplus(alpha + dt_bias)); then for each row S = decay S; S += k (beta (v - S^T k))^T;
-//      o = S^T q, and o normalised (RMS), times the norm's weight and SiLU(z).
+//      o = S^T q, and o normalised (RMS), times the norm's weight and SiLU(z); subnormals flushed
+//      (recurrent.h's FlushSubnormals).
 // A head's matrix (key width x value width, 64 KiB at 128 x 128 floats) stays in the core's L2 while the
 // run's rows go through it, read and written twice a row. The torch path (qwen35.py) took some thirty
 // operators a layer and gathered, masked and scattered every slot's matrices through memory. Its work is
@@ -129,6 +130,7 @@ struct DeltaMixer {
             convolve_run(mixed, C, conv_weight, static_cast<const T*>(nullptr), conv_states + slots[start] * back * C,
                          lens[start] == 1, start, starts[r + 1] - start, C, taps, convolved, scratch);
         }  // (the loop's barrier: every row convolved before any head reads one)
+        const FlushSubnormals flushing;
 #pragma omp for schedule(dynamic, 1) collapse(2)
         for (int64_t r = 0; r < runs; ++r) {
             for (int64_t h = 0; h < heads; ++h) {

@@ -18,30 +18,9 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__SSE__)
-#include <xmmintrin.h>
-#endif
-
 #include "recurrent.h"
 
 namespace {
-
-// For its lifetime, this thread's arithmetic flushes subnormal results and reads subnormal inputs as 0
-// (x86's FTZ and DAZ; a no-op elsewhere). A scan's time steps underflow where softplus meets a very
-// negative input (below about -87: dt itself subnormal), and x dt B, a decayed state, take them on; each such
-// multiply-add then took a microcode assist on Intel's cores: the random Granite 4.0 H-1B shape's 16-stream
-// decode step 367 ms against 177 flushed (docs/benchmarks-history.md, "Granite 4's hybrids"). What is
-// flushed is below float32's least normal value, 1.2e-38, beside a state or a skip term D x that a float sum
-// keeps.
-class FlushSubnormals {
-#if defined(__SSE__)
-    unsigned before_ = _mm_getcsr();
-
-public:
-    FlushSubnormals() { _mm_setcsr(before_ | 0x8040); }  // (FTZ 0x8000, DAZ 0x0040)
-    ~FlushSubnormals() { _mm_setcsr(before_); }
-#endif
-};
 
 template <typename T>
 struct Mamba2Mixer {
