@@ -62,6 +62,7 @@ def _mamba2_scan_in_float64(module, hidden_states, B, C, dt, cache, **_):
     return out.view(batch, length, -1)
 
 
+TRANSFORMERS_MAMBA2_SCAN = transformers.models.granitemoehybrid.modeling_granitemoehybrid.mamba2_scan_forward
 transformers.models.granitemoehybrid.modeling_granitemoehybrid.mamba2_scan_forward = _mamba2_scan_in_float64
 
 CONFIGS = {

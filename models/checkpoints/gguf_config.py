@@ -113,7 +113,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         # (llama.cpp runs the layers before a file's next-token prediction layers, which it keeps for speculation)
         "num_hidden_layers": key("block_count") - (key("nextn_predict_layers") or 0),
         "num_attention_heads": heads,
-        # (LFM2's files list them a layer at a time, none for a convolution layer: _lfm2_layers)
+        # (LFM2's and Granite 4's files list them a layer at a time, none for a convolution or Mamba2 layer:
+        # _kv_heads_by_layer)
         "num_key_value_heads": None if arch in CONVOLVING | MAMBA_HYBRIDS else shared("attention.head_count_kv", heads),
         "head_dim": key("attention.key_length"),
         "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-6),
@@ -126,8 +127,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         config |= _experts(arch, key, config)
     if arch in CONVOLVING:
         config |= _lfm2_layers(key, heads, config["num_hidden_layers"], file_name)
-    if arch in MAMBA_HYBRIDS:  # (a convolution's bias a file may leave out, as llama.cpp reads it)
-        config |= _granite_hybrid_layers(key, heads, config, file_name)
+    if arch in MAMBA_HYBRIDS:  # (a convolution's bias a file may leave out: llama.cpp's loader does not require it)
+        config |= _granite_hybrid_layers(arch, key, heads, config, file_name)
         config["mamba_conv_bias"] = any(name.endswith(".ssm_conv1d.bias") for name in tensors)
     if arch == "qwen2moe":  # (llama.cpp's adds the biases a file has)
         config["qkv_bias"] = "blk.0.attn_q.bias" in tensors
@@ -281,22 +282,23 @@ def _kv_heads_by_layer(key, heads: int, layers: int, file_name: str, family: str
     return counts, kv_heads.pop() if kv_heads else heads
 
 
-def _granite_hybrid_layers(key, heads: int, config: dict, file_name: str) -> dict:
+def _granite_hybrid_layers(arch: str, key, heads: int, config: dict, file_name: str) -> dict:
     """A Granite 4 hybrid file's layers as transformers names them, read as llama.cpp reads them: a layer
     without K/V heads is a Mamba2 layer, the others attend with one count of them (rotating only where
     rope.scaling.finetuned says so: Granite 4.0 H's files say not); the Mamba2 layers' sizes; a dense file's
     MLP as its shared one (experts: _experts)."""
     counts, kv_heads = _kv_heads_by_layer(key, heads, config["num_hidden_layers"], file_name, "Granite 4")
-    ssm_heads, inner = key("ssm.time_step_rank"), key("ssm.inner_size")
-    fields = {"mamba_d_conv": key("ssm.conv_kernel"), "mamba_d_state": key("ssm.state_size"),
-              "mamba_n_groups": key("ssm.group_count"), "mamba_n_heads": ssm_heads, "inner_size": inner}
-    if missing := [name for name, value in fields.items() if not value]:
+    sizes = {name: key(f"ssm.{name}") for name in ("conv_kernel", "state_size", "group_count", "time_step_rank",
+                                                    "inner_size")}
+    if missing := [f"{arch}.ssm.{name}" for name, value in sizes.items() if not value]:
         raise ValueError(f"{file_name} leaves out the Mamba2 layers' sizes ({', '.join(missing)}), which llama.cpp "
                          "requires")
-    del fields["inner_size"]
-    fields |= {"mamba_d_head": inner // ssm_heads, "mamba_expand": inner / config["hidden_size"],
-               "num_key_value_heads": kv_heads, "layer_types": ["attention" if n else "mamba" for n in counts],
-               "position_embedding_type": None if key("rope.scaling.finetuned") is False else "rope"}
+    ssm_heads, inner = sizes["time_step_rank"], sizes["inner_size"]
+    fields = {"mamba_d_conv": sizes["conv_kernel"], "mamba_d_state": sizes["state_size"],
+              "mamba_n_groups": sizes["group_count"], "mamba_n_heads": ssm_heads,
+              "mamba_d_head": inner // ssm_heads, "mamba_expand": inner / config["hidden_size"],
+              "num_key_value_heads": kv_heads, "layer_types": ["attention" if n else "mamba" for n in counts],
+              "position_embedding_type": None if key("rope.scaling.finetuned") is False else "rope"}
     if not config.get("num_local_experts"):
         fields |= {"shared_intermediate_size": config["intermediate_size"], "num_local_experts": 0}
     return fields

@@ -21,6 +21,8 @@ from .rope import Rotary
 FAMILIES = ("granitemoehybrid",)
 # transformers' names of the layer kinds, and the hub configs' ("mamba", "attention")
 LAYER_TYPES = {"linear_attention": True, "mamba": True, "full_attention": False, "attention": False}
+# transformers' GraniteMoeHybridConfig defaults, for a config that leaves them out
+DEFAULT_EXPERTS, DEFAULT_SHARED_WIDTH = 8, 1024
 
 
 @dataclass
@@ -41,7 +43,9 @@ class GraniteHybridSpec(LlamaSpec):
         if all(recurrent):
             raise ValueError("a Granite 4 model without attention layers is not supported: Loom's pool wants one")
         rope = c.get("position_embedding_type") == "rope"
-        dense = not c.get("num_local_experts")
+        # (transformers' defaults where a config leaves them out)
+        c = {"num_local_experts": DEFAULT_EXPERTS, "shared_intermediate_size": DEFAULT_SHARED_WIDTH, **c}
+        dense = not c["num_local_experts"]
         base = LlamaSpec.from_hf({**c, "no_rope_layers": [int(rope)] * layers,
                                   # (a dense model's MLP is its shared one)
                                   "intermediate_size": c["shared_intermediate_size"] if dense else c["intermediate_size"]})
@@ -77,13 +81,16 @@ class GraniteHybrid(DecoderModel):
         super().__init__(s, Block, RMSNorm)
         self.rotary = Rotary(s.head_dim, s.rope_theta, s.rope_scaling, s.partial_rotary_factor, s.rope_max_position) \
             if any(s.layer_rotates) else None
-        # the pool's geometry: K/V for the attention layers, a state a sequence for the Mamba2 layers
+        # the pool's geometry: K/V for the attention layers, a state a sequence for the Mamba2 layers (none
+        # where every layer attends: Granite 4.0's non-hybrid models share the config's model_type)
         self.num_layers = s.layer_recurrent.count(False)
-        self.state_shapes = (s.layer_recurrent.count(True), s.mamba.state_shapes)
+        if any(s.layer_recurrent):
+            self.state_shapes = (s.layer_recurrent.count(True), s.mamba.state_shapes)
 
     def forward(self, step, kv_cache) -> torch.Tensor:
         """Logits [S, vocab] for the step's sampled positions only."""
-        check_state_slots(step, kv_cache)
+        if any(self.spec.layer_recurrent):
+            check_state_slots(step, kv_cache)
         x = self.embed(step.input_ids) * self.spec.embedding_scale
         cos, sin = self.rotary(step.positions, x.dtype) if self.rotary is not None else (None, None)
         logits = self.native_decode(x, cos, sin, step, kv_cache)

@@ -35,7 +35,7 @@ class Mamba2Shape:
     def from_hf(cls, c: dict, prefix: str = "mamba_") -> "Mamba2Shape":
         """From a config's Mamba2 fields (Granite 4's ``mamba_*``), refusing what Loom does not run."""
         get = lambda name, default=None: c.get(prefix + name, default)
-        inner = int(get("expand", 2) * c["hidden_size"])
+        inner = round(get("expand", 2) * c["hidden_size"])  # (a GGUF file's expand: its inner width / hidden)
         heads = get("n_heads", 128)
         head_dim = get("d_head", "auto")
         head_dim = inner // heads if head_dim in (None, "auto") else head_dim
@@ -50,7 +50,7 @@ class Mamba2Shape:
         if limit != (0.0, float("inf")):
             raise ValueError(f"Mamba2 with time steps clamped to {list(limit)} is not supported; llama.cpp's and Loom's "
                              "run them unclamped (time_step_limit (0, inf))")
-        return cls(heads, head_dim, get("d_state", 128), groups, get("d_conv", 4), c.get("rms_norm_eps", 1e-6),
+        return cls(heads, head_dim, get("d_state", 256), groups, get("d_conv", 4), c.get("rms_norm_eps", 1e-6),
                    bool(get("proj_bias", False)), bool(get("conv_bias", True)))
 
     @property
@@ -132,6 +132,7 @@ def scan(x, dt, decay, b, c, matrices: torch.Tensor, runs: StateRuns) -> torch.T
 def gated_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, groups: int, eps: float) -> torch.Tensor:
     """y SiLU(z), RMS-normed a group at a time (in float32 at least, as transformers), times ``weight``."""
     dtype = y.dtype
-    h = (y * F.silu(z)).to(torch.promote_types(dtype, torch.float32)).view(y.shape[0], groups, -1)
+    work = torch.promote_types(dtype, torch.float32)
+    h = (y.to(work) * F.silu(z.to(work))).view(y.shape[0], groups, -1)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.flatten(1).to(dtype)

@@ -253,7 +253,7 @@ class DecoderLayers:
                  else self._granite_hybrid_layer if isinstance(model, GraniteHybrid) else self._llama_layer)
         layers = [layer(block, model.spec) for block in model.layers]
         # each layer's place in the pool: its K/V (kv_cache.layer), a convolution's rows (kv_cache.conv_layer)
-        # or a delta rule's states (kv_cache.state_layer)
+        # or a recurrent layer's states (kv_cache.state_layer: a delta rule's or a Mamba2's)
         self.pool_places = [(_pool_kind(block), getattr(block, "pool_layer", i)) for i, block in enumerate(model.layers)]
         self.layers = (_Layer * len(layers))(*layers)
         # whether some layer rotates by the step's window angles (Gemma 3's local ones): forward() needs them
@@ -273,7 +273,8 @@ class DecoderLayers:
         self.taken_rows = 0  # rows that threads took from each other, over every step so far
 
     def _llama_layer(self, block, spec, mixer: tuple | None = None) -> _Layer:
-        """``mixer``: the two products in the attention's place (LFM2's convolution's; None: the attention's)."""
+        """``mixer``: the two products in the attention's place (LFM2's convolution's, a Mamba2's; None: the
+        attention's)."""
         attn, mlp = block.attn, block.mlp
         routes = isinstance(mlp, SparseMoE)
         qkv, out = mixer or (attn.qkv, attn.out)

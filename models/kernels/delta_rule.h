@@ -44,8 +44,6 @@ struct DeltaMixer {
 
     int64_t width() const { return 2 * key_heads * key_dim + heads * value_dim; }
 
-    static T silu(T x) { return x / (T(1) + std::exp(-x)); }
-
     // Stage 2 for head h of the run of rows [start, start + n): its rows through the head's matrix, each
     // answer normalised and gated.
     void recur(int64_t start, int64_t n, int64_t h, std::vector<T>& scratch) const {

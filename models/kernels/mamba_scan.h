@@ -44,8 +44,6 @@ struct Mamba2Mixer {
     int64_t inner() const { return heads * head_dim; }
     int64_t conv_width() const { return inner() + 2 * groups * state_size; }
 
-    static T silu(T x) { return x / (T(1) + std::exp(-x)); }
-
     // Stage 2 for head h of the run of rows [start, start + n).
     void scan(int64_t start, int64_t n, int64_t h) const {
         const int64_t W = conv_width(), N = state_size, g = h / (heads / groups);

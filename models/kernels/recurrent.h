@@ -35,6 +35,11 @@ public:
 #endif
 };
 
+template <typename T>
+T silu(T x) {
+    return x / (T(1) + std::exp(-x));
+}
+
 // Where each run of ``slots`` [rows] (a row's state slot) starts, then ``rows``: a run's rows share a slot.
 void find_runs(const int64_t* slots, int64_t rows, std::vector<int64_t>& starts) {
     starts.clear();
@@ -62,7 +67,7 @@ void convolve_run(const T* mixed, int64_t stride, const T* weight, const T* bias
             const T* x = input(t - back + j);
             for (int64_t c = 0; c < width; ++c) o[c] += weight[c * taps + j] * x[c];
         }
-        for (int64_t c = 0; c < width; ++c) o[c] = o[c] / (T(1) + std::exp(-o[c]));
+        for (int64_t c = 0; c < width; ++c) o[c] = silu(o[c]);
     }
     tail.resize(back * width);
     for (int64_t j = 0; j < back; ++j) std::memcpy(tail.data() + j * width, input(n - back + j), sizeof(T) * width);

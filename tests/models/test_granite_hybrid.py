@@ -39,9 +39,41 @@ def test_a_granite_hybrid_file_equals_its_transformers_model(tmp_path, settings)
     assert_same_answers(greedy(written, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
 
 
+def test_the_scan_agrees_with_transformers_own(monkeypatch):
+    """The reference the other tests take is the conftest's float64 scan; against transformers' own (its
+    chunked and recurrent forms, in float32 whatever the model's dtype): the same greedy tokens, their
+    log-probabilities within 1e-5."""
+    import transformers
+
+    from ..conftest import TRANSFORMERS_MAMBA2_SCAN
+    monkeypatch.setattr(transformers.models.granitemoehybrid.modeling_granitemoehybrid, "mamba2_scan_forward",
+                        TRANSFORMERS_MAMBA2_SCAN)
+    hf = tiny_model("granitemoehybrid", seed=7)
+    prompts = [random_prompt(random.Random(8), 20, 40)]
+    with Engine.from_pretrained(hf, dtype=torch.float64) as engine:
+        handles = [engine.launch_response_tokens(p, GenerationConfig(max_new_tokens=12, logprobs=0)) for p in prompts]
+        answers = [(list(engine.stream_response_tokens(h, timeout=60)), [t.logprob for t in h.logprobs])
+                   for h in handles]
+    assert_same_answers(answers, [greedy_with_logprobs(hf, p, 12) for p in prompts])
+
+
+def test_a_granite_4_model_whose_layers_all_attend_keeps_no_state():
+    """Granite 4.0's non-hybrid models share the hybrids' model_type with every layer attending: no state slots,
+    the prefix cache and speculative decoding as for any attention model; transformers' answers."""
+    hf = tiny_model("granitemoehybrid", seed=9, layer_types=["full_attention"] * 4)
+    prompts = [random_prompt(random.Random(10), 5, 30)]
+    with Engine.from_pretrained(hf, dtype=torch.float64) as engine:
+        assert not engine.kv_manager.keeps_state and not engine.kv_cache.states
+        outputs = [list(engine.stream_response_tokens(engine.launch_response_tokens(p, {"max_new_tokens": 12}),
+                                                      timeout=60)) for p in prompts]
+    assert outputs == [greedy_with_logprobs(hf, p, 12)[0] for p in prompts]
+    with Engine.from_pretrained(hf, dtype=torch.float64, speculative_tokens=2) as engine:
+        assert engine.kv_manager.allocator.caching
+
+
 def test_a_granite_hybrid_file_without_its_convolutions_biases_runs_without_them(tmp_path):
-    """llama.cpp reads ssm_conv1d's bias where a file has it: a file without it answers as the model with
-    zero biases."""
+    """A file may leave ssm_conv1d's bias out (llama.cpp's loader does not require it): such a file answers as
+    the model with zero biases."""
     hf = float32_weights(tiny_model("granitemoehybrid", seed=6))
     path = write_gguf_of(hf, tmp_path / "no-bias.gguf", "granitehybrid", leave_out=("ssm_conv1d.bias",))
     with torch.no_grad():
@@ -116,5 +148,5 @@ def test_granite_hybrid_configs_loom_does_not_run_are_refused(tmp_path):
         GraniteHybridSpec.from_hf(config | {"layer_types": ["mamba"] * 4})
     path = write_gguf_of(tiny_model("granitemoehybrid"), tmp_path / "bare.gguf", "granitehybrid",
                          {"ssm.state_size": None})
-    with pytest.raises(ValueError, match=r"leaves out the Mamba2 layers' sizes \(mamba_d_state\)"):
+    with pytest.raises(ValueError, match=r"leaves out the Mamba2 layers' sizes \(granitehybrid.ssm.state_size\)"):
         Engine.from_pretrained(path)
