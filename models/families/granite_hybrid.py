@@ -83,20 +83,20 @@ class GraniteHybrid(DecoderModel):
             if any(s.layer_rotates) else None
         # the pool's geometry: K/V for the attention layers, a state a sequence for the Mamba2 layers (none
         # where every layer attends: Granite 4.0's non-hybrid models share the config's model_type)
-        self.num_layers = s.layer_recurrent.count(False)
-        if any(s.layer_recurrent):
-            self.state_shapes = (s.layer_recurrent.count(True), s.mamba.state_shapes)
+        self.num_layers, self.recurrent_layers = s.layer_recurrent.count(False), s.layer_recurrent.count(True)
+        if self.recurrent_layers:
+            self.state_shapes = (self.recurrent_layers, s.mamba.state_shapes)
 
     def forward(self, step, kv_cache) -> torch.Tensor:
         """Logits [S, vocab] for the step's sampled positions only."""
-        if any(self.spec.layer_recurrent):
+        if self.recurrent_layers:
             check_state_slots(step, kv_cache)
         x = self.embed(step.input_ids) * self.spec.embedding_scale
         cos, sin = self.rotary(step.positions, x.dtype) if self.rotary is not None else (None, None)
         logits = self.native_decode(x, cos, sin, step, kv_cache)
         if logits is None:
             masks = AttentionMasks(step, x.dtype, kv_cache)
-            runs = StateRuns(step, self.spec.mamba.conv_size - 1)
+            runs = StateRuns(step, self.spec.mamba.conv_size - 1) if self.recurrent_layers else None
             for layer in self.layers:
                 x = layer(x, cos, sin, kv_cache, step, masks, runs)
             logits = self.lm_head(self.norm(x[step.sample_indices]))

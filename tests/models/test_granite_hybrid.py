@@ -59,14 +59,18 @@ def test_the_scan_agrees_with_transformers_own(monkeypatch):
 
 def test_a_granite_4_model_whose_layers_all_attend_keeps_no_state():
     """Granite 4.0's non-hybrid models share the hybrids' model_type with every layer attending: no state slots,
-    the prefix cache and speculative decoding as for any attention model; transformers' answers."""
+    the prefix cache and speculative decoding as for any attention model; transformers' answers, on the native
+    layers and on the torch layers."""
     hf = tiny_model("granitemoehybrid", seed=9, layer_types=["full_attention"] * 4)
     prompts = [random_prompt(random.Random(10), 5, 30)]
-    with Engine.from_pretrained(hf, dtype=torch.float64) as engine:
-        assert not engine.kv_manager.keeps_state and not engine.kv_cache.states
-        outputs = [list(engine.stream_response_tokens(engine.launch_response_tokens(p, {"max_new_tokens": 12}),
-                                                      timeout=60)) for p in prompts]
-    assert outputs == [greedy_with_logprobs(hf, p, 12)[0] for p in prompts]
+    for native_layers in (True, False):
+        with Engine.from_pretrained(hf, dtype=torch.float64) as engine:
+            assert not engine.kv_manager.keeps_state and not engine.kv_cache.states
+            if not native_layers:
+                engine.model.decoder_layers = None
+            outputs = [list(engine.stream_response_tokens(engine.launch_response_tokens(p, {"max_new_tokens": 12}),
+                                                          timeout=60)) for p in prompts]
+        assert outputs == [greedy_with_logprobs(hf, p, 12)[0] for p in prompts]
     with Engine.from_pretrained(hf, dtype=torch.float64, speculative_tokens=2) as engine:
         assert engine.kv_manager.allocator.caching
 
