@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .checkpoints import gguf, huggingface
+from .checkpoints.vision_language import TEXT_MODELS
 from .families.gemma import Gemma, GemmaSpec
 from .families.gpt2 import GPT2, GPT2Spec
 from .families.granite_hybrid import FAMILIES as GRANITE_HYBRID_FAMILIES, GraniteHybrid, GraniteHybridSpec
@@ -69,7 +70,8 @@ def architecture(config: dict):
     """(spec type, module type) for a config's model_type, or a ValueError naming the supported ones."""
     kind = config.get("model_type")
     if kind not in ARCHITECTURES:
-        raise ValueError(f"unsupported model_type {kind!r}; supported: {', '.join(sorted(ARCHITECTURES))}")
+        raise ValueError(f"unsupported model_type {kind!r}; supported: {', '.join(sorted(ARCHITECTURES))} "
+                         f"(and, for their text, {', '.join(TEXT_MODELS)})")
     return ARCHITECTURES[kind]
 
 

@@ -510,10 +510,11 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     converter stores them (OLMo's output norms are named as Gemma's); a mixture's experts as three stacks (ffn_gate_exps, ffn_up_exps,
     ffn_down_exps), its router in float32 (gpt-oss's: _gpt_oss_tensors), a shared expert's three
     products (*_shexp) and its router's one row (a vector). Tensors whose llama.cpp names end in one of
-    ``leave_out`` are left out (those a file may go without). The file carries no tokenizer."""
+    ``leave_out`` are left out (those a file may go without). A vision-language model's language model alone,
+    as llama.cpp's converter writes its text GGUF. The file carries no tokenizer."""
     import gguf
     import numpy as np
-    c = hf.config
+    c = hf.config.get_text_config()
     heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(c.num_hidden_layers)
@@ -566,6 +567,9 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
              **(GGUF_GEMMA_NAMES if arch in ("gemma2", "gemma3", "olmo2", "gpt-oss", "exaone4") else {}),
              **(GGUF_LFM2_NAMES if lfm2 else {}), **(GGUF_QWEN35_NAMES if arch == "qwen35" else {})}
     for name, tensor in hf.state_dict().items():
+        if name.startswith("model.visual."):
+            continue
+        name = name.replace("model.language_model.", "model.", 1)
         values = tensor.float().numpy()
         if name.endswith("conv.conv.weight"):  # LFM2's taps [hidden, 1, length], kept [hidden, length]
             values = values.reshape(values.shape[0], -1)

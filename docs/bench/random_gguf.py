@@ -18,6 +18,7 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape lfm2moe-8b-a1b --format q4_k_m --vocab 65536 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape qwen35-2b --format q4_k_m --vocab 248320 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape granite4h-micro --format q4_k_m --vocab 100352 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape qwen3vl-2b --format q4_k_m --vocab 151936 --out /tmp/gguf
 
 Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), mxfp4
 (gpt-oss's files as ggml-org publishes them: the experts in MXFP4, the other matrices in Q8_0), q4_k_m
@@ -57,7 +58,10 @@ the granite4h ones as Granite 4.0 H's (architecture granitehybrid: four attentio
 channel and their bias in F32, ssm_dt's bias, ssm_a (-exp(A_log), drawn in [-8, -0.5]) and ssm_d a value a
 head, ssm_norm a row a group, ssm_out; no K/V heads listed for them; attention without rotary
 (rope.scaling.finetuned false), Granite's four multipliers; the tiny one's 64 experts of 512 rows, 6 a token,
-beside a shared expert of 1024 rows; dims as I recall their configs);
+beside a shared expert of 1024 rows; dims as I recall their configs); the qwen3vl ones as Qwen3-VL's text GGUFs
+(architecture qwen3vl, qwen3vlmoe for the 30B-A3B: Qwen3's layout and the 30B-A3B's experts, the multimodal
+rotary's sections 24/20/20 and three deepstack layers in the metadata, rope base 5e6; the 8B's and the
+30B-A3B's output layers their own);
 the qwen3moe one as a Qwen3-MoE (Qwen3's layout, 128 experts of 768 rows, 8 a token, each layer's
 three expert products a stack of all 128 experts' matrices, its router in F32 as llama-quantize leaves it);
 the ministral3 ones as Ministral 3's (architecture mistral3: Llama's layout, 128-wide heads, its yarn
@@ -120,10 +124,13 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "qwen35-0.8b": (1024, 3584, 24, 8, 2), "qwen35-2b": (2048, 6144, 24, 8, 2),
           "qwen35-4b": (2560, 9216, 32, 16, 4), "qwen35-9b": (4096, 12288, 32, 16, 4),
           "granite4h-350m": (768, 2048, 32, 12, 4), "granite4h-1b": (1536, 4096, 40, 12, 4),
-          "granite4h-micro": (2048, 8192, 40, 32, 8), "granite4h-tiny": (1536, 512, 40, 12, 4)}
+          "granite4h-micro": (2048, 8192, 40, 32, 8), "granite4h-tiny": (1536, 512, 40, 12, 4),
+          "qwen3vl-2b": (2048, 6144, 28, 16, 8), "qwen3vl-4b": (2560, 9728, 36, 32, 8),
+          "qwen3vl-8b": (4096, 12288, 36, 32, 8), "qwen3vlmoe-30b-a3b": (2048, 6144, 48, 32, 4)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
 UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
-          "qwen2moe-a2.7b", "qwen35-9b"}  # the shapes whose output layer is a tensor of its own
+          "qwen2moe-a2.7b", "qwen35-9b", "qwen3vl-8b", "qwen3vlmoe-30b-a3b"}  # the shapes whose output layer
+# is a tensor of its own
 
 
 @dataclass(frozen=True)
@@ -157,6 +164,10 @@ class Layout:
     attending: tuple[int, ...] | None = None  # LFM2's: the layers that attend, the others short convolutions
     delta: tuple[int, int, int] | None = None  # Qwen3.5's delta-rule layers: key heads, value heads, a head's width
     mamba: tuple[int, int, int, int] | None = None  # Granite 4 H's Mamba2 layers: heads, a head's width, state, groups
+    # a vision-language model's text: its multimodal rotary's sections (a head's rotary pairs by time, height,
+    # width) and the layers Qwen3-VL's deepstack adds image features to
+    vision_sections: tuple[int, int, int, int] | None = None
+    deepstack: int = 0
 
 
 LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
@@ -189,6 +200,10 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
                             mlp_norm="post_attention_norm", delta=(16, 16, 128)),
            "granite4h": Layout("granitehybrid", eps=1e-5, context=1 << 20, scales=(12.0, 0.22, 0.0078125, 8.0),
                                attending=(5, 15, 25, 35), mamba=(48, 64, 128, 1)),
+           "qwen3vl": Layout("qwen3vl", head=128, rope_base=5e6, eps=1e-6, context=262144, head_norms=True,
+                             vision_sections=(24, 20, 20, 0), deepstack=3),
+           "qwen3vlmoe": Layout("qwen3vlmoe", head=128, rope_base=5e6, eps=1e-6, context=262144, head_norms=True,
+                                experts=(128, 8, 768), vision_sections=(24, 20, 20, 0), deepstack=3),
            "gemma": Layout("gemma", head=256, rope_base=10000.0, eps=1e-6, context=8192),
            "gemma2": Layout("gemma2", head=256, rope_base=10000.0, eps=1e-6, context=8192, output_norms=True,
                             window=4096, soft_caps=(50.0, 30.0)),
@@ -391,6 +406,10 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_ssm_time_step_rank(ssm_heads)
         writer.add_ssm_inner_size(ssm_heads * width)
         writer.add_rope_scaling_finetuned(False)
+    if family.vision_sections:
+        writer.add_array(f"{family.arch}.rope.dimension_sections", list(family.vision_sections))
+    if family.deepstack:
+        writer.add_uint32(f"{family.arch}.n_deepstack_layers", family.deepstack)
     if family.attending is not None:  # (none in a convolution or Mamba2 layer: how llama.cpp tells them apart)
         writer.add_head_count_kv([kv_heads if i in family.attending else 0 for i in range(layers)])
         if not family.mamba:

@@ -377,7 +377,8 @@ def read_tokenizer(path: Path, arch: str | None = None) -> Tokenizer:
 TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "llama", "mistral3": "llama",
                        "ernie4_5": "llama", "ernie4_5-moe": "llama", "olmo2": "llama", "olmoe": "llama",
                        "gpt-oss": "llama", "lfm2": "llama", "lfm2moe": "llama", "exaone4": "llama", "gemma": "gemma2",
-                       "qwen35": "llama", "granitehybrid": "llama"}
+                       "qwen35": "llama", "granitehybrid": "llama", "qwen2vl": "qwen2", "qwen3vl": "qwen3",
+                       "qwen3vlmoe": "qwen3"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

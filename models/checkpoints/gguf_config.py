@@ -16,13 +16,15 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "mistral3": "ministral3", "ernie4_5": "llama",
                  "olmo2": "olmo2", "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen2moe": "qwen2_moe",
                  "ernie4_5-moe": "ernie4_5_moe", "lfm2": "lfm2", "lfm2moe": "lfm2_moe", "exaone4": "exaone4",
-                 "qwen35": "qwen3_5_text", "granitehybrid": "granitemoehybrid"}
+                 "qwen35": "qwen3_5_text", "granitehybrid": "granitemoehybrid",
+                 # vision-language models' text (vision_language.py says why they are their text families')
+                 "qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3_moe"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
 # Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
 MIXTURES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe",
             "olmoe": "olmoe", "ernie4_5-moe": "ernie4_5_moe", "gpt-oss": "gpt_oss", "lfm2moe": "lfm2_moe",
-            "granitehybrid": "granitemoehybrid"}
+            "granitehybrid": "granitemoehybrid", "qwen3vlmoe": "qwen3_moe"}
 # llama.cpp's expert_gating_func: how an architecture's experts are scored where the file says (LFM2-MoE's
 # sigmoid; the others' softmax, which their files need not say)
 GATING = {1: "softmax", 2: "sigmoid"}
@@ -74,7 +76,7 @@ def check_architecture(meta: dict, file_name: str) -> str:
         if arch not in MIXTURES:
             raise ValueError(f"{file_name} is a {arch} model with {key('expert_count')} experts; Loom runs experts "
                              f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, "
-                             "OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's and Granite 4's)")
+                             "OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's and Qwen3-VL's)")
         if key("expert_shared_feed_forward_length") and arch not in SHARED_EXPERTS:
             raise ValueError(f"{file_name} is a {arch} model with a shared expert, which Loom runs in "
                              f"{', '.join(sorted(SHARED_EXPERTS))} files only")
@@ -234,7 +236,8 @@ def _experts(arch: str, key, config: dict) -> dict:
                 "intermediate_size": inner or config["intermediate_size"]}
     inner = inner or config["intermediate_size"] // used  # (llama.cpp's Qwen2-MoE and Qwen3-MoE fallback)
     fields = {"num_experts": experts, "num_experts_per_tok": used, "moe_intermediate_size": inner,
-              "intermediate_size": config["intermediate_size"] or inner, "norm_topk_prob": arch == "qwen3moe"}
+              "intermediate_size": config["intermediate_size"] or inner,
+              "norm_topk_prob": arch in ("qwen3moe", "qwen3vlmoe")}
     if arch == "qwen2moe":
         fields["shared_expert_intermediate_size"] = shared or config["intermediate_size"]
     return fields

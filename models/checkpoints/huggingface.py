@@ -1,5 +1,6 @@
 """Hugging Face checkpoints: a directory (config.json, safetensors or .bin weights, tokenizer
-files), or a transformers model already in memory."""
+files), or a transformers model already in memory; a vision-language one's text model
+(vision_language.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ from pathlib import Path
 import torch
 
 from . import Contents
+from .vision_language import text_config, text_tensors
 
 
 def read(directory: Path) -> Contents:
     """The directory's config, tensors, EOS ids and tokenizer."""
     config = read_config(directory)
-    return Contents(config, read_tensors(directory), read_eos_ids(directory, config), read_tokenizer(directory),
-                    directory.name)
+    return Contents(config, text_tensors(read_tensors(directory), config), read_eos_ids(directory, config),
+                    read_tokenizer(directory), directory.name)
 
 
 def read_module(hf_model) -> Contents:
@@ -23,18 +25,19 @@ def read_module(hf_model) -> Contents:
     config = getattr(hf_model, "config", None)
     if config is None or not hasattr(config, "to_dict"):
         raise TypeError(f"expected a transformers PreTrainedModel, got {type(hf_model).__name__}")
-    config = config.to_dict()
+    config = text_config(config.to_dict())
     generation = getattr(hf_model, "generation_config", None)
     eos = getattr(generation, "eos_token_id", None)
     eos = eos_set(eos if eos is not None else config.get("eos_token_id"))
-    return Contents(config, hf_model.state_dict(), eos, None, config.get("_name_or_path") or config["model_type"])
+    return Contents(config, text_tensors(hf_model.state_dict(), config), eos, None, config.get("_name_or_path") or config["model_type"])
 
 
 def read_config(directory: Path) -> dict:
+    """config.json (a vision-language model's text part)."""
     path = directory / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{directory} is not a Hugging Face checkpoint: it has no config.json")
-    return json.loads(path.read_text())
+    return text_config(json.loads(path.read_text()))
 
 
 def read_tensors(directory: Path) -> dict[str, torch.Tensor]:

@@ -428,9 +428,9 @@ def test_unsupported_architecture(tmp_path):
 
 @pytest.mark.parametrize("arch, metadata, message", [
     ("qwen2", {"qwen2.expert_count": 8}, r"m.gguf is a qwen2 model with 8 experts; Loom runs experts in llama, "
-                                         r"qwen2moe, qwen3moe, granitemoe, olmoe, ernie4_5-moe, gpt-oss, lfm2moe, granitehybrid "
-                                         r"files \(Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, OLMoE's, ERNIE "
-                                         r"4.5's, gpt-oss's, LFM2-MoE's and Granite 4's\)"),
+                                         r"qwen2moe, qwen3moe, granitemoe, olmoe, ernie4_5-moe, gpt-oss, lfm2moe, granitehybrid, "
+                                         r"qwen3vlmoe files \(Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, "
+                                         r"OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's and Qwen3-VL's\)"),
     ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_weights_scale": 2.5},
      "m.gguf scales its experts' weights by 2.5, which Loom runs in lfm2moe files only"),
     ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_gating_func": 2},

@@ -1,0 +1,65 @@
+"""Vision-language checkpoints read for their text: the language model's config and tensors, the vision
+tower's left out. Loom takes token prompts, and on text alone these models are their text families':
+Qwen2-VL's and Qwen3-VL's multimodal rotary gives every text token three equal positions (time, height,
+width), which rotate as the text model's rope, and Qwen3-VL's deepstack adds image features to image
+tokens only. (llama.cpp's Qwen3-VL leaves two of a head's 64 rotary pairs, the slowest, unrotated for text:
+about 4e-7 radians a position; Loom rotates them, as transformers does.)"""
+
+from __future__ import annotations
+
+import torch
+
+from ..families.rope import rope_type
+
+# a vision-language model_type -> the text family its language model is
+TEXT_MODELS = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "qwen3_vl_moe": "qwen3_moe"}
+# what a text family's config would say that the vision-language model's leaves out: Qwen3-VL-MoE renormalises
+# its chosen experts' weights always (its config has no norm_topk_prob)
+FIXED = {"qwen3_vl_moe": {"norm_topk_prob": True}}
+VISION_PREFIXES = ("model.visual.", "visual.")
+
+
+def text_config(config: dict) -> dict:
+    """A vision-language config's text model (its text_config, or the top-level keys of an older config
+    that keeps them there) under its text family's model_type; any other config as it is."""
+    kind = config.get("model_type")
+    if kind not in TEXT_MODELS:
+        return config
+    outer = {k: v for k, v in config.items() if k not in ("text_config", "vision_config")}
+    text = {**outer, **(config.get("text_config") or {}), "model_type": TEXT_MODELS[kind],
+            "vision_language_model": kind, **FIXED.get(kind, {})}
+    if "tie_word_embeddings" in outer:  # (the whole model's answer, which transformers ties by, over text_config's)
+        text["tie_word_embeddings"] = outer["tie_word_embeddings"]
+    for name in ("rope_parameters", "rope_scaling"):  # (Qwen2-VL's hub configs call the rope "mrope")
+        if isinstance(text.get(name), dict) and rope_type(text[name]) == "mrope":
+            text[name] = {**{k: v for k, v in text[name].items() if k != "type"}, "rope_type": "default"}
+    return text
+
+
+def text_tensors(tensors: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Tensor]:
+    """The language model's tensors of a vision-language checkpoint (``config``: text_config's answer)
+    under its text family's names (transformers 5 nests them under model.language_model; the hub's
+    Qwen2-VL files keep them under model), the vision tower's dropped; Qwen3-VL-MoE's hub files keep their
+    expert stacks transposed ([experts, hidden, 2 x inner]), which are put in transformers' layout. Any
+    other checkpoint's tensors as they are."""
+    if "vision_language_model" not in config:
+        return tensors
+    text = {}
+    for name in list(tensors):
+        tensor = tensors.pop(name)
+        if not name.startswith(VISION_PREFIXES):
+            text[name.replace("model.language_model.", "model.", 1)] = tensor
+    if config["vision_language_model"] == "qwen3_vl_moe":
+        _experts_in_transformers_layout(text, config)
+    return text
+
+
+def _experts_in_transformers_layout(tensors: dict, config: dict) -> None:
+    """Qwen3-VL-MoE's expert stacks as transformers holds them (gate_up [experts, 2 x inner, hidden], down
+    [experts, hidden, inner]), from the hub's layout (each transposed) where that is the one the shapes fit
+    (they cannot fit both: that would need 2 x inner = hidden = inner)."""
+    hidden, inner = config["hidden_size"], config["moe_intermediate_size"]
+    for name in [n for n in tensors if n.endswith("mlp.experts.gate_up_proj")]:
+        down = name.replace("gate_up_proj", "down_proj")
+        if tensors[name].shape[-2:] == (hidden, 2 * inner) and tensors[down].shape[-2:] == (inner, hidden):
+            tensors[name], tensors[down] = (tensors[n].transpose(1, 2).contiguous() for n in (name, down))
