@@ -23,6 +23,7 @@ from .families.gpt2 import GPT2, GPT2Spec
 from .families.granite_hybrid import FAMILIES as GRANITE_HYBRID_FAMILIES, GraniteHybrid, GraniteHybridSpec
 from .families.lfm2 import FAMILIES as LFM2_FAMILIES, Lfm2, Lfm2Spec
 from .families.llama import FAMILIES as LLAMA_FAMILIES, Llama, LlamaSpec
+from .families.nemotron_h import FAMILIES as NEMOTRON_H_FAMILIES, NemotronH, NemotronHSpec
 from .families.olmo import FAMILIES as OLMO_FAMILIES, Olmo, OlmoSpec
 from .families.qwen35 import FAMILIES as QWEN35_FAMILIES, Qwen35, Qwen35Spec
 from .kernels import native
@@ -38,7 +39,8 @@ ARCHITECTURES = {"gpt2": (GPT2Spec, GPT2), "gemma": (GemmaSpec, Gemma), "gemma2"
                  **{family: (OlmoSpec, Olmo) for family in OLMO_FAMILIES},
                  **{family: (Lfm2Spec, Lfm2) for family in LFM2_FAMILIES},
                  **{family: (Qwen35Spec, Qwen35) for family in QWEN35_FAMILIES},
-                 **{family: (GraniteHybridSpec, GraniteHybrid) for family in GRANITE_HYBRID_FAMILIES}}
+                 **{family: (GraniteHybridSpec, GraniteHybrid) for family in GRANITE_HYBRID_FAMILIES},
+                 **{family: (NemotronHSpec, NemotronH) for family in NEMOTRON_H_FAMILIES}}
 
 
 @dataclass

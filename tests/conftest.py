@@ -64,6 +64,7 @@ def _mamba2_scan_in_float64(module, hidden_states, B, C, dt, cache, **_):
 
 TRANSFORMERS_MAMBA2_SCAN = transformers.models.granitemoehybrid.modeling_granitemoehybrid.mamba2_scan_forward
 transformers.models.granitemoehybrid.modeling_granitemoehybrid.mamba2_scan_forward = _mamba2_scan_in_float64
+transformers.models.nemotron_h.modeling_nemotron_h.mamba2_scan_forward = _mamba2_scan_in_float64  # (Nemotron-H's too)
 
 CONFIGS = {
     "gpt2": lambda: transformers.GPT2Config(
@@ -216,6 +217,14 @@ CONFIGS = {
         num_experts_per_tok=2, mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=2, mamba_d_conv=4,
         embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=3.0,
         position_embedding_type="nope", initializer_range=0.15, experts_implementation="eager"),
+    # Nemotron-H: a Mamba2 layer and an attention layer each followed by a squared-ReLU MLP layer, then two
+    # Mamba2 layers, the first with no MLP after it
+    "nemotron_h": lambda: transformers.NemotronHConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
+        layers_block_type=["linear_attention", "mlp", "full_attention", "mlp", "linear_attention", "linear_attention",
+                           "mlp"], mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4,
+        initializer_range=0.15),
     "gemma3": lambda: transformers.Gemma3TextConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=1, head_dim=32, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
@@ -239,7 +248,8 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "exaone4": transformers.Exaone4ForCausalLM, "gemma": transformers.GemmaForCausalLM,
                  "gemma2": transformers.Gemma2ForCausalLM, "lfm2": transformers.Lfm2ForCausalLM,
                  "lfm2_moe": transformers.Lfm2MoeForCausalLM, "qwen3_5": transformers.Qwen3_5ForCausalLM,
-                 "granitemoehybrid": transformers.GraniteMoeHybridForCausalLM, "gemma3": transformers.Gemma3ForCausalLM}
+                 "granitemoehybrid": transformers.GraniteMoeHybridForCausalLM, "gemma3": transformers.Gemma3ForCausalLM,
+                 "nemotron_h": transformers.NemotronHForCausalLM}
 
 
 def interruptible() -> None:
@@ -274,7 +284,7 @@ def tiny_model(arch: str, seed: int = 0, **config):
     with torch.no_grad():
         for name, tensor in model.named_parameters():
             # (transformers starts gpt-oss's biases at 0, Qwen2-MoE's shared expert's router near it, Mamba2's D at 1)
-            if name.endswith(("sinks", "_bias", "router.bias", "shared_expert_gate.weight", "mamba.D")):
+            if name.endswith(("sinks", "_bias", "router.bias", "shared_expert_gate.weight", "mamba.D", "mixer.D")):
                 tensor.normal_(0.0, 0.5)
         for name, tensor in model.named_buffers():  # (LFM2-MoE's selection bias, a buffer starting at 0)
             if name.endswith("expert_bias"):
@@ -454,12 +464,12 @@ def _granite_hybrid_tensor(rest: str, values, c):
     if rest == "mamba.dt_bias":
         return [("ssm_dt.bias", values)]
     if rest == "mamba.norm.weight":
-        return [("ssm_norm.weight", values.reshape(c.mamba_n_groups, -1))]
+        return [("ssm_norm.weight", values.reshape(getattr(c, "mamba_n_groups", None) or c.n_groups, -1))]
     if rest.startswith(("mamba.in_proj.", "mamba.out_proj.", "mamba.conv1d.")):
         part, kind = rest.rsplit(".", 1)
         return [(f"{GGUF_GRANITE_HYBRID_NAMES[part]}.{kind}", values.reshape(values.shape[0], -1) if kind == "weight"
                  else values)]
-    if c.num_local_experts:
+    if getattr(c, "num_local_experts", 0):
         return None
     if rest == "shared_mlp.input_linear.weight":
         gate, up = np.split(values, 2, axis=0)
@@ -479,6 +489,27 @@ def _granite_hybrid_metadata(c) -> dict:
             "embedding_scale": c.embedding_multiplier, "residual_scale": c.residual_multiplier,
             "attention.scale": c.attention_multiplier, "logit_scale": c.logits_scaling,
             "rope.scaling.finetuned": c.position_embedding_type == "rope", **experts}
+
+
+def _nemotron_h_name(name: str, types: list[str]) -> str:
+    """A Nemotron-H parameter's name as Granite 4's (whose writing it then takes): each layer's norm as its
+    input_layernorm, its mixer's products under its kind's prefix, the embeddings and final norm as Llama's."""
+    name = {"model.embeddings.weight": "model.embed_tokens.weight", "model.norm_f.weight": "model.norm.weight"}.get(
+        name, name)
+    parts = name.split(".", 4)
+    if parts[1] == "layers" and parts[3] == "norm":
+        return f"model.layers.{parts[2]}.input_layernorm.{parts[4]}"
+    if parts[1] == "layers" and parts[3] == "mixer":
+        kind = {"linear_attention": "mamba", "full_attention": "self_attn", "mlp": "mlp"}[types[int(parts[2])]]
+        return f"model.layers.{parts[2]}.{kind}.{parts[4]}"
+    return name
+
+
+def _nemotron_h_metadata(c) -> dict:
+    """The metadata llama.cpp's converter writes for a Nemotron-H: its Mamba2 sizes (K/V heads and an MLP's
+    width a layer: write_gguf_of)."""
+    return {"ssm.conv_kernel": c.conv_kernel, "ssm.state_size": c.ssm_state_size, "ssm.group_count": c.n_groups,
+            "ssm.time_step_rank": c.mamba_num_heads, "ssm.inner_size": c.mamba_num_heads * c.mamba_head_dim}
 
 
 def _gpt_oss_tensors(rest: str, values):
@@ -521,15 +552,20 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     writer.add_context_length(c.max_position_embeddings)
     writer.add_embedding_length(c.hidden_size)
     # LFM2's: its MLP's width as derived, no K/V heads in a convolution layer, the convolution's length
-    lfm2, hybrid = arch in ("lfm2", "lfm2moe"), arch == "granitehybrid"
+    # Granite 4's hybrids' and Nemotron-H's: Mamba2 layers, no K/V heads in them; Nemotron-H's an MLP's width a
+    # layer (none in a mixer layer)
+    lfm2, nemotron = arch in ("lfm2", "lfm2moe"), arch == "nemotron_h"
+    hybrid = arch == "granitehybrid" or nemotron
+    types = c.layers_block_type if nemotron else getattr(c, "layer_types", None)
     writer.add_feed_forward_length(hf.model.layers[0].feed_forward.w1.out_features if lfm2 else
+                                   [c.intermediate_size if t == "mlp" else 0 for t in types] if nemotron else
                                    c.shared_intermediate_size if hybrid and not c.num_local_experts else
                                    c.intermediate_size)
     writer.add_head_count(heads)
-    writer.add_head_count_kv([0 if t in ("conv", "linear_attention") else kv_heads for t in c.layer_types]
+    writer.add_head_count_kv([kv_heads if t in ("attention", "full_attention") else 0 for t in types]
                              if lfm2 or hybrid else kv_heads)
     if hybrid:
-        metadata = _granite_hybrid_metadata(c) | (metadata or {})
+        metadata = (_nemotron_h_metadata(c) if nemotron else _granite_hybrid_metadata(c)) | (metadata or {})
     if lfm2:
         writer.add_uint32(f"{arch}.shortconv.l_cache", c.conv_L_cache)
     if arch == "qwen35":  # its delta-rule layers' sizes and places, its rotary's share of a head
@@ -541,9 +577,10 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                     **(metadata or {})}
     if getattr(c, "head_dim", None) not in (None, c.hidden_size // heads):
         writer.add_key_length(c.head_dim)
-    writer.add_layer_norm_rms_eps(c.norm_eps if lfm2 else c.rms_norm_eps)
-    rope = c.rope_parameters
-    writer.add_rope_freq_base((rope.get("full_attention") or rope)["rope_theta"])  # (OLMo 3's: its global layers')
+    writer.add_layer_norm_rms_eps(c.norm_eps if lfm2 else c.layer_norm_epsilon if nemotron else c.rms_norm_eps)
+    if not nemotron:  # (whose attention has no positions)
+        rope = c.rope_parameters
+        writer.add_rope_freq_base((rope.get("full_attention") or rope)["rope_theta"])  # (OLMo 3's: its global layers')
     writer.add_vocab_size(c.vocab_size)
     for key, value in (metadata or {}).items():
         if value is None:  # (a key the architecture's files carry, left out)
@@ -570,6 +607,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         if name.startswith("model.visual."):
             continue
         name = name.replace("model.language_model.", "model.", 1)
+        if nemotron:
+            name = _nemotron_h_name(name, types)
         values = tensor.float().numpy()
         if name.endswith("conv.conv.weight"):  # LFM2's taps [hidden, 1, length], kept [hidden, length]
             values = values.reshape(values.shape[0], -1)

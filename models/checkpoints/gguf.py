@@ -78,7 +78,7 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
                     "olmo2": OUTPUT_NORM_NAMES, "exaone4": OUTPUT_NORM_NAMES,
                     "gpt-oss": {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"},
                     "lfm2": LFM2_LAYER_NAMES, "lfm2moe": LFM2_LAYER_NAMES, "qwen35": QWEN35_LAYER_NAMES,
-                    "granitehybrid": GRANITE_HYBRID_LAYER_NAMES}
+                    "granitehybrid": GRANITE_HYBRID_LAYER_NAMES, "nemotron_h": GRANITE_HYBRID_LAYER_NAMES}
 # parameters transformers names without a kind (gpt-oss's sinks: llama.cpp's converter adds ".weight";
 # ERNIE 4.5's selection bias, Qwen3.5's and Mamba2's dt_bias, ".bias")
 BARE_NAMES = ("self_attn.sinks", "mlp.moe_statics.e_score_correction_bias", "linear_attn.dt_bias",
@@ -378,7 +378,7 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "ernie4_5": "llama", "ernie4_5-moe": "llama", "olmo2": "llama", "olmoe": "llama",
                        "gpt-oss": "llama", "lfm2": "llama", "lfm2moe": "llama", "exaone4": "llama", "gemma": "gemma2",
                        "qwen35": "llama", "granitehybrid": "llama", "qwen2vl": "qwen2", "qwen3vl": "qwen3",
-                       "qwen3vlmoe": "qwen3"}
+                       "qwen3vlmoe": "qwen3", "nemotron_h": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

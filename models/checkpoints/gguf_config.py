@@ -18,7 +18,7 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "ernie4_5-moe": "ernie4_5_moe", "lfm2": "lfm2", "lfm2moe": "lfm2_moe", "exaone4": "exaone4",
                  "qwen35": "qwen3_5_text", "granitehybrid": "granitemoehybrid",
                  # vision-language models' text (vision_language.py says why they are their text families')
-                 "qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3_moe"}
+                 "qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3_moe", "nemotron_h": "nemotron_h"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
 # Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
@@ -45,7 +45,10 @@ EXAONE4_WINDOWED_LAYERS, EXAONE4_WINDOW = 64, 4096
 # the architectures whose layers may be short convolutions (LFM2's) or Mamba2 layers (Granite 4's hybrids), told
 # apart by having no K/V heads
 CONVOLVING = frozenset({"lfm2", "lfm2moe"})
-MAMBA_HYBRIDS = frozenset({"granitehybrid"})
+MAMBA_HYBRIDS = frozenset({"granitehybrid", "nemotron_h"})
+# Nemotron-H's layers are a Mamba2 layer, an attention layer or an MLP, told apart by their K/V heads and MLP
+# widths (neither: Mamba2), listed a layer at a time
+SINGLE_PURPOSE_LAYERS = frozenset({"nemotron_h"})
 # Granite's multipliers: the file's keys (under the architecture's prefix) -> transformers' names
 GRANITE_SCALES = {"embedding_scale": "embedding_multiplier", "residual_scale": "residual_multiplier",
                   "attention.scale": "attention_multiplier", "logit_scale": "logits_scaling"}
@@ -111,7 +114,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         "model_type": ARCHITECTURES[arch],
         "vocab_size": key("vocab_size") or tensors["token_embd.weight"].shape[0],
         "hidden_size": key("embedding_length"),
-        "intermediate_size": shared("feed_forward_length"),
+        "intermediate_size": shared("feed_forward_length") if arch not in SINGLE_PURPOSE_LAYERS
+        else max(_per_layer(key("feed_forward_length", 0))),
         # (llama.cpp runs the layers before a file's next-token prediction layers, which it keeps for speculation)
         "num_hidden_layers": key("block_count") - (key("nextn_predict_layers") or 0),
         "num_attention_heads": heads,
@@ -129,9 +133,14 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         config |= _experts(arch, key, config)
     if arch in CONVOLVING:
         config |= _lfm2_layers(key, heads, config["num_hidden_layers"], file_name)
-    if arch in MAMBA_HYBRIDS:  # (a convolution's bias a file may leave out: llama.cpp's loader does not require it)
+    if arch == "granitehybrid":  # (a convolution's bias a file may leave out: llama.cpp's loader does not require it)
         config |= _granite_hybrid_layers(arch, key, heads, config, file_name)
         config["mamba_conv_bias"] = any(name.endswith(".ssm_conv1d.bias") for name in tensors)
+    if arch == "nemotron_h":
+        config |= _nemotron_h_layers(arch, key, heads, config, file_name)
+        config |= {"use_conv_bias": any(name.endswith(".ssm_conv1d.bias") for name in tensors),
+                   "attention_biases_in_file": any(name.endswith(".attn_q.bias") for name in tensors),
+                   "mlp_bias": any(name.endswith(".ffn_up.bias") for name in tensors)}
     if arch == "qwen2moe":  # (llama.cpp's adds the biases a file has)
         config["qkv_bias"] = "blk.0.attn_q.bias" in tensors
     if arch == "gemma":  # (llama.cpp's Gemma reads token_embd as its output layer)
@@ -285,17 +294,23 @@ def _kv_heads_by_layer(key, heads: int, layers: int, file_name: str, family: str
     return counts, kv_heads.pop() if kv_heads else heads
 
 
+def _mamba2_sizes(arch: str, key, file_name: str) -> dict:
+    """A file's Mamba2 sizes by their llama.cpp names (ssm.*), or a ValueError naming those it leaves out."""
+    sizes = {name: key(f"ssm.{name}") for name in ("conv_kernel", "state_size", "group_count", "time_step_rank",
+                                                    "inner_size")}
+    if missing := [f"{arch}.ssm.{name}" for name, value in sizes.items() if not value]:
+        raise ValueError(f"{file_name} leaves out the Mamba2 layers' sizes ({', '.join(missing)}), which llama.cpp "
+                         "requires")
+    return sizes
+
+
 def _granite_hybrid_layers(arch: str, key, heads: int, config: dict, file_name: str) -> dict:
     """A Granite 4 hybrid file's layers as transformers names them, read as llama.cpp reads them: a layer
     without K/V heads is a Mamba2 layer, the others attend with one count of them (rotating only where
     rope.scaling.finetuned says so: Granite 4.0 H's files say not); the Mamba2 layers' sizes; a dense file's
     MLP as its shared one (experts: _experts)."""
     counts, kv_heads = _kv_heads_by_layer(key, heads, config["num_hidden_layers"], file_name, "Granite 4")
-    sizes = {name: key(f"ssm.{name}") for name in ("conv_kernel", "state_size", "group_count", "time_step_rank",
-                                                    "inner_size")}
-    if missing := [f"{arch}.ssm.{name}" for name, value in sizes.items() if not value]:
-        raise ValueError(f"{file_name} leaves out the Mamba2 layers' sizes ({', '.join(missing)}), which llama.cpp "
-                         "requires")
+    sizes = _mamba2_sizes(arch, key, file_name)
     ssm_heads, inner = sizes["time_step_rank"], sizes["inner_size"]
     fields = {"mamba_d_conv": sizes["conv_kernel"], "mamba_d_state": sizes["state_size"],
               "mamba_n_groups": sizes["group_count"], "mamba_n_heads": ssm_heads,
@@ -305,6 +320,32 @@ def _granite_hybrid_layers(arch: str, key, heads: int, config: dict, file_name: 
     if not config.get("num_local_experts"):
         fields |= {"shared_intermediate_size": config["intermediate_size"], "num_local_experts": 0}
     return fields
+
+
+def _nemotron_h_layers(arch: str, key, heads: int, config: dict, file_name: str) -> dict:
+    """A Nemotron-H file's layers as transformers names them, read as llama.cpp reads them: a layer with K/V
+    heads attends, one with an MLP width is an MLP, one with neither is a Mamba2 layer; the Mamba2 sizes."""
+    layers = config["num_hidden_layers"]
+    counts, kv_heads = _kv_heads_by_layer(key, heads, layers, file_name, "Nemotron-H")
+    widths = _per_layer(key("feed_forward_length"), layers)
+    if len(widths) != layers:
+        raise ValueError(f"{file_name} lists MLP widths for {len(widths)} layers of {layers}")
+    if len({w for w in widths if w}) > 1:
+        raise ValueError(f"{file_name}'s MLP layers have different widths ({sorted({w for w in widths if w})}); Loom "
+                         "runs Nemotron-H models whose MLP layers share one")
+    sizes = _mamba2_sizes(arch, key, file_name)
+    return {"layers_block_type": ["full_attention" if n else "mlp" if w else "linear_attention"
+                                  for n, w in zip(counts, widths)],
+            "num_key_value_heads": kv_heads, "head_dim": config["head_dim"] or config["hidden_size"] // heads,
+            "mamba_num_heads": sizes["time_step_rank"], "mamba_head_dim": sizes["inner_size"] // sizes["time_step_rank"],
+            "ssm_state_size": sizes["state_size"], "n_groups": sizes["group_count"], "conv_kernel": sizes["conv_kernel"],
+            # (llama.cpp requires layer_norm_epsilon, and reads an RMS one where the file has it)
+            "layer_norm_epsilon": key("attention.layer_norm_rms_epsilon", key("attention.layer_norm_epsilon", 1e-5))}
+
+
+def _per_layer(value, layers: int = 1) -> list[int]:
+    """A size a file may give once or a layer at a time, as a list a layer."""
+    return [int(value)] * layers if isinstance(value, (int, float)) else [int(v) for v in value]
 
 
 def _exaone4_layers(key, layers: int, file_name: str) -> dict:

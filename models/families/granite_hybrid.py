@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import nn
 
-from .layers import GATE_UP, QKV, AttentionMasks, DecoderModel, RMSNorm, SwiGLU, fused
+from .layers import GATE_UP, QKV, AttentionMasks, DecoderModel, RMSNorm, SquaredReLU, SwiGLU, fused
 from .llama import Attention, LlamaSpec
 from .mamba2 import Mamba2Mixer, Mamba2Shape
 from .moe import SparseMoE
@@ -29,6 +29,8 @@ DEFAULT_EXPERTS, DEFAULT_SHARED_WIDTH = 8, 1024
 class GraniteHybridSpec(LlamaSpec):
     layer_recurrent: tuple[bool, ...] = ()  # whether each layer is a Mamba2 layer (else it attends)
     mamba: Mamba2Shape | None = None
+    layer_mlp: tuple[bool, ...] = ()  # whether each layer ends with an MLP (empty: every one; Nemotron-H's)
+    squared_relu: bool = False  # the MLP relu(up)^2 then down (Nemotron-H's), else a SwiGLU
 
     @classmethod
     def from_hf(cls, c: dict) -> "GraniteHybridSpec":
@@ -63,8 +65,11 @@ class Block(nn.Module):
         self.input_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.mamba = Mamba2Mixer(s.hidden_size, s.mamba) if self.recurrent else None
         self.attn = None if self.recurrent else Attention(s, scale=s.attention_scale)
-        self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.mlp = SparseMoE(s.hidden_size, s.moe) if s.moe else SwiGLU(s.hidden_size, s.intermediate_size)
+        self.post_norm, self.mlp = None, None
+        if not s.layer_mlp or s.layer_mlp[index]:
+            self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+            mlp = SquaredReLU if s.squared_relu else SwiGLU
+            self.mlp = SparseMoE(s.hidden_size, s.moe) if s.moe else mlp(s.hidden_size, s.intermediate_size, s.mlp_bias)
 
     def forward(self, x, cos, sin, kv_cache, step, masks, runs):
         h = self.input_norm(x)
@@ -73,7 +78,7 @@ class Block(nn.Module):
         else:
             mixed = self.attn(h, cos if self.rotates else None, sin, kv_cache, self.pool_layer, step, masks)
         x = x + mixed * self.residual_scale
-        return x + self.mlp(self.post_norm(x)) * self.residual_scale
+        return x if self.mlp is None else x + self.mlp(self.post_norm(x)) * self.residual_scale
 
 
 class GraniteHybrid(DecoderModel):
@@ -124,15 +129,5 @@ class GraniteHybrid(DecoderModel):
                 out[o + "attn.qkv.weight"] = fused(hf, p, QKV)
                 out[o + "attn.out.weight"] = hf[p + "self_attn.o_proj.weight"]
                 continue
-            a, o = p + "mamba.", o + "mamba."
-            for kind in ("weight", "bias") if m.bias else ("weight",):
-                out[o + f"in_proj.{kind}"] = hf[a + f"in_proj.{kind}"]
-                out[o + f"out.{kind}"] = hf[a + f"out_proj.{kind}"]
-            out[o + "conv"] = hf[a + "conv1d.weight"].reshape(m.conv_width, m.conv_size)
-            if m.conv_bias:
-                out[o + "conv_bias"] = hf[a + "conv1d.bias"]
-            out[o + "dt_bias"] = hf[a + "dt_bias"].reshape(-1)
-            out[o + "decay"] = hf[a + "ssm_a"].reshape(-1) if a + "ssm_a" in hf else -torch.exp(hf[a + "A_log"])
-            out[o + "skip"] = hf[a + "D"].reshape(-1)
-            out[o + "norm"] = hf[a + "norm.weight"].reshape(-1)
+            out.update(Mamba2Mixer.convert(hf, p + "mamba.", o + "mamba.", m))
         return out

@@ -245,6 +245,18 @@ class SwiGLU(nn.Module):
         return self.down(F.silu(gate) * up)
 
 
+class SquaredReLU(nn.Module):
+    """relu(up)^2, then the down product: Nemotron-H's MLP (no gate)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
+        super().__init__()
+        self.up = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.down = nn.Linear(intermediate_size, hidden_size, bias=bias)
+
+    def forward(self, x):
+        return self.down(F.relu(self.up(x)).square())
+
+
 class RMSNorm(nn.Module):
     """x / rms(x) * (offset + weight). Gemma's norms (offset 1: its checkpoints store weight - 1)
     normalise in float32 whatever the model's dtype, as transformers' do; the others in the model's

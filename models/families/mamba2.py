@@ -1,4 +1,4 @@
-"""Mamba2's mixer (Granite 4's recurrent layers) over a state a sequence: the layer's one input product gives
+"""Mamba2's mixer (Granite 4's and Nemotron-H's recurrent layers) over a state a sequence: the layer's one input product gives
 a gate z, x with B and C (x a head's values, B and C a group's of heads' keys and queries, in SSD's duality
 with attention) and a time step a head. x, B and C are convolved with the three tokens before, a channel at a
 time, through a SiLU. Each head keeps a matrix S (head width x state width) that decays by exp(dt A) and takes
@@ -19,6 +19,11 @@ from ..kernels import mamba_scan as native_scan
 from .recurrent import StateRuns, convolve
 
 
+# Nemotron-H configs' older names of its Mamba2 fields -> NemotronHConfig's
+NEMOTRON_H_OLDER_NAMES = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel", "mamba_dt_limit": "time_step_limit",
+                          "mamba_conv_bias": "use_conv_bias"}
+
+
 @dataclass(frozen=True)
 class Mamba2Shape:
     """A Mamba2 layer's sizes."""
@@ -33,15 +38,30 @@ class Mamba2Shape:
 
     @classmethod
     def from_hf(cls, c: dict, prefix: str = "mamba_") -> "Mamba2Shape":
-        """From a config's Mamba2 fields (Granite 4's ``mamba_*``), refusing what Loom does not run."""
+        """From Granite 4's Mamba2 fields (``mamba_*``), refusing what Loom does not run."""
         get = lambda name, default=None: c.get(prefix + name, default)
         inner = round(get("expand", 2) * c["hidden_size"])  # (a GGUF file's expand: its inner width / hidden)
         heads = get("n_heads", 128)
         head_dim = get("d_head", "auto")
         head_dim = inner // heads if head_dim in (None, "auto") else head_dim
-        groups = get("n_groups", 1)
         if heads * head_dim != inner:
             raise ValueError(f"Mamba2's {heads} heads of {head_dim} must make its inner width {inner} (expand x hidden)")
+        return cls.checked(c, heads, head_dim, get("d_state", 256), get("n_groups", 1), get("d_conv", 4),
+                           c.get("rms_norm_eps", 1e-6), bool(get("proj_bias", False)), bool(get("conv_bias", True)))
+
+    @classmethod
+    def from_nemotron_h(cls, c: dict) -> "Mamba2Shape":
+        """From Nemotron-H's Mamba2 fields (transformers' NemotronHConfig names and defaults, its older names
+        taken first, as it takes them)."""
+        c = c | {name: c[older] for older, name in NEMOTRON_H_OLDER_NAMES.items() if older in c}
+        return cls.checked(c, c.get("mamba_num_heads", 128), c.get("mamba_head_dim", 64), c.get("ssm_state_size", 128),
+                           c.get("n_groups", 8), c.get("conv_kernel", 4), c.get("layer_norm_epsilon", 1e-5),
+                           bool(c.get("use_bias", False)), bool(c.get("use_conv_bias", True)))
+
+    @classmethod
+    def checked(cls, c: dict, heads: int, head_dim: int, state_size: int, groups: int, conv_size: int, eps: float,
+                bias: bool, conv_bias: bool) -> "Mamba2Shape":
+        """The shape, or a ValueError for groups that do not divide the heads or time steps ``c`` clamps."""
         if heads % groups:
             raise ValueError(f"Mamba2's groups ({groups}) must divide its heads ({heads})")
         # (a saved config.json keeps infinity as {"__float__": "Infinity"})
@@ -50,8 +70,7 @@ class Mamba2Shape:
         if limit != (0.0, float("inf")):
             raise ValueError(f"Mamba2 with time steps clamped to {list(limit)} is not supported; llama.cpp's and Loom's "
                              "run them unclamped (time_step_limit (0, inf))")
-        return cls(heads, head_dim, get("d_state", 256), groups, get("d_conv", 4), c.get("rms_norm_eps", 1e-6),
-                   bool(get("proj_bias", False)), bool(get("conv_bias", True)))
+        return cls(heads, head_dim, state_size, groups, conv_size, eps, bias, conv_bias)
 
     @property
     def inner(self) -> int:
@@ -86,6 +105,24 @@ class Mamba2Mixer(nn.Module):
         self.skip = nn.Parameter(torch.empty(m.heads))   # D
         self.norm = nn.Parameter(torch.empty(m.inner))
         self.out = nn.Linear(m.inner, hidden_size, bias=m.bias)
+
+    @staticmethod
+    def convert(hf: dict[str, torch.Tensor], prefix: str, out_prefix: str, m: Mamba2Shape) -> dict[str, torch.Tensor]:
+        """A layer's transformers parameters under ``prefix`` (or a GGUF file's, as gguf.py names them:
+        -exp(A_log) as ssm_a) -> this module's under ``out_prefix``."""
+        out = {}
+        for kind in ("weight", "bias") if m.bias else ("weight",):
+            out[out_prefix + f"in_proj.{kind}"] = hf[prefix + f"in_proj.{kind}"]
+            out[out_prefix + f"out.{kind}"] = hf[prefix + f"out_proj.{kind}"]
+        out[out_prefix + "conv"] = hf[prefix + "conv1d.weight"].reshape(m.conv_width, m.conv_size)
+        if m.conv_bias:
+            out[out_prefix + "conv_bias"] = hf[prefix + "conv1d.bias"]
+        out[out_prefix + "dt_bias"] = hf[prefix + "dt_bias"].reshape(-1)
+        decay = prefix + "ssm_a"
+        out[out_prefix + "decay"] = hf[decay].reshape(-1) if decay in hf else -torch.exp(hf[prefix + "A_log"])
+        out[out_prefix + "skip"] = hf[prefix + "D"].reshape(-1)
+        out[out_prefix + "norm"] = hf[prefix + "norm.weight"].reshape(-1)
+        return out
 
     def forward(self, x, states: list[torch.Tensor], runs: StateRuns) -> torch.Tensor:
         """``states``: this layer's conv inputs [slots, conv_size - 1, conv width] and matrices [slots, heads,

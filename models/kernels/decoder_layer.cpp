@@ -48,10 +48,13 @@ struct Weights {
     Part part[3];
 };
 
-// How the MLP activates its up product: GPT-2's GELU (tanh), or a gated MLP whose ``up`` product gives
-// [gate | up] (2 x intermediate outputs): Llama's SiLU(gate) x up, Gemma's GELU(gate) x up, gpt-oss's
-// experts' clamped SwiGLU (Experts' alpha and limit).
-enum Activation : int64_t { GELU_TANH = 0, SILU_GATED = 1, GELU_TANH_GATED = 2, CLAMPED_SWIGLU = 3 };
+// How the MLP activates its up product: GPT-2's GELU (tanh), Nemotron-H's squared ReLU, or a gated MLP
+// whose ``up`` product gives [gate | up] (2 x intermediate outputs): Llama's SiLU(gate) x up, Gemma's
+// GELU(gate) x up, gpt-oss's experts' clamped SwiGLU (Experts' alpha and limit).
+enum Activation : int64_t { GELU_TANH = 0, SILU_GATED = 1, GELU_TANH_GATED = 2, CLAMPED_SWIGLU = 3, RELU_SQUARED = 4 };
+
+// Whether an activation reads one value a unit (else a gate and an up value).
+inline bool ungated(int64_t activation) { return activation == GELU_TANH || activation == RELU_SQUARED; }
 
 // A mixture's routed experts in a layer's MLP's place (Mixtral, Qwen3-MoE, gpt-oss; decoder_layer.py
 // fills it): the router's product (plus router_bias, where not null) gives each row ``count`` logits;
@@ -119,7 +122,8 @@ struct MambaLayer {
 // with routed experts (experts: null elsewhere) has no up or down product of its own; gpt-oss's
 // attention takes a sink a head in its softmax (sinks: null elsewhere). Norm weights
 // are the factors applied (Gemma's 1 + weight, decoder_layer.py makes them). GPT-2: LayerNorms with
-// biases, GELU_TANH.
+// biases, GELU_TANH. A layer without an MLP (up and experts null: a Nemotron-H mixer that no MLP layer
+// follows) ends at its mixer's residual.
 template <typename T, typename C>
 struct Layer {
     const T *input_norm, *input_norm_bias, *post_norm, *post_norm_bias;
@@ -315,6 +319,13 @@ void activate_rows(T* up, int64_t stride, int64_t activation, int64_t rows, int6
             const T g = std::min(gate, top), u = std::clamp(*b, -top, top);
             return g / (T(1) + std::exp(-a * g)) * (u + T(1));
         });
+        return;
+    }
+    if (activation == RELU_SQUARED) {
+        each_activation(up, stride, rows, intermediate, [&](V::type x, const float*) {
+            const V::type r = x > 0.0f ? x : V::type{};
+            return r * r;
+        }, [&](T x, const T*) { return x > T(0) ? x * x : T(0); });
         return;
     }
     constexpr T root_2_over_pi = T(0.7978845608028654), cubic = T(0.044715);
@@ -547,7 +558,7 @@ void expert_phases(const T* h, const Layer<T, C>& l, int64_t rows, const Interme
 template <typename T, typename C>
 void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int64_t panel_from) {
     const int64_t rows = s.rows, hidden = l.hidden, inter = l.intermediate;
-    const int64_t up_width = l.activation == GELU_TANH ? inter : 2 * inter;
+    const int64_t up_width = ungated(l.activation) ? inter : 2 * inter;
     const int64_t q_width = l.heads * l.dim, kv_width = l.kv_heads * l.dim, qkv_width = l.mix_width();
     const int64_t gate_width = l.gated ? q_width : 0;  // (the gates between the queries and the keys)
     const Intermediates<T> buffers(l, rows, scratch);
@@ -619,6 +630,10 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
     }
     if (l.attn_out_norm != nullptr) norm_rows<T>(delta, nullptr, l.attn_out_norm, nullptr, false, l.eps, delta, rows, hidden);
     if (scales_residuals) scale_values(delta, l.residual_scale, rows * hidden);
+    if (l.up == nullptr && l.experts == nullptr) {  // (no MLP)
+        add_rows(x, delta, rows * hidden);
+        return;
+    }
     const T* mlp_in = x;  // (and so does its MLP)
     if (l.post_norm != nullptr) {
         norm_rows(x, delta, l.post_norm, l.post_norm_bias, l.layer_norm, l.eps, h, rows, hidden);

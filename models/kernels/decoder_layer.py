@@ -34,7 +34,7 @@ from .cpu_linear import CpuLinear, default_panel_rows
 from ..families.gemma import Gemma
 from ..families.gpt2 import GPT2
 from ..families.granite_hybrid import GraniteHybrid
-from ..families.layers import NativeDecoding, RMSNorm, chunk_rows, prefill_keys
+from ..families.layers import NativeDecoding, RMSNorm, SquaredReLU, chunk_rows, prefill_keys
 from ..families.lfm2 import Lfm2
 from ..families.llama import Llama
 from ..families.olmo import Olmo
@@ -154,8 +154,8 @@ class _Head(ctypes.Structure):  # decoder_layer.cpp's Head<T>
     _fields_ += [("eps", _double)]
 
 
-# decoder_layer.cpp's Activation: GPT-2's, Llama's, Gemma's, gpt-oss's experts'
-GELU_TANH, SILU_GATED, GELU_TANH_GATED, CLAMPED_SWIGLU = 0, 1, 2, 3
+# decoder_layer.cpp's Activation: GPT-2's, Llama's, Gemma's, gpt-oss's experts', Nemotron-H's
+GELU_TANH, SILU_GATED, GELU_TANH_GATED, CLAMPED_SWIGLU, RELU_SQUARED = 0, 1, 2, 3, 4
 
 KERNEL_ARGTYPES = [_pointer, ctypes.POINTER(_Layer), _int64, ctypes.POINTER(_Step), ctypes.POINTER(_Head), _pointer]
 
@@ -193,9 +193,17 @@ def _products(model: Llama | Gemma | Olmo | Lfm2 | GPT2) -> list:
     return layers + [model.lm_head]
 
 
-def _mlp_products(mlp: nn.Module) -> tuple:
-    """An MLP's linear layers: a SwiGLU's two, or a mixture's (_moe_products)."""
-    return _moe_products(mlp) if isinstance(mlp, SparseMoE) else (mlp.gate_up, mlp.down)
+def _mlp_products(mlp: nn.Module | None) -> tuple:
+    """An MLP's linear layers: a SwiGLU's two, a squared ReLU's two, a mixture's (_moe_products), or none
+    (a Nemotron-H block without an MLP)."""
+    if mlp is None:
+        return ()
+    return _moe_products(mlp) if isinstance(mlp, SparseMoE) else (_up_product(mlp), mlp.down)
+
+
+def _up_product(mlp: nn.Module) -> nn.Module:
+    """An MLP's first product: a SwiGLU's gate and up rows, a squared ReLU's up."""
+    return mlp.up if isinstance(mlp, SquaredReLU) else mlp.gate_up
 
 
 def _moe_products(moe: SparseMoE) -> tuple:
@@ -276,15 +284,17 @@ class DecoderLayers:
         """``mixer``: the two products in the attention's place (LFM2's convolution's, a Mamba2's; None: the
         attention's)."""
         attn, mlp = block.attn, block.mlp
-        routes = isinstance(mlp, SparseMoE)
+        routes, dense = isinstance(mlp, SparseMoE), mlp is not None and not isinstance(mlp, SparseMoE)
         qkv, out = mixer or (attn.qkv, attn.out)
-        layer = self._layer((block.input_norm, block.post_norm), qkv, out, None if routes else mlp.gate_up,
-                            None if routes else mlp.down,
+        layer = self._layer((block.input_norm, block.post_norm), qkv, out, _up_product(mlp) if dense else None,
+                            mlp.down if dense else None,
                             (None, None, None, None) if mixer else (attn.q_norm, attn.k_norm, None, None),
                             hidden=spec.hidden_size,
-                            intermediate=mlp.spec.intermediate_size if routes else spec.intermediate_size,
-                            heads=spec.num_heads, kv_heads=spec.num_kv_heads, dim=spec.head_dim,
-                            window=block.window or 0, activation=SILU_GATED, rotates=block.rotates,
+                            intermediate=mlp.spec.intermediate_size if routes else spec.intermediate_size if dense
+                            else 0, heads=spec.num_heads, kv_heads=spec.num_kv_heads, dim=spec.head_dim,
+                            window=block.window or 0,
+                            activation=RELU_SQUARED if isinstance(mlp, SquaredReLU) else SILU_GATED,
+                            rotates=block.rotates,
                             norms_across_heads=not mixer and attn.norms_across_heads, eps=spec.rms_norm_eps,
                             scale=1.0 if mixer else attn.scale, residual_scale=spec.residual_scale)
         if routes:

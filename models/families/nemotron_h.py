@@ -1,0 +1,137 @@
+"""NVIDIA's Nemotron-H hybrids (Nemotron-H 4B/8B/47B/56B, Nemotron Nano 9B v2 and 12B v2): a stack of
+single-purpose layers, each a norm, then a Mamba2 mixer (mamba2.py), an attention without positions, or a
+squared-ReLU MLP, then the residual. Loom runs them as Granite 4's hybrids' blocks (granite_hybrid.py): a
+mixer layer and the MLP layer after it make one block (norm, mixer, residual; norm, MLP, residual), a mixer
+that no MLP layer follows a block without an MLP. Nemotron 3's mixture-of-experts layers are refused."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from .granite_hybrid import GraniteHybrid, GraniteHybridSpec
+from .layers import QKV, fused
+from .llama import LlamaSpec
+from .mamba2 import Mamba2Mixer, Mamba2Shape
+
+FAMILIES = ("nemotron_h",)
+# the hub configs' hybrid_override_pattern, a letter a layer -> transformers' layer types
+PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+MIXERS = {"linear_attention": True, "full_attention": False}  # a mixer layer type -> whether it is a Mamba2 layer
+
+
+def layer_types(c: dict) -> list[str]:
+    """Each layer's type: transformers' layers_block_type (layer_types), else the hub's pattern."""
+    types = c.get("layers_block_type") or c.get("layer_types")
+    if types is None:
+        pattern = c.get("hybrid_override_pattern")
+        if pattern is None:
+            raise ValueError("a Nemotron-H config needs layers_block_type or hybrid_override_pattern")
+        if unknown := set(pattern) - set(PATTERN):
+            raise ValueError(f"hybrid_override_pattern has letters {sorted(unknown)} Loom does not know; "
+                             f"it knows {', '.join(PATTERN)}")
+        types = [PATTERN[letter] for letter in pattern]
+    return list(types)
+
+
+def blocks_of(types: list[str]) -> tuple[tuple[int, int | None], ...]:
+    """(the mixer layer, the MLP layer after it or None) for each block, or a ValueError for the layers
+    Loom does not run: experts, an MLP that follows no mixer."""
+    if "moe" in types:
+        raise ValueError("Nemotron-H's mixture-of-experts layers (Nemotron 3's) are not supported; Loom runs "
+                         "Nemotron-H models whose layers are Mamba2, attention and MLP layers")
+    if unknown := set(types) - set(PATTERN.values()):
+        raise ValueError(f"Nemotron-H layer types {sorted(unknown)} are not supported; supported: "
+                         f"{', '.join(t for t in PATTERN.values() if t != 'moe')}")
+    blocks = []
+    for i, kind in enumerate(types):
+        if kind in MIXERS:
+            blocks.append((i, None))
+        elif not blocks or blocks[-1][1] is not None:
+            raise ValueError(f"Nemotron-H layer {i} is an MLP that follows no Mamba2 or attention layer; Loom runs "
+                             "an MLP layer after a mixer layer only")
+        else:
+            blocks[-1] = (blocks[-1][0], i)
+    return tuple(blocks)
+
+
+@dataclass
+class NemotronHSpec(GraniteHybridSpec):
+    # each block's layers in the checkpoint: its mixer's, and its MLP's (None: the block has none)
+    block_layers: tuple[tuple[int, int | None], ...] = ()
+
+    @classmethod
+    def from_hf(cls, c: dict) -> "NemotronHSpec":
+        types = layer_types(c)
+        blocks = blocks_of(types)
+        for key, supported in (("mlp_hidden_act", "relu2"), ("mamba_hidden_act", "silu")):
+            if c.get(key, supported) != supported:
+                raise ValueError(f"Nemotron-H with {key} {c[key]!r} is not supported; supported: {supported}")
+        recurrent = tuple(MIXERS[types[mixer]] for mixer, _ in blocks)
+        if all(recurrent):
+            raise ValueError("a Nemotron-H model without attention layers is not supported: Loom's pool wants one")
+        base = LlamaSpec.from_hf({
+            "model_type": "nemotron_h", "vocab_size": c["vocab_size"], "hidden_size": c["hidden_size"],
+            "intermediate_size": c.get("intermediate_size", 21504), "num_hidden_layers": len(blocks),
+            "num_attention_heads": c.get("num_attention_heads", 32), "num_key_value_heads": c.get("num_key_value_heads"),
+            "head_dim": c.get("head_dim", 128), "rms_norm_eps": c.get("layer_norm_epsilon", 1e-5),
+            "max_position_embeddings": c.get("max_position_embeddings", 4096),
+            "tie_word_embeddings": c.get("tie_word_embeddings", False), "mlp_bias": c.get("mlp_bias", False),
+            # (transformers' attention has no biases whatever attention_bias says; a GGUF file's config says
+            # whether it has them, as llama.cpp reads them)
+            "attention_bias": c.get("attention_biases_in_file", False),
+            "no_rope_layers": [0] * len(blocks)})
+        return cls(**{f.name: getattr(base, f.name) for f in fields(LlamaSpec)}, layer_recurrent=recurrent,
+                   mamba=Mamba2Shape.from_nemotron_h(c), layer_mlp=tuple(mlp is not None for _, mlp in blocks),
+                   squared_relu=True, block_layers=blocks)
+
+
+class NemotronH(GraniteHybrid):
+    @staticmethod
+    def convert(hf: dict[str, torch.Tensor], s: NemotronHSpec) -> dict[str, torch.Tensor]:
+        """Transformers' parameter names (the hub's under backbone, transformers 5's under model: each layer's
+        norm, and its mixer's products whatever the layer's kind) or a GGUF file's (as gguf.py names them, by
+        kind: input_layernorm, mamba.*, self_attn.*, mlp.*; ssm_a for -exp(A_log)) -> the blocks'."""
+        hf = _named_by_kind(hf, s)
+        out = {"embed.weight": hf["embed_tokens.weight"], "norm.weight": hf["norm.weight"]}
+        out["lm_head.weight"] = hf["embed_tokens.weight"] if s.tie_word_embeddings else hf["lm_head.weight"]
+        for block, ((mixer, mlp), recurrent) in enumerate(zip(s.block_layers, s.layer_recurrent)):
+            p, o = f"layers.{mixer}.", f"layers.{block}."
+            out[o + "input_norm.weight"] = hf[p + "input_layernorm.weight"]
+            if recurrent:
+                out.update(Mamba2Mixer.convert(hf, p + "mamba.", o + "mamba.", s.mamba))
+            else:
+                for kind in ("weight", "bias") if s.qkv_bias else ("weight",):
+                    out[o + f"attn.qkv.{kind}"] = fused(hf, p, QKV, kind)
+                for kind in ("weight", "bias") if s.out_bias else ("weight",):
+                    out[o + f"attn.out.{kind}"] = hf[p + f"self_attn.o_proj.{kind}"]
+            if mlp is not None:
+                p = f"layers.{mlp}."
+                out[o + "post_norm.weight"] = hf[p + "input_layernorm.weight"]
+                for kind in ("weight", "bias") if s.mlp_bias else ("weight",):
+                    out[o + f"mlp.up.{kind}"] = hf[p + f"mlp.up_proj.{kind}"]
+                    out[o + f"mlp.down.{kind}"] = hf[p + f"mlp.down_proj.{kind}"]
+        return out
+
+
+def _named_by_kind(hf: dict[str, torch.Tensor], s: NemotronHSpec) -> dict[str, torch.Tensor]:
+    """Transformers' names as a GGUF file's come from gguf.py: the model's prefix dropped, the embeddings and
+    final norm as Llama's, a layer's norm as its input_layernorm, its mixer's products under its kind's
+    prefix; a GGUF file's names as they are."""
+    kinds = {}
+    for (mixer, mlp), recurrent in zip(s.block_layers, s.layer_recurrent):
+        kinds[mixer] = "mamba." if recurrent else "self_attn."
+        if mlp is not None:
+            kinds[mlp] = "mlp."
+    global_names = {"embeddings.weight": "embed_tokens.weight", "norm_f.weight": "norm.weight"}
+    named = {}
+    for name, tensor in hf.items():
+        name = name.removeprefix("backbone.").removeprefix("model.")
+        parts = name.split(".", 3)
+        if parts[0] == "layers" and parts[2] == "norm":
+            name = f"layers.{parts[1]}.input_layernorm.{parts[3]}"
+        elif parts[0] == "layers" and parts[2] == "mixer":
+            name = f"layers.{parts[1]}.{kinds[int(parts[1])]}{parts[3]}"
+        named[global_names.get(name, name)] = tensor
+    return named
