@@ -19,6 +19,7 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape qwen35-2b --format q4_k_m --vocab 248320 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape granite4h-micro --format q4_k_m --vocab 100352 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape qwen3vl-2b --format q4_k_m --vocab 151936 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape nemotronh-4b --format q4_k_m --vocab 131072 --out /tmp/gguf
 
 Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), mxfp4
 (gpt-oss's files as ggml-org publishes them: the experts in MXFP4, the other matrices in Q8_0), q4_k_m
@@ -61,7 +62,10 @@ head, ssm_norm a row a group, ssm_out; no K/V heads listed for them; attention w
 beside a shared expert of 1024 rows; dims as I recall their configs); the qwen3vl ones as Qwen3-VL's text GGUFs
 (architecture qwen3vl, qwen3vlmoe for the 30B-A3B: Qwen3's layout and the 30B-A3B's experts, the multimodal
 rotary's sections 24/20/20 and three deepstack layers in the metadata, rope base 5e6; the 8B's and the
-30B-A3B's output layers their own);
+30B-A3B's output layers their own); the nemotronh ones as Nemotron-H's (architecture nemotron_h: single-purpose
+layers, a norm each, then a Mamba2 mixer as Granite 4.0 H's, an attention without positions, or an MLP of ffn_up
+and ffn_down (squared ReLU), told apart by K/V heads and MLP widths listed a layer at a time; the 4B's and 8B's 52
+layers and Nemotron Nano 9B v2's 56 in their patterns as I recall them; their output layers their own);
 the qwen3moe one as a Qwen3-MoE (Qwen3's layout, 128 experts of 768 rows, 8 a token, each layer's
 three expert products a stack of all 128 experts' matrices, its router in F32 as llama-quantize leaves it);
 the ministral3 ones as Ministral 3's (architecture mistral3: Llama's layout, 128-wide heads, its yarn
@@ -126,10 +130,13 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "granite4h-350m": (768, 2048, 32, 12, 4), "granite4h-1b": (1536, 4096, 40, 12, 4),
           "granite4h-micro": (2048, 8192, 40, 32, 8), "granite4h-tiny": (1536, 512, 40, 12, 4),
           "qwen3vl-2b": (2048, 6144, 28, 16, 8), "qwen3vl-4b": (2560, 9728, 36, 32, 8),
-          "qwen3vl-8b": (4096, 12288, 36, 32, 8), "qwen3vlmoe-30b-a3b": (2048, 6144, 48, 32, 4)}
+          "qwen3vl-8b": (4096, 12288, 36, 32, 8), "qwen3vlmoe-30b-a3b": (2048, 6144, 48, 32, 4),
+          "nemotronh-4b": (3072, 12288, 52, 32, 8), "nemotronh-8b": (4096, 21504, 52, 32, 8),
+          "nemotronh-nano-9b": (4480, 15680, 56, 40, 8)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
 UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
-          "qwen2moe-a2.7b", "qwen35-9b", "qwen3vl-8b", "qwen3vlmoe-30b-a3b"}  # the shapes whose output layer
+          "qwen2moe-a2.7b", "qwen35-9b", "qwen3vl-8b", "qwen3vlmoe-30b-a3b", "nemotronh-4b", "nemotronh-8b",
+          "nemotronh-nano-9b"}  # the shapes whose output layer
 # is a tensor of its own
 
 
@@ -168,7 +175,14 @@ class Layout:
     # width) and the layers Qwen3-VL's deepstack adds image features to
     vision_sections: tuple[int, int, int, int] | None = None
     deepstack: int = 0
+    # Nemotron-H's single-purpose layers, a letter each (M: Mamba2, *: attention, -: an MLP of up and down), its
+    # Mamba2 layers' sizes in ``mamba``
+    pattern: str | None = None
 
+
+# Nemotron-H's layers, as I recall the 4B's and 8B's hybrid_override_pattern and Nemotron Nano 9B v2's
+NEMOTRON_H_8B = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
+NEMOTRON_NANO_9B = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"
 
 LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
            "granite3": Layout("granite", rope_base=1e7, eps=1e-5, context=131072, scales=(12.0, 0.22, 0.015625, 8.0)),
@@ -204,6 +218,8 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
                              vision_sections=(24, 20, 20, 0), deepstack=3),
            "qwen3vlmoe": Layout("qwen3vlmoe", head=128, rope_base=5e6, eps=1e-6, context=262144, head_norms=True,
                                 experts=(128, 8, 768), vision_sections=(24, 20, 20, 0), deepstack=3),
+           "nemotronh": Layout("nemotron_h", head=128, eps=1e-5, context=8192, mamba=(128, 64, 128, 8),
+                               pattern=NEMOTRON_H_8B),
            "gemma": Layout("gemma", head=256, rope_base=10000.0, eps=1e-6, context=8192),
            "gemma2": Layout("gemma2", head=256, rope_base=10000.0, eps=1e-6, context=8192, output_norms=True,
                             window=4096, soft_caps=(50.0, 30.0)),
@@ -216,7 +232,10 @@ SHAPE_LAYOUTS = {"gemma3-4b": replace(LAYOUTS["gemma3"], window=1024, linear_rop
                  **{shape: replace(LAYOUTS["qwen35"], delta=(16, 32, 128)) for shape in ("qwen35-4b", "qwen35-9b")},
                  "granite4h-350m": replace(LAYOUTS["granite4h"], attending=(3, 11, 19, 27), mamba=(48, 32, 128, 1)),
                  "granite4h-micro": replace(LAYOUTS["granite4h"], mamba=(64, 64, 128, 1)),
-                 "granite4h-tiny": replace(LAYOUTS["granite4h"], experts=(64, 6, 512), shared_expert=1024)}
+                 "granite4h-tiny": replace(LAYOUTS["granite4h"], experts=(64, 6, 512), shared_expert=1024),
+                 "nemotronh-4b": replace(LAYOUTS["nemotronh"], mamba=(112, 64, 128, 8)),
+                 "nemotronh-nano-9b": replace(LAYOUTS["nemotronh"], mamba=(128, 80, 128, 8), context=131072,
+                                              pattern=NEMOTRON_NANO_9B)}
 QWEN35_ATTENTION_EVERY, QWEN35_CONV_TAPS = 4, 4
 
 
@@ -298,6 +317,25 @@ def tensor_data(kind: Q, shape: tuple[int, ...], rng: np.random.Generator, bias:
     return gguf.quants.quantize(values, kind)  # (BF16's too: its bytes)
 
 
+def mamba2_tensors(hidden: int, mamba: tuple[int, int, int, int]):
+    """A Mamba2 mixer's tensors as llama.cpp's converter writes them (after the layer's norm)."""
+    ssm_heads, width, state, groups = mamba
+    conv = ssm_heads * width + 2 * groups * state
+    return (("ssm_in.weight", (ssm_heads * width + conv + ssm_heads, hidden)),
+            ("ssm_conv1d.weight", (conv, QWEN35_CONV_TAPS)), ("ssm_conv1d.bias", (conv,)),
+            ("ssm_dt.bias", (ssm_heads,)), ("ssm_a", (ssm_heads, 1)), ("ssm_d", (ssm_heads, 1)),
+            ("ssm_norm.weight", (groups, ssm_heads * width // groups)), ("ssm_out.weight", (hidden, ssm_heads * width)))
+
+
+def single_purpose_layer(letter: str, hidden: int, inner: int, q: int, kv: int, mamba: tuple[int, int, int, int]):
+    """A Nemotron-H layer's tensors: its norm, then its Mamba2 mixer's (M), attention's (*) or MLP's (-)."""
+    parts = {"M": mamba2_tensors(hidden, mamba),
+             "*": (("attn_q.weight", (q, hidden)), ("attn_k.weight", (kv, hidden)), ("attn_v.weight", (kv, hidden)),
+                   ("attn_output.weight", (hidden, q))),
+             "-": (("ffn_up.weight", (inner, hidden)), ("ffn_down.weight", (hidden, inner)))}[letter]
+    return (("attn_norm.weight", (hidden,)), *parts)
+
+
 def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, head: int, vocab: int, family: Layout,
             tied: bool):
     q, kv = head * heads, head * kv_heads
@@ -316,6 +354,10 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
     yield "token_embd.weight", -1, (vocab, hidden)
     q_rows = 2 * q if family.delta else q  # (Qwen3.5's query product gives a gate a head too)
     for i in range(layers):
+        if family.pattern:  # Nemotron-H: a norm, then one of a Mamba2 mixer, an attention or an MLP
+            yield from ((f"blk.{i}.{name}", i, shape) for name, shape in single_purpose_layer(
+                family.pattern[i], hidden, inner, q, kv, family.mamba))
+            continue
         if family.delta and (i + 1) % QWEN35_ATTENTION_EVERY:  # a delta-rule layer, then the MLP
             key_heads, value_heads, width = family.delta
             conv, values = 2 * key_heads * width + value_heads * width, value_heads * width
@@ -328,14 +370,7 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
                 yield f"blk.{i}.{name}", i, shape
             continue
         if family.mamba and i not in family.attending:  # a Mamba2 layer, then the MLP
-            ssm_heads, width, state, groups = family.mamba
-            conv = ssm_heads * width + 2 * groups * state
-            for name, shape in (("attn_norm.weight", (hidden,)), ("ssm_in.weight", (ssm_heads * width + conv + ssm_heads,
-                                                                                      hidden)),
-                                ("ssm_conv1d.weight", (conv, QWEN35_CONV_TAPS)), ("ssm_conv1d.bias", (conv,)),
-                                ("ssm_dt.bias", (ssm_heads,)), ("ssm_a", (ssm_heads, 1)), ("ssm_d", (ssm_heads, 1)),
-                                ("ssm_norm.weight", (groups, ssm_heads * width // groups)),
-                                ("ssm_out.weight", (hidden, ssm_heads * width)),
+            for name, shape in (("attn_norm.weight", (hidden,)), *mamba2_tensors(hidden, family.mamba),
                                 *((f"{n}.weight", s) for n, s in ((family.mlp_norm, (hidden,)), *mlp))):
                 yield f"blk.{i}.{name}", i, shape
             continue
@@ -386,7 +421,8 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
     writer.add_file_type(FILE_TYPES[fmt])
     writer.add_context_length(family.context)
     writer.add_embedding_length(hidden)
-    writer.add_feed_forward_length(inner)
+    # (Nemotron-H's a layer at a time: an MLP layer's width, none elsewhere)
+    writer.add_feed_forward_length([inner if c == "-" else 0 for c in family.pattern] if family.pattern else inner)
     writer.add_block_count(layers)
     writer.add_head_count(heads)
     if family.delta:  # its delta-rule layers' sizes, a rotary over a quarter of a head (llama.cpp's sections)
@@ -405,12 +441,17 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_ssm_group_count(groups)
         writer.add_ssm_time_step_rank(ssm_heads)
         writer.add_ssm_inner_size(ssm_heads * width)
-        writer.add_rope_scaling_finetuned(False)
+        if family.pattern:  # (llama.cpp's Nemotron-H requires the plain epsilon)
+            writer.add_layer_norm_eps(family.eps)
+        else:
+            writer.add_rope_scaling_finetuned(False)
     if family.vision_sections:
         writer.add_array(f"{family.arch}.rope.dimension_sections", list(family.vision_sections))
     if family.deepstack:
         writer.add_uint32(f"{family.arch}.n_deepstack_layers", family.deepstack)
-    if family.attending is not None:  # (none in a convolution or Mamba2 layer: how llama.cpp tells them apart)
+    if family.pattern:  # K/V heads in the attention layers alone
+        writer.add_head_count_kv([kv_heads if c == "*" else 0 for c in family.pattern])
+    elif family.attending is not None:  # (none in a convolution or Mamba2 layer: how llama.cpp tells them apart)
         writer.add_head_count_kv([kv_heads if i in family.attending else 0 for i in range(layers)])
         if not family.mamba:
             writer.add_uint32(f"{family.arch}.shortconv.l_cache", CONV_TAPS)
