@@ -37,8 +37,8 @@ def _delta_rule_in_float64(query, key, value, g, beta, initial_state=None, outpu
     return out, state if output_final_state else None
 
 
-transformers.models.qwen3_5.modeling_qwen3_5.torch_chunk_gated_delta_rule = _delta_rule_in_float64
-transformers.models.qwen3_5.modeling_qwen3_5.torch_recurrent_gated_delta_rule = _delta_rule_in_float64
+for _module in (transformers.models.qwen3_5.modeling_qwen3_5, transformers.models.qwen3_5_moe.modeling_qwen3_5_moe):
+    _module.torch_chunk_gated_delta_rule = _module.torch_recurrent_gated_delta_rule = _delta_rule_in_float64
 
 def _mamba2_scan_in_float64(module, hidden_states, B, C, dt, cache, **_):
     """transformers' Granite 4 Mamba2 scan (its recurrent and chunked forms alike) token by token in the
@@ -560,7 +560,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     writer.add_feed_forward_length(hf.model.layers[0].feed_forward.w1.out_features if lfm2 else
                                    [c.intermediate_size if t == "mlp" else 0 for t in types] if nemotron else
                                    c.shared_intermediate_size if hybrid and not c.num_local_experts else
-                                   c.intermediate_size)
+                                   c.to_dict().get("intermediate_size") or c.moe_intermediate_size)
     writer.add_head_count(heads)
     writer.add_head_count_kv([kv_heads if t in ("attention", "full_attention") else 0 for t in types]
                              if lfm2 or hybrid else kv_heads)
@@ -568,7 +568,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         metadata = (_nemotron_h_metadata(c) if nemotron else _granite_hybrid_metadata(c)) | (metadata or {})
     if lfm2:
         writer.add_uint32(f"{arch}.shortconv.l_cache", c.conv_L_cache)
-    if arch == "qwen35":  # its delta-rule layers' sizes and places, its rotary's share of a head
+    qwen35 = arch in ("qwen35", "qwen35moe")
+    if qwen35:  # its delta-rule layers' sizes and places, its rotary's share of a head
         metadata = {"ssm.conv_kernel": c.linear_conv_kernel_dim, "ssm.state_size": c.linear_key_head_dim,
                     "ssm.group_count": c.linear_num_key_heads, "ssm.time_step_rank": c.linear_num_value_heads,
                     "ssm.inner_size": c.linear_value_head_dim * c.linear_num_value_heads,
@@ -602,7 +603,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     gemma = arch.startswith("gemma")
     names = {**GGUF_LAYER_NAMES,
              **(GGUF_GEMMA_NAMES if arch in ("gemma2", "gemma3", "olmo2", "gpt-oss", "exaone4") else {}),
-             **(GGUF_LFM2_NAMES if lfm2 else {}), **(GGUF_QWEN35_NAMES if arch == "qwen35" else {})}
+             **(GGUF_LFM2_NAMES if lfm2 else {}), **(GGUF_QWEN35_NAMES if qwen35 else {})}
     for name, tensor in hf.state_dict().items():
         if name.startswith("model.visual."):
             continue
@@ -612,13 +613,13 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         values = tensor.float().numpy()
         if name.endswith("conv.conv.weight"):  # LFM2's taps [hidden, 1, length], kept [hidden, length]
             values = values.reshape(values.shape[0], -1)
-        if (gemma or arch == "qwen35") and name.endswith("norm.weight") and "linear_attn" not in name:
+        if (gemma or qwen35) and name.endswith("norm.weight") and "linear_attn" not in name:
             values = values + 1
         if name in GGUF_GLOBAL_NAMES:
             add(GGUF_GLOBAL_NAMES[name], values)
             continue
         _, _, layer, rest = name.split(".", 3)
-        if arch == "qwen35" and (written := _qwen35_tensor(rest, values, c)) is not None:
+        if qwen35 and (written := _qwen35_tensor(rest, values, c)) is not None:
             add(f"blk.{layer}.{written[0]}", written[1])
             continue
         if hybrid and (written := _granite_hybrid_tensor(rest, values, c)) is not None:

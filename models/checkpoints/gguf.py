@@ -78,6 +78,7 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
                     "olmo2": OUTPUT_NORM_NAMES, "exaone4": OUTPUT_NORM_NAMES,
                     "gpt-oss": {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"},
                     "lfm2": LFM2_LAYER_NAMES, "lfm2moe": LFM2_LAYER_NAMES, "qwen35": QWEN35_LAYER_NAMES,
+                    "qwen35moe": QWEN35_LAYER_NAMES,
                     "granitehybrid": GRANITE_HYBRID_LAYER_NAMES, "nemotron_h": GRANITE_HYBRID_LAYER_NAMES}
 # parameters transformers names without a kind (gpt-oss's sinks: llama.cpp's converter adds ".weight";
 # ERNIE 4.5's selection bias, Qwen3.5's and Mamba2's dt_bias, ".bias")
@@ -85,7 +86,7 @@ BARE_NAMES = ("self_attn.sinks", "mlp.moe_statics.e_score_correction_bias", "lin
               "linear_attn.ssm_a", "mamba.dt_bias", "mamba.ssm_a", "mamba.D")
 # llama.cpp multiplies by a norm's weight where Gemma (and Qwen3.5, but for its delta-rule layers' gated norm)
 # multiplies by (1 + weight): its converter stores weight + 1, which loading takes back.
-NORM_OFFSET = {"gemma": 1.0, "gemma2": 1.0, "gemma3": 1.0, "qwen35": 1.0}
+NORM_OFFSET = {"gemma": 1.0, "gemma2": 1.0, "gemma3": 1.0, "qwen35": 1.0, "qwen35moe": 1.0}
 PLAIN_NORMS = ("linear_attn.norm.weight",)
 SUPPORTED_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
                    Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4}
@@ -269,7 +270,7 @@ def _row_order(name: str, info: TensorInfo, arch: str, config: dict) -> torch.Te
     """Where llama.cpp's converter permuted a tensor's rows (Llama's Q/K weights and biases: from
     rotate-half pairs to interleaved pairs), the file's row of each of transformers' rows; else None.
     (Qwen3.5's query rows, each head's beside its gate's, come as every query's, then every gate's.)"""
-    if arch == "qwen35" and name.endswith("q_proj.weight"):
+    if arch in ("qwen35", "qwen35moe") and name.endswith("q_proj.weight"):
         heads = config["num_attention_heads"]
         return query_then_gate(heads, info.shape[0] // heads // 2)
     if arch not in LLAMA_LAYOUT:  # (the others use the NeoX layout, stored as is)
@@ -377,7 +378,7 @@ def read_tokenizer(path: Path, arch: str | None = None) -> Tokenizer:
 TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "llama", "mistral3": "llama",
                        "ernie4_5": "llama", "ernie4_5-moe": "llama", "olmo2": "llama", "olmoe": "llama",
                        "gpt-oss": "llama", "lfm2": "llama", "lfm2moe": "llama", "exaone4": "llama", "gemma": "gemma2",
-                       "qwen35": "llama", "granitehybrid": "llama", "qwen2vl": "qwen2", "qwen3vl": "qwen3",
+                       "qwen35": "llama", "qwen35moe": "llama", "granitehybrid": "llama", "qwen2vl": "qwen2", "qwen3vl": "qwen3",
                        "qwen3vlmoe": "qwen3", "nemotron_h": "llama"}
 
 

@@ -16,7 +16,8 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "mistral3": "ministral3", "ernie4_5": "llama",
                  "olmo2": "olmo2", "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen2moe": "qwen2_moe",
                  "ernie4_5-moe": "ernie4_5_moe", "lfm2": "lfm2", "lfm2moe": "lfm2_moe", "exaone4": "exaone4",
-                 "qwen35": "qwen3_5_text", "granitehybrid": "granitemoehybrid",
+                 "qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text",
+                 "granitehybrid": "granitemoehybrid",
                  # vision-language models' text (vision_language.py says why they are their text families')
                  "qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3_moe", "nemotron_h": "nemotron_h"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
@@ -24,14 +25,14 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
 # Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
 MIXTURES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe",
             "olmoe": "olmoe", "ernie4_5-moe": "ernie4_5_moe", "gpt-oss": "gpt_oss", "lfm2moe": "lfm2_moe",
-            "granitehybrid": "granitemoehybrid", "qwen3vlmoe": "qwen3_moe"}
+            "granitehybrid": "granitemoehybrid", "qwen3vlmoe": "qwen3_moe", "qwen35moe": "qwen3_5_moe_text"}
 # llama.cpp's expert_gating_func: how an architecture's experts are scored where the file says (LFM2-MoE's
 # sigmoid; the others' softmax, which their files need not say)
 GATING = {1: "softmax", 2: "sigmoid"}
 SIGMOID_MIXTURES = frozenset({"lfm2moe"})
 # the mixtures whose files may add a shared expert every token takes (Qwen2-MoE's always, weighted by a
 # router of its own; Granite MoE Shared's, a granitemoe file with expert_shared_feed_forward_length; ERNIE 4.5's)
-SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe", "granitehybrid"})
+SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe", "granitehybrid", "qwen35moe"})
 # architectures whose files keep Llama's layout: Q/K rows in the interleaved rotary's order (llama.cpp's
 # converter permutes Llama's; ERNIE 4.5's checkpoints hold them so: its files are Llama's from there),
 # attention biases where the model has them
@@ -79,7 +80,7 @@ def check_architecture(meta: dict, file_name: str) -> str:
         if arch not in MIXTURES:
             raise ValueError(f"{file_name} is a {arch} model with {key('expert_count')} experts; Loom runs experts "
                              f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, "
-                             "OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's and Qwen3-VL's)")
+                             "OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's and Qwen3.5's)")
         if key("expert_shared_feed_forward_length") and arch not in SHARED_EXPERTS:
             raise ValueError(f"{file_name} is a {arch} model with a shared expert, which Loom runs in "
                              f"{', '.join(sorted(SHARED_EXPERTS))} files only")
@@ -182,7 +183,7 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
             config["layer_types"] = types
     if arch == "exaone4":
         config |= _exaone4_layers(key, config["num_hidden_layers"], file_name)
-    if arch == "qwen35":
+    if arch in ("qwen35", "qwen35moe"):
         config |= _qwen35_layers(key, config["num_hidden_layers"], file_name)
     rotary = key("rope.dimension_count")
     if rotary and heads:
@@ -249,6 +250,8 @@ def _experts(arch: str, key, config: dict) -> dict:
               "norm_topk_prob": arch in ("qwen3moe", "qwen3vlmoe")}
     if arch == "qwen2moe":
         fields["shared_expert_intermediate_size"] = shared or config["intermediate_size"]
+    if arch == "qwen35moe":  # (its shared expert gated by its own router, as Qwen2-MoE's; renormalised: moe.py)
+        fields["shared_expert_intermediate_size"] = shared or 0
     return fields
 
 

@@ -1,6 +1,6 @@
 """Vision-language checkpoints read for their text: the language model's config and tensors, the vision
-tower's left out. Loom takes token prompts, and on text alone these models are their text families':
-Qwen2-VL's and Qwen3-VL's multimodal rotary gives every text token three equal positions (time, height,
+tower's and projector's left out. Loom takes token prompts, and on text alone these models are their text
+families' (Gemma 3's, Mistral 3's and Ministral 3's outright): Qwen2-VL's and Qwen3-VL's multimodal rotary gives every text token three equal positions (time, height,
 width), which rotate as the text model's rope, and Qwen3-VL's deepstack adds image features to image
 tokens only. (llama.cpp's Qwen3-VL leaves two of a head's 64 rotary pairs, the slowest, unrotated for text:
 about 4e-7 radians a position; Loom rotates them, as transformers does.)"""
@@ -11,12 +11,18 @@ import torch
 
 from ..families.rope import rope_type
 
-# a vision-language model_type -> the text family its language model is
-TEXT_MODELS = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "qwen3_vl_moe": "qwen3_moe"}
+# a vision-language model_type -> the text family its language model is (None: as its text_config says)
+TEXT_MODELS = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "qwen3_vl_moe": "qwen3_moe",
+               "gemma3": None, "mistral3": None}
 # what a text family's config would say that the vision-language model's leaves out: Qwen3-VL-MoE renormalises
 # its chosen experts' weights always (its config has no norm_topk_prob)
 FIXED = {"qwen3_vl_moe": {"norm_topk_prob": True}}
-VISION_PREFIXES = ("model.visual.", "visual.")
+VISION_PREFIXES = ("model.visual.", "visual.", "model.vision_tower.", "vision_tower.", "model.multi_modal_projector.",
+                   "multi_modal_projector.")
+# where checkpoints keep the language model -> its text family's names: transformers 5's, and the hub's older
+# Gemma 3 and Mistral 3 files' (the hub's Qwen2-VL files keep it under model already)
+LANGUAGE_MODEL_PREFIXES = {"model.language_model.": "model.", "language_model.model.": "model.",
+                           "language_model.lm_head.": "lm_head."}
 
 
 def text_config(config: dict) -> dict:
@@ -26,7 +32,8 @@ def text_config(config: dict) -> dict:
     if kind not in TEXT_MODELS:
         return config
     outer = {k: v for k, v in config.items() if k not in ("text_config", "vision_config")}
-    text = {**outer, **(config.get("text_config") or {}), "model_type": TEXT_MODELS[kind],
+    inner = config.get("text_config") or {}
+    text = {**outer, **inner, "model_type": TEXT_MODELS[kind] or inner.get("model_type"),
             "vision_language_model": kind, **FIXED.get(kind, {})}
     if "tie_word_embeddings" in outer:  # (the whole model's answer, which transformers ties by, over text_config's)
         text["tie_word_embeddings"] = outer["tie_word_embeddings"]
@@ -38,8 +45,7 @@ def text_config(config: dict) -> dict:
 
 def text_tensors(tensors: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Tensor]:
     """The language model's tensors of a vision-language checkpoint (``config``: text_config's answer)
-    under its text family's names (transformers 5 nests them under model.language_model; the hub's
-    Qwen2-VL files keep them under model), the vision tower's dropped; Qwen3-VL-MoE's hub files keep their
+    under its text family's names (LANGUAGE_MODEL_PREFIXES), the vision tower's and projector's dropped; Qwen3-VL-MoE's hub files keep their
     expert stacks transposed ([experts, hidden, 2 x inner]), which are put in transformers' layout. Any
     other checkpoint's tensors as they are."""
     if "vision_language_model" not in config:
@@ -47,8 +53,10 @@ def text_tensors(tensors: dict[str, torch.Tensor], config: dict) -> dict[str, to
     text = {}
     for name in list(tensors):
         tensor = tensors.pop(name)
-        if not name.startswith(VISION_PREFIXES):
-            text[name.replace("model.language_model.", "model.", 1)] = tensor
+        if name.startswith(VISION_PREFIXES):
+            continue
+        prefix = next((p for p in LANGUAGE_MODEL_PREFIXES if name.startswith(p)), None)
+        text[LANGUAGE_MODEL_PREFIXES[prefix] + name[len(prefix):] if prefix else name] = tensor
     if config["vision_language_model"] == "qwen3_vl_moe":
         _experts_in_transformers_layout(text, config)
     return text

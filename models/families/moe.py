@@ -73,6 +73,11 @@ class MoESpec:
                        bool(c.get("norm_topk_prob", True)), frozenset(range(c.get("num_dense_layers", 2))), 1,
                        selection_bias=bool(c.get("use_expert_bias", True)), sigmoid=True,
                        routed_scale=float(c.get("routed_scaling_factor") or 1.0))
+        if kind in ("qwen3_5_moe", "qwen3_5_moe_text"):  # (its chosen weights renormalised always)
+            shared = c.get("shared_expert_intermediate_size") or 0
+            return cls(c.get("num_experts") or c["num_local_experts"], c["num_experts_per_tok"],
+                       c["moe_intermediate_size"], True, frozenset(), 1, shared_intermediate_size=shared,
+                       shared_gate=bool(shared))
         if kind in ("qwen3_moe", "qwen2_moe"):
             experts = c.get("num_experts") or c["num_local_experts"]  # the hub's name, transformers 5's
             shared = (c.get("shared_expert_intermediate_size") or 0) if kind == "qwen2_moe" else 0

@@ -1,7 +1,8 @@
 """Qwen3.5 over the paged KV cache and a state a sequence: three layers in four mix their tokens through a
 gated delta rule (linear attention whose memory is a matrix a head, carried from token to token), the
-fourth attends as Qwen3 does with an output gate; every layer then takes a SwiGLU MLP. Its norms scale
-by 1 + weight (Gemma's), the rotary turns the first quarter of each head.
+fourth attends as Qwen3 does with an output gate; every layer then takes a SwiGLU MLP (Qwen3.5-MoE's: routed
+experts beside a shared one, moe.py's). Its norms scale by 1 + weight (Gemma's), the rotary turns the first
+quarter of each head.
 
 A delta-rule layer's product gives q, k and v (convolved with the three tokens before, a channel at a
 time, through a SiLU), a gate z and, a head each, beta and a decay. Each head's state S (key width x
@@ -23,10 +24,11 @@ from torch import nn
 from ..kernels import delta_rule as native_delta
 from .layers import GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, SwiGLU, fused, paged_attention
 from .llama import Attention
+from .moe import MoESpec, SparseMoE
 from .recurrent import StateRuns, check_state_slots, convolve
 from .rope import Rotary, rope_type
 
-FAMILIES = ("qwen3_5", "qwen3_5_text")
+FAMILIES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
 # transformers' Qwen3.5 defaults, for a config that leaves them out
 DEFAULT_THETA, DEFAULT_ROTARY_SHARE, DEFAULT_ATTENTION_EVERY = 10_000_000.0, 0.25, 4
 # its decoder norms multiply by 1 + weight (their checkpoints store weight - 1, llama.cpp's files weight)
@@ -63,6 +65,7 @@ class Qwen35Spec(DecoderShape):
     # a GGUF file's layout (gguf_config says so): its value heads tiled, its query rows split from the
     # gates' as they are read, -exp(A_log) stored
     llama_cpp_layout: bool = False
+    moe: MoESpec | None = None  # Qwen3.5-MoE's experts, in every layer's MLP's place
     # what llama.Attention reads: each head's query and key normalised, no biases or sinks
     qk_norm = True
     qkv_bias = out_bias = qk_norm_across_heads = attention_sinks = False
@@ -91,7 +94,8 @@ class Qwen35Spec(DecoderShape):
             raise ValueError(f"Qwen3.5's value heads ({delta.value_heads}) must be a multiple of its key heads "
                              f"({delta.key_heads})")
         return cls(
-            vocab_size=c["vocab_size"], hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
+            vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
+            intermediate_size=c.get("intermediate_size") or c["moe_intermediate_size"],
             num_layers=layers, num_heads=heads, num_kv_heads=c.get("num_key_value_heads") or heads,
             head_dim=c.get("head_dim") or c["hidden_size"] // heads, rms_norm_eps=c.get("rms_norm_eps", 1e-6),
             rope_theta=float(c.get("rope_theta") or rope.get("rope_theta") or DEFAULT_THETA),
@@ -100,7 +104,7 @@ class Qwen35Spec(DecoderShape):
             max_position=c.get("max_position_embeddings", 32768),
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
             layer_recurrent=tuple(t == "linear_attention" for t in types), delta=delta,
-            llama_cpp_layout=bool(c.get("llama_cpp_layout", False)))
+            llama_cpp_layout=bool(c.get("llama_cpp_layout", False)), moe=MoESpec.from_hf(c))
 
 
 class GatedDeltaNet(nn.Module):
@@ -196,7 +200,7 @@ class Block(nn.Module):
         self.input_norm = RMSNorm(s.hidden_size, s.rms_norm_eps, NORM_OFFSET)
         self.mixer = GatedDeltaNet(s) if self.recurrent else GatedAttention(s)
         self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps, NORM_OFFSET)
-        self.mlp = SwiGLU(s.hidden_size, s.intermediate_size)
+        self.mlp = SparseMoE(s.hidden_size, s.moe) if s.moe else SwiGLU(s.hidden_size, s.intermediate_size)
 
     def forward(self, x, cos, sin, kv_cache, step, masks, runs):
         h = self.input_norm(x)
@@ -244,8 +248,11 @@ class Qwen35(DecoderModel):
             p = o = f"layers.{i}."
             out[o + "input_norm.weight"] = hf[p + "input_layernorm.weight"]
             out[o + "post_norm.weight"] = hf[p + "post_attention_layernorm.weight"]
-            out[o + "mlp.gate_up.weight"] = fused(hf, p, GATE_UP)
-            out[o + "mlp.down.weight"] = hf[p + "mlp.down_proj.weight"]
+            if s.moe:
+                out.update(SparseMoE.convert(hf, p, o + "mlp.", s.moe))
+            else:
+                out[o + "mlp.gate_up.weight"] = fused(hf, p, GATE_UP)
+                out[o + "mlp.down.weight"] = hf[p + "mlp.down_proj.weight"]
             if not recurrent:
                 a = p + "self_attn."
                 if theirs:

@@ -273,7 +273,7 @@ class DecoderLayers:
                                default_panel_rows())
         # from how many rows each thread carries its own through the layers
         avx2 = native.library().loom_vector_bytes() == 32
-        routes = isinstance(model, (Llama, Lfm2, GraniteHybrid)) and any(isinstance(block.mlp, SparseMoE)
+        routes = isinstance(model, (Llama, Lfm2, GraniteHybrid, Qwen35)) and any(isinstance(block.mlp, SparseMoE)
                                                                           for block in model.layers)
         self.split_rows = EXPERT_SPLIT_ROWS_PER_THREAD if routes else SPLIT_ROWS_PER_THREAD
         # whether the threads' own rows may compute no more panel rows than the team's (PANEL_SLACK)
@@ -316,12 +316,18 @@ class DecoderLayers:
         """A delta-rule layer: its qkv and output products in the attention's, its other products,
         parameters (in the layers' dtype) and states in a DeltaLayer; an attention layer: Qwen3's, gated."""
         mixer, mlp, d = block.mixer, block.mlp, spec.delta
-        layer = self._layer((block.input_norm, block.post_norm), mixer.qkv, mixer.out, mlp.gate_up, mlp.down,
+        routes = isinstance(mlp, SparseMoE)
+        layer = self._layer((block.input_norm, block.post_norm), mixer.qkv, mixer.out, None if routes else mlp.gate_up,
+                            None if routes else mlp.down,
                             (None, None, None, None) if block.recurrent else (mixer.q_norm, mixer.k_norm, None, None),
-                            hidden=spec.hidden_size, intermediate=spec.intermediate_size, heads=spec.num_heads,
+                            hidden=spec.hidden_size,
+                            intermediate=mlp.spec.intermediate_size if routes else spec.intermediate_size,
+                            heads=spec.num_heads,
                             kv_heads=spec.num_kv_heads, dim=spec.head_dim, activation=SILU_GATED,
                             eps=spec.rms_norm_eps, scale=1.0 if block.recurrent else mixer.scale,
                             gated=not block.recurrent)
+        if routes:
+            layer.experts = ctypes.addressof(self._experts(mlp))
         if block.recurrent:
             products = [_weights(m) for m in (mixer.z, mixer.beta, mixer.alpha)]
             delta = _DeltaLayer(*(ctypes.addressof(w) for w in products),

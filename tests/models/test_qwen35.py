@@ -1,13 +1,14 @@
-"""Qwen3.5's gated delta-rule layers: GGUF files of them, as llama.cpp's converter writes them, against
-transformers' models; their states in the pool's slots; what the engine refuses for a model that carries
-a state a sequence; the configs Loom refuses. (The engine's threaded, preemption, prefix-cache and
-saved-directory tests run Qwen3.5 among the other families.)"""
+"""Qwen3.5's gated delta-rule layers (and Qwen3.5-MoE's experts): GGUF files of them, as llama.cpp's converter
+writes them, against transformers' models; their states in the pool's slots; what the engine refuses for a
+model that carries a state a sequence; the configs Loom refuses. (The engine's threaded, preemption,
+prefix-cache and saved-directory tests run Qwen3.5 among the other families.)"""
 
 import random
 
 import gguf
 import pytest
 import torch
+import transformers
 from gguf.constants import GGMLQuantizationType as Q
 
 from models.families.qwen35 import Qwen35Spec
@@ -210,3 +211,57 @@ def test_qwen35_configs_loom_does_not_run_are_refused(tmp_path):
     path = write_gguf_of(hf, tmp_path / "bare.gguf", "qwen35", {"ssm.state_size": 0})
     with pytest.raises(ValueError, match=r"leaves out the delta-rule layers' sizes \(linear_key_head_dim\)"):
         Engine.from_pretrained(path)
+
+
+def tiny_qwen35_moe(seed: int):
+    """Qwen3.5-MoE's text model, conftest's Qwen3.5 with four experts, two a token, beside a shared expert (its
+    router drawn wide, as tiny_model draws Qwen2-MoE's), in float64."""
+    torch.manual_seed(seed)
+    dense = CONFIGS["qwen3_5"]().to_dict()
+    fields = {k: v for k, v in dense.items() if k in (
+        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+        "max_position_embeddings", "eos_token_id", "bos_token_id", "pad_token_id", "linear_num_key_heads",
+        "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "initializer_range",
+        "rope_parameters")}
+    config = transformers.Qwen3_5MoeTextConfig(**fields, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                                               shared_expert_intermediate_size=32, experts_implementation="eager")
+    model = transformers.Qwen3_5MoeForCausalLM(config).to(torch.float64).eval()
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if name.endswith(("shared_expert_gate.weight", "dt_bias")):
+                tensor.normal_(0.0, 0.5)
+    return model
+
+
+def test_a_qwen35_moe_model_answers_as_transformers_does():
+    """Qwen3.5-MoE (every layer's MLP four experts, two a token, renormalised, beside a shared expert gated by
+    its own router) in memory, on the native layers and on the torch layers: transformers' greedy tokens and
+    their log-probabilities."""
+    hf = tiny_qwen35_moe(seed=3)
+    prompts = [random_prompt(random.Random(14), 1, 4), random_prompt(random.Random(15), 30, 60)]
+    expected = [greedy_with_logprobs(hf, p, 16) for p in prompts]
+    for native_layers in (True, False):
+        with Engine.from_pretrained(hf, dtype=torch.float64) as engine:
+            if not native_layers:
+                engine.model.decoder_layers = None
+            handles = [engine.launch_response_tokens(p, GenerationConfig(max_new_tokens=16, logprobs=0))
+                       for p in prompts]
+            answers = [(list(engine.stream_response_tokens(h, timeout=60)), [t.logprob for t in h.logprobs])
+                       for h in handles]
+        assert_same_answers(answers, expected)
+
+
+def test_a_qwen35_moe_file_equals_its_transformers_model(tmp_path):
+    """A qwen35moe file as llama.cpp's converter writes it (the experts' stacks, the router, the shared expert
+    and its one-row router as ffn_gate_inp_shexp): transformers' answers, on the float32 native layers too."""
+    hf = float32_weights(tiny_qwen35_moe(seed=4))
+    text = hf.config
+    written = write_gguf_of(hf, tmp_path / "qwen35moe.gguf", "qwen35moe", {
+        "expert_count": text.num_experts, "expert_used_count": text.num_experts_per_tok,
+        "expert_feed_forward_length": text.moe_intermediate_size,
+        "expert_shared_feed_forward_length": text.shared_expert_intermediate_size,
+        "tokenizer.ggml.eos_token_id": text.eos_token_id})  # (an answer here reaches it)
+    prompts = [random_prompt(random.Random(16), 1, 4), random_prompt(random.Random(17), 30, 60)]
+    assert_same_answers(greedy(written, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
+    with Engine.from_pretrained(written, dtype=torch.float32) as engine:
+        assert engine.model.decoder_layers is not None and engine.model.layers[0].mlp.shared is not None

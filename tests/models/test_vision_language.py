@@ -1,5 +1,5 @@
-"""Vision-language checkpoints run for their text: Qwen2-VL's, Qwen2.5-VL's, Qwen3-VL's and Qwen3-VL-MoE's
-language models in memory, saved (transformers' layout; the hub's older ones: a Qwen2-VL config without
+"""Vision-language checkpoints run for their text: Qwen2-VL's, Qwen2.5-VL's, Qwen3-VL's, Qwen3-VL-MoE's, Gemma 3's
+and Mistral 3's (Ministral 3's) language models in memory, saved (transformers' layout; the hub's older ones: a Qwen2-VL config without
 text_config, Qwen3-VL-MoE's transposed experts) and as the GGUF files llama.cpp's converter writes
 (qwen2vl, qwen3vl, qwen3vlmoe), against transformers' vision-language models on text prompts, in float64."""
 
@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from models.checkpoints.vision_language import text_config
 from runtime import Engine, GenerationConfig
 
-from ..conftest import EOS, VOCAB, greedy_with_logprobs, random_prompt, write_gguf_of
+from ..conftest import CONFIGS, EOS, VOCAB, greedy_with_logprobs, random_prompt, write_gguf_of
 from .test_gguf import assert_same_answers, greedy
 
 TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -36,6 +36,15 @@ MODELS = {
                      dict(TEXT, rope_parameters={**ROPE, "mrope_interleaved": True}, num_experts=4,
                           num_experts_per_tok=2, moe_intermediate_size=24, decoder_sparse_step=1),
                      QWEN3_VISION),
+    # the families' own text configs (conftest's), a vision tower of one layer over 28-pixel images
+    # (Gemma 3's text config without the final soft cap conftest gives it: Gemma 3 has none, and transformers'
+    # vision-language Gemma 3 applies none)
+    "gemma3": (transformers.Gemma3Config, lambda: CONFIGS["gemma3"]().to_dict() | {"final_logit_softcapping": None},
+               dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                    patch_size=14)),
+    "mistral3": (transformers.Mistral3Config, lambda: CONFIGS["ministral3"]().to_dict(),
+                 dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, head_dim=16, image_size=28, patch_size=14)),
 }
 GGUF_ARCHITECTURES = {"qwen2_vl": "qwen2vl", "qwen3_vl": "qwen3vl", "qwen3_vl_moe": "qwen3vlmoe"}
 
@@ -43,7 +52,9 @@ GGUF_ARCHITECTURES = {"qwen2_vl": "qwen2vl", "qwen3_vl": "qwen3vl", "qwen3_vl_mo
 def tiny_vision_language_model(kind: str, seed: int = 0):
     torch.manual_seed(seed)
     config_type, text, vision = MODELS[kind]
-    config = config_type(text_config=text, vision_config=vision, experts_implementation="eager")
+    extra = {"mm_tokens_per_image": 4} if kind == "gemma3" else {}
+    config = config_type(text_config=text() if callable(text) else text, vision_config=vision,
+                         experts_implementation="eager", **extra)
     return transformers.AutoModelForImageTextToText.from_config(config).to(torch.float64).eval()
 
 
@@ -91,6 +102,20 @@ def test_an_older_qwen2_vl_config_keeps_its_text_model_at_the_top(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert text_config(config)["rope_scaling"] == {"rope_type": "default", "mrope_section": [2, 3, 3]}
     asked = prompts(6)
+    assert_same_answers(loom_greedy(tmp_path, asked), [greedy_with_logprobs(hf, p, 16) for p in asked])
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "mistral3"])
+def test_gemma_3_and_mistral_3_directories_in_either_layout(kind, tmp_path):
+    """save_pretrained writes Gemma 3's and Mistral 3's files in the hub's layout (the language model under
+    language_model.model, the vision tower and projector at the top: the saved-directory test reads it); a
+    directory may hold transformers 5's names too (model.language_model, model.vision_tower): the same answers."""
+    hf = tiny_vision_language_model(kind, seed=11)
+    hf.save_pretrained(tmp_path)
+    assert any(name.startswith("language_model.model.") for name in load_file(tmp_path / "model.safetensors"))
+    save_file({name: t.contiguous() for name, t in hf.state_dict().items() if name != "lm_head.weight"
+               or not hf.config.tie_word_embeddings}, tmp_path / "model.safetensors")
+    asked = prompts(12)
     assert_same_answers(loom_greedy(tmp_path, asked), [greedy_with_logprobs(hf, p, 16) for p in asked])
 
 
