@@ -53,7 +53,9 @@ ssm_dt's bias, ssm_a (-exp(A_log), drawn in [-8, -0.5] so that states decay), ss
 attends with 256-wide heads whose query product also gives a gate a head, Qwen3's q/k norms, a rotary over a
 quarter of each head; the norms after the attention named post_attention_norm; attn_qkv takes attn_v's extra
 bits, as llama-quantize counts it; the 0.8B and 2B sixteen value heads a layer, the 4B and 9B 32 over sixteen
-key heads; the 9B's output layer its own);
+key heads; the 9B's output layer its own; the qwen35moe ones as Qwen3.5-35B-A3B's (architecture qwen35moe: the 2B's
+layout with 32 value heads, every layer's MLP 256 experts of 512 rows, 8 a token, beside a shared expert of 512
+rows weighted by its own one-row router; its output layer its own; the -10l one ten of its forty layers);
 the granite4h ones as Granite 4.0 H's (architecture granitehybrid: four attention layers of 40 (of 32 for the
 350M), the others Mamba2 layers: ssm_in giving z, x, B, C and a time step a head, ssm_conv1d's four taps a
 channel and their bias in F32, ssm_dt's bias, ssm_a (-exp(A_log), drawn in [-8, -0.5]) and ssm_d a value a
@@ -127,6 +129,9 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "lfm2-1.2b": (2048, 8192, 16, 32, 8), "lfm2moe-8b-a1b": (2048, 7168, 24, 32, 8),
           "qwen35-0.8b": (1024, 3584, 24, 8, 2), "qwen35-2b": (2048, 6144, 24, 8, 2),
           "qwen35-4b": (2560, 9216, 32, 16, 4), "qwen35-9b": (4096, 12288, 32, 16, 4),
+          # Qwen3.5-35B-A3B's, and ten of its forty layers (its shapes a layer, a file a 24 GiB machine holds
+          # beside both servers)
+          "qwen35moe-35b-a3b": (2048, 512, 40, 16, 2), "qwen35moe-35b-a3b-10l": (2048, 512, 10, 16, 2),
           "granite4h-350m": (768, 2048, 32, 12, 4), "granite4h-1b": (1536, 4096, 40, 12, 4),
           "granite4h-micro": (2048, 8192, 40, 32, 8), "granite4h-tiny": (1536, 512, 40, 12, 4),
           "qwen3vl-2b": (2048, 6144, 28, 16, 8), "qwen3vl-4b": (2560, 9728, 36, 32, 8),
@@ -136,6 +141,7 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
 UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
           "qwen2moe-a2.7b", "qwen35-9b", "qwen3vl-8b", "qwen3vlmoe-30b-a3b", "nemotronh-4b", "nemotronh-8b",
+          "qwen35moe-35b-a3b", "qwen35moe-35b-a3b-10l",
           "nemotronh-nano-9b"}  # the shapes whose output layer
 # is a tensor of its own
 
@@ -230,6 +236,9 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
 # shapes whose layout is not their family's: Gemma 3 4B's window of 1024 and global rope scaled 8 times
 SHAPE_LAYOUTS = {"gemma3-4b": replace(LAYOUTS["gemma3"], window=1024, linear_rope=8.0),
                  **{shape: replace(LAYOUTS["qwen35"], delta=(16, 32, 128)) for shape in ("qwen35-4b", "qwen35-9b")},
+                 **{shape: replace(LAYOUTS["qwen35"], arch="qwen35moe", delta=(16, 32, 128), experts=(256, 8, 512),
+                                   shared_expert=512, shared_gate=True)
+                    for shape in ("qwen35moe-35b-a3b", "qwen35moe-35b-a3b-10l")},
                  "granite4h-350m": replace(LAYOUTS["granite4h"], attending=(3, 11, 19, 27), mamba=(48, 32, 128, 1)),
                  "granite4h-micro": replace(LAYOUTS["granite4h"], mamba=(64, 64, 128, 1)),
                  "granite4h-tiny": replace(LAYOUTS["granite4h"], experts=(64, 6, 512), shared_expert=1024),
