@@ -531,7 +531,7 @@ def _gpt_oss_tensors(rest: str, values):
 
 
 def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: dict | None = None,
-                  matrices=None, leave_out: tuple[str, ...] = ()):
+                  matrices=None, leave_out: tuple[str, ...] = (), fused_experts: bool = False):
     """``hf``'s weights in a GGUF file as llama.cpp's converter writes them for ``arch``: llama.cpp's
     names, a Llama's (SmolLM3's, Granite's) query and key rows permuted for llama.cpp's rotary, the sizes in the metadata
     (a head's size only where it is not the hidden size over the heads); ``metadata`` (key -> a
@@ -541,7 +541,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     converter stores them (OLMo's output norms are named as Gemma's); a mixture's experts as three stacks (ffn_gate_exps, ffn_up_exps,
     ffn_down_exps), its router in float32 (gpt-oss's: _gpt_oss_tensors), a shared expert's three
     products (*_shexp) and its router's one row (a vector). Tensors whose llama.cpp names end in one of
-    ``leave_out`` are left out (those a file may go without). A vision-language model's language model alone,
+    ``leave_out`` are left out (those a file may go without). ``fused_experts``: a mixture's gate and up stacks
+    as one, ffn_gate_up_exps (llama.cpp's --fuse-gate-up-exps). A vision-language model's language model alone,
     as llama.cpp's converter writes its text GGUF. The file carries no tokenizer."""
     import gguf
     import numpy as np
@@ -644,7 +645,9 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
             add(f"blk.{layer}.ffn_up_shexp.weight", np.ascontiguousarray(up))
             continue
         if rest.startswith(("mlp.experts.", "block_sparse_moe.experts.")):  # stacks: gate and up rows together
-            if rest.endswith("gate_up_proj"):
+            if rest.endswith("gate_up_proj") and fused_experts:
+                add(f"blk.{layer}.ffn_gate_up_exps.weight", values)
+            elif rest.endswith("gate_up_proj"):
                 gate, up = np.split(values, 2, axis=1)
                 add(f"blk.{layer}.ffn_gate_exps.weight", np.ascontiguousarray(gate))
                 add(f"blk.{layer}.ffn_up_exps.weight", np.ascontiguousarray(up))

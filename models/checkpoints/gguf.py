@@ -41,6 +41,9 @@ LAYER_NAMES = {
     # a mixture of experts' router, and its experts' products, a stack of every expert's matrix each
     "ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_proj", "ffn_up_exps": "mlp.experts.up_proj",
     "ffn_down_exps": "mlp.experts.down_proj",
+    # the gate and up stacks as one (each expert's gate rows, then its up rows), as llama.cpp's converter writes
+    # them with --fuse-gate-up-exps, and for Granite's SWA mixtures
+    "ffn_gate_up_exps": "mlp.experts.gate_up_proj",
     # an expert every token takes, and its one-row router (Qwen2-MoE's), by Qwen2-MoE's names
     "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
     "ffn_down_shexp": "mlp.shared_expert.down_proj", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
@@ -93,7 +96,8 @@ SUPPORTED_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
 # llama.cpp's names of the products a layer fuses (q/k/v, gate/up), and of its experts' stacks: each
 # group is kept in blocks or copied to float32 as a whole
 FUSED = (frozenset({"attn_q", "attn_k", "attn_v"}), frozenset({"ffn_gate", "ffn_up"}),
-         frozenset({"ffn_gate_shexp", "ffn_up_shexp"}), frozenset({"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}))
+         frozenset({"ffn_gate_shexp", "ffn_up_shexp"}), frozenset({"ffn_gate_exps", "ffn_up_exps", "ffn_gate_up_exps",
+                                                                         "ffn_down_exps"}))
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head",
                 "token_embd_norm": "model.embedding_norm"}  # (LFM2's final norm, by llama.cpp's name for it)
 # a layer's linear products, by how their names end (LFM2's MLP names its products w1, w2, w3)
@@ -210,7 +214,9 @@ def _read_tensor(info: TensorInfo, name: str, format: int | None, order: torch.T
         tensor = _widened(info)
     else:
         # a stack of experts side by side only with copy_stack, where no block of sixteen rows spans two experts
-        if name.endswith(ROWS16_NAMES) and (not _stacks(info) or copy_stack and info.shape[-2] % ROWS16 == 0):
+        # (nor an expert's gate and up rows, in a stack that keeps the two as one)
+        each = info.shape[-2] // 2 if info.name.endswith("ffn_gate_up_exps.weight") else info.shape[-2]
+        if name.endswith(ROWS16_NAMES) and (not _stacks(info) or copy_stack and each % ROWS16 == 0):
             laid_out = to_rows16(info.data, info.type, info.shape[-1], order)
             if laid_out is not None:
                 return laid_out

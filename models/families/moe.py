@@ -210,7 +210,8 @@ def _routed_experts(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
     fused tensors (mlp.experts.gate_up_proj; Granite MoE's under block_sparse_moe), Granite MoE's
     files (block_sparse_moe.input_linear, output_linear: already stacks), Mixtral's files
     (block_sparse_moe.experts.E.w1/w3/w2), LFM2-MoE's (mlp.experts.E.w1/w3/w2), Qwen3-MoE's files
-    (mlp.experts.E.gate_proj/up_proj/down_proj), and a GGUF file's stacks (mlp.experts.gate_proj/up_proj/down_proj.weight: float
+    (mlp.experts.E.gate_proj/up_proj/down_proj), and a GGUF file's stacks (mlp.experts.gate_proj/up_proj/down_proj.weight,
+    or gate_up_proj.weight where it keeps the two as one, each expert's gate rows then its up rows: float
     [experts, rows, width], or blocks of experts x rows rows, which stay three,
     kernels/block_experts.py's)."""
     experts = out_prefix + "experts."
@@ -225,11 +226,16 @@ def _routed_experts(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
         return {out_prefix + "router.weight": hf[prefix + "block_sparse_moe.router.layer.weight"],
                 experts + "gate_up": hf[prefix + "block_sparse_moe.input_linear.weight"],
                 experts + "down": hf[prefix + "block_sparse_moe.output_linear.weight"]}
-    if prefix + "mlp.experts.gate_proj.weight" in hf:
-        gate, up, down = (hf.pop(f"{prefix}mlp.experts.{n}_proj.weight") for n in ("gate", "up", "down"))
-        floats = gate.dim() == 3  # (else blocks [experts x rows, bytes a row])
-        out = {out_prefix + "router.weight": hf[prefix + "mlp.gate.weight"],
-               experts + "gate_up": torch.cat([gate, up], dim=1) if floats else [gate, up],
+    if prefix + "mlp.experts.gate_proj.weight" in hf or prefix + "mlp.experts.gate_up_proj.weight" in hf:
+        down = hf.pop(prefix + "mlp.experts.down_proj.weight")
+        floats = down.dim() == 3  # (else blocks [experts x rows, bytes a row])
+        if prefix + "mlp.experts.gate_up_proj.weight" in hf:  # (a file that keeps the two as one stack)
+            gate_up = hf.pop(prefix + "mlp.experts.gate_up_proj.weight")
+            gate_up = gate_up if floats else [gate_up]
+        else:
+            gate, up = (hf.pop(f"{prefix}mlp.experts.{n}_proj.weight") for n in ("gate", "up"))
+            gate_up = torch.cat([gate, up], dim=1) if floats else [gate, up]
+        out = {out_prefix + "router.weight": hf[prefix + "mlp.gate.weight"], experts + "gate_up": gate_up,
                experts + "down": down}
         if s.biases:  # (gpt-oss's files: [experts, rows] each)
             bias = lambda n: hf.pop(f"{prefix}mlp.experts.{n}_proj.bias")

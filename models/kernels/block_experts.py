@@ -21,32 +21,43 @@ class BlockExperts(nn.Module):
     bytes a row of hidden values], down [experts x hidden, bytes a row of inner values]; with
     moe.Experts' biases (float [experts, 2 x inner] and [experts, hidden], or None) and activation."""
 
-    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, count: int, hidden: int, inner: int,
-                 gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None,
+    def __init__(self, gate: torch.Tensor, up: torch.Tensor | None, down: torch.Tensor, count: int, hidden: int,
+                 inner: int, gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None,
                  clamped_swiglu: tuple[float, float] | None = None):
+        """``up`` None: ``gate`` is both stacks as one file keeps them, each expert's gate rows, then its up rows."""
         super().__init__()
         self.count, self.hidden, self.inner = count, hidden, inner
         self.register_buffer("gate_up_bias", gate_up_bias)  # (None: no bias)
         self.register_buffer("down_bias", down_bias)
         self.clamped_swiglu = clamped_swiglu
         self.formats = {}
-        for name, stack, width, rows in (("gate", gate, hidden, inner), ("up", up, hidden, inner),
-                                         ("down", down, inner, hidden)):
+        self.fused = up is None
+        stacks = (("gate_up", gate, hidden, 2 * inner),) if self.fused else (("gate", gate, hidden, inner),
+                                                                            ("up", up, hidden, inner))
+        for name, stack, width, rows in (*stacks, ("down", down, inner, hidden)):
             format = stored_format(stack, width)
             if stack.shape[0] != count * rows:
                 raise ValueError(f"the experts' {name} stack holds {stack.shape[0]} rows, not {count} x {rows}")
-            if format in ROWS16_LAYOUTS and (rows % ROWS16 or not multiplies_rows16(format)):
+            each = inner if name == "gate_up" else rows  # (a run may not cross from an expert's gate to its up)
+            if format in ROWS16_LAYOUTS and (each % ROWS16 or not multiplies_rows16(format)):
                 raise ValueError(f"{FORMAT_NAMES[format]} experts need {ROWS16}-row runs and a build that multiplies "
-                                 f"them; an expert's {name} has {rows} rows")
+                                 f"them; an expert's {name} has {each} rows")
             self.formats[name] = format
             self.register_buffer(name, as_bytes(stack).reshape(-1))
+        if self.fused:
+            self.formats["gate"] = self.formats["up"] = self.formats["gate_up"]
         self.kernel = native.function("loom_block_linear", torch.float32, ARGTYPES)
 
     def expert_rows(self, name: str, index: int) -> tuple[int, int, int]:
-        """(address, format, rows) of expert ``index``'s matrix in stack ``name``."""
+        """(address, format, rows) of expert ``index``'s matrix ``name`` (gate, up or down)."""
         format = self.formats[name]
-        rows, width = (self.hidden, self.inner) if name == "down" else (self.inner, self.hidden)
-        return getattr(self, name).data_ptr() + index * rows * row_bytes(width, format), format, rows
+        if name == "down":
+            return self.down.data_ptr() + index * self.hidden * row_bytes(self.inner, format), format, self.hidden
+        row = row_bytes(self.hidden, format)
+        if self.fused:  # (expert e's 2 x inner rows: its gate's, then its up's)
+            first = index * 2 * self.inner + (self.inner if name == "up" else 0)
+            return self.gate_up.data_ptr() + first * row, format, self.inner
+        return getattr(self, name).data_ptr() + index * self.inner * row, format, self.inner
 
     def forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
         """Expert ``index``'s SwiGLU over all the step's tokens routed to it (float32 rows)."""
@@ -66,7 +77,7 @@ class BlockExperts(nn.Module):
         return out if self.down_bias is None else out + self.down_bias[index].float()
 
     def extra_repr(self) -> str:
-        kinds = ", ".join(f"{name} {FORMAT_NAMES[f]}" for name, f in self.formats.items())
+        kinds = ", ".join(f"{name} {FORMAT_NAMES[f]}" for name, f in self.formats.items() if name != "gate_up")
         return f"{self.count} experts, hidden={self.hidden}, inner={self.inner}, {kinds}"
 
 
@@ -81,7 +92,7 @@ def use_stored_experts(model: nn.Module, state: dict) -> None:
         if not isinstance(module, Experts) or not isinstance(stacks, list):
             continue
         count, hidden, inner = module.down.shape
-        gate, up = stacks
+        gate, up = stacks if len(stacks) == 2 else (stacks[0], None)  # (one: a file's gate and up as one stack)
         biases = [state.pop(f"{prefix}.{name}", None) for name in ("gate_up_bias", "down_bias")]
         experts = BlockExperts(gate, up, state.pop(f"{prefix}.down"), count, hidden, inner, *biases,
                                module.clamped_swiglu)

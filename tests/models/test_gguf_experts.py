@@ -6,6 +6,7 @@ transformers' models of the same weights."""
 
 import random
 
+import gguf
 import numpy as np
 import pytest
 import torch
@@ -176,6 +177,30 @@ def test_a_quantized_mixture_runs_its_experts_in_the_files_blocks_on_the_native_
     hf.load_state_dict(state, strict=False)  # (the output layer: tied to the embeddings)
     prompts = [random_prompt(random.Random(9), 3, 30) for _ in range(6)]
     assert_greedy_but_near_ties(hf, prompts, native_and_torch_answers(path, prompts))
+
+
+def test_a_file_that_keeps_each_experts_gate_and_up_as_one_stack(tmp_path):
+    """llama.cpp's converter writes ffn_gate_up_exps with --fuse-gate-up-exps (and for Granite's SWA mixtures):
+    each expert's gate rows, then its up rows, one stack. In float64: transformers' answers; in 8-bit blocks, on
+    the native layers: each expert's products and the answers of the same model's file with the two apart."""
+    hf = tiny_model("qwen3_moe", seed=3, **SETTINGS["qwen3_moe"])
+    arch, metadata = MIXTURES["qwen3_moe"]
+    together = write_gguf_of(hf, tmp_path / "together.gguf", arch, metadata(hf.config), fused_experts=True)
+    names = {t.name for t in gguf.GGUFReader(together).tensors}
+    assert "blk.0.ffn_gate_up_exps.weight" in names and "blk.0.ffn_gate_exps.weight" not in names
+    prompts = [random_prompt(random.Random(i), 3, 30) for i in range(4)]
+    assert_same_answers(greedy(together, prompts, 12), [greedy_with_logprobs(hf, p, 12) for p in prompts])
+    quantized = [write_gguf_of(hf, tmp_path / f"{name}-q8.gguf", arch, metadata(hf.config), matrices=Q.Q8_0,
+                               fused_experts=fused) for name, fused in (("apart", False), ("together", True))]
+    x = torch.randn(5, hf.config.hidden_size)
+    products = []
+    for path in quantized:  # every expert's product over the same blocks, where each file keeps them
+        with Engine.from_pretrained(path) as engine:
+            stacks = [block.mlp.experts for block in engine.model.layers]
+            products.append(torch.stack([e(i, x) for e in stacks for i in range(e.count)]))
+            assert all(e.fused == (path == quantized[1]) for e in stacks)
+    torch.testing.assert_close(products[1], products[0], atol=1e-6, rtol=1e-6)
+    assert native_and_torch_answers(quantized[1], prompts) == native_and_torch_answers(quantized[0], prompts)
 
 
 def native_and_torch_answers(path, prompts: list, experts_format: int | None = None) -> list:
