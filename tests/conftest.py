@@ -217,6 +217,13 @@ CONFIGS = {
         num_experts_per_tok=2, mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=2, mamba_d_conv=4,
         embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=3.0,
         position_embedding_type="nope", initializer_range=0.15, experts_implementation="eager"),
+    # GLM-4: rotary pairs side by side over half of each head, biases on q/k/v (drawn: tiny_model), its outputs'
+    # norms, gate and up one product
+    "glm4": lambda: transformers.Glm4Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        pad_token_id=0, attention_bias=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
     # Nemotron-H: a Mamba2 layer and an attention layer each followed by a squared-ReLU MLP layer, then two
     # Mamba2 layers, the first with no MLP after it
     "nemotron_h": lambda: transformers.NemotronHConfig(
@@ -249,7 +256,7 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "gemma2": transformers.Gemma2ForCausalLM, "lfm2": transformers.Lfm2ForCausalLM,
                  "lfm2_moe": transformers.Lfm2MoeForCausalLM, "qwen3_5": transformers.Qwen3_5ForCausalLM,
                  "granitemoehybrid": transformers.GraniteMoeHybridForCausalLM, "gemma3": transformers.Gemma3ForCausalLM,
-                 "nemotron_h": transformers.NemotronHForCausalLM}
+                 "nemotron_h": transformers.NemotronHForCausalLM, "glm4": transformers.Glm4ForCausalLM}
 
 
 def interruptible() -> None:
@@ -284,7 +291,8 @@ def tiny_model(arch: str, seed: int = 0, **config):
     with torch.no_grad():
         for name, tensor in model.named_parameters():
             # (transformers starts gpt-oss's biases at 0, Qwen2-MoE's shared expert's router near it, Mamba2's D at 1)
-            if name.endswith(("sinks", "_bias", "router.bias", "shared_expert_gate.weight", "mamba.D", "mixer.D")):
+            if name.endswith(("sinks", "_bias", "router.bias", "shared_expert_gate.weight", "mamba.D", "mixer.D")) or (
+                    arch == "glm4" and name.endswith("proj.bias")):
                 tensor.normal_(0.0, 0.5)
         for name, tensor in model.named_buffers():  # (LFM2-MoE's selection bias, a buffer starting at 0)
             if name.endswith("expert_bias"):
@@ -604,7 +612,9 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     gemma = arch.startswith("gemma")
     names = {**GGUF_LAYER_NAMES,
              **(GGUF_GEMMA_NAMES if arch in ("gemma2", "gemma3", "olmo2", "gpt-oss", "exaone4") else {}),
-             **(GGUF_LFM2_NAMES if lfm2 else {}), **(GGUF_QWEN35_NAMES if qwen35 else {})}
+             **(GGUF_LFM2_NAMES if lfm2 else {}), **(GGUF_QWEN35_NAMES if qwen35 else {}),
+             **({"post_self_attn_layernorm": "attn_post_norm", "post_mlp_layernorm": "ffn_post_norm"}
+                if arch == "glm4" else {})}
     for name, tensor in hf.state_dict().items():
         if name.startswith("model.visual."):
             continue

@@ -82,7 +82,10 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
                     "gpt-oss": {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"},
                     "lfm2": LFM2_LAYER_NAMES, "lfm2moe": LFM2_LAYER_NAMES, "qwen35": QWEN35_LAYER_NAMES,
                     "qwen35moe": QWEN35_LAYER_NAMES,
-                    "granitehybrid": GRANITE_HYBRID_LAYER_NAMES, "nemotron_h": GRANITE_HYBRID_LAYER_NAMES}
+                    "granitehybrid": GRANITE_HYBRID_LAYER_NAMES,
+                    # (GLM-4's norms after the attention and the MLP; its up product gives the gate's rows too)
+                    "glm4": {"attn_post_norm": "post_self_attn_layernorm", "ffn_post_norm": "post_mlp_layernorm",
+                             "ffn_up": "mlp.gate_up_proj"}, "nemotron_h": GRANITE_HYBRID_LAYER_NAMES}
 # parameters transformers names without a kind (gpt-oss's sinks: llama.cpp's converter adds ".weight";
 # ERNIE 4.5's selection bias, Qwen3.5's and Mamba2's dt_bias, ".bias")
 BARE_NAMES = ("self_attn.sinks", "mlp.moe_statics.e_score_correction_bias", "linear_attn.dt_bias",
@@ -385,7 +388,7 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "ernie4_5": "llama", "ernie4_5-moe": "llama", "olmo2": "llama", "olmoe": "llama",
                        "gpt-oss": "llama", "lfm2": "llama", "lfm2moe": "llama", "exaone4": "llama", "gemma": "gemma2",
                        "qwen35": "llama", "qwen35moe": "llama", "granitehybrid": "llama", "qwen2vl": "qwen2", "qwen3vl": "qwen3",
-                       "qwen3vlmoe": "qwen3", "nemotron_h": "llama"}
+                       "qwen3vlmoe": "qwen3", "nemotron_h": "llama", "glm4": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

@@ -19,7 +19,8 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text",
                  "granitehybrid": "granitemoehybrid",
                  # vision-language models' text (vision_language.py says why they are their text families')
-                 "qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3_moe", "nemotron_h": "nemotron_h"}
+                 "qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3_moe", "nemotron_h": "nemotron_h",
+                 "glm4": "glm4"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
 # Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
@@ -128,7 +129,7 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         "rope_theta": key("rope.freq_base", 10000.0),
         "max_position_embeddings": key("context_length", 2048),
         "tie_word_embeddings": "output.weight" not in tensors,
-        "attention_bias": "blk.0.attn_q.bias" in tensors and (arch in LLAMA_LAYOUT or arch == "gpt-oss"),
+        "attention_bias": "blk.0.attn_q.bias" in tensors and (arch in LLAMA_LAYOUT or arch in ("gpt-oss", "glm4")),
     }
     if key("expert_count"):
         config |= _experts(arch, key, config)

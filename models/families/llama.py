@@ -18,7 +18,7 @@ from .layers import GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, RM
 from .moe import MoESpec, SparseMoE
 from .rope import Rotary, halves_from_pairs, query_temperature, rope_type, sequence_ends
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi3", "smollm3", "granite", "mixtral",
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi3", "smollm3", "granite", "glm4", "mixtral",
             "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss")
 
 
@@ -40,9 +40,11 @@ class LlamaSpec(DecoderShape):
     moe: MoESpec | None
     # Ministral 3's (Llama 4's) attention temperature: (beta, the original context), rope.query_temperature
     query_temperature: tuple[float, int] | None = None
-    # ERNIE 4.5's checkpoints keep each head's rotary pairs side by side (GLM's rotation): their query
-    # and key rows are reordered at load into the halves apply_rotary takes
+    # ERNIE 4.5's and GLM-4's checkpoints keep each head's rotary pairs side by side (GLM's rotation): their
+    # query and key rows are reordered at load into the halves apply_rotary takes
     interleaved_rotary: bool = False
+    # GLM-4's norms of the attention's and the MLP's outputs, before each is added
+    output_norms: bool = False
     # gpt-oss's attention sinks: a learned logit a head, in each softmax's denominator and no value's weight
     attention_sinks: bool = False
     # Granite's multipliers: of the embeddings, of each attention's and MLP's output before it is
@@ -69,7 +71,8 @@ class LlamaSpec(DecoderShape):
         trained = c.get("max_position_embeddings", 2048)
         # Dynamic NTK scaling exists to run past the trained context: up to factor times it.
         context = int(trained * rope["factor"]) if rope_type(rope) == "dynamic" else trained
-        bias = bool(c.get("attention_bias", c.get("use_bias", False)))  # (ERNIE 4.5's use_bias: every product's)
+        # (ERNIE 4.5's use_bias: every product's; GLM-4's attention_bias its q/k/v's, True unless said)
+        bias = bool(c.get("attention_bias", c.get("use_bias", kind == "glm4")))
         layers = c["num_hidden_layers"]
         return cls(
             vocab_size=c["vocab_size"],
@@ -88,7 +91,7 @@ class LlamaSpec(DecoderShape):
             # (transformers' default where a config saved with it leaves the key out)
             tie_word_embeddings=bool(c.get("tie_word_embeddings", kind in ("smollm3", "ernie4_5", "ernie4_5_moe"))),
             qkv_bias=kind == "qwen2" or (kind == "qwen2_moe" and c.get("qkv_bias", True)) or bias,
-            out_bias=bias,
+            out_bias=bias and kind != "glm4",
             mlp_bias=bool(c.get("mlp_bias", c.get("use_bias", False))),
             qk_norm=kind in ("qwen3", "qwen3_moe", "olmoe"),
             qk_norm_across_heads=kind == "olmoe",
@@ -97,7 +100,8 @@ class LlamaSpec(DecoderShape):
             moe=MoESpec.from_hf(c),
             query_temperature=_query_temperature(rope),
             # (a GGUF file's rows are put in halves as they are read: gguf_config says so)
-            interleaved_rotary=kind in ("ernie4_5", "ernie4_5_moe") and not c.get("rotary_rows_in_halves", False),
+            interleaved_rotary=kind in ("ernie4_5", "ernie4_5_moe", "glm4") and not c.get("rotary_rows_in_halves", False),
+            output_norms=kind == "glm4",
             attention_sinks=kind == "gpt_oss",
             embedding_scale=float(c.get("embedding_multiplier", 1.0)),
             residual_scale=float(c.get("residual_multiplier", 1.0)),
@@ -122,7 +126,8 @@ def _qkv_rows_in_halves(s: LlamaSpec) -> torch.Tensor:
     """The fused q/k/v rows of a checkpoint that keeps rotary pairs side by side, for each row of the
     rotate-half layout (the values' rows as they are)."""
     q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
-    return torch.cat([halves_from_pairs(q, s.num_heads), q + halves_from_pairs(kv, s.num_kv_heads),
+    rotary = int(s.head_dim * s.partial_rotary_factor)
+    return torch.cat([halves_from_pairs(q, s.num_heads, rotary), q + halves_from_pairs(kv, s.num_kv_heads, rotary),
                       torch.arange(q + kv, q + 2 * kv)])
 
 
@@ -199,16 +204,20 @@ class Block(nn.Module):
         self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.mlp = SparseMoE(s.hidden_size, s.moe) if s.moe and s.moe.routes(index) else \
             SwiGLU(s.hidden_size, s.intermediate_size, s.mlp_bias)
+        norm = lambda: RMSNorm(s.hidden_size, s.rms_norm_eps) if s.output_norms else None
+        self.attn_out_norm, self.mlp_out_norm = norm(), norm()
 
     def forward(self, x, cos, sin, kv_cache, layer, step, masks, query_scales=None):
         if not self.rotates:
             cos = sin = None
         attended = self.attn(self.input_norm(x), cos, sin, kv_cache, layer, step, masks[self.window], query_scales)
-        x = x + self.scaled(attended)
-        return x + self.scaled(self.mlp(self.post_norm(x)))
+        x = x + self.scaled(attended, self.attn_out_norm)
+        return x + self.scaled(self.mlp(self.post_norm(x)), self.mlp_out_norm)
 
-    def scaled(self, output: torch.Tensor) -> torch.Tensor:
-        """An attention's or MLP's output as it is added (Granite's times its residual multiplier)."""
+    def scaled(self, output: torch.Tensor, norm: RMSNorm | None) -> torch.Tensor:
+        """An attention's or MLP's output as it is added: normed (GLM-4's), times the residual multiplier
+        (Granite's)."""
+        output = output if norm is None else norm(output)
         return output * self.residual_scale if self.residual_scale != 1.0 else output
 
 
@@ -249,6 +258,9 @@ class Llama(DecoderModel):
             p = o = f"layers.{i}."
             out[o + "input_norm.weight"] = hf[p + "input_layernorm.weight"]
             out[o + "post_norm.weight"] = hf[p + "post_attention_layernorm.weight"]
+            if s.output_norms:
+                out[o + "attn_out_norm.weight"] = hf[p + "post_self_attn_layernorm.weight"]
+                out[o + "mlp_out_norm.weight"] = hf[p + "post_mlp_layernorm.weight"]
             for kind in ("weight", "bias") if s.qkv_bias else ("weight",):
                 qkv = fused(hf, p, QKV, kind)
                 out[o + f"attn.qkv.{kind}"] = qkv[_qkv_rows_in_halves(s)] if s.interleaved_rotary else qkv

@@ -288,7 +288,9 @@ class DecoderLayers:
         qkv, out = mixer or (attn.qkv, attn.out)
         layer = self._layer((block.input_norm, block.post_norm), qkv, out, _up_product(mlp) if dense else None,
                             mlp.down if dense else None,
-                            (None, None, None, None) if mixer else (attn.q_norm, attn.k_norm, None, None),
+                            (None, None, None, None) if mixer else (attn.q_norm, attn.k_norm,
+                                                                    getattr(block, "attn_out_norm", None),
+                                                                    getattr(block, "mlp_out_norm", None)),
                             hidden=spec.hidden_size,
                             intermediate=mlp.spec.intermediate_size if routes else spec.intermediate_size if dense
                             else 0, heads=spec.num_heads, kv_heads=spec.num_kv_heads, dim=spec.head_dim,

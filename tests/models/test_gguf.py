@@ -275,6 +275,18 @@ def test_an_exaone4_file_equals_its_transformers_model(tmp_path):
     assert_same_answers(greedy(path, prompts), expected)
 
 
+def test_a_glm4_file_equals_its_transformers_model(tmp_path):
+    """A GLM-4 file (architecture glm4: q/k/v biases, its rotary's pairs side by side over half of each head as
+    the checkpoint keeps them, rope.dimension_count saying so; the attention's and MLP's outputs normed,
+    attn_post_norm and ffn_post_norm; gate and up one ffn_up), in float64: transformers' answers."""
+    hf = tiny_model("glm4", seed=3)
+    rng = random.Random(17)
+    prompts = [random_prompt(rng, 1, 4), random_prompt(rng, 30, 60)]
+    path = write_gguf_of(hf, tmp_path / "glm4.gguf", "glm4", {"rope.dimension_count": hf.config.head_dim // 2,
+                                                             "tokenizer.ggml.eos_token_id": EOS})
+    assert_same_answers(greedy(path, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
+
+
 def test_exaone4_windows_are_read_as_llama_cpp_reads_them():
     """llama.cpp gives an EXAONE 4 file a window only where it has the 32B's 64 layers (three layers in
     four, 4096 tokens where the file names none; its global layers then without rotary), none

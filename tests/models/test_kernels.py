@@ -276,7 +276,7 @@ def with_random_norms(hf):
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_sliding", "mistral", "ministral3", "phi3", "qwen3", "smollm3",
                                   "granite", "mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "gemma", "gemma2",
                                   "gemma3", "olmo2", "olmo3", "exaone4", "lfm2", "lfm2_moe", "qwen3_5", "granitemoehybrid",
-                                  "nemotron_h", "gpt2"])
+                                  "nemotron_h", "glm4", "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS, ids=POOL_IDS)
 @pytest.mark.parametrize("streams", [2, 5, 21, "split"])  # rows at a time; panels; split rows
 def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, streams, two_threads):
