@@ -231,7 +231,7 @@ CONFIGS = {
         head_dim=16, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
         layers_block_type=["linear_attention", "mlp", "full_attention", "mlp", "linear_attention", "linear_attention",
                            "mlp"], mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4,
-        initializer_range=0.15),
+        initializer_range=0.15, layer_norm_epsilon=1e-2),  # (an epsilon large enough that a wrong one shows)
     "gemma3": lambda: transformers.Gemma3TextConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=1, head_dim=32, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,

@@ -56,6 +56,9 @@ bits, as llama-quantize counts it; the 0.8B and 2B sixteen value heads a layer, 
 key heads; the 9B's output layer its own; the qwen35moe ones as Qwen3.5-35B-A3B's (architecture qwen35moe: the 2B's
 layout with 32 value heads, every layer's MLP 256 experts of 512 rows, 8 a token, beside a shared expert of 512
 rows weighted by its own one-row router; its output layer its own; the -10l one ten of its forty layers);
+the glm4 one as GLM-4-9B-0414's (architecture glm4: biases on q/k/v, two K/V heads of 128, the rotary over half of
+each head, attn_post_norm and ffn_post_norm after the attention and the MLP, gate and up one ffn_up of 2 x 13696
+rows; its output layer its own);
 the granite4h ones as Granite 4.0 H's (architecture granitehybrid: four attention layers of 40 (of 32 for the
 350M), the others Mamba2 layers: ssm_in giving z, x, B, C and a time step a head, ssm_conv1d's four taps a
 channel and their bias in F32, ssm_dt's bias, ssm_a (-exp(A_log), drawn in [-8, -0.5]) and ssm_d a value a
@@ -137,11 +140,11 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "qwen3vl-2b": (2048, 6144, 28, 16, 8), "qwen3vl-4b": (2560, 9728, 36, 32, 8),
           "qwen3vl-8b": (4096, 12288, 36, 32, 8), "qwen3vlmoe-30b-a3b": (2048, 6144, 48, 32, 4),
           "nemotronh-4b": (3072, 12288, 52, 32, 8), "nemotronh-8b": (4096, 21504, 52, 32, 8),
-          "nemotronh-nano-9b": (4480, 15680, 56, 40, 8)}
+          "nemotronh-nano-9b": (4480, 15680, 56, 40, 8), "glm4-9b": (4096, 13696, 40, 32, 2)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
 UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
           "qwen2moe-a2.7b", "qwen35-9b", "qwen3vl-8b", "qwen3vlmoe-30b-a3b", "nemotronh-4b", "nemotronh-8b",
-          "qwen35moe-35b-a3b", "qwen35moe-35b-a3b-10l",
+          "qwen35moe-35b-a3b", "qwen35moe-35b-a3b-10l", "glm4-9b",
           "nemotronh-nano-9b"}  # the shapes whose output layer
 # is a tensor of its own
 
@@ -184,6 +187,10 @@ class Layout:
     # Nemotron-H's single-purpose layers, a letter each (M: Mamba2, *: attention, -: an MLP of up and down), its
     # Mamba2 layers' sizes in ``mamba``
     pattern: str | None = None
+    # GLM-4's: its rotary over this share of a head, its outputs' norms by its names (attn_post_norm,
+    # ffn_post_norm), gate and up one ffn_up
+    rotary_share: float = 1.0
+    glm: bool = False
 
 
 # Nemotron-H's layers, as I recall the 4B's and 8B's hybrid_override_pattern and Nemotron Nano 9B v2's
@@ -226,6 +233,8 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
                                 experts=(128, 8, 768), vision_sections=(24, 20, 20, 0), deepstack=3),
            "nemotronh": Layout("nemotron_h", head=128, eps=1e-5, context=8192, mamba=(128, 64, 128, 8),
                                pattern=NEMOTRON_H_8B),
+           "glm4": Layout("glm4", head=128, rope_base=10000.0, eps=1e-5, context=32768, biases=True, rotary_share=0.5,
+                          glm=True),
            "gemma": Layout("gemma", head=256, rope_base=10000.0, eps=1e-6, context=8192),
            "gemma2": Layout("gemma2", head=256, rope_base=10000.0, eps=1e-6, context=8192, output_norms=True,
                             window=4096, soft_caps=(50.0, 30.0)),
@@ -348,7 +357,8 @@ def single_purpose_layer(letter: str, hidden: int, inner: int, q: int, kv: int, 
 def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, head: int, vocab: int, family: Layout,
             tied: bool):
     q, kv = head * heads, head * kv_heads
-    dense = (("ffn_gate", (inner, hidden)), ("ffn_up", (inner, hidden)), ("ffn_down", (hidden, inner)))
+    dense = (("ffn_up", (2 * inner, hidden)), ("ffn_down", (hidden, inner))) if family.glm else (
+        ("ffn_gate", (inner, hidden)), ("ffn_up", (inner, hidden)), ("ffn_down", (hidden, inner)))
     mlp = dense
     if family.experts:  # the router, then every expert's matrices of a product as one stack
         count, _, width = family.experts
@@ -403,6 +413,8 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
                 yield f"blk.{i}.attn_sinks.weight", i, (heads,)
             if family.head_norms and name in ("attn_q", "attn_k"):
                 yield f"blk.{i}.{name}_norm.weight", i, shape[:1] if family.norms_across_heads else (head,)
+            if family.glm and name in ("attn_output", "ffn_down"):
+                yield f"blk.{i}.{'attn_post_norm' if name == 'attn_output' else 'ffn_post_norm'}.weight", i, (hidden,)
             if family.output_norms and name in ("attn_output", "ffn_down"):
                 yield f"blk.{i}.{'post_attention_norm' if name == 'attn_output' else 'post_ffw_norm'}.weight", i, (hidden,)
     lfm2 = family.attending is not None and not family.mamba  # (LFM2's final norm by llama.cpp's name for it)
@@ -468,7 +480,7 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_head_count_kv(kv_heads)
     writer.add_key_length(head)
     writer.add_value_length(head)
-    writer.add_rope_dimension_count(head // 4 if family.delta else head)
+    writer.add_rope_dimension_count(head // 4 if family.delta else int(head * family.rotary_share))
     writer.add_rope_freq_base(family.rope_base)
     writer.add_layer_norm_rms_eps(family.eps)
     if family.window:

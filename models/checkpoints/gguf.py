@@ -42,7 +42,7 @@ LAYER_NAMES = {
     "ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_proj", "ffn_up_exps": "mlp.experts.up_proj",
     "ffn_down_exps": "mlp.experts.down_proj",
     # the gate and up stacks as one (each expert's gate rows, then its up rows), as llama.cpp's converter writes
-    # them with --fuse-gate-up-exps, and for Granite's SWA mixtures
+    # them with --fuse-gate-up-exps (llama.cpp reads them for every mixture)
     "ffn_gate_up_exps": "mlp.experts.gate_up_proj",
     # an expert every token takes, and its one-row router (Qwen2-MoE's), by Qwen2-MoE's names
     "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",

@@ -252,7 +252,7 @@ def _experts(arch: str, key, config: dict) -> dict:
     if arch == "qwen2moe":
         fields["shared_expert_intermediate_size"] = shared or config["intermediate_size"]
     if arch == "qwen35moe":  # (its shared expert gated by its own router, as Qwen2-MoE's; renormalised: moe.py)
-        fields["shared_expert_intermediate_size"] = shared or 0
+        fields["shared_expert_intermediate_size"] = shared or config["intermediate_size"] or 0  # (llama.cpp's fallback)
     return fields
 
 
@@ -331,6 +331,8 @@ def _nemotron_h_layers(arch: str, key, heads: int, config: dict, file_name: str)
     heads attends, one with an MLP width is an MLP, one with neither is a Mamba2 layer; the Mamba2 sizes."""
     layers = config["num_hidden_layers"]
     counts, kv_heads = _kv_heads_by_layer(key, heads, layers, file_name, "Nemotron-H")
+    if key("feed_forward_length") is None:
+        raise ValueError(f"{file_name} leaves out {arch}.feed_forward_length, which tells its MLP layers apart")
     widths = _per_layer(key("feed_forward_length"), layers)
     if len(widths) != layers:
         raise ValueError(f"{file_name} lists MLP widths for {len(widths)} layers of {layers}")
@@ -338,7 +340,7 @@ def _nemotron_h_layers(arch: str, key, heads: int, config: dict, file_name: str)
         raise ValueError(f"{file_name}'s MLP layers have different widths ({sorted({w for w in widths if w})}); Loom "
                          "runs Nemotron-H models whose MLP layers share one")
     sizes = _mamba2_sizes(arch, key, file_name)
-    return {"layers_block_type": ["full_attention" if n else "mlp" if w else "linear_attention"
+    return {"layers_block_type": ["mlp" if w else "full_attention" if n else "linear_attention"  # (llama.cpp's order)
                                   for n, w in zip(counts, widths)],
             "num_key_value_heads": kv_heads, "head_dim": config["head_dim"] or config["hidden_size"] // heads,
             "mamba_num_heads": sizes["time_step_rank"], "mamba_head_dim": sizes["inner_size"] // sizes["time_step_rank"],

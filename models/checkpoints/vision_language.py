@@ -14,9 +14,10 @@ from ..families.rope import rope_type
 # a vision-language model_type -> the text family its language model is (None: as its text_config says)
 TEXT_MODELS = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "qwen3_vl_moe": "qwen3_moe",
                "gemma3": None, "mistral3": None}
-# what a text family's config would say that the vision-language model's leaves out: Qwen3-VL-MoE renormalises
-# its chosen experts' weights always (its config has no norm_topk_prob)
-FIXED = {"qwen3_vl_moe": {"norm_topk_prob": True}}
+# what transformers' vision-language model does whatever its text config says: Qwen3-VL-MoE renormalises its
+# chosen experts' weights always (its config has no norm_topk_prob); Gemma 3's caps no logits (its text model
+# would, by final_logit_softcapping)
+FIXED = {"qwen3_vl_moe": {"norm_topk_prob": True}, "gemma3": {"final_logit_softcapping": None}}
 VISION_PREFIXES = ("model.visual.", "visual.", "model.vision_tower.", "vision_tower.", "model.multi_modal_projector.",
                    "multi_modal_projector.")
 # where checkpoints keep the language model -> its text family's names: transformers 5's, and the hub's older
@@ -31,16 +32,25 @@ def text_config(config: dict) -> dict:
     kind = config.get("model_type")
     if kind not in TEXT_MODELS:
         return config
+    config = _completed(config)
     outer = {k: v for k, v in config.items() if k not in ("text_config", "vision_config")}
     inner = config.get("text_config") or {}
     text = {**outer, **inner, "model_type": TEXT_MODELS[kind] or inner.get("model_type"),
             "vision_language_model": kind, **FIXED.get(kind, {})}
-    if "tie_word_embeddings" in outer:  # (the whole model's answer, which transformers ties by, over text_config's)
-        text["tie_word_embeddings"] = outer["tie_word_embeddings"]
+    text["tie_word_embeddings"] = outer["tie_word_embeddings"]  # (the whole model's, which transformers ties by)
     for name in ("rope_parameters", "rope_scaling"):  # (Qwen2-VL's hub configs call the rope "mrope")
         if isinstance(text.get(name), dict) and rope_type(text[name]) == "mrope":
             text[name] = {**{k: v for k, v in text[name].items() if k != "type"}, "rope_type": "default"}
     return text
+
+
+def _completed(config: dict) -> dict:
+    """The config as transformers reads it: the defaults a hub config leaves out (Gemma 3's text_config names
+    a few sizes alone), an older config's layout and rules (Qwen2-VL's text keys at the top, its tie taken
+    from either level) put as transformers 5 keeps them."""
+    from transformers import CONFIG_MAPPING
+
+    return CONFIG_MAPPING[config["model_type"]](**{k: v for k, v in config.items() if k != "model_type"}).to_dict()
 
 
 def text_tensors(tensors: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Tensor]:

@@ -74,8 +74,9 @@ class NemotronHSpec(GraniteHybridSpec):
         base = LlamaSpec.from_hf({
             "model_type": "nemotron_h", "vocab_size": c["vocab_size"], "hidden_size": c["hidden_size"],
             "intermediate_size": c.get("intermediate_size", 21504), "num_hidden_layers": len(blocks),
-            "num_attention_heads": c.get("num_attention_heads", 32), "num_key_value_heads": c.get("num_key_value_heads"),
-            "head_dim": c.get("head_dim") or c.get("attention_head_dim") or 128,  # (older configs' name) "rms_norm_eps": c.get("layer_norm_epsilon", 1e-5),
+            "num_attention_heads": c.get("num_attention_heads", 32), "num_key_value_heads": c.get("num_key_value_heads", 8),
+            "head_dim": c.get("head_dim") or c.get("attention_head_dim") or 128,  # (older configs' name)
+            "rms_norm_eps": c.get("layer_norm_epsilon", 1e-5),
             "max_position_embeddings": c.get("max_position_embeddings", 4096),
             "tie_word_embeddings": c.get("tie_word_embeddings", False), "mlp_bias": c.get("mlp_bias", False),
             # (transformers' attention has no biases whatever attention_bias says; a GGUF file's config says

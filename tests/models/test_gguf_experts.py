@@ -180,8 +180,8 @@ def test_a_quantized_mixture_runs_its_experts_in_the_files_blocks_on_the_native_
 
 
 def test_a_file_that_keeps_each_experts_gate_and_up_as_one_stack(tmp_path):
-    """llama.cpp's converter writes ffn_gate_up_exps with --fuse-gate-up-exps (and for Granite's SWA mixtures):
-    each expert's gate rows, then its up rows, one stack. In float64: transformers' answers; in 8-bit blocks, on
+    """llama.cpp's converter writes ffn_gate_up_exps with --fuse-gate-up-exps (which llama.cpp reads for every
+    mixture): each expert's gate rows, then its up rows, one stack. In float64: transformers' answers; in 8-bit blocks, on
     the native layers: each expert's products and the answers of the same model's file with the two apart."""
     hf = tiny_model("qwen3_moe", seed=3, **SETTINGS["qwen3_moe"])
     arch, metadata = MIXTURES["qwen3_moe"]

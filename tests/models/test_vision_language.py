@@ -12,6 +12,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from models.checkpoints.vision_language import text_config
+from models.families.rope import rope_type
 from runtime import Engine, GenerationConfig
 
 from ..conftest import CONFIGS, EOS, VOCAB, greedy_with_logprobs, random_prompt, write_gguf_of
@@ -37,9 +38,8 @@ MODELS = {
                           num_experts_per_tok=2, moe_intermediate_size=24, decoder_sparse_step=1),
                      QWEN3_VISION),
     # the families' own text configs (conftest's), a vision tower of one layer over 28-pixel images
-    # (Gemma 3's text config without the final soft cap conftest gives it: Gemma 3 has none, and transformers'
-    # vision-language Gemma 3 applies none)
-    "gemma3": (transformers.Gemma3Config, lambda: CONFIGS["gemma3"]().to_dict() | {"final_logit_softcapping": None},
+    # (Gemma 3's with conftest's final soft cap, which transformers' vision-language Gemma 3 does not apply)
+    "gemma3": (transformers.Gemma3Config, lambda: CONFIGS["gemma3"]().to_dict(),
                dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
                     patch_size=14)),
     "mistral3": (transformers.Mistral3Config, lambda: CONFIGS["ministral3"]().to_dict(),
@@ -100,7 +100,9 @@ def test_an_older_qwen2_vl_config_keeps_its_text_model_at_the_top(tmp_path):
     config |= {**text, "model_type": "qwen2_vl", "rope_theta": rope["rope_theta"],
                "rope_scaling": {"type": "mrope", "mrope_section": rope["mrope_section"]}}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    assert text_config(config)["rope_scaling"] == {"rope_type": "default", "mrope_section": [2, 3, 3]}
+    text = text_config(config)
+    rope = text.get("rope_parameters") or text["rope_scaling"]
+    assert (rope_type(rope), rope["mrope_section"], text["model_type"]) == ("default", [2, 3, 3], "qwen2")
     asked = prompts(6)
     assert_same_answers(loom_greedy(tmp_path, asked), [greedy_with_logprobs(hf, p, 16) for p in asked])
 
@@ -117,6 +119,40 @@ def test_gemma_3_and_mistral_3_directories_in_either_layout(kind, tmp_path):
                or not hf.config.tie_word_embeddings}, tmp_path / "model.safetensors")
     asked = prompts(12)
     assert_same_answers(loom_greedy(tmp_path, asked), [greedy_with_logprobs(hf, p, 16) for p in asked])
+
+
+def test_a_hub_gemma_3_config_names_a_few_sizes_and_takes_the_rest_as_transformers_does():
+    """google/gemma-3-4b-it's config.json names five of its text model's fields; transformers' Gemma3TextConfig
+    gives the others (heads, K/V heads, head size, vocabulary), and so does Loom's reading."""
+    config = {"model_type": "gemma3", "text_config": {
+        "model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 34,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024}, "vision_config": {
+        "model_type": "siglip_vision_model", "hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+        "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14}, "mm_tokens_per_image": 256}
+    text = text_config(config)
+    expected = transformers.Gemma3Config(**{k: v for k, v in config.items() if k != "model_type"}).text_config
+    assert text["model_type"] == "gemma3_text"
+    for name in ("num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", "hidden_size",
+                 "query_pre_attn_scalar", "sliding_window"):
+        assert text[name] == getattr(expected, name), name
+    assert text["tie_word_embeddings"] and text["final_logit_softcapping"] is None
+
+
+@pytest.mark.parametrize("kind, outer, inner, tied", [
+    ("qwen2_5_vl", False, True, True),  # (an older save's tie inside text_config: transformers moves it out)
+    ("mistral3", None, False, True),    # (Mistral 3's class ties unless its top level says not)
+    ("qwen3_vl_moe", None, True, False),  # (Qwen3-VL-MoE's does not, whatever text_config says)
+])
+def test_the_output_layer_is_tied_as_transformers_ties_it(kind, outer, inner, tied):
+    """transformers ties a vision-language model's output layer by its top-level config (and its class's
+    default), not by text_config's."""
+    config_type, text, vision = MODELS[kind]
+    text = dict(text() if callable(text) else text, tie_word_embeddings=inner)
+    config = {"model_type": kind, "text_config": text, "vision_config": vision}
+    if outer is not None:
+        config["tie_word_embeddings"] = outer
+    assert text_config(config)["tie_word_embeddings"] is tied
+    assert config_type(**{k: v for k, v in config.items() if k != "model_type"}).tie_word_embeddings is tied
 
 
 def test_qwen3_vl_moe_hub_files_keep_their_experts_transposed(tmp_path):
