@@ -613,7 +613,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     names = {**GGUF_LAYER_NAMES,
              **(GGUF_GEMMA_NAMES if arch in ("gemma2", "gemma3", "olmo2", "gpt-oss", "exaone4") else {}),
              **(GGUF_LFM2_NAMES if lfm2 else {}), **(GGUF_QWEN35_NAMES if qwen35 else {}),
-             **({"post_self_attn_layernorm": "attn_post_norm", "post_mlp_layernorm": "ffn_post_norm"}
+             **({"post_self_attn_layernorm": "post_attention_norm", "post_mlp_layernorm": "post_ffw_norm"}
                 if arch == "glm4" else {})}
     for name, tensor in hf.state_dict().items():
         if name.startswith("model.visual."):

@@ -57,7 +57,8 @@ key heads; the 9B's output layer its own; the qwen35moe ones as Qwen3.5-35B-A3B'
 layout with 32 value heads, every layer's MLP 256 experts of 512 rows, 8 a token, beside a shared expert of 512
 rows weighted by its own one-row router; its output layer its own; the -10l one ten of its forty layers);
 the glm4 one as GLM-4-9B-0414's (architecture glm4: biases on q/k/v, two K/V heads of 128, the rotary over half of
-each head, attn_post_norm and ffn_post_norm after the attention and the MLP, gate and up one ffn_up of 2 x 13696
+each head, post_attention_norm and post_ffw_norm after the attention and the MLP (Gemma's names), gate and up
+one ffn_up of 2 x 13696
 rows; its output layer its own);
 the granite4h ones as Granite 4.0 H's (architecture granitehybrid: four attention layers of 40 (of 32 for the
 350M), the others Mamba2 layers: ssm_in giving z, x, B, C and a time step a head, ssm_conv1d's four taps a
@@ -187,8 +188,7 @@ class Layout:
     # Nemotron-H's single-purpose layers, a letter each (M: Mamba2, *: attention, -: an MLP of up and down), its
     # Mamba2 layers' sizes in ``mamba``
     pattern: str | None = None
-    # GLM-4's: its rotary over this share of a head, its outputs' norms by its names (attn_post_norm,
-    # ffn_post_norm), gate and up one ffn_up
+    # GLM-4's: its rotary over this share of a head, gate and up one ffn_up
     rotary_share: float = 1.0
     glm: bool = False
 
@@ -233,8 +233,8 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
                                 experts=(128, 8, 768), vision_sections=(24, 20, 20, 0), deepstack=3),
            "nemotronh": Layout("nemotron_h", head=128, eps=1e-5, context=8192, mamba=(128, 64, 128, 8),
                                pattern=NEMOTRON_H_8B),
-           "glm4": Layout("glm4", head=128, rope_base=10000.0, eps=1e-5, context=32768, biases=True, rotary_share=0.5,
-                          glm=True),
+           "glm4": Layout("glm4", head=128, rope_base=10000.0, eps=1e-5, context=32768, biases=True, output_norms=True,
+                          rotary_share=0.5, glm=True),
            "gemma": Layout("gemma", head=256, rope_base=10000.0, eps=1e-6, context=8192),
            "gemma2": Layout("gemma2", head=256, rope_base=10000.0, eps=1e-6, context=8192, output_norms=True,
                             window=4096, soft_caps=(50.0, 30.0)),
@@ -413,8 +413,6 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
                 yield f"blk.{i}.attn_sinks.weight", i, (heads,)
             if family.head_norms and name in ("attn_q", "attn_k"):
                 yield f"blk.{i}.{name}_norm.weight", i, shape[:1] if family.norms_across_heads else (head,)
-            if family.glm and name in ("attn_output", "ffn_down"):
-                yield f"blk.{i}.{'attn_post_norm' if name == 'attn_output' else 'ffn_post_norm'}.weight", i, (hidden,)
             if family.output_norms and name in ("attn_output", "ffn_down"):
                 yield f"blk.{i}.{'post_attention_norm' if name == 'attn_output' else 'post_ffw_norm'}.weight", i, (hidden,)
     lfm2 = family.attending is not None and not family.mamba  # (LFM2's final norm by llama.cpp's name for it)

@@ -83,8 +83,9 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
                     "lfm2": LFM2_LAYER_NAMES, "lfm2moe": LFM2_LAYER_NAMES, "qwen35": QWEN35_LAYER_NAMES,
                     "qwen35moe": QWEN35_LAYER_NAMES,
                     "granitehybrid": GRANITE_HYBRID_LAYER_NAMES,
-                    # (GLM-4's norms after the attention and the MLP; its up product gives the gate's rows too)
-                    "glm4": {"attn_post_norm": "post_self_attn_layernorm", "ffn_post_norm": "post_mlp_layernorm",
+                    # (GLM-4's norms after the attention and the MLP, by Gemma's names in its files; its up
+                    # product gives the gate's rows too)
+                    "glm4": {"post_attention_norm": "post_self_attn_layernorm", "post_ffw_norm": "post_mlp_layernorm",
                              "ffn_up": "mlp.gate_up_proj"}, "nemotron_h": GRANITE_HYBRID_LAYER_NAMES}
 # parameters transformers names without a kind (gpt-oss's sinks: llama.cpp's converter adds ".weight";
 # ERNIE 4.5's selection bias, Qwen3.5's and Mamba2's dt_bias, ".bias")
@@ -278,11 +279,13 @@ def _stacks(info: TensorInfo) -> bool:
 def _row_order(name: str, info: TensorInfo, arch: str, config: dict) -> torch.Tensor | None:
     """Where llama.cpp's converter permuted a tensor's rows (Llama's Q/K weights and biases: from
     rotate-half pairs to interleaved pairs), the file's row of each of transformers' rows; else None.
-    (Qwen3.5's query rows, each head's beside its gate's, come as every query's, then every gate's.)"""
+    (Qwen3.5's query rows, each head's beside its gate's, come as every query's, then every gate's; GLM-4's
+    rotary pairs, side by side over the first part of each head as its checkpoints keep them, are put in
+    halves as they are read, as Llama's.)"""
     if arch in ("qwen35", "qwen35moe") and name.endswith("q_proj.weight"):
         heads = config["num_attention_heads"]
         return query_then_gate(heads, info.shape[0] // heads // 2)
-    if arch not in LLAMA_LAYOUT:  # (the others use the NeoX layout, stored as is)
+    if arch not in LLAMA_LAYOUT and arch != "glm4":  # (the others use the NeoX layout, stored as is)
         return None
     if name.endswith(("q_proj.weight", "q_proj.bias")):
         heads = config["num_attention_heads"]
@@ -290,7 +293,8 @@ def _row_order(name: str, info: TensorInfo, arch: str, config: dict) -> torch.Te
         heads = config["num_key_value_heads"]
     else:
         return None
-    return halves_from_pairs(info.shape[0], heads)
+    rotary = int(config.get("partial_rotary_factor", 1.0) * (info.shape[0] // heads))
+    return halves_from_pairs(info.shape[0], heads, rotary)
 
 
 def _pad_float32_rows(tensors: dict, file: GGUFFile, formats: dict, names: dict) -> None:

@@ -199,6 +199,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         raise ValueError(f"{file_name}: {error}") from None
     if arch == "mistral3":
         config |= _mistral3_scales(key, config)
+    if arch == "glm4":  # (its rotary pairs put in halves as they are read: gguf._row_order)
+        config["rotary_rows_in_halves"] = True
     return config
 
 

@@ -278,13 +278,36 @@ def test_an_exaone4_file_equals_its_transformers_model(tmp_path):
 def test_a_glm4_file_equals_its_transformers_model(tmp_path):
     """A GLM-4 file (architecture glm4: q/k/v biases, its rotary's pairs side by side over half of each head as
     the checkpoint keeps them, rope.dimension_count saying so; the attention's and MLP's outputs normed,
-    attn_post_norm and ffn_post_norm; gate and up one ffn_up), in float64: transformers' answers."""
+    post_attention_norm and post_ffw_norm; gate and up one ffn_up), in float64: transformers' answers; and in
+    8-bit blocks, its q/k rows put in halves as they are read, on the native layers: the same tokens as the torch
+    layers over them."""
+    import gguf
+    from gguf.constants import GGMLQuantizationType as Q
+
+    from .test_block_formats import assert_greedy_but_near_ties
+
     hf = tiny_model("glm4", seed=3)
     rng = random.Random(17)
     prompts = [random_prompt(rng, 1, 4), random_prompt(rng, 30, 60)]
-    path = write_gguf_of(hf, tmp_path / "glm4.gguf", "glm4", {"rope.dimension_count": hf.config.head_dim // 2,
-                                                             "tokenizer.ggml.eos_token_id": EOS})
+    metadata = {"rope.dimension_count": hf.config.head_dim // 2, "tokenizer.ggml.eos_token_id": EOS}
+    path = write_gguf_of(hf, tmp_path / "glm4.gguf", "glm4", metadata)
     assert_same_answers(greedy(path, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
+    quantized = write_gguf_of(hf, tmp_path / "glm4-q8.gguf", "glm4", metadata, matrices=Q.Q8_0)
+    answers = []
+    for native_layers in (True, False):
+        with Engine.from_pretrained(quantized) as engine:
+            assert engine.model.decoder_layers is not None
+            if not native_layers:
+                engine.model.decoder_layers = None
+            answers.append([list(engine.stream_response_tokens(engine.launch_response_tokens(
+                p, {"max_new_tokens": 12, "ignore_eos": True}), timeout=60)) for p in prompts])
+    assert answers[0] == answers[1]
+    with torch.no_grad():  # transformers over the file's values: the same tokens but near ties
+        for name, tensor in hf.named_parameters():
+            if tensor.ndim == 2 and not name.endswith("norm.weight"):
+                codes = gguf.quants.quantize(tensor.float().numpy(), Q.Q8_0)
+                tensor.copy_(torch.from_numpy(gguf.quants.dequantize(codes, Q.Q8_0)).double())
+    assert_greedy_but_near_ties(hf, prompts, answers[0], near_tie=0.1)
 
 
 def test_exaone4_windows_are_read_as_llama_cpp_reads_them():
