@@ -103,22 +103,35 @@ def test_a_quantized_granite_hybrid_file_runs_in_its_blocks(tmp_path):
     values, each product's input rounded to 8 bits as the blocks' products round it, but near ties (0.1, as
     Qwen3.5's: a state carries a rounding across a tie to every later token)."""
     hf = tiny_model("granitemoehybrid", seed=5, num_local_experts=0)  # (transformers' experts take no hooks)
-    with torch.no_grad():  # the file's values: each matrix through Q8_0 and back
+    path = eight_bit_file(hf, tmp_path / "granite-q8.gguf", "granitehybrid")
+    prompts = [random_prompt(random.Random(i), 3, 30) for i in range(6)]
+    mixers = lambda model: [m for b in model.layers if b.recurrent for m in (b.mamba.in_proj, b.mamba.out)]
+    assert_greedy_but_near_ties(hf, prompts, answers_in_blocks(path, prompts, mixers), near_tie=0.1)
+
+
+def eight_bit_file(hf, path, arch: str):
+    """``hf``'s Q8_0 file at ``path``, and ``hf`` made transformers' model of it: each matrix through Q8_0 and
+    back, each product's input rounded to 8 bits as the blocks' products round it."""
+    with torch.no_grad():
         for name, tensor in hf.named_parameters():
             if tensor.ndim == 2 and not name.endswith("norm.weight"):
                 codes = gguf.quants.quantize(tensor.float().numpy(), Q.Q8_0)
                 tensor.copy_(torch.from_numpy(gguf.quants.dequantize(codes, Q.Q8_0)).double())
-    path = write_gguf_of(hf, tmp_path / "granite-q8.gguf", "granitehybrid", matrices=Q.Q8_0)
+    written = write_gguf_of(hf, path, arch, matrices=Q.Q8_0)
     rounding_inputs(hf, {"proj": GROUP, "lm_head": GROUP, "linear": GROUP})
-    prompts = [random_prompt(random.Random(i), 3, 30) for i in range(6)]
+    return written
+
+
+def answers_in_blocks(path, prompts: list, products) -> list:
+    """Greedy answers (12 tokens, past any end) over a file whose ``products(model)`` all run in its blocks,
+    on the native layers."""
     with Engine.from_pretrained(path, max_batch_size=8) as engine:
-        mixers = [block.mamba for block in engine.model.layers if block.recurrent]
-        assert mixers and all(isinstance(m, BlockLinear) for mixer in mixers for m in (mixer.in_proj, mixer.out))
+        multiplied = products(engine.model)
+        assert multiplied and all(isinstance(m, BlockLinear) for m in multiplied)
         assert engine.model.decoder_layers is not None
         config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
         handles = [engine.launch_response_tokens(p, config) for p in prompts]
-        answers = [list(engine.stream_response_tokens(h, timeout=60)) for h in handles]
-    assert_greedy_but_near_ties(hf, prompts, answers, near_tie=0.1)
+        return [list(engine.stream_response_tokens(h, timeout=60)) for h in handles]
 
 
 def test_the_pool_keeps_a_mamba2_state_a_request_and_k_v_for_the_attention_layer():

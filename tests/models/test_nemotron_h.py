@@ -6,20 +6,18 @@ threaded, preemption, prefix-cache, saved-directory and native-layer tests run i
 import json
 import random
 
-import gguf
 import pytest
 import torch
-from gguf.constants import GGMLQuantizationType as Q
 from safetensors.torch import load_file, save_file
 
 from models.families.nemotron_h import NemotronHSpec, blocks_of
 from models.kernels import native
-from models.kernels.block_linear import GROUP, BlockLinear
-from runtime import Engine, GenerationConfig
+from runtime import Engine
 
 from ..conftest import CONFIGS, greedy_with_logprobs, random_prompt, tiny_model, write_gguf_of
-from .test_block_formats import assert_greedy_but_near_ties, rounding_inputs
+from .test_block_formats import assert_greedy_but_near_ties
 from .test_gguf import assert_same_answers, greedy
+from .test_granite_hybrid import answers_in_blocks, eight_bit_file
 from .test_qwen35 import float32_weights
 
 needs_kernels = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the kernels are not built")
@@ -74,24 +72,12 @@ def test_an_8_bit_nemotron_h_file_runs_in_its_blocks(tmp_path):
     each product's input rounded to 8 bits as the blocks' products round it, but near ties (0.1, as Granite
     4's: a state carries a rounding across a tie to every later token)."""
     hf = tiny_model("nemotron_h", seed=5)
-    with torch.no_grad():  # the file's values: each matrix through Q8_0 and back
-        for name, tensor in hf.named_parameters():
-            if tensor.ndim == 2 and not name.endswith("norm.weight"):
-                codes = gguf.quants.quantize(tensor.float().numpy(), Q.Q8_0)
-                tensor.copy_(torch.from_numpy(gguf.quants.dequantize(codes, Q.Q8_0)).double())
-    path = write_gguf_of(hf, tmp_path / "nemotron-q8.gguf", "nemotron_h", matrices=Q.Q8_0)
-    rounding_inputs(hf, {"proj": GROUP, "lm_head": GROUP, "linear": GROUP})
+    path = eight_bit_file(hf, tmp_path / "nemotron-q8.gguf", "nemotron_h")
     asked = [random_prompt(random.Random(i), 3, 30) for i in range(6)]
-    with Engine.from_pretrained(path, max_batch_size=8) as engine:
-        products = [m for block in engine.model.layers for m in (
-            (block.mamba.in_proj, block.mamba.out) if block.recurrent else (block.attn.qkv, block.attn.out))
-            + (() if block.mlp is None else (block.mlp.up, block.mlp.down))]
-        assert all(isinstance(m, BlockLinear) for m in products)
-        assert engine.model.decoder_layers is not None
-        config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
-        handles = [engine.launch_response_tokens(p, config) for p in asked]
-        answers = [list(engine.stream_response_tokens(h, timeout=60)) for h in handles]
-    assert_greedy_but_near_ties(hf, asked, answers, near_tie=0.1)
+    products = lambda model: [m for block in model.layers for m in (
+        (block.mamba.in_proj, block.mamba.out) if block.recurrent else (block.attn.qkv, block.attn.out))
+        + (() if block.mlp is None else (block.mlp.up, block.mlp.down))]
+    assert_greedy_but_near_ties(hf, asked, answers_in_blocks(path, asked, products), near_tie=0.1)
 
 
 @pytest.mark.parametrize("settings, message", [
