@@ -183,7 +183,8 @@ def _load(source, device: torch.device, dtype, weights) -> Checkpoint:
         elif not path.exists():
             raise FileNotFoundError(f"no checkpoint at {path}: expected a directory with config.json or a .gguf file")
         else:
-            architecture(huggingface.read_config(path))  # an unsupported type fails before any tensor is read
-            contents = huggingface.read(path)
+            config = huggingface.read_config(path)
+            architecture(config)  # an unsupported type fails before any tensor is read
+            contents = huggingface.read(path, config)
     model = build(contents.config, contents.tensors, dtype, device, weights, float_rows=kept, owned=contents.owned)
     return Checkpoint(model, contents.eos_token_ids, contents.tokenizer, contents.name, contents.config)

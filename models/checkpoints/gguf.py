@@ -285,7 +285,7 @@ def _row_order(name: str, info: TensorInfo, arch: str, config: dict) -> torch.Te
     if arch in ("qwen35", "qwen35moe") and name.endswith("q_proj.weight"):
         heads = config["num_attention_heads"]
         return query_then_gate(heads, info.shape[0] // heads // 2)
-    if arch not in LLAMA_LAYOUT and arch != "glm4":  # (the others use the NeoX layout, stored as is)
+    if arch not in LLAMA_LAYOUT:  # (the others use the NeoX layout, stored as is)
         return None
     if name.endswith(("q_proj.weight", "q_proj.bias")):
         heads = config["num_attention_heads"]

@@ -35,10 +35,11 @@ SIGMOID_MIXTURES = frozenset({"lfm2moe"})
 # router of its own; Granite MoE Shared's, a granitemoe file with expert_shared_feed_forward_length; ERNIE 4.5's)
 SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe", "granitehybrid", "qwen35moe"})
 # architectures whose files keep Llama's layout: Q/K rows in the interleaved rotary's order (llama.cpp's
-# converter permutes Llama's; ERNIE 4.5's checkpoints hold them so: its files are Llama's from there),
-# attention biases where the model has them
+# converter permutes Llama's; ERNIE 4.5's and GLM-4's checkpoints hold them so: their files are Llama's from
+# there, GLM-4's over the rotary's half of each head), attention biases where the model has them; gguf.py puts
+# the rows in halves as it reads them
 LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "granitehybrid", "mistral3", "ernie4_5",
-                          "ernie4_5-moe"})
+                          "ernie4_5-moe", "glm4"})
 # SmolLM3: every fourth layer attends without rotary, as llama.cpp fixes it (the files do not say)
 SMOLLM3_NO_ROPE_STEP = 4
 # EXAONE 4: llama.cpp gives only the 32B's 64 layers a window (three layers in four, 4096 tokens where the file
@@ -116,8 +117,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         "model_type": ARCHITECTURES[arch],
         "vocab_size": key("vocab_size") or tensors["token_embd.weight"].shape[0],
         "hidden_size": key("embedding_length"),
-        "intermediate_size": shared("feed_forward_length") if arch not in SINGLE_PURPOSE_LAYERS
-        else max(_per_layer(key("feed_forward_length", 0))),
+        # (Nemotron-H's a layer at a time, none for a Mamba2 or attention layer: _nemotron_h_layers)
+        "intermediate_size": None if arch in SINGLE_PURPOSE_LAYERS else shared("feed_forward_length"),
         # (llama.cpp runs the layers before a file's next-token prediction layers, which it keeps for speculation)
         "num_hidden_layers": key("block_count") - (key("nextn_predict_layers") or 0),
         "num_attention_heads": heads,
@@ -129,7 +130,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         "rope_theta": key("rope.freq_base", 10000.0),
         "max_position_embeddings": key("context_length", 2048),
         "tie_word_embeddings": "output.weight" not in tensors,
-        "attention_bias": "blk.0.attn_q.bias" in tensors and (arch in LLAMA_LAYOUT or arch in ("gpt-oss", "glm4")),
+        "attention_bias": "blk.0.attn_q.bias" in tensors and (arch in LLAMA_LAYOUT or arch == "gpt-oss"),
+        "rotary_rows_in_halves": arch in LLAMA_LAYOUT,  # (as read: ERNIE 4.5's and GLM-4's need no reordering after)
     }
     if key("expert_count"):
         config |= _experts(arch, key, config)
@@ -199,8 +201,6 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         raise ValueError(f"{file_name}: {error}") from None
     if arch == "mistral3":
         config |= _mistral3_scales(key, config)
-    if arch == "glm4":  # (its rotary pairs put in halves as they are read: gguf._row_order)
-        config["rotary_rows_in_halves"] = True
     return config
 
 
@@ -271,7 +271,7 @@ def _ernie_experts(key, config: dict, experts: int, used: int, inner: int | None
             "moe_num_shared_experts": (shared or 0) // inner,
             "moe_layer_start_index": key("leading_dense_block_count") or 0,
             "moe_layer_end_index": config["num_hidden_layers"] - 1,
-            "moe_layer_interval": key("interleave_moe_layer_step") or 1, "rotary_rows_in_halves": True}
+            "moe_layer_interval": key("interleave_moe_layer_step") or 1}
 
 
 def _lfm2_layers(key, heads: int, layers: int, file_name: str) -> dict:
@@ -289,8 +289,7 @@ def _kv_heads_by_layer(key, heads: int, layers: int, file_name: str, family: str
     """Each layer's K/V heads as a hybrid's file lists them (none: a layer that does not attend, as llama.cpp
     reads LFM2's and Granite 4's), and the one count its attention layers share (``heads`` where none
     attends), or a ValueError where they differ."""
-    counts = key("attention.head_count_kv", heads)
-    counts = [counts] * layers if isinstance(counts, int) else [int(n) for n in counts]
+    counts = _per_layer(key("attention.head_count_kv", heads), layers)
     if len(counts) != layers:
         raise ValueError(f"{file_name} lists K/V heads for {len(counts)} layers of {layers}")
     kv_heads = {n for n in counts if n}
@@ -343,7 +342,7 @@ def _nemotron_h_layers(arch: str, key, heads: int, config: dict, file_name: str)
                          "runs Nemotron-H models whose MLP layers share one")
     sizes = _mamba2_sizes(arch, key, file_name)
     return {"layers_block_type": ["mlp" if w else "full_attention" if n else "linear_attention"  # (llama.cpp's order)
-                                  for n, w in zip(counts, widths)],
+                                  for n, w in zip(counts, widths)], "intermediate_size": max(widths),
             "num_key_value_heads": kv_heads, "head_dim": config["head_dim"] or config["hidden_size"] // heads,
             "mamba_num_heads": sizes["time_step_rank"], "mamba_head_dim": sizes["inner_size"] // sizes["time_step_rank"],
             "ssm_state_size": sizes["state_size"], "n_groups": sizes["group_count"], "conv_kernel": sizes["conv_kernel"],
@@ -351,7 +350,7 @@ def _nemotron_h_layers(arch: str, key, heads: int, config: dict, file_name: str)
             "layer_norm_epsilon": key("attention.layer_norm_rms_epsilon", key("attention.layer_norm_epsilon", 1e-5))}
 
 
-def _per_layer(value, layers: int = 1) -> list[int]:
+def _per_layer(value, layers: int) -> list[int]:
     """A size a file may give once or a layer at a time, as a list a layer."""
     return [int(value)] * layers if isinstance(value, (int, float)) else [int(v) for v in value]
 

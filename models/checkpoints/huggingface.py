@@ -13,9 +13,10 @@ from . import Contents
 from .vision_language import text_config, text_tensors
 
 
-def read(directory: Path) -> Contents:
-    """The directory's config, tensors, EOS ids and tokenizer."""
-    config = read_config(directory)
+def read(directory: Path, config: dict | None = None) -> Contents:
+    """The directory's config (``config``: read_config's answer, where the caller has it), tensors, EOS ids and
+    tokenizer."""
+    config = read_config(directory) if config is None else config
     return Contents(config, text_tensors(read_tensors(directory), config), read_eos_ids(directory, config),
                     read_tokenizer(directory), directory.name)
 

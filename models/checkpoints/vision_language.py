@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 
-from ..families.rope import rope_type
 
 # a vision-language model_type -> the text family its language model is (None: as its text_config says)
 TEXT_MODELS = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "qwen3_vl_moe": "qwen3_moe",
@@ -38,16 +37,13 @@ def text_config(config: dict) -> dict:
     text = {**outer, **inner, "model_type": TEXT_MODELS[kind] or inner.get("model_type"),
             "vision_language_model": kind, **FIXED.get(kind, {})}
     text["tie_word_embeddings"] = outer["tie_word_embeddings"]  # (the whole model's, which transformers ties by)
-    for name in ("rope_parameters", "rope_scaling"):  # (Qwen2-VL's hub configs call the rope "mrope")
-        if isinstance(text.get(name), dict) and rope_type(text[name]) == "mrope":
-            text[name] = {**{k: v for k, v in text[name].items() if k != "type"}, "rope_type": "default"}
     return text
 
 
 def _completed(config: dict) -> dict:
     """The config as transformers reads it: the defaults a hub config leaves out (Gemma 3's text_config names
     a few sizes alone), an older config's layout and rules (Qwen2-VL's text keys at the top, its tie taken
-    from either level) put as transformers 5 keeps them."""
+    from either level, its "mrope" rope_scaling a default rope) put as transformers 5 keeps them."""
     from transformers import CONFIG_MAPPING
 
     return CONFIG_MAPPING[config["model_type"]](**{k: v for k, v in config.items() if k != "model_type"}).to_dict()

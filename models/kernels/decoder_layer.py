@@ -201,6 +201,17 @@ def _mlp_products(mlp: nn.Module | None) -> tuple:
     return _moe_products(mlp) if isinstance(mlp, SparseMoE) else (_up_product(mlp), mlp.down)
 
 
+def _mlp_fields(mlp: nn.Module | None, spec) -> tuple:
+    """A layer's MLP as the native layer takes it: (up product, down product, width, activation); a mixture's
+    products are its experts' (DecoderLayers._route), a block without an MLP has none (width 0)."""
+    if isinstance(mlp, SparseMoE):
+        return None, None, mlp.spec.intermediate_size, SILU_GATED
+    if mlp is None:
+        return None, None, 0, SILU_GATED
+    return (_up_product(mlp), mlp.down, spec.intermediate_size,
+            RELU_SQUARED if isinstance(mlp, SquaredReLU) else SILU_GATED)
+
+
 def _up_product(mlp: nn.Module) -> nn.Module:
     """An MLP's first product: a SwiGLU's gate and up rows, a squared ReLU's up."""
     return mlp.up if isinstance(mlp, SquaredReLU) else mlp.gate_up
@@ -283,24 +294,19 @@ class DecoderLayers:
     def _llama_layer(self, block, spec, mixer: tuple | None = None) -> _Layer:
         """``mixer``: the two products in the attention's place (LFM2's convolution's, a Mamba2's; None: the
         attention's)."""
-        attn, mlp = block.attn, block.mlp
-        routes, dense = isinstance(mlp, SparseMoE), mlp is not None and not isinstance(mlp, SparseMoE)
+        attn = block.attn
         qkv, out = mixer or (attn.qkv, attn.out)
-        layer = self._layer((block.input_norm, block.post_norm), qkv, out, _up_product(mlp) if dense else None,
-                            mlp.down if dense else None,
+        up, down, inner, activation = _mlp_fields(block.mlp, spec)
+        layer = self._layer((block.input_norm, block.post_norm), qkv, out, up, down,
                             (None, None, None, None) if mixer else (attn.q_norm, attn.k_norm,
                                                                     getattr(block, "attn_out_norm", None),
                                                                     getattr(block, "mlp_out_norm", None)),
-                            hidden=spec.hidden_size,
-                            intermediate=mlp.spec.intermediate_size if routes else spec.intermediate_size if dense
-                            else 0, heads=spec.num_heads, kv_heads=spec.num_kv_heads, dim=spec.head_dim,
-                            window=block.window or 0,
-                            activation=RELU_SQUARED if isinstance(mlp, SquaredReLU) else SILU_GATED,
-                            rotates=block.rotates,
+                            hidden=spec.hidden_size, intermediate=inner, heads=spec.num_heads,
+                            kv_heads=spec.num_kv_heads, dim=spec.head_dim, window=block.window or 0,
+                            activation=activation, rotates=block.rotates,
                             norms_across_heads=not mixer and attn.norms_across_heads, eps=spec.rms_norm_eps,
                             scale=1.0 if mixer else attn.scale, residual_scale=spec.residual_scale)
-        if routes:
-            layer.experts = ctypes.addressof(self._experts(mlp))
+        self._route(layer, block.mlp)
         layer.sinks = None if mixer else self._in_dtype(attn.sinks)
         return layer
 
@@ -317,19 +323,15 @@ class DecoderLayers:
     def _qwen35_layer(self, block, spec) -> _Layer:
         """A delta-rule layer: its qkv and output products in the attention's, its other products,
         parameters (in the layers' dtype) and states in a DeltaLayer; an attention layer: Qwen3's, gated."""
-        mixer, mlp, d = block.mixer, block.mlp, spec.delta
-        routes = isinstance(mlp, SparseMoE)
-        layer = self._layer((block.input_norm, block.post_norm), mixer.qkv, mixer.out, None if routes else mlp.gate_up,
-                            None if routes else mlp.down,
+        mixer, d = block.mixer, spec.delta
+        up, down, inner, activation = _mlp_fields(block.mlp, spec)
+        layer = self._layer((block.input_norm, block.post_norm), mixer.qkv, mixer.out, up, down,
                             (None, None, None, None) if block.recurrent else (mixer.q_norm, mixer.k_norm, None, None),
-                            hidden=spec.hidden_size,
-                            intermediate=mlp.spec.intermediate_size if routes else spec.intermediate_size,
-                            heads=spec.num_heads,
-                            kv_heads=spec.num_kv_heads, dim=spec.head_dim, activation=SILU_GATED,
+                            hidden=spec.hidden_size, intermediate=inner, heads=spec.num_heads,
+                            kv_heads=spec.num_kv_heads, dim=spec.head_dim, activation=activation,
                             eps=spec.rms_norm_eps, scale=1.0 if block.recurrent else mixer.scale,
                             gated=not block.recurrent)
-        if routes:
-            layer.experts = ctypes.addressof(self._experts(mlp))
+        self._route(layer, block.mlp)
         if block.recurrent:
             products = [_weights(m) for m in (mixer.z, mixer.beta, mixer.alpha)]
             delta = _DeltaLayer(*(ctypes.addressof(w) for w in products),
@@ -353,6 +355,11 @@ class DecoderLayers:
         self.weights.append(mamba)
         layer.mamba = ctypes.addressof(mamba)
         return layer
+
+    def _route(self, layer: _Layer, mlp: nn.Module | None) -> None:
+        """A layer whose MLP routes to experts reads them from an Experts description (_experts)."""
+        if isinstance(mlp, SparseMoE):
+            layer.experts = ctypes.addressof(self._experts(mlp))
 
     def _in_dtype(self, tensor: torch.Tensor | None) -> int | None:
         """The address of ``tensor`` in the layers' dtype (a copy kept alive here where it is not), or None."""
