@@ -18,6 +18,7 @@ from torch import nn
 
 from .checkpoints import gguf, huggingface
 from .checkpoints.vision_language import TEXT_MODELS
+from .families.deepseek import FAMILIES as DEEPSEEK_FAMILIES, DeepSeek, DeepSeekSpec
 from .families.gemma import Gemma, GemmaSpec
 from .families.gpt2 import GPT2, GPT2Spec
 from .families.granite_hybrid import FAMILIES as GRANITE_HYBRID_FAMILIES, GraniteHybrid, GraniteHybridSpec
@@ -28,6 +29,7 @@ from .families.olmo import FAMILIES as OLMO_FAMILIES, Olmo, OlmoSpec
 from .families.qwen35 import FAMILIES as QWEN35_FAMILIES, Qwen35, Qwen35Spec
 from .kernels import native
 from .kernels.block_experts import use_stored_experts
+from .kernels.block_heads import use_stored_heads
 from .kernels.block_linear import use_block_linears, use_stored_blocks
 from .kernels.cpu_linear import use_cpu_linears
 from .kernels.decoder_layer import use_decoder_layers
@@ -40,7 +42,8 @@ ARCHITECTURES = {"gpt2": (GPT2Spec, GPT2), "gemma": (GemmaSpec, Gemma), "gemma2"
                  **{family: (Lfm2Spec, Lfm2) for family in LFM2_FAMILIES},
                  **{family: (Qwen35Spec, Qwen35) for family in QWEN35_FAMILIES},
                  **{family: (GraniteHybridSpec, GraniteHybrid) for family in GRANITE_HYBRID_FAMILIES},
-                 **{family: (NemotronHSpec, NemotronH) for family in NEMOTRON_H_FAMILIES}}
+                 **{family: (NemotronHSpec, NemotronH) for family in NEMOTRON_H_FAMILIES},
+                 **{family: (DeepSeekSpec, DeepSeek) for family in DEEPSEEK_FAMILIES}}
 
 
 @dataclass
@@ -96,6 +99,7 @@ def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, de
         raise ValueError(f"the {config['model_type']} checkpoint is missing tensor {missing.args[0]}") from None
     use_stored_blocks(model, state, float_rows)  # weights a checkpoint keeps in blocks run on them as they are
     use_stored_experts(model, state)  # and a GGUF mixture's expert stacks
+    use_stored_heads(model, state, float_rows)  # and its stacks of a matrix a head (DeepSeek's)
     model.load_state_dict(_owned(state, device, dtype, copy=not owned), assign=True)
     if isinstance(getattr(model, "lm_head", None), nn.Linear):
         model.tie_embeddings()  # assign=True loaded the tied names as two tensors (blocks stay one)

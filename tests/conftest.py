@@ -232,6 +232,34 @@ CONFIGS = {
         layers_block_type=["linear_attention", "mlp", "full_attention", "mlp", "linear_attention", "linear_attention",
                            "mlp"], mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4,
         initializer_range=0.15, layer_norm_epsilon=1e-2),  # (an epsilon large enough that a wrong one shows)
+    # DeepSeek-V2 (V2-Lite's layout): latent attention with full-rank queries, YaRN with DeepSeek's mscales, a dense
+    # first layer, softmax routing limited to the groups whose best expert scores highest, a shared expert
+    "deepseek_v2": lambda: transformers.DeepseekV2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, kv_lora_rank=32, q_lora_rank=None, qk_nope_head_dim=16, qk_rope_head_dim=8,
+        v_head_dim=8, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+        topk_method="group_limited_greedy", n_group=4, topk_group=1, routed_scaling_factor=1.5,
+        max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0, initializer_range=0.15,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 64, "mscale": 0.707, "mscale_all_dim": 0.707,
+                         "beta_fast": 32, "beta_slow": 1}, experts_implementation="eager"),
+    # DeepSeek-V3: low-rank queries, sigmoid routing with selection biases over the groups whose best two score
+    # highest, renormalised and scaled
+    "deepseek_v3": lambda: transformers.DeepseekV3Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=32, qk_nope_head_dim=32,
+        qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+        first_k_dense_replace=1, n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5,
+        max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0, initializer_range=0.15,
+        experts_implementation="eager"),
+    # GLM-4.7-Flash: DeepSeek-V3's attention and routing in one group, its dense layers by mlp_layer_types
+    "glm4_moe_lite": lambda: transformers.Glm4MoeLiteConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=32, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, v_head_dim=24, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+        mlp_layer_types=["sparse", "dense", "sparse"], norm_topk_prob=True, routed_scaling_factor=1.8,
+        max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0, initializer_range=0.15,
+        experts_implementation="eager"),
     "gemma3": lambda: transformers.Gemma3TextConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=1, head_dim=32, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
@@ -256,7 +284,9 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "gemma2": transformers.Gemma2ForCausalLM, "lfm2": transformers.Lfm2ForCausalLM,
                  "lfm2_moe": transformers.Lfm2MoeForCausalLM, "qwen3_5": transformers.Qwen3_5ForCausalLM,
                  "granitemoehybrid": transformers.GraniteMoeHybridForCausalLM, "gemma3": transformers.Gemma3ForCausalLM,
-                 "nemotron_h": transformers.NemotronHForCausalLM, "glm4": transformers.Glm4ForCausalLM}
+                 "nemotron_h": transformers.NemotronHForCausalLM, "glm4": transformers.Glm4ForCausalLM,
+                 "deepseek_v2": transformers.DeepseekV2ForCausalLM, "deepseek_v3": transformers.DeepseekV3ForCausalLM,
+                 "glm4_moe_lite": transformers.Glm4MoeLiteForCausalLM}
 
 
 def interruptible() -> None:
@@ -291,11 +321,12 @@ def tiny_model(arch: str, seed: int = 0, **config):
     with torch.no_grad():
         for name, tensor in model.named_parameters():
             # (transformers starts gpt-oss's biases at 0, Qwen2-MoE's shared expert's router near it, Mamba2's D at 1)
-            if name.endswith(("sinks", "_bias", "router.bias", "shared_expert_gate.weight", "mamba.D", "mixer.D")) or (
+            if name.endswith(("sinks", "_bias", "router.bias", "shared_expert_gate.weight", "mamba.D", "mixer.D",
+                              "e_score_correction_bias")) or (
                     arch == "glm4" and name.endswith("proj.bias")):
                 tensor.normal_(0.0, 0.5)
         for name, tensor in model.named_buffers():  # (LFM2-MoE's selection bias, a buffer starting at 0)
-            if name.endswith("expert_bias"):
+            if name.endswith(("expert_bias", "e_score_correction_bias")):
                 tensor.normal_(0.0, 0.5)
     return model
 
@@ -520,6 +551,49 @@ def _nemotron_h_metadata(c) -> dict:
             "ssm.time_step_rank": c.mamba_num_heads, "ssm.inner_size": c.mamba_num_heads * c.mamba_head_dim}
 
 
+# DeepSeek's latent attention (kv_b_proj split as llama.cpp's converter splits it: _deepseek2_tensors)
+GGUF_DEEPSEEK2_NAMES = {"self_attn.q_a_proj": "attn_q_a", "self_attn.q_a_layernorm": "attn_q_a_norm",
+                        "self_attn.q_b_proj": "attn_q_b", "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
+                        "self_attn.kv_a_layernorm": "attn_kv_a_norm"}
+
+
+def _deepseek2_metadata(c) -> dict:
+    """A DeepSeek (or GLM-4.7-Flash) config's metadata as llama.cpp's converter writes it: the latent attention's
+    widths (its MLA key and value lengths), the mixture's, YaRN's with its log multiplier (0.1 mscale_all_dim)."""
+    dense = c.first_k_dense_replace if hasattr(c, "first_k_dense_replace") else \
+        next(i for i, t in enumerate(c.mlp_layer_types + ["sparse"]) if t == "sparse")
+    sigmoid = c.model_type != "deepseek_v2"
+    rope = c.rope_parameters
+    metadata = {"attention.kv_lora_rank": c.kv_lora_rank, "attention.q_lora_rank": c.q_lora_rank,
+                "attention.key_length": c.kv_lora_rank + c.qk_rope_head_dim, "attention.value_length": c.kv_lora_rank,
+                "attention.key_length_mla": c.qk_nope_head_dim + c.qk_rope_head_dim,
+                "attention.value_length_mla": c.v_head_dim, "rope.dimension_count": c.qk_rope_head_dim,
+                "leading_dense_block_count": dense, "expert_feed_forward_length": c.moe_intermediate_size,
+                "expert_count": c.n_routed_experts, "expert_used_count": c.num_experts_per_tok,
+                "expert_shared_count": c.n_shared_experts, "expert_weights_scale": float(c.routed_scaling_factor),
+                "expert_weights_norm": bool(c.norm_topk_prob) if sigmoid else None,
+                "expert_gating_func": 2 if sigmoid else 1,
+                "expert_group_count": c.n_group if sigmoid else None, "expert_group_used_count": c.topk_group if sigmoid else None}
+    if rope.get("rope_type") == "yarn":
+        metadata |= {"rope.scaling.type": "yarn", "rope.scaling.factor": float(rope["factor"]),
+                     "rope.scaling.original_context_length": rope["original_max_position_embeddings"],
+                     "rope.scaling.yarn_log_multiplier": 0.1 * rope["mscale_all_dim"]}
+    return metadata
+
+
+def _deepseek2_tensors(rest: str, values, c):
+    """kv_b_proj's rows as k_b ([heads, kv_lora_rank, nope], each head's key rows transposed) and v_b, and the
+    V3 router's selection bias, as llama.cpp's converter writes them; None for the other tensors."""
+    import numpy as np
+    if rest == "self_attn.kv_b_proj.weight":
+        heads = values.reshape(c.num_attention_heads, c.qk_nope_head_dim + c.v_head_dim, -1)
+        return [("attn_k_b.weight", np.ascontiguousarray(heads[:, :c.qk_nope_head_dim].swapaxes(1, 2))),
+                ("attn_v_b.weight", np.ascontiguousarray(heads[:, c.qk_nope_head_dim:]))]
+    if rest == "mlp.gate.e_score_correction_bias":
+        return [("exp_probs_b.bias", values)]
+    return None
+
+
 def _gpt_oss_tensors(rest: str, values):
     """A gpt-oss parameter as llama.cpp's converter writes it: (name within the block, values) pairs.
     Its experts' interleaved gate and up columns [experts, hidden, 2 x inner] split into two stacks
@@ -557,7 +631,9 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     c = hf.config.get_text_config()
     heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
     writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_block_count(c.num_hidden_layers)
+    # (a file's next-token prediction layers, metadata's nextn_predict_layers, counted among its blocks, as
+    # llama.cpp's converter counts them)
+    writer.add_block_count(c.num_hidden_layers + ((metadata or {}).get("nextn_predict_layers") or 0))
     writer.add_context_length(c.max_position_embeddings)
     writer.add_embedding_length(c.hidden_size)
     # LFM2's: its MLP's width as derived, no K/V heads in a convolution layer, the convolution's length
@@ -571,8 +647,11 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                                    c.shared_intermediate_size if hybrid and not c.num_local_experts else
                                    c.to_dict().get("intermediate_size") or c.moe_intermediate_size)
     writer.add_head_count(heads)
+    deepseek = arch == "deepseek2"
     writer.add_head_count_kv([kv_heads if t in ("attention", "full_attention") else 0 for t in types]
-                             if lfm2 or hybrid else kv_heads)
+                             if lfm2 or hybrid else 1 if deepseek else kv_heads)
+    if deepseek:
+        metadata = _deepseek2_metadata(c) | (metadata or {})
     if hybrid:
         metadata = (_nemotron_h_metadata(c) if nemotron else _granite_hybrid_metadata(c)) | (metadata or {})
     if lfm2:
@@ -585,7 +664,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                     "attention.recurrent_layers": [t == "linear_attention" for t in c.layer_types],
                     "rope.dimension_count": int(c.head_dim * c.rope_parameters["partial_rotary_factor"]),
                     **(metadata or {})}
-    if getattr(c, "head_dim", None) not in (None, c.hidden_size // heads):
+    if getattr(c, "head_dim", None) not in (None, c.hidden_size // heads) and not deepseek:
         writer.add_key_length(c.head_dim)
     writer.add_layer_norm_rms_eps(c.norm_eps if lfm2 else c.layer_norm_epsilon if nemotron else c.rms_norm_eps)
     if not nemotron:  # (whose attention has no positions)
@@ -602,10 +681,11 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     def add(name, values):
         if name.endswith(leave_out):
             return None
-        if matrices is None or values.ndim < 2 or name.endswith(("ffn_gate_inp.weight", ".bias", "shortconv.conv.weight",
-                                                                  "ssm_conv1d.weight", "ssm_norm.weight", "ssm_a",
-                                                                  "ssm_d")):
-            # (routers, convolutions' taps and norms stay F32)
+        if matrices is None or values.ndim < 2 or values.shape[-1] % 32 or name.endswith((
+                "ffn_gate_inp.weight", ".bias", "shortconv.conv.weight", "ssm_conv1d.weight", "ssm_norm.weight",
+                "ssm_a", "ssm_d")):
+            # (routers, convolutions' taps and norms stay F32; rows no block divides too, as llama-quantize leaves
+            # them: DeepSeek's k_b of narrow heads)
             return writer.add_tensor(name, values)
         writer.add_tensor(name, gguf.quants.quantize(values, matrices), raw_dtype=matrices)
 
@@ -614,7 +694,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
              **(GGUF_GEMMA_NAMES if arch in ("gemma2", "gemma3", "olmo2", "gpt-oss", "exaone4") else {}),
              **(GGUF_LFM2_NAMES if lfm2 else {}), **(GGUF_QWEN35_NAMES if qwen35 else {}),
              **({"post_self_attn_layernorm": "post_attention_norm", "post_mlp_layernorm": "post_ffw_norm"}
-                if arch == "glm4" else {})}
+                if arch == "glm4" else {}), **(GGUF_DEEPSEEK2_NAMES if arch == "deepseek2" else {})}
     for name, tensor in hf.state_dict().items():
         if name.startswith("model.visual."):
             continue
@@ -636,6 +716,10 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         if hybrid and (written := _granite_hybrid_tensor(rest, values, c)) is not None:
             for part, part_values in written:
                 add(f"blk.{layer}.{part}", np.ascontiguousarray(part_values))
+            continue
+        if deepseek and (written := _deepseek2_tensors(rest, values, c)) is not None:
+            for part, part_values in written:
+                add(f"blk.{layer}.{part}", part_values)
             continue
         if arch == "gpt-oss" and rest.startswith(("mlp.experts.", "mlp.router.", "self_attn.sinks")):
             for part, part_values in _gpt_oss_tensors(rest, values):

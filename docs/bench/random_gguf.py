@@ -141,11 +141,15 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "qwen3vl-2b": (2048, 6144, 28, 16, 8), "qwen3vl-4b": (2560, 9728, 36, 32, 8),
           "qwen3vl-8b": (4096, 12288, 36, 32, 8), "qwen3vlmoe-30b-a3b": (2048, 6144, 48, 32, 4),
           "nemotronh-4b": (3072, 12288, 52, 32, 8), "nemotronh-8b": (4096, 21504, 52, 32, 8),
-          "nemotronh-nano-9b": (4480, 15680, 56, 40, 8), "glm4-9b": (4096, 13696, 40, 32, 2)}
+          "nemotronh-nano-9b": (4480, 15680, 56, 40, 8), "glm4-9b": (4096, 13696, 40, 32, 2),
+          # DeepSeek-V2-Lite's and GLM-4.7-Flash's (one K/V head: the latent), and twelve of the latter's 47 layers
+          "deepseek2-16b": (2048, 10944, 27, 16, 1), "glm47flash-30b-a3b": (2048, 10240, 47, 20, 1),
+          "glm47flash-30b-a3b-12l": (2048, 10240, 12, 20, 1)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
 UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
           "qwen2moe-a2.7b", "qwen35-9b", "qwen3vl-8b", "qwen3vlmoe-30b-a3b", "nemotronh-4b", "nemotronh-8b",
-          "qwen35moe-35b-a3b", "qwen35moe-35b-a3b-10l", "glm4-9b",
+          "qwen35moe-35b-a3b", "qwen35moe-35b-a3b-10l", "glm4-9b", "deepseek2-16b", "glm47flash-30b-a3b",
+          "glm47flash-30b-a3b-12l",
           "nemotronh-nano-9b"}  # the shapes whose output layer
 # is a tensor of its own
 
@@ -191,6 +195,11 @@ class Layout:
     # GLM-4's: its rotary over this share of a head, gate and up one ffn_up
     rotary_share: float = 1.0
     glm: bool = False
+    # DeepSeek's latent attention: the queries' low rank (None: full-rank queries, V2-Lite's), the latent's, a head's
+    # query and key values that do not rotate, those that do, its value
+    latent: tuple[int | None, int, int, int, int] | None = None
+    shared_experts: int = 0  # DeepSeek's experts every token takes, as one shared expert (ffn_*_shexp)
+    sigmoid: tuple[float, bool] | None = None  # DeepSeek-V3's sigmoid scores: the chosen weights' scale, renormalised
 
 
 # Nemotron-H's layers, as I recall the 4B's and 8B's hybrid_override_pattern and Nemotron Nano 9B v2's
@@ -235,6 +244,12 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
                                pattern=NEMOTRON_H_8B),
            "glm4": Layout("glm4", head=128, rope_base=10000.0, eps=1e-5, context=32768, biases=True, output_norms=True,
                           rotary_share=0.5, glm=True),
+           # (DeepSeek-V2-Lite's YaRN: a factor of 40 over 4,096 tokens, mscale_all_dim 0.707)
+           "deepseek2": Layout("deepseek2", rope_base=10000.0, eps=1e-6, context=163840, experts=(64, 6, 1408),
+                               dense_lead=1, shared_experts=2, yarn=(40.0, 4096, 0.0707), latent=(None, 512, 128, 64, 128)),
+           "glm47flash": Layout("deepseek2", rope_base=1e6, eps=1e-5, context=202752, experts=(64, 4, 1536),
+                                dense_lead=1, shared_experts=1, selection_bias=True, sigmoid=(1.8, True),
+                                latent=(768, 512, 192, 64, 256)),
            "gemma": Layout("gemma", head=256, rope_base=10000.0, eps=1e-6, context=8192),
            "gemma2": Layout("gemma2", head=256, rope_base=10000.0, eps=1e-6, context=8192, output_norms=True,
                             window=4096, soft_caps=(50.0, 30.0)),
@@ -354,6 +369,17 @@ def single_purpose_layer(letter: str, hidden: int, inner: int, q: int, kv: int, 
     return (("attn_norm.weight", (hidden,)), *parts)
 
 
+def latent_attention(hidden: int, heads: int, latent: tuple[int | None, int, int, int, int]):
+    """DeepSeek's latent attention's tensors as llama.cpp's converter writes them (kv_b_proj split into k_b, each
+    head's key rows transposed, and v_b), by name without their kind."""
+    q_rank, kv_rank, nope, rotary, value = latent
+    queries = (("attn_q", (heads * (nope + rotary), hidden)),) if q_rank is None else (
+        ("attn_q_a", (q_rank, hidden)), ("attn_q_a_norm", (q_rank,)), ("attn_q_b", (heads * (nope + rotary), q_rank)))
+    return (*queries, ("attn_kv_a_mqa", (kv_rank + rotary, hidden)), ("attn_kv_a_norm", (kv_rank,)),
+            ("attn_k_b", (heads, kv_rank, nope)), ("attn_v_b", (heads, value, kv_rank)),
+            ("attn_output", (hidden, heads * value)))
+
+
 def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, head: int, vocab: int, family: Layout,
             tied: bool):
     q, kv = head * heads, head * kv_heads
@@ -366,8 +392,8 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
                ("ffn_up_exps", (count, width, hidden)), ("ffn_down_exps", (count, hidden, width)))
         if family.selection_bias:
             mlp += (("exp_probs_b", (count,)),)
-    if family.shared_expert:  # its router's one row, then its products
-        width = family.shared_expert
+    if family.shared_expert or family.shared_experts:  # its router's one row, then its products
+        width = family.shared_expert or family.shared_experts * family.experts[2]
         mlp += ((("ffn_gate_inp_shexp", (hidden,)),) if family.shared_gate else ()) + (
             ("ffn_gate_shexp", (width, hidden)), ("ffn_up_shexp", (width, hidden)), ("ffn_down_shexp", (hidden, width)))
     yield "token_embd.weight", -1, (vocab, hidden)
@@ -396,6 +422,11 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
         if family.attending is not None and i not in family.attending:  # a short convolution, then the MLP
             for name, shape in (("attn_norm", (hidden,)), ("shortconv.in_proj", (3 * hidden, hidden)),
                                 ("shortconv.conv", (hidden, CONV_TAPS)), ("shortconv.out_proj", (hidden, hidden)),
+                                (family.mlp_norm, (hidden,)), *(dense if i < family.dense_lead else mlp)):
+                yield f"blk.{i}.{name}.{'bias' if name == 'exp_probs_b' else 'weight'}", i, shape
+            continue
+        if family.latent:  # DeepSeek's latent attention, then the MLP
+            for name, shape in (("attn_norm", (hidden,)), *latent_attention(hidden, heads, family.latent),
                                 (family.mlp_norm, (hidden,)), *(dense if i < family.dense_lead else mlp)):
                 yield f"blk.{i}.{name}.{'bias' if name == 'exp_probs_b' else 'weight'}", i, shape
             continue
@@ -476,9 +507,20 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
             writer.add_uint32(f"{family.arch}.shortconv.l_cache", CONV_TAPS)
     else:
         writer.add_head_count_kv(kv_heads)
-    writer.add_key_length(head)
-    writer.add_value_length(head)
-    writer.add_rope_dimension_count(head // 4 if family.delta else int(head * family.rotary_share))
+    if family.latent:  # one K/V head: the latent and the key's rotary part (a head's widths as MLA's lengths)
+        q_rank, kv_rank, nope, rotary, value = family.latent
+        if q_rank is not None:
+            writer.add_q_lora_rank(q_rank)
+        writer.add_kv_lora_rank(kv_rank)
+        writer.add_key_length(kv_rank + rotary)
+        writer.add_value_length(kv_rank)
+        writer.add_key_length_mla(nope + rotary)
+        writer.add_value_length_mla(value)
+        writer.add_rope_dimension_count(rotary)
+    else:
+        writer.add_key_length(head)
+        writer.add_value_length(head)
+        writer.add_rope_dimension_count(head // 4 if family.delta else int(head * family.rotary_share))
     writer.add_rope_freq_base(family.rope_base)
     writer.add_layer_norm_rms_eps(family.eps)
     if family.window:
@@ -502,6 +544,13 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
     if family.arch == "ernie4_5-moe":  # (llama.cpp requires the step)
         writer.add_leading_dense_block_count(family.dense_lead)
         writer.add_interleave_moe_layer_step(1)
+    if family.latent:  # (llama.cpp requires the shared count; the gating function where it is not V2's softmax)
+        writer.add_leading_dense_block_count(family.dense_lead)
+        writer.add_expert_shared_count(family.shared_experts)
+        if family.sigmoid:
+            writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+            writer.add_expert_weights_scale(family.sigmoid[0])
+            writer.add_expert_weights_norm(family.sigmoid[1])
     if family.arch == "lfm2moe":  # (llama.cpp requires the gating function)
         writer.add_leading_dense_block_count(family.dense_lead)
         writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)

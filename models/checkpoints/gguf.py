@@ -74,6 +74,16 @@ QWEN35_LAYER_NAMES = {"post_attention_norm": "post_attention_layernorm", "attn_q
 GRANITE_HYBRID_LAYER_NAMES = {"ssm_in": "mamba.in_proj", "ssm_conv1d": "mamba.conv1d", "ssm_dt": "mamba.dt_bias",
                               "ssm_a": "mamba.ssm_a", "ssm_d": "mamba.D", "ssm_norm": "mamba.norm",
                               "ssm_out": "mamba.out_proj"}
+# DeepSeek's latent attention by transformers' names (kv_b_proj as llama.cpp's converter splits it: k_b_proj, each
+# head's key rows transposed, and v_b_proj)
+DEEPSEEK_LAYER_NAMES = {"attn_q_a": "self_attn.q_a_proj", "attn_q_a_norm": "self_attn.q_a_layernorm",
+                        "attn_q_b": "self_attn.q_b_proj", "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+                        "attn_kv_a_norm": "self_attn.kv_a_layernorm", "attn_kv_b": "self_attn.kv_b_proj",
+                        "attn_k_b": "self_attn.k_b_proj", "attn_v_b": "self_attn.v_b_proj"}
+# matrices the models take apart a head at a time and multiply in float (DeepSeek's kv_b_proj, which a legacy
+# file keeps whole); stacks of a matrix a head, multiplied in their blocks (kernels/block_heads.py)
+FLOAT_MATRICES = ("attn_kv_b.weight",)
+HEAD_STACKS = ("attn_k_b.weight", "attn_v_b.weight")
 GEMMA_LAYER_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
                      "post_ffw_norm": "post_feedforward_layernorm"}
 ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
@@ -86,7 +96,8 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
                     # (GLM-4's norms after the attention and the MLP, by Gemma's names in its files; its up
                     # product gives the gate's rows too)
                     "glm4": {"post_attention_norm": "post_self_attn_layernorm", "post_ffw_norm": "post_mlp_layernorm",
-                             "ffn_up": "mlp.gate_up_proj"}, "nemotron_h": GRANITE_HYBRID_LAYER_NAMES}
+                             "ffn_up": "mlp.gate_up_proj"}, "nemotron_h": GRANITE_HYBRID_LAYER_NAMES,
+                    "deepseek2": DEEPSEEK_LAYER_NAMES}
 # parameters transformers names without a kind (gpt-oss's sinks: llama.cpp's converter adds ".weight";
 # ERNIE 4.5's selection bias, Qwen3.5's and Mamba2's dt_bias, ".bias")
 BARE_NAMES = ("self_attn.sinks", "mlp.moe_statics.e_score_correction_bias", "linear_attn.dt_bias",
@@ -143,6 +154,8 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
             raise ValueError(f"tensor {info.name} of {path.name} has type {info.type.name}, which Loom cannot "
                              f"dequantize; supported: {', '.join(sorted(t.name for t in SUPPORTED_TYPES))}")
     config = gguf_config(arch, meta, file.tensors, path.name)
+    for name in [name for name in file.tensors if _prediction_layer(name, config)]:
+        del file.tensors[name]  # (never read)
     names = {**LAYER_NAMES, **ARCH_LAYER_NAMES.get(arch, {})}
     tensors = {}
     formats = _block_formats(file.tensors.values(), keep_blocks)
@@ -186,12 +199,19 @@ def _hf_name(name: str, layer_names: dict) -> str:
     return name  # unknown names stay, and are ignored by the model's converter
 
 
+def _prediction_layer(name: str, config: dict) -> bool:
+    """Whether a tensor belongs to a layer past the model's, a next-token prediction layer that llama.cpp keeps for
+    speculation (GLM-4.7-Flash's files may carry one), which Loom does not read."""
+    return name.startswith("blk.") and int(name.split(".", 2)[1]) >= config["num_hidden_layers"]
+
+
 def _block_formats(infos, keep_blocks: bool) -> dict[str, int | None]:
     """Each tensor's kernel format by name, or None for a float32 copy (vectors; every tensor without
     ``keep_blocks``). A layer's products that the model fuses (q, k, v; gate, up) are all kept or all
     copied (copied if one is)."""
-    formats = {info.name: block_format(info.type) if keep_blocks and (len(info.shape) == 2 or _stacks(info))
-               and info.shape[-1] % GROUP == 0 else None for info in infos}
+    formats = {info.name: block_format(info.type) if keep_blocks and (len(info.shape) == 2 or _stacks(info)
+                                                                     or info.name.endswith(HEAD_STACKS))
+               and info.shape[-1] % GROUP == 0 and not info.name.endswith(FLOAT_MATRICES) else None for info in infos}
     groups: dict[tuple, list[str]] = {}
     for name in formats:
         base, _, kind = name.rpartition(".")
@@ -217,10 +237,12 @@ def _read_tensor(info: TensorInfo, name: str, format: int | None, order: torch.T
     if format is None:
         tensor = _widened(info)
     else:
-        # a stack of experts side by side only with copy_stack, where no block of sixteen rows spans two experts
-        # (nor an expert's gate and up rows, in a stack that keeps the two as one)
+        # a stack of experts side by side only with copy_stack, and a stack of a head's matrices (DeepSeek's k_b,
+        # v_b) only, where no block of sixteen rows spans two experts or heads (nor an expert's gate and up rows,
+        # in a stack that keeps the two as one)
         each = info.shape[-2] // 2 if info.name.endswith("ffn_gate_up_exps.weight") else info.shape[-2]
-        if name.endswith(ROWS16_NAMES) and (not _stacks(info) or copy_stack and each % ROWS16 == 0):
+        if name.endswith(ROWS16_NAMES) and (len(info.shape) == 2 or (copy_stack or not _stacks(info))
+                                            and each % ROWS16 == 0):
             laid_out = to_rows16(info.data, info.type, info.shape[-1], order)
             if laid_out is not None:
                 return laid_out
@@ -280,11 +302,18 @@ def _row_order(name: str, info: TensorInfo, arch: str, config: dict) -> torch.Te
     """Where llama.cpp's converter permuted a tensor's rows (Llama's Q/K weights and biases: from
     rotate-half pairs to interleaved pairs), the file's row of each of transformers' rows; else None.
     (Qwen3.5's query rows, each head's beside its gate's, come as every query's, then every gate's; GLM-4's
-    rotary pairs, side by side over the first part of each head as its checkpoints keep them, are put in
-    halves as they are read, as Llama's.)"""
+    rotary pairs, side by side over the first part of each head as its checkpoints keep them, and DeepSeek's,
+    over the last, are put in halves as they are read, as Llama's.)"""
     if arch in ("qwen35", "qwen35moe") and name.endswith("q_proj.weight"):
         heads = config["num_attention_heads"]
         return query_then_gate(heads, info.shape[0] // heads // 2)
+    if arch == "deepseek2":  # DeepSeek's pairs, the last rows of each query head and of the latent's key part
+        rotary = config["qk_rope_head_dim"]
+        if name.endswith(("q_proj.weight", "q_b_proj.weight")):
+            return halves_from_pairs(info.shape[0], config["num_attention_heads"], rotary, config["qk_nope_head_dim"])
+        if name.endswith("kv_a_proj_with_mqa.weight"):
+            return halves_from_pairs(info.shape[0], 1, rotary, config["kv_lora_rank"])
+        return None
     if arch not in LLAMA_LAYOUT:  # (the others use the NeoX layout, stored as is)
         return None
     if name.endswith(("q_proj.weight", "q_proj.bias")):
@@ -392,7 +421,7 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "ernie4_5": "llama", "ernie4_5-moe": "llama", "olmo2": "llama", "olmoe": "llama",
                        "gpt-oss": "llama", "lfm2": "llama", "lfm2moe": "llama", "exaone4": "llama", "gemma": "gemma2",
                        "qwen35": "llama", "qwen35moe": "llama", "granitehybrid": "llama", "qwen2vl": "qwen2", "qwen3vl": "qwen3",
-                       "qwen3vlmoe": "qwen3", "nemotron_h": "llama", "glm4": "llama"}
+                       "qwen3vlmoe": "qwen3", "nemotron_h": "llama", "glm4": "llama", "deepseek2": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

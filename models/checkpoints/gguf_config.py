@@ -20,20 +20,25 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "granitehybrid": "granitemoehybrid",
                  # vision-language models' text (vision_language.py says why they are their text families')
                  "qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3_moe", "nemotron_h": "nemotron_h",
-                 "glm4": "glm4"}
+                 "glm4": "glm4",
+                 # DeepSeek-V2 and V3, Kimi K2, Moonlight, GLM-4.7-Flash (V2's softmax, V3's sigmoid: _deepseek2)
+                 "deepseek2": "deepseek_v3"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
 # Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
 MIXTURES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe",
             "olmoe": "olmoe", "ernie4_5-moe": "ernie4_5_moe", "gpt-oss": "gpt_oss", "lfm2moe": "lfm2_moe",
-            "granitehybrid": "granitemoehybrid", "qwen3vlmoe": "qwen3_moe", "qwen35moe": "qwen3_5_moe_text"}
+            "granitehybrid": "granitemoehybrid", "qwen3vlmoe": "qwen3_moe", "qwen35moe": "qwen3_5_moe_text",
+            "deepseek2": "deepseek_v3"}
 # llama.cpp's expert_gating_func: how an architecture's experts are scored where the file says (LFM2-MoE's
-# sigmoid; the others' softmax, which their files need not say)
+# sigmoid; DeepSeek's either, V2's softmax, V3's sigmoid; the others' softmax, which their files need not say)
 GATING = {1: "softmax", 2: "sigmoid"}
-SIGMOID_MIXTURES = frozenset({"lfm2moe"})
+EXPERT_SCORES = {"lfm2moe": ("sigmoid",), "deepseek2": ("softmax", "sigmoid")}
+# the mixtures whose files may scale their chosen experts' weights (expert_weights_scale)
+SCALED_MIXTURES = frozenset({"lfm2moe", "deepseek2"})
 # the mixtures whose files may add a shared expert every token takes (Qwen2-MoE's always, weighted by a
 # router of its own; Granite MoE Shared's, a granitemoe file with expert_shared_feed_forward_length; ERNIE 4.5's)
-SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe", "granitehybrid", "qwen35moe"})
+SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe", "granitehybrid", "qwen35moe", "deepseek2"})
 # architectures whose files keep Llama's layout: Q/K rows in the interleaved rotary's order (llama.cpp's
 # converter permutes Llama's; ERNIE 4.5's and GLM-4's checkpoints hold them so: their files are Llama's from
 # there, GLM-4's over the rotary's half of each head), attention biases where the model has them; gguf.py puts
@@ -82,16 +87,16 @@ def check_architecture(meta: dict, file_name: str) -> str:
         if arch not in MIXTURES:
             raise ValueError(f"{file_name} is a {arch} model with {key('expert_count')} experts; Loom runs experts "
                              f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, "
-                             "OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's and Qwen3.5's)")
+                             "OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, Qwen3.5's and DeepSeek's)")
         if key("expert_shared_feed_forward_length") and arch not in SHARED_EXPERTS:
             raise ValueError(f"{file_name} is a {arch} model with a shared expert, which Loom runs in "
                              f"{', '.join(sorted(SHARED_EXPERTS))} files only")
-        if key("expert_weights_scale") not in (None, 0.0, 1.0) and arch not in SIGMOID_MIXTURES:
-            # (llama.cpp: 0 and 1 scale nothing; LFM2-MoE's routed_scaling_factor is read)
+        if key("expert_weights_scale") not in (None, 0.0, 1.0) and arch not in SCALED_MIXTURES:
+            # (llama.cpp: 0 and 1 scale nothing; LFM2-MoE's and DeepSeek's routed_scaling_factor is read)
             raise ValueError(f"{file_name} scales its experts' weights by {key('expert_weights_scale')}, which Loom "
-                             f"runs in {', '.join(sorted(SIGMOID_MIXTURES))} files only")
+                             f"runs in {', '.join(sorted(SCALED_MIXTURES))} files only")
         gating = GATING.get(key("expert_gating_func"), key("expert_gating_func"))
-        if gating is not None and gating != ("sigmoid" if arch in SIGMOID_MIXTURES else "softmax"):
+        if gating is not None and gating not in EXPERT_SCORES.get(arch, ("softmax",)):
             raise ValueError(f"{file_name} scores its experts by {gating}, which Loom does not run for {arch}")
     return arch
 
@@ -145,6 +150,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         config |= {"use_conv_bias": any(name.endswith(".ssm_conv1d.bias") for name in tensors),
                    "attention_biases_in_file": any(name.endswith(".attn_q.bias") for name in tensors),
                    "mlp_bias": any(name.endswith(".ffn_up.bias") for name in tensors)}
+    if arch == "deepseek2":
+        config |= _deepseek2(key, config)
     if arch == "qwen2moe":  # (llama.cpp's adds the biases a file has)
         config["qkv_bias"] = "blk.0.attn_q.bias" in tensors
     if arch == "gemma":  # (llama.cpp's Gemma reads token_embd as its output layer)
@@ -201,6 +208,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         raise ValueError(f"{file_name}: {error}") from None
     if arch == "mistral3":
         config |= _mistral3_scales(key, config)
+    if arch == "deepseek2":
+        config |= _deepseek2_mscales(key, config)
     return config
 
 
@@ -256,6 +265,46 @@ def _experts(arch: str, key, config: dict) -> dict:
     if arch == "qwen35moe":  # (its shared expert gated by its own router, as Qwen2-MoE's; renormalised: moe.py)
         fields["shared_expert_intermediate_size"] = shared or config["intermediate_size"] or 0  # (llama.cpp's fallback)
     return fields
+
+
+def _deepseek2(key, config: dict) -> dict:
+    """A DeepSeek file's latent attention and mixture as transformers names them (deepseek.py, moe.py's _deepseek),
+    as llama.cpp reads them: the experts scored as the file says (llama.cpp takes a 47- or 48-layer file of
+    154880 tokens that does not say for GLM-4.7-Flash's sigmoid, the others for V2's softmax), a group's score
+    the sum of its best two, the chosen weights renormalised and scaled where the file says; the rotary rows
+    put in halves as they are read (the file keeps DeepSeek's pairs); the latent's norms by the file's one epsilon.
+    A legacy file (kv_b_proj unsplit) gives a head's query and value
+    widths as its key and value lengths."""
+    rotary = key("rope.dimension_count")
+    query = key("attention.key_length_mla") or key("attention.key_length")
+    gating = GATING.get(key("expert_gating_func"))
+    if gating is None:
+        glm_flash = config["num_hidden_layers"] in (47, 48) and config["vocab_size"] == 154880
+        gating = "sigmoid" if glm_flash else "softmax"
+    fields = {"kv_lora_rank": key("attention.kv_lora_rank"), "q_lora_rank": key("attention.q_lora_rank") or None,
+              "qk_rope_head_dim": rotary, "qk_nope_head_dim": query - rotary,
+              "v_head_dim": key("attention.value_length_mla") or key("attention.value_length"),
+              "first_k_dense_replace": key("leading_dense_block_count") or 0, "scoring_func": gating,
+              "rotary_rows_in_halves": True, "head_dim": None, "latent_norm_eps": config["rms_norm_eps"]}
+    if key("expert_count"):
+        fields |= {"n_routed_experts": key("expert_count"), "num_experts_per_tok": key("expert_used_count"),
+                   "moe_intermediate_size": key("expert_feed_forward_length"),
+                   "n_shared_experts": key("expert_shared_count") or 0,
+                   "routed_scaling_factor": key("expert_weights_scale") or 1.0,
+                   "norm_topk_prob": bool(key("expert_weights_norm")),
+                   "n_group": key("expert_group_count") or 1, "topk_group": key("expert_group_used_count") or 1}
+    return fields
+
+
+def _deepseek2_mscales(key, config: dict) -> dict:
+    """YaRN's log multiplier in a DeepSeek file, 0.1 mscale_all_dim as its converter writes it, as both mscales
+    (transformers' reading of DeepSeek's configs: the rotation unscaled, every score by mscale_all_dim's factor
+    squared, deepseek.py's _attention_scale)."""
+    rope = dict(config.get("rope_scaling") or {})
+    if rope_type(rope) != "yarn" or not key("rope.scaling.yarn_log_multiplier"):
+        return {}
+    every = key("rope.scaling.yarn_log_multiplier") / 0.1
+    return {"rope_scaling": rope | {"mscale": every, "mscale_all_dim": every}}
 
 
 def _ernie_experts(key, config: dict, experts: int, used: int, inner: int | None, shared: int | None) -> dict:

@@ -1,5 +1,5 @@
 """Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE and MoE Shared, OLMoE, ERNIE 4.5,
-gpt-oss, LFM2-MoE): a router picks each token's top-k experts; the step's tokens are grouped by expert so that
+gpt-oss, LFM2-MoE, DeepSeek's): a router picks each token's top-k experts; the step's tokens are grouped by expert so that
 every expert runs one matrix product per step on all the tokens routed to it, however many requests the
 flat batch holds. Some mixtures add a shared expert every token takes (Qwen2-MoE's weighted by a router
 of its own)."""
@@ -17,9 +17,9 @@ from .layers import SwiGLU, fused
 # a shared expert's fused gate and up rows, or its two products (layers.fused's)
 SHARED_GATE_UP = ("mlp.shared_expert.gate_up_proj", ("mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj"))
 # where a selection bias lies: ERNIE 4.5's in transformers 5's layout, in its checkpoints' (and a GGUF
-# file's); LFM2-MoE's (its feed_forward named mlp here: lfm2.py)
+# file's); LFM2-MoE's (its feed_forward named mlp here: lfm2.py); DeepSeek-V3's
 SELECTION_BIASES = ("mlp.gate.moe_statics.e_score_correction_bias", "mlp.moe_statics.e_score_correction_bias",
-                    "mlp.expert_bias")
+                    "mlp.expert_bias", "mlp.gate.e_score_correction_bias")
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,10 @@ class MoESpec:
     # each expert's probability the sigmoid of its logit, not the softmax over the experts (LFM2-MoE's)
     sigmoid: bool = False
     routed_scale: float = 1.0  # the chosen experts' weights times this (after any renormalising)
+    # DeepSeek's group-limited routing, (groups, groups chosen, experts a group is scored by): the experts in
+    # consecutive groups, a token's top-k taken from the groups whose best few experts' scores sum highest
+    # (V2's best one, V3's best two); None: every expert open to every token
+    groups: tuple[int, int, int] | None = None
 
     @classmethod
     def from_hf(cls, c: dict) -> "MoESpec | None":
@@ -78,6 +82,8 @@ class MoESpec:
             return cls(c.get("num_experts") or c["num_local_experts"], c["num_experts_per_tok"],
                        c["moe_intermediate_size"], True, frozenset(), 1, shared_intermediate_size=shared,
                        shared_gate=bool(shared))
+        if kind in DEEPSEEK_KINDS:
+            return _deepseek(c)
         if kind in ("qwen3_moe", "qwen2_moe"):
             experts = c.get("num_experts") or c["num_local_experts"]  # the hub's name, transformers 5's
             shared = (c.get("shared_expert_intermediate_size") or 0) if kind == "qwen2_moe" else 0
@@ -88,6 +94,46 @@ class MoESpec:
 
     def routes(self, layer: int) -> bool:
         return layer not in self.dense_layers and (layer + 1) % self.sparse_step == 0
+
+
+# DeepSeek's mixtures (deepseek.py's): V2's softmax, V3's (GLM-4.7-Flash's) sigmoid with selection biases
+DEEPSEEK_KINDS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
+
+
+def _deepseek(c: dict) -> MoESpec | None:
+    """DeepSeek-V2's, V3's and GLM-4.7-Flash's experts as transformers runs them: V2's softmax, its group-limited
+    greedy routing over each group's best expert; V3's sigmoid (or the scoring_func a GGUF file's config says:
+    gguf_config's _deepseek2), its selection biases, its groups scored by their best two; some leading layers dense (V2's and V3's first_k_dense_replace, GLM's mlp_layer_types), shared
+    experts beside the routed ones, the chosen weights renormalised where the config says (V2's never are in
+    transformers, whose configs say not to), then scaled. None for a dense model."""
+    kind, layers = c["model_type"], c["num_hidden_layers"]
+    experts = c.get("n_routed_experts") or c.get("num_local_experts") or c.get("num_experts")
+    if not experts:
+        return None
+    if kind == "glm4_moe_lite":
+        types = c.get("mlp_layer_types") or ["dense"] + ["sparse"] * (layers - 1)
+        dense = frozenset(i for i, t in enumerate(types) if t == "dense")
+    else:
+        step = c.get("moe_layer_freq") or 1
+        dense = frozenset(i for i in range(layers) if i < (c.get("first_k_dense_replace") or 0) or i % step)
+    v2 = kind == "deepseek_v2"
+    group_limited = not v2 or c.get("topk_method") == "group_limited_greedy"
+    groups = c.get("n_group") or 1
+    return MoESpec(experts, c["num_experts_per_tok"], c["moe_intermediate_size"],
+                   bool(c.get("norm_topk_prob")) and not v2, dense, 1,
+                   shared_intermediate_size=c["moe_intermediate_size"] * (c.get("n_shared_experts") or 0),
+                   selection_bias=not v2, sigmoid=c.get("scoring_func", "softmax" if v2 else "sigmoid") == "sigmoid",
+                   routed_scale=float(c.get("routed_scaling_factor") or 1.0),
+                   groups=(groups, c.get("topk_group") or 1, 1 if v2 else 2) if group_limited and groups > 1 else None)
+
+
+def within_chosen_groups(scores: torch.Tensor, groups: int, chosen: int, best: int) -> torch.Tensor:
+    """``scores`` [tokens, experts] with every expert outside each token's ``chosen`` groups at -inf: the
+    groups (consecutive experts, ``groups`` of them) ranked by the sum of their ``best`` scores."""
+    grouped = scores.unflatten(-1, (groups, -1))
+    ranks = grouped.topk(best, dim=-1).values.sum(-1)
+    kept = torch.zeros_like(ranks, dtype=torch.bool).scatter_(-1, ranks.topk(chosen, dim=-1).indices, True)
+    return grouped.masked_fill(~kept[..., None], float("-inf")).flatten(-2)
 
 
 def gated(gate: torch.Tensor, up: torch.Tensor, clamped: tuple[float, float] | None) -> torch.Tensor:
@@ -150,6 +196,8 @@ class SparseMoE(nn.Module):
         logits = self.router(x).float()
         probs = logits.sigmoid() if self.spec.sigmoid else logits.softmax(-1)
         scores = probs if self.selection_bias is None else probs + self.selection_bias.float()
+        if self.spec.groups is not None:
+            scores = within_chosen_groups(scores, *self.spec.groups)
         experts = scores.topk(self.spec.top_k, dim=-1).indices
         weights = probs.gather(-1, experts)
         if self.spec.normalize:

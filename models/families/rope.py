@@ -115,15 +115,16 @@ def query_temperature(positions: torch.Tensor, beta: float, original_context: in
     return 1 + beta * torch.log(1 + torch.floor(positions / original_context))
 
 
-def halves_from_pairs(rows: int, heads: int, rotary: int | None = None) -> torch.Tensor:
+def halves_from_pairs(rows: int, heads: int, rotary: int | None = None, start: int = 0) -> torch.Tensor:
     """The reordering of a query or key projection's ``rows`` (``heads`` heads) from rotary pairs side
-    by side (the interleaved rotation: llama.cpp's files of Llama's layout, ERNIE 4.5's and GLM-4's
-    checkpoints) to the rotate-half layout apply_rotary takes (a pair's values rotary / 2 apart), over the
-    first ``rotary`` rows of each head (None: all; GLM-4 rotates half), the others as they are: new row i is
-    old row order[i]."""
+    by side (the interleaved rotation: llama.cpp's files of Llama's layout, ERNIE 4.5's, GLM-4's and
+    DeepSeek's checkpoints) to the rotate-half layout apply_rotary takes (a pair's values rotary / 2 apart),
+    over ``rotary`` rows of each head from its row ``start`` (None: all; GLM-4 rotates the first half,
+    DeepSeek the last rows), the others as they are: new row i is old row order[i]."""
     head = rows // heads
-    rotary = rotary or head
-    within = torch.cat([torch.arange(rotary).reshape(rotary // 2, 2).t().reshape(-1), torch.arange(rotary, head)])
+    rotary = rotary or head - start
+    pairs = torch.arange(start, start + rotary).reshape(rotary // 2, 2).t().reshape(-1)
+    within = torch.cat([torch.arange(start), pairs, torch.arange(start + rotary, head)])
     return (torch.arange(heads)[:, None] * head + within).reshape(rows)
 
 

@@ -28,6 +28,22 @@ void block_linear(const float* x, int64_t x_stride, int64_t rows, const void* bl
     block_linear_rows(x, x_stride, rows, w, bias, y, y_stride, scratch);
 }
 
+// ``heads`` products side by side in one region (DeepSeek's up-projections a head each, block_heads.py): head h
+// multiplies its values of x (from x + h x_head) by its own ``out`` rows (from blocks + h head_bytes) into y + h
+// y_head.
+void block_heads(const float* x, int64_t x_stride, int64_t x_head, int64_t rows, const uint8_t* blocks,
+                 int64_t head_bytes, int64_t format, int64_t in, int64_t out, int64_t heads, float* y, int64_t y_stride,
+                 int64_t y_head) {
+    thread_local std::vector<float> buffer;  // as linear's
+    float* scratch = line_aligned(buffer, block_scratch_size(rows, in));
+#pragma omp parallel
+    for (int64_t h = 0; h < heads; ++h) {
+        const BlockWeights w(blocks + h * head_bytes, format, in, out);
+        block_linear_rows(x + h * x_head, x_stride, rows, w, nullptr, y + h * y_head, y_stride, scratch);
+#pragma omp barrier  // (the next head's rounded inputs go where this head's are read)
+    }
+}
+
 // Weight rows row_of(0), ..., row_of(count - 1) of block weights as floats into dst [count, in], the
 // rows shared among threads.
 template <typename RowOf>
@@ -64,6 +80,13 @@ extern "C" void loom_block_linear_f32(const float* x, int64_t x_stride, int64_t 
                                       int64_t format, const float* bias, int64_t in, int64_t out, float* y,
                                       int64_t y_stride) {
     block_linear(x, x_stride, rows, blocks, format, bias, in, out, y, y_stride);
+}
+
+extern "C" void loom_block_heads_f32(const float* x, int64_t x_stride, int64_t x_head, int64_t rows, const void* blocks,
+                                     int64_t head_bytes, int64_t format, int64_t in, int64_t out, int64_t heads,
+                                     float* y, int64_t y_stride, int64_t y_head) {
+    block_heads(x, x_stride, x_head, rows, static_cast<const uint8_t*>(blocks), head_bytes, format, in, out, heads, y,
+                y_stride, y_head);
 }
 
 extern "C" void loom_round_activations_f32(const float* x, int64_t x_stride, int64_t rows, int64_t in, float* out,

