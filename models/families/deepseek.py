@@ -177,6 +177,9 @@ class DeepSeek(DecoderModel):
         """Logits [S, vocab] for the step's sampled positions only."""
         x = self.embed(step.input_ids)
         cos, sin = self.rotary(step.positions, x.dtype)
+        logits = self.native_decode(x, cos, sin, step, kv_cache)
+        if logits is not None:
+            return logits
         masks = AttentionMasks(step, x.dtype, kv_cache)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, kv_cache, i, step, masks)

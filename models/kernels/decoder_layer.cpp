@@ -108,6 +108,31 @@ struct MambaLayer {
     int64_t projection() const { return inner() + conv_width() + heads; }
 };
 
+// DeepSeek's latent attention in the attention's place (decoder_layer.py fills it; families/deepseek.py says how it
+// runs). The layer's qkv product gives each row's queries, a head's values that do not rotate (nope) then those that
+// do (rope), or, where q_up is not null, their low rank (q_rank values), which q_norm normalises and q_up takes to
+// the queries; kv_down gives the latent (kv_rank values, which kv_norm normalises) and the keys' rotary part. k_up
+// and v_up are stacks of a matrix a head in one Weights part each: head h's query into the latent's space
+// ([kv_rank, nope]) and its values out of it ([value, kv_rank]). The pool keeps a token's [rotary part | latent]
+// in one key head of the layer's dim (rope + kv_rank) values, and again as its value; the out product reads the
+// heads' values.
+struct LatentLayer {
+    const Weights *q_up, *kv_down, *k_up, *v_up;
+    const void *q_norm, *kv_norm;
+    int64_t q_rank, kv_rank, nope, rope, value;
+    double eps;  // the latent's and the low-rank queries' norms'
+
+    int64_t queries(int64_t heads) const { return heads * (nope + rope); }
+};
+
+// Head h's matrix of a stack of the heads' matrices (one part, ``rows`` rows of ``in`` values a head).
+template <typename T>
+Weights head_weights(const Weights& stack, int64_t h, int64_t rows, int64_t in) {
+    const Weights::Part& p = stack.part[0];
+    const int64_t row = std::is_same_v<T, float> ? format_row_bytes(p.format, in) : int64_t(sizeof(T)) * in;
+    return Weights{1, {{static_cast<const uint8_t*>(p.data) + h * rows * row, p.format, rows}}};
+}
+
 // One layer's weights and shape, filled once at load (decoder_layer.py mirrors this layout: every
 // field is 8 bytes). Biases may be null; the pool keeps its elements as C (kv_element.h). Llama's
 // family: RMSNorms, SILU_GATED; Qwen3 normalises each head's query and key (q_norm, k_norm: null
@@ -149,18 +174,21 @@ struct Layer {
     // values times its sigmoid before the output product
     const DeltaLayer* delta;
     const MambaLayer* mamba;  // Granite 4's Mamba2 in the attention's place (null elsewhere)
+    const LatentLayer* latent;  // DeepSeek's latent attention in the attention's place (null elsewhere)
     int64_t hidden, intermediate, heads, kv_heads, dim, window, layer_norm, activation, window_angles, rotates,
         norms_across_heads, conv_taps, gated;
     double eps, scale, softcap, residual_scale;
 
     // the width of the first product's output (q/k/v, and the gates where gated; a convolution's B, C and
-    // x; a delta rule's q, k and v; a Mamba2's z, x, B, C and dt), and of the output product's input (the
-    // heads' values; a convolution's output; a delta rule's or a Mamba2's answers)
+    // x; a delta rule's q, k and v; a Mamba2's z, x, B, C and dt; a latent attention's queries or their low
+    // rank), and of the output product's input (the heads' values; a convolution's output; a delta rule's or a
+    // Mamba2's answers), or of the queries in the pool's space (a latent attention's: heads x dim)
     int64_t mix_width() const {
-        return conv != nullptr    ? 3 * hidden
-               : delta != nullptr ? delta->conv_width()
-               : mamba != nullptr ? mamba->projection()
-                                  : ((gated ? 2 : 1) * heads + 2 * kv_heads) * dim;
+        return conv != nullptr     ? 3 * hidden
+               : delta != nullptr  ? delta->conv_width()
+               : mamba != nullptr  ? mamba->projection()
+               : latent != nullptr ? (latent->q_up != nullptr ? latent->q_rank : latent->queries(heads))
+                                   : ((gated ? 2 : 1) * heads + 2 * kv_heads) * dim;
     }
     int64_t mixed_width() const {
         return conv != nullptr    ? hidden
@@ -390,6 +418,10 @@ struct Intermediates {
     // a delta-rule layer's (null elsewhere): its convolution's output [rows, conv width], z [rows, its
     // answers' width], beta's and alpha's logits [rows, heads]; a Mamba2 layer's convolution's output
     T *convolved = nullptr, *z = nullptr, *beta = nullptr, *alpha = nullptr;
+    // a latent attention's (null elsewhere): the queries where they come from a low rank [rows, heads x (nope +
+    // rope)], kv_down's output [rows, kv_rank + rope], the keys as the pool keeps them [rows, dim], the heads'
+    // values [rows, heads x value]
+    T *queries = nullptr, *kv = nullptr, *keys = nullptr, *values = nullptr;
     // with experts: the router's logits [rows, count]; each pair's weight (pair r x top_k + j: row r's
     // j-th choice), expert and place in the grouped order; each expert's first place (count + 1);
     // the pairs' input rows and outputs in that order [pairs, hidden] (once the routed products are
@@ -421,6 +453,13 @@ struct Intermediates {
         scratch = take(product_scratch_size<T>(std::max(rows, pairs), std::max({l.hidden, q_width, l.intermediate,
                                                                                 shared})));
         if (l.mamba != nullptr) convolved = take(rows * l.mamba->conv_width());
+        if (l.latent != nullptr) {
+            const LatentLayer& m = *l.latent;
+            if (m.q_up != nullptr) queries = take(rows * m.queries(l.heads));
+            kv = take(rows * (m.kv_rank + m.rope));
+            keys = take(rows * l.dim);
+            values = take(rows * l.heads * m.value);
+        }
         if (l.delta != nullptr) {
             convolved = take(rows * qkv_width);
             z = take(rows * q_width);
@@ -438,6 +477,25 @@ struct Intermediates {
         }
     }
 };
+
+// A latent attention's keys as the pool keeps them, [rotary part | normed latent] a row (kv_down's rows are
+// [latent | rotary part]), and each head's rotary part of its query (queries' rows ``q_stride`` apart, a head's
+// nope values first) at the start of its place in ``latent_queries`` (a head's dim values), before the latent
+// space's part. A task per row.
+template <typename T>
+void latent_rows(const T* kv, const T* queries, int64_t q_stride, const LatentLayer& m, int64_t rows, int64_t heads,
+                 int64_t dim, T* keys, T* latent_queries) {
+#pragma omp for
+    for (int64_t r = 0; r < rows; ++r) {
+        const T* row = kv + r * (m.kv_rank + m.rope);
+        T* key = keys + r * dim;
+        std::copy_n(row + m.kv_rank, m.rope, key);
+        norm_row<T>(row, static_cast<const T*>(m.kv_norm), nullptr, false, m.eps, key + m.rope, m.kv_rank);
+        for (int64_t h = 0; h < heads; ++h)
+            std::copy_n(queries + r * q_stride + h * (m.nope + m.rope) + m.nope, m.rope,
+                        latent_queries + (r * heads + h) * dim);
+    }
+}
 
 // Elements of one team's intermediates for ``rows`` rows of a layer (a multiple of whole lines).
 template <typename T, typename C>
@@ -606,6 +664,34 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
                                    m.eps};
         mixer.run();
         multiply(attn, answers, answers, l.out, l.out_bias, hidden, delta);
+    } else if (l.latent != nullptr) {  // DeepSeek's latent attention (LatentLayer)
+        const LatentLayer& m = *l.latent;
+        const int64_t queries_width = m.queries(l.heads), values_width = l.heads * m.value;
+        T* queries = qkv;
+        if (m.q_up != nullptr) {
+            multiply(attn_in, hidden, hidden, l.qkv, nullptr, m.q_rank, qkv);
+            norm_rows<T>(qkv, nullptr, static_cast<const T*>(m.q_norm), nullptr, false, m.eps, qkv, rows, m.q_rank);
+            queries = buffers.queries;
+            multiply(qkv, m.q_rank, m.q_rank, m.q_up, nullptr, queries_width, queries);
+        } else {
+            multiply(attn_in, hidden, hidden, l.qkv, nullptr, queries_width, qkv);
+        }
+        multiply(attn_in, hidden, hidden, m.kv_down, nullptr, m.kv_rank + m.rope, buffers.kv);
+        // the queries in the pool's space, before their rotation, in attn: a head's rotary part, then its nope
+        // values through its k_up matrix
+        latent_rows(buffers.kv, queries, queries_width, m, rows, l.heads, l.dim, buffers.keys, attn);
+        const T* no_bias = nullptr;
+        for (int64_t h = 0; h < l.heads; ++h)
+            product(queries + h * (m.nope + m.rope), queries_width, rows, head_weights<T>(*m.k_up, h, m.kv_rank, m.nope),
+                    no_bias, m.nope, attn + h * l.dim + m.rope, q_width, buffers.scratch, panel_from);
+        rotate_and_store_rows(attn, q_width, buffers.keys, l.dim, buffers.keys, l.dim, s.cos, s.sin, s.rotary_dim,
+                              s.slots, rows, l.k_cache, l.v_cache, q, l.heads, int64_t(1), l.dim);
+        decode_attention_rows(q, q_width, l.k_cache, l.v_cache, s.tables, s.max_blocks, s.lens, attn, q_width, rows,
+                              l.heads, int64_t(1), l.dim, s.block_size, l.window, l.scale, l.softcap, l.sinks);
+        for (int64_t h = 0; h < l.heads; ++h)  // each head's weighted latents (past its rotary part) to its values
+            product(attn + h * l.dim + m.rope, q_width, rows, head_weights<T>(*m.v_up, h, m.value, m.kv_rank), no_bias,
+                    m.kv_rank, buffers.values + h * m.value, values_width, buffers.scratch, panel_from);
+        multiply(buffers.values, values_width, values_width, l.out, l.out_bias, hidden, delta);
     } else {
         T* keys = qkv + q_width + gate_width;
         multiply(attn_in, hidden, hidden, l.qkv, l.qkv_bias, qkv_width, qkv);

@@ -31,6 +31,7 @@ from torch import nn
 from . import native
 from .block_linear import FLOAT32, FLOAT32_PADDED, BlockLinear
 from .cpu_linear import CpuLinear, default_panel_rows
+from ..families.deepseek import DeepSeek
 from ..families.gemma import Gemma
 from ..families.gpt2 import GPT2
 from ..families.granite_hybrid import GraniteHybrid
@@ -41,6 +42,7 @@ from ..families.olmo import Olmo
 from ..families.qwen35 import Qwen35
 from ..families.moe import Experts, SparseMoE
 from .block_experts import BlockExperts
+from .block_heads import BlockHeadProducts, HeadProducts
 
 _pointer, _int64, _double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 
@@ -118,7 +120,7 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
     _fields_ = [(name, _pointer) for name in (
         "input_norm", "input_norm_bias", "post_norm", "post_norm_bias", "qkv", "qkv_bias", "out", "out_bias", "up",
         "up_bias", "down", "down_bias", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm", "k_cache", "v_cache",
-        "experts", "sinks", "conv", "conv_bias", "conv_cache", "delta", "mamba")]
+        "experts", "sinks", "conv", "conv_bias", "conv_cache", "delta", "mamba", "latent")]
     _fields_ += [(name, _int64) for name in (
         "hidden", "intermediate", "heads", "kv_heads", "dim", "window", "layer_norm", "activation", "window_angles",
         "rotates", "norms_across_heads", "conv_taps", "gated")]
@@ -136,6 +138,12 @@ class _MambaLayer(ctypes.Structure):  # decoder_layer.cpp's MambaLayer
     _fields_ = [(name, _pointer) for name in (
         "conv", "conv_bias", "dt_bias", "decay", "skip", "norm", "conv_states", "states")]
     _fields_ += [(name, _int64) for name in ("heads", "head_dim", "state_size", "groups", "taps")]
+    _fields_ += [("eps", _double)]
+
+
+class _LatentLayer(ctypes.Structure):  # decoder_layer.cpp's LatentLayer
+    _fields_ = [(name, _pointer) for name in ("q_up", "kv_down", "k_up", "v_up", "q_norm", "kv_norm")]
+    _fields_ += [(name, _int64) for name in ("q_rank", "kv_rank", "nope", "rope", "value")]
     _fields_ += [("eps", _double)]
 
 
@@ -186,6 +194,10 @@ def _products(model: Llama | Gemma | Olmo | Lfm2 | GPT2) -> list:
             (b.mamba.in_proj, b.mamba.out) if b.recurrent else (b.attn.qkv, b.attn.out)) + _mlp_products(b.mlp)]
     elif isinstance(model, (Llama, Olmo)):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, *_mlp_products(b.mlp))]
+    elif isinstance(model, DeepSeek):  # (its heads' own matrices beside: HeadProducts or BlockHeadProducts)
+        layers = [m for b in model.layers for m in (
+            *(p for p in (b.attn.q, b.attn.q_down, b.attn.q_up) if p is not None), b.attn.kv_down, b.attn.out,
+            *_mlp_products(b.mlp))]
     elif isinstance(model, Gemma):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.gate_up, b.down)]
     else:
@@ -251,6 +263,15 @@ def _weights(linear: CpuLinear | BlockLinear) -> _Weights:
     return _Weights(len(parts), (_Part * 3)(*parts))
 
 
+def _head_weights(products: HeadProducts | BlockHeadProducts) -> _Weights:
+    """What a stack of a matrix a head reads: one part, every head's rows, in the file's blocks or float (format 0)."""
+    if isinstance(products, BlockHeadProducts):
+        part = _Part(products.blocks.data_ptr(), products.format, products.heads * products.out_features)
+    else:
+        part = _Part(products.weight.data_ptr(), 0, products.weight.shape[0] * products.weight.shape[1])
+    return _Weights(1, (_Part * 3)(part))
+
+
 def _expert_weights(experts: Experts | BlockExperts, index: int) -> tuple[_Weights, _Weights]:
     """What expert ``index``'s gate/up and down products read: its rows of a file's stacks (two
     parts, gate and up, then one), or its float matrices (one part each, format 0)."""
@@ -268,7 +289,7 @@ class DecoderLayers:
         self.weights = []  # the modules, tensors and structures whose addresses the layers hold, kept alive
         layer = (self._gpt2_layer if isinstance(model, GPT2) else self._gemma_layer if isinstance(model, Gemma)
                  else self._olmo_layer if isinstance(model, Olmo) else self._lfm2_layer if isinstance(model, Lfm2)
-                 else self._qwen35_layer if isinstance(model, Qwen35)
+                 else self._qwen35_layer if isinstance(model, Qwen35) else self._deepseek_layer if isinstance(model, DeepSeek)
                  else self._granite_hybrid_layer if isinstance(model, GraniteHybrid) else self._llama_layer)
         layers = [layer(block, model.spec) for block in model.layers]
         # each layer's place in the pool: its K/V (kv_cache.layer), a convolution's rows (kv_cache.conv_layer)
@@ -284,7 +305,7 @@ class DecoderLayers:
                                default_panel_rows())
         # from how many rows each thread carries its own through the layers
         avx2 = native.library().loom_vector_bytes() == 32
-        routes = isinstance(model, (Llama, Lfm2, GraniteHybrid, Qwen35)) and any(isinstance(block.mlp, SparseMoE)
+        routes = isinstance(model, (Llama, Lfm2, GraniteHybrid, Qwen35, DeepSeek)) and any(isinstance(block.mlp, SparseMoE)
                                                                           for block in model.layers)
         self.split_rows = EXPERT_SPLIT_ROWS_PER_THREAD if routes else SPLIT_ROWS_PER_THREAD
         # whether the threads' own rows may compute no more panel rows than the team's (PANEL_SLACK)
@@ -354,6 +375,26 @@ class DecoderLayers:
                             None, None, m.heads, m.head_dim, m.state_size, m.groups, m.conv_size, m.eps)
         self.weights.append(mamba)
         layer.mamba = ctypes.addressof(mamba)
+        return layer
+
+    def _deepseek_layer(self, block, spec) -> _Layer:
+        """DeepSeek's latent attention: its queries' product (or their low rank's) and its output product in the
+        attention's places, one key head of the pool's width (spec.head_dim), its other products, norms and
+        widths in a LatentLayer; its MLP as Llama's."""
+        attn = block.attn
+        up, down, inner, activation = _mlp_fields(block.mlp, spec)
+        layer = self._layer((block.input_norm, block.post_norm), attn.q if attn.q is not None else attn.q_down,
+                            attn.out, up, down, (None, None, None, None), hidden=spec.hidden_size,
+                            intermediate=inner, heads=spec.num_heads, kv_heads=1, dim=spec.head_dim,
+                            activation=activation, eps=spec.rms_norm_eps, scale=attn.scale)
+        self._route(layer, block.mlp)
+        products = [None if m is None else _weights(m) for m in (attn.q_up, attn.kv_down)]
+        products += [_head_weights(attn.k_up), _head_weights(attn.v_up)]
+        latent = _LatentLayer(*(None if w is None else ctypes.addressof(w) for w in products),
+                              self._factors(attn.q_norm), self._factors(attn.kv_norm), spec.q_lora_rank or 0,
+                              spec.kv_lora_rank, spec.nope_dim, spec.rope_dim, spec.value_dim, spec.latent_norm_eps)
+        self.weights.append((attn, products, latent))
+        layer.latent = ctypes.addressof(latent)
         return layer
 
     def _route(self, layer: _Layer, mlp: nn.Module | None) -> None:
@@ -459,8 +500,10 @@ class DecoderLayers:
     @classmethod
     def of(cls, model) -> "DecoderLayers | None":
         """The native layers for ``model``, or None where it does not qualify (see the module's doc)."""
-        if not isinstance(model, (Llama, Gemma, Olmo, Lfm2, Qwen35, GraniteHybrid, GPT2)):
+        if not isinstance(model, (Llama, Gemma, Olmo, Lfm2, Qwen35, GraniteHybrid, DeepSeek, GPT2)):
             return None
+        if isinstance(model, DeepSeek) and model.spec.moe is not None and model.spec.moe.groups is not None:
+            return None  # (DeepSeek's group-limited routing: the torch layers')
         weight = _final_norm(model).weight
         if not native.supports(weight.device, weight.dtype):
             return None

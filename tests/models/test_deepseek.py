@@ -87,20 +87,29 @@ def through_eight_bits(hf):
 def test_a_files_head_stacks_run_in_their_blocks(tmp_path):
     """k_b and v_b, Q8_0 in the file, stay in their blocks, a matrix a head (V3's 32-wide key heads; V2's 16-wide
     ones, which no block divides, stay float): each head's product is the float64 product over the file's values
-    of its input rounded to 8 bits (as llama.cpp's products round theirs), within 1e-3 of the largest value."""
+    of its input rounded to 8 bits (as llama.cpp's products round theirs), within 1e-3 of the largest value; the
+    native layers' step over them is the torch layers'."""
     from models.kernels.block_experts import BlockExperts
     from models.kernels.block_heads import BlockHeadProducts, HeadProducts
     from models.kernels.block_linear import BlockLinear
 
-    hf = tiny_model("deepseek_v3", seed=2)
+    import models
+
+    from .test_kernels import decode_both_ways
+
+    hf = tiny_model("deepseek_v3", seed=2, n_group=1, topk_group=1)  # (one group: the native layers route it)
     c = hf.config
-    with Engine.from_pretrained(write_gguf_of(hf, tmp_path / "v3-q8.gguf", "deepseek2", matrices=Q.Q8_0)) as engine:
-        layer = engine.model.layers[1]
-        attention = layer.attn
+    model = models.load(write_gguf_of(hf, tmp_path / "v3-q8.gguf", "deepseek2", matrices=Q.Q8_0)).model
+    layer = model.layers[1]
+    attention = layer.attn
     assert isinstance(attention.k_up, BlockHeadProducts) and isinstance(attention.v_up, BlockHeadProducts)
     assert all(isinstance(product, BlockLinear) for product in (
         attention.q_down, attention.q_up, attention.kv_down, attention.out, layer.mlp.shared.gate_up))
     assert isinstance(layer.mlp.experts, BlockExperts)
+    assert model.decoder_layers is not None
+    native_logits, native_pool, torch_logits, torch_pool = decode_both_ways(model, 5, torch.float32)
+    torch.testing.assert_close(native_logits, torch_logits, atol=1e-4, rtol=1e-4)  # (the native layers' products
+    torch.testing.assert_close(native_pool, torch_pool, atol=1e-4, rtol=1e-4)      # over the same blocks)
     through_eight_bits(hf)
     key_rows, values = hf.model.layers[1].self_attn.kv_b_proj.weight.detach().view(
         c.num_attention_heads, -1, c.kv_lora_rank).split([c.qk_nope_head_dim, c.v_head_dim], 1)
