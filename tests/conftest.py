@@ -631,9 +631,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     c = hf.config.get_text_config()
     heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
     writer = gguf.GGUFWriter(str(path), arch)
-    # (a file's next-token prediction layers, metadata's nextn_predict_layers, counted among its blocks, as
-    # llama.cpp's converter counts them)
-    writer.add_block_count(c.num_hidden_layers + ((metadata or {}).get("nextn_predict_layers") or 0))
+    writer.add_block_count(c.num_hidden_layers)
     writer.add_context_length(c.max_position_embeddings)
     writer.add_embedding_length(c.hidden_size)
     # LFM2's: its MLP's width as derived, no K/V heads in a convolution layer, the convolution's length

@@ -20,6 +20,8 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape granite4h-micro --format q4_k_m --vocab 100352 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape qwen3vl-2b --format q4_k_m --vocab 151936 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape nemotronh-4b --format q4_k_m --vocab 131072 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape deepseek2-16b --format q4_k_m --vocab 102400 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape glm47flash-30b-a3b-12l --format q4_k_m --vocab 154880 --out /tmp/gguf
 
 Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), mxfp4
 (gpt-oss's files as ggml-org publishes them: the experts in MXFP4, the other matrices in Q8_0), q4_k_m
@@ -59,7 +61,14 @@ rows weighted by its own one-row router; its output layer its own; the -10l one 
 the glm4 one as GLM-4-9B-0414's (architecture glm4: biases on q/k/v, two K/V heads of 128, the rotary over half of
 each head, post_attention_norm and post_ffw_norm after the attention and the MLP (Gemma's names), gate and up
 one ffn_up of 2 x 13696
-rows; its output layer its own);
+rows; its output layer its own); the deepseek2 one as DeepSeek-V2-Lite's (architecture deepseek2: multi-head latent
+attention, attn_q, attn_kv_a_mqa giving a 512-value latent and a 64-value rotary part, attn_kv_a_norm, attn_k_b and
+attn_v_b a matrix a head as llama.cpp's converter splits kv_b (k_b's 128-wide rows take the fallbacks), 16 heads of
+128 + 64 query values and 128 value ones, YaRN 40x over 4,096 tokens with its log multiplier; a dense first layer,
+then 64 experts of 1408 rows, 6 a token, beside two shared ones, ffn_*_shexp); the glm47flash ones as GLM-4.7-Flash's
+(the same layout with low-rank queries, attn_q_a of 768 rows, attn_q_a_norm, attn_q_b, 20 heads of 192 + 64 and 256;
+64 experts of 1536 rows, 4 a token, chosen by their sigmoid plus a bias each, renormalised and scaled by 1.8, beside
+one shared; dims as I recall its config; the -12l one twelve of its 47 layers; their output layers their own);
 the granite4h ones as Granite 4.0 H's (architecture granitehybrid: four attention layers of 40 (of 32 for the
 350M), the others Mamba2 layers: ssm_in giving z, x, B, C and a time step a head, ssm_conv1d's four taps a
 channel and their bias in F32, ssm_dt's bias, ssm_a (-exp(A_log), drawn in [-8, -0.5]) and ssm_d a value a

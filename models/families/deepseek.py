@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from ..kernels.block_heads import HeadProducts
-from .layers import GATE_UP, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, SwiGLU, fused, paged_attention
+from .layers import (GATE_UP, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, SwiGLU, block_norms, decoder_tensors,
+                     fused, paged_attention)
 from .moe import DEEPSEEK_KINDS, MoESpec, SparseMoE
 from .rope import Rotary, halves_from_pairs, rope_type
 
@@ -189,14 +190,10 @@ class DeepSeek(DecoderModel):
     def convert(hf: dict[str, torch.Tensor], s: DeepSeekSpec) -> dict[str, torch.Tensor]:
         """Transformers' parameter names -> this module's (a checkpoint's multi-token prediction layers, past
         num_layers, unread)."""
-        hf = {k.removeprefix("model."): v for k, v in hf.items()}
-        out = {"embed.weight": hf["embed_tokens.weight"], "norm.weight": hf["norm.weight"]}
-        out["lm_head.weight"] = hf["embed_tokens.weight"] if s.tie_word_embeddings else hf["lm_head.weight"]
+        hf, out = decoder_tensors(hf, s)
         for i in range(s.num_layers):
             p = o = f"layers.{i}."
-            out[o + "input_norm.weight"] = hf[p + "input_layernorm.weight"]
-            out[o + "post_norm.weight"] = hf[p + "post_attention_layernorm.weight"]
-            out |= LatentAttention.convert(hf, p, o, s)
+            out |= block_norms(hf, p) | LatentAttention.convert(hf, p, o, s)
             if s.moe and s.moe.routes(i):
                 out |= SparseMoE.convert(hf, p, o + "mlp.", s.moe)
             else:

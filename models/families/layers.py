@@ -225,6 +225,21 @@ def fused(hf: dict, prefix: str, product: tuple[str, tuple[str, ...]], kind: str
     return whole if whole is not None else torch.cat([hf.pop(f"{prefix}{part}.{kind}") for part in parts])
 
 
+def decoder_tensors(hf: dict, s) -> tuple[dict, dict]:
+    """A Llama-style checkpoint's tensors without their "model." prefix, and DecoderModel's own from them: the
+    embeddings, the final norm and the output layer (the embeddings where the spec ties them)."""
+    hf = {k.removeprefix("model."): v for k, v in hf.items()}
+    out = {"embed.weight": hf["embed_tokens.weight"], "norm.weight": hf["norm.weight"],
+           "lm_head.weight": hf["embed_tokens.weight"] if s.tie_word_embeddings else hf["lm_head.weight"]}
+    return hf, out
+
+
+def block_norms(hf: dict, prefix: str) -> dict:
+    """A Llama-style layer's two norms under ``prefix``, before the attention and before the MLP, by a Block's names."""
+    return {prefix + "input_norm.weight": hf[prefix + "input_layernorm.weight"],
+            prefix + "post_norm.weight": hf[prefix + "post_attention_layernorm.weight"]}
+
+
 def embedding(rows: int, dim: int) -> nn.Embedding:
     """An nn.Embedding whose table is left uninitialised, for loading to replace: its own init (a
     normal_ that, even on the meta device, imports torch's compiler) took 1.5 s of a 2.5 s load."""

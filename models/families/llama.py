@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .layers import GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, SwiGLU, fused, paged_attention
+from .layers import (GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, SwiGLU, block_norms,
+                     decoder_tensors, fused, paged_attention)
 from .moe import MoESpec, SparseMoE
 from .rope import Rotary, halves_from_pairs, query_temperature, rope_type, sequence_ends
 
@@ -251,13 +252,10 @@ class Llama(DecoderModel):
     def convert(hf: dict[str, torch.Tensor], s: LlamaSpec) -> dict[str, torch.Tensor]:
         """Transformers' parameter names -> this module's, fusing q/k/v and gate/up (Phi-3's
         checkpoints hold them fused already)."""
-        hf = {k.removeprefix("model."): v for k, v in hf.items()}
-        out = {"embed.weight": hf["embed_tokens.weight"], "norm.weight": hf["norm.weight"]}
-        out["lm_head.weight"] = hf["embed_tokens.weight"] if s.tie_word_embeddings else hf["lm_head.weight"]
+        hf, out = decoder_tensors(hf, s)
         for i in range(s.num_layers):
             p = o = f"layers.{i}."
-            out[o + "input_norm.weight"] = hf[p + "input_layernorm.weight"]
-            out[o + "post_norm.weight"] = hf[p + "post_attention_layernorm.weight"]
+            out |= block_norms(hf, p)
             if s.output_norms:
                 out[o + "attn_out_norm.weight"] = hf[p + "post_self_attn_layernorm.weight"]
                 out[o + "mlp_out_norm.weight"] = hf[p + "post_mlp_layernorm.weight"]

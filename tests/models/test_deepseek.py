@@ -127,24 +127,23 @@ def test_a_files_head_stacks_run_in_their_blocks(tmp_path):
 
 def test_a_legacy_file_with_kv_b_whole_and_a_prediction_layer_loads_as_llama_cpp_reads_it(tmp_path):
     """A file from before llama.cpp split kv_b_proj (attn_kv_b, its key and value lengths a head's query and
-    value widths) with a next-token prediction layer past the model's (counted in block_count, as
-    GLM-4.7-Flash's files carry one): the model's layers alone, transformers' answers."""
-    hf = as_in_a_file("deepseek_v3", 4)
+    value widths) whose last block is a next-token prediction layer (nextn_predict_layers, its eh_proj beside a
+    layer's tensors, as GLM-4.7-Flash's files carry one): the layers before it alone, transformers' answers
+    without it."""
+    hf = as_in_a_file("deepseek_v3", 4, num_hidden_layers=4)
     c = hf.config
-    layers = c.num_hidden_layers
-    kv_b = {f"blk.{i}.attn_kv_b.weight": hf.model.layers[i].self_attn.kv_b_proj.weight.detach().float().numpy()
-            for i in range(layers)}
-    rng = np.random.default_rng(0)
-    extra = {f"blk.{layers}.nextn.eh_proj.weight": rng.standard_normal((c.hidden_size, 2 * c.hidden_size)),
-             f"blk.{layers}.attn_norm.weight": np.ones(c.hidden_size),
-             f"blk.{layers}.ffn_gate_exps.weight": rng.standard_normal((8, 32, c.hidden_size))}
+    kv_b = {f"blk.{i}.attn_kv_b.weight": layer.self_attn.kv_b_proj.weight.detach().float().numpy()
+            for i, layer in enumerate(hf.model.layers)}
+    eh_proj = {"blk.3.nextn.eh_proj.weight": np.random.default_rng(0).standard_normal((c.hidden_size, 2 * c.hidden_size))}
     metadata = {"tokenizer.ggml.eos_token_id": EOS, "nextn_predict_layers": 1,
                 "attention.key_length": c.qk_nope_head_dim + c.qk_rope_head_dim, "attention.value_length": c.v_head_dim,
                 "attention.key_length_mla": None, "attention.value_length_mla": None}
-    path = write_gguf_of(hf, tmp_path / "legacy.gguf", "deepseek2", metadata, tensors=kv_b | extra,
+    path = write_gguf_of(hf, tmp_path / "legacy.gguf", "deepseek2", metadata, tensors=kv_b | eh_proj,
                          leave_out=("attn_k_b.weight", "attn_v_b.weight"))
+    without = tiny_model("deepseek_v3")
+    without.load_state_dict({k: v for k, v in hf.state_dict().items() if not k.startswith("model.layers.3.")})
     asked = prompts(12)
-    assert_same_answers(greedy(path, asked), [greedy_with_logprobs(hf, p, 16) for p in asked])
+    assert_same_answers(greedy(path, asked), [greedy_with_logprobs(without, p, 16) for p in asked])
 
 
 def test_the_pool_keeps_one_latent_a_token():
