@@ -11,7 +11,6 @@ group-limited routing, its shared experts)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +20,7 @@ from ..kernels.block_heads import HeadProducts
 from .layers import (GATE_UP, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, SwiGLU, block_norms, decoder_tensors,
                      fused, paged_attention)
 from .moe import DEEPSEEK_KINDS, MoESpec, SparseMoE
-from .rope import Rotary, halves_from_pairs, rope_type
+from .rope import Rotary, halves_from_pairs, rope_type, yarn_mscale
 
 FAMILIES = DEEPSEEK_KINDS
 LATENT_NORM_EPS = 1e-6
@@ -90,9 +89,8 @@ def _attention_scale(query_dim: int, rope: dict) -> float:
     """1 / sqrt(a head's query width), times YaRN's mscale squared where the rope has mscale_all_dim: DeepSeek
     scales every score so, not only the rotated parts (transformers' yarn_apply_mscale)."""
     scale = query_dim ** -0.5
-    factor, every = rope.get("factor") or 1.0, rope.get("mscale_all_dim")
-    if rope_type(rope) != "default" and every and factor > 1:
-        scale *= (0.1 * every * math.log(factor) + 1.0) ** 2
+    if rope_type(rope) != "default" and rope.get("mscale_all_dim"):
+        scale *= yarn_mscale(rope.get("factor") or 1.0, rope["mscale_all_dim"]) ** 2
     return scale
 
 

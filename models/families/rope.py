@@ -149,19 +149,21 @@ def _llama3_frequencies(inv_freq, scaling):
     return torch.where(middle, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
 
 
+def yarn_mscale(factor: float, m: float = 1.0) -> float:
+    """YaRN's magnitude scale for a context stretched ``factor`` times: 0.1 m ln(factor) + 1 (1 where not
+    stretched), transformers' yarn_get_mscale."""
+    return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+
 def _yarn(theta: float, dim: int, scaling: dict, max_position: int | None):
     """YaRN (arXiv 2309.00071): low frequencies interpolated by ``factor``, high ones kept, a linear
     ramp between; cos and sin scaled by the attention factor."""
     original = scaling["original_max_position_embeddings"]
     factor = scaling.get("factor") or max_position / original
-
-    def mscale(scale, m=1.0):
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
     attention = scaling.get("attention_factor")
     if attention is None:
         m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
-        attention = float(mscale(factor, m) / mscale(factor, m_all)) if m and m_all else mscale(factor)
+        attention = float(yarn_mscale(factor, m) / yarn_mscale(factor, m_all)) if m and m_all else yarn_mscale(factor)
     fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
 
     def correction(rotations):
