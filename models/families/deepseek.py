@@ -106,7 +106,8 @@ class LatentAttention(nn.Module):
         self.q_down = nn.Linear(s.hidden_size, s.q_lora_rank, bias=False) if low_rank else None
         self.q_norm = RMSNorm(s.q_lora_rank, s.latent_norm_eps) if low_rank else None
         self.q_up = nn.Linear(s.q_lora_rank, query, bias=False) if low_rank else None
-        self.kv_down = nn.Linear(s.hidden_size, s.kv_lora_rank + s.rope_dim, bias=False)  # the latent, the key's rotary part
+        # the latent, then the keys' rotary part
+        self.kv_down = nn.Linear(s.hidden_size, s.kv_lora_rank + s.rope_dim, bias=False)
         self.kv_norm = RMSNorm(s.kv_lora_rank, s.latent_norm_eps)
         # each head's keys from the latent, taken backwards (its query into the latent's space), and its values
         self.k_up = HeadProducts(s.num_heads, s.kv_lora_rank, s.nope_dim)

@@ -1,6 +1,6 @@
 """Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE and MoE Shared, OLMoE, ERNIE 4.5,
-gpt-oss, LFM2-MoE, DeepSeek's): a router picks each token's top-k experts; the step's tokens are grouped by expert so that
-every expert runs one matrix product per step on all the tokens routed to it, however many requests the
+gpt-oss, LFM2-MoE, DeepSeek's): a router picks each token's top-k experts; the step's tokens are grouped by expert
+so that every expert runs one matrix product per step on all the tokens routed to it, however many requests the
 flat batch holds. Some mixtures add a shared expert every token takes (Qwen2-MoE's weighted by a router
 of its own)."""
 
@@ -103,9 +103,10 @@ DEEPSEEK_KINDS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
 def _deepseek(c: dict) -> MoESpec | None:
     """DeepSeek-V2's, V3's and GLM-4.7-Flash's experts as transformers runs them: V2's softmax, its group-limited
     greedy routing over each group's best expert; V3's sigmoid (or the scoring_func a GGUF file's config says:
-    gguf_config's _deepseek2), its selection biases, its groups scored by their best two; some leading layers dense (V2's and V3's first_k_dense_replace, GLM's mlp_layer_types), shared
-    experts beside the routed ones, the chosen weights renormalised where the config says (V2's never are in
-    transformers, whose configs say not to), then scaled. None for a dense model."""
+    gguf_config's _deepseek2), its selection biases, its groups scored by their best two; some leading layers
+    dense (V2's and V3's first_k_dense_replace, GLM's mlp_layer_types), shared experts beside the routed ones, the
+    chosen weights renormalised where the config says (V2's never are in transformers, whose configs say not to),
+    then scaled. None for a dense model."""
     kind, layers = c["model_type"], c["num_hidden_layers"]
     experts = c.get("n_routed_experts") or c.get("num_local_experts") or c.get("num_experts")
     if not experts:

@@ -289,7 +289,8 @@ class DecoderLayers:
         self.weights = []  # the modules, tensors and structures whose addresses the layers hold, kept alive
         layer = (self._gpt2_layer if isinstance(model, GPT2) else self._gemma_layer if isinstance(model, Gemma)
                  else self._olmo_layer if isinstance(model, Olmo) else self._lfm2_layer if isinstance(model, Lfm2)
-                 else self._qwen35_layer if isinstance(model, Qwen35) else self._deepseek_layer if isinstance(model, DeepSeek)
+                 else self._qwen35_layer if isinstance(model, Qwen35)
+                 else self._deepseek_layer if isinstance(model, DeepSeek)
                  else self._granite_hybrid_layer if isinstance(model, GraniteHybrid) else self._llama_layer)
         layers = [layer(block, model.spec) for block in model.layers]
         # each layer's place in the pool: its K/V (kv_cache.layer), a convolution's rows (kv_cache.conv_layer)
@@ -305,8 +306,7 @@ class DecoderLayers:
                                default_panel_rows())
         # from how many rows each thread carries its own through the layers
         avx2 = native.library().loom_vector_bytes() == 32
-        routes = isinstance(model, (Llama, Lfm2, GraniteHybrid, Qwen35, DeepSeek)) and any(isinstance(block.mlp, SparseMoE)
-                                                                          for block in model.layers)
+        routes = any(isinstance(getattr(block, "mlp", None), SparseMoE) for block in model.layers)
         self.split_rows = EXPERT_SPLIT_ROWS_PER_THREAD if routes else SPLIT_ROWS_PER_THREAD
         # whether the threads' own rows may compute no more panel rows than the team's (PANEL_SLACK)
         self.weighs_panels = avx2 and _reads_float32(model)
