@@ -232,6 +232,16 @@ CONFIGS = {
         layers_block_type=["linear_attention", "mlp", "full_attention", "mlp", "linear_attention", "linear_attention",
                            "mlp"], mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4,
         initializer_range=0.15, layer_norm_epsilon=1e-2),  # (an epsilon large enough that a wrong one shows)
+    # Nemotron 3 (Nano's layout): Mamba2 and attention layers each followed by a mixture of squared-ReLU experts
+    # beside a shared one, chosen by sigmoid and bias, renormalised and scaled
+    "nemotron_h_moe": lambda: transformers.NemotronHConfig(
+        vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
+        layers_block_type=["linear_attention", "moe", "full_attention", "moe", "linear_attention", "moe",
+                           "linear_attention"], mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2,
+        conv_kernel=4, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=64, n_group=1, topk_group=1, norm_topk_prob=True,
+        routed_scaling_factor=2.5, initializer_range=0.15, layer_norm_epsilon=1e-2, experts_implementation="eager"),
     # DeepSeek-V2 (V2-Lite's layout): latent attention with full-rank queries, YaRN with DeepSeek's mscales, a dense
     # first layer, softmax routing limited to the groups whose best expert scores highest, a shared expert
     "deepseek_v2": lambda: transformers.DeepseekV2Config(
@@ -284,7 +294,7 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "gemma2": transformers.Gemma2ForCausalLM, "lfm2": transformers.Lfm2ForCausalLM,
                  "lfm2_moe": transformers.Lfm2MoeForCausalLM, "qwen3_5": transformers.Qwen3_5ForCausalLM,
                  "granitemoehybrid": transformers.GraniteMoeHybridForCausalLM, "gemma3": transformers.Gemma3ForCausalLM,
-                 "nemotron_h": transformers.NemotronHForCausalLM, "glm4": transformers.Glm4ForCausalLM,
+                 "nemotron_h": transformers.NemotronHForCausalLM, "nemotron_h_moe": transformers.NemotronHForCausalLM, "glm4": transformers.Glm4ForCausalLM,
                  "deepseek_v2": transformers.DeepseekV2ForCausalLM, "deepseek_v3": transformers.DeepseekV3ForCausalLM,
                  "glm4_moe_lite": transformers.Glm4MoeLiteForCausalLM}
 
@@ -530,6 +540,10 @@ def _granite_hybrid_metadata(c) -> dict:
             "rope.scaling.finetuned": c.position_embedding_type == "rope", **experts}
 
 
+# a Nemotron-H layer's type -> the prefix of its mixer's parameters in Granite 4's names (and llama.cpp's converter's)
+NEMOTRON_H_KINDS = {"linear_attention": "mamba", "full_attention": "self_attn", "mlp": "mlp", "moe": "mlp"}
+
+
 def _nemotron_h_name(name: str, types: list[str]) -> str:
     """A Nemotron-H parameter's name as Granite 4's (whose writing it then takes): each layer's norm as its
     input_layernorm, its mixer's products under its kind's prefix, the embeddings and final norm as Llama's."""
@@ -539,16 +553,21 @@ def _nemotron_h_name(name: str, types: list[str]) -> str:
     if parts[1] == "layers" and parts[3] == "norm":
         return f"model.layers.{parts[2]}.input_layernorm.{parts[4]}"
     if parts[1] == "layers" and parts[3] == "mixer":
-        kind = {"linear_attention": "mamba", "full_attention": "self_attn", "mlp": "mlp"}[types[int(parts[2])]]
-        return f"model.layers.{parts[2]}.{kind}.{parts[4]}"
+        return f"model.layers.{parts[2]}.{NEMOTRON_H_KINDS[types[int(parts[2])]]}.{parts[4]}"
     return name
 
 
 def _nemotron_h_metadata(c) -> dict:
     """The metadata llama.cpp's converter writes for a Nemotron-H: its Mamba2 sizes (K/V heads and an MLP's
-    width a layer: write_gguf_of)."""
+    width a layer: write_gguf_of), Nemotron 3's experts."""
+    experts = {"expert_count": c.n_routed_experts, "expert_used_count": c.num_experts_per_tok,
+               "expert_feed_forward_length": c.moe_intermediate_size,
+               "expert_shared_feed_forward_length": c.moe_shared_expert_intermediate_size,
+               "expert_shared_count": c.n_shared_experts, "expert_weights_norm": c.norm_topk_prob,
+               "expert_weights_scale": float(c.routed_scaling_factor), "expert_group_count": c.n_group}
     return {"ssm.conv_kernel": c.conv_kernel, "ssm.state_size": c.ssm_state_size, "ssm.group_count": c.n_groups,
-            "ssm.time_step_rank": c.mamba_num_heads, "ssm.inner_size": c.mamba_num_heads * c.mamba_head_dim}
+            "ssm.time_step_rank": c.mamba_num_heads, "ssm.inner_size": c.mamba_num_heads * c.mamba_head_dim,
+            **(experts if "moe" in c.layers_block_type else {})}
 
 
 # DeepSeek's latent attention (kv_b_proj split as llama.cpp's converter splits it: _deepseek2_tensors)
@@ -637,11 +656,12 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     # LFM2's: its MLP's width as derived, no K/V heads in a convolution layer, the convolution's length
     # Granite 4's hybrids' and Nemotron-H's: Mamba2 layers, no K/V heads in them; Nemotron-H's an MLP's width a
     # layer (none in a mixer layer)
-    lfm2, nemotron = arch in ("lfm2", "lfm2moe"), arch == "nemotron_h"
+    lfm2, nemotron = arch in ("lfm2", "lfm2moe"), arch in ("nemotron_h", "nemotron_h_moe")
     hybrid = arch == "granitehybrid" or nemotron
     types = c.layers_block_type if nemotron else getattr(c, "layer_types", None)
     writer.add_feed_forward_length(hf.model.layers[0].feed_forward.w1.out_features if lfm2 else
-                                   [c.intermediate_size if t == "mlp" else 0 for t in types] if nemotron else
+                                   [c.intermediate_size if t == "mlp" else c.moe_intermediate_size if t == "moe" else 0
+                                    for t in types] if nemotron else
                                    c.shared_intermediate_size if hybrid and not c.num_local_experts else
                                    c.to_dict().get("intermediate_size") or c.moe_intermediate_size)
     writer.add_head_count(heads)
@@ -726,7 +746,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         if rest == "mlp.shared_expert_gate.weight":  # (one vector in the file)
             add(f"blk.{layer}.ffn_gate_inp_shexp.weight", values.reshape(-1))
             continue
-        if rest in ("mlp.gate.moe_statics.e_score_correction_bias", "feed_forward.expert_bias"):  # ERNIE's, LFM2-MoE's
+        if rest in ("mlp.gate.moe_statics.e_score_correction_bias", "feed_forward.expert_bias",  # ERNIE's, LFM2-MoE's,
+                    "mlp.gate.e_score_correction_bias"):  # Nemotron 3's
             add(f"blk.{layer}.exp_probs_b.bias", values.reshape(-1))
             continue
         if rest.startswith("feed_forward.experts.") or rest == "feed_forward.gate.weight":  # LFM2-MoE's: as a mixture's
@@ -743,6 +764,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                 gate, up = np.split(values, 2, axis=1)
                 add(f"blk.{layer}.ffn_gate_exps.weight", np.ascontiguousarray(gate))
                 add(f"blk.{layer}.ffn_up_exps.weight", np.ascontiguousarray(up))
+            elif rest.endswith("up_proj"):  # (Nemotron 3's experts have no gate)
+                add(f"blk.{layer}.ffn_up_exps.weight", values)
             else:
                 add(f"blk.{layer}.ffn_down_exps.weight", values)
             continue

@@ -22,6 +22,7 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape nemotronh-4b --format q4_k_m --vocab 131072 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape deepseek2-16b --format q4_k_m --vocab 102400 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape glm47flash-30b-a3b-12l --format q4_k_m --vocab 154880 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape nemotron3-nano-30b-a3b-12l --format q4_k_m --vocab 131072 --out /tmp/gguf
 
 Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), mxfp4
 (gpt-oss's files as ggml-org publishes them: the experts in MXFP4, the other matrices in Q8_0), q4_k_m
@@ -80,7 +81,13 @@ rotary's sections 24/20/20 and three deepstack layers in the metadata, rope base
 30B-A3B's output layers their own); the nemotronh ones as Nemotron-H's (architecture nemotron_h: single-purpose
 layers, a norm each, then a Mamba2 mixer as Granite 4.0 H's, an attention without positions, or an MLP of ffn_up
 and ffn_down (squared ReLU), told apart by K/V heads and MLP widths listed a layer at a time; the 4B's and 8B's 52
-layers and Nemotron Nano 9B v2's 56 in their patterns as I recall them; their output layers their own);
+layers and Nemotron Nano 9B v2's 56 in their patterns as I recall them; their output layers their own); the
+nemotron3 ones as Nemotron 3 Nano 30B-A3B's (architecture nemotron_h_moe: its 52 layers in NVIDIA's pattern, 23 of
+them mixtures of 128 squared-ReLU experts of 1856 rows (ffn_up_exps, ffn_down_exps: no gate), 6 a token, chosen by
+their sigmoid plus a bias each, renormalised and scaled by 2.5, beside one shared expert of 3712 rows; 64 Mamba2 heads
+of 64 in 8 groups, 32 query heads and 2 K/V heads of 128; its hidden 2688 and experts' 1856 rows are not whole
+256-value super-blocks, so its "Q4_K_M" is mostly llama.cpp's Q5_0 and Q8_0 fallbacks, as the published files are;
+the -12l one its first twelve layers);
 the qwen3moe one as a Qwen3-MoE (Qwen3's layout, 128 experts of 768 rows, 8 a token, each layer's
 three expert products a stack of all 128 experts' matrices, its router in F32 as llama-quantize leaves it);
 the ministral3 ones as Ministral 3's (architecture mistral3: Llama's layout, 128-wide heads, its yarn
@@ -153,12 +160,14 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "nemotronh-nano-9b": (4480, 15680, 56, 40, 8), "glm4-9b": (4096, 13696, 40, 32, 2),
           # DeepSeek-V2-Lite's and GLM-4.7-Flash's (one K/V head: the latent), and twelve of the latter's 47 layers
           "deepseek2-16b": (2048, 10944, 27, 16, 1), "glm47flash-30b-a3b": (2048, 10240, 47, 20, 1),
-          "glm47flash-30b-a3b-12l": (2048, 10240, 12, 20, 1)}
+          "glm47flash-30b-a3b-12l": (2048, 10240, 12, 20, 1),
+          # Nemotron 3 Nano 30B-A3B's (its intermediate: an expert's width), and its first twelve layers
+          "nemotron3-nano-30b-a3b": (2688, 1856, 52, 32, 2), "nemotron3-nano-30b-a3b-12l": (2688, 1856, 12, 32, 2)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
 UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
           "qwen2moe-a2.7b", "qwen35-9b", "qwen3vl-8b", "qwen3vlmoe-30b-a3b", "nemotronh-4b", "nemotronh-8b",
           "qwen35moe-35b-a3b", "qwen35moe-35b-a3b-10l", "glm4-9b", "deepseek2-16b", "glm47flash-30b-a3b",
-          "glm47flash-30b-a3b-12l",
+          "glm47flash-30b-a3b-12l", "nemotron3-nano-30b-a3b", "nemotron3-nano-30b-a3b-12l",
           "nemotronh-nano-9b"}  # the shapes whose output layer
 # is a tensor of its own
 
@@ -198,8 +207,9 @@ class Layout:
     # width) and the layers Qwen3-VL's deepstack adds image features to
     vision_sections: tuple[int, int, int, int] | None = None
     deepstack: int = 0
-    # Nemotron-H's single-purpose layers, a letter each (M: Mamba2, *: attention, -: an MLP of up and down), its
-    # Mamba2 layers' sizes in ``mamba``
+    # Nemotron-H's single-purpose layers, a letter each (M: Mamba2, *: attention, -: an MLP of up and down, E: a
+    # mixture of experts of up and down, Nemotron 3's, as ``experts`` and ``shared_expert`` say), its Mamba2 layers'
+    # sizes in ``mamba``
     pattern: str | None = None
     # GLM-4's: its rotary over this share of a head, gate and up one ffn_up
     rotary_share: float = 1.0
@@ -214,6 +224,7 @@ class Layout:
 # Nemotron-H's layers, as I recall the 4B's and 8B's hybrid_override_pattern and Nemotron Nano 9B v2's
 NEMOTRON_H_8B = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
 NEMOTRON_NANO_9B = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"
+NEMOTRON_3_NANO = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"  # (NVIDIA's Megatron Bridge's)
 
 LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
            "granite3": Layout("granite", rope_base=1e7, eps=1e-5, context=131072, scales=(12.0, 0.22, 0.015625, 8.0)),
@@ -251,6 +262,9 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
                                 experts=(128, 8, 768), vision_sections=(24, 20, 20, 0), deepstack=3),
            "nemotronh": Layout("nemotron_h", head=128, eps=1e-5, context=8192, mamba=(128, 64, 128, 8),
                                pattern=NEMOTRON_H_8B),
+           "nemotron3": Layout("nemotron_h_moe", head=128, eps=1e-5, context=262144, mamba=(64, 64, 128, 8),
+                               pattern=NEMOTRON_3_NANO, experts=(128, 6, 1856), shared_expert=3712,
+                               selection_bias=True, sigmoid=(2.5, True)),
            "glm4": Layout("glm4", head=128, rope_base=10000.0, eps=1e-5, context=32768, biases=True, output_norms=True,
                           rotary_share=0.5, glm=True),
            # (DeepSeek-V2-Lite's YaRN: a factor of 40 over 4,096 tokens, mscale_all_dim 0.707)
@@ -369,12 +383,20 @@ def mamba2_tensors(hidden: int, mamba: tuple[int, int, int, int]):
             ("ssm_norm.weight", (groups, ssm_heads * width // groups)), ("ssm_out.weight", (hidden, ssm_heads * width)))
 
 
-def single_purpose_layer(letter: str, hidden: int, inner: int, q: int, kv: int, mamba: tuple[int, int, int, int]):
-    """A Nemotron-H layer's tensors: its norm, then its Mamba2 mixer's (M), attention's (*) or MLP's (-)."""
-    parts = {"M": mamba2_tensors(hidden, mamba),
-             "*": (("attn_q.weight", (q, hidden)), ("attn_k.weight", (kv, hidden)), ("attn_v.weight", (kv, hidden)),
-                   ("attn_output.weight", (hidden, q))),
-             "-": (("ffn_up.weight", (inner, hidden)), ("ffn_down.weight", (hidden, inner)))}[letter]
+def single_purpose_layer(letter: str, hidden: int, inner: int, q: int, kv: int, family: Layout):
+    """A Nemotron-H layer's tensors: its norm, then its Mamba2 mixer's (M), attention's (*), MLP's (-) or
+    experts' (E: the router and selection bias, the experts' up and down stacks, the shared expert's)."""
+    if letter == "E":
+        count, _, width = family.experts
+        parts = (("ffn_gate_inp.weight", (count, hidden)), ("exp_probs_b.bias", (count,)),
+                 ("ffn_up_exps.weight", (count, width, hidden)), ("ffn_down_exps.weight", (count, hidden, width)),
+                 ("ffn_up_shexp.weight", (family.shared_expert, hidden)),
+                 ("ffn_down_shexp.weight", (hidden, family.shared_expert)))
+    else:
+        parts = {"M": mamba2_tensors(hidden, family.mamba),
+                 "*": (("attn_q.weight", (q, hidden)), ("attn_k.weight", (kv, hidden)),
+                       ("attn_v.weight", (kv, hidden)), ("attn_output.weight", (hidden, q))),
+                 "-": (("ffn_up.weight", (inner, hidden)), ("ffn_down.weight", (hidden, inner)))}[letter]
     return (("attn_norm.weight", (hidden,)), *parts)
 
 
@@ -410,7 +432,7 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
     for i in range(layers):
         if family.pattern:  # Nemotron-H: a norm, then one of a Mamba2 mixer, an attention or an MLP
             yield from ((f"blk.{i}.{name}", i, shape) for name, shape in single_purpose_layer(
-                family.pattern[i], hidden, inner, q, kv, family.mamba))
+                family.pattern[i], hidden, inner, q, kv, family))
             continue
         if family.delta and (i + 1) % QWEN35_ATTENTION_EVERY:  # a delta-rule layer, then the MLP
             key_heads, value_heads, width = family.delta
@@ -480,8 +502,9 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
     writer.add_file_type(FILE_TYPES[fmt])
     writer.add_context_length(family.context)
     writer.add_embedding_length(hidden)
-    # (Nemotron-H's a layer at a time: an MLP layer's width, none elsewhere)
-    writer.add_feed_forward_length([inner if c == "-" else 0 for c in family.pattern] if family.pattern else inner)
+    # (Nemotron-H's a layer at a time: an MLP or experts layer's width, none elsewhere)
+    writer.add_feed_forward_length([inner if c in "-E" else 0 for c in family.pattern[:layers]] if family.pattern
+                                   else inner)
     writer.add_block_count(layers)
     writer.add_head_count(heads)
     if family.delta:  # its delta-rule layers' sizes, a rotary over a quarter of a head (llama.cpp's sections)
@@ -509,7 +532,7 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
     if family.deepstack:
         writer.add_uint32(f"{family.arch}.n_deepstack_layers", family.deepstack)
     if family.pattern:  # K/V heads in the attention layers alone
-        writer.add_head_count_kv([kv_heads if c == "*" else 0 for c in family.pattern])
+        writer.add_head_count_kv([kv_heads if c == "*" else 0 for c in family.pattern[:layers]])
     elif family.attending is not None:  # (none in a convolution or Mamba2 layer: how llama.cpp tells them apart)
         writer.add_head_count_kv([kv_heads if i in family.attending else 0 for i in range(layers)])
         if not family.mamba:
@@ -550,6 +573,11 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_expert_feed_forward_length(width)
     if family.shared_expert:
         writer.add_expert_shared_feed_forward_length(family.shared_expert)
+    if family.arch == "nemotron_h_moe":  # (its converter's keys: one shared expert, weights renormalised and scaled)
+        writer.add_expert_shared_count(1)
+        writer.add_expert_weights_scale(family.sigmoid[0])
+        writer.add_expert_weights_norm(family.sigmoid[1])
+        writer.add_expert_group_count(1)
     if family.arch == "ernie4_5-moe":  # (llama.cpp requires the step)
         writer.add_leading_dense_block_count(family.dense_lead)
         writer.add_interleave_moe_layer_step(1)

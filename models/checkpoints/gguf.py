@@ -97,6 +97,7 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
                     # product gives the gate's rows too)
                     "glm4": {"post_attention_norm": "post_self_attn_layernorm", "post_ffw_norm": "post_mlp_layernorm",
                              "ffn_up": "mlp.gate_up_proj"}, "nemotron_h": GRANITE_HYBRID_LAYER_NAMES,
+                    "nemotron_h_moe": GRANITE_HYBRID_LAYER_NAMES,
                     "deepseek2": DEEPSEEK_LAYER_NAMES}
 # parameters transformers names without a kind (gpt-oss's sinks: llama.cpp's converter adds ".weight";
 # ERNIE 4.5's selection bias, Qwen3.5's and Mamba2's dt_bias, ".bias")
@@ -421,7 +422,8 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "ernie4_5": "llama", "ernie4_5-moe": "llama", "olmo2": "llama", "olmoe": "llama",
                        "gpt-oss": "llama", "lfm2": "llama", "lfm2moe": "llama", "exaone4": "llama", "gemma": "gemma2",
                        "qwen35": "llama", "qwen35moe": "llama", "granitehybrid": "llama", "qwen2vl": "qwen2", "qwen3vl": "qwen3",
-                       "qwen3vlmoe": "qwen3", "nemotron_h": "llama", "glm4": "llama", "deepseek2": "llama"}
+                       "qwen3vlmoe": "qwen3", "nemotron_h": "llama", "nemotron_h_moe": "llama", "glm4": "llama",
+                       "deepseek2": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

@@ -20,6 +20,7 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "granitehybrid": "granitemoehybrid",
                  # vision-language models' text (vision_language.py says why they are their text families')
                  "qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3_moe", "nemotron_h": "nemotron_h",
+                 "nemotron_h_moe": "nemotron_h",  # (Nemotron 3's mixtures: its experts' layers told by their widths)
                  "glm4": "glm4",
                  # DeepSeek-V2 and V3, Kimi K2, Moonlight, GLM-4.7-Flash (V2's softmax, V3's sigmoid: _deepseek2)
                  "deepseek2": "deepseek_v3"}
@@ -29,16 +30,18 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
 MIXTURES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe",
             "olmoe": "olmoe", "ernie4_5-moe": "ernie4_5_moe", "gpt-oss": "gpt_oss", "lfm2moe": "lfm2_moe",
             "granitehybrid": "granitemoehybrid", "qwen3vlmoe": "qwen3_moe", "qwen35moe": "qwen3_5_moe_text",
-            "deepseek2": "deepseek_v3"}
+            "deepseek2": "deepseek_v3", "nemotron_h_moe": "nemotron_h"}
 # llama.cpp's expert_gating_func: how an architecture's experts are scored where the file says (LFM2-MoE's
-# sigmoid; DeepSeek's either, V2's softmax, V3's sigmoid; the others' softmax, which their files need not say)
+# sigmoid, Nemotron 3's; DeepSeek's either, V2's softmax, V3's sigmoid; the others' softmax, which their files need
+# not say)
 GATING = {1: "softmax", 2: "sigmoid"}
-EXPERT_SCORES = {"lfm2moe": ("sigmoid",), "deepseek2": ("softmax", "sigmoid")}
+EXPERT_SCORES = {"lfm2moe": ("sigmoid",), "deepseek2": ("softmax", "sigmoid"), "nemotron_h_moe": ("sigmoid",)}
 # the mixtures whose files may scale their chosen experts' weights (expert_weights_scale)
-SCALED_MIXTURES = frozenset({"lfm2moe", "deepseek2"})
+SCALED_MIXTURES = frozenset({"lfm2moe", "deepseek2", "nemotron_h_moe"})
 # the mixtures whose files may add a shared expert every token takes (Qwen2-MoE's always, weighted by a
 # router of its own; Granite MoE Shared's, a granitemoe file with expert_shared_feed_forward_length; ERNIE 4.5's)
-SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe", "granitehybrid", "qwen35moe", "deepseek2"})
+SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe", "granitehybrid", "qwen35moe", "deepseek2",
+                            "nemotron_h_moe"})
 # architectures whose files keep Llama's layout: Q/K rows in the interleaved rotary's order (llama.cpp's
 # converter permutes Llama's; ERNIE 4.5's and GLM-4's checkpoints hold them so: their files are Llama's from
 # there, GLM-4's over the rotary's half of each head), attention biases where the model has them; gguf.py puts
@@ -53,10 +56,10 @@ EXAONE4_WINDOWED_LAYERS, EXAONE4_WINDOW = 64, 4096
 # the architectures whose layers may be short convolutions (LFM2's) or Mamba2 layers (Granite 4's hybrids), told
 # apart by having no K/V heads
 CONVOLVING = frozenset({"lfm2", "lfm2moe"})
-MAMBA_HYBRIDS = frozenset({"granitehybrid", "nemotron_h"})
-# Nemotron-H's layers are a Mamba2 layer, an attention layer or an MLP, told apart by their K/V heads and MLP
-# widths (neither: Mamba2), listed a layer at a time
-SINGLE_PURPOSE_LAYERS = frozenset({"nemotron_h"})
+MAMBA_HYBRIDS = frozenset({"granitehybrid", "nemotron_h", "nemotron_h_moe"})
+# Nemotron-H's layers are a Mamba2 layer, an attention layer or an MLP (in a Nemotron 3 file, a mixture of
+# experts), told apart by their K/V heads and MLP widths (neither: Mamba2), listed a layer at a time
+SINGLE_PURPOSE_LAYERS = frozenset({"nemotron_h", "nemotron_h_moe"})
 # Granite's multipliers: the file's keys (under the architecture's prefix) -> transformers' names
 GRANITE_SCALES = {"embedding_scale": "embedding_multiplier", "residual_scale": "residual_multiplier",
                   "attention.scale": "attention_multiplier", "logit_scale": "logits_scaling"}
@@ -87,7 +90,8 @@ def check_architecture(meta: dict, file_name: str) -> str:
         if arch not in MIXTURES:
             raise ValueError(f"{file_name} is a {arch} model with {key('expert_count')} experts; Loom runs experts "
                              f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, "
-                             "OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, Qwen3.5's and DeepSeek's)")
+                             "OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, Qwen3.5's, DeepSeek's "
+                             "and Nemotron 3's)")
         if key("expert_shared_feed_forward_length") and arch not in SHARED_EXPERTS:
             raise ValueError(f"{file_name} is a {arch} model with a shared expert, which Loom runs in "
                              f"{', '.join(sorted(SHARED_EXPERTS))} files only")
@@ -145,7 +149,7 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
     if arch == "granitehybrid":  # (a convolution's bias a file may leave out: llama.cpp's loader does not require it)
         config |= _granite_hybrid_layers(arch, key, heads, config, file_name)
         config["mamba_conv_bias"] = any(name.endswith(".ssm_conv1d.bias") for name in tensors)
-    if arch == "nemotron_h":
+    if arch in SINGLE_PURPOSE_LAYERS:
         config |= _nemotron_h_layers(arch, key, heads, config, file_name)
         config |= {"use_conv_bias": any(name.endswith(".ssm_conv1d.bias") for name in tensors),
                    "attention_biases_in_file": any(name.endswith(".attn_q.bias") for name in tensors),
@@ -253,6 +257,8 @@ def _experts(arch: str, key, config: dict) -> dict:
     if arch == "gpt-oss":
         return {"num_local_experts": experts, "num_experts_per_tok": used,
                 "intermediate_size": inner or config["intermediate_size"]}
+    if arch == "nemotron_h_moe":
+        return _nemotron_h_experts(key, used, inner, shared, config)
     if arch == "olmoe":  # (feed_forward_length wide too)
         return {"num_experts": experts, "num_experts_per_tok": used, "norm_topk_prob": False,
                 "intermediate_size": inner or config["intermediate_size"]}
@@ -307,6 +313,21 @@ def _deepseek2_mscales(key, config: dict) -> dict:
     return {"rope_scaling": rope | {"mscale": every, "mscale_all_dim": every}}
 
 
+def _nemotron_h_experts(key, used: int, inner: int | None, shared: int | None, config: dict) -> dict:
+    """A Nemotron 3 file's experts as transformers names them, as llama.cpp runs them: sigmoid scores, renormalised
+    and scaled where the file says, every expert open to every token (llama.cpp's graph has no groups, whatever
+    expert_group_count says); an expert's width a layer's feed_forward_length over the experts it takes where
+    the file does not say (llama.cpp's fallback). A latent mixture's width, which nemotron_h.py refuses."""
+    if not isinstance(used, int) or not isinstance(inner, (int, type(None))):
+        raise ValueError("a Nemotron-H file whose layers take different numbers of experts, or experts of different "
+                         "widths (NVIDIA's Puzzle models), is not supported; Loom runs mixtures whose layers share them")
+    return {"n_routed_experts": key("expert_count"), "num_experts_per_tok": used,
+            "moe_intermediate_size": inner or max(_per_layer(key("feed_forward_length"), 1)) // used,
+            "moe_shared_expert_intermediate_size": shared or 0, "norm_topk_prob": bool(key("expert_weights_norm")),
+            "routed_scaling_factor": key("expert_weights_scale") or 1.0, "n_group": 1, "topk_group": 1,
+            "moe_latent_size": key("moe_latent_size") or None}
+
+
 def _ernie_experts(key, config: dict, experts: int, used: int, inner: int | None, shared: int | None) -> dict:
     """ERNIE 4.5's mixture as transformers names it: the layers from leading_dense_block_count on route
     (every interleave_moe_layer_step-th), its shared expert a whole number of experts wide; its q/k
@@ -338,7 +359,7 @@ def _kv_heads_by_layer(key, heads: int, layers: int, file_name: str, family: str
     """Each layer's K/V heads as a hybrid's file lists them (none: a layer that does not attend, as llama.cpp
     reads LFM2's and Granite 4's), and the one count its attention layers share (``heads`` where none
     attends), or a ValueError where they differ."""
-    counts = _per_layer(key("attention.head_count_kv", heads), layers)
+    counts = _per_layer(key("attention.head_count_kv", heads), layers, key("nextn_predict_layers") or 0)
     if len(counts) != layers:
         raise ValueError(f"{file_name} lists K/V heads for {len(counts)} layers of {layers}")
     kv_heads = {n for n in counts if n}
@@ -378,19 +399,24 @@ def _granite_hybrid_layers(arch: str, key, heads: int, config: dict, file_name: 
 
 def _nemotron_h_layers(arch: str, key, heads: int, config: dict, file_name: str) -> dict:
     """A Nemotron-H file's layers as transformers names them, read as llama.cpp reads them: a layer with K/V
-    heads attends, one with an MLP width is an MLP, one with neither is a Mamba2 layer; the Mamba2 sizes."""
+    heads attends, one with an MLP width is an MLP (in a file with experts, a mixture of them), one with neither
+    is a Mamba2 layer; the Mamba2 sizes. The lists may go on for the file's next-token prediction layers
+    (Nemotron 3's), which are not read."""
     layers = config["num_hidden_layers"]
     counts, kv_heads = _kv_heads_by_layer(key, heads, layers, file_name, "Nemotron-H")
     if key("feed_forward_length") is None:
         raise ValueError(f"{file_name} leaves out {arch}.feed_forward_length, which tells its MLP layers apart")
-    widths = _per_layer(key("feed_forward_length"), layers)
+    widths = _per_layer(key("feed_forward_length"), layers, key("nextn_predict_layers") or 0)
     if len(widths) != layers:
         raise ValueError(f"{file_name} lists MLP widths for {len(widths)} layers of {layers}")
-    if len({w for w in widths if w}) > 1:
+    experts = bool(key("expert_count"))
+    if len({w for w in widths if w}) > 1 and not experts:
         raise ValueError(f"{file_name}'s MLP layers have different widths ({sorted({w for w in widths if w})}); Loom "
                          "runs Nemotron-H models whose MLP layers share one")
     sizes = _mamba2_sizes(arch, key, file_name)
-    return {"layers_block_type": ["mlp" if w else "full_attention" if n else "linear_attention"  # (llama.cpp's order)
+    feed_forward = "moe" if experts else "mlp"
+    # (in llama.cpp's order: a layer with both an MLP width and K/V heads is an MLP)
+    return {"layers_block_type": [feed_forward if w else "full_attention" if n else "linear_attention"
                                   for n, w in zip(counts, widths)], "intermediate_size": max(widths),
             "num_key_value_heads": kv_heads, "head_dim": config["head_dim"] or config["hidden_size"] // heads,
             "mamba_num_heads": sizes["time_step_rank"], "mamba_head_dim": sizes["inner_size"] // sizes["time_step_rank"],
@@ -399,9 +425,13 @@ def _nemotron_h_layers(arch: str, key, heads: int, config: dict, file_name: str)
             "layer_norm_epsilon": key("attention.layer_norm_rms_epsilon", key("attention.layer_norm_epsilon", 1e-5))}
 
 
-def _per_layer(value, layers: int) -> list[int]:
-    """A size a file may give once or a layer at a time, as a list a layer."""
-    return [int(value)] * layers if isinstance(value, (int, float)) else [int(v) for v in value]
+def _per_layer(value, layers: int, predicting: int = 0) -> list[int]:
+    """A size a file may give once or a layer at a time, as a list a layer (a list's last ``predicting``
+    entries left out where it goes on for the file's next-token prediction layers)."""
+    if isinstance(value, (int, float)):
+        return [int(value)] * layers
+    values = [int(v) for v in value]
+    return values[:layers] if predicting and len(values) == layers + predicting else values
 
 
 def _exaone4_layers(key, layers: int, file_name: str) -> dict:

@@ -69,7 +69,10 @@ class Block(nn.Module):
         if not s.layer_mlp or s.layer_mlp[index]:
             self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
             mlp = SquaredReLU if s.squared_relu else SwiGLU
-            self.mlp = SparseMoE(s.hidden_size, s.moe) if s.moe else mlp(s.hidden_size, s.intermediate_size, s.mlp_bias)
+            if s.moe is not None and s.moe.routes(index):  # (Nemotron-H's MLP layers beside experts' do not)
+                self.mlp = SparseMoE(s.hidden_size, s.moe)
+            else:
+                self.mlp = mlp(s.hidden_size, s.intermediate_size, s.mlp_bias)
 
     def forward(self, x, cos, sin, kv_cache, step, masks, runs):
         h = self.input_norm(x)

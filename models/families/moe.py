@@ -1,8 +1,8 @@
 """Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE and MoE Shared, OLMoE, ERNIE 4.5,
-gpt-oss, LFM2-MoE, DeepSeek's): a router picks each token's top-k experts; the step's tokens are grouped by expert
-so that every expert runs one matrix product per step on all the tokens routed to it, however many requests the
-flat batch holds. Some mixtures add a shared expert every token takes (Qwen2-MoE's weighted by a router
-of its own)."""
+gpt-oss, LFM2-MoE, DeepSeek's, Nemotron 3's): a router picks each token's top-k experts; the step's tokens are
+grouped by expert so that every expert runs one matrix product per step on all the tokens routed to it, however
+many requests the flat batch holds. Some mixtures add a shared expert every token takes (Qwen2-MoE's weighted by a
+router of its own)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import SwiGLU, fused
+from .layers import SquaredReLU, SwiGLU, fused
 
 # a shared expert's fused gate and up rows, or its two products (layers.fused's)
 SHARED_GATE_UP = ("mlp.shared_expert.gate_up_proj", ("mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj"))
@@ -46,6 +46,8 @@ class MoESpec:
     # consecutive groups, a token's top-k taken from the groups whose best few experts' scores sum highest
     # (V2's best one, V3's best two); None: every expert open to every token
     groups: tuple[int, int, int] | None = None
+    # each expert, the shared one too, relu(up)^2 then its down product, no gate (Nemotron 3's); else a SwiGLU
+    squared_relu: bool = False
 
     @classmethod
     def from_hf(cls, c: dict) -> "MoESpec | None":
@@ -137,8 +139,12 @@ def within_chosen_groups(scores: torch.Tensor, groups: int, chosen: int, best: i
     return grouped.masked_fill(~kept[..., None], float("-inf")).flatten(-2)
 
 
-def gated(gate: torch.Tensor, up: torch.Tensor, clamped: tuple[float, float] | None) -> torch.Tensor:
-    """An expert's activation: silu(gate) x up, or gpt-oss's clamped SwiGLU (MoESpec.clamped_swiglu)."""
+def activated(first: torch.Tensor, clamped: tuple[float, float] | None, squared_relu: bool) -> torch.Tensor:
+    """An expert's activation of its first product's outputs: relu(up)^2 (MoESpec.squared_relu), or of [gate | up]
+    silu(gate) x up, or gpt-oss's clamped SwiGLU (MoESpec.clamped_swiglu)."""
+    if squared_relu:
+        return F.relu(first).square()
+    gate, up = first.chunk(2, dim=-1)
     if clamped is None:
         return F.silu(gate) * up
     alpha, limit = clamped
@@ -147,25 +153,27 @@ def gated(gate: torch.Tensor, up: torch.Tensor, clamped: tuple[float, float] | N
 
 
 class Experts(nn.Module):
-    """The experts' SwiGLU weights in float, a stack per product: gate_up [experts, 2 x inner, hidden]
-    (each expert's gate rows, then its up rows), down [experts, hidden, inner], and with ``biases``
-    theirs (gate_up_bias [experts, 2 x inner], down_bias [experts, hidden]). A GGUF file's quantized
-    stacks run on kernels/block_experts.py's BlockExperts instead, which answers the same call."""
+    """The experts' weights in float, a stack per product: gate_up [experts, 2 x inner, hidden] (each expert's
+    gate rows, then its up rows; its up rows alone where they are ``squared_relu``), down [experts, hidden,
+    inner], and with ``biases`` theirs (gate_up_bias [experts, 2 x inner], down_bias [experts, hidden]). A GGUF
+    file's quantized stacks run on kernels/block_experts.py's BlockExperts instead, which answers the same call."""
 
     def __init__(self, count: int, hidden_size: int, intermediate_size: int, biases: bool = False,
-                 clamped_swiglu: tuple[float, float] | None = None):
+                 clamped_swiglu: tuple[float, float] | None = None, squared_relu: bool = False):
         super().__init__()
-        self.gate_up = nn.Parameter(torch.empty(count, 2 * intermediate_size, hidden_size))
+        first = intermediate_size if squared_relu else 2 * intermediate_size
+        self.gate_up = nn.Parameter(torch.empty(count, first, hidden_size))
         self.down = nn.Parameter(torch.empty(count, hidden_size, intermediate_size))
-        self.gate_up_bias = nn.Parameter(torch.empty(count, 2 * intermediate_size)) if biases else None
+        self.gate_up_bias = nn.Parameter(torch.empty(count, first)) if biases else None
         self.down_bias = nn.Parameter(torch.empty(count, hidden_size)) if biases else None
-        self.clamped_swiglu = clamped_swiglu
+        self.clamped_swiglu, self.squared_relu = clamped_swiglu, squared_relu
 
     def forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        """Expert ``index``'s SwiGLU over all the step's tokens routed to it."""
+        """Expert ``index`` over all the step's tokens routed to it."""
         bias = lambda b: None if b is None else b[index]
-        gate, up = F.linear(x, self.gate_up[index], bias(self.gate_up_bias)).chunk(2, dim=-1)
-        return F.linear(gated(gate, up, self.clamped_swiglu), self.down[index], bias(self.down_bias))
+        first = F.linear(x, self.gate_up[index], bias(self.gate_up_bias))
+        return F.linear(activated(first, self.clamped_swiglu, self.squared_relu), self.down[index],
+                        bias(self.down_bias))
 
 
 class SharedExpert(SwiGLU):
@@ -187,9 +195,12 @@ class SparseMoE(nn.Module):
         super().__init__()
         self.spec = s
         self.router = nn.Linear(hidden_size, s.num_experts, bias=s.biases)
-        self.experts = Experts(s.num_experts, hidden_size, s.intermediate_size, s.biases, s.clamped_swiglu)
-        self.shared = SharedExpert(hidden_size, s.shared_intermediate_size, s.shared_gate) \
-            if s.shared_intermediate_size else None
+        self.experts = Experts(s.num_experts, hidden_size, s.intermediate_size, s.biases, s.clamped_swiglu,
+                               s.squared_relu)
+        self.shared = None
+        if s.shared_intermediate_size:
+            self.shared = SquaredReLU(hidden_size, s.shared_intermediate_size) if s.squared_relu else \
+                SharedExpert(hidden_size, s.shared_intermediate_size, s.shared_gate)
         self.selection_bias = nn.Parameter(torch.zeros(s.num_experts)) if s.selection_bias else None
 
     def forward(self, x):
@@ -224,7 +235,7 @@ class SparseMoE(nn.Module):
         4.5's: [1, experts] under its router in transformers 5's layout, beside it in its checkpoints',
         a vector in a GGUF file, which gguf.py names as the checkpoints do, and which a file may leave
         out) under ``prefix``."""
-        out = _routed_experts(hf, prefix, out_prefix, s)
+        out = (_ungated_experts if s.squared_relu else _routed_experts)(hf, prefix, out_prefix, s)
         if s.shared_intermediate_size:
             out |= _shared_expert(hf, prefix, out_prefix + "shared.", s)
         if s.selection_bias:  # (none in a file: zeros, as llama.cpp takes it)
@@ -234,11 +245,16 @@ class SparseMoE(nn.Module):
 
 
 def _shared_expert(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
-    """The shared expert under ``prefix`` in SharedExpert's layout, from Granite MoE Shared's files
+    """The shared expert under ``prefix`` in SharedExpert's layout (a squared ReLU's in its own), from Nemotron 3's
+    (mlp.shared_experts' up and down products), Granite MoE Shared's files
     (shared_mlp.input_linear: its gate and up rows, output_linear), ERNIE 4.5's (mlp.shared_experts'
     three products) or Qwen2-MoE's (mlp.shared_expert's, and mlp.shared_expert_gate, which a GGUF file
     keeps as one vector; a GGUF file's shared expert under these names, its gate and up blocks as
     gguf.py fuses them)."""
+    if s.squared_relu:  # (its up and down: Nemotron 3's mlp.shared_experts, a GGUF file's as Qwen2-MoE's)
+        base = next(prefix + n for n in ("mlp.shared_experts.", "mlp.shared_expert.")
+                    if prefix + n + "up_proj.weight" in hf)
+        return {out_prefix + f"{n}.weight": hf.pop(f"{base}{n}_proj.weight") for n in ("up", "down")}
     if prefix + "shared_mlp.input_linear.weight" in hf:
         return {out_prefix + "gate_up.weight": hf.pop(prefix + "shared_mlp.input_linear.weight"),
                 out_prefix + "down.weight": hf.pop(prefix + "shared_mlp.output_linear.weight")}
@@ -304,6 +320,24 @@ def _routed_experts(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
             experts + "gate_up": torch.stack([torch.cat([expert(e, gate), expert(e, up)])
                                               for e in range(s.num_experts)]),
             experts + "down": torch.stack([expert(e, down) for e in range(s.num_experts)])}
+
+
+def _ungated_experts(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
+    """Experts with an up and a down product each (Nemotron 3's) under ``prefix``: transformers 5's stacks
+    (mlp.experts.up_proj [experts, inner, hidden], down_proj), the hub's matrices an expert
+    (mlp.experts.E.up_proj.weight), or a GGUF file's stacks (float, or blocks of experts x rows rows, which
+    stay themselves: up_proj.weight's a list of one, BlockExperts'); the router, mlp.gate."""
+    experts, base = out_prefix + "experts.", prefix + "mlp.experts."
+    if base + "up_proj.weight" in hf:
+        up, down = hf.pop(base + "up_proj.weight"), hf.pop(base + "down_proj.weight")
+        up = up if down.dim() == 3 else [up]
+    elif base + "up_proj" in hf:
+        up, down = hf.pop(base + "up_proj"), hf.pop(base + "down_proj")
+    else:
+        up, down = (torch.stack([hf.pop(f"{base}{e}.{n}_proj.weight") for e in range(s.num_experts)])
+                    for n in ("up", "down"))
+    return {out_prefix + "router.weight": hf[prefix + "mlp.gate.weight"], experts + "gate_up": up,
+            experts + "down": down}
 
 
 def _gpt_oss_experts(hf: dict, prefix: str, out_prefix: str) -> dict:

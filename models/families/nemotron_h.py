@@ -1,8 +1,13 @@
-"""NVIDIA's Nemotron-H hybrids (Nemotron-H 4B/8B/47B/56B, Nemotron Nano 9B v2 and 12B v2): a stack of
-single-purpose layers, each a norm, then a Mamba2 mixer (mamba2.py), an attention without positions, or a
-squared-ReLU MLP, then the residual. Loom runs them as Granite 4's hybrids' blocks (granite_hybrid.py): a
-mixer layer and the MLP layer after it make one block (norm, mixer, residual; norm, MLP, residual), a mixer
-that no MLP layer follows a block without an MLP. Nemotron 3's mixture-of-experts layers are refused."""
+"""NVIDIA's Nemotron-H hybrids (Nemotron-H 4B/8B/47B/56B, Nemotron Nano 9B v2 and 12B v2, Nemotron 3 Nano): a
+stack of single-purpose layers, each a norm, then a Mamba2 mixer (mamba2.py), an attention without positions, a
+squared-ReLU MLP or (Nemotron 3's) a mixture of squared-ReLU experts, then the residual. Loom runs them as Granite
+4's hybrids' blocks (granite_hybrid.py): a mixer layer and the MLP or experts layer after it make one block (norm,
+mixer, residual; norm, MLP, residual), a mixer that no such layer follows a block without an MLP.
+
+Nemotron 3's experts (moe.py, MoESpec.squared_relu) are DeepSeek-V3's routing over Nemotron-H's MLPs: each
+expert's probability the sigmoid of its logit, chosen by it plus a bias of the expert's, within the best groups
+(the sum of each group's best two) where there are several; the chosen renormalised and scaled; a shared expert
+beside them. Nemotron 3 Super's latent mixtures (the experts working in a narrower space) are refused."""
 
 from __future__ import annotations
 
@@ -14,11 +19,13 @@ from .granite_hybrid import GraniteHybrid, GraniteHybridSpec
 from .layers import QKV, fused
 from .llama import LlamaSpec
 from .mamba2 import Mamba2Mixer, Mamba2Shape
+from .moe import MoESpec, SparseMoE
 
 FAMILIES = ("nemotron_h",)
 # the hub configs' hybrid_override_pattern, a letter a layer -> transformers' layer types
 PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 MIXERS = {"linear_attention": True, "full_attention": False}  # a mixer layer type -> whether it is a Mamba2 layer
+FEED_FORWARD = ("mlp", "moe")  # the layer types that follow a mixer's in its block
 
 
 def layer_types(c: dict) -> list[str]:
@@ -36,21 +43,19 @@ def layer_types(c: dict) -> list[str]:
 
 
 def blocks_of(types: list[str]) -> tuple[tuple[int, int | None], ...]:
-    """(the mixer layer, the MLP layer after it or None) for each block, or a ValueError for the layers
-    Loom does not run: experts, an MLP that follows no mixer."""
-    if "moe" in types:
-        raise ValueError("Nemotron-H's mixture-of-experts layers (Nemotron 3's) are not supported; Loom runs "
-                         "Nemotron-H models whose layers are Mamba2, attention and MLP layers")
+    """(the mixer layer, the MLP or experts layer after it or None) for each block, or a ValueError for an
+    MLP or experts layer that follows no mixer."""
     if unknown := set(types) - set(PATTERN.values()):
         raise ValueError(f"Nemotron-H layer types {sorted(unknown)} are not supported; supported: "
-                         f"{', '.join(t for t in PATTERN.values() if t != 'moe')}")
+                         f"{', '.join(PATTERN.values())}")
     blocks = []
     for i, kind in enumerate(types):
         if kind in MIXERS:
             blocks.append((i, None))
         elif not blocks or blocks[-1][1] is not None:
-            raise ValueError(f"Nemotron-H layer {i} is an MLP that follows no Mamba2 or attention layer; Loom runs "
-                             "an MLP layer after a mixer layer only")
+            what = "an MLP" if kind == "mlp" else "a mixture of experts"
+            raise ValueError(f"Nemotron-H layer {i} is {what} that follows no Mamba2 or attention layer; Loom runs "
+                             "an MLP or experts layer after a mixer layer only")
         else:
             blocks[-1] = (blocks[-1][0], i)
     return tuple(blocks)
@@ -83,9 +88,26 @@ class NemotronHSpec(GraniteHybridSpec):
             # whether it has them, as llama.cpp reads them)
             "attention_bias": c.get("attention_biases_in_file", False),
             "no_rope_layers": [0] * len(blocks)})
-        return cls(**{f.name: getattr(base, f.name) for f in fields(LlamaSpec)}, layer_recurrent=recurrent,
-                   mamba=Mamba2Shape.from_nemotron_h(c), layer_mlp=tuple(mlp is not None for _, mlp in blocks),
-                   squared_relu=True, block_layers=blocks)
+        spec = {f.name: getattr(base, f.name) for f in fields(LlamaSpec)} | {"moe": _experts(c, types, blocks)}
+        return cls(**spec, layer_recurrent=recurrent, mamba=Mamba2Shape.from_nemotron_h(c),
+                   layer_mlp=tuple(mlp is not None for _, mlp in blocks), squared_relu=True, block_layers=blocks)
+
+
+def _experts(c: dict, types: list[str], blocks: tuple[tuple[int, int | None], ...]) -> MoESpec | None:
+    """Nemotron 3's experts (the module's doc) as transformers runs them, in the blocks whose second layer is an
+    experts layer; None where no layer is one."""
+    if "moe" not in types:
+        return None
+    if c.get("moe_latent_size") is not None:
+        raise ValueError(f"Nemotron-H's latent mixtures of experts (moe_latent_size {c['moe_latent_size']}, Nemotron 3 "
+                         "Super's) are not supported; Loom runs Nemotron-H experts that read the hidden state itself")
+    groups = c.get("n_group") or 1
+    return MoESpec(c.get("n_routed_experts") or c["num_local_experts"], c["num_experts_per_tok"],
+                   c["moe_intermediate_size"], bool(c.get("norm_topk_prob", True)),
+                   frozenset(b for b, (_, second) in enumerate(blocks) if second is None or types[second] != "moe"), 1,
+                   shared_intermediate_size=c.get("moe_shared_expert_intermediate_size") or 0, selection_bias=True,
+                   sigmoid=True, routed_scale=float(c.get("routed_scaling_factor") or 1.0),
+                   groups=(groups, c.get("topk_group") or 1, 2) if groups > 1 else None, squared_relu=True)
 
 
 class NemotronH(GraniteHybrid):
@@ -110,6 +132,9 @@ class NemotronH(GraniteHybrid):
             if mlp is not None:
                 p = f"layers.{mlp}."
                 out[o + "post_norm.weight"] = hf[p + "input_layernorm.weight"]
+                if s.moe and s.moe.routes(block):
+                    out.update(SparseMoE.convert(hf, p, o + "mlp.", s.moe))
+                    continue
                 for kind in ("weight", "bias") if s.mlp_bias else ("weight",):
                     out[o + f"mlp.up.{kind}"] = hf[p + f"mlp.up_proj.{kind}"]
                     out[o + f"mlp.down.{kind}"] = hf[p + f"mlp.down_proj.{kind}"]
@@ -119,7 +144,7 @@ class NemotronH(GraniteHybrid):
 def _named_by_kind(hf: dict[str, torch.Tensor], s: NemotronHSpec) -> dict[str, torch.Tensor]:
     """Transformers' names as a GGUF file's come from gguf.py: the model's prefix dropped, the embeddings and
     final norm as Llama's, a layer's norm as its input_layernorm, its mixer's products under its kind's
-    prefix; a GGUF file's names as they are."""
+    prefix (an MLP's or experts layer's under mlp.); a GGUF file's names as they are."""
     kinds = {}
     for (mixer, mlp), recurrent in zip(s.block_layers, s.layer_recurrent):
         kinds[mixer] = "mamba." if recurrent else "self_attn."

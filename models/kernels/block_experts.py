@@ -3,7 +3,8 @@ layer's three products (gate, up, down) as one tensor of every expert's matrix, 
 in the file's blocks (or its floats), an expert's matrix a run of the stack's rows. Expert ``e``'s
 SwiGLU multiplies rows e x inner .. (e + 1) x inner of the gate and up stacks, and rows e x hidden ..
 of the down stack, on the block kernel (block_linear.py's), where they lie: no expert is copied
-out, and a file's quantized experts never pass through float32."""
+out, and a file's quantized experts never pass through float32. Nemotron 3's experts have no gate: an up
+and a down stack."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 
 from . import native
-from ..families.moe import gated
+from ..families.moe import activated
 from .block_linear import (ARGTYPES, FORMAT_NAMES, ROWS16, ROWS16_LAYOUTS, as_bytes, multiplies_rows16, row_bytes,
                            stored_format)
 
@@ -21,19 +22,23 @@ class BlockExperts(nn.Module):
     bytes a row of hidden values], down [experts x hidden, bytes a row of inner values]; with
     moe.Experts' biases (float [experts, 2 x inner] and [experts, hidden], or None) and activation."""
 
-    def __init__(self, gate: torch.Tensor, up: torch.Tensor | None, down: torch.Tensor, count: int, hidden: int,
-                 inner: int, gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None,
-                 clamped_swiglu: tuple[float, float] | None = None):
-        """``up`` None: ``gate`` is both stacks as one file keeps them, each expert's gate rows, then its up rows."""
+    def __init__(self, gate: torch.Tensor | None, up: torch.Tensor | None, down: torch.Tensor, count: int,
+                 hidden: int, inner: int, gate_up_bias: torch.Tensor | None = None,
+                 down_bias: torch.Tensor | None = None, clamped_swiglu: tuple[float, float] | None = None):
+        """``up`` None: ``gate`` is both stacks as one file keeps them, each expert's gate rows, then its up rows.
+        ``gate`` None: the experts have none, their up rows activated by relu(up)^2 (moe.MoESpec.squared_relu)."""
         super().__init__()
         self.count, self.hidden, self.inner = count, hidden, inner
         self.register_buffer("gate_up_bias", gate_up_bias)  # (None: no bias)
         self.register_buffer("down_bias", down_bias)
-        self.clamped_swiglu = clamped_swiglu
+        self.clamped_swiglu, self.squared_relu = clamped_swiglu, gate is None
         self.formats = {}
         self.fused = up is None
-        stacks = (("gate_up", gate, hidden, 2 * inner),) if self.fused else (("gate", gate, hidden, inner),
-                                                                            ("up", up, hidden, inner))
+        if self.fused:
+            stacks = (("gate_up", gate, hidden, 2 * inner),)
+        else:
+            stacks = (("up", up, hidden, inner),) if self.squared_relu else (("gate", gate, hidden, inner),
+                                                                             ("up", up, hidden, inner))
         for name, stack, width, rows in (*stacks, ("down", down, inner, hidden)):
             format = stored_format(stack, width)
             if stack.shape[0] != count * rows:
@@ -60,17 +65,18 @@ class BlockExperts(nn.Module):
         return getattr(self, name).data_ptr() + index * self.inner * row, format, self.inner
 
     def forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        """Expert ``index``'s SwiGLU over all the step's tokens routed to it (float32 rows)."""
+        """Expert ``index`` over all the step's tokens routed to it (float32 rows)."""
         x = x.float().contiguous()
         tokens, inner = x.shape[0], self.inner
-        gate_up = torch.empty(tokens, 2 * inner)
-        for half, name in enumerate(("gate", "up")):
+        names = ("up",) if self.squared_relu else ("gate", "up")
+        first = torch.empty(tokens, len(names) * inner)
+        for part, name in enumerate(names):
             address, format, rows = self.expert_rows(name, index)
             self.kernel(x.data_ptr(), self.hidden, tokens, address, format, None, self.hidden, rows,
-                        gate_up[:, half * inner:].data_ptr(), 2 * inner)
+                        first[:, part * inner:].data_ptr(), first.shape[1])
         if self.gate_up_bias is not None:
-            gate_up += self.gate_up_bias[index].float()
-        hidden = gated(gate_up[:, :inner], gate_up[:, inner:], self.clamped_swiglu).contiguous()
+            first += self.gate_up_bias[index].float()
+        hidden = activated(first, self.clamped_swiglu, self.squared_relu).contiguous()
         out = torch.empty(tokens, self.hidden)
         address, format, rows = self.expert_rows("down", index)
         self.kernel(hidden.data_ptr(), inner, tokens, address, format, None, inner, rows, out.data_ptr(), self.hidden)
@@ -83,8 +89,8 @@ class BlockExperts(nn.Module):
 
 def use_stored_experts(model: nn.Module, state: dict) -> None:
     """Swap each float moe.Experts of ``model`` whose stacks ``state`` holds as a file's (gate_up as
-    the two stacks [gate, up]; kept blocks or float rows) for a BlockExperts over those very tensors,
-    and name them in ``state`` as it does, for load_state_dict."""
+    the two stacks [gate, up], the one stack of both, or of experts without a gate [up]; kept blocks or float
+    rows) for a BlockExperts over those very tensors, and name them in ``state`` as it does, for load_state_dict."""
     from ..families.moe import Experts
 
     for prefix, module in list(model.named_modules()):
@@ -92,7 +98,8 @@ def use_stored_experts(model: nn.Module, state: dict) -> None:
         if not isinstance(module, Experts) or not isinstance(stacks, list):
             continue
         count, hidden, inner = module.down.shape
-        gate, up = stacks if len(stacks) == 2 else (stacks[0], None)  # (one: a file's gate and up as one stack)
+        # (one: a file's gate and up as one stack, or experts' up without a gate)
+        gate, up = stacks if len(stacks) == 2 else (None, stacks[0]) if module.squared_relu else (stacks[0], None)
         biases = [state.pop(f"{prefix}.{name}", None) for name in ("gate_up_bias", "down_bias")]
         experts = BlockExperts(gate, up, state.pop(f"{prefix}.down"), count, hidden, inner, *biases,
                                module.clamped_swiglu)

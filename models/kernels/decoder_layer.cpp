@@ -62,10 +62,11 @@ inline bool ungated(int64_t activation) { return activation == GELU_TANH || acti
 // sum to 1 where ``normalize``). Expert e is a SwiGLU: gate_up[e] gives [gate | up] (2 x the layer's
 // intermediate outputs), down[e] the hidden ones; with biases (gpt-oss's; null elsewhere) expert e's
 // are rows e of gate_up_bias [count, 2 x intermediate] and down_bias [count, hidden], in the model's
-// type. ``activation``: SILU_GATED, or CLAMPED_SWIGLU with ``alpha`` and ``limit``. A shared expert
-// (Qwen2-MoE's, Granite MoE Shared's; shared_gate_up null elsewhere) is a SwiGLU every row takes,
-// shared_intermediate wide, added to the routed ones' output: weighted by the sigmoid of shared_gate's
-// one logit where that is not null (Qwen2-MoE's), as it is otherwise. ``selection_bias`` (ERNIE 4.5's;
+// type. ``activation``: SILU_GATED, CLAMPED_SWIGLU with ``alpha`` and ``limit``, or RELU_SQUARED (Nemotron
+// 3's: gate_up[e] gives the up outputs alone). A shared expert (Qwen2-MoE's, Granite MoE Shared's; shared_gate_up
+// null elsewhere) is a SwiGLU every row takes (a squared ReLU where the routed ones are), shared_intermediate
+// wide, added to the routed ones' output: weighted by the sigmoid of shared_gate's one logit where that is not
+// null (Qwen2-MoE's), as it is otherwise. ``selection_bias`` (ERNIE 4.5's;
 // null elsewhere): an expert's bias [count], in the model's type, added to its probability to choose
 // a row's top_k, not to weigh them. With ``sigmoid`` (LFM2-MoE's) an expert's probability is the
 // sigmoid of its logit, not their softmax. The chosen weights are multiplied by ``routed_scale``.
@@ -553,7 +554,8 @@ template <typename T, typename C>
 void expert_phases(const T* h, const Layer<T, C>& l, int64_t rows, const Intermediates<T>& b, T* out,
                    int64_t panel_from) {
     const Experts& e = *l.experts;
-    const int64_t hidden = l.hidden, inner = l.intermediate, pairs = rows * e.top_k, up_width = 2 * inner;
+    const int64_t hidden = l.hidden, inner = l.intermediate, pairs = rows * e.top_k;
+    const int64_t up_width = ungated(e.activation) ? inner : 2 * inner;
     const T *router_bias = static_cast<const T*>(e.router_bias), *gate_up_bias = static_cast<const T*>(e.gate_up_bias),
             *down_bias = static_cast<const T*>(e.down_bias);
     // expert i's row of a bias stack, or null
@@ -586,10 +588,12 @@ void expert_phases(const T* h, const Layer<T, C>& l, int64_t rows, const Interme
     const bool shares = e.shared_gate_up != nullptr;
     if (shares) {  // the routed products' inputs and activations are spent: their room takes the shared expert's
         const int64_t width = e.shared_intermediate;
+        const int64_t activation = e.activation == RELU_SQUARED ? RELU_SQUARED : SILU_GATED;
+        const int64_t stride = ungated(activation) ? width : 2 * width;
         const T* no_bias = nullptr;
-        product(h, hidden, rows, *e.shared_gate_up, no_bias, hidden, b.up, 2 * width, b.scratch, panel_from);
-        activate_rows(b.up, 2 * width, SILU_GATED, rows, width);
-        product(b.up, 2 * width, rows, *e.shared_down, no_bias, width, b.pair_rows, hidden, b.scratch, panel_from);
+        product(h, hidden, rows, *e.shared_gate_up, no_bias, hidden, b.up, stride, b.scratch, panel_from);
+        activate_rows(b.up, stride, activation, rows, width);
+        product(b.up, stride, rows, *e.shared_down, no_bias, width, b.pair_rows, hidden, b.scratch, panel_from);
         if (e.shared_gate != nullptr)
             product(h, hidden, rows, *e.shared_gate, no_bias, hidden, b.logits, int64_t(1), b.scratch, panel_from);
     }

@@ -232,8 +232,14 @@ def _up_product(mlp: nn.Module) -> nn.Module:
 def _moe_products(moe: SparseMoE) -> tuple:
     """A mixture's linear layers besides its experts' stacks: its router, and its shared expert's."""
     shared = moe.shared
-    return (moe.router,) if shared is None else (moe.router, shared.gate_up, shared.down,
-                                                 *(() if shared.gate is None else (shared.gate,)))
+    return (moe.router,) if shared is None else (moe.router, *_shared_products(shared))
+
+
+def _shared_products(shared: nn.Module) -> tuple:
+    """A shared expert's products: its up (a SwiGLU's gate and up rows), down, and its one-row router where it
+    has one (Qwen2-MoE's)."""
+    gate = getattr(shared, "gate", None)
+    return (_up_product(shared), shared.down, *(() if gate is None else (gate,)))
 
 
 def _reads_float32(model: Llama | GPT2) -> bool:
@@ -274,10 +280,13 @@ def _head_weights(products: HeadProducts | BlockHeadProducts) -> _Weights:
 
 def _expert_weights(experts: Experts | BlockExperts, index: int) -> tuple[_Weights, _Weights]:
     """What expert ``index``'s gate/up and down products read: its rows of a file's stacks (two
-    parts, gate and up, then one), or its float matrices (one part each, format 0)."""
+    parts, gate and up, or its up alone where it has no gate, then one), or its float matrices (one part
+    each, format 0)."""
     if isinstance(experts, BlockExperts):
-        gate, up, down = (_Part(*experts.expert_rows(name, index)) for name in ("gate", "up", "down"))
-        return _Weights(2, (_Part * 3)(gate, up)), _Weights(1, (_Part * 3)(down))
+        names = ("up",) if experts.squared_relu else ("gate", "up")
+        first = [_Part(*experts.expert_rows(name, index)) for name in names]
+        down = _Part(*experts.expert_rows("down", index))
+        return _Weights(len(first), (_Part * 3)(*first)), _Weights(1, (_Part * 3)(down))
     gate_up, down = experts.gate_up[index], experts.down[index]
     return (_Weights(1, (_Part * 3)(_Part(gate_up.data_ptr(), 0, gate_up.shape[0]))),
             _Weights(1, (_Part * 3)(_Part(down.data_ptr(), 0, down.shape[0]))))
@@ -418,15 +427,15 @@ class DecoderLayers:
         each = [_expert_weights(moe.experts, i) for i in range(s.num_experts)]
         gate_up = (_Weights * s.num_experts)(*(g for g, _ in each))
         down = (_Weights * s.num_experts)(*(d for _, d in each))
-        shared = [None if m is None else _weights(m) for m in (
-            (moe.shared.gate_up, moe.shared.down, moe.shared.gate) if moe.shared is not None else (None,) * 3)]
+        shared = [_weights(m) for m in (() if moe.shared is None else _shared_products(moe.shared))]
+        shared += [None] * (3 - len(shared))
         alpha, limit = s.clamped_swiglu or (0.0, 0.0)
+        activation = RELU_SQUARED if s.squared_relu else SILU_GATED if s.clamped_swiglu is None else CLAMPED_SWIGLU
         experts = _Experts(ctypes.addressof(router), ctypes.addressof(gate_up), ctypes.addressof(down),
                            self._in_dtype(moe.router.bias), self._in_dtype(moe.experts.gate_up_bias),
                            self._in_dtype(moe.experts.down_bias), self._in_dtype(moe.selection_bias),
                            *(None if w is None else ctypes.addressof(w) for w in shared), s.num_experts, s.top_k,
-                           s.normalize, SILU_GATED if s.clamped_swiglu is None else CLAMPED_SWIGLU,
-                           s.shared_intermediate_size, s.sigmoid, alpha, limit, s.routed_scale)
+                           s.normalize, activation, s.shared_intermediate_size, s.sigmoid, alpha, limit, s.routed_scale)
         self.weights.append((moe, router, gate_up, down, shared, experts))
         return experts
 
@@ -502,8 +511,9 @@ class DecoderLayers:
         """The native layers for ``model``, or None where it does not qualify (see the module's doc)."""
         if not isinstance(model, (Llama, Gemma, Olmo, Lfm2, Qwen35, GraniteHybrid, DeepSeek, GPT2)):
             return None
-        if isinstance(model, DeepSeek) and model.spec.moe is not None and model.spec.moe.groups is not None:
-            return None  # (DeepSeek's group-limited routing: the torch layers')
+        moe = getattr(model.spec, "moe", None)
+        if moe is not None and moe.groups is not None:
+            return None  # (group-limited routing, DeepSeek's and Nemotron 3's: the torch layers')
         weight = _final_norm(model).weight
         if not native.supports(weight.device, weight.dtype):
             return None

@@ -119,32 +119,37 @@ def test_an_ernie_file_without_its_selection_bias_chooses_experts_by_probability
 
 
 def expected_expert(x: torch.Tensor, stacks: dict, kind: Q, index: int, hidden: int, inner: int) -> torch.Tensor:
-    """float64's SwiGLU of expert ``index`` over the stacks' file values, each product's input rounded
-    to 8-bit blocks as the block products round theirs."""
+    """float64's SwiGLU of expert ``index`` over the stacks' file values (relu(up)^2 where there is no gate
+    stack), each product's input rounded to 8-bit blocks as the block products round theirs."""
     span = rounding(block_format(kind))
     matrix = lambda name, rows, width: file_values(stacks[name], kind, width)[index * rows:(index + 1) * rows]
     rounded = round_activations(x, span).double()
-    gate, up = rounded @ matrix("gate", inner, hidden).T, rounded @ matrix("up", inner, hidden).T
-    return round_activations((F.silu(gate) * up).float(), span).double() @ matrix("down", hidden, inner).T
+    up = rounded @ matrix("up", inner, hidden).T
+    activated = F.relu(up).square() if "gate" not in stacks else F.silu(rounded @ matrix("gate", inner, hidden).T) * up
+    return round_activations(activated.float(), span).double() @ matrix("down", hidden, inner).T
 
 
 @needs_kernels
 @pytest.mark.parametrize("kind", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.Q4_0, Q.MXFP4], ids=lambda k: k.name)
 @pytest.mark.parametrize("layout", ["file", "rows16"])
-def test_each_experts_product_over_a_files_stacks_equals_float64(kind, layout):
+@pytest.mark.parametrize("gated", [True, False], ids=["swiglu", "squared_relu"])
+def test_each_experts_product_over_a_files_stacks_equals_float64(kind, layout, gated):
     """An expert's gate, up and down products read its rows of the file's stacks (as the file lays them
     out, or sixteen rows side by side where the build multiplies that layout): its SwiGLU equals
-    float64 over the file's values, for every expert of the stack and one to many input rows."""
+    float64 over the file's values, for every expert of the stack and one to many input rows; so do the
+    up and down products of experts without a gate (Nemotron 3's), relu(up)^2 between them."""
     count, hidden, inner = 3, 256, 512
     stacks = {"gate": random_tensor(kind, count * inner, hidden, seed=1),
               "up": random_tensor(kind, count * inner, hidden, seed=2),
               "down": random_tensor(kind, count * hidden, inner, seed=3)}
+    if not gated:
+        del stacks["gate"]
     widths = {"gate": hidden, "up": hidden, "down": inner}
     kept = {name: to_rows16(data, kind, widths[name]) if layout == "rows16" else to_blocks(data, kind, widths[name])
             for name, data in stacks.items()}
     if any(blocks is None for blocks in kept.values()):
         pytest.skip(f"this build lays no {kind.name} out side by side")
-    experts = BlockExperts(kept["gate"], kept["up"], kept["down"], count, hidden, inner)
+    experts = BlockExperts(kept.get("gate"), kept["up"], kept["down"], count, hidden, inner)
     for rows in (1, 5, 40):
         x = torch.randn(rows, hidden, generator=torch.Generator().manual_seed(rows))
         for index in range(count):
@@ -210,10 +215,11 @@ def native_and_torch_answers(path, prompts: list, experts_format: int | None = N
     answers = []
     for native_layers in (True, False):
         with Engine.from_pretrained(path, max_batch_size=8) as engine:
-            experts = [block.mlp.experts for block in engine.model.layers]
+            mixtures = [block.mlp for block in engine.model.layers if block.mlp is not None]  # (Nemotron-H's may not)
+            experts = [mixture.experts for mixture in mixtures]
             assert all(isinstance(e, BlockExperts) for e in experts)
-            shared = [block.mlp.shared for block in engine.model.layers if block.mlp.shared is not None]
-            assert all(isinstance(m, BlockLinear) for s in shared for m in (s.gate_up, s.down))
+            shared = [mixture.shared for mixture in mixtures if mixture.shared is not None]
+            assert all(isinstance(m, BlockLinear) for s in shared for m in (getattr(s, "gate_up", s.down), s.down))
             assert experts_format is None or all(set(e.formats.values()) == {experts_format} for e in experts)
             assert engine.model.decoder_layers is not None
             if not native_layers:
