@@ -242,6 +242,15 @@ CONFIGS = {
         conv_kernel=4, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
         moe_shared_expert_intermediate_size=64, n_group=1, topk_group=1, norm_topk_prob=True,
         routed_scaling_factor=2.5, initializer_range=0.15, layer_norm_epsilon=1e-2, experts_implementation="eager"),
+    # GLM-4.5 (Air's layout, with 4.5's q/k norms): GQA over half of each head rotated (rotate-half), q/k/v biases, a
+    # dense first layer, then DeepSeek-V3's routing (sigmoid and bias, renormalised and scaled) beside a shared expert
+    "glm4_moe": lambda: transformers.Glm4MoeConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, n_routed_experts=8, num_experts_per_tok=2,
+        n_shared_experts=1, first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=1.8, n_group=1,
+        topk_group=1, attention_bias=True, use_qk_norm=True, max_position_embeddings=256, eos_token_id=EOS,
+        bos_token_id=1, pad_token_id=0, initializer_range=0.15, experts_implementation="eager",
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
     # DeepSeek-V2 (V2-Lite's layout): latent attention with full-rank queries, YaRN with DeepSeek's mscales, a dense
     # first layer, softmax routing limited to the groups whose best expert scores highest, a shared expert
     "deepseek_v2": lambda: transformers.DeepseekV2Config(
@@ -294,9 +303,10 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "gemma2": transformers.Gemma2ForCausalLM, "lfm2": transformers.Lfm2ForCausalLM,
                  "lfm2_moe": transformers.Lfm2MoeForCausalLM, "qwen3_5": transformers.Qwen3_5ForCausalLM,
                  "granitemoehybrid": transformers.GraniteMoeHybridForCausalLM, "gemma3": transformers.Gemma3ForCausalLM,
-                 "nemotron_h": transformers.NemotronHForCausalLM, "nemotron_h_moe": transformers.NemotronHForCausalLM, "glm4": transformers.Glm4ForCausalLM,
+                 "nemotron_h": transformers.NemotronHForCausalLM, "nemotron_h_moe": transformers.NemotronHForCausalLM,
+                 "glm4": transformers.Glm4ForCausalLM,
                  "deepseek_v2": transformers.DeepseekV2ForCausalLM, "deepseek_v3": transformers.DeepseekV3ForCausalLM,
-                 "glm4_moe_lite": transformers.Glm4MoeLiteForCausalLM}
+                 "glm4_moe_lite": transformers.Glm4MoeLiteForCausalLM, "glm4_moe": transformers.Glm4MoeForCausalLM}
 
 
 def interruptible() -> None:
@@ -333,7 +343,7 @@ def tiny_model(arch: str, seed: int = 0, **config):
             # (transformers starts gpt-oss's biases at 0, Qwen2-MoE's shared expert's router near it, Mamba2's D at 1)
             if name.endswith(("sinks", "_bias", "router.bias", "shared_expert_gate.weight", "mamba.D", "mixer.D",
                               "e_score_correction_bias")) or (
-                    arch == "glm4" and name.endswith("proj.bias")):
+                    arch in ("glm4", "glm4_moe") and name.endswith("proj.bias")):
                 tensor.normal_(0.0, 0.5)
         for name, tensor in model.named_buffers():  # (LFM2-MoE's selection bias, a buffer starting at 0)
             if name.endswith(("expert_bias", "e_score_correction_bias")):
@@ -570,6 +580,17 @@ def _nemotron_h_metadata(c) -> dict:
             **(experts if "moe" in c.layers_block_type else {})}
 
 
+def _glm4_moe_metadata(c) -> dict:
+    """A GLM-4.5 config's metadata as llama.cpp's converter writes it: its rotary's share of a head, its experts
+    (DeepSeek-V3's routing: sigmoid scores, the chosen renormalised and scaled), its dense leading layers."""
+    return {"rope.dimension_count": int(c.head_dim * c.rope_parameters["partial_rotary_factor"]),
+            "expert_count": c.n_routed_experts, "expert_used_count": c.num_experts_per_tok,
+            "expert_feed_forward_length": c.moe_intermediate_size, "expert_shared_count": c.n_shared_experts,
+            "leading_dense_block_count": c.first_k_dense_replace, "expert_weights_scale": float(c.routed_scaling_factor),
+            "expert_weights_norm": c.norm_topk_prob, "expert_gating_func": 2, "expert_group_count": c.n_group,
+            "expert_group_used_count": c.topk_group}
+
+
 # DeepSeek's latent attention (kv_b_proj split as llama.cpp's converter splits it: _deepseek2_tensors)
 GGUF_DEEPSEEK2_NAMES = {"self_attn.q_a_proj": "attn_q_a", "self_attn.q_a_layernorm": "attn_q_a_norm",
                         "self_attn.q_b_proj": "attn_q_b", "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
@@ -670,6 +691,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                              if lfm2 or hybrid else 1 if deepseek else kv_heads)
     if deepseek:
         metadata = _deepseek2_metadata(c) | (metadata or {})
+    if arch == "glm4moe":
+        metadata = _glm4_moe_metadata(c) | (metadata or {})
     if hybrid:
         metadata = (_nemotron_h_metadata(c) if nemotron else _granite_hybrid_metadata(c)) | (metadata or {})
     if lfm2:
@@ -712,7 +735,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
              **(GGUF_GEMMA_NAMES if arch in ("gemma2", "gemma3", "olmo2", "gpt-oss", "exaone4") else {}),
              **(GGUF_LFM2_NAMES if lfm2 else {}), **(GGUF_QWEN35_NAMES if qwen35 else {}),
              **({"post_self_attn_layernorm": "post_attention_norm", "post_mlp_layernorm": "post_ffw_norm"}
-                if arch == "glm4" else {}), **(GGUF_DEEPSEEK2_NAMES if arch == "deepseek2" else {})}
+                if arch == "glm4" else {}), **(GGUF_DEEPSEEK2_NAMES if arch == "deepseek2" else {}),
+             **({"post_attention_layernorm": "post_attention_norm"} if arch == "glm4moe" else {})}
     for name, tensor in hf.state_dict().items():
         if name.startswith("model.visual."):
             continue

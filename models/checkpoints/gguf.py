@@ -98,6 +98,8 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
                     "glm4": {"post_attention_norm": "post_self_attn_layernorm", "post_ffw_norm": "post_mlp_layernorm",
                              "ffn_up": "mlp.gate_up_proj"}, "nemotron_h": GRANITE_HYBRID_LAYER_NAMES,
                     "nemotron_h_moe": GRANITE_HYBRID_LAYER_NAMES,
+                    # (GLM-4.5's norm before the MLP by the name of a norm after the attention)
+                    "glm4moe": {"post_attention_norm": "post_attention_layernorm"},
                     "deepseek2": DEEPSEEK_LAYER_NAMES}
 # parameters transformers names without a kind (gpt-oss's sinks: llama.cpp's converter adds ".weight";
 # ERNIE 4.5's selection bias, Qwen3.5's and Mamba2's dt_bias, ".bias")
@@ -423,6 +425,7 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "gpt-oss": "llama", "lfm2": "llama", "lfm2moe": "llama", "exaone4": "llama", "gemma": "gemma2",
                        "qwen35": "llama", "qwen35moe": "llama", "granitehybrid": "llama", "qwen2vl": "qwen2", "qwen3vl": "qwen3",
                        "qwen3vlmoe": "qwen3", "nemotron_h": "llama", "nemotron_h_moe": "llama", "glm4": "llama",
+                       "glm4moe": "llama",
                        "deepseek2": "llama"}
 
 

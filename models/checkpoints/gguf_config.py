@@ -21,7 +21,7 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  # vision-language models' text (vision_language.py says why they are their text families')
                  "qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3_moe", "nemotron_h": "nemotron_h",
                  "nemotron_h_moe": "nemotron_h",  # (Nemotron 3's mixtures: its experts' layers told by their widths)
-                 "glm4": "glm4",
+                 "glm4": "glm4", "glm4moe": "glm4_moe",  # (GLM-4.5 and 4.6, GLM-4.5-Air)
                  # DeepSeek-V2 and V3, Kimi K2, Moonlight, GLM-4.7-Flash (V2's softmax, V3's sigmoid: _deepseek2)
                  "deepseek2": "deepseek_v3"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
@@ -30,18 +30,19 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
 MIXTURES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe",
             "olmoe": "olmoe", "ernie4_5-moe": "ernie4_5_moe", "gpt-oss": "gpt_oss", "lfm2moe": "lfm2_moe",
             "granitehybrid": "granitemoehybrid", "qwen3vlmoe": "qwen3_moe", "qwen35moe": "qwen3_5_moe_text",
-            "deepseek2": "deepseek_v3", "nemotron_h_moe": "nemotron_h"}
+            "deepseek2": "deepseek_v3", "nemotron_h_moe": "nemotron_h", "glm4moe": "glm4_moe"}
 # llama.cpp's expert_gating_func: how an architecture's experts are scored where the file says (LFM2-MoE's
 # sigmoid, Nemotron 3's; DeepSeek's either, V2's softmax, V3's sigmoid; the others' softmax, which their files need
 # not say)
 GATING = {1: "softmax", 2: "sigmoid"}
-EXPERT_SCORES = {"lfm2moe": ("sigmoid",), "deepseek2": ("softmax", "sigmoid"), "nemotron_h_moe": ("sigmoid",)}
+EXPERT_SCORES = {"lfm2moe": ("sigmoid",), "deepseek2": ("softmax", "sigmoid"), "nemotron_h_moe": ("sigmoid",),
+                 "glm4moe": ("sigmoid",)}
 # the mixtures whose files may scale their chosen experts' weights (expert_weights_scale)
-SCALED_MIXTURES = frozenset({"lfm2moe", "deepseek2", "nemotron_h_moe"})
+SCALED_MIXTURES = frozenset({"lfm2moe", "deepseek2", "nemotron_h_moe", "glm4moe"})
 # the mixtures whose files may add a shared expert every token takes (Qwen2-MoE's always, weighted by a
 # router of its own; Granite MoE Shared's, a granitemoe file with expert_shared_feed_forward_length; ERNIE 4.5's)
 SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe", "granitehybrid", "qwen35moe", "deepseek2",
-                            "nemotron_h_moe"})
+                            "nemotron_h_moe", "glm4moe"})
 # architectures whose files keep Llama's layout: Q/K rows in the interleaved rotary's order (llama.cpp's
 # converter permutes Llama's; ERNIE 4.5's and GLM-4's checkpoints hold them so: their files are Llama's from
 # there, GLM-4's over the rotary's half of each head), attention biases where the model has them; gguf.py puts
@@ -90,8 +91,8 @@ def check_architecture(meta: dict, file_name: str) -> str:
         if arch not in MIXTURES:
             raise ValueError(f"{file_name} is a {arch} model with {key('expert_count')} experts; Loom runs experts "
                              f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, "
-                             "OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, Qwen3.5's, DeepSeek's "
-                             "and Nemotron 3's)")
+                             "OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, Qwen3.5's, "
+                             "DeepSeek's, Nemotron 3's and GLM-4.5's)")
         if key("expert_shared_feed_forward_length") and arch not in SHARED_EXPERTS:
             raise ValueError(f"{file_name} is a {arch} model with a shared expert, which Loom runs in "
                              f"{', '.join(sorted(SHARED_EXPERTS))} files only")
@@ -139,7 +140,7 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         "rope_theta": key("rope.freq_base", 10000.0),
         "max_position_embeddings": key("context_length", 2048),
         "tie_word_embeddings": "output.weight" not in tensors,
-        "attention_bias": "blk.0.attn_q.bias" in tensors and (arch in LLAMA_LAYOUT or arch == "gpt-oss"),
+        "attention_bias": "blk.0.attn_q.bias" in tensors and (arch in LLAMA_LAYOUT or arch in ("gpt-oss", "glm4moe")),
         "rotary_rows_in_halves": arch in LLAMA_LAYOUT,  # (as read: ERNIE 4.5's and GLM-4's need no reordering after)
     }
     if key("expert_count"):
@@ -156,6 +157,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
                    "mlp_bias": any(name.endswith(".ffn_up.bias") for name in tensors)}
     if arch == "deepseek2":
         config |= _deepseek2(key, config)
+    if arch == "glm4moe":  # (its q/k norms where the file has them: GLM-4.5's, not Air's)
+        config["use_qk_norm"] = "blk.0.attn_q_norm.weight" in tensors
     if arch == "qwen2moe":  # (llama.cpp's adds the biases a file has)
         config["qkv_bias"] = "blk.0.attn_q.bias" in tensors
     if arch == "gemma":  # (llama.cpp's Gemma reads token_embd as its output layer)
@@ -259,6 +262,14 @@ def _experts(arch: str, key, config: dict) -> dict:
                 "intermediate_size": inner or config["intermediate_size"]}
     if arch == "nemotron_h_moe":
         return _nemotron_h_experts(key, used, inner, shared, config)
+    if arch == "glm4moe":  # (DeepSeek-V3's routing: moe.py's _deepseek)
+        return {"n_routed_experts": experts, "num_experts_per_tok": used,
+                "moe_intermediate_size": inner or config["intermediate_size"] // used,
+                "n_shared_experts": key("expert_shared_count") or 0,
+                "first_k_dense_replace": key("leading_dense_block_count") or 0,
+                "routed_scaling_factor": key("expert_weights_scale") or 1.0,
+                "norm_topk_prob": bool(key("expert_weights_norm")), "n_group": key("expert_group_count") or 1,
+                "topk_group": key("expert_group_used_count") or 1}
     if arch == "olmoe":  # (feed_forward_length wide too)
         return {"num_experts": experts, "num_experts_per_tok": used, "norm_topk_prob": False,
                 "intermediate_size": inner or config["intermediate_size"]}
@@ -315,17 +326,18 @@ def _deepseek2_mscales(key, config: dict) -> dict:
 
 def _nemotron_h_experts(key, used: int, inner: int | None, shared: int | None, config: dict) -> dict:
     """A Nemotron 3 file's experts as transformers names them, as llama.cpp runs them: sigmoid scores, renormalised
-    and scaled where the file says, every expert open to every token (llama.cpp's graph has no groups, whatever
-    expert_group_count says); an expert's width a layer's feed_forward_length over the experts it takes where
-    the file does not say (llama.cpp's fallback). A latent mixture's width, which nemotron_h.py refuses."""
+    and scaled where the file says, within the best groups where it has several (scored by their best two, as
+    llama.cpp scores any mixture's groups); an expert's width a layer's feed_forward_length over the experts it
+    takes where the file does not say (llama.cpp's fallback). A latent mixture's width, which nemotron_h.py
+    refuses."""
     if not isinstance(used, int) or not isinstance(inner, (int, type(None))):
         raise ValueError("a Nemotron-H file whose layers take different numbers of experts, or experts of different "
                          "widths (NVIDIA's Puzzle models), is not supported; Loom runs mixtures whose layers share them")
     return {"n_routed_experts": key("expert_count"), "num_experts_per_tok": used,
             "moe_intermediate_size": inner or max(_per_layer(key("feed_forward_length"), 1)) // used,
             "moe_shared_expert_intermediate_size": shared or 0, "norm_topk_prob": bool(key("expert_weights_norm")),
-            "routed_scaling_factor": key("expert_weights_scale") or 1.0, "n_group": 1, "topk_group": 1,
-            "moe_latent_size": key("moe_latent_size") or None}
+            "routed_scaling_factor": key("expert_weights_scale") or 1.0, "n_group": key("expert_group_count") or 1,
+            "topk_group": key("expert_group_used_count") or 1, "moe_latent_size": key("moe_latent_size") or None}
 
 
 def _ernie_experts(key, config: dict, experts: int, used: int, inner: int | None, shared: int | None) -> dict:

@@ -1,6 +1,7 @@
 """The Llama family over the paged KV cache: Llama, Qwen2, Qwen3, Mistral, Ministral 3, ERNIE 4.5,
-Phi-3, SmolLM3, Granite, and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE (and MoE Shared),
-OLMoE, ERNIE 4.5's and gpt-oss. GQA,
+Phi-3, SmolLM3, Granite, GLM-4, and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE (and MoE
+Shared), OLMoE, ERNIE 4.5's, gpt-oss and GLM-4.5 (and 4.6: GQA over half of each head rotated, q/k/v biases, q/k
+norms in some, DeepSeek-V3's routing). GQA,
 RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k norms (per head: Qwen3; across heads: OLMoE), sliding
 windows for all or some layers, layers without rotary (SmolLM3's every fourth), queries scaled by
 position past the original context (Ministral 3), fused checkpoint tensors (Phi-3), rotary pairs side
@@ -20,7 +21,7 @@ from .moe import MoESpec, SparseMoE
 from .rope import Rotary, halves_from_pairs, query_temperature, rope_type, sequence_ends
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi3", "smollm3", "granite", "glm4", "mixtral",
-            "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss")
+            "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss", "glm4_moe")
 
 
 @dataclass
@@ -92,9 +93,9 @@ class LlamaSpec(DecoderShape):
             # (transformers' default where a config saved with it leaves the key out)
             tie_word_embeddings=bool(c.get("tie_word_embeddings", kind in ("smollm3", "ernie4_5", "ernie4_5_moe"))),
             qkv_bias=kind == "qwen2" or (kind == "qwen2_moe" and c.get("qkv_bias", True)) or bias,
-            out_bias=bias and kind != "glm4",
+            out_bias=bias and kind not in ("glm4", "glm4_moe"),  # (their output product has none)
             mlp_bias=bool(c.get("mlp_bias", c.get("use_bias", False))),
-            qk_norm=kind in ("qwen3", "qwen3_moe", "olmoe"),
+            qk_norm=kind in ("qwen3", "qwen3_moe", "olmoe") or (kind == "glm4_moe" and bool(c.get("use_qk_norm"))),
             qk_norm_across_heads=kind == "olmoe",
             layer_windows=_layer_windows(kind, c, layers),
             layer_rotates=_layer_rotates(kind, c, layers),

@@ -1,6 +1,6 @@
 """Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE and MoE Shared, OLMoE, ERNIE 4.5,
-gpt-oss, LFM2-MoE, DeepSeek's, Nemotron 3's): a router picks each token's top-k experts; the step's tokens are
-grouped by expert so that every expert runs one matrix product per step on all the tokens routed to it, however
+gpt-oss, LFM2-MoE, DeepSeek's, GLM-4.5's, Nemotron 3's): a router picks each token's top-k experts; the step's tokens
+are grouped by expert so that every expert runs one matrix product per step on all the tokens routed to it, however
 many requests the flat batch holds. Some mixtures add a shared expert every token takes (Qwen2-MoE's weighted by a
 router of its own)."""
 
@@ -84,7 +84,7 @@ class MoESpec:
             return cls(c.get("num_experts") or c["num_local_experts"], c["num_experts_per_tok"],
                        c["moe_intermediate_size"], True, frozenset(), 1, shared_intermediate_size=shared,
                        shared_gate=bool(shared))
-        if kind in DEEPSEEK_KINDS:
+        if kind in DEEPSEEK_KINDS or kind == "glm4_moe":  # (GLM-4.5's and 4.6's routing is DeepSeek-V3's)
             return _deepseek(c)
         if kind in ("qwen3_moe", "qwen2_moe"):
             experts = c.get("num_experts") or c["num_local_experts"]  # the hub's name, transformers 5's
@@ -103,9 +103,9 @@ DEEPSEEK_KINDS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
 
 
 def _deepseek(c: dict) -> MoESpec | None:
-    """DeepSeek-V2's, V3's and GLM-4.7-Flash's experts as transformers runs them: V2's softmax, its group-limited
-    greedy routing over each group's best expert; V3's sigmoid (or the scoring_func a GGUF file's config says:
-    gguf_config's _deepseek2), its selection biases, its groups scored by their best two; some leading layers
+    """DeepSeek-V2's, V3's, GLM-4.7-Flash's (and GLM-4.5's) experts as transformers runs them: V2's softmax, its
+    group-limited greedy routing over each group's best expert; V3's sigmoid (or the scoring_func a GGUF file's config
+    says: gguf_config's _deepseek2), its selection biases, its groups scored by their best two; some leading layers
     dense (V2's and V3's first_k_dense_replace, GLM's mlp_layer_types), shared experts beside the routed ones, the
     chosen weights renormalised where the config says (V2's never are in transformers, whose configs say not to),
     then scaled. None for a dense model."""

@@ -16,6 +16,7 @@ from gguf.constants import GGMLQuantizationType as Q
 import models
 from models.checkpoints import gguf as gguf_reader
 from models.checkpoints.gguf_file import GGUFFile
+from models.families.moe import SparseMoE
 from models.kernels import native
 from models.kernels.block_experts import BlockExperts
 from models.kernels.block_formats import block_format, to_blocks, to_rows16
@@ -71,13 +72,15 @@ MIXTURES = {"mixtral": ("llama", lambda c: {"expert_count": c.num_local_experts,
                                               "rope.scaling.type": "yarn",
                                               "rope.scaling.factor": c.rope_parameters["factor"],
                                               "rope.scaling.original_context_length":
-                                                  c.rope_parameters["original_max_position_embeddings"]})}
+                                                  c.rope_parameters["original_max_position_embeddings"]}),
+            # (write_gguf_of writes GLM-4.5's: conftest's _glm4_moe_metadata)
+            "glm4_moe": ("glm4moe", lambda c: {})}
 # gpt-oss: llama.cpp's yarn rounds its correction range (transformers' truncate), and its clamp is
 # the model's 7.0 (the files do not say)
 SETTINGS = {"mixtral": {}, "qwen3_moe": {"mlp_only_layers": [], "moe_intermediate_size": 64}, "granitemoe": {},
             "qwen2_moe": {"mlp_only_layers": [], "moe_intermediate_size": 64, "shared_expert_intermediate_size": 96},
             "granitemoeshared": {"shared_intermediate_size": 96}, "ernie4_5_moe": {},
-            "olmoe": {}, "lfm2_moe": {}, "gpt_oss": {"swiglu_limit": 7.0, "intermediate_size": 64, "rope_parameters": {
+            "olmoe": {}, "lfm2_moe": {}, "glm4_moe": {}, "gpt_oss": {"swiglu_limit": 7.0, "intermediate_size": 64, "rope_parameters": {
                 "rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
                 "truncate": True, "original_max_position_embeddings": 64}}}
 
@@ -184,6 +187,15 @@ def test_a_quantized_mixture_runs_its_experts_in_the_files_blocks_on_the_native_
     assert_greedy_but_near_ties(hf, prompts, native_and_torch_answers(path, prompts))
 
 
+@needs_kernels
+def test_an_8_bit_glm_4_5_file_runs_its_experts_in_its_blocks_on_the_native_layers(tmp_path):
+    """A GLM-4.5 file of 8-bit blocks (a dense first layer, then experts beside a shared one, DeepSeek-V3's
+    routing, q/k/v biases and norms, half of each head rotated) runs its experts in them, and its decode steps on
+    the native layers answer as the torch layers over the same blocks."""
+    _, path = mixture_file(tmp_path / "glm45-q8.gguf", "glm4_moe", matrices=Q.Q8_0)
+    native_and_torch_answers(path, [random_prompt(random.Random(i), 3, 30) for i in range(6)])
+
+
 def test_a_file_that_keeps_each_experts_gate_and_up_as_one_stack(tmp_path):
     """llama.cpp's converter writes ffn_gate_up_exps with --fuse-gate-up-exps (which llama.cpp reads for every
     mixture): each expert's gate rows, then its up rows, one stack. In float64: transformers' answers; in 8-bit blocks, on
@@ -215,9 +227,10 @@ def native_and_torch_answers(path, prompts: list, experts_format: int | None = N
     answers = []
     for native_layers in (True, False):
         with Engine.from_pretrained(path, max_batch_size=8) as engine:
-            mixtures = [block.mlp for block in engine.model.layers if block.mlp is not None]  # (Nemotron-H's may not)
+            # (a dense layer's MLP, or none: GLM-4.5's first, a Nemotron-H mixer's without one)
+            mixtures = [block.mlp for block in engine.model.layers if isinstance(block.mlp, SparseMoE)]
             experts = [mixture.experts for mixture in mixtures]
-            assert all(isinstance(e, BlockExperts) for e in experts)
+            assert experts and all(isinstance(e, BlockExperts) for e in experts)
             shared = [mixture.shared for mixture in mixtures if mixture.shared is not None]
             assert all(isinstance(m, BlockLinear) for s in shared for m in (getattr(s, "gate_up", s.down), s.down))
             assert experts_format is None or all(set(e.formats.values()) == {experts_format} for e in experts)

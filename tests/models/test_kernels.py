@@ -272,13 +272,14 @@ def with_random_norms(hf):
 # routed experts (Qwen3-MoE's beside a dense layer; gpt-oss's with biases and a clamped SwiGLU beside
 # attention sinks), soft-capped scores, short convolutions in the attention's place (LFM2's), delta rules in it and
 # gated attention (Qwen3.5's), Mamba2 in it (Granite 4's; Nemotron-H's, with squared-ReLU MLPs and a layer
-# without one; Nemotron 3's, with squared-ReLU experts and a shared one), DeepSeek's latent attention in it (full-rank queries and softmax routing; low-rank queries and
+# without one; Nemotron 3's, with squared-ReLU experts and a shared one), GLM-4.5's half-rotated heads and
+# DeepSeek-V3's routing, DeepSeek's latent attention in it (full-rank queries and softmax routing; low-rank queries and
 # sigmoid routing with selection biases); LayerNorm and GELU
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_sliding", "mistral", "ministral3", "phi3", "qwen3", "smollm3",
                                   "granite", "mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "gemma", "gemma2",
                                   "gemma3", "olmo2", "olmo3", "exaone4", "lfm2", "lfm2_moe", "qwen3_5", "granitemoehybrid",
-                                  "nemotron_h", "nemotron_h_moe", "glm4", "deepseek_v2", "deepseek_v3", "glm4_moe_lite",
-                                  "gpt2"])
+                                  "nemotron_h", "nemotron_h_moe", "glm4", "glm4_moe", "deepseek_v2", "deepseek_v3",
+                                  "glm4_moe_lite", "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS, ids=POOL_IDS)
 @pytest.mark.parametrize("streams", [2, 5, 21, "split"])  # rows at a time; panels; split rows
 def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, streams, two_threads):
@@ -308,7 +309,7 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, 
     tolerance = {torch.float32: 1e-4, torch.float64: 1e-10, torch.float16: 1e-3, torch.bfloat16: 1e-2}[cache_dtype]
     # (experts weighted in float32 whatever the dtype, as transformers does)
     if arch in ("mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "lfm2_moe", "granitemoehybrid", "deepseek_v2",
-                "deepseek_v3", "glm4_moe_lite", "nemotron_h_moe"):
+                "deepseek_v3", "glm4_moe_lite", "nemotron_h_moe", "glm4_moe"):
         tolerance = max(tolerance, 1e-5)
     torch.testing.assert_close(native_logits, torch_logits, atol=tolerance, rtol=tolerance)
     torch.testing.assert_close(native_cache, torch_cache, atol=tolerance, rtol=tolerance)
