@@ -23,6 +23,7 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape deepseek2-16b --format q4_k_m --vocab 102400 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape glm47flash-30b-a3b-12l --format q4_k_m --vocab 154880 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape nemotron3-nano-30b-a3b-12l --format q4_k_m --vocab 131072 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape glm45air-106b-a12b-6l --format q4_k_m --vocab 151552 --out /tmp/gguf
 
 Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), mxfp4
 (gpt-oss's files as ggml-org publishes them: the experts in MXFP4, the other matrices in Q8_0), q4_k_m
@@ -87,7 +88,10 @@ them mixtures of 128 squared-ReLU experts of 1856 rows (ffn_up_exps, ffn_down_ex
 their sigmoid plus a bias each, renormalised and scaled by 2.5, beside one shared expert of 3712 rows; 64 Mamba2 heads
 of 64 in 8 groups, 32 query heads and 2 K/V heads of 128; its hidden 2688 and experts' 1856 rows are not whole
 256-value super-blocks, so its "Q4_K_M" is mostly llama.cpp's Q5_0 and Q8_0 fallbacks, as the published files are;
-the -12l one its first twelve layers);
+the -12l one its first twelve layers); the glm45air ones as GLM-4.5-Air's (architecture glm4moe: 96 query heads
+and 8 K/V heads of 128, half of each rotated, biases on q/k/v, post_attention_norm before the MLP, a dense first
+layer of 10944 rows, then 128 experts of 1408 rows, 8 a token, chosen by their sigmoid plus a bias each and
+renormalised, beside one shared expert; the -6l one its first six of 46 layers);
 the qwen3moe one as a Qwen3-MoE (Qwen3's layout, 128 experts of 768 rows, 8 a token, each layer's
 three expert products a stack of all 128 experts' matrices, its router in F32 as llama-quantize leaves it);
 the ministral3 ones as Ministral 3's (architecture mistral3: Llama's layout, 128-wide heads, its yarn
@@ -162,12 +166,15 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "deepseek2-16b": (2048, 10944, 27, 16, 1), "glm47flash-30b-a3b": (2048, 10240, 47, 20, 1),
           "glm47flash-30b-a3b-12l": (2048, 10240, 12, 20, 1),
           # Nemotron 3 Nano 30B-A3B's (its intermediate: an expert's width), and its first twelve layers
-          "nemotron3-nano-30b-a3b": (2688, 1856, 52, 32, 2), "nemotron3-nano-30b-a3b-12l": (2688, 1856, 12, 32, 2)}
+          "nemotron3-nano-30b-a3b": (2688, 1856, 52, 32, 2), "nemotron3-nano-30b-a3b-12l": (2688, 1856, 12, 32, 2),
+          # GLM-4.5-Air's, and its first six layers
+          "glm45air-106b-a12b": (4096, 10944, 46, 96, 8), "glm45air-106b-a12b-6l": (4096, 10944, 6, 96, 8)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
 UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
           "qwen2moe-a2.7b", "qwen35-9b", "qwen3vl-8b", "qwen3vlmoe-30b-a3b", "nemotronh-4b", "nemotronh-8b",
           "qwen35moe-35b-a3b", "qwen35moe-35b-a3b-10l", "glm4-9b", "deepseek2-16b", "glm47flash-30b-a3b",
-          "glm47flash-30b-a3b-12l", "nemotron3-nano-30b-a3b", "nemotron3-nano-30b-a3b-12l",
+          "glm47flash-30b-a3b-12l", "nemotron3-nano-30b-a3b", "nemotron3-nano-30b-a3b-12l", "glm45air-106b-a12b",
+          "glm45air-106b-a12b-6l",
           "nemotronh-nano-9b"}  # the shapes whose output layer
 # is a tensor of its own
 
@@ -265,6 +272,9 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
            "nemotron3": Layout("nemotron_h_moe", head=128, eps=1e-5, context=262144, mamba=(64, 64, 128, 8),
                                pattern=NEMOTRON_3_NANO, experts=(128, 6, 1856), shared_expert=3712,
                                selection_bias=True, sigmoid=(2.5, True)),
+           "glm45air": Layout("glm4moe", head=128, rope_base=1e6, eps=1e-5, context=131072, biases=True,
+                              experts=(128, 8, 1408), shared_experts=1, dense_lead=1, selection_bias=True,
+                              sigmoid=(1.0, True), rotary_share=0.5, mlp_norm="post_attention_norm"),
            "glm4": Layout("glm4", head=128, rope_base=10000.0, eps=1e-5, context=32768, biases=True, output_norms=True,
                           rotary_share=0.5, glm=True),
            # (DeepSeek-V2-Lite's YaRN: a factor of 40 over 4,096 tokens, mscale_all_dim 0.707)
@@ -581,7 +591,8 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
     if family.arch == "ernie4_5-moe":  # (llama.cpp requires the step)
         writer.add_leading_dense_block_count(family.dense_lead)
         writer.add_interleave_moe_layer_step(1)
-    if family.latent:  # (llama.cpp requires the shared count; the gating function where it is not V2's softmax)
+    # (llama.cpp requires DeepSeek's and GLM-4.5's shared count; the gating function where it is not V2's softmax)
+    if family.latent or family.arch == "glm4moe":
         writer.add_leading_dense_block_count(family.dense_lead)
         writer.add_expert_shared_count(family.shared_experts)
         if family.sigmoid:
