@@ -586,8 +586,9 @@ def _glm4_moe_metadata(c) -> dict:
     return {"rope.dimension_count": int(c.head_dim * c.rope_parameters["partial_rotary_factor"]),
             "expert_count": c.n_routed_experts, "expert_used_count": c.num_experts_per_tok,
             "expert_feed_forward_length": c.moe_intermediate_size, "expert_shared_count": c.n_shared_experts,
-            "leading_dense_block_count": c.first_k_dense_replace, "expert_weights_scale": float(c.routed_scaling_factor),
-            "expert_weights_norm": c.norm_topk_prob, "expert_gating_func": 2, "expert_group_count": c.n_group,
+            "leading_dense_block_count": c.first_k_dense_replace,
+            "expert_weights_scale": float(c.routed_scaling_factor), "expert_weights_norm": c.norm_topk_prob,
+            "expert_gating_func": 2, "expert_group_count": c.n_group,
             "expert_group_used_count": c.topk_group}
 
 

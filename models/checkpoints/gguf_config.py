@@ -261,7 +261,7 @@ def _experts(arch: str, key, config: dict) -> dict:
         return {"num_local_experts": experts, "num_experts_per_tok": used,
                 "intermediate_size": inner or config["intermediate_size"]}
     if arch == "nemotron_h_moe":
-        return _nemotron_h_experts(key, used, inner, shared, config)
+        return _nemotron_h_experts(key, used, inner, shared)
     if arch == "glm4moe":  # (DeepSeek-V3's routing: moe.py's _deepseek)
         return {"n_routed_experts": experts, "num_experts_per_tok": used,
                 "moe_intermediate_size": inner or config["intermediate_size"] // used,
@@ -324,7 +324,7 @@ def _deepseek2_mscales(key, config: dict) -> dict:
     return {"rope_scaling": rope | {"mscale": every, "mscale_all_dim": every}}
 
 
-def _nemotron_h_experts(key, used: int, inner: int | None, shared: int | None, config: dict) -> dict:
+def _nemotron_h_experts(key, used: int, inner: int | None, shared: int | None) -> dict:
     """A Nemotron 3 file's experts as transformers names them, as llama.cpp runs them: sigmoid scores, renormalised
     and scaled where the file says, within the best groups where it has several (scored by their best two, as
     llama.cpp scores any mixture's groups); an expert's width a layer's feed_forward_length over the experts it
@@ -332,7 +332,8 @@ def _nemotron_h_experts(key, used: int, inner: int | None, shared: int | None, c
     refuses."""
     if not isinstance(used, int) or not isinstance(inner, (int, type(None))):
         raise ValueError("a Nemotron-H file whose layers take different numbers of experts, or experts of different "
-                         "widths (NVIDIA's Puzzle models), is not supported; Loom runs mixtures whose layers share them")
+                         "widths (NVIDIA's Puzzle models), is not supported; Loom runs mixtures whose layers share "
+                         "them")
     return {"n_routed_experts": key("expert_count"), "num_experts_per_tok": used,
             "moe_intermediate_size": inner or max(_per_layer(key("feed_forward_length"), 1)) // used,
             "moe_shared_expert_intermediate_size": shared or 0, "norm_topk_prob": bool(key("expert_weights_norm")),

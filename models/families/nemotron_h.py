@@ -25,7 +25,6 @@ FAMILIES = ("nemotron_h",)
 # the hub configs' hybrid_override_pattern, a letter a layer -> transformers' layer types
 PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 MIXERS = {"linear_attention": True, "full_attention": False}  # a mixer layer type -> whether it is a Mamba2 layer
-FEED_FORWARD = ("mlp", "moe")  # the layer types that follow a mixer's in its block
 
 
 def layer_types(c: dict) -> list[str]:

@@ -462,12 +462,11 @@ def test_unsupported_architecture(tmp_path):
 
 
 @pytest.mark.parametrize("arch, metadata, message", [
-    ("qwen2", {"qwen2.expert_count": 8}, r"m.gguf is a qwen2 model with 8 experts; Loom runs experts in llama, "
-                                         r"qwen2moe, qwen3moe, granitemoe, olmoe, ernie4_5-moe, gpt-oss, lfm2moe, granitehybrid, "
-                                         r"qwen3vlmoe, qwen35moe, deepseek2, nemotron_h_moe, glm4moe files \(Mixtral's, "
-                                         r"Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, OLMoE's, ERNIE 4.5's, gpt-oss's, "
-                                         r"LFM2-MoE's, Granite 4's, Qwen3-VL's, Qwen3.5's, DeepSeek's, Nemotron 3's and "
-                                         r"GLM-4.5's\)"),
+    ("qwen2", {"qwen2.expert_count": 8},
+     r"m.gguf is a qwen2 model with 8 experts; Loom runs experts in llama, qwen2moe, qwen3moe, granitemoe, olmoe, "
+     r"ernie4_5-moe, gpt-oss, lfm2moe, granitehybrid, qwen3vlmoe, qwen35moe, deepseek2, nemotron_h_moe, glm4moe files "
+     r"\(Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, "
+     r"Qwen3-VL's, Qwen3.5's, DeepSeek's, Nemotron 3's and GLM-4.5's\)"),
     ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_weights_scale": 2.5},
      "m.gguf scales its experts' weights by 2.5, which Loom runs in deepseek2, glm4moe, lfm2moe, nemotron_h_moe files "
      "only"),
