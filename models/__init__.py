@@ -90,6 +90,7 @@ def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, de
     the fused copy exists (a model's worth of copies at once, otherwise). ``owned``: the tensors are
     copies made for this load (Contents.owned), kept as they are where in ``dtype`` on ``device``."""
     spec_type, model_type = architecture(config)
+    _check_not_float8(config, tensors)
     spec = spec_type.from_hf(config)
     with torch.device("meta"):  # no time spent initialising weights that are about to be replaced
         model = model_type(spec)
@@ -112,6 +113,21 @@ def build(config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, de
         use_cpu_linears(model)
     use_decoder_layers(model)
     return model
+
+
+# 8-bit float weights: a checkpoint's FP8 blocks (GLM-4.5-FP8's, DeepSeek-V3's, Nemotron 3's FP8 release), each
+# matrix beside scales of its own (weight_scale_inv, weight_scale) that a cast to the model's dtype would leave out
+FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _check_not_float8(config: dict, tensors: dict[str, torch.Tensor]) -> None:
+    """A ValueError for a checkpoint whose weights are 8-bit floats, before any is read as if it were its values."""
+    name = next((n for n, t in tensors.items() if getattr(t, "dtype", None) in FLOAT8), None)  # (a list: parts)
+    if name is not None:
+        method = (config.get("quantization_config") or {}).get("quant_method", "none named")
+        raise ValueError(f"the {config['model_type']} checkpoint keeps its weights in 8-bit floats with scales of "
+                         f"their own ({name}; quantization_config's quant_method: {method}), which Loom does not "
+                         "read: load the model's BF16 checkpoint or a GGUF file of it")
 
 
 def _owned(state: dict, device: torch.device, dtype: torch.dtype, copy: bool = True) -> dict:

@@ -100,6 +100,8 @@ def _experts(c: dict, types: list[str], blocks: tuple[tuple[int, int | None], ..
     if c.get("moe_latent_size") is not None:
         raise ValueError(f"Nemotron-H's latent mixtures of experts (moe_latent_size {c['moe_latent_size']}, Nemotron 3 "
                          "Super's) are not supported; Loom runs Nemotron-H experts that read the hidden state itself")
+    if c.get("mlp_bias"):  # (transformers' shared expert would take biases, which SparseMoE's has not)
+        raise ValueError("Nemotron-H experts with mlp_bias are not supported; Loom runs Nemotron 3's, which have none")
     groups = c.get("n_group") or 1
     return MoESpec(c.get("n_routed_experts") or c["num_local_experts"], c["num_experts_per_tok"],
                    c["moe_intermediate_size"], bool(c.get("norm_topk_prob", True)),

@@ -123,6 +123,29 @@ def test_bad_sources(tmp_path, llama):
         Engine.from_pretrained(llama, dtype="float7")
 
 
+def test_a_checkpoint_of_8_bit_float_weights_is_refused(tmp_path, llama):
+    """An FP8 checkpoint (its matrices float8 beside scales of their own, as GLM-4.5-FP8's and DeepSeek-V3's) is
+    refused before a weight is read, rather than run on its codes without their scales."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    llama.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    weights = {}
+    for name, t in load_file(tmp_path / "model.safetensors").items():
+        if name.endswith("proj.weight"):
+            weights[name + "_scale_inv"] = torch.ones(1, 1)
+            t = t.to(torch.float8_e4m3fn)
+        weights[name] = t
+    save_file(weights, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"the llama checkpoint keeps its weights in 8-bit floats with scales of their "
+                                         r"own \(model.layers.0.*quant_method: fp8\), which Loom does not read"):
+        Engine.from_pretrained(tmp_path)
+
+
 def test_text_api_without_tokenizer(engine):
     with pytest.raises(RuntimeError, match="loaded without a tokenizer"):
         engine.response("hello")

@@ -171,6 +171,8 @@ def test_nemotron_3_files_loom_does_not_run_are_refused(tmp_path):
      r"latent mixtures of experts \(moe_latent_size 32, Nemotron 3 Super's\)"),
     ({"layers_block_type": ["linear_attention", "mlp", "mlp", "full_attention"]},
      "Nemotron-H layer 2 is an MLP that follows no Mamba2 or attention layer"),
+    ({"layers_block_type": ["linear_attention", "moe", "full_attention"], "mlp_bias": True},
+     "Nemotron-H experts with mlp_bias are not supported"),
     ({"layers_block_type": ["moe", "full_attention"]},
      "Nemotron-H layer 0 is a mixture of experts that follows no Mamba2 or attention layer"),
     ({"layers_block_type": ["linear_attention", "mlp", "linear_attention"]},
