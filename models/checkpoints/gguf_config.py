@@ -263,13 +263,8 @@ def _experts(arch: str, key, config: dict) -> dict:
     if arch == "nemotron_h_moe":
         return _nemotron_h_experts(key, used, inner, shared)
     if arch == "glm4moe":  # (DeepSeek-V3's routing: moe.py's _deepseek)
-        return {"n_routed_experts": experts, "num_experts_per_tok": used,
-                "moe_intermediate_size": inner or config["intermediate_size"] // used,
-                "n_shared_experts": key("expert_shared_count") or 0,
-                "first_k_dense_replace": key("leading_dense_block_count") or 0,
-                "routed_scaling_factor": key("expert_weights_scale") or 1.0,
-                "norm_topk_prob": bool(key("expert_weights_norm")), "n_group": key("expert_group_count") or 1,
-                "topk_group": key("expert_group_used_count") or 1}
+        return _v3_routing(key) | {"moe_intermediate_size": inner or config["intermediate_size"] // used,
+                                   "first_k_dense_replace": key("leading_dense_block_count") or 0}
     if arch == "olmoe":  # (feed_forward_length wide too)
         return {"num_experts": experts, "num_experts_per_tok": used, "norm_topk_prob": False,
                 "intermediate_size": inner or config["intermediate_size"]}
@@ -304,13 +299,19 @@ def _deepseek2(key, config: dict) -> dict:
               "first_k_dense_replace": key("leading_dense_block_count") or 0, "scoring_func": gating,
               "rotary_rows_in_halves": True, "head_dim": None, "latent_norm_eps": config["rms_norm_eps"]}
     if key("expert_count"):
-        fields |= {"n_routed_experts": key("expert_count"), "num_experts_per_tok": key("expert_used_count"),
-                   "moe_intermediate_size": key("expert_feed_forward_length"),
-                   "n_shared_experts": key("expert_shared_count") or 0,
-                   "routed_scaling_factor": key("expert_weights_scale") or 1.0,
-                   "norm_topk_prob": bool(key("expert_weights_norm")),
-                   "n_group": key("expert_group_count") or 1, "topk_group": key("expert_group_used_count") or 1}
+        fields |= _v3_routing(key) | {"moe_intermediate_size": key("expert_feed_forward_length")}
     return fields
+
+
+def _v3_routing(key) -> dict:
+    """DeepSeek-V3's routing as a file gives it (DeepSeek's, GLM-4.5's and Nemotron 3's files), by transformers'
+    names: the experts, those a token takes and the shared ones, the chosen weights' scale and whether they are
+    renormalised, the groups and those chosen."""
+    return {"n_routed_experts": key("expert_count"), "num_experts_per_tok": key("expert_used_count"),
+            "n_shared_experts": key("expert_shared_count") or 0,
+            "routed_scaling_factor": key("expert_weights_scale") or 1.0,
+            "norm_topk_prob": bool(key("expert_weights_norm")),
+            "n_group": key("expert_group_count") or 1, "topk_group": key("expert_group_used_count") or 1}
 
 
 def _deepseek2_mscales(key, config: dict) -> dict:
@@ -334,11 +335,9 @@ def _nemotron_h_experts(key, used: int, inner: int | None, shared: int | None) -
         raise ValueError("a Nemotron-H file whose layers take different numbers of experts, or experts of different "
                          "widths (NVIDIA's Puzzle models), is not supported; Loom runs mixtures whose layers share "
                          "them")
-    return {"n_routed_experts": key("expert_count"), "num_experts_per_tok": used,
-            "moe_intermediate_size": inner or max(_per_layer(key("feed_forward_length"), 1)) // used,
-            "moe_shared_expert_intermediate_size": shared or 0, "norm_topk_prob": bool(key("expert_weights_norm")),
-            "routed_scaling_factor": key("expert_weights_scale") or 1.0, "n_group": key("expert_group_count") or 1,
-            "topk_group": key("expert_group_used_count") or 1, "moe_latent_size": key("moe_latent_size") or None}
+    return _v3_routing(key) | {"moe_intermediate_size": inner or max(_per_layer(key("feed_forward_length"), 1)) // used,
+                               "moe_shared_expert_intermediate_size": shared or 0,
+                               "moe_latent_size": key("moe_latent_size") or None}
 
 
 def _ernie_experts(key, config: dict, experts: int, used: int, inner: int | None, shared: int | None) -> dict:
