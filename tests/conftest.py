@@ -37,7 +37,8 @@ def _delta_rule_in_float64(query, key, value, g, beta, initial_state=None, outpu
     return out, state if output_final_state else None
 
 
-for _module in (transformers.models.qwen3_5.modeling_qwen3_5, transformers.models.qwen3_5_moe.modeling_qwen3_5_moe):
+for _module in (transformers.models.qwen3_5.modeling_qwen3_5, transformers.models.qwen3_5_moe.modeling_qwen3_5_moe,
+                transformers.models.qwen3_next.modeling_qwen3_next):
     _module.torch_chunk_gated_delta_rule = _module.torch_recurrent_gated_delta_rule = _delta_rule_in_float64
 
 def _mamba2_scan_in_float64(module, hidden_states, B, C, dt, cache, **_):
@@ -208,6 +209,15 @@ CONFIGS = {
         pad_token_id=0, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
         linear_value_head_dim=8, initializer_range=0.15,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
+    # Qwen3-Next: Qwen3.5's layers (its value heads of a key head side by side), four experts, two a token,
+    # renormalised, beside a shared expert with a router of its own
+    "qwen3_next": lambda: transformers.Qwen3NextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        pad_token_id=0, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+        linear_value_head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+        shared_expert_intermediate_size=32, initializer_range=0.15, experts_implementation="eager",
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
     # Granite 4 H: Mamba2 layers (eight heads of 16 in two groups) around an attention layer without rotary,
     # routed experts beside a shared one, Granite's multipliers
     "granitemoehybrid": lambda: transformers.GraniteMoeHybridConfig(
@@ -302,6 +312,7 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "exaone4": transformers.Exaone4ForCausalLM, "gemma": transformers.GemmaForCausalLM,
                  "gemma2": transformers.Gemma2ForCausalLM, "lfm2": transformers.Lfm2ForCausalLM,
                  "lfm2_moe": transformers.Lfm2MoeForCausalLM, "qwen3_5": transformers.Qwen3_5ForCausalLM,
+                 "qwen3_next": transformers.Qwen3NextForCausalLM,
                  "granitemoehybrid": transformers.GraniteMoeHybridForCausalLM, "gemma3": transformers.Gemma3ForCausalLM,
                  "nemotron_h": transformers.NemotronHForCausalLM, "nemotron_h_moe": transformers.NemotronHForCausalLM,
                  "glm4": transformers.Glm4ForCausalLM,
@@ -474,16 +485,18 @@ GGUF_QWEN35_NAMES = {"post_attention_layernorm": "post_attention_norm", "linear_
                      "linear_attn.norm": "ssm_norm", "linear_attn.out_proj": "ssm_out"}
 
 
-def _qwen35_tensor(rest: str, values, c):
+def _qwen35_tensor(rest: str, values, c, tile: bool = True):
     """A Qwen3.5 delta-rule parameter as llama.cpp's converter writes it: (name within the block, values),
     its value heads from the checkpoint's grouped order to the tiled one (value head h reading key head h
-    mod the key heads), A_log as -exp(A_log), dt_bias as ssm_dt's bias, the convolution's taps [channels,
-    length]; None for the others."""
+    mod the key heads; ``tile`` False: left in the checkpoint's, as Qwen3-Next's files keep them), A_log as
+    -exp(A_log), dt_bias as ssm_dt's bias, the convolution's taps [channels, length]; None for the others."""
     import numpy as np
     groups, repeat, key_width = c.linear_num_key_heads, c.linear_num_value_heads // c.linear_num_key_heads, \
         2 * c.linear_num_key_heads * c.linear_key_head_dim
 
     def tiled(x, width, axis=0):
+        if not tile:
+            return x
         x = np.moveaxis(x, axis, 0)
         x = x.reshape(groups, repeat, width, *x.shape[1:]).swapaxes(0, 1).reshape(x.shape)
         return np.ascontiguousarray(np.moveaxis(x, 0, axis))
@@ -504,6 +517,24 @@ def _qwen35_tensor(rest: str, values, c):
         return None
     part, kind = rest.rsplit(".", 1)
     return f"{GGUF_QWEN35_NAMES[part]}.{kind}", values
+
+
+def _qwen3next_tensors(rest: str, values, c, fused_qkvz: bool):
+    """A Qwen3-Next delta-rule parameter as llama.cpp's converter writes it: [(name within the block, values)], its
+    value heads in the checkpoint's order; q/k/v/z split into attn_qkv (every query, key and value) and attn_gate
+    (or, ``fused_qkvz``, one ssm_in a key head at a time, as the first converter wrote it); beta and alpha one
+    ssm_ba, a key head at a time; the others as Qwen3.5's (_qwen35_tensor); None for the others."""
+    import numpy as np
+    if rest == "linear_attn.in_proj_qkvz.weight" and not fused_qkvz:
+        repeat = c.linear_num_value_heads // c.linear_num_key_heads
+        widths = np.cumsum([c.linear_key_head_dim, c.linear_key_head_dim, repeat * c.linear_value_head_dim])
+        q, k, v, z = np.split(values.reshape(c.linear_num_key_heads, -1, values.shape[1]), widths, axis=1)
+        flat = lambda x: x.reshape(-1, values.shape[1])
+        return [("attn_qkv.weight", np.concatenate([flat(q), flat(k), flat(v)])), ("attn_gate.weight", flat(z))]
+    if rest in ("linear_attn.in_proj_qkvz.weight", "linear_attn.in_proj_ba.weight"):
+        return [("ssm_in.weight" if "qkvz" in rest else "ssm_ba.weight", values)]
+    written = _qwen35_tensor(rest, values, c, tile=False)
+    return None if written is None else [written]
 
 
 # Granite 4's hybrids': their Mamba2 layers' products and parameters
@@ -654,7 +685,7 @@ def _gpt_oss_tensors(rest: str, values):
 
 
 def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: dict | None = None,
-                  matrices=None, leave_out: tuple[str, ...] = (), fused_experts: bool = False):
+                  matrices=None, leave_out: tuple[str, ...] = (), fused_experts: bool = False, fused_qkvz: bool = False):
     """``hf``'s weights in a GGUF file as llama.cpp's converter writes them for ``arch``: llama.cpp's
     names, a Llama's (SmolLM3's, Granite's) query and key rows permuted for llama.cpp's rotary, the sizes in the metadata
     (a head's size only where it is not the hidden size over the heads); ``metadata`` (key -> a
@@ -665,7 +696,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     ffn_down_exps), its router in float32 (gpt-oss's: _gpt_oss_tensors), a shared expert's three
     products (*_shexp) and its router's one row (a vector). Tensors whose llama.cpp names end in one of
     ``leave_out`` are left out (those a file may go without). ``fused_experts``: a mixture's gate and up stacks
-    as one, ffn_gate_up_exps (llama.cpp's --fuse-gate-up-exps). A vision-language model's language model alone,
+    as one, ffn_gate_up_exps (llama.cpp's --fuse-gate-up-exps); ``fused_qkvz``: a Qwen3-Next file's q/k/v/z
+    product as one, ssm_in (_qwen3next_tensors). A vision-language model's language model alone,
     as llama.cpp's converter writes its text GGUF. The file carries no tokenizer."""
     import gguf
     import numpy as np
@@ -698,7 +730,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         metadata = (_nemotron_h_metadata(c) if nemotron else _granite_hybrid_metadata(c)) | (metadata or {})
     if lfm2:
         writer.add_uint32(f"{arch}.shortconv.l_cache", c.conv_L_cache)
-    qwen35 = arch in ("qwen35", "qwen35moe")
+    qwen35 = arch in ("qwen35", "qwen35moe", "qwen3next")
     if qwen35:  # its delta-rule layers' sizes and places, its rotary's share of a head
         metadata = {"ssm.conv_kernel": c.linear_conv_kernel_dim, "ssm.state_size": c.linear_key_head_dim,
                     "ssm.group_count": c.linear_num_key_heads, "ssm.time_step_rank": c.linear_num_value_heads,
@@ -753,6 +785,10 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
             add(GGUF_GLOBAL_NAMES[name], values)
             continue
         _, _, layer, rest = name.split(".", 3)
+        if arch == "qwen3next" and (written := _qwen3next_tensors(rest, values, c, fused_qkvz)) is not None:
+            for part, part_values in written:
+                add(f"blk.{layer}.{part}", np.ascontiguousarray(part_values))
+            continue
         if qwen35 and (written := _qwen35_tensor(rest, values, c)) is not None:
             add(f"blk.{layer}.{written[0]}", written[1])
             continue

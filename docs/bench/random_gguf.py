@@ -24,6 +24,7 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape glm47flash-30b-a3b-12l --format q4_k_m --vocab 154880 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape nemotron3-nano-30b-a3b-12l --format q4_k_m --vocab 131072 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape glm45air-106b-a12b-6l --format q4_k_m --vocab 151552 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape qwen3next-80b-a3b-8l --format q4_k_m --vocab 151936 --out /tmp/gguf
 
 Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), mxfp4
 (gpt-oss's files as ggml-org publishes them: the experts in MXFP4, the other matrices in Q8_0), q4_k_m
@@ -59,7 +60,10 @@ quarter of each head; the norms after the attention named post_attention_norm; a
 bits, as llama-quantize counts it; the 0.8B and 2B sixteen value heads a layer, the 4B and 9B 32 over sixteen
 key heads; the 9B's output layer its own; the qwen35moe ones as Qwen3.5-35B-A3B's (architecture qwen35moe: the 2B's
 layout with 32 value heads, every layer's MLP 256 experts of 512 rows, 8 a token, beside a shared expert of 512
-rows weighted by its own one-row router; its output layer its own; the -10l one ten of its forty layers);
+rows weighted by its own one-row router; its output layer its own; the -10l one ten of its forty layers); the
+qwen3next ones as Qwen3-Next-80B-A3B's (architecture qwen3next: the qwen35moe layout with beta and alpha one
+ssm_ba of 64 rows, the rotary a plain one over a quarter of each head, 512 experts of 512 rows, 10 a token;
+the -8l one eight of its 48 layers);
 the glm4 one as GLM-4-9B-0414's (architecture glm4: biases on q/k/v, two K/V heads of 128, the rotary over half of
 each head, post_attention_norm and post_ffw_norm after the attention and the MLP (Gemma's names), gate and up
 one ffn_up of 2 x 13696
@@ -156,6 +160,8 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           # Qwen3.5-35B-A3B's, and ten of its forty layers (its shapes a layer, a file a 24 GiB machine holds
           # beside both servers)
           "qwen35moe-35b-a3b": (2048, 512, 40, 16, 2), "qwen35moe-35b-a3b-10l": (2048, 512, 10, 16, 2),
+          # Qwen3-Next-80B-A3B's, and eight of its 48 layers
+          "qwen3next-80b-a3b": (2048, 512, 48, 16, 2), "qwen3next-80b-a3b-8l": (2048, 512, 8, 16, 2),
           "granite4h-350m": (768, 2048, 32, 12, 4), "granite4h-1b": (1536, 4096, 40, 12, 4),
           "granite4h-micro": (2048, 8192, 40, 32, 8), "granite4h-tiny": (1536, 512, 40, 12, 4),
           "qwen3vl-2b": (2048, 6144, 28, 16, 8), "qwen3vl-4b": (2560, 9728, 36, 32, 8),
@@ -174,7 +180,7 @@ UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-
           "qwen2moe-a2.7b", "qwen35-9b", "qwen3vl-8b", "qwen3vlmoe-30b-a3b", "nemotronh-4b", "nemotronh-8b",
           "qwen35moe-35b-a3b", "qwen35moe-35b-a3b-10l", "glm4-9b", "deepseek2-16b", "glm47flash-30b-a3b",
           "glm47flash-30b-a3b-12l", "nemotron3-nano-30b-a3b", "nemotron3-nano-30b-a3b-12l", "glm45air-106b-a12b",
-          "glm45air-106b-a12b-6l",
+          "glm45air-106b-a12b-6l", "qwen3next-80b-a3b", "qwen3next-80b-a3b-8l",
           "nemotronh-nano-9b"}  # the shapes whose output layer
 # is a tensor of its own
 
@@ -296,6 +302,9 @@ SHAPE_LAYOUTS = {"gemma3-4b": replace(LAYOUTS["gemma3"], window=1024, linear_rop
                  **{shape: replace(LAYOUTS["qwen35"], arch="qwen35moe", delta=(16, 32, 128), experts=(256, 8, 512),
                                    shared_expert=512, shared_gate=True)
                     for shape in ("qwen35moe-35b-a3b", "qwen35moe-35b-a3b-10l")},
+                 **{shape: replace(LAYOUTS["qwen35"], arch="qwen3next", delta=(16, 32, 128), experts=(512, 10, 512),
+                                   shared_expert=512, shared_gate=True)
+                    for shape in ("qwen3next-80b-a3b", "qwen3next-80b-a3b-8l")},
                  "granite4h-350m": replace(LAYOUTS["granite4h"], attending=(3, 11, 19, 27), mamba=(48, 32, 128, 1)),
                  "granite4h-micro": replace(LAYOUTS["granite4h"], mamba=(64, 64, 128, 1)),
                  "granite4h-tiny": replace(LAYOUTS["granite4h"], experts=(64, 6, 512), shared_expert=1024),
@@ -450,7 +459,9 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
             for name, shape in (("attn_norm.weight", (hidden,)), ("attn_qkv.weight", (conv, hidden)),
                                 ("attn_gate.weight", (values, hidden)), ("ssm_conv1d.weight", (conv, QWEN35_CONV_TAPS)),
                                 ("ssm_dt.bias", (value_heads,)), ("ssm_a", (value_heads,)),
-                                ("ssm_beta.weight", (value_heads, hidden)), ("ssm_alpha.weight", (value_heads, hidden)),
+                                *((("ssm_ba.weight", (2 * value_heads, hidden)),) if family.arch == "qwen3next"
+                                  else (("ssm_beta.weight", (value_heads, hidden)),
+                                        ("ssm_alpha.weight", (value_heads, hidden)))),
                                 ("ssm_norm.weight", (width,)), ("ssm_out.weight", (hidden, values)),
                                 *((f"{n}.weight", s) for n, s in ((family.mlp_norm, (hidden,)), *mlp))):
                 yield f"blk.{i}.{name}", i, shape
@@ -525,7 +536,8 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_ssm_time_step_rank(value_heads)
         writer.add_ssm_inner_size(value_heads * width)
         writer.add_full_attention_interval(QWEN35_ATTENTION_EVERY)
-        writer.add_array(f"{family.arch}.rope.dimension_sections", [11, 11, 10, 0])
+        if family.arch != "qwen3next":  # (Qwen3.5's rotary in sections, Qwen3-Next's a plain one)
+            writer.add_array(f"{family.arch}.rope.dimension_sections", [11, 11, 10, 0])
     if family.mamba:  # its Mamba2 layers' sizes; attention without rotary (Granite 4.0 H's)
         ssm_heads, width, state, groups = family.mamba
         writer.add_ssm_conv_kernel(QWEN35_CONV_TAPS)

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,14 +19,14 @@ from ..cache import cache_dir
 from ..families.layers import GATE_UP, QKV
 from ..families.lfm2 import FEED_FORWARD
 from ..families.moe import SHARED_GATE_UP
-from ..families.qwen35 import query_then_gate
+from ..families.qwen35 import SPLITS, DeltaShape, query_then_gate
 from ..families.rope import halves_from_pairs
 from ..pages import available_memory
 from . import Contents
 from ..kernels.block_formats import FLOATS, NATIVE, block_format, to_blocks, to_rows16, widened
 from ..kernels.block_linear import (FLOAT32, FLOAT32_PADDED, GROUP, ROWS16, padded_rows, pads_rows, row_bytes,
                                     runs_as_stored, stored_format)
-from .gguf_config import LLAMA_LAYOUT, ROPE_TENSORS, check_architecture, end_tokens, gguf_config
+from .gguf_config import DELTA_RULE_HYBRIDS, LLAMA_LAYOUT, ROPE_TENSORS, check_architecture, end_tokens, gguf_config
 from .gguf_file import GGUFFile, TensorInfo
 from .tokenizer import Tokenizer
 
@@ -70,6 +71,10 @@ QWEN35_LAYER_NAMES = {"post_attention_norm": "post_attention_layernorm", "attn_q
                       "ssm_alpha": "linear_attn.in_proj_a", "ssm_conv1d": "linear_attn.conv1d",
                       "ssm_dt": "linear_attn.dt_bias", "ssm_a": "linear_attn.ssm_a", "ssm_norm": "linear_attn.norm",
                       "ssm_out": "linear_attn.out_proj"}
+# Qwen3-Next's: its q/k/v/z and beta/alpha products each one product, a key head's rows at a time (a legacy file's
+# ssm_in; a later file's q/k/v and z apart, as Qwen3.5's), split as they are read (_parts)
+QWEN3NEXT_LAYER_NAMES = {**QWEN35_LAYER_NAMES, "ssm_in": "linear_attn.in_proj_qkvz",
+                         "ssm_ba": "linear_attn.in_proj_ba"}
 # Granite 4's hybrids' Mamba2 layers by transformers' names (their ssm_a, -exp(A_log), by a name of its own)
 GRANITE_HYBRID_LAYER_NAMES = {"ssm_in": "mamba.in_proj", "ssm_conv1d": "mamba.conv1d", "ssm_dt": "mamba.dt_bias",
                               "ssm_a": "mamba.ssm_a", "ssm_d": "mamba.D", "ssm_norm": "mamba.norm",
@@ -91,7 +96,7 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
                     "olmo2": OUTPUT_NORM_NAMES, "exaone4": OUTPUT_NORM_NAMES,
                     "gpt-oss": {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"},
                     "lfm2": LFM2_LAYER_NAMES, "lfm2moe": LFM2_LAYER_NAMES, "qwen35": QWEN35_LAYER_NAMES,
-                    "qwen35moe": QWEN35_LAYER_NAMES,
+                    "qwen35moe": QWEN35_LAYER_NAMES, "qwen3next": QWEN3NEXT_LAYER_NAMES,
                     "granitehybrid": GRANITE_HYBRID_LAYER_NAMES,
                     # (GLM-4's norms after the attention and the MLP, by Gemma's names in its files; its up
                     # product gives the gate's rows too)
@@ -107,7 +112,7 @@ BARE_NAMES = ("self_attn.sinks", "mlp.moe_statics.e_score_correction_bias", "lin
               "linear_attn.ssm_a", "mamba.dt_bias", "mamba.ssm_a", "mamba.D")
 # llama.cpp multiplies by a norm's weight where Gemma (and Qwen3.5, but for its delta-rule layers' gated norm)
 # multiplies by (1 + weight): its converter stores weight + 1, which loading takes back.
-NORM_OFFSET = {"gemma": 1.0, "gemma2": 1.0, "gemma3": 1.0, "qwen35": 1.0, "qwen35moe": 1.0}
+NORM_OFFSET = {"gemma": 1.0, "gemma2": 1.0, "gemma3": 1.0, **dict.fromkeys(DELTA_RULE_HYBRIDS, 1.0)}
 PLAIN_NORMS = ("linear_attn.norm.weight",)
 SUPPORTED_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
                    Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4}
@@ -170,8 +175,9 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
         name = _hf_name(info.name, names)
         copy_stack = _stacks(info) and info.data.nbytes <= stack_room
         stack_room -= info.data.nbytes if copy_stack else 0
-        tensors[name] = _read_tensor(info, name, formats[info.name], _row_order(name, info, arch, config),
-                                     copy_stack)
+        for part, part_info in _parts(name, info, config):
+            tensors[part] = _read_tensor(part_info, part, formats[info.name], _row_order(part, part_info, arch, config),
+                                         copy_stack)
         file.release(info)  # a tensor read where it lies (the K-quants, F16, BF16) comes back on its first use
     if arch in NORM_OFFSET:
         for name in tensors:
@@ -200,6 +206,19 @@ def _hf_name(name: str, layer_names: dict) -> str:
     elif base in GLOBAL_NAMES:
         return f"{GLOBAL_NAMES[base]}.{kind}"
     return name  # unknown names stay, and are ignored by the model's converter
+
+
+def _parts(name: str, info: TensorInfo, config: dict) -> list[tuple[str, TensorInfo]]:
+    """The model's tensors that a file's tensor (``name``, transformers') gives, each with the file's rows it takes:
+    the tensor itself, or Qwen3-Next's fused products' parts (qwen35.py's SPLITS), their rows taken from the
+    file's bytes before they are laid out (no row of a layout of sixteen rows side by side is taken alone)."""
+    base, _, kind = name.rpartition(".")
+    prefix, _, product = base.rpartition(".")
+    if product not in SPLITS or not prefix.endswith("linear_attn"):
+        return [(name, info)]
+    parts, rows = SPLITS[product]
+    return [(f"{prefix}.{part}.{kind}", replace(info, data=info.data[r.numpy()], shape=(len(r), *info.shape[1:])))
+            for part, r in zip(parts, rows(DeltaShape.from_hf(config)))]
 
 
 def _prediction_layer(name: str, config: dict) -> bool:
@@ -307,7 +326,7 @@ def _row_order(name: str, info: TensorInfo, arch: str, config: dict) -> torch.Te
     (Qwen3.5's query rows, each head's beside its gate's, come as every query's, then every gate's; GLM-4's
     rotary pairs, side by side over the first part of each head as its checkpoints keep them, and DeepSeek's,
     over the last, are put in halves as they are read, as Llama's.)"""
-    if arch in ("qwen35", "qwen35moe") and name.endswith("q_proj.weight"):
+    if arch in DELTA_RULE_HYBRIDS and name.endswith("q_proj.weight"):
         heads = config["num_attention_heads"]
         return query_then_gate(heads, info.shape[0] // heads // 2)
     if arch == "deepseek2":  # DeepSeek's pairs, the last rows of each query head and of the latent's key part
@@ -423,7 +442,8 @@ def read_tokenizer(path: Path, arch: str | None = None) -> Tokenizer:
 TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "llama", "mistral3": "llama",
                        "ernie4_5": "llama", "ernie4_5-moe": "llama", "olmo2": "llama", "olmoe": "llama",
                        "gpt-oss": "llama", "lfm2": "llama", "lfm2moe": "llama", "exaone4": "llama", "gemma": "gemma2",
-                       "qwen35": "llama", "qwen35moe": "llama", "granitehybrid": "llama", "qwen2vl": "qwen2", "qwen3vl": "qwen3",
+                       "qwen35": "llama", "qwen35moe": "llama", "qwen3next": "llama", "granitehybrid": "llama",
+                       "qwen2vl": "qwen2", "qwen3vl": "qwen3",
                        "qwen3vlmoe": "qwen3", "nemotron_h": "llama", "nemotron_h_moe": "llama", "glm4": "llama",
                        "glm4moe": "llama",
                        "deepseek2": "llama"}

@@ -16,7 +16,7 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "mistral3": "ministral3", "ernie4_5": "llama",
                  "olmo2": "olmo2", "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen2moe": "qwen2_moe",
                  "ernie4_5-moe": "ernie4_5_moe", "lfm2": "lfm2", "lfm2moe": "lfm2_moe", "exaone4": "exaone4",
-                 "qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text",
+                 "qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text", "qwen3next": "qwen3_next",
                  "granitehybrid": "granitemoehybrid",
                  # vision-language models' text (vision_language.py says why they are their text families')
                  "qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3_moe", "nemotron_h": "nemotron_h",
@@ -30,7 +30,8 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
 MIXTURES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe",
             "olmoe": "olmoe", "ernie4_5-moe": "ernie4_5_moe", "gpt-oss": "gpt_oss", "lfm2moe": "lfm2_moe",
             "granitehybrid": "granitemoehybrid", "qwen3vlmoe": "qwen3_moe", "qwen35moe": "qwen3_5_moe_text",
-            "deepseek2": "deepseek_v3", "nemotron_h_moe": "nemotron_h", "glm4moe": "glm4_moe"}
+            "deepseek2": "deepseek_v3", "nemotron_h_moe": "nemotron_h", "glm4moe": "glm4_moe",
+            "qwen3next": "qwen3_next"}
 # llama.cpp's expert_gating_func: how an architecture's experts are scored where the file says (LFM2-MoE's
 # sigmoid, Nemotron 3's; DeepSeek's either, V2's softmax, V3's sigmoid; the others' softmax, which their files need
 # not say)
@@ -42,7 +43,7 @@ SCALED_MIXTURES = frozenset({"lfm2moe", "deepseek2", "nemotron_h_moe", "glm4moe"
 # the mixtures whose files may add a shared expert every token takes (Qwen2-MoE's always, weighted by a
 # router of its own; Granite MoE Shared's, a granitemoe file with expert_shared_feed_forward_length; ERNIE 4.5's)
 SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe", "granitehybrid", "qwen35moe", "deepseek2",
-                            "nemotron_h_moe", "glm4moe"})
+                            "nemotron_h_moe", "glm4moe", "qwen3next"})
 # architectures whose files keep Llama's layout: Q/K rows in the interleaved rotary's order (llama.cpp's
 # converter permutes Llama's; ERNIE 4.5's and GLM-4's checkpoints hold them so: their files are Llama's from
 # there, GLM-4's over the rotary's half of each head), attention biases where the model has them; gguf.py puts
@@ -58,6 +59,8 @@ EXAONE4_WINDOWED_LAYERS, EXAONE4_WINDOW = 64, 4096
 # apart by having no K/V heads
 CONVOLVING = frozenset({"lfm2", "lfm2moe"})
 MAMBA_HYBRIDS = frozenset({"granitehybrid", "nemotron_h", "nemotron_h_moe"})
+# the architectures whose layers are gated delta-rule layers where they are not attention layers (qwen35.py's)
+DELTA_RULE_HYBRIDS = frozenset({"qwen35", "qwen35moe", "qwen3next"})
 # Nemotron-H's layers are a Mamba2 layer, an attention layer or an MLP (in a Nemotron 3 file, a mixture of
 # experts), told apart by their K/V heads and MLP widths (neither: Mamba2), listed a layer at a time
 SINGLE_PURPOSE_LAYERS = frozenset({"nemotron_h", "nemotron_h_moe"})
@@ -92,7 +95,7 @@ def check_architecture(meta: dict, file_name: str) -> str:
             raise ValueError(f"{file_name} is a {arch} model with {key('expert_count')} experts; Loom runs experts "
                              f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, "
                              "OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, Qwen3.5's, "
-                             "DeepSeek's, Nemotron 3's and GLM-4.5's)")
+                             "Qwen3-Next's, DeepSeek's, Nemotron 3's and GLM-4.5's)")
         if key("expert_shared_feed_forward_length") and arch not in SHARED_EXPERTS:
             raise ValueError(f"{file_name} is a {arch} model with a shared expert, which Loom runs in "
                              f"{', '.join(sorted(SHARED_EXPERTS))} files only")
@@ -200,8 +203,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
             config["layer_types"] = types
     if arch == "exaone4":
         config |= _exaone4_layers(key, config["num_hidden_layers"], file_name)
-    if arch in ("qwen35", "qwen35moe"):
-        config |= _qwen35_layers(key, config["num_hidden_layers"], file_name)
+    if arch in DELTA_RULE_HYBRIDS:
+        config |= _qwen35_layers(arch, key, config["num_hidden_layers"], file_name)
     rotary = key("rope.dimension_count")
     if rotary and heads:
         head_dim = config["head_dim"] or config["hidden_size"] // heads
@@ -271,10 +274,10 @@ def _experts(arch: str, key, config: dict) -> dict:
     inner = inner or config["intermediate_size"] // used  # (llama.cpp's Qwen2-MoE and Qwen3-MoE fallback)
     fields = {"num_experts": experts, "num_experts_per_tok": used, "moe_intermediate_size": inner,
               "intermediate_size": config["intermediate_size"] or inner,
-              "norm_topk_prob": arch in ("qwen3moe", "qwen3vlmoe")}
+              "norm_topk_prob": arch in ("qwen3moe", "qwen3vlmoe", "qwen3next")}
     if arch == "qwen2moe":
         fields["shared_expert_intermediate_size"] = shared or config["intermediate_size"]
-    if arch == "qwen35moe":  # (its shared expert gated by its own router, as Qwen2-MoE's; renormalised: moe.py)
+    if arch in ("qwen35moe", "qwen3next"):  # (a shared expert gated by its own router, as Qwen2-MoE's; renormalised)
         fields["shared_expert_intermediate_size"] = shared or config["intermediate_size"] or 0  # (llama.cpp's fallback)
     return fields
 
@@ -458,11 +461,11 @@ def _exaone4_layers(key, layers: int, file_name: str) -> dict:
             "layer_types": _sliding_layers(key, layers, file_name, default_pattern=EXAONE4_GLOBAL_EVERY)}
 
 
-def _qwen35_layers(key, layers: int, file_name: str) -> dict:
-    """A Qwen3.5 file's delta-rule layers as transformers names them, read as llama.cpp reads them: the
-    layers the file lists as recurrent, else all but every full_attention_interval-th (its next-token
-    prediction layers, MTP, which its converter keeps after them, are not run); the file's layout
-    (qwen35.py's llama_cpp_layout: value heads tiled, -exp(A_log) stored, query rows beside the gates')."""
+def _qwen35_layers(arch: str, key, layers: int, file_name: str) -> dict:
+    """A Qwen3.5 or Qwen3-Next file's delta-rule layers as transformers names them, read as llama.cpp reads them:
+    the layers the file lists as recurrent, else all but every full_attention_interval-th (its next-token
+    prediction layers, MTP, which its converter keeps after them, are not run); the file's layout (qwen35.py's
+    llama_cpp_layout: -exp(A_log) stored, query rows beside the gates'; Qwen3.5's value heads tiled)."""
     recurrent = key("attention.recurrent_layers")
     if recurrent is None:
         every = key("full_attention_interval", 4)
@@ -480,7 +483,7 @@ def _qwen35_layers(key, layers: int, file_name: str) -> dict:
         raise ValueError(f"{file_name} leaves out the delta-rule layers' sizes ({', '.join(missing)}), which "
                          "llama.cpp requires")
     return fields | {"layer_types": ["linear_attention" if r else "full_attention" for r in recurrent],
-                     "llama_cpp_layout": True}
+                     "llama_cpp_layout": True, "linear_value_heads_tiled": arch != "qwen3next"}
 
 
 def _shared_by_layers(value, name: str, file_name: str):

@@ -1,8 +1,8 @@
-"""Qwen3.5 over the paged KV cache and a state a sequence: three layers in four mix their tokens through a
-gated delta rule (linear attention whose memory is a matrix a head, carried from token to token), the
-fourth attends as Qwen3 does with an output gate; every layer then takes a SwiGLU MLP (Qwen3.5-MoE's: routed
-experts beside a shared one, moe.py's). Its norms scale by 1 + weight (Gemma's), the rotary turns the first
-quarter of each head.
+"""Qwen3.5 and Qwen3-Next over the paged KV cache and a state a sequence: three layers in four mix their tokens
+through a gated delta rule (linear attention whose memory is a matrix a head, carried from token to token), the
+fourth attends as Qwen3 does with an output gate; every layer then takes a SwiGLU MLP (Qwen3.5-MoE's and
+Qwen3-Next's: routed experts beside a shared one, moe.py's). Its norms scale by 1 + weight (Gemma's), the rotary
+turns the first quarter of each head.
 
 A delta-rule layer's product gives q, k and v (convolved with the three tokens before, a channel at a
 time, through a SiLU), a gate z and, a head each, beta and a decay. Each head's state S (key width x
@@ -10,8 +10,11 @@ value width) decays, takes the value k would read corrected by beta (S += k (bet
 answers q; the answers are normalised, times SiLU(z), and go through the output product. S and the
 convolution's last three inputs are the sequence's state, kept in the pool's state slots
 (models/step.py's ``state_shapes``): a step reads each sequence's from its slot (zeros at position 0)
-and writes it back. The value heads are kept in llama.cpp's tiled order (value head h reads key head
-h mod the key heads), into which a Hugging Face checkpoint's grouped order is put as it loads."""
+and writes it back. Where there are more value heads than key heads, each key head's value heads come side by
+side (``DeltaShape.grouped``: Hugging Face's order, and Qwen3-Next files'), or tiled (value head h reads key head
+h mod the key heads: llama.cpp's Qwen3.5 files), as the weights hold them: the output product's columns of a
+file's blocks cannot be put in another order. Qwen3-Next's checkpoints and files give q, k, v and z from one
+product and beta and alpha from another, a key head's rows at a time; they are split as they load."""
 
 from __future__ import annotations
 
@@ -28,9 +31,10 @@ from .moe import MoESpec, SparseMoE
 from .recurrent import StateRuns, check_state_slots, convolve
 from .rope import Rotary, rope_type
 
-FAMILIES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
+FAMILIES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
 # transformers' Qwen3.5 defaults, for a config that leaves them out
 DEFAULT_THETA, DEFAULT_ROTARY_SHARE, DEFAULT_ATTENTION_EVERY = 10_000_000.0, 0.25, 4
+NAMES = {**dict.fromkeys(FAMILIES, "Qwen3.5"), "qwen3_next": "Qwen3-Next"}  # (for messages)
 # its decoder norms multiply by 1 + weight (their checkpoints store weight - 1, llama.cpp's files weight)
 NORM_OFFSET = 1.0
 
@@ -43,6 +47,18 @@ class DeltaShape:
     key_dim: int
     value_dim: int
     conv_size: int    # the inputs a convolution reads: this token's and conv_size - 1 before
+    grouped: bool = True  # a key head's value heads side by side; else tiled (the module docstring)
+
+    @classmethod
+    def from_hf(cls, c: dict) -> "DeltaShape":
+        """A config's sizes (transformers' defaults where it leaves them out)."""
+        shape = cls(c.get("linear_num_key_heads", 16), c.get("linear_num_value_heads", 32),
+                    c.get("linear_key_head_dim", 128), c.get("linear_value_head_dim", 128),
+                    c.get("linear_conv_kernel_dim", 4), not c.get("linear_value_heads_tiled", False))
+        if shape.value_heads % shape.key_heads:
+            raise ValueError(f"{NAMES[c['model_type']]}'s value heads ({shape.value_heads}) must be a multiple of its "
+                             f"key heads ({shape.key_heads})")
+        return shape
 
     @property
     def conv_width(self) -> int:
@@ -62,10 +78,10 @@ class Qwen35Spec(DecoderShape):
     tie_word_embeddings: bool
     layer_recurrent: tuple[bool, ...]  # whether each layer is a delta-rule layer (else it attends)
     delta: DeltaShape
-    # a GGUF file's layout (gguf_config says so): its value heads tiled, its query rows split from the
-    # gates' as they are read, -exp(A_log) stored
+    # a GGUF file's layout (gguf_config says so): its query rows split from the gates' as they are read,
+    # -exp(A_log) stored
     llama_cpp_layout: bool = False
-    moe: MoESpec | None = None  # Qwen3.5-MoE's experts, in every layer's MLP's place
+    moe: MoESpec | None = None  # Qwen3.5-MoE's and Qwen3-Next's experts, in the MLP's place where it routes
     # what llama.Attention reads: each head's query and key normalised, no biases or sinks
     qk_norm = True
     qkv_bias = out_bias = qk_norm_across_heads = attention_sinks = False
@@ -73,26 +89,20 @@ class Qwen35Spec(DecoderShape):
     @classmethod
     def from_hf(cls, c: dict) -> "Qwen35Spec":
         c = {**c, **c.get("text_config", {})}  # (a hub directory's config keeps the text model's under text_config)
-        layers, heads = c["num_hidden_layers"], c["num_attention_heads"]
+        layers, heads, name = c["num_hidden_layers"], c["num_attention_heads"], NAMES[c["model_type"]]
         every = c.get("full_attention_interval", DEFAULT_ATTENTION_EVERY)
         types = c.get("layer_types") or ["full_attention" if (i + 1) % every == 0 else "linear_attention"
                                          for i in range(layers)]
         if len(types) != layers:
             raise ValueError(f"layer_types lists {len(types)} layers of {layers}")
         if unknown := set(types) - {"full_attention", "linear_attention"}:
-            raise ValueError(f"Qwen3.5 layer types {sorted(unknown)} are not supported; supported: full_attention, "
+            raise ValueError(f"{name} layer types {sorted(unknown)} are not supported; supported: full_attention, "
                              "linear_attention")
         if c.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"unsupported hidden_act {c['hidden_act']!r} for Qwen3.5; supported: silu")
+            raise ValueError(f"unsupported hidden_act {c['hidden_act']!r} for {name}; supported: silu")
         rope = dict(c.get("rope_parameters") or c.get("rope_scaling") or {})
         if rope_type(rope) != "default":
-            raise ValueError(f"Qwen3.5 with a {rope_type(rope)} rope scaling is not supported; supported: default")
-        delta = DeltaShape(c.get("linear_num_key_heads", 16), c.get("linear_num_value_heads", 32),
-                           c.get("linear_key_head_dim", 128), c.get("linear_value_head_dim", 128),
-                           c.get("linear_conv_kernel_dim", 4))
-        if delta.value_heads % delta.key_heads:
-            raise ValueError(f"Qwen3.5's value heads ({delta.value_heads}) must be a multiple of its key heads "
-                             f"({delta.key_heads})")
+            raise ValueError(f"{name} with a {rope_type(rope)} rope scaling is not supported; supported: default")
         return cls(
             vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
             intermediate_size=c.get("intermediate_size") or c["moe_intermediate_size"],
@@ -103,7 +113,7 @@ class Qwen35Spec(DecoderShape):
                                         or DEFAULT_ROTARY_SHARE),
             max_position=c.get("max_position_embeddings", 32768),
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
-            layer_recurrent=tuple(t == "linear_attention" for t in types), delta=delta,
+            layer_recurrent=tuple(t == "linear_attention" for t in types), delta=DeltaShape.from_hf(c),
             llama_cpp_layout=bool(c.get("llama_cpp_layout", False)), moe=MoESpec.from_hf(c))
 
 
@@ -141,9 +151,10 @@ class GatedDeltaNet(nn.Module):
         conv_states, matrices = states
         conv = convolve(mixed, self.conv, None, conv_states, runs)
         q, k, v = conv.split([d.key_heads * d.key_dim, d.key_heads * d.key_dim, d.value_heads * d.value_dim], -1)
-        repeat = d.value_heads // d.key_heads  # (tiled: value head h reads key head h mod key_heads)
-        q = unit(q.view(-1, d.key_heads, d.key_dim)).repeat(1, repeat, 1)
-        k = unit(k.view(-1, d.key_heads, d.key_dim)).repeat(1, repeat, 1)
+        repeat = d.value_heads // d.key_heads
+        spread = (lambda t: t.repeat_interleave(repeat, 1)) if d.grouped else (lambda t: t.repeat(1, repeat, 1))
+        q = spread(unit(q.view(-1, d.key_heads, d.key_dim)))
+        k = spread(unit(k.view(-1, d.key_heads, d.key_dim)))
         v = v.view(-1, d.value_heads, d.value_dim)
         decay = torch.exp(self.decay * F.softplus(alpha + self.dt_bias))
         out = delta_rule(q * d.key_dim ** -0.5, k, v, decay, torch.sigmoid(beta), matrices, runs)
@@ -200,7 +211,8 @@ class Block(nn.Module):
         self.input_norm = RMSNorm(s.hidden_size, s.rms_norm_eps, NORM_OFFSET)
         self.mixer = GatedDeltaNet(s) if self.recurrent else GatedAttention(s)
         self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps, NORM_OFFSET)
-        self.mlp = SparseMoE(s.hidden_size, s.moe) if s.moe else SwiGLU(s.hidden_size, s.intermediate_size)
+        routed = s.moe and s.moe.routes(index)  # (Qwen3-Next's mlp_only_layers take a dense MLP)
+        self.mlp = SparseMoE(s.hidden_size, s.moe) if routed else SwiGLU(s.hidden_size, s.intermediate_size)
 
     def forward(self, x, cos, sin, kv_cache, step, masks, runs):
         h = self.input_norm(x)
@@ -236,19 +248,17 @@ class Qwen35(DecoderModel):
     @staticmethod
     def convert(hf: dict[str, torch.Tensor], s: Qwen35Spec) -> dict[str, torch.Tensor]:
         """Transformers' parameter names (a hub directory's under model.language_model) -> this module's:
-        q/k/v and gate/up fused, each head's query rows split from its gate rows, and (where the file is not
-        llama.cpp's, whose converter did so) the value heads put in tiled order, A_log read as -exp(A_log)."""
+        q/k/v and gate/up fused, Qwen3-Next's qkvz and ba products split, and (where the file is not llama.cpp's,
+        whose converter did so) each head's query rows split from its gate rows, A_log read as -exp(A_log)."""
         hf = {k.removeprefix("model.").removeprefix("language_model."): v for k, v in hf.items()}
         out = {"embed.weight": hf["embed_tokens.weight"], "norm.weight": hf["norm.weight"]}
         out["lm_head.weight"] = hf["embed_tokens.weight"] if s.tie_word_embeddings else hf["lm_head.weight"]
-        d, theirs = s.delta, not s.llama_cpp_layout
-        tiled = _tiled_order(d)
-        heads = lambda t, width: t[_rows(tiled, width)] if theirs else t  # value heads' rows in tiled order
+        theirs = not s.llama_cpp_layout
         for i, recurrent in enumerate(s.layer_recurrent):
             p = o = f"layers.{i}."
             out[o + "input_norm.weight"] = hf[p + "input_layernorm.weight"]
             out[o + "post_norm.weight"] = hf[p + "post_attention_layernorm.weight"]
-            if s.moe:
+            if s.moe and s.moe.routes(i):
                 out.update(SparseMoE.convert(hf, p, o + "mlp.", s.moe))
             else:
                 out[o + "mlp.gate_up.weight"] = fused(hf, p, GATE_UP)
@@ -263,33 +273,42 @@ class Qwen35(DecoderModel):
                 out[o + "mixer.k_norm.weight"] = hf[a + "k_norm.weight"]
                 continue
             a = p + "linear_attn."
-            values = 2 * d.key_heads * d.key_dim  # where the value channels begin
-            qkv, conv = hf[a + "in_proj_qkv.weight"], hf[a + "conv1d.weight"].reshape(d.conv_width, d.conv_size)
-            if theirs:
-                qkv = torch.cat([qkv[:values], heads(qkv[values:], d.value_dim)])
-                conv = torch.cat([conv[:values], heads(conv[values:], d.value_dim)])
-            out[o + "mixer.qkv.weight"], out[o + "mixer.conv"] = qkv, conv
-            out[o + "mixer.z.weight"] = heads(hf[a + "in_proj_z.weight"], d.value_dim)
-            out[o + "mixer.beta.weight"] = heads(hf[a + "in_proj_b.weight"], 1)
-            out[o + "mixer.alpha.weight"] = heads(hf[a + "in_proj_a.weight"], 1)
-            out[o + "mixer.dt_bias"] = heads(hf[a + "dt_bias"], 1)
-            out[o + "mixer.decay"] = -torch.exp(heads(hf[a + "A_log"], 1)) if theirs else hf[a + "ssm_a"]
+            for whole, (parts, rows) in SPLITS.items():
+                if (weight := hf.get(f"{a}{whole}.weight")) is not None:  # (Qwen3-Next's)
+                    hf.update({f"{a}{part}.weight": weight[r] for part, r in zip(parts, rows(s.delta))})
+            out[o + "mixer.qkv.weight"] = hf[a + "in_proj_qkv.weight"]
+            out[o + "mixer.conv"] = hf[a + "conv1d.weight"].reshape(s.delta.conv_width, s.delta.conv_size)
+            out[o + "mixer.z.weight"] = hf[a + "in_proj_z.weight"]
+            out[o + "mixer.beta.weight"] = hf[a + "in_proj_b.weight"]
+            out[o + "mixer.alpha.weight"] = hf[a + "in_proj_a.weight"]
+            out[o + "mixer.dt_bias"] = hf[a + "dt_bias"]
+            out[o + "mixer.decay"] = -torch.exp(hf[a + "A_log"]) if theirs else hf[a + "ssm_a"]
             out[o + "mixer.norm.weight"] = hf[a + "norm.weight"]
-            o_proj = hf[a + "out_proj.weight"]
-            out[o + "mixer.out.weight"] = o_proj[:, _rows(tiled, d.value_dim)] if theirs else o_proj
+            out[o + "mixer.out.weight"] = hf[a + "out_proj.weight"]
         return out
 
 
-def _tiled_order(d: DeltaShape) -> torch.Tensor:
-    """The grouped order's value head of each tiled one (Hugging Face's heads come a key head's group
-    at a time; llama.cpp's, and Loom's, value head h reads key head h mod key_heads)."""
+def qkvz_rows(d: DeltaShape) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of Qwen3-Next's qkvz product (a key head's at a time: its query, its key, its value heads', their
+    gates') that make the qkv product (every query's, every key's, every value's) and the z product."""
     repeat = d.value_heads // d.key_heads
-    return torch.arange(d.value_heads).view(d.key_heads, repeat).t().flatten()
+    widths = [d.key_dim, d.key_dim, repeat * d.value_dim, repeat * d.value_dim]
+    rows = torch.arange(d.key_heads * sum(widths)).view(d.key_heads, sum(widths)).split(widths, 1)
+    return torch.cat([part.flatten() for part in rows[:3]]), rows[3].flatten()
 
 
-def _rows(heads: torch.Tensor, width: int) -> torch.Tensor:
-    """The rows of ``heads``, ``width`` rows a head, in order."""
-    return (heads[:, None] * width + torch.arange(width)).flatten()
+def ba_rows(d: DeltaShape) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of Qwen3-Next's ba product (a key head's at a time: its value heads' betas, then their alphas)
+    that give beta and alpha, a value head each."""
+    repeat = d.value_heads // d.key_heads
+    rows = torch.arange(2 * d.value_heads).view(d.key_heads, 2, repeat)
+    return rows[:, 0].flatten(), rows[:, 1].flatten()
+
+
+# Qwen3-Next's fused products by transformers' names: the names of their parts (Qwen3.5's products), and the rows
+# of each
+SPLITS = {"in_proj_qkvz": (("in_proj_qkv", "in_proj_z"), qkvz_rows),
+          "in_proj_ba": (("in_proj_b", "in_proj_a"), ba_rows)}
 
 
 def query_then_gate(heads: int, dim: int) -> torch.Tensor:

@@ -88,7 +88,7 @@ struct DeltaLayer {
     const Weights *z, *beta, *alpha;
     const void *conv, *dt_bias, *decay_rate, *norm;
     void *conv_states, *states;
-    int64_t key_heads, heads, key_dim, value_dim, taps;
+    int64_t key_heads, heads, key_dim, value_dim, taps, grouped;  // (grouped: DeltaMixer's)
     double eps;
 
     int64_t conv_width() const { return 2 * key_heads * key_dim + heads * value_dim; }
@@ -653,7 +653,7 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
                                   buffers.beta, static_cast<const T*>(d.dt_bias), static_cast<const T*>(d.decay_rate),
                                   static_cast<T*>(d.states), buffers.z, static_cast<const T*>(d.norm),
                                   buffers.convolved, attn, s.state_slots, s.lens, rows, d.key_heads, d.heads,
-                                  d.key_dim, d.value_dim, d.taps, d.eps};
+                                  d.key_dim, d.value_dim, d.taps, d.grouped, d.eps};
         mixer.run();
         multiply(attn, answers, answers, l.out, nullptr, hidden, delta);
     } else if (l.mamba != nullptr) {  // Granite 4's Mamba2

@@ -6,7 +6,7 @@ and 6 ctypes calls, which was a quarter of a one-stream step (docs/benchmarks-hi
 
 ``use_decoder_layers(model)`` attaches them where the model qualifies: GPT-2, Gemma 1, 2 and 3 in
 float32, OLMo 2 and 3, LFM2 (its short convolutions in the attention's place, and LFM2-MoE's experts),
-Qwen3.5 in float32 (its gated delta rule in the attention's place, its other layers' attention gated), Granite 4's
+Qwen3.5 and Qwen3-Next in float32 (their gated delta rule in the attention's place, their other layers' attention gated), Granite 4's
 hybrids (Mamba2 in the attention's place),
 or a Llama-family model (Qwen3's per-head q/k norms and OLMoE's across heads, Ministral 3's queries scaled by position, SmolLM3's layers without rotary, Granite's scaled residuals,
 gpt-oss's sinks and the mixtures' routed and shared experts, biases and clamped SwiGLU included) whose linear layers,
@@ -130,7 +130,7 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
 class _DeltaLayer(ctypes.Structure):  # decoder_layer.cpp's DeltaLayer
     _fields_ = [(name, _pointer) for name in (
         "z", "beta", "alpha", "conv", "dt_bias", "decay_rate", "norm", "conv_states", "states")]
-    _fields_ += [(name, _int64) for name in ("key_heads", "heads", "key_dim", "value_dim", "taps")]
+    _fields_ += [(name, _int64) for name in ("key_heads", "heads", "key_dim", "value_dim", "taps", "grouped")]
     _fields_ += [("eps", _double)]
 
 
@@ -367,7 +367,7 @@ class DecoderLayers:
             delta = _DeltaLayer(*(ctypes.addressof(w) for w in products),
                                 *(self._in_dtype(t) for t in (mixer.conv, mixer.dt_bias, mixer.decay, mixer.norm.weight)),
                                 None, None, d.key_heads, d.value_heads, d.key_dim, d.value_dim, d.conv_size,
-                                mixer.norm.eps)
+                                d.grouped, mixer.norm.eps)
             self.weights.append((mixer, products, delta))
             layer.delta = ctypes.addressof(delta)
         return layer

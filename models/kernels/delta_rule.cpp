@@ -9,10 +9,10 @@
         const T* mixed, const T* conv_weight, T* conv_states, const T* alpha, const T* beta, const T* dt_bias, \
         const T* decay_rate, T* states, const T* z, const T* norm_weight, T* convolved, T* out,              \
         const int64_t* slots, const int64_t* lens, int64_t rows, int64_t key_heads, int64_t heads,            \
-        int64_t key_dim, int64_t value_dim, int64_t taps, double eps) {                                       \
+        int64_t key_dim, int64_t value_dim, int64_t taps, int64_t grouped, double eps) {                      \
         const DeltaMixer<T> mixer{mixed, conv_weight, conv_states, alpha, beta, dt_bias, decay_rate, states, z, \
                                   norm_weight, convolved, out, slots, lens, rows, key_heads, heads, key_dim,   \
-                                  value_dim, taps, eps};                                                      \
+                                  value_dim, taps, grouped, eps};                                             \
         _Pragma("omp parallel")                                                                               \
         mixer.run();                                                                                          \
     }

@@ -1,4 +1,4 @@
-// A gated delta-rule layer (Qwen3.5's linear attention) between its products, over a step's rows, each
+// A gated delta-rule layer (Qwen3.5's and Qwen3-Next's linear attention) between its products, over a step's rows, each
 // sequence's a run of consecutive rows with one state slot (a run that starts at the sequence's first
 // token, context length 1, starts from zeros):
 //   1. a run at a time: each channel of the qkv product convolved with the taps - 1 inputs before (the
@@ -40,6 +40,9 @@ struct DeltaMixer {
     const int64_t* slots;  // [rows]: each row's state slot (a run's rows share one)
     const int64_t* lens;   // [rows]: each row's context length (1: its sequence's first token)
     int64_t rows, key_heads, heads, key_dim, value_dim, taps;
+    // the key head a value head reads: 1, the value heads of a key head side by side (Hugging Face's order,
+    // Qwen3-Next files'); 0, tiled (Qwen3.5 files': value head h reads key head h mod key_heads)
+    int64_t grouped;
     double eps;
 
     int64_t width() const { return 2 * key_heads * key_dim + heads * value_dim; }
@@ -47,7 +50,7 @@ struct DeltaMixer {
     // Stage 2 for head h of the run of rows [start, start + n): its rows through the head's matrix, each
     // answer normalised and gated.
     void recur(int64_t start, int64_t n, int64_t h, std::vector<T>& scratch) const {
-        const int64_t C = width(), kh = h % key_heads;  // (value head h reads key head h mod key_heads)
+        const int64_t C = width(), kh = grouped ? h / (heads / key_heads) : h % key_heads;
         scratch.resize(2 * key_dim + 3 * value_dim);
         T* q = scratch.data();
         T* k = q + key_dim;

@@ -11,7 +11,7 @@ import torch
 from . import native
 
 _int64, _pointer = ctypes.c_int64, ctypes.c_void_p
-ARGTYPES = [_pointer] * 14 + [_int64] * 6 + [ctypes.c_double]
+ARGTYPES = [_pointer] * 14 + [_int64] * 7 + [ctypes.c_double]
 
 
 def supports(x: torch.Tensor, states: list[torch.Tensor]) -> bool:
@@ -35,5 +35,6 @@ def mixer(mixed, conv_weight, alpha, beta, dt_bias, decay_rate, z, norm_weight, 
         mixed.data_ptr(), conv_weight.data_ptr(), conv_states.data_ptr(), alpha.data_ptr(), beta.data_ptr(),
         dt_bias.data_ptr(), decay_rate.data_ptr(), matrices.data_ptr(), z.data_ptr(), norm_weight.data_ptr(),
         convolved.data_ptr(), out.data_ptr(), runs.row_slots.data_ptr(), runs.row_lens.data_ptr(), rows,
-        shape.key_heads, shape.value_heads, shape.key_dim, shape.value_dim, shape.conv_size, ctypes.c_double(eps))
+        shape.key_heads, shape.value_heads, shape.key_dim, shape.value_dim, shape.conv_size, int(shape.grouped),
+        ctypes.c_double(eps))
     return out

@@ -112,7 +112,7 @@ def test_bad_sources(tmp_path, llama):
                  "glm4_moe_lite, gpt2, gpt_oss, granite, granitemoe, "
                  "granitemoehybrid, granitemoeshared, lfm2, lfm2_moe, llama, ministral3, mistral, mixtral, nemotron_h, olmo2, olmo3, "
                  "olmoe, phi3, "
-                 "qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, smollm3 "
+                 "qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next, smollm3 "
                  r"\(and, for their text, qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, gemma3, mistral3\)")
     with pytest.raises(ValueError, match=f"unsupported model_type 'bert'; supported: {supported}") as refused:
         Engine.from_pretrained(tmp_path)

@@ -464,9 +464,9 @@ def test_unsupported_architecture(tmp_path):
 @pytest.mark.parametrize("arch, metadata, message", [
     ("qwen2", {"qwen2.expert_count": 8},
      r"m.gguf is a qwen2 model with 8 experts; Loom runs experts in llama, qwen2moe, qwen3moe, granitemoe, olmoe, "
-     r"ernie4_5-moe, gpt-oss, lfm2moe, granitehybrid, qwen3vlmoe, qwen35moe, deepseek2, nemotron_h_moe, glm4moe files "
-     r"\(Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, "
-     r"Qwen3-VL's, Qwen3.5's, DeepSeek's, Nemotron 3's and GLM-4.5's\)"),
+     r"ernie4_5-moe, gpt-oss, lfm2moe, granitehybrid, qwen3vlmoe, qwen35moe, deepseek2, nemotron_h_moe, glm4moe, "
+     r"qwen3next files \(Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, OLMoE's, ERNIE 4.5's, gpt-oss's, "
+     r"LFM2-MoE's, Granite 4's, Qwen3-VL's, Qwen3.5's, Qwen3-Next's, DeepSeek's, Nemotron 3's and GLM-4.5's\)"),
     ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_weights_scale": 2.5},
      "m.gguf scales its experts' weights by 2.5, which Loom runs in deepseek2, glm4moe, lfm2moe, nemotron_h_moe files "
      "only"),
@@ -476,7 +476,7 @@ def test_unsupported_architecture(tmp_path):
      "m.gguf scores its experts by softmax, which Loom does not run for lfm2moe"),
     ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_shared_feed_forward_length": 1024},
      "m.gguf is a qwen3moe model with a shared expert, which Loom runs in deepseek2, ernie4_5-moe, glm4moe, "
-     "granitehybrid, granitemoe, nemotron_h_moe, qwen2moe, qwen35moe files only"),
+     "granitehybrid, granitemoe, nemotron_h_moe, qwen2moe, qwen35moe, qwen3next files only"),
     ("ernie4_5-moe", {"ernie4_5-moe.expert_count": 8, "ernie4_5-moe.expert_feed_forward_length": 64,
                       "ernie4_5-moe.expert_shared_feed_forward_length": 96},
      "ERNIE 4.5's shared expert is a whole number of experts wide; the file's is 96 wide, its experts 64"),

@@ -277,9 +277,9 @@ def with_random_norms(hf):
 # sigmoid routing with selection biases); LayerNorm and GELU
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_sliding", "mistral", "ministral3", "phi3", "qwen3", "smollm3",
                                   "granite", "mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "gemma", "gemma2",
-                                  "gemma3", "olmo2", "olmo3", "exaone4", "lfm2", "lfm2_moe", "qwen3_5", "granitemoehybrid",
-                                  "nemotron_h", "nemotron_h_moe", "glm4", "glm4_moe", "deepseek_v2", "deepseek_v3",
-                                  "glm4_moe_lite", "gpt2"])
+                                  "gemma3", "olmo2", "olmo3", "exaone4", "lfm2", "lfm2_moe", "qwen3_5", "qwen3_next",
+                                  "granitemoehybrid", "nemotron_h", "nemotron_h_moe", "glm4", "glm4_moe", "deepseek_v2",
+                                  "deepseek_v3", "glm4_moe_lite", "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS, ids=POOL_IDS)
 @pytest.mark.parametrize("streams", [2, 5, 21, "split"])  # rows at a time; panels; split rows
 def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, streams, two_threads):
@@ -297,7 +297,7 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, 
     from ..conftest import tiny_model
 
     model = models.load(with_random_norms(tiny_model(arch, **NATIVE_ROUTES.get(arch, {}))), dtype=dtype).model
-    if arch.startswith(("gemma", "qwen3_5")) and dtype == torch.float64:
+    if arch.startswith(("gemma", "qwen3_5", "qwen3_next")) and dtype == torch.float64:
         assert model.decoder_layers is None
         return
     assert model.decoder_layers is not None
@@ -395,8 +395,8 @@ def test_native_activations_are_zero_where_torch_underflows(arch, two_threads):
 
 @needs_kernel
 @pytest.mark.parametrize("arch", ["llama", "qwen2_sliding", "mistral", "ministral3", "qwen3", "smollm3", "granite",
-                                  "gemma", "gemma2", "gemma3", "olmo3", "exaone4", "lfm2", "qwen3_5", "granitemoehybrid",
-                                  "nemotron_h", "gpt2"])
+                                  "gemma", "gemma2", "gemma3", "olmo3", "exaone4", "lfm2", "qwen3_5", "qwen3_next",
+                                  "granitemoehybrid", "nemotron_h", "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS[:3], ids=POOL_IDS[:3])
 @pytest.mark.parametrize("pass_rows,threads", [(128, 1), (128, 2), (5, 2), (7, 1)])
 def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtype, pass_rows, threads, monkeypatch):
@@ -412,11 +412,12 @@ def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtyp
 
     from ..conftest import tiny_model
 
-    if arch.startswith(("gemma", "qwen3_5")) and dtype == torch.float64:
-        pytest.skip("Gemma's and Qwen3.5's native layers run in float32 only")
+    if arch.startswith(("gemma", "qwen3_5", "qwen3_next")) and dtype == torch.float64:
+        pytest.skip("Gemma's, Qwen3.5's and Qwen3-Next's native layers run in float32 only")
     # (Granite 4's dense hybrid: a model with routed experts keeps its rows on the team, and weighs them in float32)
-    dense = {"num_local_experts": 0} if arch == "granitemoehybrid" else {}
-    model = models.load(with_random_norms(tiny_model(arch, **dense)), dtype=dtype).model
+    # (Qwen3-Next's every layer dense: mlp_only_layers)
+    dense = {"granitemoehybrid": {"num_local_experts": 0}, "qwen3_next": {"mlp_only_layers": [0, 1, 2, 3]}}
+    model = models.load(with_random_norms(tiny_model(arch, **dense.get(arch, {}))), dtype=dtype).model
     layers = model.decoder_layers
     gen = torch.Generator().manual_seed(7)
     tokens = lambda n: torch.randint(4, 90, (n,), generator=gen).tolist()
@@ -463,7 +464,7 @@ def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtyp
         # a key the two paths round apart by its last bit moves the next layers' keys, and Gemma's four
         # norms a layer (factors up to 2.5 here) carry that further: 3 float16 steps at most seen
         tolerance = 2e-3
-    if arch == "qwen3_5" and cache_dtype == torch.float32:
+    if arch in ("qwen3_5", "qwen3_next") and cache_dtype == torch.float32:
         # the delta rule's state carries a rounding from each of a prompt's tokens to the next: one logit of 1,280
         # 1.6e-4 apart (4.7e-4 of it) since 27a4da6, 4.3e-5 before (the same sources with mamba_scan.cpp built
         # into the library beside them gave 1.6e-4 too); both paths within 1e-4 of a float64 reference
