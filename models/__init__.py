@@ -19,6 +19,7 @@ from torch import nn
 from .checkpoints import gguf, huggingface
 from .checkpoints.vision_language import TEXT_MODELS
 from .families.deepseek import FAMILIES as DEEPSEEK_FAMILIES, DeepSeek, DeepSeekSpec
+from .families.falcon_h1 import FAMILIES as FALCON_H1_FAMILIES, FalconH1, FalconH1Spec
 from .families.gemma import Gemma, GemmaSpec
 from .families.gpt2 import GPT2, GPT2Spec
 from .families.granite_hybrid import FAMILIES as GRANITE_HYBRID_FAMILIES, GraniteHybrid, GraniteHybridSpec
@@ -43,6 +44,7 @@ ARCHITECTURES = {"gpt2": (GPT2Spec, GPT2), "gemma": (GemmaSpec, Gemma), "gemma2"
                  **{family: (Qwen35Spec, Qwen35) for family in QWEN35_FAMILIES},
                  **{family: (GraniteHybridSpec, GraniteHybrid) for family in GRANITE_HYBRID_FAMILIES},
                  **{family: (NemotronHSpec, NemotronH) for family in NEMOTRON_H_FAMILIES},
+                 **{family: (FalconH1Spec, FalconH1) for family in FALCON_H1_FAMILIES},
                  **{family: (DeepSeekSpec, DeepSeek) for family in DEEPSEEK_FAMILIES}}
 
 

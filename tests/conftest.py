@@ -66,6 +66,7 @@ def _mamba2_scan_in_float64(module, hidden_states, B, C, dt, cache, **_):
 TRANSFORMERS_MAMBA2_SCAN = transformers.models.granitemoehybrid.modeling_granitemoehybrid.mamba2_scan_forward
 transformers.models.granitemoehybrid.modeling_granitemoehybrid.mamba2_scan_forward = _mamba2_scan_in_float64
 transformers.models.nemotron_h.modeling_nemotron_h.mamba2_scan_forward = _mamba2_scan_in_float64  # (Nemotron-H's too)
+transformers.models.falcon_h1.modeling_falcon_h1.mamba2_scan_forward = _mamba2_scan_in_float64  # (and Falcon-H1's)
 
 CONFIGS = {
     "gpt2": lambda: transformers.GPT2Config(
@@ -218,6 +219,16 @@ CONFIGS = {
         linear_value_head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
         shared_expert_intermediate_size=32, initializer_range=0.15, experts_implementation="eager",
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
+    # Falcon-H1: each layer attending and mixing through Mamba2 (eight heads of 8 in two groups, gated without a
+    # norm, as Falcon-H1's are) at once, every μP multiplier of its own
+    "falcon_h1": lambda: transformers.FalconH1Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        pad_token_id=0, mamba_d_ssm=64, mamba_n_heads=8, mamba_d_head=8, mamba_d_state=16, mamba_n_groups=2,
+        mamba_d_conv=4, mamba_rms_norm=False, embedding_multiplier=2.0, lm_head_multiplier=0.5,
+        key_multiplier=0.7, attention_in_multiplier=1.3, attention_out_multiplier=0.8, ssm_in_multiplier=1.2,
+        ssm_out_multiplier=0.9, mlp_multipliers=[1.1, 0.9], ssm_multipliers=[1.1, 0.9, 1.2, 0.8, 1.3],
+        initializer_range=0.15, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
     # Granite 4 H: Mamba2 layers (eight heads of 16 in two groups) around an attention layer without rotary,
     # routed experts beside a shared one, Granite's multipliers
     "granitemoehybrid": lambda: transformers.GraniteMoeHybridConfig(
@@ -312,7 +323,7 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "exaone4": transformers.Exaone4ForCausalLM, "gemma": transformers.GemmaForCausalLM,
                  "gemma2": transformers.Gemma2ForCausalLM, "lfm2": transformers.Lfm2ForCausalLM,
                  "lfm2_moe": transformers.Lfm2MoeForCausalLM, "qwen3_5": transformers.Qwen3_5ForCausalLM,
-                 "qwen3_next": transformers.Qwen3NextForCausalLM,
+                 "qwen3_next": transformers.Qwen3NextForCausalLM, "falcon_h1": transformers.FalconH1ForCausalLM,
                  "granitemoehybrid": transformers.GraniteMoeHybridForCausalLM, "gemma3": transformers.Gemma3ForCausalLM,
                  "nemotron_h": transformers.NemotronHForCausalLM, "nemotron_h_moe": transformers.NemotronHForCausalLM,
                  "glm4": transformers.Glm4ForCausalLM,
@@ -611,6 +622,32 @@ def _nemotron_h_metadata(c) -> dict:
             **(experts if "moe" in c.layers_block_type else {})}
 
 
+def _falcon_h1_state(hf) -> dict:
+    """A Falcon-H1 model's weights as llama.cpp's converter writes them, under the Llama names write_gguf_of knows:
+    every μP multiplier folded into the weights (the attention's input into q, k and v, the keys' into k, Mamba2's
+    input and its input product's five parts into in_proj, the outputs' into o_proj and out_proj, the MLP's into
+    its gate and down products, the embeddings' and the logits' into theirs)."""
+    c = hf.config
+    rows = torch.cat([torch.full((w,), m, dtype=torch.float64) for w, m in zip(
+        [c.mamba_d_ssm, c.mamba_d_ssm, c.mamba_n_groups * c.mamba_d_state, c.mamba_n_groups * c.mamba_d_state,
+         c.mamba_n_heads], c.ssm_multipliers)])
+    scales = {"q_proj": c.attention_in_multiplier, "k_proj": c.attention_in_multiplier * c.key_multiplier,
+              "v_proj": c.attention_in_multiplier, "o_proj": c.attention_out_multiplier,
+              "out_proj": c.ssm_out_multiplier, "gate_proj": c.mlp_multipliers[0], "down_proj": c.mlp_multipliers[1],
+              "lm_head": c.lm_head_multiplier, "embed_tokens": c.embedding_multiplier}
+    state = {}
+    for name, tensor in hf.state_dict().items():
+        if name.endswith("mup_vector"):
+            continue
+        product = name.split(".")[-2]
+        tensor = tensor * scales.get(product, 1.0)
+        if product == "in_proj":
+            tensor = tensor * c.ssm_in_multiplier * rows.to(tensor.dtype)[:, None]
+        name = name.replace("model.final_layernorm", "model.norm").replace(".feed_forward.", ".mlp.")
+        state[name.replace(".pre_ff_layernorm.", ".post_attention_layernorm.")] = tensor
+    return state
+
+
 def _glm4_moe_metadata(c) -> dict:
     """A GLM-4.5 config's metadata as llama.cpp's converter writes it: its rotary's share of a head, its experts
     (DeepSeek-V3's routing: sigmoid scores, the chosen renormalised and scaled), its dense leading layers."""
@@ -730,6 +767,11 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         metadata = (_nemotron_h_metadata(c) if nemotron else _granite_hybrid_metadata(c)) | (metadata or {})
     if lfm2:
         writer.add_uint32(f"{arch}.shortconv.l_cache", c.conv_L_cache)
+    falcon = arch == "falcon-h1"
+    if falcon:  # its Mamba2 sizes (Granite 4's keys)
+        metadata = {"ssm.conv_kernel": c.mamba_d_conv, "ssm.state_size": c.mamba_d_state,
+                    "ssm.group_count": c.mamba_n_groups, "ssm.time_step_rank": c.mamba_n_heads,
+                    "ssm.inner_size": c.mamba_d_ssm, **(metadata or {})}
     qwen35 = arch in ("qwen35", "qwen35moe", "qwen3next")
     if qwen35:  # its delta-rule layers' sizes and places, its rotary's share of a head
         metadata = {"ssm.conv_kernel": c.linear_conv_kernel_dim, "ssm.state_size": c.linear_key_head_dim,
@@ -755,6 +797,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     def add(name, values):
         if name.endswith(leave_out):
             return None
+        if falcon and name.endswith(".ffn_norm.weight"):  # (its converter names Falcon-H1's without a kind)
+            name = name.removesuffix(".weight")
         if matrices is None or values.ndim < 2 or values.shape[-1] % 32 or name.endswith((
                 "ffn_gate_inp.weight", ".bias", "shortconv.conv.weight", "ssm_conv1d.weight", "ssm_norm.weight",
                 "ssm_a", "ssm_d")):
@@ -770,7 +814,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
              **({"post_self_attn_layernorm": "post_attention_norm", "post_mlp_layernorm": "post_ffw_norm"}
                 if arch == "glm4" else {}), **(GGUF_DEEPSEEK2_NAMES if arch == "deepseek2" else {}),
              **({"post_attention_layernorm": "post_attention_norm"} if arch == "glm4moe" else {})}
-    for name, tensor in hf.state_dict().items():
+    for name, tensor in (_falcon_h1_state(hf) if falcon else hf.state_dict()).items():
         if name.startswith("model.visual."):
             continue
         name = name.replace("model.language_model.", "model.", 1)
@@ -792,7 +836,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         if qwen35 and (written := _qwen35_tensor(rest, values, c)) is not None:
             add(f"blk.{layer}.{written[0]}", written[1])
             continue
-        if hybrid and (written := _granite_hybrid_tensor(rest, values, c)) is not None:
+        if (hybrid or falcon) and (written := _granite_hybrid_tensor(rest, values, c)) is not None:
             for part, part_values in written:
                 add(f"blk.{layer}.{part}", np.ascontiguousarray(part_values))
             continue

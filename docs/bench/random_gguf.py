@@ -25,6 +25,8 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape nemotron3-nano-30b-a3b-12l --format q4_k_m --vocab 131072 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape glm45air-106b-a12b-6l --format q4_k_m --vocab 151552 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape qwen3next-80b-a3b-8l --format q4_k_m --vocab 151936 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape falcon-h1-0.5b --format q4_k_m --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape falcon-h1-7b --format q4_k_m --vocab 130049 --out /tmp/gguf
 
 Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), mxfp4
 (gpt-oss's files as ggml-org publishes them: the experts in MXFP4, the other matrices in Q8_0), q4_k_m
@@ -63,7 +65,9 @@ layout with 32 value heads, every layer's MLP 256 experts of 512 rows, 8 a token
 rows weighted by its own one-row router; its output layer its own; the -10l one ten of its forty layers); the
 qwen3next ones as Qwen3-Next-80B-A3B's (architecture qwen3next: the qwen35moe layout with beta and alpha one
 ssm_ba of 64 rows, the rotary a plain one over a quarter of each head, 512 experts of 512 rows, 10 a token;
-the -8l one eight of its 48 layers);
+the -8l one eight of its 48 layers); the falcon-h1 ones as Falcon-H1-0.5B's and 7B's (architecture falcon-h1:
+every layer's attention and Mamba2 mixer side by side over one norm, 24 Mamba2 heads of 64 (the 7B's 128) with
+a state of 128 (256) and one group, no norm of their answers, its rotary's base 1e11; its output layer its own);
 the glm4 one as GLM-4-9B-0414's (architecture glm4: biases on q/k/v, two K/V heads of 128, the rotary over half of
 each head, post_attention_norm and post_ffw_norm after the attention and the MLP (Gemma's names), gate and up
 one ffn_up of 2 x 13696
@@ -173,6 +177,8 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "glm47flash-30b-a3b-12l": (2048, 10240, 12, 20, 1),
           # Nemotron 3 Nano 30B-A3B's (its intermediate: an expert's width), and its first twelve layers
           "nemotron3-nano-30b-a3b": (2688, 1856, 52, 32, 2), "nemotron3-nano-30b-a3b-12l": (2688, 1856, 12, 32, 2),
+          # Falcon-H1-0.5B's and 7B's (their MLP widths from their parameter counts)
+          "falcon-h1-0.5b": (1024, 2048, 36, 8, 2), "falcon-h1-7b": (3072, 12288, 44, 12, 2),
           # GLM-4.5-Air's, and its first six layers
           "glm45air-106b-a12b": (4096, 10944, 46, 96, 8), "glm45air-106b-a12b-6l": (4096, 10944, 6, 96, 8)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
@@ -180,7 +186,7 @@ UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-
           "qwen2moe-a2.7b", "qwen35-9b", "qwen3vl-8b", "qwen3vlmoe-30b-a3b", "nemotronh-4b", "nemotronh-8b",
           "qwen35moe-35b-a3b", "qwen35moe-35b-a3b-10l", "glm4-9b", "deepseek2-16b", "glm47flash-30b-a3b",
           "glm47flash-30b-a3b-12l", "nemotron3-nano-30b-a3b", "nemotron3-nano-30b-a3b-12l", "glm45air-106b-a12b",
-          "glm45air-106b-a12b-6l", "qwen3next-80b-a3b", "qwen3next-80b-a3b-8l",
+          "glm45air-106b-a12b-6l", "qwen3next-80b-a3b", "qwen3next-80b-a3b-8l", "falcon-h1-0.5b", "falcon-h1-7b",
           "nemotronh-nano-9b"}  # the shapes whose output layer
 # is a tensor of its own
 
@@ -267,6 +273,8 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
                              input_norms=False),
            "qwen35": Layout("qwen35", head=256, rope_base=1e7, eps=1e-6, context=262144, head_norms=True,
                             mlp_norm="post_attention_norm", delta=(16, 16, 128)),
+           # (its shapes by "falcon"; its converter folds its multipliers into the weights: random ones need none)
+           "falcon": Layout("falcon-h1", head=64, rope_base=1e11, eps=1e-5, context=16384, mamba=(24, 64, 128, 1)),
            "granite4h": Layout("granitehybrid", eps=1e-5, context=1 << 20, scales=(12.0, 0.22, 0.0078125, 8.0),
                                attending=(5, 15, 25, 35), mamba=(48, 64, 128, 1)),
            "qwen3vl": Layout("qwen3vl", head=128, rope_base=5e6, eps=1e-6, context=262144, head_norms=True,
@@ -305,6 +313,7 @@ SHAPE_LAYOUTS = {"gemma3-4b": replace(LAYOUTS["gemma3"], window=1024, linear_rop
                  **{shape: replace(LAYOUTS["qwen35"], arch="qwen3next", delta=(16, 32, 128), experts=(512, 10, 512),
                                    shared_expert=512, shared_gate=True)
                     for shape in ("qwen3next-80b-a3b", "qwen3next-80b-a3b-8l")},
+                 "falcon-h1-7b": replace(LAYOUTS["falcon"], head=128, mamba=(24, 128, 256, 1)),
                  "granite4h-350m": replace(LAYOUTS["granite4h"], attending=(3, 11, 19, 27), mamba=(48, 32, 128, 1)),
                  "granite4h-micro": replace(LAYOUTS["granite4h"], mamba=(64, 64, 128, 1)),
                  "granite4h-tiny": replace(LAYOUTS["granite4h"], experts=(64, 6, 512), shared_expert=1024),
@@ -341,8 +350,10 @@ HALF_RANGE = {Q.Q2_K: (1.5e-3, 3e-3), Q.Q3_K: (5e-4, 1e-3), Q.Q4_K: (2e-4, 6e-4)
 
 def tensor_type(name: str, layer: int, layers: int, fmt: str, width: int, tied: bool, shared_heads: int) -> Q:
     if name.endswith(("norm.weight", ".bias", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight",
-                      "attn_sinks.weight", "shortconv.conv.weight", "ssm_conv1d.weight", ".ssm_a", ".ssm_d")):
-        # (nor any router, nor a convolution's taps, nor the recurrent layers' decay rates and skips)
+                      "attn_sinks.weight", "shortconv.conv.weight", "ssm_conv1d.weight", ".ssm_a", ".ssm_d",
+                      ".ffn_norm")):
+        # (nor any router, nor a convolution's taps, nor the recurrent layers' decay rates and skips; Falcon-H1's
+        # MLP norm has no kind in its name)
         return Q.F32
     if fmt == "mxfp4":
         return Q.MXFP4 if "_exps." in name else Q.Q8_0
@@ -466,6 +477,14 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
                                 *((f"{n}.weight", s) for n, s in ((family.mlp_norm, (hidden,)), *mlp))):
                 yield f"blk.{i}.{name}", i, shape
             continue
+        if family.arch == "falcon-h1":  # attention and Mamba2 side by side (its answers gated, not normed), the MLP
+            mixer = [t for t in mamba2_tensors(hidden, family.mamba) if t[0] != "ssm_norm.weight"]
+            for name, shape in (("attn_norm.weight", (hidden,)), ("attn_q.weight", (q, hidden)),
+                                ("attn_k.weight", (kv, hidden)), ("attn_v.weight", (kv, hidden)),
+                                ("attn_output.weight", (hidden, q)), *mixer, ("ffn_norm", (hidden,)),  # (no kind)
+                                *((f"{n}.weight", s) for n, s in mlp)):
+                yield f"blk.{i}.{name}", i, shape
+            continue
         if family.mamba and i not in family.attending:  # a Mamba2 layer, then the MLP
             for name, shape in (("attn_norm.weight", (hidden,)), *mamba2_tensors(hidden, family.mamba),
                                 *((f"{n}.weight", s) for n, s in ((family.mlp_norm, (hidden,)), *mlp))):
@@ -547,7 +566,7 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_ssm_inner_size(ssm_heads * width)
         if family.pattern:  # (llama.cpp's Nemotron-H requires the plain epsilon)
             writer.add_layer_norm_eps(family.eps)
-        else:
+        elif family.arch != "falcon-h1":
             writer.add_rope_scaling_finetuned(False)
     if family.vision_sections:
         writer.add_array(f"{family.arch}.rope.dimension_sections", list(family.vision_sections))

@@ -22,6 +22,7 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3_moe", "nemotron_h": "nemotron_h",
                  "nemotron_h_moe": "nemotron_h",  # (Nemotron 3's mixtures: its experts' layers told by their widths)
                  "glm4": "glm4", "glm4moe": "glm4_moe",  # (GLM-4.5 and 4.6, GLM-4.5-Air)
+                 "falcon-h1": "falcon_h1",
                  # DeepSeek-V2 and V3, Kimi K2, Moonlight, GLM-4.7-Flash (V2's softmax, V3's sigmoid: _deepseek2)
                  "deepseek2": "deepseek_v3"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
@@ -160,6 +161,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
                    "mlp_bias": any(name.endswith(".ffn_up.bias") for name in tensors)}
     if arch == "deepseek2":
         config |= _deepseek2(key, config)
+    if arch == "falcon-h1":
+        config |= _falcon_h1_layers(arch, key, tensors, file_name)
     if arch == "glm4moe":  # (its q/k norms where the file has them: GLM-4.5's, not Air's)
         config["use_qk_norm"] = "blk.0.attn_q_norm.weight" in tensors
     if arch == "qwen2moe":  # (llama.cpp's adds the biases a file has)
@@ -410,6 +413,20 @@ def _granite_hybrid_layers(arch: str, key, heads: int, config: dict, file_name: 
     if not config.get("num_local_experts"):
         fields |= {"shared_intermediate_size": config["intermediate_size"], "num_local_experts": 0}
     return fields
+
+
+def _falcon_h1_layers(arch: str, key, tensors: dict, file_name: str) -> dict:
+    """A Falcon-H1 file's Mamba2 sizes as transformers names them; its gated answers normed where the file has the
+    norm (llama.cpp's reading: gated, then normed); no multipliers, which its converter folded into the weights;
+    the biases it has (which falcon_h1.py refuses)."""
+    sizes = _mamba2_sizes(arch, key, file_name)
+    heads, inner = sizes["time_step_rank"], sizes["inner_size"]
+    has = lambda name: f"blk.0.{name}" in tensors
+    return {"mamba_d_conv": sizes["conv_kernel"], "mamba_d_state": sizes["state_size"],
+            "mamba_n_groups": sizes["group_count"], "mamba_n_heads": heads, "mamba_d_head": inner // heads,
+            "mamba_d_ssm": inner, "mamba_rms_norm": has("ssm_norm.weight"), "mamba_norm_before_gate": False,
+            "mamba_conv_bias": has("ssm_conv1d.bias"), "attention_bias": has("attn_output.bias"),
+            "mlp_bias": has("ffn_gate.bias") or has("ffn_up.bias") or has("ffn_down.bias")}
 
 
 def _nemotron_h_layers(arch: str, key, heads: int, config: dict, file_name: str) -> dict:

@@ -35,19 +35,22 @@ class Mamba2Shape:
     eps: float
     bias: bool = False       # the input and output products add biases
     conv_bias: bool = True
+    norm: bool = True        # the gated answers RMS-normed a group at a time (Falcon-H1's may be gated alone)
 
     @classmethod
     def from_hf(cls, c: dict, prefix: str = "mamba_") -> "Mamba2Shape":
-        """From Granite 4's Mamba2 fields (``mamba_*``), refusing what Loom does not run."""
+        """From Granite 4's (and Falcon-H1's) Mamba2 fields (``mamba_*``), refusing what Loom does not run."""
         get = lambda name, default=None: c.get(prefix + name, default)
-        inner = round(get("expand", 2) * c["hidden_size"])  # (a GGUF file's expand: its inner width / hidden)
+        # (Falcon-H1's d_ssm, else expand x hidden; a GGUF file's expand: its inner width / hidden)
+        inner = get("d_ssm") or round(get("expand", 2) * c["hidden_size"])
         heads = get("n_heads", 128)
         head_dim = get("d_head", "auto")
         head_dim = inner // heads if head_dim in (None, "auto") else head_dim
         if heads * head_dim != inner:
             raise ValueError(f"Mamba2's {heads} heads of {head_dim} must make its inner width {inner} (expand x hidden)")
         return cls.checked(c, heads, head_dim, get("d_state", 256), get("n_groups", 1), get("d_conv", 4),
-                           c.get("rms_norm_eps", 1e-6), bool(get("proj_bias", False)), bool(get("conv_bias", True)))
+                           c.get("rms_norm_eps", 1e-6), bool(get("proj_bias", False)), bool(get("conv_bias", True)),
+                           bool(get("rms_norm", True)))
 
     @classmethod
     def from_nemotron_h(cls, c: dict) -> "Mamba2Shape":
@@ -60,7 +63,7 @@ class Mamba2Shape:
 
     @classmethod
     def checked(cls, c: dict, heads: int, head_dim: int, state_size: int, groups: int, conv_size: int, eps: float,
-                bias: bool, conv_bias: bool) -> "Mamba2Shape":
+                bias: bool, conv_bias: bool, norm: bool = True) -> "Mamba2Shape":
         """The shape, or a ValueError for groups that do not divide the heads or time steps ``c`` clamps."""
         if heads % groups:
             raise ValueError(f"Mamba2's groups ({groups}) must divide its heads ({heads})")
@@ -70,7 +73,7 @@ class Mamba2Shape:
         if limit != (0.0, float("inf")):
             raise ValueError(f"Mamba2 with time steps clamped to {list(limit)} is not supported; llama.cpp's and Loom's "
                              "run them unclamped (time_step_limit (0, inf))")
-        return cls(heads, head_dim, state_size, groups, conv_size, eps, bias, conv_bias)
+        return cls(heads, head_dim, state_size, groups, conv_size, eps, bias, conv_bias, norm)
 
     @property
     def inner(self) -> int:
@@ -103,7 +106,7 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = nn.Parameter(torch.empty(m.heads))
         self.decay = nn.Parameter(torch.empty(m.heads))  # A = -exp(A_log): llama.cpp's ssm_a
         self.skip = nn.Parameter(torch.empty(m.heads))   # D
-        self.norm = nn.Parameter(torch.empty(m.inner))
+        self.norm = nn.Parameter(torch.empty(m.inner)) if m.norm else None
         self.out = nn.Linear(m.inner, hidden_size, bias=m.bias)
 
     @staticmethod
@@ -121,7 +124,8 @@ class Mamba2Mixer(nn.Module):
         decay = prefix + "ssm_a"
         out[out_prefix + "decay"] = hf[decay].reshape(-1) if decay in hf else -torch.exp(hf[prefix + "A_log"])
         out[out_prefix + "skip"] = hf[prefix + "D"].reshape(-1)
-        out[out_prefix + "norm"] = hf[prefix + "norm.weight"].reshape(-1)
+        if m.norm:
+            out[out_prefix + "norm"] = hf[prefix + "norm.weight"].reshape(-1)
         return out
 
     def forward(self, x, states: list[torch.Tensor], runs: StateRuns) -> torch.Tensor:
@@ -166,10 +170,13 @@ def scan(x, dt, decay, b, c, matrices: torch.Tensor, runs: StateRuns) -> torch.T
     return out.to(dtype)
 
 
-def gated_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, groups: int, eps: float) -> torch.Tensor:
-    """y SiLU(z), RMS-normed a group at a time (in float32 at least, as transformers), times ``weight``."""
+def gated_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor | None, groups: int, eps: float) -> torch.Tensor:
+    """y SiLU(z), RMS-normed a group at a time (in float32 at least, as transformers), times ``weight`` (None: not
+    normed)."""
     dtype = y.dtype
     work = torch.promote_types(dtype, torch.float32)
     h = (y.to(work) * F.silu(z.to(work))).view(y.shape[0], groups, -1)
+    if weight is None:
+        return h.flatten(1).to(dtype)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.flatten(1).to(dtype)

@@ -99,8 +99,9 @@ struct DeltaLayer {
 // parameters in the layers' type (conv_bias may be null) and this layer's states in the pool (set where
 // the pool is bound): the convolution's last inputs and the heads' matrices.
 struct MambaLayer {
-    const void *conv, *conv_bias, *dt_bias, *decay, *skip, *norm;
+    const void *conv, *conv_bias, *dt_bias, *decay, *skip, *norm;  // (norm null: its answers gated alone)
     void *conv_states, *states;
+    const Weights *in, *out;  // its own products beside an attention (Falcon-H1's; null in the attention's place)
     int64_t heads, head_dim, state_size, groups, taps;
     double eps;
 
@@ -175,6 +176,7 @@ struct Layer {
     // values times its sigmoid before the output product
     const DeltaLayer* delta;
     const MambaLayer* mamba;  // Granite 4's Mamba2 in the attention's place (null elsewhere)
+    const MambaLayer* mamba_beside;  // Falcon-H1's Mamba2 beside the attention, over its input (null elsewhere)
     const LatentLayer* latent;  // DeepSeek's latent attention in the attention's place (null elsewhere)
     int64_t hidden, intermediate, heads, kv_heads, dim, window, layer_norm, activation, window_angles, rotates,
         norms_across_heads, conv_taps, gated;
@@ -419,6 +421,9 @@ struct Intermediates {
     // a delta-rule layer's (null elsewhere): its convolution's output [rows, conv width], z [rows, its
     // answers' width], beta's and alpha's logits [rows, heads]; a Mamba2 layer's convolution's output
     T *convolved = nullptr, *z = nullptr, *beta = nullptr, *alpha = nullptr;
+    // a Mamba2 beside the attention's (null elsewhere): its input product's output [rows, projection], its answers
+    // [rows, inner]
+    T *projected = nullptr, *answers = nullptr;
     // a latent attention's (null elsewhere): the queries where they come from a low rank [rows, heads x (nope +
     // rope)], kv_down's output [rows, kv_rank + rope], the keys as the pool keeps them [rows, dim], the heads'
     // values [rows, heads x value]
@@ -451,9 +456,16 @@ struct Intermediates {
         attn = take(rows * q_width);
         up = take(std::max(std::max(rows, pairs) * l.intermediate, rows * shared) * 2);
         delta = take(rows * l.hidden);
+        const int64_t beside = l.mamba_beside == nullptr ? 0 : l.mamba_beside->inner();
         scratch = take(product_scratch_size<T>(std::max(rows, pairs), std::max({l.hidden, q_width, l.intermediate,
-                                                                                shared})));
+                                                                                shared, beside})));
         if (l.mamba != nullptr) convolved = take(rows * l.mamba->conv_width());
+        if (l.mamba_beside != nullptr) {
+            const MambaLayer& m = *l.mamba_beside;
+            convolved = take(rows * m.conv_width());
+            projected = take(rows * m.projection());
+            answers = take(rows * m.inner());
+        }
         if (l.latent != nullptr) {
             const LatentLayer& m = *l.latent;
             if (m.q_up != nullptr) queries = take(rows * m.queries(l.heads));
@@ -614,6 +626,20 @@ void expert_phases(const T* h, const Layer<T, C>& l, int64_t rows, const Interme
     }
 }
 
+// A Mamba2 layer's rows between its products (mamba_scan.h): ``projected`` [rows, m.projection()] its input
+// product's, its answers into ``answers`` [rows, m.inner()], the step's sequences' states read and written in
+// their slots.
+template <typename T>
+void mamba_rows(const MambaLayer& m, const T* projected, int64_t rows, const Step<T>& s, T* convolved, T* answers) {
+    const Mamba2Mixer<T> mixer{projected, m.projection(), static_cast<const T*>(m.conv),
+                               static_cast<const T*>(m.conv_bias), static_cast<T*>(m.conv_states),
+                               static_cast<const T*>(m.dt_bias), static_cast<const T*>(m.decay),
+                               static_cast<const T*>(m.skip), static_cast<const T*>(m.norm), static_cast<T*>(m.states),
+                               convolved, answers, s.state_slots, s.lens, rows, m.heads, m.head_dim, m.state_size,
+                               m.groups, m.taps, m.eps};
+    mixer.run();
+}
+
 // One layer over the step's rows, its work shared among the threads of the enclosing team: every
 // phase ends at its work-sharing loop's barrier. ``scratch``: scratch_size(l, s.rows) elements, from
 // a cache line's start.
@@ -657,16 +683,9 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
         mixer.run();
         multiply(attn, answers, answers, l.out, nullptr, hidden, delta);
     } else if (l.mamba != nullptr) {  // Granite 4's Mamba2
-        const MambaLayer& m = *l.mamba;
         const int64_t answers = l.mixed_width();
         multiply(attn_in, hidden, hidden, l.qkv, l.qkv_bias, qkv_width, qkv);
-        const Mamba2Mixer<T> mixer{qkv, qkv_width, static_cast<const T*>(m.conv), static_cast<const T*>(m.conv_bias),
-                                   static_cast<T*>(m.conv_states), static_cast<const T*>(m.dt_bias),
-                                   static_cast<const T*>(m.decay), static_cast<const T*>(m.skip),
-                                   static_cast<const T*>(m.norm), static_cast<T*>(m.states), buffers.convolved, attn,
-                                   s.state_slots, s.lens, rows, m.heads, m.head_dim, m.state_size, m.groups, m.taps,
-                                   m.eps};
-        mixer.run();
+        mamba_rows(*l.mamba, qkv, rows, s, buffers.convolved, attn);
         multiply(attn, answers, answers, l.out, l.out_bias, hidden, delta);
     } else if (l.latent != nullptr) {  // DeepSeek's latent attention (LatentLayer)
         const LatentLayer& m = *l.latent;
@@ -717,6 +736,13 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
                               l.window, l.scale, l.softcap, l.sinks);
         if (l.gated) gate_rows(attn, qkv + q_width, qkv_width, rows, q_width);
         multiply(attn, q_width, q_width, l.out, l.out_bias, hidden, delta);
+    }
+    if (l.mamba_beside != nullptr) {  // its answers, through h (the input, read by now), added to the attention's
+        const MambaLayer& m = *l.mamba_beside;
+        multiply(attn_in, hidden, hidden, m.in, nullptr, m.projection(), buffers.projected);
+        mamba_rows(m, buffers.projected, rows, s, buffers.convolved, buffers.answers);
+        multiply(buffers.answers, m.inner(), m.inner(), m.out, nullptr, hidden, h);
+        add_rows(delta, h, rows * hidden);
     }
     if (l.attn_out_norm != nullptr) norm_rows<T>(delta, nullptr, l.attn_out_norm, nullptr, false, l.eps, delta, rows, hidden);
     if (scales_residuals) scale_values(delta, l.residual_scale, rows * hidden);

@@ -7,7 +7,7 @@ and 6 ctypes calls, which was a quarter of a one-stream step (docs/benchmarks-hi
 ``use_decoder_layers(model)`` attaches them where the model qualifies: GPT-2, Gemma 1, 2 and 3 in
 float32, OLMo 2 and 3, LFM2 (its short convolutions in the attention's place, and LFM2-MoE's experts),
 Qwen3.5 and Qwen3-Next in float32 (their gated delta rule in the attention's place, their other layers' attention gated), Granite 4's
-hybrids (Mamba2 in the attention's place),
+hybrids (Mamba2 in the attention's place), Falcon-H1 (Mamba2 beside it),
 or a Llama-family model (Qwen3's per-head q/k norms and OLMoE's across heads, Ministral 3's queries scaled by position, SmolLM3's layers without rotary, Granite's scaled residuals,
 gpt-oss's sinks and the mixtures' routed and shared experts, biases and clamped SwiGLU included) whose linear layers,
 the output layer's too, are CpuLinear or BlockLinear. A prefill chunk within PREFILL_KEYS (a prompt of up to
@@ -34,6 +34,7 @@ from .cpu_linear import CpuLinear, default_panel_rows
 from ..families.deepseek import DeepSeek
 from ..families.gemma import Gemma
 from ..families.gpt2 import GPT2
+from ..families.falcon_h1 import FalconH1
 from ..families.granite_hybrid import GraniteHybrid
 from ..families.layers import NativeDecoding, RMSNorm, SquaredReLU, chunk_rows, prefill_keys
 from ..families.lfm2 import Lfm2
@@ -120,7 +121,7 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
     _fields_ = [(name, _pointer) for name in (
         "input_norm", "input_norm_bias", "post_norm", "post_norm_bias", "qkv", "qkv_bias", "out", "out_bias", "up",
         "up_bias", "down", "down_bias", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm", "k_cache", "v_cache",
-        "experts", "sinks", "conv", "conv_bias", "conv_cache", "delta", "mamba", "latent")]
+        "experts", "sinks", "conv", "conv_bias", "conv_cache", "delta", "mamba", "mamba_beside", "latent")]
     _fields_ += [(name, _int64) for name in (
         "hidden", "intermediate", "heads", "kv_heads", "dim", "window", "layer_norm", "activation", "window_angles",
         "rotates", "norms_across_heads", "conv_taps", "gated")]
@@ -136,7 +137,7 @@ class _DeltaLayer(ctypes.Structure):  # decoder_layer.cpp's DeltaLayer
 
 class _MambaLayer(ctypes.Structure):  # decoder_layer.cpp's MambaLayer
     _fields_ = [(name, _pointer) for name in (
-        "conv", "conv_bias", "dt_bias", "decay", "skip", "norm", "conv_states", "states")]
+        "conv", "conv_bias", "dt_bias", "decay", "skip", "norm", "conv_states", "states", "in_", "out")]
     _fields_ += [(name, _int64) for name in ("heads", "head_dim", "state_size", "groups", "taps")]
     _fields_ += [("eps", _double)]
 
@@ -189,6 +190,9 @@ def _products(model: Llama | Gemma | Olmo | Lfm2 | GPT2) -> list:
         layers = [m for b in model.layers for m in (
             (b.mixer.qkv, b.mixer.z, b.mixer.beta, b.mixer.alpha, b.mixer.out) if b.recurrent
             else (b.mixer.qkv, b.mixer.out)) + _mlp_products(b.mlp)]
+    elif isinstance(model, FalconH1):
+        layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.mamba.in_proj, b.mamba.out,
+                                                    *_mlp_products(b.mlp))]
     elif isinstance(model, GraniteHybrid):
         layers = [m for b in model.layers for m in (
             (b.mamba.in_proj, b.mamba.out) if b.recurrent else (b.attn.qkv, b.attn.out)) + _mlp_products(b.mlp)]
@@ -300,6 +304,7 @@ class DecoderLayers:
                  else self._olmo_layer if isinstance(model, Olmo) else self._lfm2_layer if isinstance(model, Lfm2)
                  else self._qwen35_layer if isinstance(model, Qwen35)
                  else self._deepseek_layer if isinstance(model, DeepSeek)
+                 else self._falcon_h1_layer if isinstance(model, FalconH1)
                  else self._granite_hybrid_layer if isinstance(model, GraniteHybrid) else self._llama_layer)
         layers = [layer(block, model.spec) for block in model.layers]
         # each layer's place in the pool: its K/V (kv_cache.layer), a convolution's rows (kv_cache.conv_layer)
@@ -377,14 +382,27 @@ class DecoderLayers:
         and the output's places, its parameters (in the layers' dtype) and states in a MambaLayer."""
         if not block.recurrent:
             return self._llama_layer(block, spec)
-        mixer, m = block.mamba, spec.mamba
-        layer = self._llama_layer(block, spec, mixer=(mixer.in_proj, mixer.out))
+        layer = self._llama_layer(block, spec, mixer=(block.mamba.in_proj, block.mamba.out))
+        layer.mamba = self._mamba(block.mamba, spec.mamba)
+        return layer
+
+    def _falcon_h1_layer(self, block, spec) -> _Layer:
+        """Llama's layer with a Mamba2 beside its attention: the Mamba2's own products, parameters and states in a
+        MambaLayer."""
+        layer = self._llama_layer(block, spec)
+        layer.mamba_beside = self._mamba(block.mamba, spec.mamba, (block.mamba.in_proj, block.mamba.out))
+        return layer
+
+    def _mamba(self, mixer, m, products: tuple = ()) -> int:
+        """The address of a Mamba2 mixer's MambaLayer: its parameters in the layers' dtype, its ``products`` (input,
+        output) where it has its own beside an attention; its states set where the pool is bound."""
+        weights = [_weights(p) for p in products]
+        own = [ctypes.addressof(w) for w in weights] or [None, None]
         mamba = _MambaLayer(*(self._in_dtype(t) for t in (mixer.conv, mixer.conv_bias, mixer.dt_bias, mixer.decay,
                                                            mixer.skip, mixer.norm)),
-                            None, None, m.heads, m.head_dim, m.state_size, m.groups, m.conv_size, m.eps)
-        self.weights.append(mamba)
-        layer.mamba = ctypes.addressof(mamba)
-        return layer
+                            None, None, *own, m.heads, m.head_dim, m.state_size, m.groups, m.conv_size, m.eps)
+        self.weights.append((mamba, weights))
+        return ctypes.addressof(mamba)
 
     def _deepseek_layer(self, block, spec) -> _Layer:
         """DeepSeek's latent attention: its queries' product (or their low rank's) and its output product in the
@@ -598,10 +616,11 @@ class DecoderLayers:
             for layer, (kind, place) in zip(self.layers, self.pool_places):
                 if kind == "conv":
                     layer.conv_cache = kv_cache.conv_layer(place).data_ptr()
-                elif kind == "state":  # (a delta rule's or a Mamba2's)
-                    mixer = _DeltaLayer.from_address(layer.delta) if layer.delta else _MambaLayer.from_address(layer.mamba)
+                if kind in ("state", "both"):  # (a delta rule's or a Mamba2's, in the attention's place or beside it)
+                    mixer = _DeltaLayer.from_address(layer.delta) if layer.delta else _MambaLayer.from_address(
+                        layer.mamba or layer.mamba_beside)
                     mixer.conv_states, mixer.states = (t.data_ptr() for t in kv_cache.state_layer(place))
-                else:
+                if kind in ("kv", "both"):
                     k_cache, v_cache = kv_cache.layer(place)
                     layer.k_cache, layer.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
             self._pool = kv_cache
@@ -614,10 +633,12 @@ class DecoderLayers:
 
 
 def _pool_kind(block) -> str:
-    """Where a block keeps its past in the pool: "kv", "conv" (LFM2's convolution rows) or "state" (Qwen3.5's
-    delta-rule states, Granite 4's Mamba2 states)."""
+    """Where a block keeps its past in the pool: "kv", "conv" (LFM2's convolution rows), "state" (Qwen3.5's
+    delta-rule states, Granite 4's Mamba2 states) or "both" (Falcon-H1's K/V and Mamba2 states, at one index)."""
     if getattr(block, "convolves", False):
         return "conv"
+    if getattr(block, "attn", None) is not None and getattr(block, "mamba", None) is not None:
+        return "both"
     return "state" if getattr(block, "recurrent", False) else "kv"
 
 

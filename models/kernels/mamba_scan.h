@@ -32,7 +32,7 @@ struct Mamba2Mixer {
     const T* dt_bias;       // [heads]
     const T* decay;         // [heads]: A, -exp(A_log)
     const T* skip;          // [heads]: D
-    const T* norm_weight;   // [inner]
+    const T* norm_weight;   // [inner], or null: the answers gated, not normed
     T* states;              // [slots, heads, head_dim, state_size]
     T* convolved;           // [rows, conv width]: scratch
     T* out;                 // [rows, inner]
@@ -71,12 +71,13 @@ struct Mamba2Mixer {
         }
     }
 
-    // Stage 3 for one row: gated, then normed a group at a time.
+    // Stage 3 for one row: gated, then normed a group at a time (where the layer has a norm: Falcon-H1's may not).
     void gate_and_norm(int64_t row) const {
         const int64_t width = inner() / groups;
         T* y = out + row * inner();
         const T* z = projected + row * stride;
         for (int64_t i = 0; i < inner(); ++i) y[i] *= silu(z[i]);
+        if (norm_weight == nullptr) return;
         for (int64_t g = 0; g < groups; ++g) {
             T* yg = y + g * width;
             T squares = 0;

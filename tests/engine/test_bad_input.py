@@ -108,7 +108,8 @@ def test_bad_sources(tmp_path, llama):
     with pytest.raises(FileNotFoundError, match="has no config.json"):
         Engine.from_pretrained(tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "bert"}')
-    supported = ("deepseek_v2, deepseek_v3, ernie4_5, ernie4_5_moe, exaone4, gemma, gemma2, gemma3_text, glm4, glm4_moe, "
+    supported = ("deepseek_v2, deepseek_v3, ernie4_5, ernie4_5_moe, exaone4, falcon_h1, gemma, gemma2, gemma3_text, glm4, "
+                 "glm4_moe, "
                  "glm4_moe_lite, gpt2, gpt_oss, granite, granitemoe, "
                  "granitemoehybrid, granitemoeshared, lfm2, lfm2_moe, llama, ministral3, mistral, mixtral, nemotron_h, olmo2, olmo3, "
                  "olmoe, phi3, "
