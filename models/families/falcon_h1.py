@@ -55,7 +55,8 @@ class FalconH1Spec(GraniteHybridSpec):
         factor = lambda name: 1.0 if given.get(name) is None else float(given[name])
         base = LlamaSpec.from_hf({**c, "logits_scaling": 1 / factor("lm_head_multiplier")})
         return cls(**{f.name: getattr(base, f.name) for f in fields(LlamaSpec)},
-                   layer_recurrent=(True,) * c["num_hidden_layers"], mamba=Mamba2Shape.from_hf(c),
+                   layer_recurrent=(True,) * c["num_hidden_layers"],  # (every layer runs Mamba2, and attends)
+                   mamba=Mamba2Shape.from_hf(c),
                    scales=tuple((product, math.prod(map(factor, names))) for product, names in FOLDED.items()),
                    ssm_multipliers=tuple(float(v) for v in c.get("ssm_multipliers") or (1.0,) * 5))
 
