@@ -211,7 +211,7 @@ def _hf_name(name: str, layer_names: dict) -> str:
 def _parts(name: str, info: TensorInfo, config: dict) -> list[tuple[str, TensorInfo]]:
     """The model's tensors that a file's tensor (``name``, transformers') gives, each with the file's rows it takes:
     the tensor itself, or Qwen3-Next's fused products' parts (qwen35.py's SPLITS), their rows taken from the
-    file's bytes before they are laid out (no row of a layout of sixteen rows side by side is taken alone)."""
+    file's bytes before any layout of the kernels' is made."""
     base, _, kind = name.rpartition(".")
     prefix, _, product = base.rpartition(".")
     if product not in SPLITS or not prefix.endswith("linear_attn"):

@@ -206,8 +206,9 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
             config["layer_types"] = types
     if arch == "exaone4":
         config |= _exaone4_layers(key, config["num_hidden_layers"], file_name)
-    if arch in DELTA_RULE_HYBRIDS:
+    if arch in DELTA_RULE_HYBRIDS:  # (a head's width the hidden size's share where the file says none, as llama.cpp's)
         config |= _qwen35_layers(arch, key, config["num_hidden_layers"], file_name)
+        config["head_dim"] = config["head_dim"] or config["hidden_size"] // heads
     rotary = key("rope.dimension_count")
     if rotary and heads:
         head_dim = config["head_dim"] or config["hidden_size"] // heads
@@ -500,7 +501,7 @@ def _qwen35_layers(arch: str, key, layers: int, file_name: str) -> dict:
         raise ValueError(f"{file_name} leaves out the delta-rule layers' sizes ({', '.join(missing)}), which "
                          "llama.cpp requires")
     return fields | {"layer_types": ["linear_attention" if r else "full_attention" for r in recurrent],
-                     "llama_cpp_layout": True, "linear_value_heads_tiled": arch != "qwen3next"}
+                     "llama_cpp_layout": True, "llama_cpp_tiled_value_heads": arch != "qwen3next"}
 
 
 def _shared_by_layers(value, name: str, file_name: str):

@@ -3,10 +3,13 @@ and mixes through Mamba2 (mamba2.py) side by side, both reading the same normed 
 the residual; then a SwiGLU MLP. Each layer so keeps K/V in the pool and a state in a state slot, at its own
 index in both.
 
-Its μP multipliers (of the attention's input, keys and output, of Mamba2's input, its input product's five parts
-and its output, of the MLP's gate and down products) are folded into the weights as they load, as llama.cpp's
-converter folds them into its files; the embeddings' and the logits' are Granite's (granite_hybrid.py's
-``embedding_scale`` and ``logits_divisor``), which hold for tied embeddings too."""
+A checkpoint's μP multipliers (of the attention's input, keys and output, of Mamba2's input, its input product's
+five parts and its output, of the MLP's gate and down products) are folded into the weights as they load, in
+float32 at least, as llama.cpp's converter folds them into its files; the embeddings' and the logits' are
+Granite's scales (granite_hybrid.py's ``embedding_scale`` and ``logits_divisor``), right for tied embeddings too. A
+GGUF file carries them all folded, the embeddings' and the logits' into token_embd and output: a file whose
+embeddings are tied (no output tensor) so has its logits scaled by the embeddings' multiplier, in llama.cpp as
+here."""
 
 from __future__ import annotations
 
@@ -25,7 +28,8 @@ from .rope import Rotary
 FAMILIES = ("falcon_h1",)
 # transformers' FalconH1Config defaults, for a config that leaves them out
 DEFAULTS = {"mamba_rms_norm": False, "mamba_norm_before_gate": True, "mamba_n_heads": 128, "mamba_d_ssm": 1024,
-            "mamba_d_state": 256, "mamba_n_groups": 1, "mamba_d_conv": 4, "mamba_conv_bias": True}
+            "mamba_d_state": 256, "mamba_n_groups": 1, "mamba_d_conv": 4, "mamba_conv_bias": True,
+            "rms_norm_eps": 1e-5, "max_position_embeddings": 8192}
 # the products whose weights multipliers are folded into, by transformers' names under a layer, and the
 # config's multipliers each takes (mlp_multipliers' two items by names of their own)
 FOLDED = {"self_attn.q_proj": ("attention_in_multiplier",),
@@ -55,7 +59,8 @@ class FalconH1Spec(GraniteHybridSpec):
         factor = lambda name: 1.0 if given.get(name) is None else float(given[name])
         base = LlamaSpec.from_hf({**c, "logits_scaling": 1 / factor("lm_head_multiplier")})
         return cls(**{f.name: getattr(base, f.name) for f in fields(LlamaSpec)},
-                   layer_recurrent=(True,) * c["num_hidden_layers"],  # (every layer runs Mamba2, and attends)
+                   # (every layer runs Mamba2, and attends too: FalconH1 and its Block, not Granite's, read this)
+                   layer_recurrent=(True,) * c["num_hidden_layers"],
                    mamba=Mamba2Shape.from_hf(c),
                    scales=tuple((product, math.prod(map(factor, names))) for product, names in FOLDED.items()),
                    ssm_multipliers=tuple(float(v) for v in c.get("ssm_multipliers") or (1.0,) * 5))
@@ -102,11 +107,11 @@ class FalconH1(GraniteHybrid):
         for i in range(s.num_layers):
             p = o = f"layers.{i}."
             for product, scale in s.scales:
-                if scale != 1.0:
-                    hf[f"{p}{product}.weight"] = hf[f"{p}{product}.weight"] * scale
-            if any(m != 1.0 for m in s.ssm_multipliers):
-                weight = hf[f"{p}mamba.in_proj.weight"]
-                hf[f"{p}mamba.in_proj.weight"] = weight * _ssm_rows(s).to(weight.dtype)[:, None]
+                factor = torch.tensor(scale, dtype=torch.float64)
+                if product == "mamba.in_proj":
+                    factor = factor * _ssm_rows(s)[:, None]
+                if not torch.all(factor == 1.0):
+                    hf[f"{p}{product}.weight"] = _scaled(hf[f"{p}{product}.weight"], factor)
             out[o + "input_norm.weight"] = hf[p + "input_layernorm.weight"]
             out[o + "post_norm.weight"] = hf[p + "post_attention_layernorm.weight"]
             out[o + "attn.qkv.weight"] = fused(hf, p, QKV)
@@ -115,6 +120,13 @@ class FalconH1(GraniteHybrid):
             out[o + "mlp.gate_up.weight"] = fused(hf, p, GATE_UP)
             out[o + "mlp.down.weight"] = hf[p + "mlp.down_proj.weight"]
         return out
+
+
+def _scaled(weight: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """``weight`` times ``factor`` rounded once, in float32 at least (a bfloat16 checkpoint's weights scaled in
+    bfloat16 would round twice, and the factor too): the model's dtype is taken after."""
+    work = torch.promote_types(weight.dtype, torch.float32)
+    return weight.to(work) * factor.to(work)
 
 
 def _ssm_rows(s: FalconH1Spec) -> torch.Tensor:

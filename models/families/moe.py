@@ -87,7 +87,11 @@ class MoESpec:
         if kind in DEEPSEEK_KINDS or kind == "glm4_moe":  # (GLM-4.5's and 4.6's routing is DeepSeek-V3's)
             return _deepseek(c)
         if kind in ("qwen3_moe", "qwen2_moe", "qwen3_next"):  # (Qwen3-Next's: Qwen2-MoE's, renormalised by default)
-            experts = c.get("num_experts") or c["num_local_experts"]  # the hub's name, transformers 5's
+            experts = c.get("num_experts") or c.get("num_local_experts")  # the hub's name, transformers 5's
+            if not experts and kind == "qwen3_next":  # (transformers' Qwen3-Next without experts: dense MLPs)
+                return None
+            if not experts:
+                raise ValueError(f"a {kind} config names no experts (num_experts)")
             shared = (c.get("shared_expert_intermediate_size") or 0) if kind != "qwen3_moe" else 0
             return cls(experts, c["num_experts_per_tok"], c["moe_intermediate_size"],
                        bool(c.get("norm_topk_prob", kind == "qwen3_next")), frozenset(c.get("mlp_only_layers") or ()),

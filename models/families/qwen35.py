@@ -32,8 +32,8 @@ from .recurrent import StateRuns, check_state_slots, convolve
 from .rope import Rotary, rope_type
 
 FAMILIES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
-# transformers' Qwen3.5 defaults, for a config that leaves them out
-DEFAULT_THETA, DEFAULT_ROTARY_SHARE, DEFAULT_ATTENTION_EVERY = 10_000_000.0, 0.25, 4
+# transformers' Qwen3.5 (and Qwen3-Next) defaults, for a config that leaves them out
+DEFAULT_THETA, DEFAULT_ROTARY_SHARE, DEFAULT_ATTENTION_EVERY, DEFAULT_HEAD_DIM = 10_000_000.0, 0.25, 4, 256
 NAMES = {**dict.fromkeys(FAMILIES, "Qwen3.5"), "qwen3_next": "Qwen3-Next"}  # (for messages)
 # its decoder norms multiply by 1 + weight (their checkpoints store weight - 1, llama.cpp's files weight)
 NORM_OFFSET = 1.0
@@ -54,7 +54,7 @@ class DeltaShape:
         """A config's sizes (transformers' defaults where it leaves them out)."""
         shape = cls(c.get("linear_num_key_heads", 16), c.get("linear_num_value_heads", 32),
                     c.get("linear_key_head_dim", 128), c.get("linear_value_head_dim", 128),
-                    c.get("linear_conv_kernel_dim", 4), not c.get("linear_value_heads_tiled", False))
+                    c.get("linear_conv_kernel_dim", 4), not c.get("llama_cpp_tiled_value_heads", False))
         if shape.value_heads % shape.key_heads:
             raise ValueError(f"{NAMES[c['model_type']]}'s value heads ({shape.value_heads}) must be a multiple of its "
                              f"key heads ({shape.key_heads})")
@@ -103,11 +103,13 @@ class Qwen35Spec(DecoderShape):
         rope = dict(c.get("rope_parameters") or c.get("rope_scaling") or {})
         if rope_type(rope) != "default":
             raise ValueError(f"{name} with a {rope_type(rope)} rope scaling is not supported; supported: default")
+        if c.get("attention_bias"):  # (the published models have none; GatedAttention adds none)
+            raise ValueError(f"{name} with attention_bias (biases on the attention's products) is not supported")
         return cls(
             vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
             intermediate_size=c.get("intermediate_size") or c["moe_intermediate_size"],
             num_layers=layers, num_heads=heads, num_kv_heads=c.get("num_key_value_heads") or heads,
-            head_dim=c.get("head_dim") or c["hidden_size"] // heads, rms_norm_eps=c.get("rms_norm_eps", 1e-6),
+            head_dim=c.get("head_dim") or DEFAULT_HEAD_DIM, rms_norm_eps=c.get("rms_norm_eps", 1e-6),
             rope_theta=float(c.get("rope_theta") or rope.get("rope_theta") or DEFAULT_THETA),
             partial_rotary_factor=float(c.get("partial_rotary_factor") or rope.get("partial_rotary_factor")
                                         or DEFAULT_ROTARY_SHARE),

@@ -80,9 +80,9 @@ struct Experts {
     double alpha, limit, routed_scale;
 };
 
-// Qwen3.5's gated delta rule in the attention's place (delta_rule.h; decoder_layer.py fills it): the
-// layer's qkv product gives its q, k and v, its out product reads its answers; these are its other three
-// products (z, beta's and alpha's logits), its parameters in the layers' type, and this layer's states
+// Qwen3.5's and Qwen3-Next's gated delta rule in the attention's place (delta_rule.h; decoder_layer.py fills
+// it): the layer's qkv product gives its q, k and v, its out product reads its answers; these are its other
+// three products (z, beta's and alpha's logits), its parameters in the layers' type, and this layer's states
 // in the pool (set where the pool is bound): the convolution's last inputs and the heads' matrices.
 struct DeltaLayer {
     const Weights *z, *beta, *alpha;
@@ -94,10 +94,11 @@ struct DeltaLayer {
     int64_t conv_width() const { return 2 * key_heads * key_dim + heads * value_dim; }
 };
 
-// Granite 4's Mamba2 in the attention's place (mamba_scan.h; decoder_layer.py fills it): the layer's qkv
-// product is its input product ([z | x, B, C | dt]), its out product reads its answers; these are its
-// parameters in the layers' type (conv_bias may be null) and this layer's states in the pool (set where
-// the pool is bound): the convolution's last inputs and the heads' matrices.
+// A Mamba2 layer (mamba_scan.h; decoder_layer.py fills it): in the attention's place (Granite 4's), the layer's
+// qkv product is its input product ([z | x, B, C | dt]) and its out product reads its answers; beside the
+// attention (Falcon-H1's ``mamba_beside``), its own ``in`` and ``out``. These are its parameters in the layers'
+// type (conv_bias, norm may be null) and this layer's states in the pool (set where the pool is bound): the
+// convolution's last inputs and the heads' matrices.
 struct MambaLayer {
     const void *conv, *conv_bias, *dt_bias, *decay, *skip, *norm;  // (norm null: its answers gated alone)
     void *conv_states, *states;

@@ -77,6 +77,20 @@ def test_a_quantized_falcon_h1_file_runs_in_its_blocks(tmp_path):
     assert together == alone
 
 
+def test_the_multipliers_fold_into_a_bfloat16_checkpoint_rounded_once():
+    """A bfloat16 checkpoint's weights times their multipliers in float32 (the model's dtype taken after), not
+    rounded to bfloat16 twice: the queries' rows exactly float32(w) x float32(attention_in_multiplier)."""
+    from models.families.falcon_h1 import FalconH1
+    hf = tiny_model("falcon_h1").to(torch.bfloat16)
+    spec = FalconH1Spec.from_hf(hf.config.to_dict())
+    out = FalconH1.convert(dict(hf.state_dict()), spec)
+    q = hf.model.layers[0].self_attn.q_proj.weight
+    factor = torch.tensor(hf.config.attention_in_multiplier, dtype=torch.float64).float()
+    assert out["layers.0.attn.qkv.weight"].dtype == torch.float32
+    assert torch.equal(out["layers.0.attn.qkv.weight"][:q.shape[0]], q.float() * factor)
+    assert out["layers.0.mamba.in_proj.weight"].dtype == torch.float32
+
+
 def test_falcon_h1_configs_loom_does_not_run_are_refused():
     """Mamba2 answers normed before their gate, biases, clamped time steps: refused, saying what is wrong."""
     config = CONFIGS["falcon_h1"]().to_dict()

@@ -50,16 +50,29 @@ def test_the_split_rows_take_each_part_of_a_key_heads_rows():
     assert beta.tolist() == [0, 1, 2, 6, 7, 8] and alpha.tolist() == [3, 4, 5, 9, 10, 11]
 
 
-def test_a_qwen3_next_model_answers_as_transformers_does():
+@pytest.mark.parametrize("settings, mlps", [({}, ["SparseMoE"] * 4),
+                                             ({"mlp_only_layers": [1]}, ["SparseMoE", "SwiGLU", "SparseMoE", "SparseMoE"]),
+                                             ({"num_experts": 0}, ["SwiGLU"] * 4)], ids=["experts", "a-dense-layer", "dense"])
+def test_a_qwen3_next_model_answers_as_transformers_does(settings, mlps):
     """Qwen3-Next in memory (in_proj_qkvz and in_proj_ba split as it loads), in float64, prompts long and short:
-    transformers' greedy tokens and their log-probabilities; a layer of mlp_only_layers with a dense MLP too."""
+    transformers' greedy tokens and their log-probabilities; a layer of mlp_only_layers with a dense MLP, and a
+    model without experts (transformers' dense Qwen3-Next), too."""
     prompts = [random_prompt(random.Random(14), 1, 4), random_prompt(random.Random(15), 30, 60)]
-    for hf in (tiny_model("qwen3_next", seed=3), tiny_model("qwen3_next", seed=4, mlp_only_layers=[1])):
-        with Engine.from_pretrained(hf, dtype=torch.float64) as engine:
-            got = answers(engine, prompts)
-            dense = [type(block.mlp).__name__ for block in engine.model.layers]
-        assert_same_answers(got, [greedy_with_logprobs(hf, p, 16) for p in prompts])
-    assert dense == ["SparseMoE", "SwiGLU", "SparseMoE", "SparseMoE"]
+    hf = tiny_model("qwen3_next", seed=3, **settings)
+    with Engine.from_pretrained(hf, dtype=torch.float64) as engine:
+        got = answers(engine, prompts)
+        assert [type(block.mlp).__name__ for block in engine.model.layers] == mlps
+    assert_same_answers(got, [greedy_with_logprobs(hf, p, 16) for p in prompts])
+
+
+def test_qwen3_next_configs_loom_does_not_run_are_refused():
+    """Biases on the attention's products (transformers' attention_bias), which Loom's gated attention has not:
+    refused, saying so."""
+    from models.families.qwen35 import Qwen35Spec
+
+    from ..conftest import CONFIGS
+    with pytest.raises(ValueError, match=r"Qwen3-Next with attention_bias \(biases on the attention's products\)"):
+        Qwen35Spec.from_hf(CONFIGS["qwen3_next"]().to_dict() | {"attention_bias": True})
 
 
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "torch"])
