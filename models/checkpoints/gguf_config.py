@@ -214,7 +214,9 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         head_dim = config["head_dim"] or config["hidden_size"] // heads
         if rotary > head_dim:
             raise ValueError(f"{file_name} rotates {rotary} values of heads of {head_dim}")
-        if rotary < head_dim:  # a rotary over the first part of each head (Phi-3 may)
+        # a rotary over the first part of each head (Phi-3 may); Qwen3.5's and Qwen3-Next's share said always (their
+        # configs' default, a quarter, is not the file's where it rotates whole heads)
+        if rotary < head_dim or arch in DELTA_RULE_HYBRIDS:
             config["partial_rotary_factor"] = rotary / head_dim
     try:
         config |= _rope_scaling(key, tensors)

@@ -135,3 +135,13 @@ def test_a_quantized_qwen3_next_file_runs_in_its_blocks(tmp_path, fused_qkvz):
                     torch.testing.assert_close(ours(units).double(), want[0], rtol=1e-6, atol=1e-6)
     prompts = [random_prompt(random.Random(i), 3, 30) for i in range(6)]
     native_and_torch_answers(path, prompts)
+
+
+def test_a_file_that_rotates_whole_heads_is_read_so(tmp_path):
+    """A qwen3next file whose rotary turns every value of a head (rope.dimension_count = the head's width): read as
+    the file says, not as the configs' default quarter; transformers' answers."""
+    hf = float32_weights(tiny_model("qwen3_next", seed=7, rope_parameters={
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}))
+    path = write_gguf_of(hf, tmp_path / "whole.gguf", "qwen3next", experts_metadata(hf.config))
+    prompts = [random_prompt(random.Random(18), 20, 40)]
+    assert_same_answers(greedy(path, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
