@@ -400,19 +400,24 @@ def _mamba2_sizes(arch: str, key, file_name: str) -> dict:
     return sizes
 
 
+def _mamba2_fields(arch: str, key, file_name: str) -> dict:
+    """A file's Mamba2 sizes by Granite 4's (and Falcon-H1's) transformers names: mamba2.py's Mamba2Shape.from_hf."""
+    sizes = _mamba2_sizes(arch, key, file_name)
+    heads, inner = sizes["time_step_rank"], sizes["inner_size"]
+    return {"mamba_d_conv": sizes["conv_kernel"], "mamba_d_state": sizes["state_size"],
+            "mamba_n_groups": sizes["group_count"], "mamba_n_heads": heads, "mamba_d_head": inner // heads,
+            "mamba_d_ssm": inner}
+
+
 def _granite_hybrid_layers(arch: str, key, heads: int, config: dict, file_name: str) -> dict:
     """A Granite 4 hybrid file's layers as transformers names them, read as llama.cpp reads them: a layer
     without K/V heads is a Mamba2 layer, the others attend with one count of them (rotating only where
     rope.scaling.finetuned says so: Granite 4.0 H's files say not); the Mamba2 layers' sizes; a dense file's
     MLP as its shared one (experts: _experts)."""
     counts, kv_heads = _kv_heads_by_layer(key, heads, config["num_hidden_layers"], file_name, "Granite 4")
-    sizes = _mamba2_sizes(arch, key, file_name)
-    ssm_heads, inner = sizes["time_step_rank"], sizes["inner_size"]
-    fields = {"mamba_d_conv": sizes["conv_kernel"], "mamba_d_state": sizes["state_size"],
-              "mamba_n_groups": sizes["group_count"], "mamba_n_heads": ssm_heads,
-              "mamba_d_head": inner // ssm_heads, "mamba_expand": inner / config["hidden_size"],
-              "num_key_value_heads": kv_heads, "layer_types": ["attention" if n else "mamba" for n in counts],
-              "position_embedding_type": None if key("rope.scaling.finetuned") is False else "rope"}
+    fields = _mamba2_fields(arch, key, file_name) | {
+        "num_key_value_heads": kv_heads, "layer_types": ["attention" if n else "mamba" for n in counts],
+        "position_embedding_type": None if key("rope.scaling.finetuned") is False else "rope"}
     if not config.get("num_local_experts"):
         fields |= {"shared_intermediate_size": config["intermediate_size"], "num_local_experts": 0}
     return fields
@@ -422,14 +427,11 @@ def _falcon_h1_layers(arch: str, key, tensors: dict, file_name: str) -> dict:
     """A Falcon-H1 file's Mamba2 sizes as transformers names them; its gated answers normed where the file has the
     norm (llama.cpp's reading: gated, then normed); no multipliers, which its converter folded into the weights;
     the biases it has (which falcon_h1.py refuses)."""
-    sizes = _mamba2_sizes(arch, key, file_name)
-    heads, inner = sizes["time_step_rank"], sizes["inner_size"]
     has = lambda name: f"blk.0.{name}" in tensors
-    return {"mamba_d_conv": sizes["conv_kernel"], "mamba_d_state": sizes["state_size"],
-            "mamba_n_groups": sizes["group_count"], "mamba_n_heads": heads, "mamba_d_head": inner // heads,
-            "mamba_d_ssm": inner, "mamba_rms_norm": has("ssm_norm.weight"), "mamba_norm_before_gate": False,
-            "mamba_conv_bias": has("ssm_conv1d.bias"), "attention_bias": has("attn_output.bias"),
-            "mlp_bias": has("ffn_gate.bias") or has("ffn_up.bias") or has("ffn_down.bias")}
+    return _mamba2_fields(arch, key, file_name) | {
+        "mamba_rms_norm": has("ssm_norm.weight"), "mamba_norm_before_gate": False,
+        "mamba_conv_bias": has("ssm_conv1d.bias"), "attention_bias": has("attn_output.bias"),
+        "mlp_bias": has("ffn_gate.bias") or has("ffn_up.bias") or has("ffn_down.bias")}
 
 
 def _nemotron_h_layers(arch: str, key, heads: int, config: dict, file_name: str) -> dict:

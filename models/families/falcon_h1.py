@@ -20,10 +20,9 @@ import torch
 from torch import nn
 
 from .granite_hybrid import GraniteHybrid, GraniteHybridSpec
-from .layers import GATE_UP, QKV, DecoderModel, RMSNorm, SwiGLU, fused
+from .layers import GATE_UP, QKV, RMSNorm, SwiGLU, fused
 from .llama import Attention, LlamaSpec
 from .mamba2 import Mamba2Mixer, Mamba2Shape
-from .rope import Rotary
 
 FAMILIES = ("falcon_h1",)
 # transformers' FalconH1Config defaults, for a config that leaves them out
@@ -59,7 +58,7 @@ class FalconH1Spec(GraniteHybridSpec):
         factor = lambda name: 1.0 if given.get(name) is None else float(given[name])
         base = LlamaSpec.from_hf({**c, "logits_scaling": 1 / factor("lm_head_multiplier")})
         return cls(**{f.name: getattr(base, f.name) for f in fields(LlamaSpec)},
-                   # (every layer runs Mamba2, and attends too: FalconH1 and its Block, not Granite's, read this)
+                   # (every layer runs Mamba2, and attends too: read by Granite's Block alone, not Falcon-H1's)
                    layer_recurrent=(True,) * c["num_hidden_layers"],
                    mamba=Mamba2Shape.from_hf(c),
                    scales=tuple((product, math.prod(map(factor, names))) for product, names in FOLDED.items()),
@@ -88,11 +87,7 @@ class FalconH1(GraniteHybrid):
     """Granite 4's hybrid model (its forward: the embeddings' and the logits' multipliers, the layers over the
     pool and the state slots) with Falcon-H1's layers, each attending and mixing."""
 
-    def __init__(self, s: FalconH1Spec):
-        DecoderModel.__init__(self, s, Block, RMSNorm)
-        self.rotary = Rotary(s.head_dim, s.rope_theta, s.rope_scaling, s.partial_rotary_factor, s.rope_max_position)
-        self.num_layers = self.recurrent_layers = s.num_layers
-        self.state_shapes = (s.num_layers, s.mamba.state_shapes)
+    BLOCK = Block
 
     @staticmethod
     def convert(hf: dict[str, torch.Tensor], s: FalconH1Spec) -> dict[str, torch.Tensor]:

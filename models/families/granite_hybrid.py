@@ -85,13 +85,16 @@ class Block(nn.Module):
 
 
 class GraniteHybrid(DecoderModel):
+    BLOCK = Block  # (Falcon-H1's blocks attend and run Mamba2 both)
+
     def __init__(self, s: GraniteHybridSpec):
-        super().__init__(s, Block, RMSNorm)
+        super().__init__(s, self.BLOCK, RMSNorm)
         self.rotary = Rotary(s.head_dim, s.rope_theta, s.rope_scaling, s.partial_rotary_factor, s.rope_max_position) \
             if any(s.layer_rotates) else None
-        # the pool's geometry: K/V for the attention layers, a state a sequence for the Mamba2 layers (none
+        # the pool's geometry: K/V for the blocks that attend, a state a sequence for those that run Mamba2 (none
         # where every layer attends: Granite 4.0's non-hybrid models share the config's model_type)
-        self.num_layers, self.recurrent_layers = s.layer_recurrent.count(False), s.layer_recurrent.count(True)
+        self.num_layers = sum(block.attn is not None for block in self.layers)
+        self.recurrent_layers = sum(block.mamba is not None for block in self.layers)
         if self.recurrent_layers:
             self.state_shapes = (self.recurrent_layers, s.mamba.state_shapes)
 

@@ -41,7 +41,7 @@ class Mamba2Shape:
     def from_hf(cls, c: dict, prefix: str = "mamba_") -> "Mamba2Shape":
         """From Granite 4's (and Falcon-H1's) Mamba2 fields (``mamba_*``), refusing what Loom does not run."""
         get = lambda name, default=None: c.get(prefix + name, default)
-        # (Falcon-H1's d_ssm, else expand x hidden; a GGUF file's expand: its inner width / hidden)
+        # (Falcon-H1's d_ssm, and a GGUF file's inner width by that name; else expand x hidden)
         inner = get("d_ssm") or round(get("expand", 2) * c["hidden_size"])
         heads = get("n_heads", 128)
         head_dim = get("d_head", "auto")
