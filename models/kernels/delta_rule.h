@@ -1,6 +1,6 @@
-// A gated delta-rule layer (Qwen3.5's and Qwen3-Next's linear attention) between its products, over a step's rows, each
-// sequence's a run of consecutive rows with one state slot (a run that starts at the sequence's first
-// token, context length 1, starts from zeros):
+// A gated delta-rule layer (Qwen3.5's and Qwen3-Next's linear attention) between its products, over a step's
+// rows, each sequence's a run of consecutive rows with one state slot (a run that starts at the sequence's
+// first token, context length 1, starts from zeros):
 //   1. a run at a time: each channel of the qkv product convolved with the taps - 1 inputs before (the
 //      run's earlier rows, or its slot's last inputs), through a SiLU, and the slot's last inputs moved on;
 //   2. a (run, head) at a time: q and k over their lengths (q times key_dim^-1/2), beta = sigmoid, decay =
