@@ -41,7 +41,8 @@ class KVManager:
         self.block_size = cache.block_size
         self.allocator = BlockAllocator(cache.num_blocks, cache.block_size, enable_prefix_caching)
         # Its thread starts with the loop's first plan: an engine never used costs no thread and no memory.
-        self.committer = PoolCommitter(cache) if cache.data.device.type == "cpu" else None
+        # (none for a pool without K/V: Mamba2's models keep states alone, taken as their slots are first used)
+        self.committer = PoolCommitter(cache) if cache.data.device.type == "cpu" and cache.block_bytes else None
         self.recompute_past = recompute_past
         # The prefix cache names blocks of sequences longer than recompute_past under a root of their
         # own: their K/V were computed differently, so neither side may take the other's blocks.
@@ -161,6 +162,8 @@ def blocks_in_budget(block_bytes: int, options: EngineOptions, max_position: int
         budget = int(torch.cuda.mem_get_info(device)[0] * 0.6) if device.type == "cuda" else 2 << 30
     # More blocks than every running request at full context could use would be idle memory.
     useful = options.max_batch_size * -(-max_position // options.block_size)
+    if block_bytes == 0:  # a pool of states alone (Mamba2's models): its blocks count positions, one context's
+        return -(-max_position // options.block_size)
     blocks = min(budget // block_bytes, useful)
     if blocks < 1:
         raise ValueError(f"kv_cache_bytes={budget} cannot hold one KV block of {block_bytes} bytes")

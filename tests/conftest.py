@@ -67,6 +67,7 @@ TRANSFORMERS_MAMBA2_SCAN = transformers.models.granitemoehybrid.modeling_granite
 transformers.models.granitemoehybrid.modeling_granitemoehybrid.mamba2_scan_forward = _mamba2_scan_in_float64
 transformers.models.nemotron_h.modeling_nemotron_h.mamba2_scan_forward = _mamba2_scan_in_float64  # (Nemotron-H's too)
 transformers.models.falcon_h1.modeling_falcon_h1.mamba2_scan_forward = _mamba2_scan_in_float64  # (and Falcon-H1's)
+transformers.models.mamba2.modeling_mamba2.mamba2_scan_forward = _mamba2_scan_in_float64  # (and Mamba2's own)
 
 CONFIGS = {
     "gpt2": lambda: transformers.GPT2Config(
@@ -253,6 +254,11 @@ CONFIGS = {
         layers_block_type=["linear_attention", "mlp", "full_attention", "mlp", "linear_attention", "linear_attention",
                            "mlp"], mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4,
         initializer_range=0.15, layer_norm_epsilon=1e-2),  # (an epsilon large enough that a wrong one shows)
+    # Mamba2's own language models: Mamba2 layers alone, B and C a group's of two heads
+    "mamba2": lambda: transformers.Mamba2Config(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_heads=8, head_dim=16, state_size=16, n_groups=4,
+        expand=2, conv_kernel=4, eos_token_id=EOS, bos_token_id=1, pad_token_id=0, initializer_range=0.15,
+        layer_norm_epsilon=1e-2, tie_word_embeddings=False),
     # Nemotron 3 (Nano's layout): Mamba2 and attention layers each followed by a mixture of squared-ReLU experts
     # beside a shared one, chosen by sigmoid and bias, renormalised and scaled
     "nemotron_h_moe": lambda: transformers.NemotronHConfig(
@@ -326,6 +332,7 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "qwen3_next": transformers.Qwen3NextForCausalLM, "falcon_h1": transformers.FalconH1ForCausalLM,
                  "granitemoehybrid": transformers.GraniteMoeHybridForCausalLM, "gemma3": transformers.Gemma3ForCausalLM,
                  "nemotron_h": transformers.NemotronHForCausalLM, "nemotron_h_moe": transformers.NemotronHForCausalLM,
+                 "mamba2": transformers.Mamba2ForCausalLM,
                  "glm4": transformers.Glm4ForCausalLM,
                  "deepseek_v2": transformers.DeepseekV2ForCausalLM, "deepseek_v3": transformers.DeepseekV3ForCausalLM,
                  "glm4_moe_lite": transformers.Glm4MoeLiteForCausalLM, "glm4_moe": transformers.Glm4MoeForCausalLM}
@@ -622,6 +629,12 @@ def _nemotron_h_metadata(c) -> dict:
             **(experts if "moe" in c.layers_block_type else {})}
 
 
+def _mamba2_metadata(c) -> dict:
+    """The metadata llama.cpp's converter writes for a Mamba2 language model: its Mamba2 sizes."""
+    return {"ssm.conv_kernel": c.conv_kernel, "ssm.state_size": c.state_size, "ssm.group_count": c.n_groups,
+            "ssm.time_step_rank": c.num_heads, "ssm.inner_size": c.num_heads * c.head_dim}
+
+
 def _falcon_h1_state(hf) -> dict:
     """A Falcon-H1 model's weights as llama.cpp's converter writes them, under the Llama names write_gguf_of knows:
     every μP multiplier folded into the weights (the attention's input into q, k and v, the keys' into k, Mamba2's
@@ -739,32 +752,35 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     import gguf
     import numpy as np
     c = hf.config.get_text_config()
-    heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
+    mamba2 = arch == "mamba2"  # (Mamba2 layers alone: no heads, no MLP, a context of 2^20, as its converter writes)
+    heads, kv_heads = (0, 0) if mamba2 else (c.num_attention_heads, c.num_key_value_heads)
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(c.num_hidden_layers)
-    writer.add_context_length(c.max_position_embeddings)
+    writer.add_context_length(1 << 20 if mamba2 else c.max_position_embeddings)
     writer.add_embedding_length(c.hidden_size)
     # LFM2's: its MLP's width as derived, no K/V heads in a convolution layer, the convolution's length
     # Granite 4's hybrids' and Nemotron-H's: Mamba2 layers, no K/V heads in them; Nemotron-H's an MLP's width a
     # layer (none in a mixer layer)
-    lfm2, nemotron = arch in ("lfm2", "lfm2moe"), arch in ("nemotron_h", "nemotron_h_moe")
+    lfm2, nemotron = arch in ("lfm2", "lfm2moe"), arch in ("nemotron_h", "nemotron_h_moe", "mamba2")
     hybrid = arch == "granitehybrid" or nemotron
-    types = c.layers_block_type if nemotron else getattr(c, "layer_types", None)
-    writer.add_feed_forward_length(hf.model.layers[0].feed_forward.w1.out_features if lfm2 else
+    types = c.layers_block_type if nemotron and not mamba2 else getattr(c, "layer_types", None)
+    writer.add_feed_forward_length(0 if mamba2 else hf.model.layers[0].feed_forward.w1.out_features if lfm2 else
                                    [c.intermediate_size if t == "mlp" else c.moe_intermediate_size if t == "moe" else 0
                                     for t in types] if nemotron else
                                    c.shared_intermediate_size if hybrid and not c.num_local_experts else
                                    c.to_dict().get("intermediate_size") or c.moe_intermediate_size)
     writer.add_head_count(heads)
     deepseek = arch == "deepseek2"
-    writer.add_head_count_kv([kv_heads if t in ("attention", "full_attention") else 0 for t in types]
-                             if lfm2 or hybrid else 1 if deepseek else kv_heads)
+    if not mamba2:
+        writer.add_head_count_kv([kv_heads if t in ("attention", "full_attention") else 0 for t in types]
+                                 if lfm2 or hybrid else 1 if deepseek else kv_heads)
     if deepseek:
         metadata = _deepseek2_metadata(c) | (metadata or {})
     if arch == "glm4moe":
         metadata = _glm4_moe_metadata(c) | (metadata or {})
     if hybrid:
-        metadata = (_nemotron_h_metadata(c) if nemotron else _granite_hybrid_metadata(c)) | (metadata or {})
+        metadata = (_mamba2_metadata(c) if mamba2 else _nemotron_h_metadata(c) if nemotron else
+                    _granite_hybrid_metadata(c)) | (metadata or {})
     if lfm2:
         writer.add_uint32(f"{arch}.shortconv.l_cache", c.conv_L_cache)
     falcon = arch == "falcon-h1"
@@ -780,7 +796,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                     "attention.recurrent_layers": [t == "linear_attention" for t in c.layer_types],
                     "rope.dimension_count": int(c.head_dim * c.rope_parameters["partial_rotary_factor"]),
                     **(metadata or {})}
-    if getattr(c, "head_dim", None) not in (None, c.hidden_size // heads) and not deepseek:
+    if not (deepseek or mamba2) and getattr(c, "head_dim", None) not in (None, c.hidden_size // heads):
         writer.add_key_length(c.head_dim)
     writer.add_layer_norm_rms_eps(c.norm_eps if lfm2 else c.layer_norm_epsilon if nemotron else c.rms_norm_eps)
     if not nemotron:  # (whose attention has no positions)
@@ -817,7 +833,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     for name, tensor in (_falcon_h1_state(hf) if falcon else hf.state_dict()).items():
         if name.startswith("model.visual."):
             continue
-        name = name.replace("model.language_model.", "model.", 1)
+        name = name.replace("model.language_model.", "model.", 1).replace("backbone.", "model.", 1)
         if nemotron:
             name = _nemotron_h_name(name, types)
         values = tensor.float().numpy()

@@ -105,7 +105,8 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
                     "nemotron_h_moe": GRANITE_HYBRID_LAYER_NAMES,
                     # (GLM-4.5's norm before the MLP by the name of a norm after the attention)
                     "glm4moe": {"post_attention_norm": "post_attention_layernorm"},
-                    "deepseek2": DEEPSEEK_LAYER_NAMES, "falcon-h1": GRANITE_HYBRID_LAYER_NAMES}
+                    "deepseek2": DEEPSEEK_LAYER_NAMES, "falcon-h1": GRANITE_HYBRID_LAYER_NAMES,
+                    "mamba2": GRANITE_HYBRID_LAYER_NAMES}
 # parameters transformers names without a kind (gpt-oss's sinks: llama.cpp's converter adds ".weight";
 # ERNIE 4.5's selection bias, Qwen3.5's and Mamba2's dt_bias, ".bias")
 BARE_NAMES = ("self_attn.sinks", "mlp.moe_statics.e_score_correction_bias", "linear_attn.dt_bias",
@@ -445,7 +446,7 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "qwen35": "llama", "qwen35moe": "llama", "qwen3next": "llama", "granitehybrid": "llama",
                        "qwen2vl": "qwen2", "qwen3vl": "qwen3",
                        "qwen3vlmoe": "qwen3", "nemotron_h": "llama", "nemotron_h_moe": "llama", "glm4": "llama",
-                       "glm4moe": "llama", "falcon-h1": "llama",
+                       "glm4moe": "llama", "falcon-h1": "llama", "mamba2": "llama",
                        "deepseek2": "llama"}
 
 

@@ -22,7 +22,7 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3_moe", "nemotron_h": "nemotron_h",
                  "nemotron_h_moe": "nemotron_h",  # (Nemotron 3's mixtures: its experts' layers told by their widths)
                  "glm4": "glm4", "glm4moe": "glm4_moe",  # (GLM-4.5 and 4.6, GLM-4.5-Air)
-                 "falcon-h1": "falcon_h1",
+                 "falcon-h1": "falcon_h1", "mamba2": "mamba2",
                  # DeepSeek-V2 and V3, Kimi K2, Moonlight, GLM-4.7-Flash (V2's softmax, V3's sigmoid: _deepseek2)
                  "deepseek2": "deepseek_v3"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
@@ -163,6 +163,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         config |= _deepseek2(key, config)
     if arch == "falcon-h1":
         config |= _falcon_h1_layers(arch, key, tensors, file_name)
+    if arch == "mamba2":
+        config |= _mamba2_model(arch, key, tensors, config, file_name)
     if arch == "glm4moe":  # (its q/k norms where the file has them: GLM-4.5's, not Air's)
         config["use_qk_norm"] = "blk.0.attn_q_norm.weight" in tensors
     if arch == "qwen2moe":  # (llama.cpp's adds the biases a file has)
@@ -407,6 +409,17 @@ def _mamba2_fields(arch: str, key, file_name: str) -> dict:
     return {"mamba_d_conv": sizes["conv_kernel"], "mamba_d_state": sizes["state_size"],
             "mamba_n_groups": sizes["group_count"], "mamba_n_heads": heads, "mamba_d_head": inner // heads,
             "mamba_d_ssm": inner}
+
+
+def _mamba2_model(arch: str, key, tensors: dict, config: dict, file_name: str) -> dict:
+    """A Mamba2 language model's file (Mamba2 layers alone) as transformers' Mamba2Config names its sizes
+    (nemotron_h.py's from_mamba2 reads them); its context llama.cpp's converter's 2^20 where the file says none."""
+    sizes = _mamba2_sizes(arch, key, file_name)
+    heads, inner = sizes["time_step_rank"], sizes["inner_size"]
+    return {"num_heads": heads, "head_dim": inner // heads, "state_size": sizes["state_size"],
+            "n_groups": sizes["group_count"], "conv_kernel": sizes["conv_kernel"], "expand": inner / config["hidden_size"],
+            "layer_norm_epsilon": config["rms_norm_eps"], "max_position_embeddings": key("context_length", 1 << 20),
+            "use_conv_bias": any(name.endswith(".ssm_conv1d.bias") for name in tensors)}
 
 
 def _granite_hybrid_layers(arch: str, key, heads: int, config: dict, file_name: str) -> dict:

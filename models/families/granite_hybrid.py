@@ -42,8 +42,6 @@ class GraniteHybridSpec(LlamaSpec):
             raise ValueError(f"Granite 4 layer types {sorted(unknown)} are not supported; supported: "
                              f"{', '.join(LAYER_TYPES)}")
         recurrent = tuple(LAYER_TYPES[t] for t in types)
-        if all(recurrent):
-            raise ValueError("a Granite 4 model without attention layers is not supported: Loom's pool wants one")
         rope = c.get("position_embedding_type") == "rope"
         # (transformers' defaults where a config leaves them out)
         c = {"num_local_experts": DEFAULT_EXPERTS, "shared_intermediate_size": DEFAULT_SHARED_WIDTH, **c}

@@ -4,6 +4,10 @@ squared-ReLU MLP or (Nemotron 3's) a mixture of squared-ReLU experts, then the r
 4's hybrids' blocks (granite_hybrid.py): a mixer layer and the MLP or experts layer after it make one block (norm,
 mixer, residual; norm, MLP, residual), a mixer that no such layer follows a block without an MLP.
 
+Mamba2's own language models (state-spaces' mamba2-130m to 2.7b, Mistral's Mamba-Codestral-7B) are such a stack of
+Mamba2 layers alone, by the same checkpoint names: their configs are read as Nemotron-H's (``from_mamba2``). Their
+pool holds no K/V, only a state a sequence.
+
 Nemotron 3's experts (moe.py, MoESpec.squared_relu) are DeepSeek-V3's routing over Nemotron-H's MLPs: each
 expert's probability the sigmoid of its logit, chosen by it plus a bias of the expert's, within the best groups
 (the sum of each group's best two) where there are several; the chosen renormalised and scaled; a shared expert
@@ -21,10 +25,11 @@ from .llama import LlamaSpec
 from .mamba2 import Mamba2Mixer, Mamba2Shape
 from .moe import MoESpec, SparseMoE
 
-FAMILIES = ("nemotron_h",)
+FAMILIES = ("nemotron_h", "mamba2")
 # the hub configs' hybrid_override_pattern, a letter a layer -> transformers' layer types
 PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 MIXERS = {"linear_attention": True, "full_attention": False}  # a mixer layer type -> whether it is a Mamba2 layer
+MAMBA2_CONTEXT = 1 << 20
 
 
 def layer_types(c: dict) -> list[str]:
@@ -39,6 +44,23 @@ def layer_types(c: dict) -> list[str]:
                              f"it knows {', '.join(PATTERN)}")
         types = [PATTERN[letter] for letter in pattern]
     return list(types)
+
+
+def from_mamba2(c: dict) -> dict:
+    """A Mamba2 language model's config (transformers' Mamba2Config names and defaults) as a Nemotron-H's of Mamba2
+    layers alone."""
+    c = {"num_heads": 128, "head_dim": 64, "state_size": 128, "n_groups": 8, "expand": 2, "conv_kernel": 4,
+         "layer_norm_epsilon": 1e-5, "use_bias": False, "use_conv_bias": True, "hidden_act": "silu", **c}
+    if c["hidden_act"] != "silu":
+        raise ValueError(f"Mamba2 with hidden_act {c['hidden_act']!r} is not supported; supported: silu")
+    inner = int(c["expand"] * c["hidden_size"])
+    if c["num_heads"] * c["head_dim"] != inner:
+        raise ValueError(f"Mamba2's {c['num_heads']} heads of {c['head_dim']} must make its inner width {inner} "
+                         f"(expand x hidden_size)")
+    return {**c, "hybrid_override_pattern": "M" * c["num_hidden_layers"], "mamba_num_heads": c["num_heads"],
+            "mamba_head_dim": c["head_dim"], "ssm_state_size": c["state_size"],
+            # (a state's model has no positions to run out of: as llama.cpp's converter says, 2^20)
+            "max_position_embeddings": c.get("max_position_embeddings", MAMBA2_CONTEXT)}
 
 
 def blocks_of(types: list[str]) -> tuple[tuple[int, int | None], ...]:
@@ -67,14 +89,14 @@ class NemotronHSpec(GraniteHybridSpec):
 
     @classmethod
     def from_hf(cls, c: dict) -> "NemotronHSpec":
+        if c["model_type"] == "mamba2":
+            c = from_mamba2(c)
         types = layer_types(c)
         blocks = blocks_of(types)
         for key, supported in (("mlp_hidden_act", "relu2"), ("mamba_hidden_act", "silu")):
             if c.get(key, supported) != supported:
                 raise ValueError(f"Nemotron-H with {key} {c[key]!r} is not supported; supported: {supported}")
         recurrent = tuple(MIXERS[types[mixer]] for mixer, _ in blocks)
-        if all(recurrent):
-            raise ValueError("a Nemotron-H model without attention layers is not supported: Loom's pool wants one")
         base = LlamaSpec.from_hf({
             "model_type": "nemotron_h", "vocab_size": c["vocab_size"], "hidden_size": c["hidden_size"],
             "intermediate_size": c.get("intermediate_size", 21504), "num_hidden_layers": len(blocks),

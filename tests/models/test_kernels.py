@@ -272,14 +272,14 @@ def with_random_norms(hf):
 # routed experts (Qwen3-MoE's beside a dense layer; gpt-oss's with biases and a clamped SwiGLU beside
 # attention sinks), soft-capped scores, short convolutions in the attention's place (LFM2's), delta rules in it and
 # gated attention (Qwen3.5's), Mamba2 in it (Granite 4's; Nemotron-H's, with squared-ReLU MLPs and a layer
-# without one; Nemotron 3's, with squared-ReLU experts and a shared one), GLM-4.5's half-rotated heads and
+# without one; Mamba2's own models, with no attention at all; Nemotron 3's, with squared-ReLU experts and a shared one), GLM-4.5's half-rotated heads and
 # DeepSeek-V3's routing, DeepSeek's latent attention in it (full-rank queries and softmax routing; low-rank queries and
 # sigmoid routing with selection biases); LayerNorm and GELU
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_sliding", "mistral", "ministral3", "phi3", "qwen3", "smollm3",
                                   "granite", "mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "gemma", "gemma2",
                                   "gemma3", "olmo2", "olmo3", "exaone4", "lfm2", "lfm2_moe", "qwen3_5", "qwen3_next",
                                   "granitemoehybrid", "nemotron_h", "nemotron_h_moe", "glm4", "glm4_moe", "deepseek_v2",
-                                  "deepseek_v3", "glm4_moe_lite", "falcon_h1", "gpt2"])
+                                  "deepseek_v3", "glm4_moe_lite", "falcon_h1", "mamba2", "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS, ids=POOL_IDS)
 @pytest.mark.parametrize("streams", [2, 5, 21, "split"])  # rows at a time; panels; split rows
 def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, streams, two_threads):
@@ -396,7 +396,7 @@ def test_native_activations_are_zero_where_torch_underflows(arch, two_threads):
 @needs_kernel
 @pytest.mark.parametrize("arch", ["llama", "qwen2_sliding", "mistral", "ministral3", "qwen3", "smollm3", "granite",
                                   "gemma", "gemma2", "gemma3", "olmo3", "exaone4", "lfm2", "qwen3_5", "qwen3_next",
-                                  "granitemoehybrid", "nemotron_h", "falcon_h1", "gpt2"])
+                                  "granitemoehybrid", "nemotron_h", "falcon_h1", "mamba2", "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS[:3], ids=POOL_IDS[:3])
 @pytest.mark.parametrize("pass_rows,threads", [(128, 1), (128, 2), (5, 2), (7, 1)])
 def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtype, pass_rows, threads, monkeypatch):

@@ -175,8 +175,6 @@ def test_nemotron_3_files_loom_does_not_run_are_refused(tmp_path):
      "Nemotron-H experts with mlp_bias are not supported"),
     ({"layers_block_type": ["moe", "full_attention"]},
      "Nemotron-H layer 0 is a mixture of experts that follows no Mamba2 or attention layer"),
-    ({"layers_block_type": ["linear_attention", "mlp", "linear_attention"]},
-     "a Nemotron-H model without attention layers is not supported"),
     ({"mlp_hidden_act": "silu"}, "Nemotron-H with mlp_hidden_act 'silu' is not supported; supported: relu2"),
     ({"time_step_limit": [0.0, 10.0]}, r"Mamba2 with time steps clamped to \[0.0, 10.0\] is not supported"),
     ({"n_groups": 3}, r"Mamba2's groups \(3\) must divide its heads \(8\)"),
