@@ -27,6 +27,8 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape qwen3next-80b-a3b-8l --format q4_k_m --vocab 151936 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape falcon-h1-0.5b --format q4_k_m --out /tmp/gguf
     python docs/bench/random_gguf.py --shape falcon-h1-7b --format q4_k_m --vocab 130049 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape mamba2-2.7b --format q4_k_m --vocab 50288 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape mamba2-codestral-7b --format q4_k_m --vocab 32768 --out /tmp/gguf
 
 Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), mxfp4
 (gpt-oss's files as ggml-org publishes them: the experts in MXFP4, the other matrices in Q8_0), q4_k_m
@@ -68,6 +70,10 @@ ssm_ba of 64 rows, the rotary a plain one over a quarter of each head, 512 exper
 the -8l one eight of its 48 layers); the falcon-h1 ones as Falcon-H1-0.5B's and 7B's (architecture falcon-h1:
 every layer's attention and Mamba2 mixer side by side over one norm, 24 Mamba2 heads of 64 (the 7B's 128) with
 a state of 128 (256) and one group, no norm of their answers, its rotary's base 1e11; its output layer its own);
+the mamba2 ones as state-spaces' mamba2-2.7b's and Mamba-Codestral-7B's (architecture mamba2: Mamba2 layers alone,
+a norm and a mixer each, no heads listed, 80 Mamba2 heads of 64 with a state of 128 in one group (Codestral's 128
+heads in eight groups), the gated norm's weights a row a group, a context of 2^20 as its converter writes; the
+2.7b's table tied, Codestral's output layer its own);
 the glm4 one as GLM-4-9B-0414's (architecture glm4: biases on q/k/v, two K/V heads of 128, the rotary over half of
 each head, post_attention_norm and post_ffw_norm after the attention and the MLP (Gemma's names), gate and up
 one ffn_up of 2 x 13696
@@ -179,6 +185,8 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "nemotron3-nano-30b-a3b": (2688, 1856, 52, 32, 2), "nemotron3-nano-30b-a3b-12l": (2688, 1856, 12, 32, 2),
           # Falcon-H1-0.5B's and 7B's (their MLP widths from their parameter counts)
           "falcon-h1-0.5b": (1024, 2048, 36, 8, 2), "falcon-h1-7b": (3072, 12288, 44, 12, 2),
+          # state-spaces' mamba2-2.7b's and Mistral's Mamba-Codestral-7B's (Mamba2 layers alone: no MLP, no heads)
+          "mamba2-2.7b": (2560, 0, 64, 0, 0), "mamba2-codestral-7b": (4096, 0, 64, 0, 0),
           # GLM-4.5-Air's, and its first six layers
           "glm45air-106b-a12b": (4096, 10944, 46, 96, 8), "glm45air-106b-a12b-6l": (4096, 10944, 6, 96, 8)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
@@ -187,7 +195,7 @@ UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-
           "qwen35moe-35b-a3b", "qwen35moe-35b-a3b-10l", "glm4-9b", "deepseek2-16b", "glm47flash-30b-a3b",
           "glm47flash-30b-a3b-12l", "nemotron3-nano-30b-a3b", "nemotron3-nano-30b-a3b-12l", "glm45air-106b-a12b",
           "glm45air-106b-a12b-6l", "qwen3next-80b-a3b", "qwen3next-80b-a3b-8l", "falcon-h1-0.5b", "falcon-h1-7b",
-          "nemotronh-nano-9b"}  # the shapes whose output layer
+          "nemotronh-nano-9b", "mamba2-codestral-7b"}  # the shapes whose output layer
 # is a tensor of its own
 
 
@@ -286,6 +294,8 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
            "nemotron3": Layout("nemotron_h_moe", head=128, eps=1e-5, context=262144, mamba=(64, 64, 128, 8),
                                pattern=NEMOTRON_3_NANO, experts=(128, 6, 1856), shared_expert=3712,
                                selection_bias=True, sigmoid=(2.5, True)),
+           # (its heads listed as none; a head's width only Mamba2's)
+           "mamba2": Layout("mamba2", head=64, eps=1e-5, context=1 << 20, mamba=(80, 64, 128, 1), pattern="M" * 64),
            "glm45air": Layout("glm4moe", head=128, rope_base=1e6, eps=1e-5, context=131072, biases=True,
                               experts=(128, 8, 1408), shared_experts=1, dense_lead=1, selection_bias=True,
                               sigmoid=(1.0, True), rotary_share=0.5, mlp_norm="post_attention_norm"),
@@ -314,6 +324,7 @@ SHAPE_LAYOUTS = {"gemma3-4b": replace(LAYOUTS["gemma3"], window=1024, linear_rop
                                    shared_expert=512, shared_gate=True)
                     for shape in ("qwen3next-80b-a3b", "qwen3next-80b-a3b-8l")},
                  "falcon-h1-7b": replace(LAYOUTS["falcon"], head=128, mamba=(24, 128, 256, 1)),
+                 "mamba2-codestral-7b": replace(LAYOUTS["mamba2"], mamba=(128, 64, 128, 8)),
                  "granite4h-350m": replace(LAYOUTS["granite4h"], attending=(3, 11, 19, 27), mamba=(48, 32, 128, 1)),
                  "granite4h-micro": replace(LAYOUTS["granite4h"], mamba=(64, 64, 128, 1)),
                  "granite4h-tiny": replace(LAYOUTS["granite4h"], experts=(64, 6, 512), shared_expert=1024),
@@ -655,7 +666,7 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
     writer.add_pad_token_id(source["tokenizer.ggml.padding_token_id"])
     writer.add_add_bos_token(False)
     writer.add_chat_template(source["tokenizer.chat_template"])
-    plan = [(name, tensor_type(name, layer, layers, fmt, size[-1], tied, heads // kv_heads), size) for name, layer, size in
+    plan = [(name, tensor_type(name, layer, layers, fmt, size[-1], tied, heads // max(kv_heads, 1)), size) for name, layer, size in
             tensors(hidden, inner, layers, heads, kv_heads, head, vocab, family, tied)]
     for name, kind, size in plan:
         block, block_bytes = GGML_QUANT_SIZES[kind]
