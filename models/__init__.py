@@ -25,6 +25,7 @@ from .families.gpt2 import GPT2, GPT2Spec
 from .families.granite_hybrid import FAMILIES as GRANITE_HYBRID_FAMILIES, GraniteHybrid, GraniteHybridSpec
 from .families.lfm2 import FAMILIES as LFM2_FAMILIES, Lfm2, Lfm2Spec
 from .families.llama import FAMILIES as LLAMA_FAMILIES, Llama, LlamaSpec
+from .families.mamba import FAMILIES as MAMBA_FAMILIES, Mamba, MambaSpec
 from .families.nemotron_h import FAMILIES as NEMOTRON_H_FAMILIES, NemotronH, NemotronHSpec
 from .families.olmo import FAMILIES as OLMO_FAMILIES, Olmo, OlmoSpec
 from .families.qwen35 import FAMILIES as QWEN35_FAMILIES, Qwen35, Qwen35Spec
@@ -45,6 +46,7 @@ ARCHITECTURES = {"gpt2": (GPT2Spec, GPT2), "gemma": (GemmaSpec, Gemma), "gemma2"
                  **{family: (GraniteHybridSpec, GraniteHybrid) for family in GRANITE_HYBRID_FAMILIES},
                  **{family: (NemotronHSpec, NemotronH) for family in NEMOTRON_H_FAMILIES},
                  **{family: (FalconH1Spec, FalconH1) for family in FALCON_H1_FAMILIES},
+                 **{family: (MambaSpec, Mamba) for family in MAMBA_FAMILIES},
                  **{family: (DeepSeekSpec, DeepSeek) for family in DEEPSEEK_FAMILIES}}
 
 

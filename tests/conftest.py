@@ -63,6 +63,26 @@ def _mamba2_scan_in_float64(module, hidden_states, B, C, dt, cache, **_):
     return out.view(batch, length, -1)
 
 
+def _mamba_scan_in_float64(module, hidden_states, time_step, B, C, gate, cache, **_):
+    """transformers' Mamba (and Falcon-Mamba) selective scan token by token in the inputs' dtype: transformers' own
+    runs in float32 whatever the model's, too coarse a reference for float64 comparisons."""
+    state = cache.get_recurrent_state(module.layer_idx, state_idx=0) if cache is not None else None
+    batch, inner, length = hidden_states.shape
+    A = -torch.exp(module.A_log)
+    dt = torch.nn.functional.softplus(time_step + module.dt_proj.bias[:, None])
+    state = torch.zeros(batch, inner, A.shape[1], dtype=hidden_states.dtype) if state is None else \
+        state.to(hidden_states.dtype)
+    out = torch.empty_like(hidden_states)
+    for t in range(length):
+        state = state * torch.exp(dt[:, :, t, None] * A) + (dt[:, :, t] * hidden_states[:, :, t])[..., None] * B[:, t, None]
+        out[:, :, t] = torch.einsum("bcn,bn->bc", state, C[:, t]) + hidden_states[:, :, t] * module.D
+    if cache is not None:
+        cache.update_recurrent_state(state, module.layer_idx)
+    return out * torch.nn.functional.silu(gate)
+
+
+transformers.models.mamba.modeling_mamba.mamba_scan_forward = _mamba_scan_in_float64
+transformers.models.falcon_mamba.modeling_falcon_mamba.mamba_scan_forward = _mamba_scan_in_float64
 TRANSFORMERS_MAMBA2_SCAN = transformers.models.granitemoehybrid.modeling_granitemoehybrid.mamba2_scan_forward
 transformers.models.granitemoehybrid.modeling_granitemoehybrid.mamba2_scan_forward = _mamba2_scan_in_float64
 transformers.models.nemotron_h.modeling_nemotron_h.mamba2_scan_forward = _mamba2_scan_in_float64  # (Nemotron-H's too)
@@ -259,6 +279,16 @@ CONFIGS = {
         vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_heads=8, head_dim=16, state_size=16, n_groups=4,
         expand=2, conv_kernel=4, eos_token_id=EOS, bos_token_id=1, pad_token_id=0, initializer_range=0.15,
         layer_norm_epsilon=1e-2, tie_word_embeddings=False),
+    # Mamba: selective-scan layers alone, each channel's state decaying at a rate for each of its values; Falcon-Mamba
+    # the same with its time steps, B and C RMS-normed (an epsilon large enough that a wrong one shows)
+    "mamba": lambda: transformers.MambaConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, state_size=8, expand=2, conv_kernel=4,
+        time_step_rank=8, eos_token_id=EOS, bos_token_id=1, pad_token_id=0, initializer_range=0.15,
+        layer_norm_epsilon=1e-2, tie_word_embeddings=False),
+    "falcon_mamba": lambda: transformers.FalconMambaConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, state_size=8, expand=2, conv_kernel=4,
+        time_step_rank=8, eos_token_id=EOS, bos_token_id=1, pad_token_id=0, initializer_range=0.15,
+        layer_norm_epsilon=1e-2, mixer_rms_eps=1e-3, tie_word_embeddings=True),
     # Nemotron 3 (Nano's layout): Mamba2 and attention layers each followed by a mixture of squared-ReLU experts
     # beside a shared one, chosen by sigmoid and bias, renormalised and scaled
     "nemotron_h_moe": lambda: transformers.NemotronHConfig(
@@ -332,7 +362,8 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "qwen3_next": transformers.Qwen3NextForCausalLM, "falcon_h1": transformers.FalconH1ForCausalLM,
                  "granitemoehybrid": transformers.GraniteMoeHybridForCausalLM, "gemma3": transformers.Gemma3ForCausalLM,
                  "nemotron_h": transformers.NemotronHForCausalLM, "nemotron_h_moe": transformers.NemotronHForCausalLM,
-                 "mamba2": transformers.Mamba2ForCausalLM,
+                 "mamba2": transformers.Mamba2ForCausalLM, "mamba": transformers.MambaForCausalLM,
+                 "falcon_mamba": transformers.FalconMambaForCausalLM,
                  "glm4": transformers.Glm4ForCausalLM,
                  "deepseek_v2": transformers.DeepseekV2ForCausalLM, "deepseek_v3": transformers.DeepseekV3ForCausalLM,
                  "glm4_moe_lite": transformers.Glm4MoeLiteForCausalLM, "glm4_moe": transformers.Glm4MoeForCausalLM}
@@ -629,6 +660,23 @@ def _nemotron_h_metadata(c) -> dict:
             **(experts if "moe" in c.layers_block_type else {})}
 
 
+# Mamba's mixer's parameters by llama.cpp's names (A_log written as -exp(A_log))
+GGUF_MAMBA_NAMES = {"in_proj": "ssm_in", "conv1d": "ssm_conv1d", "x_proj": "ssm_x", "dt_proj": "ssm_dt",
+                    "A_log": "ssm_a", "D": "ssm_d", "out_proj": "ssm_out"}
+
+
+def _mamba_tensor_name(rest: str) -> str:
+    """A Mamba mixer's parameter (``mamba.<name>[.<kind>]``) by llama.cpp's name within its block."""
+    _, name, *kind = rest.split(".")
+    return ".".join([GGUF_MAMBA_NAMES[name], *kind])
+
+
+def _mamba_metadata(c) -> dict:
+    """The metadata llama.cpp's converter writes for a Mamba (a Falcon-Mamba: its time steps, B and C normed)."""
+    return {"ssm.conv_kernel": c.conv_kernel, "ssm.state_size": c.state_size, "ssm.time_step_rank": c.time_step_rank,
+            "ssm.inner_size": c.intermediate_size, "ssm.dt_b_c_rms": c.model_type == "falcon_mamba"}
+
+
 def _mamba2_metadata(c) -> dict:
     """The metadata llama.cpp's converter writes for a Mamba2 language model: its Mamba2 sizes."""
     return {"ssm.conv_kernel": c.conv_kernel, "ssm.state_size": c.state_size, "ssm.group_count": c.n_groups,
@@ -752,26 +800,27 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     import gguf
     import numpy as np
     c = hf.config.get_text_config()
-    mamba2 = arch == "mamba2"  # (Mamba2 layers alone: no heads, no MLP, a context of 2^20, as its converter writes)
-    heads, kv_heads = (0, 0) if mamba2 else (c.num_attention_heads, c.num_key_value_heads)
+    # Mamba's and Mamba2's: their layers alone, no heads, no MLP, a context of 2^20, as their converters write
+    mamba2, state_only = arch == "mamba2", arch in ("mamba2", "mamba")
+    heads, kv_heads = (0, 0) if state_only else (c.num_attention_heads, c.num_key_value_heads)
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(c.num_hidden_layers)
-    writer.add_context_length(1 << 20 if mamba2 else c.max_position_embeddings)
+    writer.add_context_length(1 << 20 if state_only else c.max_position_embeddings)
     writer.add_embedding_length(c.hidden_size)
     # LFM2's: its MLP's width as derived, no K/V heads in a convolution layer, the convolution's length
     # Granite 4's hybrids' and Nemotron-H's: Mamba2 layers, no K/V heads in them; Nemotron-H's an MLP's width a
     # layer (none in a mixer layer)
-    lfm2, nemotron = arch in ("lfm2", "lfm2moe"), arch in ("nemotron_h", "nemotron_h_moe", "mamba2")
+    lfm2, nemotron = arch in ("lfm2", "lfm2moe"), arch in ("nemotron_h", "nemotron_h_moe") or state_only
     hybrid = arch == "granitehybrid" or nemotron
-    types = c.layers_block_type if nemotron and not mamba2 else getattr(c, "layer_types", None)
-    writer.add_feed_forward_length(0 if mamba2 else hf.model.layers[0].feed_forward.w1.out_features if lfm2 else
+    types = c.layers_block_type if nemotron and not state_only else getattr(c, "layer_types", None)
+    writer.add_feed_forward_length(0 if state_only else hf.model.layers[0].feed_forward.w1.out_features if lfm2 else
                                    [c.intermediate_size if t == "mlp" else c.moe_intermediate_size if t == "moe" else 0
                                     for t in types] if nemotron else
                                    c.shared_intermediate_size if hybrid and not c.num_local_experts else
                                    c.to_dict().get("intermediate_size") or c.moe_intermediate_size)
     writer.add_head_count(heads)
     deepseek = arch == "deepseek2"
-    if not mamba2:
+    if not state_only:
         writer.add_head_count_kv([kv_heads if t in ("attention", "full_attention") else 0 for t in types]
                                  if lfm2 or hybrid else 1 if deepseek else kv_heads)
     if deepseek:
@@ -779,8 +828,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     if arch == "glm4moe":
         metadata = _glm4_moe_metadata(c) | (metadata or {})
     if hybrid:
-        metadata = (_mamba2_metadata(c) if mamba2 else _nemotron_h_metadata(c) if nemotron else
-                    _granite_hybrid_metadata(c)) | (metadata or {})
+        metadata = (_mamba_metadata(c) if arch == "mamba" else _mamba2_metadata(c) if mamba2 else
+                    _nemotron_h_metadata(c) if nemotron else _granite_hybrid_metadata(c)) | (metadata or {})
     if lfm2:
         writer.add_uint32(f"{arch}.shortconv.l_cache", c.conv_L_cache)
     falcon = arch == "falcon-h1"
@@ -796,7 +845,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                     "attention.recurrent_layers": [t == "linear_attention" for t in c.layer_types],
                     "rope.dimension_count": int(c.head_dim * c.rope_parameters["partial_rotary_factor"]),
                     **(metadata or {})}
-    if not (deepseek or mamba2) and getattr(c, "head_dim", None) not in (None, c.hidden_size // heads):
+    if not (deepseek or state_only) and getattr(c, "head_dim", None) not in (None, c.hidden_size // heads):
         writer.add_key_length(c.head_dim)
     writer.add_layer_norm_rms_eps(c.norm_eps if lfm2 else c.layer_norm_epsilon if nemotron else c.rms_norm_eps)
     if not nemotron:  # (whose attention has no positions)
@@ -834,6 +883,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         if name.startswith("model.visual."):
             continue
         name = name.replace("model.language_model.", "model.", 1).replace("backbone.", "model.", 1)
+        if state_only and name == "lm_head.weight" and c.tie_word_embeddings:  # (their converters leave it out)
+            continue
         if nemotron:
             name = _nemotron_h_name(name, types)
         values = tensor.float().numpy()
@@ -851,6 +902,10 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
             continue
         if qwen35 and (written := _qwen35_tensor(rest, values, c)) is not None:
             add(f"blk.{layer}.{written[0]}", written[1])
+            continue
+        if arch == "mamba" and rest.startswith("mamba."):
+            add(f"blk.{layer}.{_mamba_tensor_name(rest)}", -np.exp(values) if rest == "mamba.A_log" else
+                values.reshape(values.shape[0], -1) if rest == "mamba.conv1d.weight" else values)
             continue
         if (hybrid or falcon) and (written := _granite_hybrid_tensor(rest, values, c)) is not None:
             for part, part_values in written:

@@ -28,7 +28,7 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape falcon-h1-0.5b --format q4_k_m --out /tmp/gguf
     python docs/bench/random_gguf.py --shape falcon-h1-7b --format q4_k_m --vocab 130049 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape mamba2-2.7b --format q4_k_m --vocab 50288 --out /tmp/gguf
-    python docs/bench/random_gguf.py --shape mamba2-codestral-7b --format q4_k_m --vocab 32768 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape mamba2-codestral-7b --format q4_k_m --out /tmp/gguf
 
 Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), mxfp4
 (gpt-oss's files as ggml-org publishes them: the experts in MXFP4, the other matrices in Q8_0), q4_k_m

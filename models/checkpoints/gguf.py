@@ -75,6 +75,9 @@ QWEN35_LAYER_NAMES = {"post_attention_norm": "post_attention_layernorm", "attn_q
 # ssm_in; a later file's q/k/v and z apart, as Qwen3.5's), split as they are read (_parts)
 QWEN3NEXT_LAYER_NAMES = {**QWEN35_LAYER_NAMES, "ssm_in": "linear_attn.in_proj_qkvz",
                          "ssm_ba": "linear_attn.in_proj_ba"}
+# Mamba's (and Falcon-Mamba's) layers by transformers' names (their ssm_a, -exp(A_log), by a name of its own)
+MAMBA_LAYER_NAMES = {"ssm_in": "mamba.in_proj", "ssm_conv1d": "mamba.conv1d", "ssm_x": "mamba.x_proj",
+                     "ssm_dt": "mamba.dt_proj", "ssm_a": "mamba.ssm_a", "ssm_d": "mamba.D", "ssm_out": "mamba.out_proj"}
 # Granite 4's hybrids' Mamba2 layers by transformers' names (their ssm_a, -exp(A_log), by a name of its own)
 GRANITE_HYBRID_LAYER_NAMES = {"ssm_in": "mamba.in_proj", "ssm_conv1d": "mamba.conv1d", "ssm_dt": "mamba.dt_bias",
                               "ssm_a": "mamba.ssm_a", "ssm_d": "mamba.D", "ssm_norm": "mamba.norm",
@@ -106,7 +109,7 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
                     # (GLM-4.5's norm before the MLP by the name of a norm after the attention)
                     "glm4moe": {"post_attention_norm": "post_attention_layernorm"},
                     "deepseek2": DEEPSEEK_LAYER_NAMES, "falcon-h1": GRANITE_HYBRID_LAYER_NAMES,
-                    "mamba2": GRANITE_HYBRID_LAYER_NAMES}
+                    "mamba2": GRANITE_HYBRID_LAYER_NAMES, "mamba": MAMBA_LAYER_NAMES}
 # parameters transformers names without a kind (gpt-oss's sinks: llama.cpp's converter adds ".weight";
 # ERNIE 4.5's selection bias, Qwen3.5's and Mamba2's dt_bias, ".bias")
 BARE_NAMES = ("self_attn.sinks", "mlp.moe_statics.e_score_correction_bias", "linear_attn.dt_bias",
@@ -446,7 +449,7 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "qwen35": "llama", "qwen35moe": "llama", "qwen3next": "llama", "granitehybrid": "llama",
                        "qwen2vl": "qwen2", "qwen3vl": "qwen3",
                        "qwen3vlmoe": "qwen3", "nemotron_h": "llama", "nemotron_h_moe": "llama", "glm4": "llama",
-                       "glm4moe": "llama", "falcon-h1": "llama", "mamba2": "llama",
+                       "glm4moe": "llama", "falcon-h1": "llama", "mamba2": "llama", "mamba": "llama",
                        "deepseek2": "llama"}
 
 

@@ -22,7 +22,7 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3_moe", "nemotron_h": "nemotron_h",
                  "nemotron_h_moe": "nemotron_h",  # (Nemotron 3's mixtures: its experts' layers told by their widths)
                  "glm4": "glm4", "glm4moe": "glm4_moe",  # (GLM-4.5 and 4.6, GLM-4.5-Air)
-                 "falcon-h1": "falcon_h1", "mamba2": "mamba2",
+                 "falcon-h1": "falcon_h1", "mamba2": "mamba2", "mamba": "mamba",  # (Falcon-Mamba's too: _mamba_model)
                  # DeepSeek-V2 and V3, Kimi K2, Moonlight, GLM-4.7-Flash (V2's softmax, V3's sigmoid: _deepseek2)
                  "deepseek2": "deepseek_v3"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
@@ -165,6 +165,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         config |= _falcon_h1_layers(arch, key, tensors, file_name)
     if arch == "mamba2":
         config |= _mamba2_model(arch, key, tensors, config, file_name)
+    if arch == "mamba":
+        config |= _mamba_model(arch, key, tensors, config, file_name)
     if arch == "glm4moe":  # (its q/k norms where the file has them: GLM-4.5's, not Air's)
         config["use_qk_norm"] = "blk.0.attn_q_norm.weight" in tensors
     if arch == "qwen2moe":  # (llama.cpp's adds the biases a file has)
@@ -419,6 +421,23 @@ def _mamba2_model(arch: str, key, tensors: dict, config: dict, file_name: str) -
     return {"num_heads": heads, "head_dim": inner // heads, "state_size": sizes["state_size"],
             "n_groups": sizes["group_count"], "conv_kernel": sizes["conv_kernel"], "expand": inner / config["hidden_size"],
             "layer_norm_epsilon": config["rms_norm_eps"], "max_position_embeddings": key("context_length", 1 << 20),
+            "use_conv_bias": any(name.endswith(".ssm_conv1d.bias") for name in tensors)}
+
+
+def _mamba_model(arch: str, key, tensors: dict, config: dict, file_name: str) -> dict:
+    """A Mamba file's sizes as transformers' MambaConfig names them (mamba.py's MambaSpec reads them); a file that
+    says ssm.dt_b_c_rms is a Falcon-Mamba's, whose time steps, B and C are normed with the file's epsilon (as
+    llama.cpp reads it); its context llama.cpp's converter's 2^20 where the file says none."""
+    sizes = {name: key(f"ssm.{name}") for name in ("conv_kernel", "state_size", "time_step_rank", "inner_size")}
+    if missing := [f"{arch}.ssm.{name}" for name, value in sizes.items() if not value]:
+        raise ValueError(f"{file_name} leaves out the Mamba layers' sizes ({', '.join(missing)}), which llama.cpp "
+                         "requires")
+    falcon = bool(key("ssm.dt_b_c_rms"))
+    return {"model_type": "falcon_mamba" if falcon else "mamba", "intermediate_size": sizes["inner_size"],
+            "state_size": sizes["state_size"], "conv_kernel": sizes["conv_kernel"],
+            "time_step_rank": sizes["time_step_rank"], "layer_norm_epsilon": config["rms_norm_eps"],
+            **({"dt_b_c_eps": config["rms_norm_eps"]} if falcon else {}),
+            "max_position_embeddings": key("context_length", 1 << 20),
             "use_conv_bias": any(name.endswith(".ssm_conv1d.bias") for name in tensors)}
 
 

@@ -1,0 +1,182 @@
+"""Mamba (state-spaces' mamba-130m to 2.8b) and TII's Falcon-Mamba-7B over a state a sequence: every layer an
+RMS norm, then Mamba's selective-scan mixer, then the residual; no attention, no MLP. The mixer's input product
+gives x and a gate z; x is convolved with the three inputs before, a channel at a time, through a SiLU; its x
+product gives a low-rank time step and B and C (one state's keys and queries, shared by every channel), which
+Falcon-Mamba RMS-normalises without weights; the time step's product widens it to a step a channel. Each channel
+keeps a state of ``state_size`` values that decay by exp(dt A), A a rate for each (unlike Mamba2's one a head), and
+take dt x B every token; its answer is the state dotted with C, plus D x, times SiLU(z), through the output product.
+The states and the convolution's last inputs are the sequence's, kept in the pool's state slots (models/step.py's
+``state_shapes``); the pool holds no K/V."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layers import DecoderModel, DecoderShape, RMSNorm
+from .recurrent import StateRuns, check_state_slots, convolve
+
+FAMILIES = ("mamba", "falcon_mamba")
+# transformers' MambaConfig defaults (FalconMambaConfig's the same, and its mixer_rms_eps), for a config that
+# leaves them out; a state model has no positions to run out of: 2^20, as llama.cpp's converter writes
+DEFAULTS = {"state_size": 16, "expand": 2, "conv_kernel": 4, "use_bias": False, "use_conv_bias": True,
+            "hidden_act": "silu", "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True, "time_step_rank": "auto",
+            "mixer_rms_eps": 1e-6}
+CONTEXT = 1 << 20
+
+
+@dataclass
+class MambaSpec(DecoderShape):
+    state_size: int = 16
+    conv_size: int = 4        # the inputs a convolution reads: this token's and conv_size - 1 before
+    time_step_rank: int = 48  # the time step's width before its product widens it to a channel each
+    dt_b_c_eps: float | None = None  # Falcon-Mamba's weightless RMS norms of the time step, B and C (None: none)
+    bias: bool = False        # the input and output products add biases
+    conv_bias: bool = True
+    tie_word_embeddings: bool = True
+    max_position: int = CONTEXT
+
+    @classmethod
+    def from_hf(cls, c: dict) -> "MambaSpec":
+        c = {**DEFAULTS, **c}
+        if c["hidden_act"] != "silu":
+            raise ValueError(f"Mamba with hidden_act {c['hidden_act']!r} is not supported; supported: silu")
+        hidden = c["hidden_size"]
+        rank = c["time_step_rank"]
+        inner = c.get("intermediate_size") or int(c["expand"] * hidden)
+        falcon = c["model_type"] == "falcon_mamba"
+        return cls(vocab_size=c["vocab_size"], hidden_size=hidden, intermediate_size=inner,
+                   num_layers=c["num_hidden_layers"], num_heads=0, num_kv_heads=0, head_dim=0,
+                   rms_norm_eps=c["layer_norm_epsilon"], state_size=c["state_size"], conv_size=c["conv_kernel"],
+                   time_step_rank=-(-hidden // 16) if rank == "auto" else int(rank),
+                   # (a GGUF file's: its norms' epsilon, as llama.cpp reads it)
+                   dt_b_c_eps=c.get("dt_b_c_eps", c["mixer_rms_eps"]) if falcon else None,
+                   bias=bool(c["use_bias"]), conv_bias=bool(c["use_conv_bias"]),
+                   tie_word_embeddings=bool(c["tie_word_embeddings"]),
+                   max_position=c.get("max_position_embeddings") or CONTEXT)
+
+    @property
+    def state_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """A sequence's state a layer: the convolution's earlier inputs, the channels' states."""
+        return (self.conv_size - 1, self.intermediate_size), (self.intermediate_size, self.state_size)
+
+
+class MambaMixer(nn.Module):
+    """The layer between its norm and the residual (the module docstring)."""
+
+    def __init__(self, s: MambaSpec):
+        super().__init__()
+        self.spec = s
+        inner = s.intermediate_size
+        self.in_proj = nn.Linear(s.hidden_size, 2 * inner, bias=s.bias)
+        self.conv = nn.Parameter(torch.empty(inner, s.conv_size))  # a channel's taps, the oldest first
+        self.conv_bias = nn.Parameter(torch.empty(inner)) if s.conv_bias else None
+        self.x_proj = nn.Linear(inner, s.time_step_rank + 2 * s.state_size, bias=False)
+        self.dt_proj = nn.Linear(s.time_step_rank, inner)
+        self.decay = nn.Parameter(torch.empty(inner, s.state_size))  # A = -exp(A_log): llama.cpp's ssm_a
+        self.skip = nn.Parameter(torch.empty(inner))  # D
+        self.out = nn.Linear(inner, s.hidden_size, bias=s.bias)
+
+    @staticmethod
+    def convert(hf: dict[str, torch.Tensor], prefix: str, out_prefix: str, s: MambaSpec) -> dict[str, torch.Tensor]:
+        """A layer's transformers parameters under ``prefix`` (or a GGUF file's, as gguf.py names them:
+        -exp(A_log) as ssm_a) -> this module's under ``out_prefix``."""
+        out = {out_prefix + "conv": hf[prefix + "conv1d.weight"].reshape(s.intermediate_size, s.conv_size)}
+        for ours, theirs in (("in_proj", "in_proj"), ("out", "out_proj")):
+            for kind in ("weight", "bias") if s.bias else ("weight",):
+                out[f"{out_prefix}{ours}.{kind}"] = hf[f"{prefix}{theirs}.{kind}"]
+        out[out_prefix + "x_proj.weight"] = hf[prefix + "x_proj.weight"]
+        out[out_prefix + "dt_proj.weight"] = hf[prefix + "dt_proj.weight"]
+        out[out_prefix + "dt_proj.bias"] = hf[prefix + "dt_proj.bias"]
+        if s.conv_bias:
+            out[out_prefix + "conv_bias"] = hf[prefix + "conv1d.bias"]
+        decay = prefix + "ssm_a"
+        out[out_prefix + "decay"] = hf[decay] if decay in hf else -torch.exp(hf[prefix + "A_log"])
+        out[out_prefix + "skip"] = hf[prefix + "D"].reshape(-1)
+        return out
+
+    def forward(self, x, states: list[torch.Tensor], runs: StateRuns) -> torch.Tensor:
+        """``states``: this layer's conv inputs [slots, conv_size - 1, inner] and states [slots, inner, state
+        width] (KVCache.state_layer); ``runs``: the step's recurrent.StateRuns."""
+        s = self.spec
+        conv_states, matrices = states
+        xs, z = self.in_proj(x).chunk(2, dim=-1)
+        xs = convolve(xs, self.conv, self.conv_bias, conv_states, runs)
+        dt, b, c = self.x_proj(xs).split([s.time_step_rank, s.state_size, s.state_size], -1)
+        if s.dt_b_c_eps is not None:
+            dt, b, c = (weightless_norm(t, s.dt_b_c_eps) for t in (dt, b, c))
+        dt = F.softplus(self.dt_proj(dt))
+        y = scan(xs, dt, self.decay, b, c, matrices, runs) + xs * self.skip
+        return self.out(y * F.silu(z))
+
+
+def weightless_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x), in float32 at least (as transformers' Falcon-Mamba)."""
+    work = x.to(torch.promote_types(x.dtype, torch.float32))
+    return (work * torch.rsqrt(work.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def scan(x, dt, decay, b, c, matrices: torch.Tensor, runs: StateRuns) -> torch.Tensor:
+    """Each run's rows through its channels' states (read from and written back to their slots in ``matrices``):
+    per row, S = exp(dt A) S + dt x b; y = S . c. x, dt [rows, inner], A [inner, state width], b, c [rows, state
+    width]; [rows, inner], in waves (the t-th row of each run at once), in float32 at least (as transformers,
+    llama.cpp)."""
+    dtype = x.dtype
+    work = torch.promote_types(dtype, torch.float32)
+    x, dt, b, c, decay = (t.to(work) for t in (x, dt, b, c, decay))
+    state = matrices[runs.slots].to(work) * (~runs.fresh)[:, None, None]
+    out = torch.empty_like(x)
+    for rows, which in runs.waves:
+        step = dt[rows, :, None]
+        s = state[which] * torch.exp(step * decay) + (step * x[rows, :, None]) * b[rows, None, :]
+        out[rows] = torch.einsum("rcn,rn->rc", s, c[rows])
+        state[which] = s
+    matrices[runs.slots] = state.to(matrices.dtype)
+    return out.to(dtype)
+
+
+class Block(nn.Module):
+    def __init__(self, s: MambaSpec, index: int):
+        super().__init__()
+        self.pool_layer = index  # (its state slot's layer)
+        self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.mixer = MambaMixer(s)
+
+    def forward(self, x, kv_cache, runs):
+        return x + self.mixer(self.norm(x), kv_cache.state_layer(self.pool_layer), runs)
+
+
+class Mamba(DecoderModel):
+    def __init__(self, s: MambaSpec):
+        super().__init__(s, Block, RMSNorm)
+        self.num_layers = 0  # the pool's K/V layers: none; a state a layer
+        self.state_shapes = (s.num_layers, s.state_shapes)
+
+    def forward(self, step, kv_cache) -> torch.Tensor:
+        """Logits [S, vocab] for the step's sampled positions only."""
+        check_state_slots(step, kv_cache)
+        x = self.embed(step.input_ids)
+        runs = StateRuns(step, self.spec.conv_size - 1)
+        for layer in self.layers:
+            x = layer(x, kv_cache, runs)
+        return self.lm_head(self.norm(x[step.sample_indices]))
+
+    @staticmethod
+    def convert(hf: dict[str, torch.Tensor], s: MambaSpec) -> dict[str, torch.Tensor]:
+        """Transformers' parameter names (under backbone; or a GGUF file's, as gguf.py names them: the embeddings
+        and final norm as Llama's, a layer's norm its input_layernorm, its mixer's products under mamba.) -> this
+        module's."""
+        hf = {k.removeprefix("backbone.").removeprefix("model."): v for k, v in hf.items()}
+        embed = hf.get("embeddings.weight", hf.get("embed_tokens.weight"))
+        out = {"embed.weight": embed, "norm.weight": hf.get("norm_f.weight", hf.get("norm.weight"))}
+        out["lm_head.weight"] = embed if s.tie_word_embeddings else hf["lm_head.weight"]
+        for i in range(s.num_layers):
+            p, o = f"layers.{i}.", f"layers.{i}."
+            norm, mixer = (p + "norm.weight", p + "mixer.") if p + "norm.weight" in hf else \
+                (p + "input_layernorm.weight", p + "mamba.")
+            out[o + "norm.weight"] = hf[norm]
+            out.update(MambaMixer.convert(hf, mixer, o + "mixer.", s))
+        return out
