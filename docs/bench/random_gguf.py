@@ -29,6 +29,8 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape falcon-h1-7b --format q4_k_m --vocab 130049 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape mamba2-2.7b --format q4_k_m --vocab 50288 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape mamba2-codestral-7b --format q4_k_m --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape mamba-2.8b --format q4_k_m --vocab 50280 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape falcon-mamba-7b --format q4_k_m --vocab 65024 --out /tmp/gguf
 
 Formats: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1 (quantized by gguf-py from normal values), mxfp4
 (gpt-oss's files as ggml-org publishes them: the experts in MXFP4, the other matrices in Q8_0), q4_k_m
@@ -73,7 +75,11 @@ a state of 128 (256) and one group, no norm of their answers, its rotary's base 
 the mamba2 ones as state-spaces' mamba2-2.7b's and Mamba-Codestral-7B's (architecture mamba2: Mamba2 layers alone,
 a norm and a mixer each, no heads listed, 80 Mamba2 heads of 64 with a state of 128 in one group (Codestral's 128
 heads in eight groups), the gated norm's weights a row a group, a context of 2^20 as its converter writes; the
-2.7b's table tied, Codestral's output layer its own);
+2.7b's table tied, Codestral's output layer its own); the mamba ones as state-spaces' mamba-2.8b's and TII's
+Falcon-Mamba-7B's (architecture mamba: selective-scan layers alone, ssm_in giving x and z, ssm_conv1d's four taps a
+channel in F32 with its bias, ssm_x giving a time step of 160 (256) and B and C of 16, ssm_dt widening the step to
+a channel each, with its bias, ssm_a a decay rate a channel and state value, ssm_d, ssm_out; Falcon-Mamba's saying
+ssm.dt_b_c_rms; the 2.8b's table tied, Falcon-Mamba's output layer its own);
 the glm4 one as GLM-4-9B-0414's (architecture glm4: biases on q/k/v, two K/V heads of 128, the rotary over half of
 each head, post_attention_norm and post_ffw_norm after the attention and the MLP (Gemma's names), gate and up
 one ffn_up of 2 x 13696
@@ -187,6 +193,8 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "falcon-h1-0.5b": (1024, 2048, 36, 8, 2), "falcon-h1-7b": (3072, 12288, 44, 12, 2),
           # state-spaces' mamba2-2.7b's and Mistral's Mamba-Codestral-7B's (Mamba2 layers alone: no MLP, no heads)
           "mamba2-2.7b": (2560, 0, 64, 0, 0), "mamba2-codestral-7b": (4096, 0, 64, 0, 0),
+          # state-spaces' mamba-2.8b's and TII's Falcon-Mamba-7B's (selective-scan layers alone)
+          "mamba-2.8b": (2560, 0, 64, 0, 0), "falcon-mamba-7b": (4096, 0, 64, 0, 0),
           # GLM-4.5-Air's, and its first six layers
           "glm45air-106b-a12b": (4096, 10944, 46, 96, 8), "glm45air-106b-a12b-6l": (4096, 10944, 6, 96, 8)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
@@ -195,7 +203,7 @@ UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-
           "qwen35moe-35b-a3b", "qwen35moe-35b-a3b-10l", "glm4-9b", "deepseek2-16b", "glm47flash-30b-a3b",
           "glm47flash-30b-a3b-12l", "nemotron3-nano-30b-a3b", "nemotron3-nano-30b-a3b-12l", "glm45air-106b-a12b",
           "glm45air-106b-a12b-6l", "qwen3next-80b-a3b", "qwen3next-80b-a3b-8l", "falcon-h1-0.5b", "falcon-h1-7b",
-          "nemotronh-nano-9b", "mamba2-codestral-7b"}  # the shapes whose output layer
+          "nemotronh-nano-9b", "mamba2-codestral-7b", "falcon-mamba-7b"}  # the shapes whose output layer
 # is a tensor of its own
 
 
@@ -246,6 +254,8 @@ class Layout:
     latent: tuple[int | None, int, int, int, int] | None = None
     shared_experts: int = 0  # DeepSeek's experts every token takes, as one shared expert (ffn_*_shexp)
     sigmoid: tuple[float, bool] | None = None  # DeepSeek-V3's sigmoid scores: the chosen weights' scale, renormalised
+    # Mamba's selective-scan layers: their inner width, state, time step's rank, whether the step, B and C are normed
+    selective: tuple[int, int, int, bool] | None = None
 
 
 # Nemotron-H's layers, as I recall the 4B's and 8B's hybrid_override_pattern and Nemotron Nano 9B v2's
@@ -325,6 +335,8 @@ SHAPE_LAYOUTS = {"gemma3-4b": replace(LAYOUTS["gemma3"], window=1024, linear_rop
                     for shape in ("qwen3next-80b-a3b", "qwen3next-80b-a3b-8l")},
                  "falcon-h1-7b": replace(LAYOUTS["falcon"], head=128, mamba=(24, 128, 256, 1)),
                  "mamba2-codestral-7b": replace(LAYOUTS["mamba2"], mamba=(128, 64, 128, 8)),
+                 "mamba-2.8b": Layout("mamba", head=64, eps=1e-5, context=1 << 20, selective=(5120, 16, 160, False)),
+                 "falcon-mamba-7b": Layout("mamba", head=64, eps=1e-5, context=1 << 20, selective=(8192, 16, 256, True)),
                  "granite4h-350m": replace(LAYOUTS["granite4h"], attending=(3, 11, 19, 27), mamba=(48, 32, 128, 1)),
                  "granite4h-micro": replace(LAYOUTS["granite4h"], mamba=(64, 64, 128, 1)),
                  "granite4h-tiny": replace(LAYOUTS["granite4h"], experts=(64, 6, 512), shared_expert=1024),
@@ -390,7 +402,9 @@ def tensor_type(name: str, layer: int, layers: int, fmt: str, width: int, tied: 
 
 
 def tensor_data(kind: Q, shape: tuple[int, ...], rng: np.random.Generator, bias: bool = False,
-                decays: bool = False) -> np.ndarray:
+                decays: bool = False, time_steps: bool = False, scale: float = 1.0) -> np.ndarray:
+    """Random values of ``kind`` (``scale`` times the usual weights' size); ``decays``: -exp(A_log) rates that
+    decay; ``time_steps``: a time step's bias as Mamba initialises it, softplus^-1 of steps in [0.001, 0.1]."""
     rows, width = (int(np.prod(shape[:-1])), shape[-1]) if len(shape) >= 2 else (1, shape[0])
     if kind in EXPONENTS:  # random codes, the first byte of each block its exponent
         block, block_bytes = GGML_QUANT_SIZES[kind]
@@ -401,10 +415,14 @@ def tensor_data(kind: Q, shape: tuple[int, ...], rng: np.random.Generator, bias:
         block, block_bytes = GGML_QUANT_SIZES[kind]
         data = rng.integers(0, 256, (rows, width // block, block_bytes), dtype=np.uint8)
         for at in HALF_FIELDS[kind]:
-            scales = rng.uniform(*HALF_RANGE[kind], (rows, width // block)).astype(np.float16)
+            low, high = HALF_RANGE[kind]
+            scales = rng.uniform(low * scale, high * scale, (rows, width // block)).astype(np.float16)
             data[..., at:at + 2] = scales.view(np.uint8).reshape(rows, width // block, 2)
         return data.reshape(rows, -1)
-    values = (rng.standard_normal((rows, width), dtype=np.float32) * 0.05).reshape(shape)
+    values = (rng.standard_normal((rows, width), dtype=np.float32) * 0.05 * scale).reshape(shape)
+    if time_steps:
+        steps = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), shape))
+        return np.log(np.expm1(steps)).astype(np.float32)
     if decays:  # Qwen3.5's -exp(A_log): a state that decays
         return -rng.uniform(0.5, 8.0, shape).astype(np.float32)
     if kind == Q.F32:  # a norm's weights are ones; a bias, small values
@@ -471,6 +489,16 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
     yield "token_embd.weight", -1, (vocab, hidden)
     q_rows = 2 * q if family.delta else q  # (Qwen3.5's query product gives a gate a head too)
     for i in range(layers):
+        if family.selective:  # a norm, then Mamba's selective-scan mixer
+            inner_width, state, rank, _ = family.selective
+            for name, shape in (("attn_norm.weight", (hidden,)), ("ssm_in.weight", (2 * inner_width, hidden)),
+                                ("ssm_conv1d.weight", (inner_width, QWEN35_CONV_TAPS)),
+                                ("ssm_conv1d.bias", (inner_width,)), ("ssm_x.weight", (rank + 2 * state, inner_width)),
+                                ("ssm_dt.weight", (inner_width, rank)), ("ssm_dt.bias", (inner_width,)),
+                                ("ssm_a", (inner_width, state)), ("ssm_d", (inner_width,)),
+                                ("ssm_out.weight", (hidden, inner_width))):
+                yield f"blk.{i}.{name}", i, shape
+            continue
         if family.pattern:  # Nemotron-H: a norm, then one of a Mamba2 mixer, an attention or an MLP
             yield from ((f"blk.{i}.{name}", i, shape) for name, shape in single_purpose_layer(
                 family.pattern[i], hidden, inner, q, kv, family))
@@ -579,6 +607,13 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
             writer.add_layer_norm_eps(family.eps)
         elif family.arch != "falcon-h1":
             writer.add_rope_scaling_finetuned(False)
+    if family.selective:  # its layers' sizes
+        inner_width, state, rank, normed = family.selective
+        writer.add_ssm_conv_kernel(QWEN35_CONV_TAPS)
+        writer.add_ssm_inner_size(inner_width)
+        writer.add_ssm_state_size(state)
+        writer.add_ssm_time_step_rank(rank)
+        writer.add_ssm_dt_b_c_rms(normed)
     if family.vision_sections:
         writer.add_array(f"{family.arch}.rope.dimension_sections", list(family.vision_sections))
     if family.deepstack:
@@ -682,8 +717,14 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
     rng = np.random.default_rng(seed)
     for name, kind, size in plan:
         # (a shared expert's one-row router small as a bias, not a norm's ones)
+        # (Mamba's time steps as trained ones are, small: its input-dependent part a tenth of the usual weights',
+        # its bias as initialised; the usual sizes make steps of 50 and activations past float32's range)
+        selective = family.selective is not None
         writer.write_tensor_data(tensor_data(kind, size, rng, bias=name.endswith((".bias", "_inp_shexp.weight")),
-                                             decays=name.endswith(".ssm_a")))
+                                             decays=name.endswith(".ssm_a"),
+                                             time_steps=selective and name.endswith(".ssm_dt.bias"),
+                                             scale=0.1 if selective and name.endswith(("ssm_x.weight", "ssm_dt.weight"))
+                                             else 1.0))
     writer.close()
     return path
 
