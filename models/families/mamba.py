@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import selective_scan as native_scan
 from .layers import DecoderModel, DecoderShape, RMSNorm
 from .recurrent import StateRuns, check_state_slots, convolve
 
@@ -60,8 +61,9 @@ class MambaSpec(DecoderShape):
 
     @property
     def state_shapes(self) -> tuple[tuple[int, ...], ...]:
-        """A sequence's state a layer: the convolution's earlier inputs, the channels' states."""
-        return (self.conv_size - 1, self.intermediate_size), (self.intermediate_size, self.state_size)
+        """A sequence's state a layer: the convolution's earlier inputs, the channels' states (a state value's
+        channels side by side, as the kernel reads them)."""
+        return (self.conv_size - 1, self.intermediate_size), (self.state_size, self.intermediate_size)
 
 
 class MambaMixer(nn.Module):
@@ -76,7 +78,8 @@ class MambaMixer(nn.Module):
         self.conv_bias = nn.Parameter(torch.empty(inner)) if s.conv_bias else None
         self.x_proj = nn.Linear(inner, s.time_step_rank + 2 * s.state_size, bias=False)
         self.dt_proj = nn.Linear(s.time_step_rank, inner)
-        self.decay = nn.Parameter(torch.empty(inner, s.state_size))  # A = -exp(A_log): llama.cpp's ssm_a
+        # A = -exp(A_log) (llama.cpp's ssm_a), transposed: a state value's channels' rates side by side
+        self.decay = nn.Parameter(torch.empty(s.state_size, inner))
         self.skip = nn.Parameter(torch.empty(inner))  # D
         self.out = nn.Linear(inner, s.hidden_size, bias=s.bias)
 
@@ -94,23 +97,49 @@ class MambaMixer(nn.Module):
         if s.conv_bias:
             out[out_prefix + "conv_bias"] = hf[prefix + "conv1d.bias"]
         decay = prefix + "ssm_a"
-        out[out_prefix + "decay"] = hf[decay] if decay in hf else -torch.exp(hf[prefix + "A_log"])
+        out[out_prefix + "decay"] = (hf[decay] if decay in hf else -torch.exp(hf[prefix + "A_log"])).t().contiguous()
         out[out_prefix + "skip"] = hf[prefix + "D"].reshape(-1)
         return out
 
     def forward(self, x, states: list[torch.Tensor], runs: StateRuns) -> torch.Tensor:
         """``states``: this layer's conv inputs [slots, conv_size - 1, inner] and states [slots, inner, state
-        width] (KVCache.state_layer); ``runs``: the step's recurrent.StateRuns."""
+        width] (KVCache.state_layer); ``runs``: the step's recurrent.StateRuns. On the CPU kernels where they are
+        built (kernels/selective_scan.py), else on torch operators."""
+        projected = self.in_proj(x)
+        if native_scan.supports(projected, states):
+            return self.out(self.mix_on_kernels(projected.contiguous(), states, runs))
+        return self.out(self.mix(projected, states, runs))
+
+    def time_steps(self, xs):
+        """The time steps' low-rank part, B and C of the convolved inputs (normed: Falcon-Mamba's), as one tensor
+        [rows, rank + 2 x state width]."""
+        s = self.spec
+        bc = self.x_proj(xs)
+        if s.dt_b_c_eps is None:
+            return bc.contiguous()
+        return torch.cat([weightless_norm(t, s.dt_b_c_eps)
+                          for t in bc.split([s.time_step_rank, s.state_size, s.state_size], -1)], -1)
+
+    def mix_on_kernels(self, projected, states, runs: StateRuns) -> torch.Tensor:
+        """[rows, inner]: the gated answers before the output product, the convolution and the scan on the
+        kernels."""
         s = self.spec
         conv_states, matrices = states
-        xs, z = self.in_proj(x).chunk(2, dim=-1)
+        xs = native_scan.convolve(projected, s.intermediate_size, self.conv, self.conv_bias, conv_states, runs)
+        steps = self.time_steps(xs)
+        y = native_scan.scan(xs, F.softplus(self.dt_proj(steps[:, :s.time_step_rank])), steps, s.time_step_rank,
+                             self.decay, self.skip, matrices, runs)
+        return y * F.silu(projected[:, s.intermediate_size:])
+
+    def mix(self, projected, states, runs: StateRuns) -> torch.Tensor:
+        """The kernels' work on torch operators: [rows, inner]."""
+        s = self.spec
+        conv_states, matrices = states
+        xs, z = projected.chunk(2, dim=-1)
         xs = convolve(xs, self.conv, self.conv_bias, conv_states, runs)
-        dt, b, c = self.x_proj(xs).split([s.time_step_rank, s.state_size, s.state_size], -1)
-        if s.dt_b_c_eps is not None:
-            dt, b, c = (weightless_norm(t, s.dt_b_c_eps) for t in (dt, b, c))
-        dt = F.softplus(self.dt_proj(dt))
-        y = scan(xs, dt, self.decay, b, c, matrices, runs) + xs * self.skip
-        return self.out(y * F.silu(z))
+        dt, b, c = self.time_steps(xs).split([s.time_step_rank, s.state_size, s.state_size], -1)
+        y = scan(xs, F.softplus(self.dt_proj(dt)), self.decay, b, c, matrices, runs) + xs * self.skip
+        return y * F.silu(z)
 
 
 def weightless_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -120,9 +149,9 @@ def weightless_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def scan(x, dt, decay, b, c, matrices: torch.Tensor, runs: StateRuns) -> torch.Tensor:
-    """Each run's rows through its channels' states (read from and written back to their slots in ``matrices``):
-    per row, S = exp(dt A) S + dt x b; y = S . c. x, dt [rows, inner], A [inner, state width], b, c [rows, state
-    width]; [rows, inner], in waves (the t-th row of each run at once), in float32 at least (as transformers,
+    """Each run's rows through its channels' states (read from and written back to their slots in ``matrices``
+    [slots, state width, inner]): per row, S = exp(dt A) S + dt x b; y = S . c. x, dt [rows, inner], A [state width,
+    inner], b, c [rows, state width]; [rows, inner], in waves (the t-th row of each run at once), in float32 at least (as transformers,
     llama.cpp)."""
     dtype = x.dtype
     work = torch.promote_types(dtype, torch.float32)
@@ -130,9 +159,9 @@ def scan(x, dt, decay, b, c, matrices: torch.Tensor, runs: StateRuns) -> torch.T
     state = matrices[runs.slots].to(work) * (~runs.fresh)[:, None, None]
     out = torch.empty_like(x)
     for rows, which in runs.waves:
-        step = dt[rows, :, None]
-        s = state[which] * torch.exp(step * decay) + (step * x[rows, :, None]) * b[rows, None, :]
-        out[rows] = torch.einsum("rcn,rn->rc", s, c[rows])
+        step = dt[rows, None, :]
+        s = state[which] * torch.exp(step * decay) + (step * x[rows, None, :]) * b[rows, :, None]
+        out[rows] = torch.einsum("rnc,rn->rc", s, c[rows])
         state[which] = s
     matrices[runs.slots] = state.to(matrices.dtype)
     return out.to(dtype)

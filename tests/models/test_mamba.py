@@ -10,13 +10,15 @@ import pytest
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 
-from models.families.mamba import CONTEXT, MambaSpec
+from models.families.mamba import CONTEXT, MambaMixer, MambaSpec
+from models.kernels import selective_scan
 from runtime import Engine, GenerationConfig
 
 from ..conftest import CONFIGS, greedy_with_logprobs, random_prompt, tiny_model, write_gguf_of
 from .test_falcon_h1 import answers
 from .test_gguf import assert_same_answers, greedy
-from .test_qwen35 import float32_weights
+from .test_granite_hybrid import needs_kernels
+from .test_qwen35 import assert_mixing_alike, float32_weights
 
 ARCHS = ["mamba", "falcon_mamba"]
 
@@ -32,7 +34,7 @@ def test_a_mamba_model_answers_as_transformers_does(arch):
         pool = engine.kv_cache
         assert pool.data.numel() == 0 and pool.block_bytes == 0
         assert len(pool.states[1]) == hf.config.num_hidden_layers
-        assert pool.states[1].shape[2:] == (hf.config.intermediate_size, hf.config.state_size)
+        assert pool.states[1].shape[2:] == (hf.config.state_size, hf.config.intermediate_size)
         assert engine.model.max_position == CONTEXT
     assert_same_answers(got, [greedy_with_logprobs(hf, p, 16) for p in prompts])
 
@@ -85,3 +87,29 @@ def test_mamba_configs_and_files_loom_does_not_run_are_refused(tmp_path):
     path = write_gguf_of(tiny_model("mamba"), tmp_path / "bare.gguf", "mamba", {"ssm.time_step_rank": None})
     with pytest.raises(ValueError, match=r"leaves out the Mamba layers' sizes \(mamba.ssm.time_step_rank\)"):
         Engine.from_pretrained(path)
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "torch"])
+def test_the_mamba_layers_answer_alike_on_the_kernels_and_on_torch_operators(kernel, monkeypatch):
+    """The convolution and the scan on selective_scan.h or on torch operators (where no compiler built the
+    kernels), over prompts, chunked prefills and decode steps of several requests at once: transformers'
+    tokens and log-probabilities."""
+    assert_mixing_alike("mamba", selective_scan, MambaMixer, kernel, monkeypatch)
+
+
+@needs_kernels
+def test_a_float32_mamba_answers_alike_on_the_kernels_and_on_torch_operators(monkeypatch):
+    """In float32 the kernel's decays are a polynomial's (exp_fast), not std::exp: the same greedy tokens as the
+    torch operators' and log-probabilities within 1e-4, over prompts, chunks and decode steps."""
+    hf = tiny_model("falcon_mamba", seed=7)
+    prompts = [random_prompt(random.Random(i), 2, 40) for i in range(4)]
+
+    def run():
+        with Engine.from_pretrained(hf, dtype=torch.float32, max_batch_size=4, max_batch_tokens=16) as engine:
+            return answers(engine, prompts)
+    on_kernels = run()
+    monkeypatch.setattr(selective_scan, "supports", lambda x, states: False)
+    on_torch = run()
+    assert [tokens for tokens, _ in on_kernels] == [tokens for tokens, _ in on_torch]
+    for (_, mine), (_, theirs) in zip(on_kernels, on_torch):
+        assert mine == pytest.approx(theirs, abs=1e-4)
