@@ -6,7 +6,8 @@ Falcon-Mamba RMS-normalises without weights; the time step's product widens it t
 keeps a state of ``state_size`` values that decay by exp(dt A), A a rate for each (unlike Mamba2's one a head), and
 take dt x B every token; its answer is the state dotted with C, plus D x, times SiLU(z), through the output product.
 The states and the convolution's last inputs are the sequence's, kept in the pool's state slots (models/step.py's
-``state_shapes``); the pool holds no K/V."""
+``state_shapes``); the pool holds no K/V. The layers are torch's (no native decoder layer), their convolution and
+scan kernels of their own (kernels/selective_scan.h) between the products."""
 
 from __future__ import annotations
 
@@ -102,9 +103,9 @@ class MambaMixer(nn.Module):
         return out
 
     def forward(self, x, states: list[torch.Tensor], runs: StateRuns) -> torch.Tensor:
-        """``states``: this layer's conv inputs [slots, conv_size - 1, inner] and states [slots, inner, state
-        width] (KVCache.state_layer); ``runs``: the step's recurrent.StateRuns. On the CPU kernels where they are
-        built (kernels/selective_scan.py), else on torch operators."""
+        """``states``: this layer's conv inputs [slots, conv_size - 1, inner] and states [slots, state width,
+        inner] (KVCache.state_layer); ``runs``: the step's recurrent.StateRuns. The convolution and the scan on the
+        CPU kernels where they are built (kernels/selective_scan.py), else on torch operators."""
         projected = self.in_proj(x)
         if native_scan.supports(projected, states):
             return self.out(self.mix_on_kernels(projected.contiguous(), states, runs))

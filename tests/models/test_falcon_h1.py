@@ -4,6 +4,7 @@ transformers' models; the configs Loom refuses. (The engine's threaded, preempti
 among the other families.)"""
 
 import random
+import re
 
 import gguf
 import pytest
@@ -24,6 +25,21 @@ NORMED = {"mamba_rms_norm": True, "mamba_norm_before_gate": False}
 def answers(engine: Engine, prompts, tokens: int = 16):
     handles = [engine.launch_response_tokens(p, GenerationConfig(max_new_tokens=tokens, logprobs=0)) for p in prompts]
     return [(list(engine.stream_response_tokens(h, timeout=60)), [t.logprob for t in h.logprobs]) for h in handles]
+
+
+def alone_and_together(engine: Engine, prompts, tokens: int = 10) -> tuple[list, list]:
+    """Each prompt's greedy answer run alone, one after another, and all of them launched at once."""
+    config = GenerationConfig(max_new_tokens=tokens, ignore_eos=True)
+    alone = [list(engine.stream_response_tokens(engine.launch_response_tokens(p, config), timeout=60)) for p in prompts]
+    handles = [engine.launch_response_tokens(p, config) for p in prompts]
+    return alone, [list(engine.stream_response_tokens(h, timeout=60)) for h in handles]
+
+
+def tensor_kinds(path) -> set[str]:
+    """A file's tensor names without their kinds (ssm_a and ssm_d have none), a layer's as blk.{bid}'s, as
+    gguf-py's TENSOR_NAMES lists them."""
+    kinds = lambda name: name if name.count(".") == 2 else name.rpartition(".")[0]
+    return {re.sub(r"^blk\.\d+\.", "blk.{bid}.", kinds(t.name)) for t in gguf.GGUFReader(path).tensors}
 
 
 @pytest.mark.parametrize("settings", [{}, NORMED], ids=["gated", "normed"])
@@ -49,9 +65,7 @@ def test_a_falcon_h1_file_equals_its_transformers_model(tmp_path, settings):
     path = write_gguf_of(hf, tmp_path / "falcon-h1.gguf", "falcon-h1",  # (an answer here reaches its end token)
                          {"tokenizer.ggml.eos_token_id": hf.config.eos_token_id})
     known = {TENSOR_NAMES[t] for t in MODEL_TENSORS[MODEL_ARCH.FALCON_H1]}
-    kinds = lambda name: name if name.count(".") == 2 else name.rpartition(".")[0]  # (ssm_a and ssm_d have none)
-    names = {kinds(t.name).replace("blk.0.", "blk.{bid}.") for t in gguf.GGUFReader(path).tensors
-             if t.name.startswith("blk.0.")}
+    names = tensor_kinds(path)
     assert names <= known and ("blk.{bid}.ssm_norm" in names) == bool(settings)
     prompts = [random_prompt(random.Random(16), 1, 4), random_prompt(random.Random(17), 30, 60)]
     assert_same_answers(greedy(path, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
@@ -65,15 +79,11 @@ def test_a_quantized_falcon_h1_file_runs_in_its_blocks(tmp_path):
     hf = tiny_model("falcon_h1", seed=6)
     path = write_gguf_of(hf, tmp_path / "falcon-h1-q8.gguf", "falcon-h1", matrices=Q.Q8_0)
     prompts = [random_prompt(random.Random(i), 3, 30) for i in range(5)]
-    config = GenerationConfig(max_new_tokens=10, ignore_eos=True)
     with Engine.from_pretrained(path, max_batch_size=8) as engine:
         block = engine.model.layers[0]
         assert all(isinstance(m, BlockLinear) for m in (block.mamba.in_proj, block.mamba.out, block.attn.qkv))
         assert engine.model.decoder_layers is not None  # (decode steps on the native layers)
-        alone = [list(engine.stream_response_tokens(engine.launch_response_tokens(p, config), timeout=60))
-                 for p in prompts]
-        handles = [engine.launch_response_tokens(p, config) for p in prompts]
-        together = [list(engine.stream_response_tokens(h, timeout=60)) for h in handles]
+        alone, together = alone_and_together(engine, prompts)
     assert together == alone
 
 

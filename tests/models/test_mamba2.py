@@ -4,18 +4,16 @@ Loom refuses. (The engine's threaded, preemption, saved-directory and native-lay
 families.)"""
 
 import random
-import re
 
-import gguf
 import pytest
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 
 from models.families.nemotron_h import MAMBA2_CONTEXT, NemotronHSpec
-from runtime import Engine, GenerationConfig
+from runtime import Engine
 
 from ..conftest import CONFIGS, greedy_with_logprobs, random_prompt, tiny_model, write_gguf_of
-from .test_falcon_h1 import answers
+from .test_falcon_h1 import alone_and_together, answers, tensor_kinds
 from .test_gguf import assert_same_answers, greedy
 from .test_qwen35 import float32_weights
 
@@ -45,8 +43,7 @@ def test_a_mamba2_file_equals_its_transformers_model(tmp_path):
     path = write_gguf_of(hf, tmp_path / "mamba2.gguf", "mamba2",  # (an answer here reaches its end token)
                          {"tokenizer.ggml.eos_token_id": hf.config.eos_token_id})
     known = {TENSOR_NAMES[t] for t in MODEL_TENSORS[MODEL_ARCH.MAMBA2]}
-    kinds = lambda name: name if name.count(".") == 2 else name.rpartition(".")[0]  # (ssm_a and ssm_d have none)
-    names = {re.sub(r"^blk\.\d+\.", "blk.{bid}.", kinds(t.name)) for t in gguf.GGUFReader(path).tensors}
+    names = tensor_kinds(path)
     assert names <= known and "output" in names
     prompts = [random_prompt(random.Random(16), 1, 4), random_prompt(random.Random(17), 30, 60)]
     assert_same_answers(greedy(path, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
@@ -60,15 +57,11 @@ def test_a_quantized_mamba2_file_runs_in_its_blocks(tmp_path):
     hf = tiny_model("mamba2", seed=6)
     path = write_gguf_of(hf, tmp_path / "mamba2-q8.gguf", "mamba2", matrices=Q.Q8_0)
     prompts = [random_prompt(random.Random(i), 3, 30) for i in range(7)]
-    config = GenerationConfig(max_new_tokens=10, ignore_eos=True)
     with Engine.from_pretrained(path, max_batch_size=4) as engine:
         block = engine.model.layers[0]
         assert all(isinstance(m, BlockLinear) for m in (block.mamba.in_proj, block.mamba.out))
         assert engine.model.decoder_layers is not None  # (decode steps on the native layers)
-        alone = [list(engine.stream_response_tokens(engine.launch_response_tokens(p, config), timeout=60))
-                 for p in prompts]
-        handles = [engine.launch_response_tokens(p, config) for p in prompts]
-        together = [list(engine.stream_response_tokens(h, timeout=60)) for h in handles]
+        alone, together = alone_and_together(engine, prompts)
     assert together == alone
 
 
