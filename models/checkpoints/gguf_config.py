@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .gguf_file import TensorInfo
 from ..families.olmo import EXAONE4_GLOBAL_EVERY
+from ..families.recurrent import UNBOUNDED_CONTEXT
 from ..families.rope import rope_type
 from ..kernels.block_formats import widened
 
@@ -65,6 +66,9 @@ DELTA_RULE_HYBRIDS = frozenset({"qwen35", "qwen35moe", "qwen3next"})
 # Nemotron-H's layers are a Mamba2 layer, an attention layer or an MLP (in a Nemotron 3 file, a mixture of
 # experts), told apart by their K/V heads and MLP widths (neither: Mamba2), listed a layer at a time
 SINGLE_PURPOSE_LAYERS = frozenset({"nemotron_h", "nemotron_h_moe"})
+# the sizes a file's Mamba2 layers (Granite 4's, Nemotron-H's, Falcon-H1's, Mamba2's own) and Mamba's list (ssm.*)
+MAMBA2_SIZES = ("conv_kernel", "state_size", "group_count", "time_step_rank", "inner_size")
+MAMBA_SIZES = ("conv_kernel", "state_size", "time_step_rank", "inner_size")
 # Granite's multipliers: the file's keys (under the architecture's prefix) -> transformers' names
 GRANITE_SCALES = {"embedding_scale": "embedding_multiplier", "residual_scale": "residual_multiplier",
                   "attention.scale": "attention_multiplier", "logit_scale": "logits_scaling"}
@@ -394,19 +398,19 @@ def _kv_heads_by_layer(key, heads: int, layers: int, file_name: str, family: str
     return counts, kv_heads.pop() if kv_heads else heads
 
 
-def _mamba2_sizes(arch: str, key, file_name: str) -> dict:
-    """A file's Mamba2 sizes by their llama.cpp names (ssm.*), or a ValueError naming those it leaves out."""
-    sizes = {name: key(f"ssm.{name}") for name in ("conv_kernel", "state_size", "group_count", "time_step_rank",
-                                                    "inner_size")}
+def _ssm_sizes(arch: str, key, file_name: str, names: tuple[str, ...] = MAMBA2_SIZES, layers: str = "Mamba2") -> dict:
+    """A file's Mamba2 (or Mamba's: MAMBA_SIZES) sizes by their llama.cpp names (ssm.*), or a ValueError naming
+    those it leaves out."""
+    sizes = {name: key(f"ssm.{name}") for name in names}
     if missing := [f"{arch}.ssm.{name}" for name, value in sizes.items() if not value]:
-        raise ValueError(f"{file_name} leaves out the Mamba2 layers' sizes ({', '.join(missing)}), which llama.cpp "
+        raise ValueError(f"{file_name} leaves out the {layers} layers' sizes ({', '.join(missing)}), which llama.cpp "
                          "requires")
     return sizes
 
 
 def _mamba2_fields(arch: str, key, file_name: str) -> dict:
     """A file's Mamba2 sizes by Granite 4's (and Falcon-H1's) transformers names: mamba2.py's Mamba2Shape.from_hf."""
-    sizes = _mamba2_sizes(arch, key, file_name)
+    sizes = _ssm_sizes(arch, key, file_name)
     heads, inner = sizes["time_step_rank"], sizes["inner_size"]
     return {"mamba_d_conv": sizes["conv_kernel"], "mamba_d_state": sizes["state_size"],
             "mamba_n_groups": sizes["group_count"], "mamba_n_heads": heads, "mamba_d_head": inner // heads,
@@ -415,29 +419,26 @@ def _mamba2_fields(arch: str, key, file_name: str) -> dict:
 
 def _mamba2_model(arch: str, key, tensors: dict, config: dict, file_name: str) -> dict:
     """A Mamba2 language model's file (Mamba2 layers alone) as transformers' Mamba2Config names its sizes
-    (nemotron_h.py's from_mamba2 reads them); its context llama.cpp's converter's 2^20 where the file says none."""
-    sizes = _mamba2_sizes(arch, key, file_name)
+    (nemotron_h.py's from_mamba2 reads them); its context UNBOUNDED_CONTEXT where the file says none."""
+    sizes = _ssm_sizes(arch, key, file_name)
     heads, inner = sizes["time_step_rank"], sizes["inner_size"]
     return {"num_heads": heads, "head_dim": inner // heads, "state_size": sizes["state_size"],
             "n_groups": sizes["group_count"], "conv_kernel": sizes["conv_kernel"], "expand": inner / config["hidden_size"],
-            "layer_norm_epsilon": config["rms_norm_eps"], "max_position_embeddings": key("context_length", 1 << 20),
+            "layer_norm_epsilon": config["rms_norm_eps"], "max_position_embeddings": key("context_length", UNBOUNDED_CONTEXT),
             "use_conv_bias": any(name.endswith(".ssm_conv1d.bias") for name in tensors)}
 
 
 def _mamba_model(arch: str, key, tensors: dict, config: dict, file_name: str) -> dict:
     """A Mamba file's sizes as transformers' MambaConfig names them (mamba.py's MambaSpec reads them); a file that
     says ssm.dt_b_c_rms is a Falcon-Mamba's, whose time steps, B and C are normed with the file's epsilon (as
-    llama.cpp reads it); its context llama.cpp's converter's 2^20 where the file says none."""
-    sizes = {name: key(f"ssm.{name}") for name in ("conv_kernel", "state_size", "time_step_rank", "inner_size")}
-    if missing := [f"{arch}.ssm.{name}" for name, value in sizes.items() if not value]:
-        raise ValueError(f"{file_name} leaves out the Mamba layers' sizes ({', '.join(missing)}), which llama.cpp "
-                         "requires")
+    llama.cpp reads it); its context UNBOUNDED_CONTEXT where the file says none."""
+    sizes = _ssm_sizes(arch, key, file_name, MAMBA_SIZES, "Mamba")
     falcon = bool(key("ssm.dt_b_c_rms"))
     return {"model_type": "falcon_mamba" if falcon else "mamba", "intermediate_size": sizes["inner_size"],
             "state_size": sizes["state_size"], "conv_kernel": sizes["conv_kernel"],
             "time_step_rank": sizes["time_step_rank"], "layer_norm_epsilon": config["rms_norm_eps"],
             **({"dt_b_c_eps": config["rms_norm_eps"]} if falcon else {}),
-            "max_position_embeddings": key("context_length", 1 << 20),
+            "max_position_embeddings": key("context_length", UNBOUNDED_CONTEXT),
             "use_conv_bias": any(name.endswith(".ssm_conv1d.bias") for name in tensors)}
 
 
@@ -482,7 +483,7 @@ def _nemotron_h_layers(arch: str, key, heads: int, config: dict, file_name: str)
     if len({w for w in widths if w}) > 1 and not experts:
         raise ValueError(f"{file_name}'s MLP layers have different widths ({sorted({w for w in widths if w})}); Loom "
                          "runs Nemotron-H models whose MLP layers share one")
-    sizes = _mamba2_sizes(arch, key, file_name)
+    sizes = _ssm_sizes(arch, key, file_name)
     feed_forward = "moe" if experts else "mlp"
     # (in llama.cpp's order: a layer with both an MLP width and K/V heads is an MLP)
     return {"layers_block_type": [feed_forward if w else "full_attention" if n else "linear_attention"

@@ -19,15 +19,14 @@ from torch import nn
 
 from ..kernels import selective_scan as native_scan
 from .layers import DecoderModel, DecoderShape, RMSNorm
-from .recurrent import StateRuns, check_state_slots, convolve
+from .recurrent import UNBOUNDED_CONTEXT, StateRuns, check_state_slots, convolve
 
 FAMILIES = ("mamba", "falcon_mamba")
 # transformers' MambaConfig defaults (FalconMambaConfig's the same, and its mixer_rms_eps), for a config that
-# leaves them out; a state model has no positions to run out of: 2^20, as llama.cpp's converter writes
+# leaves them out
 DEFAULTS = {"state_size": 16, "expand": 2, "conv_kernel": 4, "use_bias": False, "use_conv_bias": True,
             "hidden_act": "silu", "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True, "time_step_rank": "auto",
             "mixer_rms_eps": 1e-6}
-CONTEXT = 1 << 20
 
 
 @dataclass
@@ -39,7 +38,7 @@ class MambaSpec(DecoderShape):
     bias: bool = False        # the input and output products add biases
     conv_bias: bool = True
     tie_word_embeddings: bool = True
-    max_position: int = CONTEXT
+    max_position: int = UNBOUNDED_CONTEXT
 
     @classmethod
     def from_hf(cls, c: dict) -> "MambaSpec":
@@ -58,7 +57,7 @@ class MambaSpec(DecoderShape):
                    dt_b_c_eps=c.get("dt_b_c_eps", c["mixer_rms_eps"]) if falcon else None,
                    bias=bool(c["use_bias"]), conv_bias=bool(c["use_conv_bias"]),
                    tie_word_embeddings=bool(c["tie_word_embeddings"]),
-                   max_position=c.get("max_position_embeddings") or CONTEXT)
+                   max_position=c.get("max_position_embeddings") or UNBOUNDED_CONTEXT)
 
     @property
     def state_shapes(self) -> tuple[tuple[int, ...], ...]:

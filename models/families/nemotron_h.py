@@ -24,12 +24,12 @@ from .layers import QKV, fused
 from .llama import LlamaSpec
 from .mamba2 import Mamba2Mixer, Mamba2Shape
 from .moe import MoESpec, SparseMoE
+from .recurrent import UNBOUNDED_CONTEXT
 
 FAMILIES = ("nemotron_h", "mamba2")
 # the hub configs' hybrid_override_pattern, a letter a layer -> transformers' layer types
 PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 MIXERS = {"linear_attention": True, "full_attention": False}  # a mixer layer type -> whether it is a Mamba2 layer
-MAMBA2_CONTEXT = 1 << 20
 
 
 def layer_types(c: dict) -> list[str]:
@@ -59,8 +59,7 @@ def from_mamba2(c: dict) -> dict:
                          f"(expand x hidden_size)")
     return {**c, "hybrid_override_pattern": "M" * c["num_hidden_layers"], "mamba_num_heads": c["num_heads"],
             "mamba_head_dim": c["head_dim"], "ssm_state_size": c["state_size"],
-            # (a state's model has no positions to run out of: as llama.cpp's converter says, 2^20)
-            "max_position_embeddings": c.get("max_position_embeddings", MAMBA2_CONTEXT)}
+            "max_position_embeddings": c.get("max_position_embeddings", UNBOUNDED_CONTEXT)}
 
 
 def blocks_of(types: list[str]) -> tuple[tuple[int, int | None], ...]:

@@ -9,6 +9,10 @@ import functools
 import torch
 import torch.nn.functional as F
 
+# The context of a model whose layers are all recurrent (Mamba2's own, Mamba's): it has no positions to run out of;
+# llama.cpp's converters write 2^20 for them, and Loom takes that where a config or file says none.
+UNBOUNDED_CONTEXT = 1 << 20
+
 
 def check_state_slots(step, kv_cache) -> None:
     """A ValueError unless each of the step's sequences names a state slot of its own in the pool and none

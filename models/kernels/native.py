@@ -66,6 +66,12 @@ def supports(device: torch.device, dtype: torch.dtype, cache_dtype: torch.dtype 
     return hasattr(library(), _symbol("loom_decode_attention", dtype, cache_dtype))
 
 
+def supports_states(x: torch.Tensor, states: list[torch.Tensor]) -> bool:
+    """Whether a recurrent layer's kernels (delta_rule.py's, mamba_scan.py's, selective_scan.py's) run rows of
+    ``x``'s dtype over ``states`` (the pool keeps a float32 model's in float32, a float64 model's in float64)."""
+    return supports(x.device, x.dtype) and all(s.dtype == x.dtype and s.is_contiguous() for s in states)
+
+
 def function(name: str, dtype: torch.dtype, argtypes: list, cache_dtype: torch.dtype | None = None) -> ctypes._CFuncPtr:
     """The kernel ``name`` for ``dtype`` (its symbol ends in _f32 or _f64; for a pool of another
     ``cache_dtype``, in _f32_kv_f16 or _f32_kv_bf16), with its argument types."""

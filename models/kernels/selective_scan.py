@@ -15,10 +15,7 @@ CONVOLVE_ARGTYPES = [_pointer, _int64, _pointer, _pointer, _pointer, _pointer, _
 SCAN_ARGTYPES = [_pointer, _pointer, _pointer, _int64, _int64] + [_pointer] * 6 + [_int64] * 3
 
 
-def supports(x: torch.Tensor, states: list[torch.Tensor]) -> bool:
-    """Whether the kernels run rows of ``x``'s dtype over ``states`` (the pool keeps a float32 model's in
-    float32, a float64 model's in float64)."""
-    return native.supports(x.device, x.dtype) and all(s.dtype == x.dtype and s.is_contiguous() for s in states)
+supports = native.supports_states  # (by this module's name, which the layers ask and tests set aside)
 
 
 def convolve(projected: torch.Tensor, width: int, taps: torch.Tensor, bias: torch.Tensor | None,

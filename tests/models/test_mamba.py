@@ -8,7 +8,8 @@ import pytest
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 
-from models.families.mamba import CONTEXT, MambaMixer, MambaSpec
+from models.families.mamba import MambaMixer, MambaSpec
+from models.families.recurrent import UNBOUNDED_CONTEXT
 from models.kernels import selective_scan
 from runtime import Engine
 
@@ -33,7 +34,7 @@ def test_a_mamba_model_answers_as_transformers_does(arch):
         assert pool.data.numel() == 0 and pool.block_bytes == 0
         assert len(pool.states[1]) == hf.config.num_hidden_layers
         assert pool.states[1].shape[2:] == (hf.config.state_size, hf.config.intermediate_size)
-        assert engine.model.max_position == CONTEXT
+        assert engine.model.max_position == UNBOUNDED_CONTEXT
     assert_same_answers(got, [greedy_with_logprobs(hf, p, 16) for p in prompts])
 
 

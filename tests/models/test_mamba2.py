@@ -9,7 +9,8 @@ import pytest
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 
-from models.families.nemotron_h import MAMBA2_CONTEXT, NemotronHSpec
+from models.families.nemotron_h import NemotronHSpec
+from models.families.recurrent import UNBOUNDED_CONTEXT
 from runtime import Engine
 
 from ..conftest import CONFIGS, greedy_with_logprobs, random_prompt, tiny_model, write_gguf_of
@@ -30,7 +31,7 @@ def test_a_mamba2_model_answers_as_transformers_does(tied):
         pool = engine.kv_cache
         assert pool.data.numel() == 0 and pool.block_bytes == 0
         assert len(pool.states[0]) == len(engine.model.layers) == hf.config.num_hidden_layers
-        assert engine.model.max_position == MAMBA2_CONTEXT and pool.num_blocks * pool.block_size >= MAMBA2_CONTEXT
+        assert engine.model.max_position == UNBOUNDED_CONTEXT and pool.num_blocks * pool.block_size >= UNBOUNDED_CONTEXT
     assert_same_answers(got, [greedy_with_logprobs(hf, p, 16) for p in prompts])
 
 
