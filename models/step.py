@@ -27,6 +27,11 @@ pool keeps ``state_slots`` such states, and each Sequence names the slot it read
 zeros (the model's part), and none can be shared, skipped or rolled back, so such a model runs without
 prefix caching and without speculative decoding (the runtime's part).
 
+A model whose K/V layers differ in heads or head size (Gemma 4's sliding-window layers keep more,
+narrower heads than its global ones) has an attribute ``kv_layer_shapes``, (kv heads, head size) for
+each of its ``num_layers`` K/V layers: each layer's K and V then lie in the pool as their own
+contiguous tensors, and a block's bytes are the sum of theirs.
+
 A model whose forward may give each CPU thread rows of its own (the native decoder layers) has a
 method ``splits_rows(step, threads, kv_cache)`` saying whether it will for a step: the runtime
 chooses the step's thread count by it.
@@ -205,23 +210,38 @@ def group_by_length(widths: list[int]) -> list[tuple[int, int]]:
 
 
 class KVCache:
-    """Per-layer K and V tensors of shape [num_blocks, block_size, num_kv_heads, head_dim], and for a
-    model with convolution layers (``conv_rows``: their count and width) each such layer's input rows,
-    [num_blocks, block_size, width]; allocated once, a step writes only its new tokens' rows and reads
-    through block tables. For a model with recurrent layers (``state_shapes``: their count and the
-    shapes of a sequence's state in each), ``state_slots`` states a layer, in float32 at least (as
-    llama.cpp keeps them): on the CPU their memory is taken as slots are first used, on a GPU at once."""
+    """Per-layer K and V tensors of shape [num_blocks, block_size, num_kv_heads, head_dim] (a layer's own
+    heads and size where ``layer_shapes`` lists them), and for a model with convolution layers
+    (``conv_rows``: their count and width) each such layer's input rows, [num_blocks, block_size, width];
+    allocated once, a step writes only its new tokens' rows and reads through block tables. For a model
+    with recurrent layers (``state_shapes``: their count and the shapes of a sequence's state in each),
+    ``state_slots`` states a layer, in float32 at least (as llama.cpp keeps them): on the CPU their
+    memory is taken as slots are first used, on a GPU at once.
+
+    ``data`` holds every layer's K/V: [2, layers, num_blocks, block_size, heads, head size] where the
+    layers are alike, else one flat buffer of runs [K of each layer][V of each layer]; either way each
+    run is num_blocks blocks of one layer's K or V (``commit`` backs a range of blocks run by run)."""
 
     def __init__(self, num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device,
-                 conv_rows: tuple[int, int] = (0, 0), state_shapes: tuple[int, tuple] = (0, ()), state_slots: int = 0):
-        shape = (2, num_layers, num_blocks, block_size, num_kv_heads, head_dim)
+                 conv_rows: tuple[int, int] = (0, 0), state_shapes: tuple[int, tuple] = (0, ()), state_slots: int = 0,
+                 layer_shapes: tuple[tuple[int, int], ...] | None = None):
+        shapes = self.layer_shapes_of(num_layers, num_kv_heads, head_dim, layer_shapes)
+        if len(set(shapes)) <= 1:
+            self.data = self._pool((2, num_layers, num_blocks, block_size, num_kv_heads, head_dim), dtype, device)
+            self.runs = [self.data[kv, layer] for kv in range(2) for layer in range(num_layers)]
+        else:
+            run_sizes = [num_blocks * block_size * heads * dim for heads, dim in shapes] * 2
+            self.data = self._pool((sum(run_sizes),), dtype, device)
+            starts = [sum(run_sizes[:i]) for i in range(len(run_sizes))]
+            self.runs = [self.data[start:start + size].view(num_blocks, block_size, *shape)
+                         for start, size, shape in zip(starts, run_sizes, shapes * 2)]
         conv_layers, conv_width = conv_rows
-        conv_shape = (conv_layers, num_blocks, block_size, conv_width)
-        self.data, self.conv = (self._pool(s, dtype, device) for s in (shape, conv_shape))
+        self.conv = self._pool((conv_layers, num_blocks, block_size, conv_width), dtype, device)
         state_layers, shapes = state_shapes
         state_dtype = torch.promote_types(dtype, torch.float32)
         self.states = [self._pool((state_layers, state_slots, *s), state_dtype, device) for s in shapes]
         self.num_state_slots = state_slots if shapes else 0
+        self.num_layers = num_layers
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.scratch = [torch.empty(0, dtype=dtype, device=device) for _ in range(2)]  # for K, for V
@@ -238,10 +258,21 @@ class KVCache:
     @staticmethod
     def geometry_of(model) -> dict:
         """What a pool for ``model`` holds a block, by this class's argument names: the model's K/V layers,
-        heads and head size, and its convolution layers' rows where it has them (the module docstring, and
-        models/__init__.py's contract). (A recurrent layer's state is a sequence's, not a block's.)"""
+        heads and head size (each layer's, where they differ), and its convolution layers' rows where it
+        has them (the module docstring, and models/__init__.py's contract). (A recurrent layer's state is a
+        sequence's, not a block's.)"""
         return {"num_layers": model.num_layers, "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
-                "conv_rows": getattr(model, "conv_rows", (0, 0))}
+                "conv_rows": getattr(model, "conv_rows", (0, 0)),
+                "layer_shapes": getattr(model, "kv_layer_shapes", None)}
+
+    @staticmethod
+    def layer_shapes_of(num_layers, num_kv_heads, head_dim, layer_shapes) -> list[tuple[int, int]]:
+        """(heads, head size) of each K/V layer: ``layer_shapes`` where given, else every layer alike."""
+        if layer_shapes is None:
+            return [(num_kv_heads, head_dim)] * num_layers
+        if len(layer_shapes) != num_layers:
+            raise ValueError(f"{len(layer_shapes)} K/V layer shapes for {num_layers} K/V layers")
+        return [tuple(shape) for shape in layer_shapes]
 
     @staticmethod
     def _pool(shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
@@ -258,10 +289,9 @@ class KVCache:
     @property
     def block_bytes(self) -> int:
         """The memory one block takes, K and V of every layer (and the convolution layers' rows)."""
-        _, num_layers, _, block_size, num_kv_heads, head_dim = self.data.shape
         conv_layers, _, _, conv_width = self.conv.shape
-        return self.bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, self.dtype,
-                                    (conv_layers, conv_width))
+        element = self.data.element_size()
+        return sum(run[0].numel() for run in self.runs) * element + conv_layers * self.block_size * conv_width * element
 
     def commit(self, first: int, end: int) -> bool:
         """Back blocks [first, end) with memory now, their contents unchanged, so that the first
@@ -269,13 +299,11 @@ class KVCache:
         that cannot be done: a GPU pool, or a system without MADV_POPULATE_WRITE."""
         if self.data.device.type != "cpu" or not _populate_write.available:
             return False
-        # runs of num_blocks blocks: [K | V][layer], then [convolution layer]
-        for pool, runs in ((self.data, 2 * self.data.shape[1]), (self.conv, self.conv.shape[0])):
-            per_block = pool.numel() // max(1, runs * self.num_blocks) * pool.element_size()
-            for run in range(runs):
-                start = pool.data_ptr() + (run * self.num_blocks + first) * per_block
-                if not _populate_write(start, (end - first) * per_block):
-                    return False
+        # runs of num_blocks blocks: each layer's K, each layer's V, then each convolution layer's rows
+        for run in (*self.runs, *self.conv):
+            per_block = run[0].numel() * run.element_size()
+            if per_block and not _populate_write(run.data_ptr() + first * per_block, (end - first) * per_block):
+                return False
         return True
 
     def zero_(self) -> None:
@@ -284,7 +312,8 @@ class KVCache:
             pool.zero_()
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.data[0, index], self.data[1, index]
+        """K/V layer ``index``'s K and V, [num_blocks, block_size, heads, head size] each."""
+        return self.runs[index], self.runs[self.num_layers + index]
 
     def conv_layer(self, index: int) -> torch.Tensor:
         """Convolution layer ``index``'s rows, [num_blocks, block_size, width]."""
@@ -306,14 +335,15 @@ class KVCache:
         out = self.scratch[which][:need].view(shape)
         return torch.index_select(cache, 0, blocks, out=out).to(dtype)
 
-    @staticmethod
-    def bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype,
-                        conv_rows: tuple[int, int] = (0, 0)) -> int:
+    @classmethod
+    def bytes_per_block(cls, num_layers, block_size, num_kv_heads, head_dim, dtype,
+                        conv_rows: tuple[int, int] = (0, 0), layer_shapes=None) -> int:
         """The memory one block of a pool of this geometry takes, K and V of every layer and the
         convolution layers' rows: the engine sizes the pool from it before the pool exists."""
         element = torch.empty((), dtype=dtype).element_size()
         conv_layers, conv_width = conv_rows
-        return (2 * num_layers * num_kv_heads * head_dim + conv_layers * conv_width) * block_size * element
+        kv = sum(heads * dim for heads, dim in cls.layer_shapes_of(num_layers, num_kv_heads, head_dim, layer_shapes))
+        return (2 * kv + conv_layers * conv_width) * block_size * element
 
 
 class _PopulateWrite:

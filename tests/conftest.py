@@ -83,6 +83,16 @@ def _mamba_scan_in_float64(module, hidden_states, time_step, B, C, gate, cache, 
 
 transformers.models.mamba.modeling_mamba.mamba_scan_forward = _mamba_scan_in_float64
 transformers.models.falcon_mamba.modeling_falcon_mamba.mamba_scan_forward = _mamba_scan_in_float64
+
+
+def _gemma4_norm_in_dtype(self, hidden_states):
+    """transformers' Gemma 4 norm in its input's dtype: its own widens to float32 only (a float64
+    model's norms then round to float32), too coarse a reference for float64 comparisons."""
+    normed = self._norm(hidden_states)
+    return normed * self.weight.to(normed.dtype) if self.with_scale else normed
+
+
+transformers.models.gemma4.modeling_gemma4.Gemma4RMSNorm.forward = _gemma4_norm_in_dtype
 TRANSFORMERS_MAMBA2_SCAN = transformers.models.granitemoehybrid.modeling_granitemoehybrid.mamba2_scan_forward
 transformers.models.granitemoehybrid.modeling_granitemoehybrid.mamba2_scan_forward = _mamba2_scan_in_float64
 transformers.models.nemotron_h.modeling_nemotron_h.mamba2_scan_forward = _mamba2_scan_in_float64  # (Nemotron-H's too)
@@ -343,6 +353,16 @@ CONFIGS = {
         layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                          "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0}}),
+    # Gemma 4's E-sizes in small: wider global heads (one, its values its keys), the last two layers reading
+    # the K/V of the last earlier layer of their kind with MLPs twice as wide, per-layer embeddings
+    "gemma4": lambda: transformers.Gemma4TextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=5, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
+        num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=VOCAB, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        pad_token_id=0, sliding_window=12, final_logit_softcapping=30.0,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                     "full_attention"]),
 }
 MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.LlamaForCausalLM,
                  "qwen2": transformers.Qwen2ForCausalLM, "mistral": transformers.MistralForCausalLM,
@@ -363,7 +383,7 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "granitemoehybrid": transformers.GraniteMoeHybridForCausalLM, "gemma3": transformers.Gemma3ForCausalLM,
                  "nemotron_h": transformers.NemotronHForCausalLM, "nemotron_h_moe": transformers.NemotronHForCausalLM,
                  "mamba2": transformers.Mamba2ForCausalLM, "mamba": transformers.MambaForCausalLM,
-                 "falcon_mamba": transformers.FalconMambaForCausalLM,
+                 "falcon_mamba": transformers.FalconMambaForCausalLM, "gemma4": transformers.Gemma4ForCausalLM,
                  "glm4": transformers.Glm4ForCausalLM,
                  "deepseek_v2": transformers.DeepseekV2ForCausalLM, "deepseek_v3": transformers.DeepseekV3ForCausalLM,
                  "glm4_moe_lite": transformers.Glm4MoeLiteForCausalLM, "glm4_moe": transformers.Glm4MoeForCausalLM}

@@ -94,10 +94,13 @@ def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, 
     given, from rope.Rotary), writes the step's K/V into the pool (rounded to its dtype, where that
     is not q's), then attends through block tables, each score soft-capped to softcap tanh(score /
     softcap) where ``softcap`` is given (Gemma 2), each head's softmax taking its sink's logit
-    (``sinks`` [heads], gpt-oss's) in its denominator where given. Returns [T, heads, dim]."""
+    (``sinks`` [heads], gpt-oss's) in its denominator where given. With ``k`` and ``v`` None (a layer
+    reading another's K/V: Gemma 4's last layers) only q is rotated and nothing stored. Returns [T, heads, dim]."""
     k_cache, v_cache = kv_cache.layer(layer)
-    kv_heads, dim = k.shape[1], k.shape[2]
-    if masks.on_kernel:
+    kv_heads, dim = k_cache.shape[2], k_cache.shape[3]
+    if k is None:
+        q = q if cos is None else apply_rotary(q, cos, sin)
+    elif masks.on_kernel:
         q = paged_decode.rotate_and_store(q, k, v, cos, sin, step.slot_mapping, k_cache, v_cache)
     else:
         if cos is not None:

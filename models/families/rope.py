@@ -1,5 +1,7 @@
 """Rotary position embeddings with the checkpoint's rope settings: default, linear, llama3, yarn,
-longrope and dynamic (NTK), over the whole head or its first ``partial_rotary_factor`` of it; and a
+longrope and dynamic (NTK), over the whole head or its first ``partial_rotary_factor`` of it; proportional
+(Gemma 4's global layers: the first share of each head's frequency pairs, over the whole head's width,
+the others' frequencies zero); and a
 GGUF file's own divisor per frequency (frequency_factors: its rope_freqs tensor, which is how
 llama.cpp keeps Llama 3.1's llama3 scaling). Also the queries' scale by position some families add
 past the original context (query_temperature). The frequencies are computed in float32 as transformers
@@ -12,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-SUPPORTED = ("default", "linear", "llama3", "yarn", "longrope", "dynamic", "frequency_factors")
+SUPPORTED = ("default", "linear", "llama3", "yarn", "longrope", "dynamic", "frequency_factors", "proportional")
 
 
 def rope_type(parameters: dict | None) -> str:
@@ -45,6 +47,9 @@ class Rotary(nn.Module):
             if factors.shape != inv_freq.shape:
                 raise ValueError(f"{len(factors)} rope frequency factors for a rotary of {len(inv_freq)} frequencies")
             inv_freq = inv_freq / factors
+        elif kind == "proportional":  # (transformers' rotates the whole head so: the rest turn by 0)
+            rotated = int(scaling.get("partial_rotary_factor", 1.0) * head_dim // 2)
+            inv_freq = torch.cat([inv_freq[:rotated], torch.zeros(len(inv_freq) - rotated)]) / scaling.get("factor", 1.0)
         elif kind == "yarn":
             inv_freq, self.attention_factor = _yarn(theta, self.dim, scaling, max_position)
         elif kind == "longrope":

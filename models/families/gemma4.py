@@ -1,0 +1,263 @@
+"""Gemma 4 (text) over the paged KV cache. Gemma 3's block (four norms, a GELU-tanh gated MLP, embeddings
+scaled by sqrt(hidden), sliding-window layers between global ones), with norms that multiply by their
+weight (not 1 + weight) and attention unscaled (queries and keys normalised per head instead). New:
+
+- the global layers' heads are wider (global_head_dim) and may be fewer (num_global_key_value_heads), so
+  the pool keeps each layer's K/V in its own shape (``kv_layer_shapes``, models/step.py); they rotate a
+  quarter of each head's frequency pairs (proportional rope: the other pairs' frequencies are zero), and
+  with attention_k_eq_v their values are their keys' projection, normalised without a weight;
+- the last num_kv_shared_layers layers keep no K/V: each attends over the K/V of the last earlier layer of
+  its kind (their pool layer is that one's), and with use_double_wide_mlp their MLPs are twice as wide;
+- per-layer embeddings (the E2B and E4B sizes): a second token table, hidden_size_per_layer_input values a
+  layer, mixed with a projection of the embedded input and fed to each layer after its MLP through a gate;
+- each layer's output scaled by a learned scalar (layer_scalar), and the logits soft-capped."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layers import GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, fused, paged_attention
+from .rope import Rotary, rope_type
+
+FAMILIES = ("gemma4_text",)
+# transformers' defaults where a config leaves them out (Gemma4TextConfig's)
+DEFAULT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                   "rope_theta": 1_000_000.0}}
+GLOBAL_ROPES = ("proportional", "default", "frequency_factors")  # (a GGUF file's: llama.cpp's rope_freqs)
+
+
+@dataclass
+class Gemma4Spec(DecoderShape):
+    # num_kv_heads and head_dim are the sliding-window layers'; the global layers' are these
+    global_kv_heads: int
+    global_head_dim: int
+    layer_windows: tuple[int | None, ...]  # each layer's window; None: a global layer
+    values_are_keys: bool      # the global layers' values are their keys' projection (attention_k_eq_v)
+    first_shared: int          # the layers from this one on keep no K/V and read an earlier layer's
+    double_wide_mlp: bool      # those layers' MLPs twice as wide
+    sliding_theta: float
+    global_rope: dict          # the global layers' rope parameters (theta; proportional's share, or factors)
+    per_layer_width: int       # per-layer embeddings' values a layer (0: none)
+    per_layer_vocab: int
+    final_softcap: float | None
+    max_position: int
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_hf(cls, c: dict) -> "Gemma4Spec":
+        activation = c.get("hidden_activation") or "gelu_pytorch_tanh"
+        if activation != "gelu_pytorch_tanh":
+            raise ValueError(f"unsupported hidden_activation {activation!r} for gemma4; supported: gelu_pytorch_tanh")
+        if c.get("use_bidirectional_attention") == "all":
+            raise ValueError("gemma4 with bidirectional attention (use_bidirectional_attention='all') is not supported")
+        if c.get("enable_moe_block"):
+            raise ValueError("gemma4 with a mixture of experts beside each MLP (enable_moe_block, the 26B-A4B) is not "
+                             "supported yet; the dense sizes (E2B, E4B, 31B) are")
+        if c.get("attention_bias"):
+            raise ValueError("gemma4 with attention biases is not supported")
+        layers = c["num_hidden_layers"]
+        types = list(c.get("layer_types") or ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                                              for i in range(layers)])
+        types[-1] = "full_attention"  # (as transformers forces it)
+        rope = {**DEFAULT_ROPE, **(c.get("rope_parameters") or {})}
+        global_rope = dict(rope["full_attention"])
+        if rope_type(global_rope) not in GLOBAL_ROPES:
+            raise ValueError(f"unsupported rope {rope_type(global_rope)!r} for gemma4's global layers; supported: "
+                             f"{', '.join(GLOBAL_ROPES)}")
+        if rope_type(rope["sliding_attention"]) != "default":
+            raise ValueError(f"unsupported rope {rope_type(rope['sliding_attention'])!r} for gemma4's sliding-window "
+                             "layers; supported: default")
+        heads = c["num_attention_heads"]
+        kv_heads = c.get("num_key_value_heads") or heads
+        head_dim = c.get("head_dim") or 256
+        values_are_keys = bool(c.get("attention_k_eq_v", False))
+        global_kv_heads, global_head_dim = _global_shape(c, types, kv_heads, head_dim, values_are_keys)
+        shared = c.get("num_kv_shared_layers") or 0
+        first_shared = layers - shared
+        if shared and set(types[first_shared:]) - set(types[:first_shared]):
+            raise ValueError("gemma4's layers sharing K/V need an earlier layer of their kind to read")
+        return cls(
+            vocab_size=c["vocab_size"], hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
+            num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+            rms_norm_eps=c.get("rms_norm_eps", 1e-6), global_kv_heads=global_kv_heads, global_head_dim=global_head_dim,
+            layer_windows=tuple(c.get("sliding_window", 512) if t == "sliding_attention" else None for t in types),
+            values_are_keys=values_are_keys, first_shared=first_shared,
+            double_wide_mlp=bool(c.get("use_double_wide_mlp", False)),
+            sliding_theta=float(rope["sliding_attention"].get("rope_theta", 10_000.0)), global_rope=global_rope,
+            per_layer_width=c.get("hidden_size_per_layer_input") or 0,
+            per_layer_vocab=c.get("vocab_size_per_layer_input") or c["vocab_size"],
+            final_softcap=c.get("final_logit_softcapping"), max_position=c.get("max_position_embeddings", 131_072),
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", True)))
+
+    def is_global(self, layer: int) -> bool:
+        return self.layer_windows[layer] is None
+
+    def kv_shape(self, layer: int) -> tuple[int, int]:
+        """(kv heads, head size) of a layer."""
+        return (self.global_kv_heads, self.global_head_dim) if self.is_global(layer) else (self.num_kv_heads,
+                                                                                           self.head_dim)
+
+    def pool_layer(self, layer: int) -> int:
+        """The pool layer a layer writes (its own index) or, sharing K/V, reads: the last layer before
+        the shared ones of its kind."""
+        if layer < self.first_shared:
+            return layer
+        return max(i for i in range(self.first_shared) if self.is_global(i) == self.is_global(layer))
+
+
+def _global_shape(c: dict, types: list[str], kv_heads: int, head_dim: int, values_are_keys: bool) -> tuple[int, int]:
+    """(kv heads, head size) of the global layers: a hub config's global_head_dim and num_global_key_value_heads
+    (the latter where values are keys), or what transformers resolves them to, per_layer_config's overrides (by
+    layer index); the sliding-window layers' must be the config's own."""
+    overrides = {int(i): o for i, o in (c.get("per_layer_config") or {}).items()}
+    if not overrides:
+        global_kv = (c.get("num_global_key_value_heads") or kv_heads) if values_are_keys else kv_heads
+        return global_kv, c.get("global_head_dim") or 512
+    shapes = {(t, o.get("num_key_value_heads", kv_heads), o.get("head_dim", head_dim))
+              for i, t in enumerate(types) for o in [overrides.get(i, {})]}
+    if {(kv, dim) for t, kv, dim in shapes if t == "sliding_attention"} - {(kv_heads, head_dim)} or len(shapes) > 2:
+        raise ValueError(f"gemma4 layers of one kind with different heads (per_layer_config {c['per_layer_config']}) "
+                         "are not supported")
+    return next(((kv, dim) for t, kv, dim in shapes if t == "full_attention"), (kv_heads, head_dim))
+
+
+def unit_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x), no weight (Gemma 4's values' norm)."""
+    return F.rms_norm(x, x.shape[-1:], None, eps)
+
+
+class Attention(nn.Module):
+    """Queries (and, but in a layer sharing K/V, keys and values) from one product; each head's query and
+    key normalised and rotated, each head's value normalised without a weight; attention unscaled."""
+
+    def __init__(self, s: Gemma4Spec, index: int):
+        super().__init__()
+        self.heads = s.num_heads
+        self.kv_heads, self.head_dim = s.kv_shape(index)
+        self.shares = index >= s.first_shared
+        self.values_are_keys = s.values_are_keys and s.is_global(index)
+        kv_rows = 0 if self.shares else self.kv_heads * self.head_dim * (1 if self.values_are_keys else 2)
+        self.qkv = nn.Linear(s.hidden_size, self.heads * self.head_dim + kv_rows, bias=False)
+        self.out = nn.Linear(self.heads * self.head_dim, s.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, s.rms_norm_eps)
+        self.k_norm = None if self.shares else RMSNorm(self.head_dim, s.rms_norm_eps)
+        self.eps = s.rms_norm_eps
+
+    def forward(self, x, cos, sin, kv_cache, pool_layer: int, step, masks):
+        tokens, queries = x.shape[0], self.heads * self.head_dim
+        qkv = self.qkv(x)
+        q = self.q_norm(qkv[:, :queries].view(tokens, self.heads, self.head_dim))
+        k = v = None
+        if not self.shares:
+            keys = qkv[:, queries:queries + self.kv_heads * self.head_dim].view(tokens, self.kv_heads, self.head_dim)
+            values = keys if self.values_are_keys else qkv[:, queries + keys.shape[1] * self.head_dim:].view(
+                tokens, self.kv_heads, self.head_dim)
+            k, v = self.k_norm(keys), unit_norm(values, self.eps)
+        out = paged_attention(q, k, v, kv_cache, pool_layer, step, masks, 1.0, cos, sin)
+        return self.out(out.flatten(1))
+
+
+class Block(nn.Module):
+    def __init__(self, s: Gemma4Spec, index: int):
+        super().__init__()
+        self.window = s.layer_windows[index]
+        self.pool_layer = s.pool_layer(index)
+        inner = s.intermediate_size * (2 if s.double_wide_mlp and index >= s.first_shared else 1)
+        norm = lambda: RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.input_norm, self.post_attn_norm, self.pre_mlp_norm, self.post_mlp_norm = norm(), norm(), norm(), norm()
+        self.attn = Attention(s, index)
+        self.gate_up = nn.Linear(s.hidden_size, 2 * inner, bias=False)
+        self.down = nn.Linear(inner, s.hidden_size, bias=False)
+        if s.per_layer_width:  # the per-layer input: gated by the hidden state, projected back, normalised
+            self.per_layer_gate = nn.Linear(s.hidden_size, s.per_layer_width, bias=False)
+            self.per_layer_out = nn.Linear(s.per_layer_width, s.hidden_size, bias=False)
+            self.per_layer_norm = norm()
+        self.scalar = nn.Parameter(torch.ones(1))
+
+    def forward(self, x, per_layer_input, rotations, kv_cache, step, masks):
+        cos, sin = rotations[self.window is None]
+        x = x + self.post_attn_norm(self.attn(self.input_norm(x), cos, sin, kv_cache, self.pool_layer, step,
+                                              masks[self.window]))
+        gate, up = self.gate_up(self.pre_mlp_norm(x)).chunk(2, dim=-1)
+        x = x + self.post_mlp_norm(self.down(F.gelu(gate, approximate="tanh") * up))
+        if per_layer_input is not None:
+            gated = F.gelu(self.per_layer_gate(x), approximate="tanh") * per_layer_input
+            x = x + self.per_layer_norm(self.per_layer_out(gated))
+        return x * self.scalar
+
+
+class Gemma4(DecoderModel):
+    def __init__(self, s: Gemma4Spec):
+        super().__init__(s, Block, lambda width, eps: RMSNorm(width, eps))
+        self.num_layers = s.first_shared  # (the layers that keep K/V)
+        self.kv_layer_shapes = tuple(s.kv_shape(i) for i in range(s.first_shared))
+        self.local_rotary = Rotary(s.head_dim, s.sliding_theta)
+        scaling = s.global_rope if rope_type(s.global_rope) != "default" else None
+        self.global_rotary = Rotary(s.global_head_dim, s.global_rope.get("rope_theta", 1_000_000.0), scaling)
+        if s.per_layer_width:
+            width = s.num_layers * s.per_layer_width
+            self.per_layer_embed = nn.Embedding(s.per_layer_vocab, width, _weight=torch.empty(s.per_layer_vocab, width))
+            self.per_layer_project = nn.Linear(s.hidden_size, width, bias=False)
+            self.per_layer_project_norm = RMSNorm(s.per_layer_width, s.rms_norm_eps)
+
+    def per_layer_inputs(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """[T, layers, width]: each token's rows of the per-layer table (scaled by sqrt(width)) and the
+        normalised projection of its embedded input (scaled by 1 / sqrt(hidden)), averaged so (1 / sqrt 2)."""
+        s = self.spec
+        scale = lambda value: torch.tensor(value, dtype=torch.float32).to(x.dtype)
+        rows = self.per_layer_embed(ids).to(x.dtype) * scale(math.sqrt(s.per_layer_width))
+        projected = self.per_layer_project(x) * scale(s.hidden_size ** -0.5)
+        projected = self.per_layer_project_norm(projected.view(len(ids), s.num_layers, s.per_layer_width))
+        return (projected + rows.view_as(projected)) * scale(2 ** -0.5)
+
+    def forward(self, step, kv_cache) -> torch.Tensor:
+        """Logits [S, vocab] for the step's sampled positions only."""
+        s = self.spec
+        x = self.embed(step.input_ids)
+        x = x * torch.tensor(math.sqrt(s.hidden_size), dtype=torch.float32).to(x.dtype)
+        per_layer = self.per_layer_inputs(step.input_ids, x) if s.per_layer_width else None
+        rotations = (self.local_rotary(step.positions, x.dtype), self.global_rotary(step.positions, x.dtype))
+        masks = {w: AttentionMasks(step, x.dtype, kv_cache, w) for w in set(s.layer_windows)}
+        for i, layer in enumerate(self.layers):
+            x = layer(x, None if per_layer is None else per_layer[:, i], rotations, kv_cache, step, masks)
+        logits = self.lm_head(self.norm(x[step.sample_indices]))
+        if s.final_softcap:
+            logits = torch.tanh(logits / s.final_softcap) * s.final_softcap
+        return logits
+
+    @staticmethod
+    def convert(hf: dict[str, torch.Tensor], s: Gemma4Spec) -> dict[str, torch.Tensor]:
+        """Transformers' parameter names -> this module's, fusing q/k/v and gate/up."""
+        hf = {k.removeprefix("model.").removeprefix("language_model."): v for k, v in hf.items()}
+        out = {"embed.weight": hf["embed_tokens.weight"], "norm.weight": hf["norm.weight"]}
+        out["lm_head.weight"] = hf["embed_tokens.weight"] if s.tie_word_embeddings else hf["lm_head.weight"]
+        if s.per_layer_width:
+            out |= {"per_layer_embed.weight": hf["embed_tokens_per_layer.weight"],
+                    "per_layer_project.weight": hf["per_layer_model_projection.weight"],
+                    "per_layer_project_norm.weight": hf["per_layer_projection_norm.weight"]}
+        norms = {"input_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
+                 "pre_mlp_norm": "pre_feedforward_layernorm", "post_mlp_norm": "post_feedforward_layernorm",
+                 "attn.q_norm": "self_attn.q_norm"}
+        for i in range(s.num_layers):
+            p = o = f"layers.{i}."
+            shares = i >= s.first_shared
+            for ours, theirs in (norms | ({} if shares else {"attn.k_norm": "self_attn.k_norm"})).items():
+                out[o + ours + ".weight"] = hf[p + theirs + ".weight"]
+            parts = ("self_attn.q_proj",) if shares else (
+                ("self_attn.q_proj", "self_attn.k_proj") if s.values_are_keys and s.is_global(i) else QKV[1])
+            out[o + "attn.qkv.weight"] = fused(hf, p, (QKV[0], parts))
+            out[o + "attn.out.weight"] = hf[p + "self_attn.o_proj.weight"]
+            out[o + "gate_up.weight"] = fused(hf, p, GATE_UP)
+            out[o + "down.weight"] = hf[p + "mlp.down_proj.weight"]
+            out[o + "scalar"] = hf[p + "layer_scalar"].reshape(1)
+            if s.per_layer_width:
+                out |= {o + "per_layer_gate.weight": hf[p + "per_layer_input_gate.weight"],
+                        o + "per_layer_out.weight": hf[p + "per_layer_projection.weight"],
+                        o + "per_layer_norm.weight": hf[p + "post_per_layer_input_norm.weight"]}
+        return out
