@@ -94,7 +94,10 @@ FLOAT_MATRICES = ("attn_kv_b.weight",)
 HEAD_STACKS = ("attn_k_b.weight", "attn_v_b.weight")
 GEMMA_LAYER_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
                      "post_ffw_norm": "post_feedforward_layernorm"}
-ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
+# Gemma 4's: its layer's output scale, its per-layer input's gate, projection and norm
+GEMMA4_LAYER_NAMES = {**GEMMA_LAYER_NAMES, "layer_output_scale": "layer_scalar", "inp_gate": "per_layer_input_gate",
+                      "proj": "per_layer_projection", "post_norm": "post_per_layer_input_norm"}
+ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES, "gemma4": GEMMA4_LAYER_NAMES,
                     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
                     "olmo2": OUTPUT_NORM_NAMES, "exaone4": OUTPUT_NORM_NAMES,
                     "gpt-oss": {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"},
@@ -113,7 +116,7 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
 # parameters transformers names without a kind (gpt-oss's sinks: llama.cpp's converter adds ".weight";
 # ERNIE 4.5's selection bias, Qwen3.5's and Mamba2's dt_bias, ".bias")
 BARE_NAMES = ("self_attn.sinks", "mlp.moe_statics.e_score_correction_bias", "linear_attn.dt_bias",
-              "linear_attn.ssm_a", "mamba.dt_bias", "mamba.ssm_a", "mamba.D")
+              "linear_attn.ssm_a", "mamba.dt_bias", "mamba.ssm_a", "mamba.D", "layer_scalar")
 # llama.cpp multiplies by a norm's weight where Gemma (and Qwen3.5, but for its delta-rule layers' gated norm)
 # multiplies by (1 + weight): its converter stores weight + 1, which loading takes back.
 NORM_OFFSET = {"gemma": 1.0, "gemma2": 1.0, "gemma3": 1.0, **dict.fromkeys(DELTA_RULE_HYBRIDS, 1.0)}
@@ -126,9 +129,14 @@ FUSED = (frozenset({"attn_q", "attn_k", "attn_v"}), frozenset({"ffn_gate", "ffn_
          frozenset({"ffn_gate_shexp", "ffn_up_shexp"}), frozenset({"ffn_gate_exps", "ffn_up_exps", "ffn_gate_up_exps",
                                                                          "ffn_down_exps"}))
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head",
-                "token_embd_norm": "model.embedding_norm"}  # (LFM2's final norm, by llama.cpp's name for it)
+                "token_embd_norm": "model.embedding_norm",  # (LFM2's final norm, by llama.cpp's name for it)
+                # Gemma 4's per-layer embeddings: their table, the projection of the embedded input and its norm
+                "per_layer_token_embd": "model.embed_tokens_per_layer",
+                "per_layer_model_proj": "model.per_layer_model_projection",
+                "per_layer_proj_norm": "model.per_layer_projection_norm"}
 # a layer's linear products, by how their names end (LFM2's MLP names its products w1, w2, w3)
-LINEAR_NAMES = ("proj.weight", "feed_forward.w1.weight", "feed_forward.w2.weight", "feed_forward.w3.weight")
+LINEAR_NAMES = ("proj.weight", "feed_forward.w1.weight", "feed_forward.w2.weight", "feed_forward.w3.weight",
+                "projection.weight", "per_layer_input_gate.weight")  # (Gemma 4's per-layer inputs')
 # the matrices laid out with sixteen rows side by side where the kernels multiply their format so
 ROWS16_NAMES = (*LINEAR_NAMES, "lm_head.weight", "embed_tokens.weight")
 
@@ -378,15 +386,19 @@ def _pad_float32_rows(tensors: dict, file: GGUFFile, formats: dict, names: dict)
 def _fuse_blocks(tensors: dict) -> None:
     """The products a model fuses (q/k/v, gate/up) whose parts are blocks, as one entry of parts under
     the fused name, which the model takes as it is (BlockLinear's parts): no copy made to fuse them,
-    and parts may differ in format (Q4_K_M's Q6_K values beside Q4_K queries and keys)."""
+    and parts may differ in format (Q4_K_M's Q6_K values beside Q4_K queries and keys). A product whose
+    last parts a layer lacks fuses those it has (Gemma 4's global layers: queries and keys, their values the
+    keys)."""
     for fused, members in (QKV, GATE_UP, SHARED_GATE_UP, FEED_FORWARD):
         for name in [n for n in tensors if n.endswith(f".{members[0]}.weight")]:
             prefix = name.removesuffix(f"{members[0]}.weight")
             parts = [tensors.get(f"{prefix}{m}.weight") for m in members]
-            if all(p is not None and runs_as_stored(p) for p in parts):
-                for m in members:
+            present = parts[:next((i for i, p in enumerate(parts) if p is None), len(parts))]
+            if len(present) > 1 and all(p is None for p in parts[len(present):]) and all(
+                    runs_as_stored(p) for p in present):
+                for m in members[:len(present)]:
                     del tensors[f"{prefix}{m}.weight"]
-                tensors[f"{prefix}{fused}.weight"] = parts
+                tensors[f"{prefix}{fused}.weight"] = present
 
 
 def _widened(info: TensorInfo) -> torch.Tensor:

@@ -14,6 +14,7 @@ from ..kernels.block_formats import widened
 # gguf architecture -> transformers model_type
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "smollm3": "smollm3",
                  "granite": "granite", "gemma": "gemma", "gemma2": "gemma2", "gemma3": "gemma3_text",
+                 "gemma4": "gemma4_text",
                  "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "mistral3": "ministral3", "ernie4_5": "llama",
                  "olmo2": "olmo2", "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen2moe": "qwen2_moe",
                  "ernie4_5-moe": "ernie4_5_moe", "lfm2": "lfm2", "lfm2moe": "lfm2_moe", "exaone4": "exaone4",
@@ -136,13 +137,15 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         "vocab_size": key("vocab_size") or tensors["token_embd.weight"].shape[0],
         "hidden_size": key("embedding_length"),
         # (Nemotron-H's a layer at a time, none for a Mamba2 or attention layer: _nemotron_h_layers)
-        "intermediate_size": None if arch in SINGLE_PURPOSE_LAYERS else shared("feed_forward_length"),
+        # (Gemma 4's a layer at a time where some are twice as wide, its heads too: _gemma4_layers)
+        "intermediate_size": None if arch in SINGLE_PURPOSE_LAYERS | {"gemma4"} else shared("feed_forward_length"),
         # (llama.cpp runs the layers before a file's next-token prediction layers, which it keeps for speculation)
         "num_hidden_layers": key("block_count") - (key("nextn_predict_layers") or 0),
         "num_attention_heads": heads,
         # (LFM2's and Granite 4's files list them a layer at a time, none for a convolution or Mamba2 layer:
         # _kv_heads_by_layer)
-        "num_key_value_heads": None if arch in CONVOLVING | MAMBA_HYBRIDS else shared("attention.head_count_kv", heads),
+        "num_key_value_heads": None if arch in CONVOLVING | MAMBA_HYBRIDS | {"gemma4"} else
+        shared("attention.head_count_kv", heads),
         "head_dim": key("attention.key_length"),
         "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-6),
         "rope_theta": key("rope.freq_base", 10000.0),
@@ -217,6 +220,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
     if arch in DELTA_RULE_HYBRIDS:  # (a head's width the hidden size's share where the file says none, as llama.cpp's)
         config |= _qwen35_layers(arch, key, config["num_hidden_layers"], file_name)
         config["head_dim"] = config["head_dim"] or config["hidden_size"] // heads
+    if arch == "gemma4":  # (its rotary and rope_freqs are its global layers': _gemma4_layers reads them)
+        return config | _gemma4_layers(key, tensors, config, file_name)
     rotary = key("rope.dimension_count")
     if rotary and heads:
         head_dim = config["head_dim"] or config["hidden_size"] // heads
@@ -235,6 +240,50 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
     if arch == "deepseek2":
         config |= _deepseek2_mscales(key, config)
     return config
+
+
+def _gemma4_layers(key, tensors: dict[str, TensorInfo], config: dict, file_name: str) -> dict:
+    """A Gemma 4 file's layers as transformers names them, read as llama.cpp reads them: which slide (the
+    pattern), the sliding-window layers' heads and size (key_length_swa) and the global layers' (key_length, their
+    heads a layer at a time in head_count_kv), values that are keys where a global layer has no attn_v, the last
+    shared_kv_layers layers reading earlier ones' K/V with MLPs twice as wide where feed_forward_length says so,
+    the per-layer inputs' width, and the global layers' rope (their rope_freqs: a divisor per frequency pair, 1e30
+    for those that do not turn), the sliding-window layers' (rope.freq_base_swa, whole heads)."""
+    layers = config["num_hidden_layers"]
+    types = _sliding_layers(key, layers, file_name)
+    if types is None:
+        raise ValueError(f"{file_name} names no attention.sliding_window_pattern, which Gemma 4's files carry")
+    per_layer = lambda k: [int(v) for v in value] if not isinstance(value := key(k), (int, float)) else [value] * layers
+    kv_heads, widths = per_layer("attention.head_count_kv"), per_layer("feed_forward_length")
+    first_shared = layers - (key("attention.shared_kv_layers") or 0)
+    local, wide = key("attention.key_length_swa"), key("attention.key_length")
+    if key("rope.dimension_count_swa") not in (None, local):
+        raise ValueError(f"{file_name}'s sliding-window layers rotate {key('rope.dimension_count_swa')} values of "
+                         f"heads of {local}; Loom's Gemma 4 rotates them whole")
+    heads_of = {t: {kv_heads[i] for i in range(first_shared) if types[i] == t} for t in set(types)}
+    inner, shared_widths = set(widths[:first_shared]), set(widths[first_shared:])
+    if any(len(h) != 1 for h in heads_of.values()) or len(inner) != 1 or len(shared_widths) > 1 or not (
+            shared_widths <= {min(inner), 2 * min(inner)}):
+        raise ValueError(f"{file_name}'s Gemma 4 layers differ in K/V heads within a kind or in MLP width "
+                         f"({kv_heads}, {widths}); Loom runs files whose layers of a kind share their heads, and "
+                         "whose MLPs are one width (twice it in the layers sharing K/V)")
+    (inner,), (local_kv,) = inner, heads_of["sliding_attention"]
+    (global_kv,) = heads_of.get("full_attention", {local_kv})
+    first_global = types.index("full_attention")
+    global_rope = {"rope_type": "default", **_rope_scaling(key, tensors).get("rope_scaling", {}),
+                   "rope_theta": key("rope.freq_base")}
+    return {"num_key_value_heads": local_kv, "head_dim": local, "intermediate_size": inner, "layer_types": types,
+            "per_layer_config": {i: {"head_dim": wide, "num_key_value_heads": global_kv}
+                                 for i, t in enumerate(types) if t == "full_attention"},
+            "attention_k_eq_v": f"blk.{first_global}.attn_v.weight" not in tensors,
+            "num_kv_shared_layers": layers - first_shared,
+            "use_double_wide_mlp": shared_widths == {2 * inner},
+            "hidden_size_per_layer_input": key("embedding_length_per_layer_input") or 0,
+            "vocab_size_per_layer_input": (tensors["per_layer_token_embd.weight"].shape[0]
+                                           if "per_layer_token_embd.weight" in tensors else config["vocab_size"]),
+            "sliding_window": key("attention.sliding_window"), "final_logit_softcapping": key("final_logit_softcapping"),
+            "rope_parameters": {"full_attention": global_rope, "sliding_attention": {
+                "rope_type": "default", "rope_theta": key("rope.freq_base_swa", 10_000.0)}}}
 
 
 def _mistral3_scales(key, config: dict) -> dict:

@@ -1,0 +1,196 @@
+"""Gemma 4's text: layers whose K/V differ in shape (the pool keeps each its own), global layers whose values are
+their keys, layers reading an earlier layer's K/V, per-layer embeddings; checkpoints, the multimodal checkpoint's
+language model, and GGUF files against transformers' models; the configs and files Loom refuses. (The engine's
+threaded, prefix-caching and saved-directory tests run it among the other families.)"""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from gguf.constants import GGMLQuantizationType as Q
+
+from models.checkpoints.gguf import read
+from models.families.gemma4 import Gemma4Spec
+from runtime import Engine
+
+from ..conftest import CONFIGS, greedy_with_logprobs, random_prompt, tiny_model
+from .test_falcon_h1 import alone_and_together, answers, tensor_kinds
+from .test_gguf import assert_same_answers, greedy
+from .test_qwen35 import float32_weights
+
+# transformers' names a layer -> llama.cpp's (Gemma 4's converter: its norms as they are, not 1 + weight)
+LAYER_NAMES = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+               "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+               "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "post_attention_norm",
+               "pre_feedforward_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+               "mlp.down_proj": "ffn_down", "post_feedforward_layernorm": "post_ffw_norm",
+               "per_layer_input_gate": "inp_gate", "per_layer_projection": "proj",
+               "post_per_layer_input_norm": "post_norm", "layer_scalar": "layer_output_scale"}
+GLOBAL_NAMES = {"embed_tokens": "token_embd", "embed_tokens_per_layer": "per_layer_token_embd",
+                "per_layer_model_projection": "per_layer_model_proj", "per_layer_projection_norm": "per_layer_proj_norm",
+                "norm": "output_norm"}
+
+
+def scaled_layers(hf, seed: int = 0):
+    """``hf`` with layer scalars other than transformers' initial ones."""
+    generator = torch.Generator().manual_seed(seed)
+    for name, buffer in hf.named_buffers():
+        if name.endswith("layer_scalar"):
+            buffer.copy_(torch.empty_like(buffer).uniform_(0.6, 1.4, generator=generator))
+    return hf
+
+
+def write_gemma4_gguf(hf, path, matrices: Q | None = None, metadata: dict | None = None):
+    """``hf``'s weights in a GGUF file as llama.cpp's Gemma 4 converter writes them: its sizes a layer at a time
+    (K/V heads, MLP widths), the sliding-window layers' head size as *_swa keys, the layers' kinds as a pattern, the
+    shared layers' count, rope_freqs for the global layers' proportional rope (1 for the pairs that turn, 1e30 for
+    the others), no K/V products in the shared layers, no values in global layers whose values are their keys.
+    Matrices in float32, or in ``matrices``' type; ``metadata`` (under gemma4.) added, a None value leaving a key
+    out. The file carries no tokenizer."""
+    import gguf
+    c = hf.config
+    s = Gemma4Spec.from_hf(c.to_dict())
+    writer = gguf.GGUFWriter(str(path), "gemma4")
+    layers = c.num_hidden_layers
+    writer.add_block_count(layers)
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_feed_forward_length([c.intermediate_size * (2 if s.double_wide_mlp and i >= s.first_shared else 1)
+                                    for i in range(layers)])
+    writer.add_head_count(c.num_attention_heads)
+    writer.add_head_count_kv([s.kv_shape(i)[0] for i in range(layers)])
+    fields = {"attention.key_length": s.global_head_dim, "attention.value_length": s.global_head_dim,
+              "attention.key_length_swa": s.head_dim, "attention.value_length_swa": s.head_dim,
+              "rope.dimension_count": s.global_head_dim, "rope.dimension_count_swa": s.head_dim,
+              "rope.freq_base": s.global_rope["rope_theta"], "rope.freq_base_swa": s.sliding_theta,
+              "attention.layer_norm_rms_epsilon": c.rms_norm_eps, "attention.sliding_window": c.sliding_window,
+              "attention.sliding_window_pattern": [t == "sliding_attention" for t in c.layer_types],
+              "attention.shared_kv_layers": c.num_kv_shared_layers,
+              "embedding_length_per_layer_input": c.hidden_size_per_layer_input,
+              "final_logit_softcapping": c.final_logit_softcapping, **(metadata or {})}
+    adds = {int: writer.add_uint32, float: writer.add_float32, list: writer.add_array}
+    for key, value in fields.items():
+        if value is not None:
+            adds[type(value)](f"gemma4.{key}", value)
+    writer.add_vocab_size(c.vocab_size)
+
+    def add(name, values):
+        if matrices is None or values.ndim < 2 or values.shape[-1] % 32:
+            return writer.add_tensor(name, values)
+        writer.add_tensor(name, gguf.quants.quantize(values, matrices), raw_dtype=matrices)
+
+    rotated = int(s.global_rope["partial_rotary_factor"] * s.global_head_dim // 2)
+    add("rope_freqs.weight", np.array([1.0] * rotated + [1e30] * (s.global_head_dim // 2 - rotated), np.float32))
+    for name, tensor in hf.state_dict().items():
+        name = name.removeprefix("model.").removeprefix("language_model.")
+        values = tensor.float().numpy()
+        if name == "lm_head.weight":
+            if not c.tie_word_embeddings:
+                add("output.weight", values)
+            continue
+        if not name.startswith("layers."):
+            add(GLOBAL_NAMES[name.rpartition(".")[0]] + ".weight", values)
+            continue
+        _, layer, rest = name.split(".", 2)
+        part, _, kind = rest.rpartition(".") if rest != "layer_scalar" else ("layer_scalar", "", "weight")
+        if int(layer) >= s.first_shared and part in ("self_attn.k_proj", "self_attn.v_proj", "self_attn.k_norm"):
+            continue  # (transformers keeps them unused; the converter writes them, llama.cpp skips them: left out here)
+        add(f"blk.{layer}.{LAYER_NAMES[part]}.{kind}", np.ascontiguousarray(values))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_gemma4_model_answers_as_transformers_does():
+    """Gemma 4 in memory, in float64, prompts long and short, chunked and decoded beside each other: transformers'
+    greedy tokens and their log-probabilities. The pool keeps the layers that keep K/V, each in its own shape."""
+    hf = scaled_layers(tiny_model("gemma4", seed=3))
+    prompts = [random_prompt(random.Random(14), 1, 4), random_prompt(random.Random(15), 30, 60)]
+    with Engine.from_pretrained(hf, dtype=torch.float64, max_batch_size=4, max_batch_tokens=16) as engine:
+        got = answers(engine, prompts)
+        pool, c = engine.kv_cache, hf.config
+        assert pool.num_layers == c.num_hidden_layers - c.num_kv_shared_layers == 3
+        assert [pool.layer(i)[1].shape[2:] for i in range(3)] == [(2, 16), (1, 32), (2, 16)]
+        assert pool.block_bytes == 2 * pool.block_size * (2 * 16 + 32 + 2 * 16) * 8
+    assert_same_answers(got, [greedy_with_logprobs(hf, p, 16) for p in prompts])
+
+
+@pytest.mark.parametrize("settings", [{"attention_k_eq_v": False}, {"hidden_size_per_layer_input": 0,
+                                                                     "num_kv_shared_layers": 0}],
+                         ids=["values-of-their-own", "31b-like"])
+def test_gemma4_variants_answer_as_transformers_does(settings):
+    """Global layers with values of their own (and the sliding layers' heads), and a Gemma 4 without per-layer
+    embeddings or shared K/V (the 31B's kind): transformers' answers in float64."""
+    hf = scaled_layers(tiny_model("gemma4", seed=4, **settings), seed=1)
+    prompts = [random_prompt(random.Random(16), 5, 40) for _ in range(2)]
+    with Engine.from_pretrained(hf, dtype=torch.float64, max_batch_size=4, max_batch_tokens=16) as engine:
+        got = answers(engine, prompts)
+    assert_same_answers(got, [greedy_with_logprobs(hf, p, 16) for p in prompts])
+
+
+def test_the_multimodal_checkpoints_language_model_answers_as_its_text_model_does(tmp_path):
+    """Gemma4ForConditionalGeneration saved with its vision tower: read for its text, transformers' answers."""
+    import transformers
+    text = CONFIGS["gemma4"]()
+    vision = transformers.Gemma4VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, num_key_value_heads=2, head_dim=16)
+    torch.manual_seed(2)
+    hf = transformers.Gemma4ForConditionalGeneration(transformers.Gemma4Config(
+        text_config=text.to_dict(), vision_config=vision.to_dict(), audio_config=None)).double().eval()
+    scaled_layers(hf)
+    hf.save_pretrained(tmp_path)
+    prompts = [random_prompt(random.Random(18), 5, 40) for _ in range(2)]
+    with Engine.from_pretrained(tmp_path, dtype=torch.float64) as engine:
+        got = answers(engine, prompts)
+    assert_same_answers(got, [greedy_with_logprobs(hf, p, 16) for p in prompts])
+
+
+def test_a_gemma4_file_equals_its_transformers_model(tmp_path):
+    """A gemma4 file as llama.cpp's converter writes it, in float64: transformers' answers; its tensors all among
+    those llama.cpp's gemma4 reads, its global layers' rope by rope_freqs."""
+    from gguf.constants import MODEL_ARCH, MODEL_TENSORS, TENSOR_NAMES
+    hf = scaled_layers(float32_weights(tiny_model("gemma4", seed=5)))
+    path = write_gemma4_gguf(hf, tmp_path / "gemma4.gguf")
+    names = tensor_kinds(path)
+    assert names <= {TENSOR_NAMES[t] for t in MODEL_TENSORS[MODEL_ARCH.GEMMA4]}
+    assert {"rope_freqs", "per_layer_token_embd", "blk.{bid}.layer_output_scale", "blk.{bid}.inp_gate"} <= names
+    config = read(path).config
+    assert config["attention_k_eq_v"] and config["use_double_wide_mlp"] and config["num_kv_shared_layers"] == 2
+    prompts = [random_prompt(random.Random(16), 1, 4), random_prompt(random.Random(17), 30, 60)]
+    assert_same_answers(greedy(path, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
+
+
+def test_a_quantized_gemma4_file_runs_in_its_blocks(tmp_path):
+    """A Q8_0 file: its products, the per-layer table included, in their blocks; a request's tokens the same alone
+    as beside others."""
+    hf = scaled_layers(tiny_model("gemma4", seed=6, hidden_size_per_layer_input=32))  # (a table row of whole blocks)
+    path = write_gemma4_gguf(hf, tmp_path / "q8.gguf", Q.Q8_0)
+    prompts = [random_prompt(random.Random(20 + i), 3, 30) for i in range(3)]
+    with Engine.from_pretrained(path) as engine:
+        kinds = {type(m).__name__ for m in engine.model.modules()}
+        assert {"BlockLinear", "BlockEmbedding"} <= kinds and "Linear" not in kinds
+        assert type(engine.model.per_layer_embed).__name__ == "BlockEmbedding"
+        alone, together = alone_and_together(engine, prompts)
+    assert alone == together
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32},
+     "mixture of experts"),
+    ({"use_bidirectional_attention": "all"}, "bidirectional"),
+    ({"hidden_activation": "silu"}, "hidden_activation"),
+])
+def test_gemma4_configs_loom_does_not_run_are_refused(settings, message):
+    config = CONFIGS["gemma4"]().to_dict() | settings
+    with pytest.raises(ValueError, match=message):
+        Gemma4Spec.from_hf(config)
+
+
+def test_a_gemma4_file_without_its_layer_pattern_is_refused(tmp_path):
+    hf = tiny_model("gemma4", seed=7)
+    path = write_gemma4_gguf(hf, tmp_path / "nopattern.gguf", metadata={"attention.sliding_window_pattern": None})
+    with pytest.raises(ValueError, match="sliding_window_pattern"):
+        Engine.from_pretrained(path)
