@@ -195,6 +195,10 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "mamba2-2.7b": (2560, 0, 64, 0, 0), "mamba2-codestral-7b": (4096, 0, 64, 0, 0),
           # state-spaces' mamba-2.8b's and TII's Falcon-Mamba-7B's (selective-scan layers alone)
           "mamba-2.8b": (2560, 0, 64, 0, 0), "falcon-mamba-7b": (4096, 0, 64, 0, 0),
+          # Gemma 4's E2B, E4B and 31B, as I recall their configs (the 31B too large to serve beside llama-server
+          # here: its first ten layers), each with Gemma's 262,144-token vocabulary (--vocab 262144)
+          "gemma4-e2b": (1536, 6144, 35, 8, 1), "gemma4-e4b": (2560, 10240, 42, 8, 2),
+          "gemma4-31b": (5376, 21504, 60, 32, 16), "gemma4-31b-10l": (5376, 21504, 10, 32, 16),
           # GLM-4.5-Air's, and its first six layers
           "glm45air-106b-a12b": (4096, 10944, 46, 96, 8), "glm45air-106b-a12b-6l": (4096, 10944, 6, 96, 8)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
@@ -256,6 +260,10 @@ class Layout:
     sigmoid: tuple[float, bool] | None = None  # DeepSeek-V3's sigmoid scores: the chosen weights' scale, renormalised
     # Mamba's selective-scan layers: their inner width, state, time step's rank, whether the step, B and C are normed
     selective: tuple[int, int, int, bool] | None = None
+    # Gemma 4's: its global layers' head size and K/V heads (None: the others'), whether their values are their keys,
+    # the last layers reading earlier ones' K/V (their MLPs twice as wide where double_wide), the per-layer inputs'
+    # width, and a global layer every this many
+    gemma4: tuple[int, int | None, bool, int, bool, int, int] | None = None
 
 
 # Nemotron-H's layers, as I recall the 4B's and 8B's hybrid_override_pattern and Nemotron Nano 9B v2's
@@ -324,6 +332,8 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
                             output_norms=True, window=512)}
 
 
+LAYOUTS["gemma4"] = Layout("gemma4", head=256, rope_base=1e6, eps=1e-6, context=131072, head_norms=True,
+                           output_norms=True, window=512, soft_caps=(0.0, 30.0), gemma4=(512, None, False, 20, True, 256, 5))
 # shapes whose layout is not their family's: Gemma 3 4B's window of 1024 and global rope scaled 8 times
 SHAPE_LAYOUTS = {"gemma3-4b": replace(LAYOUTS["gemma3"], window=1024, linear_rope=8.0),
                  **{shape: replace(LAYOUTS["qwen35"], delta=(16, 32, 128)) for shape in ("qwen35-4b", "qwen35-9b")},
@@ -337,6 +347,9 @@ SHAPE_LAYOUTS = {"gemma3-4b": replace(LAYOUTS["gemma3"], window=1024, linear_rop
                  "mamba2-codestral-7b": replace(LAYOUTS["mamba2"], mamba=(128, 64, 128, 8)),
                  "mamba-2.8b": Layout("mamba", head=64, eps=1e-5, context=1 << 20, selective=(5120, 16, 160, False)),
                  "falcon-mamba-7b": Layout("mamba", head=64, eps=1e-5, context=1 << 20, selective=(8192, 16, 256, True)),
+                 "gemma4-e4b": replace(LAYOUTS["gemma4"], gemma4=(512, None, False, 18, False, 256, 6)),
+                 **{shape: replace(LAYOUTS["gemma4"], window=1024, gemma4=(512, 4, True, 0, False, 0, 6))
+                    for shape in ("gemma4-31b", "gemma4-31b-10l")},
                  "granite4h-350m": replace(LAYOUTS["granite4h"], attending=(3, 11, 19, 27), mamba=(48, 32, 128, 1)),
                  "granite4h-micro": replace(LAYOUTS["granite4h"], mamba=(64, 64, 128, 1)),
                  "granite4h-tiny": replace(LAYOUTS["granite4h"], experts=(64, 6, 512), shared_expert=1024),
@@ -374,7 +387,7 @@ HALF_RANGE = {Q.Q2_K: (1.5e-3, 3e-3), Q.Q3_K: (5e-4, 1e-3), Q.Q4_K: (2e-4, 6e-4)
 def tensor_type(name: str, layer: int, layers: int, fmt: str, width: int, tied: bool, shared_heads: int) -> Q:
     if name.endswith(("norm.weight", ".bias", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight",
                       "attn_sinks.weight", "shortconv.conv.weight", "ssm_conv1d.weight", ".ssm_a", ".ssm_d",
-                      ".ffn_norm")):
+                      ".ffn_norm", "rope_freqs.weight", "layer_output_scale.weight")):
         # (nor any router, nor a convolution's taps, nor the recurrent layers' decay rates and skips; Falcon-H1's
         # MLP norm has no kind in its name)
         return Q.F32
@@ -470,6 +483,40 @@ def latent_attention(hidden: int, heads: int, latent: tuple[int | None, int, int
             ("attn_output", (hidden, heads * value)))
 
 
+def gemma4_layer_kinds(layers: int, gemma4: tuple) -> list[bool]:
+    """Whether each of Gemma 4's layers is a global one (every n-th, the last always)."""
+    every = gemma4[-1]
+    return [(i + 1) % every == 0 or i == layers - 1 for i in range(layers)]
+
+
+def gemma4_tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, head: int, vocab: int,
+                   gemma4: tuple):
+    """Gemma 4's tensors after its token table, as llama.cpp's converter writes them: the per-layer inputs' table,
+    projection and norm, rope_freqs (the global layers'), then each layer's (no K/V products where it reads an
+    earlier layer's, no values where a global layer's are its keys), the final norm."""
+    global_head, global_kv, values_are_keys, shared, double_wide, width, _ = gemma4
+    if width:
+        yield "per_layer_token_embd.weight", -1, (vocab, layers * width)
+        yield "per_layer_model_proj.weight", -1, (layers * width, hidden)
+        yield "per_layer_proj_norm.weight", -1, (width,)
+    yield "rope_freqs.weight", -1, (global_head // 2,)
+    for i, is_global in enumerate(gemma4_layer_kinds(layers, gemma4)):
+        dim, kv = (global_head, global_kv or kv_heads) if is_global else (head, kv_heads)
+        reads = i >= layers - shared
+        mlp = inner * (2 if double_wide and reads else 1)
+        names = [("attn_norm", (hidden,)), ("attn_q", (heads * dim, hidden)), ("attn_q_norm", (dim,))]
+        if not reads:
+            names += [("attn_k", (kv * dim, hidden)), ("attn_k_norm", (dim,))]
+            names += [] if values_are_keys and is_global else [("attn_v", (kv * dim, hidden))]
+        names += [("attn_output", (hidden, heads * dim)), ("post_attention_norm", (hidden,)), ("ffn_norm", (hidden,)),
+                  ("ffn_gate", (mlp, hidden)), ("ffn_up", (mlp, hidden)), ("ffn_down", (hidden, mlp)),
+                  ("post_ffw_norm", (hidden,)), ("layer_output_scale", (1,))]
+        if width:
+            names += [("inp_gate", (width, hidden)), ("proj", (hidden, width)), ("post_norm", (hidden,))]
+        yield from ((f"blk.{i}.{name}.weight", i, shape) for name, shape in names)
+    yield "output_norm.weight", -1, (hidden,)
+
+
 def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, head: int, vocab: int, family: Layout,
             tied: bool):
     q, kv = head * heads, head * kv_heads
@@ -487,6 +534,11 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
         mlp += ((("ffn_gate_inp_shexp", (hidden,)),) if family.shared_gate else ()) + (
             ("ffn_gate_shexp", (width, hidden)), ("ffn_up_shexp", (width, hidden)), ("ffn_down_shexp", (hidden, width)))
     yield "token_embd.weight", -1, (vocab, hidden)
+    if family.gemma4:
+        yield from gemma4_tensors(hidden, inner, layers, heads, kv_heads, head, vocab, family.gemma4)
+        if not tied:
+            yield "output.weight", -1, (vocab, hidden)
+        return
     q_rows = 2 * q if family.delta else q  # (Qwen3.5's query product gives a gate a head too)
     for i in range(layers):
         if family.selective:  # a norm, then Mamba's selective-scan mixer
@@ -582,8 +634,12 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
     writer.add_context_length(family.context)
     writer.add_embedding_length(hidden)
     # (Nemotron-H's a layer at a time: an MLP or experts layer's width, none elsewhere)
+    shared = min(family.gemma4[3], layers - 2) if family.gemma4 else 0  # (a cut file keeps two layers of K/V)
+    if family.gemma4:
+        family = replace(family, gemma4=(*family.gemma4[:3], shared, *family.gemma4[4:]))
     writer.add_feed_forward_length([inner if c in "-E" else 0 for c in family.pattern[:layers]] if family.pattern
-                                   else inner)
+                                   else [inner * (2 if family.gemma4[4] and i >= layers - shared else 1)
+                                         for i in range(layers)] if family.gemma4 else inner)
     writer.add_block_count(layers)
     writer.add_head_count(heads)
     if family.delta:  # its delta-rule layers' sizes, a rotary over a quarter of a head (llama.cpp's sections)
@@ -618,7 +674,18 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_array(f"{family.arch}.rope.dimension_sections", list(family.vision_sections))
     if family.deepstack:
         writer.add_uint32(f"{family.arch}.n_deepstack_layers", family.deepstack)
-    if family.pattern:  # K/V heads in the attention layers alone
+    if family.gemma4:  # its global layers' heads and size, the sliding ones' as *_swa, its layers' kinds
+        global_head, global_kv, _, _, _, width, _ = family.gemma4
+        kinds = gemma4_layer_kinds(layers, family.gemma4)
+        writer.add_head_count_kv([global_kv or kv_heads if g else kv_heads for g in kinds])
+        writer.add_sliding_window_pattern([not g for g in kinds])
+        writer.add_shared_kv_layers(shared)
+        writer.add_embedding_length_per_layer_input(width)
+        for name in ("key_length_swa", "value_length_swa"):
+            writer.add_uint32(f"gemma4.attention.{name}", head)
+        writer.add_uint32("gemma4.rope.dimension_count_swa", head)
+        writer.add_float32("gemma4.rope.freq_base_swa", 10000.0)
+    elif family.pattern:  # K/V heads in the attention layers alone
         writer.add_head_count_kv([kv_heads if c == "*" else 0 for c in family.pattern[:layers]])
     elif family.attending is not None:  # (none in a convolution or Mamba2 layer: how llama.cpp tells them apart)
         writer.add_head_count_kv([kv_heads if i in family.attending else 0 for i in range(layers)])
@@ -636,16 +703,18 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_key_length_mla(nope + rotary)
         writer.add_value_length_mla(value)
         writer.add_rope_dimension_count(rotary)
-    else:
-        writer.add_key_length(head)
-        writer.add_value_length(head)
-        writer.add_rope_dimension_count(head // 4 if family.delta else int(head * family.rotary_share))
+    else:  # (Gemma 4's: its global layers' heads, which rotate whole, some pairs by a frequency of nearly 0)
+        key_length = family.gemma4[0] if family.gemma4 else head
+        writer.add_key_length(key_length)
+        writer.add_value_length(key_length)
+        writer.add_rope_dimension_count(key_length // 4 if family.delta else int(key_length * family.rotary_share))
     writer.add_rope_freq_base(family.rope_base)
     writer.add_layer_norm_rms_eps(family.eps)
     if family.window:
         writer.add_sliding_window(family.window)
-    if family.soft_caps:
-        writer.add_attn_logit_softcapping(family.soft_caps[0])
+    if family.soft_caps:  # (an attention cap of 0: none, Gemma 4's)
+        if family.soft_caps[0]:
+            writer.add_attn_logit_softcapping(family.soft_caps[0])
         writer.add_final_logit_softcapping(family.soft_caps[1])
     if family.scales:
         embeddings, residuals, attention, logits = family.scales
@@ -720,6 +789,10 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         # (Mamba's time steps as trained ones are, small: its input-dependent part a tenth of the usual weights',
         # its bias as initialised; the usual sizes make steps of 50 and activations past float32's range)
         selective = family.selective is not None
+        if name == "rope_freqs.weight":  # (Gemma 4's proportional rope: a quarter of the pairs turn, 1e30 stills the rest)
+            turning = size[0] // 4
+            writer.write_tensor_data(np.array([1.0] * turning + [1e30] * (size[0] - turning), np.float32))
+            continue
         writer.write_tensor_data(tensor_data(kind, size, rng, bias=name.endswith((".bias", "_inp_shexp.weight")),
                                              decays=name.endswith(".ssm_a"),
                                              time_steps=selective and name.endswith(".ssm_dt.bias"),

@@ -462,7 +462,7 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "qwen2vl": "qwen2", "qwen3vl": "qwen3",
                        "qwen3vlmoe": "qwen3", "nemotron_h": "llama", "nemotron_h_moe": "llama", "glm4": "llama",
                        "glm4moe": "llama", "falcon-h1": "llama", "mamba2": "llama", "mamba": "llama",
-                       "deepseek2": "llama"}
+                       "deepseek2": "llama", "gemma4": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):
