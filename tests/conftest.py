@@ -428,6 +428,8 @@ def tiny_model(arch: str, seed: int = 0, **config):
         for name, tensor in model.named_buffers():  # (LFM2-MoE's selection bias, a buffer starting at 0)
             if name.endswith(("expert_bias", "e_score_correction_bias")):
                 tensor.normal_(0.0, 0.5)
+            if name.endswith("layer_scalar"):  # (Gemma 4's, starting at 1)
+                tensor.uniform_(0.6, 1.4)
     return model
 
 

@@ -166,8 +166,9 @@ class Attention(nn.Module):
 class Block(nn.Module):
     def __init__(self, s: Gemma4Spec, index: int):
         super().__init__()
-        self.window = s.layer_windows[index]
+        self.index, self.window = index, s.layer_windows[index]
         self.pool_layer = s.pool_layer(index)
+        self.per_layers = bool(s.per_layer_width)
         inner = s.intermediate_size * (2 if s.double_wide_mlp and index >= s.first_shared else 1)
         norm = lambda: RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.input_norm, self.post_attn_norm, self.pre_mlp_norm, self.post_mlp_norm = norm(), norm(), norm(), norm()
@@ -223,10 +224,13 @@ class Gemma4(DecoderModel):
         x = x * torch.tensor(math.sqrt(s.hidden_size), dtype=torch.float32).to(x.dtype)
         per_layer = self.per_layer_inputs(step.input_ids, x) if s.per_layer_width else None
         rotations = (self.local_rotary(step.positions, x.dtype), self.global_rotary(step.positions, x.dtype))
-        masks = {w: AttentionMasks(step, x.dtype, kv_cache, w) for w in set(s.layer_windows)}
-        for i, layer in enumerate(self.layers):
-            x = layer(x, None if per_layer is None else per_layer[:, i], rotations, kv_cache, step, masks)
-        logits = self.lm_head(self.norm(x[step.sample_indices]))
+        logits = self.native_decode(x, *rotations[1], step, kv_cache, window_angles=rotations[0],
+                                    per_layer_inputs=per_layer)
+        if logits is None:
+            masks = {w: AttentionMasks(step, x.dtype, kv_cache, w) for w in set(s.layer_windows)}
+            for i, layer in enumerate(self.layers):
+                x = layer(x, None if per_layer is None else per_layer[:, i], rotations, kv_cache, step, masks)
+            logits = self.lm_head(self.norm(x[step.sample_indices]))
         if s.final_softcap:
             logits = torch.tanh(logits / s.final_softcap) * s.final_softcap
         return logits

@@ -161,16 +161,18 @@ class NativeDecoding:
 
     decoder_layers = None
 
-    def native_decode(self, x, cos, sin, step, kv_cache, window_angles=None, query_scales=None) -> torch.Tensor | None:
+    def native_decode(self, x, cos, sin, step, kv_cache, window_angles=None, query_scales=None,
+                      per_layer_inputs=None) -> torch.Tensor | None:
         """The step's logits from the native layers; None where they do not serve this step.
         ``window_angles``: (cos, sin) of the layers with a sliding window, where they differ;
-        ``query_scales``: each row's query scale, where the model scales them (rope.query_temperature)."""
+        ``query_scales``: each row's query scale, where the model scales them (rope.query_temperature);
+        ``per_layer_inputs``: Gemma 4's, [rows, layers, width]."""
         layers = self.decoder_layers
         if layers is None or not layers.serves(step, kv_cache):
             return None
         if step.verifies and layers.splits(step, torch.get_num_threads(), kv_cache):
             return None  # rows of one sequence on two threads: one could attend before the other wrote its K/V
-        return layers.forward(x, cos, sin, kv_cache, step, window_angles, query_scales)
+        return layers.forward(x, cos, sin, kv_cache, step, window_angles, query_scales, per_layer_inputs)
 
     def splits_rows(self, step, threads: int, kv_cache) -> bool:
         """Whether the forward gives each of ``threads`` threads rows of its own (models/step.py:

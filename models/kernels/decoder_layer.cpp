@@ -151,7 +151,12 @@ Weights head_weights(const Weights& stack, int64_t h, int64_t rows, int64_t in) 
 // attention takes a sink a head in its softmax (sinks: null elsewhere). Norm weights
 // are the factors applied (Gemma's 1 + weight, decoder_layer.py makes them). GPT-2: LayerNorms with
 // biases, GELU_TANH. A layer without an MLP (up and experts null: a Nemotron-H mixer that no MLP layer
-// follows) ends at its mixer's residual.
+// follows) ends at its mixer's residual. Gemma 4: each head's values normalised without a weight (value_norm);
+// its global layers' values their keys before the keys' norm (values_are_keys: the qkv product gives queries
+// and keys alone); its last layers read an earlier layer's K/V and store none (reads_kv: the qkv product gives
+// queries alone, k_cache and v_cache are that layer's); after the MLP, a per-layer input (per_layer_gate: null
+// elsewhere) gelu(x gate^T) x the step's per-layer inputs at per_layer_offset, through per_layer_out, normed by
+// per_layer_norm and added; and the layer's output scaled (layer_scale: 1 elsewhere).
 template <typename T, typename C>
 struct Layer {
     const T *input_norm, *input_norm_bias, *post_norm, *post_norm_bias;
@@ -179,9 +184,15 @@ struct Layer {
     const MambaLayer* mamba;  // Granite 4's Mamba2 in the attention's place (null elsewhere)
     const MambaLayer* mamba_beside;  // Falcon-H1's Mamba2 beside the attention, over its input (null elsewhere)
     const LatentLayer* latent;  // DeepSeek's latent attention in the attention's place (null elsewhere)
+    const Weights *per_layer_gate, *per_layer_out;  // Gemma 4's per-layer input's products (null elsewhere)
+    const T* per_layer_norm;
     int64_t hidden, intermediate, heads, kv_heads, dim, window, layer_norm, activation, window_angles, rotates,
-        norms_across_heads, conv_taps, gated;
-    double eps, scale, softcap, residual_scale;
+        norms_across_heads, conv_taps, gated, values_are_keys, value_norm, reads_kv, per_layer_offset,
+        per_layer_width;
+    double eps, scale, softcap, residual_scale, layer_scale;
+
+    // the K/V heads the layer's qkv product gives and it stores (none where it reads another layer's)
+    int64_t stored_kv_heads() const { return reads_kv ? 0 : kv_heads; }
 
     // the width of the first product's output (q/k/v, and the gates where gated; a convolution's B, C and
     // x; a delta rule's q, k and v; a Mamba2's z, x, B, C and dt; a latent attention's queries or their low
@@ -192,7 +203,7 @@ struct Layer {
                : delta != nullptr  ? delta->conv_width()
                : mamba != nullptr  ? mamba->projection()
                : latent != nullptr ? (latent->q_up != nullptr ? latent->q_rank : latent->queries(heads))
-                                   : ((gated ? 2 : 1) * heads + 2 * kv_heads) * dim;
+                                   : ((gated ? 2 : 1) * heads + (values_are_keys ? 1 : 2) * stored_kv_heads()) * dim;
     }
     int64_t mixed_width() const {
         return conv != nullptr    ? hidden
@@ -238,6 +249,8 @@ int64_t product_scratch_size(int64_t rows, int64_t in) {
 template <typename T>
 struct Step {
     const T *cos, *sin, *window_cos, *window_sin, *query_scales;
+    // Gemma 4's per-layer inputs, [rows, per_layer_stride] (each layer's at its per_layer_offset; null elsewhere)
+    const T* per_layer_inputs;
     const int64_t *slots, *tables, *lens, *samples;
     // Where threads carry their own rows (decoder_layer.py chooses, and cuts where sequences start):
     // part t's rows are [shares[t], shares[t + 1]), ``parts`` of them; null: the team shares each phase.
@@ -252,6 +265,8 @@ struct Step {
     int64_t start_count;
     int64_t take_rows;   // the fewest rows a thread takes from another's, or leaves it; 0: none taken
     int64_t taken;       // out: the rows threads took from each other in this step
+    int64_t window_rotary_dim;  // the window angles' width (Gemma 4's local heads are narrower than its global)
+    int64_t per_layer_stride;
 };
 
 // The output layer: the final norm (RMSNorm, or LayerNorm with a bias) and the product into the
@@ -266,7 +281,7 @@ struct Head {
 };
 
 // y = norm(x) * weight (+ bias) for one row of ``width`` (y may be x): RMSNorm, or LayerNorm (mean
-// removed first); the sums in T as torch's are.
+// removed first); the sums in T as torch's are. A null weight multiplies by 1 (Gemma 4's values' norm).
 template <typename T>
 void norm_row(const T* x, const T* weight, const T* bias, bool layer_norm, double eps, T* y, int64_t width) {
     T mean = 0;
@@ -277,7 +292,7 @@ void norm_row(const T* x, const T* weight, const T* bias, bool layer_norm, doubl
     T squares = 0;
     for (int64_t i = 0; i < width; ++i) squares += (x[i] - mean) * (x[i] - mean);
     const T inv = T(1) / std::sqrt(squares / T(width) + T(eps));
-    for (int64_t i = 0; i < width; ++i) y[i] = (x[i] - mean) * inv * weight[i];
+    for (int64_t i = 0; i < width; ++i) y[i] = (x[i] - mean) * inv * (weight != nullptr ? weight[i] : T(1));
     if (bias != nullptr)
         for (int64_t i = 0; i < width; ++i) y[i] += bias[i];
 }
@@ -382,6 +397,21 @@ void gate_rows(T* attn, const T* gates, int64_t stride, int64_t rows, int64_t wi
         T* a = attn + r * width;
         for (int64_t i = 0; i < width; ++i) a[i] /= T(1) + std::exp(-g[i]);
     }
+}
+
+// The first ``width`` values of each row of ``from`` (rows ``from_stride`` apart) into ``to`` (``width`` apart).
+template <typename T>
+void copy_rows(const T* from, int64_t from_stride, T* to, int64_t rows, int64_t width) {
+#pragma omp for
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(from + r * from_stride, width, to + r * width);
+}
+
+// Each row of x (``width`` values) times the same row of ``by`` (rows ``by_stride`` apart).
+template <typename T>
+void multiply_rows(T* x, const T* by, int64_t by_stride, int64_t rows, int64_t width) {
+#pragma omp for
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < width; ++i) x[r * width + i] *= by[r * by_stride + i];
 }
 
 template <typename T>
@@ -718,20 +748,32 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
         multiply(buffers.values, values_width, values_width, l.out, l.out_bias, hidden, delta);
     } else {
         T* keys = qkv + q_width + gate_width;
+        const int64_t stored = l.stored_kv_heads();
         multiply(attn_in, hidden, hidden, l.qkv, l.qkv_bias, qkv_width, qkv);
+        // the values: after the keys, or (values_are_keys) a copy of the keys before their norm, in attn until
+        // they are stored (the attention's output is written after)
+        T* values = keys + kv_width;
+        int64_t values_stride = qkv_width;
+        if (l.values_are_keys) {
+            copy_rows(keys, qkv_width, attn, rows, kv_width);
+            values = attn, values_stride = kv_width;
+        }
+        if (l.value_norm && stored > 0)
+            norm_spans<T>(values, values_stride, rows, stored, 0, l.dim, l.dim, nullptr, nullptr, l.eps);
         if (l.q_norm != nullptr && l.norms_across_heads) {
             norm_spans(qkv, qkv_width, rows, 1, 1, q_width, kv_width, l.q_norm, l.k_norm, l.eps);
         } else if (l.q_norm != nullptr && l.gated) {  // (the gates between: the queries', then the keys' spans)
             norm_spans(qkv, qkv_width, rows, l.heads, 0, l.dim, l.dim, l.q_norm, l.k_norm, l.eps);
             norm_spans(keys, qkv_width, rows, 0, l.kv_heads, l.dim, l.dim, l.q_norm, l.k_norm, l.eps);
         } else if (l.q_norm != nullptr) {
-            norm_spans(qkv, qkv_width, rows, l.heads, l.kv_heads, l.dim, l.dim, l.q_norm, l.k_norm, l.eps);
+            norm_spans(qkv, qkv_width, rows, l.heads, stored, l.dim, l.dim, l.q_norm, l.k_norm, l.eps);
         }
         if (s.query_scales != nullptr) scale_queries(qkv, qkv_width, q_width, s.query_scales, rows);
         const T *cos = l.window_angles ? s.window_cos : s.cos, *sin = l.window_angles ? s.window_sin : s.sin;
-        rotate_and_store_rows(qkv, qkv_width, keys, qkv_width, keys + kv_width, qkv_width, cos, sin,
-                              rotary ? s.rotary_dim : 0, s.slots, rows, l.k_cache, l.v_cache, rotary ? q : nullptr,
-                              l.heads, l.kv_heads, l.dim);
+        const int64_t rotary_dim = l.window_angles ? s.window_rotary_dim : s.rotary_dim;
+        rotate_and_store_rows(qkv, qkv_width, keys, qkv_width, values, values_stride, cos, sin,
+                              rotary ? rotary_dim : 0, s.slots, rows, l.k_cache, l.v_cache, rotary ? q : nullptr,
+                              l.heads, stored, l.dim);
         decode_attention_rows(rotary ? q : qkv, rotary ? q_width : qkv_width, l.k_cache, l.v_cache, s.tables,
                               s.max_blocks, s.lens, attn, q_width, rows, l.heads, l.kv_heads, l.dim, s.block_size,
                               l.window, l.scale, l.softcap, l.sinks);
@@ -768,6 +810,16 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
     if (l.mlp_out_norm != nullptr) norm_rows<T>(delta, nullptr, l.mlp_out_norm, nullptr, false, l.eps, delta, rows, hidden);
     if (scales_residuals) scale_values(delta, l.residual_scale, rows * hidden);
     add_rows(x, delta, rows * hidden);
+    if (l.per_layer_gate != nullptr) {  // Gemma 4's per-layer input, through up (the MLP's is spent)
+        const int64_t width = l.per_layer_width;
+        multiply(x, hidden, hidden, l.per_layer_gate, nullptr, width, up);
+        activate_rows(up, width, GELU_TANH, rows, width);
+        multiply_rows(up, s.per_layer_inputs + l.per_layer_offset, s.per_layer_stride, rows, width);
+        multiply(up, width, width, l.per_layer_out, nullptr, hidden, delta);
+        norm_rows<T>(delta, nullptr, l.per_layer_norm, nullptr, false, l.eps, delta, rows, hidden);
+        add_rows(x, delta, rows * hidden);
+    }
+    if (l.layer_scale != 1.0) scale_values(x, l.layer_scale, rows * hidden);
 }
 
 // Elements of the output layer's scratch for ``sampled`` rows: the rows, then the product's panels.
@@ -800,9 +852,10 @@ Step<T> row_range(const Step<T>& s, int64_t first, int64_t end) {
     part.cos += first * s.rotary_dim;
     part.sin += first * s.rotary_dim;
     if (s.window_cos != nullptr) {
-        part.window_cos += first * s.rotary_dim;
-        part.window_sin += first * s.rotary_dim;
+        part.window_cos += first * s.window_rotary_dim;
+        part.window_sin += first * s.window_rotary_dim;
     }
+    if (s.per_layer_inputs != nullptr) part.per_layer_inputs += first * s.per_layer_stride;
     if (s.query_scales != nullptr) part.query_scales += first;
     part.slots += first;
     if (s.state_slots != nullptr) part.state_slots += first;

@@ -33,6 +33,7 @@ from .block_linear import FLOAT32, FLOAT32_PADDED, BlockLinear
 from .cpu_linear import CpuLinear, default_panel_rows
 from ..families.deepseek import DeepSeek
 from ..families.gemma import Gemma
+from ..families.gemma4 import Gemma4
 from ..families.gpt2 import GPT2
 from ..families.falcon_h1 import FalconH1
 from ..families.granite_hybrid import GraniteHybrid
@@ -121,11 +122,13 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
     _fields_ = [(name, _pointer) for name in (
         "input_norm", "input_norm_bias", "post_norm", "post_norm_bias", "qkv", "qkv_bias", "out", "out_bias", "up",
         "up_bias", "down", "down_bias", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm", "k_cache", "v_cache",
-        "experts", "sinks", "conv", "conv_bias", "conv_cache", "delta", "mamba", "mamba_beside", "latent")]
+        "experts", "sinks", "conv", "conv_bias", "conv_cache", "delta", "mamba", "mamba_beside", "latent",
+        "per_layer_gate", "per_layer_out", "per_layer_norm")]
     _fields_ += [(name, _int64) for name in (
         "hidden", "intermediate", "heads", "kv_heads", "dim", "window", "layer_norm", "activation", "window_angles",
-        "rotates", "norms_across_heads", "conv_taps", "gated")]
-    _fields_ += [(name, _double) for name in ("eps", "scale", "softcap", "residual_scale")]
+        "rotates", "norms_across_heads", "conv_taps", "gated", "values_are_keys", "value_norm", "reads_kv",
+        "per_layer_offset", "per_layer_width")]
+    _fields_ += [(name, _double) for name in ("eps", "scale", "softcap", "residual_scale", "layer_scale")]
 
 
 class _DeltaLayer(ctypes.Structure):  # decoder_layer.cpp's DeltaLayer
@@ -150,11 +153,11 @@ class _LatentLayer(ctypes.Structure):  # decoder_layer.cpp's LatentLayer
 
 class _Step(ctypes.Structure):  # decoder_layer.cpp's Step<T>
     _fields_ = [(name, _pointer) for name in (
-        "cos", "sin", "window_cos", "window_sin", "query_scales", "slots", "tables", "lens", "samples", "shares",
-        "starts", "state_slots")]
+        "cos", "sin", "window_cos", "window_sin", "query_scales", "per_layer_inputs", "slots", "tables", "lens",
+        "samples", "shares", "starts", "state_slots")]
     _fields_ += [(name, _int64) for name in (
         "rows", "rotary_dim", "max_blocks", "block_size", "sampled", "parts", "panel_from", "pass_rows",
-        "start_count", "take_rows", "taken")]
+        "start_count", "take_rows", "taken", "window_rotary_dim", "per_layer_stride")]
 
 
 class _Head(ctypes.Structure):  # decoder_layer.cpp's Head<T>
@@ -204,6 +207,9 @@ def _products(model: Llama | Gemma | Olmo | Lfm2 | GPT2) -> list:
             *_mlp_products(b.mlp))]
     elif isinstance(model, Gemma):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.gate_up, b.down)]
+    elif isinstance(model, Gemma4):
+        layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.gate_up, b.down,
+                                                    *((b.per_layer_gate, b.per_layer_out) if b.per_layers else ()))]
     else:
         layers = [m for b in model.layers for m in (b.qkv, b.attn_out, b.fc, b.proj)]
     return layers + [model.lm_head]
@@ -301,6 +307,7 @@ class DecoderLayers:
         self.dtype = _final_norm(model).weight.dtype
         self.weights = []  # the modules, tensors and structures whose addresses the layers hold, kept alive
         layer = (self._gpt2_layer if isinstance(model, GPT2) else self._gemma_layer if isinstance(model, Gemma)
+                 else self._gemma4_layer if isinstance(model, Gemma4)
                  else self._olmo_layer if isinstance(model, Olmo) else self._lfm2_layer if isinstance(model, Lfm2)
                  else self._qwen35_layer if isinstance(model, Qwen35)
                  else self._deepseek_layer if isinstance(model, DeepSeek)
@@ -469,6 +476,27 @@ class DecoderLayers:
                            window_angles=block.window is not None and spec.local_theta is not None,
                            eps=spec.rms_norm_eps, scale=attn.scale, softcap=attn.softcap or 0.0)
 
+    def _gemma4_layer(self, block, spec) -> _Layer:
+        """Gemma's layer with norms of their own weight, unscaled attention over the layer's own heads (a global
+        layer's wider), values normed without a weight (a global layer's its keys, where the model says), a layer
+        reading another's K/V storing none; the sliding-window layers rotate by the step's window angles (their
+        narrower heads'); its per-layer input's products and norm, and its output's scale."""
+        attn = block.attn
+        layer = self._layer((block.input_norm, block.pre_mlp_norm), attn.qkv, attn.out, block.gate_up, block.down,
+                            (attn.q_norm, attn.k_norm, block.post_attn_norm, block.post_mlp_norm),
+                            hidden=spec.hidden_size, intermediate=block.down.in_features, heads=spec.num_heads,
+                            kv_heads=attn.kv_heads, dim=attn.head_dim, window=block.window or 0,
+                            activation=GELU_TANH_GATED, window_angles=block.window is not None,
+                            values_are_keys=attn.values_are_keys, value_norm=True, reads_kv=attn.shares,
+                            eps=spec.rms_norm_eps, scale=1.0, layer_scale=float(block.scalar))
+        if spec.per_layer_width:
+            products = [_weights(m) for m in (block.per_layer_gate, block.per_layer_out)]
+            self.weights.append((block.per_layer_gate, block.per_layer_out, products))
+            layer.per_layer_gate, layer.per_layer_out = (ctypes.addressof(w) for w in products)
+            layer.per_layer_norm = self._factors(block.per_layer_norm)
+            layer.per_layer_offset, layer.per_layer_width = block.index * spec.per_layer_width, spec.per_layer_width
+        return layer
+
     def _olmo_layer(self, block, spec) -> _Layer:
         """No norm before the attention or the MLP, their outputs' norms where Gemma's are; the
         queries' and keys' norms across all heads (EXAONE 4's a head at a time); the layers with a
@@ -508,7 +536,8 @@ class DecoderLayers:
         return _Head(self._factors(norm), _address(getattr(norm, "bias", None)), ctypes.addressof(weights),
                      _address(output.bias), output.out_features, isinstance(model, GPT2), norm.eps)
 
-    def _layer(self, norms, qkv, out, up, down, other_norms, rotates=True, residual_scale=1.0, **shape) -> _Layer:
+    def _layer(self, norms, qkv, out, up, down, other_norms, rotates=True, residual_scale=1.0, layer_scale=1.0,
+               **shape) -> _Layer:
         """``norms``: the input norm and the one before the MLP (their biases, LayerNorm's, too; None
         where the layer has none: OLMo's); ``other_norms``: the query and key norms (a head's, or all
         heads' with norms_across_heads), and the attention's and MLP's output norms (None where the
@@ -522,12 +551,12 @@ class DecoderLayers:
                       for a in ((None, None) if m is None else (ctypes.addressof(w), _address(m.bias)))),
                     *map(self._factors, other_norms))
         return _Layer(*pointers, None, None, None, None, None, None, None, rotates=rotates,
-                      residual_scale=residual_scale, **shape)
+                      residual_scale=residual_scale, layer_scale=layer_scale, **shape)
 
     @classmethod
     def of(cls, model) -> "DecoderLayers | None":
         """The native layers for ``model``, or None where it does not qualify (see the module's doc)."""
-        if not isinstance(model, (Llama, Gemma, Olmo, Lfm2, Qwen35, GraniteHybrid, DeepSeek, GPT2)):
+        if not isinstance(model, (Llama, Gemma, Gemma4, Olmo, Lfm2, Qwen35, GraniteHybrid, DeepSeek, GPT2)):
             return None
         moe = getattr(model.spec, "moe", None)
         if moe is not None and moe.groups is not None:
@@ -577,13 +606,14 @@ class DecoderLayers:
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, kv_cache,
                 step, window_angles: tuple[torch.Tensor, torch.Tensor] | None = None,
-                query_scales: torch.Tensor | None = None) -> torch.Tensor:
+                query_scales: torch.Tensor | None = None, per_layer_inputs: torch.Tensor | None = None) -> torch.Tensor:
         """The logits of a step's sampled rows (a step serves() takes): every layer, the final norm
         and the output layer. x is the embedded input (overwritten); cos and sin the rotary angles
         (None for GPT-2); ``window_angles`` those of the layers with a sliding window, where they
-        differ (Gemma 3's local layers); ``query_scales`` each row's query scale, in x's dtype
-        (Ministral 3's temperature; None: 1). One forward at a time (the engine's loop thread): the layers
-        hold the pool's addresses."""
+        differ (Gemma 3's local layers; Gemma 4's, of narrower heads); ``query_scales`` each row's query
+        scale, in x's dtype (Ministral 3's temperature; None: 1); ``per_layer_inputs`` Gemma 4's, [rows,
+        layers, width]. One forward at a time (the engine's loop thread): the layers hold the pool's
+        addresses."""
         rows = x.shape[0]
         groups = step.decode_groups + ([chunk_rows(step.prefills)] if step.prefills else [])
         tables, lens = _padded_tables(groups)
@@ -595,9 +625,9 @@ class DecoderLayers:
         state_slots = None if step.state_slots is None else step.row_state_slots().contiguous()
         if cos is not None:
             cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()
-        if self.needs_window_angles and (window_angles is None or window_angles[0].numel() != cos.numel()):
+        if self.needs_window_angles and (window_angles is None or window_angles[0].shape[0] != rows):
             raise ValueError("this model's sliding-window layers rotate by angles of their own: pass "
-                             "window_angles of the step's rows and rotary size")
+                             "window_angles of the step's rows")
         window_cos, window_sin = (None, None) if window_angles is None else (
             a.reshape(rows, -1).contiguous() for a in window_angles)
         # A step that verifies proposed tokens orders its rows by context length, a sequence's
@@ -605,12 +635,16 @@ class DecoderLayers:
         pass_rows = rows if step.verifies else PASS_ROWS
         if query_scales is not None:
             query_scales = query_scales.to(x.dtype).contiguous()
+        if per_layer_inputs is not None:
+            per_layer_inputs = per_layer_inputs.to(x.dtype).reshape(rows, -1).contiguous()
         plan = _Step(_address(cos), _address(sin), _address(window_cos), _address(window_sin), _address(query_scales),
-                     step.slot_mapping.data_ptr(), tables.data_ptr(), lens.data_ptr(), samples.data_ptr(),
-                     _address(shares), _address(starts), _address(state_slots), rows,
+                     _address(per_layer_inputs), step.slot_mapping.data_ptr(), tables.data_ptr(), lens.data_ptr(),
+                     samples.data_ptr(), _address(shares), _address(starts), _address(state_slots), rows,
                      0 if cos is None else cos.shape[1], tables.shape[1], step.block_size, len(samples),
                      0 if cuts is None else len(cuts) - 1, self.panel_rows, pass_rows,
-                     0 if starts is None else len(starts), TAKE_ROWS, 0)
+                     0 if starts is None else len(starts), TAKE_ROWS, 0,
+                     0 if window_cos is None else window_cos.shape[1],
+                     0 if per_layer_inputs is None else per_layer_inputs.shape[1])
         x = x.contiguous()
         if kv_cache is not self._pool:
             for layer, (kind, place) in zip(self.layers, self.pool_places):

@@ -32,15 +32,6 @@ GLOBAL_NAMES = {"embed_tokens": "token_embd", "embed_tokens_per_layer": "per_lay
                 "norm": "output_norm"}
 
 
-def scaled_layers(hf, seed: int = 0):
-    """``hf`` with layer scalars other than transformers' initial ones."""
-    generator = torch.Generator().manual_seed(seed)
-    for name, buffer in hf.named_buffers():
-        if name.endswith("layer_scalar"):
-            buffer.copy_(torch.empty_like(buffer).uniform_(0.6, 1.4, generator=generator))
-    return hf
-
-
 def write_gemma4_gguf(hf, path, matrices: Q | None = None, metadata: dict | None = None):
     """``hf``'s weights in a GGUF file as llama.cpp's Gemma 4 converter writes them: its sizes a layer at a time
     (K/V heads, MLP widths), the sliding-window layers' head size as *_swa keys, the layers' kinds as a pattern, the
@@ -107,7 +98,7 @@ def write_gemma4_gguf(hf, path, matrices: Q | None = None, metadata: dict | None
 def test_a_gemma4_model_answers_as_transformers_does():
     """Gemma 4 in memory, in float64, prompts long and short, chunked and decoded beside each other: transformers'
     greedy tokens and their log-probabilities. The pool keeps the layers that keep K/V, each in its own shape."""
-    hf = scaled_layers(tiny_model("gemma4", seed=3))
+    hf = tiny_model("gemma4", seed=3)
     prompts = [random_prompt(random.Random(14), 1, 4), random_prompt(random.Random(15), 30, 60)]
     with Engine.from_pretrained(hf, dtype=torch.float64, max_batch_size=4, max_batch_tokens=16) as engine:
         got = answers(engine, prompts)
@@ -124,7 +115,7 @@ def test_a_gemma4_model_answers_as_transformers_does():
 def test_gemma4_variants_answer_as_transformers_does(settings):
     """Global layers with values of their own (and the sliding layers' heads), and a Gemma 4 without per-layer
     embeddings or shared K/V (the 31B's kind): transformers' answers in float64."""
-    hf = scaled_layers(tiny_model("gemma4", seed=4, **settings), seed=1)
+    hf = tiny_model("gemma4", seed=4, **settings)
     prompts = [random_prompt(random.Random(16), 5, 40) for _ in range(2)]
     with Engine.from_pretrained(hf, dtype=torch.float64, max_batch_size=4, max_batch_tokens=16) as engine:
         got = answers(engine, prompts)
@@ -140,7 +131,9 @@ def test_the_multimodal_checkpoints_language_model_answers_as_its_text_model_doe
     torch.manual_seed(2)
     hf = transformers.Gemma4ForConditionalGeneration(transformers.Gemma4Config(
         text_config=text.to_dict(), vision_config=vision.to_dict(), audio_config=None)).double().eval()
-    scaled_layers(hf)
+    for name, buffer in hf.named_buffers():
+        if name.endswith("layer_scalar"):
+            buffer.uniform_(0.6, 1.4)
     hf.save_pretrained(tmp_path)
     prompts = [random_prompt(random.Random(18), 5, 40) for _ in range(2)]
     with Engine.from_pretrained(tmp_path, dtype=torch.float64) as engine:
@@ -152,7 +145,7 @@ def test_a_gemma4_file_equals_its_transformers_model(tmp_path):
     """A gemma4 file as llama.cpp's converter writes it, in float64: transformers' answers; its tensors all among
     those llama.cpp's gemma4 reads, its global layers' rope by rope_freqs."""
     from gguf.constants import MODEL_ARCH, MODEL_TENSORS, TENSOR_NAMES
-    hf = scaled_layers(float32_weights(tiny_model("gemma4", seed=5)))
+    hf = float32_weights(tiny_model("gemma4", seed=5))
     path = write_gemma4_gguf(hf, tmp_path / "gemma4.gguf")
     names = tensor_kinds(path)
     assert names <= {TENSOR_NAMES[t] for t in MODEL_TENSORS[MODEL_ARCH.GEMMA4]}
@@ -166,7 +159,7 @@ def test_a_gemma4_file_equals_its_transformers_model(tmp_path):
 def test_a_quantized_gemma4_file_runs_in_its_blocks(tmp_path):
     """A Q8_0 file: its products, the per-layer table included, in their blocks; a request's tokens the same alone
     as beside others."""
-    hf = scaled_layers(tiny_model("gemma4", seed=6, hidden_size_per_layer_input=32))  # (a table row of whole blocks)
+    hf = tiny_model("gemma4", seed=6, hidden_size_per_layer_input=32)  # (a table row of whole blocks)
     path = write_gemma4_gguf(hf, tmp_path / "q8.gguf", Q.Q8_0)
     prompts = [random_prompt(random.Random(20 + i), 3, 30) for i in range(3)]
     with Engine.from_pretrained(path) as engine:
