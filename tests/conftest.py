@@ -363,6 +363,14 @@ CONFIGS = {
         pad_token_id=0, sliding_window=12, final_logit_softcapping=30.0,
         layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
                      "full_attention"]),
+    # the 26B-A4B's in small: experts beside every layer's MLP, global layers' values their keys, no per-layer inputs
+    "gemma4_moe": lambda: transformers.Gemma4TextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
+        hidden_size_per_layer_input=0, enable_moe_block=True, num_experts=4, top_k_experts=2,
+        moe_intermediate_size=32, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
+        sliding_window=12, final_logit_softcapping=30.0, experts_implementation="eager",
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
 }
 MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.LlamaForCausalLM,
                  "qwen2": transformers.Qwen2ForCausalLM, "mistral": transformers.MistralForCausalLM,
@@ -384,6 +392,7 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "nemotron_h": transformers.NemotronHForCausalLM, "nemotron_h_moe": transformers.NemotronHForCausalLM,
                  "mamba2": transformers.Mamba2ForCausalLM, "mamba": transformers.MambaForCausalLM,
                  "falcon_mamba": transformers.FalconMambaForCausalLM, "gemma4": transformers.Gemma4ForCausalLM,
+                 "gemma4_moe": transformers.Gemma4ForCausalLM,
                  "glm4": transformers.Glm4ForCausalLM,
                  "deepseek_v2": transformers.DeepseekV2ForCausalLM, "deepseek_v3": transformers.DeepseekV3ForCausalLM,
                  "glm4_moe_lite": transformers.Glm4MoeLiteForCausalLM, "glm4_moe": transformers.Glm4MoeForCausalLM}
@@ -422,7 +431,7 @@ def tiny_model(arch: str, seed: int = 0, **config):
         for name, tensor in model.named_parameters():
             # (transformers starts gpt-oss's biases at 0, Qwen2-MoE's shared expert's router near it, Mamba2's D at 1)
             if name.endswith(("sinks", "_bias", "router.bias", "shared_expert_gate.weight", "mamba.D", "mixer.D",
-                              "e_score_correction_bias")) or (
+                              "e_score_correction_bias", "router.scale", "per_expert_scale")) or (
                     arch in ("glm4", "glm4_moe") and name.endswith("proj.bias")):
                 tensor.normal_(0.0, 0.5)
         for name, tensor in model.named_buffers():  # (LFM2-MoE's selection bias, a buffer starting at 0)

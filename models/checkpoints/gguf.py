@@ -96,7 +96,11 @@ GEMMA_LAYER_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_no
                      "post_ffw_norm": "post_feedforward_layernorm"}
 # Gemma 4's: its layer's output scale, its per-layer input's gate, projection and norm
 GEMMA4_LAYER_NAMES = {**GEMMA_LAYER_NAMES, "layer_output_scale": "layer_scalar", "inp_gate": "per_layer_input_gate",
-                      "proj": "per_layer_projection", "post_norm": "post_per_layer_input_norm"}
+                      "proj": "per_layer_projection", "post_norm": "post_per_layer_input_norm",
+                      # (the 26B-A4B's norms about its experts; their router's scale comes as mlp.gate.scale, their
+                      # own scales as mlp.experts.down_proj.scale: gemma4.py reads both)
+                      "pre_ffw_norm_2": "pre_feedforward_layernorm_2", "post_ffw_norm_1": "post_feedforward_layernorm_1",
+                      "post_ffw_norm_2": "post_feedforward_layernorm_2"}
 ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES, "gemma4": GEMMA4_LAYER_NAMES,
                     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
                     "olmo2": OUTPUT_NORM_NAMES, "exaone4": OUTPUT_NORM_NAMES,

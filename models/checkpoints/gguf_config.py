@@ -34,7 +34,7 @@ MIXTURES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"
             "olmoe": "olmoe", "ernie4_5-moe": "ernie4_5_moe", "gpt-oss": "gpt_oss", "lfm2moe": "lfm2_moe",
             "granitehybrid": "granitemoehybrid", "qwen3vlmoe": "qwen3_moe", "qwen35moe": "qwen3_5_moe_text",
             "deepseek2": "deepseek_v3", "nemotron_h_moe": "nemotron_h", "glm4moe": "glm4_moe",
-            "qwen3next": "qwen3_next"}
+            "qwen3next": "qwen3_next", "gemma4": "gemma4_text"}
 # llama.cpp's expert_gating_func: how an architecture's experts are scored where the file says (LFM2-MoE's
 # sigmoid, Nemotron 3's; DeepSeek's either, V2's softmax, V3's sigmoid; the others' softmax, which their files need
 # not say)
@@ -101,7 +101,7 @@ def check_architecture(meta: dict, file_name: str) -> str:
             raise ValueError(f"{file_name} is a {arch} model with {key('expert_count')} experts; Loom runs experts "
                              f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, "
                              "OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, Qwen3.5's, "
-                             "Qwen3-Next's, DeepSeek's, Nemotron 3's and GLM-4.5's)")
+                             "Qwen3-Next's, DeepSeek's, Nemotron 3's, GLM-4.5's and Gemma 4's)")
         if key("expert_shared_feed_forward_length") and arch not in SHARED_EXPERTS:
             raise ValueError(f"{file_name} is a {arch} model with a shared expert, which Loom runs in "
                              f"{', '.join(sorted(SHARED_EXPERTS))} files only")
@@ -308,6 +308,10 @@ def _experts(arch: str, key, config: dict) -> dict:
     it does not)."""
     experts, used, inner = key("expert_count"), key("expert_used_count"), key("expert_feed_forward_length")
     shared = key("expert_shared_feed_forward_length")
+    if arch == "gemma4":  # (its experts beside each layer's MLP, their scales tensors: gemma4.py reads them)
+        if not inner:
+            raise ValueError("a gemma4 file with experts names no expert_feed_forward_length")
+        return {"enable_moe_block": True, "num_experts": experts, "top_k_experts": used, "moe_intermediate_size": inner}
     if arch == "ernie4_5-moe":
         return _ernie_experts(key, config, experts, used, inner, shared)
     if arch == "lfm2moe":  # (llama.cpp requires its bias, renormalises; its dense layers feed_forward_length wide)

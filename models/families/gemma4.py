@@ -10,7 +10,11 @@ weight (not 1 + weight) and attention unscaled (queries and keys normalised per 
   its kind (their pool layer is that one's), and with use_double_wide_mlp their MLPs are twice as wide;
 - per-layer embeddings (the E2B and E4B sizes): a second token table, hidden_size_per_layer_input values a
   layer, mixed with a projection of the embedded input and fed to each layer after its MLP through a gate;
-- each layer's output scaled by a learned scalar (layer_scalar), and the logits soft-capped."""
+- each layer's output scaled by a learned scalar (layer_scalar), and the logits soft-capped;
+- in the 26B-A4B, a mixture of experts beside each layer's MLP (enable_moe_block): routed on the layer's input
+  normalised without a weight and scaled (router.scale), each chosen expert's weight times its own scale
+  (per_expert_scale), the experts' GELU-gated products over the input normalised by a norm of their own, their
+  sum normalised, and the MLP's output normalised too before the two are added."""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .layers import GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, fused, paged_attention
+from .moe import Experts, MoESpec, _routed_experts, run_experts
 from .rope import Rotary, rope_type
 
 FAMILIES = ("gemma4_text",)
@@ -48,6 +53,7 @@ class Gemma4Spec(DecoderShape):
     final_softcap: float | None
     max_position: int
     tie_word_embeddings: bool
+    moe: MoESpec | None = None  # the experts beside each layer's MLP (the 26B-A4B's)
 
     @classmethod
     def from_hf(cls, c: dict) -> "Gemma4Spec":
@@ -56,9 +62,6 @@ class Gemma4Spec(DecoderShape):
             raise ValueError(f"unsupported hidden_activation {activation!r} for gemma4; supported: gelu_pytorch_tanh")
         if c.get("use_bidirectional_attention") == "all":
             raise ValueError("gemma4 with bidirectional attention (use_bidirectional_attention='all') is not supported")
-        if c.get("enable_moe_block"):
-            raise ValueError("gemma4 with a mixture of experts beside each MLP (enable_moe_block, the 26B-A4B) is not "
-                             "supported yet; the dense sizes (E2B, E4B, 31B) are")
         if c.get("attention_bias"):
             raise ValueError("gemma4 with attention biases is not supported")
         layers = c["num_hidden_layers"]
@@ -93,7 +96,7 @@ class Gemma4Spec(DecoderShape):
             per_layer_width=c.get("hidden_size_per_layer_input") or 0,
             per_layer_vocab=c.get("vocab_size_per_layer_input") or c["vocab_size"],
             final_softcap=c.get("final_logit_softcapping"), max_position=c.get("max_position_embeddings", 131_072),
-            tie_word_embeddings=bool(c.get("tie_word_embeddings", True)))
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", True)), moe=_experts(c))
 
     def is_global(self, layer: int) -> bool:
         return self.layer_windows[layer] is None
@@ -109,6 +112,17 @@ class Gemma4Spec(DecoderShape):
         if layer < self.first_shared:
             return layer
         return max(i for i in range(self.first_shared) if self.is_global(i) == self.is_global(layer))
+
+
+def _experts(c: dict) -> MoESpec | None:
+    """The mixture beside each MLP where the config enables it: every layer routes, the chosen weights
+    renormalised (then each times its expert's scale), the experts GELU-gated."""
+    if not c.get("enable_moe_block"):
+        return None
+    missing = [k for k in ("num_experts", "top_k_experts", "moe_intermediate_size") if not c.get(k)]
+    if missing:
+        raise ValueError(f"a gemma4 config with enable_moe_block names no {', '.join(missing)}")
+    return MoESpec(c["num_experts"], c["top_k_experts"], c["moe_intermediate_size"], True, frozenset(), 1, gelu=True)
 
 
 def _global_shape(c: dict, types: list[str], kv_heads: int, head_dim: int, values_are_keys: bool) -> tuple[int, int]:
@@ -163,6 +177,31 @@ class Attention(nn.Module):
         return self.out(out.flatten(1))
 
 
+class MixtureBeside(nn.Module):
+    """The experts beside a layer's MLP, over the same input (the residual after the attention): routed on it
+    normalised without a weight, times ``router_scale`` and 1 / sqrt(hidden); each chosen weight (softmax,
+    renormalised over the chosen) times its expert's ``expert_scales``; the experts over the input normalised by
+    ``pre_norm``, their weighted sum normalised by ``post_norm``."""
+
+    def __init__(self, s: Gemma4Spec):
+        super().__init__()
+        self.spec = s.moe
+        self.router = nn.Linear(s.hidden_size, s.moe.num_experts, bias=False)
+        self.router_scale = nn.Parameter(torch.ones(s.hidden_size))
+        self.expert_scales = nn.Parameter(torch.ones(s.moe.num_experts))
+        self.experts = Experts(s.moe.num_experts, s.hidden_size, s.moe.intermediate_size, gelu=True)
+        self.pre_norm, self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps), RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.eps, self.root = s.rms_norm_eps, s.hidden_size ** -0.5
+
+    def forward(self, x):
+        # Routing in float32, as transformers does: its top-k and weights then match exactly.
+        probs = self.router(unit_norm(x, self.eps) * self.router_scale * self.root).float().softmax(-1)
+        weights, chosen = probs.topk(self.spec.top_k, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True) * self.expert_scales.float()[chosen]
+        return self.post_norm(run_experts(self.experts, self.pre_norm(x), weights.to(x.dtype), chosen,
+                                          self.spec.num_experts))
+
+
 class Block(nn.Module):
     def __init__(self, s: Gemma4Spec, index: int):
         super().__init__()
@@ -175,6 +214,7 @@ class Block(nn.Module):
         self.attn = Attention(s, index)
         self.gate_up = nn.Linear(s.hidden_size, 2 * inner, bias=False)
         self.down = nn.Linear(inner, s.hidden_size, bias=False)
+        self.moe, self.post_dense_norm = (MixtureBeside(s), norm()) if s.moe is not None else (None, None)
         if s.per_layer_width:  # the per-layer input: gated by the hidden state, projected back, normalised
             self.per_layer_gate = nn.Linear(s.hidden_size, s.per_layer_width, bias=False)
             self.per_layer_out = nn.Linear(s.per_layer_width, s.hidden_size, bias=False)
@@ -186,7 +226,10 @@ class Block(nn.Module):
         x = x + self.post_attn_norm(self.attn(self.input_norm(x), cos, sin, kv_cache, self.pool_layer, step,
                                               masks[self.window]))
         gate, up = self.gate_up(self.pre_mlp_norm(x)).chunk(2, dim=-1)
-        x = x + self.post_mlp_norm(self.down(F.gelu(gate, approximate="tanh") * up))
+        mixed = self.down(F.gelu(gate, approximate="tanh") * up)
+        if self.moe is not None:
+            mixed = self.post_dense_norm(mixed) + self.moe(x)
+        x = x + self.post_mlp_norm(mixed)
         if per_layer_input is not None:
             gated = F.gelu(self.per_layer_gate(x), approximate="tanh") * per_layer_input
             x = x + self.per_layer_norm(self.per_layer_out(gated))
@@ -260,8 +303,28 @@ class Gemma4(DecoderModel):
             out[o + "gate_up.weight"] = fused(hf, p, GATE_UP)
             out[o + "down.weight"] = hf[p + "mlp.down_proj.weight"]
             out[o + "scalar"] = hf[p + "layer_scalar"].reshape(1)
+            if s.moe is not None:
+                out |= _mixture_beside(hf, p, o, s)
             if s.per_layer_width:
                 out |= {o + "per_layer_gate.weight": hf[p + "per_layer_input_gate.weight"],
                         o + "per_layer_out.weight": hf[p + "per_layer_projection.weight"],
                         o + "per_layer_norm.weight": hf[p + "post_per_layer_input_norm.weight"]}
         return out
+
+
+def _mixture_beside(hf: dict, p: str, o: str, s: Gemma4Spec) -> dict:
+    """A layer's experts, router and their norms by MixtureBeside's names: transformers' (router.proj,
+    router.scale, router.per_expert_scale; experts.gate_up_proj and down_proj stacks) or a GGUF file's as gguf.py
+    names them (the router and its scale under mlp.gate, the expert scales under the down stack's name; the stacks
+    as moe.py reads a file's)."""
+    renamed = {"router.proj.weight": "mlp.gate.weight", "experts.gate_up_proj": "mlp.experts.gate_up_proj",
+               "experts.down_proj": "mlp.experts.down_proj"}
+    for theirs, ours in renamed.items():
+        if p + theirs in hf:
+            hf[p + ours] = hf.pop(p + theirs)
+    scale = lambda *names: next(hf.pop(p + n) for n in names if p + n in hf).reshape(-1)
+    return _routed_experts(hf, p, o + "moe.", s.moe) | {o + "moe.router_scale": scale("router.scale", "mlp.gate.scale"),
+                  o + "moe.expert_scales": scale("router.per_expert_scale", "mlp.experts.down_proj.scale"),
+                  o + "moe.pre_norm.weight": hf[p + "pre_feedforward_layernorm_2.weight"],
+                  o + "moe.post_norm.weight": hf[p + "post_feedforward_layernorm_2.weight"],
+                  o + "post_dense_norm.weight": hf[p + "post_feedforward_layernorm_1.weight"]}

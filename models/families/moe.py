@@ -48,6 +48,7 @@ class MoESpec:
     groups: tuple[int, int, int] | None = None
     # each expert, the shared one too, relu(up)^2 then its down product, no gate (Nemotron 3's); else a SwiGLU
     squared_relu: bool = False
+    gelu: bool = False  # each expert gelu_tanh(gate) x up, not silu (Gemma 4's)
 
     @classmethod
     def from_hf(cls, c: dict) -> "MoESpec | None":
@@ -143,12 +144,15 @@ def within_chosen_groups(scores: torch.Tensor, groups: int, chosen: int, best: i
     return grouped.masked_fill(~kept[..., None], float("-inf")).flatten(-2)
 
 
-def activated(first: torch.Tensor, clamped: tuple[float, float] | None, squared_relu: bool) -> torch.Tensor:
+def activated(first: torch.Tensor, clamped: tuple[float, float] | None, squared_relu: bool,
+              gelu: bool = False) -> torch.Tensor:
     """An expert's activation of its first product's outputs: relu(up)^2 (MoESpec.squared_relu), or of [gate | up]
-    silu(gate) x up, or gpt-oss's clamped SwiGLU (MoESpec.clamped_swiglu)."""
+    silu(gate) x up (gelu_tanh(gate) x up: MoESpec.gelu), or gpt-oss's clamped SwiGLU (MoESpec.clamped_swiglu)."""
     if squared_relu:
         return F.relu(first).square()
     gate, up = first.chunk(2, dim=-1)
+    if gelu:
+        return F.gelu(gate, approximate="tanh") * up
     if clamped is None:
         return F.silu(gate) * up
     alpha, limit = clamped
@@ -163,20 +167,20 @@ class Experts(nn.Module):
     file's quantized stacks run on kernels/block_experts.py's BlockExperts instead, which answers the same call."""
 
     def __init__(self, count: int, hidden_size: int, intermediate_size: int, biases: bool = False,
-                 clamped_swiglu: tuple[float, float] | None = None, squared_relu: bool = False):
+                 clamped_swiglu: tuple[float, float] | None = None, squared_relu: bool = False, gelu: bool = False):
         super().__init__()
         first = intermediate_size if squared_relu else 2 * intermediate_size
         self.gate_up = nn.Parameter(torch.empty(count, first, hidden_size))
         self.down = nn.Parameter(torch.empty(count, hidden_size, intermediate_size))
         self.gate_up_bias = nn.Parameter(torch.empty(count, first)) if biases else None
         self.down_bias = nn.Parameter(torch.empty(count, hidden_size)) if biases else None
-        self.clamped_swiglu, self.squared_relu = clamped_swiglu, squared_relu
+        self.clamped_swiglu, self.squared_relu, self.gelu = clamped_swiglu, squared_relu, gelu
 
     def forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
         """Expert ``index`` over all the step's tokens routed to it."""
         bias = lambda b: None if b is None else b[index]
         first = F.linear(x, self.gate_up[index], bias(self.gate_up_bias))
-        return F.linear(activated(first, self.clamped_swiglu, self.squared_relu), self.down[index],
+        return F.linear(activated(first, self.clamped_swiglu, self.squared_relu, self.gelu), self.down[index],
                         bias(self.down_bias))
 
 
@@ -192,6 +196,23 @@ class SharedExpert(SwiGLU):
     def forward(self, x):
         y = super().forward(x)
         return y * torch.sigmoid(self.gate(x)) if self.gate is not None else y
+
+
+def run_experts(experts: nn.Module, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, count: int):
+    """Each token's chosen experts' outputs (``chosen``, ``weights``: [tokens, top_k]) weighted and summed: each
+    expert of ``experts`` (Experts or BlockExperts) once over all the step's tokens routed to it."""
+    top_k = chosen.shape[-1]
+    weights, chosen = weights.flatten(), chosen.flatten()
+    order = chosen.argsort(stable=True)  # (token, choice) pairs grouped by expert
+    out = torch.zeros_like(x)
+    start = 0
+    for expert, routed in enumerate(torch.bincount(chosen, minlength=count).tolist()):
+        if routed:
+            pairs = order[start:start + routed]
+            tokens = pairs // top_k
+            out.index_add_(0, tokens, experts(expert, x[tokens]).to(x.dtype) * weights[pairs, None])
+            start += routed
+    return out
 
 
 class SparseMoE(nn.Module):
@@ -220,17 +241,7 @@ class SparseMoE(nn.Module):
             weights = weights / weights.sum(-1, keepdim=True)
         if self.spec.routed_scale != 1.0:
             weights = weights * self.spec.routed_scale
-        weights, experts = weights.to(x.dtype).flatten(), experts.flatten()
-        order = experts.argsort(stable=True)  # (token, choice) pairs grouped by expert
-        counts = torch.bincount(experts, minlength=self.spec.num_experts).tolist()
-        out = torch.zeros_like(x)
-        start = 0
-        for expert, count in enumerate(counts):
-            if count:
-                pairs = order[start:start + count]
-                tokens = pairs // self.spec.top_k
-                out.index_add_(0, tokens, self.experts(expert, x[tokens]) * weights[pairs, None])
-                start += count
+        out = run_experts(self.experts, x, weights.to(x.dtype), experts, self.spec.num_experts)
         return out + self.shared(x) if self.shared is not None else out
 
     @staticmethod

@@ -24,14 +24,15 @@ class BlockExperts(nn.Module):
 
     def __init__(self, gate: torch.Tensor | None, up: torch.Tensor | None, down: torch.Tensor, count: int,
                  hidden: int, inner: int, gate_up_bias: torch.Tensor | None = None,
-                 down_bias: torch.Tensor | None = None, clamped_swiglu: tuple[float, float] | None = None):
+                 down_bias: torch.Tensor | None = None, clamped_swiglu: tuple[float, float] | None = None,
+                 gelu: bool = False):
         """``up`` None: ``gate`` is both stacks as one file keeps them, each expert's gate rows, then its up rows.
         ``gate`` None: the experts have none, their up rows activated by relu(up)^2 (moe.MoESpec.squared_relu)."""
         super().__init__()
         self.count, self.hidden, self.inner = count, hidden, inner
         self.register_buffer("gate_up_bias", gate_up_bias)  # (None: no bias)
         self.register_buffer("down_bias", down_bias)
-        self.clamped_swiglu, self.squared_relu = clamped_swiglu, gate is None
+        self.clamped_swiglu, self.squared_relu, self.gelu = clamped_swiglu, gate is None, gelu
         self.formats = {}
         self.fused = up is None
         if self.fused:
@@ -76,7 +77,7 @@ class BlockExperts(nn.Module):
                         first[:, part * inner:].data_ptr(), first.shape[1])
         if self.gate_up_bias is not None:
             first += self.gate_up_bias[index].float()
-        hidden = activated(first, self.clamped_swiglu, self.squared_relu).contiguous()
+        hidden = activated(first, self.clamped_swiglu, self.squared_relu, self.gelu).contiguous()
         out = torch.empty(tokens, self.hidden)
         address, format, rows = self.expert_rows("down", index)
         self.kernel(hidden.data_ptr(), inner, tokens, address, format, None, inner, rows, out.data_ptr(), self.hidden)
@@ -102,7 +103,7 @@ def use_stored_experts(model: nn.Module, state: dict) -> None:
         gate, up = stacks if len(stacks) == 2 else (None, stacks[0]) if module.squared_relu else (stacks[0], None)
         biases = [state.pop(f"{prefix}.{name}", None) for name in ("gate_up_bias", "down_bias")]
         experts = BlockExperts(gate, up, state.pop(f"{prefix}.down"), count, hidden, inner, *biases,
-                               module.clamped_swiglu)
+                               module.clamped_swiglu, module.gelu)
         del state[f"{prefix}.gate_up"]
         state.update({f"{prefix}.{name}": buffer for name, buffer in experts.named_buffers()})
         parent_name, _, name = prefix.rpartition(".")

@@ -559,8 +559,9 @@ class DecoderLayers:
         if not isinstance(model, (Llama, Gemma, Gemma4, Olmo, Lfm2, Qwen35, GraniteHybrid, DeepSeek, GPT2)):
             return None
         moe = getattr(model.spec, "moe", None)
-        if moe is not None and moe.groups is not None:
-            return None  # (group-limited routing, DeepSeek's and Nemotron 3's: the torch layers')
+        if moe is not None and (moe.groups is not None or isinstance(model, Gemma4)):
+            # (group-limited routing, DeepSeek's and Nemotron 3's; Gemma 4's experts beside its MLP: the torch layers')
+            return None
         weight = _final_norm(model).weight
         if not native.supports(weight.device, weight.dtype):
             return None

@@ -26,7 +26,14 @@ LAYER_NAMES = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "se
                "pre_feedforward_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
                "mlp.down_proj": "ffn_down", "post_feedforward_layernorm": "post_ffw_norm",
                "per_layer_input_gate": "inp_gate", "per_layer_projection": "proj",
-               "post_per_layer_input_norm": "post_norm", "layer_scalar": "layer_output_scale"}
+               "post_per_layer_input_norm": "post_norm", "layer_scalar": "layer_output_scale",
+               # the 26B-A4B's experts: their router (its scale a kind of the router's name), stacks and norms
+               "router.proj": "ffn_gate_inp", "pre_feedforward_layernorm_2": "pre_ffw_norm_2",
+               "post_feedforward_layernorm_1": "post_ffw_norm_1", "post_feedforward_layernorm_2": "post_ffw_norm_2"}
+# names without a kind: llama.cpp's tensor and kind
+BARE = {"layer_scalar": ("layer_output_scale", "weight"), "router.scale": ("ffn_gate_inp", "scale"),
+        "router.per_expert_scale": ("ffn_down_exps", "scale"), "experts.gate_up_proj": ("ffn_gate_up_exps", "weight"),
+        "experts.down_proj": ("ffn_down_exps", "weight")}
 GLOBAL_NAMES = {"embed_tokens": "token_embd", "embed_tokens_per_layer": "per_layer_token_embd",
                 "per_layer_model_projection": "per_layer_model_proj", "per_layer_projection_norm": "per_layer_proj_norm",
                 "norm": "output_norm"}
@@ -59,7 +66,10 @@ def write_gemma4_gguf(hf, path, matrices: Q | None = None, metadata: dict | None
               "attention.sliding_window_pattern": [t == "sliding_attention" for t in c.layer_types],
               "attention.shared_kv_layers": c.num_kv_shared_layers,
               "embedding_length_per_layer_input": c.hidden_size_per_layer_input,
-              "final_logit_softcapping": c.final_logit_softcapping, **(metadata or {})}
+              "final_logit_softcapping": c.final_logit_softcapping,
+              **({"expert_count": c.num_experts, "expert_used_count": c.top_k_experts,
+                  "expert_feed_forward_length": c.moe_intermediate_size} if c.enable_moe_block else {}),
+              **(metadata or {})}
     adds = {int: writer.add_uint32, float: writer.add_float32, list: writer.add_array}
     for key, value in fields.items():
         if value is not None:
@@ -67,8 +77,8 @@ def write_gemma4_gguf(hf, path, matrices: Q | None = None, metadata: dict | None
     writer.add_vocab_size(c.vocab_size)
 
     def add(name, values):
-        if matrices is None or values.ndim < 2 or values.shape[-1] % 32:
-            return writer.add_tensor(name, values)
+        if matrices is None or values.ndim < 2 or values.shape[-1] % 32 or name.endswith("ffn_gate_inp.weight"):
+            return writer.add_tensor(name, values)  # (routers stay F32, as llama-quantize leaves them)
         writer.add_tensor(name, gguf.quants.quantize(values, matrices), raw_dtype=matrices)
 
     rotated = int(s.global_rope["partial_rotary_factor"] * s.global_head_dim // 2)
@@ -84,7 +94,11 @@ def write_gemma4_gguf(hf, path, matrices: Q | None = None, metadata: dict | None
             add(GLOBAL_NAMES[name.rpartition(".")[0]] + ".weight", values)
             continue
         _, layer, rest = name.split(".", 2)
-        part, _, kind = rest.rpartition(".") if rest != "layer_scalar" else ("layer_scalar", "", "weight")
+        if rest in BARE:
+            name, kind = BARE[rest]
+            add(f"blk.{layer}.{name}.{kind}", np.ascontiguousarray(values))
+            continue
+        part, _, kind = rest.rpartition(".")
         if int(layer) >= s.first_shared and part in ("self_attn.k_proj", "self_attn.v_proj", "self_attn.k_norm"):
             continue  # (transformers keeps them unused; the converter writes them, llama.cpp skips them: left out here)
         add(f"blk.{layer}.{LAYER_NAMES[part]}.{kind}", np.ascontiguousarray(values))
@@ -109,13 +123,14 @@ def test_a_gemma4_model_answers_as_transformers_does():
     assert_same_answers(got, [greedy_with_logprobs(hf, p, 16) for p in prompts])
 
 
-@pytest.mark.parametrize("settings", [{"attention_k_eq_v": False}, {"hidden_size_per_layer_input": 0,
-                                                                     "num_kv_shared_layers": 0}],
-                         ids=["values-of-their-own", "31b-like"])
-def test_gemma4_variants_answer_as_transformers_does(settings):
-    """Global layers with values of their own (and the sliding layers' heads), and a Gemma 4 without per-layer
-    embeddings or shared K/V (the 31B's kind): transformers' answers in float64."""
-    hf = tiny_model("gemma4", seed=4, **settings)
+@pytest.mark.parametrize("arch,settings", [("gemma4", {"attention_k_eq_v": False}),
+                                           ("gemma4", {"hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0}),
+                                           ("gemma4_moe", {})], ids=["values-of-their-own", "31b-like", "26b-a4b-like"])
+def test_gemma4_variants_answer_as_transformers_does(arch, settings):
+    """Global layers with values of their own (and the sliding layers' heads), a Gemma 4 without per-layer
+    embeddings or shared K/V (the 31B's kind), and one with experts beside each MLP (the 26B-A4B's):
+    transformers' answers in float64."""
+    hf = tiny_model(arch, seed=4, **settings)
     prompts = [random_prompt(random.Random(16), 5, 40) for _ in range(2)]
     with Engine.from_pretrained(hf, dtype=torch.float64, max_batch_size=4, max_batch_tokens=16) as engine:
         got = answers(engine, prompts)
@@ -156,6 +171,22 @@ def test_a_gemma4_file_equals_its_transformers_model(tmp_path):
     assert_same_answers(greedy(path, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
 
 
+def test_a_gemma4_file_with_experts_equals_its_transformers_model(tmp_path):
+    """The 26B-A4B's kind of file: a router and its scale, the experts' gate and up as one stack, their scales
+    (ffn_down_exps.scale) and norms; F32, in float64: transformers' answers. Q8_0: the experts in their blocks."""
+    from gguf.constants import MODEL_ARCH, MODEL_TENSORS, TENSOR_NAMES
+    hf = float32_weights(tiny_model("gemma4_moe", seed=8))
+    path = write_gemma4_gguf(hf, tmp_path / "moe.gguf")
+    assert tensor_kinds(path) <= {TENSOR_NAMES[t] for t in MODEL_TENSORS[MODEL_ARCH.GEMMA4]}
+    prompts = [random_prompt(random.Random(21), 1, 4), random_prompt(random.Random(22), 30, 60)]
+    assert_same_answers(greedy(path, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
+    quantized = write_gemma4_gguf(hf, tmp_path / "q8.gguf", Q.Q8_0)
+    with Engine.from_pretrained(quantized) as engine:
+        assert type(engine.model.layers[0].moe.experts).__name__ == "BlockExperts"
+        alone, together = alone_and_together(engine, prompts)
+    assert alone == together
+
+
 def test_a_quantized_gemma4_file_runs_in_its_blocks(tmp_path):
     """A Q8_0 file: its products, the per-layer table included, in their blocks; a request's tokens the same alone
     as beside others."""
@@ -171,8 +202,8 @@ def test_a_quantized_gemma4_file_runs_in_its_blocks(tmp_path):
 
 
 @pytest.mark.parametrize("settings,message", [
-    ({"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32},
-     "mixture of experts"),
+    ({"enable_moe_block": True, "num_experts": 4, "top_k_experts": None, "moe_intermediate_size": 32},
+     "top_k_experts"),
     ({"use_bidirectional_attention": "all"}, "bidirectional"),
     ({"hidden_activation": "silu"}, "hidden_activation"),
 ])

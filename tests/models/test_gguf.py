@@ -465,8 +465,9 @@ def test_unsupported_architecture(tmp_path):
     ("qwen2", {"qwen2.expert_count": 8},
      r"m.gguf is a qwen2 model with 8 experts; Loom runs experts in llama, qwen2moe, qwen3moe, granitemoe, olmoe, "
      r"ernie4_5-moe, gpt-oss, lfm2moe, granitehybrid, qwen3vlmoe, qwen35moe, deepseek2, nemotron_h_moe, glm4moe, "
-     r"qwen3next files \(Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, OLMoE's, ERNIE 4.5's, gpt-oss's, "
-     r"LFM2-MoE's, Granite 4's, Qwen3-VL's, Qwen3.5's, Qwen3-Next's, DeepSeek's, Nemotron 3's and GLM-4.5's\)"),
+     r"qwen3next, gemma4 files \(Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, OLMoE's, ERNIE 4.5's, "
+     r"gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, Qwen3.5's, Qwen3-Next's, DeepSeek's, Nemotron 3's, GLM-4.5's "
+     r"and Gemma 4's\)"),
     ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_weights_scale": 2.5},
      "m.gguf scales its experts' weights by 2.5, which Loom runs in deepseek2, glm4moe, lfm2moe, nemotron_h_moe files "
      "only"),
