@@ -199,6 +199,8 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           # here: its first ten layers), each with Gemma's 262,144-token vocabulary (--vocab 262144)
           "gemma4-e2b": (1536, 6144, 35, 8, 1), "gemma4-e4b": (2560, 10240, 42, 8, 2),
           "gemma4-31b": (5376, 21504, 60, 32, 16), "gemma4-31b-10l": (5376, 21504, 10, 32, 16),
+          # Gemma 4 26B-A4B's (its intermediate: the dense MLP's beside the experts), and its first ten layers
+          "gemma4-26b-a4b": (2816, 2112, 30, 16, 8), "gemma4-26b-a4b-10l": (2816, 2112, 10, 16, 8),
           # GLM-4.5-Air's, and its first six layers
           "glm45air-106b-a12b": (4096, 10944, 46, 96, 8), "glm45air-106b-a12b-6l": (4096, 10944, 6, 96, 8)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
@@ -350,6 +352,9 @@ SHAPE_LAYOUTS = {"gemma3-4b": replace(LAYOUTS["gemma3"], window=1024, linear_rop
                  "gemma4-e4b": replace(LAYOUTS["gemma4"], gemma4=(512, None, False, 18, False, 256, 6)),
                  **{shape: replace(LAYOUTS["gemma4"], window=1024, gemma4=(512, 4, True, 0, False, 0, 6))
                     for shape in ("gemma4-31b", "gemma4-31b-10l")},
+                 **{shape: replace(LAYOUTS["gemma4"], window=1024, gemma4=(512, 2, True, 0, False, 0, 6),
+                                   experts=(128, 8, 704))
+                    for shape in ("gemma4-26b-a4b", "gemma4-26b-a4b-10l")},
                  "granite4h-350m": replace(LAYOUTS["granite4h"], attending=(3, 11, 19, 27), mamba=(48, 32, 128, 1)),
                  "granite4h-micro": replace(LAYOUTS["granite4h"], mamba=(64, 64, 128, 1)),
                  "granite4h-tiny": replace(LAYOUTS["granite4h"], experts=(64, 6, 512), shared_expert=1024),
@@ -387,7 +392,7 @@ HALF_RANGE = {Q.Q2_K: (1.5e-3, 3e-3), Q.Q3_K: (5e-4, 1e-3), Q.Q4_K: (2e-4, 6e-4)
 def tensor_type(name: str, layer: int, layers: int, fmt: str, width: int, tied: bool, shared_heads: int) -> Q:
     if name.endswith(("norm.weight", ".bias", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight",
                       "attn_sinks.weight", "shortconv.conv.weight", "ssm_conv1d.weight", ".ssm_a", ".ssm_d",
-                      ".ffn_norm", "rope_freqs.weight", "layer_output_scale.weight")):
+                      ".ffn_norm", "rope_freqs.weight", "layer_output_scale.weight", ".scale")):
         # (nor any router, nor a convolution's taps, nor the recurrent layers' decay rates and skips; Falcon-H1's
         # MLP norm has no kind in its name)
         return Q.F32
@@ -490,10 +495,11 @@ def gemma4_layer_kinds(layers: int, gemma4: tuple) -> list[bool]:
 
 
 def gemma4_tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, head: int, vocab: int,
-                   gemma4: tuple):
+                   gemma4: tuple, experts: tuple[int, int, int] | None = None):
     """Gemma 4's tensors after its token table, as llama.cpp's converter writes them: the per-layer inputs' table,
     projection and norm, rope_freqs (the global layers'), then each layer's (no K/V products where it reads an
-    earlier layer's, no values where a global layer's are its keys), the final norm."""
+    earlier layer's, no values where a global layer's are its keys; ``experts`` beside its MLP: their router and
+    its scale, their gate and up as one stack, their down stack and scales, their norms), the final norm."""
     global_head, global_kv, values_are_keys, shared, double_wide, width, _ = gemma4
     if width:
         yield "per_layer_token_embd.weight", -1, (vocab, layers * width)
@@ -513,7 +519,14 @@ def gemma4_tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: i
                   ("post_ffw_norm", (hidden,)), ("layer_output_scale", (1,))]
         if width:
             names += [("inp_gate", (width, hidden)), ("proj", (hidden, width)), ("post_norm", (hidden,))]
-        yield from ((f"blk.{i}.{name}.weight", i, shape) for name, shape in names)
+        if experts:
+            count, _, each = experts
+            names += [("ffn_gate_inp", (count, hidden)), ("ffn_gate_inp.scale", (hidden,)),
+                      ("ffn_gate_up_exps", (count, 2 * each, hidden)), ("ffn_down_exps", (count, hidden, each)),
+                      ("ffn_down_exps.scale", (count,)), ("pre_ffw_norm_2", (hidden,)), ("post_ffw_norm_1", (hidden,)),
+                      ("post_ffw_norm_2", (hidden,))]
+        yield from ((f"blk.{i}.{name}" + ("" if name.endswith(".scale") else ".weight"), i, shape)
+                    for name, shape in names)
     yield "output_norm.weight", -1, (hidden,)
 
 
@@ -535,7 +548,7 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
             ("ffn_gate_shexp", (width, hidden)), ("ffn_up_shexp", (width, hidden)), ("ffn_down_shexp", (hidden, width)))
     yield "token_embd.weight", -1, (vocab, hidden)
     if family.gemma4:
-        yield from gemma4_tensors(hidden, inner, layers, heads, kv_heads, head, vocab, family.gemma4)
+        yield from gemma4_tensors(hidden, inner, layers, heads, kv_heads, head, vocab, family.gemma4, family.experts)
         if not tied:
             yield "output.weight", -1, (vocab, hidden)
         return
