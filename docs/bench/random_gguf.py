@@ -392,7 +392,8 @@ HALF_RANGE = {Q.Q2_K: (1.5e-3, 3e-3), Q.Q3_K: (5e-4, 1e-3), Q.Q4_K: (2e-4, 6e-4)
 def tensor_type(name: str, layer: int, layers: int, fmt: str, width: int, tied: bool, shared_heads: int) -> Q:
     if name.endswith(("norm.weight", ".bias", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight",
                       "attn_sinks.weight", "shortconv.conv.weight", "ssm_conv1d.weight", ".ssm_a", ".ssm_d",
-                      ".ffn_norm", "rope_freqs.weight", "layer_output_scale.weight", ".scale")):
+                      ".ffn_norm", "rope_freqs.weight", "layer_output_scale.weight", ".scale", "_norm_1.weight",
+                      "_norm_2.weight")):
         # (nor any router, nor a convolution's taps, nor the recurrent layers' decay rates and skips; Falcon-H1's
         # MLP norm has no kind in its name)
         return Q.F32
