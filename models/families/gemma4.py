@@ -181,7 +181,8 @@ class MixtureBeside(nn.Module):
     """The experts beside a layer's MLP, over the same input (the residual after the attention): routed on it
     normalised without a weight, times ``router_scale`` and 1 / sqrt(hidden); each chosen weight (softmax,
     renormalised over the chosen) times its expert's ``expert_scales``; the experts over the input normalised by
-    ``pre_norm``, their weighted sum normalised by ``post_norm``."""
+    ``pre_norm``, their weighted sum normalised by ``post_norm`` and added to the MLP's output normalised by
+    ``dense_norm``."""
 
     def __init__(self, s: Gemma4Spec):
         super().__init__()
@@ -190,16 +191,17 @@ class MixtureBeside(nn.Module):
         self.router_scale = nn.Parameter(torch.ones(s.hidden_size))
         self.expert_scales = nn.Parameter(torch.ones(s.moe.num_experts))
         self.experts = Experts(s.moe.num_experts, s.hidden_size, s.moe.intermediate_size, gelu=True)
-        self.pre_norm, self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps), RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.pre_norm, self.post_norm, self.dense_norm = (RMSNorm(s.hidden_size, s.rms_norm_eps) for _ in range(3))
         self.eps, self.root = s.rms_norm_eps, s.hidden_size ** -0.5
 
-    def forward(self, x):
+    def forward(self, x, dense):
+        """The MLP's output ``dense`` with the experts' over ``x`` (the MLP's input before its norm)."""
         # Routing in float32, as transformers does: its top-k and weights then match exactly.
         probs = self.router(unit_norm(x, self.eps) * self.router_scale * self.root).float().softmax(-1)
         weights, chosen = probs.topk(self.spec.top_k, dim=-1)
         weights = weights / weights.sum(-1, keepdim=True) * self.expert_scales.float()[chosen]
-        return self.post_norm(run_experts(self.experts, self.pre_norm(x), weights.to(x.dtype), chosen,
-                                          self.spec.num_experts))
+        return self.dense_norm(dense) + self.post_norm(run_experts(self.experts, self.pre_norm(x), weights.to(x.dtype),
+                                                                   chosen, self.spec.num_experts))
 
 
 class Block(nn.Module):
@@ -214,7 +216,7 @@ class Block(nn.Module):
         self.attn = Attention(s, index)
         self.gate_up = nn.Linear(s.hidden_size, 2 * inner, bias=False)
         self.down = nn.Linear(inner, s.hidden_size, bias=False)
-        self.moe, self.post_dense_norm = (MixtureBeside(s), norm()) if s.moe is not None else (None, None)
+        self.moe = MixtureBeside(s) if s.moe is not None else None
         if s.per_layer_width:  # the per-layer input: gated by the hidden state, projected back, normalised
             self.per_layer_gate = nn.Linear(s.hidden_size, s.per_layer_width, bias=False)
             self.per_layer_out = nn.Linear(s.per_layer_width, s.hidden_size, bias=False)
@@ -228,7 +230,7 @@ class Block(nn.Module):
         gate, up = self.gate_up(self.pre_mlp_norm(x)).chunk(2, dim=-1)
         mixed = self.down(F.gelu(gate, approximate="tanh") * up)
         if self.moe is not None:
-            mixed = self.post_dense_norm(mixed) + self.moe(x)
+            mixed = self.moe(x, mixed)
         x = x + self.post_mlp_norm(mixed)
         if per_layer_input is not None:
             gated = F.gelu(self.per_layer_gate(x), approximate="tanh") * per_layer_input
@@ -327,4 +329,4 @@ def _mixture_beside(hf: dict, p: str, o: str, s: Gemma4Spec) -> dict:
                   o + "moe.expert_scales": scale("router.per_expert_scale", "mlp.experts.down_proj.scale"),
                   o + "moe.pre_norm.weight": hf[p + "pre_feedforward_layernorm_2.weight"],
                   o + "moe.post_norm.weight": hf[p + "post_feedforward_layernorm_2.weight"],
-                  o + "post_dense_norm.weight": hf[p + "post_feedforward_layernorm_1.weight"]}
+                  o + "moe.dense_norm.weight": hf[p + "post_feedforward_layernorm_1.weight"]}

@@ -69,14 +69,21 @@ inline bool ungated(int64_t activation) { return activation == GELU_TANH || acti
 // null (Qwen2-MoE's), as it is otherwise. ``selection_bias`` (ERNIE 4.5's;
 // null elsewhere): an expert's bias [count], in the model's type, added to its probability to choose
 // a row's top_k, not to weigh them. With ``sigmoid`` (LFM2-MoE's) an expert's probability is the
-// sigmoid of its logit, not their softmax. The chosen weights are multiplied by ``routed_scale``.
+// sigmoid of its logit, not their softmax. The chosen weights are multiplied by ``routed_scale``, and by
+// their expert's ``expert_scales`` where that is not null (Gemma 4's). With ``beside`` (Gemma 4's 26B-A4B)
+// the experts sit beside the layer's MLP, over its input (the residual after the attention): routed on
+// it normed with ``route_norm`` (router.scale / sqrt(hidden): a norm without a weight, then that scale),
+// run on it normed with ``pre_norm``, their sum normed with ``post_norm`` and added to the MLP's output
+// normed with ``dense_norm``; all four in the model's type; an expert ``intermediate`` wide, the MLP the layer's.
 struct Experts {
     const Weights* router;
     const Weights* gate_up;  // count of them
     const Weights* down;     // count of them
     const void *router_bias, *gate_up_bias, *down_bias, *selection_bias;
     const Weights *shared_gate_up, *shared_down, *shared_gate;
-    int64_t count, top_k, normalize, activation, shared_intermediate, sigmoid;
+    const void *expert_scales, *route_norm, *pre_norm, *post_norm, *dense_norm;
+    int64_t count, top_k, normalize, activation, shared_intermediate, sigmoid, beside;
+    int64_t intermediate;  // an expert's width where it is not the layer's (beside an MLP of its own; else 0)
     double alpha, limit, routed_scale;
 };
 
@@ -455,6 +462,8 @@ struct Intermediates {
     // a Mamba2 beside the attention's (null elsewhere): its input product's output [rows, projection], its answers
     // [rows, inner]
     T *projected = nullptr, *answers = nullptr;
+    // experts beside the MLP's (null elsewhere): their router's input [rows, hidden], their output [rows, hidden]
+    T *route = nullptr, *beside_out = nullptr;
     // a latent attention's (null elsewhere): the queries where they come from a low rank [rows, heads x (nope +
     // rope)], kv_down's output [rows, kv_rank + rope], the keys as the pool keeps them [rows, dim], the heads'
     // values [rows, heads x value]
@@ -485,11 +494,12 @@ struct Intermediates {
         qkv = take(rows * qkv_width);
         q = take(rows * q_width);
         attn = take(rows * q_width);
-        up = take(std::max(std::max(rows, pairs) * l.intermediate, rows * shared) * 2);
+        const int64_t experts_inner = l.experts != nullptr && l.experts->intermediate ? l.experts->intermediate : 0;
+        up = take(std::max({rows * l.intermediate, pairs * std::max(experts_inner, l.intermediate), rows * shared}) * 2);
         delta = take(rows * l.hidden);
         const int64_t beside = l.mamba_beside == nullptr ? 0 : l.mamba_beside->inner();
         scratch = take(product_scratch_size<T>(std::max(rows, pairs), std::max({l.hidden, q_width, l.intermediate,
-                                                                                shared, beside})));
+                                                                                shared, beside, experts_inner})));
         if (l.mamba != nullptr) convolved = take(rows * l.mamba->conv_width());
         if (l.mamba_beside != nullptr) {
             const MambaLayer& m = *l.mamba_beside;
@@ -518,6 +528,10 @@ struct Intermediates {
             pair_experts = take_indices(pairs);
             pair_places = take_indices(pairs);
             expert_starts = take_indices(l.experts->count + 1);
+            if (l.experts->beside) {
+                route = take(rows * l.hidden);
+                beside_out = take(rows * l.hidden);
+            }
         }
     }
 };
@@ -555,6 +569,7 @@ template <typename T>
 void choose_experts(const T* logits, int64_t rows, const Experts& e, T* pair_weights, int64_t* pair_experts) {
     using R = float;
     const T* bias = static_cast<const T*>(e.selection_bias);
+    const T* expert_scales = static_cast<const T*>(e.expert_scales);
     thread_local std::vector<R> probs, scores;
     thread_local std::vector<int64_t> order;
 #pragma omp for
@@ -583,7 +598,8 @@ void choose_experts(const T* logits, int64_t rows, const Experts& e, T* pair_wei
         for (int64_t j = 0; j < e.top_k; ++j) chosen += probs[order[j]] / sum;
         for (int64_t j = 0; j < e.top_k; ++j) {
             const R weight = probs[order[j]] / sum;
-            pair_weights[r * e.top_k + j] = T((e.normalize ? weight / chosen : weight) * R(e.routed_scale));
+            const R scale = expert_scales != nullptr ? R(expert_scales[order[j]]) : R(1);
+            pair_weights[r * e.top_k + j] = T((e.normalize ? weight / chosen : weight) * R(e.routed_scale) * scale);
             pair_experts[r * e.top_k + j] = order[j];
         }
     }
@@ -592,18 +608,19 @@ void choose_experts(const T* logits, int64_t rows, const Experts& e, T* pair_wei
 // The experts' output for the rows of h [rows, hidden] into ``out`` [rows, hidden]: each routed
 // expert's products once over all the rows routed to it (its pairs gathered in a run), the rows
 // taking their experts' outputs weighted, in the order of their choices, then the shared expert's
-// (Experts says how). The team shares each product, as a dense MLP's.
+// (Experts says how). Routed on ``route`` (null: h). The team shares each product, as a dense MLP's.
 template <typename T, typename C>
 void expert_phases(const T* h, const Layer<T, C>& l, int64_t rows, const Intermediates<T>& b, T* out,
-                   int64_t panel_from) {
+                   int64_t panel_from, const T* route = nullptr) {
     const Experts& e = *l.experts;
-    const int64_t hidden = l.hidden, inner = l.intermediate, pairs = rows * e.top_k;
+    const int64_t hidden = l.hidden, inner = e.intermediate ? e.intermediate : l.intermediate, pairs = rows * e.top_k;
     const int64_t up_width = ungated(e.activation) ? inner : 2 * inner;
     const T *router_bias = static_cast<const T*>(e.router_bias), *gate_up_bias = static_cast<const T*>(e.gate_up_bias),
             *down_bias = static_cast<const T*>(e.down_bias);
     // expert i's row of a bias stack, or null
     const auto row_of = [](const T* biases, int64_t i, int64_t width) { return biases ? biases + i * width : nullptr; };
-    product(h, hidden, rows, *e.router, router_bias, hidden, b.logits, e.count, b.scratch, panel_from);
+    product(route != nullptr ? route : h, hidden, rows, *e.router, router_bias, hidden, b.logits, e.count, b.scratch,
+            panel_from);
     choose_experts(b.logits, rows, e, b.pair_weights, b.pair_experts);
 #pragma omp single
     {  // the pairs grouped by expert, in pair order within each (a counting sort)
@@ -800,7 +817,20 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
     } else {
         add_rows(x, delta, rows * hidden);
     }
-    if (l.experts != nullptr) {
+    if (l.experts != nullptr && l.experts->beside) {  // the MLP, then the experts beside it over x (Experts says how)
+        const Experts& e = *l.experts;
+        const auto in_type = [](const void* p) { return static_cast<const T*>(p); };
+        multiply(mlp_in, hidden, hidden, l.up, l.up_bias, up_width, up);
+        activate_rows(up, up_width, l.activation, rows, inter);
+        multiply(up, up_width, inter, l.down, l.down_bias, hidden, delta);
+        norm_rows<T>(delta, nullptr, in_type(e.dense_norm), nullptr, false, l.eps, delta, rows, hidden);
+        norm_rows<T>(x, nullptr, in_type(e.route_norm), nullptr, false, l.eps, buffers.route, rows, hidden);
+        norm_rows<T>(x, nullptr, in_type(e.pre_norm), nullptr, false, l.eps, h, rows, hidden);  // (h is spent)
+        expert_phases(h, l, rows, buffers, buffers.beside_out, panel_from, buffers.route);
+        norm_rows<T>(buffers.beside_out, nullptr, in_type(e.post_norm), nullptr, false, l.eps, buffers.beside_out, rows,
+                     hidden);
+        add_rows(delta, buffers.beside_out, rows * hidden);
+    } else if (l.experts != nullptr) {
         expert_phases(mlp_in, l, rows, buffers, delta, panel_from);
     } else {
         multiply(mlp_in, hidden, hidden, l.up, l.up_bias, up_width, up);

@@ -33,7 +33,7 @@ from .block_linear import FLOAT32, FLOAT32_PADDED, BlockLinear
 from .cpu_linear import CpuLinear, default_panel_rows
 from ..families.deepseek import DeepSeek
 from ..families.gemma import Gemma
-from ..families.gemma4 import Gemma4
+from ..families.gemma4 import Gemma4, MixtureBeside
 from ..families.gpt2 import GPT2
 from ..families.falcon_h1 import FalconH1
 from ..families.granite_hybrid import GraniteHybrid
@@ -112,9 +112,10 @@ class _Weights(ctypes.Structure):  # decoder_layer.cpp's Weights
 
 class _Experts(ctypes.Structure):  # decoder_layer.cpp's Experts
     _fields_ = [(name, _pointer) for name in ("router", "gate_up", "down", "router_bias", "gate_up_bias", "down_bias",
-                                              "selection_bias", "shared_gate_up", "shared_down", "shared_gate")]
+                                              "selection_bias", "shared_gate_up", "shared_down", "shared_gate",
+                                              "expert_scales", "route_norm", "pre_norm", "post_norm", "dense_norm")]
     _fields_ += [(name, _int64) for name in ("count", "top_k", "normalize", "activation", "shared_intermediate",
-                                              "sigmoid")]
+                                              "sigmoid", "beside", "intermediate")]
     _fields_ += [(name, _double) for name in ("alpha", "limit", "routed_scale")]
 
 
@@ -209,7 +210,8 @@ def _products(model: Llama | Gemma | Olmo | Lfm2 | GPT2) -> list:
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.gate_up, b.down)]
     elif isinstance(model, Gemma4):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.gate_up, b.down,
-                                                    *((b.per_layer_gate, b.per_layer_out) if b.per_layers else ()))]
+                                                    *((b.per_layer_gate, b.per_layer_out) if b.per_layers else ()),
+                                                    *((b.moe.router,) if b.moe is not None else ()))]
     else:
         layers = [m for b in model.layers for m in (b.qkv, b.attn_out, b.fc, b.proj)]
     return layers + [model.lm_head]
@@ -327,7 +329,8 @@ class DecoderLayers:
                                default_panel_rows())
         # from how many rows each thread carries its own through the layers
         avx2 = native.library().loom_vector_bytes() == 32
-        routes = any(isinstance(getattr(block, "mlp", None), SparseMoE) for block in model.layers)
+        routes = any(isinstance(getattr(block, "mlp", None), SparseMoE) or getattr(block, "moe", None) is not None
+                     for block in model.layers)
         self.split_rows = EXPERT_SPLIT_ROWS_PER_THREAD if routes else SPLIT_ROWS_PER_THREAD
         # whether the threads' own rows may compute no more panel rows than the team's (PANEL_SLACK)
         self.weighs_panels = avx2 and _reads_float32(model)
@@ -444,23 +447,29 @@ class DecoderLayers:
         self.weights.append(tensor)
         return tensor.data_ptr()
 
-    def _experts(self, moe: SparseMoE) -> _Experts:
+    def _experts(self, moe: SparseMoE | MixtureBeside) -> _Experts:
         """The native description of a layer's router and experts, kept alive here (their width is
-        the layer's intermediate size)."""
+        the layer's intermediate size; Gemma 4's beside its MLP, theirs: moe.spec's)."""
         s = moe.spec
         router = _weights(moe.router)
         each = [_expert_weights(moe.experts, i) for i in range(s.num_experts)]
         gate_up = (_Weights * s.num_experts)(*(g for g, _ in each))
         down = (_Weights * s.num_experts)(*(d for _, d in each))
-        shared = [_weights(m) for m in (() if moe.shared is None else _shared_products(moe.shared))]
+        shared_expert = getattr(moe, "shared", None)
+        shared = [_weights(m) for m in (() if shared_expert is None else _shared_products(shared_expert))]
         shared += [None] * (3 - len(shared))
         alpha, limit = s.clamped_swiglu or (0.0, 0.0)
-        activation = RELU_SQUARED if s.squared_relu else SILU_GATED if s.clamped_swiglu is None else CLAMPED_SWIGLU
+        activation = (RELU_SQUARED if s.squared_relu else GELU_TANH_GATED if s.gelu else
+                      SILU_GATED if s.clamped_swiglu is None else CLAMPED_SWIGLU)
+        beside = isinstance(moe, MixtureBeside)  # (its norms and scales; its route norm the scale over sqrt(hidden))
+        norms = [self._in_dtype(moe.expert_scales), self._in_dtype(moe.router_scale * moe.root),
+                 *(self._factors(n) for n in (moe.pre_norm, moe.post_norm, moe.dense_norm))] if beside else [None] * 5
         experts = _Experts(ctypes.addressof(router), ctypes.addressof(gate_up), ctypes.addressof(down),
                            self._in_dtype(moe.router.bias), self._in_dtype(moe.experts.gate_up_bias),
-                           self._in_dtype(moe.experts.down_bias), self._in_dtype(moe.selection_bias),
-                           *(None if w is None else ctypes.addressof(w) for w in shared), s.num_experts, s.top_k,
-                           s.normalize, activation, s.shared_intermediate_size, s.sigmoid, alpha, limit, s.routed_scale)
+                           self._in_dtype(moe.experts.down_bias), self._in_dtype(getattr(moe, "selection_bias", None)),
+                           *(None if w is None else ctypes.addressof(w) for w in shared), *norms, s.num_experts,
+                           s.top_k, s.normalize, activation, s.shared_intermediate_size, s.sigmoid, beside,
+                           s.intermediate_size if beside else 0, alpha, limit, s.routed_scale)
         self.weights.append((moe, router, gate_up, down, shared, experts))
         return experts
 
@@ -495,6 +504,8 @@ class DecoderLayers:
             layer.per_layer_gate, layer.per_layer_out = (ctypes.addressof(w) for w in products)
             layer.per_layer_norm = self._factors(block.per_layer_norm)
             layer.per_layer_offset, layer.per_layer_width = block.index * spec.per_layer_width, spec.per_layer_width
+        if block.moe is not None:  # (the experts beside its MLP: _experts)
+            layer.experts = ctypes.addressof(self._experts(block.moe))
         return layer
 
     def _olmo_layer(self, block, spec) -> _Layer:
@@ -559,9 +570,8 @@ class DecoderLayers:
         if not isinstance(model, (Llama, Gemma, Gemma4, Olmo, Lfm2, Qwen35, GraniteHybrid, DeepSeek, GPT2)):
             return None
         moe = getattr(model.spec, "moe", None)
-        if moe is not None and (moe.groups is not None or isinstance(model, Gemma4)):
-            # (group-limited routing, DeepSeek's and Nemotron 3's; Gemma 4's experts beside its MLP: the torch layers')
-            return None
+        if moe is not None and moe.groups is not None:
+            return None  # (group-limited routing, DeepSeek's and Nemotron 3's: the torch layers')
         weight = _final_norm(model).weight
         if not native.supports(weight.device, weight.dtype):
             return None

@@ -279,7 +279,8 @@ def with_random_norms(hf):
                                   "granite", "mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "gemma", "gemma2",
                                   "gemma3", "olmo2", "olmo3", "exaone4", "lfm2", "lfm2_moe", "qwen3_5", "qwen3_next",
                                   "granitemoehybrid", "nemotron_h", "nemotron_h_moe", "glm4", "glm4_moe", "deepseek_v2",
-                                  "deepseek_v3", "glm4_moe_lite", "falcon_h1", "mamba2", "gemma4", "gpt2"])
+                                  "deepseek_v3", "glm4_moe_lite", "falcon_h1", "mamba2", "gemma4", "gemma4_moe",
+                                  "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS, ids=POOL_IDS)
 @pytest.mark.parametrize("streams", [2, 5, 21, "split"])  # rows at a time; panels; split rows
 def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, streams, two_threads):
@@ -291,14 +292,14 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, 
     (four norms a layer, GELU gates, a final soft cap; Gemma 3's local layers' own rotation, Gemma
     2's soft-capped attention scores) runs them in float32 only: its torch norms round to float32
     whatever the model's dtype. Gemma 4 (a global layer's wider heads and values that are its keys, layers
-    reading others' K/V, per-layer inputs, scaled outputs) in any."""
+    reading others' K/V, per-layer inputs, scaled outputs; the 26B-A4B's experts beside each MLP) in any."""
     import models
     from models.kernels import decoder_layer
 
     from ..conftest import tiny_model
 
     model = models.load(with_random_norms(tiny_model(arch, **NATIVE_ROUTES.get(arch, {}))), dtype=dtype).model
-    if arch.startswith(("gemma", "qwen3_5", "qwen3_next")) and arch != "gemma4" and dtype == torch.float64:
+    if arch.startswith(("gemma", "qwen3_5", "qwen3_next")) and not arch.startswith("gemma4") and dtype == torch.float64:
         assert model.decoder_layers is None
         return
     assert model.decoder_layers is not None
@@ -310,7 +311,7 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, 
     tolerance = {torch.float32: 1e-4, torch.float64: 1e-10, torch.float16: 1e-3, torch.bfloat16: 1e-2}[cache_dtype]
     # (experts weighted in float32 whatever the dtype, as transformers does)
     if arch in ("mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "lfm2_moe", "granitemoehybrid", "deepseek_v2",
-                "deepseek_v3", "glm4_moe_lite", "nemotron_h_moe", "glm4_moe"):
+                "deepseek_v3", "glm4_moe_lite", "nemotron_h_moe", "glm4_moe", "gemma4_moe"):
         tolerance = max(tolerance, 1e-5)
     torch.testing.assert_close(native_logits, torch_logits, atol=tolerance, rtol=tolerance)
     torch.testing.assert_close(native_cache, torch_cache, atol=tolerance, rtol=tolerance)
@@ -413,7 +414,7 @@ def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtyp
 
     from ..conftest import tiny_model
 
-    if arch.startswith(("gemma", "qwen3_5", "qwen3_next")) and arch != "gemma4" and dtype == torch.float64:
+    if arch.startswith(("gemma", "qwen3_5", "qwen3_next")) and not arch.startswith("gemma4") and dtype == torch.float64:
         pytest.skip("Gemma's, Qwen3.5's and Qwen3-Next's native layers run in float32 only")
     # (Granite 4's dense hybrid: a model with routed experts keeps its rows on the team, and weighs them in float32)
     # (Qwen3-Next's every layer dense: mlp_only_layers)
