@@ -78,6 +78,21 @@ class GemmaSpec(DecoderShape):
             tie_word_embeddings=bool(c.get("tie_word_embeddings", True)), output_norms=kind != "gemma")
 
 
+def soft_capped(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """cap tanh(logits / cap) where the model caps its logits (Gemma 2's, 3's and 4's final_logit_softcapping)."""
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
+def gemma_tensors(hf: dict, s) -> tuple[dict, dict]:
+    """A Gemma checkpoint's tensors without their "model." (and a multimodal checkpoint's "language_model.")
+    prefix, and the model's own from them: the embeddings, the final norm and the output layer (the embeddings
+    where the spec ties them)."""
+    hf = {k.removeprefix("model.").removeprefix("language_model."): v for k, v in hf.items()}
+    out = {"embed.weight": hf["embed_tokens.weight"], "norm.weight": hf["norm.weight"]}
+    out["lm_head.weight"] = hf["embed_tokens.weight"] if s.tie_word_embeddings else hf["lm_head.weight"]
+    return hf, out
+
+
 def gemma_norm(dim: int, eps: float) -> RMSNorm:
     """Gemma's RMSNorm: x / rms(x) * (1 + weight), in float32 (also for a float64 model)."""
     return RMSNorm(dim, eps, offset=1.0)
@@ -127,16 +142,12 @@ class Gemma(DecoderModel):
             for i, layer in enumerate(self.layers):
                 x = layer(x, rotations, kv_cache, i, step, masks)
             logits = self.lm_head(self.norm(x[step.sample_indices]))
-        if self.spec.final_softcap:
-            logits = torch.tanh(logits / self.spec.final_softcap) * self.spec.final_softcap
-        return logits
+        return soft_capped(logits, self.spec.final_softcap)
 
     @staticmethod
     def convert(hf: dict[str, torch.Tensor], s: GemmaSpec) -> dict[str, torch.Tensor]:
         """Transformers' parameter names -> this module's, fusing q/k/v and gate/up."""
-        hf = {k.removeprefix("model.").removeprefix("language_model."): v for k, v in hf.items()}
-        out = {"embed.weight": hf["embed_tokens.weight"], "norm.weight": hf["norm.weight"]}
-        out["lm_head.weight"] = hf["embed_tokens.weight"] if s.tie_word_embeddings else hf["lm_head.weight"]
+        hf, out = gemma_tensors(hf, s)
         norms = {"input_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
                  "pre_mlp_norm": "pre_feedforward_layernorm", "post_mlp_norm": "post_feedforward_layernorm"}
         if not s.output_norms:  # (Gemma 1's norm after the attention is the MLP's input norm, as Llama's)

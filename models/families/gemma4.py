@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .gemma import gemma_tensors, soft_capped
 from .layers import GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, fused, paged_attention
 from .moe import Experts, MoESpec, _routed_experts, run_experts
 from .rope import Rotary, rope_type
@@ -276,16 +277,12 @@ class Gemma4(DecoderModel):
             for i, layer in enumerate(self.layers):
                 x = layer(x, None if per_layer is None else per_layer[:, i], rotations, kv_cache, step, masks)
             logits = self.lm_head(self.norm(x[step.sample_indices]))
-        if s.final_softcap:
-            logits = torch.tanh(logits / s.final_softcap) * s.final_softcap
-        return logits
+        return soft_capped(logits, s.final_softcap)
 
     @staticmethod
     def convert(hf: dict[str, torch.Tensor], s: Gemma4Spec) -> dict[str, torch.Tensor]:
         """Transformers' parameter names -> this module's, fusing q/k/v and gate/up."""
-        hf = {k.removeprefix("model.").removeprefix("language_model."): v for k, v in hf.items()}
-        out = {"embed.weight": hf["embed_tokens.weight"], "norm.weight": hf["norm.weight"]}
-        out["lm_head.weight"] = hf["embed_tokens.weight"] if s.tie_word_embeddings else hf["lm_head.weight"]
+        hf, out = gemma_tensors(hf, s)
         if s.per_layer_width:
             out |= {"per_layer_embed.weight": hf["embed_tokens_per_layer.weight"],
                     "per_layer_project.weight": hf["per_layer_model_projection.weight"],
