@@ -218,3 +218,33 @@ def test_a_gemma4_file_without_its_layer_pattern_is_refused(tmp_path):
     path = write_gemma4_gguf(hf, tmp_path / "nopattern.gguf", metadata={"attention.sliding_window_pattern": None})
     with pytest.raises(ValueError, match="sliding_window_pattern"):
         Engine.from_pretrained(path)
+
+
+def test_a_gemma4_files_own_tokenizer_reads_under_its_stand_in(tmp_path, monkeypatch):
+    """A gemma4 file's tokenizer as its converter writes it (tokenizer.ggml.model "gemma4": SentencePiece-style
+    BPE over "\u2581"-spelled spaces, with merges), read under the llama stand-in (transformers' GGUF config reader
+    takes no per-layer widths): merged by the merges' ranks, no BOS added (the chat template writes it, as
+    transformers reads these files), the text back."""
+    import gguf
+    from models.checkpoints.gguf import read_tokenizer
+    monkeypatch.setenv("LOOM_CACHE", str(tmp_path / "cache"))
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "\u2581", "a", "b", "c", "\u2581a", "ab", "\u2581ab", "\u2581b", "bc"]
+    writer = gguf.GGUFWriter(str(tmp_path / "tokenizer.gguf"), "gemma4")
+    writer.add_tokenizer_model("gemma4")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * len(tokens))
+    writer.add_token_types([3, 3, 3, 2] + [1] * (len(tokens) - 4))  # (control, control, control, unknown, normal)
+    writer.add_token_merges(["\u2581 a", "a b", "\u2581a b", "\u2581 b", "b c"])
+    writer.add_bos_token_id(2)
+    writer.add_eos_token_id(1)
+    writer.add_unk_token_id(3)
+    writer.add_add_bos_token(True)
+    writer.add_tensor("unused", np.zeros(4, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tokenizer = read_tokenizer(tmp_path / "tokenizer.gguf", "gemma4")
+    ids = tokenizer.encode("ab bc a")
+    assert [tokens[i] for i in ids] == ["ab", "\u2581b", "c", "\u2581a"]  # ("\u2581b c": no such merge)
+    assert tokenizer.decode(ids) == "ab bc a"
