@@ -225,16 +225,16 @@ class KVCache:
     def __init__(self, num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device,
                  conv_rows: tuple[int, int] = (0, 0), state_shapes: tuple[int, tuple] = (0, ()), state_slots: int = 0,
                  layer_shapes: tuple[tuple[int, int], ...] | None = None):
-        shapes = self.layer_shapes_of(num_layers, num_kv_heads, head_dim, layer_shapes)
-        if len(set(shapes)) <= 1:
+        self.layer_shapes = self.layer_shapes_of(num_layers, num_kv_heads, head_dim, layer_shapes)
+        if len(set(self.layer_shapes)) <= 1:
             self.data = self._pool((2, num_layers, num_blocks, block_size, num_kv_heads, head_dim), dtype, device)
             self.runs = [self.data[kv, layer] for kv in range(2) for layer in range(num_layers)]
         else:
-            run_sizes = [num_blocks * block_size * heads * dim for heads, dim in shapes] * 2
-            self.data = self._pool((sum(run_sizes),), dtype, device)
-            starts = [sum(run_sizes[:i]) for i in range(len(run_sizes))]
-            self.runs = [self.data[start:start + size].view(num_blocks, block_size, *shape)
-                         for start, size, shape in zip(starts, run_sizes, shapes * 2)]
+            shapes = self.layer_shapes * 2  # (each layer's K, then each layer's V)
+            sizes = [num_blocks * block_size * heads * dim for heads, dim in shapes]
+            self.data = self._pool((sum(sizes),), dtype, device)
+            self.runs = [run.view(num_blocks, block_size, *shape)
+                         for run, shape in zip(self.data.split(sizes), shapes)]
         conv_layers, conv_width = conv_rows
         self.conv = self._pool((conv_layers, num_blocks, block_size, conv_width), dtype, device)
         state_layers, shapes = state_shapes
@@ -290,8 +290,8 @@ class KVCache:
     def block_bytes(self) -> int:
         """The memory one block takes, K and V of every layer (and the convolution layers' rows)."""
         conv_layers, _, _, conv_width = self.conv.shape
-        element = self.data.element_size()
-        return sum(run[0].numel() for run in self.runs) * element + conv_layers * self.block_size * conv_width * element
+        return self.bytes_per_block(self.num_layers, self.block_size, 0, 0, self.dtype, (conv_layers, conv_width),
+                                    self.layer_shapes)
 
     def commit(self, first: int, end: int) -> bool:
         """Back blocks [first, end) with memory now, their contents unchanged, so that the first

@@ -253,8 +253,7 @@ def _gemma4_layers(key, tensors: dict[str, TensorInfo], config: dict, file_name:
     types = _sliding_layers(key, layers, file_name)
     if types is None:
         raise ValueError(f"{file_name} names no attention.sliding_window_pattern, which Gemma 4's files carry")
-    per_layer = lambda k: [int(v) for v in value] if not isinstance(value := key(k), (int, float)) else [value] * layers
-    kv_heads, widths = per_layer("attention.head_count_kv"), per_layer("feed_forward_length")
+    kv_heads, widths = (_per_layer(key(k), layers) for k in ("attention.head_count_kv", "feed_forward_length"))
     first_shared = layers - (key("attention.shared_kv_layers") or 0)
     local, wide = key("attention.key_length_swa"), key("attention.key_length")
     if key("rope.dimension_count_swa") not in (None, local):

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .gemma import gemma_tensors, soft_capped
-from .layers import GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, fused, paged_attention
+from .layers import (GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, fused, paged_attention,
+                     weightless_norm)
 from .moe import Experts, MoESpec, _routed_experts, run_experts
 from .rope import Rotary, rope_type
 
@@ -142,11 +143,6 @@ def _global_shape(c: dict, types: list[str], kv_heads: int, head_dim: int, value
     return next(((kv, dim) for t, kv, dim in shapes if t == "full_attention"), (kv_heads, head_dim))
 
 
-def unit_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / rms(x), no weight (Gemma 4's values' norm)."""
-    return F.rms_norm(x, x.shape[-1:], None, eps)
-
-
 class Attention(nn.Module):
     """Queries (and, but in a layer sharing K/V, keys and values) from one product; each head's query and
     key normalised and rotated, each head's value normalised without a weight; attention unscaled."""
@@ -173,7 +169,7 @@ class Attention(nn.Module):
             keys = qkv[:, queries:queries + self.kv_heads * self.head_dim].view(tokens, self.kv_heads, self.head_dim)
             values = keys if self.values_are_keys else qkv[:, queries + keys.shape[1] * self.head_dim:].view(
                 tokens, self.kv_heads, self.head_dim)
-            k, v = self.k_norm(keys), unit_norm(values, self.eps)
+            k, v = self.k_norm(keys), weightless_norm(values, self.eps)
         out = paged_attention(q, k, v, kv_cache, pool_layer, step, masks, 1.0, cos, sin)
         return self.out(out.flatten(1))
 
@@ -198,7 +194,7 @@ class MixtureBeside(nn.Module):
     def forward(self, x, dense):
         """The MLP's output ``dense`` with the experts' over ``x`` (the MLP's input before its norm)."""
         # Routing in float32, as transformers does: its top-k and weights then match exactly.
-        probs = self.router(unit_norm(x, self.eps) * self.router_scale * self.root).float().softmax(-1)
+        probs = self.router(weightless_norm(x, self.eps) * self.router_scale * self.root).float().softmax(-1)
         weights, chosen = probs.topk(self.spec.top_k, dim=-1)
         weights = weights / weights.sum(-1, keepdim=True) * self.expert_scales.float()[chosen]
         return self.dense_norm(dense) + self.post_norm(run_experts(self.experts, self.pre_norm(x), weights.to(x.dtype),
@@ -210,7 +206,6 @@ class Block(nn.Module):
         super().__init__()
         self.index, self.window = index, s.layer_windows[index]
         self.pool_layer = s.pool_layer(index)
-        self.per_layers = bool(s.per_layer_width)
         inner = s.intermediate_size * (2 if s.double_wide_mlp and index >= s.first_shared else 1)
         norm = lambda: RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.input_norm, self.post_attn_norm, self.pre_mlp_norm, self.post_mlp_norm = norm(), norm(), norm(), norm()

@@ -277,6 +277,13 @@ class SquaredReLU(nn.Module):
         return self.down(F.relu(self.up(x)).square())
 
 
+def weightless_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x), in float32 at least, as transformers' norms without a weight (Falcon-Mamba's time steps, B
+    and C; Gemma 4's values and its experts' router)."""
+    work = x.to(torch.promote_types(x.dtype, torch.float32))
+    return F.rms_norm(work, work.shape[-1:], None, eps).to(x.dtype)
+
+
 class RMSNorm(nn.Module):
     """x / rms(x) * (offset + weight). Gemma's norms (offset 1: its checkpoints store weight - 1)
     normalise in float32 whatever the model's dtype, as transformers' do; the others in the model's

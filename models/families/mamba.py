@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import selective_scan as native_scan
-from .layers import DecoderModel, DecoderShape, RMSNorm
+from .layers import DecoderModel, DecoderShape, RMSNorm, weightless_norm
 from .recurrent import UNBOUNDED_CONTEXT, StateRuns, check_state_slots, convolve
 
 FAMILIES = ("mamba", "falcon_mamba")
@@ -140,12 +140,6 @@ class MambaMixer(nn.Module):
         dt, b, c = self.time_steps(xs).split([s.time_step_rank, s.state_size, s.state_size], -1)
         y = scan(xs, F.softplus(self.dt_proj(dt)), self.decay, b, c, matrices, runs) + xs * self.skip
         return y * F.silu(z)
-
-
-def weightless_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / rms(x), in float32 at least (as transformers' Falcon-Mamba)."""
-    work = x.to(torch.promote_types(x.dtype, torch.float32))
-    return (work * torch.rsqrt(work.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def scan(x, dt, decay, b, c, matrices: torch.Tensor, runs: StateRuns) -> torch.Tensor:

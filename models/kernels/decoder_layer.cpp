@@ -817,12 +817,16 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
     } else {
         add_rows(x, delta, rows * hidden);
     }
-    if (l.experts != nullptr && l.experts->beside) {  // the MLP, then the experts beside it over x (Experts says how)
-        const Experts& e = *l.experts;
-        const auto in_type = [](const void* p) { return static_cast<const T*>(p); };
+    if (l.experts != nullptr && !l.experts->beside) {
+        expert_phases(mlp_in, l, rows, buffers, delta, panel_from);
+    } else {
         multiply(mlp_in, hidden, hidden, l.up, l.up_bias, up_width, up);
         activate_rows(up, up_width, l.activation, rows, inter);
-        multiply(up, up_width, inter, l.down, l.down_bias, hidden, delta);
+        multiply(up, up_width, inter, l.down, l.down_bias, hidden, delta);  // act(gate) x up
+    }
+    if (l.experts != nullptr && l.experts->beside) {  // the experts beside the MLP, over x (Experts says how)
+        const Experts& e = *l.experts;
+        const auto in_type = [](const void* p) { return static_cast<const T*>(p); };
         norm_rows<T>(delta, nullptr, in_type(e.dense_norm), nullptr, false, l.eps, delta, rows, hidden);
         norm_rows<T>(x, nullptr, in_type(e.route_norm), nullptr, false, l.eps, buffers.route, rows, hidden);
         norm_rows<T>(x, nullptr, in_type(e.pre_norm), nullptr, false, l.eps, h, rows, hidden);  // (h is spent)
@@ -830,12 +834,6 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
         norm_rows<T>(buffers.beside_out, nullptr, in_type(e.post_norm), nullptr, false, l.eps, buffers.beside_out, rows,
                      hidden);
         add_rows(delta, buffers.beside_out, rows * hidden);
-    } else if (l.experts != nullptr) {
-        expert_phases(mlp_in, l, rows, buffers, delta, panel_from);
-    } else {
-        multiply(mlp_in, hidden, hidden, l.up, l.up_bias, up_width, up);
-        activate_rows(up, up_width, l.activation, rows, inter);
-        multiply(up, up_width, inter, l.down, l.down_bias, hidden, delta);  // act(gate) x up
     }
     if (l.mlp_out_norm != nullptr) norm_rows<T>(delta, nullptr, l.mlp_out_norm, nullptr, false, l.eps, delta, rows, hidden);
     if (scales_residuals) scale_values(delta, l.residual_scale, rows * hidden);

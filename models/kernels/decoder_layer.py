@@ -210,7 +210,8 @@ def _products(model: Llama | Gemma | Olmo | Lfm2 | GPT2) -> list:
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.gate_up, b.down)]
     elif isinstance(model, Gemma4):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.gate_up, b.down,
-                                                    *((b.per_layer_gate, b.per_layer_out) if b.per_layers else ()),
+                                                    *((b.per_layer_gate, b.per_layer_out)
+                                                      if model.spec.per_layer_width else ()),
                                                     *((b.moe.router,) if b.moe is not None else ()))]
     else:
         layers = [m for b in model.layers for m in (b.qkv, b.attn_out, b.fc, b.proj)]
@@ -435,8 +436,9 @@ class DecoderLayers:
         return layer
 
     def _route(self, layer: _Layer, mlp: nn.Module | None) -> None:
-        """A layer whose MLP routes to experts reads them from an Experts description (_experts)."""
-        if isinstance(mlp, SparseMoE):
+        """A layer whose MLP routes to experts (or that has experts beside it: Gemma 4's) reads them from an Experts
+        description (_experts)."""
+        if isinstance(mlp, (SparseMoE, MixtureBeside)):
             layer.experts = ctypes.addressof(self._experts(mlp))
 
     def _in_dtype(self, tensor: torch.Tensor | None) -> int | None:
@@ -504,8 +506,7 @@ class DecoderLayers:
             layer.per_layer_gate, layer.per_layer_out = (ctypes.addressof(w) for w in products)
             layer.per_layer_norm = self._factors(block.per_layer_norm)
             layer.per_layer_offset, layer.per_layer_width = block.index * spec.per_layer_width, spec.per_layer_width
-        if block.moe is not None:  # (the experts beside its MLP: _experts)
-            layer.experts = ctypes.addressof(self._experts(block.moe))
+        self._route(layer, block.moe)
         return layer
 
     def _olmo_layer(self, block, spec) -> _Layer:
