@@ -21,6 +21,7 @@ from .checkpoints.vision_language import TEXT_MODELS
 from .families.deepseek import FAMILIES as DEEPSEEK_FAMILIES, DeepSeek, DeepSeekSpec
 from .families.falcon_h1 import FAMILIES as FALCON_H1_FAMILIES, FalconH1, FalconH1Spec
 from .families.gemma import Gemma, GemmaSpec
+from .families.gemma3n import FAMILIES as GEMMA3N_FAMILIES, Gemma3n, Gemma3nSpec
 from .families.gemma4 import FAMILIES as GEMMA4_FAMILIES, Gemma4, Gemma4Spec
 from .families.gpt2 import GPT2, GPT2Spec
 from .families.granite_hybrid import FAMILIES as GRANITE_HYBRID_FAMILIES, GraniteHybrid, GraniteHybridSpec
@@ -41,6 +42,7 @@ from .kernels.quantized import BLOCK_WEIGHTS, check_weights, reduce_linears, run
 ARCHITECTURES = {"gpt2": (GPT2Spec, GPT2), "gemma": (GemmaSpec, Gemma), "gemma2": (GemmaSpec, Gemma),
                  "gemma3_text": (GemmaSpec, Gemma),
                  **{family: (Gemma4Spec, Gemma4) for family in GEMMA4_FAMILIES},
+                 **{family: (Gemma3nSpec, Gemma3n) for family in GEMMA3N_FAMILIES},
                  **{family: (LlamaSpec, Llama) for family in LLAMA_FAMILIES},
                  **{family: (OlmoSpec, Olmo) for family in OLMO_FAMILIES},
                  **{family: (Lfm2Spec, Lfm2) for family in LFM2_FAMILIES},

@@ -93,6 +93,7 @@ def _gemma4_norm_in_dtype(self, hidden_states):
 
 
 transformers.models.gemma4.modeling_gemma4.Gemma4RMSNorm.forward = _gemma4_norm_in_dtype
+transformers.models.gemma3n.modeling_gemma3n.Gemma3nRMSNorm.forward = _gemma4_norm_in_dtype  # (Gemma 3n's the same)
 TRANSFORMERS_MAMBA2_SCAN = transformers.models.granitemoehybrid.modeling_granitemoehybrid.mamba2_scan_forward
 transformers.models.granitemoehybrid.modeling_granitemoehybrid.mamba2_scan_forward = _mamba2_scan_in_float64
 transformers.models.nemotron_h.modeling_nemotron_h.mamba2_scan_forward = _mamba2_scan_in_float64  # (Nemotron-H's too)
@@ -363,6 +364,16 @@ CONFIGS = {
         pad_token_id=0, sliding_window=12, final_logit_softcapping=30.0,
         layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
                      "full_attention"]),
+    # Gemma 3n's E-sizes in small: four AltUp streams, Laurel, the first two layers' gates sparse, the last two
+    # layers reading the K/V of the last earlier layer of their kind, a per-layer table shorter than the vocabulary
+    "gemma3n": lambda: transformers.Gemma3nTextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=5, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_kv_shared_layers=2, hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=VOCAB - 40, laurel_rank=8, altup_num_inputs=4,
+        activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0, 0.0], max_position_embeddings=256, eos_token_id=EOS,
+        bos_token_id=1, pad_token_id=0, sliding_window=12, final_logit_softcapping=30.0,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                     "full_attention"]),
     # the 26B-A4B's in small: experts beside every layer's MLP, global layers' values their keys, no per-layer inputs
     "gemma4_moe": lambda: transformers.Gemma4TextConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
@@ -392,6 +403,7 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "nemotron_h": transformers.NemotronHForCausalLM, "nemotron_h_moe": transformers.NemotronHForCausalLM,
                  "mamba2": transformers.Mamba2ForCausalLM, "mamba": transformers.MambaForCausalLM,
                  "falcon_mamba": transformers.FalconMambaForCausalLM, "gemma4": transformers.Gemma4ForCausalLM,
+                 "gemma3n": transformers.Gemma3nForCausalLM,
                  "gemma4_moe": transformers.Gemma4ForCausalLM,
                  "glm4": transformers.Glm4ForCausalLM,
                  "deepseek_v2": transformers.DeepseekV2ForCausalLM, "deepseek_v3": transformers.DeepseekV3ForCausalLM,
@@ -429,9 +441,11 @@ def tiny_model(arch: str, seed: int = 0, **config):
     model = MODEL_CLASSES[arch](settings).to(torch.float64).eval()
     with torch.no_grad():
         for name, tensor in model.named_parameters():
-            # (transformers starts gpt-oss's biases at 0, Qwen2-MoE's shared expert's router near it, Mamba2's D at 1)
+            # (transformers starts gpt-oss's biases at 0, Qwen2-MoE's shared expert's router near it, Mamba2's D at 1,
+            # Gemma 3n's scale of the corrected stream at 0)
             if name.endswith(("sinks", "_bias", "router.bias", "shared_expert_gate.weight", "mamba.D", "mixer.D",
-                              "e_score_correction_bias", "router.scale", "per_expert_scale")) or (
+                              "e_score_correction_bias", "router.scale", "per_expert_scale",
+                              "correct_output_scale")) or (
                     arch in ("glm4", "glm4_moe") and name.endswith("proj.bias")):
                 tensor.normal_(0.0, 0.5)
         for name, tensor in model.named_buffers():  # (LFM2-MoE's selection bias, a buffer starting at 0)

@@ -199,6 +199,8 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           # here: its first ten layers), each with Gemma's 262,144-token vocabulary (--vocab 262144)
           "gemma4-e2b": (1536, 6144, 35, 8, 1), "gemma4-e4b": (2560, 10240, 42, 8, 2),
           "gemma4-31b": (5376, 21504, 60, 32, 16), "gemma4-31b-10l": (5376, 21504, 10, 32, 16),
+          # Gemma 3n's E2B and E4B, as I recall their configs (with its 262,400-token vocabulary: --vocab 262400)
+          "gemma3n-e2b": (2048, 8192, 30, 8, 2), "gemma3n-e4b": (2048, 16384, 35, 8, 2),
           # Gemma 4 26B-A4B's (its intermediate: the dense MLP's beside the experts), and its first ten layers
           "gemma4-26b-a4b": (2816, 2112, 30, 16, 8), "gemma4-26b-a4b-10l": (2816, 2112, 10, 16, 8),
           # GLM-4.5-Air's, and its first six layers
@@ -266,6 +268,9 @@ class Layout:
     # the last layers reading earlier ones' K/V (their MLPs twice as wide where double_wide), the per-layer inputs'
     # width, and a global layer every this many
     gemma4: tuple[int, int | None, bool, int, bool, int, int] | None = None
+    # Gemma 3n's: the per-layer inputs' width, Laurel's rank, the AltUp streams, the last layers reading earlier
+    # ones' K/V (their own K/V products written all the same, as llama.cpp requires), a global layer every this many
+    gemma3n: tuple[int, int, int, int, int] | None = None
 
 
 # Nemotron-H's layers, as I recall the 4B's and 8B's hybrid_override_pattern and Nemotron Nano 9B v2's
@@ -336,6 +341,8 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
 
 LAYOUTS["gemma4"] = Layout("gemma4", head=256, rope_base=1e6, eps=1e-6, context=131072, head_norms=True,
                            output_norms=True, window=512, soft_caps=(0.0, 30.0), gemma4=(512, None, False, 20, True, 256, 5))
+LAYOUTS["gemma3n"] = Layout("gemma3n", head=256, rope_base=1e6, eps=1e-6, context=32768, head_norms=True,
+                            output_norms=True, window=512, soft_caps=(0.0, 30.0), gemma3n=(256, 64, 4, 10, 5))
 # shapes whose layout is not their family's: Gemma 3 4B's window of 1024 and global rope scaled 8 times
 SHAPE_LAYOUTS = {"gemma3-4b": replace(LAYOUTS["gemma3"], window=1024, linear_rope=8.0),
                  **{shape: replace(LAYOUTS["qwen35"], delta=(16, 32, 128)) for shape in ("qwen35-4b", "qwen35-9b")},
@@ -349,6 +356,7 @@ SHAPE_LAYOUTS = {"gemma3-4b": replace(LAYOUTS["gemma3"], window=1024, linear_rop
                  "mamba2-codestral-7b": replace(LAYOUTS["mamba2"], mamba=(128, 64, 128, 8)),
                  "mamba-2.8b": Layout("mamba", head=64, eps=1e-5, context=1 << 20, selective=(5120, 16, 160, False)),
                  "falcon-mamba-7b": Layout("mamba", head=64, eps=1e-5, context=1 << 20, selective=(8192, 16, 256, True)),
+                 "gemma3n-e4b": replace(LAYOUTS["gemma3n"], gemma3n=(256, 64, 4, 15, 5)),
                  "gemma4-e4b": replace(LAYOUTS["gemma4"], gemma4=(512, None, False, 18, False, 256, 6)),
                  **{shape: replace(LAYOUTS["gemma4"], window=1024, gemma4=(512, 4, True, 0, False, 0, 6))
                     for shape in ("gemma4-31b", "gemma4-31b-10l")},
@@ -393,10 +401,12 @@ def tensor_type(name: str, layer: int, layers: int, fmt: str, width: int, tied: 
     if name.endswith(("norm.weight", ".bias", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight",
                       "attn_sinks.weight", "shortconv.conv.weight", "ssm_conv1d.weight", ".ssm_a", ".ssm_d",
                       ".ffn_norm", "rope_freqs.weight", "layer_output_scale.weight", ".scale", "_norm_1.weight",
-                      "_norm_2.weight")):
+                      "_norm_2.weight", "altup_correct_scale.weight")):
         # (nor any router, nor a convolution's taps, nor the recurrent layers' decay rates and skips; Falcon-H1's
         # MLP norm has no kind in its name)
         return Q.F32
+    if any(part in name for part in ("altup", "laurel", "per_layer_model_proj")):  # (llama-quantize leaves them: the
+        return Q.F16                                                                   # converter's F16)
     if fmt == "mxfp4":
         return Q.MXFP4 if "_exps." in name else Q.Q8_0
     name = name.replace("_exps.", ".").replace("_shexp.", ".")  # an expert's type is its dense product's
@@ -531,6 +541,30 @@ def gemma4_tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: i
     yield "output_norm.weight", -1, (hidden,)
 
 
+def gemma3n_tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, head: int, vocab: int,
+                    gemma3n: tuple):
+    """Gemma 3n's tensors after its token table, as llama.cpp's converter writes them: the per-layer inputs' table,
+    projection and norm, the AltUp projections (a stack each), then each layer's, the final norm."""
+    width, rank, streams, _, _ = gemma3n
+    yield "per_layer_token_embd.weight", -1, (vocab, layers * width)
+    yield "per_layer_model_proj.weight", -1, (layers * width, hidden)
+    yield "per_layer_proj_norm.weight", -1, (width,)
+    yield "altup_proj.weight", -1, (streams - 1, hidden, hidden)
+    yield "altup_unembd_proj.weight", -1, (streams - 1, hidden, hidden)
+    for i in range(layers):
+        names = [("attn_norm", (hidden,)), ("attn_q", (heads * head, hidden)), ("attn_k", (kv_heads * head, hidden)),
+                 ("attn_v", (kv_heads * head, hidden)), ("attn_q_norm", (head,)), ("attn_k_norm", (head,)),
+                 ("attn_output", (hidden, heads * head)), ("post_attention_norm", (hidden,)), ("ffn_norm", (hidden,)),
+                 ("ffn_gate", (inner, hidden)), ("ffn_up", (inner, hidden)), ("ffn_down", (hidden, inner)),
+                 ("post_ffw_norm", (hidden,)), ("inp_gate", (width, hidden)), ("proj", (hidden, width)),
+                 ("post_norm", (hidden,)), ("altup_correct_coef", (streams, streams)),
+                 ("altup_correct_scale", (hidden,)), ("altup_predict_coef", (streams * streams, streams)),
+                 ("altup_router", (streams, hidden)), ("altup_router_norm", (hidden,)), ("laurel_l", (rank, hidden)),
+                 ("laurel_r", (hidden, rank)), ("laurel_post_norm", (hidden,))]
+        yield from ((f"blk.{i}.{name}.weight", i, shape) for name, shape in names)
+    yield "output_norm.weight", -1, (hidden,)
+
+
 def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, head: int, vocab: int, family: Layout,
             tied: bool):
     q, kv = head * heads, head * kv_heads
@@ -548,6 +582,9 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
         mlp += ((("ffn_gate_inp_shexp", (hidden,)),) if family.shared_gate else ()) + (
             ("ffn_gate_shexp", (width, hidden)), ("ffn_up_shexp", (width, hidden)), ("ffn_down_shexp", (hidden, width)))
     yield "token_embd.weight", -1, (vocab, hidden)
+    if family.gemma3n:
+        yield from gemma3n_tensors(hidden, inner, layers, heads, kv_heads, head, vocab, family.gemma3n)
+        return
     if family.gemma4:
         yield from gemma4_tensors(hidden, inner, layers, heads, kv_heads, head, vocab, family.gemma4, family.experts)
         if not tied:
@@ -699,6 +736,15 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
             writer.add_uint32(f"gemma4.attention.{name}", head)
         writer.add_uint32("gemma4.rope.dimension_count_swa", head)
         writer.add_float32("gemma4.rope.freq_base_swa", 10000.0)
+    elif family.gemma3n:  # its layers' kinds, the layers reading earlier ones' K/V, the per-layer inputs' width
+        width, _, streams, reading, every = family.gemma3n
+        writer.add_head_count_kv(kv_heads)
+        writer.add_sliding_window_pattern([(i + 1) % every != 0 for i in range(layers)])
+        writer.add_shared_kv_layers(min(reading, layers - 2))
+        writer.add_embedding_length_per_layer_input(width)
+        writer.add_altup_active_idx(0)
+        writer.add_altup_num_inputs(streams)
+        writer.add_activation_sparsity_scale([1.6448533535003662] * min(10, layers) + [float("-inf")] * (layers - 10))
     elif family.pattern:  # K/V heads in the attention layers alone
         writer.add_head_count_kv([kv_heads if c == "*" else 0 for c in family.pattern[:layers]])
     elif family.attending is not None:  # (none in a convolution or Mamba2 layer: how llama.cpp tells them apart)

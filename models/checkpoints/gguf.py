@@ -101,7 +101,14 @@ GEMMA4_LAYER_NAMES = {**GEMMA_LAYER_NAMES, "layer_output_scale": "layer_scalar",
                       # own scales as mlp.experts.down_proj.scale: gemma4.py reads both)
                       "pre_ffw_norm_2": "pre_feedforward_layernorm_2", "post_ffw_norm_1": "post_feedforward_layernorm_1",
                       "post_ffw_norm_2": "post_feedforward_layernorm_2"}
-ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES, "gemma4": GEMMA4_LAYER_NAMES,
+# Gemma 3n's: its per-layer input's as Gemma 4's, AltUp's and Laurel's
+GEMMA3N_LAYER_NAMES = {**GEMMA_LAYER_NAMES, "inp_gate": "per_layer_input_gate", "proj": "per_layer_projection",
+                       "post_norm": "post_per_layer_input_norm", "altup_correct_coef": "altup.correction_coefs",
+                       "altup_correct_scale": "altup.correct_output_scale", "altup_predict_coef": "altup.prediction_coefs",
+                       "altup_router": "altup.modality_router", "altup_router_norm": "altup.router_norm",
+                       "laurel_l": "laurel.linear_left", "laurel_r": "laurel.linear_right",
+                       "laurel_post_norm": "laurel.post_laurel_norm"}
+ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3n": GEMMA3N_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES, "gemma4": GEMMA4_LAYER_NAMES,
                     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
                     "olmo2": OUTPUT_NORM_NAMES, "exaone4": OUTPUT_NORM_NAMES,
                     "gpt-oss": {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"},
@@ -137,7 +144,9 @@ GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
                 # Gemma 4's per-layer embeddings: their table, the projection of the embedded input and its norm
                 "per_layer_token_embd": "model.embed_tokens_per_layer",
                 "per_layer_model_proj": "model.per_layer_model_projection",
-                "per_layer_proj_norm": "model.per_layer_projection_norm"}
+                "per_layer_proj_norm": "model.per_layer_projection_norm",
+                # Gemma 3n's AltUp projections, each a stack of a matrix a stream past the first
+                "altup_proj": "model.altup_projections", "altup_unembd_proj": "model.altup_unembed_projections"}
 # a layer's linear products, by how their names end (LFM2's MLP names its products w1, w2, w3)
 LINEAR_NAMES = ("proj.weight", "feed_forward.w1.weight", "feed_forward.w2.weight", "feed_forward.w3.weight",
                 "projection.weight", "per_layer_input_gate.weight")  # (Gemma 4's per-layer inputs')
@@ -466,7 +475,7 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "qwen2vl": "qwen2", "qwen3vl": "qwen3",
                        "qwen3vlmoe": "qwen3", "nemotron_h": "llama", "nemotron_h_moe": "llama", "glm4": "llama",
                        "glm4moe": "llama", "falcon-h1": "llama", "mamba2": "llama", "mamba": "llama",
-                       "deepseek2": "llama", "gemma4": "llama"}
+                       "deepseek2": "llama", "gemma4": "llama", "gemma3n": "gemma3"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

@@ -14,7 +14,7 @@ from ..kernels.block_formats import widened
 # gguf architecture -> transformers model_type
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "smollm3": "smollm3",
                  "granite": "granite", "gemma": "gemma", "gemma2": "gemma2", "gemma3": "gemma3_text",
-                 "gemma4": "gemma4_text",
+                 "gemma4": "gemma4_text", "gemma3n": "gemma3n_text",
                  "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "mistral3": "ministral3", "ernie4_5": "llama",
                  "olmo2": "olmo2", "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen2moe": "qwen2_moe",
                  "ernie4_5-moe": "ernie4_5_moe", "lfm2": "lfm2", "lfm2moe": "lfm2_moe", "exaone4": "exaone4",
@@ -76,6 +76,9 @@ GRANITE_SCALES = {"embedding_scale": "embedding_multiplier", "residual_scale": "
 # Gemma 2 27B's layers: llama.cpp scales its queries by the hidden size over the heads, the other
 # Gemma 2 sizes' by the head size (their query_pre_attn_scalar, which the files do not keep)
 GEMMA2_27B_LAYERS = 46
+# What llama.cpp fixes for Gemma 3n where a file does not say: the layers that keep K/V (the later ones read
+# theirs), and the first ten layers' MLP gates cut at the normal 0.95 quantile (as its converter computes it)
+GEMMA3N_KV_LAYERS, GEMMA3N_SPARSE_LAYERS, GEMMA3N_SPARSE_STDS = 20, 10, 1.6448533535003662
 # Rotary frequencies a file keeps as tensors, which become the config's rope scaling: a divisor per
 # frequency (Llama 3.1's scaling, as llama.cpp's converter writes it), or longrope's short and long
 # factors (Phi-3's long-context models)
@@ -137,8 +140,10 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         "vocab_size": key("vocab_size") or tensors["token_embd.weight"].shape[0],
         "hidden_size": key("embedding_length"),
         # (Nemotron-H's a layer at a time, none for a Mamba2 or attention layer: _nemotron_h_layers)
-        # (Gemma 4's a layer at a time where some are twice as wide, its heads too: _gemma4_layers)
-        "intermediate_size": None if arch in SINGLE_PURPOSE_LAYERS | {"gemma4"} else shared("feed_forward_length"),
+        # (Gemma 4's a layer at a time where some are twice as wide, its heads too: _gemma4_layers; Gemma 3n's a
+        # layer at a time: _gemma3n_layers)
+        "intermediate_size": None if arch in SINGLE_PURPOSE_LAYERS | {"gemma4", "gemma3n"} else
+        shared("feed_forward_length"),
         # (llama.cpp runs the layers before a file's next-token prediction layers, which it keeps for speculation)
         "num_hidden_layers": key("block_count") - (key("nextn_predict_layers") or 0),
         "num_attention_heads": heads,
@@ -222,6 +227,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         config["head_dim"] = config["head_dim"] or config["hidden_size"] // heads
     if arch == "gemma4":  # (its rotary and rope_freqs are its global layers': _gemma4_layers reads them)
         return config | _gemma4_layers(key, tensors, config, file_name)
+    if arch == "gemma3n":
+        return config | _gemma3n_layers(key, tensors, config, file_name)
     rotary = key("rope.dimension_count")
     if rotary and heads:
         head_dim = config["head_dim"] or config["hidden_size"] // heads
@@ -283,6 +290,37 @@ def _gemma4_layers(key, tensors: dict[str, TensorInfo], config: dict, file_name:
             "sliding_window": key("attention.sliding_window"), "final_logit_softcapping": key("final_logit_softcapping"),
             "rope_parameters": {"full_attention": global_rope, "sliding_attention": {
                 "rope_type": "default", "rope_theta": key("rope.freq_base_swa", 10_000.0)}}}
+
+
+def _gemma3n_layers(key, tensors: dict[str, TensorInfo], config: dict, file_name: str) -> dict:
+    """A Gemma 3n file's layers as llama.cpp reads them: which slide (the pattern, four in five where the file names
+    none), the MLPs' widths a layer, the last shared_kv_layers layers reading earlier ones' K/V (those past the
+    twentieth where the file does not say, as llama.cpp fixes it), each layer's gate cutoff in standard deviations
+    (activation_sparsity_scale, as the converter writes it: -inf for a dense layer; llama.cpp's 0.95 quantile for the
+    first ten where the file names none), the AltUp streams, Laurel's rank and the per-layer inputs' width by
+    their tensors' shapes, the sliding-window layers' rope base (rope.freq_base_swa, 10000 where the file names
+    none)."""
+    layers = config["num_hidden_layers"]
+    stds = key("activation_sparsity_scale")
+    if stds is None:
+        stds = [GEMMA3N_SPARSE_STDS] * min(GEMMA3N_SPARSE_LAYERS, layers) + [float("-inf")] * max(
+            0, layers - GEMMA3N_SPARSE_LAYERS)
+    required = ("altup_proj.weight", "blk.0.laurel_l.weight", "per_layer_token_embd.weight")
+    if missing := [name for name in required if name not in tensors]:
+        raise ValueError(f"{file_name} is a gemma3n file without {', '.join(missing)}")
+    return {"intermediate_size": _per_layer(key("feed_forward_length"), layers),
+            "layer_types": _sliding_layers(key, layers, file_name, default_pattern=5),
+            "num_kv_shared_layers": key("attention.shared_kv_layers", max(0, layers - GEMMA3N_KV_LAYERS)),
+            "activation_sparsity_stds": [float(v) for v in stds],
+            "altup_num_inputs": tensors["altup_proj.weight"].shape[0] + 1,
+            "laurel_rank": tensors["blk.0.laurel_l.weight"].shape[0],
+            "hidden_size_per_layer_input": key("embedding_length_per_layer_input",
+                                               tensors["per_layer_token_embd.weight"].shape[1] // layers),
+            "vocab_size_per_layer_input": tensors["per_layer_token_embd.weight"].shape[0],
+            "sliding_window": key("attention.sliding_window"), "final_logit_softcapping": key("final_logit_softcapping"),
+            "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": key("rope.freq_base")},
+                                "sliding_attention": {"rope_type": "default",
+                                                      "rope_theta": key("rope.freq_base_swa", 10_000.0)}}}
 
 
 def _mistral3_scales(key, config: dict) -> dict:

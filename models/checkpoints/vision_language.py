@@ -12,14 +12,14 @@ import torch
 
 # a vision-language model_type -> the text family its language model is (None: as its text_config says)
 TEXT_MODELS = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "qwen3_vl_moe": "qwen3_moe",
-               "gemma3": None, "gemma4": None, "mistral3": None}
+               "gemma3": None, "gemma4": None, "gemma3n": None, "mistral3": None}
 # what transformers' vision-language model does whatever its text config says: Qwen3-VL-MoE renormalises its
 # chosen experts' weights always (its config has no norm_topk_prob); Gemma 3's caps no logits (its text model
 # would, by final_logit_softcapping)
 FIXED = {"qwen3_vl_moe": {"norm_topk_prob": True}, "gemma3": {"final_logit_softcapping": None}}
 VISION_PREFIXES = ("model.visual.", "visual.", "model.vision_tower.", "vision_tower.", "model.multi_modal_projector.",
                    "multi_modal_projector.",
-                   # (Gemma 4's towers and their projections, the audio's too)
+                   # (Gemma 4's and Gemma 3n's towers and their projections, the audio's too)
                    "model.embed_vision.", "model.audio_tower.", "model.embed_audio.")
 # where checkpoints keep the language model -> its text family's names: transformers 5's, and the hub's older
 # Gemma 3 and Mistral 3 files' (the hub's Qwen2-VL files keep it under model already)

@@ -235,8 +235,10 @@ class Block(nn.Module):
 
 
 class Gemma4(DecoderModel):
+    block = Block  # (Gemma 3n's own, gemma3n.py)
+
     def __init__(self, s: Gemma4Spec):
-        super().__init__(s, Block, lambda width, eps: RMSNorm(width, eps))
+        super().__init__(s, self.block, lambda width, eps: RMSNorm(width, eps))
         self.num_layers = s.first_shared  # (the layers that keep K/V)
         self.kv_layer_shapes = tuple(s.kv_shape(i) for i in range(s.first_shared))
         self.local_rotary = Rotary(s.head_dim, s.sliding_theta)
@@ -253,6 +255,7 @@ class Gemma4(DecoderModel):
         normalised projection of its embedded input (scaled by 1 / sqrt(hidden)), averaged so (1 / sqrt 2)."""
         s = self.spec
         scale = lambda value: torch.tensor(value, dtype=torch.float32).to(x.dtype)
+        ids = ids.where(ids < s.per_layer_vocab, 0)  # (Gemma 3n's table is shorter than its vocabulary, as transformers)
         rows = self.per_layer_embed(ids).to(x.dtype) * scale(math.sqrt(s.per_layer_width))
         projected = self.per_layer_project(x) * scale(s.hidden_size ** -0.5)
         projected = self.per_layer_project_norm(projected.view(len(ids), s.num_layers, s.per_layer_width))

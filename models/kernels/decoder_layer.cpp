@@ -135,6 +135,23 @@ struct LatentLayer {
     int64_t queries(int64_t heads) const { return heads * (nope + rope); }
 };
 
+// Gemma 3n's (families/gemma3n.py): the hidden state is ``streams`` rows of the hidden size a token (AltUp). A
+// layer predicts each stream as itself plus a mix of all of them (predict_coefs [streams^2, streams] over the
+// active stream's modalities: tanh of ``router`` over it normed by router_norm and scaled by 1 / hidden), runs on
+// the active (first) stream's prediction with Laurel beside its attention (laurel_left, laurel_right, normed by
+// laurel_norm, added to the normed input; its sum with the attention's residual times 1 / sqrt(2)) and, where
+// ``sparse``, its MLP's gate cut at its mean plus cutoff_stds standard deviations; then corrects each stream's
+// prediction by the innovation (the layer's output less the active prediction) times (correct_coefs over the
+// output's modalities) + 1, and adds the per-layer input, gated by the corrected active stream times
+// correct_scale (null: 1), to the other streams.
+struct AltUpLayer {
+    const Weights *router, *laurel_left, *laurel_right;
+    const void *router_norm, *predict_coefs, *correct_coefs, *correct_scale, *laurel_norm;
+    int64_t streams, laurel_rank, sparse;
+    double cutoff_stds;
+};
+constexpr int64_t MOST_STREAMS = 8;  // (decoder_layer.py attaches no native layers for more)
+
 // Head h's matrix of a stack of the heads' matrices (one part, ``rows`` rows of ``in`` values a head).
 template <typename T>
 Weights head_weights(const Weights& stack, int64_t h, int64_t rows, int64_t in) {
@@ -191,8 +208,9 @@ struct Layer {
     const MambaLayer* mamba;  // Granite 4's Mamba2 in the attention's place (null elsewhere)
     const MambaLayer* mamba_beside;  // Falcon-H1's Mamba2 beside the attention, over its input (null elsewhere)
     const LatentLayer* latent;  // DeepSeek's latent attention in the attention's place (null elsewhere)
-    const Weights *per_layer_gate, *per_layer_out;  // Gemma 4's per-layer input's products (null elsewhere)
+    const Weights *per_layer_gate, *per_layer_out;  // Gemma 4's and 3n's per-layer input's products (null elsewhere)
     const T* per_layer_norm;
+    const AltUpLayer* altup;  // Gemma 3n's (null elsewhere)
     int64_t hidden, intermediate, heads, kv_heads, dim, window, layer_norm, activation, window_angles, rotates,
         norms_across_heads, conv_taps, gated, values_are_keys, value_norm, reads_kv, per_layer_offset,
         per_layer_width;
@@ -277,13 +295,16 @@ struct Step {
 };
 
 // The output layer: the final norm (RMSNorm, or LayerNorm with a bias) and the product into the
-// vocabulary; decoder_layer.py mirrors the layout.
+// vocabulary; decoder_layer.py mirrors the layout. Gemma 3n's ``streams`` (1 elsewhere) are merged first: the
+// others through their ``unembed`` products (streams - 1 of them), each rescaled to the first's root mean
+// square, and all averaged.
 template <typename T>
 struct Head {
     const T *norm, *norm_bias;
     const Weights* weight;
     const T* bias;
-    int64_t vocab, layer_norm;
+    const Weights* unembed;
+    int64_t vocab, layer_norm, streams;
     double eps;
 };
 
@@ -464,6 +485,9 @@ struct Intermediates {
     T *projected = nullptr, *answers = nullptr;
     // experts beside the MLP's (null elsewhere): their router's input [rows, hidden], their output [rows, hidden]
     T *route = nullptr, *beside_out = nullptr;
+    // Gemma 3n's (null elsewhere): the active stream [rows, hidden] the layer runs on, Laurel's low rank [rows,
+    // rank] and output [rows, hidden], the modalities [rows, streams]
+    T *active = nullptr, *low = nullptr, *laurel = nullptr, *modalities = nullptr;
     // a latent attention's (null elsewhere): the queries where they come from a low rank [rows, heads x (nope +
     // rope)], kv_down's output [rows, kv_rank + rope], the keys as the pool keeps them [rows, dim], the heads'
     // values [rows, heads x value]
@@ -513,6 +537,12 @@ struct Intermediates {
             kv = take(rows * (m.kv_rank + m.rope));
             keys = take(rows * l.dim);
             values = take(rows * l.heads * m.value);
+        }
+        if (l.altup != nullptr) {
+            active = take(rows * l.hidden);
+            low = take(rows * l.altup->laurel_rank);
+            laurel = take(rows * l.hidden);
+            modalities = take(rows * l.altup->streams);
         }
         if (l.delta != nullptr) {
             convolved = take(rows * qkv_width);
@@ -688,6 +718,85 @@ void mamba_rows(const MambaLayer& m, const T* projected, int64_t rows, const Ste
     mixer.run();
 }
 
+// Each row's modalities [rows, streams] (AltUpLayer): tanh of the router over the row (``in``) normed and scaled by
+// 1 / hidden, through ``normed`` [rows, hidden]. ``multiply`` as layer_phases' (a layer's product).
+template <typename T, typename Multiply>
+void altup_modalities(const T* in, const AltUpLayer& a, int64_t rows, int64_t hidden, double eps, T* normed,
+                      T* modalities, Multiply multiply) {
+    norm_rows<T>(const_cast<T*>(in), nullptr, static_cast<const T*>(a.router_norm), nullptr, false, eps, normed, rows,
+                 hidden);
+    scale_values(normed, 1.0 / double(hidden), rows * hidden);
+    multiply(normed, hidden, hidden, a.router, a.streams, modalities);
+#pragma omp for
+    for (int64_t i = 0; i < rows * a.streams; ++i) modalities[i] = std::tanh(modalities[i]);
+}
+
+// In place over each row's streams (rows ``streams`` x ``hidden`` apart): stream i plus the mix of all of them by
+// the row's coefficients (predict_coefs over its modalities: row i of a streams x streams matrix).
+template <typename T>
+void altup_predict(T* streams, const AltUpLayer& a, const T* modalities, int64_t rows, int64_t hidden) {
+    const int64_t n = a.streams;
+    const T* weights = static_cast<const T*>(a.predict_coefs);
+#pragma omp for
+    for (int64_t r = 0; r < rows; ++r) {
+        T mix[MOST_STREAMS * MOST_STREAMS], v[MOST_STREAMS];
+        for (int64_t k = 0; k < n * n; ++k) {
+            T c = 0;
+            for (int64_t j = 0; j < n; ++j) c += modalities[r * n + j] * weights[k * n + j];
+            mix[k] = c;
+        }
+        T* row = streams + r * n * hidden;
+        for (int64_t h = 0; h < hidden; ++h) {
+            for (int64_t j = 0; j < n; ++j) v[j] = row[j * hidden + h];
+            for (int64_t i = 0; i < n; ++i) {
+                T sum = v[i];
+                for (int64_t j = 0; j < n; ++j) sum += mix[i * n + j] * v[j];
+                row[i * hidden + h] = sum;
+            }
+        }
+    }
+}
+
+// In place over each row's predicted streams: each plus the innovation (``activated`` less the active
+// prediction) times its coefficient (correct_coefs over the activated row's modalities, + 1).
+template <typename T>
+void altup_correct(T* streams, const AltUpLayer& a, const T* activated, const T* modalities, int64_t rows,
+                   int64_t hidden) {
+    const int64_t n = a.streams;
+    const T* weights = static_cast<const T*>(a.correct_coefs);
+#pragma omp for
+    for (int64_t r = 0; r < rows; ++r) {
+        T coefs[MOST_STREAMS];
+        for (int64_t i = 0; i < n; ++i) {
+            T c = 1;
+            for (int64_t j = 0; j < n; ++j) c += modalities[r * n + j] * weights[i * n + j];
+            coefs[i] = c;
+        }
+        T* row = streams + r * n * hidden;
+        const T* x = activated + r * hidden;
+        for (int64_t h = 0; h < hidden; ++h) {
+            const T innovation = x[h] - row[h];
+            for (int64_t i = 0; i < n; ++i) row[i * hidden + h] += coefs[i] * innovation;
+        }
+    }
+}
+
+// Gemma 3n's sparse MLP gate, in place over the first ``width`` values of each row (``stride`` apart): less its
+// mean plus ``stds`` (population) standard deviations, at least 0; the sums in T as torch's are.
+template <typename T>
+void cut_gates(T* up, int64_t stride, int64_t rows, int64_t width, double stds) {
+#pragma omp for
+    for (int64_t r = 0; r < rows; ++r) {
+        T* g = up + r * stride;
+        T mean = 0, squares = 0;
+        for (int64_t i = 0; i < width; ++i) mean += g[i];
+        mean /= T(width);
+        for (int64_t i = 0; i < width; ++i) squares += (g[i] - mean) * (g[i] - mean);
+        const T cutoff = mean + std::sqrt(squares / T(width)) * T(stds);
+        for (int64_t i = 0; i < width; ++i) g[i] = std::max(g[i] - cutoff, T(0));
+    }
+}
+
 // One layer over the step's rows, its work shared among the threads of the enclosing team: every
 // phase ends at its work-sharing loop's barrier. ``scratch``: scratch_size(l, s.rows) elements, from
 // a cache line's start.
@@ -706,10 +815,30 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
     auto multiply = [&](const T* a, int64_t stride, int64_t in, const Weights* w, const T* b, int64_t out, T* y) {
         product(a, stride, rows, *w, b, in, y, out, buffers.scratch, panel_from);
     };
+    auto unbiased = [&](const T* a, int64_t stride, int64_t in, const Weights* w, int64_t out, T* y) {
+        multiply(a, stride, in, w, nullptr, out, y);
+    };
+    T* const streams = x;  // Gemma 3n's [rows, streams x hidden]: the layer runs on the active stream's prediction
+    if (l.altup != nullptr) {
+        const AltUpLayer& a = *l.altup;
+        copy_rows(streams, a.streams * hidden, buffers.active, rows, hidden);
+        altup_modalities(buffers.active, a, rows, hidden, l.eps, h, buffers.modalities, unbiased);
+        altup_predict(streams, a, buffers.modalities, rows, hidden);
+        copy_rows(streams, a.streams * hidden, buffers.active, rows, hidden);
+        x = buffers.active;
+    }
     const T* attn_in = x;  // (OLMo's attention reads the residual stream as it is)
     if (l.input_norm != nullptr) {
         norm_rows<T>(x, nullptr, l.input_norm, l.input_norm_bias, l.layer_norm, l.eps, h, rows, hidden);
         attn_in = h;
+    }
+    if (l.altup != nullptr) {  // Laurel, beside the attention: its low-rank products of the normed input, normed, + it
+        const AltUpLayer& a = *l.altup;
+        multiply(h, hidden, hidden, a.laurel_left, nullptr, a.laurel_rank, buffers.low);
+        multiply(buffers.low, a.laurel_rank, a.laurel_rank, a.laurel_right, nullptr, hidden, buffers.laurel);
+        norm_rows<T>(buffers.laurel, nullptr, static_cast<const T*>(a.laurel_norm), nullptr, false, l.eps,
+                     buffers.laurel, rows, hidden);
+        add_rows(buffers.laurel, h, rows * hidden);
     }
     if (l.conv != nullptr) {  // LFM2's short convolution
         multiply(attn_in, hidden, hidden, l.qkv, l.qkv_bias, 3 * hidden, qkv);
@@ -811,7 +940,13 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
         return;
     }
     const T* mlp_in = x;  // (and so does its MLP)
-    if (l.post_norm != nullptr) {
+    if (l.altup != nullptr) {  // Laurel's output beside the attention's, their sum with the input times 1 / sqrt(2)
+        add_rows(delta, buffers.laurel, rows * hidden);
+        add_rows(x, delta, rows * hidden);
+        scale_values(x, std::sqrt(0.5), rows * hidden);
+        norm_rows<T>(x, nullptr, l.post_norm, nullptr, false, l.eps, h, rows, hidden);
+        mlp_in = h;
+    } else if (l.post_norm != nullptr) {
         norm_rows(x, delta, l.post_norm, l.post_norm_bias, l.layer_norm, l.eps, h, rows, hidden);
         mlp_in = h;
     } else {
@@ -821,6 +956,7 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
         expert_phases(mlp_in, l, rows, buffers, delta, panel_from);
     } else {
         multiply(mlp_in, hidden, hidden, l.up, l.up_bias, up_width, up);
+        if (l.altup != nullptr && l.altup->sparse) cut_gates(up, up_width, rows, inter, l.altup->cutoff_stds);
         activate_rows(up, up_width, l.activation, rows, inter);
         multiply(up, up_width, inter, l.down, l.down_bias, hidden, delta);  // act(gate) x up
     }
@@ -838,13 +974,30 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
     if (l.mlp_out_norm != nullptr) norm_rows<T>(delta, nullptr, l.mlp_out_norm, nullptr, false, l.eps, delta, rows, hidden);
     if (scales_residuals) scale_values(delta, l.residual_scale, rows * hidden);
     add_rows(x, delta, rows * hidden);
-    if (l.per_layer_gate != nullptr) {  // Gemma 4's per-layer input, through up (the MLP's is spent)
+    const T* gate_in = x;  // (the per-layer input's gate's)
+    if (l.altup != nullptr) {  // the streams corrected; the per-layer input gated by the active one, times its scale
+        const AltUpLayer& a = *l.altup;
+        altup_modalities(x, a, rows, hidden, l.eps, h, buffers.modalities, unbiased);
+        altup_correct(streams, a, x, buffers.modalities, rows, hidden);
+        copy_rows(streams, a.streams * hidden, h, rows, hidden);
+        if (a.correct_scale != nullptr) multiply_rows(h, static_cast<const T*>(a.correct_scale), 0, rows, hidden);
+        gate_in = h;
+    }
+    if (l.per_layer_gate != nullptr) {  // Gemma 4's and 3n's per-layer input, through up (the MLP's is spent)
         const int64_t width = l.per_layer_width;
-        multiply(x, hidden, hidden, l.per_layer_gate, nullptr, width, up);
+        multiply(gate_in, hidden, hidden, l.per_layer_gate, nullptr, width, up);
         activate_rows(up, width, GELU_TANH, rows, width);
         multiply_rows(up, s.per_layer_inputs + l.per_layer_offset, s.per_layer_stride, rows, width);
         multiply(up, width, width, l.per_layer_out, nullptr, hidden, delta);
         norm_rows<T>(delta, nullptr, l.per_layer_norm, nullptr, false, l.eps, delta, rows, hidden);
+        if (l.altup != nullptr) {  // (added to the streams but the first)
+            const int64_t n = l.altup->streams;
+#pragma omp for
+            for (int64_t r = 0; r < rows; ++r)
+                for (int64_t i = 1; i < n; ++i)
+                    for (int64_t k = 0; k < hidden; ++k) streams[(r * n + i) * hidden + k] += delta[r * hidden + k];
+            return;
+        }
         add_rows(x, delta, rows * hidden);
     }
     if (l.layer_scale != 1.0) scale_values(x, l.layer_scale, rows * hidden);
@@ -852,8 +1005,41 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
 
 // Elements of the output layer's scratch for ``sampled`` rows: the rows, then the product's panels.
 template <typename T>
-size_t head_scratch_size(int64_t sampled, int64_t hidden) {
-    return whole_lines<T>(sampled * hidden) + product_scratch_size<T>(sampled, hidden);
+size_t head_scratch_size(int64_t sampled, int64_t hidden, int64_t streams) {
+    return whole_lines<T>(sampled * hidden) * (streams > 1 ? 3 : 1) + product_scratch_size<T>(sampled, hidden);
+}
+
+// Root mean square of ``width`` values (at least sqrt(floor), squared: transformers' clamp of Gemma 3n's).
+template <typename T>
+T root_mean_square(const T* x, int64_t width, T floor = 0) {
+    T squares = 0;
+    for (int64_t i = 0; i < width; ++i) squares += x[i] * x[i];
+    return std::sqrt(std::max(squares / T(width), floor));
+}
+
+// Gemma 3n's streams of the sampled rows of x (``row_width`` apart) merged into ``rows`` [sampled, hidden] (Head),
+// through ``gathered`` and ``back`` [sampled, hidden] each.
+template <typename T>
+void merge_streams(const T* x, int64_t hidden, int64_t row_width, const Head<T>& head, const Step<T>& s, T* rows,
+                   T* gathered, T* back, T* product_scratch, int64_t panel_from) {
+    const T* no_bias = nullptr;
+#pragma omp for
+    for (int64_t r = 0; r < s.sampled; ++r) std::copy_n(x + s.samples[r] * row_width, hidden, rows + r * hidden);
+    for (int64_t i = 1; i < head.streams; ++i) {
+#pragma omp for
+        for (int64_t r = 0; r < s.sampled; ++r)
+            std::copy_n(x + s.samples[r] * row_width + i * hidden, hidden, gathered + r * hidden);
+        product(gathered, hidden, s.sampled, head.unembed[i - 1], no_bias, hidden, back, hidden, product_scratch,
+                panel_from);
+#pragma omp for
+        for (int64_t r = 0; r < s.sampled; ++r) {
+            const T* b = back + r * hidden;
+            const T factor = root_mean_square(x + s.samples[r] * row_width, hidden) /
+                             root_mean_square(b, hidden, T(1e-5));
+            for (int64_t k = 0; k < hidden; ++k) rows[r * hidden + k] += b[k] * factor;
+        }
+    }
+    scale_values(rows, 1.0 / double(head.streams), s.sampled * hidden);
 }
 
 // The output layer over the step's sampled rows of x, into ``logits`` [sampled, vocab], its work
@@ -865,10 +1051,16 @@ size_t head_scratch_size(int64_t sampled, int64_t hidden) {
 template <typename T>
 void head_phases(const T* x, int64_t hidden, const Head<T>& head, const Step<T>& s, T* scratch, T* logits,
                  int64_t panel_from) {
+    const int64_t line = whole_lines<T>(s.sampled * hidden);
     T* rows = scratch;
-    T* product_scratch = scratch + whole_lines<T>(s.sampled * hidden);
+    T* product_scratch = scratch + line * (head.streams > 1 ? 3 : 1);
+    if (head.streams > 1) {
+        merge_streams(x, hidden, hidden * head.streams, head, s, rows, scratch + line, scratch + 2 * line,
+                      product_scratch, panel_from);
+    } else {
 #pragma omp for
-    for (int64_t r = 0; r < s.sampled; ++r) std::copy_n(x + s.samples[r] * hidden, hidden, rows + r * hidden);
+        for (int64_t r = 0; r < s.sampled; ++r) std::copy_n(x + s.samples[r] * hidden, hidden, rows + r * hidden);
+    }
     norm_rows<T>(rows, nullptr, head.norm, head.norm_bias, head.layer_norm, head.eps, rows, s.sampled, hidden);
     product(rows, hidden, s.sampled, *head.weight, head.bias, hidden, logits, head.vocab, product_scratch, panel_from);
 }
@@ -977,13 +1169,13 @@ void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, Step<T>& s, 
                     T* logits) {
     const bool split = s.shares != nullptr;
     const int parts = split ? int(s.parts) : 1;
-    const int64_t panel_from = s.panel_from, hidden = layers[0].hidden;
+    const int64_t panel_from = s.panel_from, hidden = layers[0].hidden, row_width = hidden * head.streams;
     int64_t widest = 0;  // the most rows a share holds
     for (int t = 0; t < parts; ++t) widest = std::max(widest, split ? s.shares[t + 1] - s.shares[t] : s.rows);
     // rows [first, end) through layers [from, to), on the intermediates at ``own``
     auto layer_range = [&](int64_t first, int64_t end, int64_t from, int64_t to, T* own) {
         const Step<T> rows = row_range(s, first, end);
-        for (int64_t i = from; i < to; ++i) layer_phases(x + first * hidden, layers[i], rows, own, panel_from);
+        for (int64_t i = from; i < to; ++i) layer_phases(x + first * row_width, layers[i], rows, own, panel_from);
     };
     // rows [first, end) through every layer, a pass at a time (passes of pass_rows, a multiple of
     // the widest panels' rows, rather than of even sizes: 672 rows in passes of 112 left every
@@ -999,7 +1191,7 @@ void decoder_layers(T* x, const Layer<T, C>* layers, int64_t count, Step<T>& s, 
     size_t share = 0;  // (layers differ where some route to experts and others not: Qwen3-MoE's mlp_only_layers)
     for (int64_t i = 0; i < count; ++i) share = std::max(share, scratch_size(layers[i], std::min(widest, s.pass_rows)));
     const size_t all_shares = share * parts;
-    T* base = line_aligned(scratch, all_shares + head_scratch_size<T>(s.sampled, hidden));
+    T* base = line_aligned(scratch, all_shares + head_scratch_size<T>(s.sampled, hidden, head.streams));
     T* head_scratch = base + all_shares;
     if (!split) {
 #pragma omp parallel

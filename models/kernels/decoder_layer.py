@@ -33,6 +33,7 @@ from .block_linear import FLOAT32, FLOAT32_PADDED, BlockLinear
 from .cpu_linear import CpuLinear, default_panel_rows
 from ..families.deepseek import DeepSeek
 from ..families.gemma import Gemma
+from ..families.gemma3n import Gemma3n
 from ..families.gemma4 import Gemma4, MixtureBeside
 from ..families.gpt2 import GPT2
 from ..families.falcon_h1 import FalconH1
@@ -124,12 +125,24 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
         "input_norm", "input_norm_bias", "post_norm", "post_norm_bias", "qkv", "qkv_bias", "out", "out_bias", "up",
         "up_bias", "down", "down_bias", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm", "k_cache", "v_cache",
         "experts", "sinks", "conv", "conv_bias", "conv_cache", "delta", "mamba", "mamba_beside", "latent",
-        "per_layer_gate", "per_layer_out", "per_layer_norm")]
+        "per_layer_gate", "per_layer_out", "per_layer_norm", "altup")]
     _fields_ += [(name, _int64) for name in (
         "hidden", "intermediate", "heads", "kv_heads", "dim", "window", "layer_norm", "activation", "window_angles",
         "rotates", "norms_across_heads", "conv_taps", "gated", "values_are_keys", "value_norm", "reads_kv",
         "per_layer_offset", "per_layer_width")]
     _fields_ += [(name, _double) for name in ("eps", "scale", "softcap", "residual_scale", "layer_scale")]
+
+
+class _AltUpLayer(ctypes.Structure):  # decoder_layer.cpp's AltUpLayer
+    _fields_ = [(name, _pointer) for name in (
+        "router", "laurel_left", "laurel_right", "router_norm", "predict_coefs", "correct_coefs", "correct_scale",
+        "laurel_norm")]
+    _fields_ += [(name, _int64) for name in ("streams", "laurel_rank", "sparse")]
+    _fields_ += [("cutoff_stds", _double)]
+
+
+# Gemma 3n's AltUp streams the native layers take at most (decoder_layer.cpp's MOST_STREAMS)
+MOST_STREAMS = 8
 
 
 class _DeltaLayer(ctypes.Structure):  # decoder_layer.cpp's DeltaLayer
@@ -162,8 +175,8 @@ class _Step(ctypes.Structure):  # decoder_layer.cpp's Step<T>
 
 
 class _Head(ctypes.Structure):  # decoder_layer.cpp's Head<T>
-    _fields_ = [(name, _pointer) for name in ("norm", "norm_bias", "weight", "bias")]
-    _fields_ += [(name, _int64) for name in ("vocab", "layer_norm")]
+    _fields_ = [(name, _pointer) for name in ("norm", "norm_bias", "weight", "bias", "unembed")]
+    _fields_ += [(name, _int64) for name in ("vocab", "layer_norm", "streams")]
     _fields_ += [("eps", _double)]
 
 
@@ -208,6 +221,10 @@ def _products(model: Llama | Gemma | Olmo | Lfm2 | GPT2) -> list:
             *_mlp_products(b.mlp))]
     elif isinstance(model, Gemma):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.gate_up, b.down)]
+    elif isinstance(model, Gemma3n):
+        layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.gate_up, b.down, b.per_layer_gate,
+                                                    b.per_layer_out, b.altup.router, b.laurel_left, b.laurel_right)]
+        layers += list(model.altup_unembed)
     elif isinstance(model, Gemma4):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.gate_up, b.down,
                                                     *((b.per_layer_gate, b.per_layer_out)
@@ -310,6 +327,7 @@ class DecoderLayers:
         self.dtype = _final_norm(model).weight.dtype
         self.weights = []  # the modules, tensors and structures whose addresses the layers hold, kept alive
         layer = (self._gpt2_layer if isinstance(model, GPT2) else self._gemma_layer if isinstance(model, Gemma)
+                 else self._gemma3n_layer if isinstance(model, Gemma3n)
                  else self._gemma4_layer if isinstance(model, Gemma4)
                  else self._olmo_layer if isinstance(model, Olmo) else self._lfm2_layer if isinstance(model, Lfm2)
                  else self._qwen35_layer if isinstance(model, Qwen35)
@@ -499,14 +517,29 @@ class DecoderLayers:
                             kv_heads=attn.kv_heads, dim=attn.head_dim, window=block.window or 0,
                             activation=GELU_TANH_GATED, window_angles=block.window is not None,
                             values_are_keys=attn.values_are_keys, value_norm=True, reads_kv=attn.shares,
-                            eps=spec.rms_norm_eps, scale=1.0, layer_scale=float(block.scalar))
+                            eps=spec.rms_norm_eps, scale=1.0, layer_scale=float(getattr(block, "scalar", 1.0)))
         if spec.per_layer_width:
             products = [_weights(m) for m in (block.per_layer_gate, block.per_layer_out)]
             self.weights.append((block.per_layer_gate, block.per_layer_out, products))
             layer.per_layer_gate, layer.per_layer_out = (ctypes.addressof(w) for w in products)
             layer.per_layer_norm = self._factors(block.per_layer_norm)
             layer.per_layer_offset, layer.per_layer_width = block.index * spec.per_layer_width, spec.per_layer_width
-        self._route(layer, block.moe)
+        self._route(layer, getattr(block, "moe", None))
+        return layer
+
+    def _gemma3n_layer(self, block, spec) -> _Layer:
+        """Gemma 4's layer (its E-sizes' kind: Gemma 3n's block has no scalar, no experts) on AltUp's active stream,
+        with Laurel beside its attention and its MLP's gate cut where the layer is sparse (an AltUpLayer)."""
+        layer = self._gemma4_layer(block, spec)
+        altup = block.altup
+        products = [_weights(m) for m in (altup.router, block.laurel_left, block.laurel_right)]
+        described = _AltUpLayer(*(ctypes.addressof(w) for w in products), self._factors(altup.router_norm),
+                                *(self._in_dtype(t) for t in (altup.predict_coefs, altup.correct_coefs)),
+                                self._in_dtype(altup.correct_scale) if block.scales_correction else None,
+                                self._factors(block.laurel_norm), spec.altup_inputs, spec.laurel_rank,
+                                block.cutoff_stds is not None, block.cutoff_stds or 0.0)
+        self.weights.append((products, described))
+        layer.altup = ctypes.addressof(described)
         return layer
 
     def _olmo_layer(self, block, spec) -> _Layer:
@@ -542,11 +575,15 @@ class DecoderLayers:
         return norm.weight.data_ptr()
 
     def _head(self, model: Llama | Gemma | Olmo | GPT2) -> _Head:
+        """The final norm and output layer (Gemma 3n's streams merged first, through its unembed products)."""
         norm, output = _final_norm(model), model.lm_head
         weights = _weights(output)
-        self.weights.append((output, weights))
+        unembed = list(getattr(model, "altup_unembed", ()))
+        unembed_weights = (_Weights * max(1, len(unembed)))(*(_weights(m) for m in unembed))
+        self.weights.append((output, weights, unembed_weights))
         return _Head(self._factors(norm), _address(getattr(norm, "bias", None)), ctypes.addressof(weights),
-                     _address(output.bias), output.out_features, isinstance(model, GPT2), norm.eps)
+                     _address(output.bias), ctypes.addressof(unembed_weights) if unembed else None,
+                     output.out_features, isinstance(model, GPT2), len(unembed) + 1, norm.eps)
 
     def _layer(self, norms, qkv, out, up, down, other_norms, rotates=True, residual_scale=1.0, layer_scale=1.0,
                **shape) -> _Layer:
@@ -569,6 +606,8 @@ class DecoderLayers:
     def of(cls, model) -> "DecoderLayers | None":
         """The native layers for ``model``, or None where it does not qualify (see the module's doc)."""
         if not isinstance(model, (Llama, Gemma, Gemma4, Olmo, Lfm2, Qwen35, GraniteHybrid, DeepSeek, GPT2)):
+            return None
+        if isinstance(model, Gemma3n) and model.spec.altup_inputs > MOST_STREAMS:
             return None
         moe = getattr(model.spec, "moe", None)
         if moe is not None and moe.groups is not None:

@@ -280,7 +280,7 @@ def with_random_norms(hf):
                                   "gemma3", "olmo2", "olmo3", "exaone4", "lfm2", "lfm2_moe", "qwen3_5", "qwen3_next",
                                   "granitemoehybrid", "nemotron_h", "nemotron_h_moe", "glm4", "glm4_moe", "deepseek_v2",
                                   "deepseek_v3", "glm4_moe_lite", "falcon_h1", "mamba2", "gemma4", "gemma4_moe",
-                                  "gpt2"])
+                                  "gemma3n", "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS, ids=POOL_IDS)
 @pytest.mark.parametrize("streams", [2, 5, 21, "split"])  # rows at a time; panels; split rows
 def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, streams, two_threads):
@@ -292,14 +292,15 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, 
     (four norms a layer, GELU gates, a final soft cap; Gemma 3's local layers' own rotation, Gemma
     2's soft-capped attention scores) runs them in float32 only: its torch norms round to float32
     whatever the model's dtype. Gemma 4 (a global layer's wider heads and values that are its keys, layers
-    reading others' K/V, per-layer inputs, scaled outputs; the 26B-A4B's experts beside each MLP) in any."""
+    reading others' K/V, per-layer inputs, scaled outputs; the 26B-A4B's experts beside each MLP) in any, and
+    Gemma 3n (AltUp's streams, Laurel, sparse gates) too."""
     import models
     from models.kernels import decoder_layer
 
     from ..conftest import tiny_model
 
     model = models.load(with_random_norms(tiny_model(arch, **NATIVE_ROUTES.get(arch, {}))), dtype=dtype).model
-    if arch.startswith(("gemma", "qwen3_5", "qwen3_next")) and not arch.startswith("gemma4") and dtype == torch.float64:
+    if arch.startswith(("gemma", "qwen3_5", "qwen3_next")) and not arch.startswith(("gemma4", "gemma3n")) and dtype == torch.float64:
         assert model.decoder_layers is None
         return
     assert model.decoder_layers is not None
@@ -398,7 +399,8 @@ def test_native_activations_are_zero_where_torch_underflows(arch, two_threads):
 @needs_kernel
 @pytest.mark.parametrize("arch", ["llama", "qwen2_sliding", "mistral", "ministral3", "qwen3", "smollm3", "granite",
                                   "gemma", "gemma2", "gemma3", "olmo3", "exaone4", "lfm2", "qwen3_5", "qwen3_next",
-                                  "granitemoehybrid", "nemotron_h", "falcon_h1", "mamba2", "gemma4", "gpt2"])
+                                  "granitemoehybrid", "nemotron_h", "falcon_h1", "mamba2", "gemma4", "gemma3n",
+                                  "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS[:3], ids=POOL_IDS[:3])
 @pytest.mark.parametrize("pass_rows,threads", [(128, 1), (128, 2), (5, 2), (7, 1)])
 def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtype, pass_rows, threads, monkeypatch):
@@ -414,7 +416,7 @@ def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtyp
 
     from ..conftest import tiny_model
 
-    if arch.startswith(("gemma", "qwen3_5", "qwen3_next")) and not arch.startswith("gemma4") and dtype == torch.float64:
+    if arch.startswith(("gemma", "qwen3_5", "qwen3_next")) and not arch.startswith(("gemma4", "gemma3n")) and dtype == torch.float64:
         pytest.skip("Gemma's, Qwen3.5's and Qwen3-Next's native layers run in float32 only")
     # (Granite 4's dense hybrid: a model with routed experts keeps its rows on the team, and weighs them in float32)
     # (Qwen3-Next's every layer dense: mlp_only_layers)
