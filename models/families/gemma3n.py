@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .gemma import gemma_tensors, soft_capped
+from .gemma import gemma_tensors
 from .gemma4 import Attention, Gemma4, Gemma4Spec
-from .layers import GATE_UP, QKV, AttentionMasks, RMSNorm, fused
+from .layers import GATE_UP, QKV, RMSNorm, fused
 
 FAMILIES = ("gemma3n_text",)
 
@@ -209,23 +209,6 @@ class Gemma3n(Gemma4):
         target = first.pow(2).mean(-1, keepdim=True).sqrt()
         back = [rescaled(unembed(streams[:, i + 1]), target) for i, unembed in enumerate(self.altup_unembed)]
         return torch.stack([first, *back]).mean(0)
-
-    def forward(self, step, kv_cache) -> torch.Tensor:
-        """Logits [S, vocab] for the step's sampled positions only."""
-        s = self.spec
-        x = self.embed(step.input_ids)
-        x = x * torch.tensor(math.sqrt(s.hidden_size), dtype=torch.float32).to(x.dtype)
-        per_layer = self.per_layer_inputs(step.input_ids, x)
-        streams = self.spread(x)
-        rotations = (self.local_rotary(step.positions, x.dtype), self.global_rotary(step.positions, x.dtype))
-        logits = self.native_decode(streams, *rotations[1], step, kv_cache, window_angles=rotations[0],
-                                    per_layer_inputs=per_layer)
-        if logits is None:
-            masks = {w: AttentionMasks(step, x.dtype, kv_cache, w) for w in set(s.layer_windows)}
-            for i, layer in enumerate(self.layers):
-                streams = layer(streams, per_layer[:, i], rotations, kv_cache, step, masks)
-            logits = self.lm_head(self.norm(self.merge(streams[step.sample_indices])))
-        return soft_capped(logits, s.final_softcap)
 
     @staticmethod
     def convert(hf: dict[str, torch.Tensor], s: Gemma3nSpec) -> dict[str, torch.Tensor]:

@@ -267,15 +267,25 @@ class Gemma4(DecoderModel):
         x = self.embed(step.input_ids)
         x = x * torch.tensor(math.sqrt(s.hidden_size), dtype=torch.float32).to(x.dtype)
         per_layer = self.per_layer_inputs(step.input_ids, x) if s.per_layer_width else None
+        hidden = self.spread(x)
         rotations = (self.local_rotary(step.positions, x.dtype), self.global_rotary(step.positions, x.dtype))
-        logits = self.native_decode(x, *rotations[1], step, kv_cache, window_angles=rotations[0],
+        logits = self.native_decode(hidden, *rotations[1], step, kv_cache, window_angles=rotations[0],
                                     per_layer_inputs=per_layer)
         if logits is None:
             masks = {w: AttentionMasks(step, x.dtype, kv_cache, w) for w in set(s.layer_windows)}
             for i, layer in enumerate(self.layers):
-                x = layer(x, None if per_layer is None else per_layer[:, i], rotations, kv_cache, step, masks)
-            logits = self.lm_head(self.norm(x[step.sample_indices]))
+                hidden = layer(hidden, None if per_layer is None else per_layer[:, i], rotations, kv_cache, step,
+                               masks)
+            logits = self.lm_head(self.norm(self.merge(hidden[step.sample_indices])))
         return soft_capped(logits, s.final_softcap)
+
+    def spread(self, x: torch.Tensor) -> torch.Tensor:
+        """The layers' hidden state from the embedded input: the input itself (Gemma 3n's: its AltUp streams)."""
+        return x
+
+    def merge(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The final norm's input from the last layer's hidden state: that state (Gemma 3n's: its streams merged)."""
+        return hidden
 
     @staticmethod
     def convert(hf: dict[str, torch.Tensor], s: Gemma4Spec) -> dict[str, torch.Tensor]:
