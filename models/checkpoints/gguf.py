@@ -38,6 +38,9 @@ LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    # q/k/v as one product, as llama.cpp's converter writes them with --fuse-qkv (its loader takes either): split
+    # as read (_parts)
+    "attn_qkv": "self_attn.qkv_proj",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
     # a mixture of experts' router, and its experts' products, a stack of every expert's matrix each
     "ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_proj", "ffn_up_exps": "mlp.experts.up_proj",
@@ -147,6 +150,8 @@ GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
                 "per_layer_proj_norm": "model.per_layer_projection_norm",
                 # Gemma 3n's AltUp projections, each a stack of a matrix a stream past the first
                 "altup_proj": "model.altup_projections", "altup_unembd_proj": "model.altup_unembed_projections"}
+# the families whose models read a file's q/k/v as one product (Phi-3's files always keep them so)
+FUSED_QKV_FAMILIES = ("phi3",)
 # a layer's linear products, by how their names end (LFM2's MLP names its products w1, w2, w3)
 LINEAR_NAMES = ("proj.weight", "feed_forward.w1.weight", "feed_forward.w2.weight", "feed_forward.w3.weight",
                 "projection.weight", "per_layer_input_gate.weight")  # (Gemma 4's per-layer inputs')
@@ -239,11 +244,38 @@ def _parts(name: str, info: TensorInfo, config: dict) -> list[tuple[str, TensorI
     file's bytes before any layout of the kernels' is made."""
     base, _, kind = name.rpartition(".")
     prefix, _, product = base.rpartition(".")
+    if product == "qkv_proj" and config["model_type"] not in FUSED_QKV_FAMILIES:
+        return _qkv_parts(prefix, kind, info, config)
+    if product == "in_proj_qkv" and config.get("layer_types", [""])[int(prefix.split(".")[2])] == "full_attention":
+        raise ValueError(f"{info.name} is an attention layer's queries, keys and values as one tensor (llama.cpp's "
+                         "--fuse-qkv), which Loom reads apart in Qwen3.5's and Qwen3-Next's files: convert the "
+                         "checkpoint without --fuse-qkv")
     if product not in SPLITS or not prefix.endswith("linear_attn"):
         return [(name, info)]
     parts, rows = SPLITS[product]
     return [(f"{prefix}.{part}.{kind}", replace(info, data=info.data[r.numpy()], shape=(len(r), *info.shape[1:])))
             for part, r in zip(parts, rows(DeltaShape.from_hf(config)))]
+
+
+def _qkv_parts(prefix: str, kind: str, info: TensorInfo, config: dict) -> list[tuple[str, TensorInfo]]:
+    """A layer's queries, keys and values that a file keeps as one tensor (llama.cpp's --fuse-qkv) as the three
+    products, each a view of its rows: the queries' rows the layer's heads x its head size (a Gemma 4 global layer's
+    own, per_layer_config's), the keys' and the values' half of the rest each. A ValueError where the rows do not
+    split so."""
+    heads, layer = config["num_attention_heads"], int(prefix.split(".")[2])
+    own = (config.get("per_layer_config") or {}).get(layer, {})
+    head_dim = own.get("head_dim") or config["head_dim"] or config["hidden_size"] // heads
+    rows, queries = info.shape[0], heads * head_dim
+    keys = (rows - queries) // 2
+    if keys <= 0 or (rows - queries) % 2 or keys % head_dim:
+        raise ValueError(f"{info.name} holds {rows} rows, which do not split into the queries of {heads} heads of "
+                         f"{head_dim} and keys and values alike")
+    cuts = ((QKV[1][0], 0, queries), (QKV[1][1], queries, queries + keys), (QKV[1][2], queries + keys, rows))
+    value = info.data.shape[1] // rows if len(info.shape) == 1 else 0  # (a bias: its bytes one row, a value's so many)
+    rows_of = lambda first, end: info.data[:, first * value:end * value] if value else info.data[first:end]
+    return [(f"{prefix}.{part.rpartition('.')[2]}.{kind}", replace(info, data=rows_of(first, end),
+                                                                  shape=(end - first, *info.shape[1:])))
+            for part, first, end in cuts]
 
 
 def _prediction_layer(name: str, config: dict) -> bool:

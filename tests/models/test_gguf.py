@@ -10,9 +10,11 @@ import math
 import random
 import struct
 
+import gguf
 import numpy as np
 import pytest
 import torch
+from gguf.constants import GGMLQuantizationType as Q
 
 from models.checkpoints import gguf as gguf_reader
 from models.checkpoints.gguf import default_model_path
@@ -545,3 +547,49 @@ def test_a_float32_load_larger_than_the_memory_available_is_refused_before_any_t
                                          r".* available: run it in its own formats \(weights='stored'"):
         gguf_reader.read(path)
     assert gguf_reader.read(path, keep_blocks=True).tensors
+
+
+def fused_qkv_copy(path, out):
+    """``path``'s file as llama.cpp's converter writes it with --fuse-qkv (which its loader takes for nearly every
+    architecture): each layer's q, k and v weights (and biases) as one attn_qkv tensor, their rows one after
+    another in their type."""
+    reader = gguf.GGUFReader(path)
+    writer = gguf.GGUFWriter(str(out), reader.fields["general.architecture"].contents())
+    for key, field in reader.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            writer.add_key_value(key, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1
+                                 else None)
+    tensors = {t.name: t for t in reader.tensors}
+    for t in reader.tensors:
+        if ".attn_k." in t.name or ".attn_v." in t.name:
+            continue
+        parts = [tensors[t.name.replace(".attn_q.", f".{p}.")] for p in ("attn_q", "attn_k", "attn_v")] \
+            if ".attn_q." in t.name else [t]
+        data = np.concatenate([np.asarray(p.data) for p in parts])
+        writer.add_tensor(t.name.replace(".attn_q.", ".attn_qkv."), data, raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+@pytest.mark.parametrize("arch,gguf_arch,matrices", [("llama", "llama", None), ("qwen2", "qwen2", Q.Q8_0),
+                                                      ("gemma3", "gemma3", None)])
+def test_a_file_with_fused_qkv_answers_as_the_file_without(arch, gguf_arch, matrices, tmp_path):
+    """A file whose layers keep q, k and v as one tensor (--fuse-qkv): split as read (a Llama's rows permuted for
+    llama.cpp's rotary undone part by part, Qwen2's biases split alike, Q8_0 blocks read where they lie), the same
+    answers as the file that keeps them apart."""
+    hf = tiny_model(arch, seed=2)
+    apart = write_gguf_of(hf, tmp_path / "apart.gguf", gguf_arch, matrices=matrices)
+    fused = fused_qkv_copy(apart, tmp_path / "fused.gguf")
+    assert "blk.0.attn_qkv.weight" in {t.name for t in gguf.GGUFReader(fused).tensors}
+    prompts = [random_prompt(random.Random(3), 5, 30)]
+    assert greedy(fused, prompts) == greedy(apart, prompts)
+
+
+def test_a_qwen35_file_with_its_attention_fused_is_refused_naming_the_flag(tmp_path):
+    from .test_qwen35 import float32_weights
+    apart = write_gguf_of(float32_weights(tiny_model("qwen3_5", seed=3)), tmp_path / "apart.gguf", "qwen35")
+    with pytest.raises(ValueError, match="--fuse-qkv"):
+        Engine.from_pretrained(fused_qkv_copy(apart, tmp_path / "fused.gguf"))
