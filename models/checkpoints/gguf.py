@@ -94,6 +94,9 @@ DEEPSEEK_LAYER_NAMES = {"attn_q_a": "self_attn.q_a_proj", "attn_q_a_norm": "self
 # matrices the models take apart a head at a time and multiply in float (DeepSeek's kv_b_proj, which a legacy
 # file keeps whole); stacks of a matrix a head, multiplied in their blocks (kernels/block_heads.py)
 FLOAT_MATRICES = ("attn_kv_b.weight",)
+# stacks of matrices a model reads as one matrix of their rows, or a matrix's rows at a time (Gemma 3n's AltUp
+# projections, a matrix a stream: gemma3n.py), kept in their blocks as such
+ROW_STACKS = ("altup_proj.weight", "altup_unembd_proj.weight")
 HEAD_STACKS = ("attn_k_b.weight", "attn_v_b.weight")
 GEMMA_LAYER_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
                      "post_ffw_norm": "post_feedforward_layernorm"}
@@ -289,7 +292,8 @@ def _block_formats(infos, keep_blocks: bool) -> dict[str, int | None]:
     ``keep_blocks``). A layer's products that the model fuses (q, k, v; gate, up) are all kept or all
     copied (copied if one is)."""
     formats = {info.name: block_format(info.type) if keep_blocks and (len(info.shape) == 2 or _stacks(info)
-                                                                     or info.name.endswith(HEAD_STACKS))
+                                                                     or info.name.endswith(HEAD_STACKS)
+                                                                     or info.name in ROW_STACKS)
                and info.shape[-1] % GROUP == 0 and not info.name.endswith(FLOAT_MATRICES) else None for info in infos}
     groups: dict[tuple, list[str]] = {}
     for name in formats:

@@ -218,12 +218,14 @@ class Gemma3n(Gemma4):
         out |= {"per_layer_embed.weight": hf["embed_tokens_per_layer.weight"],
                 "per_layer_project.weight": hf["per_layer_model_projection.weight"],
                 "per_layer_project_norm.weight": hf["per_layer_projection_norm.weight"]}
-        others = range(s.altup_inputs - 1)
-        spread, unembed = (hf[f"{n}.weight"] if f"{n}.weight" in hf else torch.stack([hf[f"{n}.{i}.weight"]
-                                                                                     for i in others])
+        # the AltUp projections a matrix a stream (transformers'), or a file's stack of them (gguf.py: a matrix of
+        # their rows, in the file's blocks; a [streams, hidden, hidden] float32 copy where none are kept)
+        others, width = range(s.altup_inputs - 1), s.hidden_size
+        spread, unembed = (hf[f"{n}.weight"].flatten(0, -2) if f"{n}.weight" in hf else
+                           torch.cat([hf[f"{n}.{i}.weight"] for i in others])
                            for n in ("altup_projections", "altup_unembed_projections"))
-        out["altup_spread.weight"] = spread.reshape(-1, s.hidden_size)
-        out |= {f"altup_unembed.{i}.weight": unembed[i] for i in others}
+        out["altup_spread.weight"] = spread
+        out |= {f"altup_unembed.{i}.weight": unembed[i * width:(i + 1) * width] for i in others}
         renamed = {"input_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
                    "pre_mlp_norm": "pre_feedforward_layernorm", "post_mlp_norm": "post_feedforward_layernorm",
                    "attn.q_norm": "self_attn.q_norm", "attn.out": "self_attn.o_proj", "down": "mlp.down_proj",

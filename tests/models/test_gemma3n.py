@@ -177,6 +177,8 @@ def test_a_quantized_gemma3n_file_runs_in_its_blocks(tmp_path):
         assert {"BlockLinear", "BlockEmbedding"} <= kinds
         assert type(engine.model.per_layer_embed).__name__ == "BlockEmbedding"
         assert type(engine.model.layers[0].gate_up).__name__ == "BlockLinear"
+        assert type(engine.model.altup_spread).__name__ == "BlockLinear"  # (the AltUp stacks kept, a matrix a stream)
+        assert type(engine.model.altup_unembed[2]).__name__ == "BlockLinear"
         alone, together = alone_and_together(engine, prompts)
     assert alone == together
     unsaid = write_gemma3n_gguf(hf, tmp_path / "unsaid.gguf", metadata={"activation_sparsity_scale": None})
