@@ -6,8 +6,9 @@ Falcon-Mamba RMS-normalises without weights; the time step's product widens it t
 keeps a state of ``state_size`` values that decay by exp(dt A), A a rate for each (unlike Mamba2's one a head), and
 take dt x B every token; its answer is the state dotted with C, plus D x, times SiLU(z), through the output product.
 The states and the convolution's last inputs are the sequence's, kept in the pool's state slots (models/step.py's
-``state_shapes``); the pool holds no K/V. The layers are torch's (no native decoder layer), their convolution and
-scan kernels of their own (kernels/selective_scan.h) between the products."""
+``state_shapes``); the pool holds no K/V. Decode rows and short prefill chunks run on the native decoder layers
+(kernels/decoder_layer.cpp's SelectiveLayer); the torch layers, the reference, call the convolution and scan
+kernels (kernels/selective_scan.h) between their products."""
 
 from __future__ import annotations
 
@@ -182,6 +183,9 @@ class Mamba(DecoderModel):
         """Logits [S, vocab] for the step's sampled positions only."""
         check_state_slots(step, kv_cache)
         x = self.embed(step.input_ids)
+        logits = self.native_decode(x, None, None, step, kv_cache)
+        if logits is not None:
+            return logits
         runs = StateRuns(step, self.spec.conv_size - 1)
         for layer in self.layers:
             x = layer(x, kv_cache, runs)

@@ -31,6 +31,7 @@
 #include "cpu_linear.h"
 #include "delta_rule.h"
 #include "mamba_scan.h"
+#include "selective_scan.h"
 #include "paged_decode.h"
 #include "short_convolution.h"
 
@@ -116,6 +117,21 @@ struct MambaLayer {
     int64_t inner() const { return heads * head_dim; }
     int64_t conv_width() const { return inner() + 2 * groups * state_size; }
     int64_t projection() const { return inner() + conv_width() + heads; }
+};
+
+// Mamba's selective-scan mixer in the attention's place (families/mamba.py; decoder_layer.py fills it): the qkv
+// product is its input product ([x | z], inner each), the out product its output product; x convolved through a
+// SiLU (``taps`` inputs, the last ones a sequence's in ``conv_states``), its x_proj product [time step's low rank |
+// B | C] (each normed without a weight where ``normed``: Falcon-Mamba's), the time steps widened by dt_proj (plus
+// dt_bias) through a softplus, the scan over ``states`` (selective_scan.h), its answers gated by SiLU(z).
+struct SelectiveLayer {
+    const Weights *x_proj, *dt_proj;
+    const void *conv, *conv_bias, *dt_bias, *decay, *skip;
+    void *conv_states, *states;
+    int64_t inner, state_size, rank, taps, normed;
+    double eps;
+
+    int64_t steps_width() const { return rank + 2 * state_size; }
 };
 
 // DeepSeek's latent attention in the attention's place (decoder_layer.py fills it; families/deepseek.py says how it
@@ -208,6 +224,7 @@ struct Layer {
     const MambaLayer* mamba;  // Granite 4's Mamba2 in the attention's place (null elsewhere)
     const MambaLayer* mamba_beside;  // Falcon-H1's Mamba2 beside the attention, over its input (null elsewhere)
     const LatentLayer* latent;  // DeepSeek's latent attention in the attention's place (null elsewhere)
+    const SelectiveLayer* selective;  // Mamba's selective-scan mixer in the attention's place (null elsewhere)
     const Weights *per_layer_gate, *per_layer_out;  // Gemma 4's and 3n's per-layer input's products (null elsewhere)
     const T* per_layer_norm;
     const AltUpLayer* altup;  // Gemma 3n's (null elsewhere)
@@ -225,6 +242,7 @@ struct Layer {
     // Mamba2's answers), or of the queries in the pool's space (a latent attention's: heads x dim)
     int64_t mix_width() const {
         return conv != nullptr     ? 3 * hidden
+               : selective != nullptr ? 2 * selective->inner
                : delta != nullptr  ? delta->conv_width()
                : mamba != nullptr  ? mamba->projection()
                : latent != nullptr ? (latent->q_up != nullptr ? latent->q_rank : latent->queries(heads))
@@ -232,6 +250,7 @@ struct Layer {
     }
     int64_t mixed_width() const {
         return conv != nullptr    ? hidden
+               : selective != nullptr ? selective->inner
                : delta != nullptr ? delta->heads * delta->value_dim
                : mamba != nullptr ? mamba->inner()
                                   : heads * dim;
@@ -525,6 +544,11 @@ struct Intermediates {
         scratch = take(product_scratch_size<T>(std::max(rows, pairs), std::max({l.hidden, q_width, l.intermediate,
                                                                                 shared, beside, experts_inner})));
         if (l.mamba != nullptr) convolved = take(rows * l.mamba->conv_width());
+        if (l.selective != nullptr) {  // (its convolved inputs, its x_proj's output in ``z``, its time steps in ``beta``)
+            convolved = take(rows * l.selective->inner);
+            z = take(rows * l.selective->steps_width());
+            beta = take(rows * l.selective->inner);
+        }
         if (l.mamba_beside != nullptr) {
             const MambaLayer& m = *l.mamba_beside;
             convolved = take(rows * m.conv_width());
@@ -859,6 +883,34 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
                                   d.key_dim, d.value_dim, d.taps, d.grouped, d.eps};
         mixer.run();
         multiply(attn, answers, answers, l.out, nullptr, hidden, delta);
+    } else if (l.selective != nullptr) {  // Mamba's selective scan (SelectiveLayer)
+        const SelectiveLayer& m = *l.selective;
+        const int64_t inner = m.inner, width = m.steps_width();
+        T *steps = buffers.z, *dt = buffers.beta;
+        multiply(attn_in, hidden, hidden, l.qkv, l.qkv_bias, 2 * inner, qkv);
+        convolve_runs(qkv, 2 * inner, static_cast<const T*>(m.conv), static_cast<const T*>(m.conv_bias),
+                      static_cast<T*>(m.conv_states), buffers.convolved, s.state_slots, s.lens, rows, inner, m.taps);
+        multiply(buffers.convolved, inner, inner, m.x_proj, nullptr, width, steps);
+        if (m.normed) {  // the time step's low rank, B and C, each normed without a weight
+            const T* none = nullptr;
+            norm_spans(steps, width, rows, 1, 0, m.rank, m.rank, none, none, m.eps);
+            norm_spans(steps + m.rank, width, rows, 2, 0, m.state_size, m.state_size, none, none, m.eps);
+        }
+        multiply(steps, width, m.rank, m.dt_proj, static_cast<const T*>(m.dt_bias), inner, dt);
+#pragma omp for
+        for (int64_t i = 0; i < rows * inner; ++i)  // softplus, as torch's (x past 20 taken as it is)
+            dt[i] = dt[i] > T(20) ? dt[i] : std::log1p(std::exp(dt[i]));
+        const SelectiveScan<T> scan{buffers.convolved, dt, steps, width, m.rank, static_cast<const T*>(m.decay),
+                                    static_cast<const T*>(m.skip), static_cast<T*>(m.states), attn, s.state_slots,
+                                    s.lens, rows, inner, m.state_size};
+        scan.run();
+#pragma omp for
+        for (int64_t r = 0; r < rows; ++r)  // gated by SiLU(z)
+            for (int64_t i = 0; i < inner; ++i) {
+                const T g = qkv[r * 2 * inner + inner + i];
+                attn[r * inner + i] *= g / (T(1) + std::exp(-g));
+            }
+        multiply(attn, inner, inner, l.out, l.out_bias, hidden, delta);
     } else if (l.mamba != nullptr) {  // Granite 4's Mamba2
         const int64_t answers = l.mixed_width();
         multiply(attn_in, hidden, hidden, l.qkv, l.qkv_bias, qkv_width, qkv);

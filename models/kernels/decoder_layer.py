@@ -40,6 +40,7 @@ from ..families.falcon_h1 import FalconH1
 from ..families.granite_hybrid import GraniteHybrid
 from ..families.layers import NativeDecoding, RMSNorm, SquaredReLU, chunk_rows, prefill_keys
 from ..families.lfm2 import Lfm2
+from ..families.mamba import Mamba, MambaMixer
 from ..families.llama import Llama
 from ..families.olmo import Olmo
 from ..families.qwen35 import Qwen35
@@ -124,7 +125,7 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
     _fields_ = [(name, _pointer) for name in (
         "input_norm", "input_norm_bias", "post_norm", "post_norm_bias", "qkv", "qkv_bias", "out", "out_bias", "up",
         "up_bias", "down", "down_bias", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm", "k_cache", "v_cache",
-        "experts", "sinks", "conv", "conv_bias", "conv_cache", "delta", "mamba", "mamba_beside", "latent",
+        "experts", "sinks", "conv", "conv_bias", "conv_cache", "delta", "mamba", "mamba_beside", "latent", "selective",
         "per_layer_gate", "per_layer_out", "per_layer_norm", "altup")]
     _fields_ += [(name, _int64) for name in (
         "hidden", "intermediate", "heads", "kv_heads", "dim", "window", "layer_norm", "activation", "window_angles",
@@ -156,6 +157,13 @@ class _MambaLayer(ctypes.Structure):  # decoder_layer.cpp's MambaLayer
     _fields_ = [(name, _pointer) for name in (
         "conv", "conv_bias", "dt_bias", "decay", "skip", "norm", "conv_states", "states", "in_", "out")]
     _fields_ += [(name, _int64) for name in ("heads", "head_dim", "state_size", "groups", "taps")]
+    _fields_ += [("eps", _double)]
+
+
+class _SelectiveLayer(ctypes.Structure):  # decoder_layer.cpp's SelectiveLayer
+    _fields_ = [(name, _pointer) for name in (
+        "x_proj", "dt_proj", "conv", "conv_bias", "dt_bias", "decay", "skip", "conv_states", "states")]
+    _fields_ += [(name, _int64) for name in ("inner", "state_size", "rank", "taps", "normed")]
     _fields_ += [("eps", _double)]
 
 
@@ -221,6 +229,8 @@ def _products(model: Llama | Gemma | Olmo | Lfm2 | GPT2) -> list:
             *_mlp_products(b.mlp))]
     elif isinstance(model, Gemma):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.gate_up, b.down)]
+    elif isinstance(model, Mamba):
+        layers = [m for b in model.layers for m in (b.mixer.in_proj, b.mixer.out, b.mixer.x_proj, b.mixer.dt_proj)]
     elif isinstance(model, Gemma3n):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.gate_up, b.down, b.per_layer_gate,
                                                     b.per_layer_out, b.altup.router, b.laurel_left, b.laurel_right)]
@@ -328,6 +338,7 @@ class DecoderLayers:
         self.weights = []  # the modules, tensors and structures whose addresses the layers hold, kept alive
         layer = (self._gpt2_layer if isinstance(model, GPT2) else self._gemma_layer if isinstance(model, Gemma)
                  else self._gemma3n_layer if isinstance(model, Gemma3n)
+                 else self._mamba_layer if isinstance(model, Mamba)
                  else self._gemma4_layer if isinstance(model, Gemma4)
                  else self._olmo_layer if isinstance(model, Olmo) else self._lfm2_layer if isinstance(model, Lfm2)
                  else self._qwen35_layer if isinstance(model, Qwen35)
@@ -420,6 +431,23 @@ class DecoderLayers:
         MambaLayer."""
         layer = self._llama_layer(block, spec)
         layer.mamba_beside = self._mamba(block.mamba, spec.mamba, (block.mamba.in_proj, block.mamba.out))
+        return layer
+
+    def _mamba_layer(self, block, spec) -> _Layer:
+        """Mamba's layer: its norm, its mixer's input and output products in the q/k/v's and the output's places, its
+        other products, parameters (in the layers' dtype) and states (set where the pool is bound) in a
+        SelectiveLayer; no MLP."""
+        mixer = block.mixer
+        layer = self._layer((block.norm, None), mixer.in_proj, mixer.out, None, None, (None, None, None, None),
+                            hidden=spec.hidden_size, eps=spec.rms_norm_eps)
+        products = [_weights(m) for m in (mixer.x_proj, mixer.dt_proj)]
+        selective = _SelectiveLayer(*(ctypes.addressof(w) for w in products),
+                                    *(self._in_dtype(t) for t in (mixer.conv, mixer.conv_bias, mixer.dt_proj.bias,
+                                                                  mixer.decay, mixer.skip)),
+                                    None, None, spec.intermediate_size, spec.state_size, spec.time_step_rank,
+                                    spec.conv_size, spec.dt_b_c_eps is not None, spec.dt_b_c_eps or 0.0)
+        self.weights.append((mixer, products, selective))
+        layer.selective = ctypes.addressof(selective)
         return layer
 
     def _mamba(self, mixer, m, products: tuple = ()) -> int:
@@ -605,7 +633,7 @@ class DecoderLayers:
     @classmethod
     def of(cls, model) -> "DecoderLayers | None":
         """The native layers for ``model``, or None where it does not qualify (see the module's doc)."""
-        if not isinstance(model, (Llama, Gemma, Gemma4, Olmo, Lfm2, Qwen35, GraniteHybrid, DeepSeek, GPT2)):
+        if not isinstance(model, (Llama, Gemma, Gemma4, Olmo, Lfm2, Qwen35, GraniteHybrid, DeepSeek, GPT2, Mamba)):
             return None
         if isinstance(model, Gemma3n) and model.spec.altup_inputs > MOST_STREAMS:
             return None
@@ -702,8 +730,9 @@ class DecoderLayers:
                 if kind == "conv":
                     layer.conv_cache = kv_cache.conv_layer(place).data_ptr()
                 if kind in ("state", "both"):  # (a delta rule's or a Mamba2's, in the attention's place or beside it)
-                    mixer = _DeltaLayer.from_address(layer.delta) if layer.delta else _MambaLayer.from_address(
-                        layer.mamba or layer.mamba_beside)
+                    mixer = (_DeltaLayer.from_address(layer.delta) if layer.delta else
+                             _SelectiveLayer.from_address(layer.selective) if layer.selective else
+                             _MambaLayer.from_address(layer.mamba or layer.mamba_beside))
                     mixer.conv_states, mixer.states = (t.data_ptr() for t in kv_cache.state_layer(place))
                 if kind in ("kv", "both"):
                     k_cache, v_cache = kv_cache.layer(place)
@@ -722,6 +751,8 @@ def _pool_kind(block) -> str:
     delta-rule states, Granite 4's Mamba2 states) or "both" (Falcon-H1's K/V and Mamba2 states, at one index)."""
     if getattr(block, "convolves", False):
         return "conv"
+    if isinstance(getattr(block, "mixer", None), MambaMixer):  # (Mamba's: its states alone)
+        return "state"
     if getattr(block, "attn", None) is not None and getattr(block, "mamba", None) is not None:
         return "both"
     return "state" if getattr(block, "recurrent", False) else "kv"

@@ -279,8 +279,8 @@ def with_random_norms(hf):
                                   "granite", "mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "gemma", "gemma2",
                                   "gemma3", "olmo2", "olmo3", "exaone4", "lfm2", "lfm2_moe", "qwen3_5", "qwen3_next",
                                   "granitemoehybrid", "nemotron_h", "nemotron_h_moe", "glm4", "glm4_moe", "deepseek_v2",
-                                  "deepseek_v3", "glm4_moe_lite", "falcon_h1", "mamba2", "gemma4", "gemma4_moe",
-                                  "gemma3n", "gpt2"])
+                                  "deepseek_v3", "glm4_moe_lite", "falcon_h1", "mamba2", "mamba", "falcon_mamba", "gemma4",
+                                  "gemma4_moe", "gemma3n", "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS, ids=POOL_IDS)
 @pytest.mark.parametrize("streams", [2, 5, 21, "split"])  # rows at a time; panels; split rows
 def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, streams, two_threads):
@@ -399,8 +399,8 @@ def test_native_activations_are_zero_where_torch_underflows(arch, two_threads):
 @needs_kernel
 @pytest.mark.parametrize("arch", ["llama", "qwen2_sliding", "mistral", "ministral3", "qwen3", "smollm3", "granite",
                                   "gemma", "gemma2", "gemma3", "olmo3", "exaone4", "lfm2", "qwen3_5", "qwen3_next",
-                                  "granitemoehybrid", "nemotron_h", "falcon_h1", "mamba2", "gemma4", "gemma3n",
-                                  "gpt2"])
+                                  "granitemoehybrid", "nemotron_h", "falcon_h1", "mamba2", "mamba", "falcon_mamba",
+                                  "gemma4", "gemma3n", "gpt2"])
 @pytest.mark.parametrize("dtype,cache_dtype", POOLS[:3], ids=POOL_IDS[:3])
 @pytest.mark.parametrize("pass_rows,threads", [(128, 1), (128, 2), (5, 2), (7, 1)])
 def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtype, pass_rows, threads, monkeypatch):
