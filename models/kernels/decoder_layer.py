@@ -5,9 +5,10 @@ and 6 ctypes calls, which was a quarter of a one-stream step (docs/benchmarks-hi
 "Small-batch products").
 
 ``use_decoder_layers(model)`` attaches them where the model qualifies: GPT-2, Gemma 1, 2 and 3 in
-float32, OLMo 2 and 3, LFM2 (its short convolutions in the attention's place, and LFM2-MoE's experts),
-Qwen3.5 and Qwen3-Next in float32 (their gated delta rule in the attention's place, their other layers'
-attention gated), Granite 4's hybrids (Mamba2 in the attention's place), Falcon-H1 (Mamba2 beside it),
+float32, Gemma 4 and Gemma 3n (its AltUp streams around the layer), OLMo 2 and 3, LFM2 (its short convolutions in
+the attention's place, and LFM2-MoE's experts), Qwen3.5 and Qwen3-Next in float32 (their gated delta rule in the
+attention's place, their other layers' attention gated), Granite 4's hybrids (Mamba2 in the attention's place),
+Falcon-H1 (Mamba2 beside it), Mamba and Falcon-Mamba (the selective scan in the attention's place, no MLP),
 or a Llama-family model (Qwen3's per-head q/k norms and OLMoE's across heads, Ministral 3's queries scaled by position, SmolLM3's layers without rotary, Granite's scaled residuals,
 gpt-oss's sinks and the mixtures' routed and shared experts, biases and clamped SwiGLU included) whose linear layers,
 the output layer's too, are CpuLinear or BlockLinear. A prefill chunk within PREFILL_KEYS (a prompt of up to
