@@ -185,9 +185,9 @@ def test_the_cache_keeps_merges_as_strings_where_no_token_holds_a_space(tmp_path
 
 
 # (SmolLM2's BPE vocabulary takes 12 s a conversion: three architectures read it, every one a small one;
-# Gemma's and Phi-3's SentencePiece vocabularies are built otherwise than Llama's, by design)
+# Gemma's and Phi-3's SentencePiece vocabularies are built otherwise than Llama's, by design: Gemma 3n's as Gemma 3's)
 @pytest.mark.parametrize("arch, kind", [(arch, "bpe") for arch in ("smollm3", "granite", "mistral3")] + [
-    (arch, "spm") for arch in sorted(set(ARCHITECTURES) - {"llama", "gemma", "gemma2", "gemma3", "phi3"})])
+    (arch, "spm") for arch in sorted(set(ARCHITECTURES) - {"llama", "gemma", "gemma2", "gemma3", "gemma3n", "phi3"})])
 def test_every_architectures_file_keeps_its_tokenizer(arch, kind, tmp_path, monkeypatch):
     """Every architecture Loom reads GGUF files of has its tokenizer, whether transformers' GGUF reader
     reads its files or not (SmolLM3, Granite, Mistral 3, ERNIE 4.5, OLMo, gpt-oss: converted from a copy
@@ -213,6 +213,15 @@ def test_a_gemma_files_tokenizer_is_gemma_2s(tmp_path, monkeypatch):
     gemma, gemma2 = (read_tokenizer(spm_gguf(tmp_path / f"{arch}.gguf", arch)) for arch in ("gemma", "gemma2"))
     assert [gemma.encode(text) for text in TEXTS] == [gemma2.encode(text) for text in TEXTS]
     assert gemma.special_tokens_map == gemma2.special_tokens_map
+
+
+def test_a_gemma3n_files_tokenizer_is_gemma_3s(tmp_path, monkeypatch):
+    """transformers' GGUF reader takes no "gemma3n" architecture: its tokenizer is converted from a copy of the
+    metadata under Gemma 3's name, Gemma's SentencePiece build, as Gemma 3's files are read."""
+    monkeypatch.setenv("LOOM_CACHE", str(tmp_path / "cache"))
+    gemma3n, gemma3 = (read_tokenizer(spm_gguf(tmp_path / f"{arch}.gguf", arch)) for arch in ("gemma3n", "gemma3"))
+    assert [gemma3n.encode(text) for text in TEXTS] == [gemma3.encode(text) for text in TEXTS]
+    assert gemma3n.special_tokens_map == gemma3.special_tokens_map
 
 
 def test_a_gpt_oss_files_tokenizer_is_read_past_its_rope_metadata(tmp_path, monkeypatch):
