@@ -15,24 +15,18 @@ from models.families.gemma3n import Gemma3nSpec
 from runtime import Engine
 
 from ..conftest import CONFIGS, greedy_with_logprobs, random_prompt, tiny_model
-from .test_falcon_h1 import alone_and_together, answers, tensor_kinds
-from .test_gguf import assert_same_answers, greedy
+from .test_falcon_h1 import alone_and_together, answers
+from .test_gemma4 import (GLOBAL_NAMES, LAYER_NAMES as GEMMA4_LAYER_NAMES, add_fields,
+                          assert_a_file_as_written_answers_as, sized_writer)
+from .test_gguf import assert_same_answers, rewritten
 from .test_qwen35 import float32_weights
 
-# transformers' names a layer -> llama.cpp's (Gemma 3n's converter: its norms as they are, not 1 + weight)
-LAYER_NAMES = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-               "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-               "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "post_attention_norm",
-               "pre_feedforward_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-               "mlp.down_proj": "ffn_down", "post_feedforward_layernorm": "post_ffw_norm",
-               "per_layer_input_gate": "inp_gate", "per_layer_projection": "proj",
-               "post_per_layer_input_norm": "post_norm", "altup.correction_coefs": "altup_correct_coef",
+# transformers' names a layer -> llama.cpp's: Gemma 4's (both converters keep their norms as they are, not 1 +
+# weight), AltUp's and Laurel's
+LAYER_NAMES = {**GEMMA4_LAYER_NAMES, "altup.correction_coefs": "altup_correct_coef",
                "altup.prediction_coefs": "altup_predict_coef", "altup.modality_router": "altup_router",
                "altup.router_norm": "altup_router_norm", "laurel.linear_left": "laurel_l",
                "laurel.linear_right": "laurel_r", "laurel.post_laurel_norm": "laurel_post_norm"}
-GLOBAL_NAMES = {"embed_tokens": "token_embd", "embed_tokens_per_layer": "per_layer_token_embd",
-                "per_layer_model_projection": "per_layer_model_proj", "per_layer_projection_norm": "per_layer_proj_norm",
-                "norm": "output_norm"}
 UNQUANTIZED = ("altup", "laurel", "per_layer_model_proj")  # (llama-quantize leaves them as they are)
 
 
@@ -46,13 +40,8 @@ def write_gemma3n_gguf(hf, path, matrices: Q | None = None, metadata: dict | Non
     import gguf
     c = hf.config
     s = Gemma3nSpec.from_hf(c.to_dict())
-    writer = gguf.GGUFWriter(str(path), "gemma3n")
-    layers = c.num_hidden_layers
-    writer.add_block_count(layers)
-    writer.add_context_length(c.max_position_embeddings)
-    writer.add_embedding_length(c.hidden_size)
+    writer = sized_writer(c, path, "gemma3n")
     writer.add_feed_forward_length(list(c.intermediate_size))
-    writer.add_head_count(c.num_attention_heads)
     writer.add_head_count_kv(c.num_key_value_heads)
     stds = [float(torch.distributions.Normal(0, 1).icdf(torch.tensor(p, dtype=torch.float32)))
             for p in c.activation_sparsity_pattern]
@@ -64,11 +53,7 @@ def write_gemma3n_gguf(hf, path, matrices: Q | None = None, metadata: dict | Non
               "altup.active_idx": c.altup_active_idx, "altup.num_inputs": c.altup_num_inputs,
               "embedding_length_per_layer_input": c.hidden_size_per_layer_input,
               "final_logit_softcapping": c.final_logit_softcapping, **(metadata or {})}
-    adds = {int: writer.add_uint32, float: writer.add_float32, list: writer.add_array}
-    for key, value in fields.items():
-        if value is not None:
-            adds[type(value)](f"gemma3n.{key}", value)
-    writer.add_vocab_size(c.vocab_size)
+    add_fields(writer, "gemma3n", fields, c.vocab_size)
 
     def add(name, values):
         if matrices is None or values.ndim != 2 or values.shape[-1] % 32 or any(n in name for n in UNQUANTIZED):
@@ -154,16 +139,10 @@ def test_the_multimodal_checkpoints_language_model_answers_as_its_text_model_doe
 def test_a_gemma3n_file_equals_its_transformers_model(tmp_path):
     """A gemma3n file as llama.cpp's converter writes it, in float64: transformers' answers; its tensors all among
     those llama.cpp's gemma3n reads."""
-    from gguf.constants import MODEL_ARCH, MODEL_TENSORS, TENSOR_NAMES
     hf = float32_weights(tiny_model("gemma3n", seed=5))
-    path = write_gemma3n_gguf(hf, tmp_path / "gemma3n.gguf")
-    names = tensor_kinds(path)
-    assert names <= {TENSOR_NAMES[t] for t in MODEL_TENSORS[MODEL_ARCH.GEMMA3N]}
-    assert {"altup_proj", "altup_unembd_proj", "blk.{bid}.laurel_l", "blk.{bid}.altup_router"} <= names
-    config = read(path).config
+    config = assert_a_file_as_written_answers_as(hf, write_gemma3n_gguf(hf, tmp_path / "gemma3n.gguf"), "gemma3n", {
+        "altup_proj", "altup_unembd_proj", "blk.{bid}.laurel_l", "blk.{bid}.altup_router"})
     assert config["num_kv_shared_layers"] == 2 and config["laurel_rank"] == 8 and config["altup_num_inputs"] == 4
-    prompts = [random_prompt(random.Random(16), 1, 4), random_prompt(random.Random(17), 30, 60)]
-    assert_same_answers(greedy(path, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
 
 
 def test_a_quantized_gemma3n_file_runs_in_its_blocks(tmp_path):
@@ -198,20 +177,8 @@ def test_gemma3n_configs_loom_does_not_run_are_refused(settings, message):
 
 
 def test_a_gemma3n_file_without_its_altup_projections_is_refused(tmp_path):
-    import gguf
-    hf = tiny_model("gemma3n", seed=7)
-    path = write_gemma3n_gguf(hf, tmp_path / "whole.gguf")
-    cut = gguf.GGUFWriter(str(tmp_path / "cut.gguf"), "gemma3n")
-    reader = gguf.GGUFReader(path)
-    for key, field in reader.fields.items():
-        if key.startswith("gemma3n."):
-            cut.add_key_value(key, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1 else None)
-    for tensor in reader.tensors:
-        if tensor.name != "altup_proj.weight":
-            cut.add_tensor(tensor.name, np.array(tensor.data).reshape(tuple(reversed(tensor.shape.tolist()))))
-    cut.write_header_to_file()
-    cut.write_kv_data_to_file()
-    cut.write_tensors_to_file()
-    cut.close()
+    path = write_gemma3n_gguf(tiny_model("gemma3n", seed=7), tmp_path / "whole.gguf")
+    cut = rewritten(path, tmp_path / "cut.gguf", lambda tensors: (
+        (t.name, np.asarray(t.data), t.tensor_type) for t in tensors if t.name != "altup_proj.weight"))
     with pytest.raises(ValueError, match="altup_proj"):
-        Engine.from_pretrained(tmp_path / "cut.gguf")
+        Engine.from_pretrained(cut)

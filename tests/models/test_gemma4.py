@@ -39,6 +39,27 @@ GLOBAL_NAMES = {"embed_tokens": "token_embd", "embed_tokens_per_layer": "per_lay
                 "norm": "output_norm"}
 
 
+def sized_writer(c, path, arch: str):
+    """A GGUFWriter for ``arch`` at ``path`` holding ``c``'s layer count, context, hidden size and query heads."""
+    import gguf
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(c.num_hidden_layers)
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_head_count(c.num_attention_heads)
+    return writer
+
+
+def add_fields(writer, arch: str, fields: dict, vocab: int) -> None:
+    """``fields`` (a uint32, float32 or list value a key, None: left out) under ``arch``'s prefix, and the vocabulary's
+    size."""
+    adds = {int: writer.add_uint32, float: writer.add_float32, list: writer.add_array}
+    for key, value in fields.items():
+        if value is not None:
+            adds[type(value)](f"{arch}.{key}", value)
+    writer.add_vocab_size(vocab)
+
+
 def write_gemma4_gguf(hf, path, matrices: Q | None = None, metadata: dict | None = None):
     """``hf``'s weights in a GGUF file as llama.cpp's Gemma 4 converter writes them: its sizes a layer at a time
     (K/V heads, MLP widths), the sliding-window layers' head size as *_swa keys, the layers' kinds as a pattern, the
@@ -49,14 +70,9 @@ def write_gemma4_gguf(hf, path, matrices: Q | None = None, metadata: dict | None
     import gguf
     c = hf.config
     s = Gemma4Spec.from_hf(c.to_dict())
-    writer = gguf.GGUFWriter(str(path), "gemma4")
-    layers = c.num_hidden_layers
-    writer.add_block_count(layers)
-    writer.add_context_length(c.max_position_embeddings)
-    writer.add_embedding_length(c.hidden_size)
+    writer, layers = sized_writer(c, path, "gemma4"), c.num_hidden_layers
     writer.add_feed_forward_length([c.intermediate_size * (2 if s.double_wide_mlp and i >= s.first_shared else 1)
                                     for i in range(layers)])
-    writer.add_head_count(c.num_attention_heads)
     writer.add_head_count_kv([s.kv_shape(i)[0] for i in range(layers)])
     fields = {"attention.key_length": s.global_head_dim, "attention.value_length": s.global_head_dim,
               "attention.key_length_swa": s.head_dim, "attention.value_length_swa": s.head_dim,
@@ -70,11 +86,7 @@ def write_gemma4_gguf(hf, path, matrices: Q | None = None, metadata: dict | None
               **({"expert_count": c.num_experts, "expert_used_count": c.top_k_experts,
                   "expert_feed_forward_length": c.moe_intermediate_size} if c.enable_moe_block else {}),
               **(metadata or {})}
-    adds = {int: writer.add_uint32, float: writer.add_float32, list: writer.add_array}
-    for key, value in fields.items():
-        if value is not None:
-            adds[type(value)](f"gemma4.{key}", value)
-    writer.add_vocab_size(c.vocab_size)
+    add_fields(writer, "gemma4", fields, c.vocab_size)
 
     def add(name, values):
         if matrices is None or values.ndim < 2 or values.shape[-1] % 32 or name.endswith("ffn_gate_inp.weight"):
@@ -156,19 +168,24 @@ def test_the_multimodal_checkpoints_language_model_answers_as_its_text_model_doe
     assert_same_answers(got, [greedy_with_logprobs(hf, p, 16) for p in prompts])
 
 
+def assert_a_file_as_written_answers_as(hf, path, arch: str, named: set[str]) -> dict:
+    """``path``'s tensors all among those llama.cpp's ``arch`` reads (gguf-py's), ``named`` among them; in float64,
+    transformers' answers to a short and a long prompt. Its config as Loom reads it."""
+    from gguf.constants import MODEL_ARCH, MODEL_TENSORS, TENSOR_NAMES
+    names = tensor_kinds(path)
+    assert names <= {TENSOR_NAMES[t] for t in MODEL_TENSORS[MODEL_ARCH[arch.upper()]]} and named <= names
+    prompts = [random_prompt(random.Random(16), 1, 4), random_prompt(random.Random(17), 30, 60)]
+    assert_same_answers(greedy(path, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
+    return read(path).config
+
+
 def test_a_gemma4_file_equals_its_transformers_model(tmp_path):
     """A gemma4 file as llama.cpp's converter writes it, in float64: transformers' answers; its tensors all among
     those llama.cpp's gemma4 reads, its global layers' rope by rope_freqs."""
-    from gguf.constants import MODEL_ARCH, MODEL_TENSORS, TENSOR_NAMES
     hf = float32_weights(tiny_model("gemma4", seed=5))
-    path = write_gemma4_gguf(hf, tmp_path / "gemma4.gguf")
-    names = tensor_kinds(path)
-    assert names <= {TENSOR_NAMES[t] for t in MODEL_TENSORS[MODEL_ARCH.GEMMA4]}
-    assert {"rope_freqs", "per_layer_token_embd", "blk.{bid}.layer_output_scale", "blk.{bid}.inp_gate"} <= names
-    config = read(path).config
+    config = assert_a_file_as_written_answers_as(hf, write_gemma4_gguf(hf, tmp_path / "gemma4.gguf"), "gemma4", {
+        "rope_freqs", "per_layer_token_embd", "blk.{bid}.layer_output_scale", "blk.{bid}.inp_gate"})
     assert config["attention_k_eq_v"] and config["use_double_wide_mlp"] and config["num_kv_shared_layers"] == 2
-    prompts = [random_prompt(random.Random(16), 1, 4), random_prompt(random.Random(17), 30, 60)]
-    assert_same_answers(greedy(path, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
 
 
 def test_a_gemma4_file_with_experts_equals_its_transformers_model(tmp_path):

@@ -451,6 +451,11 @@ def write_gguf(path, arch="llama", tensors=None, metadata=None):
          list: writer.add_array}[type(value)](key, value)
     for name, (data, raw) in (tensors or EMBEDDINGS).items():
         writer.add_tensor(name, data, raw_dtype=raw)
+    return finished(writer, path)
+
+
+def finished(writer, path):
+    """The file ``writer`` was making, written (its header, metadata and tensors) and closed, at ``path``."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -549,29 +554,34 @@ def test_a_float32_load_larger_than_the_memory_available_is_refused_before_any_t
     assert gguf_reader.read(path, keep_blocks=True).tensors
 
 
-def fused_qkv_copy(path, out):
-    """``path``'s file as llama.cpp's converter writes it with --fuse-qkv (which its loader takes for nearly every
-    architecture): each layer's q, k and v weights (and biases) as one attn_qkv tensor, their rows one after
-    another in their type."""
+def rewritten(path, out, tensors):
+    """``path``'s file at ``out``: its metadata, and the tensors ``tensors`` gives (name, raw values, type) for the
+    file's (gguf-py's ReaderTensors, in order)."""
     reader = gguf.GGUFReader(path)
     writer = gguf.GGUFWriter(str(out), reader.fields["general.architecture"].contents())
     for key, field in reader.fields.items():
         if not key.startswith("GGUF.") and key != "general.architecture":
             writer.add_key_value(key, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1
                                  else None)
-    tensors = {t.name: t for t in reader.tensors}
-    for t in reader.tensors:
-        if ".attn_k." in t.name or ".attn_v." in t.name:
-            continue
-        parts = [tensors[t.name.replace(".attn_q.", f".{p}.")] for p in ("attn_q", "attn_k", "attn_v")] \
-            if ".attn_q." in t.name else [t]
-        data = np.concatenate([np.asarray(p.data) for p in parts])
-        writer.add_tensor(t.name.replace(".attn_q.", ".attn_qkv."), data, raw_dtype=t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
+    for name, data, kind in tensors(reader.tensors):
+        writer.add_tensor(name, data, raw_dtype=kind)
+    return finished(writer, out)
+
+
+def fused_qkv_copy(path, out):
+    """``path``'s file as llama.cpp's converter writes it with --fuse-qkv (which its loader takes for nearly every
+    architecture): each layer's q, k and v weights (and biases) as one attn_qkv tensor, their rows one after
+    another in their type."""
+    def fused(tensors):
+        by_name = {t.name: t for t in tensors}
+        for t in tensors:
+            if ".attn_k." in t.name or ".attn_v." in t.name:
+                continue
+            parts = [by_name[t.name.replace(".attn_q.", f".{p}.")] for p in ("attn_q", "attn_k", "attn_v")] \
+                if ".attn_q." in t.name else [t]
+            yield (t.name.replace(".attn_q.", ".attn_qkv."), np.concatenate([np.asarray(p.data) for p in parts]),
+                   t.tensor_type)
+    return rewritten(path, out, fused)
 
 
 @pytest.mark.parametrize("arch,gguf_arch,matrices", [("llama", "llama", None), ("qwen2", "qwen2", Q.Q8_0),
