@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .gemma import gemma_tensors
-from .gemma4 import Attention, Gemma4, Gemma4Spec
+from .gemma4 import Attention, Gemma4, Gemma4Spec, shared_queries
 from .layers import GATE_UP, QKV, RMSNorm, fused
 
 FAMILIES = ("gemma3n_text",)
@@ -243,10 +243,6 @@ class Gemma3n(Gemma4):
             out[o + "altup.correct_scale"] = hf[scale] if scale in hf else hf[scale + ".weight"]
             if not shares:
                 out[o + "attn.k_norm.weight"] = hf[p + "self_attn.k_norm.weight"]
-            if shares:  # (a file's keep K/V products there too, which llama.cpp requires and leaves unread)
-                whole = hf.get(p + QKV[0] + ".weight")  # (gguf.py's parts where it fused them)
-                out[o + "attn.qkv.weight"] = whole[:1] if whole is not None else hf[p + "self_attn.q_proj.weight"]
-            else:
-                out[o + "attn.qkv.weight"] = fused(hf, p, QKV)
+            out[o + "attn.qkv.weight"] = shared_queries(hf, p) if shares else fused(hf, p, QKV)
             out[o + "gate_up.weight"] = fused(hf, p, GATE_UP)
         return out

@@ -303,9 +303,8 @@ class Gemma4(DecoderModel):
             shares = i >= s.first_shared
             for ours, theirs in (norms | ({} if shares else {"attn.k_norm": "self_attn.k_norm"})).items():
                 out[o + ours + ".weight"] = hf[p + theirs + ".weight"]
-            parts = ("self_attn.q_proj",) if shares else (
-                ("self_attn.q_proj", "self_attn.k_proj") if s.values_are_keys and s.is_global(i) else QKV[1])
-            out[o + "attn.qkv.weight"] = fused(hf, p, (QKV[0], parts))
+            out[o + "attn.qkv.weight"] = shared_queries(hf, p) if shares else fused(hf, p, (QKV[0], (
+                ("self_attn.q_proj", "self_attn.k_proj") if s.values_are_keys and s.is_global(i) else QKV[1])))
             out[o + "attn.out.weight"] = hf[p + "self_attn.o_proj.weight"]
             out[o + "gate_up.weight"] = fused(hf, p, GATE_UP)
             out[o + "down.weight"] = hf[p + "mlp.down_proj.weight"]
@@ -317,6 +316,14 @@ class Gemma4(DecoderModel):
                         o + "per_layer_out.weight": hf[p + "per_layer_projection.weight"],
                         o + "per_layer_norm.weight": hf[p + "post_per_layer_input_norm.weight"]}
         return out
+
+
+def shared_queries(hf: dict, p: str):
+    """The query product of a layer that reads an earlier layer's K/V: its q_proj, or the first of the parts gguf.py
+    fused where a file keeps the layer's K/V products too (llama.cpp's loader takes them and reads none; the layer's
+    product gives queries alone)."""
+    whole = hf.get(p + QKV[0] + ".weight")
+    return hf[p + "self_attn.q_proj.weight"] if whole is None else whole[:1]
 
 
 def _mixture_beside(hf: dict, p: str, o: str, s: Gemma4Spec) -> dict:

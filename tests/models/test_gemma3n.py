@@ -16,9 +16,9 @@ from runtime import Engine
 
 from ..conftest import CONFIGS, greedy_with_logprobs, random_prompt, tiny_model
 from .test_falcon_h1 import alone_and_together, answers
-from .test_gemma4 import (GLOBAL_NAMES, LAYER_NAMES as GEMMA4_LAYER_NAMES, add_fields,
+from .test_gemma4 import (GLOBAL_NAMES, LAYER_NAMES as GEMMA4_LAYER_NAMES, add_fields, add_unread_kv,
                           assert_a_file_as_written_answers_as, sized_writer)
-from .test_gguf import assert_same_answers, rewritten
+from .test_gguf import assert_same_answers, finished, rewritten
 from .test_qwen35 import float32_weights
 
 # transformers' names a layer -> llama.cpp's: Gemma 4's (both converters keep their norms as they are, not 1 +
@@ -30,11 +30,11 @@ LAYER_NAMES = {**GEMMA4_LAYER_NAMES, "altup.correction_coefs": "altup_correct_co
 UNQUANTIZED = ("altup", "laurel", "per_layer_model_proj")  # (llama-quantize leaves them as they are)
 
 
-def write_gemma3n_gguf(hf, path, matrices: Q | None = None, metadata: dict | None = None, kv_in_shared=True):
+def write_gemma3n_gguf(hf, path, matrices: Q | None = None, metadata: dict | None = None):
     """``hf``'s weights in a GGUF file as llama.cpp's Gemma 3n converter writes them: the embedding tables padded
     with zeros to the whole vocabulary, the AltUp projections stacked, each layer's gate cutoff in standard
-    deviations, the layers' kinds as a pattern; the shared layers' K/V products (random here: transformers' model
-    has none, llama.cpp requires them and reads none) unless not ``kv_in_shared``. Matrices in float32, or in
+    deviations, the layers' kinds as a pattern; the shared layers' K/V products (add_unread_kv: llama.cpp's Gemma 3n
+    requires them and reads none). Matrices in float32, or in
     ``matrices``' type (AltUp's, Laurel's and the per-layer projection's left in float32, as llama-quantize
     leaves them); ``metadata`` (under gemma3n.) added, a None value leaving a key out. No tokenizer."""
     import gguf
@@ -65,7 +65,6 @@ def write_gemma3n_gguf(hf, path, matrices: Q | None = None, metadata: dict | Non
     for name in ("altup_projections", "altup_unembed_projections"):
         add(f"{'altup_proj' if name == 'altup_projections' else 'altup_unembd_proj'}.weight",
             np.stack([state.pop(f"{name}.{i}.weight") for i in range(c.altup_num_inputs - 1)]))
-    rng = np.random.default_rng(0)
     for name, values in state.items():
         if name == "lm_head.weight":
             if not c.tie_word_embeddings:
@@ -82,16 +81,9 @@ def write_gemma3n_gguf(hf, path, matrices: Q | None = None, metadata: dict | Non
             continue
         part, _, kind = rest.rpartition(".")
         add(f"blk.{layer}.{LAYER_NAMES[part]}.{kind}", values)
-        if kv_in_shared and int(layer) >= s.first_shared and part == "self_attn.q_proj":
-            rows = c.num_key_value_heads * c.head_dim
-            for extra in ("attn_k", "attn_v"):
-                add(f"blk.{layer}.{extra}.weight", rng.normal(size=(rows, c.hidden_size)).astype(np.float32))
-            add(f"blk.{layer}.attn_k_norm.weight", np.ones(c.head_dim, np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+        if int(layer) >= s.first_shared and part == "self_attn.q_proj":
+            add_unread_kv(add, int(layer), s, c.hidden_size)
+    return finished(writer, path)
 
 
 def test_a_gemma3n_model_answers_as_transformers_does():

@@ -16,7 +16,7 @@ from runtime import Engine
 
 from ..conftest import CONFIGS, greedy_with_logprobs, random_prompt, tiny_model
 from .test_falcon_h1 import alone_and_together, answers, tensor_kinds
-from .test_gguf import assert_same_answers, greedy
+from .test_gguf import assert_same_answers, finished, greedy
 from .test_qwen35 import float32_weights
 
 # transformers' names a layer -> llama.cpp's (Gemma 4's converter: its norms as they are, not 1 + weight)
@@ -64,7 +64,8 @@ def write_gemma4_gguf(hf, path, matrices: Q | None = None, metadata: dict | None
     """``hf``'s weights in a GGUF file as llama.cpp's Gemma 4 converter writes them: its sizes a layer at a time
     (K/V heads, MLP widths), the sliding-window layers' head size as *_swa keys, the layers' kinds as a pattern, the
     shared layers' count, rope_freqs for the global layers' proportional rope (1 for the pairs that turn, 1e30 for
-    the others), no K/V products in the shared layers, no values in global layers whose values are their keys.
+    the others), the shared layers' K/V products (add_unread_kv), no values in global layers whose values are their
+    keys.
     Matrices in float32, or in ``matrices``' type; ``metadata`` (under gemma4.) added, a None value leaving a key
     out. The file carries no tokenizer."""
     import gguf
@@ -111,14 +112,21 @@ def write_gemma4_gguf(hf, path, matrices: Q | None = None, metadata: dict | None
             add(f"blk.{layer}.{name}.{kind}", np.ascontiguousarray(values))
             continue
         part, _, kind = rest.rpartition(".")
-        if int(layer) >= s.first_shared and part in ("self_attn.k_proj", "self_attn.v_proj", "self_attn.k_norm"):
-            continue  # (transformers keeps them unused; the converter writes them, llama.cpp skips them: left out here)
         add(f"blk.{layer}.{LAYER_NAMES[part]}.{kind}", np.ascontiguousarray(values))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+        if int(layer) >= s.first_shared and part == "self_attn.q_proj":
+            add_unread_kv(add, int(layer), s, c.hidden_size)
+    return finished(writer, path)
+
+
+def add_unread_kv(add, layer: int, s: Gemma4Spec, hidden: int) -> None:
+    """A layer that reads an earlier layer's K/V given K/V products and a key norm of its own all the same, as the
+    converters write a checkpoint's (llama.cpp's loader takes them and reads none); random here, transformers'
+    models having none. ``add(name, values)``: the writer's."""
+    kv, dim = s.kv_shape(layer)
+    rng = np.random.default_rng(layer)
+    for name in ("attn_k",) + (() if s.values_are_keys and s.is_global(layer) else ("attn_v",)):
+        add(f"blk.{layer}.{name}.weight", rng.normal(size=(kv * dim, hidden)).astype(np.float32))
+    add(f"blk.{layer}.attn_k_norm.weight", np.ones(dim, np.float32))
 
 
 def test_a_gemma4_model_answers_as_transformers_does():
