@@ -100,21 +100,23 @@ ROW_STACKS = ("altup_proj.weight", "altup_unembd_proj.weight")
 HEAD_STACKS = ("attn_k_b.weight", "attn_v_b.weight")
 GEMMA_LAYER_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
                      "post_ffw_norm": "post_feedforward_layernorm"}
-# Gemma 4's: its layer's output scale, its per-layer input's gate, projection and norm
-GEMMA4_LAYER_NAMES = {**GEMMA_LAYER_NAMES, "layer_output_scale": "layer_scalar", "inp_gate": "per_layer_input_gate",
-                      "proj": "per_layer_projection", "post_norm": "post_per_layer_input_norm",
+# a layer's per-layer input's gate, projection and norm (Gemma 4's, Gemma 3n's)
+PER_LAYER_INPUT_NAMES = {"inp_gate": "per_layer_input_gate", "proj": "per_layer_projection",
+                         "post_norm": "post_per_layer_input_norm"}
+# Gemma 4's: its layer's output scale, its per-layer input's
+GEMMA4_LAYER_NAMES = {**GEMMA_LAYER_NAMES, **PER_LAYER_INPUT_NAMES, "layer_output_scale": "layer_scalar",
                       # (the 26B-A4B's norms about its experts; their router's scale comes as mlp.gate.scale, their
                       # own scales as mlp.experts.down_proj.scale: gemma4.py reads both)
                       "pre_ffw_norm_2": "pre_feedforward_layernorm_2", "post_ffw_norm_1": "post_feedforward_layernorm_1",
                       "post_ffw_norm_2": "post_feedforward_layernorm_2"}
 # Gemma 3n's: its per-layer input's as Gemma 4's, AltUp's and Laurel's
-GEMMA3N_LAYER_NAMES = {**GEMMA_LAYER_NAMES, "inp_gate": "per_layer_input_gate", "proj": "per_layer_projection",
-                       "post_norm": "post_per_layer_input_norm", "altup_correct_coef": "altup.correction_coefs",
+GEMMA3N_LAYER_NAMES = {**GEMMA_LAYER_NAMES, **PER_LAYER_INPUT_NAMES, "altup_correct_coef": "altup.correction_coefs",
                        "altup_correct_scale": "altup.correct_output_scale", "altup_predict_coef": "altup.prediction_coefs",
                        "altup_router": "altup.modality_router", "altup_router_norm": "altup.router_norm",
                        "laurel_l": "laurel.linear_left", "laurel_r": "laurel.linear_right",
                        "laurel_post_norm": "laurel.post_laurel_norm"}
-ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3n": GEMMA3N_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES, "gemma4": GEMMA4_LAYER_NAMES,
+ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES, "gemma4": GEMMA4_LAYER_NAMES,
+                    "gemma3n": GEMMA3N_LAYER_NAMES,
                     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
                     "olmo2": OUTPUT_NORM_NAMES, "exaone4": OUTPUT_NORM_NAMES,
                     "gpt-oss": {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"},

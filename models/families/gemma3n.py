@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .gemma import gemma_tensors
-from .gemma4 import Attention, Gemma4, Gemma4Spec, shared_queries
+from .gemma4 import (BLOCK_NAMES, PER_LAYER_NAMES, Attention, Gemma4, Gemma4Spec, per_layer_table, renamed,
+                     shared_queries)
 from .layers import GATE_UP, QKV, RMSNorm, fused
 
 FAMILIES = ("gemma3n_text",)
@@ -215,9 +216,7 @@ class Gemma3n(Gemma4):
         """Transformers' parameter names (or a GGUF file's stacked AltUp projections, gguf.py's names) -> this
         module's, fusing q/k/v and gate/up."""
         hf, out = gemma_tensors(hf, s)
-        out |= {"per_layer_embed.weight": hf["embed_tokens_per_layer.weight"],
-                "per_layer_project.weight": hf["per_layer_model_projection.weight"],
-                "per_layer_project_norm.weight": hf["per_layer_projection_norm.weight"]}
+        out |= per_layer_table(hf)
         # the AltUp projections a matrix a stream (transformers'), or a file's stack of them (gguf.py: a matrix of
         # their rows, in the file's blocks; a [streams, hidden, hidden] float32 copy where none are kept)
         others, width = range(s.altup_inputs - 1), s.hidden_size
@@ -226,23 +225,18 @@ class Gemma3n(Gemma4):
                            for n in ("altup_projections", "altup_unembed_projections"))
         out["altup_spread.weight"] = spread
         out |= {f"altup_unembed.{i}.weight": unembed[i * width:(i + 1) * width] for i in others}
-        renamed = {"input_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
-                   "pre_mlp_norm": "pre_feedforward_layernorm", "post_mlp_norm": "post_feedforward_layernorm",
-                   "attn.q_norm": "self_attn.q_norm", "attn.out": "self_attn.o_proj", "down": "mlp.down_proj",
-                   "laurel_left": "laurel.linear_left", "laurel_right": "laurel.linear_right",
-                   "laurel_norm": "laurel.post_laurel_norm", "per_layer_gate": "per_layer_input_gate",
-                   "per_layer_out": "per_layer_projection", "per_layer_norm": "post_per_layer_input_norm",
-                   "altup.router": "altup.modality_router", "altup.router_norm": "altup.router_norm"}
+        own = {"laurel_left": "laurel.linear_left", "laurel_right": "laurel.linear_right",
+               "laurel_norm": "laurel.post_laurel_norm", "altup.router": "altup.modality_router",
+               "altup.router_norm": "altup.router_norm"}
         coefs = {"altup.predict_coefs": "altup.prediction_coefs", "altup.correct_coefs": "altup.correction_coefs"}
         for i in range(s.num_layers):
             p = o = f"layers.{i}."
             shares = i >= s.first_shared
-            out |= {o + ours + ".weight": hf[p + theirs + ".weight"] for ours, theirs in renamed.items()}
+            out |= renamed(hf, p, o, BLOCK_NAMES | PER_LAYER_NAMES | own | (
+                {} if shares else {"attn.k_norm": "self_attn.k_norm"}))
             out |= {o + ours: hf[p + theirs + ".weight"] for ours, theirs in coefs.items()}
             scale = p + "altup.correct_output_scale"  # (a GGUF file's with a kind: gguf.py's names)
             out[o + "altup.correct_scale"] = hf[scale] if scale in hf else hf[scale + ".weight"]
-            if not shares:
-                out[o + "attn.k_norm.weight"] = hf[p + "self_attn.k_norm.weight"]
             out[o + "attn.qkv.weight"] = shared_queries(hf, p) if shares else fused(hf, p, QKV)
             out[o + "gate_up.weight"] = fused(hf, p, GATE_UP)
         return out

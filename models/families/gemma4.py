@@ -292,30 +292,40 @@ class Gemma4(DecoderModel):
         """Transformers' parameter names -> this module's, fusing q/k/v and gate/up."""
         hf, out = gemma_tensors(hf, s)
         if s.per_layer_width:
-            out |= {"per_layer_embed.weight": hf["embed_tokens_per_layer.weight"],
-                    "per_layer_project.weight": hf["per_layer_model_projection.weight"],
-                    "per_layer_project_norm.weight": hf["per_layer_projection_norm.weight"]}
-        norms = {"input_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
-                 "pre_mlp_norm": "pre_feedforward_layernorm", "post_mlp_norm": "post_feedforward_layernorm",
-                 "attn.q_norm": "self_attn.q_norm"}
+            out |= per_layer_table(hf)
         for i in range(s.num_layers):
             p = o = f"layers.{i}."
             shares = i >= s.first_shared
-            for ours, theirs in (norms | ({} if shares else {"attn.k_norm": "self_attn.k_norm"})).items():
-                out[o + ours + ".weight"] = hf[p + theirs + ".weight"]
+            out |= renamed(hf, p, o, BLOCK_NAMES | (PER_LAYER_NAMES if s.per_layer_width else {}) | (
+                {} if shares else {"attn.k_norm": "self_attn.k_norm"}))
             out[o + "attn.qkv.weight"] = shared_queries(hf, p) if shares else fused(hf, p, (QKV[0], (
                 ("self_attn.q_proj", "self_attn.k_proj") if s.values_are_keys and s.is_global(i) else QKV[1])))
-            out[o + "attn.out.weight"] = hf[p + "self_attn.o_proj.weight"]
             out[o + "gate_up.weight"] = fused(hf, p, GATE_UP)
-            out[o + "down.weight"] = hf[p + "mlp.down_proj.weight"]
             out[o + "scalar"] = hf[p + "layer_scalar"].reshape(1)
             if s.moe is not None:
                 out |= _mixture_beside(hf, p, o, s)
-            if s.per_layer_width:
-                out |= {o + "per_layer_gate.weight": hf[p + "per_layer_input_gate.weight"],
-                        o + "per_layer_out.weight": hf[p + "per_layer_projection.weight"],
-                        o + "per_layer_norm.weight": hf[p + "post_per_layer_input_norm.weight"]}
         return out
+
+
+# a block's weights, this module's names -> transformers' (Gemma 3n's blocks have them too), and a block's
+# per-layer input's
+BLOCK_NAMES = {"input_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
+               "pre_mlp_norm": "pre_feedforward_layernorm", "post_mlp_norm": "post_feedforward_layernorm",
+               "attn.q_norm": "self_attn.q_norm", "attn.out": "self_attn.o_proj", "down": "mlp.down_proj"}
+PER_LAYER_NAMES = {"per_layer_gate": "per_layer_input_gate", "per_layer_out": "per_layer_projection",
+                   "per_layer_norm": "post_per_layer_input_norm"}
+
+
+def renamed(hf: dict, p: str, o: str, names: dict) -> dict:
+    """The weights ``names`` lists (ours -> theirs) of transformers' layer ``p`` under this module's ``o``."""
+    return {o + ours + ".weight": hf[p + theirs + ".weight"] for ours, theirs in names.items()}
+
+
+def per_layer_table(hf: dict) -> dict:
+    """The per-layer inputs' token table, the embedded input's projection and its norm, by this module's names."""
+    return {"per_layer_embed.weight": hf["embed_tokens_per_layer.weight"],
+            "per_layer_project.weight": hf["per_layer_model_projection.weight"],
+            "per_layer_project_norm.weight": hf["per_layer_projection_norm.weight"]}
 
 
 def shared_queries(hf: dict, p: str):

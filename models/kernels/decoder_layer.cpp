@@ -898,18 +898,14 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
         }
         multiply(steps, width, m.rank, m.dt_proj, static_cast<const T*>(m.dt_bias), inner, dt);
 #pragma omp for
-        for (int64_t i = 0; i < rows * inner; ++i)  // softplus, as torch's (x past 20 taken as it is)
-            dt[i] = dt[i] > T(20) ? dt[i] : std::log1p(std::exp(dt[i]));
+        for (int64_t i = 0; i < rows * inner; ++i) dt[i] = softplus(dt[i]);
         const SelectiveScan<T> scan{buffers.convolved, dt, steps, width, m.rank, static_cast<const T*>(m.decay),
                                     static_cast<const T*>(m.skip), static_cast<T*>(m.states), attn, s.state_slots,
                                     s.lens, rows, inner, m.state_size};
         scan.run();
 #pragma omp for
         for (int64_t r = 0; r < rows; ++r)  // gated by SiLU(z)
-            for (int64_t i = 0; i < inner; ++i) {
-                const T g = qkv[r * 2 * inner + inner + i];
-                attn[r * inner + i] *= g / (T(1) + std::exp(-g));
-            }
+            for (int64_t i = 0; i < inner; ++i) attn[r * inner + i] *= silu(qkv[r * 2 * inner + inner + i]);
         multiply(attn, inner, inner, l.out, l.out_bias, hidden, delta);
     } else if (l.mamba != nullptr) {  // Granite 4's Mamba2
         const int64_t answers = l.mixed_width();

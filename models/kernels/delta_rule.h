@@ -78,9 +78,7 @@ struct DeltaMixer {
             }
             const int64_t at = row * heads + h;
             const T b = T(1) / (T(1) + std::exp(-beta[at]));
-            const T raw = alpha[at] + dt_bias[h];
-            const T softplus = raw > T(20) ? raw : std::log1p(std::exp(raw));  // (torch's threshold)
-            const T a = std::exp(decay_rate[h] * softplus);
+            const T a = std::exp(decay_rate[h] * softplus(alpha[at] + dt_bias[h]));
             for (int64_t j = 0; j < value_dim; ++j) {
                 memory[j] = 0;
                 o[j] = 0;

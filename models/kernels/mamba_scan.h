@@ -50,8 +50,7 @@ struct Mamba2Mixer {
         T* S = states + (slots[start] * heads + h) * head_dim * N;
         if (lens[start] == 1) std::memset(S, 0, sizeof(T) * head_dim * N);
         for (int64_t row = start; row < start + n; ++row) {
-            const T raw = projected[row * stride + inner() + W + h] + dt_bias[h];
-            const T dt = raw > T(20) ? raw : std::log1p(std::exp(raw));  // softplus (torch's threshold)
+            const T dt = softplus(projected[row * stride + inner() + W + h] + dt_bias[h]);
             const T a = std::exp(dt * decay[h]);
             const T* x = convolved + row * W + h * head_dim;
             const T* B = convolved + row * W + inner() + g * N;

@@ -40,6 +40,12 @@ T silu(T x) {
     return x / (T(1) + std::exp(-x));
 }
 
+// log(1 + e^x), x itself past 20 (torch's threshold): the recurrences' time steps and decays.
+template <typename T>
+T softplus(T x) {
+    return x > T(20) ? x : std::log1p(std::exp(x));
+}
+
 // Where each run of ``slots`` [rows] (a row's state slot) starts, then ``rows``: a run's rows share a slot.
 void find_runs(const int64_t* slots, int64_t rows, std::vector<int64_t>& starts) {
     starts.clear();
