@@ -560,7 +560,8 @@ GGUF_LAYER_NAMES = {
     "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
     "mlp.shared_expert.down_proj": "ffn_down_shexp", "shared_mlp.output_linear": "ffn_down_shexp",
     "mlp.shared_experts.gate_proj": "ffn_gate_shexp", "mlp.shared_experts.up_proj": "ffn_up_shexp",
-    "mlp.shared_experts.down_proj": "ffn_down_shexp"}
+    "mlp.shared_experts.down_proj": "ffn_down_shexp",
+    "mlp.fc1_latent_proj": "ffn_latent_down", "mlp.fc2_latent_proj": "ffn_latent_up"}  # (Nemotron 3 Super's)
 GGUF_GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                      "lm_head.weight": "output.weight", "model.embedding_norm.weight": "token_embd_norm.weight"}
 GGUF_LFM2_NAMES = {"operator_norm": "attn_norm", "ffn_norm": "ffn_norm", "self_attn.out_proj": "attn_output",
@@ -699,7 +700,8 @@ def _nemotron_h_metadata(c) -> dict:
                "expert_feed_forward_length": c.moe_intermediate_size,
                "expert_shared_feed_forward_length": c.moe_shared_expert_intermediate_size,
                "expert_shared_count": c.n_shared_experts, "expert_weights_norm": c.norm_topk_prob,
-               "expert_weights_scale": float(c.routed_scaling_factor), "expert_group_count": c.n_group}
+               "expert_weights_scale": float(c.routed_scaling_factor), "expert_group_count": c.n_group,
+               "moe_latent_size": c.moe_latent_size}
     return {"ssm.conv_kernel": c.conv_kernel, "ssm.state_size": c.ssm_state_size, "ssm.group_count": c.n_groups,
             "ssm.time_step_rank": c.mamba_num_heads, "ssm.inner_size": c.mamba_num_heads * c.mamba_head_dim,
             **(experts if "moe" in c.layers_block_type else {})}

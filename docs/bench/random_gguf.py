@@ -23,6 +23,7 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape deepseek2-16b --format q4_k_m --vocab 102400 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape glm47flash-30b-a3b-12l --format q4_k_m --vocab 154880 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape nemotron3-nano-30b-a3b-12l --format q4_k_m --vocab 131072 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape nemotron3-super-120b-a12b-6l --format q4_k_m --vocab 131072 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape glm45air-106b-a12b-6l --format q4_k_m --vocab 151552 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape qwen3next-80b-a3b-8l --format q4_k_m --vocab 151936 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape falcon-h1-0.5b --format q4_k_m --out /tmp/gguf
@@ -108,7 +109,11 @@ them mixtures of 128 squared-ReLU experts of 1856 rows (ffn_up_exps, ffn_down_ex
 their sigmoid plus a bias each, renormalised and scaled by 2.5, beside one shared expert of 3712 rows; 64 Mamba2 heads
 of 64 in 8 groups, 32 query heads and 2 K/V heads of 128; its hidden 2688 and experts' 1856 rows are not whole
 256-value super-blocks, so its "Q4_K_M" is mostly llama.cpp's Q5_0 and Q8_0 fallbacks, as the published files are;
-the -12l one its first twelve layers); the glm45air ones as GLM-4.5-Air's (architecture glm4moe: 96 query heads
+the -12l one its first twelve layers); the nemotron3-super ones as Nemotron 3 Super 120B-A12B's, as I recall its
+config (88 layers of a 4096-wide model; 512 experts of 2688 rows, 22 a token, working in a 1024-wide latent space:
+ffn_latent_down before them, ffn_latent_up after, moe_latent_size in the metadata; a shared expert of 5376 rows on
+the hidden state; 128 Mamba2 heads of 64; the -6l one its first six layers in Nano's pattern, two of them
+mixtures); the glm45air ones as GLM-4.5-Air's (architecture glm4moe: 96 query heads
 and 8 K/V heads of 128, half of each rotated, biases on q/k/v, post_attention_norm before the MLP, a dense first
 layer of 10944 rows, then 128 experts of 1408 rows, 8 a token, chosen by their sigmoid plus a bias each and
 renormalised, beside one shared expert; the -6l one its first six of 46 layers);
@@ -189,6 +194,8 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "glm47flash-30b-a3b-12l": (2048, 10240, 12, 20, 1),
           # Nemotron 3 Nano 30B-A3B's (its intermediate: an expert's width), and its first twelve layers
           "nemotron3-nano-30b-a3b": (2688, 1856, 52, 32, 2), "nemotron3-nano-30b-a3b-12l": (2688, 1856, 12, 32, 2),
+          # Nemotron 3 Super 120B-A12B's, and its first six layers
+          "nemotron3-super-120b-a12b": (4096, 2688, 88, 32, 2), "nemotron3-super-120b-a12b-6l": (4096, 2688, 6, 32, 2),
           # Falcon-H1-0.5B's and 7B's (their MLP widths from their parameter counts)
           "falcon-h1-0.5b": (1024, 2048, 36, 8, 2), "falcon-h1-7b": (3072, 12288, 44, 12, 2),
           # state-spaces' mamba2-2.7b's and Mistral's Mamba-Codestral-7B's (Mamba2 layers alone: no MLP, no heads)
@@ -210,6 +217,7 @@ UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-
           "qwen2moe-a2.7b", "qwen35-9b", "qwen3vl-8b", "qwen3vlmoe-30b-a3b", "nemotronh-4b", "nemotronh-8b",
           "qwen35moe-35b-a3b", "qwen35moe-35b-a3b-10l", "glm4-9b", "deepseek2-16b", "glm47flash-30b-a3b",
           "glm47flash-30b-a3b-12l", "nemotron3-nano-30b-a3b", "nemotron3-nano-30b-a3b-12l", "glm45air-106b-a12b",
+          "nemotron3-super-120b-a12b", "nemotron3-super-120b-a12b-6l",
           "glm45air-106b-a12b-6l", "qwen3next-80b-a3b", "qwen3next-80b-a3b-8l", "falcon-h1-0.5b", "falcon-h1-7b",
           "nemotronh-nano-9b", "mamba2-codestral-7b", "falcon-mamba-7b"}  # the shapes whose output layer
 # is a tensor of its own
@@ -254,6 +262,7 @@ class Layout:
     # mixture of experts of up and down, Nemotron 3's, as ``experts`` and ``shared_expert`` say), its Mamba2 layers'
     # sizes in ``mamba``
     pattern: str | None = None
+    expert_latent: int = 0  # the width the experts work in (Nemotron 3 Super's moe_latent_size; 0: the hidden size)
     # GLM-4's: its rotary over this share of a head, gate and up one ffn_up
     rotary_share: float = 1.0
     glm: bool = False
@@ -277,6 +286,7 @@ class Layout:
 NEMOTRON_H_8B = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
 NEMOTRON_NANO_9B = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"
 NEMOTRON_3_NANO = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"  # (NVIDIA's Megatron Bridge's)
+NEMOTRON_3_SUPER = (NEMOTRON_3_NANO * 2)[:88]  # (Super's 88 layers in Nano's rhythm: its own pattern not at hand)
 
 LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
            "granite3": Layout("granite", rope_base=1e7, eps=1e-5, context=131072, scales=(12.0, 0.22, 0.015625, 8.0)),
@@ -366,6 +376,9 @@ SHAPE_LAYOUTS = {"gemma3-4b": replace(LAYOUTS["gemma3"], window=1024, linear_rop
                  "granite4h-350m": replace(LAYOUTS["granite4h"], attending=(3, 11, 19, 27), mamba=(48, 32, 128, 1)),
                  "granite4h-micro": replace(LAYOUTS["granite4h"], mamba=(64, 64, 128, 1)),
                  "granite4h-tiny": replace(LAYOUTS["granite4h"], experts=(64, 6, 512), shared_expert=1024),
+                 **{shape: replace(LAYOUTS["nemotron3"], mamba=(128, 64, 128, 8), experts=(512, 22, 2688),
+                                   shared_expert=5376, expert_latent=1024, pattern=NEMOTRON_3_SUPER)
+                    for shape in ("nemotron3-super-120b-a12b", "nemotron3-super-120b-a12b-6l")},
                  "nemotronh-4b": replace(LAYOUTS["nemotronh"], mamba=(112, 64, 128, 8)),
                  "nemotronh-nano-9b": replace(LAYOUTS["nemotronh"], mamba=(128, 80, 128, 8), context=131072,
                                               pattern=NEMOTRON_NANO_9B)}
@@ -476,8 +489,11 @@ def single_purpose_layer(letter: str, hidden: int, inner: int, q: int, kv: int, 
     experts' (E: the router and selection bias, the experts' up and down stacks, the shared expert's)."""
     if letter == "E":
         count, _, width = family.experts
-        parts = (("ffn_gate_inp.weight", (count, hidden)), ("exp_probs_b.bias", (count,)),
-                 ("ffn_up_exps.weight", (count, width, hidden)), ("ffn_down_exps.weight", (count, hidden, width)),
+        space = family.expert_latent or hidden  # (the experts' rows: a latent mixture's narrower)
+        latent = (("ffn_latent_down.weight", (space, hidden)), ("ffn_latent_up.weight", (hidden, space))) \
+            if family.expert_latent else ()
+        parts = (("ffn_gate_inp.weight", (count, hidden)), ("exp_probs_b.bias", (count,)), *latent,
+                 ("ffn_up_exps.weight", (count, width, space)), ("ffn_down_exps.weight", (count, space, width)),
                  ("ffn_up_shexp.weight", (family.shared_expert, hidden)),
                  ("ffn_down_shexp.weight", (hidden, family.shared_expert)))
     else:
@@ -794,6 +810,8 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_expert_weights_scale(family.sigmoid[0])
         writer.add_expert_weights_norm(family.sigmoid[1])
         writer.add_expert_group_count(1)
+        if family.expert_latent:
+            writer.add_moe_latent_size(family.expert_latent)
     if family.arch == "ernie4_5-moe":  # (llama.cpp requires the step)
         writer.add_leading_dense_block_count(family.dense_lead)
         writer.add_interleave_moe_layer_step(1)

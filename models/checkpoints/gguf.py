@@ -84,7 +84,9 @@ MAMBA_LAYER_NAMES = {"ssm_in": "mamba.in_proj", "ssm_conv1d": "mamba.conv1d", "s
 # Granite 4's hybrids' Mamba2 layers by transformers' names (their ssm_a, -exp(A_log), by a name of its own)
 GRANITE_HYBRID_LAYER_NAMES = {"ssm_in": "mamba.in_proj", "ssm_conv1d": "mamba.conv1d", "ssm_dt": "mamba.dt_bias",
                               "ssm_a": "mamba.ssm_a", "ssm_d": "mamba.D", "ssm_norm": "mamba.norm",
-                              "ssm_out": "mamba.out_proj"}
+                              "ssm_out": "mamba.out_proj",
+                              # (Nemotron 3 Super's latent mixtures: the projections into their space and back)
+                              "ffn_latent_down": "mlp.fc1_latent_proj", "ffn_latent_up": "mlp.fc2_latent_proj"}
 # DeepSeek's latent attention by transformers' names (kv_b_proj as llama.cpp's converter splits it: k_b_proj, each
 # head's key rows transposed, and v_b_proj)
 DEEPSEEK_LAYER_NAMES = {"attn_q_a": "self_attn.q_a_proj", "attn_q_a_norm": "self_attn.q_a_layernorm",

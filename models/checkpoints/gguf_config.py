@@ -436,8 +436,7 @@ def _nemotron_h_experts(key, used: int, inner: int | None, shared: int | None) -
     """A Nemotron 3 file's experts as transformers names them, as llama.cpp runs them: sigmoid scores, renormalised
     and scaled where the file says, within the best groups where it has several (scored by their best two, as
     llama.cpp scores any mixture's groups); an expert's width a layer's feed_forward_length over the experts it
-    takes where the file does not say (llama.cpp's fallback). A latent mixture's width, which nemotron_h.py
-    refuses."""
+    takes where the file does not say (llama.cpp's fallback); a latent mixture's width (Nemotron 3 Super's)."""
     if not isinstance(used, int) or not isinstance(inner, (int, type(None))):
         raise ValueError("a Nemotron-H file whose layers take different numbers of experts, or experts of different "
                          "widths (NVIDIA's Puzzle models), is not supported; Loom runs mixtures whose layers share "

@@ -49,6 +49,10 @@ class MoESpec:
     # each expert, the shared one too, relu(up)^2 then its down product, no gate (Nemotron 3's); else a SwiGLU
     squared_relu: bool = False
     gelu: bool = False  # each expert gelu_tanh(gate) x up, not silu (Gemma 4's)
+    # the routed experts' own width (0: the hidden size): the hidden state projected down to it before them and
+    # their weighted sum back up after (Nemotron 3 Super's latent mixtures; the router and the shared expert read
+    # the hidden state itself)
+    latent_size: int = 0
 
     @classmethod
     def from_hf(cls, c: dict) -> "MoESpec | None":
@@ -220,8 +224,10 @@ class SparseMoE(nn.Module):
         super().__init__()
         self.spec = s
         self.router = nn.Linear(hidden_size, s.num_experts, bias=s.biases)
-        self.experts = Experts(s.num_experts, hidden_size, s.intermediate_size, s.biases, s.clamped_swiglu,
-                               s.squared_relu)
+        width = s.latent_size or hidden_size  # (the experts' own: MoESpec.latent_size)
+        self.latent_down = nn.Linear(hidden_size, width, bias=False) if s.latent_size else None
+        self.latent_up = nn.Linear(width, hidden_size, bias=False) if s.latent_size else None
+        self.experts = Experts(s.num_experts, width, s.intermediate_size, s.biases, s.clamped_swiglu, s.squared_relu)
         self.shared = None
         if s.shared_intermediate_size:
             self.shared = SquaredReLU(hidden_size, s.shared_intermediate_size) if s.squared_relu else \
@@ -241,16 +247,23 @@ class SparseMoE(nn.Module):
             weights = weights / weights.sum(-1, keepdim=True)
         if self.spec.routed_scale != 1.0:
             weights = weights * self.spec.routed_scale
-        out = run_experts(self.experts, x, weights.to(x.dtype), experts, self.spec.num_experts)
+        routed = x if self.latent_down is None else self.latent_down(x)
+        out = run_experts(self.experts, routed, weights.to(x.dtype), experts, self.spec.num_experts)
+        if self.latent_up is not None:
+            out = self.latent_up(out)
         return out + self.shared(x) if self.shared is not None else out
 
     @staticmethod
     def convert(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
-        """The router, the experts (_routed_experts), the shared expert and the selection bias (ERNIE
+        """The router, the experts (_routed_experts), the shared expert, the selection bias (ERNIE
         4.5's: [1, experts] under its router in transformers 5's layout, beside it in its checkpoints',
         a vector in a GGUF file, which gguf.py names as the checkpoints do, and which a file may leave
-        out) under ``prefix``."""
+        out) and a latent mixture's projections (Nemotron 3 Super's mlp.fc1_latent_proj, fc2_latent_proj)
+        under ``prefix``."""
         out = (_ungated_experts if s.squared_relu else _routed_experts)(hf, prefix, out_prefix, s)
+        if s.latent_size:
+            out |= {out_prefix + f"latent_{way}.weight": hf.pop(f"{prefix}mlp.fc{n}_latent_proj.weight")
+                    for way, n in (("down", 1), ("up", 2))}
         if s.shared_intermediate_size:
             out |= _shared_expert(hf, prefix, out_prefix + "shared.", s)
         if s.selection_bias:  # (none in a file: zeros, as llama.cpp takes it)

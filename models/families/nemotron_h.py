@@ -11,7 +11,8 @@ pool holds no K/V, only a state a sequence.
 Nemotron 3's experts (moe.py, MoESpec.squared_relu) are DeepSeek-V3's routing over Nemotron-H's MLPs: each
 expert's probability the sigmoid of its logit, chosen by it plus a bias of the expert's, within the best groups
 (the sum of each group's best two) where there are several; the chosen renormalised and scaled; a shared expert
-beside them. Nemotron 3 Super's latent mixtures (the experts working in a narrower space) are refused."""
+beside them. Nemotron 3 Super's experts work in a narrower space (moe_latent_size): the hidden state projected down
+to it before them, their weighted sum back up after; its router and shared expert read the hidden state itself."""
 
 from __future__ import annotations
 
@@ -118,9 +119,6 @@ def _experts(c: dict, types: list[str], blocks: tuple[tuple[int, int | None], ..
     experts layer; None where no layer is one."""
     if "moe" not in types:
         return None
-    if c.get("moe_latent_size") is not None:
-        raise ValueError(f"Nemotron-H's latent mixtures of experts (moe_latent_size {c['moe_latent_size']}, Nemotron 3 "
-                         "Super's) are not supported; Loom runs Nemotron-H experts that read the hidden state itself")
     if c.get("mlp_bias"):  # (transformers' shared expert would take biases, which SparseMoE's has not)
         raise ValueError("Nemotron-H experts with mlp_bias are not supported; Loom runs Nemotron 3's, which have none")
     groups = c.get("n_group") or 1
@@ -129,7 +127,8 @@ def _experts(c: dict, types: list[str], blocks: tuple[tuple[int, int | None], ..
                    frozenset(b for b, (_, second) in enumerate(blocks) if second is None or types[second] != "moe"), 1,
                    shared_intermediate_size=c.get("moe_shared_expert_intermediate_size") or 0, selection_bias=True,
                    sigmoid=True, routed_scale=float(c.get("routed_scaling_factor") or 1.0),
-                   groups=(groups, c.get("topk_group") or 1, 2) if groups > 1 else None, squared_relu=True)
+                   groups=(groups, c.get("topk_group") or 1, 2) if groups > 1 else None, squared_relu=True,
+                   latent_size=c.get("moe_latent_size") or 0)
 
 
 class NemotronH(GraniteHybrid):

@@ -76,6 +76,9 @@ inline bool ungated(int64_t activation) { return activation == GELU_TANH || acti
 // it normed with ``route_norm`` (router.scale / sqrt(hidden): a norm without a weight, then that scale),
 // run on it normed with ``pre_norm``, their sum normed with ``post_norm`` and added to the MLP's output
 // normed with ``dense_norm``; all four in the model's type; an expert ``intermediate`` wide, the MLP the layer's.
+// With ``latent`` (Nemotron 3 Super's; 0 elsewhere) the routed experts work ``latent`` values wide: their input
+// the rows through ``latent_down``, their weighted sum back through ``latent_up`` (the router and the shared
+// expert read the rows themselves).
 struct Experts {
     const Weights* router;
     const Weights* gate_up;  // count of them
@@ -83,8 +86,10 @@ struct Experts {
     const void *router_bias, *gate_up_bias, *down_bias, *selection_bias;
     const Weights *shared_gate_up, *shared_down, *shared_gate;
     const void *expert_scales, *route_norm, *pre_norm, *post_norm, *dense_norm;
+    const Weights *latent_down, *latent_up;
     int64_t count, top_k, normalize, activation, shared_intermediate, sigmoid, beside;
     int64_t intermediate;  // an expert's width where it is not the layer's (beside an MLP of its own; else 0)
+    int64_t latent;
     double alpha, limit, routed_scale;
 };
 
@@ -517,6 +522,7 @@ struct Intermediates {
     // done, the shared expert's outputs [rows, hidden] in pair_rows, its gates' logits in logits)
     T *logits, *pair_weights, *pair_rows, *pair_outputs;
     int64_t *pair_experts, *pair_places, *expert_starts;
+    T* latent = nullptr;  // a latent mixture's rows in its space [rows, latent], then their routed sum
     int64_t size = 0;  // elements in all
 
     // ``base`` null: the size alone
@@ -582,6 +588,7 @@ struct Intermediates {
             pair_experts = take_indices(pairs);
             pair_places = take_indices(pairs);
             expert_starts = take_indices(l.experts->count + 1);
+            if (l.experts->latent) latent = take(rows * l.experts->latent);
             if (l.experts->beside) {
                 route = take(rows * l.hidden);
                 beside_out = take(rows * l.hidden);
@@ -668,14 +675,20 @@ void expert_phases(const T* h, const Layer<T, C>& l, int64_t rows, const Interme
                    int64_t panel_from, const T* route = nullptr) {
     const Experts& e = *l.experts;
     const int64_t hidden = l.hidden, inner = e.intermediate ? e.intermediate : l.intermediate, pairs = rows * e.top_k;
+    const int64_t width = e.latent ? e.latent : hidden;  // the routed experts' rows
     const int64_t up_width = ungated(e.activation) ? inner : 2 * inner;
     const T *router_bias = static_cast<const T*>(e.router_bias), *gate_up_bias = static_cast<const T*>(e.gate_up_bias),
-            *down_bias = static_cast<const T*>(e.down_bias);
+            *down_bias = static_cast<const T*>(e.down_bias), *no_bias = nullptr;
     // expert i's row of a bias stack, or null
     const auto row_of = [](const T* biases, int64_t i, int64_t width) { return biases ? biases + i * width : nullptr; };
     product(route != nullptr ? route : h, hidden, rows, *e.router, router_bias, hidden, b.logits, e.count, b.scratch,
             panel_from);
     choose_experts(b.logits, rows, e, b.pair_weights, b.pair_experts);
+    const T* routed = h;
+    if (e.latent) {
+        product(h, hidden, rows, *e.latent_down, no_bias, hidden, b.latent, width, b.scratch, panel_from);
+        routed = b.latent;
+    }
 #pragma omp single
     {  // the pairs grouped by expert, in pair order within each (a counting sort)
         std::fill_n(b.expert_starts, e.count + 1, int64_t(0));
@@ -685,44 +698,50 @@ void expert_phases(const T* h, const Layer<T, C>& l, int64_t rows, const Interme
         for (int64_t p = 0; p < pairs; ++p) b.pair_places[p] = next[b.pair_experts[p]]++;
     }
 #pragma omp for
-    for (int64_t p = 0; p < pairs; ++p) std::copy_n(h + p / e.top_k * hidden, hidden, b.pair_rows + b.pair_places[p] * hidden);
+    for (int64_t p = 0; p < pairs; ++p)
+        std::copy_n(routed + p / e.top_k * width, width, b.pair_rows + b.pair_places[p] * width);
     for (int64_t i = 0; i < e.count; ++i) {
         const int64_t first = b.expert_starts[i], count = b.expert_starts[i + 1] - first;
         if (count > 0)
-            product(b.pair_rows + first * hidden, hidden, count, e.gate_up[i], row_of(gate_up_bias, i, up_width), hidden,
+            product(b.pair_rows + first * width, width, count, e.gate_up[i], row_of(gate_up_bias, i, up_width), width,
                     b.up + first * up_width, up_width, b.scratch, panel_from);
     }
     activate_rows(b.up, up_width, e.activation, pairs, inner, e.alpha, e.limit);
     for (int64_t i = 0; i < e.count; ++i) {
         const int64_t first = b.expert_starts[i], count = b.expert_starts[i + 1] - first;
         if (count > 0)
-            product(b.up + first * up_width, up_width, count, e.down[i], row_of(down_bias, i, hidden), inner,
-                    b.pair_outputs + first * hidden, hidden, b.scratch, panel_from);
+            product(b.up + first * up_width, up_width, count, e.down[i], row_of(down_bias, i, width), inner,
+                    b.pair_outputs + first * width, width, b.scratch, panel_from);
     }
     const bool shares = e.shared_gate_up != nullptr;
     if (shares) {  // the routed products' inputs and activations are spent: their room takes the shared expert's
-        const int64_t width = e.shared_intermediate;
+        const int64_t shared = e.shared_intermediate;
         const int64_t activation = e.activation == RELU_SQUARED ? RELU_SQUARED : SILU_GATED;
-        const int64_t stride = ungated(activation) ? width : 2 * width;
-        const T* no_bias = nullptr;
+        const int64_t stride = ungated(activation) ? shared : 2 * shared;
         product(h, hidden, rows, *e.shared_gate_up, no_bias, hidden, b.up, stride, b.scratch, panel_from);
-        activate_rows(b.up, stride, activation, rows, width);
-        product(b.up, stride, rows, *e.shared_down, no_bias, width, b.pair_rows, hidden, b.scratch, panel_from);
+        activate_rows(b.up, stride, activation, rows, shared);
+        product(b.up, stride, rows, *e.shared_down, no_bias, shared, b.pair_rows, hidden, b.scratch, panel_from);
         if (e.shared_gate != nullptr)
             product(h, hidden, rows, *e.shared_gate, no_bias, hidden, b.logits, int64_t(1), b.scratch, panel_from);
     }
+    T* sum = e.latent ? b.latent : out;  // (a latent mixture's rows in its space are spent)
 #pragma omp for
     for (int64_t r = 0; r < rows; ++r) {
-        T* y = out + r * hidden;
-        std::fill_n(y, hidden, T(0));
+        T* y = sum + r * width;
+        std::fill_n(y, width, T(0));
         for (int64_t j = 0; j < e.top_k; ++j) {
             const int64_t p = r * e.top_k + j;
-            const T weight = b.pair_weights[p], *expert_out = b.pair_outputs + b.pair_places[p] * hidden;
-            for (int64_t c = 0; c < hidden; ++c) y[c] += weight * expert_out[c];
+            const T weight = b.pair_weights[p], *expert_out = b.pair_outputs + b.pair_places[p] * width;
+            for (int64_t c = 0; c < width; ++c) y[c] += weight * expert_out[c];
         }
-        if (shares) {
+    }
+    if (e.latent) product(b.latent, width, rows, *e.latent_up, no_bias, width, out, hidden, b.scratch, panel_from);
+    if (shares) {
+#pragma omp for
+        for (int64_t r = 0; r < rows; ++r) {
             const T weight = e.shared_gate == nullptr ? T(1) : T(1) / (T(1) + std::exp(-b.logits[r]));
             const T* shared_out = b.pair_rows + r * hidden;
+            T* y = out + r * hidden;
             for (int64_t c = 0; c < hidden; ++c) y[c] += weight * shared_out[c];
         }
     }

@@ -116,9 +116,10 @@ class _Weights(ctypes.Structure):  # decoder_layer.cpp's Weights
 class _Experts(ctypes.Structure):  # decoder_layer.cpp's Experts
     _fields_ = [(name, _pointer) for name in ("router", "gate_up", "down", "router_bias", "gate_up_bias", "down_bias",
                                               "selection_bias", "shared_gate_up", "shared_down", "shared_gate",
-                                              "expert_scales", "route_norm", "pre_norm", "post_norm", "dense_norm")]
+                                              "expert_scales", "route_norm", "pre_norm", "post_norm", "dense_norm",
+                                              "latent_down", "latent_up")]
     _fields_ += [(name, _int64) for name in ("count", "top_k", "normalize", "activation", "shared_intermediate",
-                                              "sigmoid", "beside", "intermediate")]
+                                              "sigmoid", "beside", "intermediate", "latent")]
     _fields_ += [(name, _double) for name in ("alpha", "limit", "routed_scale")]
 
 
@@ -271,9 +272,10 @@ def _up_product(mlp: nn.Module) -> nn.Module:
 
 
 def _moe_products(moe: SparseMoE) -> tuple:
-    """A mixture's linear layers besides its experts' stacks: its router, and its shared expert's."""
-    shared = moe.shared
-    return (moe.router,) if shared is None else (moe.router, *_shared_products(shared))
+    """A mixture's linear layers besides its experts' stacks: its router, its shared expert's, and a latent
+    mixture's projections."""
+    latent = () if moe.latent_down is None else (moe.latent_down, moe.latent_up)
+    return (moe.router, *(() if moe.shared is None else _shared_products(moe.shared)), *latent)
 
 
 def _shared_products(shared: nn.Module) -> tuple:
@@ -513,13 +515,17 @@ class DecoderLayers:
         beside = isinstance(moe, MixtureBeside)  # (its norms and scales; its route norm the scale over sqrt(hidden))
         norms = [self._in_dtype(moe.expert_scales), self._in_dtype(moe.router_scale * moe.root),
                  *(self._factors(n) for n in (moe.pre_norm, moe.post_norm, moe.dense_norm))] if beside else [None] * 5
+        # a latent mixture's projections into its space and back (MoESpec.latent_size)
+        latent = [None if m is None else _weights(m) for m in (getattr(moe, "latent_down", None),
+                                                                getattr(moe, "latent_up", None))]
+        address = lambda w: None if w is None else ctypes.addressof(w)
         experts = _Experts(ctypes.addressof(router), ctypes.addressof(gate_up), ctypes.addressof(down),
                            self._in_dtype(moe.router.bias), self._in_dtype(moe.experts.gate_up_bias),
                            self._in_dtype(moe.experts.down_bias), self._in_dtype(getattr(moe, "selection_bias", None)),
-                           *(None if w is None else ctypes.addressof(w) for w in shared), *norms, s.num_experts,
+                           *map(address, shared), *norms, *map(address, latent), s.num_experts,
                            s.top_k, s.normalize, activation, s.shared_intermediate_size, s.sigmoid, beside,
-                           s.intermediate_size if beside else 0, alpha, limit, s.routed_scale)
-        self.weights.append((moe, router, gate_up, down, shared, experts))
+                           s.intermediate_size if beside else 0, s.latent_size, alpha, limit, s.routed_scale)
+        self.weights.append((moe, router, gate_up, down, shared, latent, experts))
         return experts
 
     def _gemma_layer(self, block, spec) -> _Layer:

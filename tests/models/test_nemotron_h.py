@@ -104,6 +104,20 @@ def test_a_nemotron_3_file_equals_its_transformers_model(tmp_path):
     assert_same_answers(greedy(written, asked), [greedy_with_logprobs(hf, p, 16) for p in asked])
 
 
+def test_a_nemotron_3_super_file_equals_its_transformers_model(tmp_path):
+    """Nemotron 3 Super's latent mixtures (moe_latent_size: the experts 32 wide in a model 64 wide, the hidden
+    state projected down before them and their sum back up, ffn_latent_down and ffn_latent_up in the file; the
+    router and the shared expert on the hidden state), in float64: transformers' greedy tokens and their
+    log-probabilities."""
+    hf = float32_weights(tiny_model("nemotron_h_moe", seed=3, moe_latent_size=32))
+    written = write_gguf_of(hf, tmp_path / "nemotron3-super.gguf", "nemotron_h_moe")
+    asked = prompts(14)
+    with Engine.from_pretrained(written) as engine:
+        experts = [b.mlp for b in engine.model.layers if b.mlp is not None]
+        assert all(m.latent_down.out_features == m.experts.hidden == 32 for m in experts)
+    assert_same_answers(greedy(written, asked), [greedy_with_logprobs(hf, p, 16) for p in asked])
+
+
 def test_a_nemotron_3_file_with_a_prediction_layer_runs_the_layers_before_it(tmp_path):
     """A file whose last block is a next-token prediction layer (nextn_predict_layers; the K/V heads and widths
     listed for it too, an attention and an experts layer in one, its eh_proj beside): the layers before it
@@ -128,11 +142,12 @@ def test_a_nemotron_3_file_with_a_prediction_layer_runs_the_layers_before_it(tmp
 
 
 @needs_kernels
-def test_an_8_bit_nemotron_3_file_runs_its_experts_in_its_blocks_on_the_native_layers(tmp_path):
+@pytest.mark.parametrize("latent", [None, 32])
+def test_an_8_bit_nemotron_3_file_runs_its_experts_in_its_blocks_on_the_native_layers(tmp_path, latent):
     """A Nemotron 3 file of 8-bit blocks keeps its experts' up and down stacks in them (no gate, no float copy)
-    and its shared expert's products, and its decode steps on the native layers answer as the torch layers
-    over the same blocks."""
-    hf = tiny_model("nemotron_h_moe", seed=5)
+    and its shared expert's products (Nemotron 3 Super's latent projections too), and its decode steps on the
+    native layers answer as the torch layers over the same blocks."""
+    hf = tiny_model("nemotron_h_moe", seed=5, moe_latent_size=latent)
     path = write_gguf_of(hf, tmp_path / "nemotron3-q8.gguf", "nemotron_h_moe", matrices=Q.Q8_0)
     with Engine.from_pretrained(path) as engine:
         experts = [b.mlp.experts for b in engine.model.layers if b.mlp is not None]
@@ -167,8 +182,6 @@ def test_nemotron_3_files_loom_does_not_run_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"layers_block_type": ["linear_attention", "moe", "full_attention", "moe"], "moe_latent_size": 32},
-     r"latent mixtures of experts \(moe_latent_size 32, Nemotron 3 Super's\)"),
     ({"layers_block_type": ["linear_attention", "mlp", "mlp", "full_attention"]},
      "Nemotron-H layer 2 is an MLP that follows no Mamba2 or attention layer"),
     ({"layers_block_type": ["linear_attention", "moe", "full_attention"], "mlp_bias": True},
