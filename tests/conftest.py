@@ -432,13 +432,33 @@ def pytest_collection_modifyitems(config, items):
                     item.add_marker(pytest.mark.skip(reason=why))
 
 
+# Families of Llama's math under names of their own: their files and checkpoints are tested alone (test_gguf's
+# Llama kin), the family-wide tests run Llama's. EXAONE 3.5; Arcee's AFM (an MLP of relu(up)^2, no gate);
+# Seed-OSS (q/k/v biases, none on the output)
+LLAMA_KIN = {
+    "exaone": lambda: transformers.ExaoneConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        pad_token_id=0),
+    "arcee": lambda: transformers.ArceeConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        pad_token_id=0),
+    "seed_oss": lambda: transformers.SeedOssConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        pad_token_id=0, attention_bias=True, attention_out_bias=False, attention_dropout=0.0, residual_dropout=0.0),
+}
+
+
 def tiny_model(arch: str, seed: int = 0, **config):
     """``arch``'s tiny random model in float64; ``config``: its config's fields set otherwise."""
     torch.manual_seed(seed)
-    settings = CONFIGS[arch]()
+    settings = (CONFIGS | LLAMA_KIN)[arch]()
     for name, value in config.items():
         setattr(settings, name, value)
-    model = MODEL_CLASSES[arch](settings).to(torch.float64).eval()
+    model = (MODEL_CLASSES[arch](settings) if arch in MODEL_CLASSES else
+             transformers.AutoModelForCausalLM.from_config(settings)).to(torch.float64).eval()
     with torch.no_grad():
         for name, tensor in model.named_parameters():
             # (transformers starts gpt-oss's biases at 0, Qwen2-MoE's shared expert's router near it, Mamba2's D at 1,
@@ -925,7 +945,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
              **(GGUF_LFM2_NAMES if lfm2 else {}), **(GGUF_QWEN35_NAMES if qwen35 else {}),
              **({"post_self_attn_layernorm": "post_attention_norm", "post_mlp_layernorm": "post_ffw_norm"}
                 if arch == "glm4" else {}), **(GGUF_DEEPSEEK2_NAMES if arch == "deepseek2" else {}),
-             **({"post_attention_layernorm": "post_attention_norm"} if arch == "glm4moe" else {})}
+             **({"post_attention_layernorm": "post_attention_norm"} if arch in ("glm4moe", "seed_oss") else {})}
     for name, tensor in (_falcon_h1_state(hf) if falcon else hf.state_dict()).items():
         if name.startswith("model.visual."):
             continue
@@ -993,7 +1013,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                 add(f"blk.{layer}.ffn_down_exps.weight", values)
             continue
         part, kind = rest.rsplit(".", 1)
-        if arch in ("llama", "smollm3", "granite", "granitemoe", "granitehybrid", "mistral3") and part in ("self_attn.q_proj", "self_attn.k_proj"):
+        if arch in ("llama", "smollm3", "granite", "granitemoe", "granitehybrid", "mistral3", "arcee", "internlm2",
+                    "minicpm") and part in ("self_attn.q_proj", "self_attn.k_proj"):
             count = heads if part == "self_attn.q_proj" else kv_heads
             values = values.reshape(count, 2, values.shape[0] // count // 2, *values.shape[1:]).swapaxes(1, 2)
             values = values.reshape(tensor.shape)

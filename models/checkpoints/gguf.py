@@ -132,6 +132,7 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES, "g
                     "nemotron_h_moe": GRANITE_HYBRID_LAYER_NAMES,
                     # (GLM-4.5's norm before the MLP by the name of a norm after the attention)
                     "glm4moe": {"post_attention_norm": "post_attention_layernorm"},
+                    "seed_oss": {"post_attention_norm": "post_attention_layernorm"},  # (Seed-OSS's likewise)
                     "deepseek2": DEEPSEEK_LAYER_NAMES, "falcon-h1": GRANITE_HYBRID_LAYER_NAMES,
                     "mamba2": GRANITE_HYBRID_LAYER_NAMES, "mamba": MAMBA_LAYER_NAMES}
 # parameters transformers names without a kind (gpt-oss's sinks: llama.cpp's converter adds ".weight";
@@ -515,7 +516,8 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "qwen2vl": "qwen2", "qwen3vl": "qwen3",
                        "qwen3vlmoe": "qwen3", "nemotron_h": "llama", "nemotron_h_moe": "llama", "glm4": "llama",
                        "glm4moe": "llama", "falcon-h1": "llama", "mamba2": "llama", "mamba": "llama",
-                       "deepseek2": "llama", "gemma4": "llama", "gemma3n": "gemma3"}
+                       "deepseek2": "llama", "gemma4": "llama", "gemma3n": "gemma3", "exaone": "llama", "arcee": "llama",
+                       "seed_oss": "llama", "internlm2": "llama", "minicpm": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

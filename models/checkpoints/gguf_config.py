@@ -26,7 +26,10 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "glm4": "glm4", "glm4moe": "glm4_moe",  # (GLM-4.5 and 4.6, GLM-4.5-Air)
                  "falcon-h1": "falcon_h1", "mamba2": "mamba2", "mamba": "mamba",  # (Falcon-Mamba's too: _mamba_model)
                  # DeepSeek-V2 and V3, Kimi K2, Moonlight, GLM-4.7-Flash (V2's softmax, V3's sigmoid: _deepseek2)
-                 "deepseek2": "deepseek_v3"}
+                 "deepseek2": "deepseek_v3",
+                 # Llama's math under names of their own: EXAONE 3.5, Arcee's AFM (an MLP without a gate), Seed-OSS;
+                 # InternLM2 and MiniCPM (Granite's multipliers: _minicpm_scales) as their files hold them, Llama's
+                 "exaone": "exaone", "arcee": "arcee", "seed_oss": "seed_oss", "internlm2": "llama", "minicpm": "llama"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
 # Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
@@ -52,7 +55,7 @@ SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe", "granitehy
 # there, GLM-4's over the rotary's half of each head), attention biases where the model has them; gguf.py puts
 # the rows in halves as it reads them
 LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "granitehybrid", "mistral3", "ernie4_5",
-                          "ernie4_5-moe", "glm4"})
+                          "ernie4_5-moe", "glm4", "arcee", "internlm2", "minicpm"})
 # SmolLM3: every fourth layer attends without rotary, as llama.cpp fixes it (the files do not say)
 SMOLLM3_NO_ROPE_STEP = 4
 # EXAONE 4: llama.cpp gives only the 32B's 64 layers a window (three layers in four, 4096 tokens where the file
@@ -209,6 +212,10 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         config.setdefault("attention_multiplier", (config["head_dim"] or config["hidden_size"] // heads) ** -0.5)
         if key("rope.scaling.finetuned") is False:  # llama.cpp's switch for Granite's rotary: off, every layer
             config["no_rope_layers"] = [0] * config["num_hidden_layers"]
+    if arch == "minicpm":
+        config |= _minicpm_scales(key, config)
+    if arch in ("exaone", "seed_oss"):  # q/k/v biases where the file has them, none after (as llama.cpp loads them)
+        config |= {"attention_bias": "blk.0.attn_q.bias" in tensors, "attention_out_bias": False}
     if arch == "phi3":
         config["sliding_window"] = key("attention.sliding_window") or None  # 0: none (Phi-4 is a "phi3" too)
     if arch == "gpt-oss":  # every other layer through its window where the file lists none, as llama.cpp reads it
@@ -582,6 +589,16 @@ def _nemotron_h_layers(arch: str, key, heads: int, config: dict, file_name: str)
             "ssm_state_size": sizes["state_size"], "n_groups": sizes["group_count"], "conv_kernel": sizes["conv_kernel"],
             # (llama.cpp requires layer_norm_epsilon, and reads an RMS one where the file has it)
             "layer_norm_epsilon": key("attention.layer_norm_rms_epsilon", key("attention.layer_norm_epsilon", 1e-5))}
+
+
+def _minicpm_scales(key, config: dict) -> dict:
+    """A MiniCPM file's multipliers as Granite's (transformers' names): its embeddings' scale_emb, its residuals'
+    scale_depth / sqrt(layers), the logits divided by hidden / dim_model_base, as its converter writes them (its
+    defaults where a file leaves one out: 12, 1.4 / sqrt(layers) and MiniCPM's dim_model_base of 256); the
+    attention's scale a head's, as Llama's."""
+    return {"embedding_multiplier": key("embedding_scale") or 12.0,
+            "residual_multiplier": key("residual_scale") or 1.4 / config["num_hidden_layers"] ** 0.5,
+            "logits_scaling": key("logit_scale") or config["hidden_size"] / 256}
 
 
 def _per_layer(value, layers: int, predicting: int = 0) -> list[int]:

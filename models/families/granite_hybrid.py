@@ -30,7 +30,6 @@ class GraniteHybridSpec(LlamaSpec):
     layer_recurrent: tuple[bool, ...] = ()  # whether each layer is a Mamba2 layer (else it attends)
     mamba: Mamba2Shape | None = None
     layer_mlp: tuple[bool, ...] = ()  # whether each layer ends with an MLP (empty: every one; Nemotron-H's)
-    squared_relu: bool = False  # the MLP relu(up)^2 then down (Nemotron-H's), else a SwiGLU
 
     @classmethod
     def from_hf(cls, c: dict) -> "GraniteHybridSpec":

@@ -1,12 +1,12 @@
 """The Llama family over the paged KV cache: Llama, Qwen2, Qwen3, Mistral, Ministral 3, ERNIE 4.5,
-Phi-3, SmolLM3, Granite, GLM-4, and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE (and MoE
+Phi-3, SmolLM3, Granite, GLM-4, EXAONE 3.5, Arcee's AFM, Seed-OSS, and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE (and MoE
 Shared), OLMoE, ERNIE 4.5's, gpt-oss and GLM-4.5 (and 4.6: GQA over half of each head rotated, q/k/v biases, q/k
 norms in some, DeepSeek-V3's routing). GQA,
 RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k norms (per head: Qwen3; across heads: OLMoE), sliding
 windows for all or some layers, layers without rotary (SmolLM3's every fourth), queries scaled by
 position past the original context (Ministral 3), fused checkpoint tensors (Phi-3), rotary pairs side
 by side in the checkpoint (ERNIE 4.5), scaled embeddings, residuals and logits (Granite), attention
-sinks (gpt-oss), routed and shared experts (moe.py)."""
+sinks (gpt-oss), an MLP of relu(up)^2 and no gate (Arcee's), routed and shared experts (moe.py)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,23 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .layers import (GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, SwiGLU, block_norms,
-                     decoder_tensors, fused, paged_attention)
+from .layers import (GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, SquaredReLU, SwiGLU,
+                     block_norms, decoder_tensors, fused, paged_attention)
 from .moe import MoESpec, SparseMoE
 from .rope import Rotary, halves_from_pairs, query_temperature, rope_type, sequence_ends
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi3", "smollm3", "granite", "glm4", "mixtral",
-            "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss", "glm4_moe")
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi3", "smollm3", "granite", "glm4",
+            "exaone", "arcee", "seed_oss", "mixtral", "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared",
+            "olmoe", "ernie4_5_moe", "gpt_oss", "glm4_moe")
+# each family's MLP activation where it is not SwiGLU's silu: Arcee's relu(up)^2 (no gate)
+ACTIVATIONS = {"arcee": "relu2"}
+# EXAONE 3.5's checkpoints (the hub's, and transformers' saved ones) name Llama's parameters after GPT-2's, in this
+# order of replacement (its output product before the other attention products)
+EXAONE_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.ln_f.", "model.norm."),
+                ("transformer.h.", "model.layers."), (".attn.attention.out_proj.", ".self_attn.o_proj."),
+                (".attn.attention.", ".self_attn."), (".ln_1.", ".input_layernorm."),
+                (".ln_2.", ".post_attention_layernorm."), (".mlp.c_fc_0.", ".mlp.gate_proj."),
+                (".mlp.c_fc_1.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj."))
 
 
 @dataclass
@@ -40,6 +50,7 @@ class LlamaSpec(DecoderShape):
     layer_windows: tuple[int | None, ...]  # each layer's sliding window, None for full attention
     layer_rotates: tuple[bool, ...]  # whether each layer rotates its queries and keys (SmolLM3: 3 in 4)
     moe: MoESpec | None
+    squared_relu: bool = False  # the MLP relu(up)^2 then down, no gate (Arcee's; Nemotron-H's), else a SwiGLU
     # Ministral 3's (Llama 4's) attention temperature: (beta, the original context), rope.query_temperature
     query_temperature: tuple[float, int] | None = None
     # ERNIE 4.5's and GLM-4's checkpoints keep each head's rotary pairs side by side (GLM's rotation): their
@@ -66,8 +77,9 @@ class LlamaSpec(DecoderShape):
         heads = c["num_attention_heads"]
         rope = dict(c.get("rope_parameters") or c.get("rope_scaling") or {})
         theta = c.get("rope_theta") or rope.get("rope_theta") or 10000.0
-        if c.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"unsupported hidden_act {c['hidden_act']!r} for {kind}; supported: silu")
+        activation = ACTIVATIONS.get(kind, "silu")
+        if c.get("hidden_act", activation) != activation:
+            raise ValueError(f"unsupported hidden_act {c['hidden_act']!r} for {kind}; supported: {activation}")
         if c.get("clip_qkv") is not None:
             raise ValueError(f"{kind} with clip_qkv (queries, keys and values clamped) is not supported")
         trained = c.get("max_position_embeddings", 2048)
@@ -93,13 +105,15 @@ class LlamaSpec(DecoderShape):
             # (transformers' default where a config saved with it leaves the key out)
             tie_word_embeddings=bool(c.get("tie_word_embeddings", kind in ("smollm3", "ernie4_5", "ernie4_5_moe"))),
             qkv_bias=kind == "qwen2" or (kind == "qwen2_moe" and c.get("qkv_bias", True)) or bias,
-            out_bias=bias and kind not in ("glm4", "glm4_moe"),  # (their output product has none)
+            # (GLM-4's output product has none; Seed-OSS's says whether it has)
+            out_bias=bool(c.get("attention_out_bias", bias and kind not in ("glm4", "glm4_moe"))),
             mlp_bias=bool(c.get("mlp_bias", c.get("use_bias", False))),
             qk_norm=kind in ("qwen3", "qwen3_moe", "olmoe") or (kind == "glm4_moe" and bool(c.get("use_qk_norm"))),
             qk_norm_across_heads=kind == "olmoe",
             layer_windows=_layer_windows(kind, c, layers),
             layer_rotates=_layer_rotates(kind, c, layers),
             moe=MoESpec.from_hf(c),
+            squared_relu=activation == "relu2",
             query_temperature=_query_temperature(rope),
             # (a GGUF file's rows are put in halves as they are read: gguf_config says so)
             interleaved_rotary=kind in ("ernie4_5", "ernie4_5_moe", "glm4") and not c.get("rotary_rows_in_halves", False),
@@ -205,7 +219,7 @@ class Block(nn.Module):
         self.attn = Attention(s, scale=s.attention_scale)
         self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.mlp = SparseMoE(s.hidden_size, s.moe) if s.moe and s.moe.routes(index) else \
-            SwiGLU(s.hidden_size, s.intermediate_size, s.mlp_bias)
+            (SquaredReLU if s.squared_relu else SwiGLU)(s.hidden_size, s.intermediate_size, s.mlp_bias)
         norm = lambda: RMSNorm(s.hidden_size, s.rms_norm_eps) if s.output_norms else None
         self.attn_out_norm, self.mlp_out_norm = norm(), norm()
 
@@ -221,6 +235,18 @@ class Block(nn.Module):
         (Granite's)."""
         output = output if norm is None else norm(output)
         return output * self.residual_scale if self.residual_scale != 1.0 else output
+
+
+def _llama_named(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors by Llama's names: EXAONE 3.5's renamed (EXAONE_NAMES), the others' as they are."""
+    if "transformer.wte.weight" not in hf:
+        return hf
+    named = {}
+    for name, tensor in hf.items():
+        for old, new in EXAONE_NAMES:
+            name = name.replace(old, new)
+        named[name] = tensor
+    return named
 
 
 class Llama(DecoderModel):
@@ -251,9 +277,9 @@ class Llama(DecoderModel):
 
     @staticmethod
     def convert(hf: dict[str, torch.Tensor], s: LlamaSpec) -> dict[str, torch.Tensor]:
-        """Transformers' parameter names -> this module's, fusing q/k/v and gate/up (Phi-3's
-        checkpoints hold them fused already)."""
-        hf, out = decoder_tensors(hf, s)
+        """Transformers' parameter names (EXAONE 3.5's GPT-2-like ones too) -> this module's, fusing q/k/v and
+        gate/up (Phi-3's checkpoints hold them fused already)."""
+        hf, out = decoder_tensors(_llama_named(hf), s)
         for i in range(s.num_layers):
             p = o = f"layers.{i}."
             out |= block_norms(hf, p)
@@ -274,6 +300,9 @@ class Llama(DecoderModel):
                 out.update(SparseMoE.convert(hf, p, o + "mlp.", s.moe))
                 continue
             for kind in ("weight", "bias") if s.mlp_bias else ("weight",):
-                out[o + f"mlp.gate_up.{kind}"] = fused(hf, p, GATE_UP, kind)
+                if s.squared_relu:
+                    out[o + f"mlp.up.{kind}"] = hf[p + f"mlp.up_proj.{kind}"]
+                else:
+                    out[o + f"mlp.gate_up.{kind}"] = fused(hf, p, GATE_UP, kind)
                 out[o + f"mlp.down.{kind}"] = hf[p + f"mlp.down_proj.{kind}"]
         return out

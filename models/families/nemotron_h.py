@@ -109,9 +109,10 @@ class NemotronHSpec(GraniteHybridSpec):
             # whether it has them, as llama.cpp reads them)
             "attention_bias": c.get("attention_biases_in_file", False),
             "no_rope_layers": [0] * len(blocks)})
-        spec = {f.name: getattr(base, f.name) for f in fields(LlamaSpec)} | {"moe": _experts(c, types, blocks)}
+        spec = {f.name: getattr(base, f.name) for f in fields(LlamaSpec)} | {"moe": _experts(c, types, blocks),
+                                                                            "squared_relu": True}
         return cls(**spec, layer_recurrent=recurrent, mamba=Mamba2Shape.from_nemotron_h(c),
-                   layer_mlp=tuple(mlp is not None for _, mlp in blocks), squared_relu=True, block_layers=blocks)
+                   layer_mlp=tuple(mlp is not None for _, mlp in blocks), block_layers=blocks)
 
 
 def _experts(c: dict, types: list[str], blocks: tuple[tuple[int, int | None], ...]) -> MoESpec | None:

@@ -69,9 +69,12 @@ def test_the_default_model_runs_its_files_blocks_and_its_answers_do_not_move_wit
             assert joined == alone[i], f"prompt {i}"
 
 
-def greedy(path, prompts, new_tokens=16) -> list[tuple[list[int], list[float]]]:
-    """Loom's greedy tokens for each prompt over the file, with their log-probabilities."""
+def greedy(path, prompts, new_tokens=16, native_layers=True) -> list[tuple[list[int], list[float]]]:
+    """Loom's greedy tokens for each prompt over the file, with their log-probabilities (on the torch layers where
+    not ``native_layers``)."""
     with Engine.from_pretrained(path, dtype=torch.float64) as engine:
+        if not native_layers:
+            engine.model.decoder_layers = None
         handles = [engine.launch_response_tokens(p, GenerationConfig(max_new_tokens=new_tokens, logprobs=0))
                    for p in prompts]
         return [(list(engine.stream_response_tokens(h, timeout=60)), [t.logprob for t in h.logprobs]) for h in handles]
@@ -275,6 +278,46 @@ def test_an_exaone4_file_equals_its_transformers_model(tmp_path):
     expected = [greedy_with_logprobs(hf, p, 16) for p in prompts]
     path = write_gguf_of(hf, tmp_path / "exaone4.gguf", "exaone4", {"tokenizer.ggml.eos_token_id": EOS})
     assert_same_answers(greedy(path, prompts), expected)
+
+
+@pytest.mark.parametrize("arch, file_arch", [("exaone", "exaone"), ("arcee", "arcee"), ("seed_oss", "seed_oss"),
+                                             ("llama", "internlm2")])
+def test_files_of_llamas_kin_equal_their_transformers_models(tmp_path, arch, file_arch):
+    """Files of Llama's math under other names, as llama.cpp's converters write them: EXAONE 3.5's (its rows as
+    the checkpoint's, which llama.cpp rotates as NeoX's), Arcee's AFM (Q/K rows permuted as Llama's; an MLP of
+    relu(up)^2 without a gate), Seed-OSS's (q/k/v biases, none after; the norm before its MLP named
+    post_attention_norm) and InternLM2's (Llama's layout once its converter splits wqkv) equal their transformers
+    models on the native layers and on the torch layers, and so do their checkpoints."""
+    # (InternLM2's loader reads no rotary factors: Llama's model without its rope scaling)
+    plain_rope = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}} if arch == "llama" else {}
+    hf = tiny_model(arch, seed=3, **plain_rope)
+    rng = random.Random(15)
+    prompts = [random_prompt(rng, 5, 10), random_prompt(rng, 30, 40)]
+    expected = [greedy_with_logprobs(hf, p, 16) for p in prompts]
+    written = write_gguf_of(hf, tmp_path / f"{file_arch}.gguf", file_arch, {"tokenizer.ggml.eos_token_id": EOS})
+    assert_same_answers(greedy(written, prompts), expected)
+    assert_same_answers(greedy(written, prompts, native_layers=False), expected)
+    hf.save_pretrained(tmp_path / "checkpoint")
+    assert_same_answers(greedy(tmp_path / "checkpoint", prompts), expected)
+
+
+def test_a_minicpm_file_runs_granites_multipliers_by_its_own_keys_and_defaults(tmp_path):
+    """A MiniCPM file (architecture minicpm: Llama's layout; its embeddings times scale_emb, its residuals times
+    scale_depth / sqrt(layers), its logits over hidden / dim_model_base, as its converter writes them) answers
+    as transformers' Granite model of those multipliers and a head's attention scale (MiniCPM's math); a file
+    without them takes MiniCPM's (12, 1.4 / sqrt(layers), a dim_model_base of 256)."""
+    c = CONFIGS["granite"]()
+    layers, hidden, heads = c.num_hidden_layers, c.hidden_size, c.num_attention_heads
+    scales = {"embedding_multiplier": 12.0, "residual_multiplier": 1.4 / layers ** 0.5,
+              "attention_multiplier": (hidden // heads) ** -0.5, "logits_scaling": hidden / 256}
+    hf = tiny_model("granite", seed=4, **scales)
+    rng = random.Random(16)
+    prompts = [random_prompt(rng, 5, 10), random_prompt(rng, 30, 40)]
+    expected = [greedy_with_logprobs(hf, p, 16) for p in prompts]
+    keys = {"embedding_scale": 12.0, "residual_scale": scales["residual_multiplier"], "logit_scale": hidden / 256}
+    for metadata in (keys, {}):
+        written = write_gguf_of(hf, tmp_path / "minicpm.gguf", "minicpm", metadata | {"tokenizer.ggml.eos_token_id": EOS})
+        assert_same_answers(greedy(written, prompts), expected)
 
 
 def test_a_glm4_file_equals_its_transformers_model(tmp_path):
