@@ -432,9 +432,13 @@ def pytest_collection_modifyitems(config, items):
                     item.add_marker(pytest.mark.skip(reason=why))
 
 
-# Families of Llama's math under names of their own: their files and checkpoints are tested alone (test_gguf's
-# Llama kin), the family-wide tests run Llama's. EXAONE 3.5; Arcee's AFM (an MLP of relu(up)^2, no gate);
-# Seed-OSS (q/k/v biases, none on the output)
+# Families the Llama module runs with a difference or two from a family the family-wide tests run: their files
+# and checkpoints are tested alone (test_gguf's Llama kin). EXAONE 3.5 (Llama's math); Arcee's AFM (an MLP of
+# relu(up)^2, no gate); Seed-OSS (q/k/v biases, none on the output); StarCoder2 (LayerNorms, biases everywhere, an
+# MLP of gelu(up)); StableLM (LayerNorms, q/k/v biases, a quarter of each head rotated); Phi-2 (LayerNorms, the
+# attention and the MLP beside each other, biases everywhere, the output layer's too, an MLP of gelu(up)); Cohere's
+# Command R (LayerNorms without biases, beside each other, rotary pairs side by side, logits scaled) and R7B (its
+# fourth layers global and unrotated)
 LLAMA_KIN = {
     "exaone": lambda: transformers.ExaoneConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -448,6 +452,28 @@ LLAMA_KIN = {
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
         pad_token_id=0, attention_bias=True, attention_out_bias=False, attention_dropout=0.0, residual_dropout=0.0),
+    "starcoder2": lambda: transformers.Starcoder2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
+        use_bias=True, residual_dropout=0.0, embedding_dropout=0.0, attention_dropout=0.0),
+    "stablelm": lambda: transformers.StableLmConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
+        use_qkv_bias=True, hidden_dropout=0.0, attention_dropout=0.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
+    "phi": lambda: transformers.PhiConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
+        resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    "cohere": lambda: transformers.CohereConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
+        logit_scale=0.25),
+    "cohere2": lambda: transformers.Cohere2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
+        logit_scale=0.25, sliding_window=24),
 }
 
 
@@ -468,6 +494,8 @@ def tiny_model(arch: str, seed: int = 0, **config):
                               "correct_output_scale")) or (
                     arch in ("glm4", "glm4_moe") and name.endswith("proj.bias")):
                 tensor.normal_(0.0, 0.5)
+            if arch in LLAMA_KIN and ("norm" in name or name.endswith("bias")):  # (which start at 1 and 0)
+                tensor.normal_(1.0 if "norm.weight" in name else 0.0, 0.3)
         for name, tensor in model.named_buffers():  # (LFM2-MoE's selection bias, a buffer starting at 0)
             if name.endswith(("expert_bias", "e_score_correction_bias")):
                 tensor.normal_(0.0, 0.5)
@@ -581,9 +609,15 @@ GGUF_LAYER_NAMES = {
     "mlp.shared_expert.down_proj": "ffn_down_shexp", "shared_mlp.output_linear": "ffn_down_shexp",
     "mlp.shared_experts.gate_proj": "ffn_gate_shexp", "mlp.shared_experts.up_proj": "ffn_up_shexp",
     "mlp.shared_experts.down_proj": "ffn_down_shexp",
-    "mlp.fc1_latent_proj": "ffn_latent_down", "mlp.fc2_latent_proj": "ffn_latent_up"}  # (Nemotron 3 Super's)
+    "mlp.fc1_latent_proj": "ffn_latent_down", "mlp.fc2_latent_proj": "ffn_latent_up",  # (Nemotron 3 Super's)
+    # StarCoder2's and Phi-2's MLPs (up and down), Phi-2's attention output
+    "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down", "mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down",
+    "self_attn.dense": "attn_output"}
 GGUF_GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                     "lm_head.weight": "output.weight", "model.embedding_norm.weight": "token_embd_norm.weight"}
+                     "lm_head.weight": "output.weight", "model.embedding_norm.weight": "token_embd_norm.weight",
+                     # (LayerNorm models' biases: StarCoder2's, StableLM's, Phi-2's, and Phi-2's output layer's)
+                     "model.norm.bias": "output_norm.bias", "model.final_layernorm.weight": "output_norm.weight",
+                     "model.final_layernorm.bias": "output_norm.bias", "lm_head.bias": "output.bias"}
 GGUF_LFM2_NAMES = {"operator_norm": "attn_norm", "ffn_norm": "ffn_norm", "self_attn.out_proj": "attn_output",
                    "self_attn.q_layernorm": "attn_q_norm", "self_attn.k_layernorm": "attn_k_norm",
                    "feed_forward.w1": "ffn_gate", "feed_forward.w3": "ffn_up", "feed_forward.w2": "ffn_down",
@@ -914,7 +948,14 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                     **(metadata or {})}
     if not (deepseek or state_only) and getattr(c, "head_dim", None) not in (None, c.hidden_size // heads):
         writer.add_key_length(c.head_dim)
-    writer.add_layer_norm_rms_eps(c.norm_eps if lfm2 else c.layer_norm_epsilon if nemotron else c.rms_norm_eps)
+    layer_norms = arch in ("starcoder2", "stablelm", "phi2", "command-r", "cohere2")  # (LayerNorms: their epsilon)
+    if layer_norms:
+        writer.add_layer_norm_eps(getattr(c, "norm_epsilon", None) or c.layer_norm_eps)
+        rotary = c.rope_parameters.get("partial_rotary_factor")
+        if rotary:  # (StableLM's and Phi-2's share of a head)
+            writer.add_rope_dimension_count(int(rotary * c.hidden_size // c.num_attention_heads))
+    else:
+        writer.add_layer_norm_rms_eps(c.norm_eps if lfm2 else c.layer_norm_epsilon if nemotron else c.rms_norm_eps)
     if not nemotron:  # (whose attention has no positions)
         rope = c.rope_parameters
         writer.add_rope_freq_base((rope.get("full_attention") or rope)["rope_theta"])  # (OLMo 3's: its global layers')

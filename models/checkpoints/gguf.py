@@ -517,7 +517,8 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "qwen3vlmoe": "qwen3", "nemotron_h": "llama", "nemotron_h_moe": "llama", "glm4": "llama",
                        "glm4moe": "llama", "falcon-h1": "llama", "mamba2": "llama", "mamba": "llama",
                        "deepseek2": "llama", "gemma4": "llama", "gemma3n": "gemma3", "exaone": "llama", "arcee": "llama",
-                       "seed_oss": "llama", "internlm2": "llama", "minicpm": "llama"}
+                       "seed_oss": "llama", "internlm2": "llama", "minicpm": "llama", "command-r": "llama",
+                       "cohere2": "llama", "phi2": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

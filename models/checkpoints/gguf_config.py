@@ -29,7 +29,11 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "deepseek2": "deepseek_v3",
                  # Llama's math under names of their own: EXAONE 3.5, Arcee's AFM (an MLP without a gate), Seed-OSS;
                  # InternLM2 and MiniCPM (Granite's multipliers: _minicpm_scales) as their files hold them, Llama's
-                 "exaone": "exaone", "arcee": "arcee", "seed_oss": "seed_oss", "internlm2": "llama", "minicpm": "llama"}
+                 "exaone": "exaone", "arcee": "arcee", "seed_oss": "seed_oss", "internlm2": "llama", "minicpm": "llama",
+                 # LayerNorms: StarCoder2 (an MLP of gelu(up)), StableLM, Phi-2 and Cohere's Command R and R7B (the
+                 # attention and the MLP beside each other: _layer_norm_layers)
+                 "starcoder2": "starcoder2", "stablelm": "stablelm", "phi2": "phi", "command-r": "cohere",
+                 "cohere2": "cohere2"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
 # Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
@@ -55,7 +59,10 @@ SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe", "granitehy
 # there, GLM-4's over the rotary's half of each head), attention biases where the model has them; gguf.py puts
 # the rows in halves as it reads them
 LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "granitehybrid", "mistral3", "ernie4_5",
-                          "ernie4_5-moe", "glm4", "arcee", "internlm2", "minicpm"})
+                          "ernie4_5-moe", "glm4", "arcee", "internlm2", "minicpm", "command-r", "cohere2"})
+# the architectures whose norms are LayerNorms (their epsilon attention.layer_norm_epsilon), their biases and
+# which of their layers' products add one told by the file's tensors (_layer_norm_layers)
+LAYER_NORM_ARCHITECTURES = frozenset({"starcoder2", "stablelm", "phi2", "command-r", "cohere2"})
 # SmolLM3: every fourth layer attends without rotary, as llama.cpp fixes it (the files do not say)
 SMOLLM3_NO_ROPE_STEP = 4
 # EXAONE 4: llama.cpp gives only the 32B's 64 layers a window (three layers in four, 4096 tokens where the file
@@ -214,6 +221,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
             config["no_rope_layers"] = [0] * config["num_hidden_layers"]
     if arch == "minicpm":
         config |= _minicpm_scales(key, config)
+    if arch in LAYER_NORM_ARCHITECTURES:
+        config |= _layer_norm_layers(arch, key, tensors, config)
     if arch in ("exaone", "seed_oss"):  # q/k/v biases where the file has them, none after (as llama.cpp loads them)
         config |= {"attention_bias": "blk.0.attn_q.bias" in tensors, "attention_out_bias": False}
     if arch == "phi3":
@@ -599,6 +608,29 @@ def _minicpm_scales(key, config: dict) -> dict:
     return {"embedding_multiplier": key("embedding_scale") or 12.0,
             "residual_multiplier": key("residual_scale") or 1.4 / config["num_hidden_layers"] ** 0.5,
             "logits_scaling": key("logit_scale") or config["hidden_size"] / 256}
+
+
+def _layer_norm_layers(arch: str, key, tensors: dict[str, TensorInfo], config: dict) -> dict:
+    """A file's LayerNorm layers as transformers names them, as llama.cpp reads them: the norms' epsilon; the
+    products' biases where the file has them (StarCoder2's and Phi-2's every product's; StableLM's q/k/v's); a
+    StableLM file without norms before its MLPs runs them beside the attention (StableLM 2 12B's); Phi-2's rotary
+    over rope.dimension_count of a head; Cohere's logits times logit_scale, Command R7B's window layers (three in
+    four where the file names no pattern) rotating alone."""
+    has = lambda name: f"blk.0.{name}" in tensors
+    heads = config["num_attention_heads"]
+    head = config["head_dim"] or config["hidden_size"] // heads
+    # (the norms' epsilon under the name LlamaSpec reads first, whatever the norm)
+    out = {"rms_norm_eps": key("attention.layer_norm_epsilon", 1e-5), "attention_out_bias": has("attn_output.bias"),
+           "attention_bias": has("attn_q.bias") or has("attn_qkv.bias"), "mlp_bias": has("ffn_up.bias"),
+           "partial_rotary_factor": (key("rope.dimension_count") or head) / head}
+    if arch == "stablelm":
+        out |= {"use_qkv_bias": out.pop("attention_bias"), "use_parallel_residual": not has("ffn_norm.weight")}
+    if arch in ("command-r", "cohere2"):
+        out["logit_scale"] = key("logit_scale", 1.0)
+    if arch == "cohere2":
+        out |= {"sliding_window": key("attention.sliding_window"),
+                "layer_types": _sliding_layers(key, config["num_hidden_layers"], "", default_pattern=4)}
+    return out
 
 
 def _per_layer(value, layers: int, predicting: int = 0) -> list[int]:

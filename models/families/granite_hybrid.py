@@ -65,7 +65,7 @@ class Block(nn.Module):
         self.post_norm, self.mlp = None, None
         if not s.layer_mlp or s.layer_mlp[index]:
             self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-            mlp = SquaredReLU if s.squared_relu else SwiGLU
+            mlp = SquaredReLU if s.mlp_activation == "relu2" else SwiGLU
             if s.moe is not None and s.moe.routes(index):  # (Nemotron-H's MLP layers beside experts' do not)
                 self.mlp = SparseMoE(s.hidden_size, s.moe)
             else:

@@ -265,8 +265,8 @@ class SwiGLU(nn.Module):
         return self.down(F.silu(gate) * up)
 
 
-class SquaredReLU(nn.Module):
-    """relu(up)^2, then the down product: Nemotron-H's MLP (no gate)."""
+class UngatedMLP(nn.Module):
+    """An activation of the up product, then the down product, no gate: SquaredReLU's or GeluMLP's."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
         super().__init__()
@@ -274,7 +274,23 @@ class SquaredReLU(nn.Module):
         self.down = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x):
-        return self.down(F.relu(self.up(x)).square())
+        return self.down(self.activate(self.up(x)))
+
+
+class SquaredReLU(UngatedMLP):
+    """relu(up)^2: Nemotron-H's MLP, Arcee's."""
+
+    @staticmethod
+    def activate(up: torch.Tensor) -> torch.Tensor:
+        return F.relu(up).square()
+
+
+class GeluMLP(UngatedMLP):
+    """gelu_tanh(up): StarCoder2's MLP, Phi-2's."""
+
+    @staticmethod
+    def activate(up: torch.Tensor) -> torch.Tensor:
+        return F.gelu(up, approximate="tanh")
 
 
 def weightless_norm(x: torch.Tensor, eps: float) -> torch.Tensor:

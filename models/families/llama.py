@@ -1,12 +1,15 @@
 """The Llama family over the paged KV cache: Llama, Qwen2, Qwen3, Mistral, Ministral 3, ERNIE 4.5,
-Phi-3, SmolLM3, Granite, GLM-4, EXAONE 3.5, Arcee's AFM, Seed-OSS, and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE (and MoE
+Phi-3, SmolLM3, Granite, GLM-4, EXAONE 3.5, Arcee's AFM, Seed-OSS, StarCoder2, StableLM, Phi-2, Cohere's Command R
+and R7B, and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE (and MoE
 Shared), OLMoE, ERNIE 4.5's, gpt-oss and GLM-4.5 (and 4.6: GQA over half of each head rotated, q/k/v biases, q/k
 norms in some, DeepSeek-V3's routing). GQA,
 RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k norms (per head: Qwen3; across heads: OLMoE), sliding
 windows for all or some layers, layers without rotary (SmolLM3's every fourth), queries scaled by
 position past the original context (Ministral 3), fused checkpoint tensors (Phi-3), rotary pairs side
 by side in the checkpoint (ERNIE 4.5), scaled embeddings, residuals and logits (Granite), attention
-sinks (gpt-oss), an MLP of relu(up)^2 and no gate (Arcee's), routed and shared experts (moe.py)."""
+sinks (gpt-oss), an MLP of relu(up)^2 or gelu(up) and no gate (Arcee's; StarCoder2's, Phi-2's), LayerNorms
+(StarCoder2's, StableLM's, Phi-2's and Cohere's), the attention and the MLP beside each other on one normed input
+(Phi-2's, Cohere's), routed and shared experts (moe.py)."""
 
 from __future__ import annotations
 
@@ -15,23 +18,30 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .layers import (GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, SquaredReLU, SwiGLU,
-                     block_norms, decoder_tensors, fused, paged_attention)
+from .layers import (GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, GeluMLP, RMSNorm, SquaredReLU,
+                     SwiGLU, decoder_tensors, fused, paged_attention)
 from .moe import MoESpec, SparseMoE
 from .rope import Rotary, halves_from_pairs, query_temperature, rope_type, sequence_ends
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi3", "smollm3", "granite", "glm4",
-            "exaone", "arcee", "seed_oss", "mixtral", "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared",
-            "olmoe", "ernie4_5_moe", "gpt_oss", "glm4_moe")
-# each family's MLP activation where it is not SwiGLU's silu: Arcee's relu(up)^2 (no gate)
-ACTIVATIONS = {"arcee": "relu2"}
-# EXAONE 3.5's checkpoints (the hub's, and transformers' saved ones) name Llama's parameters after GPT-2's, in this
-# order of replacement (its output product before the other attention products)
-EXAONE_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.ln_f.", "model.norm."),
-                ("transformer.h.", "model.layers."), (".attn.attention.out_proj.", ".self_attn.o_proj."),
-                (".attn.attention.", ".self_attn."), (".ln_1.", ".input_layernorm."),
-                (".ln_2.", ".post_attention_layernorm."), (".mlp.c_fc_0.", ".mlp.gate_proj."),
-                (".mlp.c_fc_1.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj."))
+            "exaone", "arcee", "seed_oss", "starcoder2", "stablelm", "phi", "cohere", "cohere2", "mixtral", "qwen2_moe",
+            "qwen3_moe", "granitemoe", "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss", "glm4_moe")
+# each family's MLP activation (its config's hidden_act) where it is not SwiGLU's silu, and the MLP it makes:
+# Arcee's relu(up)^2, StarCoder2's and Phi-2's gelu_tanh(up) (no gate)
+ACTIVATIONS = {"arcee": "relu2", "starcoder2": "gelu_pytorch_tanh", "phi": "gelu_new"}
+MLPS = {"silu": SwiGLU, "relu2": SquaredReLU, "gelu_pytorch_tanh": GeluMLP, "gelu_new": GeluMLP}
+# the families whose norms are LayerNorms (the mean removed; with biases but Cohere's)
+LAYER_NORMS, UNBIASED_LAYER_NORMS = ("starcoder2", "stablelm", "phi", "cohere", "cohere2"), ("cohere", "cohere2")
+# checkpoint names of Llama's parameters in other families, in this order of replacement: EXAONE 3.5's (the hub's,
+# and transformers' saved ones) after GPT-2's (its output product before the other attention products), StarCoder2's
+# MLP's, Phi-2's
+HUB_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.ln_f.", "model.norm."),
+             ("transformer.h.", "model.layers."), (".attn.attention.out_proj.", ".self_attn.o_proj."),
+             (".attn.attention.", ".self_attn."), (".ln_1.", ".input_layernorm."),
+             (".ln_2.", ".post_attention_layernorm."), (".mlp.c_fc_0.", ".mlp.gate_proj."),
+             (".mlp.c_fc_1.", ".mlp.up_proj."), (".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj."),
+             (".mlp.fc1.", ".mlp.up_proj."), (".mlp.fc2.", ".mlp.down_proj."), (".self_attn.dense.", ".self_attn.o_proj."),
+             ("model.final_layernorm.", "model.norm."))
 
 
 @dataclass
@@ -50,7 +60,16 @@ class LlamaSpec(DecoderShape):
     layer_windows: tuple[int | None, ...]  # each layer's sliding window, None for full attention
     layer_rotates: tuple[bool, ...]  # whether each layer rotates its queries and keys (SmolLM3: 3 in 4)
     moe: MoESpec | None
-    squared_relu: bool = False  # the MLP relu(up)^2 then down, no gate (Arcee's; Nemotron-H's), else a SwiGLU
+    # the MLP's activation, its config's hidden_act (MLPS: silu a SwiGLU's, the others an ungated MLP's)
+    mlp_activation: str = "silu"
+    # LayerNorms (the mean removed) for RMSNorms, with biases where norm_bias (StarCoder2's, StableLM's, Phi-2's;
+    # Cohere's without)
+    layer_norm: bool = False
+    norm_bias: bool = False
+    # the attention and the MLP beside each other on the one norm's output, both added (Phi-2's, Cohere's,
+    # StableLM's use_parallel_residual): no norm before the MLP
+    parallel: bool = False
+    lm_head_bias: bool = False  # (Phi-2's)
     # Ministral 3's (Llama 4's) attention temperature: (beta, the original context), rope.query_temperature
     query_temperature: tuple[float, int] | None = None
     # ERNIE 4.5's and GLM-4's checkpoints keep each head's rotary pairs side by side (GLM's rotation): their
@@ -82,11 +101,14 @@ class LlamaSpec(DecoderShape):
             raise ValueError(f"unsupported hidden_act {c['hidden_act']!r} for {kind}; supported: {activation}")
         if c.get("clip_qkv") is not None:
             raise ValueError(f"{kind} with clip_qkv (queries, keys and values clamped) is not supported")
+        if kind in ("stablelm", "phi", "cohere", "cohere2") and (c.get("qk_layernorm") or c.get("use_qk_norm")):
+            raise ValueError(f"{kind} with its queries and keys LayerNormed a head at a time (qk_layernorm, "
+                             "use_qk_norm: StableLM 2 12B's, Command R+'s) is not supported")
         trained = c.get("max_position_embeddings", 2048)
         # Dynamic NTK scaling exists to run past the trained context: up to factor times it.
         context = int(trained * rope["factor"]) if rope_type(rope) == "dynamic" else trained
         # (ERNIE 4.5's use_bias: every product's; GLM-4's attention_bias its q/k/v's, True unless said)
-        bias = bool(c.get("attention_bias", c.get("use_bias", kind == "glm4")))
+        bias = bool(c.get("attention_bias", c.get("use_bias", kind in ("glm4", "phi"))))
         layers = c["num_hidden_layers"]
         return cls(
             vocab_size=c["vocab_size"],
@@ -96,33 +118,43 @@ class LlamaSpec(DecoderShape):
             num_heads=heads,
             num_kv_heads=c.get("num_key_value_heads") or heads,
             head_dim=c.get("head_dim") or c["hidden_size"] // heads,
-            rms_norm_eps=c.get("rms_norm_eps", 1e-6),
+            # (the LayerNorms' epsilon by its names: StarCoder2's, StableLM's, Phi-2's and Cohere's)
+            rms_norm_eps=c.get("rms_norm_eps") or c.get("norm_epsilon") or c.get("layer_norm_eps") or 1e-6,
             rope_theta=float(theta),
             rope_scaling=rope if rope_type(rope) != "default" else None,
             partial_rotary_factor=float(c.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0),
             max_position=context,
             rope_max_position=trained,
             # (transformers' default where a config saved with it leaves the key out)
-            tie_word_embeddings=bool(c.get("tie_word_embeddings", kind in ("smollm3", "ernie4_5", "ernie4_5_moe"))),
-            qkv_bias=kind == "qwen2" or (kind == "qwen2_moe" and c.get("qkv_bias", True)) or bias,
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", kind in ("smollm3", "ernie4_5", "ernie4_5_moe",
+                                                                           "starcoder2", "cohere", "cohere2"))),
+            qkv_bias=kind == "qwen2" or (kind == "qwen2_moe" and c.get("qkv_bias", True)) or bias or
+            bool(c.get("use_qkv_bias")),  # (StableLM's)
             # (GLM-4's output product has none; Seed-OSS's says whether it has)
             out_bias=bool(c.get("attention_out_bias", bias and kind not in ("glm4", "glm4_moe"))),
-            mlp_bias=bool(c.get("mlp_bias", c.get("use_bias", False))),
+            mlp_bias=bool(c.get("mlp_bias", c.get("use_bias", kind == "phi"))),
             qk_norm=kind in ("qwen3", "qwen3_moe", "olmoe") or (kind == "glm4_moe" and bool(c.get("use_qk_norm"))),
             qk_norm_across_heads=kind == "olmoe",
             layer_windows=_layer_windows(kind, c, layers),
             layer_rotates=_layer_rotates(kind, c, layers),
             moe=MoESpec.from_hf(c),
-            squared_relu=activation == "relu2",
+            mlp_activation=activation,
+            layer_norm=kind in LAYER_NORMS,
+            norm_bias=kind in LAYER_NORMS and kind not in UNBIASED_LAYER_NORMS,
+            parallel=kind in ("phi", "cohere", "cohere2") or bool(c.get("use_parallel_residual")),
+            lm_head_bias=kind == "phi",
             query_temperature=_query_temperature(rope),
             # (a GGUF file's rows are put in halves as they are read: gguf_config says so)
-            interleaved_rotary=kind in ("ernie4_5", "ernie4_5_moe", "glm4") and not c.get("rotary_rows_in_halves", False),
+            # (Cohere's too)
+            interleaved_rotary=kind in ("ernie4_5", "ernie4_5_moe", "glm4", "cohere", "cohere2") and
+            not c.get("rotary_rows_in_halves", False),
             output_norms=kind == "glm4",
             attention_sinks=kind == "gpt_oss",
             embedding_scale=float(c.get("embedding_multiplier", 1.0)),
             residual_scale=float(c.get("residual_multiplier", 1.0)),
             attention_scale=c.get("attention_multiplier", 1.0 if kind.startswith("granite") else None),  # (transformers')
-            logits_divisor=float(c.get("logits_scaling", 1.0)),
+            # (Cohere's logits times its logit_scale)
+            logits_divisor=float(c.get("logits_scaling", 1.0)) / float(c.get("logit_scale", 1.0)),
         )
 
 
@@ -149,7 +181,10 @@ def _qkv_rows_in_halves(s: LlamaSpec) -> torch.Tensor:
 
 def _layer_rotates(kind: str, c: dict, layers: int) -> tuple[bool, ...]:
     """Whether each layer rotates its queries and keys: SmolLM3's no_rope_layers (1: it does), or all
-    but every no_rope_layer_interval-th where the config lists none, as transformers derives them."""
+    but every no_rope_layer_interval-th where the config lists none, as transformers derives them; Command R7B's
+    sliding-window layers alone (_cohere2_types)."""
+    if kind == "cohere2":
+        return tuple(t == "sliding_attention" for t in _cohere2_types(c, layers))
     rotates = c.get("no_rope_layers")
     if rotates is None:
         interval = c.get("no_rope_layer_interval", 4) if kind == "smollm3" else 0
@@ -169,11 +204,20 @@ def _layer_windows(kind: str, c: dict, layers: int) -> tuple[int | None, ...]:
                                          else "full_attention" for i in range(layers)]
     elif kind == "gpt_oss":  # (its config lists them: every other layer through the window, the first included)
         types = c.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    elif kind == "cohere2":
+        types = _cohere2_types(c, layers)
     else:
         return (window,) * layers  # llama, granite (None), mistral, mixtral, phi3: one window for every layer
     if len(types) != layers:
         raise ValueError(f"layer_types lists {len(types)} layers of {layers}")
     return tuple(window if t == "sliding_attention" else None for t in types)
+
+
+def _cohere2_types(c: dict, layers: int) -> list[str]:
+    """Command R7B's layer types: its config's, else every sliding_window_pattern-th layer global (its fourth)."""
+    every = c.get("sliding_window_pattern") or 4
+    return list(c.get("layer_types") or ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
+                                         for i in range(layers)])
 
 
 class Attention(nn.Module):
@@ -215,19 +259,23 @@ class Block(nn.Module):
         super().__init__()
         self.window, self.rotates = s.layer_windows[index], s.layer_rotates[index]
         self.residual_scale = s.residual_scale
-        self.input_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.input_norm = norm_of(s)(s.hidden_size, s.rms_norm_eps)
         self.attn = Attention(s, scale=s.attention_scale)
-        self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.post_norm = None if s.parallel else norm_of(s)(s.hidden_size, s.rms_norm_eps)
         self.mlp = SparseMoE(s.hidden_size, s.moe) if s.moe and s.moe.routes(index) else \
-            (SquaredReLU if s.squared_relu else SwiGLU)(s.hidden_size, s.intermediate_size, s.mlp_bias)
+            MLPS[s.mlp_activation](s.hidden_size, s.intermediate_size, s.mlp_bias)
         norm = lambda: RMSNorm(s.hidden_size, s.rms_norm_eps) if s.output_norms else None
         self.attn_out_norm, self.mlp_out_norm = norm(), norm()
 
     def forward(self, x, cos, sin, kv_cache, layer, step, masks, query_scales=None):
         if not self.rotates:
             cos = sin = None
-        attended = self.attn(self.input_norm(x), cos, sin, kv_cache, layer, step, masks[self.window], query_scales)
-        x = x + self.scaled(attended, self.attn_out_norm)
+        h = self.input_norm(x)
+        attended = self.scaled(self.attn(h, cos, sin, kv_cache, layer, step, masks[self.window], query_scales),
+                               self.attn_out_norm)
+        if self.post_norm is None:  # (LlamaSpec.parallel: the MLP beside the attention, on its input)
+            return x + attended + self.scaled(self.mlp(h), self.mlp_out_norm)
+        x = x + attended
         return x + self.scaled(self.mlp(self.post_norm(x)), self.mlp_out_norm)
 
     def scaled(self, output: torch.Tensor, norm: RMSNorm | None) -> torch.Tensor:
@@ -237,13 +285,18 @@ class Block(nn.Module):
         return output * self.residual_scale if self.residual_scale != 1.0 else output
 
 
+def norm_of(s: LlamaSpec):
+    """The spec's norm, (width, eps) -> the module: RMSNorm, or a LayerNorm (with its bias where norm_bias)."""
+    if s.layer_norm:
+        return lambda width, eps: nn.LayerNorm(width, eps, bias=s.norm_bias)
+    return RMSNorm
+
+
 def _llama_named(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A checkpoint's tensors by Llama's names: EXAONE 3.5's renamed (EXAONE_NAMES), the others' as they are."""
-    if "transformer.wte.weight" not in hf:
-        return hf
+    """A checkpoint's tensors by Llama's names (HUB_NAMES: EXAONE 3.5's, StarCoder2's and Phi-2's renamed)."""
     named = {}
     for name, tensor in hf.items():
-        for old, new in EXAONE_NAMES:
+        for old, new in HUB_NAMES:
             name = name.replace(old, new)
         named[name] = tensor
     return named
@@ -251,7 +304,9 @@ def _llama_named(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 class Llama(DecoderModel):
     def __init__(self, s: LlamaSpec):
-        super().__init__(s, Block, RMSNorm)
+        super().__init__(s, Block, norm_of(s))
+        if s.lm_head_bias:
+            self.lm_head = nn.Linear(s.hidden_size, s.vocab_size)
         self.rotary = Rotary(s.head_dim, s.rope_theta, s.rope_scaling, s.partial_rotary_factor, s.rope_max_position)
         # longrope: past the original context every key rotates with the long factors, so a sequence
         # that grows past it is recomputed from its first token (models/step.py), as transformers'
@@ -277,12 +332,16 @@ class Llama(DecoderModel):
 
     @staticmethod
     def convert(hf: dict[str, torch.Tensor], s: LlamaSpec) -> dict[str, torch.Tensor]:
-        """Transformers' parameter names (EXAONE 3.5's GPT-2-like ones too) -> this module's, fusing q/k/v and
-        gate/up (Phi-3's checkpoints hold them fused already)."""
+        """Transformers' parameter names (HUB_NAMES' too) -> this module's, fusing q/k/v and gate/up (Phi-3's
+        checkpoints hold them fused already); the norms' biases (a LayerNorm's), and the output layer's (Phi-2's)."""
         hf, out = decoder_tensors(_llama_named(hf), s)
+        out |= {f"{name}.bias": hf[f"{name}.bias"] for name, kept in (("norm", s.norm_bias),
+                                                                       ("lm_head", s.lm_head_bias)) if kept}
+        norms = (("input_norm", "input_layernorm"),) + (() if s.parallel else (("post_norm", "post_attention_layernorm"),))
         for i in range(s.num_layers):
             p = o = f"layers.{i}."
-            out |= block_norms(hf, p)
+            out |= {f"{o}{mine}.{kind}": hf[f"{p}{theirs}.{kind}"] for mine, theirs in norms
+                    for kind in (("weight", "bias") if s.norm_bias else ("weight",))}
             if s.output_norms:
                 out[o + "attn_out_norm.weight"] = hf[p + "post_self_attn_layernorm.weight"]
                 out[o + "mlp_out_norm.weight"] = hf[p + "post_mlp_layernorm.weight"]
@@ -300,7 +359,7 @@ class Llama(DecoderModel):
                 out.update(SparseMoE.convert(hf, p, o + "mlp.", s.moe))
                 continue
             for kind in ("weight", "bias") if s.mlp_bias else ("weight",):
-                if s.squared_relu:
+                if s.mlp_activation != "silu":  # (ungated)
                     out[o + f"mlp.up.{kind}"] = hf[p + f"mlp.up_proj.{kind}"]
                 else:
                     out[o + f"mlp.gate_up.{kind}"] = fused(hf, p, GATE_UP, kind)

@@ -110,7 +110,7 @@ class NemotronHSpec(GraniteHybridSpec):
             "attention_bias": c.get("attention_biases_in_file", False),
             "no_rope_layers": [0] * len(blocks)})
         spec = {f.name: getattr(base, f.name) for f in fields(LlamaSpec)} | {"moe": _experts(c, types, blocks),
-                                                                            "squared_relu": True}
+                                                                            "mlp_activation": "relu2"}
         return cls(**spec, layer_recurrent=recurrent, mamba=Mamba2Shape.from_nemotron_h(c),
                    layer_mlp=tuple(mlp is not None for _, mlp in blocks), block_layers=blocks)
 

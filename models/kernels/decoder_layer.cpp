@@ -201,7 +201,8 @@ Weights head_weights(const Weights& stack, int64_t h, int64_t rows, int64_t in) 
 // and keys alone); its last layers read an earlier layer's K/V and store none (reads_kv: the qkv product gives
 // queries alone, k_cache and v_cache are that layer's); after the MLP, a per-layer input (per_layer_gate: null
 // elsewhere) gelu(x gate^T) x the step's per-layer inputs at per_layer_offset, through per_layer_out, normed by
-// per_layer_norm and added; and the layer's output scaled (layer_scale: 1 elsewhere).
+// per_layer_norm and added; and the layer's output scaled (layer_scale: 1 elsewhere). Phi-2's and Cohere's MLP
+// (``parallel``) reads the input norm's output beside the attention, both added to the residual (no post_norm).
 template <typename T, typename C>
 struct Layer {
     const T *input_norm, *input_norm_bias, *post_norm, *post_norm_bias;
@@ -235,7 +236,7 @@ struct Layer {
     const AltUpLayer* altup;  // Gemma 3n's (null elsewhere)
     int64_t hidden, intermediate, heads, kv_heads, dim, window, layer_norm, activation, window_angles, rotates,
         norms_across_heads, conv_taps, gated, values_are_keys, value_norm, reads_kv, per_layer_offset,
-        per_layer_width;
+        per_layer_width, parallel;
     double eps, scale, softcap, residual_scale, layer_scale;
 
     // the K/V heads the layer's qkv product gives and it stores (none where it reads another layer's)
@@ -1018,6 +1019,7 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
         mlp_in = h;
     } else {
         add_rows(x, delta, rows * hidden);
+        if (l.parallel) mlp_in = attn_in;  // (the input norm's output, which the attention read)
     }
     if (l.experts != nullptr && !l.experts->beside) {
         expert_phases(mlp_in, l, rows, buffers, delta, panel_from);

@@ -39,7 +39,7 @@ from ..families.gemma4 import Gemma4, MixtureBeside
 from ..families.gpt2 import GPT2
 from ..families.falcon_h1 import FalconH1
 from ..families.granite_hybrid import GraniteHybrid
-from ..families.layers import NativeDecoding, RMSNorm, SquaredReLU, chunk_rows, prefill_keys
+from ..families.layers import GeluMLP, NativeDecoding, RMSNorm, SquaredReLU, UngatedMLP, chunk_rows, prefill_keys
 from ..families.lfm2 import Lfm2
 from ..families.mamba import Mamba, MambaMixer
 from ..families.llama import Llama
@@ -132,7 +132,7 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
     _fields_ += [(name, _int64) for name in (
         "hidden", "intermediate", "heads", "kv_heads", "dim", "window", "layer_norm", "activation", "window_angles",
         "rotates", "norms_across_heads", "conv_taps", "gated", "values_are_keys", "value_norm", "reads_kv",
-        "per_layer_offset", "per_layer_width")]
+        "per_layer_offset", "per_layer_width", "parallel")]
     _fields_ += [(name, _double) for name in ("eps", "scale", "softcap", "residual_scale", "layer_scale")]
 
 
@@ -262,13 +262,13 @@ def _mlp_fields(mlp: nn.Module | None, spec) -> tuple:
         return None, None, mlp.spec.intermediate_size, SILU_GATED
     if mlp is None:
         return None, None, 0, SILU_GATED
-    return (_up_product(mlp), mlp.down, spec.intermediate_size,
-            RELU_SQUARED if isinstance(mlp, SquaredReLU) else SILU_GATED)
+    activation = RELU_SQUARED if isinstance(mlp, SquaredReLU) else GELU_TANH if isinstance(mlp, GeluMLP) else SILU_GATED
+    return _up_product(mlp), mlp.down, spec.intermediate_size, activation
 
 
 def _up_product(mlp: nn.Module) -> nn.Module:
-    """An MLP's first product: a SwiGLU's gate and up rows, a squared ReLU's up."""
-    return mlp.up if isinstance(mlp, SquaredReLU) else mlp.gate_up
+    """An MLP's first product: a SwiGLU's gate and up rows, an ungated MLP's up."""
+    return mlp.up if isinstance(mlp, UngatedMLP) else mlp.gate_up
 
 
 def _moe_products(moe: SparseMoE) -> tuple:
@@ -383,7 +383,8 @@ class DecoderLayers:
                             kv_heads=spec.num_kv_heads, dim=spec.head_dim, window=block.window or 0,
                             activation=activation, rotates=block.rotates,
                             norms_across_heads=not mixer and attn.norms_across_heads, eps=spec.rms_norm_eps,
-                            scale=1.0 if mixer else attn.scale, residual_scale=spec.residual_scale)
+                            scale=1.0 if mixer else attn.scale, residual_scale=spec.residual_scale,
+                            layer_norm=spec.layer_norm, parallel=spec.parallel)
         self._route(layer, block.mlp)
         layer.sinks = None if mixer else self._in_dtype(attn.sinks)
         return layer
@@ -618,7 +619,7 @@ class DecoderLayers:
         self.weights.append((output, weights, unembed_weights))
         return _Head(self._factors(norm), _address(getattr(norm, "bias", None)), ctypes.addressof(weights),
                      _address(output.bias), ctypes.addressof(unembed_weights) if unembed else None,
-                     output.out_features, isinstance(model, GPT2), len(unembed) + 1, norm.eps)
+                     output.out_features, isinstance(norm, nn.LayerNorm), len(unembed) + 1, norm.eps)
 
     def _layer(self, norms, qkv, out, up, down, other_norms, rotates=True, residual_scale=1.0, layer_scale=1.0,
                **shape) -> _Layer:

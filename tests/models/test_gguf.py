@@ -280,21 +280,34 @@ def test_an_exaone4_file_equals_its_transformers_model(tmp_path):
     assert_same_answers(greedy(path, prompts), expected)
 
 
-@pytest.mark.parametrize("arch, file_arch", [("exaone", "exaone"), ("arcee", "arcee"), ("seed_oss", "seed_oss"),
-                                             ("llama", "internlm2")])
-def test_files_of_llamas_kin_equal_their_transformers_models(tmp_path, arch, file_arch):
-    """Files of Llama's math under other names, as llama.cpp's converters write them: EXAONE 3.5's (its rows as
-    the checkpoint's, which llama.cpp rotates as NeoX's), Arcee's AFM (Q/K rows permuted as Llama's; an MLP of
-    relu(up)^2 without a gate), Seed-OSS's (q/k/v biases, none after; the norm before its MLP named
-    post_attention_norm) and InternLM2's (Llama's layout once its converter splits wqkv) equal their transformers
-    models on the native layers and on the torch layers, and so do their checkpoints."""
+@pytest.mark.parametrize("arch, file_arch, settings", [
+    ("exaone", "exaone", {}), ("arcee", "arcee", {}), ("seed_oss", "seed_oss", {}), ("llama", "internlm2", {}),
+    ("starcoder2", "starcoder2", {}), ("stablelm", "stablelm", {}),
+    ("stablelm", "stablelm", {"use_parallel_residual": True}), ("phi", "phi2", {}), ("cohere", "command-r", {}),
+    ("cohere2", "cohere2", {})], ids=["exaone", "arcee", "seed_oss", "internlm2", "starcoder2", "stablelm",
+                                     "stablelm-parallel", "phi2", "command-r", "cohere2"])
+def test_files_of_llamas_kin_equal_their_transformers_models(tmp_path, arch, file_arch, settings):
+    """Files of the Llama module's kin, as llama.cpp's converters write them (conftest's LLAMA_KIN says what each
+    differs by): EXAONE 3.5's (its rows as the checkpoint's, which llama.cpp rotates as NeoX's), Arcee's (Q/K rows
+    permuted as Llama's), Seed-OSS's (its norm before the MLP named post_attention_norm), InternLM2's (Llama's
+    layout once its converter splits wqkv), StarCoder2's, StableLM's (a quarter of each head rotated,
+    rope.dimension_count; StableLM 2 12B's MLP beside the attention, without ffn_norm), Phi-2's, Command R's (its
+    rotary pairs side by side as the checkpoint's, logit_scale) and Command R7B's (its window, three layers in
+    four, those alone rotating) equal their transformers models on the native layers and on the torch layers, and
+    so do their checkpoints. Their norms' weights and every bias drawn away from 1 and 0."""
     # (InternLM2's loader reads no rotary factors: Llama's model without its rope scaling)
     plain_rope = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}} if arch == "llama" else {}
-    hf = tiny_model(arch, seed=3, **plain_rope)
+    hf = tiny_model(arch, seed=3, **plain_rope, **settings)
+    c = hf.config
+    metadata = {"tokenizer.ggml.eos_token_id": EOS}
+    if arch.startswith("cohere"):
+        metadata["logit_scale"] = c.logit_scale
+    if arch == "cohere2":
+        metadata["attention.sliding_window"] = c.sliding_window
     rng = random.Random(15)
     prompts = [random_prompt(rng, 5, 10), random_prompt(rng, 30, 40)]
     expected = [greedy_with_logprobs(hf, p, 16) for p in prompts]
-    written = write_gguf_of(hf, tmp_path / f"{file_arch}.gguf", file_arch, {"tokenizer.ggml.eos_token_id": EOS})
+    written = write_gguf_of(hf, tmp_path / f"{file_arch}.gguf", file_arch, metadata)
     assert_same_answers(greedy(written, prompts), expected)
     assert_same_answers(greedy(written, prompts, native_layers=False), expected)
     hf.save_pretrained(tmp_path / "checkpoint")
