@@ -421,6 +421,8 @@ def pytest_addoption(parser):
     parser.addoption("--stress", action="store_true", help="run the large threaded stress sizes")
     parser.addoption("--timing", action="store_true",
                      help="run the tests whose outcome depends on how busy the machine is")
+    parser.addoption("--all-families", action="store_true",
+                     help="run the engine-wide and native-layer matrices for every family, not MATRIX_FAMILIES alone")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -504,7 +506,34 @@ def tiny_model(arch: str, seed: int = 0, **config):
     return model
 
 
-@pytest.fixture(scope="session", params=sorted(CONFIGS))
+# The families the engine-wide tests (threaded streams with preemption, prefix caching: hf_model) and the
+# native-layer matrices (pools x row counts) take by default: one of each kind of layer and pool. Plain GQA with a
+# scaled rope; GPT-2's learned positions and LayerNorms; windows on some layers; longrope's recomputed past;
+# queries scaled by position; soft caps and alternating windows; Gemma 3's local rotation; per-layer K/V shapes
+# and shared K/V; AltUp's streams; sinks beside experts; latent attention; delta rules; Mamba2 in the attention's
+# place and beside it; short convolutions; a pool without K/V. Every family's own numerics are tested in full
+# alone (test_model_families' saved checkpoint of each, tests/models/test_<family>.py, the native layers' first
+# cases of each); with --all-families every family runs every matrix (about twice the suite's time).
+MATRIX_FAMILIES = ("llama", "gpt2", "qwen2_sliding", "phi3", "ministral3", "gemma2", "gemma3", "gemma4", "gemma3n",
+                   "gpt_oss", "deepseek_v3", "qwen3_5", "granitemoehybrid", "falcon_h1", "lfm2", "mamba")
+
+
+def family_cases(config, families, cases: list[tuple]) -> list[tuple]:
+    """(family, *case) for each of ``families``: every one of ``cases`` for MATRIX_FAMILIES' (every family's with
+    --all-families), the first alone for the others'."""
+    every = config.getoption("--all-families")
+    return [(family, *case) for family in families
+            for case in (cases if every or family in MATRIX_FAMILIES else cases[:1])]
+
+
+def pytest_generate_tests(metafunc):
+    """hf_model: each of MATRIX_FAMILIES' tiny models (every family's with --all-families)."""
+    if "hf_model" in metafunc.fixturenames:
+        families = sorted(CONFIGS) if metafunc.config.getoption("--all-families") else MATRIX_FAMILIES
+        metafunc.parametrize("hf_model", families, indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
 def hf_model(request):
     return tiny_model(request.param)
 

@@ -24,6 +24,8 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape glm47flash-30b-a3b-12l --format q4_k_m --vocab 154880 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape nemotron3-nano-30b-a3b-12l --format q4_k_m --vocab 131072 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape nemotron3-super-120b-a12b-6l --format q4_k_m --vocab 131072 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape phi2-2.7b --format q4_k_m --vocab 51200 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape command-r7b --format q4_k_m --vocab 256000 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape glm45air-106b-a12b-6l --format q4_k_m --vocab 151552 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape qwen3next-80b-a3b-8l --format q4_k_m --vocab 151936 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape falcon-h1-0.5b --format q4_k_m --out /tmp/gguf
@@ -116,7 +118,11 @@ the hidden state; 128 Mamba2 heads of 64; the -6l one its first six layers in Na
 mixtures); the glm45air ones as GLM-4.5-Air's (architecture glm4moe: 96 query heads
 and 8 K/V heads of 128, half of each rotated, biases on q/k/v, post_attention_norm before the MLP, a dense first
 layer of 10944 rows, then 128 experts of 1408 rows, 8 a token, chosen by their sigmoid plus a bias each and
-renormalised, beside one shared expert; the -6l one its first six of 46 layers);
+renormalised, beside one shared expert; the -6l one its first six of 46 layers); the phi2 one as Phi-2's (architecture
+phi2: LayerNorms with biases, the attention and an MLP of gelu(up) beside each other on one norm's output, a bias
+on every product and on its own output layer, 32 of each 80-wide head's dimensions rotated); the command one as
+Command R7B's (architecture cohere2: LayerNorms without biases, the attention and the SwiGLU beside each other, a
+4096-token window in three layers of four, the fourth global and unrotated, its logits times 0.25, its table tied);
 the qwen3moe one as a Qwen3-MoE (Qwen3's layout, 128 experts of 768 rows, 8 a token, each layer's
 three expert products a stack of all 128 experts' matrices, its router in F32 as llama-quantize leaves it);
 the ministral3 ones as Ministral 3's (architecture mistral3: Llama's layout, 128-wide heads, its yarn
@@ -211,9 +217,11 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           # Gemma 4 26B-A4B's (its intermediate: the dense MLP's beside the experts), and its first ten layers
           "gemma4-26b-a4b": (2816, 2112, 30, 16, 8), "gemma4-26b-a4b-10l": (2816, 2112, 10, 16, 8),
           # GLM-4.5-Air's, and its first six layers
-          "glm45air-106b-a12b": (4096, 10944, 46, 96, 8), "glm45air-106b-a12b-6l": (4096, 10944, 6, 96, 8)}
+          "glm45air-106b-a12b": (4096, 10944, 46, 96, 8), "glm45air-106b-a12b-6l": (4096, 10944, 6, 96, 8),
+          # Microsoft's Phi-2 and Cohere's Command R7B (c4ai-command-r7b-12-2024), as I recall their configs
+          "phi2-2.7b": (2560, 10240, 32, 32, 32), "command-r7b": (4096, 14336, 32, 32, 8)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
-UNTIED = {"qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
+UNTIED = {"phi2-2.7b", "qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
           "qwen2moe-a2.7b", "qwen35-9b", "qwen3vl-8b", "qwen3vlmoe-30b-a3b", "nemotronh-4b", "nemotronh-8b",
           "qwen35moe-35b-a3b", "qwen35moe-35b-a3b-10l", "glm4-9b", "deepseek2-16b", "glm47flash-30b-a3b",
           "glm47flash-30b-a3b-12l", "nemotron3-nano-30b-a3b", "nemotron3-nano-30b-a3b-12l", "glm45air-106b-a12b",
@@ -263,6 +271,15 @@ class Layout:
     # sizes in ``mamba``
     pattern: str | None = None
     expert_latent: int = 0  # the width the experts work in (Nemotron 3 Super's moe_latent_size; 0: the hidden size)
+    # LayerNorms for RMSNorms: "biased" (Phi-2's, StarCoder2's, StableLM's: a bias beside each weight), "unbiased"
+    # (Cohere's); the MLP beside the attention (no ffn_norm: Phi-2's, Cohere's); an MLP of up and down alone
+    # (gelu: Phi-2's, StarCoder2's); a bias on every product, the output layer's too (Phi-2's)
+    layer_norm: str | None = None
+    parallel: bool = False
+    gelu_mlp: bool = False
+    all_biases: bool = False
+    logit_scale: float | None = None  # Cohere's logits' factor
+    window_pattern: int | None = None  # every n-th layer global, the others through ``window`` (Command R7B's 4)
     # GLM-4's: its rotary over this share of a head, gate and up one ffn_up
     rotary_share: float = 1.0
     glm: bool = False
@@ -334,6 +351,10 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
            "glm45air": Layout("glm4moe", head=128, rope_base=1e6, eps=1e-5, context=131072, biases=True,
                               experts=(128, 8, 1408), shared_experts=1, dense_lead=1, selection_bias=True,
                               sigmoid=(1.0, True), rotary_share=0.5, mlp_norm="post_attention_norm"),
+           "phi2": Layout("phi2", rope_base=10000.0, eps=1e-5, context=2048, biases=True, layer_norm="biased",
+                          parallel=True, gelu_mlp=True, all_biases=True, rotary_share=0.4),
+           "command": Layout("cohere2", head=128, rope_base=50000.0, eps=1e-5, context=131072, layer_norm="unbiased",
+                             parallel=True, window=4096, window_pattern=4, logit_scale=0.25),
            "glm4": Layout("glm4", head=128, rope_base=10000.0, eps=1e-5, context=32768, biases=True, output_norms=True,
                           rotary_share=0.5, glm=True),
            # (DeepSeek-V2-Lite's YaRN: a factor of 40 over 4,096 tokens, mscale_all_dim 0.707)
@@ -585,6 +606,7 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
             tied: bool):
     q, kv = head * heads, head * kv_heads
     dense = (("ffn_up", (2 * inner, hidden)), ("ffn_down", (hidden, inner))) if family.glm else (
+        ("ffn_up", (inner, hidden)), ("ffn_down", (hidden, inner))) if family.gelu_mlp else (
         ("ffn_gate", (inner, hidden)), ("ffn_up", (inner, hidden)), ("ffn_down", (hidden, inner)))
     mlp = dense
     if family.experts:  # the router, then every expert's matrices of a product as one stack
@@ -662,10 +684,13 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
         for name, shape in (("attn_norm", (hidden,)), ("attn_q", (q_rows, hidden)), ("attn_k", (kv, hidden)),
                             ("attn_v", (kv, hidden)), ("attn_output", (hidden, q)), (family.mlp_norm, (hidden,)),
                             *(dense if i < family.dense_lead else mlp)):
-            if name in ("attn_norm", family.mlp_norm) and not family.input_norms:
+            if name in ("attn_norm", family.mlp_norm) and not family.input_norms or (
+                    name == family.mlp_norm and family.parallel):
                 continue
             yield f"blk.{i}.{name}.{'bias' if name == 'exp_probs_b' else 'weight'}", i, shape
-            if family.biases and name in ("attn_q", "attn_k", "attn_v"):
+            if family.biases and name in ("attn_q", "attn_k", "attn_v") or family.all_biases and name in (
+                    "attn_output", "ffn_up", "ffn_down") or family.layer_norm == "biased" and name in (
+                    "attn_norm", family.mlp_norm):
                 yield f"blk.{i}.{name}.bias", i, shape[:1]
             if family.sinks and (name == "attn_output" or name.startswith("ffn_")):  # (a stack's: a row an expert)
                 yield f"blk.{i}.{name}.bias", i, shape[:-1]
@@ -677,8 +702,12 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
                 yield f"blk.{i}.{'post_attention_norm' if name == 'attn_output' else 'post_ffw_norm'}.weight", i, (hidden,)
     lfm2 = family.attending is not None and not family.mamba  # (LFM2's final norm by llama.cpp's name for it)
     yield "token_embd_norm.weight" if lfm2 else "output_norm.weight", -1, (hidden,)
+    if family.layer_norm == "biased":
+        yield "output_norm.bias", -1, (hidden,)
     if not tied:
         yield "output.weight", -1, (vocab, hidden)
+        if family.all_biases:
+            yield "output.bias", -1, (vocab,)
 
 
 def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = None) -> Path:
@@ -785,9 +814,16 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_value_length(key_length)
         writer.add_rope_dimension_count(key_length // 4 if family.delta else int(key_length * family.rotary_share))
     writer.add_rope_freq_base(family.rope_base)
-    writer.add_layer_norm_rms_eps(family.eps)
+    if family.layer_norm:
+        writer.add_layer_norm_eps(family.eps)
+    else:
+        writer.add_layer_norm_rms_eps(family.eps)
     if family.window:
         writer.add_sliding_window(family.window)
+    if family.window_pattern:
+        writer.add_sliding_window_pattern(family.window_pattern)
+    if family.logit_scale:
+        writer.add_logit_scale(family.logit_scale)
     if family.soft_caps:  # (an attention cap of 0: none, Gemma 4's)
         if family.soft_caps[0]:
             writer.add_attn_logit_softcapping(family.soft_caps[0])

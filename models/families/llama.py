@@ -258,7 +258,7 @@ class Block(nn.Module):
     def __init__(self, s: LlamaSpec, index: int):
         super().__init__()
         self.window, self.rotates = s.layer_windows[index], s.layer_rotates[index]
-        self.residual_scale = s.residual_scale
+        self.residual_scale, self.parallel = s.residual_scale, s.parallel
         self.input_norm = norm_of(s)(s.hidden_size, s.rms_norm_eps)
         self.attn = Attention(s, scale=s.attention_scale)
         self.post_norm = None if s.parallel else norm_of(s)(s.hidden_size, s.rms_norm_eps)
@@ -273,7 +273,7 @@ class Block(nn.Module):
         h = self.input_norm(x)
         attended = self.scaled(self.attn(h, cos, sin, kv_cache, layer, step, masks[self.window], query_scales),
                                self.attn_out_norm)
-        if self.post_norm is None:  # (LlamaSpec.parallel: the MLP beside the attention, on its input)
+        if self.parallel:  # (the MLP beside the attention, on its input)
             return x + attended + self.scaled(self.mlp(h), self.mlp_out_norm)
         x = x + attended
         return x + self.scaled(self.mlp(self.post_norm(x)), self.mlp_out_norm)

