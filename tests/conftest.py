@@ -441,41 +441,25 @@ def pytest_collection_modifyitems(config, items):
 # attention and the MLP beside each other, biases everywhere, the output layer's too, an MLP of gelu(up)); Cohere's
 # Command R (LayerNorms without biases, beside each other, rotary pairs side by side, logits scaled) and R7B (its
 # fourth layers global and unrotated)
+# (the sizes they share: two layers of 64, four query heads over two K/V heads)
+KIN_SIZES = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0)
 LLAMA_KIN = {
-    "exaone": lambda: transformers.ExaoneConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
-        pad_token_id=0),
-    "arcee": lambda: transformers.ArceeConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
-        pad_token_id=0),
-    "seed_oss": lambda: transformers.SeedOssConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
-        pad_token_id=0, attention_bias=True, attention_out_bias=False, attention_dropout=0.0, residual_dropout=0.0),
-    "starcoder2": lambda: transformers.Starcoder2Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
-        use_bias=True, residual_dropout=0.0, embedding_dropout=0.0, attention_dropout=0.0),
+    "exaone": lambda: transformers.ExaoneConfig(**KIN_SIZES, head_dim=16),
+    "arcee": lambda: transformers.ArceeConfig(**KIN_SIZES, head_dim=16),
+    "seed_oss": lambda: transformers.SeedOssConfig(**KIN_SIZES, head_dim=16, attention_bias=True, attention_out_bias=False,
+                                                   attention_dropout=0.0, residual_dropout=0.0),
+    "starcoder2": lambda: transformers.Starcoder2Config(**KIN_SIZES, use_bias=True, residual_dropout=0.0,
+                                                       embedding_dropout=0.0, attention_dropout=0.0),
     "stablelm": lambda: transformers.StableLmConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
-        use_qkv_bias=True, hidden_dropout=0.0, attention_dropout=0.0,
+        **KIN_SIZES, use_qkv_bias=True, hidden_dropout=0.0, attention_dropout=0.0,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
     "phi": lambda: transformers.PhiConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
-        resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0,
+        **KIN_SIZES | {"num_key_value_heads": 4}, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
-    "cohere": lambda: transformers.CohereConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
-        logit_scale=0.25),
-    "cohere2": lambda: transformers.Cohere2Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
-        logit_scale=0.25, sliding_window=24),
+    "cohere": lambda: transformers.CohereConfig(**KIN_SIZES, logit_scale=0.25),
+    "cohere2": lambda: transformers.Cohere2Config(**KIN_SIZES | {"num_hidden_layers": 4}, logit_scale=0.25,
+                                                  sliding_window=24),
 }
 
 

@@ -222,7 +222,7 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
     if arch == "minicpm":
         config |= _minicpm_scales(key, config)
     if arch in LAYER_NORM_ARCHITECTURES:
-        config |= _layer_norm_layers(arch, key, tensors, config)
+        config |= _layer_norm_layers(arch, key, tensors, config, file_name)
     if arch in ("exaone", "seed_oss"):  # q/k/v biases where the file has them, none after (as llama.cpp loads them)
         config |= {"attention_bias": "blk.0.attn_q.bias" in tensors, "attention_out_bias": False}
     if arch == "phi3":
@@ -610,7 +610,7 @@ def _minicpm_scales(key, config: dict) -> dict:
             "logits_scaling": key("logit_scale") or config["hidden_size"] / 256}
 
 
-def _layer_norm_layers(arch: str, key, tensors: dict[str, TensorInfo], config: dict) -> dict:
+def _layer_norm_layers(arch: str, key, tensors: dict[str, TensorInfo], config: dict, file_name: str) -> dict:
     """A file's LayerNorm layers as transformers names them, as llama.cpp reads them: the norms' epsilon; the
     products' biases where the file has them (StarCoder2's and Phi-2's every product's; StableLM's q/k/v's); a
     StableLM file without norms before its MLPs runs them beside the attention (StableLM 2 12B's); Phi-2's rotary
@@ -629,7 +629,7 @@ def _layer_norm_layers(arch: str, key, tensors: dict[str, TensorInfo], config: d
         out["logit_scale"] = key("logit_scale", 1.0)
     if arch == "cohere2":
         out |= {"sliding_window": key("attention.sliding_window"),
-                "layer_types": _sliding_layers(key, config["num_hidden_layers"], "", default_pattern=4)}
+                "layer_types": _sliding_layers(key, config["num_hidden_layers"], file_name, default_pattern=4)}
     return out
 
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, fields
 import torch
 from torch import nn
 
-from .layers import GATE_UP, QKV, AttentionMasks, DecoderModel, RMSNorm, SquaredReLU, SwiGLU, fused
-from .llama import Attention, LlamaSpec
+from .layers import GATE_UP, QKV, AttentionMasks, DecoderModel, RMSNorm, fused
+from .llama import MLPS, Attention, LlamaSpec
 from .mamba2 import Mamba2Mixer, Mamba2Shape
 from .moe import SparseMoE
 from .recurrent import StateRuns, check_state_slots
@@ -65,7 +65,7 @@ class Block(nn.Module):
         self.post_norm, self.mlp = None, None
         if not s.layer_mlp or s.layer_mlp[index]:
             self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-            mlp = SquaredReLU if s.mlp_activation == "relu2" else SwiGLU
+            mlp = MLPS[s.mlp_activation]
             if s.moe is not None and s.moe.routes(index):  # (Nemotron-H's MLP layers beside experts' do not)
                 self.mlp = SparseMoE(s.hidden_size, s.moe)
             else:
