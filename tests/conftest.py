@@ -436,8 +436,8 @@ def pytest_collection_modifyitems(config, items):
 
 # Families the Llama module runs with a difference or two from a family the family-wide tests run: their files
 # and checkpoints are tested alone (test_gguf's Llama kin). EXAONE 3.5 (Llama's math); Arcee's AFM (an MLP of
-# relu(up)^2, no gate); Seed-OSS (q/k/v biases, none on the output); StarCoder2 (LayerNorms, biases everywhere, an
-# MLP of gelu(up)); StableLM (LayerNorms, q/k/v biases, a quarter of each head rotated); Phi-2 (LayerNorms, the
+# relu(up)^2, no gate); Seed-OSS (q/k/v biases, none on the output); HunYuan's dense models (each head's q/k norm
+# after the rotation, NTK by a fixed alpha); StarCoder2 (LayerNorms, biases everywhere, an MLP of gelu(up)); StableLM (LayerNorms, q/k/v biases, a quarter of each head rotated); Phi-2 (LayerNorms, the
 # attention and the MLP beside each other, biases everywhere, the output layer's too, an MLP of gelu(up)); Cohere's
 # Command R (LayerNorms without biases, beside each other, rotary pairs side by side, logits scaled) and R7B (its
 # fourth layers global and unrotated)
@@ -449,6 +449,9 @@ LLAMA_KIN = {
     "arcee": lambda: transformers.ArceeConfig(**KIN_SIZES, head_dim=16),
     "seed_oss": lambda: transformers.SeedOssConfig(**KIN_SIZES, head_dim=16, attention_bias=True, attention_out_bias=False,
                                                    attention_dropout=0.0, residual_dropout=0.0),
+    "hunyuan_v1_dense": lambda: transformers.HunYuanDenseV1Config(
+        **KIN_SIZES, head_dim=16, rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0,
+                                                   "factor": 1.0}),
     "starcoder2": lambda: transformers.Starcoder2Config(**KIN_SIZES, use_bias=True, residual_dropout=0.0,
                                                        embedding_dropout=0.0, attention_dropout=0.0),
     "stablelm": lambda: transformers.StableLmConfig(
@@ -625,7 +628,8 @@ GGUF_LAYER_NAMES = {
     "mlp.fc1_latent_proj": "ffn_latent_down", "mlp.fc2_latent_proj": "ffn_latent_up",  # (Nemotron 3 Super's)
     # StarCoder2's and Phi-2's MLPs (up and down), Phi-2's attention output
     "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down", "mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down",
-    "self_attn.dense": "attn_output"}
+    "self_attn.dense": "attn_output",
+    "self_attn.query_layernorm": "attn_q_norm", "self_attn.key_layernorm": "attn_k_norm"}  # (HunYuan's)
 GGUF_GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                      "lm_head.weight": "output.weight", "model.embedding_norm.weight": "token_embd_norm.weight",
                      # (LayerNorm models' biases: StarCoder2's, StableLM's, Phi-2's, and Phi-2's output layer's)
@@ -971,7 +975,10 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         writer.add_layer_norm_rms_eps(c.norm_eps if lfm2 else c.layer_norm_epsilon if nemotron else c.rms_norm_eps)
     if not nemotron:  # (whose attention has no positions)
         rope = c.rope_parameters
-        writer.add_rope_freq_base((rope.get("full_attention") or rope)["rope_theta"])  # (OLMo 3's: its global layers')
+        base = (rope.get("full_attention") or rope)["rope_theta"]  # (OLMo 3's: its global layers')
+        if arch == "hunyuan-dense" and rope.get("alpha"):  # (its converter folds the alpha into the base)
+            base *= rope["alpha"] ** (c.head_dim / (c.head_dim - 2))
+        writer.add_rope_freq_base(base)
     writer.add_vocab_size(c.vocab_size)
     for key, value in (metadata or {}).items():
         if value is None:  # (a key the architecture's files carry, left out)

@@ -1,9 +1,10 @@
 """The Llama family over the paged KV cache: Llama, Qwen2, Qwen3, Mistral, Ministral 3, ERNIE 4.5,
-Phi-3, SmolLM3, Granite, GLM-4, EXAONE 3.5, Arcee's AFM, Seed-OSS, StarCoder2, StableLM, Phi-2, Cohere's Command R
-and R7B, and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE (and MoE
+Phi-3, SmolLM3, Granite, GLM-4, EXAONE 3.5, Arcee's AFM, Seed-OSS, HunYuan's dense models, StarCoder2, StableLM,
+Phi-2, Cohere's Command R and R7B, and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE (and MoE
 Shared), OLMoE, ERNIE 4.5's, gpt-oss and GLM-4.5 (and 4.6: GQA over half of each head rotated, q/k/v biases, q/k
 norms in some, DeepSeek-V3's routing). GQA,
-RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k norms (per head: Qwen3; across heads: OLMoE), sliding
+RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k norms (per head: Qwen3; across heads: OLMoE; per head after the
+rotation: HunYuan), sliding
 windows for all or some layers, layers without rotary (SmolLM3's every fourth), queries scaled by
 position past the original context (Ministral 3), fused checkpoint tensors (Phi-3), rotary pairs side
 by side in the checkpoint (ERNIE 4.5), scaled embeddings, residuals and logits (Granite), attention
@@ -21,10 +22,10 @@ from torch import nn
 from .layers import (GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, GeluMLP, RMSNorm, SquaredReLU,
                      SwiGLU, decoder_tensors, fused, paged_attention)
 from .moe import MoESpec, SparseMoE
-from .rope import Rotary, halves_from_pairs, query_temperature, rope_type, sequence_ends
+from .rope import Rotary, apply_rotary, halves_from_pairs, query_temperature, rope_type, sequence_ends
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi3", "smollm3", "granite", "glm4",
-            "exaone", "arcee", "seed_oss", "starcoder2", "stablelm", "phi", "cohere", "cohere2", "mixtral", "qwen2_moe",
+            "exaone", "arcee", "seed_oss", "hunyuan_v1_dense", "starcoder2", "stablelm", "phi", "cohere", "cohere2", "mixtral", "qwen2_moe",
             "qwen3_moe", "granitemoe", "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss", "glm4_moe")
 # each family's MLP activation (its config's hidden_act) where it is not SwiGLU's silu, and the MLP it makes:
 # Arcee's relu(up)^2, StarCoder2's and Phi-2's gelu_tanh(up) (no gate)
@@ -34,14 +35,15 @@ MLPS = {"silu": SwiGLU, "relu2": SquaredReLU, "gelu_pytorch_tanh": GeluMLP, "gel
 LAYER_NORMS, UNBIASED_LAYER_NORMS = ("starcoder2", "stablelm", "phi", "cohere", "cohere2"), ("cohere", "cohere2")
 # checkpoint names of Llama's parameters in other families, in this order of replacement: EXAONE 3.5's (the hub's,
 # and transformers' saved ones) after GPT-2's (its output product before the other attention products), StarCoder2's
-# MLP's, Phi-2's
+# MLP's, Phi-2's, HunYuan's q/k norms
 HUB_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.ln_f.", "model.norm."),
              ("transformer.h.", "model.layers."), (".attn.attention.out_proj.", ".self_attn.o_proj."),
              (".attn.attention.", ".self_attn."), (".ln_1.", ".input_layernorm."),
              (".ln_2.", ".post_attention_layernorm."), (".mlp.c_fc_0.", ".mlp.gate_proj."),
              (".mlp.c_fc_1.", ".mlp.up_proj."), (".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj."),
              (".mlp.fc1.", ".mlp.up_proj."), (".mlp.fc2.", ".mlp.down_proj."), (".self_attn.dense.", ".self_attn.o_proj."),
-             ("model.final_layernorm.", "model.norm."))
+             ("model.final_layernorm.", "model.norm."), (".self_attn.query_layernorm.", ".self_attn.q_norm."),
+             (".self_attn.key_layernorm.", ".self_attn.k_norm."))
 
 
 @dataclass
@@ -60,6 +62,7 @@ class LlamaSpec(DecoderShape):
     layer_windows: tuple[int | None, ...]  # each layer's sliding window, None for full attention
     layer_rotates: tuple[bool, ...]  # whether each layer rotates its queries and keys (SmolLM3: 3 in 4)
     moe: MoESpec | None
+    qk_norm_after_rotation: bool = False  # each head's q/k norm after the rotation (HunYuan's), not before
     # the MLP's activation, its config's hidden_act (MLPS: silu a SwiGLU's, the others an ungated MLP's)
     mlp_activation: str = "silu"
     # LayerNorms (the mean removed) for RMSNorms, with biases where norm_bias (StarCoder2's, StableLM's, Phi-2's;
@@ -104,6 +107,10 @@ class LlamaSpec(DecoderShape):
         if kind in ("stablelm", "phi", "cohere", "cohere2") and (c.get("qk_layernorm") or c.get("use_qk_norm")):
             raise ValueError(f"{kind} with its queries and keys LayerNormed a head at a time (qk_layernorm, "
                              "use_qk_norm: StableLM 2 12B's, Command R+'s) is not supported")
+        if kind == "hunyuan_v1_dense" and rope.get("alpha"):  # (NTK by a fixed alpha: a larger base, nothing dynamic)
+            head = c.get("head_dim") or c["hidden_size"] // heads
+            theta = float(theta) * float(rope["alpha"]) ** (head / (head - 2))
+            rope = {}
         trained = c.get("max_position_embeddings", 2048)
         # Dynamic NTK scaling exists to run past the trained context: up to factor times it.
         context = int(trained * rope["factor"]) if rope_type(rope) == "dynamic" else trained
@@ -133,8 +140,10 @@ class LlamaSpec(DecoderShape):
             # (GLM-4's output product has none; Seed-OSS's says whether it has)
             out_bias=bool(c.get("attention_out_bias", bias and kind not in ("glm4", "glm4_moe"))),
             mlp_bias=bool(c.get("mlp_bias", c.get("use_bias", kind == "phi"))),
-            qk_norm=kind in ("qwen3", "qwen3_moe", "olmoe") or (kind == "glm4_moe" and bool(c.get("use_qk_norm"))),
+            qk_norm=kind in ("qwen3", "qwen3_moe", "olmoe", "hunyuan_v1_dense") or (
+                kind == "glm4_moe" and bool(c.get("use_qk_norm"))),
             qk_norm_across_heads=kind == "olmoe",
+            qk_norm_after_rotation=kind == "hunyuan_v1_dense",
             layer_windows=_layer_windows(kind, c, layers),
             layer_rotates=_layer_rotates(kind, c, layers),
             moe=MoESpec.from_hf(c),
@@ -222,10 +231,11 @@ def _cohere2_types(c: dict, layers: int) -> list[str]:
 
 class Attention(nn.Module):
     """GQA over the paged cache, with optional q/k norms: per head (Qwen3), or across all heads
-    (OLMo: the spec's qk_norm_across_heads), and sinks (gpt-oss); Gemma passes its own norm, scale and
-    soft cap."""
+    (OLMo: the spec's qk_norm_across_heads), or per head after the rotation (``norms_after_rotation``: HunYuan's);
+    and sinks (gpt-oss); Gemma passes its own norm, scale and soft cap."""
 
-    def __init__(self, s, norm=RMSNorm, scale: float | None = None, softcap: float | None = None):
+    def __init__(self, s, norm=RMSNorm, scale: float | None = None, softcap: float | None = None,
+                 norms_after_rotation: bool = False):
         super().__init__()
         self.heads, self.kv_heads, self.dim = s.num_heads, s.num_kv_heads, s.head_dim
         self.qkv = nn.Linear(s.hidden_size, (s.num_heads + 2 * s.num_kv_heads) * s.head_dim, bias=s.qkv_bias)
@@ -238,6 +248,7 @@ class Attention(nn.Module):
         self.scale = scale if scale is not None else s.head_dim ** -0.5
         self.softcap = softcap
         self.sinks = nn.Parameter(torch.zeros(s.num_heads)) if s.attention_sinks else None
+        self.norms_after_rotation = norms_after_rotation
 
     def forward(self, x, cos, sin, kv_cache, layer, step, masks, query_scales=None):
         """``query_scales``: each row's query scale (rope.query_temperature), or None."""
@@ -245,7 +256,11 @@ class Attention(nn.Module):
         if self.norms_across_heads:  # all heads' queries (keys) normalised as one, before the rotation
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.view(-1, self.heads, self.dim), k.view(-1, self.kv_heads, self.dim)
-        if self.q_norm is not None and not self.norms_across_heads:  # each head normalised before the rotation
+        if self.norms_after_rotation:  # rotated here, normalised, then stored as they are
+            if cos is not None:
+                q, k, cos, sin = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), None, None
+            q, k = self.q_norm(q), self.k_norm(k)
+        elif self.q_norm is not None and not self.norms_across_heads:  # each head normalised before the rotation
             q, k = self.q_norm(q), self.k_norm(k)
         if query_scales is not None:  # (before the rotation, which it commutes with)
             q = q * query_scales[:, None, None]
@@ -260,7 +275,7 @@ class Block(nn.Module):
         self.window, self.rotates = s.layer_windows[index], s.layer_rotates[index]
         self.residual_scale, self.parallel = s.residual_scale, s.parallel
         self.input_norm = norm_of(s)(s.hidden_size, s.rms_norm_eps)
-        self.attn = Attention(s, scale=s.attention_scale)
+        self.attn = Attention(s, scale=s.attention_scale, norms_after_rotation=s.qk_norm_after_rotation)
         self.post_norm = None if s.parallel else norm_of(s)(s.hidden_size, s.rms_norm_eps)
         self.mlp = SparseMoE(s.hidden_size, s.moe) if s.moe and s.moe.routes(index) else \
             MLPS[s.mlp_activation](s.hidden_size, s.intermediate_size, s.mlp_bias)

@@ -203,6 +203,8 @@ Weights head_weights(const Weights& stack, int64_t h, int64_t rows, int64_t in) 
 // elsewhere) gelu(x gate^T) x the step's per-layer inputs at per_layer_offset, through per_layer_out, normed by
 // per_layer_norm and added; and the layer's output scaled (layer_scale: 1 elsewhere). Phi-2's and Cohere's MLP
 // (``parallel``) reads the input norm's output beside the attention, both added to the residual (no post_norm).
+// HunYuan's q/k norms come after the rotation (norms_after_rotation): its queries and keys are turned in place,
+// normed, and stored as they are.
 template <typename T, typename C>
 struct Layer {
     const T *input_norm, *input_norm_bias, *post_norm, *post_norm_bias;
@@ -236,7 +238,7 @@ struct Layer {
     const AltUpLayer* altup;  // Gemma 3n's (null elsewhere)
     int64_t hidden, intermediate, heads, kv_heads, dim, window, layer_norm, activation, window_angles, rotates,
         norms_across_heads, conv_taps, gated, values_are_keys, value_norm, reads_kv, per_layer_offset,
-        per_layer_width, parallel;
+        per_layer_width, parallel, norms_after_rotation;
     double eps, scale, softcap, residual_scale, layer_scale;
 
     // the K/V heads the layer's qkv product gives and it stores (none where it reads another layer's)
@@ -974,21 +976,26 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
         }
         if (l.value_norm && stored > 0)
             norm_spans<T>(values, values_stride, rows, stored, 0, l.dim, l.dim, nullptr, nullptr, l.eps);
+        const bool norm_rotated = rotary && l.norms_after_rotation;  // (rotated here, normed, then stored as they are)
         if (l.q_norm != nullptr && l.norms_across_heads) {
             norm_spans(qkv, qkv_width, rows, 1, 1, q_width, kv_width, l.q_norm, l.k_norm, l.eps);
         } else if (l.q_norm != nullptr && l.gated) {  // (the gates between: the queries', then the keys' spans)
             norm_spans(qkv, qkv_width, rows, l.heads, 0, l.dim, l.dim, l.q_norm, l.k_norm, l.eps);
             norm_spans(keys, qkv_width, rows, 0, l.kv_heads, l.dim, l.dim, l.q_norm, l.k_norm, l.eps);
-        } else if (l.q_norm != nullptr) {
+        } else if (l.q_norm != nullptr && !norm_rotated) {
             norm_spans(qkv, qkv_width, rows, l.heads, stored, l.dim, l.dim, l.q_norm, l.k_norm, l.eps);
         }
         if (s.query_scales != nullptr) scale_queries(qkv, qkv_width, q_width, s.query_scales, rows);
         const T *cos = l.window_angles ? s.window_cos : s.cos, *sin = l.window_angles ? s.window_sin : s.sin;
         const int64_t rotary_dim = l.window_angles ? s.window_rotary_dim : s.rotary_dim;
-        rotate_and_store_rows(qkv, qkv_width, keys, qkv_width, values, values_stride, cos, sin,
-                              rotary ? rotary_dim : 0, s.slots, rows, l.k_cache, l.v_cache, rotary ? q : nullptr,
-                              l.heads, stored, l.dim);
-        decode_attention_rows(rotary ? q : qkv, rotary ? q_width : qkv_width, l.k_cache, l.v_cache, s.tables,
+        if (norm_rotated) {  // (the keys follow the queries in qkv)
+            rotate_rows(qkv, qkv_width, cos, sin, rotary_dim, rows, l.heads + stored, l.dim);
+            norm_spans(qkv, qkv_width, rows, l.heads, stored, l.dim, l.dim, l.q_norm, l.k_norm, l.eps);
+        }
+        const bool turns = rotary && !norm_rotated;  // (as it stores the keys; the queries then read from q)
+        rotate_and_store_rows(qkv, qkv_width, keys, qkv_width, values, values_stride, cos, sin, turns ? rotary_dim : 0,
+                              s.slots, rows, l.k_cache, l.v_cache, turns ? q : nullptr, l.heads, stored, l.dim);
+        decode_attention_rows(turns ? q : qkv, turns ? q_width : qkv_width, l.k_cache, l.v_cache, s.tables,
                               s.max_blocks, s.lens, attn, q_width, rows, l.heads, l.kv_heads, l.dim, s.block_size,
                               l.window, l.scale, l.softcap, l.sinks);
         if (l.gated) gate_rows(attn, qkv + q_width, qkv_width, rows, q_width);

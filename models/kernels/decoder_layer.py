@@ -132,7 +132,7 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
     _fields_ += [(name, _int64) for name in (
         "hidden", "intermediate", "heads", "kv_heads", "dim", "window", "layer_norm", "activation", "window_angles",
         "rotates", "norms_across_heads", "conv_taps", "gated", "values_are_keys", "value_norm", "reads_kv",
-        "per_layer_offset", "per_layer_width", "parallel")]
+        "per_layer_offset", "per_layer_width", "parallel", "norms_after_rotation")]
     _fields_ += [(name, _double) for name in ("eps", "scale", "softcap", "residual_scale", "layer_scale")]
 
 
@@ -385,7 +385,8 @@ class DecoderLayers:
                             norms_across_heads=not mixer and attn.norms_across_heads, eps=spec.rms_norm_eps,
                             scale=1.0 if mixer else attn.scale, residual_scale=spec.residual_scale,
                             layer_norm=isinstance(block.input_norm, nn.LayerNorm),
-                            parallel=getattr(block, "parallel", False))  # (Llama's blocks': LFM2's have none)
+                            parallel=getattr(block, "parallel", False),  # (Llama's blocks': LFM2's have none)
+                            norms_after_rotation=not mixer and attn.norms_after_rotation)
         self._route(layer, block.mlp)
         layer.sinks = None if mixer else self._in_dtype(attn.sinks)
         return layer

@@ -350,4 +350,24 @@ void rotate_and_store_rows(const T* q, int64_t q_stride, const T* k, int64_t k_s
     }
 }
 
+// Each row's ``heads`` heads of ``dim`` (rows ``stride`` apart) rotated in place, as rotate_and_store_rows turns
+// them: HunYuan's queries and keys, whose norms come after the rotation. A task per row.
+template <typename T>
+void rotate_rows(T* x, int64_t stride, const T* cos, const T* sin, int64_t rotary_dim, int64_t rows, int64_t heads,
+                 int64_t dim) {
+    const int64_t half = rotary_dim / 2;
+#pragma omp for
+    for (int64_t t = 0; t < rows; ++t) {
+        const T *c = cos + t * rotary_dim, *s = sin + t * rotary_dim;
+        for (int64_t h = 0; h < heads; ++h) {
+            T* y = x + t * stride + h * dim;
+            for (int64_t i = 0; i < half; ++i) {
+                const T first = y[i], second = y[i + half];
+                y[i] = first * c[i] - second * s[i];
+                y[i + half] = second * c[i + half] + first * s[i + half];
+            }
+        }
+    }
+}
+
 }  // namespace

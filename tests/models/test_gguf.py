@@ -282,14 +282,16 @@ def test_an_exaone4_file_equals_its_transformers_model(tmp_path):
 
 @pytest.mark.parametrize("arch, file_arch, settings", [
     ("exaone", "exaone", {}), ("arcee", "arcee", {}), ("seed_oss", "seed_oss", {}), ("llama", "internlm2", {}),
+    ("hunyuan_v1_dense", "hunyuan-dense", {}),
     ("starcoder2", "starcoder2", {}), ("stablelm", "stablelm", {}),
     ("stablelm", "stablelm", {"use_parallel_residual": True}), ("phi", "phi2", {}), ("cohere", "command-r", {}),
-    ("cohere2", "cohere2", {})], ids=["exaone", "arcee", "seed_oss", "internlm2", "starcoder2", "stablelm",
+    ("cohere2", "cohere2", {})], ids=["exaone", "arcee", "seed_oss", "internlm2", "hunyuan-dense", "starcoder2", "stablelm",
                                      "stablelm-parallel", "phi2", "command-r", "cohere2"])
 def test_files_of_llamas_kin_equal_their_transformers_models(tmp_path, arch, file_arch, settings):
     """Files of the Llama module's kin, as llama.cpp's converters write them (conftest's LLAMA_KIN says what each
     differs by): EXAONE 3.5's (its rows as the checkpoint's, which llama.cpp rotates as NeoX's), Arcee's (Q/K rows
-    permuted as Llama's), Seed-OSS's (its norm before the MLP named post_attention_norm), InternLM2's (Llama's
+    permuted as Llama's), Seed-OSS's (its norm before the MLP named post_attention_norm), HunYuan's dense models'
+    (each head's q/k norm after the rotation; the base the converter scales by its alpha), InternLM2's (Llama's
     layout once its converter splits wqkv), StarCoder2's, StableLM's (a quarter of each head rotated,
     rope.dimension_count; StableLM 2 12B's MLP beside the attention, without ffn_norm), Phi-2's, Command R's (its
     rotary pairs side by side as the checkpoint's, logit_scale) and Command R7B's (its window, three layers in
