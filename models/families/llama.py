@@ -25,8 +25,9 @@ from .moe import MoESpec, SparseMoE
 from .rope import Rotary, apply_rotary, halves_from_pairs, query_temperature, rope_type, sequence_ends
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi3", "smollm3", "granite", "glm4",
-            "exaone", "arcee", "seed_oss", "hunyuan_v1_dense", "starcoder2", "stablelm", "phi", "cohere", "cohere2", "mixtral", "qwen2_moe",
-            "qwen3_moe", "granitemoe", "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss", "glm4_moe")
+            "exaone", "arcee", "seed_oss", "hunyuan_v1_dense", "starcoder2", "stablelm", "phi", "cohere", "cohere2",
+            "mixtral", "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss",
+            "glm4_moe")
 # each family's MLP activation (its config's hidden_act) where it is not SwiGLU's silu, and the MLP it makes:
 # Arcee's relu(up)^2, StarCoder2's and Phi-2's gelu_tanh(up) (no gate)
 ACTIVATIONS = {"arcee": "relu2", "starcoder2": "gelu_pytorch_tanh", "phi": "gelu_new"}
@@ -41,9 +42,9 @@ HUB_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.ln_f.", 
              (".attn.attention.", ".self_attn."), (".ln_1.", ".input_layernorm."),
              (".ln_2.", ".post_attention_layernorm."), (".mlp.c_fc_0.", ".mlp.gate_proj."),
              (".mlp.c_fc_1.", ".mlp.up_proj."), (".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj."),
-             (".mlp.fc1.", ".mlp.up_proj."), (".mlp.fc2.", ".mlp.down_proj."), (".self_attn.dense.", ".self_attn.o_proj."),
-             ("model.final_layernorm.", "model.norm."), (".self_attn.query_layernorm.", ".self_attn.q_norm."),
-             (".self_attn.key_layernorm.", ".self_attn.k_norm."))
+             (".mlp.fc1.", ".mlp.up_proj."), (".mlp.fc2.", ".mlp.down_proj."),
+             (".self_attn.dense.", ".self_attn.o_proj."), ("model.final_layernorm.", "model.norm."),
+             (".self_attn.query_layernorm.", ".self_attn.q_norm."), (".self_attn.key_layernorm.", ".self_attn.k_norm."))
 
 
 @dataclass
@@ -352,7 +353,8 @@ class Llama(DecoderModel):
         hf, out = decoder_tensors(_llama_named(hf), s)
         out |= {f"{name}.bias": hf[f"{name}.bias"] for name, kept in (("norm", s.norm_bias),
                                                                        ("lm_head", s.lm_head_bias)) if kept}
-        norms = (("input_norm", "input_layernorm"),) + (() if s.parallel else (("post_norm", "post_attention_layernorm"),))
+        norms = (("input_norm", "input_layernorm"),) + (
+            () if s.parallel else (("post_norm", "post_attention_layernorm"),))
         for i in range(s.num_layers):
             p = o = f"layers.{i}."
             out |= {f"{o}{mine}.{kind}": hf[f"{p}{theirs}.{kind}"] for mine, theirs in norms
