@@ -440,7 +440,7 @@ def pytest_collection_modifyitems(config, items):
 # after the rotation, NTK by a fixed alpha); StarCoder2 (LayerNorms, biases everywhere, an MLP of gelu(up)); StableLM (LayerNorms, q/k/v biases, a quarter of each head rotated); Phi-2 (LayerNorms, the
 # attention and the MLP beside each other, biases everywhere, the output layer's too, an MLP of gelu(up)); Cohere's
 # Command R (LayerNorms without biases, beside each other, rotary pairs side by side, logits scaled) and R7B (its
-# fourth layers global and unrotated)
+# fourth layers global and unrotated); OLMo 1 (LayerNorms without weights or biases)
 # (the sizes they share: two layers of 64, four query heads over two K/V heads)
 KIN_SIZES = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0)
@@ -461,6 +461,7 @@ LLAMA_KIN = {
         **KIN_SIZES | {"num_key_value_heads": 4}, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
     "cohere": lambda: transformers.CohereConfig(**KIN_SIZES, logit_scale=0.25),
+    "olmo": lambda: transformers.OlmoConfig(**KIN_SIZES),
     "cohere2": lambda: transformers.Cohere2Config(**KIN_SIZES | {"num_hidden_layers": 4}, logit_scale=0.25,
                                                   sliding_window=24),
 }
@@ -965,9 +966,9 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                     **(metadata or {})}
     if not (deepseek or state_only) and getattr(c, "head_dim", None) not in (None, c.hidden_size // heads):
         writer.add_key_length(c.head_dim)
-    layer_norms = arch in ("starcoder2", "stablelm", "phi2", "command-r", "cohere2")  # (LayerNorms: their epsilon)
-    if layer_norms:
-        writer.add_layer_norm_eps(getattr(c, "norm_epsilon", None) or c.layer_norm_eps)
+    layer_norms = arch in ("starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo")  # (LayerNorms' epsilon)
+    if layer_norms:  # (OLMo 1's fixed, as its converter writes it)
+        writer.add_layer_norm_eps(getattr(c, "norm_epsilon", None) or getattr(c, "layer_norm_eps", None) or 1e-5)
         rotary = c.rope_parameters.get("partial_rotary_factor")
         if rotary:  # (StableLM's and Phi-2's share of a head)
             writer.add_rope_dimension_count(int(rotary * c.hidden_size // c.num_attention_heads))
@@ -1075,7 +1076,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
             continue
         part, kind = rest.rsplit(".", 1)
         if arch in ("llama", "smollm3", "granite", "granitemoe", "granitehybrid", "mistral3", "arcee", "internlm2",
-                    "minicpm") and part in ("self_attn.q_proj", "self_attn.k_proj"):
+                    "minicpm", "olmo") and part in ("self_attn.q_proj", "self_attn.k_proj"):
             count = heads if part == "self_attn.q_proj" else kv_heads
             values = values.reshape(count, 2, values.shape[0] // count // 2, *values.shape[1:]).swapaxes(1, 2)
             values = values.reshape(tensor.shape)

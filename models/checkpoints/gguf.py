@@ -518,7 +518,8 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "glm4moe": "llama", "falcon-h1": "llama", "mamba2": "llama", "mamba": "llama",
                        "deepseek2": "llama", "gemma4": "llama", "gemma3n": "gemma3", "exaone": "llama", "arcee": "llama",
                        "seed_oss": "llama", "internlm2": "llama", "minicpm": "llama", "command-r": "llama",
-                       "cohere2": "llama", "phi2": "llama", "hunyuan-dense": "llama"}
+                       "cohere2": "llama", "phi2": "llama", "hunyuan-dense": "llama",
+                       "olmo": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

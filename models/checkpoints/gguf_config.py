@@ -35,7 +35,7 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  # LayerNorms: StarCoder2 (an MLP of gelu(up)), StableLM, Phi-2 and Cohere's Command R and R7B (the
                  # attention and the MLP beside each other: _layer_norm_layers)
                  "starcoder2": "starcoder2", "stablelm": "stablelm", "phi2": "phi", "command-r": "cohere",
-                 "cohere2": "cohere2"}
+                 "cohere2": "cohere2", "olmo": "olmo"}  # (OLMo 1's: weightless LayerNorms)
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
 # Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
@@ -61,10 +61,10 @@ SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe", "granitehy
 # there, GLM-4's over the rotary's half of each head), attention biases where the model has them; gguf.py puts
 # the rows in halves as it reads them
 LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "granitehybrid", "mistral3", "ernie4_5",
-                          "ernie4_5-moe", "glm4", "arcee", "internlm2", "minicpm", "command-r", "cohere2"})
+                          "ernie4_5-moe", "glm4", "arcee", "internlm2", "minicpm", "command-r", "cohere2", "olmo"})
 # the architectures whose norms are LayerNorms (their epsilon attention.layer_norm_epsilon), their biases and
 # which of their layers' products add one told by the file's tensors (_layer_norm_layers)
-LAYER_NORM_ARCHITECTURES = frozenset({"starcoder2", "stablelm", "phi2", "command-r", "cohere2"})
+LAYER_NORM_ARCHITECTURES = frozenset({"starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo"})
 # SmolLM3: every fourth layer attends without rotary, as llama.cpp fixes it (the files do not say)
 SMOLLM3_NO_ROPE_STEP = 4
 # EXAONE 4: llama.cpp gives only the 32B's 64 layers a window (three layers in four, 4096 tokens where the file
@@ -617,7 +617,8 @@ def _layer_norm_layers(arch: str, key, tensors: dict[str, TensorInfo], config: d
     products' biases where the file has them (StarCoder2's and Phi-2's every product's; StableLM's q/k/v's); a
     StableLM file without norms before its MLPs runs them beside the attention (StableLM 2 12B's); Phi-2's rotary
     over rope.dimension_count of a head; Cohere's logits times logit_scale, Command R7B's window layers (three in
-    four where the file names no pattern) rotating alone."""
+    four where the file names no pattern) rotating alone; OLMo 1's queries, keys and values clamped where the file
+    says (clamp_kqv, which LlamaSpec refuses by transformers' name)."""
     has = lambda name: f"blk.0.{name}" in tensors
     heads = config["num_attention_heads"]
     head = config["head_dim"] or config["hidden_size"] // heads
@@ -625,6 +626,8 @@ def _layer_norm_layers(arch: str, key, tensors: dict[str, TensorInfo], config: d
     out = {"rms_norm_eps": key("attention.layer_norm_epsilon", 1e-5), "attention_out_bias": has("attn_output.bias"),
            "attention_bias": has("attn_q.bias") or has("attn_qkv.bias"), "mlp_bias": has("ffn_up.bias"),
            "partial_rotary_factor": (key("rope.dimension_count") or head) / head}
+    if key("attention.clamp_kqv"):
+        out["clip_qkv"] = key("attention.clamp_kqv")
     if arch == "stablelm":
         out |= {"use_qkv_bias": out.pop("attention_bias"), "use_parallel_residual": not has("ffn_norm.weight")}
     if arch in ("command-r", "cohere2"):

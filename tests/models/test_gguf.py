@@ -285,8 +285,9 @@ def test_an_exaone4_file_equals_its_transformers_model(tmp_path):
     ("hunyuan_v1_dense", "hunyuan-dense", {}),
     ("starcoder2", "starcoder2", {}), ("stablelm", "stablelm", {}),
     ("stablelm", "stablelm", {"use_parallel_residual": True}), ("phi", "phi2", {}), ("cohere", "command-r", {}),
-    ("cohere2", "cohere2", {})], ids=["exaone", "arcee", "seed_oss", "internlm2", "hunyuan-dense", "starcoder2", "stablelm",
-                                     "stablelm-parallel", "phi2", "command-r", "cohere2"])
+    ("cohere2", "cohere2", {}), ("olmo", "olmo", {})],
+    ids=["exaone", "arcee", "seed_oss", "internlm2", "hunyuan-dense", "starcoder2", "stablelm", "stablelm-parallel",
+         "phi2", "command-r", "cohere2", "olmo"])
 def test_files_of_llamas_kin_equal_their_transformers_models(tmp_path, arch, file_arch, settings):
     """Files of the Llama module's kin, as llama.cpp's converters write them (conftest's LLAMA_KIN says what each
     differs by): EXAONE 3.5's (its rows as the checkpoint's, which llama.cpp rotates as NeoX's), Arcee's (Q/K rows
@@ -294,8 +295,8 @@ def test_files_of_llamas_kin_equal_their_transformers_models(tmp_path, arch, fil
     (each head's q/k norm after the rotation; the base the converter scales by its alpha), InternLM2's (Llama's
     layout once its converter splits wqkv), StarCoder2's, StableLM's (a quarter of each head rotated,
     rope.dimension_count; StableLM 2 12B's MLP beside the attention, without ffn_norm), Phi-2's, Command R's (its
-    rotary pairs side by side as the checkpoint's, logit_scale) and Command R7B's (its window, three layers in
-    four, those alone rotating) equal their transformers models on the native layers and on the torch layers, and
+    rotary pairs side by side as the checkpoint's, logit_scale), Command R7B's (its window, three layers in
+    four, those alone rotating) and OLMo 1's (no norm tensors: LayerNorms without weights) equal their transformers models on the native layers and on the torch layers, and
     so do their checkpoints. Their norms' weights and every bias drawn away from 1 and 0."""
     # (InternLM2's loader reads no rotary factors: Llama's model without its rope scaling)
     plain_rope = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}} if arch == "llama" else {}
@@ -314,6 +315,13 @@ def test_files_of_llamas_kin_equal_their_transformers_models(tmp_path, arch, fil
     assert_same_answers(greedy(written, prompts, native_layers=False), expected)
     hf.save_pretrained(tmp_path / "checkpoint")
     assert_same_answers(greedy(tmp_path / "checkpoint", prompts), expected)
+
+
+def test_an_olmo_file_whose_queries_keys_and_values_are_clamped_is_refused(tmp_path):
+    """OLMo 1.7's clamp (attention.clamp_kqv, transformers' clip_qkv) is refused before a weight is read, naming it."""
+    written = write_gguf_of(tiny_model("olmo"), tmp_path / "olmo.gguf", "olmo", {"attention.clamp_kqv": 8.0})
+    with pytest.raises(ValueError, match=r"olmo with clip_qkv \(queries, keys and values clamped\) is not supported"):
+        Engine.from_pretrained(written)
 
 
 def test_a_minicpm_file_runs_granites_multipliers_by_its_own_keys_and_defaults(tmp_path):

@@ -279,7 +279,8 @@ NATIVE_FAMILIES = ["llama", "qwen2", "qwen2_sliding", "mistral", "ministral3", "
                    "mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "gemma", "gemma2", "gemma3", "olmo2", "olmo3",
                    "exaone4", "lfm2", "lfm2_moe", "qwen3_5", "qwen3_next", "granitemoehybrid", "nemotron_h",
                    "nemotron_h_moe", "glm4", "glm4_moe", "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "falcon_h1", "mamba2",
-                   "mamba", "falcon_mamba", "gemma4", "gemma4_moe", "gemma3n", "gpt2", "phi", "cohere2", "hunyuan_v1_dense"]
+                   "mamba", "falcon_mamba", "gemma4", "gemma4_moe", "gemma3n", "gpt2", "phi", "cohere2", "hunyuan_v1_dense",
+                   "olmo"]
 # the families whose native layers take short prefill chunks (the others' steps with prefill chunks are the torch
 # layers')
 CHUNKED_FAMILIES = ["llama", "qwen2_sliding", "mistral", "ministral3", "qwen3", "smollm3", "granite", "gemma", "gemma2",
