@@ -313,6 +313,17 @@ void decode_attention_rows(const T* q, int64_t q_stride, const C* k_cache, const
     }
 }
 
+// One head ``x`` turned into ``y`` (y may be x; a row of the pool, C, where it is stored as it turns): its first
+// ``half`` features paired with the next ``half`` as transformers' rotate_half pairs them, by the token's angles.
+template <typename T, typename Y>
+void rotate_head(const T* x, const T* c, const T* s, int64_t half, Y* y) {
+    for (int64_t i = 0; i < half; ++i) {
+        const T first = x[i], second = x[i + half];
+        y[i] = Element<T, Y>::narrow(first * c[i] - second * s[i]);
+        y[i + half] = Element<T, Y>::narrow(second * c[i + half] + first * s[i + half]);
+    }
+}
+
 // q_out[t] = rotate(q[t]); pool[slots[t]] = rotate(k[t]), v[t]. rotate() turns the first
 // rotary_dim features of each head by the token's angles (cos, sin: [tokens, rotary_dim], halves
 // paired as transformers' rotate_half does) and keeps the rest; rotary_dim 0 leaves q and k as they
@@ -326,10 +337,7 @@ void rotate_and_store_rows(const T* q, int64_t q_stride, const T* k, int64_t k_s
     // y is a query row (T) or a row of the pool (C)
     auto rotate = [&](const T* x, const T* c, const T* s, auto* y) {
         using Y = std::remove_pointer_t<decltype(y)>;
-        for (int64_t i = 0; i < half; ++i) {
-            y[i] = Element<T, Y>::narrow(x[i] * c[i] - x[i + half] * s[i]);
-            y[i + half] = Element<T, Y>::narrow(x[i + half] * c[i + half] + x[i] * s[i + half]);
-        }
+        rotate_head(x, c, s, half, y);
         for (int64_t i = rotary_dim; i < dim; ++i) y[i] = Element<T, Y>::narrow(x[i]);
     };
     auto store = [](const T* x, int64_t n, C* y) {
@@ -355,19 +363,11 @@ void rotate_and_store_rows(const T* q, int64_t q_stride, const T* k, int64_t k_s
 template <typename T>
 void rotate_rows(T* x, int64_t stride, const T* cos, const T* sin, int64_t rotary_dim, int64_t rows, int64_t heads,
                  int64_t dim) {
-    const int64_t half = rotary_dim / 2;
 #pragma omp for
-    for (int64_t t = 0; t < rows; ++t) {
-        const T *c = cos + t * rotary_dim, *s = sin + t * rotary_dim;
-        for (int64_t h = 0; h < heads; ++h) {
-            T* y = x + t * stride + h * dim;
-            for (int64_t i = 0; i < half; ++i) {
-                const T first = y[i], second = y[i + half];
-                y[i] = first * c[i] - second * s[i];
-                y[i + half] = second * c[i + half] + first * s[i + half];
-            }
-        }
-    }
+    for (int64_t t = 0; t < rows; ++t)
+        for (int64_t h = 0; h < heads; ++h)
+            rotate_head(x + t * stride + h * dim, cos + t * rotary_dim, sin + t * rotary_dim, rotary_dim / 2,
+                        x + t * stride + h * dim);
 }
 
 }  // namespace

@@ -296,10 +296,9 @@ def pytest_generate_tests(metafunc):
     test = metafunc.function.__name__
     if test == "test_native_decoder_layers_match_the_torch_layers":  # (rows at a time; panels; split rows)
         cases = [(*pool, streams) for streams in (21, 2, 5, "split") for pool in POOLS]
-        ids = [f"{arch}-{POOL_IDS[POOLS.index((dtype, cache))]}-{streams}"
-               for arch, dtype, cache, streams in family_cases(metafunc.config, NATIVE_FAMILIES, cases)]
-        metafunc.parametrize("arch,dtype,cache_dtype,streams", family_cases(metafunc.config, NATIVE_FAMILIES, cases),
-                             ids=ids)
+        chosen = family_cases(metafunc.config, NATIVE_FAMILIES, cases)
+        ids = [f"{arch}-{POOL_IDS[POOLS.index((dtype, cache))]}-{streams}" for arch, dtype, cache, streams in chosen]
+        metafunc.parametrize("arch,dtype,cache_dtype,streams", chosen, ids=ids)
     if test == "test_native_decoder_layers_take_short_prefill_chunks":
         cases = [(*pool, *passes) for passes in ((5, 2), (128, 1), (128, 2), (7, 1)) for pool in POOLS[:3]]
         chosen = family_cases(metafunc.config, CHUNKED_FAMILIES, cases)
