@@ -440,7 +440,8 @@ def pytest_collection_modifyitems(config, items):
 # after the rotation, NTK by a fixed alpha); StarCoder2 (LayerNorms, biases everywhere, an MLP of gelu(up)); StableLM (LayerNorms, q/k/v biases, a quarter of each head rotated); Phi-2 (LayerNorms, the
 # attention and the MLP beside each other, biases everywhere, the output layer's too, an MLP of gelu(up)); Cohere's
 # Command R (LayerNorms without biases, beside each other, rotary pairs side by side, logits scaled) and R7B (its
-# fourth layers global and unrotated); OLMo 1 (LayerNorms without weights or biases)
+# fourth layers global and unrotated); OLMo 1 (LayerNorms without weights or biases); Nemotron-4 (LayerNorms of
+# 1 + their weights, an MLP of relu(up)^2, half of each head rotated)
 # (the sizes they share: two layers of 64, four query heads over two K/V heads)
 KIN_SIZES = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0)
@@ -464,6 +465,7 @@ LLAMA_KIN = {
     "olmo": lambda: transformers.OlmoConfig(**KIN_SIZES),
     "cohere2": lambda: transformers.Cohere2Config(**KIN_SIZES | {"num_hidden_layers": 4}, logit_scale=0.25,
                                                   sliding_window=24),
+    "nemotron": lambda: transformers.NemotronConfig(**KIN_SIZES, head_dim=16, attention_bias=True, mlp_bias=True),
 }
 
 
@@ -966,9 +968,10 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                     **(metadata or {})}
     if not (deepseek or state_only) and getattr(c, "head_dim", None) not in (None, c.hidden_size // heads):
         writer.add_key_length(c.head_dim)
-    layer_norms = arch in ("starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo")  # (LayerNorms' epsilon)
-    if layer_norms:  # (OLMo 1's fixed, as its converter writes it)
-        writer.add_layer_norm_eps(getattr(c, "norm_epsilon", None) or getattr(c, "layer_norm_eps", None) or 1e-5)
+    layer_norms = arch in ("starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo", "nemotron")
+    if layer_norms:  # (LayerNorms' epsilon; OLMo 1's fixed, as its converter writes it)
+        writer.add_layer_norm_eps(getattr(c, "norm_epsilon", None) or getattr(c, "layer_norm_eps", None) or
+                                  getattr(c, "norm_eps", None) or 1e-5)
         rotary = c.rope_parameters.get("partial_rotary_factor")
         if rotary:  # (StableLM's and Phi-2's share of a head)
             writer.add_rope_dimension_count(int(rotary * c.hidden_size // c.num_attention_heads))
@@ -1019,7 +1022,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         values = tensor.float().numpy()
         if name.endswith("conv.conv.weight"):  # LFM2's taps [hidden, 1, length], kept [hidden, length]
             values = values.reshape(values.shape[0], -1)
-        if (gemma or qwen35) and name.endswith("norm.weight") and "linear_attn" not in name:
+        if (gemma or qwen35 or arch == "nemotron") and name.endswith("norm.weight") and "linear_attn" not in name:
             values = values + 1
         if name in GGUF_GLOBAL_NAMES:
             add(GGUF_GLOBAL_NAMES[name], values)

@@ -27,6 +27,7 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape phi2-2.7b --format q4_k_m --vocab 51200 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape command-r7b --format q4_k_m --vocab 256000 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape hunyuan-1.8b --format q4_k_m --vocab 120832 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape minitron-4b --format q4_k_m --vocab 256000 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape glm45air-106b-a12b-6l --format q4_k_m --vocab 151552 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape qwen3next-80b-a3b-8l --format q4_k_m --vocab 151936 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape falcon-h1-0.5b --format q4_k_m --out /tmp/gguf
@@ -125,7 +126,9 @@ on every product and on its own output layer, 32 of each 80-wide head's dimensio
 Command R7B's (architecture cohere2: LayerNorms without biases, the attention and the SwiGLU beside each other, a
 4096-token window in three layers of four, the fourth global and unrotated, its logits times 0.25, its table tied);
 the hunyuan one as Hunyuan-1.8B-Instruct's (architecture hunyuan-dense: each head's query and key normed after the
-rotation, attn_q_norm and attn_k_norm, its NTK alpha of 1000 folded into the base; its table tied);
+rotation, attn_q_norm and attn_k_norm, its NTK alpha of 1000 folded into the base; its table tied); the minitron
+one as Minitron-4B's and Nemotron-Mini-4B-Instruct's (architecture nemotron: LayerNorms with biases, an MLP of
+relu(up)^2 alone, half of each 128-wide head rotated, 24 query heads over 8 K/V heads);
 the qwen3moe one as a Qwen3-MoE (Qwen3's layout, 128 experts of 768 rows, 8 a token, each layer's
 three expert products a stack of all 128 experts' matrices, its router in F32 as llama-quantize leaves it);
 the ministral3 ones as Ministral 3's (architecture mistral3: Llama's layout, 128-wide heads, its yarn
@@ -223,8 +226,8 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "glm45air-106b-a12b": (4096, 10944, 46, 96, 8), "glm45air-106b-a12b-6l": (4096, 10944, 6, 96, 8),
           # Microsoft's Phi-2 and Cohere's Command R7B (c4ai-command-r7b-12-2024), as I recall their configs
           "phi2-2.7b": (2560, 10240, 32, 32, 32), "command-r7b": (4096, 14336, 32, 32, 8),
-          # Tencent's Hunyuan-1.8B-Instruct
-          "hunyuan-1.8b": (2048, 6144, 32, 16, 4)}
+          # Tencent's Hunyuan-1.8B-Instruct; NVIDIA's Minitron-4B (Nemotron-Mini-4B-Instruct's shape too)
+          "hunyuan-1.8b": (2048, 6144, 32, 16, 4), "minitron-4b": (3072, 9216, 32, 24, 8)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
 UNTIED = {"phi2-2.7b", "qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
           "qwen2moe-a2.7b", "qwen35-9b", "qwen3vl-8b", "qwen3vlmoe-30b-a3b", "nemotronh-4b", "nemotronh-8b",
@@ -232,7 +235,7 @@ UNTIED = {"phi2-2.7b", "qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3
           "glm47flash-30b-a3b-12l", "nemotron3-nano-30b-a3b", "nemotron3-nano-30b-a3b-12l", "glm45air-106b-a12b",
           "nemotron3-super-120b-a12b", "nemotron3-super-120b-a12b-6l",
           "glm45air-106b-a12b-6l", "qwen3next-80b-a3b", "qwen3next-80b-a3b-8l", "falcon-h1-0.5b", "falcon-h1-7b",
-          "nemotronh-nano-9b", "mamba2-codestral-7b", "falcon-mamba-7b"}  # the shapes whose output layer
+          "nemotronh-nano-9b", "mamba2-codestral-7b", "falcon-mamba-7b", "minitron-4b"}  # the shapes whose output layer
 # is a tensor of its own
 
 
@@ -278,7 +281,7 @@ class Layout:
     expert_latent: int = 0  # the width the experts work in (Nemotron 3 Super's moe_latent_size; 0: the hidden size)
     # LayerNorms for RMSNorms: "biased" (Phi-2's, StarCoder2's, StableLM's: a bias beside each weight), "unbiased"
     # (Cohere's); the MLP beside the attention (no ffn_norm: Phi-2's, Cohere's); an MLP of up and down alone
-    # (gelu: Phi-2's, StarCoder2's); a bias on every product, the output layer's too (Phi-2's)
+    # (gelu: Phi-2's, StarCoder2's; relu^2: Nemotron's); a bias on every product, the output layer's too (Phi-2's)
     layer_norm: str | None = None
     parallel: bool = False
     gelu_mlp: bool = False
@@ -363,6 +366,9 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
            # (its base: 10,000 x alpha 1000 ^ (128 / 126), as its converter folds it)
            "hunyuan": Layout("hunyuan-dense", head=128, rope_base=10000.0 * 1000.0 ** (128 / 126), eps=1e-5,
                              context=262144, head_norms=True),
+           # (Nemotron-4's: its norms' weights as 1 + the checkpoint's, a random file's alike)
+           "minitron": Layout("nemotron", head=128, rope_base=10000.0, eps=1e-5, context=4096, layer_norm="biased",
+                              gelu_mlp=True, rotary_share=0.5),
            "glm4": Layout("glm4", head=128, rope_base=10000.0, eps=1e-5, context=32768, biases=True, output_norms=True,
                           rotary_share=0.5, glm=True),
            # (DeepSeek-V2-Lite's YaRN: a factor of 40 over 4,096 tokens, mscale_all_dim 0.707)

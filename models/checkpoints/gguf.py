@@ -139,9 +139,9 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES, "g
 # ERNIE 4.5's selection bias, Qwen3.5's and Mamba2's dt_bias, ".bias")
 BARE_NAMES = ("self_attn.sinks", "mlp.moe_statics.e_score_correction_bias", "linear_attn.dt_bias",
               "linear_attn.ssm_a", "mamba.dt_bias", "mamba.ssm_a", "mamba.D", "layer_scalar")
-# llama.cpp multiplies by a norm's weight where Gemma (and Qwen3.5, but for its delta-rule layers' gated norm)
-# multiplies by (1 + weight): its converter stores weight + 1, which loading takes back.
-NORM_OFFSET = {"gemma": 1.0, "gemma2": 1.0, "gemma3": 1.0, **dict.fromkeys(DELTA_RULE_HYBRIDS, 1.0)}
+# llama.cpp multiplies by a norm's weight where Gemma (and Qwen3.5, but for its delta-rule layers' gated norm;
+# Nemotron's LayerNorms) multiplies by (1 + weight): its converter stores weight + 1, which loading takes back.
+NORM_OFFSET = {"gemma": 1.0, "gemma2": 1.0, "gemma3": 1.0, "nemotron": 1.0, **dict.fromkeys(DELTA_RULE_HYBRIDS, 1.0)}
 PLAIN_NORMS = ("linear_attn.norm.weight",)
 SUPPORTED_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
                    Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4}
@@ -519,7 +519,7 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "deepseek2": "llama", "gemma4": "llama", "gemma3n": "gemma3", "exaone": "llama", "arcee": "llama",
                        "seed_oss": "llama", "internlm2": "llama", "minicpm": "llama", "command-r": "llama",
                        "cohere2": "llama", "phi2": "llama", "hunyuan-dense": "llama",
-                       "olmo": "llama"}
+                       "olmo": "llama", "nemotron": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

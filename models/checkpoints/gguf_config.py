@@ -35,7 +35,8 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  # LayerNorms: StarCoder2 (an MLP of gelu(up)), StableLM, Phi-2 and Cohere's Command R and R7B (the
                  # attention and the MLP beside each other: _layer_norm_layers)
                  "starcoder2": "starcoder2", "stablelm": "stablelm", "phi2": "phi", "command-r": "cohere",
-                 "cohere2": "cohere2", "olmo": "olmo"}  # (OLMo 1's: weightless LayerNorms)
+                 "cohere2": "cohere2", "olmo": "olmo",  # (OLMo 1's: weightless LayerNorms)
+                 "nemotron": "nemotron"}  # (Nemotron-4's and Minitron's: of 1 + their weights, an MLP of relu(up)^2)
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
 # Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
@@ -64,7 +65,7 @@ LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "graniteh
                           "ernie4_5-moe", "glm4", "arcee", "internlm2", "minicpm", "command-r", "cohere2", "olmo"})
 # the architectures whose norms are LayerNorms (their epsilon attention.layer_norm_epsilon), their biases and
 # which of their layers' products add one told by the file's tensors (_layer_norm_layers)
-LAYER_NORM_ARCHITECTURES = frozenset({"starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo"})
+LAYER_NORM_ARCHITECTURES = frozenset({"starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo", "nemotron"})
 # SmolLM3: every fourth layer attends without rotary, as llama.cpp fixes it (the files do not say)
 SMOLLM3_NO_ROPE_STEP = 4
 # EXAONE 4: llama.cpp gives only the 32B's 64 layers a window (three layers in four, 4096 tokens where the file

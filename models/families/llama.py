@@ -1,6 +1,6 @@
 """The Llama family over the paged KV cache: Llama, Qwen2, Qwen3, Mistral, Ministral 3, ERNIE 4.5,
 Phi-3, SmolLM3, Granite, GLM-4, EXAONE 3.5, Arcee's AFM, Seed-OSS, HunYuan's dense models, StarCoder2, StableLM,
-Phi-2, Cohere's Command R and R7B, OLMo 1, and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE (and MoE
+Phi-2, Cohere's Command R and R7B, OLMo 1, Nemotron-4 (Minitron), and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE (and MoE
 Shared), OLMoE, ERNIE 4.5's, gpt-oss and GLM-4.5 (and 4.6: GQA over half of each head rotated, q/k/v biases, q/k
 norms in some, DeepSeek-V3's routing). GQA,
 RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k norms (per head: Qwen3; across heads: OLMoE; per head after the
@@ -9,7 +9,7 @@ windows for all or some layers, layers without rotary (SmolLM3's every fourth), 
 position past the original context (Ministral 3), fused checkpoint tensors (Phi-3), rotary pairs side
 by side in the checkpoint (ERNIE 4.5), scaled embeddings, residuals and logits (Granite), attention
 sinks (gpt-oss), an MLP of relu(up)^2 or gelu(up) and no gate (Arcee's; StarCoder2's, Phi-2's), LayerNorms
-(StarCoder2's, StableLM's, Phi-2's and Cohere's), the attention and the MLP beside each other on one normed input
+(StarCoder2's, StableLM's, Phi-2's and Cohere's; Nemotron's of 1 + their weights), the attention and the MLP beside each other on one normed input
 (Phi-2's, Cohere's), routed and shared experts (moe.py)."""
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ from .rope import Rotary, apply_rotary, halves_from_pairs, query_temperature, ro
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi3", "smollm3", "granite", "glm4",
             "exaone", "arcee", "seed_oss", "hunyuan_v1_dense", "starcoder2", "stablelm", "phi", "cohere", "cohere2",
-            "olmo", "mixtral", "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss",
+            "olmo", "nemotron", "mixtral", "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss",
             "glm4_moe")
 # each family's MLP activation (its config's hidden_act) where it is not SwiGLU's silu, and the MLP it makes:
-# Arcee's relu(up)^2, StarCoder2's and Phi-2's gelu_tanh(up) (no gate)
-ACTIVATIONS = {"arcee": "relu2", "starcoder2": "gelu_pytorch_tanh", "phi": "gelu_new"}
+# Arcee's and Nemotron's relu(up)^2, StarCoder2's and Phi-2's gelu_tanh(up) (no gate)
+ACTIVATIONS = {"arcee": "relu2", "nemotron": "relu2", "starcoder2": "gelu_pytorch_tanh", "phi": "gelu_new"}
 MLPS = {"silu": SwiGLU, "relu2": SquaredReLU, "gelu_pytorch_tanh": GeluMLP, "gelu_new": GeluMLP}
 # the families whose norms are LayerNorms (the mean removed; with biases but Cohere's and OLMo 1's; OLMo 1's
 # without a weight either, which its checkpoints do not hold: ones here)
-LAYER_NORMS = ("starcoder2", "stablelm", "phi", "cohere", "cohere2", "olmo")
+LAYER_NORMS = ("starcoder2", "stablelm", "phi", "cohere", "cohere2", "olmo", "nemotron")
 UNBIASED_LAYER_NORMS, WEIGHTLESS_LAYER_NORMS = ("cohere", "cohere2", "olmo"), ("olmo",)
 # checkpoint names of Llama's parameters in other families, in this order of replacement: EXAONE 3.5's (the hub's,
 # and transformers' saved ones) after GPT-2's (its output product before the other attention products), StarCoder2's
@@ -73,6 +73,7 @@ class LlamaSpec(DecoderShape):
     layer_norm: bool = False
     norm_bias: bool = False
     norm_weight: bool = True  # the checkpoint holds the norms' weights (OLMo 1's norms have none: ones)
+    norm_plus_one: bool = False  # the norms multiply by 1 + the checkpoint's weight (Nemotron's LayerNorm1P)
     # the attention and the MLP beside each other on the one norm's output, both added (Phi-2's, Cohere's,
     # StableLM's use_parallel_residual): no norm before the MLP
     parallel: bool = False
@@ -130,11 +131,14 @@ class LlamaSpec(DecoderShape):
             num_kv_heads=c.get("num_key_value_heads") or heads,
             head_dim=c.get("head_dim") or c["hidden_size"] // heads,
             # (the LayerNorms' epsilon by its names: StarCoder2's, StableLM's, Phi-2's and Cohere's)
-            rms_norm_eps=c.get("rms_norm_eps") or c.get("norm_epsilon") or c.get("layer_norm_eps") or (
+            rms_norm_eps=c.get("rms_norm_eps") or c.get("norm_epsilon") or c.get("layer_norm_eps") or c.get(
+                "norm_eps") or (
                 1e-5 if kind == "olmo" else 1e-6),  # (OLMo 1's fixed)
             rope_theta=float(theta),
             rope_scaling=rope if rope_type(rope) != "default" else None,
-            partial_rotary_factor=float(c.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0),
+            # (Nemotron's half a head where its config says nothing, as transformers reads it)
+            partial_rotary_factor=float(c.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or (
+                0.5 if kind == "nemotron" else 1.0)),
             max_position=context,
             rope_max_position=trained,
             # (transformers' default where a config saved with it leaves the key out)
@@ -156,6 +160,7 @@ class LlamaSpec(DecoderShape):
             layer_norm=kind in LAYER_NORMS,
             norm_bias=kind in LAYER_NORMS and kind not in UNBIASED_LAYER_NORMS,
             norm_weight=kind not in WEIGHTLESS_LAYER_NORMS,
+            norm_plus_one=kind == "nemotron",
             parallel=kind in ("phi", "cohere", "cohere2") or bool(c.get("use_parallel_residual")),
             lm_head_bias=kind == "phi",
             query_temperature=_query_temperature(rope),
@@ -361,6 +366,9 @@ class Llama(DecoderModel):
                 "norm", *(f"layers.{i}.{kind}" for i in range(s.num_layers)
                           for kind in ("input_layernorm", "post_attention_layernorm")))}
         hf, out = decoder_tensors(hf, s)
+        if s.norm_plus_one:  # (Nemotron's: the weights its norms multiply by, as the module's)
+            hf = {name: t + 1 if name.endswith("norm.weight") else t for name, t in hf.items()}
+            out["norm.weight"] = hf["norm.weight"]
         out |= {f"{name}.bias": hf[f"{name}.bias"] for name, kept in (("norm", s.norm_bias),
                                                                        ("lm_head", s.lm_head_bias)) if kept}
         norms = (("input_norm", "input_layernorm"),) + (
