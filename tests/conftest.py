@@ -319,6 +319,27 @@ CONFIGS = {
         topk_group=1, attention_bias=True, use_qk_norm=True, max_position_embeddings=256, eos_token_id=EOS,
         bos_token_id=1, pad_token_id=0, initializer_range=0.15, experts_implementation="eager",
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    # dots.llm1: Qwen3's attention (each head's q/k norms; its K/V heads its query heads, as llama.cpp runs it), a
+    # dense first layer, then DeepSeek-V3's routing (sigmoid and bias, renormalised and scaled) beside two shared experts
+    "dots1": lambda: transformers.Dots1Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, head_dim=16, n_routed_experts=8, num_experts_per_tok=2,
+        n_shared_experts=2, first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.5, n_group=1,
+        topk_group=1, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
+        initializer_range=0.15, experts_implementation="eager"),
+    # Hunyuan-A13B: HunYuan's attention (each head's q/k norms after the rotation, NTK by a fixed alpha), every layer's
+    # experts (softmax, renormalised) beside a shared MLP as wide as they are
+    "hunyuan_v1_moe": lambda: transformers.HunYuanMoEV1Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_experts=8, moe_topk=2, max_position_embeddings=256,
+        eos_token_id=EOS, bos_token_id=1, pad_token_id=0, initializer_range=0.15, experts_implementation="eager",
+        rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0}),
+    # MiniMax-M2: q/k norms across all heads, half of each head rotated, experts chosen by sigmoid and bias, renormalised
+    "minimax_m2": lambda: transformers.MiniMaxM2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=2, rotary_dim=8,
+        max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0, initializer_range=0.15,
+        experts_implementation="eager"),
     # DeepSeek-V2 (V2-Lite's layout): latent attention with full-rank queries, YaRN with DeepSeek's mscales, a dense
     # first layer, softmax routing limited to the groups whose best expert scores highest, a shared expert
     "deepseek_v2": lambda: transformers.DeepseekV2Config(
@@ -407,7 +428,9 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "gemma4_moe": transformers.Gemma4ForCausalLM,
                  "glm4": transformers.Glm4ForCausalLM,
                  "deepseek_v2": transformers.DeepseekV2ForCausalLM, "deepseek_v3": transformers.DeepseekV3ForCausalLM,
-                 "glm4_moe_lite": transformers.Glm4MoeLiteForCausalLM, "glm4_moe": transformers.Glm4MoeForCausalLM}
+                 "glm4_moe_lite": transformers.Glm4MoeLiteForCausalLM, "glm4_moe": transformers.Glm4MoeForCausalLM,
+                 "dots1": transformers.Dots1ForCausalLM, "hunyuan_v1_moe": transformers.HunYuanMoEV1ForCausalLM,
+                 "minimax_m2": transformers.MiniMaxM2ForCausalLM}
 
 
 def interruptible() -> None:
@@ -632,7 +655,10 @@ GGUF_LAYER_NAMES = {
     # StarCoder2's and Phi-2's MLPs (up and down), Phi-2's attention output
     "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down", "mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down",
     "self_attn.dense": "attn_output",
-    "self_attn.query_layernorm": "attn_q_norm", "self_attn.key_layernorm": "attn_k_norm"}  # (HunYuan's)
+    "self_attn.query_layernorm": "attn_q_norm", "self_attn.key_layernorm": "attn_k_norm",  # (HunYuan's)
+    # (Hunyuan-A13B's router and shared MLP)
+    "mlp.gate.wg": "ffn_gate_inp", "mlp.shared_mlp.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_mlp.up_proj": "ffn_up_shexp", "mlp.shared_mlp.down_proj": "ffn_down_shexp"}
 GGUF_GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                      "lm_head.weight": "output.weight", "model.embedding_norm.weight": "token_embd_norm.weight",
                      # (LayerNorm models' biases: StarCoder2's, StableLM's, Phi-2's, and Phi-2's output layer's)
@@ -980,7 +1006,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     if not nemotron:  # (whose attention has no positions)
         rope = c.rope_parameters
         base = (rope.get("full_attention") or rope)["rope_theta"]  # (OLMo 3's: its global layers')
-        if arch == "hunyuan-dense" and rope.get("alpha"):  # (its converter folds the alpha into the base)
+        if arch in ("hunyuan-dense", "hunyuan-moe") and rope.get("alpha"):  # (its converter folds the alpha into the base)
             base *= rope["alpha"] ** (c.head_dim / (c.head_dim - 2))
         writer.add_rope_freq_base(base)
     writer.add_vocab_size(c.vocab_size)
@@ -1055,7 +1081,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
             add(f"blk.{layer}.ffn_gate_inp_shexp.weight", values.reshape(-1))
             continue
         if rest in ("mlp.gate.moe_statics.e_score_correction_bias", "feed_forward.expert_bias",  # ERNIE's, LFM2-MoE's,
-                    "mlp.gate.e_score_correction_bias"):  # Nemotron 3's
+                    "mlp.gate.e_score_correction_bias", "mlp.e_score_correction_bias"):  # Nemotron 3's, MiniMax-M2's
             add(f"blk.{layer}.exp_probs_b.bias", values.reshape(-1))
             continue
         if rest.startswith("feed_forward.experts.") or rest == "feed_forward.gate.weight":  # LFM2-MoE's: as a mixture's

@@ -519,7 +519,8 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "deepseek2": "llama", "gemma4": "llama", "gemma3n": "gemma3", "exaone": "llama", "arcee": "llama",
                        "seed_oss": "llama", "internlm2": "llama", "minicpm": "llama", "command-r": "llama",
                        "cohere2": "llama", "phi2": "llama", "hunyuan-dense": "llama",
-                       "olmo": "llama", "nemotron": "llama"}
+                       "olmo": "llama", "nemotron": "llama", "dots1": "llama", "hunyuan-moe": "llama",
+                       "minimax-m2": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

@@ -36,7 +36,10 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  # attention and the MLP beside each other: _layer_norm_layers)
                  "starcoder2": "starcoder2", "stablelm": "stablelm", "phi2": "phi", "command-r": "cohere",
                  "cohere2": "cohere2", "olmo": "olmo",  # (OLMo 1's: weightless LayerNorms)
-                 "nemotron": "nemotron"}  # (Nemotron-4's and Minitron's: of 1 + their weights, an MLP of relu(up)^2)
+                 "nemotron": "nemotron",  # (Nemotron-4's and Minitron's: of 1 + their weights, an MLP of relu(up)^2)
+                 # mixtures on Llama's attention: dots.llm1 (Qwen3's, DeepSeek-V3's routing), Hunyuan-A13B (HunYuan's,
+                 # a shared MLP beside softmax-routed experts), MiniMax-M2 (q/k norms across heads, sigmoid routing)
+                 "dots1": "dots1", "hunyuan-moe": "hunyuan_v1_moe", "minimax-m2": "minimax_m2"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
 # Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
@@ -44,19 +47,20 @@ MIXTURES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"
             "olmoe": "olmoe", "ernie4_5-moe": "ernie4_5_moe", "gpt-oss": "gpt_oss", "lfm2moe": "lfm2_moe",
             "granitehybrid": "granitemoehybrid", "qwen3vlmoe": "qwen3_moe", "qwen35moe": "qwen3_5_moe_text",
             "deepseek2": "deepseek_v3", "nemotron_h_moe": "nemotron_h", "glm4moe": "glm4_moe",
-            "qwen3next": "qwen3_next", "gemma4": "gemma4_text"}
+            "qwen3next": "qwen3_next", "gemma4": "gemma4_text", "dots1": "dots1", "hunyuan-moe": "hunyuan_v1_moe",
+            "minimax-m2": "minimax_m2"}
 # llama.cpp's expert_gating_func: how an architecture's experts are scored where the file says (LFM2-MoE's
 # sigmoid, Nemotron 3's; DeepSeek's either, V2's softmax, V3's sigmoid; the others' softmax, which their files need
 # not say)
 GATING = {1: "softmax", 2: "sigmoid"}
 EXPERT_SCORES = {"lfm2moe": ("sigmoid",), "deepseek2": ("softmax", "sigmoid"), "nemotron_h_moe": ("sigmoid",),
-                 "glm4moe": ("sigmoid",)}
+                 "glm4moe": ("sigmoid",), "dots1": ("sigmoid",), "minimax-m2": ("sigmoid",)}
 # the mixtures whose files may scale their chosen experts' weights (expert_weights_scale)
-SCALED_MIXTURES = frozenset({"lfm2moe", "deepseek2", "nemotron_h_moe", "glm4moe"})
+SCALED_MIXTURES = frozenset({"lfm2moe", "deepseek2", "nemotron_h_moe", "glm4moe", "dots1"})
 # the mixtures whose files may add a shared expert every token takes (Qwen2-MoE's always, weighted by a
 # router of its own; Granite MoE Shared's, a granitemoe file with expert_shared_feed_forward_length; ERNIE 4.5's)
 SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe", "granitehybrid", "qwen35moe", "deepseek2",
-                            "nemotron_h_moe", "glm4moe", "qwen3next"})
+                            "nemotron_h_moe", "glm4moe", "qwen3next", "dots1", "hunyuan-moe"})
 # architectures whose files keep Llama's layout: Q/K rows in the interleaved rotary's order (llama.cpp's
 # converter permutes Llama's; ERNIE 4.5's and GLM-4's checkpoints hold them so: their files are Llama's from
 # there, GLM-4's over the rotary's half of each head), attention biases where the model has them; gguf.py puts
@@ -117,7 +121,8 @@ def check_architecture(meta: dict, file_name: str) -> str:
             raise ValueError(f"{file_name} is a {arch} model with {key('expert_count')} experts; Loom runs experts "
                              f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, "
                              "OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, Qwen3.5's, "
-                             "Qwen3-Next's, DeepSeek's, Nemotron 3's, GLM-4.5's and Gemma 4's)")
+                             "Qwen3-Next's, DeepSeek's, Nemotron 3's, GLM-4.5's, Gemma 4's, dots.llm1's, Hunyuan-A13B's "
+                             "and MiniMax-M2's)")
         if key("expert_shared_feed_forward_length") and arch not in SHARED_EXPERTS:
             raise ValueError(f"{file_name} is a {arch} model with a shared expert, which Loom runs in "
                              f"{', '.join(sorted(SHARED_EXPERTS))} files only")
@@ -388,9 +393,16 @@ def _experts(arch: str, key, config: dict) -> dict:
                 "intermediate_size": inner or config["intermediate_size"]}
     if arch == "nemotron_h_moe":
         return _nemotron_h_experts(key, used, inner, shared)
-    if arch == "glm4moe":  # (DeepSeek-V3's routing: moe.py's _deepseek)
+    if arch in ("glm4moe", "dots1"):  # (DeepSeek-V3's routing: moe.py's _deepseek; dots.llm1's by sigmoid always)
         return _v3_routing(key) | {"moe_intermediate_size": inner or config["intermediate_size"] // used,
                                    "first_k_dense_replace": key("leading_dense_block_count") or 0}
+    if arch == "hunyuan-moe":  # (its experts feed_forward_length wide, as llama.cpp reads them, its shared MLP too
+        # where the file does not say)
+        return {"num_experts": experts, "moe_topk": used,
+                "shared_expert_intermediate_size": shared or config["intermediate_size"]}
+    if arch == "minimax-m2":
+        return {"num_local_experts": experts, "num_experts_per_tok": used,
+                "intermediate_size": inner or config["intermediate_size"]}
     if arch == "olmoe":  # (feed_forward_length wide too)
         return {"num_experts": experts, "num_experts_per_tok": used, "norm_topk_prob": False,
                 "intermediate_size": inner or config["intermediate_size"]}

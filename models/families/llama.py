@@ -2,7 +2,8 @@
 Phi-3, SmolLM3, Granite, GLM-4, EXAONE 3.5, Arcee's AFM, Seed-OSS, HunYuan's dense models, StarCoder2, StableLM,
 Phi-2, Cohere's Command R and R7B, OLMo 1, Nemotron-4 (Minitron), and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE (and MoE
 Shared), OLMoE, ERNIE 4.5's, gpt-oss and GLM-4.5 (and 4.6: GQA over half of each head rotated, q/k/v biases, q/k
-norms in some, DeepSeek-V3's routing). GQA,
+norms in some, DeepSeek-V3's routing), dots.llm1 (Qwen3's attention, DeepSeek-V3's routing), Hunyuan-A13B (HunYuan's
+attention, a shared MLP beside its experts) and MiniMax-M2 (q/k norms across heads, sigmoid routing). GQA,
 RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k norms (per head: Qwen3; across heads: OLMoE; per head after the
 rotation: HunYuan), sliding
 windows for all or some layers, layers without rotary (SmolLM3's every fourth), queries scaled by
@@ -27,7 +28,9 @@ from .rope import Rotary, apply_rotary, halves_from_pairs, query_temperature, ro
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi3", "smollm3", "granite", "glm4",
             "exaone", "arcee", "seed_oss", "hunyuan_v1_dense", "starcoder2", "stablelm", "phi", "cohere", "cohere2",
             "olmo", "nemotron", "mixtral", "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss",
-            "glm4_moe")
+            "glm4_moe", "dots1", "hunyuan_v1_moe", "minimax_m2")
+# HunYuan's: each head's q/k norm after the rotation, NTK by a fixed alpha (a larger base)
+HUNYUAN = ("hunyuan_v1_dense", "hunyuan_v1_moe")
 # each family's MLP activation (its config's hidden_act) where it is not SwiGLU's silu, and the MLP it makes:
 # Arcee's and Nemotron's relu(up)^2, StarCoder2's and Phi-2's gelu_tanh(up) (no gate)
 ACTIVATIONS = {"arcee": "relu2", "nemotron": "relu2", "starcoder2": "gelu_pytorch_tanh", "phi": "gelu_new"}
@@ -38,7 +41,7 @@ LAYER_NORMS = ("starcoder2", "stablelm", "phi", "cohere", "cohere2", "olmo", "ne
 UNBIASED_LAYER_NORMS, WEIGHTLESS_LAYER_NORMS = ("cohere", "cohere2", "olmo"), ("olmo",)
 # checkpoint names of Llama's parameters in other families, in this order of replacement: EXAONE 3.5's (the hub's,
 # and transformers' saved ones) after GPT-2's (its output product before the other attention products), StarCoder2's
-# MLP's, Phi-2's, HunYuan's q/k norms
+# MLP's, Phi-2's, HunYuan's q/k norms, Hunyuan-A13B's router and shared MLP (by DeepSeek's names)
 HUB_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.ln_f.", "model.norm."),
              ("transformer.h.", "model.layers."), (".attn.attention.out_proj.", ".self_attn.o_proj."),
              (".attn.attention.", ".self_attn."), (".ln_1.", ".input_layernorm."),
@@ -46,7 +49,8 @@ HUB_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.ln_f.", 
              (".mlp.c_fc_1.", ".mlp.up_proj."), (".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj."),
              (".mlp.fc1.", ".mlp.up_proj."), (".mlp.fc2.", ".mlp.down_proj."),
              (".self_attn.dense.", ".self_attn.o_proj."), ("model.final_layernorm.", "model.norm."),
-             (".self_attn.query_layernorm.", ".self_attn.q_norm."), (".self_attn.key_layernorm.", ".self_attn.k_norm."))
+             (".self_attn.query_layernorm.", ".self_attn.q_norm."), (".self_attn.key_layernorm.", ".self_attn.k_norm."),
+             (".mlp.gate.wg.", ".mlp.gate."), (".mlp.shared_mlp.", ".mlp.shared_experts."))
 
 
 @dataclass
@@ -112,7 +116,7 @@ class LlamaSpec(DecoderShape):
         if kind in ("stablelm", "phi", "cohere", "cohere2") and (c.get("qk_layernorm") or c.get("use_qk_norm")):
             raise ValueError(f"{kind} with its queries and keys LayerNormed a head at a time (qk_layernorm, "
                              "use_qk_norm: StableLM 2 12B's, Command R+'s) is not supported")
-        if kind == "hunyuan_v1_dense" and rope.get("alpha"):  # (NTK by a fixed alpha: a larger base, nothing dynamic)
+        if kind in HUNYUAN and rope.get("alpha"):  # (NTK by a fixed alpha: a larger base, nothing dynamic)
             head = c.get("head_dim") or c["hidden_size"] // heads
             theta = float(theta) * float(rope["alpha"]) ** (head / (head - 2))
             rope = {}
@@ -137,7 +141,9 @@ class LlamaSpec(DecoderShape):
             rope_theta=float(theta),
             rope_scaling=rope if rope_type(rope) != "default" else None,
             # (Nemotron's half a head where its config says nothing, as transformers reads it)
+            # (MiniMax-M2's hub configs say rotary_dim)
             partial_rotary_factor=float(c.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or (
+                c["rotary_dim"] / (c.get("head_dim") or c["hidden_size"] // heads) if c.get("rotary_dim") else
                 0.5 if kind == "nemotron" else 1.0)),
             max_position=context,
             rope_max_position=trained,
@@ -149,10 +155,10 @@ class LlamaSpec(DecoderShape):
             # (GLM-4's output product has none; Seed-OSS's says whether it has)
             out_bias=bool(c.get("attention_out_bias", bias and kind not in ("glm4", "glm4_moe"))),
             mlp_bias=bool(c.get("mlp_bias", c.get("use_bias", kind == "phi"))),
-            qk_norm=kind in ("qwen3", "qwen3_moe", "olmoe", "hunyuan_v1_dense") or (
+            qk_norm=kind in ("qwen3", "qwen3_moe", "olmoe", "dots1", "minimax_m2", *HUNYUAN) or (
                 kind == "glm4_moe" and bool(c.get("use_qk_norm"))),
-            qk_norm_across_heads=kind == "olmoe",
-            qk_norm_after_rotation=kind == "hunyuan_v1_dense",
+            qk_norm_across_heads=kind in ("olmoe", "minimax_m2"),
+            qk_norm_after_rotation=kind in HUNYUAN,
             layer_windows=_layer_windows(kind, c, layers),
             layer_rotates=_layer_rotates(kind, c, layers),
             moe=MoESpec.from_hf(c),
@@ -226,6 +232,10 @@ def _layer_windows(kind: str, c: dict, layers: int) -> tuple[int | None, ...]:
         types = c.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
     elif kind == "cohere2":
         types = _cohere2_types(c, layers)
+    elif kind == "dots1":  # (the layers from max_window_layers on, where it names a window)
+        first = c.get("max_window_layers") or layers
+        types = c.get("layer_types") or ["sliding_attention" if window is not None and i >= first
+                                         else "full_attention" for i in range(layers)]
     else:
         return (window,) * layers  # llama, granite (None), mistral, mixtral, phi3: one window for every layer
     if len(types) != layers:

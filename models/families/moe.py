@@ -1,5 +1,5 @@
 """Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE and MoE Shared, OLMoE, ERNIE 4.5,
-gpt-oss, LFM2-MoE, DeepSeek's, GLM-4.5's, Nemotron 3's): a router picks each token's top-k experts; the step's tokens
+gpt-oss, LFM2-MoE, DeepSeek's, GLM-4.5's, Nemotron 3's, dots.llm1's, Hunyuan-A13B's, MiniMax-M2's): a router picks each token's top-k experts; the step's tokens
 are grouped by expert so that every expert runs one matrix product per step on all the tokens routed to it, however
 many requests the flat batch holds. Some mixtures add a shared expert every token takes (Qwen2-MoE's weighted by a
 router of its own)."""
@@ -19,7 +19,9 @@ SHARED_GATE_UP = ("mlp.shared_expert.gate_up_proj", ("mlp.shared_expert.gate_pro
 # where a selection bias lies: ERNIE 4.5's in transformers 5's layout, in its checkpoints' (and a GGUF
 # file's); LFM2-MoE's (its feed_forward named mlp here: lfm2.py); DeepSeek-V3's
 SELECTION_BIASES = ("mlp.gate.moe_statics.e_score_correction_bias", "mlp.moe_statics.e_score_correction_bias",
-                    "mlp.expert_bias", "mlp.gate.e_score_correction_bias")
+                    "mlp.expert_bias", "mlp.gate.e_score_correction_bias",
+                    # MiniMax-M2's, in transformers 5's layout and in its checkpoints'
+                    "mlp.e_score_correction_bias", "block_sparse_moe.e_score_correction_bias")
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,18 @@ class MoESpec:
             return cls(c.get("num_experts") or c["num_local_experts"], c["num_experts_per_tok"],
                        c["moe_intermediate_size"], True, frozenset(), 1, shared_intermediate_size=shared,
                        shared_gate=bool(shared))
-        if kind in DEEPSEEK_KINDS or kind == "glm4_moe":  # (GLM-4.5's and 4.6's routing is DeepSeek-V3's)
+        if kind in DEEPSEEK_KINDS or kind in ("glm4_moe", "dots1"):  # (GLM-4.5's, 4.6's and dots.llm1's: V3's)
             return _deepseek(c)
+        if kind == "hunyuan_v1_moe":  # (its experts and shared MLP intermediate_size wide, the chosen renormalised)
+            inner = c["intermediate_size"]
+            experts = c.get("num_experts") or c["num_local_experts"]  # (the hub's name, transformers 5's)
+            return cls(_one_per_model(kind, "num_experts", experts),
+                       _one_per_model(kind, "moe_topk", c.get("moe_topk") or c["num_experts_per_tok"]), inner, True,
+                       frozenset(), 1,
+                       shared_intermediate_size=c.get("shared_expert_intermediate_size") or inner)
+        if kind == "minimax_m2":  # (sigmoid scores, a bias each to choose by, the chosen renormalised)
+            return cls(c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"], True, frozenset(), 1,
+                       selection_bias=True, sigmoid=True)
         if kind in ("qwen3_moe", "qwen2_moe", "qwen3_next"):  # (Qwen3-Next's: Qwen2-MoE's, renormalised by default)
             experts = c.get("num_experts") or c.get("num_local_experts")  # the hub's name, transformers 5's
             if not experts and kind == "qwen3_next":  # (transformers' Qwen3-Next without experts: dense MLPs)
@@ -111,13 +123,24 @@ class MoESpec:
 DEEPSEEK_KINDS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
 
 
+def _one_per_model(kind: str, name: str, value) -> int:
+    """A size a config may list a layer at a time (Hunyuan-A13B's num_experts, moe_topk), one for every layer; a
+    ValueError where the layers differ."""
+    if isinstance(value, list):
+        if len(set(value)) != 1:
+            raise ValueError(f"{kind} with {name} differing by layer ({value}) is not supported")
+        value = value[0]
+    return int(value)
+
+
 def _deepseek(c: dict) -> MoESpec | None:
     """DeepSeek-V2's, V3's, GLM-4.7-Flash's (and GLM-4.5's) experts as transformers runs them: V2's softmax, its
     group-limited greedy routing over each group's best expert; V3's sigmoid (or the scoring_func a GGUF file's config
     says: gguf_config's _deepseek2), its selection biases, its groups scored by their best two; some leading layers
     dense (V2's and V3's first_k_dense_replace, GLM's mlp_layer_types), shared experts beside the routed ones, the
     chosen weights renormalised where the config says (V2's never are in transformers, whose configs say not to),
-    then scaled. None for a dense model."""
+    then scaled. dots.llm1's scored by sigmoid whatever its scoring_func ("noaux_tc" in some), as transformers
+    scores them. None for a dense model."""
     kind, layers = c["model_type"], c["num_hidden_layers"]
     experts = c.get("n_routed_experts") or c.get("num_local_experts") or c.get("num_experts")
     if not experts:
@@ -134,7 +157,8 @@ def _deepseek(c: dict) -> MoESpec | None:
     return MoESpec(experts, c["num_experts_per_tok"], c["moe_intermediate_size"],
                    bool(c.get("norm_topk_prob")) and not v2, dense, 1,
                    shared_intermediate_size=c["moe_intermediate_size"] * (c.get("n_shared_experts") or 0),
-                   selection_bias=not v2, sigmoid=c.get("scoring_func", "softmax" if v2 else "sigmoid") == "sigmoid",
+                   selection_bias=not v2,
+                   sigmoid=kind == "dots1" or c.get("scoring_func", "softmax" if v2 else "sigmoid") == "sigmoid",
                    routed_scale=float(c.get("routed_scaling_factor") or 1.0),
                    groups=(groups, c.get("topk_group") or 1, 1 if v2 else 2) if group_limited and groups > 1 else None)
 

@@ -74,13 +74,28 @@ MIXTURES = {"mixtral": ("llama", lambda c: {"expert_count": c.num_local_experts,
                                               "rope.scaling.original_context_length":
                                                   c.rope_parameters["original_max_position_embeddings"]}),
             # (write_gguf_of writes GLM-4.5's: conftest's _glm4_moe_metadata)
-            "glm4_moe": ("glm4moe", lambda c: {})}
+            "glm4_moe": ("glm4moe", lambda c: {}),
+            "dots1": ("dots1", lambda c: {"expert_count": c.n_routed_experts, "expert_used_count": c.num_experts_per_tok,
+                                          "expert_feed_forward_length": c.moe_intermediate_size,
+                                          "expert_shared_count": c.n_shared_experts,
+                                          "leading_dense_block_count": c.first_k_dense_replace,
+                                          "expert_weights_scale": float(c.routed_scaling_factor),
+                                          "expert_weights_norm": c.norm_topk_prob, "expert_gating_func": 2}),
+            # (its converter: every width intermediate_size's, the shared MLP's said again)
+            "hunyuan_v1_moe": ("hunyuan-moe", lambda c: {"expert_count": c.num_experts, "expert_used_count": c.moe_topk,
+                                                         "expert_feed_forward_length": c.intermediate_size,
+                                                         "expert_shared_feed_forward_length": c.intermediate_size,
+                                                         "expert_shared_count": 1}),
+            "minimax_m2": ("minimax-m2", lambda c: {"expert_count": c.num_local_experts,
+                                                    "expert_used_count": c.num_experts_per_tok,
+                                                    "expert_feed_forward_length": c.intermediate_size,
+                                                    "expert_gating_func": 2, "rope.dimension_count": c.rotary_dim})}
 # gpt-oss: llama.cpp's yarn rounds its correction range (transformers' truncate), and its clamp is
 # the model's 7.0 (the files do not say)
 SETTINGS = {"mixtral": {}, "qwen3_moe": {"mlp_only_layers": [], "moe_intermediate_size": 64}, "granitemoe": {},
             "qwen2_moe": {"mlp_only_layers": [], "moe_intermediate_size": 64, "shared_expert_intermediate_size": 96},
             "granitemoeshared": {"shared_intermediate_size": 96}, "ernie4_5_moe": {},
-            "olmoe": {}, "lfm2_moe": {}, "glm4_moe": {},
+            "olmoe": {}, "lfm2_moe": {}, "glm4_moe": {}, "dots1": {}, "hunyuan_v1_moe": {}, "minimax_m2": {},
             "gpt_oss": {"swiglu_limit": 7.0, "intermediate_size": 64, "rope_parameters": {
                 "rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
                 "truncate": True, "original_max_position_embeddings": 64}}}

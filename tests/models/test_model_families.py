@@ -65,6 +65,24 @@ def test_olmo_configs_loom_does_not_run_are_refused():
         OlmoSpec.from_hf(config | {"layer_types": config["layer_types"][:3]})
 
 
+def test_mixture_configs_read_as_transformers_reads_them():
+    """dots.llm1's experts are scored by sigmoid whatever its config's scoring_func says (some hub configs say
+    "noaux_tc"), as transformers scores them; Hunyuan-A13B's per-layer lists of experts and top-k, one value for every
+    layer, are read as that value, and refused naming the field where the layers differ; MiniMax-M2's rotary_dim is
+    its share of a head."""
+    from models.families.llama import LlamaSpec
+    from models.families.moe import MoESpec
+    dots = tiny_model("dots1").config.to_dict() | {"scoring_func": "noaux_tc"}
+    assert MoESpec.from_hf(dots).sigmoid
+    hunyuan = tiny_model("hunyuan_v1_moe").config.to_dict() | {"num_experts": [8, 8, 8], "moe_topk": [2, 2, 2]}
+    assert (MoESpec.from_hf(hunyuan).num_experts, MoESpec.from_hf(hunyuan).top_k) == (8, 2)
+    with pytest.raises(ValueError, match=r"hunyuan_v1_moe with moe_topk differing by layer \(\[2, 4, 2\]\)"):
+        MoESpec.from_hf(hunyuan | {"moe_topk": [2, 4, 2]})
+    minimax = tiny_model("minimax_m2").config.to_dict()
+    minimax.pop("rope_parameters")
+    assert LlamaSpec.from_hf(minimax | {"rotary_dim": 4}).partial_rotary_factor == 0.25
+
+
 @pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "olmoe",
                                   "ernie4_5_moe", "gpt_oss", "lfm2_moe", "deepseek_v3"])
 def test_a_step_runs_each_expert_at_most_once(arch, monkeypatch):
