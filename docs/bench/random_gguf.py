@@ -28,6 +28,9 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape command-r7b --format q4_k_m --vocab 256000 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape hunyuan-1.8b --format q4_k_m --vocab 120832 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape minitron-4b --format q4_k_m --vocab 256000 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape hunyuanmoe-a13b-4l --format q4_k_m --vocab 128167 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape dots1-142b-a14b-4l --format q4_k_m --vocab 152064 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape minimax-m2-3l --format q4_k_m --vocab 200064 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape glm45air-106b-a12b-6l --format q4_k_m --vocab 151552 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape qwen3next-80b-a3b-8l --format q4_k_m --vocab 151936 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape falcon-h1-0.5b --format q4_k_m --out /tmp/gguf
@@ -128,7 +131,14 @@ Command R7B's (architecture cohere2: LayerNorms without biases, the attention an
 the hunyuan one as Hunyuan-1.8B-Instruct's (architecture hunyuan-dense: each head's query and key normed after the
 rotation, attn_q_norm and attn_k_norm, its NTK alpha of 1000 folded into the base; its table tied); the minitron
 one as Minitron-4B's and Nemotron-Mini-4B-Instruct's (architecture nemotron: LayerNorms with biases, an MLP of
-relu(up)^2 alone, half of each 128-wide head rotated, 24 query heads over 8 K/V heads);
+relu(up)^2 alone, half of each 128-wide head rotated, 24 query heads over 8 K/V heads); the hunyuanmoe ones as
+Hunyuan-A13B's (architecture hunyuan-moe: the dense ones' attention, every layer's 64 experts of 3072 rows, 8 a token
+by softmax, renormalised, beside a shared MLP as wide; its table tied); the dots1 ones as dots.llm1's (architecture
+dots1: 32 heads of 128 with their own K/V, each head's q/k norms, a dense first layer of 10944 rows, then 128 experts
+of 1408 rows, 6 a token, DeepSeek-V3's routing scaled by 2.5, beside two shared ones); the minimax ones as MiniMax-M2's
+(architecture minimax-m2: 48 query heads over 8 K/V heads of 128, q/k norms across all heads, 64 of each head's
+values rotated, 256 experts of 1536 rows, 8 a token, by sigmoid plus a bias each, renormalised); the -4l and -3l ones
+their first layers;
 the qwen3moe one as a Qwen3-MoE (Qwen3's layout, 128 experts of 768 rows, 8 a token, each layer's
 three expert products a stack of all 128 experts' matrices, its router in F32 as llama-quantize leaves it);
 the ministral3 ones as Ministral 3's (architecture mistral3: Llama's layout, 128-wide heads, its yarn
@@ -227,7 +237,12 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           # Microsoft's Phi-2 and Cohere's Command R7B (c4ai-command-r7b-12-2024), as I recall their configs
           "phi2-2.7b": (2560, 10240, 32, 32, 32), "command-r7b": (4096, 14336, 32, 32, 8),
           # Tencent's Hunyuan-1.8B-Instruct; NVIDIA's Minitron-4B (Nemotron-Mini-4B-Instruct's shape too)
-          "hunyuan-1.8b": (2048, 6144, 32, 16, 4), "minitron-4b": (3072, 9216, 32, 24, 8)}
+          "hunyuan-1.8b": (2048, 6144, 32, 16, 4), "minitron-4b": (3072, 9216, 32, 24, 8),
+          # Tencent's Hunyuan-A13B, rednote's dots.llm1 and MiniMax-M2, as I recall their configs, and their first
+          # few layers
+          "hunyuanmoe-a13b": (4096, 3072, 32, 32, 8), "hunyuanmoe-a13b-4l": (4096, 3072, 4, 32, 8),
+          "dots1-142b-a14b": (4096, 10944, 62, 32, 32), "dots1-142b-a14b-4l": (4096, 10944, 4, 32, 32),
+          "minimax-m2": (3072, 1536, 62, 48, 8), "minimax-m2-3l": (3072, 1536, 3, 48, 8)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
 UNTIED = {"phi2-2.7b", "qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
           "qwen2moe-a2.7b", "qwen35-9b", "qwen3vl-8b", "qwen3vlmoe-30b-a3b", "nemotronh-4b", "nemotronh-8b",
@@ -235,7 +250,8 @@ UNTIED = {"phi2-2.7b", "qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3
           "glm47flash-30b-a3b-12l", "nemotron3-nano-30b-a3b", "nemotron3-nano-30b-a3b-12l", "glm45air-106b-a12b",
           "nemotron3-super-120b-a12b", "nemotron3-super-120b-a12b-6l",
           "glm45air-106b-a12b-6l", "qwen3next-80b-a3b", "qwen3next-80b-a3b-8l", "falcon-h1-0.5b", "falcon-h1-7b",
-          "nemotronh-nano-9b", "mamba2-codestral-7b", "falcon-mamba-7b", "minitron-4b"}  # the shapes whose output layer
+          "nemotronh-nano-9b", "mamba2-codestral-7b", "falcon-mamba-7b", "minitron-4b", "dots1-142b-a14b",
+          "dots1-142b-a14b-4l", "minimax-m2", "minimax-m2-3l"}  # the shapes whose output layer
 # is a tensor of its own
 
 
@@ -369,6 +385,18 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
            # (Nemotron-4's: its norms' weights as 1 + the checkpoint's, a random file's alike)
            "minitron": Layout("nemotron", head=128, rope_base=10000.0, eps=1e-5, context=4096, layer_norm="biased",
                               gelu_mlp=True, rotary_share=0.5),
+           # (the dense one's attention; 64 experts of 3072 rows, 8 a token by softmax, beside a shared MLP as wide)
+           "hunyuanmoe": Layout("hunyuan-moe", head=128, rope_base=10000.0 * 1000.0 ** (128 / 126), eps=1e-5,
+                                context=262144, head_norms=True, experts=(64, 8, 3072), shared_expert=3072),
+           # (each head's q/k norms; a dense first layer, then 128 experts of 1408 rows, 6 a token, DeepSeek-V3's
+           # routing, beside two shared ones)
+           "dots1": Layout("dots1", head=128, rope_base=1e7, eps=1e-5, context=32768, head_norms=True,
+                           experts=(128, 6, 1408), shared_experts=2, dense_lead=1, selection_bias=True,
+                           sigmoid=(2.5, True)),
+           # (q/k norms across all heads, 64 of each head's 128 values rotated; 256 experts of 1536 rows, 8 a token,
+           # by sigmoid and bias, renormalised)
+           "minimax": Layout("minimax-m2", head=128, rope_base=5e6, eps=1e-6, context=196608, head_norms=True,
+                             norms_across_heads=True, rotary_share=0.5, experts=(256, 8, 1536), selection_bias=True),
            "glm4": Layout("glm4", head=128, rope_base=10000.0, eps=1e-5, context=32768, biases=True, output_norms=True,
                           rotary_share=0.5, glm=True),
            # (DeepSeek-V2-Lite's YaRN: a factor of 40 over 4,096 tokens, mscale_all_dim 0.707)
@@ -865,14 +893,19 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
     if family.arch == "ernie4_5-moe":  # (llama.cpp requires the step)
         writer.add_leading_dense_block_count(family.dense_lead)
         writer.add_interleave_moe_layer_step(1)
-    # (llama.cpp requires DeepSeek's and GLM-4.5's shared count; the gating function where it is not V2's softmax)
-    if family.latent or family.arch == "glm4moe":
+    # (llama.cpp requires DeepSeek's, GLM-4.5's and dots.llm1's shared count; the gating function where it is not
+    # V2's softmax)
+    if family.latent or family.arch in ("glm4moe", "dots1"):
         writer.add_leading_dense_block_count(family.dense_lead)
         writer.add_expert_shared_count(family.shared_experts)
         if family.sigmoid:
             writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
             writer.add_expert_weights_scale(family.sigmoid[0])
             writer.add_expert_weights_norm(family.sigmoid[1])
+    if family.arch == "hunyuan-moe":  # (its converter's)
+        writer.add_expert_shared_count(1)
+    if family.arch == "minimax-m2":  # (llama.cpp requires the gating function)
+        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     if family.arch == "lfm2moe":  # (llama.cpp requires the gating function)
         writer.add_leading_dense_block_count(family.dense_lead)
         writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
