@@ -489,6 +489,16 @@ LLAMA_KIN = {
     "cohere2": lambda: transformers.Cohere2Config(**KIN_SIZES | {"num_hidden_layers": 4}, logit_scale=0.25,
                                                   sliding_window=24),
     "nemotron": lambda: transformers.NemotronConfig(**KIN_SIZES, head_dim=16, attention_bias=True, mlp_bias=True),
+    # GPT-NeoX (Pythia's: the MLP beside the attention on a norm of its own, biases everywhere, a quarter of each head
+    # rotated, an exact GELU) and Falcon (40B's layout: a norm for the attention, one for the MLP, beside each other;
+    # two K/V groups, no biases, an exact GELU, its table tied)
+    "gpt_neox": lambda: transformers.GPTNeoXConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0, hidden_dropout=0.0,
+        attention_dropout=0.0),
+    "falcon": lambda: transformers.FalconConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2,
+        new_decoder_architecture=True, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0),
 }
 
 
@@ -509,8 +519,8 @@ def tiny_model(arch: str, seed: int = 0, **config):
                               "correct_output_scale")) or (
                     arch in ("glm4", "glm4_moe") and name.endswith("proj.bias")):
                 tensor.normal_(0.0, 0.5)
-            if arch in LLAMA_KIN and ("norm" in name or name.endswith("bias")):  # (which start at 1 and 0)
-                tensor.normal_(1.0 if "norm.weight" in name else 0.0, 0.3)
+            if arch in LLAMA_KIN and ("norm" in name or ".ln_" in name or name.endswith("bias")):  # (at 1 and 0)
+                tensor.normal_(0.0 if name.endswith("bias") else 1.0, 0.3)
         for name, tensor in model.named_buffers():  # (LFM2-MoE's selection bias, a buffer starting at 0)
             if name.endswith(("expert_bias", "e_score_correction_bias")):
                 tensor.normal_(0.0, 0.5)
@@ -658,12 +668,24 @@ GGUF_LAYER_NAMES = {
     "self_attn.query_layernorm": "attn_q_norm", "self_attn.key_layernorm": "attn_k_norm",  # (HunYuan's)
     # (Hunyuan-A13B's router and shared MLP)
     "mlp.gate.wg": "ffn_gate_inp", "mlp.shared_mlp.gate_proj": "ffn_gate_shexp",
-    "mlp.shared_mlp.up_proj": "ffn_up_shexp", "mlp.shared_mlp.down_proj": "ffn_down_shexp"}
+    "mlp.shared_mlp.up_proj": "ffn_up_shexp", "mlp.shared_mlp.down_proj": "ffn_down_shexp",
+    # GPT-NeoX's and Falcon's (Falcon 40B's norms: ln_mlp as attn_norm, ln_attn as attn_norm_2, as its converter's)
+    "attention.query_key_value": "attn_qkv", "attention.dense": "attn_output", "mlp.dense_h_to_4h": "ffn_up",
+    "mlp.dense_4h_to_h": "ffn_down", "self_attention.query_key_value": "attn_qkv",
+    "self_attention.dense": "attn_output",
+    "ln_attn": "attn_norm_2", "ln_mlp": "attn_norm"}
 GGUF_GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                      "lm_head.weight": "output.weight", "model.embedding_norm.weight": "token_embd_norm.weight",
                      # (LayerNorm models' biases: StarCoder2's, StableLM's, Phi-2's, and Phi-2's output layer's)
                      "model.norm.bias": "output_norm.bias", "model.final_layernorm.weight": "output_norm.weight",
-                     "model.final_layernorm.bias": "output_norm.bias", "lm_head.bias": "output.bias"}
+                     "model.final_layernorm.bias": "output_norm.bias", "lm_head.bias": "output.bias",
+                     # GPT-NeoX's and Falcon's
+                     "gpt_neox.embed_in.weight": "token_embd.weight",
+                     "gpt_neox.final_layer_norm.weight": "output_norm.weight",
+                     "gpt_neox.final_layer_norm.bias": "output_norm.bias",
+                     "transformer.word_embeddings.weight": "token_embd.weight",
+                     "transformer.ln_f.weight": "output_norm.weight",
+                     "transformer.ln_f.bias": "output_norm.bias"}
 GGUF_LFM2_NAMES = {"operator_norm": "attn_norm", "ffn_norm": "ffn_norm", "self_attn.out_proj": "attn_output",
                    "self_attn.q_layernorm": "attn_q_norm", "self_attn.k_layernorm": "attn_k_norm",
                    "feed_forward.w1": "ffn_gate", "feed_forward.w3": "ffn_up", "feed_forward.w2": "ffn_down",
@@ -856,6 +878,32 @@ def _falcon_h1_state(hf) -> dict:
     return state
 
 
+def _kv_heads(c) -> int:
+    """A config's K/V heads: Llama's name; GPT-NeoX's its query heads; Falcon's num_kv_heads, or one where it is
+    multi-query in the old layout."""
+    if c.model_type == "gpt_neox":
+        return c.num_attention_heads
+    if c.model_type == "falcon":
+        return c.num_kv_heads if c.new_decoder_architecture or not c.multi_query else 1
+    return c.num_key_value_heads
+
+
+def _qkv_in_thirds(values, c, arch: str):
+    """GPT-NeoX's fused q/k/v rows (a head's query, key and value together) and Falcon's (a K/V group's queries, key
+    and value in its new layout; every query's, then the key's and the value's in its multi-query one) as every
+    query's, every key's, every value's, as their converters write them."""
+    import numpy as np
+    dim = c.hidden_size // c.num_attention_heads
+    if arch == "gptneox":
+        return values.reshape(c.num_attention_heads, 3, dim, *values.shape[1:]).swapaxes(0, 1).reshape(values.shape)
+    kv = _kv_heads(c)
+    if not c.new_decoder_architecture:
+        return values
+    grouped = values.reshape(kv, c.num_attention_heads // kv + 2, dim, *values.shape[1:])
+    rows = lambda part: part.reshape(-1, *values.shape[1:])
+    return np.concatenate([rows(grouped[:, :-2]), rows(grouped[:, -2]), rows(grouped[:, -1])])
+
+
 def _glm4_moe_metadata(c) -> dict:
     """A GLM-4.5 config's metadata as llama.cpp's converter writes it: its rotary's share of a head, its experts
     (DeepSeek-V3's routing: sigmoid scores, the chosen renormalised and scaled), its dense leading layers."""
@@ -949,7 +997,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     c = hf.config.get_text_config()
     # Mamba's and Mamba2's: their layers alone, no heads, no MLP, a context of 2^20, as their converters write
     mamba2, state_only = arch == "mamba2", arch in ("mamba2", "mamba")
-    heads, kv_heads = (0, 0) if state_only else (c.num_attention_heads, c.num_key_value_heads)
+    heads, kv_heads = (0, 0) if state_only else (c.num_attention_heads, _kv_heads(c))
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(c.num_hidden_layers)
     writer.add_context_length(1 << 20 if state_only else c.max_position_embeddings)
@@ -964,7 +1012,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                                    [c.intermediate_size if t == "mlp" else c.moe_intermediate_size if t == "moe" else 0
                                     for t in types] if nemotron else
                                    c.shared_intermediate_size if hybrid and not c.num_local_experts else
-                                   c.to_dict().get("intermediate_size") or c.moe_intermediate_size)
+                                   c.to_dict().get("intermediate_size") or getattr(c, "ffn_hidden_size", None) or
+                                   c.moe_intermediate_size)
     writer.add_head_count(heads)
     deepseek = arch == "deepseek2"
     if not state_only:
@@ -994,10 +1043,13 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                     **(metadata or {})}
     if not (deepseek or state_only) and getattr(c, "head_dim", None) not in (None, c.hidden_size // heads):
         writer.add_key_length(c.head_dim)
-    layer_norms = arch in ("starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo", "nemotron")
+    layer_norms = arch in ("starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo", "nemotron", "gptneox",
+                           "falcon")
     if layer_norms:  # (LayerNorms' epsilon; OLMo 1's fixed, as its converter writes it)
         writer.add_layer_norm_eps(getattr(c, "norm_epsilon", None) or getattr(c, "layer_norm_eps", None) or
-                                  getattr(c, "norm_eps", None) or 1e-5)
+                                  getattr(c, "norm_eps", None) or getattr(c, "layer_norm_epsilon", None) or 1e-5)
+        if arch == "gptneox":
+            writer.add_bool("gptneox.use_parallel_residual", c.use_parallel_residual)
         rotary = c.rope_parameters.get("partial_rotary_factor")
         if rotary:  # (StableLM's and Phi-2's share of a head)
             writer.add_rope_dimension_count(int(rotary * c.hidden_size // c.num_attention_heads))
@@ -1041,11 +1093,13 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         if name.startswith("model.visual."):
             continue
         name = name.replace("model.language_model.", "model.", 1).replace("backbone.", "model.", 1)
-        if state_only and name == "lm_head.weight" and c.tie_word_embeddings:  # (their converters leave it out)
-            continue
+        if (state_only or arch == "falcon") and name == "lm_head.weight" and c.tie_word_embeddings:
+            continue  # (their converters leave it out)
+        if name.endswith("query_key_value.weight") or name.endswith("query_key_value.bias"):
+            values = _qkv_in_thirds(tensor.float().numpy(), c, arch)  # (GPT-NeoX's and Falcon's, as their converters)
         if nemotron:
             name = _nemotron_h_name(name, types)
-        values = tensor.float().numpy()
+        values = values if name.endswith(("query_key_value.weight", "query_key_value.bias")) else tensor.float().numpy()
         if name.endswith("conv.conv.weight"):  # LFM2's taps [hidden, 1, length], kept [hidden, length]
             values = values.reshape(values.shape[0], -1)
         if (gemma or qwen35 or arch == "nemotron") and name.endswith("norm.weight") and "linear_attn" not in name:

@@ -135,6 +135,8 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES, "g
                     "seed_oss": {"post_attention_norm": "post_attention_layernorm"},  # (Seed-OSS's likewise)
                     "deepseek2": DEEPSEEK_LAYER_NAMES, "falcon-h1": GRANITE_HYBRID_LAYER_NAMES,
                     "mamba2": GRANITE_HYBRID_LAYER_NAMES, "mamba": MAMBA_LAYER_NAMES}
+# Falcon 40B's two norms a layer (Falcon 7B's one is attn_norm, Llama's name)
+FALCON_TWO_NORMS = {"attn_norm_2": "input_layernorm", "attn_norm": "post_attention_layernorm"}
 # parameters transformers names without a kind (gpt-oss's sinks: llama.cpp's converter adds ".weight";
 # ERNIE 4.5's selection bias, Qwen3.5's and Mamba2's dt_bias, ".bias")
 BARE_NAMES = ("self_attn.sinks", "mlp.moe_statics.e_score_correction_bias", "linear_attn.dt_bias",
@@ -203,6 +205,8 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
     for name in [name for name in file.tensors if _prediction_layer(name, config)]:
         del file.tensors[name]  # (never read)
     names = {**LAYER_NAMES, **ARCH_LAYER_NAMES.get(arch, {})}
+    if config.get("num_ln_in_parallel_attn") == 2:  # (a Falcon 40B's: attn_norm_2 the attention's, attn_norm the MLP's)
+        names |= FALCON_TWO_NORMS
     tensors = {}
     formats = _block_formats(file.tensors.values(), keep_blocks)
     _check_widened_size(file, formats, path.name)
@@ -520,7 +524,7 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "seed_oss": "llama", "internlm2": "llama", "minicpm": "llama", "command-r": "llama",
                        "cohere2": "llama", "phi2": "llama", "hunyuan-dense": "llama",
                        "olmo": "llama", "nemotron": "llama", "dots1": "llama", "hunyuan-moe": "llama",
-                       "minimax-m2": "llama"}
+                       "minimax-m2": "llama", "gptneox": "llama", "falcon": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

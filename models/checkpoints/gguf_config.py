@@ -37,6 +37,8 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "starcoder2": "starcoder2", "stablelm": "stablelm", "phi2": "phi", "command-r": "cohere",
                  "cohere2": "cohere2", "olmo": "olmo",  # (OLMo 1's: weightless LayerNorms)
                  "nemotron": "nemotron",  # (Nemotron-4's and Minitron's: of 1 + their weights, an MLP of relu(up)^2)
+                 # GPT-NeoX's (Pythia's) and Falcon's (their MLPs' GELU by tanh, as llama.cpp runs them)
+                 "gptneox": "gpt_neox", "falcon": "falcon",
                  # mixtures on Llama's attention: dots.llm1 (Qwen3's, DeepSeek-V3's routing), Hunyuan-A13B (HunYuan's,
                  # a shared MLP beside softmax-routed experts), MiniMax-M2 (q/k norms across heads, sigmoid routing)
                  "dots1": "dots1", "hunyuan-moe": "hunyuan_v1_moe", "minimax-m2": "minimax_m2"}
@@ -69,7 +71,8 @@ LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "graniteh
                           "ernie4_5-moe", "glm4", "arcee", "internlm2", "minicpm", "command-r", "cohere2", "olmo"})
 # the architectures whose norms are LayerNorms (their epsilon attention.layer_norm_epsilon), their biases and
 # which of their layers' products add one told by the file's tensors (_layer_norm_layers)
-LAYER_NORM_ARCHITECTURES = frozenset({"starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo", "nemotron"})
+LAYER_NORM_ARCHITECTURES = frozenset({"starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo", "nemotron",
+                                      "gptneox", "falcon"})
 # SmolLM3: every fourth layer attends without rotary, as llama.cpp fixes it (the files do not say)
 SMOLLM3_NO_ROPE_STEP = 4
 # EXAONE 4: llama.cpp gives only the 32B's 64 layers a window (three layers in four, 4096 tokens where the file
@@ -631,7 +634,9 @@ def _layer_norm_layers(arch: str, key, tensors: dict[str, TensorInfo], config: d
     StableLM file without norms before its MLPs runs them beside the attention (StableLM 2 12B's); Phi-2's rotary
     over rope.dimension_count of a head; Cohere's logits times logit_scale, Command R7B's window layers (three in
     four where the file names no pattern) rotating alone; OLMo 1's queries, keys and values clamped where the file
-    says (clamp_kqv, which LlamaSpec refuses by transformers' name)."""
+    says (clamp_kqv, which LlamaSpec refuses by transformers' name); GPT-NeoX's and Falcon's MLPs' GELU by tanh (as
+    llama.cpp runs it, where their checkpoints' is erf's), GPT-NeoX's MLP beside the attention where the file says
+    (use_parallel_residual), Falcon 40B's two norms where the file has attn_norm_2."""
     has = lambda name: f"blk.0.{name}" in tensors
     heads = config["num_attention_heads"]
     head = config["head_dim"] or config["hidden_size"] // heads
@@ -643,6 +648,14 @@ def _layer_norm_layers(arch: str, key, tensors: dict[str, TensorInfo], config: d
         out["clip_qkv"] = key("attention.clamp_kqv")
     if arch == "stablelm":
         out |= {"use_qkv_bias": out.pop("attention_bias"), "use_parallel_residual": not has("ffn_norm.weight")}
+    if arch in ("gptneox", "falcon"):  # (llama.cpp's GELU is tanh's; the rows come as queries', keys', values')
+        out |= {"hidden_act": "gelu_pytorch_tanh", "qkv_layout": None}
+    if arch == "gptneox":  # (its MLP beside the attention on a norm of its own where the file says, as llama.cpp's)
+        out |= {"use_parallel_residual": bool(key("use_parallel_residual", True)), "mlp_bias": has("ffn_up.bias")}
+    if arch == "falcon":  # (a norm for the attention and one for the MLP where the file has two, attn_norm_2 the first;
+        # its K/V heads as the file says, which Falcon's configs tell by their layout)
+        out |= {"num_ln_in_parallel_attn": 2 if has("attn_norm_2.weight") else 1, "new_decoder_architecture": True,
+                "num_kv_heads": config["num_key_value_heads"]}
     if arch in ("command-r", "cohere2"):
         out["logit_scale"] = key("logit_scale", 1.0)
     if arch == "cohere2":

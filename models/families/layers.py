@@ -286,11 +286,19 @@ class SquaredReLU(UngatedMLP):
 
 
 class GeluMLP(UngatedMLP):
-    """gelu_tanh(up): StarCoder2's MLP, Phi-2's."""
+    """gelu_tanh(up): StarCoder2's MLP, Phi-2's (and GPT-NeoX's and Falcon's in llama.cpp's files)."""
 
     @staticmethod
     def activate(up: torch.Tensor) -> torch.Tensor:
         return F.gelu(up, approximate="tanh")
+
+
+class ExactGeluMLP(UngatedMLP):
+    """gelu(up) by erf: GPT-NeoX's MLP (Pythia's), Falcon's."""
+
+    @staticmethod
+    def activate(up: torch.Tensor) -> torch.Tensor:
+        return F.gelu(up)
 
 
 def weightless_norm(x: torch.Tensor, eps: float) -> torch.Tensor:

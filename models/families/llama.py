@@ -1,17 +1,18 @@
-"""The Llama family over the paged KV cache: Llama, Qwen2, Qwen3, Mistral, Ministral 3, ERNIE 4.5,
-Phi-3, SmolLM3, Granite, GLM-4, EXAONE 3.5, Arcee's AFM, Seed-OSS, HunYuan's dense models, StarCoder2, StableLM,
-Phi-2, Cohere's Command R and R7B, OLMo 1, Nemotron-4 (Minitron), and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE (and MoE
-Shared), OLMoE, ERNIE 4.5's, gpt-oss and GLM-4.5 (and 4.6: GQA over half of each head rotated, q/k/v biases, q/k
-norms in some, DeepSeek-V3's routing), dots.llm1 (Qwen3's attention, DeepSeek-V3's routing), Hunyuan-A13B (HunYuan's
-attention, a shared MLP beside its experts) and MiniMax-M2 (q/k norms across heads, sigmoid routing). GQA,
-RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k norms (per head: Qwen3; across heads: OLMoE; per head after the
-rotation: HunYuan), sliding
-windows for all or some layers, layers without rotary (SmolLM3's every fourth), queries scaled by
-position past the original context (Ministral 3), fused checkpoint tensors (Phi-3), rotary pairs side
-by side in the checkpoint (ERNIE 4.5), scaled embeddings, residuals and logits (Granite), attention
-sinks (gpt-oss), an MLP of relu(up)^2 or gelu(up) and no gate (Arcee's; StarCoder2's, Phi-2's), LayerNorms
-(StarCoder2's, StableLM's, Phi-2's and Cohere's; Nemotron's of 1 + their weights), the attention and the MLP beside each other on one normed input
-(Phi-2's, Cohere's), routed and shared experts (moe.py)."""
+"""The Llama family over the paged KV cache: Llama, Qwen2, Qwen3, Mistral, Ministral 3, ERNIE 4.5, Phi-3,
+SmolLM3, Granite, GLM-4, EXAONE 3.5, Arcee's AFM, Seed-OSS, HunYuan's dense models, StarCoder2, StableLM, Phi-2,
+Cohere's Command R and R7B, OLMo 1, Nemotron-4 (Minitron), GPT-NeoX (Pythia) and Falcon, and the mixture-of-experts
+Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE (and MoE Shared), OLMoE, ERNIE 4.5's, gpt-oss and GLM-4.5 (and 4.6: GQA
+over half of each head rotated, q/k/v biases, q/k norms in some, DeepSeek-V3's routing), dots.llm1 (Qwen3's
+attention, DeepSeek-V3's routing), Hunyuan-A13B (HunYuan's attention, a shared MLP beside its experts) and
+MiniMax-M2 (q/k norms across heads, sigmoid routing). GQA, RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k norms
+(per head: Qwen3; across heads: OLMoE; per head after the rotation: HunYuan), sliding windows for all or some
+layers, layers without rotary (SmolLM3's every fourth), queries scaled by position past the original context
+(Ministral 3), fused checkpoint tensors (Phi-3; GPT-NeoX's and Falcon's in their own orders), rotary pairs side by
+side in the checkpoint (ERNIE 4.5), scaled embeddings, residuals and logits (Granite), attention sinks (gpt-oss), an
+MLP of relu(up)^2 or gelu(up) and no gate (Arcee's, Nemotron's; StarCoder2's, Phi-2's, GPT-NeoX's, Falcon's),
+LayerNorms (StarCoder2's, StableLM's, Phi-2's, Cohere's, GPT-NeoX's, Falcon's; Nemotron's of 1 + their weights), the
+attention and the MLP beside each other on one normed input (Phi-2's, Cohere's) or on norms of their own (GPT-NeoX's,
+Falcon 40B's), routed and shared experts (moe.py)."""
 
 from __future__ import annotations
 
@@ -20,24 +21,29 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .layers import (GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, GeluMLP, RMSNorm, SquaredReLU,
-                     SwiGLU, decoder_tensors, fused, paged_attention)
+from .layers import (GATE_UP, QKV, AttentionMasks, DecoderModel, DecoderShape, ExactGeluMLP, GeluMLP, RMSNorm,
+                     SquaredReLU, SwiGLU, decoder_tensors, fused, paged_attention)
 from .moe import MoESpec, SparseMoE
 from .rope import Rotary, apply_rotary, halves_from_pairs, query_temperature, rope_type, sequence_ends
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi3", "smollm3", "granite", "glm4",
             "exaone", "arcee", "seed_oss", "hunyuan_v1_dense", "starcoder2", "stablelm", "phi", "cohere", "cohere2",
-            "olmo", "nemotron", "mixtral", "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss",
-            "glm4_moe", "dots1", "hunyuan_v1_moe", "minimax_m2")
+            "olmo", "nemotron", "gpt_neox", "falcon", "mixtral", "qwen2_moe", "qwen3_moe", "granitemoe",
+            "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss", "glm4_moe", "dots1", "hunyuan_v1_moe", "minimax_m2")
 # HunYuan's: each head's q/k norm after the rotation, NTK by a fixed alpha (a larger base)
 HUNYUAN = ("hunyuan_v1_dense", "hunyuan_v1_moe")
 # each family's MLP activation (its config's hidden_act) where it is not SwiGLU's silu, and the MLP it makes:
-# Arcee's and Nemotron's relu(up)^2, StarCoder2's and Phi-2's gelu_tanh(up) (no gate)
-ACTIVATIONS = {"arcee": "relu2", "nemotron": "relu2", "starcoder2": "gelu_pytorch_tanh", "phi": "gelu_new"}
-MLPS = {"silu": SwiGLU, "relu2": SquaredReLU, "gelu_pytorch_tanh": GeluMLP, "gelu_new": GeluMLP}
+# Arcee's and Nemotron's relu(up)^2, StarCoder2's and Phi-2's gelu_tanh(up), GPT-NeoX's and Falcon's gelu(up) by erf
+# (no gate)
+ACTIVATIONS = {"arcee": "relu2", "nemotron": "relu2", "starcoder2": "gelu_pytorch_tanh", "phi": "gelu_new",
+               "gpt_neox": "gelu", "falcon": "gelu"}
+MLPS = {"silu": SwiGLU, "relu2": SquaredReLU, "gelu_pytorch_tanh": GeluMLP, "gelu_new": GeluMLP, "gelu_fast": GeluMLP,
+        "gelu": ExactGeluMLP}
+# the families whose configs name their GELU, exact or by tanh (GPT-NeoX-20B's gelu_fast; llama.cpp's files tanh's)
+NAMED_GELUS = ("gpt_neox", "falcon")
 # the families whose norms are LayerNorms (the mean removed; with biases but Cohere's and OLMo 1's; OLMo 1's
 # without a weight either, which its checkpoints do not hold: ones here)
-LAYER_NORMS = ("starcoder2", "stablelm", "phi", "cohere", "cohere2", "olmo", "nemotron")
+LAYER_NORMS = ("starcoder2", "stablelm", "phi", "cohere", "cohere2", "olmo", "nemotron", "gpt_neox", "falcon")
 UNBIASED_LAYER_NORMS, WEIGHTLESS_LAYER_NORMS = ("cohere", "cohere2", "olmo"), ("olmo",)
 # checkpoint names of Llama's parameters in other families, in this order of replacement: EXAONE 3.5's (the hub's,
 # and transformers' saved ones) after GPT-2's (its output product before the other attention products), StarCoder2's
@@ -50,7 +56,16 @@ HUB_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.ln_f.", 
              (".mlp.fc1.", ".mlp.up_proj."), (".mlp.fc2.", ".mlp.down_proj."),
              (".self_attn.dense.", ".self_attn.o_proj."), ("model.final_layernorm.", "model.norm."),
              (".self_attn.query_layernorm.", ".self_attn.q_norm."), (".self_attn.key_layernorm.", ".self_attn.k_norm."),
-             (".mlp.gate.wg.", ".mlp.gate."), (".mlp.shared_mlp.", ".mlp.shared_experts."))
+             (".mlp.gate.wg.", ".mlp.gate."), (".mlp.shared_mlp.", ".mlp.shared_experts."),
+             # GPT-NeoX's (its output layer the hub's embed_out), Falcon's (its two norms the attention's and the MLP's)
+             ("gpt_neox.embed_in.", "model.embed_tokens."), ("gpt_neox.layers.", "model.layers."),
+             ("gpt_neox.final_layer_norm.", "model.norm."), ("embed_out.", "lm_head."),
+             (".attention.query_key_value.", ".self_attn.qkv_proj."), (".attention.dense.", ".self_attn.o_proj."),
+             (".mlp.dense_h_to_4h.", ".mlp.up_proj."), (".mlp.dense_4h_to_h.", ".mlp.down_proj."),
+             ("transformer.word_embeddings.", "model.embed_tokens."),
+             (".self_attention.query_key_value.", ".self_attn.qkv_proj."),
+             (".self_attention.dense.", ".self_attn.o_proj."),
+             (".ln_attn.", ".input_layernorm."), (".ln_mlp.", ".post_attention_layernorm."))
 
 
 @dataclass
@@ -79,8 +94,14 @@ class LlamaSpec(DecoderShape):
     norm_weight: bool = True  # the checkpoint holds the norms' weights (OLMo 1's norms have none: ones)
     norm_plus_one: bool = False  # the norms multiply by 1 + the checkpoint's weight (Nemotron's LayerNorm1P)
     # the attention and the MLP beside each other on the one norm's output, both added (Phi-2's, Cohere's,
-    # StableLM's use_parallel_residual): no norm before the MLP
+    # StableLM's use_parallel_residual): no norm before the MLP; or, with parallel_norm, the MLP on a norm of its own
+    # of the layer's input (GPT-NeoX's, Falcon 40B's)
     parallel: bool = False
+    parallel_norm: bool = False
+    # how a checkpoint's fused q/k/v rows run where they are not every query's, every key's, every value's: a head's
+    # query, key and value rows together ("heads": GPT-NeoX's), or a K/V group's queries, key and value ("groups":
+    # Falcon 40B's); reordered at load
+    qkv_layout: str | None = None
     lm_head_bias: bool = False  # (Phi-2's)
     # Ministral 3's (Llama 4's) attention temperature: (beta, the original context), rope.query_temperature
     query_temperature: tuple[float, int] | None = None
@@ -105,10 +126,13 @@ class LlamaSpec(DecoderShape):
     @classmethod
     def from_hf(cls, c: dict) -> "LlamaSpec":
         kind = c["model_type"]
+        c = _llama_config(kind, c)
         heads = c["num_attention_heads"]
         rope = dict(c.get("rope_parameters") or c.get("rope_scaling") or {})
         theta = c.get("rope_theta") or rope.get("rope_theta") or 10000.0
         activation = ACTIVATIONS.get(kind, "silu")
+        if kind in NAMED_GELUS and c.get("hidden_act") in ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh"):
+            activation = c["hidden_act"]
         if c.get("hidden_act", activation) != activation:
             raise ValueError(f"unsupported hidden_act {c['hidden_act']!r} for {kind}; supported: {activation}")
         if c.get("clip_qkv") is not None:
@@ -136,7 +160,7 @@ class LlamaSpec(DecoderShape):
             head_dim=c.get("head_dim") or c["hidden_size"] // heads,
             # (the LayerNorms' epsilon by its names: StarCoder2's, StableLM's, Phi-2's and Cohere's)
             rms_norm_eps=c.get("rms_norm_eps") or c.get("norm_epsilon") or c.get("layer_norm_eps") or c.get(
-                "norm_eps") or (
+                "norm_eps") or c.get("layer_norm_epsilon") or (
                 1e-5 if kind == "olmo" else 1e-6),  # (OLMo 1's fixed)
             rope_theta=float(theta),
             rope_scaling=rope if rope_type(rope) != "default" else None,
@@ -148,8 +172,8 @@ class LlamaSpec(DecoderShape):
             max_position=context,
             rope_max_position=trained,
             # (transformers' default where a config saved with it leaves the key out)
-            tie_word_embeddings=bool(c.get("tie_word_embeddings", kind in ("smollm3", "ernie4_5", "ernie4_5_moe",
-                                                                           "starcoder2", "cohere", "cohere2"))),
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", kind in (
+                "smollm3", "ernie4_5", "ernie4_5_moe", "starcoder2", "cohere", "cohere2", "falcon"))),
             qkv_bias=kind == "qwen2" or (kind == "qwen2_moe" and c.get("qkv_bias", True)) or bias or
             bool(c.get("use_qkv_bias")),  # (StableLM's)
             # (GLM-4's output product has none; Seed-OSS's says whether it has)
@@ -167,7 +191,9 @@ class LlamaSpec(DecoderShape):
             norm_bias=kind in LAYER_NORMS and kind not in UNBIASED_LAYER_NORMS,
             norm_weight=kind not in WEIGHTLESS_LAYER_NORMS,
             norm_plus_one=kind == "nemotron",
-            parallel=kind in ("phi", "cohere", "cohere2") or bool(c.get("use_parallel_residual")),
+            parallel=kind in ("phi", "cohere", "cohere2", "falcon") or bool(c.get("use_parallel_residual")),
+            parallel_norm=bool(c.get("parallel_mlp_norm")),
+            qkv_layout=c.get("qkv_layout"),
             lm_head_bias=kind == "phi",
             query_temperature=_query_temperature(rope),
             # (a GGUF file's rows are put in halves as they are read: gguf_config says so)
@@ -182,6 +208,40 @@ class LlamaSpec(DecoderShape):
             # (Cohere's logits times its logit_scale)
             logits_divisor=float(c.get("logits_scaling", 1.0)) / float(c.get("logit_scale", 1.0)),
         )
+
+
+def _llama_config(kind: str, c: dict) -> dict:
+    """GPT-NeoX's and Falcon's configs (their hub configs' names, transformers', or a GGUF file's, which come in
+    Llama's) in Llama's names: biases, the MLP's width and activation, K/V heads (Falcon's one where it is
+    multi-query), the rotary's base and share, the MLP's norm beside the attention's, the fused q/k/v rows' layout. A
+    ValueError for a Falcon with ALiBi or its MLP after the attention (Falcon-RW's), which llama.cpp does not run
+    either. Other families' as they are."""
+    if kind == "gpt_neox":
+        extra = {"mlp_bias": c.get("mlp_bias", True), "parallel_mlp_norm": c.get("use_parallel_residual", True),
+                 "qkv_layout": c.get("qkv_layout", "heads"), "num_key_value_heads": c["num_attention_heads"]}
+        if c.get("rotary_emb_base"):  # (the hub's names; transformers 5's rope_parameters)
+            extra["rope_theta"] = c["rotary_emb_base"]
+        if c.get("rotary_pct"):
+            extra["partial_rotary_factor"] = c["rotary_pct"]
+        return {"use_parallel_residual": True} | c | extra
+    if kind != "falcon":
+        return c
+    if c.get("alibi"):
+        raise ValueError("falcon with alibi (ALiBi's positions, Falcon-RW's) is not supported")
+    if not c.get("parallel_attn", True):
+        raise ValueError("falcon with its MLP after the attention (parallel_attn false, Falcon-RW's) is not supported")
+    heads = c.get("num_attention_heads") or c["n_head"]
+    new = bool(c.get("new_decoder_architecture"))
+    # (as transformers' attention counts them, whatever num_key_value_heads a saved config says)
+    kv = c.get("num_kv_heads") or c.get("n_head_kv") or heads if new or not c.get("multi_query", True) else 1
+    return c | {"num_attention_heads": heads, "num_key_value_heads": kv,
+                "intermediate_size": c.get("intermediate_size") or c.get("ffn_hidden_size") or 4 * c["hidden_size"],
+                "hidden_act": c.get("hidden_act") or c.get("activation", "gelu"),
+                "attention_bias": c.get("attention_bias", c.get("bias", False)),
+                "mlp_bias": c.get("mlp_bias", c.get("bias", False)),
+                "parallel_mlp_norm": c.get("parallel_mlp_norm", (c.get("num_ln_in_parallel_attn") or (2 if new else 1))
+                                           == 2),
+                "qkv_layout": c.get("qkv_layout", "groups" if new else None if c.get("multi_query", True) else "heads")}
 
 
 def _query_temperature(rope: dict) -> tuple[float, int] | None:
@@ -203,6 +263,16 @@ def _qkv_rows_in_halves(s: LlamaSpec) -> torch.Tensor:
     rotary = int(s.head_dim * s.partial_rotary_factor)
     return torch.cat([halves_from_pairs(q, s.num_heads, rotary), q + halves_from_pairs(kv, s.num_kv_heads, rotary),
                       torch.arange(q + kv, q + 2 * kv)])
+
+
+def _qkv_in_thirds(s: LlamaSpec) -> torch.Tensor:
+    """The fused q/k/v rows of a checkpoint whose layout is s.qkv_layout, for each row of every query's, then
+    every key's, then every value's."""
+    if s.qkv_layout == "heads":  # (a head's query, key and value rows together)
+        return torch.arange(3 * s.num_heads * s.head_dim).view(s.num_heads, 3, s.head_dim).transpose(0, 1).flatten()
+    group = s.num_heads // s.num_kv_heads  # (a K/V group's queries, then its key and its value)
+    rows = torch.arange((group + 2) * s.num_kv_heads * s.head_dim).view(s.num_kv_heads, group + 2, s.head_dim)
+    return torch.cat([rows[:, :group].flatten(), rows[:, group].flatten(), rows[:, group + 1].flatten()])
 
 
 def _layer_rotates(kind: str, c: dict, layers: int) -> tuple[bool, ...]:
@@ -297,7 +367,7 @@ class Block(nn.Module):
         self.residual_scale, self.parallel = s.residual_scale, s.parallel
         self.input_norm = norm_of(s)(s.hidden_size, s.rms_norm_eps)
         self.attn = Attention(s, scale=s.attention_scale, norms_after_rotation=s.qk_norm_after_rotation)
-        self.post_norm = None if s.parallel else norm_of(s)(s.hidden_size, s.rms_norm_eps)
+        self.post_norm = None if s.parallel and not s.parallel_norm else norm_of(s)(s.hidden_size, s.rms_norm_eps)
         self.mlp = SparseMoE(s.hidden_size, s.moe) if s.moe and s.moe.routes(index) else \
             MLPS[s.mlp_activation](s.hidden_size, s.intermediate_size, s.mlp_bias)
         norm = lambda: RMSNorm(s.hidden_size, s.rms_norm_eps) if s.output_norms else None
@@ -309,8 +379,9 @@ class Block(nn.Module):
         h = self.input_norm(x)
         attended = self.scaled(self.attn(h, cos, sin, kv_cache, layer, step, masks[self.window], query_scales),
                                self.attn_out_norm)
-        if self.parallel:  # (the MLP beside the attention, on its input)
-            return x + attended + self.scaled(self.mlp(h), self.mlp_out_norm)
+        if self.parallel:  # (the MLP beside the attention, on its input or a norm of its own of x)
+            return x + attended + self.scaled(self.mlp(h if self.post_norm is None else self.post_norm(x)),
+                                              self.mlp_out_norm)
         x = x + attended
         return x + self.scaled(self.mlp(self.post_norm(x)), self.mlp_out_norm)
 
@@ -382,7 +453,7 @@ class Llama(DecoderModel):
         out |= {f"{name}.bias": hf[f"{name}.bias"] for name, kept in (("norm", s.norm_bias),
                                                                        ("lm_head", s.lm_head_bias)) if kept}
         norms = (("input_norm", "input_layernorm"),) + (
-            () if s.parallel else (("post_norm", "post_attention_layernorm"),))
+            () if s.parallel and not s.parallel_norm else (("post_norm", "post_attention_layernorm"),))
         for i in range(s.num_layers):
             p = o = f"layers.{i}."
             out |= {f"{o}{mine}.{kind}": hf[f"{p}{theirs}.{kind}"] for mine, theirs in norms
@@ -392,6 +463,8 @@ class Llama(DecoderModel):
                 out[o + "mlp_out_norm.weight"] = hf[p + "post_mlp_layernorm.weight"]
             for kind in ("weight", "bias") if s.qkv_bias else ("weight",):
                 qkv = fused(hf, p, QKV, kind)
+                if s.qkv_layout:  # (GPT-NeoX's and Falcon's rows, as every query's, key's, value's)
+                    qkv = qkv[_qkv_in_thirds(s)]
                 out[o + f"attn.qkv.{kind}"] = qkv[_qkv_rows_in_halves(s)] if s.interleaved_rotary else qkv
             for kind in ("weight", "bias") if s.out_bias else ("weight",):
                 out[o + f"attn.out.{kind}"] = hf[p + f"self_attn.o_proj.{kind}"]

@@ -49,13 +49,16 @@ struct Weights {
     Part part[3];
 };
 
-// How the MLP activates its up product: GPT-2's GELU (tanh), Nemotron-H's squared ReLU, or a gated MLP
-// whose ``up`` product gives [gate | up] (2 x intermediate outputs): Llama's SiLU(gate) x up, Gemma's
-// GELU(gate) x up, gpt-oss's experts' clamped SwiGLU (Experts' alpha and limit).
-enum Activation : int64_t { GELU_TANH = 0, SILU_GATED = 1, GELU_TANH_GATED = 2, CLAMPED_SWIGLU = 3, RELU_SQUARED = 4 };
+// How the MLP activates its up product: GPT-2's GELU (tanh), Nemotron-H's squared ReLU, GPT-NeoX's and Falcon's
+// GELU (erf, exact), or a gated MLP whose ``up`` product gives [gate | up] (2 x intermediate outputs): Llama's
+// SiLU(gate) x up, Gemma's GELU(gate) x up, gpt-oss's experts' clamped SwiGLU (Experts' alpha and limit).
+enum Activation : int64_t { GELU_TANH = 0, SILU_GATED = 1, GELU_TANH_GATED = 2, CLAMPED_SWIGLU = 3, RELU_SQUARED = 4,
+                            GELU_ERF = 5 };
 
 // Whether an activation reads one value a unit (else a gate and an up value).
-inline bool ungated(int64_t activation) { return activation == GELU_TANH || activation == RELU_SQUARED; }
+inline bool ungated(int64_t activation) {
+    return activation == GELU_TANH || activation == RELU_SQUARED || activation == GELU_ERF;
+}
 
 // A mixture's routed experts in a layer's MLP's place (Mixtral, Qwen3-MoE, gpt-oss; decoder_layer.py
 // fills it): the router's product (plus router_bias, where not null) gives each row ``count`` logits;
@@ -421,6 +424,13 @@ void activate_rows(T* up, int64_t stride, int64_t activation, int64_t rows, int6
             const T g = std::min(gate, top), u = std::clamp(*b, -top, top);
             return g / (T(1) + std::exp(-a * g)) * (u + T(1));
         });
+        return;
+    }
+    if (activation == GELU_ERF) {  // x (1 + erf(x / sqrt 2)) / 2: erf_lanes' within 1.5e-7, std::erf's for doubles
+        constexpr double root_half = 0.70710678118654752440;
+        each_activation(up, stride, rows, intermediate, [&](V::type x, const float*) {
+            return 0.5f * x * (1.0f + erf_lanes(float(root_half) * x));
+        }, [&](T x, const T*) { return T(0.5) * x * (T(1) + std::erf(x * T(root_half))); });
         return;
     }
     if (activation == RELU_SQUARED) {
@@ -1020,6 +1030,11 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
         add_rows(x, delta, rows * hidden);
         scale_values(x, std::sqrt(0.5), rows * hidden);
         norm_rows<T>(x, nullptr, l.post_norm, nullptr, false, l.eps, h, rows, hidden);
+        mlp_in = h;
+    } else if (l.post_norm != nullptr && l.parallel) {  // the MLP beside the attention, on a norm of its own of x
+        norm_rows(x, static_cast<const T*>(nullptr), l.post_norm, l.post_norm_bias, l.layer_norm, l.eps, h, rows,
+                  hidden);
+        add_rows(x, delta, rows * hidden);
         mlp_in = h;
     } else if (l.post_norm != nullptr) {
         norm_rows(x, delta, l.post_norm, l.post_norm_bias, l.layer_norm, l.eps, h, rows, hidden);

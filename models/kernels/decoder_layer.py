@@ -39,7 +39,8 @@ from ..families.gemma4 import Gemma4, MixtureBeside
 from ..families.gpt2 import GPT2
 from ..families.falcon_h1 import FalconH1
 from ..families.granite_hybrid import GraniteHybrid
-from ..families.layers import GeluMLP, NativeDecoding, RMSNorm, SquaredReLU, UngatedMLP, chunk_rows, prefill_keys
+from ..families.layers import (ExactGeluMLP, GeluMLP, NativeDecoding, RMSNorm, SquaredReLU, UngatedMLP, chunk_rows,
+                               prefill_keys)
 from ..families.lfm2 import Lfm2
 from ..families.mamba import Mamba, MambaMixer
 from ..families.llama import Llama
@@ -191,7 +192,7 @@ class _Head(ctypes.Structure):  # decoder_layer.cpp's Head<T>
 
 
 # decoder_layer.cpp's Activation: GPT-2's, Llama's, Gemma's, gpt-oss's experts', Nemotron-H's
-GELU_TANH, SILU_GATED, GELU_TANH_GATED, CLAMPED_SWIGLU, RELU_SQUARED = 0, 1, 2, 3, 4
+GELU_TANH, SILU_GATED, GELU_TANH_GATED, CLAMPED_SWIGLU, RELU_SQUARED, GELU_ERF = 0, 1, 2, 3, 4, 5
 
 KERNEL_ARGTYPES = [_pointer, ctypes.POINTER(_Layer), _int64, ctypes.POINTER(_Step), ctypes.POINTER(_Head), _pointer]
 
@@ -262,7 +263,8 @@ def _mlp_fields(mlp: nn.Module | None, spec) -> tuple:
         return None, None, mlp.spec.intermediate_size, SILU_GATED
     if mlp is None:
         return None, None, 0, SILU_GATED
-    activation = RELU_SQUARED if isinstance(mlp, SquaredReLU) else GELU_TANH if isinstance(mlp, GeluMLP) else SILU_GATED
+    activation = (RELU_SQUARED if isinstance(mlp, SquaredReLU) else GELU_ERF if isinstance(mlp, ExactGeluMLP) else
+                  GELU_TANH if isinstance(mlp, GeluMLP) else SILU_GATED)
     return _up_product(mlp), mlp.down, spec.intermediate_size, activation
 
 

@@ -318,6 +318,45 @@ def test_files_of_llamas_kin_equal_their_transformers_models(tmp_path, arch, fil
     assert_same_answers(greedy(tmp_path / "checkpoint", prompts), expected)
 
 
+@pytest.mark.parametrize("arch, settings", [
+    ("gpt_neox", {}), ("gpt_neox", {"use_parallel_residual": False}), ("falcon", {}),
+    ("falcon", {"new_decoder_architecture": False, "multi_query": True, "num_ln_in_parallel_attn": None}),
+    ("falcon", {"num_ln_in_parallel_attn": 1})], ids=["gptneox", "gptneox-sequential", "falcon-40b", "falcon-7b",
+                                                     "falcon2-11b"])
+def test_gpt_neox_and_falcon_files_and_checkpoints_equal_their_transformers_models(tmp_path, arch, settings):
+    """GPT-NeoX's (Pythia's: the MLP beside the attention on a norm of its own, or after it; a head's query, key
+    and value rows together in its checkpoints) and Falcon's (40B's two norms and K/V groups, each group's queries,
+    key and value together; 7B's one norm and one K/V head; Falcon2-11B's groups and one norm) checkpoints equal their
+    transformers models in float64 on the native and torch layers, with their exact GELU; their files, as llama.cpp's
+    converters write them (the rows as every query's, key's, value's; Falcon 40B's MLP norm as attn_norm, the
+    attention's as attn_norm_2), equal the same models with the GELU by tanh, which llama.cpp runs for them."""
+    exact = tiny_model(arch, seed=3, **settings)
+    by_tanh = tiny_model(arch, seed=3, **settings, **{"hidden_act" if arch == "gpt_neox" else "activation":
+                                                      "gelu_pytorch_tanh"})
+    rng = random.Random(16)
+    prompts = [random_prompt(rng, 5, 10), random_prompt(rng, 30, 40)]
+    exact.save_pretrained(tmp_path / "checkpoint")
+    expected = [greedy_with_logprobs(exact, p, 16) for p in prompts]
+    assert_same_answers(greedy(tmp_path / "checkpoint", prompts), expected)
+    assert_same_answers(greedy(tmp_path / "checkpoint", prompts, native_layers=False), expected)
+    file_arch = "gptneox" if arch == "gpt_neox" else "falcon"
+    written = write_gguf_of(by_tanh, tmp_path / f"{file_arch}.gguf", file_arch, {"tokenizer.ggml.eos_token_id": EOS})
+    expected = [greedy_with_logprobs(by_tanh, p, 16) for p in prompts]
+    assert_same_answers(greedy(written, prompts), expected)
+    assert_same_answers(greedy(written, prompts, native_layers=False), expected)
+
+
+def test_falcons_loom_does_not_run_are_refused():
+    """A Falcon with ALiBi's positions or its MLP after the attention (Falcon-RW's), which llama.cpp does not run
+    either, is refused naming what it has."""
+    from models.families.llama import LlamaSpec
+    config = tiny_model("falcon").config.to_dict()
+    with pytest.raises(ValueError, match=r"falcon with alibi \(ALiBi's positions, Falcon-RW's\) is not supported"):
+        LlamaSpec.from_hf(config | {"alibi": True})
+    with pytest.raises(ValueError, match=r"falcon with its MLP after the attention \(parallel_attn false"):
+        LlamaSpec.from_hf(config | {"parallel_attn": False})
+
+
 def test_an_olmo_file_whose_queries_keys_and_values_are_clamped_is_refused(tmp_path):
     """OLMo 1.7's clamp (attention.clamp_kqv, transformers' clip_qkv) is refused before a weight is read, naming it."""
     written = write_gguf_of(tiny_model("olmo"), tmp_path / "olmo.gguf", "olmo", {"attention.clamp_kqv": 8.0})
@@ -539,19 +578,19 @@ def test_unsupported_architecture(tmp_path):
     ("qwen2", {"qwen2.expert_count": 8},
      r"m.gguf is a qwen2 model with 8 experts; Loom runs experts in llama, qwen2moe, qwen3moe, granitemoe, olmoe, "
      r"ernie4_5-moe, gpt-oss, lfm2moe, granitehybrid, qwen3vlmoe, qwen35moe, deepseek2, nemotron_h_moe, glm4moe, "
-     r"qwen3next, gemma4 files \(Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, OLMoE's, ERNIE 4.5's, "
-     r"gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, Qwen3.5's, Qwen3-Next's, DeepSeek's, Nemotron 3's, GLM-4.5's "
-     r"and Gemma 4's\)"),
+     r"qwen3next, gemma4, dots1, hunyuan-moe, minimax-m2 files \(Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, "
+     r"OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, Qwen3.5's, Qwen3-Next's, DeepSeek's, "
+     r"Nemotron 3's, GLM-4.5's, Gemma 4's, dots.llm1's, Hunyuan-A13B's and MiniMax-M2's\)"),
     ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_weights_scale": 2.5},
-     "m.gguf scales its experts' weights by 2.5, which Loom runs in deepseek2, glm4moe, lfm2moe, nemotron_h_moe files "
-     "only"),
+     "m.gguf scales its experts' weights by 2.5, which Loom runs in deepseek2, dots1, glm4moe, lfm2moe, nemotron_h_moe "
+     "files only"),
     ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_gating_func": 2},
      "m.gguf scores its experts by sigmoid, which Loom does not run for qwen3moe"),
     ("lfm2moe", {"lfm2moe.expert_count": 8, "lfm2moe.expert_gating_func": 1},
      "m.gguf scores its experts by softmax, which Loom does not run for lfm2moe"),
     ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_shared_feed_forward_length": 1024},
-     "m.gguf is a qwen3moe model with a shared expert, which Loom runs in deepseek2, ernie4_5-moe, glm4moe, "
-     "granitehybrid, granitemoe, nemotron_h_moe, qwen2moe, qwen35moe, qwen3next files only"),
+     "m.gguf is a qwen3moe model with a shared expert, which Loom runs in deepseek2, dots1, ernie4_5-moe, glm4moe, "
+     "granitehybrid, granitemoe, hunyuan-moe, nemotron_h_moe, qwen2moe, qwen35moe, qwen3next files only"),
     ("ernie4_5-moe", {"ernie4_5-moe.expert_count": 8, "ernie4_5-moe.expert_feed_forward_length": 64,
                       "ernie4_5-moe.expert_shared_feed_forward_length": 96},
      "ERNIE 4.5's shared expert is a whole number of experts wide; the file's is 96 wide, its experts 64"),
