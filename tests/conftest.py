@@ -673,7 +673,9 @@ GGUF_LAYER_NAMES = {
     "attention.query_key_value": "attn_qkv", "attention.dense": "attn_output", "mlp.dense_h_to_4h": "ffn_up",
     "mlp.dense_4h_to_h": "ffn_down", "self_attention.query_key_value": "attn_qkv",
     "self_attention.dense": "attn_output",
-    "ln_attn": "attn_norm_2", "ln_mlp": "attn_norm"}
+    "ln_attn": "attn_norm_2", "ln_mlp": "attn_norm",
+    # GPT-2's (its MLP's c_fc and c_proj StarCoder2's above)
+    "ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output"}
 GGUF_GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                      "lm_head.weight": "output.weight", "model.embedding_norm.weight": "token_embd_norm.weight",
                      # (LayerNorm models' biases: StarCoder2's, StableLM's, Phi-2's, and Phi-2's output layer's)
@@ -685,7 +687,8 @@ GGUF_GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.no
                      "gpt_neox.final_layer_norm.bias": "output_norm.bias",
                      "transformer.word_embeddings.weight": "token_embd.weight",
                      "transformer.ln_f.weight": "output_norm.weight",
-                     "transformer.ln_f.bias": "output_norm.bias"}
+                     "transformer.ln_f.bias": "output_norm.bias",
+                     "transformer.wte.weight": "token_embd.weight", "transformer.wpe.weight": "position_embd.weight"}
 GGUF_LFM2_NAMES = {"operator_norm": "attn_norm", "ffn_norm": "ffn_norm", "self_attn.out_proj": "attn_output",
                    "self_attn.q_layernorm": "attn_q_norm", "self_attn.k_layernorm": "attn_k_norm",
                    "feed_forward.w1": "ffn_gate", "feed_forward.w3": "ffn_up", "feed_forward.w2": "ffn_down",
@@ -881,7 +884,7 @@ def _falcon_h1_state(hf) -> dict:
 def _kv_heads(c) -> int:
     """A config's K/V heads: Llama's name; GPT-NeoX's its query heads; Falcon's num_kv_heads, or one where it is
     multi-query in the old layout."""
-    if c.model_type == "gpt_neox":
+    if c.model_type in ("gpt_neox", "gpt2"):
         return c.num_attention_heads
     if c.model_type == "falcon":
         return c.num_kv_heads if c.new_decoder_architecture or not c.multi_query else 1
@@ -1012,6 +1015,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                                    [c.intermediate_size if t == "mlp" else c.moe_intermediate_size if t == "moe" else 0
                                     for t in types] if nemotron else
                                    c.shared_intermediate_size if hybrid and not c.num_local_experts else
+                                   (c.n_inner or 4 * c.n_embd) if arch == "gpt2" else
                                    c.to_dict().get("intermediate_size") or getattr(c, "ffn_hidden_size", None) or
                                    c.moe_intermediate_size)
     writer.add_head_count(heads)
@@ -1044,18 +1048,18 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     if not (deepseek or state_only) and getattr(c, "head_dim", None) not in (None, c.hidden_size // heads):
         writer.add_key_length(c.head_dim)
     layer_norms = arch in ("starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo", "nemotron", "gptneox",
-                           "falcon")
+                           "falcon", "gpt2")
     if layer_norms:  # (LayerNorms' epsilon; OLMo 1's fixed, as its converter writes it)
         writer.add_layer_norm_eps(getattr(c, "norm_epsilon", None) or getattr(c, "layer_norm_eps", None) or
                                   getattr(c, "norm_eps", None) or getattr(c, "layer_norm_epsilon", None) or 1e-5)
         if arch == "gptneox":
             writer.add_bool("gptneox.use_parallel_residual", c.use_parallel_residual)
-        rotary = c.rope_parameters.get("partial_rotary_factor")
+        rotary = (getattr(c, "rope_parameters", None) or {}).get("partial_rotary_factor")  # (none: GPT-2's)
         if rotary:  # (StableLM's and Phi-2's share of a head)
             writer.add_rope_dimension_count(int(rotary * c.hidden_size // c.num_attention_heads))
     else:
         writer.add_layer_norm_rms_eps(c.norm_eps if lfm2 else c.layer_norm_epsilon if nemotron else c.rms_norm_eps)
-    if not nemotron:  # (whose attention has no positions)
+    if not nemotron and arch != "gpt2":  # (whose attention has no positions, or learned ones)
         rope = c.rope_parameters
         base = (rope.get("full_attention") or rope)["rope_theta"]  # (OLMo 3's: its global layers')
         if arch in ("hunyuan-dense", "hunyuan-moe") and rope.get("alpha"):  # (its converter folds the alpha into the base)
@@ -1093,13 +1097,15 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         if name.startswith("model.visual."):
             continue
         name = name.replace("model.language_model.", "model.", 1).replace("backbone.", "model.", 1)
-        if (state_only or arch == "falcon") and name == "lm_head.weight" and c.tie_word_embeddings:
+        if (state_only or arch in ("falcon", "gpt2")) and name == "lm_head.weight" and c.tie_word_embeddings:
             continue  # (their converters leave it out)
         if name.endswith("query_key_value.weight") or name.endswith("query_key_value.bias"):
             values = _qkv_in_thirds(tensor.float().numpy(), c, arch)  # (GPT-NeoX's and Falcon's, as their converters)
         if nemotron:
             name = _nemotron_h_name(name, types)
         values = values if name.endswith(("query_key_value.weight", "query_key_value.bias")) else tensor.float().numpy()
+        if arch == "gpt2" and name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
+            values = np.ascontiguousarray(values.T)  # (its Conv1D's [in, out] as nn.Linear's, as its converter)
         if name.endswith("conv.conv.weight"):  # LFM2's taps [hidden, 1, length], kept [hidden, length]
             values = values.reshape(values.shape[0], -1)
         if (gemma or qwen35 or arch == "nemotron") and name.endswith("norm.weight") and "linear_attn" not in name:

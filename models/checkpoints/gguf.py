@@ -134,6 +134,8 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES, "g
                     "glm4moe": {"post_attention_norm": "post_attention_layernorm"},
                     "seed_oss": {"post_attention_norm": "post_attention_layernorm"},  # (Seed-OSS's likewise)
                     "deepseek2": DEEPSEEK_LAYER_NAMES, "falcon-h1": GRANITE_HYBRID_LAYER_NAMES,
+                    "gpt2": {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj",
+                             "ffn_norm": "ln_2", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"},
                     "mamba2": GRANITE_HYBRID_LAYER_NAMES, "mamba": MAMBA_LAYER_NAMES}
 # Falcon 40B's two norms a layer (Falcon 7B's one is attn_norm, Llama's name)
 FALCON_TWO_NORMS = {"attn_norm_2": "input_layernorm", "attn_norm": "post_attention_layernorm"}
@@ -164,7 +166,8 @@ GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
 FUSED_QKV_FAMILIES = ("phi3",)
 # a layer's linear products, by how their names end (LFM2's MLP names its products w1, w2, w3)
 LINEAR_NAMES = ("proj.weight", "feed_forward.w1.weight", "feed_forward.w2.weight", "feed_forward.w3.weight",
-                "projection.weight", "per_layer_input_gate.weight")  # (Gemma 4's per-layer inputs')
+                "projection.weight", "per_layer_input_gate.weight",  # (Gemma 4's per-layer inputs')
+                "c_attn.weight", "c_fc.weight")  # (GPT-2's; its c_proj's are proj.weight's)
 # the matrices laid out with sixteen rows side by side where the kernels multiply their format so
 ROWS16_NAMES = (*LINEAR_NAMES, "lm_head.weight", "embed_tokens.weight")
 
@@ -524,7 +527,7 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "seed_oss": "llama", "internlm2": "llama", "minicpm": "llama", "command-r": "llama",
                        "cohere2": "llama", "phi2": "llama", "hunyuan-dense": "llama",
                        "olmo": "llama", "nemotron": "llama", "dots1": "llama", "hunyuan-moe": "llama",
-                       "minimax-m2": "llama", "gptneox": "llama", "falcon": "llama"}
+                       "minimax-m2": "llama", "gptneox": "llama", "falcon": "llama", "gpt2": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

@@ -1,4 +1,6 @@
-"""GPT-2 over the paged KV cache: learned positions, LayerNorm, fused QKV, GELU (tanh) MLP."""
+"""GPT-2 over the paged KV cache: learned positions, LayerNorm, fused QKV, GELU (tanh) MLP; from Hugging Face
+checkpoints (Conv1D matrices, [in, out]) and GGUF files (gguf.py's names, nn.Linear's [out, in], in their blocks; an
+output layer of their own where a file has one)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ class GPT2Spec:
     inner_size: int
     max_position: int
     eps: float
+    tie_word_embeddings: bool = True
+    conv1d: bool = True  # the checkpoint's matrices [in, out], as Conv1D keeps them (a GGUF file's: [out, in])
 
     @classmethod
     def from_hf(cls, c: dict) -> "GPT2Spec":
@@ -32,6 +36,7 @@ class GPT2Spec:
             vocab_size=c["vocab_size"], hidden_size=c["n_embd"], num_layers=c["n_layer"],
             num_heads=c["n_head"], inner_size=c.get("n_inner") or 4 * c["n_embd"],
             max_position=c["n_positions"], eps=c.get("layer_norm_epsilon", 1e-5),
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", True)), conv1d=not c.get("linear_layout", False),
         )
 
 
@@ -67,7 +72,8 @@ class GPT2(NativeDecoding, nn.Module):
         self.tie_embeddings()
 
     def tie_embeddings(self):
-        self.lm_head.weight = self.wte.weight
+        if self.spec.tie_word_embeddings:
+            self.lm_head.weight = self.wte.weight
 
     def forward(self, step, kv_cache) -> torch.Tensor:
         """Logits [S, vocab] for the step's sampled positions only."""
@@ -81,15 +87,27 @@ class GPT2(NativeDecoding, nn.Module):
 
     @staticmethod
     def convert(hf: dict[str, torch.Tensor], s: GPT2Spec) -> dict[str, torch.Tensor]:
-        """Transformers' names -> this module's. GPT-2 stores Conv1D weights as [in, out]."""
-        hf = {k.removeprefix("transformer."): v for k, v in hf.items()}
+        """Transformers' names (a GGUF file's as gguf.py names them: GGUF_NAMES) -> this module's. GPT-2's
+        checkpoints store Conv1D weights as [in, out], its files as nn.Linear does."""
+        renamed = {}
+        for name, tensor in hf.items():
+            name = name.removeprefix("transformer.")
+            for old, new in GGUF_NAMES:
+                name = name.replace(old, new, 1) if name.startswith(old) else name
+            renamed[name] = tensor
+        hf = renamed
         out = {name: hf[name] for name in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias")}
-        out["lm_head.weight"] = hf["wte.weight"]
+        out["lm_head.weight"] = hf["wte.weight"] if s.tie_word_embeddings else hf["lm_head.weight"]
         names = {"ln_1": "ln1", "ln_2": "ln2", "attn.c_attn": "qkv", "attn.c_proj": "attn_out",
                  "mlp.c_fc": "fc", "mlp.c_proj": "proj"}
         for i in range(s.num_layers):
             for theirs, ours in names.items():
                 weight = hf[f"h.{i}.{theirs}.weight"]
-                out[f"layers.{i}.{ours}.weight"] = weight if theirs.startswith("ln") else weight.t()
+                out[f"layers.{i}.{ours}.weight"] = weight.t() if s.conv1d and not theirs.startswith("ln") else weight
                 out[f"layers.{i}.{ours}.bias"] = hf[f"h.{i}.{theirs}.bias"]
         return out
+
+
+# a GGUF file's names as gguf.py gives them (its layers' products by GPT-2's own: ARCH_LAYER_NAMES) -> GPT-2's
+GGUF_NAMES = (("model.embed_tokens.", "wte."), ("model.norm.", "ln_f."), ("position_embd.", "wpe."),
+              ("model.layers.", "h."))

@@ -346,6 +346,39 @@ def test_gpt_neox_and_falcon_files_and_checkpoints_equal_their_transformers_mode
     assert_same_answers(greedy(written, prompts, native_layers=False), expected)
 
 
+def test_a_gpt2_file_equals_its_transformers_model(tmp_path):
+    """A GPT-2 file (architecture gpt2: learned positions in position_embd, its matrices as nn.Linear keeps them
+    where the checkpoints' Conv1D keeps them transposed, no output layer: the table tied) on Loom's GPT-2 module: in
+    float32, transformers' answers; in 8-bit blocks (the positions' table too), the native layers' tokens the torch
+    layers', and transformers' over the file's values but near ties."""
+    from .test_block_formats import assert_greedy_but_near_ties
+
+    hf = tiny_model("gpt2", seed=3)
+    rng = random.Random(17)
+    prompts = [random_prompt(rng, 5, 10), random_prompt(rng, 30, 40)]
+    metadata = {"tokenizer.ggml.eos_token_id": EOS}
+    written = write_gguf_of(hf, tmp_path / "gpt2.gguf", "gpt2", metadata)
+    assert "output.weight" not in GGUFFile(written).tensors
+    assert_same_answers(greedy(written, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
+    quantized = write_gguf_of(hf, tmp_path / "gpt2-q8.gguf", "gpt2", metadata, matrices=Q.Q8_0)
+    answers = []
+    for native_layers in (True, False):
+        with Engine.from_pretrained(quantized) as engine:
+            assert engine.model.decoder_layers is not None
+            if not native_layers:
+                engine.model.decoder_layers = None
+            answers.append([list(engine.stream_response_tokens(engine.launch_response_tokens(
+                p, {"max_new_tokens": 12, "ignore_eos": True}), timeout=60)) for p in prompts])
+    assert answers[0] == answers[1]
+    with torch.no_grad():  # transformers over the file's values (its Conv1D's transposed: their rows the file's)
+        for name, tensor in hf.named_parameters():
+            if tensor.ndim == 2 and name != "lm_head.weight":
+                rows = tensor.T if name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")) else tensor
+                codes = gguf.quants.quantize(rows.float().numpy().copy(), Q.Q8_0)
+                rows.copy_(torch.from_numpy(gguf.quants.dequantize(codes, Q.Q8_0)).double())
+    assert_greedy_but_near_ties(hf, prompts, answers[0], near_tie=0.1)
+
+
 def test_falcons_loom_does_not_run_are_refused():
     """A Falcon with ALiBi's positions or its MLP after the attention (Falcon-RW's), which llama.cpp does not run
     either, is refused naming what it has."""
