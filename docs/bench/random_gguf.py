@@ -31,6 +31,8 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape hunyuanmoe-a13b-4l --format q4_k_m --vocab 128167 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape dots1-142b-a14b-4l --format q4_k_m --vocab 152064 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape minimax-m2-3l --format q4_k_m --vocab 200064 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape pythia-1.4b --format q4_k_m --vocab 50304 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape falcon-7b --format q4_k_m --vocab 65024 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape glm45air-106b-a12b-6l --format q4_k_m --vocab 151552 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape qwen3next-80b-a3b-8l --format q4_k_m --vocab 151936 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape falcon-h1-0.5b --format q4_k_m --out /tmp/gguf
@@ -138,7 +140,11 @@ dots1: 32 heads of 128 with their own K/V, each head's q/k norms, a dense first 
 of 1408 rows, 6 a token, DeepSeek-V3's routing scaled by 2.5, beside two shared ones); the minimax ones as MiniMax-M2's
 (architecture minimax-m2: 48 query heads over 8 K/V heads of 128, q/k norms across all heads, 64 of each head's
 values rotated, 256 experts of 1536 rows, 8 a token, by sigmoid plus a bias each, renormalised); the -4l and -3l ones
-their first layers;
+their first layers; the pythia one as Pythia-1.4B's (architecture gptneox: q/k/v as one attn_qkv, LayerNorms and
+biases everywhere, the MLP of gelu(up) beside the attention on a norm of its own, a quarter of each head rotated); the
+falcon-7b one as Falcon-7B's (architecture falcon: 71 query heads of 64 over one K/V head, one attn_qkv, one norm for
+the attention and the MLP beside each other, no biases; its 4544-wide rows not whole super-blocks: llama.cpp's
+Q5_0 and Q8_0 fallbacks);
 the qwen3moe one as a Qwen3-MoE (Qwen3's layout, 128 experts of 768 rows, 8 a token, each layer's
 three expert products a stack of all 128 experts' matrices, its router in F32 as llama-quantize leaves it);
 the ministral3 ones as Ministral 3's (architecture mistral3: Llama's layout, 128-wide heads, its yarn
@@ -242,7 +248,9 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           # few layers
           "hunyuanmoe-a13b": (4096, 3072, 32, 32, 8), "hunyuanmoe-a13b-4l": (4096, 3072, 4, 32, 8),
           "dots1-142b-a14b": (4096, 10944, 62, 32, 32), "dots1-142b-a14b-4l": (4096, 10944, 4, 32, 32),
-          "minimax-m2": (3072, 1536, 62, 48, 8), "minimax-m2-3l": (3072, 1536, 3, 48, 8)}
+          "minimax-m2": (3072, 1536, 62, 48, 8), "minimax-m2-3l": (3072, 1536, 3, 48, 8),
+          # EleutherAI's Pythia-1.4B (GPT-NeoX), TII's Falcon-7B
+          "pythia-1.4b": (2048, 8192, 24, 16, 16), "falcon-7b": (4544, 18176, 32, 71, 1)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
 UNTIED = {"phi2-2.7b", "qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
           "qwen2moe-a2.7b", "qwen35-9b", "qwen3vl-8b", "qwen3vlmoe-30b-a3b", "nemotronh-4b", "nemotronh-8b",
@@ -250,7 +258,7 @@ UNTIED = {"phi2-2.7b", "qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3
           "glm47flash-30b-a3b-12l", "nemotron3-nano-30b-a3b", "nemotron3-nano-30b-a3b-12l", "glm45air-106b-a12b",
           "nemotron3-super-120b-a12b", "nemotron3-super-120b-a12b-6l",
           "glm45air-106b-a12b-6l", "qwen3next-80b-a3b", "qwen3next-80b-a3b-8l", "falcon-h1-0.5b", "falcon-h1-7b",
-          "nemotronh-nano-9b", "mamba2-codestral-7b", "falcon-mamba-7b", "minitron-4b", "dots1-142b-a14b",
+          "nemotronh-nano-9b", "mamba2-codestral-7b", "falcon-mamba-7b", "minitron-4b", "pythia-1.4b", "dots1-142b-a14b",
           "dots1-142b-a14b-4l", "minimax-m2", "minimax-m2-3l"}  # the shapes whose output layer
 # is a tensor of its own
 
@@ -303,6 +311,7 @@ class Layout:
     gelu_mlp: bool = False
     all_biases: bool = False
     logit_scale: float | None = None  # Cohere's logits' factor
+    fused_qkv: bool = False  # the queries', keys' and values' rows one attn_qkv (GPT-NeoX's, Falcon's)
     window_pattern: int | None = None  # every n-th layer global, the others through ``window`` (Command R7B's 4)
     # GLM-4's: its rotary over this share of a head, gate and up one ffn_up
     rotary_share: float = 1.0
@@ -397,6 +406,9 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
            # by sigmoid and bias, renormalised)
            "minimax": Layout("minimax-m2", head=128, rope_base=5e6, eps=1e-6, context=196608, head_norms=True,
                              norms_across_heads=True, rotary_share=0.5, experts=(256, 8, 1536), selection_bias=True),
+           # (GPT-NeoX's: the MLP beside the attention on a norm of its own, use_parallel_residual)
+           "pythia": Layout("gptneox", rope_base=10000.0, eps=1e-5, context=2048, biases=True, layer_norm="biased",
+                            gelu_mlp=True, all_biases=True, rotary_share=0.25, fused_qkv=True),
            "glm4": Layout("glm4", head=128, rope_base=10000.0, eps=1e-5, context=32768, biases=True, output_norms=True,
                           rotary_share=0.5, glm=True),
            # (DeepSeek-V2-Lite's YaRN: a factor of 40 over 4,096 tokens, mscale_all_dim 0.707)
@@ -436,6 +448,9 @@ SHAPE_LAYOUTS = {"gemma3-4b": replace(LAYOUTS["gemma3"], window=1024, linear_rop
                  **{shape: replace(LAYOUTS["gemma4"], window=1024, gemma4=(512, 2, True, 0, False, 0, 6),
                                    experts=(128, 8, 704))
                     for shape in ("gemma4-26b-a4b", "gemma4-26b-a4b-10l")},
+                 # (Falcon 7B's: one norm for the attention and the MLP beside each other, one K/V head, no biases)
+                 "falcon-7b": Layout("falcon", head=64, rope_base=10000.0, eps=1e-5, context=2048, layer_norm="biased",
+                                     parallel=True, gelu_mlp=True, fused_qkv=True),
                  "granite4h-350m": replace(LAYOUTS["granite4h"], attending=(3, 11, 19, 27), mamba=(48, 32, 128, 1)),
                  "granite4h-micro": replace(LAYOUTS["granite4h"], mamba=(64, 64, 128, 1)),
                  "granite4h-tiny": replace(LAYOUTS["granite4h"], experts=(64, 6, 512), shared_expert=1024),
@@ -723,14 +738,15 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
                                 (family.mlp_norm, (hidden,)), *(dense if i < family.dense_lead else mlp)):
                 yield f"blk.{i}.{name}.{'bias' if name == 'exp_probs_b' else 'weight'}", i, shape
             continue
-        for name, shape in (("attn_norm", (hidden,)), ("attn_q", (q_rows, hidden)), ("attn_k", (kv, hidden)),
-                            ("attn_v", (kv, hidden)), ("attn_output", (hidden, q)), (family.mlp_norm, (hidden,)),
+        qkv = (("attn_qkv", (q_rows + 2 * kv, hidden)),) if family.fused_qkv else (
+            ("attn_q", (q_rows, hidden)), ("attn_k", (kv, hidden)), ("attn_v", (kv, hidden)))
+        for name, shape in (("attn_norm", (hidden,)), *qkv, ("attn_output", (hidden, q)), (family.mlp_norm, (hidden,)),
                             *(dense if i < family.dense_lead else mlp)):
             if name in ("attn_norm", family.mlp_norm) and not family.input_norms or (
                     name == family.mlp_norm and family.parallel):
                 continue
             yield f"blk.{i}.{name}.{'bias' if name == 'exp_probs_b' else 'weight'}", i, shape
-            if family.biases and name in ("attn_q", "attn_k", "attn_v") or family.all_biases and name in (
+            if family.biases and name in ("attn_q", "attn_k", "attn_v", "attn_qkv") or family.all_biases and name in (
                     "attn_output", "ffn_up", "ffn_down") or family.layer_norm == "biased" and name in (
                     "attn_norm", family.mlp_norm):
                 yield f"blk.{i}.{name}.bias", i, shape[:1]
@@ -748,7 +764,7 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
         yield "output_norm.bias", -1, (hidden,)
     if not tied:
         yield "output.weight", -1, (vocab, hidden)
-        if family.all_biases:
+        if family.all_biases and family.arch == "phi2":  # (Phi-2's output layer's own bias)
             yield "output.bias", -1, (vocab,)
 
 
@@ -858,6 +874,8 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
     writer.add_rope_freq_base(family.rope_base)
     if family.layer_norm:
         writer.add_layer_norm_eps(family.eps)
+        if family.arch == "gptneox":  # (llama.cpp requires it)
+            writer.add_bool("gptneox.use_parallel_residual", True)
     else:
         writer.add_layer_norm_rms_eps(family.eps)
     if family.window:

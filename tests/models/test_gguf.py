@@ -344,6 +344,11 @@ def test_gpt_neox_and_falcon_files_and_checkpoints_equal_their_transformers_mode
     expected = [greedy_with_logprobs(by_tanh, p, 16) for p in prompts]
     assert_same_answers(greedy(written, prompts), expected)
     assert_same_answers(greedy(written, prompts, native_layers=False), expected)
+    with Engine.from_pretrained(written) as engine:  # (in the file's F32, its attn_qkv read apart where it lies)
+        answers = [list(engine.stream_response_tokens(engine.launch_response_tokens(
+            p, {"max_new_tokens": 12, "ignore_eos": True}), timeout=60)) for p in prompts]
+    from .test_block_formats import assert_greedy_but_near_ties
+    assert_greedy_but_near_ties(by_tanh, prompts, answers, near_tie=0.1)
 
 
 def test_a_gpt2_file_equals_its_transformers_model(tmp_path):
