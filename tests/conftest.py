@@ -340,6 +340,15 @@ CONFIGS = {
         num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=2, rotary_dim=8,
         max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0, initializer_range=0.15,
         experts_implementation="eager"),
+    # Arcee's Trinity (AFMoE): each head's q/k norms, its attention gated, norms before and after the attention and
+    # the MLP, three window layers in four and the fourth global and unrotated, a dense first layer, then experts by
+    # sigmoid and bias, renormalised and scaled, beside a shared one; its embeddings times sqrt(hidden) (muP)
+    "afmoe": lambda: transformers.AfmoeConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=4,
+        num_dense_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8,
+        num_experts_per_tok=2, num_shared_experts=1, route_scale=2.5, global_attn_every_n_layers=4, sliding_window=12,
+        mup_enabled=True, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
+        initializer_range=0.15, experts_implementation="eager"),
     # DeepSeek-V2 (V2-Lite's layout): latent attention with full-rank queries, YaRN with DeepSeek's mscales, a dense
     # first layer, softmax routing limited to the groups whose best expert scores highest, a shared expert
     "deepseek_v2": lambda: transformers.DeepseekV2Config(
@@ -430,7 +439,7 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "deepseek_v2": transformers.DeepseekV2ForCausalLM, "deepseek_v3": transformers.DeepseekV3ForCausalLM,
                  "glm4_moe_lite": transformers.Glm4MoeLiteForCausalLM, "glm4_moe": transformers.Glm4MoeForCausalLM,
                  "dots1": transformers.Dots1ForCausalLM, "hunyuan_v1_moe": transformers.HunYuanMoEV1ForCausalLM,
-                 "minimax_m2": transformers.MiniMaxM2ForCausalLM}
+                 "minimax_m2": transformers.MiniMaxM2ForCausalLM, "afmoe": transformers.AfmoeForCausalLM}
 
 
 def interruptible() -> None:
@@ -919,6 +928,10 @@ def _glm4_moe_metadata(c) -> dict:
             "expert_group_used_count": c.topk_group}
 
 
+# AFMoE's norms of the attention's output, before and after the MLP, its attention's gate and its router
+GGUF_AFMOE_NAMES = {"post_attention_layernorm": "post_attention_norm", "pre_mlp_layernorm": "ffn_norm",
+                    "post_mlp_layernorm": "post_ffw_norm", "self_attn.gate_proj": "attn_gate",
+                    "mlp.router.gate": "ffn_gate_inp"}
 # DeepSeek's latent attention (kv_b_proj split as llama.cpp's converter splits it: _deepseek2_tensors)
 GGUF_DEEPSEEK2_NAMES = {"self_attn.q_a_proj": "attn_q_a", "self_attn.q_a_layernorm": "attn_q_a_norm",
                         "self_attn.q_b_proj": "attn_q_b", "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
@@ -1092,7 +1105,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
              **(GGUF_LFM2_NAMES if lfm2 else {}), **(GGUF_QWEN35_NAMES if qwen35 else {}),
              **({"post_self_attn_layernorm": "post_attention_norm", "post_mlp_layernorm": "post_ffw_norm"}
                 if arch == "glm4" else {}), **(GGUF_DEEPSEEK2_NAMES if arch == "deepseek2" else {}),
-             **({"post_attention_layernorm": "post_attention_norm"} if arch in ("glm4moe", "seed_oss") else {})}
+             **({"post_attention_layernorm": "post_attention_norm"} if arch in ("glm4moe", "seed_oss") else {}),
+             **(GGUF_AFMOE_NAMES if arch == "afmoe" else {})}
     for name, tensor in (_falcon_h1_state(hf) if falcon else hf.state_dict()).items():
         if name.startswith("model.visual."):
             continue
@@ -1141,7 +1155,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
             add(f"blk.{layer}.ffn_gate_inp_shexp.weight", values.reshape(-1))
             continue
         if rest in ("mlp.gate.moe_statics.e_score_correction_bias", "feed_forward.expert_bias",  # ERNIE's, LFM2-MoE's,
-                    "mlp.gate.e_score_correction_bias", "mlp.e_score_correction_bias"):  # Nemotron 3's, MiniMax-M2's
+                    "mlp.gate.e_score_correction_bias", "mlp.e_score_correction_bias",  # Nemotron 3's, MiniMax-M2's,
+                    "mlp.expert_bias"):  # AFMoE's
             add(f"blk.{layer}.exp_probs_b.bias", values.reshape(-1))
             continue
         if rest.startswith("feed_forward.experts.") or rest == "feed_forward.gate.weight":  # LFM2-MoE's: as a mixture's

@@ -134,6 +134,9 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES, "g
                     "glm4moe": {"post_attention_norm": "post_attention_layernorm"},
                     "seed_oss": {"post_attention_norm": "post_attention_layernorm"},  # (Seed-OSS's likewise)
                     "deepseek2": DEEPSEEK_LAYER_NAMES, "falcon-h1": GRANITE_HYBRID_LAYER_NAMES,
+                    # (AFMoE's norms of the attention's output and the MLP's, before the MLP, and its attention's gate)
+                    "afmoe": {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_mlp_layernorm",
+                              "post_ffw_norm": "post_mlp_layernorm", "attn_gate": "self_attn.gate_proj"},
                     "gpt2": {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj",
                              "ffn_norm": "ln_2", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"},
                     "mamba2": GRANITE_HYBRID_LAYER_NAMES, "mamba": MAMBA_LAYER_NAMES}
@@ -151,7 +154,7 @@ SUPPORTED_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
                    Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4}
 # llama.cpp's names of the products a layer fuses (q/k/v, gate/up), and of its experts' stacks: each
 # group is kept in blocks or copied to float32 as a whole
-FUSED = (frozenset({"attn_q", "attn_k", "attn_v"}), frozenset({"ffn_gate", "ffn_up"}),
+FUSED = (frozenset({"attn_q", "attn_k", "attn_v", "attn_gate"}), frozenset({"ffn_gate", "ffn_up"}),
          frozenset({"ffn_gate_shexp", "ffn_up_shexp"}), frozenset({"ffn_gate_exps", "ffn_up_exps", "ffn_gate_up_exps",
                                                                          "ffn_down_exps"}))
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head",
@@ -527,7 +530,7 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "seed_oss": "llama", "internlm2": "llama", "minicpm": "llama", "command-r": "llama",
                        "cohere2": "llama", "phi2": "llama", "hunyuan-dense": "llama",
                        "olmo": "llama", "nemotron": "llama", "dots1": "llama", "hunyuan-moe": "llama",
-                       "minimax-m2": "llama", "gptneox": "llama", "falcon": "llama", "gpt2": "llama"}
+                       "minimax-m2": "llama", "gptneox": "llama", "falcon": "llama", "gpt2": "llama", "afmoe": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

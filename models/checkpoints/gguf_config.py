@@ -42,7 +42,8 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "gpt2": "gpt2",  # (its own module: learned positions; _gpt2_model)
                  # mixtures on Llama's attention: dots.llm1 (Qwen3's, DeepSeek-V3's routing), Hunyuan-A13B (HunYuan's,
                  # a shared MLP beside softmax-routed experts), MiniMax-M2 (q/k norms across heads, sigmoid routing)
-                 "dots1": "dots1", "hunyuan-moe": "hunyuan_v1_moe", "minimax-m2": "minimax_m2"}
+                 "dots1": "dots1", "hunyuan-moe": "hunyuan_v1_moe", "minimax-m2": "minimax_m2",
+                 "afmoe": "afmoe"}  # (Arcee's Trinity: gated attention, norms about each part, global layers unrotated)
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
 # Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
@@ -51,19 +52,19 @@ MIXTURES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"
             "granitehybrid": "granitemoehybrid", "qwen3vlmoe": "qwen3_moe", "qwen35moe": "qwen3_5_moe_text",
             "deepseek2": "deepseek_v3", "nemotron_h_moe": "nemotron_h", "glm4moe": "glm4_moe",
             "qwen3next": "qwen3_next", "gemma4": "gemma4_text", "dots1": "dots1", "hunyuan-moe": "hunyuan_v1_moe",
-            "minimax-m2": "minimax_m2"}
+            "minimax-m2": "minimax_m2", "afmoe": "afmoe"}
 # llama.cpp's expert_gating_func: how an architecture's experts are scored where the file says (LFM2-MoE's
 # sigmoid, Nemotron 3's; DeepSeek's either, V2's softmax, V3's sigmoid; the others' softmax, which their files need
 # not say)
 GATING = {1: "softmax", 2: "sigmoid"}
 EXPERT_SCORES = {"lfm2moe": ("sigmoid",), "deepseek2": ("softmax", "sigmoid"), "nemotron_h_moe": ("sigmoid",),
-                 "glm4moe": ("sigmoid",), "dots1": ("sigmoid",), "minimax-m2": ("sigmoid",)}
+                 "glm4moe": ("sigmoid",), "dots1": ("sigmoid",), "minimax-m2": ("sigmoid",), "afmoe": ("sigmoid",)}
 # the mixtures whose files may scale their chosen experts' weights (expert_weights_scale)
-SCALED_MIXTURES = frozenset({"lfm2moe", "deepseek2", "nemotron_h_moe", "glm4moe", "dots1"})
+SCALED_MIXTURES = frozenset({"lfm2moe", "deepseek2", "nemotron_h_moe", "glm4moe", "dots1", "afmoe"})
 # the mixtures whose files may add a shared expert every token takes (Qwen2-MoE's always, weighted by a
 # router of its own; Granite MoE Shared's, a granitemoe file with expert_shared_feed_forward_length; ERNIE 4.5's)
 SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe", "granitehybrid", "qwen35moe", "deepseek2",
-                            "nemotron_h_moe", "glm4moe", "qwen3next", "dots1", "hunyuan-moe"})
+                            "nemotron_h_moe", "glm4moe", "qwen3next", "dots1", "hunyuan-moe", "afmoe"})
 # architectures whose files keep Llama's layout: Q/K rows in the interleaved rotary's order (llama.cpp's
 # converter permutes Llama's; ERNIE 4.5's and GLM-4's checkpoints hold them so: their files are Llama's from
 # there, GLM-4's over the rotary's half of each head), attention biases where the model has them; gguf.py puts
@@ -74,8 +75,8 @@ LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "graniteh
 # which of their layers' products add one told by the file's tensors (_layer_norm_layers)
 LAYER_NORM_ARCHITECTURES = frozenset({"starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo", "nemotron",
                                       "gptneox", "falcon"})
-# SmolLM3: every fourth layer attends without rotary, as llama.cpp fixes it (the files do not say)
-SMOLLM3_NO_ROPE_STEP = 4
+# SmolLM3: every fourth layer attends without rotary, as llama.cpp fixes it (the files do not say); AFMoE's too
+SMOLLM3_NO_ROPE_STEP = AFMOE_NO_ROPE_STEP = 4
 # EXAONE 4: llama.cpp gives only the 32B's 64 layers a window (three layers in four, 4096 tokens where the file
 # names none), whatever other files say
 EXAONE4_WINDOWED_LAYERS, EXAONE4_WINDOW = 64, 4096
@@ -125,8 +126,8 @@ def check_architecture(meta: dict, file_name: str) -> str:
             raise ValueError(f"{file_name} is a {arch} model with {key('expert_count')} experts; Loom runs experts "
                              f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, "
                              "OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, Qwen3.5's, "
-                             "Qwen3-Next's, DeepSeek's, Nemotron 3's, GLM-4.5's, Gemma 4's, dots.llm1's, Hunyuan-A13B's "
-                             "and MiniMax-M2's)")
+                             "Qwen3-Next's, DeepSeek's, Nemotron 3's, GLM-4.5's, Gemma 4's, dots.llm1's, Hunyuan-A13B's, "
+                             "MiniMax-M2's and Arcee's Trinity's)")
         if key("expert_shared_feed_forward_length") and arch not in SHARED_EXPERTS:
             raise ValueError(f"{file_name} is a {arch} model with a shared expert, which Loom runs in "
                              f"{', '.join(sorted(SHARED_EXPERTS))} files only")
@@ -250,6 +251,14 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
             config["layer_types"] = types
     if arch == "exaone4":
         config |= _exaone4_layers(key, config["num_hidden_layers"], file_name)
+    if arch == "afmoe":  # (llama.cpp's: three window layers in four where the file names a window, every fourth layer
+        # unrotated, the embeddings times sqrt(hidden) whatever the file)
+        layers = config["num_hidden_layers"]
+        window = key("attention.sliding_window") or None
+        config |= {"sliding_window": window, "mup_enabled": True,
+                   "layer_types": _sliding_layers(key, layers, file_name, default_pattern=4) if window else
+                   ["full_attention"] * layers,
+                   "no_rope_layers": [int((i + 1) % AFMOE_NO_ROPE_STEP != 0) for i in range(layers)]}
     if arch in DELTA_RULE_HYBRIDS:  # (a head's width the hidden size's share where the file says none, as llama.cpp's)
         config |= _qwen35_layers(arch, key, config["num_hidden_layers"], file_name)
         config["head_dim"] = config["head_dim"] or config["hidden_size"] // heads
@@ -409,6 +418,11 @@ def _experts(arch: str, key, config: dict) -> dict:
     if arch == "minimax-m2":
         return {"num_local_experts": experts, "num_experts_per_tok": used,
                 "intermediate_size": inner or config["intermediate_size"]}
+    if arch == "afmoe":  # (renormalised where the file says, as llama.cpp's; scaled by expert_weights_scale)
+        return {"num_experts": experts, "num_experts_per_tok": used, "moe_intermediate_size": inner,
+                "num_dense_layers": key("leading_dense_block_count") or 0,
+                "num_shared_experts": key("expert_shared_count") or 0,
+                "norm_topk_prob": bool(key("expert_weights_norm")), "route_scale": key("expert_weights_scale") or 1.0}
     if arch == "olmoe":  # (feed_forward_length wide too)
         return {"num_experts": experts, "num_experts_per_tok": used, "norm_topk_prob": False,
                 "intermediate_size": inner or config["intermediate_size"]}

@@ -3,8 +3,9 @@ SmolLM3, Granite, GLM-4, EXAONE 3.5, Arcee's AFM, Seed-OSS, HunYuan's dense mode
 Cohere's Command R and R7B, OLMo 1, Nemotron-4 (Minitron), GPT-NeoX (Pythia) and Falcon, and the mixture-of-experts
 Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE (and MoE Shared), OLMoE, ERNIE 4.5's, gpt-oss and GLM-4.5 (and 4.6: GQA
 over half of each head rotated, q/k/v biases, q/k norms in some, DeepSeek-V3's routing), dots.llm1 (Qwen3's
-attention, DeepSeek-V3's routing), Hunyuan-A13B (HunYuan's attention, a shared MLP beside its experts) and
-MiniMax-M2 (q/k norms across heads, sigmoid routing). GQA, RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k norms
+attention, DeepSeek-V3's routing), Hunyuan-A13B (HunYuan's attention, a shared MLP beside its experts),
+MiniMax-M2 (q/k norms across heads, sigmoid routing) and Arcee's Trinity (AFMoE: gated attention, norms before and
+after the attention and the MLP, global layers unrotated). GQA, RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k norms
 (per head: Qwen3; across heads: OLMoE; per head after the rotation: HunYuan), sliding windows for all or some
 layers, layers without rotary (SmolLM3's every fourth), queries scaled by position past the original context
 (Ministral 3), fused checkpoint tensors (Phi-3; GPT-NeoX's and Falcon's in their own orders), rotary pairs side by
@@ -29,7 +30,12 @@ from .rope import Rotary, apply_rotary, halves_from_pairs, query_temperature, ro
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi3", "smollm3", "granite", "glm4",
             "exaone", "arcee", "seed_oss", "hunyuan_v1_dense", "starcoder2", "stablelm", "phi", "cohere", "cohere2",
             "olmo", "nemotron", "gpt_neox", "falcon", "mixtral", "qwen2_moe", "qwen3_moe", "granitemoe",
-            "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss", "glm4_moe", "dots1", "hunyuan_v1_moe", "minimax_m2")
+            "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss", "glm4_moe", "dots1", "hunyuan_v1_moe", "minimax_m2",
+            "afmoe")
+# AFMoE's checkpoint names by Llama's, in this order: its norm of the attention's output is GLM-4's (post_norm's
+# name in Llama's checkpoints), the norm before its MLP Llama's post_norm, its router's gate the router
+AFMOE_NAMES = ((".post_attention_layernorm.", ".post_self_attn_layernorm."),
+               (".pre_mlp_layernorm.", ".post_attention_layernorm."), (".mlp.router.gate.", ".mlp.gate."))
 # HunYuan's: each head's q/k norm after the rotation, NTK by a fixed alpha (a larger base)
 HUNYUAN = ("hunyuan_v1_dense", "hunyuan_v1_moe")
 # each family's MLP activation (its config's hidden_act) where it is not SwiGLU's silu, and the MLP it makes:
@@ -110,6 +116,10 @@ class LlamaSpec(DecoderShape):
     interleaved_rotary: bool = False
     # GLM-4's norms of the attention's and the MLP's outputs, before each is added
     output_norms: bool = False
+    # the attention's output times the sigmoid of a gate a query value, a product of its own (AFMoE's gate_proj),
+    # before the output product
+    gated_attention: bool = False
+    renames: tuple[tuple[str, str], ...] = ()  # the family's checkpoint names by Llama's (AFMOE_NAMES)
     # gpt-oss's attention sinks: a learned logit a head, in each softmax's denominator and no value's weight
     attention_sinks: bool = False
     # Granite's multipliers: of the embeddings, of each attention's and MLP's output before it is
@@ -179,7 +189,7 @@ class LlamaSpec(DecoderShape):
             # (GLM-4's output product has none; Seed-OSS's says whether it has)
             out_bias=bool(c.get("attention_out_bias", bias and kind not in ("glm4", "glm4_moe"))),
             mlp_bias=bool(c.get("mlp_bias", c.get("use_bias", kind == "phi"))),
-            qk_norm=kind in ("qwen3", "qwen3_moe", "olmoe", "dots1", "minimax_m2", *HUNYUAN) or (
+            qk_norm=kind in ("qwen3", "qwen3_moe", "olmoe", "dots1", "minimax_m2", "afmoe", *HUNYUAN) or (
                 kind == "glm4_moe" and bool(c.get("use_qk_norm"))),
             qk_norm_across_heads=kind in ("olmoe", "minimax_m2"),
             qk_norm_after_rotation=kind in HUNYUAN,
@@ -200,9 +210,13 @@ class LlamaSpec(DecoderShape):
             # (Cohere's too)
             interleaved_rotary=kind in ("ernie4_5", "ernie4_5_moe", "glm4", "cohere", "cohere2") and
             not c.get("rotary_rows_in_halves", False),
-            output_norms=kind == "glm4",
+            output_norms=kind in ("glm4", "afmoe"),
+            gated_attention=kind == "afmoe",
+            renames=AFMOE_NAMES if kind == "afmoe" else (),
             attention_sinks=kind == "gpt_oss",
-            embedding_scale=float(c.get("embedding_multiplier", 1.0)),
+            # (AFMoE's muP: its embeddings times sqrt(hidden))
+            embedding_scale=float(c.get("embedding_multiplier",
+                                        c["hidden_size"] ** 0.5 if c.get("mup_enabled") else 1.0)),
             residual_scale=float(c.get("residual_multiplier", 1.0)),
             attention_scale=c.get("attention_multiplier", 1.0 if kind.startswith("granite") else None),  # (transformers')
             # (Cohere's logits times its logit_scale)
@@ -265,6 +279,15 @@ def _qkv_rows_in_halves(s: LlamaSpec) -> torch.Tensor:
                       torch.arange(q + kv, q + 2 * kv)])
 
 
+def _gated_qkv(hf: dict, prefix: str, kind: str):
+    """A gated attention's queries, gates, keys and values as one product's rows (AFMoE's gate_proj between q and k):
+    a GGUF file's blocks as parts (gguf.py fuses q/k/v's), floats as one tensor."""
+    whole = hf.pop(f"{prefix}{QKV[0]}.{kind}", None)
+    q, k, v = whole if whole is not None else (hf.pop(f"{prefix}{part}.{kind}") for part in QKV[1])
+    parts = [q, hf.pop(f"{prefix}self_attn.gate_proj.{kind}"), k, v]
+    return parts if isinstance(whole, list) or any(part.dtype == torch.uint8 for part in parts) else torch.cat(parts)
+
+
 def _qkv_in_thirds(s: LlamaSpec) -> torch.Tensor:
     """The fused q/k/v rows of a checkpoint whose layout is s.qkv_layout, for each row of every query's, then
     every key's, then every value's."""
@@ -281,6 +304,8 @@ def _layer_rotates(kind: str, c: dict, layers: int) -> tuple[bool, ...]:
     sliding-window layers alone (_cohere2_types)."""
     if kind == "cohere2":
         return tuple(t == "sliding_attention" for t in _cohere2_types(c, layers))
+    if kind == "afmoe" and c.get("no_rope_layers") is None:  # (its window layers alone, as transformers runs it)
+        return tuple(t == "sliding_attention" for t in _afmoe_types(c, layers))
     rotates = c.get("no_rope_layers")
     if rotates is None:
         interval = c.get("no_rope_layer_interval", 4) if kind == "smollm3" else 0
@@ -302,6 +327,8 @@ def _layer_windows(kind: str, c: dict, layers: int) -> tuple[int | None, ...]:
         types = c.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
     elif kind == "cohere2":
         types = _cohere2_types(c, layers)
+    elif kind == "afmoe":
+        types = _afmoe_types(c, layers)
     elif kind == "dots1":  # (the layers from max_window_layers on, where it names a window)
         first = c.get("max_window_layers") or layers
         types = c.get("layer_types") or ["sliding_attention" if window is not None and i >= first
@@ -311,6 +338,13 @@ def _layer_windows(kind: str, c: dict, layers: int) -> tuple[int | None, ...]:
     if len(types) != layers:
         raise ValueError(f"layer_types lists {len(types)} layers of {layers}")
     return tuple(window if t == "sliding_attention" else None for t in types)
+
+
+def _afmoe_types(c: dict, layers: int) -> list[str]:
+    """AFMoE's layer types: its config's, else every global_attn_every_n_layers-th layer global (its fourth)."""
+    every = c.get("global_attn_every_n_layers") or 4
+    return list(c.get("layer_types") or ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
+                                         for i in range(layers)])
 
 
 def _cohere2_types(c: dict, layers: int) -> list[str]:
@@ -329,7 +363,9 @@ class Attention(nn.Module):
                  norms_after_rotation: bool = False):
         super().__init__()
         self.heads, self.kv_heads, self.dim = s.num_heads, s.num_kv_heads, s.head_dim
-        self.qkv = nn.Linear(s.hidden_size, (s.num_heads + 2 * s.num_kv_heads) * s.head_dim, bias=s.qkv_bias)
+        self.gated = getattr(s, "gated_attention", False)  # (its gates' rows after the queries': [q | gates | k | v])
+        self.qkv = nn.Linear(s.hidden_size, ((2 if self.gated else 1) * s.num_heads + 2 * s.num_kv_heads) * s.head_dim,
+                             bias=s.qkv_bias)
         self.out = nn.Linear(s.num_heads * s.head_dim, s.hidden_size, bias=s.out_bias)
         self.norms_across_heads = s.qk_norm_across_heads
         q_width, k_width = (s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim) if self.norms_across_heads else (
@@ -343,7 +379,8 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, kv_cache, layer, step, masks, query_scales=None):
         """``query_scales``: each row's query scale (rope.query_temperature), or None."""
-        q, k, v = self.qkv(x).split([self.heads * self.dim, self.kv_heads * self.dim, self.kv_heads * self.dim], -1)
+        queries, keys = self.heads * self.dim, self.kv_heads * self.dim
+        q, gates, k, v = self.qkv(x).split([queries, queries if self.gated else 0, keys, keys], -1)
         if self.norms_across_heads:  # all heads' queries (keys) normalised as one, before the rotation
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.view(-1, self.heads, self.dim), k.view(-1, self.kv_heads, self.dim)
@@ -357,7 +394,7 @@ class Attention(nn.Module):
             q = q * query_scales[:, None, None]
         o = paged_attention(q, k, v.view(-1, self.kv_heads, self.dim), kv_cache, layer, step, masks, self.scale,
                             cos, sin, self.softcap, self.sinks)
-        return self.out(o.flatten(1))
+        return self.out(o.flatten(1) * torch.sigmoid(gates) if self.gated else o.flatten(1))
 
 
 class Block(nn.Module):
@@ -399,11 +436,12 @@ def norm_of(s: LlamaSpec):
     return RMSNorm
 
 
-def _llama_named(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A checkpoint's tensors by Llama's names (HUB_NAMES: EXAONE 3.5's, StarCoder2's and Phi-2's renamed)."""
+def _llama_named(hf: dict[str, torch.Tensor], renames: tuple = ()) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors by Llama's names (the family's ``renames`` first, then HUB_NAMES: EXAONE 3.5's,
+    StarCoder2's and Phi-2's renamed)."""
     named = {}
     for name, tensor in hf.items():
-        for old, new in HUB_NAMES:
+        for old, new in renames + HUB_NAMES:
             name = name.replace(old, new)
         named[name] = tensor
     return named
@@ -441,7 +479,7 @@ class Llama(DecoderModel):
     def convert(hf: dict[str, torch.Tensor], s: LlamaSpec) -> dict[str, torch.Tensor]:
         """Transformers' parameter names (HUB_NAMES' too) -> this module's, fusing q/k/v and gate/up (Phi-3's
         checkpoints hold them fused already); the norms' biases (a LayerNorm's), and the output layer's (Phi-2's)."""
-        hf = _llama_named(hf)
+        hf = _llama_named(hf, s.renames)
         if not s.norm_weight:  # (OLMo 1's norms: weightless, as ones)
             hf |= {f"{name}.weight": torch.ones(s.hidden_size) for name in (
                 "norm", *(f"layers.{i}.{kind}" for i in range(s.num_layers)
@@ -462,6 +500,9 @@ class Llama(DecoderModel):
                 out[o + "attn_out_norm.weight"] = hf[p + "post_self_attn_layernorm.weight"]
                 out[o + "mlp_out_norm.weight"] = hf[p + "post_mlp_layernorm.weight"]
             for kind in ("weight", "bias") if s.qkv_bias else ("weight",):
+                if s.gated_attention:  # (AFMoE's gates between the queries and the keys)
+                    out[o + f"attn.qkv.{kind}"] = _gated_qkv(hf, p, kind)
+                    continue
                 qkv = fused(hf, p, QKV, kind)
                 if s.qkv_layout:  # (GPT-NeoX's and Falcon's rows, as every query's, key's, value's)
                     qkv = qkv[_qkv_in_thirds(s)]

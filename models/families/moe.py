@@ -1,5 +1,6 @@
 """Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE and MoE Shared, OLMoE, ERNIE 4.5,
-gpt-oss, LFM2-MoE, DeepSeek's, GLM-4.5's, Nemotron 3's, dots.llm1's, Hunyuan-A13B's, MiniMax-M2's): a router picks each token's top-k experts; the step's tokens
+gpt-oss, LFM2-MoE, DeepSeek's, GLM-4.5's, Nemotron 3's, dots.llm1's, Hunyuan-A13B's, MiniMax-M2's, AFMoE's): a router
+picks each token's top-k experts; the step's tokens
 are grouped by expert so that every expert runs one matrix product per step on all the tokens routed to it, however
 many requests the flat batch holds. Some mixtures add a shared expert every token takes (Qwen2-MoE's weighted by a
 router of its own)."""
@@ -100,6 +101,12 @@ class MoESpec:
                        _one_per_model(kind, "moe_topk", c.get("moe_topk") or c["num_experts_per_tok"]), inner, True,
                        frozenset(), 1,
                        shared_intermediate_size=c.get("shared_expert_intermediate_size") or inner)
+        if kind == "afmoe":  # (sigmoid scores and a bias each, the chosen renormalised and scaled, shared experts)
+            inner = c["moe_intermediate_size"]
+            return cls(c["num_experts"], c["num_experts_per_tok"], inner, bool(c.get("norm_topk_prob", True)),
+                       frozenset(range(c.get("num_dense_layers") or 0)), 1,
+                       shared_intermediate_size=inner * (c.get("num_shared_experts") or 0), selection_bias=True,
+                       sigmoid=True, routed_scale=float(c.get("route_scale") or 1.0))
         if kind == "minimax_m2":  # (sigmoid scores, a bias each to choose by, the chosen renormalised)
             return cls(c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"], True, frozenset(), 1,
                        selection_bias=True, sigmoid=True)

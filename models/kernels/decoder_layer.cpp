@@ -37,16 +37,18 @@
 
 namespace {
 
-// A product's weights: up to three parts stacked by output rows, each T values [rows, in] (format
+// A product's weights: up to MAX_PARTS parts stacked by output rows, each T values [rows, in] (format
 // FLOAT) or blocks of a format (block_codes.h; float models only). A fused q/k/v whose parts a file
-// keeps in different formats (Q4_K_M's Q6_K values beside Q4_K queries and keys) has several.
+// keeps in different formats (Q4_K_M's Q6_K values beside Q4_K queries and keys) has several; AFMoE's four, its
+// attention's gate between the queries and the keys.
+constexpr int MAX_PARTS = 4;
 struct Weights {
     struct Part {
         const void* data;
         int64_t format, rows;
     };
     int64_t parts;
-    Part part[3];
+    Part part[MAX_PARTS];
 };
 
 // How the MLP activates its up product: GPT-2's GELU (tanh), Nemotron-H's squared ReLU, GPT-NeoX's and Falcon's

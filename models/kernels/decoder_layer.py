@@ -106,12 +106,15 @@ SPLIT_SHARE_SLACK = 1.5
 TAKE_ROWS = 16
 
 
+MAX_PARTS = 4  # decoder_layer.cpp's: the parts a product's weights may have (AFMoE's q, gates, k, v)
+
+
 class _Part(ctypes.Structure):  # decoder_layer.cpp's Weights::Part
     _fields_ = [("data", _pointer), ("format", _int64), ("rows", _int64)]
 
 
 class _Weights(ctypes.Structure):  # decoder_layer.cpp's Weights
-    _fields_ = [("parts", _int64), ("part", _Part * 3)]
+    _fields_ = [("parts", _int64), ("part", _Part * MAX_PARTS)]
 
 
 class _Experts(ctypes.Structure):  # decoder_layer.cpp's Experts
@@ -311,7 +314,7 @@ def _weights(linear: CpuLinear | BlockLinear) -> _Weights:
         parts = [_Part(blocks.data_ptr(), format, rows) for blocks, format, rows in linear.parts()]
     else:
         parts = [_Part(linear.weight.data_ptr(), 0, linear.out_features)]
-    return _Weights(len(parts), (_Part * 3)(*parts))
+    return _Weights(len(parts), (_Part * MAX_PARTS)(*parts))
 
 
 def _head_weights(products: HeadProducts | BlockHeadProducts) -> _Weights:
@@ -320,7 +323,7 @@ def _head_weights(products: HeadProducts | BlockHeadProducts) -> _Weights:
         part = _Part(products.blocks.data_ptr(), products.format, products.heads * products.out_features)
     else:
         part = _Part(products.weight.data_ptr(), 0, products.weight.shape[0] * products.weight.shape[1])
-    return _Weights(1, (_Part * 3)(part))
+    return _Weights(1, (_Part * MAX_PARTS)(part))
 
 
 def _expert_weights(experts: Experts | BlockExperts, index: int) -> tuple[_Weights, _Weights]:
@@ -331,10 +334,10 @@ def _expert_weights(experts: Experts | BlockExperts, index: int) -> tuple[_Weigh
         names = ("up",) if experts.squared_relu else ("gate", "up")
         first = [_Part(*experts.expert_rows(name, index)) for name in names]
         down = _Part(*experts.expert_rows("down", index))
-        return _Weights(len(first), (_Part * 3)(*first)), _Weights(1, (_Part * 3)(down))
+        return _Weights(len(first), (_Part * MAX_PARTS)(*first)), _Weights(1, (_Part * MAX_PARTS)(down))
     gate_up, down = experts.gate_up[index], experts.down[index]
-    return (_Weights(1, (_Part * 3)(_Part(gate_up.data_ptr(), 0, gate_up.shape[0]))),
-            _Weights(1, (_Part * 3)(_Part(down.data_ptr(), 0, down.shape[0]))))
+    return (_Weights(1, (_Part * MAX_PARTS)(_Part(gate_up.data_ptr(), 0, gate_up.shape[0]))),
+            _Weights(1, (_Part * MAX_PARTS)(_Part(down.data_ptr(), 0, down.shape[0]))))
 
 
 class DecoderLayers:
@@ -388,7 +391,8 @@ class DecoderLayers:
                             scale=1.0 if mixer else attn.scale, residual_scale=spec.residual_scale,
                             layer_norm=isinstance(block.input_norm, nn.LayerNorm),
                             parallel=getattr(block, "parallel", False),  # (Llama's blocks': LFM2's have none)
-                            norms_after_rotation=not mixer and attn.norms_after_rotation)
+                            norms_after_rotation=not mixer and attn.norms_after_rotation,
+                            gated=not mixer and attn.gated)  # (AFMoE's gates between its queries and keys)
         self._route(layer, block.mlp)
         layer.sinks = None if mixer else self._in_dtype(attn.sinks)
         return layer

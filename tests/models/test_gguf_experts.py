@@ -89,13 +89,21 @@ MIXTURES = {"mixtral": ("llama", lambda c: {"expert_count": c.num_local_experts,
             "minimax_m2": ("minimax-m2", lambda c: {"expert_count": c.num_local_experts,
                                                     "expert_used_count": c.num_experts_per_tok,
                                                     "expert_feed_forward_length": c.intermediate_size,
-                                                    "expert_gating_func": 2, "rope.dimension_count": c.rotary_dim})}
+                                                    "expert_gating_func": 2, "rope.dimension_count": c.rotary_dim}),
+            # (llama.cpp's: three window layers in four, the fourth unrotated; the embeddings times sqrt(hidden))
+            "afmoe": ("afmoe", lambda c: {"expert_count": c.num_experts, "expert_used_count": c.num_experts_per_tok,
+                                          "expert_feed_forward_length": c.moe_intermediate_size,
+                                          "expert_shared_count": c.num_shared_experts,
+                                          "leading_dense_block_count": c.num_dense_layers,
+                                          "expert_weights_norm": True, "expert_weights_scale": float(c.route_scale),
+                                          "expert_gating_func": 2, "attention.sliding_window": c.sliding_window})}
 # gpt-oss: llama.cpp's yarn rounds its correction range (transformers' truncate), and its clamp is
 # the model's 7.0 (the files do not say)
 SETTINGS = {"mixtral": {}, "qwen3_moe": {"mlp_only_layers": [], "moe_intermediate_size": 64}, "granitemoe": {},
             "qwen2_moe": {"mlp_only_layers": [], "moe_intermediate_size": 64, "shared_expert_intermediate_size": 96},
             "granitemoeshared": {"shared_intermediate_size": 96}, "ernie4_5_moe": {},
             "olmoe": {}, "lfm2_moe": {}, "glm4_moe": {}, "dots1": {}, "hunyuan_v1_moe": {}, "minimax_m2": {},
+            "afmoe": {},
             "gpt_oss": {"swiglu_limit": 7.0, "intermediate_size": 64, "rope_parameters": {
                 "rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
                 "truncate": True, "original_max_position_embeddings": 64}}}
@@ -204,11 +212,13 @@ def test_a_quantized_mixture_runs_its_experts_in_the_files_blocks_on_the_native_
 
 
 @needs_kernels
-def test_an_8_bit_glm_4_5_file_runs_its_experts_in_its_blocks_on_the_native_layers(tmp_path):
+@pytest.mark.parametrize("arch", ["glm4_moe", "afmoe"])
+def test_an_8_bit_mixture_file_runs_its_experts_in_its_blocks_on_the_native_layers(tmp_path, arch):
     """A GLM-4.5 file of 8-bit blocks (a dense first layer, then experts beside a shared one, DeepSeek-V3's
-    routing, q/k/v biases and norms, half of each head rotated) runs its experts in them, and its decode steps on
-    the native layers answer as the torch layers over the same blocks."""
-    _, path = mixture_file(tmp_path / "glm45-q8.gguf", "glm4_moe", matrices=Q.Q8_0)
+    routing, q/k/v biases and norms, half of each head rotated), and an AFMoE one (its attention's gate a part of
+    the q/k/v product, beside the queries' blocks), run their experts in them, and their decode steps on the native
+    layers answer as the torch layers over the same blocks."""
+    _, path = mixture_file(tmp_path / f"{arch}-q8.gguf", arch, matrices=Q.Q8_0)
     native_and_torch_answers(path, [random_prompt(random.Random(i), 3, 30) for i in range(6)])
 
 
