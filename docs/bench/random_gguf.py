@@ -33,6 +33,7 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape minimax-m2-3l --format q4_k_m --vocab 200064 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape pythia-1.4b --format q4_k_m --vocab 50304 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape falcon-7b --format q4_k_m --vocab 65024 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape afmoe-18b-8l --format q4_k_m --vocab 200192 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape glm45air-106b-a12b-6l --format q4_k_m --vocab 151552 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape qwen3next-80b-a3b-8l --format q4_k_m --vocab 151936 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape falcon-h1-0.5b --format q4_k_m --out /tmp/gguf
@@ -144,7 +145,11 @@ their first layers; the pythia one as Pythia-1.4B's (architecture gptneox: q/k/v
 biases everywhere, the MLP of gelu(up) beside the attention on a norm of its own, a quarter of each head rotated); the
 falcon-7b one as Falcon-7B's (architecture falcon: 71 query heads of 64 over one K/V head, one attn_qkv, one norm for
 the attention and the MLP beside each other, no biases; its 4544-wide rows not whole super-blocks: llama.cpp's
-Q5_0 and Q8_0 fallbacks);
+Q5_0 and Q8_0 fallbacks); the afmoe ones by transformers' AfmoeConfig defaults (architecture afmoe: 32 layers of 2048,
+16 heads of 128 with their own K/V, each head's q/k norms, a gate a query value on the attention's output (attn_gate),
+norms before and after the attention and the MLP, three 1024-token window layers in four; a dense first layer of 6144,
+then 64 experts of 1408 rows, 6 a token, by sigmoid plus a bias each, renormalised, beside two shared ones), the -8l
+one its first eight layers;
 the qwen3moe one as a Qwen3-MoE (Qwen3's layout, 128 experts of 768 rows, 8 a token, each layer's
 three expert products a stack of all 128 experts' matrices, its router in F32 as llama-quantize leaves it);
 the ministral3 ones as Ministral 3's (architecture mistral3: Llama's layout, 128-wide heads, its yarn
@@ -250,7 +255,9 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "dots1-142b-a14b": (4096, 10944, 62, 32, 32), "dots1-142b-a14b-4l": (4096, 10944, 4, 32, 32),
           "minimax-m2": (3072, 1536, 62, 48, 8), "minimax-m2-3l": (3072, 1536, 3, 48, 8),
           # EleutherAI's Pythia-1.4B (GPT-NeoX), TII's Falcon-7B
-          "pythia-1.4b": (2048, 8192, 24, 16, 16), "falcon-7b": (4544, 18176, 32, 71, 1)}
+          "pythia-1.4b": (2048, 8192, 24, 16, 16), "falcon-7b": (4544, 18176, 32, 71, 1),
+          # AFMoE (Arcee's Trinity) by transformers' AfmoeConfig defaults, and its first eight layers
+          "afmoe-18b": (2048, 6144, 32, 16, 16), "afmoe-18b-8l": (2048, 6144, 8, 16, 16)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
 UNTIED = {"phi2-2.7b", "qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
           "qwen2moe-a2.7b", "qwen35-9b", "qwen3vl-8b", "qwen3vlmoe-30b-a3b", "nemotronh-4b", "nemotronh-8b",
@@ -258,8 +265,8 @@ UNTIED = {"phi2-2.7b", "qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3
           "glm47flash-30b-a3b-12l", "nemotron3-nano-30b-a3b", "nemotron3-nano-30b-a3b-12l", "glm45air-106b-a12b",
           "nemotron3-super-120b-a12b", "nemotron3-super-120b-a12b-6l",
           "glm45air-106b-a12b-6l", "qwen3next-80b-a3b", "qwen3next-80b-a3b-8l", "falcon-h1-0.5b", "falcon-h1-7b",
-          "nemotronh-nano-9b", "mamba2-codestral-7b", "falcon-mamba-7b", "minitron-4b", "pythia-1.4b", "dots1-142b-a14b",
-          "dots1-142b-a14b-4l", "minimax-m2", "minimax-m2-3l"}  # the shapes whose output layer
+          "nemotronh-nano-9b", "mamba2-codestral-7b", "falcon-mamba-7b", "minitron-4b", "pythia-1.4b", "afmoe-18b",
+          "afmoe-18b-8l", "dots1-142b-a14b", "dots1-142b-a14b-4l", "minimax-m2", "minimax-m2-3l"}  # the shapes whose output layer
 # is a tensor of its own
 
 
@@ -312,6 +319,7 @@ class Layout:
     all_biases: bool = False
     logit_scale: float | None = None  # Cohere's logits' factor
     fused_qkv: bool = False  # the queries', keys' and values' rows one attn_qkv (GPT-NeoX's, Falcon's)
+    attention_gate: bool = False  # a gate a query value on the attention's output, attn_gate (AFMoE's)
     window_pattern: int | None = None  # every n-th layer global, the others through ``window`` (Command R7B's 4)
     # GLM-4's: its rotary over this share of a head, gate and up one ffn_up
     rotary_share: float = 1.0
@@ -409,6 +417,13 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
            # (GPT-NeoX's: the MLP beside the attention on a norm of its own, use_parallel_residual)
            "pythia": Layout("gptneox", rope_base=10000.0, eps=1e-5, context=2048, biases=True, layer_norm="biased",
                             gelu_mlp=True, all_biases=True, rotary_share=0.25, fused_qkv=True),
+           # (AFMoE's: each head's q/k norms, a gate on the attention's output, norms before and after the attention
+           # and the MLP, three window layers in four; a dense first layer, then experts by sigmoid and bias,
+           # renormalised and scaled, beside two shared ones)
+           "afmoe": Layout("afmoe", head=128, rope_base=10000.0, eps=1e-5, context=16384, head_norms=True,
+                           output_norms=True, attention_gate=True, window=1024, window_pattern=4,
+                           experts=(64, 6, 1408), shared_experts=2, dense_lead=1, selection_bias=True,
+                           sigmoid=(1.0, True)),
            "glm4": Layout("glm4", head=128, rope_base=10000.0, eps=1e-5, context=32768, biases=True, output_norms=True,
                           rotary_share=0.5, glm=True),
            # (DeepSeek-V2-Lite's YaRN: a factor of 40 over 4,096 tokens, mscale_all_dim 0.707)
@@ -754,9 +769,11 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
                 yield f"blk.{i}.{name}.bias", i, shape[:-1]
             if family.sinks and name == "attn_output":
                 yield f"blk.{i}.attn_sinks.weight", i, (heads,)
+            if family.attention_gate and name == "attn_output":
+                yield f"blk.{i}.attn_gate.weight", i, (q, hidden)
             if family.head_norms and name in ("attn_q", "attn_k"):
                 yield f"blk.{i}.{name}_norm.weight", i, shape[:1] if family.norms_across_heads else (head,)
-            if family.output_norms and name in ("attn_output", "ffn_down"):
+            if family.output_norms and name in ("attn_output", "ffn_down", "ffn_down_exps"):
                 yield f"blk.{i}.{'post_attention_norm' if name == 'attn_output' else 'post_ffw_norm'}.weight", i, (hidden,)
     lfm2 = family.attending is not None and not family.mamba  # (LFM2's final norm by llama.cpp's name for it)
     yield "token_embd_norm.weight" if lfm2 else "output_norm.weight", -1, (hidden,)
@@ -913,7 +930,7 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_interleave_moe_layer_step(1)
     # (llama.cpp requires DeepSeek's, GLM-4.5's and dots.llm1's shared count; the gating function where it is not
     # V2's softmax)
-    if family.latent or family.arch in ("glm4moe", "dots1"):
+    if family.latent or family.arch in ("glm4moe", "dots1", "afmoe"):
         writer.add_leading_dense_block_count(family.dense_lead)
         writer.add_expert_shared_count(family.shared_experts)
         if family.sigmoid:
