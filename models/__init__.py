@@ -26,7 +26,8 @@ from .families.gemma4 import FAMILIES as GEMMA4_FAMILIES, Gemma4, Gemma4Spec
 from .families.gpt2 import GPT2, GPT2Spec
 from .families.granite_hybrid import FAMILIES as GRANITE_HYBRID_FAMILIES, GraniteHybrid, GraniteHybridSpec
 from .families.lfm2 import FAMILIES as LFM2_FAMILIES, Lfm2, Lfm2Spec
-from .families.llama import FAMILIES as LLAMA_FAMILIES, Llama, LlamaSpec
+from .families.llama import Llama
+from .families.llama_spec import FAMILIES as LLAMA_FAMILIES, LlamaSpec
 from .families.mamba import FAMILIES as MAMBA_FAMILIES, Mamba, MambaSpec
 from .families.nemotron_h import FAMILIES as NEMOTRON_H_FAMILIES, NemotronH, NemotronHSpec
 from .families.olmo import FAMILIES as OLMO_FAMILIES, Olmo, OlmoSpec

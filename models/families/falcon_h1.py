@@ -21,7 +21,8 @@ from torch import nn
 
 from .granite_hybrid import GraniteHybrid, GraniteHybridSpec
 from .layers import GATE_UP, QKV, RMSNorm, SwiGLU, fused
-from .llama import Attention, LlamaSpec
+from .llama import Attention
+from .llama_spec import LlamaSpec
 from .mamba2 import Mamba2Mixer, Mamba2Shape
 
 FAMILIES = ("falcon_h1",)

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from .layers import GATE_UP, QKV, AttentionMasks, DecoderModel, RMSNorm, fused
-from .llama import MLPS, Attention, LlamaSpec
+from .llama import MLPS, Attention
+from .llama_spec import LlamaSpec
 from .mamba2 import Mamba2Mixer, Mamba2Shape
 from .moe import SparseMoE
 from .recurrent import StateRuns, check_state_slots

@@ -22,7 +22,7 @@ import torch
 
 from .granite_hybrid import GraniteHybrid, GraniteHybridSpec
 from .layers import QKV, fused
-from .llama import LlamaSpec
+from .llama_spec import LlamaSpec
 from .mamba2 import Mamba2Mixer, Mamba2Shape
 from .moe import MoESpec, SparseMoE
 from .recurrent import UNBOUNDED_CONTEXT

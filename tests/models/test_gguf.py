@@ -387,7 +387,7 @@ def test_a_gpt2_file_equals_its_transformers_model(tmp_path):
 def test_falcons_loom_does_not_run_are_refused():
     """A Falcon with ALiBi's positions or its MLP after the attention (Falcon-RW's), which llama.cpp does not run
     either, is refused naming what it has."""
-    from models.families.llama import LlamaSpec
+    from models.families.llama_spec import LlamaSpec
     config = tiny_model("falcon").config.to_dict()
     with pytest.raises(ValueError, match=r"falcon with alibi \(ALiBi's positions, Falcon-RW's\) is not supported"):
         LlamaSpec.from_hf(config | {"alibi": True})

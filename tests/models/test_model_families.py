@@ -70,7 +70,7 @@ def test_mixture_configs_read_as_transformers_reads_them():
     "noaux_tc"), as transformers scores them; Hunyuan-A13B's per-layer lists of experts and top-k, one value for every
     layer, are read as that value, and refused naming the field where the layers differ; MiniMax-M2's rotary_dim is
     its share of a head."""
-    from models.families.llama import LlamaSpec
+    from models.families.llama_spec import LlamaSpec
     from models.families.moe import MoESpec
     dots = tiny_model("dots1").config.to_dict() | {"scoring_func": "noaux_tc"}
     assert MoESpec.from_hf(dots).sigmoid

@@ -1,0 +1,308 @@
+"""How each family's config reads as the Llama module's options (llama.py): LlamaSpec, from transformers' configs
+(their hub names too: GPT-NeoX's, Falcon's, MiniMax-M2's) and from GGUF files' configs made like them (gguf_config.py),
+with each family's defaults where its config says nothing; and the checkpoint names other families give Llama's
+parameters (HUB_NAMES, AFMOE_NAMES)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .layers import DecoderShape
+from .moe import MoESpec
+from .rope import rope_type
+
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi3", "smollm3", "granite", "glm4",
+            "exaone", "arcee", "seed_oss", "hunyuan_v1_dense", "starcoder2", "stablelm", "phi", "cohere", "cohere2",
+            "olmo", "nemotron", "gpt_neox", "falcon", "mixtral", "qwen2_moe", "qwen3_moe", "granitemoe",
+            "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss", "glm4_moe", "dots1", "hunyuan_v1_moe", "minimax_m2",
+            "afmoe")
+# AFMoE's checkpoint names by Llama's, in this order: its norm of the attention's output is GLM-4's (post_norm's
+# name in Llama's checkpoints), the norm before its MLP Llama's post_norm, its router's gate the router
+AFMOE_NAMES = ((".post_attention_layernorm.", ".post_self_attn_layernorm."),
+               (".pre_mlp_layernorm.", ".post_attention_layernorm."), (".mlp.router.gate.", ".mlp.gate."))
+# HunYuan's: each head's q/k norm after the rotation, NTK by a fixed alpha (a larger base)
+HUNYUAN = ("hunyuan_v1_dense", "hunyuan_v1_moe")
+# each family's MLP activation (its config's hidden_act) where it is not SwiGLU's silu (llama.py's MLPS makes its MLP):
+# Arcee's and Nemotron's relu(up)^2, StarCoder2's and Phi-2's gelu_tanh(up), GPT-NeoX's and Falcon's gelu(up) by erf
+# (no gate)
+ACTIVATIONS = {"arcee": "relu2", "nemotron": "relu2", "starcoder2": "gelu_pytorch_tanh", "phi": "gelu_new",
+               "gpt_neox": "gelu", "falcon": "gelu"}
+# the families whose configs name their GELU, exact or by tanh (GPT-NeoX-20B's gelu_fast; llama.cpp's files tanh's)
+NAMED_GELUS = ("gpt_neox", "falcon")
+# the families whose norms are LayerNorms (the mean removed; with biases but Cohere's and OLMo 1's; OLMo 1's
+# without a weight either, which its checkpoints do not hold: ones here)
+LAYER_NORMS = ("starcoder2", "stablelm", "phi", "cohere", "cohere2", "olmo", "nemotron", "gpt_neox", "falcon")
+UNBIASED_LAYER_NORMS, WEIGHTLESS_LAYER_NORMS = ("cohere", "cohere2", "olmo"), ("olmo",)
+# checkpoint names of Llama's parameters in other families, in this order of replacement: EXAONE 3.5's (the hub's,
+# and transformers' saved ones) after GPT-2's (its output product before the other attention products), StarCoder2's
+# MLP's, Phi-2's, HunYuan's q/k norms, Hunyuan-A13B's router and shared MLP (by DeepSeek's names)
+HUB_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.ln_f.", "model.norm."),
+             ("transformer.h.", "model.layers."), (".attn.attention.out_proj.", ".self_attn.o_proj."),
+             (".attn.attention.", ".self_attn."), (".ln_1.", ".input_layernorm."),
+             (".ln_2.", ".post_attention_layernorm."), (".mlp.c_fc_0.", ".mlp.gate_proj."),
+             (".mlp.c_fc_1.", ".mlp.up_proj."), (".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj."),
+             (".mlp.fc1.", ".mlp.up_proj."), (".mlp.fc2.", ".mlp.down_proj."),
+             (".self_attn.dense.", ".self_attn.o_proj."), ("model.final_layernorm.", "model.norm."),
+             (".self_attn.query_layernorm.", ".self_attn.q_norm."), (".self_attn.key_layernorm.", ".self_attn.k_norm."),
+             (".mlp.gate.wg.", ".mlp.gate."), (".mlp.shared_mlp.", ".mlp.shared_experts."),
+             # GPT-NeoX's (its output layer the hub's embed_out), Falcon's (its two norms the attention's and the MLP's)
+             ("gpt_neox.embed_in.", "model.embed_tokens."), ("gpt_neox.layers.", "model.layers."),
+             ("gpt_neox.final_layer_norm.", "model.norm."), ("embed_out.", "lm_head."),
+             (".attention.query_key_value.", ".self_attn.qkv_proj."), (".attention.dense.", ".self_attn.o_proj."),
+             (".mlp.dense_h_to_4h.", ".mlp.up_proj."), (".mlp.dense_4h_to_h.", ".mlp.down_proj."),
+             ("transformer.word_embeddings.", "model.embed_tokens."),
+             (".self_attention.query_key_value.", ".self_attn.qkv_proj."),
+             (".self_attention.dense.", ".self_attn.o_proj."),
+             (".ln_attn.", ".input_layernorm."), (".ln_mlp.", ".post_attention_layernorm."))
+
+
+@dataclass
+class LlamaSpec(DecoderShape):
+    rope_theta: float
+    rope_scaling: dict | None
+    partial_rotary_factor: float
+    max_position: int          # the longest context Loom runs
+    rope_max_position: int     # the checkpoint's max_position_embeddings, which rope scalings refer to
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    out_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    qk_norm_across_heads: bool  # the q/k norms over all heads at once (OLMoE's), not a head at a time
+    layer_windows: tuple[int | None, ...]  # each layer's sliding window, None for full attention
+    layer_rotates: tuple[bool, ...]  # whether each layer rotates its queries and keys (SmolLM3: 3 in 4)
+    moe: MoESpec | None
+    qk_norm_after_rotation: bool = False  # each head's q/k norm after the rotation (HunYuan's), not before
+    # the MLP's activation, its config's hidden_act (MLPS: silu a SwiGLU's, the others an ungated MLP's)
+    mlp_activation: str = "silu"
+    # LayerNorms (the mean removed) for RMSNorms, with biases where norm_bias (StarCoder2's, StableLM's, Phi-2's;
+    # Cohere's without)
+    layer_norm: bool = False
+    norm_bias: bool = False
+    norm_weight: bool = True  # the checkpoint holds the norms' weights (OLMo 1's norms have none: ones)
+    norm_plus_one: bool = False  # the norms multiply by 1 + the checkpoint's weight (Nemotron's LayerNorm1P)
+    # the attention and the MLP beside each other on the one norm's output, both added (Phi-2's, Cohere's,
+    # StableLM's use_parallel_residual): no norm before the MLP; or, with parallel_norm, the MLP on a norm of its own
+    # of the layer's input (GPT-NeoX's, Falcon 40B's)
+    parallel: bool = False
+    parallel_norm: bool = False
+    # how a checkpoint's fused q/k/v rows run where they are not every query's, every key's, every value's: a head's
+    # query, key and value rows together ("heads": GPT-NeoX's), or a K/V group's queries, key and value ("groups":
+    # Falcon 40B's); reordered at load
+    qkv_layout: str | None = None
+    lm_head_bias: bool = False  # (Phi-2's)
+    # Ministral 3's (Llama 4's) attention temperature: (beta, the original context), rope.query_temperature
+    query_temperature: tuple[float, int] | None = None
+    # ERNIE 4.5's and GLM-4's checkpoints keep each head's rotary pairs side by side (GLM's rotation): their
+    # query and key rows are reordered at load into the halves apply_rotary takes
+    interleaved_rotary: bool = False
+    # GLM-4's norms of the attention's and the MLP's outputs, before each is added
+    output_norms: bool = False
+    # the attention's output times the sigmoid of a gate a query value, a product of its own (AFMoE's gate_proj),
+    # before the output product
+    gated_attention: bool = False
+    renames: tuple[tuple[str, str], ...] = ()  # the family's checkpoint names by Llama's (AFMOE_NAMES)
+    # gpt-oss's attention sinks: a learned logit a head, in each softmax's denominator and no value's weight
+    attention_sinks: bool = False
+    # Granite's multipliers: of the embeddings, of each attention's and MLP's output before it is
+    # added, the attention's scale (None: 1 / sqrt(head_dim)), and the logits' divisor
+    embedding_scale: float = 1.0
+    residual_scale: float = 1.0
+    attention_scale: float | None = None
+    logits_divisor: float = 1.0
+
+    @property
+    def sliding_window(self) -> int | None:
+        return next((w for w in self.layer_windows if w is not None), None)
+
+    @classmethod
+    def from_hf(cls, c: dict) -> "LlamaSpec":
+        kind = c["model_type"]
+        c = _llama_config(kind, c)
+        heads = c["num_attention_heads"]
+        rope = dict(c.get("rope_parameters") or c.get("rope_scaling") or {})
+        theta = c.get("rope_theta") or rope.get("rope_theta") or 10000.0
+        activation = ACTIVATIONS.get(kind, "silu")
+        if kind in NAMED_GELUS and c.get("hidden_act") in ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh"):
+            activation = c["hidden_act"]
+        if c.get("hidden_act", activation) != activation:
+            raise ValueError(f"unsupported hidden_act {c['hidden_act']!r} for {kind}; supported: {activation}")
+        if c.get("clip_qkv") is not None:
+            raise ValueError(f"{kind} with clip_qkv (queries, keys and values clamped) is not supported")
+        if kind in ("stablelm", "phi", "cohere", "cohere2") and (c.get("qk_layernorm") or c.get("use_qk_norm")):
+            raise ValueError(f"{kind} with its queries and keys LayerNormed a head at a time (qk_layernorm, "
+                             "use_qk_norm: StableLM 2 12B's, Command R+'s) is not supported")
+        if kind in HUNYUAN and rope.get("alpha"):  # (NTK by a fixed alpha: a larger base, nothing dynamic)
+            head = c.get("head_dim") or c["hidden_size"] // heads
+            theta = float(theta) * float(rope["alpha"]) ** (head / (head - 2))
+            rope = {}
+        trained = c.get("max_position_embeddings", 2048)
+        # Dynamic NTK scaling exists to run past the trained context: up to factor times it.
+        context = int(trained * rope["factor"]) if rope_type(rope) == "dynamic" else trained
+        # (ERNIE 4.5's use_bias: every product's; GLM-4's attention_bias its q/k/v's, True unless said)
+        bias = bool(c.get("attention_bias", c.get("use_bias", kind in ("glm4", "phi"))))
+        layers = c["num_hidden_layers"]
+        return cls(
+            vocab_size=c["vocab_size"],
+            hidden_size=c["hidden_size"],
+            intermediate_size=c["intermediate_size"],
+            num_layers=layers,
+            num_heads=heads,
+            num_kv_heads=c.get("num_key_value_heads") or heads,
+            head_dim=c.get("head_dim") or c["hidden_size"] // heads,
+            # (the LayerNorms' epsilon by its names: StarCoder2's, StableLM's, Phi-2's and Cohere's)
+            rms_norm_eps=c.get("rms_norm_eps") or c.get("norm_epsilon") or c.get("layer_norm_eps") or c.get(
+                "norm_eps") or c.get("layer_norm_epsilon") or (
+                1e-5 if kind == "olmo" else 1e-6),  # (OLMo 1's fixed)
+            rope_theta=float(theta),
+            rope_scaling=rope if rope_type(rope) != "default" else None,
+            # (Nemotron's half a head where its config says nothing, as transformers reads it)
+            # (MiniMax-M2's hub configs say rotary_dim)
+            partial_rotary_factor=float(c.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or (
+                c["rotary_dim"] / (c.get("head_dim") or c["hidden_size"] // heads) if c.get("rotary_dim") else
+                0.5 if kind == "nemotron" else 1.0)),
+            max_position=context,
+            rope_max_position=trained,
+            # (transformers' default where a config saved with it leaves the key out)
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", kind in (
+                "smollm3", "ernie4_5", "ernie4_5_moe", "starcoder2", "cohere", "cohere2", "falcon"))),
+            qkv_bias=kind == "qwen2" or (kind == "qwen2_moe" and c.get("qkv_bias", True)) or bias or
+            bool(c.get("use_qkv_bias")),  # (StableLM's)
+            # (GLM-4's output product has none; Seed-OSS's says whether it has)
+            out_bias=bool(c.get("attention_out_bias", bias and kind not in ("glm4", "glm4_moe"))),
+            mlp_bias=bool(c.get("mlp_bias", c.get("use_bias", kind == "phi"))),
+            qk_norm=kind in ("qwen3", "qwen3_moe", "olmoe", "dots1", "minimax_m2", "afmoe", *HUNYUAN) or (
+                kind == "glm4_moe" and bool(c.get("use_qk_norm"))),
+            qk_norm_across_heads=kind in ("olmoe", "minimax_m2"),
+            qk_norm_after_rotation=kind in HUNYUAN,
+            layer_windows=_layer_windows(kind, c, layers),
+            layer_rotates=_layer_rotates(kind, c, layers),
+            moe=MoESpec.from_hf(c),
+            mlp_activation=activation,
+            layer_norm=kind in LAYER_NORMS,
+            norm_bias=kind in LAYER_NORMS and kind not in UNBIASED_LAYER_NORMS,
+            norm_weight=kind not in WEIGHTLESS_LAYER_NORMS,
+            norm_plus_one=kind == "nemotron",
+            parallel=kind in ("phi", "cohere", "cohere2", "falcon") or bool(c.get("use_parallel_residual")),
+            parallel_norm=bool(c.get("parallel_mlp_norm")),
+            qkv_layout=c.get("qkv_layout"),
+            lm_head_bias=kind == "phi",
+            query_temperature=_query_temperature(rope),
+            # (a GGUF file's rows are put in halves as they are read: gguf_config says so)
+            # (Cohere's too)
+            interleaved_rotary=kind in ("ernie4_5", "ernie4_5_moe", "glm4", "cohere", "cohere2") and
+            not c.get("rotary_rows_in_halves", False),
+            output_norms=kind in ("glm4", "afmoe"),
+            gated_attention=kind == "afmoe",
+            renames=AFMOE_NAMES if kind == "afmoe" else (),
+            attention_sinks=kind == "gpt_oss",
+            # (AFMoE's muP: its embeddings times sqrt(hidden))
+            embedding_scale=float(c.get("embedding_multiplier",
+                                        c["hidden_size"] ** 0.5 if c.get("mup_enabled") else 1.0)),
+            residual_scale=float(c.get("residual_multiplier", 1.0)),
+            attention_scale=c.get("attention_multiplier", 1.0 if kind.startswith("granite") else None),  # (transformers')
+            # (Cohere's logits times its logit_scale)
+            logits_divisor=float(c.get("logits_scaling", 1.0)) / float(c.get("logit_scale", 1.0)),
+        )
+
+
+def _llama_config(kind: str, c: dict) -> dict:
+    """GPT-NeoX's and Falcon's configs (their hub configs' names, transformers', or a GGUF file's, which come in
+    Llama's) in Llama's names: biases, the MLP's width and activation, K/V heads (Falcon's one where it is
+    multi-query), the rotary's base and share, the MLP's norm beside the attention's, the fused q/k/v rows' layout. A
+    ValueError for a Falcon with ALiBi or its MLP after the attention (Falcon-RW's), which llama.cpp does not run
+    either. Other families' as they are."""
+    if kind == "gpt_neox":
+        extra = {"mlp_bias": c.get("mlp_bias", True), "parallel_mlp_norm": c.get("use_parallel_residual", True),
+                 "qkv_layout": c.get("qkv_layout", "heads"), "num_key_value_heads": c["num_attention_heads"]}
+        if c.get("rotary_emb_base"):  # (the hub's names; transformers 5's rope_parameters)
+            extra["rope_theta"] = c["rotary_emb_base"]
+        if c.get("rotary_pct"):
+            extra["partial_rotary_factor"] = c["rotary_pct"]
+        return {"use_parallel_residual": True} | c | extra
+    if kind != "falcon":
+        return c
+    if c.get("alibi"):
+        raise ValueError("falcon with alibi (ALiBi's positions, Falcon-RW's) is not supported")
+    if not c.get("parallel_attn", True):
+        raise ValueError("falcon with its MLP after the attention (parallel_attn false, Falcon-RW's) is not supported")
+    heads = c.get("num_attention_heads") or c["n_head"]
+    new = bool(c.get("new_decoder_architecture"))
+    # (as transformers' attention counts them, whatever num_key_value_heads a saved config says)
+    kv = c.get("num_kv_heads") or c.get("n_head_kv") or heads if new or not c.get("multi_query", True) else 1
+    return c | {"num_attention_heads": heads, "num_key_value_heads": kv,
+                "intermediate_size": c.get("intermediate_size") or c.get("ffn_hidden_size") or 4 * c["hidden_size"],
+                "hidden_act": c.get("hidden_act") or c.get("activation", "gelu"),
+                "attention_bias": c.get("attention_bias", c.get("bias", False)),
+                "mlp_bias": c.get("mlp_bias", c.get("bias", False)),
+                "parallel_mlp_norm": c.get("parallel_mlp_norm", (c.get("num_ln_in_parallel_attn") or (2 if new else 1))
+                                           == 2),
+                "qkv_layout": c.get("qkv_layout", "groups" if new else None if c.get("multi_query", True) else "heads")}
+
+
+def _query_temperature(rope: dict) -> tuple[float, int] | None:
+    """(beta, the original context) of a rope that scales the queries by position (Ministral 3's
+    llama_4_scaling_beta), or None."""
+    beta = rope.get("llama_4_scaling_beta")
+    if not beta:
+        return None
+    if not rope.get("original_max_position_embeddings"):
+        raise ValueError("llama_4_scaling_beta needs the rope's original_max_position_embeddings, from which the "
+                         "queries' scale grows")
+    return float(beta), int(rope["original_max_position_embeddings"])
+
+
+def _layer_rotates(kind: str, c: dict, layers: int) -> tuple[bool, ...]:
+    """Whether each layer rotates its queries and keys: SmolLM3's no_rope_layers (1: it does), or all
+    but every no_rope_layer_interval-th where the config lists none, as transformers derives them; Command R7B's
+    sliding-window layers alone (_cohere2_types)."""
+    if kind == "cohere2":
+        return tuple(t == "sliding_attention" for t in _cohere2_types(c, layers))
+    if kind == "afmoe" and c.get("no_rope_layers") is None:  # (its window layers alone, as transformers runs it)
+        return tuple(t == "sliding_attention" for t in _afmoe_types(c, layers))
+    rotates = c.get("no_rope_layers")
+    if rotates is None:
+        interval = c.get("no_rope_layer_interval", 4) if kind == "smollm3" else 0
+        rotates = [not interval or (i + 1) % interval != 0 for i in range(layers)]
+    if len(rotates) != layers:
+        raise ValueError(f"no_rope_layers lists {len(rotates)} layers of {layers}")
+    return tuple(bool(r) for r in rotates)
+
+
+def _layer_windows(kind: str, c: dict, layers: int) -> tuple[int | None, ...]:
+    """Which layers attend through a sliding window, as transformers decides it for each family."""
+    window = c.get("sliding_window")
+    if kind in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "smollm3"):
+        if not c.get("use_sliding_window"):
+            return (None,) * layers
+        types = c.get("layer_types") or ["sliding_attention" if i >= c.get("max_window_layers", layers)
+                                         else "full_attention" for i in range(layers)]
+    elif kind == "gpt_oss":  # (its config lists them: every other layer through the window, the first included)
+        types = c.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    elif kind == "cohere2":
+        types = _cohere2_types(c, layers)
+    elif kind == "afmoe":
+        types = _afmoe_types(c, layers)
+    elif kind == "dots1":  # (the layers from max_window_layers on, where it names a window)
+        first = c.get("max_window_layers") or layers
+        types = c.get("layer_types") or ["sliding_attention" if window is not None and i >= first
+                                         else "full_attention" for i in range(layers)]
+    else:
+        return (window,) * layers  # llama, granite (None), mistral, mixtral, phi3: one window for every layer
+    if len(types) != layers:
+        raise ValueError(f"layer_types lists {len(types)} layers of {layers}")
+    return tuple(window if t == "sliding_attention" else None for t in types)
+
+
+def _afmoe_types(c: dict, layers: int) -> list[str]:
+    """AFMoE's layer types: its config's, else every global_attn_every_n_layers-th layer global (its fourth)."""
+    every = c.get("global_attn_every_n_layers") or 4
+    return list(c.get("layer_types") or ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
+                                         for i in range(layers)])
+
+
+def _cohere2_types(c: dict, layers: int) -> list[str]:
+    """Command R7B's layer types: its config's, else every sliding_window_pattern-th layer global (its fourth)."""
+    every = c.get("sliding_window_pattern") or 4
+    return list(c.get("layer_types") or ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
+                                         for i in range(layers)])
