@@ -501,6 +501,9 @@ LLAMA_KIN = {
     # GPT-NeoX (Pythia's: the MLP beside the attention on a norm of its own, biases everywhere, a quarter of each head
     # rotated, an exact GELU) and Falcon (40B's layout: a norm for the attention, one for the MLP, beside each other;
     # two K/V groups, no biases, an exact GELU, its table tied)
+    # Apertus: each head's q/k norms, an MLP of xIELU(up) with each layer's own numbers, its norms by names of its own
+    "apertus": lambda: transformers.ApertusConfig(**KIN_SIZES, head_dim=16, rope_parameters={
+        "rope_type": "default", "rope_theta": 10000.0}),
     "gpt_neox": lambda: transformers.GPTNeoXConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0, hidden_dropout=0.0,
@@ -530,6 +533,8 @@ def tiny_model(arch: str, seed: int = 0, **config):
                 tensor.normal_(0.0, 0.5)
             if arch in LLAMA_KIN and ("norm" in name or ".ln_" in name or name.endswith("bias")):  # (at 1 and 0)
                 tensor.normal_(0.0 if name.endswith("bias") else 1.0, 0.3)
+            if name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # (Apertus's xIELU: each layer its own)
+                tensor.normal_(0.0, 0.5)
         for name, tensor in model.named_buffers():  # (LFM2-MoE's selection bias, a buffer starting at 0)
             if name.endswith(("expert_bias", "e_score_correction_bias")):
                 tensor.normal_(0.0, 0.5)
@@ -684,7 +689,8 @@ GGUF_LAYER_NAMES = {
     "self_attention.dense": "attn_output",
     "ln_attn": "attn_norm_2", "ln_mlp": "attn_norm",
     # GPT-2's (its MLP's c_fc and c_proj StarCoder2's above)
-    "ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output"}
+    "ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output",
+    "attention_layernorm": "attn_norm", "feedforward_layernorm": "ffn_norm"}  # (Apertus's)
 GGUF_GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                      "lm_head.weight": "output.weight", "model.embedding_norm.weight": "token_embd_norm.weight",
                      # (LayerNorm models' biases: StarCoder2's, StableLM's, Phi-2's, and Phi-2's output layer's)
@@ -1113,6 +1119,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         name = name.replace("model.language_model.", "model.", 1).replace("backbone.", "model.", 1)
         if (state_only or arch in ("falcon", "gpt2")) and name == "lm_head.weight" and c.tie_word_embeddings:
             continue  # (their converters leave it out)
+        if ".act_fn." in name:  # (Apertus's xIELU numbers: the metadata's, a value a layer, as its converter writes)
+            continue
         if name.endswith("query_key_value.weight") or name.endswith("query_key_value.bias"):
             values = _qkv_in_thirds(tensor.float().numpy(), c, arch)  # (GPT-NeoX's and Falcon's, as their converters)
         if nemotron:
@@ -1185,6 +1193,9 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
             values = values.reshape(count, 2, values.shape[0] // count // 2, *values.shape[1:]).swapaxes(1, 2)
             values = values.reshape(tensor.shape)
         add(f"blk.{layer}.{names[part]}.{kind}", np.ascontiguousarray(values))
+    if arch == "apertus":
+        for name in ("alpha_p", "alpha_n", "beta", "eps"):
+            writer.add_array(f"xielu.{name}", [float(layer.mlp.act_fn.state_dict()[name]) for layer in hf.model.layers])
     for name, values in (tensors or {}).items():
         writer.add_tensor(name, np.asarray(values, dtype=np.float32))
     writer.write_header_to_file()

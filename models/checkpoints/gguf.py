@@ -208,6 +208,7 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
             raise ValueError(f"tensor {info.name} of {path.name} has type {info.type.name}, which Loom cannot "
                              f"dequantize; supported: {', '.join(sorted(t.name for t in SUPPORTED_TYPES))}")
     config = gguf_config(arch, meta, file.tensors, path.name)
+    from_metadata = _xielu_tensors(meta, config, path.name) if arch == "apertus" else {}
     for name in [name for name in file.tensors if _prediction_layer(name, config)]:
         del file.tensors[name]  # (never read)
     names = {**LAYER_NAMES, **ARCH_LAYER_NAMES.get(arch, {})}
@@ -227,6 +228,7 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
             tensors[part] = _read_tensor(part_info, part, formats[info.name], _row_order(part, part_info, arch, config),
                                          copy_stack)
         file.release(info)  # a tensor read where it lies (the K-quants, F16, BF16) comes back on its first use
+    tensors |= from_metadata
     if arch in NORM_OFFSET:
         for name in tensors:
             if name.endswith("norm.weight") and not name.endswith(PLAIN_NORMS):
@@ -240,6 +242,19 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
     tokenizer = read_tokenizer(path, arch) if "tokenizer.ggml.model" in meta else None  # a file may carry none
     # (without keep_blocks every tensor is a float32 copy, _widened's)
     return Contents(config, tensors, end_tokens(meta), tokenizer, path.stem, owned=not keep_blocks)
+
+
+def _xielu_tensors(meta: dict, config: dict, file_name: str) -> dict[str, torch.Tensor]:
+    """Apertus's xIELU numbers, which its files keep in the metadata (xielu.alpha_p, alpha_n, beta, eps: a value a
+    layer, or one for every layer), as its checkpoints' tensors (mlp.act_fn.*); a ValueError where one is missing."""
+    layers, out = config["num_hidden_layers"], {}
+    for name in ("alpha_p", "alpha_n", "beta", "eps"):
+        values = meta.get(f"xielu.{name}")
+        if values is None:
+            raise ValueError(f"{file_name} is an apertus file without xielu.{name}, its MLPs' activation")
+        values = [float(values)] * layers if np.ndim(values) == 0 else [float(v) for v in values]
+        out |= {f"model.layers.{i}.mlp.act_fn.{name}": torch.tensor([v]) for i, v in enumerate(values[:layers])}
+    return out
 
 
 def _hf_name(name: str, layer_names: dict) -> str:
@@ -530,7 +545,8 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "seed_oss": "llama", "internlm2": "llama", "minicpm": "llama", "command-r": "llama",
                        "cohere2": "llama", "phi2": "llama", "hunyuan-dense": "llama",
                        "olmo": "llama", "nemotron": "llama", "dots1": "llama", "hunyuan-moe": "llama",
-                       "minimax-m2": "llama", "gptneox": "llama", "falcon": "llama", "gpt2": "llama", "afmoe": "llama"}
+                       "minimax-m2": "llama", "gptneox": "llama", "falcon": "llama", "gpt2": "llama", "afmoe": "llama",
+                       "apertus": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

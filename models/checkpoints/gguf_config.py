@@ -43,7 +43,8 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  # mixtures on Llama's attention: dots.llm1 (Qwen3's, DeepSeek-V3's routing), Hunyuan-A13B (HunYuan's,
                  # a shared MLP beside softmax-routed experts), MiniMax-M2 (q/k norms across heads, sigmoid routing)
                  "dots1": "dots1", "hunyuan-moe": "hunyuan_v1_moe", "minimax-m2": "minimax_m2",
-                 "afmoe": "afmoe"}  # (Arcee's Trinity: gated attention, norms about each part, global layers unrotated)
+                 "afmoe": "afmoe",  # (Arcee's Trinity: gated attention, norms about each part, global layers unrotated)
+                 "apertus": "apertus"}  # (Qwen3's q/k norms, an MLP of xIELU(up), its numbers a layer in the metadata)
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
 # Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)

@@ -301,6 +301,27 @@ class ExactGeluMLP(UngatedMLP):
         return F.gelu(up)
 
 
+class XieluMLP(UngatedMLP):
+    """xIELU(up): Apertus's MLP. x > 0: softplus(alpha_p) x^2 + beta x; else (expm1(min(x, eps)) - x) (beta +
+    softplus(alpha_n)) + beta x, with each layer's own alpha_p, alpha_n (as its checkpoint keeps them), beta and eps."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
+        super().__init__(hidden_size, intermediate_size, bias)
+        for name in ("alpha_p", "alpha_n", "beta", "eps"):
+            self.register_buffer(name, torch.zeros(1))
+
+    def factors(self) -> tuple[float, float, float, float]:
+        """Its positive side's factor, its negative side's, beta and eps, as the activation uses them."""
+        beta = float(self.beta)
+        return float(F.softplus(self.alpha_p.double())), beta + float(F.softplus(self.alpha_n.double())), beta, float(
+            self.eps)
+
+    def activate(self, up: torch.Tensor) -> torch.Tensor:
+        positive, negative, beta, eps = self.factors()
+        return torch.where(up > 0, positive * up * up + beta * up,
+                           (torch.expm1(up.clamp(max=eps)) - up) * negative + beta * up)
+
+
 def weightless_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / rms(x), in float32 at least, as transformers' norms without a weight (Falcon-Mamba's time steps, B
     and C; Gemma 4's values and its experts' router)."""

@@ -21,14 +21,14 @@ import torch
 from torch import nn
 
 from .layers import (GATE_UP, QKV, AttentionMasks, DecoderModel, ExactGeluMLP, GeluMLP, RMSNorm, SquaredReLU, SwiGLU,
-                     decoder_tensors, fused, paged_attention)
+                     XieluMLP, decoder_tensors, fused, paged_attention)
 from .llama_spec import HUB_NAMES, LlamaSpec
 from .moe import SparseMoE
 from .rope import Rotary, apply_rotary, halves_from_pairs, query_temperature, sequence_ends
 
 # each activation a config names (LlamaSpec.mlp_activation) and the MLP it makes
 MLPS = {"silu": SwiGLU, "relu2": SquaredReLU, "gelu_pytorch_tanh": GeluMLP, "gelu_new": GeluMLP, "gelu_fast": GeluMLP,
-        "gelu": ExactGeluMLP}
+        "gelu": ExactGeluMLP, "xielu": XieluMLP}
 
 
 def _qkv_rows_in_halves(s: LlamaSpec) -> torch.Tensor:
@@ -228,4 +228,7 @@ class Llama(DecoderModel):
                 else:
                     out[o + f"mlp.gate_up.{kind}"] = fused(hf, p, GATE_UP, kind)
                 out[o + f"mlp.down.{kind}"] = hf[p + f"mlp.down_proj.{kind}"]
+            if s.mlp_activation == "xielu":  # (Apertus's: its layer's own alphas, beta and eps)
+                out |= {o + f"mlp.{n}": hf[p + f"mlp.act_fn.{n}"].reshape(1)
+                        for n in ("alpha_p", "alpha_n", "beta", "eps")}
         return out

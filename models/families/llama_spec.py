@@ -15,7 +15,7 @@ FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi
             "exaone", "arcee", "seed_oss", "hunyuan_v1_dense", "starcoder2", "stablelm", "phi", "cohere", "cohere2",
             "olmo", "nemotron", "gpt_neox", "falcon", "mixtral", "qwen2_moe", "qwen3_moe", "granitemoe",
             "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss", "glm4_moe", "dots1", "hunyuan_v1_moe", "minimax_m2",
-            "afmoe")
+            "afmoe", "apertus")
 # AFMoE's checkpoint names by Llama's, in this order: its norm of the attention's output is GLM-4's (post_norm's
 # name in Llama's checkpoints), the norm before its MLP Llama's post_norm, its router's gate the router
 AFMOE_NAMES = ((".post_attention_layernorm.", ".post_self_attn_layernorm."),
@@ -26,7 +26,7 @@ HUNYUAN = ("hunyuan_v1_dense", "hunyuan_v1_moe")
 # Arcee's and Nemotron's relu(up)^2, StarCoder2's and Phi-2's gelu_tanh(up), GPT-NeoX's and Falcon's gelu(up) by erf
 # (no gate)
 ACTIVATIONS = {"arcee": "relu2", "nemotron": "relu2", "starcoder2": "gelu_pytorch_tanh", "phi": "gelu_new",
-               "gpt_neox": "gelu", "falcon": "gelu"}
+               "gpt_neox": "gelu", "falcon": "gelu", "apertus": "xielu"}
 # the families whose configs name their GELU, exact or by tanh (GPT-NeoX-20B's gelu_fast; llama.cpp's files tanh's)
 NAMED_GELUS = ("gpt_neox", "falcon")
 # the families whose norms are LayerNorms (the mean removed; with biases but Cohere's and OLMo 1's; OLMo 1's
@@ -53,7 +53,9 @@ HUB_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.ln_f.", 
              ("transformer.word_embeddings.", "model.embed_tokens."),
              (".self_attention.query_key_value.", ".self_attn.qkv_proj."),
              (".self_attention.dense.", ".self_attn.o_proj."),
-             (".ln_attn.", ".input_layernorm."), (".ln_mlp.", ".post_attention_layernorm."))
+             (".ln_attn.", ".input_layernorm."), (".ln_mlp.", ".post_attention_layernorm."),
+             # Apertus's
+             (".attention_layernorm.", ".input_layernorm."), (".feedforward_layernorm.", ".post_attention_layernorm."))
 
 
 @dataclass
@@ -171,7 +173,7 @@ class LlamaSpec(DecoderShape):
             # (GLM-4's output product has none; Seed-OSS's says whether it has)
             out_bias=bool(c.get("attention_out_bias", bias and kind not in ("glm4", "glm4_moe"))),
             mlp_bias=bool(c.get("mlp_bias", c.get("use_bias", kind == "phi"))),
-            qk_norm=kind in ("qwen3", "qwen3_moe", "olmoe", "dots1", "minimax_m2", "afmoe", *HUNYUAN) or (
+            qk_norm=kind in ("qwen3", "qwen3_moe", "olmoe", "dots1", "minimax_m2", "afmoe", "apertus", *HUNYUAN) or (
                 kind == "glm4_moe" and bool(c.get("use_qk_norm"))),
             qk_norm_across_heads=kind in ("olmoe", "minimax_m2"),
             qk_norm_after_rotation=kind in HUNYUAN,

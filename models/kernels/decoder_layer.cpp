@@ -52,14 +52,15 @@ struct Weights {
 };
 
 // How the MLP activates its up product: GPT-2's GELU (tanh), Nemotron-H's squared ReLU, GPT-NeoX's and Falcon's
-// GELU (erf, exact), or a gated MLP whose ``up`` product gives [gate | up] (2 x intermediate outputs): Llama's
-// SiLU(gate) x up, Gemma's GELU(gate) x up, gpt-oss's experts' clamped SwiGLU (Experts' alpha and limit).
+// GELU (erf, exact), Apertus's xIELU (a layer's own four numbers: Layer's xielu), or a gated MLP whose ``up``
+// product gives [gate | up] (2 x intermediate outputs): Llama's SiLU(gate) x up, Gemma's GELU(gate) x up, gpt-oss's
+// experts' clamped SwiGLU (Experts' alpha and limit).
 enum Activation : int64_t { GELU_TANH = 0, SILU_GATED = 1, GELU_TANH_GATED = 2, CLAMPED_SWIGLU = 3, RELU_SQUARED = 4,
-                            GELU_ERF = 5 };
+                            GELU_ERF = 5, XIELU = 6 };
 
 // Whether an activation reads one value a unit (else a gate and an up value).
 inline bool ungated(int64_t activation) {
-    return activation == GELU_TANH || activation == RELU_SQUARED || activation == GELU_ERF;
+    return activation == GELU_TANH || activation == RELU_SQUARED || activation == GELU_ERF || activation == XIELU;
 }
 
 // A mixture's routed experts in a layer's MLP's place (Mixtral, Qwen3-MoE, gpt-oss; decoder_layer.py
@@ -245,6 +246,9 @@ struct Layer {
         norms_across_heads, conv_taps, gated, values_are_keys, value_norm, reads_kv, per_layer_offset,
         per_layer_width, parallel, norms_after_rotation;
     double eps, scale, softcap, residual_scale, layer_scale;
+    // Apertus's xIELU (XIELU): its positive side's factor, its negative side's, beta and eps, as the activation
+    // uses them (the checkpoint's alphas through softplus, the negative one's plus beta)
+    double xielu[4];
 
     // the K/V heads the layer's qkv product gives and it stores (none where it reads another layer's)
     int64_t stored_kv_heads() const { return reads_kv ? 0 : kv_heads; }
@@ -412,8 +416,23 @@ void each_activation(T* up, int64_t stride, int64_t rows, int64_t intermediate, 
 // clamped to [-limit, limit].
 template <typename T>
 void activate_rows(T* up, int64_t stride, int64_t activation, int64_t rows, int64_t intermediate, double alpha = 0,
-                   double limit = 0) {
+                   double limit = 0, const double* xielu = nullptr) {
     using V = Vector<float>;
+    if (activation == XIELU) {  // x > 0: a x^2 + beta x; else (expm1(min(x, eps)) - x) a' + beta x
+        const double positive = xielu[0], negative = xielu[1], beta = xielu[2], eps = xielu[3];
+        each_activation(up, stride, rows, intermediate, [&](V::type x, const float*) {
+            const V::type m = x < float(eps) ? x : V::type{} + float(eps);
+            // expm1 by its series near 0, where exp(m) - 1 would lose the digits that matter
+            const V::type series = m * (1.0f + m * (0.5f + m * (1.0f / 6.0f + m * (1.0f / 24.0f))));
+            const V::type expm1 = m > -0.01f ? series : exp_lanes(m) - 1.0f;
+            const V::type below = (expm1 - x) * float(negative) + float(beta) * x;
+            return x > 0.0f ? float(positive) * x * x + float(beta) * x : below;
+        }, [&](T x, const T*) {
+            return x > T(0) ? T(positive) * x * x + T(beta) * x
+                            : (std::expm1(std::min(x, T(eps))) - x) * T(negative) + T(beta) * x;
+        });
+        return;
+    }
     if (activation == CLAMPED_SWIGLU) {
         const T a = T(alpha), top = T(limit);
         each_activation(up, stride, rows, intermediate, [&](V::type g, const float* b) {
@@ -1050,7 +1069,7 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
     } else {
         multiply(mlp_in, hidden, hidden, l.up, l.up_bias, up_width, up);
         if (l.altup != nullptr && l.altup->sparse) cut_gates(up, up_width, rows, inter, l.altup->cutoff_stds);
-        activate_rows(up, up_width, l.activation, rows, inter);
+        activate_rows(up, up_width, l.activation, rows, inter, 0, 0, l.xielu);
         multiply(up, up_width, inter, l.down, l.down_bias, hidden, delta);  // act(gate) x up
     }
     if (l.experts != nullptr && l.experts->beside) {  // the experts beside the MLP, over x (Experts says how)

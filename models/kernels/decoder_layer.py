@@ -39,8 +39,8 @@ from ..families.gemma4 import Gemma4, MixtureBeside
 from ..families.gpt2 import GPT2
 from ..families.falcon_h1 import FalconH1
 from ..families.granite_hybrid import GraniteHybrid
-from ..families.layers import (ExactGeluMLP, GeluMLP, NativeDecoding, RMSNorm, SquaredReLU, UngatedMLP, chunk_rows,
-                               prefill_keys)
+from ..families.layers import (ExactGeluMLP, GeluMLP, NativeDecoding, RMSNorm, SquaredReLU, UngatedMLP, XieluMLP,
+                               chunk_rows, prefill_keys)
 from ..families.lfm2 import Lfm2
 from ..families.mamba import Mamba, MambaMixer
 from ..families.llama import Llama
@@ -138,6 +138,7 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
         "rotates", "norms_across_heads", "conv_taps", "gated", "values_are_keys", "value_norm", "reads_kv",
         "per_layer_offset", "per_layer_width", "parallel", "norms_after_rotation")]
     _fields_ += [(name, _double) for name in ("eps", "scale", "softcap", "residual_scale", "layer_scale")]
+    _fields_ += [("xielu", _double * 4)]
 
 
 class _AltUpLayer(ctypes.Structure):  # decoder_layer.cpp's AltUpLayer
@@ -195,7 +196,7 @@ class _Head(ctypes.Structure):  # decoder_layer.cpp's Head<T>
 
 
 # decoder_layer.cpp's Activation: GPT-2's, Llama's, Gemma's, gpt-oss's experts', Nemotron-H's
-GELU_TANH, SILU_GATED, GELU_TANH_GATED, CLAMPED_SWIGLU, RELU_SQUARED, GELU_ERF = 0, 1, 2, 3, 4, 5
+GELU_TANH, SILU_GATED, GELU_TANH_GATED, CLAMPED_SWIGLU, RELU_SQUARED, GELU_ERF, XIELU = 0, 1, 2, 3, 4, 5, 6
 
 KERNEL_ARGTYPES = [_pointer, ctypes.POINTER(_Layer), _int64, ctypes.POINTER(_Step), ctypes.POINTER(_Head), _pointer]
 
@@ -267,7 +268,7 @@ def _mlp_fields(mlp: nn.Module | None, spec) -> tuple:
     if mlp is None:
         return None, None, 0, SILU_GATED
     activation = (RELU_SQUARED if isinstance(mlp, SquaredReLU) else GELU_ERF if isinstance(mlp, ExactGeluMLP) else
-                  GELU_TANH if isinstance(mlp, GeluMLP) else SILU_GATED)
+                  XIELU if isinstance(mlp, XieluMLP) else GELU_TANH if isinstance(mlp, GeluMLP) else SILU_GATED)
     return _up_product(mlp), mlp.down, spec.intermediate_size, activation
 
 
@@ -393,6 +394,8 @@ class DecoderLayers:
                             parallel=getattr(block, "parallel", False),  # (Llama's blocks': LFM2's have none)
                             norms_after_rotation=not mixer and attn.norms_after_rotation,
                             gated=not mixer and attn.gated)  # (AFMoE's gates between its queries and keys)
+        if isinstance(block.mlp, XieluMLP):  # (Apertus's: its layer's own four numbers)
+            layer.xielu = (ctypes.c_double * 4)(*block.mlp.factors())
         self._route(layer, block.mlp)
         layer.sinks = None if mixer else self._in_dtype(attn.sinks)
         return layer

@@ -108,7 +108,8 @@ def test_bad_sources(tmp_path, llama):
     with pytest.raises(FileNotFoundError, match="has no config.json"):
         Engine.from_pretrained(tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "bert"}')
-    supported = ("afmoe, arcee, cohere, cohere2, deepseek_v2, deepseek_v3, dots1, ernie4_5, ernie4_5_moe, exaone, "
+    supported = ("afmoe, apertus, arcee, cohere, cohere2, deepseek_v2, deepseek_v3, dots1, ernie4_5, ernie4_5_moe, "
+                 "exaone, "
                  "exaone4, "
                  "falcon, falcon_h1, falcon_mamba, gemma, gemma2, gemma3_text, gemma3n_text, gemma4_text, glm4, glm4_moe, "
                  "glm4_moe_lite, gpt2, gpt_neox, gpt_oss, granite, granitemoe, granitemoehybrid, granitemoeshared, "

@@ -285,9 +285,9 @@ def test_an_exaone4_file_equals_its_transformers_model(tmp_path):
     ("hunyuan_v1_dense", "hunyuan-dense", {}),
     ("starcoder2", "starcoder2", {}), ("stablelm", "stablelm", {}),
     ("stablelm", "stablelm", {"use_parallel_residual": True}), ("phi", "phi2", {}), ("cohere", "command-r", {}),
-    ("cohere2", "cohere2", {}), ("olmo", "olmo", {}), ("nemotron", "nemotron", {})],
+    ("cohere2", "cohere2", {}), ("olmo", "olmo", {}), ("nemotron", "nemotron", {}), ("apertus", "apertus", {})],
     ids=["exaone", "arcee", "seed_oss", "internlm2", "hunyuan-dense", "starcoder2", "stablelm", "stablelm-parallel",
-         "phi2", "command-r", "cohere2", "olmo", "nemotron"])
+         "phi2", "command-r", "cohere2", "olmo", "nemotron", "apertus"])
 def test_files_of_llamas_kin_equal_their_transformers_models(tmp_path, arch, file_arch, settings):
     """Files of the Llama module's kin, as llama.cpp's converters write them (conftest's LLAMA_KIN says what each
     differs by): EXAONE 3.5's (its rows as the checkpoint's, which llama.cpp rotates as NeoX's), Arcee's (Q/K rows
@@ -297,7 +297,8 @@ def test_files_of_llamas_kin_equal_their_transformers_models(tmp_path, arch, fil
     rope.dimension_count; StableLM 2 12B's MLP beside the attention, without ffn_norm), Phi-2's, Command R's (its
     rotary pairs side by side as the checkpoint's, logit_scale), Command R7B's (its window, three layers in
     four, those alone rotating), OLMo 1's (no norm tensors: LayerNorms without weights) and Nemotron-4's (its norms'
-    weights stored as 1 + the checkpoint's, half of each head rotated) equal their transformers models on the native layers and on the torch layers, and
+    weights stored as 1 + the checkpoint's, half of each head rotated) and Apertus's (xIELU's numbers a layer in the
+    metadata) equal their transformers models on the native layers and on the torch layers, and
     so do their checkpoints. Their norms' weights and every bias drawn away from 1 and 0."""
     # (InternLM2's loader reads no rotary factors: Llama's model without its rope scaling)
     plain_rope = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}} if arch == "llama" else {}
@@ -382,6 +383,25 @@ def test_a_gpt2_file_equals_its_transformers_model(tmp_path):
                 codes = gguf.quants.quantize(rows.float().numpy().copy(), Q.Q8_0)
                 rows.copy_(torch.from_numpy(gguf.quants.dequantize(codes, Q.Q8_0)).double())
     assert_greedy_but_near_ties(hf, prompts, answers[0], near_tie=0.1)
+
+
+def test_an_apertus_file_without_its_xielu_numbers_is_refused(tmp_path):
+    """An Apertus file whose metadata lacks one of xIELU's numbers (xielu.eps here) is refused naming it, before a
+    weight is read."""
+    hf = tiny_model("apertus")
+    written = write_gguf_of(hf, tmp_path / "apertus.gguf", "apertus")
+    reader = gguf.GGUFReader(written)
+    stripped = tmp_path / "stripped.gguf"
+    writer = gguf.GGUFWriter(str(stripped), "apertus")
+    for key, field in reader.fields.items():
+        if not key.startswith(("GGUF.", "general.architecture")) and key != "xielu.eps":
+            item = field.types[-1] if len(field.types) > 1 else None
+            writer.add_key_value(key, field.contents(), field.types[0], item)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, np.array(tensor.data), raw_dtype=tensor.tensor_type)
+    finished(writer, stripped)
+    with pytest.raises(ValueError, match="stripped.gguf is an apertus file without xielu.eps, its MLPs' activation"):
+        Engine.from_pretrained(stripped)
 
 
 def test_falcons_loom_does_not_run_are_refused():
