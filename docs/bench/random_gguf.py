@@ -34,6 +34,7 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape pythia-1.4b --format q4_k_m --vocab 50304 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape falcon-7b --format q4_k_m --vocab 65024 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape afmoe-18b-8l --format q4_k_m --vocab 200192 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape apertus-8b --format q4_k_m --vocab 131072 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape glm45air-106b-a12b-6l --format q4_k_m --vocab 151552 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape qwen3next-80b-a3b-8l --format q4_k_m --vocab 151936 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape falcon-h1-0.5b --format q4_k_m --out /tmp/gguf
@@ -149,7 +150,8 @@ Q5_0 and Q8_0 fallbacks); the afmoe ones by transformers' AfmoeConfig defaults (
 16 heads of 128 with their own K/V, each head's q/k norms, a gate a query value on the attention's output (attn_gate),
 norms before and after the attention and the MLP, three 1024-token window layers in four; a dense first layer of 6144,
 then 64 experts of 1408 rows, 6 a token, by sigmoid plus a bias each, renormalised, beside two shared ones), the -8l
-one its first eight layers;
+one its first eight layers; the apertus one as Apertus-8B's (architecture apertus: 32 query heads over 8 K/V heads
+of 128, each head's q/k norms, an MLP of xIELU(up) 21504 wide, its numbers a layer in the metadata);
 the qwen3moe one as a Qwen3-MoE (Qwen3's layout, 128 experts of 768 rows, 8 a token, each layer's
 three expert products a stack of all 128 experts' matrices, its router in F32 as llama-quantize leaves it);
 the ministral3 ones as Ministral 3's (architecture mistral3: Llama's layout, 128-wide heads, its yarn
@@ -257,7 +259,9 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           # EleutherAI's Pythia-1.4B (GPT-NeoX), TII's Falcon-7B
           "pythia-1.4b": (2048, 8192, 24, 16, 16), "falcon-7b": (4544, 18176, 32, 71, 1),
           # AFMoE (Arcee's Trinity) by transformers' AfmoeConfig defaults, and its first eight layers
-          "afmoe-18b": (2048, 6144, 32, 16, 16), "afmoe-18b-8l": (2048, 6144, 8, 16, 16)}
+          "afmoe-18b": (2048, 6144, 32, 16, 16), "afmoe-18b-8l": (2048, 6144, 8, 16, 16),
+          # Swiss AI's Apertus-8B
+          "apertus-8b": (4096, 21504, 32, 32, 8)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
 UNTIED = {"phi2-2.7b", "qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
           "qwen2moe-a2.7b", "qwen35-9b", "qwen3vl-8b", "qwen3vlmoe-30b-a3b", "nemotronh-4b", "nemotronh-8b",
@@ -266,7 +270,8 @@ UNTIED = {"phi2-2.7b", "qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3
           "nemotron3-super-120b-a12b", "nemotron3-super-120b-a12b-6l",
           "glm45air-106b-a12b-6l", "qwen3next-80b-a3b", "qwen3next-80b-a3b-8l", "falcon-h1-0.5b", "falcon-h1-7b",
           "nemotronh-nano-9b", "mamba2-codestral-7b", "falcon-mamba-7b", "minitron-4b", "pythia-1.4b", "afmoe-18b",
-          "afmoe-18b-8l", "dots1-142b-a14b", "dots1-142b-a14b-4l", "minimax-m2", "minimax-m2-3l"}  # the shapes whose output layer
+          "afmoe-18b-8l", "dots1-142b-a14b", "dots1-142b-a14b-4l", "minimax-m2", "minimax-m2-3l",
+          "apertus-8b"}  # the shapes whose output layer
 # is a tensor of its own
 
 
@@ -320,6 +325,7 @@ class Layout:
     logit_scale: float | None = None  # Cohere's logits' factor
     fused_qkv: bool = False  # the queries', keys' and values' rows one attn_qkv (GPT-NeoX's, Falcon's)
     attention_gate: bool = False  # a gate a query value on the attention's output, attn_gate (AFMoE's)
+    xielu: bool = False  # an MLP of xIELU(up) alone, its numbers a layer in the metadata (Apertus's)
     window_pattern: int | None = None  # every n-th layer global, the others through ``window`` (Command R7B's 4)
     # GLM-4's: its rotary over this share of a head, gate and up one ffn_up
     rotary_share: float = 1.0
@@ -424,6 +430,9 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
                            output_norms=True, attention_gate=True, window=1024, window_pattern=4,
                            experts=(64, 6, 1408), shared_experts=2, dense_lead=1, selection_bias=True,
                            sigmoid=(1.0, True)),
+           # (Apertus's: each head's q/k norms, an MLP of xIELU(up), its numbers as a trained model's, near 0.8 and 0.5)
+           "apertus": Layout("apertus", head=128, rope_base=12000000.0, eps=1e-5, context=65536, head_norms=True,
+                             gelu_mlp=True, xielu=True),
            "glm4": Layout("glm4", head=128, rope_base=10000.0, eps=1e-5, context=32768, biases=True, output_norms=True,
                           rotary_share=0.5, glm=True),
            # (DeepSeek-V2-Lite's YaRN: a factor of 40 over 4,096 tokens, mscale_all_dim 0.707)
@@ -937,6 +946,11 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
             writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
             writer.add_expert_weights_scale(family.sigmoid[0])
             writer.add_expert_weights_norm(family.sigmoid[1])
+    if family.xielu:  # (the checkpoints' alphas, before softplus, and beta and eps, a value a layer)
+        writer.add_xielu_alpha_p([float(np.log(np.expm1(0.8)))] * layers)
+        writer.add_xielu_alpha_n([float(np.log(np.expm1(0.3)))] * layers)
+        writer.add_xielu_beta([0.5] * layers)
+        writer.add_xielu_eps([-1e-6] * layers)
     if family.arch == "hunyuan-moe":  # (its converter's)
         writer.add_expert_shared_count(1)
     if family.arch == "minimax-m2":  # (llama.cpp requires the gating function)
