@@ -352,13 +352,35 @@ def test_gpt_neox_and_falcon_files_and_checkpoints_equal_their_transformers_mode
     assert_greedy_but_near_ties(by_tanh, prompts, answers, near_tie=0.1)
 
 
+def assert_8_bit_answers(hf, path, prompts, file_rows=lambda name, tensor: tensor) -> None:
+    """An 8-bit (Q8_0) file of ``hf``'s weights: its greedy answers on the native layers equal the torch layers' over
+    the same blocks, and transformers' over the file's values (each matrix of ``hf`` rounded as the file keeps it:
+    ``file_rows`` gives its rows as the file's) but near ties."""
+    from .test_block_formats import assert_greedy_but_near_ties
+
+    answers = []
+    for native_layers in (True, False):
+        with Engine.from_pretrained(path) as engine:
+            assert engine.model.decoder_layers is not None
+            if not native_layers:
+                engine.model.decoder_layers = None
+            answers.append([list(engine.stream_response_tokens(engine.launch_response_tokens(
+                p, {"max_new_tokens": 12, "ignore_eos": True}), timeout=60)) for p in prompts])
+    assert answers[0] == answers[1]
+    with torch.no_grad():
+        for name, tensor in hf.named_parameters():
+            if tensor.ndim == 2:
+                rows = file_rows(name, tensor)
+                codes = gguf.quants.quantize(rows.float().numpy().copy(), Q.Q8_0)
+                rows.copy_(torch.from_numpy(gguf.quants.dequantize(codes, Q.Q8_0)).double())
+    assert_greedy_but_near_ties(hf, prompts, answers[0], near_tie=0.1)
+
+
 def test_a_gpt2_file_equals_its_transformers_model(tmp_path):
     """A GPT-2 file (architecture gpt2: learned positions in position_embd, its matrices as nn.Linear keeps them
     where the checkpoints' Conv1D keeps them transposed, no output layer: the table tied) on Loom's GPT-2 module: in
     float32, transformers' answers; in 8-bit blocks (the positions' table too), the native layers' tokens the torch
     layers', and transformers' over the file's values but near ties."""
-    from .test_block_formats import assert_greedy_but_near_ties
-
     hf = tiny_model("gpt2", seed=3)
     rng = random.Random(17)
     prompts = [random_prompt(rng, 5, 10), random_prompt(rng, 30, 40)]
@@ -367,22 +389,8 @@ def test_a_gpt2_file_equals_its_transformers_model(tmp_path):
     assert "output.weight" not in GGUFFile(written).tensors
     assert_same_answers(greedy(written, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
     quantized = write_gguf_of(hf, tmp_path / "gpt2-q8.gguf", "gpt2", metadata, matrices=Q.Q8_0)
-    answers = []
-    for native_layers in (True, False):
-        with Engine.from_pretrained(quantized) as engine:
-            assert engine.model.decoder_layers is not None
-            if not native_layers:
-                engine.model.decoder_layers = None
-            answers.append([list(engine.stream_response_tokens(engine.launch_response_tokens(
-                p, {"max_new_tokens": 12, "ignore_eos": True}), timeout=60)) for p in prompts])
-    assert answers[0] == answers[1]
-    with torch.no_grad():  # transformers over the file's values (its Conv1D's transposed: their rows the file's)
-        for name, tensor in hf.named_parameters():
-            if tensor.ndim == 2 and name != "lm_head.weight":
-                rows = tensor.T if name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")) else tensor
-                codes = gguf.quants.quantize(rows.float().numpy().copy(), Q.Q8_0)
-                rows.copy_(torch.from_numpy(gguf.quants.dequantize(codes, Q.Q8_0)).double())
-    assert_greedy_but_near_ties(hf, prompts, answers[0], near_tie=0.1)
+    conv1d = ("c_attn.weight", "c_proj.weight", "c_fc.weight")  # (transposed in the file: its rows the file's)
+    assert_8_bit_answers(hf, quantized, prompts, lambda name, tensor: tensor.T if name.endswith(conv1d) else tensor)
 
 
 def test_an_apertus_file_without_its_xielu_numbers_is_refused(tmp_path):
@@ -447,11 +455,6 @@ def test_a_glm4_file_equals_its_transformers_model(tmp_path):
     post_attention_norm and post_ffw_norm; gate and up one ffn_up), in float64: transformers' answers; and in
     8-bit blocks, its q/k rows put in halves as they are read, on the native layers: the same tokens as the torch
     layers over them."""
-    import gguf
-    from gguf.constants import GGMLQuantizationType as Q
-
-    from .test_block_formats import assert_greedy_but_near_ties
-
     hf = tiny_model("glm4", seed=3)
     rng = random.Random(17)
     prompts = [random_prompt(rng, 1, 4), random_prompt(rng, 30, 60)]
@@ -459,21 +462,7 @@ def test_a_glm4_file_equals_its_transformers_model(tmp_path):
     path = write_gguf_of(hf, tmp_path / "glm4.gguf", "glm4", metadata)
     assert_same_answers(greedy(path, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
     quantized = write_gguf_of(hf, tmp_path / "glm4-q8.gguf", "glm4", metadata, matrices=Q.Q8_0)
-    answers = []
-    for native_layers in (True, False):
-        with Engine.from_pretrained(quantized) as engine:
-            assert engine.model.decoder_layers is not None
-            if not native_layers:
-                engine.model.decoder_layers = None
-            answers.append([list(engine.stream_response_tokens(engine.launch_response_tokens(
-                p, {"max_new_tokens": 12, "ignore_eos": True}), timeout=60)) for p in prompts])
-    assert answers[0] == answers[1]
-    with torch.no_grad():  # transformers over the file's values: the same tokens but near ties
-        for name, tensor in hf.named_parameters():
-            if tensor.ndim == 2 and not name.endswith("norm.weight"):
-                codes = gguf.quants.quantize(tensor.float().numpy(), Q.Q8_0)
-                tensor.copy_(torch.from_numpy(gguf.quants.dequantize(codes, Q.Q8_0)).double())
-    assert_greedy_but_near_ties(hf, prompts, answers[0], near_tie=0.1)
+    assert_8_bit_answers(hf, quantized, prompts)
 
 
 def test_exaone4_windows_are_read_as_llama_cpp_reads_them():
