@@ -4,8 +4,8 @@ Cohere's Command R and R7B, OLMo 1, Nemotron-4 (Minitron), GPT-NeoX (Pythia) and
 Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE (and MoE Shared), OLMoE, ERNIE 4.5's, gpt-oss and GLM-4.5 (and 4.6: GQA
 over half of each head rotated, q/k/v biases, q/k norms in some, DeepSeek-V3's routing), dots.llm1 (Qwen3's
 attention, DeepSeek-V3's routing), Hunyuan-A13B (HunYuan's attention, a shared MLP beside its experts),
-MiniMax-M2 (q/k norms across heads, sigmoid routing) and Arcee's Trinity (AFMoE: gated attention, norms before and
-after the attention and the MLP, global layers unrotated). GQA, RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k norms
+MiniMax-M2 (q/k norms across heads, sigmoid routing), Arcee's Trinity (AFMoE: gated attention, norms before and
+after the attention and the MLP, global layers unrotated) and Apertus (an MLP of xIELU(up)). GQA, RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k norms
 (per head: Qwen3; across heads: OLMoE; per head after the rotation: HunYuan), sliding windows for all or some
 layers, layers without rotary (SmolLM3's every fourth), queries scaled by position past the original context
 (Ministral 3), fused checkpoint tensors (Phi-3; GPT-NeoX's and Falcon's in their own orders), rotary pairs side by
