@@ -652,7 +652,7 @@ def _layer_norm_layers(arch: str, key, tensors: dict[str, TensorInfo], config: d
     StableLM file without norms before its MLPs runs them beside the attention (StableLM 2 12B's); Phi-2's rotary
     over rope.dimension_count of a head; Cohere's logits times logit_scale, Command R7B's window layers (three in
     four where the file names no pattern) rotating alone; OLMo 1's queries, keys and values clamped where the file
-    says (clamp_kqv, which LlamaSpec refuses by transformers' name); GPT-NeoX's and Falcon's MLPs' GELU by tanh (as
+    says (clamp_kqv: transformers' clip_qkv); GPT-NeoX's and Falcon's MLPs' GELU by tanh (as
     llama.cpp runs it, where their checkpoints' is erf's), GPT-NeoX's MLP beside the attention where the file says
     (use_parallel_residual), Falcon 40B's two norms where the file has attn_norm_2."""
     has = lambda name: f"blk.0.{name}" in tensors

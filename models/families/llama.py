@@ -81,11 +81,13 @@ class Attention(nn.Module):
         self.softcap = softcap
         self.sinks = nn.Parameter(torch.zeros(s.num_heads)) if s.attention_sinks else None
         self.norms_after_rotation = norms_after_rotation
+        self.clip = getattr(s, "clip_qkv", None)  # (OLMo 1.7's bound on the queries, keys and values)
 
     def forward(self, x, cos, sin, kv_cache, layer, step, masks, query_scales=None):
         """``query_scales``: each row's query scale (rope.query_temperature), or None."""
         queries, keys = self.heads * self.dim, self.kv_heads * self.dim
-        q, gates, k, v = self.qkv(x).split([queries, queries if self.gated else 0, keys, keys], -1)
+        qkv = self.qkv(x) if self.clip is None else self.qkv(x).clamp(-self.clip, self.clip)
+        q, gates, k, v = qkv.split([queries, queries if self.gated else 0, keys, keys], -1)
         if self.norms_across_heads:  # all heads' queries (keys) normalised as one, before the rotation
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.view(-1, self.heads, self.dim), k.view(-1, self.kv_heads, self.dim)

@@ -104,6 +104,7 @@ class LlamaSpec(DecoderShape):
     # before the output product
     gated_attention: bool = False
     renames: tuple[tuple[str, str], ...] = ()  # the family's checkpoint names by Llama's (AFMOE_NAMES)
+    clip_qkv: float | None = None  # the queries, keys and values clamped to [-clip_qkv, clip_qkv] (OLMo 1.7's)
     # gpt-oss's attention sinks: a learned logit a head, in each softmax's denominator and no value's weight
     attention_sinks: bool = False
     # Granite's multipliers: of the embeddings, of each attention's and MLP's output before it is
@@ -129,8 +130,6 @@ class LlamaSpec(DecoderShape):
             activation = c["hidden_act"]
         if c.get("hidden_act", activation) != activation:
             raise ValueError(f"unsupported hidden_act {c['hidden_act']!r} for {kind}; supported: {activation}")
-        if c.get("clip_qkv") is not None:
-            raise ValueError(f"{kind} with clip_qkv (queries, keys and values clamped) is not supported")
         if kind in ("stablelm", "phi", "cohere", "cohere2") and (c.get("qk_layernorm") or c.get("use_qk_norm")):
             raise ValueError(f"{kind} with its queries and keys LayerNormed a head at a time (qk_layernorm, "
                              "use_qk_norm: StableLM 2 12B's, Command R+'s) is not supported")
@@ -197,6 +196,7 @@ class LlamaSpec(DecoderShape):
             output_norms=kind in ("glm4", "afmoe"),
             gated_attention=kind == "afmoe",
             renames=AFMOE_NAMES if kind == "afmoe" else (),
+            clip_qkv=c.get("clip_qkv"),
             attention_sinks=kind == "gpt_oss",
             # (AFMoE's muP: its embeddings times sqrt(hidden))
             embedding_scale=float(c.get("embedding_multiplier",

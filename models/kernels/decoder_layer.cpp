@@ -249,6 +249,7 @@ struct Layer {
     // Apertus's xIELU (XIELU): its positive side's factor, its negative side's, beta and eps, as the activation
     // uses them (the checkpoint's alphas through softplus, the negative one's plus beta)
     double xielu[4];
+    double clip_qkv;  // the queries, keys and values clamped to [-clip_qkv, clip_qkv] (OLMo 1.7's; 0: not)
 
     // the K/V heads the layer's qkv product gives and it stores (none where it reads another layer's)
     int64_t stored_kv_heads() const { return reads_kv ? 0 : kv_heads; }
@@ -504,6 +505,14 @@ template <typename T>
 void add_rows(T* x, const T* delta, int64_t count) {
 #pragma omp for
     for (int64_t i = 0; i < count; ++i) x[i] += delta[i];
+}
+
+// Each value clamped to [-limit, limit].
+template <typename T>
+void clamp_values(T* x, double limit, int64_t count) {
+    const T top = static_cast<T>(limit);
+#pragma omp for
+    for (int64_t i = 0; i < count; ++i) x[i] = std::clamp(x[i], -top, top);
 }
 
 template <typename T>
@@ -997,6 +1006,7 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
         T* keys = qkv + q_width + gate_width;
         const int64_t stored = l.stored_kv_heads();
         multiply(attn_in, hidden, hidden, l.qkv, l.qkv_bias, qkv_width, qkv);
+        if (l.clip_qkv > 0) clamp_values(qkv, l.clip_qkv, rows * qkv_width);  // (OLMo 1.7's, before anything else)
         // the values: after the keys, or (values_are_keys) a copy of the keys before their norm, in attn until
         // they are stored (the attention's output is written after)
         T* values = keys + kv_width;

@@ -138,7 +138,7 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
         "rotates", "norms_across_heads", "conv_taps", "gated", "values_are_keys", "value_norm", "reads_kv",
         "per_layer_offset", "per_layer_width", "parallel", "norms_after_rotation")]
     _fields_ += [(name, _double) for name in ("eps", "scale", "softcap", "residual_scale", "layer_scale")]
-    _fields_ += [("xielu", _double * 4)]
+    _fields_ += [("xielu", _double * 4), ("clip_qkv", _double)]
 
 
 class _AltUpLayer(ctypes.Structure):  # decoder_layer.cpp's AltUpLayer
@@ -393,7 +393,8 @@ class DecoderLayers:
                             layer_norm=isinstance(block.input_norm, nn.LayerNorm),
                             parallel=getattr(block, "parallel", False),  # (Llama's blocks': LFM2's have none)
                             norms_after_rotation=not mixer and attn.norms_after_rotation,
-                            gated=not mixer and attn.gated)  # (AFMoE's gates between its queries and keys)
+                            gated=not mixer and attn.gated,  # (AFMoE's gates between its queries and keys)
+                            clip_qkv=0.0 if mixer else attn.clip or 0.0)  # (OLMo 1.7's)
         if isinstance(block.mlp, XieluMLP):  # (Apertus's: its layer's own four numbers)
             layer.xielu = (ctypes.c_double * 4)(*block.mlp.factors())
         self._route(layer, block.mlp)

@@ -423,11 +423,22 @@ def test_falcons_loom_does_not_run_are_refused():
         LlamaSpec.from_hf(config | {"parallel_attn": False})
 
 
-def test_an_olmo_file_whose_queries_keys_and_values_are_clamped_is_refused(tmp_path):
-    """OLMo 1.7's clamp (attention.clamp_kqv, transformers' clip_qkv) is refused before a weight is read, naming it."""
-    written = write_gguf_of(tiny_model("olmo"), tmp_path / "olmo.gguf", "olmo", {"attention.clamp_kqv": 8.0})
-    with pytest.raises(ValueError, match=r"olmo with clip_qkv \(queries, keys and values clamped\) is not supported"):
-        Engine.from_pretrained(written)
+def test_an_olmo_file_and_checkpoint_whose_queries_keys_and_values_are_clamped(tmp_path):
+    """OLMo 1.7's clamp (transformers' clip_qkv, a file's attention.clamp_kqv), tight enough here to bind: its file
+    and its checkpoint equal its transformers model in float64 on the native and torch layers."""
+    hf = tiny_model("olmo", seed=3, clip_qkv=0.4)
+    rng = random.Random(18)
+    prompts = [random_prompt(rng, 5, 10), random_prompt(rng, 30, 40)]
+    with torch.no_grad():  # (the clamp binds: some of the first layer's q/k/v past it)
+        x = hf.model.layers[0].input_layernorm(hf.model.embed_tokens(torch.tensor(prompts[1])))
+        assert hf.model.layers[0].self_attn.q_proj(x).abs().max() > 0.4
+    expected = [greedy_with_logprobs(hf, p, 16) for p in prompts]
+    written = write_gguf_of(hf, tmp_path / "olmo.gguf", "olmo", {"attention.clamp_kqv": 0.4,
+                                                                "tokenizer.ggml.eos_token_id": EOS})
+    hf.save_pretrained(tmp_path / "checkpoint")
+    for path in (written, tmp_path / "checkpoint"):
+        assert_same_answers(greedy(path, prompts), expected)
+        assert_same_answers(greedy(path, prompts, native_layers=False), expected)
 
 
 def test_a_minicpm_file_runs_granites_multipliers_by_its_own_keys_and_defaults(tmp_path):
