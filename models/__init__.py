@@ -40,7 +40,8 @@ from .kernels.cpu_linear import use_cpu_linears
 from .kernels.decoder_layer import use_decoder_layers
 from .kernels.quantized import BLOCK_WEIGHTS, check_weights, reduce_linears, runs_blocks
 
-ARCHITECTURES = {"gpt2": (GPT2Spec, GPT2), "gemma": (GemmaSpec, Gemma), "gemma2": (GemmaSpec, Gemma),
+ARCHITECTURES = {"gpt2": (GPT2Spec, GPT2), "gpt_bigcode": (GPT2Spec, GPT2), "gemma": (GemmaSpec, Gemma),
+                 "gemma2": (GemmaSpec, Gemma),
                  "gemma3_text": (GemmaSpec, Gemma),
                  **{family: (Gemma4Spec, Gemma4) for family in GEMMA4_FAMILIES},
                  **{family: (Gemma3nSpec, Gemma3n) for family in GEMMA3N_FAMILIES},

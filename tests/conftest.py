@@ -504,6 +504,10 @@ LLAMA_KIN = {
     # Apertus: each head's q/k norms, an MLP of xIELU(up) with each layer's own numbers, its norms by names of its own
     "apertus": lambda: transformers.ApertusConfig(**KIN_SIZES, head_dim=16, rope_parameters={
         "rope_type": "default", "rope_theta": 10000.0}),
+    # StarCoder (gpt_bigcode): GPT-2's layers with one K/V head, its matrices as nn.Linear keeps them
+    "gpt_bigcode": lambda: transformers.GPTBigCodeConfig(
+        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256, eos_token_id=EOS, bos_token_id=1,
+        pad_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
     "gpt_neox": lambda: transformers.GPTNeoXConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0, hidden_dropout=0.0,
@@ -901,6 +905,8 @@ def _kv_heads(c) -> int:
     multi-query in the old layout."""
     if c.model_type in ("gpt_neox", "gpt2"):
         return c.num_attention_heads
+    if c.model_type == "gpt_bigcode":
+        return 1 if c.multi_query else c.num_attention_heads
     if c.model_type == "falcon":
         return c.num_kv_heads if c.new_decoder_architecture or not c.multi_query else 1
     return c.num_key_value_heads
@@ -1034,7 +1040,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                                    [c.intermediate_size if t == "mlp" else c.moe_intermediate_size if t == "moe" else 0
                                     for t in types] if nemotron else
                                    c.shared_intermediate_size if hybrid and not c.num_local_experts else
-                                   (c.n_inner or 4 * c.n_embd) if arch == "gpt2" else
+                                   (c.n_inner or 4 * c.n_embd) if arch in ("gpt2", "starcoder") else
                                    c.to_dict().get("intermediate_size") or getattr(c, "ffn_hidden_size", None) or
                                    c.moe_intermediate_size)
     writer.add_head_count(heads)
@@ -1067,7 +1073,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     if not (deepseek or state_only) and getattr(c, "head_dim", None) not in (None, c.hidden_size // heads):
         writer.add_key_length(c.head_dim)
     layer_norms = arch in ("starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo", "nemotron", "gptneox",
-                           "falcon", "gpt2")
+                           "falcon", "gpt2", "starcoder")
     if layer_norms:  # (LayerNorms' epsilon; OLMo 1's fixed, as its converter writes it)
         writer.add_layer_norm_eps(getattr(c, "norm_epsilon", None) or getattr(c, "layer_norm_eps", None) or
                                   getattr(c, "norm_eps", None) or getattr(c, "layer_norm_epsilon", None) or 1e-5)
@@ -1078,7 +1084,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
             writer.add_rope_dimension_count(int(rotary * c.hidden_size // c.num_attention_heads))
     else:
         writer.add_layer_norm_rms_eps(c.norm_eps if lfm2 else c.layer_norm_epsilon if nemotron else c.rms_norm_eps)
-    if not nemotron and arch != "gpt2":  # (whose attention has no positions, or learned ones)
+    if not nemotron and arch not in ("gpt2", "starcoder"):  # (whose attention has no positions, or learned ones)
         rope = c.rope_parameters
         base = (rope.get("full_attention") or rope)["rope_theta"]  # (OLMo 3's: its global layers')
         if arch in ("hunyuan-dense", "hunyuan-moe") and rope.get("alpha"):  # (its converter folds the alpha into the base)
@@ -1117,7 +1123,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         if name.startswith("model.visual."):
             continue
         name = name.replace("model.language_model.", "model.", 1).replace("backbone.", "model.", 1)
-        if (state_only or arch in ("falcon", "gpt2")) and name == "lm_head.weight" and c.tie_word_embeddings:
+        tied_output = name == "lm_head.weight" and c.tie_word_embeddings
+        if tied_output and (state_only or arch in ("falcon", "gpt2", "starcoder")):
             continue  # (their converters leave it out)
         if ".act_fn." in name:  # (Apertus's xIELU numbers: the metadata's, a value a layer, as its converter writes)
             continue

@@ -87,6 +87,9 @@ GRANITE_HYBRID_LAYER_NAMES = {"ssm_in": "mamba.in_proj", "ssm_conv1d": "mamba.co
                               "ssm_out": "mamba.out_proj",
                               # (Nemotron 3 Super's latent mixtures: the projections into their space and back)
                               "ffn_latent_down": "mlp.fc1_latent_proj", "ffn_latent_up": "mlp.fc2_latent_proj"}
+# GPT-2's (and StarCoder's) by its own names
+GPT2_LAYER_NAMES = {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_norm": "ln_2",
+                    "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
 # DeepSeek's latent attention by transformers' names (kv_b_proj as llama.cpp's converter splits it: k_b_proj, each
 # head's key rows transposed, and v_b_proj)
 DEEPSEEK_LAYER_NAMES = {"attn_q_a": "self_attn.q_a_proj", "attn_q_a_norm": "self_attn.q_a_layernorm",
@@ -137,8 +140,7 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES, "g
                     # (AFMoE's norms of the attention's output and the MLP's, before the MLP, and its attention's gate)
                     "afmoe": {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_mlp_layernorm",
                               "post_ffw_norm": "post_mlp_layernorm", "attn_gate": "self_attn.gate_proj"},
-                    "gpt2": {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj",
-                             "ffn_norm": "ln_2", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"},
+                    "gpt2": GPT2_LAYER_NAMES, "starcoder": GPT2_LAYER_NAMES,
                     "mamba2": GRANITE_HYBRID_LAYER_NAMES, "mamba": MAMBA_LAYER_NAMES}
 # Falcon 40B's two norms a layer (Falcon 7B's one is attn_norm, Llama's name)
 FALCON_TWO_NORMS = {"attn_norm_2": "input_layernorm", "attn_norm": "post_attention_layernorm"}
@@ -545,7 +547,8 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "seed_oss": "llama", "internlm2": "llama", "minicpm": "llama", "command-r": "llama",
                        "cohere2": "llama", "phi2": "llama", "hunyuan-dense": "llama",
                        "olmo": "llama", "nemotron": "llama", "dots1": "llama", "hunyuan-moe": "llama",
-                       "minimax-m2": "llama", "gptneox": "llama", "falcon": "llama", "gpt2": "llama", "afmoe": "llama",
+                       "minimax-m2": "llama", "gptneox": "llama", "falcon": "llama", "gpt2": "llama", "starcoder": "llama",
+                       "afmoe": "llama",
                        "apertus": "llama"}
 
 

@@ -39,7 +39,7 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "nemotron": "nemotron",  # (Nemotron-4's and Minitron's: of 1 + their weights, an MLP of relu(up)^2)
                  # GPT-NeoX's (Pythia's) and Falcon's (their MLPs' GELU by tanh, as llama.cpp runs them)
                  "gptneox": "gpt_neox", "falcon": "falcon",
-                 "gpt2": "gpt2",  # (its own module: learned positions; _gpt2_model)
+                 "gpt2": "gpt2", "starcoder": "gpt_bigcode",  # (GPT-2's module: learned positions; _gpt2_model)
                  # mixtures on Llama's attention: dots.llm1 (Qwen3's, DeepSeek-V3's routing), Hunyuan-A13B (HunYuan's,
                  # a shared MLP beside softmax-routed experts), MiniMax-M2 (q/k norms across heads, sigmoid routing)
                  "dots1": "dots1", "hunyuan-moe": "hunyuan_v1_moe", "minimax-m2": "minimax_m2",
@@ -263,7 +263,7 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
     if arch in DELTA_RULE_HYBRIDS:  # (a head's width the hidden size's share where the file says none, as llama.cpp's)
         config |= _qwen35_layers(arch, key, config["num_hidden_layers"], file_name)
         config["head_dim"] = config["head_dim"] or config["hidden_size"] // heads
-    if arch == "gpt2":
+    if arch in ("gpt2", "starcoder"):
         return _gpt2_model(key, tensors, config)
     if arch == "gemma4":  # (its rotary and rope_freqs are its global layers': _gemma4_layers reads them)
         return config | _gemma4_layers(key, tensors, config, file_name)
@@ -683,14 +683,16 @@ def _layer_norm_layers(arch: str, key, tensors: dict[str, TensorInfo], config: d
 
 
 def _gpt2_model(key, tensors: dict[str, TensorInfo], config: dict) -> dict:
-    """A GPT-2 file's config by GPT-2's names: its positions' table as long as the file's (n_ctx, its
-    context_length), its matrices as nn.Linear keeps them (linear_layout: gpt2.py's), its own output layer where it
-    has one (Llama's names kept beside, which the reader's own steps read)."""
+    """A GPT-2 file's config by GPT-2's names (a StarCoder file's too: multi-query where it has one K/V head): its
+    positions' table as long as the file's (n_ctx, its context_length), its matrices as nn.Linear keeps them
+    (linear_layout: gpt2.py's), its own output layer where it has one (Llama's names kept beside, which the reader's
+    own steps read)."""
     return config | {"n_embd": config["hidden_size"],
             "n_layer": config["num_hidden_layers"], "n_head": config["num_attention_heads"],
             "n_inner": config["intermediate_size"], "n_positions": tensors["position_embd.weight"].shape[0],
             "layer_norm_epsilon": key("attention.layer_norm_epsilon", 1e-5),
-            "tie_word_embeddings": config["tie_word_embeddings"], "linear_layout": True}
+            "tie_word_embeddings": config["tie_word_embeddings"], "linear_layout": True,
+            "multi_query": config["num_key_value_heads"] == 1}
 
 
 def _per_layer(value, layers: int, predicting: int = 0) -> list[int]:

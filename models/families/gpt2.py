@@ -1,5 +1,6 @@
-"""GPT-2 over the paged KV cache: learned positions, LayerNorm, fused QKV, GELU (tanh) MLP; from Hugging Face
-checkpoints (Conv1D matrices, [in, out]) and GGUF files (gguf.py's names, nn.Linear's [out, in], in their blocks; an
+"""GPT-2 over the paged KV cache: learned positions, LayerNorm, fused QKV, GELU (tanh) MLP; and StarCoder's
+(gpt_bigcode: one K/V head, nn.Linear's matrices); from Hugging Face checkpoints (GPT-2's Conv1D matrices, [in, out])
+and GGUF files (gguf.py's names, nn.Linear's [out, in], in their blocks; an
 output layer of their own where a file has one)."""
 
 from __future__ import annotations
@@ -24,9 +25,16 @@ class GPT2Spec:
     eps: float
     tie_word_embeddings: bool = True
     conv1d: bool = True  # the checkpoint's matrices [in, out], as Conv1D keeps them (a GGUF file's: [out, in])
+    num_kv_heads: int = 0  # K/V heads (StarCoder's one; 0: as many as the query heads)
 
     @classmethod
     def from_hf(cls, c: dict) -> "GPT2Spec":
+        bigcode = c["model_type"] == "gpt_bigcode"
+        if bigcode and not c.get("multi_query", True):
+            raise ValueError("gpt_bigcode without multi_query (a head's query, key and value rows together) is not "
+                             "supported; StarCoder's and SantaCoder's are multi-query")
+        if not c.get("scale_attn_weights", True):
+            raise ValueError(f"{c['model_type']} without scale_attn_weights is not supported")
         if c.get("scale_attn_by_inverse_layer_idx"):
             raise ValueError("gpt2 checkpoints with scale_attn_by_inverse_layer_idx are not supported")
         act = c.get("activation_function", "gelu_new")
@@ -36,7 +44,8 @@ class GPT2Spec:
             vocab_size=c["vocab_size"], hidden_size=c["n_embd"], num_layers=c["n_layer"],
             num_heads=c["n_head"], inner_size=c.get("n_inner") or 4 * c["n_embd"],
             max_position=c["n_positions"], eps=c.get("layer_norm_epsilon", 1e-5),
-            tie_word_embeddings=bool(c.get("tie_word_embeddings", True)), conv1d=not c.get("linear_layout", False),
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", True)),
+            conv1d=not (bigcode or c.get("linear_layout", False)), num_kv_heads=1 if bigcode else 0,
         )
 
 
@@ -44,16 +53,19 @@ class Block(nn.Module):
     def __init__(self, s: GPT2Spec):
         super().__init__()
         self.heads, self.dim = s.num_heads, s.hidden_size // s.num_heads
+        self.kv_heads = s.num_kv_heads or s.num_heads
         self.ln1 = nn.LayerNorm(s.hidden_size, eps=s.eps)
-        self.qkv = nn.Linear(s.hidden_size, 3 * s.hidden_size)
+        self.qkv = nn.Linear(s.hidden_size, s.hidden_size + 2 * self.kv_heads * self.dim)
         self.attn_out = nn.Linear(s.hidden_size, s.hidden_size)
         self.ln2 = nn.LayerNorm(s.hidden_size, eps=s.eps)
         self.fc = nn.Linear(s.hidden_size, s.inner_size)
         self.proj = nn.Linear(s.inner_size, s.hidden_size)
 
     def forward(self, x, kv_cache, layer, step, masks):
-        q, k, v = self.qkv(self.ln1(x)).view(-1, 3, self.heads, self.dim).unbind(1)
-        o = paged_attention(q, k, v, kv_cache, layer, step, masks, self.dim ** -0.5)
+        keys = self.kv_heads * self.dim
+        q, k, v = self.qkv(self.ln1(x)).split([self.heads * self.dim, keys, keys], -1)
+        o = paged_attention(q.view(-1, self.heads, self.dim), k.view(-1, self.kv_heads, self.dim),
+                            v.view(-1, self.kv_heads, self.dim), kv_cache, layer, step, masks, self.dim ** -0.5)
         x = x + self.attn_out(o.flatten(1))
         return x + self.proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
@@ -62,7 +74,8 @@ class GPT2(NativeDecoding, nn.Module):
     def __init__(self, s: GPT2Spec):
         super().__init__()
         self.spec = s
-        self.num_layers, self.num_kv_heads, self.head_dim = s.num_layers, s.num_heads, s.hidden_size // s.num_heads
+        self.num_layers, self.head_dim = s.num_layers, s.hidden_size // s.num_heads
+        self.num_kv_heads = s.num_kv_heads or s.num_heads
         self.vocab_size, self.max_position = s.vocab_size, s.max_position
         self.wte = embedding(s.vocab_size, s.hidden_size)
         self.wpe = embedding(s.max_position, s.hidden_size)

@@ -607,7 +607,7 @@ class DecoderLayers:
     def _gpt2_layer(self, block, spec) -> _Layer:
         return self._layer((block.ln1, block.ln2), block.qkv, block.attn_out, block.fc, block.proj,
                            (None, None, None, None), hidden=spec.hidden_size, intermediate=spec.inner_size,
-                           heads=block.heads, kv_heads=block.heads, dim=block.dim, layer_norm=True,
+                           heads=block.heads, kv_heads=block.kv_heads, dim=block.dim, layer_norm=True,
                            activation=GELU_TANH, eps=spec.eps, scale=block.dim ** -0.5)
 
     def _factors(self, norm: nn.Module | None) -> int | None:

@@ -412,6 +412,22 @@ def test_an_apertus_file_without_its_xielu_numbers_is_refused(tmp_path):
         Engine.from_pretrained(stripped)
 
 
+def test_a_starcoder_file_and_checkpoint_equal_their_transformers_model(tmp_path):
+    """StarCoder's (gpt_bigcode; files starcoder): GPT-2's layers with one K/V head (its q/k/v rows every query's,
+    then the key's and the value's), its matrices as nn.Linear keeps them: its file and checkpoint equal its
+    transformers model in float64 on the native and torch layers."""
+    hf = tiny_model("gpt_bigcode", seed=3)
+    rng = random.Random(19)
+    prompts = [random_prompt(rng, 5, 10), random_prompt(rng, 30, 40)]
+    expected = [greedy_with_logprobs(hf, p, 16) for p in prompts]
+    written = write_gguf_of(hf, tmp_path / "starcoder.gguf", "starcoder", {"tokenizer.ggml.eos_token_id": EOS})
+    assert GGUFFile(written).metadata["starcoder.attention.head_count_kv"] == 1
+    hf.save_pretrained(tmp_path / "checkpoint")
+    for path in (written, tmp_path / "checkpoint"):
+        assert_same_answers(greedy(path, prompts), expected)
+        assert_same_answers(greedy(path, prompts, native_layers=False), expected)
+
+
 def test_falcons_loom_does_not_run_are_refused():
     """A Falcon with ALiBi's positions or its MLP after the attention (Falcon-RW's), which llama.cpp does not run
     either, is refused naming what it has."""
