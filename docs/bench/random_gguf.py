@@ -35,6 +35,7 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape falcon-7b --format q4_k_m --vocab 65024 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape afmoe-18b-8l --format q4_k_m --vocab 200192 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape apertus-8b --format q4_k_m --vocab 131072 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape starcoder-1b --format q4_k_m --vocab 49152 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape glm45air-106b-a12b-6l --format q4_k_m --vocab 151552 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape qwen3next-80b-a3b-8l --format q4_k_m --vocab 151936 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape falcon-h1-0.5b --format q4_k_m --out /tmp/gguf
@@ -151,7 +152,9 @@ Q5_0 and Q8_0 fallbacks); the afmoe ones by transformers' AfmoeConfig defaults (
 norms before and after the attention and the MLP, three 1024-token window layers in four; a dense first layer of 6144,
 then 64 experts of 1408 rows, 6 a token, by sigmoid plus a bias each, renormalised, beside two shared ones), the -8l
 one its first eight layers; the apertus one as Apertus-8B's (architecture apertus: 32 query heads over 8 K/V heads
-of 128, each head's q/k norms, an MLP of xIELU(up) 21504 wide, its numbers a layer in the metadata);
+of 128, each head's q/k norms, an MLP of xIELU(up) 21504 wide, its numbers a layer in the metadata); the starcoder
+one as StarCoderBase-1B's (architecture starcoder: 16 query heads of 128 over one K/V head, q/k/v one attn_qkv,
+LayerNorms and biases everywhere, learned positions for 8,192 tokens, its table tied);
 the qwen3moe one as a Qwen3-MoE (Qwen3's layout, 128 experts of 768 rows, 8 a token, each layer's
 three expert products a stack of all 128 experts' matrices, its router in F32 as llama-quantize leaves it);
 the ministral3 ones as Ministral 3's (architecture mistral3: Llama's layout, 128-wide heads, its yarn
@@ -260,8 +263,8 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "pythia-1.4b": (2048, 8192, 24, 16, 16), "falcon-7b": (4544, 18176, 32, 71, 1),
           # AFMoE (Arcee's Trinity) by transformers' AfmoeConfig defaults, and its first eight layers
           "afmoe-18b": (2048, 6144, 32, 16, 16), "afmoe-18b-8l": (2048, 6144, 8, 16, 16),
-          # Swiss AI's Apertus-8B
-          "apertus-8b": (4096, 21504, 32, 32, 8)}
+          # Swiss AI's Apertus-8B; BigCode's StarCoderBase-1B
+          "apertus-8b": (4096, 21504, 32, 32, 8), "starcoder-1b": (2048, 8192, 24, 16, 1)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
 UNTIED = {"phi2-2.7b", "qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
           "qwen2moe-a2.7b", "qwen35-9b", "qwen3vl-8b", "qwen3vlmoe-30b-a3b", "nemotronh-4b", "nemotronh-8b",
@@ -326,6 +329,7 @@ class Layout:
     fused_qkv: bool = False  # the queries', keys' and values' rows one attn_qkv (GPT-NeoX's, Falcon's)
     attention_gate: bool = False  # a gate a query value on the attention's output, attn_gate (AFMoE's)
     xielu: bool = False  # an MLP of xIELU(up) alone, its numbers a layer in the metadata (Apertus's)
+    positions: bool = False  # learned positions, a table of ``context`` rows (position_embd: StarCoder's, GPT-2's)
     window_pattern: int | None = None  # every n-th layer global, the others through ``window`` (Command R7B's 4)
     # GLM-4's: its rotary over this share of a head, gate and up one ffn_up
     rotary_share: float = 1.0
@@ -433,6 +437,10 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
            # (Apertus's: each head's q/k norms, an MLP of xIELU(up), its numbers as a trained model's, near 0.8 and 0.5)
            "apertus": Layout("apertus", head=128, rope_base=12000000.0, eps=1e-5, context=65536, head_norms=True,
                              gelu_mlp=True, xielu=True),
+           # (StarCoder's: GPT-2's layers with one K/V head, q/k/v one attn_qkv, LayerNorms and biases everywhere,
+           # learned positions, no rotary)
+           "starcoder": Layout("starcoder", head=128, eps=1e-5, context=8192, biases=True, layer_norm="biased",
+                               gelu_mlp=True, all_biases=True, fused_qkv=True, positions=True),
            "glm4": Layout("glm4", head=128, rope_base=10000.0, eps=1e-5, context=32768, biases=True, output_norms=True,
                           rotary_share=0.5, glm=True),
            # (DeepSeek-V2-Lite's YaRN: a factor of 40 over 4,096 tokens, mscale_all_dim 0.707)
@@ -701,6 +709,8 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
         mlp += ((("ffn_gate_inp_shexp", (hidden,)),) if family.shared_gate else ()) + (
             ("ffn_gate_shexp", (width, hidden)), ("ffn_up_shexp", (width, hidden)), ("ffn_down_shexp", (hidden, width)))
     yield "token_embd.weight", -1, (vocab, hidden)
+    if family.positions:
+        yield "position_embd.weight", -1, (family.context, hidden)
     if family.gemma3n:
         yield from gemma3n_tensors(hidden, inner, layers, heads, kv_heads, head, vocab, family.gemma3n)
         return
