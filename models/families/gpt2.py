@@ -1,7 +1,7 @@
 """GPT-2 over the paged KV cache: learned positions, LayerNorm, fused QKV, GELU (tanh) MLP; and StarCoder's
 (gpt_bigcode: one K/V head, nn.Linear's matrices); from Hugging Face checkpoints (GPT-2's Conv1D matrices, [in, out])
-and GGUF files (gguf.py's names, nn.Linear's [out, in], in their blocks; an
-output layer of their own where a file has one)."""
+and GGUF files (gguf.py's names, nn.Linear's [out, in], in their blocks; an output layer of their own where a file
+has one)."""
 
 from __future__ import annotations
 
