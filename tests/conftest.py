@@ -1123,8 +1123,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         if name.startswith("model.visual."):
             continue
         name = name.replace("model.language_model.", "model.", 1).replace("backbone.", "model.", 1)
-        tied_output = name == "lm_head.weight" and c.tie_word_embeddings
-        if tied_output and (state_only or arch in ("falcon", "gpt2", "starcoder")):
+        converters_leave_out = state_only or arch in ("falcon", "gpt2", "starcoder")
+        if name == "lm_head.weight" and converters_leave_out and c.tie_word_embeddings:
             continue  # (their converters leave it out)
         if ".act_fn." in name:  # (Apertus's xIELU numbers: the metadata's, a value a layer, as its converter writes)
             continue
