@@ -277,6 +277,12 @@ CONFIGS = {
         num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
         pad_token_id=0, attention_bias=True,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    # GLM (GLM-4-9B's, ChatGLM's): GLM-4's layers without its outputs' norms
+    "glm": lambda: transformers.GlmConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        pad_token_id=0, attention_bias=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
     # Nemotron-H: a Mamba2 layer and an attention layer each followed by a squared-ReLU MLP layer, then two
     # Mamba2 layers, the first with no MLP after it
     "nemotron_h": lambda: transformers.NemotronHConfig(
@@ -435,7 +441,7 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "falcon_mamba": transformers.FalconMambaForCausalLM, "gemma4": transformers.Gemma4ForCausalLM,
                  "gemma3n": transformers.Gemma3nForCausalLM,
                  "gemma4_moe": transformers.Gemma4ForCausalLM,
-                 "glm4": transformers.Glm4ForCausalLM,
+                 "glm4": transformers.Glm4ForCausalLM, "glm": transformers.GlmForCausalLM,
                  "deepseek_v2": transformers.DeepseekV2ForCausalLM, "deepseek_v3": transformers.DeepseekV3ForCausalLM,
                  "glm4_moe_lite": transformers.Glm4MoeLiteForCausalLM, "glm4_moe": transformers.Glm4MoeForCausalLM,
                  "dots1": transformers.Dots1ForCausalLM, "hunyuan_v1_moe": transformers.HunYuanMoEV1ForCausalLM,
@@ -533,7 +539,7 @@ def tiny_model(arch: str, seed: int = 0, **config):
             if name.endswith(("sinks", "_bias", "router.bias", "shared_expert_gate.weight", "mamba.D", "mixer.D",
                               "e_score_correction_bias", "router.scale", "per_expert_scale",
                               "correct_output_scale")) or (
-                    arch in ("glm4", "glm4_moe") and name.endswith("proj.bias")):
+                    arch in ("glm", "glm4", "glm4_moe") and name.endswith("proj.bias")):
                 tensor.normal_(0.0, 0.5)
             if arch in LLAMA_KIN and ("norm" in name or ".ln_" in name or name.endswith("bias")):  # (at 1 and 0)
                 tensor.normal_(0.0 if name.endswith("bias") else 1.0, 0.3)

@@ -131,7 +131,8 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES, "g
                     # (GLM-4's norms after the attention and the MLP, by Gemma's names in its files; its up
                     # product gives the gate's rows too)
                     "glm4": {"post_attention_norm": "post_self_attn_layernorm", "post_ffw_norm": "post_mlp_layernorm",
-                             "ffn_up": "mlp.gate_up_proj"}, "nemotron_h": GRANITE_HYBRID_LAYER_NAMES,
+                             "ffn_up": "mlp.gate_up_proj"}, "chatglm": {"ffn_up": "mlp.gate_up_proj"},
+                    "nemotron_h": GRANITE_HYBRID_LAYER_NAMES,
                     "nemotron_h_moe": GRANITE_HYBRID_LAYER_NAMES,
                     # (GLM-4.5's norm before the MLP by the name of a norm after the attention)
                     "glm4moe": {"post_attention_norm": "post_attention_layernorm"},
@@ -542,7 +543,7 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "qwen35": "llama", "qwen35moe": "llama", "qwen3next": "llama", "granitehybrid": "llama",
                        "qwen2vl": "qwen2", "qwen3vl": "qwen3",
                        "qwen3vlmoe": "qwen3", "nemotron_h": "llama", "nemotron_h_moe": "llama", "glm4": "llama",
-                       "glm4moe": "llama", "falcon-h1": "llama", "mamba2": "llama", "mamba": "llama",
+                       "chatglm": "llama", "glm4moe": "llama", "falcon-h1": "llama", "mamba2": "llama", "mamba": "llama",
                        "deepseek2": "llama", "gemma4": "llama", "gemma3n": "gemma3", "exaone": "llama", "arcee": "llama",
                        "seed_oss": "llama", "internlm2": "llama", "minicpm": "llama", "command-r": "llama",
                        "cohere2": "llama", "phi2": "llama", "hunyuan-dense": "llama",

@@ -11,9 +11,9 @@ from .layers import DecoderShape
 from .moe import MoESpec
 from .rope import rope_type
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi3", "smollm3", "granite", "glm4",
-            "exaone", "arcee", "seed_oss", "hunyuan_v1_dense", "starcoder2", "stablelm", "phi", "cohere", "cohere2",
-            "olmo", "nemotron", "gpt_neox", "falcon", "mixtral", "qwen2_moe", "qwen3_moe", "granitemoe",
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi3", "smollm3", "granite", "glm",
+            "glm4", "exaone", "arcee", "seed_oss", "hunyuan_v1_dense", "starcoder2", "stablelm", "phi", "cohere",
+            "cohere2", "olmo", "nemotron", "gpt_neox", "falcon", "mixtral", "qwen2_moe", "qwen3_moe", "granitemoe",
             "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss", "glm4_moe", "dots1", "hunyuan_v1_moe", "minimax_m2",
             "afmoe", "apertus")
 # AFMoE's checkpoint names by Llama's, in this order: its norm of the attention's output is GLM-4's (post_norm's
@@ -140,8 +140,8 @@ class LlamaSpec(DecoderShape):
         trained = c.get("max_position_embeddings", 2048)
         # Dynamic NTK scaling exists to run past the trained context: up to factor times it.
         context = int(trained * rope["factor"]) if rope_type(rope) == "dynamic" else trained
-        # (ERNIE 4.5's use_bias: every product's; GLM-4's attention_bias its q/k/v's, True unless said)
-        bias = bool(c.get("attention_bias", c.get("use_bias", kind in ("glm4", "phi"))))
+        # (ERNIE 4.5's use_bias: every product's; GLM's and GLM-4's attention_bias its q/k/v's, True unless said)
+        bias = bool(c.get("attention_bias", c.get("use_bias", kind in ("glm", "glm4", "phi"))))
         layers = c["num_hidden_layers"]
         return cls(
             vocab_size=c["vocab_size"],
@@ -170,7 +170,7 @@ class LlamaSpec(DecoderShape):
             qkv_bias=kind == "qwen2" or (kind == "qwen2_moe" and c.get("qkv_bias", True)) or bias or
             bool(c.get("use_qkv_bias")),  # (StableLM's)
             # (GLM-4's output product has none; Seed-OSS's says whether it has)
-            out_bias=bool(c.get("attention_out_bias", bias and kind not in ("glm4", "glm4_moe"))),
+            out_bias=bool(c.get("attention_out_bias", bias and kind not in ("glm", "glm4", "glm4_moe"))),
             mlp_bias=bool(c.get("mlp_bias", c.get("use_bias", kind == "phi"))),
             qk_norm=kind in ("qwen3", "qwen3_moe", "olmoe", "dots1", "minimax_m2", "afmoe", "apertus", *HUNYUAN) or (
                 kind == "glm4_moe" and bool(c.get("use_qk_norm"))),
@@ -191,7 +191,7 @@ class LlamaSpec(DecoderShape):
             query_temperature=_query_temperature(rope),
             # (a GGUF file's rows are put in halves as they are read: gguf_config says so)
             # (Cohere's too)
-            interleaved_rotary=kind in ("ernie4_5", "ernie4_5_moe", "glm4", "cohere", "cohere2") and
+            interleaved_rotary=kind in ("ernie4_5", "ernie4_5_moe", "glm", "glm4", "cohere", "cohere2") and
             not c.get("rotary_rows_in_halves", False),
             output_norms=kind in ("glm4", "afmoe"),
             gated_attention=kind == "afmoe",

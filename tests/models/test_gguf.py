@@ -476,19 +476,20 @@ def test_a_minicpm_file_runs_granites_multipliers_by_its_own_keys_and_defaults(t
         assert_same_answers(greedy(written, prompts), expected)
 
 
-def test_a_glm4_file_equals_its_transformers_model(tmp_path):
+@pytest.mark.parametrize("arch, file_arch", [("glm4", "glm4"), ("glm", "chatglm")], ids=["glm4", "chatglm"])
+def test_glm_files_equal_their_transformers_models(tmp_path, arch, file_arch):
     """A GLM-4 file (architecture glm4: q/k/v biases, its rotary's pairs side by side over half of each head as
     the checkpoint keeps them, rope.dimension_count saying so; the attention's and MLP's outputs normed,
-    post_attention_norm and post_ffw_norm; gate and up one ffn_up), in float64: transformers' answers; and in
-    8-bit blocks, its q/k rows put in halves as they are read, on the native layers: the same tokens as the torch
-    layers over them."""
-    hf = tiny_model("glm4", seed=3)
+    post_attention_norm and post_ffw_norm; gate and up one ffn_up) and a GLM-4-9B file (architecture chatglm: the
+    same without the output norms), in float64: transformers' answers; and in 8-bit blocks, its q/k rows put in
+    halves as they are read, on the native layers: the same tokens as the torch layers over them."""
+    hf = tiny_model(arch, seed=3)
     rng = random.Random(17)
     prompts = [random_prompt(rng, 1, 4), random_prompt(rng, 30, 60)]
     metadata = {"rope.dimension_count": hf.config.head_dim // 2, "tokenizer.ggml.eos_token_id": EOS}
-    path = write_gguf_of(hf, tmp_path / "glm4.gguf", "glm4", metadata)
+    path = write_gguf_of(hf, tmp_path / f"{file_arch}.gguf", file_arch, metadata)
     assert_same_answers(greedy(path, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
-    quantized = write_gguf_of(hf, tmp_path / "glm4-q8.gguf", "glm4", metadata, matrices=Q.Q8_0)
+    quantized = write_gguf_of(hf, tmp_path / f"{file_arch}-q8.gguf", file_arch, metadata, matrices=Q.Q8_0)
     assert_8_bit_answers(hf, quantized, prompts)
 
 
