@@ -341,6 +341,12 @@ CONFIGS = {
         eos_token_id=EOS, bos_token_id=1, pad_token_id=0, initializer_range=0.15, experts_implementation="eager",
         rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0}),
     # MiniMax-M2: q/k norms across all heads, half of each head rotated, experts chosen by sigmoid and bias, renormalised
+    # DBRX: LayerNorms without biases, q/k/v one product clamped at 0.2 (about one value in eight reaches past it),
+    # four experts of 32 rows, two a token by softmax, renormalised
+    "dbrx": lambda: transformers.DbrxConfig(
+        vocab_size=VOCAB, d_model=64, n_heads=4, n_layers=2, max_seq_len=256, eos_token_id=EOS, bos_token_id=1,
+        pad_token_id=0, attn_config={"kv_n_heads": 2, "clip_qkv": 0.2, "rope_theta": 10000.0},
+        ffn_config={"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2}),
     "minimax_m2": lambda: transformers.MiniMaxM2Config(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=2, rotary_dim=8,
@@ -445,7 +451,8 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "deepseek_v2": transformers.DeepseekV2ForCausalLM, "deepseek_v3": transformers.DeepseekV3ForCausalLM,
                  "glm4_moe_lite": transformers.Glm4MoeLiteForCausalLM, "glm4_moe": transformers.Glm4MoeForCausalLM,
                  "dots1": transformers.Dots1ForCausalLM, "hunyuan_v1_moe": transformers.HunYuanMoEV1ForCausalLM,
-                 "minimax_m2": transformers.MiniMaxM2ForCausalLM, "afmoe": transformers.AfmoeForCausalLM}
+                 "minimax_m2": transformers.MiniMaxM2ForCausalLM, "afmoe": transformers.AfmoeForCausalLM,
+                 "dbrx": transformers.DbrxForCausalLM}
 
 
 def interruptible() -> None:
@@ -713,7 +720,8 @@ GGUF_GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.no
                      "transformer.word_embeddings.weight": "token_embd.weight",
                      "transformer.ln_f.weight": "output_norm.weight",
                      "transformer.ln_f.bias": "output_norm.bias",
-                     "transformer.wte.weight": "token_embd.weight", "transformer.wpe.weight": "position_embd.weight"}
+                     "transformer.wte.weight": "token_embd.weight", "transformer.wpe.weight": "position_embd.weight",
+                     "transformer.norm_f.weight": "output_norm.weight"}  # (DBRX's)
 GGUF_LFM2_NAMES = {"operator_norm": "attn_norm", "ffn_norm": "ffn_norm", "self_attn.out_proj": "attn_output",
                    "self_attn.q_layernorm": "attn_q_norm", "self_attn.k_layernorm": "attn_k_norm",
                    "feed_forward.w1": "ffn_gate", "feed_forward.w3": "ffn_up", "feed_forward.w2": "ffn_down",
@@ -993,6 +1001,23 @@ def _deepseek2_tensors(rest: str, values, c):
     return None
 
 
+# DBRX's by llama.cpp's names (its experts' stacks: _dbrx_tensors)
+GGUF_DBRX_NAMES = {"norm_attn_norm.norm_1.weight": "attn_norm.weight", "norm_attn_norm.attn.Wqkv.weight": "attn_qkv.weight",
+                   "norm_attn_norm.attn.out_proj.weight": "attn_output.weight",
+                   "norm_attn_norm.norm_2.weight": "attn_out_norm.weight", "ffn.router.layer.weight": "ffn_gate_inp.weight"}
+
+
+def _dbrx_tensors(rest: str, values, c):
+    """A DBRX layer's tensor as its converter writes it: by llama.cpp's name; its experts' w1, v1 and w2 as stacks
+    [experts, inner, hidden], w2's transposed to [experts, hidden, inner]."""
+    if rest in GGUF_DBRX_NAMES:
+        return GGUF_DBRX_NAMES[rest], values
+    experts = values.reshape(c.ffn_config.moe_num_experts, c.ffn_config.ffn_hidden_size, c.d_model)
+    name = {"ffn.experts.mlp.w1": "ffn_gate_exps", "ffn.experts.mlp.v1": "ffn_up_exps",
+            "ffn.experts.mlp.w2": "ffn_down_exps"}[rest]
+    return f"{name}.weight", experts.transpose(0, 2, 1).copy() if name == "ffn_down_exps" else experts
+
+
 def _gpt_oss_tensors(rest: str, values):
     """A gpt-oss parameter as llama.cpp's converter writes it: (name within the block, values) pairs.
     Its experts' interleaved gate and up columns [experts, hidden, 2 x inner] split into two stacks
@@ -1047,6 +1072,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                                     for t in types] if nemotron else
                                    c.shared_intermediate_size if hybrid and not c.num_local_experts else
                                    (c.n_inner or 4 * c.n_embd) if arch in ("gpt2", "starcoder") else
+                                   c.ffn_config.ffn_hidden_size if arch == "dbrx" else
                                    c.to_dict().get("intermediate_size") or getattr(c, "ffn_hidden_size", None) or
                                    c.moe_intermediate_size)
     writer.add_head_count(heads)
@@ -1079,7 +1105,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     if not (deepseek or state_only) and getattr(c, "head_dim", None) not in (None, c.hidden_size // heads):
         writer.add_key_length(c.head_dim)
     layer_norms = arch in ("starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo", "nemotron", "gptneox",
-                           "falcon", "gpt2", "starcoder")
+                           "falcon", "gpt2", "starcoder", "dbrx")
     if layer_norms:  # (LayerNorms' epsilon; OLMo 1's fixed, as its converter writes it)
         writer.add_layer_norm_eps(getattr(c, "norm_epsilon", None) or getattr(c, "layer_norm_eps", None) or
                                   getattr(c, "norm_eps", None) or getattr(c, "layer_norm_epsilon", None) or 1e-5)
@@ -1167,6 +1193,10 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         if deepseek and (written := _deepseek2_tensors(rest, values, c)) is not None:
             for part, part_values in written:
                 add(f"blk.{layer}.{part}", part_values)
+            continue
+        if arch == "dbrx":
+            part, part_values = _dbrx_tensors(rest, values, c)
+            add(f"blk.{layer}.{part}", part_values)
             continue
         if arch == "gpt-oss" and rest.startswith(("mlp.experts.", "mlp.router.", "self_attn.sinks")):
             for part, part_values in _gpt_oss_tensors(rest, values):

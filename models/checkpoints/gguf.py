@@ -142,6 +142,7 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES, "g
                     "afmoe": {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_mlp_layernorm",
                               "post_ffw_norm": "post_mlp_layernorm", "attn_gate": "self_attn.gate_proj"},
                     "gpt2": GPT2_LAYER_NAMES, "starcoder": GPT2_LAYER_NAMES,
+                    "dbrx": {"attn_out_norm": "post_attention_layernorm"},  # (DBRX's norm before its experts)
                     "mamba2": GRANITE_HYBRID_LAYER_NAMES, "mamba": MAMBA_LAYER_NAMES}
 # Falcon 40B's two norms a layer (Falcon 7B's one is attn_norm, Llama's name)
 FALCON_TWO_NORMS = {"attn_norm_2": "input_layernorm", "attn_norm": "post_attention_layernorm"}
@@ -550,7 +551,7 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "olmo": "llama", "nemotron": "llama", "dots1": "llama", "hunyuan-moe": "llama",
                        "minimax-m2": "llama", "gptneox": "llama", "falcon": "llama", "gpt2": "llama", "starcoder": "llama",
                        "afmoe": "llama",
-                       "apertus": "llama"}
+                       "apertus": "llama", "dbrx": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

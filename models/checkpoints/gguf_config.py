@@ -45,7 +45,8 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  # a shared MLP beside softmax-routed experts), MiniMax-M2 (q/k norms across heads, sigmoid routing)
                  "dots1": "dots1", "hunyuan-moe": "hunyuan_v1_moe", "minimax-m2": "minimax_m2",
                  "afmoe": "afmoe",  # (Arcee's Trinity: gated attention, norms about each part, global layers unrotated)
-                 "apertus": "apertus"}  # (Qwen3's q/k norms, an MLP of xIELU(up), its numbers a layer in the metadata)
+                 "apertus": "apertus",
+                 "dbrx": "dbrx"}  # (LayerNorms without biases, q/k/v clamped and one product, softmax-routed experts)  # (Qwen3's q/k norms, an MLP of xIELU(up), its numbers a layer in the metadata)
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
 # Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
@@ -54,7 +55,7 @@ MIXTURES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"
             "granitehybrid": "granitemoehybrid", "qwen3vlmoe": "qwen3_moe", "qwen35moe": "qwen3_5_moe_text",
             "deepseek2": "deepseek_v3", "nemotron_h_moe": "nemotron_h", "glm4moe": "glm4_moe",
             "qwen3next": "qwen3_next", "gemma4": "gemma4_text", "dots1": "dots1", "hunyuan-moe": "hunyuan_v1_moe",
-            "minimax-m2": "minimax_m2", "afmoe": "afmoe"}
+            "minimax-m2": "minimax_m2", "afmoe": "afmoe", "dbrx": "dbrx"}
 # llama.cpp's expert_gating_func: how an architecture's experts are scored where the file says (LFM2-MoE's
 # sigmoid, Nemotron 3's; DeepSeek's either, V2's softmax, V3's sigmoid; the others' softmax, which their files need
 # not say)
@@ -77,7 +78,7 @@ LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "graniteh
 # the architectures whose norms are LayerNorms (their epsilon attention.layer_norm_epsilon), their biases and
 # which of their layers' products add one told by the file's tensors (_layer_norm_layers)
 LAYER_NORM_ARCHITECTURES = frozenset({"starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo", "nemotron",
-                                      "gptneox", "falcon"})
+                                      "gptneox", "falcon", "dbrx"})
 # SmolLM3: every fourth layer attends without rotary, as llama.cpp fixes it (the files do not say); AFMoE's too
 SMOLLM3_NO_ROPE_STEP = AFMOE_NO_ROPE_STEP = 4
 # EXAONE 4: llama.cpp gives only the 32B's 64 layers a window (three layers in four, 4096 tokens where the file
@@ -130,7 +131,7 @@ def check_architecture(meta: dict, file_name: str) -> str:
                              f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, "
                              "OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, Qwen3.5's, "
                              "Qwen3-Next's, DeepSeek's, Nemotron 3's, GLM-4.5's, Gemma 4's, dots.llm1's, Hunyuan-A13B's, "
-                             "MiniMax-M2's and Arcee's Trinity's)")
+                             "MiniMax-M2's, Arcee's Trinity's and DBRX's)")
         if key("expert_shared_feed_forward_length") and arch not in SHARED_EXPERTS:
             raise ValueError(f"{file_name} is a {arch} model with a shared expert, which Loom runs in "
                              f"{', '.join(sorted(SHARED_EXPERTS))} files only")
@@ -403,7 +404,7 @@ def _experts(arch: str, key, config: dict) -> dict:
     if MIXTURES[arch] == "granitemoe" and shared:
         return {"model_type": "granitemoeshared", "num_local_experts": experts, "num_experts_per_tok": used,
                 "intermediate_size": inner or config["intermediate_size"], "shared_intermediate_size": shared}
-    if MIXTURES[arch] in ("mixtral", "granitemoe"):  # (llama.cpp's experts there are feed_forward_length wide)
+    if MIXTURES[arch] in ("mixtral", "granitemoe", "dbrx"):  # (llama.cpp's experts there feed_forward_length wide)
         return {"model_type": MIXTURES[arch], "num_local_experts": experts, "num_experts_per_tok": used,
                 "intermediate_size": inner or config["intermediate_size"]}
     if arch == "gpt-oss":

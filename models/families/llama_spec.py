@@ -15,7 +15,7 @@ FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi
             "glm4", "exaone", "arcee", "seed_oss", "hunyuan_v1_dense", "starcoder2", "stablelm", "phi", "cohere",
             "cohere2", "olmo", "nemotron", "gpt_neox", "falcon", "mixtral", "qwen2_moe", "qwen3_moe", "granitemoe",
             "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss", "glm4_moe", "dots1", "hunyuan_v1_moe", "minimax_m2",
-            "afmoe", "apertus")
+            "afmoe", "apertus", "dbrx")
 # AFMoE's checkpoint names by Llama's, in this order: its norm of the attention's output is GLM-4's (post_norm's
 # name in Llama's checkpoints), the norm before its MLP Llama's post_norm, its router's gate the router
 AFMOE_NAMES = ((".post_attention_layernorm.", ".post_self_attn_layernorm."),
@@ -31,8 +31,8 @@ ACTIVATIONS = {"arcee": "relu2", "nemotron": "relu2", "starcoder2": "gelu_pytorc
 NAMED_GELUS = ("gpt_neox", "falcon")
 # the families whose norms are LayerNorms (the mean removed; with biases but Cohere's and OLMo 1's; OLMo 1's
 # without a weight either, which its checkpoints do not hold: ones here)
-LAYER_NORMS = ("starcoder2", "stablelm", "phi", "cohere", "cohere2", "olmo", "nemotron", "gpt_neox", "falcon")
-UNBIASED_LAYER_NORMS, WEIGHTLESS_LAYER_NORMS = ("cohere", "cohere2", "olmo"), ("olmo",)
+LAYER_NORMS = ("starcoder2", "stablelm", "phi", "cohere", "cohere2", "olmo", "nemotron", "gpt_neox", "falcon", "dbrx")
+UNBIASED_LAYER_NORMS, WEIGHTLESS_LAYER_NORMS = ("cohere", "cohere2", "olmo", "dbrx"), ("olmo",)
 # checkpoint names of Llama's parameters in other families, in this order of replacement: EXAONE 3.5's (the hub's,
 # and transformers' saved ones) after GPT-2's (its output product before the other attention products), StarCoder2's
 # MLP's, Phi-2's, HunYuan's q/k norms, Hunyuan-A13B's router and shared MLP (by DeepSeek's names)
@@ -55,7 +55,14 @@ HUB_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.ln_f.", 
              (".self_attention.dense.", ".self_attn.o_proj."),
              (".ln_attn.", ".input_layernorm."), (".ln_mlp.", ".post_attention_layernorm."),
              # Apertus's
-             (".attention_layernorm.", ".input_layernorm."), (".feedforward_layernorm.", ".post_attention_layernorm."))
+             (".attention_layernorm.", ".input_layernorm."), (".feedforward_layernorm.", ".post_attention_layernorm."),
+             # DBRX's (its experts' three stacks, a matrix of every expert's rows each: moe.py's _routed_experts)
+             ("transformer.blocks.", "model.layers."), ("transformer.norm_f.", "model.norm."),
+             (".norm_attn_norm.norm_1.", ".input_layernorm."),
+             (".norm_attn_norm.norm_2.", ".post_attention_layernorm."),
+             (".norm_attn_norm.attn.Wqkv.", ".self_attn.qkv_proj."),
+             (".norm_attn_norm.attn.out_proj.", ".self_attn.o_proj."),
+             (".ffn.router.layer.", ".mlp.gate."), (".ffn.experts.mlp.", ".mlp.experts."))
 
 
 @dataclass
@@ -154,7 +161,7 @@ class LlamaSpec(DecoderShape):
             # (the LayerNorms' epsilon by its names: StarCoder2's, StableLM's, Phi-2's and Cohere's)
             rms_norm_eps=c.get("rms_norm_eps") or c.get("norm_epsilon") or c.get("layer_norm_eps") or c.get(
                 "norm_eps") or c.get("layer_norm_epsilon") or (
-                1e-5 if kind == "olmo" else 1e-6),  # (OLMo 1's fixed)
+                1e-5 if kind in ("olmo", "dbrx") else 1e-6),  # (OLMo 1's fixed, DBRX's nn.LayerNorm's)
             rope_theta=float(theta),
             rope_scaling=rope if rope_type(rope) != "default" else None,
             # (Nemotron's half a head where its config says nothing, as transformers reads it)
@@ -222,6 +229,8 @@ def _llama_config(kind: str, c: dict) -> dict:
         if c.get("rotary_pct"):
             extra["partial_rotary_factor"] = c["rotary_pct"]
         return {"use_parallel_residual": True} | c | extra
+    if kind == "dbrx":
+        return _dbrx_config(c)
     if kind != "falcon":
         return c
     if c.get("alibi"):
@@ -240,6 +249,30 @@ def _llama_config(kind: str, c: dict) -> dict:
                 "parallel_mlp_norm": c.get("parallel_mlp_norm", (c.get("num_ln_in_parallel_attn") or (2 if new else 1))
                                            == 2),
                 "qkv_layout": c.get("qkv_layout", "groups" if new else None if c.get("multi_query", True) else "heads")}
+
+
+# DBRX's config names by Llama's (a GGUF file's config has Llama's already)
+DBRX_NAMES = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_layers": "num_hidden_layers",
+              "max_seq_len": "max_position_embeddings"}
+
+
+def _dbrx_config(c: dict) -> dict:
+    """DBRX's config in Llama's and Mixtral's names: its attention's (K/V heads, the clamp of q/k/v, the rotary's
+    base) and its experts' (their count, width, top-k), the chosen weights renormalised (their L1 norm, its
+    moe_normalize_expert_weights of 1) or not (None). A ValueError for another norm, which llama.cpp does not run."""
+    attention, experts = c.get("attn_config") or {}, c.get("ffn_config") or {}
+    norm = experts.get("moe_normalize_expert_weights", 1.0)
+    if norm not in (None, 1, 1.0):
+        raise ValueError(f"dbrx with its experts' weights normalised by their L{norm} norm (moe_normalize_expert_"
+                         "weights) is not supported: 1 (their sum) or None")
+    named = {DBRX_NAMES.get(name, name): value for name, value in c.items()}
+    if not experts:  # (a GGUF file's: Mixtral's names already)
+        return named
+    return named | {"num_key_value_heads": attention.get("kv_n_heads", 1), "clip_qkv": attention.get("clip_qkv"),
+                    "rope_theta": attention.get("rope_theta", 10000.0),
+                    "intermediate_size": experts["ffn_hidden_size"], "num_local_experts": experts["moe_num_experts"],
+                    "num_experts_per_tok": experts["moe_top_k"], "norm_topk_prob": norm is not None,
+                    "hidden_act": (experts.get("ffn_act_fn") or {}).get("name", "silu")}
 
 
 def _query_temperature(rope: dict) -> tuple[float, int] | None:

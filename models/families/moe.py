@@ -1,7 +1,6 @@
 """Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE and MoE Shared, OLMoE, ERNIE 4.5,
-gpt-oss, LFM2-MoE, DeepSeek's, GLM-4.5's, Nemotron 3's, dots.llm1's, Hunyuan-A13B's, MiniMax-M2's, AFMoE's): a router
-picks each token's top-k experts; the step's tokens
-are grouped by expert so that every expert runs one matrix product per step on all the tokens routed to it, however
+gpt-oss, LFM2-MoE, DeepSeek's, GLM-4.5's, Nemotron 3's, dots.llm1's, Hunyuan-A13B's, MiniMax-M2's, AFMoE's,
+DBRX's): a router picks each token's top-k experts; the step's tokens are grouped by expert so that every expert runs one matrix product per step on all the tokens routed to it, however
 many requests the flat batch holds. Some mixtures add a shared expert every token takes (Qwen2-MoE's weighted by a
 router of its own)."""
 
@@ -62,6 +61,9 @@ class MoESpec:
         kind = c["model_type"]
         if kind in ("mixtral", "granitemoe"):  # (Granite's softmax over the top-k logits: the same weights)
             return cls(c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"], True, frozenset(), 1)
+        if kind == "dbrx":
+            return cls(c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"],
+                       bool(c.get("norm_topk_prob", True)), frozenset(), 1)
         if kind == "olmoe":
             return cls(c["num_experts"], c["num_experts_per_tok"], c["intermediate_size"],
                        bool(c.get("norm_topk_prob", False)), frozenset(), 1)
@@ -328,19 +330,25 @@ def _shared_expert(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
 
 
 def _routed_experts(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
-    """The router and experts under ``prefix`` in any of the eight layouts: gpt-oss's (mlp.router;
+    """The router and experts under ``prefix`` in any of the nine layouts: gpt-oss's (mlp.router;
     mlp.experts.gate_up_proj [experts, hidden, 2 x inner], each expert's gate and up columns
     interleaved, down_proj [experts, inner, hidden], their biases), transformers 5's
     fused tensors (mlp.experts.gate_up_proj; Granite MoE's under block_sparse_moe), Granite MoE's
     files (block_sparse_moe.input_linear, output_linear: already stacks), Mixtral's files
     (block_sparse_moe.experts.E.w1/w3/w2), LFM2-MoE's (mlp.experts.E.w1/w3/w2), Qwen3-MoE's files
-    (mlp.experts.E.gate_proj/up_proj/down_proj), and a GGUF file's stacks (mlp.experts.gate_proj/up_proj/down_proj.weight,
-    or gate_up_proj.weight where it keeps the two as one, each expert's gate rows then its up rows: float
+    (mlp.experts.E.gate_proj/up_proj/down_proj), DBRX's (mlp.experts.w1/v1/w2 as llama.py renames them: [experts
+    x inner, hidden] each, w2 the down product's transpose), and a GGUF file's stacks
+    (mlp.experts.gate_proj/up_proj/down_proj.weight, or gate_up_proj.weight where it keeps the two as one, each expert's gate rows then its up rows: float
     [experts, rows, width], or blocks of experts x rows rows, which stay three,
     kernels/block_experts.py's)."""
     experts = out_prefix + "experts."
     if prefix + "mlp.router.weight" in hf:
         return _gpt_oss_experts(hf, prefix, out_prefix)
+    if prefix + "mlp.experts.w1" in hf:  # (DBRX's: every expert's rows one matrix a product, the down's transposed)
+        stack = lambda name: hf.pop(prefix + "mlp.experts." + name).unflatten(0, (s.num_experts, -1))
+        return {out_prefix + "router.weight": hf[prefix + "mlp.gate.weight"],
+                experts + "gate_up": torch.cat([stack("w1"), stack("v1")], dim=1),
+                experts + "down": stack("w2").transpose(1, 2).contiguous()}
     for base, router in (("mlp.", "mlp.gate.weight"), ("block_sparse_moe.", "block_sparse_moe.router.weight")):
         if prefix + base + "experts.gate_up_proj" in hf:
             return {out_prefix + "router.weight": hf[prefix + router],

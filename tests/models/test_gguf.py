@@ -653,10 +653,10 @@ def test_unsupported_architecture(tmp_path):
     ("qwen2", {"qwen2.expert_count": 8},
      r"m.gguf is a qwen2 model with 8 experts; Loom runs experts in llama, qwen2moe, qwen3moe, granitemoe, olmoe, "
      r"ernie4_5-moe, gpt-oss, lfm2moe, granitehybrid, qwen3vlmoe, qwen35moe, deepseek2, nemotron_h_moe, glm4moe, "
-     r"qwen3next, gemma4, dots1, hunyuan-moe, minimax-m2, afmoe files \(Mixtral's, Qwen2-MoE's, Qwen3-MoE's, "
+     r"qwen3next, gemma4, dots1, hunyuan-moe, minimax-m2, afmoe, dbrx files \(Mixtral's, Qwen2-MoE's, Qwen3-MoE's, "
      r"Granite MoE's, OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, Qwen3.5's, Qwen3-Next's, "
-     r"DeepSeek's, Nemotron 3's, GLM-4.5's, Gemma 4's, dots.llm1's, Hunyuan-A13B's, MiniMax-M2's and Arcee's "
-     r"Trinity's\)"),
+     r"DeepSeek's, Nemotron 3's, GLM-4.5's, Gemma 4's, dots.llm1's, Hunyuan-A13B's, MiniMax-M2's, Arcee's "
+     r"Trinity's and DBRX's\)"),
     ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_weights_scale": 2.5},
      "m.gguf scales its experts' weights by 2.5, which Loom runs in afmoe, deepseek2, dots1, glm4moe, lfm2moe, "
      "nemotron_h_moe files only"),

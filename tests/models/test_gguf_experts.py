@@ -96,14 +96,18 @@ MIXTURES = {"mixtral": ("llama", lambda c: {"expert_count": c.num_local_experts,
                                           "expert_shared_count": c.num_shared_experts,
                                           "leading_dense_block_count": c.num_dense_layers,
                                           "expert_weights_norm": True, "expert_weights_scale": float(c.route_scale),
-                                          "expert_gating_func": 2, "attention.sliding_window": c.sliding_window})}
+                                          "expert_gating_func": 2, "attention.sliding_window": c.sliding_window}),
+            # (its clamp of q/k/v)
+            "dbrx": ("dbrx", lambda c: {"expert_count": c.ffn_config.moe_num_experts,
+                                        "expert_used_count": c.ffn_config.moe_top_k,
+                                        "attention.clamp_kqv": c.attn_config.clip_qkv})}
 # gpt-oss: llama.cpp's yarn rounds its correction range (transformers' truncate), and its clamp is
 # the model's 7.0 (the files do not say)
 SETTINGS = {"mixtral": {}, "qwen3_moe": {"mlp_only_layers": [], "moe_intermediate_size": 64}, "granitemoe": {},
             "qwen2_moe": {"mlp_only_layers": [], "moe_intermediate_size": 64, "shared_expert_intermediate_size": 96},
             "granitemoeshared": {"shared_intermediate_size": 96}, "ernie4_5_moe": {},
             "olmoe": {}, "lfm2_moe": {}, "glm4_moe": {}, "dots1": {}, "hunyuan_v1_moe": {}, "minimax_m2": {},
-            "afmoe": {},
+            "afmoe": {}, "dbrx": {},
             "gpt_oss": {"swiglu_limit": 7.0, "intermediate_size": 64, "rope_parameters": {
                 "rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
                 "truncate": True, "original_max_position_embeddings": 64}}}

@@ -69,7 +69,8 @@ def test_mixture_configs_read_as_transformers_reads_them():
     """dots.llm1's experts are scored by sigmoid whatever its config's scoring_func says (some hub configs say
     "noaux_tc"), as transformers scores them; Hunyuan-A13B's per-layer lists of experts and top-k, one value for every
     layer, are read as that value, and refused naming the field where the layers differ; MiniMax-M2's rotary_dim is
-    its share of a head."""
+    its share of a head; DBRX's chosen weights are renormalised by their sum (moe_normalize_expert_weights 1), kept
+    as they are (None), or refused naming the norm (2)."""
     from models.families.llama_spec import LlamaSpec
     from models.families.moe import MoESpec
     dots = tiny_model("dots1").config.to_dict() | {"scoring_func": "noaux_tc"}
@@ -81,6 +82,12 @@ def test_mixture_configs_read_as_transformers_reads_them():
     minimax = tiny_model("minimax_m2").config.to_dict()
     minimax.pop("rope_parameters")
     assert LlamaSpec.from_hf(minimax | {"rotary_dim": 4}).partial_rotary_factor == 0.25
+    dbrx = tiny_model("dbrx").config.to_dict()
+    normalised = lambda norm: LlamaSpec.from_hf(dbrx | {"ffn_config": dbrx["ffn_config"] | {
+        "moe_normalize_expert_weights": norm}}).moe.normalize
+    assert normalised(1.0) and not normalised(None)
+    with pytest.raises(ValueError, match="dbrx with its experts' weights normalised by their L2.0 norm"):
+        normalised(2.0)
 
 
 @pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "olmoe",
