@@ -333,6 +333,15 @@ CONFIGS = {
         n_shared_experts=2, first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.5, n_group=1,
         topk_group=1, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
         initializer_range=0.15, experts_implementation="eager"),
+    # EXAONE-MoE (K-EXAONE): each head's q/k norms, three window layers in four, those alone rotating; a dense first
+    # layer, then DeepSeek-V3's routing (sigmoid and bias, renormalised and scaled) beside a shared expert
+    "exaone_moe": lambda: transformers.ExaoneMoeConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+        num_shared_experts=1, first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+        sliding_window=12, sliding_window_pattern=4, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        pad_token_id=0, initializer_range=0.15, experts_implementation="eager",
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
     # Hunyuan-A13B: HunYuan's attention (each head's q/k norms after the rotation, NTK by a fixed alpha), every layer's
     # experts (softmax, renormalised) beside a shared MLP as wide as they are
     "hunyuan_v1_moe": lambda: transformers.HunYuanMoEV1Config(
@@ -452,7 +461,7 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "glm4_moe_lite": transformers.Glm4MoeLiteForCausalLM, "glm4_moe": transformers.Glm4MoeForCausalLM,
                  "dots1": transformers.Dots1ForCausalLM, "hunyuan_v1_moe": transformers.HunYuanMoEV1ForCausalLM,
                  "minimax_m2": transformers.MiniMaxM2ForCausalLM, "afmoe": transformers.AfmoeForCausalLM,
-                 "dbrx": transformers.DbrxForCausalLM}
+                 "dbrx": transformers.DbrxForCausalLM, "exaone_moe": transformers.ExaoneMoeForCausalLM}
 
 
 def interruptible() -> None:

@@ -46,7 +46,10 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "dots1": "dots1", "hunyuan-moe": "hunyuan_v1_moe", "minimax-m2": "minimax_m2",
                  "afmoe": "afmoe",  # (Arcee's Trinity: gated attention, norms about each part, global layers unrotated)
                  "apertus": "apertus",
-                 "dbrx": "dbrx"}  # (LayerNorms without biases, q/k/v clamped and one product, softmax-routed experts)  # (Qwen3's q/k norms, an MLP of xIELU(up), its numbers a layer in the metadata)
+                 "dbrx": "dbrx",  # (LayerNorms without biases, q/k/v clamped and one product, softmax-routed experts)
+                 # (K-EXAONE's: Qwen3's attention, three window layers in four, those alone rotating, DeepSeek-V3's
+                 # routing beside a shared expert)
+                 "exaone-moe": "exaone_moe"}  # (Qwen3's q/k norms, an MLP of xIELU(up), its numbers a layer in the metadata)
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
 # Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
@@ -55,19 +58,20 @@ MIXTURES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"
             "granitehybrid": "granitemoehybrid", "qwen3vlmoe": "qwen3_moe", "qwen35moe": "qwen3_5_moe_text",
             "deepseek2": "deepseek_v3", "nemotron_h_moe": "nemotron_h", "glm4moe": "glm4_moe",
             "qwen3next": "qwen3_next", "gemma4": "gemma4_text", "dots1": "dots1", "hunyuan-moe": "hunyuan_v1_moe",
-            "minimax-m2": "minimax_m2", "afmoe": "afmoe", "dbrx": "dbrx"}
+            "minimax-m2": "minimax_m2", "afmoe": "afmoe", "dbrx": "dbrx", "exaone-moe": "exaone_moe"}
 # llama.cpp's expert_gating_func: how an architecture's experts are scored where the file says (LFM2-MoE's
 # sigmoid, Nemotron 3's; DeepSeek's either, V2's softmax, V3's sigmoid; the others' softmax, which their files need
 # not say)
 GATING = {1: "softmax", 2: "sigmoid"}
 EXPERT_SCORES = {"lfm2moe": ("sigmoid",), "deepseek2": ("softmax", "sigmoid"), "nemotron_h_moe": ("sigmoid",),
-                 "glm4moe": ("sigmoid",), "dots1": ("sigmoid",), "minimax-m2": ("sigmoid",), "afmoe": ("sigmoid",)}
+                 "glm4moe": ("sigmoid",), "dots1": ("sigmoid",), "minimax-m2": ("sigmoid",), "afmoe": ("sigmoid",),
+                 "exaone-moe": ("sigmoid",)}
 # the mixtures whose files may scale their chosen experts' weights (expert_weights_scale)
-SCALED_MIXTURES = frozenset({"lfm2moe", "deepseek2", "nemotron_h_moe", "glm4moe", "dots1", "afmoe"})
+SCALED_MIXTURES = frozenset({"lfm2moe", "deepseek2", "nemotron_h_moe", "glm4moe", "dots1", "afmoe", "exaone-moe"})
 # the mixtures whose files may add a shared expert every token takes (Qwen2-MoE's always, weighted by a
 # router of its own; Granite MoE Shared's, a granitemoe file with expert_shared_feed_forward_length; ERNIE 4.5's)
 SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe", "granitehybrid", "qwen35moe", "deepseek2",
-                            "nemotron_h_moe", "glm4moe", "qwen3next", "dots1", "hunyuan-moe", "afmoe"})
+                            "nemotron_h_moe", "glm4moe", "qwen3next", "dots1", "hunyuan-moe", "afmoe", "exaone-moe"})
 # architectures whose files keep Llama's layout: Q/K rows in the interleaved rotary's order (llama.cpp's
 # converter permutes Llama's; ERNIE 4.5's and GLM-4's checkpoints hold them so: their files are Llama's from
 # there, GLM-4's over the rotary's half of each head), attention biases where the model has them; gguf.py puts
@@ -84,6 +88,7 @@ SMOLLM3_NO_ROPE_STEP = AFMOE_NO_ROPE_STEP = 4
 # EXAONE 4: llama.cpp gives only the 32B's 64 layers a window (three layers in four, 4096 tokens where the file
 # names none), whatever other files say
 EXAONE4_WINDOWED_LAYERS, EXAONE4_WINDOW = 64, 4096
+EXAONE_MOE_WINDOW = 128  # (EXAONE-MoE's window where a file names none, as llama.cpp fixes it)
 # the architectures whose layers may be short convolutions (LFM2's) or Mamba2 layers (Granite 4's hybrids), told
 # apart by having no K/V heads
 CONVOLVING = frozenset({"lfm2", "lfm2moe"})
@@ -131,7 +136,7 @@ def check_architecture(meta: dict, file_name: str) -> str:
                              f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, "
                              "OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, Qwen3.5's, "
                              "Qwen3-Next's, DeepSeek's, Nemotron 3's, GLM-4.5's, Gemma 4's, dots.llm1's, Hunyuan-A13B's, "
-                             "MiniMax-M2's, Arcee's Trinity's and DBRX's)")
+                             "MiniMax-M2's, Arcee's Trinity's, DBRX's and EXAONE-MoE's)")
         if key("expert_shared_feed_forward_length") and arch not in SHARED_EXPERTS:
             raise ValueError(f"{file_name} is a {arch} model with a shared expert, which Loom runs in "
                              f"{', '.join(sorted(SHARED_EXPERTS))} files only")
@@ -253,8 +258,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         config |= {"model_type": "olmo3", "sliding_window": key("attention.sliding_window")}
         if types := _sliding_layers(key, config["num_hidden_layers"], file_name):
             config["layer_types"] = types
-    if arch == "exaone4":
-        config |= _exaone4_layers(key, config["num_hidden_layers"], file_name)
+    if arch in ("exaone4", "exaone-moe"):
+        config |= _exaone_windows(arch, key, config["num_hidden_layers"], file_name)
     if arch == "afmoe":  # (llama.cpp's: three window layers in four where the file names a window, every fourth layer
         # unrotated, the embeddings times sqrt(hidden) whatever the file)
         layers = config["num_hidden_layers"]
@@ -412,7 +417,8 @@ def _experts(arch: str, key, config: dict) -> dict:
                 "intermediate_size": inner or config["intermediate_size"]}
     if arch == "nemotron_h_moe":
         return _nemotron_h_experts(key, used, inner, shared)
-    if arch in ("glm4moe", "dots1"):  # (DeepSeek-V3's routing: moe.py's _deepseek; dots.llm1's by sigmoid always)
+    # (DeepSeek-V3's routing: moe.py's _deepseek; dots.llm1's by sigmoid always)
+    if arch in ("glm4moe", "dots1", "exaone-moe"):
         return _v3_routing(key) | {"moe_intermediate_size": inner or config["intermediate_size"] // used,
                                    "first_k_dense_replace": key("leading_dense_block_count") or 0}
     if arch == "hunyuan-moe":  # (its experts feed_forward_length wide, as llama.cpp reads them, its shared MLP too
@@ -707,15 +713,18 @@ def _per_layer(value, layers: int, predicting: int = 0) -> list[int]:
     return values[:layers] if predicting and len(values) == layers + predicting else values
 
 
-def _exaone4_layers(key, layers: int, file_name: str) -> dict:
-    """An EXAONE 4 file's layer types as llama.cpp reads them: a window for the 32B's 64 layers alone
-    (its global layers then without rotary), none for the others."""
-    if layers != EXAONE4_WINDOWED_LAYERS:
+def _exaone_windows(arch: str, key, layers: int, file_name: str) -> dict:
+    """An EXAONE 4 or EXAONE-MoE file's layer types as llama.cpp reads them: EXAONE 4's window for the 32B's 64 layers
+    alone (none for the others), EXAONE-MoE's always (128 tokens where the file names none); three window layers
+    in four where the file lists none, its global layers then without rotary. A ValueError for window layers that
+    rotate by a base of their own."""
+    if arch == "exaone4" and layers != EXAONE4_WINDOWED_LAYERS:
         return {"sliding_window": None, "layer_types": ["full_attention"] * layers}
     if key("rope.freq_base_swa") not in (None, key("rope.freq_base")):
         raise ValueError(f"{file_name}'s window layers rotate by a base of their own, which Loom does not run for "
-                         "exaone4")
-    return {"sliding_window": key("attention.sliding_window", EXAONE4_WINDOW),
+                         f"{arch}")
+    return {"sliding_window": key("attention.sliding_window", EXAONE4_WINDOW if arch == "exaone4" else
+                                  EXAONE_MOE_WINDOW),
             "layer_types": _sliding_layers(key, layers, file_name, default_pattern=EXAONE4_GLOBAL_EVERY)}
 
 
@@ -767,6 +776,8 @@ def _sliding_layers(key, layers: int, file_name: str, default_pattern: int | Non
         slides = [pattern == 0 or i % pattern < pattern - 1 for i in range(layers)]
     else:
         slides = [bool(flag) for flag in pattern]
+        if len(slides) == layers + (key("nextn_predict_layers") or 0):  # (its next-token prediction layers' too)
+            slides = slides[:layers]
         if len(slides) != layers:
             raise ValueError(f"{file_name}'s sliding_window_pattern names {len(slides)} layers of {layers}")
     return ["sliding_attention" if slide else "full_attention" for slide in slides]

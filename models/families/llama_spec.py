@@ -15,7 +15,7 @@ FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi
             "glm4", "exaone", "arcee", "seed_oss", "hunyuan_v1_dense", "starcoder2", "stablelm", "phi", "cohere",
             "cohere2", "olmo", "nemotron", "gpt_neox", "falcon", "mixtral", "qwen2_moe", "qwen3_moe", "granitemoe",
             "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss", "glm4_moe", "dots1", "hunyuan_v1_moe", "minimax_m2",
-            "afmoe", "apertus", "dbrx")
+            "afmoe", "apertus", "dbrx", "exaone_moe")
 # AFMoE's checkpoint names by Llama's, in this order: its norm of the attention's output is GLM-4's (post_norm's
 # name in Llama's checkpoints), the norm before its MLP Llama's post_norm, its router's gate the router
 AFMOE_NAMES = ((".post_attention_layernorm.", ".post_self_attn_layernorm."),
@@ -179,7 +179,8 @@ class LlamaSpec(DecoderShape):
             # (GLM-4's output product has none; Seed-OSS's says whether it has)
             out_bias=bool(c.get("attention_out_bias", bias and kind not in ("glm", "glm4", "glm4_moe"))),
             mlp_bias=bool(c.get("mlp_bias", c.get("use_bias", kind == "phi"))),
-            qk_norm=kind in ("qwen3", "qwen3_moe", "olmoe", "dots1", "minimax_m2", "afmoe", "apertus", *HUNYUAN) or (
+            qk_norm=kind in ("qwen3", "qwen3_moe", "olmoe", "dots1", "minimax_m2", "afmoe", "apertus", "exaone_moe",
+                             *HUNYUAN) or (
                 kind == "glm4_moe" and bool(c.get("use_qk_norm"))),
             qk_norm_across_heads=kind in ("olmoe", "minimax_m2"),
             qk_norm_after_rotation=kind in HUNYUAN,
@@ -289,12 +290,12 @@ def _query_temperature(rope: dict) -> tuple[float, int] | None:
 
 def _layer_rotates(kind: str, c: dict, layers: int) -> tuple[bool, ...]:
     """Whether each layer rotates its queries and keys: SmolLM3's no_rope_layers (1: it does), or all
-    but every no_rope_layer_interval-th where the config lists none, as transformers derives them; Command R7B's
-    sliding-window layers alone (_cohere2_types)."""
-    if kind == "cohere2":
-        return tuple(t == "sliding_attention" for t in _cohere2_types(c, layers))
-    if kind == "afmoe" and c.get("no_rope_layers") is None:  # (its window layers alone, as transformers runs it)
-        return tuple(t == "sliding_attention" for t in _afmoe_types(c, layers))
+    but every no_rope_layer_interval-th where the config lists none, as transformers derives them; Command R7B's,
+    AFMoE's and EXAONE-MoE's sliding-window layers alone (EXAONE-MoE's all where it has no window)."""
+    if kind in GLOBAL_EVERY and c.get("no_rope_layers") is None:  # (AFMoE's config may list them)
+        if kind == "exaone_moe" and c.get("sliding_window") is None:  # (every layer global, and rotating)
+            return (True,) * layers
+        return tuple(t == "sliding_attention" for t in _types_by_pattern(kind, c, layers))
     rotates = c.get("no_rope_layers")
     if rotates is None:
         interval = c.get("no_rope_layer_interval", 4) if kind == "smollm3" else 0
@@ -314,10 +315,10 @@ def _layer_windows(kind: str, c: dict, layers: int) -> tuple[int | None, ...]:
                                          else "full_attention" for i in range(layers)]
     elif kind == "gpt_oss":  # (its config lists them: every other layer through the window, the first included)
         types = c.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
-    elif kind == "cohere2":
-        types = _cohere2_types(c, layers)
-    elif kind == "afmoe":
-        types = _afmoe_types(c, layers)
+    elif kind in GLOBAL_EVERY:
+        if kind == "exaone_moe" and window is None:
+            return (None,) * layers
+        types = _types_by_pattern(kind, c, layers)
     elif kind == "dots1":  # (the layers from max_window_layers on, where it names a window)
         first = c.get("max_window_layers") or layers
         types = c.get("layer_types") or ["sliding_attention" if window is not None and i >= first
@@ -329,15 +330,14 @@ def _layer_windows(kind: str, c: dict, layers: int) -> tuple[int | None, ...]:
     return tuple(window if t == "sliding_attention" else None for t in types)
 
 
-def _afmoe_types(c: dict, layers: int) -> list[str]:
-    """AFMoE's layer types: its config's, else every global_attn_every_n_layers-th layer global (its fourth)."""
-    every = c.get("global_attn_every_n_layers") or 4
-    return list(c.get("layer_types") or ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
-                                         for i in range(layers)])
+# the families whose configs may name a layer global every n-th layer (its fourth where they do not say), the others
+# sliding: by the config's name for n (Command R7B's, AFMoE's, EXAONE-MoE's)
+GLOBAL_EVERY = {"cohere2": "sliding_window_pattern", "afmoe": "global_attn_every_n_layers",
+                "exaone_moe": "sliding_window_pattern"}
 
 
-def _cohere2_types(c: dict, layers: int) -> list[str]:
-    """Command R7B's layer types: its config's, else every sliding_window_pattern-th layer global (its fourth)."""
-    every = c.get("sliding_window_pattern") or 4
+def _types_by_pattern(kind: str, c: dict, layers: int) -> list[str]:
+    """A GLOBAL_EVERY family's layer types: its config's, else every n-th layer global."""
+    every = c.get(GLOBAL_EVERY[kind]) or 4
     return list(c.get("layer_types") or ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
                                          for i in range(layers)])

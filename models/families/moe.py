@@ -1,6 +1,6 @@
 """Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE and MoE Shared, OLMoE, ERNIE 4.5,
 gpt-oss, LFM2-MoE, DeepSeek's, GLM-4.5's, Nemotron 3's, dots.llm1's, Hunyuan-A13B's, MiniMax-M2's, AFMoE's,
-DBRX's): a router picks each token's top-k experts; the step's tokens are grouped by expert so that every expert runs one matrix product per step on all the tokens routed to it, however
+DBRX's, EXAONE-MoE's): a router picks each token's top-k experts; the step's tokens are grouped by expert so that every expert runs one matrix product per step on all the tokens routed to it, however
 many requests the flat batch holds. Some mixtures add a shared expert every token takes (Qwen2-MoE's weighted by a
 router of its own)."""
 
@@ -94,7 +94,8 @@ class MoESpec:
             return cls(c.get("num_experts") or c["num_local_experts"], c["num_experts_per_tok"],
                        c["moe_intermediate_size"], True, frozenset(), 1, shared_intermediate_size=shared,
                        shared_gate=bool(shared))
-        if kind in DEEPSEEK_KINDS or kind in ("glm4_moe", "dots1"):  # (GLM-4.5's, 4.6's and dots.llm1's: V3's)
+        if kind in DEEPSEEK_KINDS or kind in ("glm4_moe", "dots1", "exaone_moe"):  # (GLM-4.5's, dots.llm1's,
+            # EXAONE-MoE's: V3's)
             return _deepseek(c)
         if kind == "hunyuan_v1_moe":  # (its experts and shared MLP intermediate_size wide, the chosen renormalised)
             inner = c["intermediate_size"]
@@ -146,7 +147,7 @@ def _deepseek(c: dict) -> MoESpec | None:
     """DeepSeek-V2's, V3's, GLM-4.7-Flash's (and GLM-4.5's) experts as transformers runs them: V2's softmax, its
     group-limited greedy routing over each group's best expert; V3's sigmoid (or the scoring_func a GGUF file's config
     says: gguf_config's _deepseek2), its selection biases, its groups scored by their best two; some leading layers
-    dense (V2's and V3's first_k_dense_replace, GLM's mlp_layer_types), shared experts beside the routed ones, the
+    dense (V2's and V3's first_k_dense_replace, GLM's and EXAONE-MoE's mlp_layer_types), shared experts beside the routed ones, the
     chosen weights renormalised where the config says (V2's never are in transformers, whose configs say not to),
     then scaled. dots.llm1's scored by sigmoid whatever its scoring_func ("noaux_tc" in some), as transformers
     scores them. None for a dense model."""
@@ -154,7 +155,7 @@ def _deepseek(c: dict) -> MoESpec | None:
     experts = c.get("n_routed_experts") or c.get("num_local_experts") or c.get("num_experts")
     if not experts:
         return None
-    if kind == "glm4_moe_lite":
+    if c.get("mlp_layer_types") or kind == "glm4_moe_lite":  # (GLM-4.7-Flash's first dense where it does not say)
         types = c.get("mlp_layer_types") or ["dense"] + ["sparse"] * (layers - 1)
         dense = frozenset(i for i, t in enumerate(types) if t == "dense")
     else:
@@ -165,7 +166,8 @@ def _deepseek(c: dict) -> MoESpec | None:
     groups = c.get("n_group") or 1
     return MoESpec(experts, c["num_experts_per_tok"], c["moe_intermediate_size"],
                    bool(c.get("norm_topk_prob")) and not v2, dense, 1,
-                   shared_intermediate_size=c["moe_intermediate_size"] * (c.get("n_shared_experts") or 0),
+                   shared_intermediate_size=c["moe_intermediate_size"] * (
+                       c.get("n_shared_experts") or c.get("num_shared_experts") or 0),
                    selection_bias=not v2,
                    sigmoid=kind == "dots1" or c.get("scoring_func", "softmax" if v2 else "sigmoid") == "sigmoid",
                    routed_scale=float(c.get("routed_scaling_factor") or 1.0),

@@ -100,14 +100,23 @@ MIXTURES = {"mixtral": ("llama", lambda c: {"expert_count": c.num_local_experts,
             # (its clamp of q/k/v)
             "dbrx": ("dbrx", lambda c: {"expert_count": c.ffn_config.moe_num_experts,
                                         "expert_used_count": c.ffn_config.moe_top_k,
-                                        "attention.clamp_kqv": c.attn_config.clip_qkv})}
+                                        "attention.clamp_kqv": c.attn_config.clip_qkv}),
+            # (its window layers listed, a flag a layer)
+            "exaone_moe": ("exaone-moe", lambda c: {
+                "expert_count": c.num_experts, "expert_used_count": c.num_experts_per_tok,
+                "expert_feed_forward_length": c.moe_intermediate_size, "expert_shared_count": c.num_shared_experts,
+                "expert_shared_feed_forward_length": c.moe_intermediate_size * c.num_shared_experts,
+                "leading_dense_block_count": c.first_k_dense_replace, "expert_weights_norm": c.norm_topk_prob,
+                "expert_weights_scale": float(c.routed_scaling_factor), "expert_gating_func": 2,
+                "attention.sliding_window": c.sliding_window,
+                "attention.sliding_window_pattern": [t == "sliding_attention" for t in c.layer_types]})}
 # gpt-oss: llama.cpp's yarn rounds its correction range (transformers' truncate), and its clamp is
 # the model's 7.0 (the files do not say)
 SETTINGS = {"mixtral": {}, "qwen3_moe": {"mlp_only_layers": [], "moe_intermediate_size": 64}, "granitemoe": {},
             "qwen2_moe": {"mlp_only_layers": [], "moe_intermediate_size": 64, "shared_expert_intermediate_size": 96},
             "granitemoeshared": {"shared_intermediate_size": 96}, "ernie4_5_moe": {},
             "olmoe": {}, "lfm2_moe": {}, "glm4_moe": {}, "dots1": {}, "hunyuan_v1_moe": {}, "minimax_m2": {},
-            "afmoe": {}, "dbrx": {},
+            "afmoe": {}, "dbrx": {}, "exaone_moe": {},
             "gpt_oss": {"swiglu_limit": 7.0, "intermediate_size": 64, "rope_parameters": {
                 "rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
                 "truncate": True, "original_max_position_embeddings": 64}}}

@@ -70,7 +70,8 @@ def test_mixture_configs_read_as_transformers_reads_them():
     "noaux_tc"), as transformers scores them; Hunyuan-A13B's per-layer lists of experts and top-k, one value for every
     layer, are read as that value, and refused naming the field where the layers differ; MiniMax-M2's rotary_dim is
     its share of a head; DBRX's chosen weights are renormalised by their sum (moe_normalize_expert_weights 1), kept
-    as they are (None), or refused naming the norm (2)."""
+    as they are (None), or refused naming the norm (2); EXAONE-MoE's window layers alone rotate, and every layer
+    does where it has no window."""
     from models.families.llama_spec import LlamaSpec
     from models.families.moe import MoESpec
     dots = tiny_model("dots1").config.to_dict() | {"scoring_func": "noaux_tc"}
@@ -88,6 +89,11 @@ def test_mixture_configs_read_as_transformers_reads_them():
     assert normalised(1.0) and not normalised(None)
     with pytest.raises(ValueError, match="dbrx with its experts' weights normalised by their L2.0 norm"):
         normalised(2.0)
+    exaone = tiny_model("exaone_moe").config.to_dict()
+    windowed = LlamaSpec.from_hf(exaone)
+    assert windowed.layer_windows == (12, 12, 12, None) and windowed.layer_rotates == (True, True, True, False)
+    unwindowed = LlamaSpec.from_hf(exaone | {"sliding_window": None})
+    assert unwindowed.layer_windows == (None,) * 4 and all(unwindowed.layer_rotates)
 
 
 @pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "olmoe",
