@@ -520,6 +520,8 @@ LLAMA_KIN = {
     "cohere2": lambda: transformers.Cohere2Config(**KIN_SIZES | {"num_hidden_layers": 4}, logit_scale=0.25,
                                                   sliding_window=24),
     "nemotron": lambda: transformers.NemotronConfig(**KIN_SIZES, head_dim=16, attention_bias=True, mlp_bias=True),
+    # Jais-2: LayerNorms, an MLP of relu(up)^2, biases on every product
+    "jais2": lambda: transformers.Jais2Config(**KIN_SIZES, head_dim=16),
     # GPT-NeoX (Pythia's: the MLP beside the attention on a norm of its own, biases everywhere, a quarter of each head
     # rotated, an exact GELU) and Falcon (40B's layout: a norm for the attention, one for the MLP, beside each other;
     # two K/V groups, no biases, an exact GELU, its table tied)
@@ -1114,7 +1116,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     if not (deepseek or state_only) and getattr(c, "head_dim", None) not in (None, c.hidden_size // heads):
         writer.add_key_length(c.head_dim)
     layer_norms = arch in ("starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo", "nemotron", "gptneox",
-                           "falcon", "gpt2", "starcoder", "dbrx")
+                           "falcon", "gpt2", "starcoder", "dbrx", "jais2")
     if layer_norms:  # (LayerNorms' epsilon; OLMo 1's fixed, as its converter writes it)
         writer.add_layer_norm_eps(getattr(c, "norm_epsilon", None) or getattr(c, "layer_norm_eps", None) or
                                   getattr(c, "norm_eps", None) or getattr(c, "layer_norm_epsilon", None) or 1e-5)

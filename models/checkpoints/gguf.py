@@ -551,7 +551,8 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "olmo": "llama", "nemotron": "llama", "dots1": "llama", "hunyuan-moe": "llama",
                        "minimax-m2": "llama", "gptneox": "llama", "falcon": "llama", "gpt2": "llama", "starcoder": "llama",
                        "afmoe": "llama",
-                       "apertus": "llama", "dbrx": "llama", "exaone-moe": "llama"}
+                       "apertus": "llama", "dbrx": "llama", "exaone-moe": "llama",
+                       "jais2": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

@@ -38,6 +38,7 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "starcoder2": "starcoder2", "stablelm": "stablelm", "phi2": "phi", "command-r": "cohere",
                  "cohere2": "cohere2", "olmo": "olmo",  # (OLMo 1's: weightless LayerNorms)
                  "nemotron": "nemotron",  # (Nemotron-4's and Minitron's: of 1 + their weights, an MLP of relu(up)^2)
+                 "jais2": "jais2",  # (Jais-2's: LayerNorms, an MLP of relu(up)^2, biases everywhere)
                  # GPT-NeoX's (Pythia's) and Falcon's (their MLPs' GELU by tanh, as llama.cpp runs them)
                  "gptneox": "gpt_neox", "falcon": "falcon",
                  "gpt2": "gpt2", "starcoder": "gpt_bigcode",  # (GPT-2's module: learned positions; _gpt2_model)
@@ -82,7 +83,7 @@ LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "graniteh
 # the architectures whose norms are LayerNorms (their epsilon attention.layer_norm_epsilon), their biases and
 # which of their layers' products add one told by the file's tensors (_layer_norm_layers)
 LAYER_NORM_ARCHITECTURES = frozenset({"starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo", "nemotron",
-                                      "gptneox", "falcon", "dbrx"})
+                                      "gptneox", "falcon", "dbrx", "jais2"})
 # SmolLM3: every fourth layer attends without rotary, as llama.cpp fixes it (the files do not say); AFMoE's too
 SMOLLM3_NO_ROPE_STEP = AFMOE_NO_ROPE_STEP = 4
 # EXAONE 4: llama.cpp gives only the 32B's 64 layers a window (three layers in four, 4096 tokens where the file

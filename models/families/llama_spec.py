@@ -15,7 +15,7 @@ FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi
             "glm4", "exaone", "arcee", "seed_oss", "hunyuan_v1_dense", "starcoder2", "stablelm", "phi", "cohere",
             "cohere2", "olmo", "nemotron", "gpt_neox", "falcon", "mixtral", "qwen2_moe", "qwen3_moe", "granitemoe",
             "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss", "glm4_moe", "dots1", "hunyuan_v1_moe", "minimax_m2",
-            "afmoe", "apertus", "dbrx", "exaone_moe")
+            "afmoe", "apertus", "dbrx", "exaone_moe", "jais2")
 # AFMoE's checkpoint names by Llama's, in this order: its norm of the attention's output is GLM-4's (post_norm's
 # name in Llama's checkpoints), the norm before its MLP Llama's post_norm, its router's gate the router
 AFMOE_NAMES = ((".post_attention_layernorm.", ".post_self_attn_layernorm."),
@@ -23,15 +23,16 @@ AFMOE_NAMES = ((".post_attention_layernorm.", ".post_self_attn_layernorm."),
 # HunYuan's: each head's q/k norm after the rotation, NTK by a fixed alpha (a larger base)
 HUNYUAN = ("hunyuan_v1_dense", "hunyuan_v1_moe")
 # each family's MLP activation (its config's hidden_act) where it is not SwiGLU's silu (llama.py's MLPS makes its MLP):
-# Arcee's and Nemotron's relu(up)^2, StarCoder2's and Phi-2's gelu_tanh(up), GPT-NeoX's and Falcon's gelu(up) by erf
+# Arcee's, Nemotron's and Jais-2's relu(up)^2, StarCoder2's and Phi-2's gelu_tanh(up), GPT-NeoX's and Falcon's gelu(up) by erf
 # (no gate)
-ACTIVATIONS = {"arcee": "relu2", "nemotron": "relu2", "starcoder2": "gelu_pytorch_tanh", "phi": "gelu_new",
+ACTIVATIONS = {"arcee": "relu2", "nemotron": "relu2", "jais2": "relu2", "starcoder2": "gelu_pytorch_tanh", "phi": "gelu_new",
                "gpt_neox": "gelu", "falcon": "gelu", "apertus": "xielu"}
 # the families whose configs name their GELU, exact or by tanh (GPT-NeoX-20B's gelu_fast; llama.cpp's files tanh's)
 NAMED_GELUS = ("gpt_neox", "falcon")
 # the families whose norms are LayerNorms (the mean removed; with biases but Cohere's and OLMo 1's; OLMo 1's
 # without a weight either, which its checkpoints do not hold: ones here)
-LAYER_NORMS = ("starcoder2", "stablelm", "phi", "cohere", "cohere2", "olmo", "nemotron", "gpt_neox", "falcon", "dbrx")
+LAYER_NORMS = ("starcoder2", "stablelm", "phi", "cohere", "cohere2", "olmo", "nemotron", "gpt_neox", "falcon", "dbrx",
+               "jais2")
 UNBIASED_LAYER_NORMS, WEIGHTLESS_LAYER_NORMS = ("cohere", "cohere2", "olmo", "dbrx"), ("olmo",)
 # checkpoint names of Llama's parameters in other families, in this order of replacement: EXAONE 3.5's (the hub's,
 # and transformers' saved ones) after GPT-2's (its output product before the other attention products), StarCoder2's

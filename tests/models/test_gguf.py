@@ -285,9 +285,10 @@ def test_an_exaone4_file_equals_its_transformers_model(tmp_path):
     ("hunyuan_v1_dense", "hunyuan-dense", {}),
     ("starcoder2", "starcoder2", {}), ("stablelm", "stablelm", {}),
     ("stablelm", "stablelm", {"use_parallel_residual": True}), ("phi", "phi2", {}), ("cohere", "command-r", {}),
-    ("cohere2", "cohere2", {}), ("olmo", "olmo", {}), ("nemotron", "nemotron", {}), ("apertus", "apertus", {})],
+    ("cohere2", "cohere2", {}), ("olmo", "olmo", {}), ("nemotron", "nemotron", {}), ("apertus", "apertus", {}),
+    ("jais2", "jais2", {})],
     ids=["exaone", "arcee", "seed_oss", "internlm2", "hunyuan-dense", "starcoder2", "stablelm", "stablelm-parallel",
-         "phi2", "command-r", "cohere2", "olmo", "nemotron", "apertus"])
+         "phi2", "command-r", "cohere2", "olmo", "nemotron", "apertus", "jais2"])
 def test_files_of_llamas_kin_equal_their_transformers_models(tmp_path, arch, file_arch, settings):
     """Files of the Llama module's kin, as llama.cpp's converters write them (conftest's LLAMA_KIN says what each
     differs by): EXAONE 3.5's (its rows as the checkpoint's, which llama.cpp rotates as NeoX's), Arcee's (Q/K rows
@@ -296,10 +297,11 @@ def test_files_of_llamas_kin_equal_their_transformers_models(tmp_path, arch, fil
     layout once its converter splits wqkv), StarCoder2's, StableLM's (a quarter of each head rotated,
     rope.dimension_count; StableLM 2 12B's MLP beside the attention, without ffn_norm), Phi-2's, Command R's (its
     rotary pairs side by side as the checkpoint's, logit_scale), Command R7B's (its window, three layers in
-    four, those alone rotating), OLMo 1's (no norm tensors: LayerNorms without weights) and Nemotron-4's (its norms'
-    weights stored as 1 + the checkpoint's, half of each head rotated) and Apertus's (xIELU's numbers a layer in the
-    metadata) equal their transformers models on the native layers and on the torch layers, and
-    so do their checkpoints. Their norms' weights and every bias drawn away from 1 and 0."""
+    four, those alone rotating), OLMo 1's (no norm tensors: LayerNorms without weights), Nemotron-4's (its norms'
+    weights stored as 1 + the checkpoint's, half of each head rotated), Apertus's (xIELU's numbers a layer in the
+    metadata) and Jais-2's (LayerNorms, relu(up)^2, biases everywhere) equal their transformers models on the
+    native layers and on the torch layers, and so do their checkpoints. Their norms' weights and every bias drawn
+    away from 1 and 0."""
     # (InternLM2's loader reads no rotary factors: Llama's model without its rope scaling)
     plain_rope = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}} if arch == "llama" else {}
     hf = tiny_model(arch, seed=3, **plain_rope, **settings)

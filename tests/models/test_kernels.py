@@ -286,7 +286,7 @@ NATIVE_FAMILIES = ["llama", "qwen2", "qwen2_sliding", "mistral", "ministral3", "
                    "nemotron_h_moe", "glm", "glm4", "glm4_moe", "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "falcon_h1", "mamba2",
                    "mamba", "falcon_mamba", "gemma4", "gemma4_moe", "gemma3n", "gpt2", "phi", "cohere2", "hunyuan_v1_dense",
                    "olmo", "nemotron", "dots1", "hunyuan_v1_moe", "minimax_m2", "gpt_neox", "falcon", "afmoe",
-                   "apertus", "gpt_bigcode", "dbrx", "exaone_moe"]
+                   "apertus", "gpt_bigcode", "dbrx", "exaone_moe", "jais2"]
 # the families whose native layers take short prefill chunks (the others' steps with prefill chunks are the torch
 # layers')
 CHUNKED_FAMILIES = ["llama", "qwen2_sliding", "mistral", "ministral3", "qwen3", "smollm3", "granite", "gemma", "gemma2",
