@@ -1205,6 +1205,12 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
             for part, part_values in written:
                 add(f"blk.{layer}.{part}", part_values)
             continue
+        if "_layernorm.norms." in rest:  # StableLM 2 12B's q/k norms, a LayerNorm a head: stacked, as its converter
+            if rest.endswith(".norms.0.weight"):
+                which = rest.split("_layernorm.")[0].rsplit(".", 1)[-1]
+                norms = getattr(hf.model.layers[int(layer)].self_attn, f"{which}_layernorm").norms
+                add(f"blk.{layer}.attn_{which}_norm.weight", np.stack([n.weight.detach().float().numpy() for n in norms]))
+            continue
         if arch == "dbrx":
             part, part_values = _dbrx_tensors(rest, values, c)
             add(f"blk.{layer}.{part}", part_values)

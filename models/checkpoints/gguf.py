@@ -237,6 +237,11 @@ def read(path: Path, keep_blocks: bool = False) -> Contents:
         for name in tensors:
             if name.endswith("norm.weight") and not name.endswith(PLAIN_NORMS):
                 tensors[name] = tensors[name] - NORM_OFFSET[arch]
+    if arch in LLAMA_LAYOUT:  # (a head's q/k norm weights, Command R+'s, in the order its rows are put in: _row_order)
+        for name in [n for n in tensors if n.endswith(("q_norm.weight", "k_norm.weight")) and tensors[n].dim() == 2]:
+            head = tensors[name].shape[1]
+            tensors[name] = tensors[name][:, halves_from_pairs(head, 1, int(config.get("partial_rotary_factor", 1.0) *
+                                                                            head))]
     if keep_blocks:
         _pad_float32_rows(tensors, file, formats, names)
         _fuse_blocks(tensors)

@@ -659,7 +659,8 @@ def _minicpm_scales(key, config: dict) -> dict:
 def _layer_norm_layers(arch: str, key, tensors: dict[str, TensorInfo], config: dict, file_name: str) -> dict:
     """A file's LayerNorm layers as transformers names them, as llama.cpp reads them: the norms' epsilon; the
     products' biases where the file has them (StarCoder2's and Phi-2's every product's; StableLM's q/k/v's); a
-    StableLM file without norms before its MLPs runs them beside the attention (StableLM 2 12B's); Phi-2's rotary
+    StableLM file without norms before its MLPs runs them beside the attention, and one with q/k norms LayerNorms a
+    head at a time (StableLM 2 12B's; Command R+'s too); Phi-2's rotary
     over rope.dimension_count of a head; Cohere's logits times logit_scale, Command R7B's window layers (three in
     four where the file names no pattern) rotating alone; OLMo 1's queries, keys and values clamped where the file
     says (clamp_kqv: transformers' clip_qkv); GPT-NeoX's and Falcon's MLPs' GELU by tanh (as
@@ -674,8 +675,9 @@ def _layer_norm_layers(arch: str, key, tensors: dict[str, TensorInfo], config: d
            "partial_rotary_factor": (key("rope.dimension_count") or head) / head}
     if key("attention.clamp_kqv"):
         out["clip_qkv"] = key("attention.clamp_kqv")
-    if arch == "stablelm":
-        out |= {"use_qkv_bias": out.pop("attention_bias"), "use_parallel_residual": not has("ffn_norm.weight")}
+    if arch == "stablelm":  # (StableLM 2 12B's: each head's q/k LayerNorm, its MLP beside the attention)
+        out |= {"use_qkv_bias": out.pop("attention_bias"), "use_parallel_residual": not has("ffn_norm.weight"),
+                "qk_layernorm": has("attn_q_norm.weight")}
     if arch in ("gptneox", "falcon"):  # (llama.cpp's GELU is tanh's; the rows come as queries', keys', values')
         out |= {"hidden_act": "gelu_pytorch_tanh", "qkv_layout": None}
     if arch == "gptneox":  # (its MLP beside the attention on a norm of its own where the file says, as llama.cpp's)
@@ -684,8 +686,8 @@ def _layer_norm_layers(arch: str, key, tensors: dict[str, TensorInfo], config: d
         # its K/V heads as the file says, which Falcon's configs tell by their layout)
         out |= {"num_ln_in_parallel_attn": 2 if has("attn_norm_2.weight") else 1, "new_decoder_architecture": True,
                 "num_kv_heads": config["num_key_value_heads"]}
-    if arch in ("command-r", "cohere2"):
-        out["logit_scale"] = key("logit_scale", 1.0)
+    if arch in ("command-r", "cohere2"):  # (Command R+'s: each head's q/k LayerNorm)
+        out |= {"logit_scale": key("logit_scale", 1.0), "use_qk_norm": has("attn_q_norm.weight")}
     if arch == "cohere2":
         out |= {"sliding_window": key("attention.sliding_window"),
                 "layer_types": _sliding_layers(key, config["num_hidden_layers"], file_name, default_pattern=4)}

@@ -322,6 +322,20 @@ class XieluMLP(UngatedMLP):
                            (torch.expm1(up.clamp(max=eps)) - up) * negative + beta * up)
 
 
+class HeadLayerNorm(nn.Module):
+    """A LayerNorm of each head's values [..., heads, dim] with weights of its own a head and no bias (StableLM 2
+    12B's and Command R+'s q/k norms), in float32 at least, as transformers' are."""
+
+    def __init__(self, heads: int, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(heads, dim))
+        self.eps = eps
+
+    def forward(self, x):
+        work = x.to(torch.promote_types(x.dtype, torch.float32))
+        return (F.layer_norm(work, work.shape[-1:], None, None, self.eps) * self.weight).to(x.dtype)
+
+
 def weightless_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / rms(x), in float32 at least, as transformers' norms without a weight (Falcon-Mamba's time steps, B
     and C; Gemma 4's values and its experts' router)."""

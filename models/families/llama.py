@@ -1,27 +1,29 @@
 """The Llama family over the paged KV cache: Llama, Qwen2, Qwen3, Mistral, Ministral 3, ERNIE 4.5, Phi-3,
-SmolLM3, Granite, GLM-4, EXAONE 3.5, Arcee's AFM, Seed-OSS, HunYuan's dense models, StarCoder2, StableLM, Phi-2,
-Cohere's Command R and R7B, OLMo 1, Nemotron-4 (Minitron), GPT-NeoX (Pythia) and Falcon, and the mixture-of-experts
-Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE (and MoE Shared), OLMoE, ERNIE 4.5's, gpt-oss and GLM-4.5 (and 4.6: GQA
-over half of each head rotated, q/k/v biases, q/k norms in some, DeepSeek-V3's routing), dots.llm1 (Qwen3's
-attention, DeepSeek-V3's routing), Hunyuan-A13B (HunYuan's attention, a shared MLP beside its experts),
-MiniMax-M2 (q/k norms across heads, sigmoid routing), Arcee's Trinity (AFMoE: gated attention, norms before and
-after the attention and the MLP, global layers unrotated) and Apertus (an MLP of xIELU(up)). GQA, RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k norms
-(per head: Qwen3; across heads: OLMoE; per head after the rotation: HunYuan), sliding windows for all or some
-layers, layers without rotary (SmolLM3's every fourth), queries scaled by position past the original context
-(Ministral 3), fused checkpoint tensors (Phi-3; GPT-NeoX's and Falcon's in their own orders), rotary pairs side by
-side in the checkpoint (ERNIE 4.5), scaled embeddings, residuals and logits (Granite), attention sinks (gpt-oss), an
-MLP of relu(up)^2 or gelu(up) and no gate (Arcee's, Nemotron's; StarCoder2's, Phi-2's, GPT-NeoX's, Falcon's),
-LayerNorms (StarCoder2's, StableLM's, Phi-2's, Cohere's, GPT-NeoX's, Falcon's; Nemotron's of 1 + their weights), the
-attention and the MLP beside each other on one normed input (Phi-2's, Cohere's) or on norms of their own (GPT-NeoX's,
-Falcon 40B's), routed and shared experts (moe.py). Which of these a family takes, its config says: llama_spec.py."""
+SmolLM3, Granite, GLM and GLM-4, EXAONE 3.5, Arcee's AFM, Seed-OSS, HunYuan's dense models, StarCoder2, StableLM,
+Phi-2, Cohere's Command R and R7B, OLMo 1, Nemotron-4 (Minitron), GPT-NeoX (Pythia), Falcon, Jais-2 and Apertus (an
+MLP of xIELU(up)), and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE (and MoE Shared), OLMoE,
+ERNIE 4.5's, gpt-oss and GLM-4.5 (and 4.6: GQA over half of each head rotated, q/k/v biases, q/k norms in some,
+DeepSeek-V3's routing), dots.llm1 (Qwen3's attention, DeepSeek-V3's routing), Hunyuan-A13B (HunYuan's attention, a
+shared MLP beside its experts), MiniMax-M2 (q/k norms across heads, sigmoid routing), Arcee's Trinity (AFMoE: gated
+attention, norms before and after the attention and the MLP, global layers unrotated), DBRX (clamped q/k/v) and
+K-EXAONE (window layers alone rotating). GQA, RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k norms (per head:
+Qwen3; across heads: OLMoE; per head after the rotation: HunYuan; LayerNorms a head with weights of their own:
+StableLM 2 12B, Command R+), sliding windows for all or some layers, layers without rotary (SmolLM3's every fourth),
+queries scaled by position past the original context (Ministral 3), fused checkpoint tensors (Phi-3; GPT-NeoX's and
+Falcon's in their own orders), rotary pairs side by side in the checkpoint (ERNIE 4.5), scaled embeddings, residuals
+and logits (Granite), attention sinks (gpt-oss), an MLP of relu(up)^2 or gelu(up) and no gate (Arcee's, Nemotron's,
+Jais-2's; StarCoder2's, Phi-2's, GPT-NeoX's, Falcon's), LayerNorms (StarCoder2's, StableLM's, Phi-2's, Cohere's,
+GPT-NeoX's, Falcon's, DBRX's, Jais-2's; Nemotron's of 1 + their weights), the attention and the MLP beside each other
+on one normed input (Phi-2's, Cohere's) or on norms of their own (GPT-NeoX's, Falcon 40B's), routed and shared
+experts (moe.py). Which of these a family takes, its config says: llama_spec.py."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from .layers import (GATE_UP, QKV, AttentionMasks, DecoderModel, ExactGeluMLP, GeluMLP, RMSNorm, SquaredReLU, SwiGLU,
-                     XieluMLP, decoder_tensors, fused, paged_attention)
+from .layers import (GATE_UP, QKV, AttentionMasks, DecoderModel, ExactGeluMLP, GeluMLP, HeadLayerNorm, RMSNorm,
+                     SquaredReLU, SwiGLU, XieluMLP, decoder_tensors, fused, paged_attention)
 from .llama_spec import HUB_NAMES, LlamaSpec
 from .moe import SparseMoE
 from .rope import Rotary, apply_rotary, halves_from_pairs, query_temperature, sequence_ends
@@ -38,6 +40,20 @@ def _qkv_rows_in_halves(s: LlamaSpec) -> torch.Tensor:
     rotary = int(s.head_dim * s.partial_rotary_factor)
     return torch.cat([halves_from_pairs(q, s.num_heads, rotary), q + halves_from_pairs(kv, s.num_kv_heads, rotary),
                       torch.arange(q + kv, q + 2 * kv)])
+
+
+def _head_norm(hf: dict, prefix: str, which: str, s: LlamaSpec) -> torch.Tensor:
+    """The query (``which`` "q") or key norm's weights: a checkpoint's self_attn.q_norm, or StableLM's norm a head
+    (q_layernorm.norms.H: stacked); a weight a head's values in the order the rows are put in where the checkpoint
+    keeps rotary pairs side by side (Command R+'s)."""
+    if f"{prefix}self_attn.{which}_layernorm.norms.0.weight" in hf:
+        heads = s.num_heads if which == "q" else s.num_kv_heads
+        weight = torch.stack([hf[f"{prefix}self_attn.{which}_layernorm.norms.{h}.weight"] for h in range(heads)])
+    else:
+        weight = hf[f"{prefix}self_attn.{which}_norm.weight"]
+    if s.qk_head_layer_norms and s.interleaved_rotary:
+        weight = weight[:, halves_from_pairs(s.head_dim, 1, int(s.head_dim * s.partial_rotary_factor))]
+    return weight
 
 
 def _gated_qkv(hf: dict, prefix: str, kind: str):
@@ -77,6 +93,9 @@ class Attention(nn.Module):
             s.head_dim, s.head_dim)
         self.q_norm = norm(q_width, s.rms_norm_eps) if s.qk_norm else None
         self.k_norm = norm(k_width, s.rms_norm_eps) if s.qk_norm else None
+        if getattr(s, "qk_head_layer_norms", False):  # (StableLM 2 12B's, Command R+'s: a weight a head)
+            self.q_norm = HeadLayerNorm(s.num_heads, s.head_dim, s.rms_norm_eps)
+            self.k_norm = HeadLayerNorm(s.num_kv_heads, s.head_dim, s.rms_norm_eps)
         self.scale = scale if scale is not None else s.head_dim ** -0.5
         self.softcap = softcap
         self.sinks = nn.Parameter(torch.zeros(s.num_heads)) if s.attention_sinks else None
@@ -219,8 +238,8 @@ class Llama(DecoderModel):
             if s.attention_sinks:
                 out[o + "attn.sinks"] = hf[p + "self_attn.sinks"]
             if s.qk_norm:
-                out[o + "attn.q_norm.weight"] = hf[p + "self_attn.q_norm.weight"]
-                out[o + "attn.k_norm.weight"] = hf[p + "self_attn.k_norm.weight"]
+                out[o + "attn.q_norm.weight"] = _head_norm(hf, p, "q", s)
+                out[o + "attn.k_norm.weight"] = _head_norm(hf, p, "k", s)
             if s.moe and s.moe.routes(i):
                 out.update(SparseMoE.convert(hf, p, o + "mlp.", s.moe))
                 continue

@@ -83,6 +83,8 @@ class LlamaSpec(DecoderShape):
     layer_rotates: tuple[bool, ...]  # whether each layer rotates its queries and keys (SmolLM3: 3 in 4)
     moe: MoESpec | None
     qk_norm_after_rotation: bool = False  # each head's q/k norm after the rotation (HunYuan's), not before
+    # each head's q/k norm a LayerNorm with weights of its own a head, no bias (StableLM 2 12B's, Command R+'s)
+    qk_head_layer_norms: bool = False
     # the MLP's activation, its config's hidden_act (MLPS: silu a SwiGLU's, the others an ungated MLP's)
     mlp_activation: str = "silu"
     # LayerNorms (the mean removed) for RMSNorms, with biases where norm_bias (StarCoder2's, StableLM's, Phi-2's;
@@ -138,9 +140,11 @@ class LlamaSpec(DecoderShape):
             activation = c["hidden_act"]
         if c.get("hidden_act", activation) != activation:
             raise ValueError(f"unsupported hidden_act {c['hidden_act']!r} for {kind}; supported: {activation}")
-        if kind in ("stablelm", "phi", "cohere", "cohere2") and (c.get("qk_layernorm") or c.get("use_qk_norm")):
-            raise ValueError(f"{kind} with its queries and keys LayerNormed a head at a time (qk_layernorm, "
-                             "use_qk_norm: StableLM 2 12B's, Command R+'s) is not supported")
+        if kind == "phi" and c.get("qk_layernorm"):
+            raise ValueError("phi with its queries and keys LayerNormed (qk_layernorm) is not supported")
+        # (StableLM 2 12B's and Command R+'s: each head's q/k LayerNorm with weights of its own)
+        head_layer_norms = kind in ("stablelm", "cohere", "cohere2") and bool(
+            c.get("qk_layernorm") or c.get("use_qk_norm"))
         if kind in HUNYUAN and rope.get("alpha"):  # (NTK by a fixed alpha: a larger base, nothing dynamic)
             head = c.get("head_dim") or c["hidden_size"] // heads
             theta = float(theta) * float(rope["alpha"]) ** (head / (head - 2))
@@ -182,7 +186,8 @@ class LlamaSpec(DecoderShape):
             mlp_bias=bool(c.get("mlp_bias", c.get("use_bias", kind == "phi"))),
             qk_norm=kind in ("qwen3", "qwen3_moe", "olmoe", "dots1", "minimax_m2", "afmoe", "apertus", "exaone_moe",
                              *HUNYUAN) or (
-                kind == "glm4_moe" and bool(c.get("use_qk_norm"))),
+                kind == "glm4_moe" and bool(c.get("use_qk_norm"))) or head_layer_norms,
+            qk_head_layer_norms=head_layer_norms,
             qk_norm_across_heads=kind in ("olmoe", "minimax_m2"),
             qk_norm_after_rotation=kind in HUNYUAN,
             layer_windows=_layer_windows(kind, c, layers),

@@ -250,6 +250,9 @@ struct Layer {
     // uses them (the checkpoint's alphas through softplus, the negative one's plus beta)
     double xielu[4];
     double clip_qkv;  // the queries, keys and values clamped to [-clip_qkv, clip_qkv] (OLMo 1.7's; 0: not)
+    // each head's q/k norm a LayerNorm by weights of its own (q_norm, k_norm a row a head: StableLM 2 12B's,
+    // Command R+'s; 0: an RMSNorm of weights every head shares)
+    int64_t head_layer_norms;
 
     // the K/V heads the layer's qkv product gives and it stores (none where it reads another layer's)
     int64_t stored_kv_heads() const { return reads_kv ? 0 : kv_heads; }
@@ -378,17 +381,20 @@ void norm_rows(T* x, const T* delta, const T* weight, const T* bias, bool layer_
 // The rows' queries and keys, in place in qkv (rows ``stride`` apart; the queries' ``q_spans`` spans
 // of ``q_dim``, then the keys' ``k_spans`` of ``k_dim``): RMSNorm of each span, before the rotation. A
 // span a head, as Qwen3's q_norm and k_norm; or one span for all queries and one for all keys, as
-// OLMo's. A task per span (norm_row).
+// OLMo's. With ``head_layer_norms``, a LayerNorm of each span by weights of its own (q_norm and k_norm a row
+// a head: StableLM 2 12B's, Command R+'s). A task per span (norm_row).
 template <typename T>
 void norm_spans(T* qkv, int64_t stride, int64_t rows, int64_t q_spans, int64_t k_spans, int64_t q_dim, int64_t k_dim,
-                const T* q_norm, const T* k_norm, double eps) {
+                const T* q_norm, const T* k_norm, double eps, bool head_layer_norms = false) {
     const int64_t per_row = q_spans + k_spans;
 #pragma omp for
     for (int64_t task = 0; task < rows * per_row; ++task) {
         const int64_t span = task % per_row;
         const bool query = span < q_spans;
         T* v = qkv + task / per_row * stride + (query ? span * q_dim : q_spans * q_dim + (span - q_spans) * k_dim);
-        norm_row<T>(v, query ? q_norm : k_norm, nullptr, false, eps, v, query ? q_dim : k_dim);
+        const T* weight = query ? q_norm : k_norm;
+        if (head_layer_norms) weight += query ? span * q_dim : (span - q_spans) * k_dim;
+        norm_row<T>(v, weight, nullptr, head_layer_norms, eps, v, query ? q_dim : k_dim);
     }
 }
 
@@ -1024,7 +1030,8 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
             norm_spans(qkv, qkv_width, rows, l.heads, 0, l.dim, l.dim, l.q_norm, l.k_norm, l.eps);
             norm_spans(keys, qkv_width, rows, 0, l.kv_heads, l.dim, l.dim, l.q_norm, l.k_norm, l.eps);
         } else if (l.q_norm != nullptr && !norm_rotated) {
-            norm_spans(qkv, qkv_width, rows, l.heads, stored, l.dim, l.dim, l.q_norm, l.k_norm, l.eps);
+            norm_spans(qkv, qkv_width, rows, l.heads, stored, l.dim, l.dim, l.q_norm, l.k_norm, l.eps,
+                       l.head_layer_norms != 0);
         }
         if (s.query_scales != nullptr) scale_queries(qkv, qkv_width, q_width, s.query_scales, rows);
         const T *cos = l.window_angles ? s.window_cos : s.cos, *sin = l.window_angles ? s.window_sin : s.sin;

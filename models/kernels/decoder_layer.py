@@ -39,8 +39,8 @@ from ..families.gemma4 import Gemma4, MixtureBeside
 from ..families.gpt2 import GPT2
 from ..families.falcon_h1 import FalconH1
 from ..families.granite_hybrid import GraniteHybrid
-from ..families.layers import (ExactGeluMLP, GeluMLP, NativeDecoding, RMSNorm, SquaredReLU, UngatedMLP, XieluMLP,
-                               chunk_rows, prefill_keys)
+from ..families.layers import (ExactGeluMLP, GeluMLP, HeadLayerNorm, NativeDecoding, RMSNorm, SquaredReLU,
+                               UngatedMLP, XieluMLP, chunk_rows, prefill_keys)
 from ..families.lfm2 import Lfm2
 from ..families.mamba import Mamba, MambaMixer
 from ..families.llama import Llama
@@ -138,7 +138,7 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
         "rotates", "norms_across_heads", "conv_taps", "gated", "values_are_keys", "value_norm", "reads_kv",
         "per_layer_offset", "per_layer_width", "parallel", "norms_after_rotation")]
     _fields_ += [(name, _double) for name in ("eps", "scale", "softcap", "residual_scale", "layer_scale")]
-    _fields_ += [("xielu", _double * 4), ("clip_qkv", _double)]
+    _fields_ += [("xielu", _double * 4), ("clip_qkv", _double), ("head_layer_norms", _int64)]
 
 
 class _AltUpLayer(ctypes.Structure):  # decoder_layer.cpp's AltUpLayer
@@ -394,7 +394,9 @@ class DecoderLayers:
                             parallel=getattr(block, "parallel", False),  # (Llama's blocks': LFM2's have none)
                             norms_after_rotation=not mixer and attn.norms_after_rotation,
                             gated=not mixer and attn.gated,  # (AFMoE's gates between its queries and keys)
-                            clip_qkv=0.0 if mixer else attn.clip or 0.0)  # (OLMo 1.7's)
+                            clip_qkv=0.0 if mixer else attn.clip or 0.0,  # (OLMo 1.7's)
+                            # (StableLM 2 12B's, Command R+'s)
+                            head_layer_norms=not mixer and isinstance(attn.q_norm, HeadLayerNorm))
         if isinstance(block.mlp, XieluMLP):  # (Apertus's: its layer's own four numbers)
             layer.xielu = (ctypes.c_double * 4)(*block.mlp.factors())
         self._route(layer, block.mlp)

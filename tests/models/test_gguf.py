@@ -284,19 +284,21 @@ def test_an_exaone4_file_equals_its_transformers_model(tmp_path):
     ("exaone", "exaone", {}), ("arcee", "arcee", {}), ("seed_oss", "seed_oss", {}), ("llama", "internlm2", {}),
     ("hunyuan_v1_dense", "hunyuan-dense", {}),
     ("starcoder2", "starcoder2", {}), ("stablelm", "stablelm", {}),
-    ("stablelm", "stablelm", {"use_parallel_residual": True}), ("phi", "phi2", {}), ("cohere", "command-r", {}),
+    ("stablelm", "stablelm", {"use_parallel_residual": True, "qk_layernorm": True}), ("phi", "phi2", {}),
+    ("cohere", "command-r", {}), ("cohere", "command-r", {"use_qk_norm": True}),
     ("cohere2", "cohere2", {}), ("olmo", "olmo", {}), ("nemotron", "nemotron", {}), ("apertus", "apertus", {}),
     ("jais2", "jais2", {})],
-    ids=["exaone", "arcee", "seed_oss", "internlm2", "hunyuan-dense", "starcoder2", "stablelm", "stablelm-parallel",
-         "phi2", "command-r", "cohere2", "olmo", "nemotron", "apertus", "jais2"])
+    ids=["exaone", "arcee", "seed_oss", "internlm2", "hunyuan-dense", "starcoder2", "stablelm", "stablelm-2-12b",
+         "phi2", "command-r", "command-r-plus", "cohere2", "olmo", "nemotron", "apertus", "jais2"])
 def test_files_of_llamas_kin_equal_their_transformers_models(tmp_path, arch, file_arch, settings):
     """Files of the Llama module's kin, as llama.cpp's converters write them (conftest's LLAMA_KIN says what each
     differs by): EXAONE 3.5's (its rows as the checkpoint's, which llama.cpp rotates as NeoX's), Arcee's (Q/K rows
     permuted as Llama's), Seed-OSS's (its norm before the MLP named post_attention_norm), HunYuan's dense models'
     (each head's q/k norm after the rotation; the base the converter scales by its alpha), InternLM2's (Llama's
     layout once its converter splits wqkv), StarCoder2's, StableLM's (a quarter of each head rotated,
-    rope.dimension_count; StableLM 2 12B's MLP beside the attention, without ffn_norm), Phi-2's, Command R's (its
-    rotary pairs side by side as the checkpoint's, logit_scale), Command R7B's (its window, three layers in
+    rope.dimension_count; StableLM 2 12B's MLP beside the attention, without ffn_norm, and each head's q/k LayerNorm
+    with weights of its own, stacked), Phi-2's, Command R's (its rotary pairs side by side as the checkpoint's,
+    logit_scale; Command R+'s q/k LayerNorms a head, their weights in the checkpoint's order), Command R7B's (its window, three layers in
     four, those alone rotating), OLMo 1's (no norm tensors: LayerNorms without weights), Nemotron-4's (its norms'
     weights stored as 1 + the checkpoint's, half of each head rotated), Apertus's (xIELU's numbers a layer in the
     metadata) and Jais-2's (LayerNorms, relu(up)^2, biases everywhere) equal their transformers models on the

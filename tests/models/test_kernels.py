@@ -279,14 +279,15 @@ def with_random_norms(hf):
 # global layers unrotated); HunYuan's q/k norms after the rotation (Hunyuan-A13B's beside experts and a shared MLP);
 # Nemotron-4's LayerNorms of 1 + their weights; dots.llm1's and MiniMax-M2's mixtures; GPT-NeoX's and Falcon's MLPs
 # beside the attention on norms of their own, their exact GELU; AFMoE's gated attention; Apertus's xIELU; DBRX's
-# clamped q/k/v beside experts; EXAONE-MoE's window layers alone rotating beside DeepSeek-V3's routing
+# clamped q/k/v beside experts; EXAONE-MoE's window layers alone rotating beside DeepSeek-V3's routing; StableLM 2
+# 12B's and Command R+'s q/k LayerNorms a head
 NATIVE_FAMILIES = ["llama", "qwen2", "qwen2_sliding", "mistral", "ministral3", "phi3", "qwen3", "smollm3", "granite",
                    "mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "gemma", "gemma2", "gemma3", "olmo2", "olmo3",
                    "exaone4", "lfm2", "lfm2_moe", "qwen3_5", "qwen3_next", "granitemoehybrid", "nemotron_h",
                    "nemotron_h_moe", "glm", "glm4", "glm4_moe", "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "falcon_h1", "mamba2",
                    "mamba", "falcon_mamba", "gemma4", "gemma4_moe", "gemma3n", "gpt2", "phi", "cohere2", "hunyuan_v1_dense",
                    "olmo", "nemotron", "dots1", "hunyuan_v1_moe", "minimax_m2", "gpt_neox", "falcon", "afmoe",
-                   "apertus", "gpt_bigcode", "dbrx", "exaone_moe", "jais2"]
+                   "apertus", "gpt_bigcode", "dbrx", "exaone_moe", "jais2", "stablelm", "cohere"]
 # the families whose native layers take short prefill chunks (the others' steps with prefill chunks are the torch
 # layers')
 CHUNKED_FAMILIES = ["llama", "qwen2_sliding", "mistral", "ministral3", "qwen3", "smollm3", "granite", "gemma", "gemma2",
@@ -330,7 +331,7 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, 
 
     from ..conftest import tiny_model
 
-    model = models.load(with_random_norms(tiny_model(arch, **NATIVE_ROUTES.get(arch, {}))), dtype=dtype).model
+    model = models.load(with_random_norms(tiny_model(arch, **NATIVE_SETTINGS.get(arch, {}))), dtype=dtype).model
     if arch.startswith(("gemma", "qwen3_5", "qwen3_next")) and not arch.startswith(("gemma4", "gemma3n")) and dtype == torch.float64:
         assert model.decoder_layers is None
         return
@@ -350,8 +351,10 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, 
     torch.testing.assert_close(native_cache, torch_cache, atol=tolerance, rtol=tolerance)
 
 
-# DeepSeek's tiny models routed without their groups: group-limited routing is the torch layers' alone
-NATIVE_ROUTES = {"deepseek_v2": {"topk_method": "greedy"}, "deepseek_v3": {"n_group": 1, "topk_group": 1}}
+# DeepSeek's tiny models routed without their groups (group-limited routing is the torch layers' alone); StableLM 2
+# 12B's and Command R+'s q/k LayerNorms a head
+NATIVE_SETTINGS = {"deepseek_v2": {"topk_method": "greedy"}, "deepseek_v3": {"n_group": 1, "topk_group": 1},
+                   "stablelm": {"qk_layernorm": True, "use_parallel_residual": True}, "cohere": {"use_qk_norm": True}}
 
 
 def decode_both_ways(model, streams, cache_dtype):
