@@ -1084,6 +1084,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                                    c.shared_intermediate_size if hybrid and not c.num_local_experts else
                                    (c.n_inner or 4 * c.n_embd) if arch in ("gpt2", "starcoder") else
                                    c.ffn_config.ffn_hidden_size if arch == "dbrx" else
+                                   2 * c.intermediate_size if arch == "qwen" else  # (Qwen 1's config's, as written)
                                    c.to_dict().get("intermediate_size") or getattr(c, "ffn_hidden_size", None) or
                                    c.moe_intermediate_size)
     writer.add_head_count(heads)
@@ -1116,7 +1117,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     if not (deepseek or state_only) and getattr(c, "head_dim", None) not in (None, c.hidden_size // heads):
         writer.add_key_length(c.head_dim)
     layer_norms = arch in ("starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo", "nemotron", "gptneox",
-                           "falcon", "gpt2", "starcoder", "dbrx", "jais2")
+                           "falcon", "gpt2", "starcoder", "dbrx", "jais2", "orion")
     if layer_norms:  # (LayerNorms' epsilon; OLMo 1's fixed, as its converter writes it)
         writer.add_layer_norm_eps(getattr(c, "norm_epsilon", None) or getattr(c, "layer_norm_eps", None) or
                                   getattr(c, "norm_eps", None) or getattr(c, "layer_norm_epsilon", None) or 1e-5)
@@ -1205,6 +1206,13 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
             for part, part_values in written:
                 add(f"blk.{layer}.{part}", part_values)
             continue
+        if arch == "qwen" and rest.startswith(("self_attn.k_proj.", "self_attn.v_proj.")):
+            continue  # (Qwen 1's q/k/v one product, c_attn: written with the queries')
+        if arch == "qwen" and rest.startswith("self_attn.q_proj."):
+            kind = rest.rsplit(".", 1)[1]
+            layer_state = {n: t.float().numpy() for n, t in hf.model.layers[int(layer)].self_attn.state_dict().items()}
+            add(f"blk.{layer}.attn_qkv.{kind}", np.concatenate([layer_state[f"{p}_proj.{kind}"] for p in "qkv"]))
+            continue
         if "_layernorm.norms." in rest:  # StableLM 2 12B's q/k norms, a LayerNorm a head: stacked, as its converter
             if rest.endswith(".norms.0.weight"):
                 which = rest.split("_layernorm.")[0].rsplit(".", 1)[-1]
@@ -1248,7 +1256,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
             continue
         part, kind = rest.rsplit(".", 1)
         if arch in ("llama", "smollm3", "granite", "granitemoe", "granitehybrid", "mistral3", "arcee", "internlm2",
-                    "minicpm", "olmo") and part in ("self_attn.q_proj", "self_attn.k_proj"):
+                    "minicpm", "olmo", "xverse", "baichuan") and part in ("self_attn.q_proj", "self_attn.k_proj"):
             count = heads if part == "self_attn.q_proj" else kv_heads
             values = values.reshape(count, 2, values.shape[0] // count // 2, *values.shape[1:]).swapaxes(1, 2)
             values = values.reshape(tensor.shape)

@@ -36,6 +36,10 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape afmoe-18b-8l --format q4_k_m --vocab 200192 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape apertus-8b --format q4_k_m --vocab 131072 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape starcoder-1b --format q4_k_m --vocab 49152 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape chatglm-9b --format q4_k_m --vocab 151552 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape stablelm2-12b --format q4_k_m --vocab 100352 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape dbrx-132b-2l --format q4_k_m --vocab 100352 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape kexaone-236b-a23b-3l --format q4_k_m --vocab 153600 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape glm45air-106b-a12b-6l --format q4_k_m --vocab 151552 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape qwen3next-80b-a3b-8l --format q4_k_m --vocab 151936 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape falcon-h1-0.5b --format q4_k_m --out /tmp/gguf
@@ -154,7 +158,16 @@ then 64 experts of 1408 rows, 6 a token, by sigmoid plus a bias each, renormalis
 one its first eight layers; the apertus one as Apertus-8B's (architecture apertus: 32 query heads over 8 K/V heads
 of 128, each head's q/k norms, an MLP of xIELU(up) 21504 wide, its numbers a layer in the metadata); the starcoder
 one as StarCoderBase-1B's (architecture starcoder: 16 query heads of 128 over one K/V head, q/k/v one attn_qkv,
-LayerNorms and biases everywhere, learned positions for 8,192 tokens, its table tied);
+LayerNorms and biases everywhere, learned positions for 8,192 tokens, its table tied); the chatglm one as
+GLM-4-9B-Chat's (architecture chatglm: GLM-4's layers without its output norms); the stablelm2 one as StableLM 2
+12B's (architecture stablelm: 32 query heads over 8 K/V heads of 160, LayerNorms with biases, the MLP beside the
+attention without a norm of its own, a quarter of each head rotated, each head's q/k LayerNorm with weights of its
+own, attn_q_norm [32, 160]); the dbrx ones as DBRX's (architecture dbrx: 48 query heads over 8 K/V heads of 128,
+q/k/v one attn_qkv clamped at 8, LayerNorms without biases, the norm before the experts attn_out_norm, 16 experts of
+10752 rows, 4 a token by softmax), the -2l one its first two of 40 layers; the kexaone ones as K-EXAONE-236B-A23B's
+(architecture exaone-moe: 64 query heads over 8 K/V heads of 128, each head's q/k norms, three 128-token window
+layers in four, those alone rotating; a dense first layer of 18432, then 128 experts of 2048 rows, 8 a token,
+DeepSeek-V3's routing, beside a shared one), the -3l one its first three of 48 layers;
 the qwen3moe one as a Qwen3-MoE (Qwen3's layout, 128 experts of 768 rows, 8 a token, each layer's
 three expert products a stack of all 128 experts' matrices, its router in F32 as llama-quantize leaves it);
 the ministral3 ones as Ministral 3's (architecture mistral3: Llama's layout, 128-wide heads, its yarn
@@ -264,7 +277,12 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           # AFMoE (Arcee's Trinity) by transformers' AfmoeConfig defaults, and its first eight layers
           "afmoe-18b": (2048, 6144, 32, 16, 16), "afmoe-18b-8l": (2048, 6144, 8, 16, 16),
           # Swiss AI's Apertus-8B; BigCode's StarCoderBase-1B
-          "apertus-8b": (4096, 21504, 32, 32, 8), "starcoder-1b": (2048, 8192, 24, 16, 1)}
+          "apertus-8b": (4096, 21504, 32, 32, 8), "starcoder-1b": (2048, 8192, 24, 16, 1),
+          # THUDM's GLM-4-9B-Chat (ChatGLM's layout) and Stability's StableLM 2 12B
+          "chatglm-9b": (4096, 13696, 40, 32, 2), "stablelm2-12b": (5120, 13824, 40, 32, 8),
+          # Databricks' DBRX and LG's K-EXAONE-236B-A23B, as I recall their configs, and their first few layers
+          "dbrx-132b": (6144, 10752, 40, 48, 8), "dbrx-132b-2l": (6144, 10752, 2, 48, 8),
+          "kexaone-236b-a23b": (6144, 18432, 48, 64, 8), "kexaone-236b-a23b-3l": (6144, 18432, 3, 64, 8)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
 UNTIED = {"phi2-2.7b", "qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
           "qwen2moe-a2.7b", "qwen35-9b", "qwen3vl-8b", "qwen3vlmoe-30b-a3b", "nemotronh-4b", "nemotronh-8b",
@@ -274,7 +292,8 @@ UNTIED = {"phi2-2.7b", "qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3
           "glm45air-106b-a12b-6l", "qwen3next-80b-a3b", "qwen3next-80b-a3b-8l", "falcon-h1-0.5b", "falcon-h1-7b",
           "nemotronh-nano-9b", "mamba2-codestral-7b", "falcon-mamba-7b", "minitron-4b", "pythia-1.4b", "afmoe-18b",
           "afmoe-18b-8l", "dots1-142b-a14b", "dots1-142b-a14b-4l", "minimax-m2", "minimax-m2-3l",
-          "apertus-8b"}  # the shapes whose output layer
+          "apertus-8b", "chatglm-9b", "stablelm2-12b", "dbrx-132b", "dbrx-132b-2l", "kexaone-236b-a23b",
+          "kexaone-236b-a23b-3l"}  # the shapes whose output layer
 # is a tensor of its own
 
 
@@ -330,6 +349,8 @@ class Layout:
     attention_gate: bool = False  # a gate a query value on the attention's output, attn_gate (AFMoE's)
     xielu: bool = False  # an MLP of xIELU(up) alone, its numbers a layer in the metadata (Apertus's)
     positions: bool = False  # learned positions, a table of ``context`` rows (position_embd: StarCoder's, GPT-2's)
+    head_layer_norms: bool = False  # each head's q/k LayerNorm, a weight a head (StableLM 2 12B's attn_q_norm)
+    clamp_kqv: float | None = None  # the queries, keys and values clamped (DBRX's)
     window_pattern: int | None = None  # every n-th layer global, the others through ``window`` (Command R7B's 4)
     # GLM-4's: its rotary over this share of a head, gate and up one ffn_up
     rotary_share: float = 1.0
@@ -443,6 +464,21 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
                                gelu_mlp=True, all_biases=True, fused_qkv=True, positions=True),
            "glm4": Layout("glm4", head=128, rope_base=10000.0, eps=1e-5, context=32768, biases=True, output_norms=True,
                           rotary_share=0.5, glm=True),
+           # (GLM-4's without its output norms)
+           "chatglm": Layout("chatglm", head=128, rope_base=10000.0, eps=1.5625e-07, context=131072, biases=True,
+                             rotary_share=0.5, glm=True),
+           # (StableLM 2 12B's: LayerNorms, the MLP beside the attention, a quarter of each head rotated, each head's
+           # q/k LayerNorm with weights of its own)
+           "stablelm2": Layout("stablelm", rope_base=10000.0, eps=1e-5, context=4096, layer_norm="biased",
+                               parallel=True, rotary_share=0.25, head_layer_norms=True),
+           # (DBRX's: LayerNorms without biases, q/k/v one product clamped at 8, 16 experts, 4 a token by softmax)
+           "dbrx": Layout("dbrx", head=128, rope_base=500000.0, eps=1e-5, context=32768, layer_norm="unbiased",
+                          fused_qkv=True, experts=(16, 4, 10752), mlp_norm="attn_out_norm", clamp_kqv=8.0),
+           # (K-EXAONE's: each head's q/k norms, three window layers of 128 tokens in four, those alone rotating; a
+           # dense first layer, then 128 experts of 2048 rows, 8 a token, DeepSeek-V3's routing, beside a shared one)
+           "kexaone": Layout("exaone-moe", head=128, rope_base=1e6, eps=1e-5, context=262144, head_norms=True,
+                             window=128, window_pattern=4, experts=(128, 8, 2048), shared_experts=1, dense_lead=1,
+                             selection_bias=True, sigmoid=(2.5, True)),
            # (DeepSeek-V2-Lite's YaRN: a factor of 40 over 4,096 tokens, mscale_all_dim 0.707)
            "deepseek2": Layout("deepseek2", rope_base=10000.0, eps=1e-6, context=163840, experts=(64, 6, 1408),
                                dense_lead=1, shared_experts=2, yarn=(40.0, 4096, 0.0707), latent=(None, 512, 128, 64, 128)),
@@ -792,6 +828,8 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
                 yield f"blk.{i}.attn_gate.weight", i, (q, hidden)
             if family.head_norms and name in ("attn_q", "attn_k"):
                 yield f"blk.{i}.{name}_norm.weight", i, shape[:1] if family.norms_across_heads else (head,)
+            if family.head_layer_norms and name in ("attn_q", "attn_k"):
+                yield f"blk.{i}.{name}_norm.weight", i, (heads if name == "attn_q" else kv_heads, head)
             if family.output_norms and name in ("attn_output", "ffn_down", "ffn_down_exps"):
                 yield f"blk.{i}.{'post_attention_norm' if name == 'attn_output' else 'post_ffw_norm'}.weight", i, (hidden,)
     lfm2 = family.attending is not None and not family.mamba  # (LFM2's final norm by llama.cpp's name for it)
@@ -920,6 +958,8 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_sliding_window_pattern(family.window_pattern)
     if family.logit_scale:
         writer.add_logit_scale(family.logit_scale)
+    if family.clamp_kqv:
+        writer.add_clamp_kqv(family.clamp_kqv)
     if family.soft_caps:  # (an attention cap of 0: none, Gemma 4's)
         if family.soft_caps[0]:
             writer.add_attn_logit_softcapping(family.soft_caps[0])
@@ -949,7 +989,7 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_interleave_moe_layer_step(1)
     # (llama.cpp requires DeepSeek's, GLM-4.5's and dots.llm1's shared count; the gating function where it is not
     # V2's softmax)
-    if family.latent or family.arch in ("glm4moe", "dots1", "afmoe"):
+    if family.latent or family.arch in ("glm4moe", "dots1", "afmoe", "exaone-moe"):
         writer.add_leading_dense_block_count(family.dense_lead)
         writer.add_expert_shared_count(family.shared_experts)
         if family.sigmoid:

@@ -557,7 +557,7 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "minimax-m2": "llama", "gptneox": "llama", "falcon": "llama", "gpt2": "llama", "starcoder": "llama",
                        "afmoe": "llama",
                        "apertus": "llama", "dbrx": "llama", "exaone-moe": "llama",
-                       "jais2": "llama"}
+                       "jais2": "llama", "xverse": "llama", "baichuan": "llama", "qwen": "llama", "orion": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

@@ -31,6 +31,9 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  # Llama's math under names of their own: EXAONE 3.5, Arcee's AFM (an MLP without a gate), Seed-OSS;
                  # InternLM2 and MiniCPM (Granite's multipliers: _minicpm_scales) as their files hold them, Llama's
                  "exaone": "exaone", "arcee": "arcee", "seed_oss": "seed_oss", "internlm2": "llama", "minicpm": "llama",
+                 # and XVERSE's, Baichuan 7B's (Baichuan 13B's ALiBi refused: _baichuan), Qwen 1's (Qwen2's math: q/k/v
+                 # one product with biases, every head its own K/V) and Orion's (StableLM's: LayerNorms, SwiGLU)
+                 "xverse": "llama", "baichuan": "llama", "qwen": "qwen2", "orion": "stablelm",
                  # HunYuan's dense models (q/k norms after the rotation; the converter folds its alpha into the base)
                  "hunyuan-dense": "hunyuan_v1_dense",
                  # LayerNorms: StarCoder2 (an MLP of gelu(up)), StableLM, Phi-2 and Cohere's Command R and R7B (the
@@ -79,16 +82,18 @@ SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe", "granitehy
 # the rows in halves as it reads them
 LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "granitehybrid", "mistral3", "ernie4_5",
                           "ernie4_5-moe", "glm4", "chatglm", "arcee", "internlm2", "minicpm", "command-r", "cohere2",
-                          "olmo"})
+                          "olmo", "xverse", "baichuan"})
 # the architectures whose norms are LayerNorms (their epsilon attention.layer_norm_epsilon), their biases and
 # which of their layers' products add one told by the file's tensors (_layer_norm_layers)
 LAYER_NORM_ARCHITECTURES = frozenset({"starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo", "nemotron",
-                                      "gptneox", "falcon", "dbrx", "jais2"})
+                                      "gptneox", "falcon", "dbrx", "jais2", "orion"})
 # SmolLM3: every fourth layer attends without rotary, as llama.cpp fixes it (the files do not say); AFMoE's too
 SMOLLM3_NO_ROPE_STEP = AFMOE_NO_ROPE_STEP = 4
 # EXAONE 4: llama.cpp gives only the 32B's 64 layers a window (three layers in four, 4096 tokens where the file
 # names none), whatever other files say
 EXAONE4_WINDOWED_LAYERS, EXAONE4_WINDOW = 64, 4096
+# llama.cpp's Baichuan of 40 layers (13B) attends by ALiBi, its 7B by rotary
+BAICHUAN_13B_LAYERS = 40
 EXAONE_MOE_WINDOW = 128  # (EXAONE-MoE's window where a file names none, as llama.cpp fixes it)
 # the architectures whose layers may be short convolutions (LFM2's) or Mamba2 layers (Granite 4's hybrids), told
 # apart by having no K/V heads
@@ -244,6 +249,11 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
             config["no_rope_layers"] = [0] * config["num_hidden_layers"]
     if arch == "minicpm":
         config |= _minicpm_scales(key, config)
+    if arch == "qwen":  # (its converter writes Qwen 1's intermediate_size, twice its MLP's width, as llama.cpp reads it)
+        config["intermediate_size"] //= 2
+    if arch == "baichuan" and config["num_hidden_layers"] == BAICHUAN_13B_LAYERS:
+        raise ValueError(f"{file_name} is a baichuan model of {BAICHUAN_13B_LAYERS} layers (Baichuan 13B's), which "
+                         "llama.cpp runs with ALiBi's positions: Loom does not run ALiBi")
     if arch in LAYER_NORM_ARCHITECTURES:
         config |= _layer_norm_layers(arch, key, tensors, config, file_name)
     if arch in ("exaone", "seed_oss"):  # q/k/v biases where the file has them, none after (as llama.cpp loads them)
@@ -675,7 +685,7 @@ def _layer_norm_layers(arch: str, key, tensors: dict[str, TensorInfo], config: d
            "partial_rotary_factor": (key("rope.dimension_count") or head) / head}
     if key("attention.clamp_kqv"):
         out["clip_qkv"] = key("attention.clamp_kqv")
-    if arch == "stablelm":  # (StableLM 2 12B's: each head's q/k LayerNorm, its MLP beside the attention)
+    if arch in ("stablelm", "orion"):  # (StableLM 2 12B's: each head's q/k LayerNorm, its MLP beside the attention)
         out |= {"use_qkv_bias": out.pop("attention_bias"), "use_parallel_residual": not has("ffn_norm.weight"),
                 "qk_layernorm": has("attn_q_norm.weight")}
     if arch in ("gptneox", "falcon"):  # (llama.cpp's GELU is tanh's; the rows come as queries', keys', values')

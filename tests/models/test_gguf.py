@@ -287,9 +287,13 @@ def test_an_exaone4_file_equals_its_transformers_model(tmp_path):
     ("stablelm", "stablelm", {"use_parallel_residual": True, "qk_layernorm": True}), ("phi", "phi2", {}),
     ("cohere", "command-r", {}), ("cohere", "command-r", {"use_qk_norm": True}),
     ("cohere2", "cohere2", {}), ("olmo", "olmo", {}), ("nemotron", "nemotron", {}), ("apertus", "apertus", {}),
-    ("jais2", "jais2", {})],
+    ("jais2", "jais2", {}), ("llama", "xverse", {}), ("llama", "baichuan", {}),
+    ("qwen2", "qwen", {"num_key_value_heads": 4, "tie_word_embeddings": False}),
+    ("stablelm", "orion", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                               "partial_rotary_factor": 1.0}})],
     ids=["exaone", "arcee", "seed_oss", "internlm2", "hunyuan-dense", "starcoder2", "stablelm", "stablelm-2-12b",
-         "phi2", "command-r", "command-r-plus", "cohere2", "olmo", "nemotron", "apertus", "jais2"])
+         "phi2", "command-r", "command-r-plus", "cohere2", "olmo", "nemotron", "apertus", "jais2", "xverse",
+         "baichuan", "qwen", "orion"])
 def test_files_of_llamas_kin_equal_their_transformers_models(tmp_path, arch, file_arch, settings):
     """Files of the Llama module's kin, as llama.cpp's converters write them (conftest's LLAMA_KIN says what each
     differs by): EXAONE 3.5's (its rows as the checkpoint's, which llama.cpp rotates as NeoX's), Arcee's (Q/K rows
@@ -301,8 +305,10 @@ def test_files_of_llamas_kin_equal_their_transformers_models(tmp_path, arch, fil
     logit_scale; Command R+'s q/k LayerNorms a head, their weights in the checkpoint's order), Command R7B's (its window, three layers in
     four, those alone rotating), OLMo 1's (no norm tensors: LayerNorms without weights), Nemotron-4's (its norms'
     weights stored as 1 + the checkpoint's, half of each head rotated), Apertus's (xIELU's numbers a layer in the
-    metadata) and Jais-2's (LayerNorms, relu(up)^2, biases everywhere) equal their transformers models on the
-    native layers and on the torch layers, and so do their checkpoints. Their norms' weights and every bias drawn
+    metadata), Jais-2's (LayerNorms, relu(up)^2, biases everywhere), and files of Llama's, Qwen2's and StableLM's
+    math under other names (XVERSE's and Baichuan 7B's as Llama's; Qwen 1's, its q/k/v one attn_qkv and its
+    feed_forward_length twice its MLP's width; Orion's as StableLM's, every value of a head rotated) equal their
+    transformers models on the native layers and on the torch layers, and so do their checkpoints. Their norms' weights and every bias drawn
     away from 1 and 0."""
     # (InternLM2's loader reads no rotary factors: Llama's model without its rope scaling)
     plain_rope = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}} if arch == "llama" else {}
@@ -441,6 +447,17 @@ def test_falcons_loom_does_not_run_are_refused():
         LlamaSpec.from_hf(config | {"alibi": True})
     with pytest.raises(ValueError, match=r"falcon with its MLP after the attention \(parallel_attn false"):
         LlamaSpec.from_hf(config | {"parallel_attn": False})
+
+
+def test_a_baichuan_13b_file_is_refused_naming_alibi():
+    """llama.cpp runs a Baichuan file of 40 layers (13B's) with ALiBi's positions, which Loom does not run: such a
+    file is refused from its metadata, before any tensor is read, saying so."""
+    from models.checkpoints.gguf_config import gguf_config
+    sizes = {"attention.head_count": 40, "embedding_length": 5120, "feed_forward_length": 13696, "vocab_size": 125696,
+             "block_count": 40}
+    with pytest.raises(ValueError, match=r"b.gguf is a baichuan model of 40 layers \(Baichuan 13B's\), which llama.cpp "
+                                         "runs with ALiBi's positions: Loom does not run ALiBi"):
+        gguf_config("baichuan", {f"baichuan.{k}": v for k, v in sizes.items()}, {}, "b.gguf")
 
 
 def test_an_olmo_file_and_checkpoint_whose_queries_keys_and_values_are_clamped(tmp_path):
