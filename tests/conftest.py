@@ -1013,9 +1013,11 @@ def _deepseek2_tensors(rest: str, values, c):
 
 
 # DBRX's by llama.cpp's names (its experts' stacks: _dbrx_tensors)
-GGUF_DBRX_NAMES = {"norm_attn_norm.norm_1.weight": "attn_norm.weight", "norm_attn_norm.attn.Wqkv.weight": "attn_qkv.weight",
+GGUF_DBRX_NAMES = {"norm_attn_norm.norm_1.weight": "attn_norm.weight",
+                   "norm_attn_norm.attn.Wqkv.weight": "attn_qkv.weight",
                    "norm_attn_norm.attn.out_proj.weight": "attn_output.weight",
-                   "norm_attn_norm.norm_2.weight": "attn_out_norm.weight", "ffn.router.layer.weight": "ffn_gate_inp.weight"}
+                   "norm_attn_norm.norm_2.weight": "attn_output_norm.weight",
+                   "ffn.router.layer.weight": "ffn_gate_inp.weight"}
 
 
 def _dbrx_tensors(rest: str, values, c):

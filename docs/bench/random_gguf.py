@@ -163,7 +163,7 @@ GLM-4-9B-Chat's (architecture chatglm: GLM-4's layers without its output norms);
 12B's (architecture stablelm: 32 query heads over 8 K/V heads of 160, LayerNorms with biases, the MLP beside the
 attention without a norm of its own, a quarter of each head rotated, each head's q/k LayerNorm with weights of its
 own, attn_q_norm [32, 160]); the dbrx ones as DBRX's (architecture dbrx: 48 query heads over 8 K/V heads of 128,
-q/k/v one attn_qkv clamped at 8, LayerNorms without biases, the norm before the experts attn_out_norm, 16 experts of
+q/k/v one attn_qkv clamped at 8, LayerNorms without biases, the norm before the experts attn_output_norm, 16 experts of
 10752 rows, 4 a token by softmax), the -2l one its first two of 40 layers; the kexaone ones as K-EXAONE-236B-A23B's
 (architecture exaone-moe: 64 query heads over 8 K/V heads of 128, each head's q/k norms, three 128-token window
 layers in four, those alone rotating; a dense first layer of 18432, then 128 experts of 2048 rows, 8 a token,
@@ -473,7 +473,7 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
                                parallel=True, rotary_share=0.25, head_layer_norms=True),
            # (DBRX's: LayerNorms without biases, q/k/v one product clamped at 8, 16 experts, 4 a token by softmax)
            "dbrx": Layout("dbrx", head=128, rope_base=500000.0, eps=1e-5, context=32768, layer_norm="unbiased",
-                          fused_qkv=True, experts=(16, 4, 10752), mlp_norm="attn_out_norm", clamp_kqv=8.0),
+                          fused_qkv=True, experts=(16, 4, 10752), mlp_norm="attn_output_norm", clamp_kqv=8.0),
            # (K-EXAONE's: each head's q/k norms, three window layers of 128 tokens in four, those alone rotating; a
            # dense first layer, then 128 experts of 2048 rows, 8 a token, DeepSeek-V3's routing, beside a shared one)
            "kexaone": Layout("exaone-moe", head=128, rope_base=1e6, eps=1e-5, context=262144, head_norms=True,

@@ -142,7 +142,7 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES, "g
                     "afmoe": {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_mlp_layernorm",
                               "post_ffw_norm": "post_mlp_layernorm", "attn_gate": "self_attn.gate_proj"},
                     "gpt2": GPT2_LAYER_NAMES, "starcoder": GPT2_LAYER_NAMES,
-                    "dbrx": {"attn_out_norm": "post_attention_layernorm"},  # (DBRX's norm before its experts)
+                    "dbrx": {"attn_output_norm": "post_attention_layernorm"},  # (DBRX's norm before its experts)
                     "mamba2": GRANITE_HYBRID_LAYER_NAMES, "mamba": MAMBA_LAYER_NAMES}
 # Falcon 40B's two norms a layer (Falcon 7B's one is attn_norm, Llama's name)
 FALCON_TWO_NORMS = {"attn_norm_2": "input_layernorm", "attn_norm": "post_attention_layernorm"}
