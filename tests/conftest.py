@@ -390,6 +390,17 @@ CONFIGS = {
         first_k_dense_replace=1, n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5,
         max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0, initializer_range=0.15,
         experts_implementation="eager"),
+    # Mistral 4: DeepSeek-V3's latent attention (low-rank queries), every layer's experts by softmax, renormalised and
+    # scaled, beside a shared one; YaRN, and Llama 4's attention temperature past a 16-token original context
+    "mistral4": lambda: transformers.Mistral4Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=32, qk_nope_head_dim=32,
+        qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+        norm_topk_prob=True, routed_scaling_factor=1.5, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        pad_token_id=0, initializer_range=0.15, experts_implementation="eager",
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}),
     # GLM-4.7-Flash: DeepSeek-V3's attention and routing in one group, its dense layers by mlp_layer_types
     "glm4_moe_lite": lambda: transformers.Glm4MoeLiteConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
@@ -461,7 +472,8 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "glm4_moe_lite": transformers.Glm4MoeLiteForCausalLM, "glm4_moe": transformers.Glm4MoeForCausalLM,
                  "dots1": transformers.Dots1ForCausalLM, "hunyuan_v1_moe": transformers.HunYuanMoEV1ForCausalLM,
                  "minimax_m2": transformers.MiniMaxM2ForCausalLM, "afmoe": transformers.AfmoeForCausalLM,
-                 "dbrx": transformers.DbrxForCausalLM, "exaone_moe": transformers.ExaoneMoeForCausalLM}
+                 "dbrx": transformers.DbrxForCausalLM, "exaone_moe": transformers.ExaoneMoeForCausalLM,
+                 "mistral4": transformers.Mistral4ForCausalLM}
 
 
 def interruptible() -> None:
@@ -980,7 +992,7 @@ def _deepseek2_metadata(c) -> dict:
     widths (its MLA key and value lengths), the mixture's, YaRN's with its log multiplier (0.1 mscale_all_dim)."""
     dense = c.first_k_dense_replace if hasattr(c, "first_k_dense_replace") else \
         next(i for i, t in enumerate(c.mlp_layer_types + ["sparse"]) if t == "sparse")
-    sigmoid = c.model_type != "deepseek_v2"
+    v2, sigmoid = c.model_type == "deepseek_v2", c.model_type not in ("deepseek_v2", "mistral4")  # (Mistral 4's softmax)
     rope = c.rope_parameters
     metadata = {"attention.kv_lora_rank": c.kv_lora_rank, "attention.q_lora_rank": c.q_lora_rank,
                 "attention.key_length": c.kv_lora_rank + c.qk_rope_head_dim, "attention.value_length": c.kv_lora_rank,
@@ -989,9 +1001,8 @@ def _deepseek2_metadata(c) -> dict:
                 "leading_dense_block_count": dense, "expert_feed_forward_length": c.moe_intermediate_size,
                 "expert_count": c.n_routed_experts, "expert_used_count": c.num_experts_per_tok,
                 "expert_shared_count": c.n_shared_experts, "expert_weights_scale": float(c.routed_scaling_factor),
-                "expert_weights_norm": bool(c.norm_topk_prob) if sigmoid else None,
-                "expert_gating_func": 2 if sigmoid else 1,
-                "expert_group_count": c.n_group if sigmoid else None, "expert_group_used_count": c.topk_group if sigmoid else None}
+                "expert_weights_norm": None if v2 else bool(c.norm_topk_prob), "expert_gating_func": 2 if sigmoid else 1,
+                "expert_group_count": None if v2 else c.n_group, "expert_group_used_count": None if v2 else c.topk_group}
     if rope.get("rope_type") == "yarn":
         metadata |= {"rope.scaling.type": "yarn", "rope.scaling.factor": float(rope["factor"]),
                      "rope.scaling.original_context_length": rope["original_max_position_embeddings"],
@@ -1090,7 +1101,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                                    c.to_dict().get("intermediate_size") or getattr(c, "ffn_hidden_size", None) or
                                    c.moe_intermediate_size)
     writer.add_head_count(heads)
-    deepseek = arch == "deepseek2"
+    deepseek = arch in ("deepseek2", "mistral4")  # (Mistral 4's files are DeepSeek's under a name of their own)
     if not state_only:
         writer.add_head_count_kv([kv_heads if t in ("attention", "full_attention") else 0 for t in types]
                                  if lfm2 or hybrid else 1 if deepseek else kv_heads)
@@ -1162,7 +1173,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
              **(GGUF_GEMMA_NAMES if arch in ("gemma2", "gemma3", "olmo2", "gpt-oss", "exaone4") else {}),
              **(GGUF_LFM2_NAMES if lfm2 else {}), **(GGUF_QWEN35_NAMES if qwen35 else {}),
              **({"post_self_attn_layernorm": "post_attention_norm", "post_mlp_layernorm": "post_ffw_norm"}
-                if arch == "glm4" else {}), **(GGUF_DEEPSEEK2_NAMES if arch == "deepseek2" else {}),
+                if arch == "glm4" else {}), **(GGUF_DEEPSEEK2_NAMES if deepseek else {}),
              **({"post_attention_layernorm": "post_attention_norm"} if arch in ("glm4moe", "seed_oss") else {}),
              **(GGUF_AFMOE_NAMES if arch == "afmoe" else {})}
     for name, tensor in (_falcon_h1_state(hf) if falcon else hf.state_dict()).items():

@@ -26,7 +26,8 @@ from . import Contents
 from ..kernels.block_formats import FLOATS, NATIVE, block_format, to_blocks, to_rows16, widened
 from ..kernels.block_linear import (FLOAT32, FLOAT32_PADDED, GROUP, ROWS16, padded_rows, pads_rows, row_bytes,
                                     runs_as_stored, stored_format)
-from .gguf_config import DELTA_RULE_HYBRIDS, LLAMA_LAYOUT, ROPE_TENSORS, check_architecture, end_tokens, gguf_config
+from .gguf_config import (DELTA_RULE_HYBRIDS, LATENT_ATTENTION, LLAMA_LAYOUT, ROPE_TENSORS, check_architecture,
+                          end_tokens, gguf_config)
 from .gguf_file import GGUFFile, TensorInfo
 from .tokenizer import Tokenizer
 
@@ -137,7 +138,8 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES, "g
                     # (GLM-4.5's norm before the MLP by the name of a norm after the attention)
                     "glm4moe": {"post_attention_norm": "post_attention_layernorm"},
                     "seed_oss": {"post_attention_norm": "post_attention_layernorm"},  # (Seed-OSS's likewise)
-                    "deepseek2": DEEPSEEK_LAYER_NAMES, "falcon-h1": GRANITE_HYBRID_LAYER_NAMES,
+                    "deepseek2": DEEPSEEK_LAYER_NAMES, "mistral4": DEEPSEEK_LAYER_NAMES,
+                    "falcon-h1": GRANITE_HYBRID_LAYER_NAMES,
                     # (AFMoE's norms of the attention's output and the MLP's, before the MLP, and its attention's gate)
                     "afmoe": {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_mlp_layernorm",
                               "post_ffw_norm": "post_mlp_layernorm", "attn_gate": "self_attn.gate_proj"},
@@ -429,7 +431,7 @@ def _row_order(name: str, info: TensorInfo, arch: str, config: dict) -> torch.Te
     if arch in DELTA_RULE_HYBRIDS and name.endswith("q_proj.weight"):
         heads = config["num_attention_heads"]
         return query_then_gate(heads, info.shape[0] // heads // 2)
-    if arch == "deepseek2":  # DeepSeek's pairs, the last rows of each query head and of the latent's key part
+    if arch in LATENT_ATTENTION:  # DeepSeek's pairs, the last rows of each query head and of the latent's key part
         rotary = config["qk_rope_head_dim"]
         if name.endswith(("q_proj.weight", "q_b_proj.weight")):
             return halves_from_pairs(info.shape[0], config["num_attention_heads"], rotary, config["qk_nope_head_dim"])
@@ -557,7 +559,8 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "minimax-m2": "llama", "gptneox": "llama", "falcon": "llama", "gpt2": "llama", "starcoder": "llama",
                        "afmoe": "llama",
                        "apertus": "llama", "dbrx": "llama", "exaone-moe": "llama",
-                       "jais2": "llama", "xverse": "llama", "baichuan": "llama", "qwen": "llama", "orion": "llama"}
+                       "jais2": "llama", "xverse": "llama", "baichuan": "llama", "qwen": "llama", "orion": "llama",
+                       "mistral4": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

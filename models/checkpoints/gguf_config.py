@@ -28,6 +28,7 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "falcon-h1": "falcon_h1", "mamba2": "mamba2", "mamba": "mamba",  # (Falcon-Mamba's too: _mamba_model)
                  # DeepSeek-V2 and V3, Kimi K2, Moonlight, GLM-4.7-Flash (V2's softmax, V3's sigmoid: _deepseek2)
                  "deepseek2": "deepseek_v3",
+                 "mistral4": "mistral4",  # (Mistral 4's: DeepSeek-V3's latent attention, softmax routing)
                  # Llama's math under names of their own: EXAONE 3.5, Arcee's AFM (an MLP without a gate), Seed-OSS;
                  # InternLM2 and MiniCPM (Granite's multipliers: _minicpm_scales) as their files hold them, Llama's
                  "exaone": "exaone", "arcee": "arcee", "seed_oss": "seed_oss", "internlm2": "llama", "minicpm": "llama",
@@ -49,33 +50,36 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  # a shared MLP beside softmax-routed experts), MiniMax-M2 (q/k norms across heads, sigmoid routing)
                  "dots1": "dots1", "hunyuan-moe": "hunyuan_v1_moe", "minimax-m2": "minimax_m2",
                  "afmoe": "afmoe",  # (Arcee's Trinity: gated attention, norms about each part, global layers unrotated)
-                 "apertus": "apertus",
+                 "apertus": "apertus",  # (Qwen3's q/k norms, an MLP of xIELU(up), its numbers a layer in the metadata)
                  "dbrx": "dbrx",  # (LayerNorms without biases, q/k/v clamped and one product, softmax-routed experts)
                  # (K-EXAONE's: Qwen3's attention, three window layers in four, those alone rotating, DeepSeek-V3's
                  # routing beside a shared expert)
-                 "exaone-moe": "exaone_moe"}  # (Qwen3's q/k norms, an MLP of xIELU(up), its numbers a layer in the metadata)
+                 "exaone-moe": "exaone_moe"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
 # Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
 MIXTURES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe",
             "olmoe": "olmoe", "ernie4_5-moe": "ernie4_5_moe", "gpt-oss": "gpt_oss", "lfm2moe": "lfm2_moe",
             "granitehybrid": "granitemoehybrid", "qwen3vlmoe": "qwen3_moe", "qwen35moe": "qwen3_5_moe_text",
-            "deepseek2": "deepseek_v3", "nemotron_h_moe": "nemotron_h", "glm4moe": "glm4_moe",
+            "deepseek2": "deepseek_v3", "mistral4": "mistral4", "nemotron_h_moe": "nemotron_h", "glm4moe": "glm4_moe",
             "qwen3next": "qwen3_next", "gemma4": "gemma4_text", "dots1": "dots1", "hunyuan-moe": "hunyuan_v1_moe",
             "minimax-m2": "minimax_m2", "afmoe": "afmoe", "dbrx": "dbrx", "exaone-moe": "exaone_moe"}
 # llama.cpp's expert_gating_func: how an architecture's experts are scored where the file says (LFM2-MoE's
 # sigmoid, Nemotron 3's; DeepSeek's either, V2's softmax, V3's sigmoid; the others' softmax, which their files need
 # not say)
 GATING = {1: "softmax", 2: "sigmoid"}
-EXPERT_SCORES = {"lfm2moe": ("sigmoid",), "deepseek2": ("softmax", "sigmoid"), "nemotron_h_moe": ("sigmoid",),
+EXPERT_SCORES = {"lfm2moe": ("sigmoid",), "deepseek2": ("softmax", "sigmoid"), "mistral4": ("softmax",),
+                 "nemotron_h_moe": ("sigmoid",),
                  "glm4moe": ("sigmoid",), "dots1": ("sigmoid",), "minimax-m2": ("sigmoid",), "afmoe": ("sigmoid",),
                  "exaone-moe": ("sigmoid",)}
 # the mixtures whose files may scale their chosen experts' weights (expert_weights_scale)
-SCALED_MIXTURES = frozenset({"lfm2moe", "deepseek2", "nemotron_h_moe", "glm4moe", "dots1", "afmoe", "exaone-moe"})
+SCALED_MIXTURES = frozenset({"lfm2moe", "deepseek2", "mistral4", "nemotron_h_moe", "glm4moe", "dots1", "afmoe",
+                             "exaone-moe"})
 # the mixtures whose files may add a shared expert every token takes (Qwen2-MoE's always, weighted by a
 # router of its own; Granite MoE Shared's, a granitemoe file with expert_shared_feed_forward_length; ERNIE 4.5's)
 SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe", "granitehybrid", "qwen35moe", "deepseek2",
-                            "nemotron_h_moe", "glm4moe", "qwen3next", "dots1", "hunyuan-moe", "afmoe", "exaone-moe"})
+                            "mistral4", "nemotron_h_moe", "glm4moe", "qwen3next", "dots1", "hunyuan-moe", "afmoe",
+                            "exaone-moe"})
 # architectures whose files keep Llama's layout: Q/K rows in the interleaved rotary's order (llama.cpp's
 # converter permutes Llama's; ERNIE 4.5's and GLM-4's checkpoints hold them so: their files are Llama's from
 # there, GLM-4's over the rotary's half of each head), attention biases where the model has them; gguf.py puts
@@ -92,6 +96,8 @@ SMOLLM3_NO_ROPE_STEP = AFMOE_NO_ROPE_STEP = 4
 # EXAONE 4: llama.cpp gives only the 32B's 64 layers a window (three layers in four, 4096 tokens where the file
 # names none), whatever other files say
 EXAONE4_WINDOWED_LAYERS, EXAONE4_WINDOW = 64, 4096
+# the architectures whose attention is DeepSeek's latent attention (deepseek.py's)
+LATENT_ATTENTION = ("deepseek2", "mistral4")
 # llama.cpp's Baichuan of 40 layers (13B) attends by ALiBi, its 7B by rotary
 BAICHUAN_13B_LAYERS = 40
 EXAONE_MOE_WINDOW = 128  # (EXAONE-MoE's window where a file names none, as llama.cpp fixes it)
@@ -142,7 +148,7 @@ def check_architecture(meta: dict, file_name: str) -> str:
                              f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, "
                              "OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, Qwen3.5's, "
                              "Qwen3-Next's, DeepSeek's, Nemotron 3's, GLM-4.5's, Gemma 4's, dots.llm1's, Hunyuan-A13B's, "
-                             "MiniMax-M2's, Arcee's Trinity's, DBRX's and EXAONE-MoE's)")
+                             "MiniMax-M2's, Arcee's Trinity's, DBRX's, EXAONE-MoE's and Mistral 4's)")
         if key("expert_shared_feed_forward_length") and arch not in SHARED_EXPERTS:
             raise ValueError(f"{file_name} is a {arch} model with a shared expert, which Loom runs in "
                              f"{', '.join(sorted(SHARED_EXPERTS))} files only")
@@ -209,7 +215,7 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         config |= {"use_conv_bias": any(name.endswith(".ssm_conv1d.bias") for name in tensors),
                    "attention_biases_in_file": any(name.endswith(".attn_q.bias") for name in tensors),
                    "mlp_bias": any(name.endswith(".ffn_up.bias") for name in tensors)}
-    if arch == "deepseek2":
+    if arch in LATENT_ATTENTION:
         config |= _deepseek2(key, config)
     if arch == "falcon-h1":
         config |= _falcon_h1_layers(arch, key, tensors, file_name)
@@ -299,12 +305,12 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
             config["partial_rotary_factor"] = rotary / head_dim
     try:
         config |= _rope_scaling(key, tensors)
+        if arch in LATENT_ATTENTION:
+            config |= _deepseek2_mscales(key, config)
     except ValueError as error:
         raise ValueError(f"{file_name}: {error}") from None
     if arch == "mistral3":
         config |= _mistral3_scales(key, config)
-    if arch == "deepseek2":
-        config |= _deepseek2_mscales(key, config)
     return config
 
 
@@ -494,14 +500,25 @@ def _v3_routing(key) -> dict:
 
 
 def _deepseek2_mscales(key, config: dict) -> dict:
-    """YaRN's log multiplier in a DeepSeek file, 0.1 mscale_all_dim as its converter writes it, as both mscales
-    (transformers' reading of DeepSeek's configs: the rotation unscaled, every score by mscale_all_dim's factor
-    squared, deepseek.py's _attention_scale)."""
-    rope = dict(config.get("rope_scaling") or {})
-    if rope_type(rope) != "yarn" or not key("rope.scaling.yarn_log_multiplier"):
-        return {}
-    every = key("rope.scaling.yarn_log_multiplier") / 0.1
-    return {"rope_scaling": rope | {"mscale": every, "mscale_all_dim": every}}
+    """YaRN's log multiplier in a DeepSeek (or Mistral 4) file, 0.1 mscale_all_dim as its converter writes it, as both
+    mscales (transformers' reading of DeepSeek's configs: the rotation unscaled, every score by mscale_all_dim's
+    factor squared, deepseek.py's _attention_scale); and the queries' temperature where the file has one (Mistral
+    Large 3's, Llama 4's: attention.temperature_scale past every attention.temperature_length tokens), as llama.cpp
+    reads it."""
+    rope = dict(config.get("rope_scaling") or {"rope_type": "default"})
+    if rope_type(rope) == "yarn" and key("rope.scaling.yarn_log_multiplier"):
+        every = key("rope.scaling.yarn_log_multiplier") / 0.1
+        rope |= {"mscale": every, "mscale_all_dim": every}
+    if key("attention.temperature_scale"):
+        length = key("attention.temperature_length")
+        if not length:
+            raise ValueError("attention.temperature_scale without attention.temperature_length, the context past "
+                             "which the queries' temperature grows")
+        if rope.setdefault("original_max_position_embeddings", length) != length:
+            raise ValueError(f"attention.temperature_length {length} differs from the yarn's original context "
+                             f"{rope['original_max_position_embeddings']}, from which Loom also scales the queries")
+        rope["llama_4_scaling_beta"] = key("attention.temperature_scale")
+    return {"rope_scaling": rope} if rope_type(rope) != "default" or "llama_4_scaling_beta" in rope else {}
 
 
 def _nemotron_h_experts(key, used: int, inner: int | None, shared: int | None) -> dict:

@@ -1,5 +1,5 @@
 """DeepSeek's family over the paged KV cache: DeepSeek-V2 (and V2-Lite), V3 and the models built on it (Kimi K2,
-Moonlight), GLM-4.7-Flash. Its multi-head latent attention keeps one latent a token, not keys and values a
+Moonlight), GLM-4.7-Flash, Mistral 4 (softmax routing, Llama 4's attention temperature). Its multi-head latent attention keeps one latent a token, not keys and values a
 head: the token's hidden state projected down to kv_lora_rank values (normed) beside a key part that rotates
 (rope_dim values, one for all heads). Each head's key and value are that latent projected up (kv_b_proj's rows),
 so a head's score q . k_up(latent) is (k_up^T q) . latent: the queries are taken into the latent's space, the
@@ -20,7 +20,7 @@ from ..kernels.block_heads import HeadProducts
 from .layers import (GATE_UP, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, SwiGLU, block_norms, decoder_tensors,
                      fused, paged_attention)
 from .moe import DEEPSEEK_KINDS, MoESpec, SparseMoE
-from .rope import Rotary, halves_from_pairs, rope_type, yarn_mscale
+from .rope import Rotary, halves_from_pairs, query_temperature, rope_type, temperature_of, yarn_mscale
 
 FAMILIES = DEEPSEEK_KINDS
 LATENT_NORM_EPS = 1e-6
@@ -45,6 +45,8 @@ class DeepSeekSpec(DecoderShape):
     # the epsilon of the latent's and the low-rank queries' norms: DeepSeek's code and transformers fix 1e-6
     # whatever rms_norm_eps says (GLM-4.7-Flash's 1e-5); llama.cpp takes the file's one epsilon (gguf_config's)
     latent_norm_eps: float = LATENT_NORM_EPS
+    # Mistral 4's (Llama 4's) attention temperature: (beta, the original context), rope.query_temperature
+    query_temperature: tuple[float, int] | None = None
 
     @classmethod
     def from_hf(cls, c: dict) -> "DeepSeekSpec":
@@ -82,6 +84,7 @@ class DeepSeekSpec(DecoderShape):
                                and not c.get("rotary_rows_in_halves", False),
             moe=MoESpec.from_hf(c),
             latent_norm_eps=c.get("latent_norm_eps", LATENT_NORM_EPS),
+            query_temperature=temperature_of(rope),
         )
 
 
@@ -115,12 +118,15 @@ class LatentAttention(nn.Module):
         self.out = nn.Linear(s.num_heads * s.value_dim, s.hidden_size, bias=False)
         self.scale = s.attention_scale
 
-    def forward(self, x, cos, sin, kv_cache, layer, step, masks):
+    def forward(self, x, cos, sin, kv_cache, layer, step, masks, query_scales=None):
+        """``query_scales``: each row's query scale (rope.query_temperature), or None."""
         q = self.q(x) if self.q is not None else self.q_up(self.q_norm(self.q_down(x)))
         q_nope, q_rope = q.view(-1, self.heads, self.nope + self.rope).split([self.nope, self.rope], -1)
         latent, k_rope = self.kv_down(x).split([self.latent, self.rope], -1)
         # each head's query in the latent's space: q . (K latent) = (K^T q) . latent
         query = torch.cat([q_rope, self.k_up(q_nope)], -1)
+        if query_scales is not None:  # (before the rotation, which it commutes with)
+            query = query * query_scales[:, None, None]
         key = torch.cat([k_rope, self.kv_norm(latent)], -1)[:, None]
         attended = paged_attention(query, key, key, kv_cache, layer, step, masks, self.scale, cos, sin)
         # each head's weighted latents (its output past the rotary part) projected up to its values
@@ -163,8 +169,8 @@ class Block(nn.Module):
         self.mlp = SparseMoE(s.hidden_size, s.moe) if s.moe and s.moe.routes(index) else \
             SwiGLU(s.hidden_size, s.intermediate_size)
 
-    def forward(self, x, cos, sin, kv_cache, layer, step, masks):
-        x = x + self.attn(self.input_norm(x), cos, sin, kv_cache, layer, step, masks)
+    def forward(self, x, cos, sin, kv_cache, layer, step, masks, query_scales=None):
+        x = x + self.attn(self.input_norm(x), cos, sin, kv_cache, layer, step, masks, query_scales)
         return x + self.mlp(self.post_norm(x))
 
 
@@ -177,12 +183,14 @@ class DeepSeek(DecoderModel):
         """Logits [S, vocab] for the step's sampled positions only."""
         x = self.embed(step.input_ids)
         cos, sin = self.rotary(step.positions, x.dtype)
-        logits = self.native_decode(x, cos, sin, step, kv_cache)
+        temperature = self.spec.query_temperature
+        scales = None if temperature is None else query_temperature(step.positions, *temperature).to(x.dtype)
+        logits = self.native_decode(x, cos, sin, step, kv_cache, query_scales=scales)
         if logits is not None:
             return logits
         masks = AttentionMasks(step, x.dtype, kv_cache)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, kv_cache, i, step, masks)
+            x = layer(x, cos, sin, kv_cache, i, step, masks, scales)
         return self.lm_head(self.norm(x[step.sample_indices]))
 
     @staticmethod

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from .layers import DecoderShape
 from .moe import MoESpec
-from .rope import rope_type
+from .rope import rope_type, temperature_of
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi3", "smollm3", "granite", "glm",
             "glm4", "exaone", "arcee", "seed_oss", "hunyuan_v1_dense", "starcoder2", "stablelm", "phi", "cohere",
@@ -202,7 +202,7 @@ class LlamaSpec(DecoderShape):
             parallel_norm=bool(c.get("parallel_mlp_norm")),
             qkv_layout=c.get("qkv_layout"),
             lm_head_bias=kind == "phi",
-            query_temperature=_query_temperature(rope),
+            query_temperature=temperature_of(rope),
             # (a GGUF file's rows are put in halves as they are read: gguf_config says so)
             # (Cohere's too)
             interleaved_rotary=kind in ("ernie4_5", "ernie4_5_moe", "glm", "glm4", "cohere", "cohere2") and
@@ -280,18 +280,6 @@ def _dbrx_config(c: dict) -> dict:
                     "intermediate_size": experts["ffn_hidden_size"], "num_local_experts": experts["moe_num_experts"],
                     "num_experts_per_tok": experts["moe_top_k"], "norm_topk_prob": norm is not None,
                     "hidden_act": (experts.get("ffn_act_fn") or {}).get("name", "silu")}
-
-
-def _query_temperature(rope: dict) -> tuple[float, int] | None:
-    """(beta, the original context) of a rope that scales the queries by position (Ministral 3's
-    llama_4_scaling_beta), or None."""
-    beta = rope.get("llama_4_scaling_beta")
-    if not beta:
-        return None
-    if not rope.get("original_max_position_embeddings"):
-        raise ValueError("llama_4_scaling_beta needs the rope's original_max_position_embeddings, from which the "
-                         "queries' scale grows")
-    return float(beta), int(rope["original_max_position_embeddings"])
 
 
 def _layer_rotates(kind: str, c: dict, layers: int) -> tuple[bool, ...]:

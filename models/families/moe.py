@@ -129,8 +129,9 @@ class MoESpec:
         return layer not in self.dense_layers and (layer + 1) % self.sparse_step == 0
 
 
-# DeepSeek's mixtures (deepseek.py's): V2's softmax, V3's (GLM-4.7-Flash's) sigmoid with selection biases
-DEEPSEEK_KINDS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
+# DeepSeek's mixtures (deepseek.py's): V2's softmax, V3's (GLM-4.7-Flash's) sigmoid with selection biases, Mistral 4's
+# softmax renormalised
+DEEPSEEK_KINDS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "mistral4")
 
 
 def _one_per_model(kind: str, name: str, value) -> int:
@@ -144,13 +145,14 @@ def _one_per_model(kind: str, name: str, value) -> int:
 
 
 def _deepseek(c: dict) -> MoESpec | None:
-    """DeepSeek-V2's, V3's, GLM-4.7-Flash's (and GLM-4.5's) experts as transformers runs them: V2's softmax, its
-    group-limited greedy routing over each group's best expert; V3's sigmoid (or the scoring_func a GGUF file's config
-    says: gguf_config's _deepseek2), its selection biases, its groups scored by their best two; some leading layers
-    dense (V2's and V3's first_k_dense_replace, GLM's and EXAONE-MoE's mlp_layer_types), shared experts beside the routed ones, the
-    chosen weights renormalised where the config says (V2's never are in transformers, whose configs say not to),
-    then scaled. dots.llm1's scored by sigmoid whatever its scoring_func ("noaux_tc" in some), as transformers
-    scores them. None for a dense model."""
+    """DeepSeek-V2's, V3's, GLM-4.7-Flash's, Mistral 4's (and GLM-4.5's, dots.llm1's, EXAONE-MoE's) experts as
+    transformers runs them: V2's softmax, its group-limited greedy routing over each group's best expert; V3's sigmoid
+    (or the scoring_func a GGUF file's config says: gguf_config's _deepseek2), its selection biases, its groups
+    scored by their best two; Mistral 4's softmax with V3's groups and no selection bias; some leading layers dense
+    (V2's and V3's first_k_dense_replace, GLM's and EXAONE-MoE's mlp_layer_types), shared experts beside the routed
+    ones, the chosen weights renormalised where the config says (V2's never are in transformers, whose configs say
+    not to), then scaled. dots.llm1's scored by sigmoid whatever its scoring_func ("noaux_tc" in some), as
+    transformers scores them. None for a dense model."""
     kind, layers = c["model_type"], c["num_hidden_layers"]
     experts = c.get("n_routed_experts") or c.get("num_local_experts") or c.get("num_experts")
     if not experts:
@@ -161,15 +163,15 @@ def _deepseek(c: dict) -> MoESpec | None:
     else:
         step = c.get("moe_layer_freq") or 1
         dense = frozenset(i for i in range(layers) if i < (c.get("first_k_dense_replace") or 0) or i % step)
-    v2 = kind == "deepseek_v2"
+    v2, softmax = kind == "deepseek_v2", kind in ("deepseek_v2", "mistral4")
     group_limited = not v2 or c.get("topk_method") == "group_limited_greedy"
     groups = c.get("n_group") or 1
     return MoESpec(experts, c["num_experts_per_tok"], c["moe_intermediate_size"],
                    bool(c.get("norm_topk_prob")) and not v2, dense, 1,
                    shared_intermediate_size=c["moe_intermediate_size"] * (
                        c.get("n_shared_experts") or c.get("num_shared_experts") or 0),
-                   selection_bias=not v2,
-                   sigmoid=kind == "dots1" or c.get("scoring_func", "softmax" if v2 else "sigmoid") == "sigmoid",
+                   selection_bias=not softmax,
+                   sigmoid=kind == "dots1" or c.get("scoring_func", "softmax" if softmax else "sigmoid") == "sigmoid",
                    routed_scale=float(c.get("routed_scaling_factor") or 1.0),
                    groups=(groups, c.get("topk_group") or 1, 1 if v2 else 2) if group_limited and groups > 1 else None)
 

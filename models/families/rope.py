@@ -120,6 +120,18 @@ def query_temperature(positions: torch.Tensor, beta: float, original_context: in
     return 1 + beta * torch.log(1 + torch.floor(positions / original_context))
 
 
+def temperature_of(rope: dict) -> tuple[float, int] | None:
+    """(beta, the original context) of a rope that scales the queries by position (Ministral 3's
+    llama_4_scaling_beta), or None."""
+    beta = rope.get("llama_4_scaling_beta")
+    if not beta:
+        return None
+    if not rope.get("original_max_position_embeddings"):
+        raise ValueError("llama_4_scaling_beta needs the rope's original_max_position_embeddings, from which the "
+                         "queries' scale grows")
+    return float(beta), int(rope["original_max_position_embeddings"])
+
+
 def halves_from_pairs(rows: int, heads: int, rotary: int | None = None, start: int = 0) -> torch.Tensor:
     """The reordering of a query or key projection's ``rows`` (``heads`` heads) from rotary pairs side
     by side (the interleaved rotation: llama.cpp's files of Llama's layout, ERNIE 4.5's, GLM-4's and

@@ -1000,6 +1000,7 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
         for (int64_t h = 0; h < l.heads; ++h)
             product(queries + h * (m.nope + m.rope), queries_width, rows, head_weights<T>(*m.k_up, h, m.kv_rank, m.nope),
                     no_bias, m.nope, attn + h * l.dim + m.rope, q_width, buffers.scratch, panel_from);
+        if (s.query_scales != nullptr) scale_queries(attn, q_width, q_width, s.query_scales, rows);  // (Mistral 4's)
         rotate_and_store_rows(attn, q_width, buffers.keys, l.dim, buffers.keys, l.dim, s.cos, s.sin, s.rotary_dim,
                               s.slots, rows, l.k_cache, l.v_cache, q, l.heads, int64_t(1), l.dim);
         decode_attention_rows(q, q_width, l.k_cache, l.v_cache, s.tables, s.max_blocks, s.lens, attn, q_width, rows,

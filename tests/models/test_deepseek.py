@@ -59,6 +59,50 @@ def test_a_deepseek2_file_equals_its_transformers_model(kind, tmp_path):
     assert_same_answers(greedy(path, asked), [greedy_with_logprobs(hf, p, 16) for p in asked])
 
 
+def test_a_mistral4_file_and_checkpoint_equal_their_transformers_model(tmp_path):
+    """Mistral 4 (DeepSeek-V3's latent attention, every layer's experts by softmax, renormalised and scaled, no
+    selection bias; its queries' temperature past the original context, Llama 4's): its file (architecture mistral4,
+    the temperature as llama.cpp's deepseek2 reads it, attention.temperature_scale and temperature_length) on the
+    native and torch layers, and its checkpoint, equal transformers' model in float64. The prompts reach past the
+    16-token original context, where the temperature changes the answers."""
+    hf = as_in_a_file("mistral4", 3)
+    asked = prompts(12)
+    expected = [greedy_with_logprobs(hf, p, 16) for p in asked]
+    rope = hf.config.rope_parameters
+    beta, rope["llama_4_scaling_beta"] = rope["llama_4_scaling_beta"], 0.0  # (transformers reads it each forward)
+    assert greedy_with_logprobs(hf, asked[1], 16) != expected[1]
+    rope["llama_4_scaling_beta"] = beta
+    metadata = {"tokenizer.ggml.eos_token_id": EOS, "attention.temperature_scale": beta,
+                "attention.temperature_length": rope["original_max_position_embeddings"]}
+    path = write_gguf_of(hf, tmp_path / "mistral4.gguf", "mistral4", metadata)
+    assert_same_answers(greedy(path, asked), expected)
+    assert_same_answers(greedy(path, asked, native_layers=False), expected)
+    hf.save_pretrained(tmp_path / "checkpoint")
+    assert_same_answers(greedy(tmp_path / "checkpoint", asked), expected)
+
+
+def test_a_latent_attentions_temperature_is_read_as_llama_cpp_reads_it():
+    """A DeepSeek or Mistral 4 file's queries' temperature (attention.temperature_scale, past every
+    attention.temperature_length tokens) is the config's llama_4_scaling_beta from that context; a file without the
+    length, or whose length is not its yarn's original context (one key in transformers' configs), is refused
+    saying so."""
+    from models.checkpoints.gguf_config import gguf_config
+    sizes = {"attention.head_count": 4, "embedding_length": 64, "feed_forward_length": 128, "vocab_size": 256,
+             "block_count": 2, "attention.kv_lora_rank": 32, "attention.key_length_mla": 40,
+             "attention.value_length_mla": 16, "rope.dimension_count": 8, "rope.scaling.type": "yarn",
+             "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 16}
+    of = lambda **more: gguf_config("mistral4", {f"mistral4.{k}": v for k, v in (sizes | more).items()}, {}, "m.gguf")
+    rope = of(**{"attention.temperature_scale": 0.1, "attention.temperature_length": 16})["rope_scaling"]
+    assert rope["llama_4_scaling_beta"] == pytest.approx(0.1) and rope["original_max_position_embeddings"] == 16
+    assert DeepSeekSpec.from_hf(of(**{"attention.temperature_scale": 0.1, "attention.temperature_length": 16}) | {
+        "model_type": "mistral4"}).query_temperature == (pytest.approx(0.1), 16)
+    with pytest.raises(ValueError, match="m.gguf: attention.temperature_scale without attention.temperature_length"):
+        of(**{"attention.temperature_scale": 0.1})
+    with pytest.raises(ValueError, match="m.gguf: attention.temperature_length 32 differs from the yarn's original "
+                                         "context 16"):
+        of(**{"attention.temperature_scale": 0.1, "attention.temperature_length": 32})
+
+
 def eight_bits(t: torch.Tensor) -> torch.Tensor:
     """``t`` through Q8_0 and back along its rows (as it is where no block divides them)."""
     import gguf

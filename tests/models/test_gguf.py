@@ -673,21 +673,22 @@ def test_unsupported_architecture(tmp_path):
 @pytest.mark.parametrize("arch, metadata, message", [
     ("qwen2", {"qwen2.expert_count": 8},
      r"m.gguf is a qwen2 model with 8 experts; Loom runs experts in llama, qwen2moe, qwen3moe, granitemoe, olmoe, "
-     r"ernie4_5-moe, gpt-oss, lfm2moe, granitehybrid, qwen3vlmoe, qwen35moe, deepseek2, nemotron_h_moe, glm4moe, "
-     r"qwen3next, gemma4, dots1, hunyuan-moe, minimax-m2, afmoe, dbrx, exaone-moe files \(Mixtral's, Qwen2-MoE's, Qwen3-MoE's, "
-     r"Granite MoE's, OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, Qwen3.5's, Qwen3-Next's, "
-     r"DeepSeek's, Nemotron 3's, GLM-4.5's, Gemma 4's, dots.llm1's, Hunyuan-A13B's, MiniMax-M2's, Arcee's "
-     r"Trinity's, DBRX's and EXAONE-MoE's\)"),
+     r"ernie4_5-moe, gpt-oss, lfm2moe, granitehybrid, qwen3vlmoe, qwen35moe, deepseek2, mistral4, nemotron_h_moe, "
+     r"glm4moe, qwen3next, gemma4, dots1, hunyuan-moe, minimax-m2, afmoe, dbrx, exaone-moe files \(Mixtral's, "
+     r"Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, "
+     r"Qwen3.5's, Qwen3-Next's, DeepSeek's, Nemotron 3's, GLM-4.5's, Gemma 4's, dots.llm1's, Hunyuan-A13B's, "
+     r"MiniMax-M2's, Arcee's Trinity's, DBRX's, EXAONE-MoE's and Mistral 4's\)"),
     ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_weights_scale": 2.5},
      "m.gguf scales its experts' weights by 2.5, which Loom runs in afmoe, deepseek2, dots1, exaone-moe, glm4moe, "
-     "lfm2moe, nemotron_h_moe files only"),
+     "lfm2moe, mistral4, nemotron_h_moe files only"),
     ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_gating_func": 2},
      "m.gguf scores its experts by sigmoid, which Loom does not run for qwen3moe"),
     ("lfm2moe", {"lfm2moe.expert_count": 8, "lfm2moe.expert_gating_func": 1},
      "m.gguf scores its experts by softmax, which Loom does not run for lfm2moe"),
     ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_shared_feed_forward_length": 1024},
      "m.gguf is a qwen3moe model with a shared expert, which Loom runs in afmoe, deepseek2, dots1, ernie4_5-moe, "
-     "exaone-moe, glm4moe, granitehybrid, granitemoe, hunyuan-moe, nemotron_h_moe, qwen2moe, qwen35moe, qwen3next files only"),
+     "exaone-moe, glm4moe, granitehybrid, granitemoe, hunyuan-moe, mistral4, nemotron_h_moe, qwen2moe, qwen35moe, "
+     "qwen3next files only"),
     ("ernie4_5-moe", {"ernie4_5-moe.expert_count": 8, "ernie4_5-moe.expert_feed_forward_length": 64,
                       "ernie4_5-moe.expert_shared_feed_forward_length": 96},
      "ERNIE 4.5's shared expert is a whole number of experts wide; the file's is 96 wide, its experts 64"),
