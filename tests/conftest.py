@@ -202,6 +202,19 @@ CONFIGS = {
         num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
         num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=12.0, residual_multiplier=0.22,
         attention_multiplier=0.015625, logits_scaling=6.0, experts_implementation="eager"),
+    # Granite SWA: Granite's multipliers, three window layers in four (the first global, unrotated: its theta 0), a
+    # sink a head; dense, and with Granite MoE Shared's experts
+    "granite_swa": lambda: transformers.GraniteSWAConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
+        embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0625, logits_scaling=8.0,
+        sliding_window=12, layer_rope_theta=[0, 10000.0, 10000.0, 10000.0], tie_word_embeddings=False),
+    "granitemoe_swa": lambda: transformers.GraniteMoeSWAConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=64, shared_intermediate_size=80, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+        pad_token_id=0, num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=12.0,
+        residual_multiplier=0.22, attention_multiplier=0.0625, logits_scaling=6.0, sliding_window=12,
+        layer_rope_theta=[0, 10000.0, 10000.0, 10000.0], experts_implementation="eager"),
     "granitemoeshared": lambda: transformers.GraniteMoeSharedConfig(  # Granite MoE's, and a shared expert
         vocab_size=VOCAB, hidden_size=64, intermediate_size=64, shared_intermediate_size=80, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
@@ -473,7 +486,8 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "dots1": transformers.Dots1ForCausalLM, "hunyuan_v1_moe": transformers.HunYuanMoEV1ForCausalLM,
                  "minimax_m2": transformers.MiniMaxM2ForCausalLM, "afmoe": transformers.AfmoeForCausalLM,
                  "dbrx": transformers.DbrxForCausalLM, "exaone_moe": transformers.ExaoneMoeForCausalLM,
-                 "mistral4": transformers.Mistral4ForCausalLM}
+                 "mistral4": transformers.Mistral4ForCausalLM, "granite_swa": transformers.GraniteSWAForCausalLM,
+                 "granitemoe_swa": transformers.GraniteMoeSWAForCausalLM}
 
 
 def interruptible() -> None:
@@ -1250,6 +1264,12 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
             continue
         if rest.startswith("feed_forward.experts.") or rest == "feed_forward.gate.weight":  # LFM2-MoE's: as a mixture's
             rest = rest.replace("feed_forward.", "mlp.", 1)
+        if rest == "self_attn.sinks":  # (Granite SWA's, gpt-oss's name)
+            add(f"blk.{layer}.attn_sinks.weight", values)
+            continue
+        if rest == "shared_mlp.input_linear.weight" and arch == "granite-swa":  # (kept one, gate and up rows)
+            add(f"blk.{layer}.ffn_up_shexp.weight", values)
+            continue
         if rest == "shared_mlp.input_linear.weight":  # Granite MoE Shared's gate and up rows together
             gate, up = np.split(values, 2, axis=0)
             add(f"blk.{layer}.ffn_gate_shexp.weight", np.ascontiguousarray(gate))
@@ -1268,8 +1288,9 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                 add(f"blk.{layer}.ffn_down_exps.weight", values)
             continue
         part, kind = rest.rsplit(".", 1)
-        if arch in ("llama", "smollm3", "granite", "granitemoe", "granitehybrid", "mistral3", "arcee", "internlm2",
-                    "minicpm", "olmo", "xverse", "baichuan") and part in ("self_attn.q_proj", "self_attn.k_proj"):
+        if arch in ("llama", "smollm3", "granite", "granitemoe", "granitehybrid", "granite-swa", "mistral3", "arcee",
+                    "internlm2", "minicpm", "olmo", "xverse", "baichuan") and part in ("self_attn.q_proj",
+                                                                                   "self_attn.k_proj"):
             count = heads if part == "self_attn.q_proj" else kv_heads
             values = values.reshape(count, 2, values.shape[0] // count // 2, *values.shape[1:]).swapaxes(1, 2)
             values = values.reshape(tensor.shape)

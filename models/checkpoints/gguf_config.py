@@ -20,6 +20,7 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "ernie4_5-moe": "ernie4_5_moe", "lfm2": "lfm2", "lfm2moe": "lfm2_moe", "exaone4": "exaone4",
                  "qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text", "qwen3next": "qwen3_next",
                  "granitehybrid": "granitemoehybrid",
+                 "granite-swa": "granite_swa",  # (Granite's with window layers and a sink a head; with experts: MIXTURES)
                  # vision-language models' text (vision_language.py says why they are their text families')
                  "qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3_moe", "nemotron_h": "nemotron_h",
                  "nemotron_h_moe": "nemotron_h",  # (Nemotron 3's mixtures: its experts' layers told by their widths)
@@ -62,6 +63,7 @@ MIXTURES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"
             "olmoe": "olmoe", "ernie4_5-moe": "ernie4_5_moe", "gpt-oss": "gpt_oss", "lfm2moe": "lfm2_moe",
             "granitehybrid": "granitemoehybrid", "qwen3vlmoe": "qwen3_moe", "qwen35moe": "qwen3_5_moe_text",
             "deepseek2": "deepseek_v3", "mistral4": "mistral4", "nemotron_h_moe": "nemotron_h", "glm4moe": "glm4_moe",
+            "granite-swa": "granitemoe_swa",
             "qwen3next": "qwen3_next", "gemma4": "gemma4_text", "dots1": "dots1", "hunyuan-moe": "hunyuan_v1_moe",
             "minimax-m2": "minimax_m2", "afmoe": "afmoe", "dbrx": "dbrx", "exaone-moe": "exaone_moe"}
 # llama.cpp's expert_gating_func: how an architecture's experts are scored where the file says (LFM2-MoE's
@@ -79,14 +81,14 @@ SCALED_MIXTURES = frozenset({"lfm2moe", "deepseek2", "mistral4", "nemotron_h_moe
 # router of its own; Granite MoE Shared's, a granitemoe file with expert_shared_feed_forward_length; ERNIE 4.5's)
 SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe", "granitehybrid", "qwen35moe", "deepseek2",
                             "mistral4", "nemotron_h_moe", "glm4moe", "qwen3next", "dots1", "hunyuan-moe", "afmoe",
-                            "exaone-moe"})
+                            "exaone-moe", "granite-swa"})
 # architectures whose files keep Llama's layout: Q/K rows in the interleaved rotary's order (llama.cpp's
 # converter permutes Llama's; ERNIE 4.5's and GLM-4's checkpoints hold them so: their files are Llama's from
 # there, GLM-4's over the rotary's half of each head), attention biases where the model has them; gguf.py puts
 # the rows in halves as it reads them
-LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "granitehybrid", "mistral3", "ernie4_5",
-                          "ernie4_5-moe", "glm4", "chatglm", "arcee", "internlm2", "minicpm", "command-r", "cohere2",
-                          "olmo", "xverse", "baichuan"})
+LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "granitehybrid", "granite-swa", "mistral3",
+                          "ernie4_5", "ernie4_5-moe", "glm4", "chatglm", "arcee", "internlm2", "minicpm", "command-r",
+                          "cohere2", "olmo", "xverse", "baichuan"})
 # the architectures whose norms are LayerNorms (their epsilon attention.layer_norm_epsilon), their biases and
 # which of their layers' products add one told by the file's tensors (_layer_norm_layers)
 LAYER_NORM_ARCHITECTURES = frozenset({"starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo", "nemotron",
@@ -148,7 +150,7 @@ def check_architecture(meta: dict, file_name: str) -> str:
                              f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, "
                              "OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, Qwen3.5's, "
                              "Qwen3-Next's, DeepSeek's, Nemotron 3's, GLM-4.5's, Gemma 4's, dots.llm1's, Hunyuan-A13B's, "
-                             "MiniMax-M2's, Arcee's Trinity's, DBRX's, EXAONE-MoE's and Mistral 4's)")
+                             "MiniMax-M2's, Arcee's Trinity's, DBRX's, EXAONE-MoE's, Mistral 4's and Granite SWA's)")
         if key("expert_shared_feed_forward_length") and arch not in SHARED_EXPERTS:
             raise ValueError(f"{file_name} is a {arch} model with a shared expert, which Loom runs in "
                              f"{', '.join(sorted(SHARED_EXPERTS))} files only")
@@ -248,11 +250,18 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         layers = config["num_hidden_layers"]
         config["no_rope_layers"] = [int((i + 1) % SMOLLM3_NO_ROPE_STEP != 0) for i in range(layers)]
     # Granite's scales: a scale of 0 or none is 1, or the head size's for the attention, as llama.cpp reads it
-    if arch in ("granite", "granitemoe", "granitehybrid"):
+    if arch in ("granite", "granitemoe", "granitehybrid", "granite-swa"):
         config |= {name: key(field) for field, name in GRANITE_SCALES.items() if key(field)}
         config.setdefault("attention_multiplier", (config["head_dim"] or config["hidden_size"] // heads) ** -0.5)
         if key("rope.scaling.finetuned") is False:  # llama.cpp's switch for Granite's rotary: off, every layer
             config["no_rope_layers"] = [0] * config["num_hidden_layers"]
+    if arch == "granite-swa":  # (its window layers as the file lists them, its rotating layers where it says: no
+        # rope_pattern, every layer)
+        layers, rotating = config["num_hidden_layers"], key("attention.rope_pattern")
+        config |= {"sliding_window": key("attention.sliding_window"),
+                   "layer_types": _sliding_layers(key, layers, file_name),
+                   "layer_rope_theta": [config["rope_theta"] if rotates else 0
+                                        for rotates in ([True] * layers if rotating is None else rotating)]}
     if arch == "minicpm":
         config |= _minicpm_scales(key, config)
     if arch == "qwen":  # (its converter writes Qwen 1's intermediate_size, twice its MLP's width, as llama.cpp reads it)
@@ -426,6 +435,9 @@ def _experts(arch: str, key, config: dict) -> dict:
     if MIXTURES[arch] == "granitemoe" and shared:
         return {"model_type": "granitemoeshared", "num_local_experts": experts, "num_experts_per_tok": used,
                 "intermediate_size": inner or config["intermediate_size"], "shared_intermediate_size": shared}
+    if MIXTURES[arch] == "granitemoe_swa":  # (its experts feed_forward_length wide, as llama.cpp reads them)
+        return {"model_type": "granitemoe_swa", "num_local_experts": experts, "num_experts_per_tok": used,
+                "intermediate_size": config["intermediate_size"], "shared_intermediate_size": shared or 0}
     if MIXTURES[arch] in ("mixtral", "granitemoe", "dbrx"):  # (llama.cpp's experts there feed_forward_length wide)
         return {"model_type": MIXTURES[arch], "num_local_experts": experts, "num_experts_per_tok": used,
                 "intermediate_size": inner or config["intermediate_size"]}

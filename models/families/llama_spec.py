@@ -15,11 +15,13 @@ FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi
             "glm4", "exaone", "arcee", "seed_oss", "hunyuan_v1_dense", "starcoder2", "stablelm", "phi", "cohere",
             "cohere2", "olmo", "nemotron", "gpt_neox", "falcon", "mixtral", "qwen2_moe", "qwen3_moe", "granitemoe",
             "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss", "glm4_moe", "dots1", "hunyuan_v1_moe", "minimax_m2",
-            "afmoe", "apertus", "dbrx", "exaone_moe", "jais2")
+            "afmoe", "apertus", "dbrx", "exaone_moe", "jais2", "granite_swa", "granitemoe_swa")
 # AFMoE's checkpoint names by Llama's, in this order: its norm of the attention's output is GLM-4's (post_norm's
 # name in Llama's checkpoints), the norm before its MLP Llama's post_norm, its router's gate the router
 AFMOE_NAMES = ((".post_attention_layernorm.", ".post_self_attn_layernorm."),
                (".pre_mlp_layernorm.", ".post_attention_layernorm."), (".mlp.router.gate.", ".mlp.gate."))
+# Granite's with sliding-window layers (one global in four by default) and a sink a head, dense or with experts
+GRANITE_SWA = ("granite_swa", "granitemoe_swa")
 # HunYuan's: each head's q/k norm after the rotation, NTK by a fixed alpha (a larger base)
 HUNYUAN = ("hunyuan_v1_dense", "hunyuan_v1_moe")
 # each family's MLP activation (its config's hidden_act) where it is not SwiGLU's silu (llama.py's MLPS makes its MLP):
@@ -134,7 +136,7 @@ class LlamaSpec(DecoderShape):
         c = _llama_config(kind, c)
         heads = c["num_attention_heads"]
         rope = dict(c.get("rope_parameters") or c.get("rope_scaling") or {})
-        theta = c.get("rope_theta") or rope.get("rope_theta") or 10000.0
+        theta = _one_theta(kind, c) or c.get("rope_theta") or rope.get("rope_theta") or 10000.0
         activation = ACTIVATIONS.get(kind, "silu")
         if kind in NAMED_GELUS and c.get("hidden_act") in ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh"):
             activation = c["hidden_act"]
@@ -211,7 +213,7 @@ class LlamaSpec(DecoderShape):
             gated_attention=kind == "afmoe",
             renames=AFMOE_NAMES if kind == "afmoe" else (),
             clip_qkv=c.get("clip_qkv"),
-            attention_sinks=kind == "gpt_oss",
+            attention_sinks=kind in ("gpt_oss", *GRANITE_SWA),
             # (AFMoE's muP: its embeddings times sqrt(hidden))
             embedding_scale=float(c.get("embedding_multiplier",
                                         c["hidden_size"] ** 0.5 if c.get("mup_enabled") else 1.0)),
@@ -282,6 +284,16 @@ def _dbrx_config(c: dict) -> dict:
                     "hidden_act": (experts.get("ffn_act_fn") or {}).get("name", "silu")}
 
 
+def _one_theta(kind: str, c: dict) -> float | None:
+    """Granite SWA's rotary base where its config gives one a layer (layer_rope_theta, 0 for a layer without rotary):
+    the one base its rotating layers share; a ValueError where they differ."""
+    thetas = {float(theta) for theta in c.get("layer_rope_theta") or () if theta} if kind in GRANITE_SWA else set()
+    if len(thetas) > 1:
+        raise ValueError(f"{kind} with layers rotating by different bases (layer_rope_theta {sorted(thetas)}) is not "
+                         "supported")
+    return thetas.pop() if thetas else None
+
+
 def _layer_rotates(kind: str, c: dict, layers: int) -> tuple[bool, ...]:
     """Whether each layer rotates its queries and keys: SmolLM3's no_rope_layers (1: it does), or all
     but every no_rope_layer_interval-th where the config lists none, as transformers derives them; Command R7B's,
@@ -290,6 +302,8 @@ def _layer_rotates(kind: str, c: dict, layers: int) -> tuple[bool, ...]:
         if kind == "exaone_moe" and c.get("sliding_window") is None:  # (every layer global, and rotating)
             return (True,) * layers
         return tuple(t == "sliding_attention" for t in _types_by_pattern(kind, c, layers))
+    if kind in GRANITE_SWA and c.get("layer_rope_theta"):  # (a layer of theta 0 without rotary)
+        return tuple(bool(theta) for theta in c["layer_rope_theta"])
     rotates = c.get("no_rope_layers")
     if rotates is None:
         interval = c.get("no_rope_layer_interval", 4) if kind == "smollm3" else 0
@@ -307,6 +321,8 @@ def _layer_windows(kind: str, c: dict, layers: int) -> tuple[int | None, ...]:
             return (None,) * layers
         types = c.get("layer_types") or ["sliding_attention" if i >= c.get("max_window_layers", layers)
                                          else "full_attention" for i in range(layers)]
+    elif kind in GRANITE_SWA:  # (its config lists them: every fourth layer global, the first included)
+        types = c.get("layer_types") or ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(layers)]
     elif kind == "gpt_oss":  # (its config lists them: every other layer through the window, the first included)
         types = c.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
     elif kind in GLOBAL_EVERY:

@@ -71,7 +71,7 @@ class MoESpec:
             return cls(c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"], True, frozenset(), 1,
                        biases=True, clamped_swiglu=(float(c.get("swiglu_alpha", 1.702)),
                                                     float(c.get("swiglu_limit", 7.0))))
-        if kind in ("granitemoeshared", "granitemoehybrid"):
+        if kind in ("granitemoeshared", "granitemoehybrid", "granitemoe_swa"):
             if kind == "granitemoehybrid" and not c.get("num_local_experts"):  # (a dense one: its shared MLP alone)
                 return None
             return cls(c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"], True, frozenset(), 1,

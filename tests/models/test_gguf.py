@@ -243,6 +243,43 @@ def test_files_of_llamas_layout_equal_their_transformers_models(tmp_path, arch):
         assert any(mine != pytest.approx(theirs, abs=1e-3) for (_, mine), (_, theirs) in zip(plain, expected))
 
 
+def granite_swa_metadata(c) -> dict:
+    """A Granite SWA config's metadata as llama.cpp's converter writes it: Granite's four multipliers, the window and
+    its layers (a flag a layer), the layers that rotate (rope_pattern), the experts where it has them."""
+    metadata = {"embedding_scale": c.embedding_multiplier, "residual_scale": c.residual_multiplier,
+                "attention.scale": c.attention_multiplier, "logit_scale": c.logits_scaling,
+                "attention.sliding_window": c.sliding_window,
+                "attention.sliding_window_pattern": [t == "sliding_attention" for t in c.layer_types],
+                "attention.rope_pattern": [bool(theta) for theta in c.layer_rope_theta]}
+    if getattr(c, "num_local_experts", None):
+        metadata |= {"expert_count": c.num_local_experts, "expert_used_count": c.num_experts_per_tok,
+                     "expert_shared_feed_forward_length": c.shared_intermediate_size}
+    return metadata
+
+
+@pytest.mark.parametrize("arch", ["granite_swa", "granitemoe_swa"])
+def test_granite_swa_files_and_checkpoints_equal_their_transformers_models(tmp_path, arch):
+    """Granite SWA (architecture granite-swa: Granite's multipliers; three window layers in four, the global one
+    unrotated, rope_pattern; a sink a head, attn_sinks; with experts, Granite MoE Shared's, the shared expert's gate
+    and up rows one ffn_up_shexp) equals its transformers models in float64 on the native and torch layers, and so
+    does its checkpoint; the prompts reach past the window. Layers rotating by different bases (layer_rope_theta)
+    are refused naming them."""
+    from models.families.llama_spec import LlamaSpec
+    hf = tiny_model(arch, seed=3)
+    with pytest.raises(ValueError, match=rf"{arch} with layers rotating by different bases \(layer_rope_theta "
+                                         r"\[10000.0, 500000.0\]\) is not supported"):
+        LlamaSpec.from_hf(hf.config.to_dict() | {"layer_rope_theta": [0, 10000.0, 500000.0, 10000.0]})
+    rng = random.Random(19)
+    prompts = [random_prompt(rng, 5, 10), random_prompt(rng, 30, 40)]
+    expected = [greedy_with_logprobs(hf, p, 16) for p in prompts]
+    metadata = granite_swa_metadata(hf.config) | {"tokenizer.ggml.eos_token_id": EOS}
+    written = write_gguf_of(hf, tmp_path / "granite-swa.gguf", "granite-swa", metadata)
+    assert_same_answers(greedy(written, prompts), expected)
+    assert_same_answers(greedy(written, prompts, native_layers=False), expected)
+    hf.save_pretrained(tmp_path / "checkpoint")
+    assert_same_answers(greedy(tmp_path / "checkpoint", prompts), expected)
+
+
 @pytest.mark.parametrize("arch", ["olmo2", "olmo3"])
 def test_olmo_files_equal_their_transformers_models(tmp_path, arch):
     """OLMo 2 and OLMo 3 files (architecture olmo2; OLMo 3's with a sliding window, three local
@@ -674,10 +711,11 @@ def test_unsupported_architecture(tmp_path):
     ("qwen2", {"qwen2.expert_count": 8},
      r"m.gguf is a qwen2 model with 8 experts; Loom runs experts in llama, qwen2moe, qwen3moe, granitemoe, olmoe, "
      r"ernie4_5-moe, gpt-oss, lfm2moe, granitehybrid, qwen3vlmoe, qwen35moe, deepseek2, mistral4, nemotron_h_moe, "
-     r"glm4moe, qwen3next, gemma4, dots1, hunyuan-moe, minimax-m2, afmoe, dbrx, exaone-moe files \(Mixtral's, "
+     r"glm4moe, granite-swa, qwen3next, gemma4, dots1, hunyuan-moe, minimax-m2, afmoe, dbrx, exaone-moe files "
+     r"\(Mixtral's, "
      r"Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, "
      r"Qwen3.5's, Qwen3-Next's, DeepSeek's, Nemotron 3's, GLM-4.5's, Gemma 4's, dots.llm1's, Hunyuan-A13B's, "
-     r"MiniMax-M2's, Arcee's Trinity's, DBRX's, EXAONE-MoE's and Mistral 4's\)"),
+     r"MiniMax-M2's, Arcee's Trinity's, DBRX's, EXAONE-MoE's, Mistral 4's and Granite SWA's\)"),
     ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_weights_scale": 2.5},
      "m.gguf scales its experts' weights by 2.5, which Loom runs in afmoe, deepseek2, dots1, exaone-moe, glm4moe, "
      "lfm2moe, mistral4, nemotron_h_moe files only"),
@@ -687,8 +725,8 @@ def test_unsupported_architecture(tmp_path):
      "m.gguf scores its experts by softmax, which Loom does not run for lfm2moe"),
     ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_shared_feed_forward_length": 1024},
      "m.gguf is a qwen3moe model with a shared expert, which Loom runs in afmoe, deepseek2, dots1, ernie4_5-moe, "
-     "exaone-moe, glm4moe, granitehybrid, granitemoe, hunyuan-moe, mistral4, nemotron_h_moe, qwen2moe, qwen35moe, "
-     "qwen3next files only"),
+     "exaone-moe, glm4moe, granite-swa, granitehybrid, granitemoe, hunyuan-moe, mistral4, nemotron_h_moe, qwen2moe, "
+     "qwen35moe, qwen3next files only"),
     ("ernie4_5-moe", {"ernie4_5-moe.expert_count": 8, "ernie4_5-moe.expert_feed_forward_length": 64,
                       "ernie4_5-moe.expert_shared_feed_forward_length": 96},
      "ERNIE 4.5's shared expert is a whole number of experts wide; the file's is 96 wide, its experts 64"),

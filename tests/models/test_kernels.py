@@ -280,14 +280,16 @@ def with_random_norms(hf):
 # Nemotron-4's LayerNorms of 1 + their weights; dots.llm1's and MiniMax-M2's mixtures; GPT-NeoX's and Falcon's MLPs
 # beside the attention on norms of their own, their exact GELU; AFMoE's gated attention; Apertus's xIELU; DBRX's
 # clamped q/k/v beside experts; EXAONE-MoE's window layers alone rotating beside DeepSeek-V3's routing; StableLM 2
-# 12B's and Command R+'s q/k LayerNorms a head; Mistral 4's latent attention with its queries' temperature
+# 12B's and Command R+'s q/k LayerNorms a head; Mistral 4's latent attention with its queries' temperature; Granite
+# SWA's windows beside sinks, its global layers unrotated
 NATIVE_FAMILIES = ["llama", "qwen2", "qwen2_sliding", "mistral", "ministral3", "phi3", "qwen3", "smollm3", "granite",
                    "mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "gemma", "gemma2", "gemma3", "olmo2", "olmo3",
                    "exaone4", "lfm2", "lfm2_moe", "qwen3_5", "qwen3_next", "granitemoehybrid", "nemotron_h",
                    "nemotron_h_moe", "glm", "glm4", "glm4_moe", "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "falcon_h1", "mamba2",
                    "mamba", "falcon_mamba", "gemma4", "gemma4_moe", "gemma3n", "gpt2", "phi", "cohere2", "hunyuan_v1_dense",
                    "olmo", "nemotron", "dots1", "hunyuan_v1_moe", "minimax_m2", "gpt_neox", "falcon", "afmoe",
-                   "apertus", "gpt_bigcode", "dbrx", "exaone_moe", "jais2", "stablelm", "cohere", "mistral4"]
+                   "apertus", "gpt_bigcode", "dbrx", "exaone_moe", "jais2", "stablelm", "cohere", "mistral4",
+                   "granite_swa", "granitemoe_swa"]
 # the families whose native layers take short prefill chunks (the others' steps with prefill chunks are the torch
 # layers')
 CHUNKED_FAMILIES = ["llama", "qwen2_sliding", "mistral", "ministral3", "qwen3", "smollm3", "granite", "gemma", "gemma2",
@@ -345,7 +347,7 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, 
     # (experts weighted in float32 whatever the dtype, as transformers does)
     if arch in ("mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "lfm2_moe", "granitemoehybrid", "deepseek_v2",
                 "deepseek_v3", "glm4_moe_lite", "nemotron_h_moe", "glm4_moe", "gemma4_moe", "dots1", "hunyuan_v1_moe",
-                "minimax_m2", "afmoe", "dbrx", "exaone_moe", "mistral4"):
+                "minimax_m2", "afmoe", "dbrx", "exaone_moe", "mistral4", "granitemoe_swa"):
         tolerance = max(tolerance, 1e-5)
     torch.testing.assert_close(native_logits, torch_logits, atol=tolerance, rtol=tolerance)
     torch.testing.assert_close(native_cache, torch_cache, atol=tolerance, rtol=tolerance)
