@@ -546,6 +546,9 @@ LLAMA_KIN = {
     "cohere2": lambda: transformers.Cohere2Config(**KIN_SIZES | {"num_hidden_layers": 4}, logit_scale=0.25,
                                                   sliding_window=24),
     "nemotron": lambda: transformers.NemotronConfig(**KIN_SIZES, head_dim=16, attention_bias=True, mlp_bias=True),
+    # BLOOM: ALiBi in the rotary's place, its embeddings LayerNormed, a head's q/k/v rows together, gelu_tanh(up)
+    "bloom": lambda: transformers.BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4,
+                                              eos_token_id=EOS, bos_token_id=1, pad_token_id=0),
     # Jais-2: LayerNorms, an MLP of relu(up)^2, biases on every product
     "jais2": lambda: transformers.Jais2Config(**KIN_SIZES, head_dim=16),
     # GPT-NeoX (Pythia's: the MLP beside the attention on a norm of its own, biases everywhere, a quarter of each head
@@ -758,7 +761,9 @@ GGUF_GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.no
                      "transformer.ln_f.weight": "output_norm.weight",
                      "transformer.ln_f.bias": "output_norm.bias",
                      "transformer.wte.weight": "token_embd.weight", "transformer.wpe.weight": "position_embd.weight",
-                     "transformer.norm_f.weight": "output_norm.weight"}  # (DBRX's)
+                     "transformer.norm_f.weight": "output_norm.weight",  # (DBRX's)
+                     "transformer.word_embeddings_layernorm.weight": "token_embd_norm.weight",  # (BLOOM's)
+                     "transformer.word_embeddings_layernorm.bias": "token_embd_norm.bias"}
 GGUF_LFM2_NAMES = {"operator_norm": "attn_norm", "ffn_norm": "ffn_norm", "self_attn.out_proj": "attn_output",
                    "self_attn.q_layernorm": "attn_q_norm", "self_attn.k_layernorm": "attn_k_norm",
                    "feed_forward.w1": "ffn_gate", "feed_forward.w3": "ffn_up", "feed_forward.w2": "ffn_down",
@@ -954,7 +959,7 @@ def _falcon_h1_state(hf) -> dict:
 def _kv_heads(c) -> int:
     """A config's K/V heads: Llama's name; GPT-NeoX's its query heads; Falcon's num_kv_heads, or one where it is
     multi-query in the old layout."""
-    if c.model_type in ("gpt_neox", "gpt2"):
+    if c.model_type in ("gpt_neox", "gpt2", "bloom"):
         return c.num_attention_heads
     if c.model_type == "gpt_bigcode":
         return 1 if c.multi_query else c.num_attention_heads
@@ -969,7 +974,7 @@ def _qkv_in_thirds(values, c, arch: str):
     query's, every key's, every value's, as their converters write them."""
     import numpy as np
     dim = c.hidden_size // c.num_attention_heads
-    if arch == "gptneox":
+    if arch in ("gptneox", "bloom"):  # (BLOOM's as GPT-NeoX's)
         return values.reshape(c.num_attention_heads, 3, dim, *values.shape[1:]).swapaxes(0, 1).reshape(values.shape)
     kv = _kv_heads(c)
     if not c.new_decoder_architecture:
@@ -1097,7 +1102,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     heads, kv_heads = (0, 0) if state_only else (c.num_attention_heads, _kv_heads(c))
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(c.num_hidden_layers)
-    writer.add_context_length(1 << 20 if state_only else c.max_position_embeddings)
+    writer.add_context_length(1 << 20 if state_only else getattr(c, "max_position_embeddings", 2048))  # (BLOOM: none)
     writer.add_embedding_length(c.hidden_size)
     # LFM2's: its MLP's width as derived, no K/V heads in a convolution layer, the convolution's length
     # Granite 4's hybrids' and Nemotron-H's: Mamba2 layers, no K/V heads in them; Nemotron-H's an MLP's width a
@@ -1112,6 +1117,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                                    (c.n_inner or 4 * c.n_embd) if arch in ("gpt2", "starcoder") else
                                    c.ffn_config.ffn_hidden_size if arch == "dbrx" else
                                    2 * c.intermediate_size if arch == "qwen" else  # (Qwen 1's config's, as written)
+                                   4 * c.hidden_size if arch == "bloom" else
                                    c.to_dict().get("intermediate_size") or getattr(c, "ffn_hidden_size", None) or
                                    c.moe_intermediate_size)
     writer.add_head_count(heads)
@@ -1144,7 +1150,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     if not (deepseek or state_only) and getattr(c, "head_dim", None) not in (None, c.hidden_size // heads):
         writer.add_key_length(c.head_dim)
     layer_norms = arch in ("starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo", "nemotron", "gptneox",
-                           "falcon", "gpt2", "starcoder", "dbrx", "jais2", "orion")
+                           "falcon", "gpt2", "starcoder", "dbrx", "jais2", "orion", "bloom")
     if layer_norms:  # (LayerNorms' epsilon; OLMo 1's fixed, as its converter writes it)
         writer.add_layer_norm_eps(getattr(c, "norm_epsilon", None) or getattr(c, "layer_norm_eps", None) or
                                   getattr(c, "norm_eps", None) or getattr(c, "layer_norm_epsilon", None) or 1e-5)
@@ -1155,7 +1161,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
             writer.add_rope_dimension_count(int(rotary * c.hidden_size // c.num_attention_heads))
     else:
         writer.add_layer_norm_rms_eps(c.norm_eps if lfm2 else c.layer_norm_epsilon if nemotron else c.rms_norm_eps)
-    if not nemotron and arch not in ("gpt2", "starcoder"):  # (whose attention has no positions, or learned ones)
+    if not nemotron and arch not in ("gpt2", "starcoder", "bloom"):  # (no positions, learned ones, or ALiBi)
         rope = c.rope_parameters
         base = (rope.get("full_attention") or rope)["rope_theta"]  # (OLMo 3's: its global layers')
         if arch in ("hunyuan-dense", "hunyuan-moe") and rope.get("alpha"):  # (its converter folds the alpha into the base)
@@ -1194,7 +1200,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         if name.startswith("model.visual."):
             continue
         name = name.replace("model.language_model.", "model.", 1).replace("backbone.", "model.", 1)
-        converters_leave_out = state_only or arch in ("falcon", "gpt2", "starcoder")
+        converters_leave_out = state_only or arch in ("falcon", "gpt2", "starcoder", "bloom")
         if name == "lm_head.weight" and converters_leave_out and c.tie_word_embeddings:
             continue  # (their converters leave it out)
         if ".act_fn." in name:  # (Apertus's xIELU numbers: the metadata's, a value a layer, as its converter writes)

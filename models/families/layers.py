@@ -5,6 +5,8 @@ threads or scheduling."""
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,13 +91,16 @@ def chunk_rows(chunks: list[PrefillChunk]) -> DecodeGroup:
 
 
 def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, scale: float,
-                    cos=None, sin=None, softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                    cos=None, sin=None, softcap: float | None = None, sinks: torch.Tensor | None = None,
+                    slopes: torch.Tensor | None = None) -> torch.Tensor:
     """q: [T, heads, dim]; k, v: [T, kv_heads, dim]. Rotates q and k by the step's angles (if
     given, from rope.Rotary), writes the step's K/V into the pool (rounded to its dtype, where that
     is not q's), then attends through block tables, each score soft-capped to softcap tanh(score /
     softcap) where ``softcap`` is given (Gemma 2), each head's softmax taking its sink's logit
-    (``sinks`` [heads], gpt-oss's) in its denominator where given. With ``k`` and ``v`` None (a layer
-    reading another's K/V: Gemma 4's last layers) only q is rotated and nothing stored. Returns [T, heads, dim]."""
+    (``sinks`` [heads], gpt-oss's) in its denominator where given, each score plus its head's ALiBi slope
+    (``slopes`` [heads], BLOOM's and MPT's) times the key's position less the query's where given. With ``k`` and
+    ``v`` None (a layer reading another's K/V: Gemma 4's last layers) only q is rotated and nothing stored. Returns
+    [T, heads, dim]."""
     k_cache, v_cache = kv_cache.layer(layer)
     kv_heads, dim = k_cache.shape[2], k_cache.shape[3]
     if k is None:
@@ -112,7 +117,7 @@ def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, 
         for group in step.decode_groups + masks.prefill_rows:
             rows = slice(group.start, group.end)
             paged_decode.decode_attention(q[rows], k_cache, v_cache, group.block_tables, group.context_lens,
-                                          out[rows], scale, masks.window, softcap, sinks)
+                                          out[rows], scale, masks.window, softcap, sinks, slopes)
     for group, mask in zip(step.decode_groups, masks.decode):  # the torch path
         rows = slice(group.start, group.end)
         # index_select copies whole blocks; advanced indexing (cache[tables]) measured 8x slower.
@@ -120,22 +125,34 @@ def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, 
         shape = (group.end - group.start, -1, kv_heads, dim)
         keys = kv_cache.gather(k_cache, blocks, 0, q.dtype).view(shape).transpose(1, 2)  # [n, kv_heads, L, dim]
         values = kv_cache.gather(v_cache, blocks, 1, q.dtype).view(shape).transpose(1, 2)
-        out[rows] = attend(q[rows, :, None, :], keys, values, mask, scale, softcap, sinks)[:, :, 0, :]
+        bias = None if slopes is None else slopes[:, None, None] * (  # (each row's query its last key)
+            torch.arange(keys.shape[2], device=q.device) - (group.context_lens[:, None] - 1))[:, None, None, :]
+        out[rows] = attend(q[rows, :, None, :], keys, values, mask, scale, softcap, sinks, bias)[:, :, 0, :]
     for chunk, mask in masks.prefill:
         length = chunk.first_position + chunk.end - chunk.start
         keys = kv_cache.gather(k_cache, chunk.block_table, 0, q.dtype).flatten(0, 1)[:length].transpose(0, 1)[None]
         values = kv_cache.gather(v_cache, chunk.block_table, 1, q.dtype).flatten(0, 1)[:length].transpose(0, 1)[None]
         queries = q[chunk.start:chunk.end].transpose(0, 1)[None]
-        out[chunk.start:chunk.end] = attend(queries, keys, values, mask, scale, softcap, sinks)[0].transpose(0, 1)
+        positions = torch.arange(chunk.first_position, length, device=q.device)
+        bias = None if slopes is None else slopes[:, None, None] * (
+            torch.arange(length, device=q.device) - positions[:, None])
+        out[chunk.start:chunk.end] = attend(queries, keys, values, mask, scale, softcap, sinks,
+                                            bias)[0].transpose(0, 1)
     return out
 
 
-def attend(q, k, v, mask, scale: float, softcap: float | None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+def attend(q, k, v, mask, scale: float, softcap: float | None, sinks: torch.Tensor | None = None,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of q [..., heads, n, dim] over k, v [..., kv_heads, L, dim] (kv_heads dividing heads)
     under a boolean ``mask`` ([n, L] or broadcast to it; None: causal, n == L): SDPA, or, with a
     ``softcap`` or ``sinks`` ([heads]), which SDPA cannot apply, the scores soft-capped and softmaxed
-    here, each head's sink a logit in its softmax that weighs no value."""
+    here, each head's sink a logit in its softmax that weighs no value. ``bias``: added to the scores (ALiBi's,
+    broadcast to [..., heads, n, L]), where the mask lets them be."""
     gqa = q.shape[-3] != k.shape[-3]
+    if bias is not None:  # (a float mask: the bias where the boolean one is true)
+        if mask is None:
+            mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        mask = bias.to(q.dtype).masked_fill(~mask, float("-inf"))
     if softcap is None and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
                                               enable_gqa=gqa)
@@ -147,11 +164,21 @@ def attend(q, k, v, mask, scale: float, softcap: float | None, sinks: torch.Tens
         scores = torch.tanh(scores / softcap) * softcap
     if mask is None:
         mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
-    scores = scores.masked_fill(~mask, float("-inf"))
+    scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     if sinks is None:
         return torch.softmax(scores, dim=-1) @ v
     sink = sinks.to(scores.dtype)[:, None, None].expand(*scores.shape[:-1], 1)
     return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1] @ v
+
+
+def alibi_slopes(heads: int, max_bias: float = 8.0) -> torch.Tensor:
+    """ALiBi's slope a head (BLOOM's and MPT's; llama.cpp's for any head count): 2^(-max_bias / n) to the powers
+    1..n for the first n heads, n the largest power of two not above ``heads``, and the others 2^(-max_bias / 2n)
+    to the odd powers."""
+    n = 2 ** int(math.floor(math.log2(heads)))
+    first = (2.0 ** (-max_bias / n)) ** torch.arange(1, n + 1, dtype=torch.float64)
+    rest = (2.0 ** (-max_bias / 2 / n)) ** torch.arange(1, 2 * (heads - n) + 1, 2, dtype=torch.float64)
+    return torch.cat([first, rest]).float()
 
 
 class NativeDecoding:

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from .layers import (GATE_UP, QKV, AttentionMasks, DecoderModel, ExactGeluMLP, GeluMLP, HeadLayerNorm, RMSNorm,
-                     SquaredReLU, SwiGLU, XieluMLP, decoder_tensors, fused, paged_attention)
+                     SquaredReLU, SwiGLU, XieluMLP, alibi_slopes, decoder_tensors, fused, paged_attention)
 from .llama_spec import HUB_NAMES, LlamaSpec
 from .moe import SparseMoE
 from .rope import Rotary, apply_rotary, halves_from_pairs, query_temperature, sequence_ends
@@ -101,6 +101,9 @@ class Attention(nn.Module):
         self.sinks = nn.Parameter(torch.zeros(s.num_heads)) if s.attention_sinks else None
         self.norms_after_rotation = norms_after_rotation
         self.clip = getattr(s, "clip_qkv", None)  # (OLMo 1.7's bound on the queries, keys and values)
+        with torch.device("cpu"):  # (BLOOM's ALiBi: a slope a head, made now whatever device the model is built on)
+            slopes = alibi_slopes(s.num_heads, s.alibi_max_bias) if getattr(s, "alibi_max_bias", None) else None
+        self.register_buffer("slopes", slopes, persistent=False)
 
     def forward(self, x, cos, sin, kv_cache, layer, step, masks, query_scales=None):
         """``query_scales``: each row's query scale (rope.query_temperature), or None."""
@@ -119,7 +122,7 @@ class Attention(nn.Module):
         if query_scales is not None:  # (before the rotation, which it commutes with)
             q = q * query_scales[:, None, None]
         o = paged_attention(q, k, v.view(-1, self.kv_heads, self.dim), kv_cache, layer, step, masks, self.scale,
-                            cos, sin, self.softcap, self.sinks)
+                            cos, sin, self.softcap, self.sinks, self.slopes)
         return self.out(o.flatten(1) * torch.sigmoid(gates) if self.gated else o.flatten(1))
 
 
@@ -176,6 +179,7 @@ def _llama_named(hf: dict[str, torch.Tensor], renames: tuple = ()) -> dict[str, 
 class Llama(DecoderModel):
     def __init__(self, s: LlamaSpec):
         super().__init__(s, Block, norm_of(s))
+        self.embed_norm = norm_of(s)(s.hidden_size, s.rms_norm_eps) if s.embedding_norm else None  # (BLOOM's)
         if s.lm_head_bias:
             self.lm_head = nn.Linear(s.hidden_size, s.vocab_size)
         self.rotary = Rotary(s.head_dim, s.rope_theta, s.rope_scaling, s.partial_rotary_factor, s.rope_max_position)
@@ -189,6 +193,8 @@ class Llama(DecoderModel):
         x = self.embed(step.input_ids)
         if self.spec.embedding_scale != 1.0:
             x = x * self.spec.embedding_scale
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
         ends = sequence_ends(step) if self.rotary.per_sequence else None
         cos, sin = self.rotary(step.positions, x.dtype, ends)
         temperature = self.spec.query_temperature
@@ -216,6 +222,8 @@ class Llama(DecoderModel):
             out["norm.weight"] = hf["norm.weight"]
         out |= {f"{name}.bias": hf[f"{name}.bias"] for name, kept in (("norm", s.norm_bias),
                                                                        ("lm_head", s.lm_head_bias)) if kept}
+        if s.embedding_norm:
+            out |= {f"embed_norm.{kind}": hf[f"embedding_norm.{kind}"] for kind in ("weight", "bias")}
         norms = (("input_norm", "input_layernorm"),) + (
             () if s.parallel and not s.parallel_norm else (("post_norm", "post_attention_layernorm"),))
         for i in range(s.num_layers):

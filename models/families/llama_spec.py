@@ -15,7 +15,7 @@ FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi
             "glm4", "exaone", "arcee", "seed_oss", "hunyuan_v1_dense", "starcoder2", "stablelm", "phi", "cohere",
             "cohere2", "olmo", "nemotron", "gpt_neox", "falcon", "mixtral", "qwen2_moe", "qwen3_moe", "granitemoe",
             "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss", "glm4_moe", "dots1", "hunyuan_v1_moe", "minimax_m2",
-            "afmoe", "apertus", "dbrx", "exaone_moe", "jais2", "granite_swa", "granitemoe_swa")
+            "afmoe", "apertus", "dbrx", "exaone_moe", "jais2", "granite_swa", "granitemoe_swa", "bloom")
 # AFMoE's checkpoint names by Llama's, in this order: its norm of the attention's output is GLM-4's (post_norm's
 # name in Llama's checkpoints), the norm before its MLP Llama's post_norm, its router's gate the router
 AFMOE_NAMES = ((".post_attention_layernorm.", ".post_self_attn_layernorm."),
@@ -27,14 +27,14 @@ HUNYUAN = ("hunyuan_v1_dense", "hunyuan_v1_moe")
 # each family's MLP activation (its config's hidden_act) where it is not SwiGLU's silu (llama.py's MLPS makes its MLP):
 # Arcee's, Nemotron's and Jais-2's relu(up)^2, StarCoder2's and Phi-2's gelu_tanh(up), GPT-NeoX's and Falcon's gelu(up) by erf
 # (no gate)
-ACTIVATIONS = {"arcee": "relu2", "nemotron": "relu2", "jais2": "relu2", "starcoder2": "gelu_pytorch_tanh", "phi": "gelu_new",
+ACTIVATIONS = {"arcee": "relu2", "nemotron": "relu2", "jais2": "relu2", "bloom": "gelu_pytorch_tanh", "starcoder2": "gelu_pytorch_tanh", "phi": "gelu_new",
                "gpt_neox": "gelu", "falcon": "gelu", "apertus": "xielu"}
 # the families whose configs name their GELU, exact or by tanh (GPT-NeoX-20B's gelu_fast; llama.cpp's files tanh's)
 NAMED_GELUS = ("gpt_neox", "falcon")
 # the families whose norms are LayerNorms (the mean removed; with biases but Cohere's and OLMo 1's; OLMo 1's
 # without a weight either, which its checkpoints do not hold: ones here)
 LAYER_NORMS = ("starcoder2", "stablelm", "phi", "cohere", "cohere2", "olmo", "nemotron", "gpt_neox", "falcon", "dbrx",
-               "jais2")
+               "jais2", "bloom")
 UNBIASED_LAYER_NORMS, WEIGHTLESS_LAYER_NORMS = ("cohere", "cohere2", "olmo", "dbrx"), ("olmo",)
 # checkpoint names of Llama's parameters in other families, in this order of replacement: EXAONE 3.5's (the hub's,
 # and transformers' saved ones) after GPT-2's (its output product before the other attention products), StarCoder2's
@@ -57,7 +57,8 @@ HUB_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.ln_f.", 
              (".self_attention.query_key_value.", ".self_attn.qkv_proj."),
              (".self_attention.dense.", ".self_attn.o_proj."),
              (".ln_attn.", ".input_layernorm."), (".ln_mlp.", ".post_attention_layernorm."),
-             # Apertus's
+             # BLOOM's (its embeddings' norm), Apertus's
+             ("transformer.word_embeddings_layernorm.", "model.embedding_norm."),
              (".attention_layernorm.", ".input_layernorm."), (".feedforward_layernorm.", ".post_attention_layernorm."),
              # DBRX's (its experts' three stacks, a matrix of every expert's rows each: moe.py's _routed_experts)
              ("transformer.blocks.", "model.layers."), ("transformer.norm_f.", "model.norm."),
@@ -117,6 +118,10 @@ class LlamaSpec(DecoderShape):
     gated_attention: bool = False
     renames: tuple[tuple[str, str], ...] = ()  # the family's checkpoint names by Llama's (AFMOE_NAMES)
     clip_qkv: float | None = None  # the queries, keys and values clamped to [-clip_qkv, clip_qkv] (OLMo 1.7's)
+    # ALiBi in the rotary's place (BLOOM's): each score plus a head's slope times the key's distance back, the slopes
+    # from this maximum bias (layers.alibi_slopes)
+    alibi_max_bias: float | None = None
+    embedding_norm: bool = False  # the embeddings LayerNormed before the first layer (BLOOM's)
     # gpt-oss's attention sinks: a learned logit a head, in each softmax's denominator and no value's weight
     attention_sinks: bool = False
     # Granite's multipliers: of the embeddings, of each attention's and MLP's output before it is
@@ -213,6 +218,8 @@ class LlamaSpec(DecoderShape):
             gated_attention=kind == "afmoe",
             renames=AFMOE_NAMES if kind == "afmoe" else (),
             clip_qkv=c.get("clip_qkv"),
+            alibi_max_bias=c.get("alibi_max_bias"),
+            embedding_norm=bool(c.get("embedding_norm")),
             attention_sinks=kind in ("gpt_oss", *GRANITE_SWA),
             # (AFMoE's muP: its embeddings times sqrt(hidden))
             embedding_scale=float(c.get("embedding_multiplier",
@@ -240,6 +247,8 @@ def _llama_config(kind: str, c: dict) -> dict:
         return {"use_parallel_residual": True} | c | extra
     if kind == "dbrx":
         return _dbrx_config(c)
+    if kind == "bloom":
+        return _bloom_config(c)
     if kind != "falcon":
         return c
     if c.get("alibi"):
@@ -258,6 +267,23 @@ def _llama_config(kind: str, c: dict) -> dict:
                 "parallel_mlp_norm": c.get("parallel_mlp_norm", (c.get("num_ln_in_parallel_attn") or (2 if new else 1))
                                            == 2),
                 "qkv_layout": c.get("qkv_layout", "groups" if new else None if c.get("multi_query", True) else "heads")}
+
+
+def _bloom_config(c: dict) -> dict:
+    """BLOOM's config in Llama's names: its MLP four times the hidden size, biases everywhere, every head its own
+    K/V, a head's query, key and value rows together (its fused q/k/v's layout), no rotary but ALiBi (its slopes' 8),
+    its embeddings LayerNormed. A ValueError for the residual taken after the norms
+    (apply_residual_connection_post_layernorm), which llama.cpp does not run either."""
+    if c.get("apply_residual_connection_post_layernorm"):
+        raise ValueError("bloom with its residual taken after the norms (apply_residual_connection_post_layernorm) "
+                         "is not supported")
+    hidden = c.get("hidden_size") or c["n_embed"]
+    heads, layers = c.get("num_attention_heads") or c["n_head"], c.get("num_hidden_layers") or c["n_layer"]
+    return c | {"hidden_size": hidden, "num_attention_heads": heads, "num_key_value_heads": heads,
+                "num_hidden_layers": layers, "intermediate_size": c.get("intermediate_size") or 4 * hidden,
+                "attention_bias": True, "mlp_bias": True, "qkv_layout": c.get("qkv_layout", "heads"),
+                "no_rope_layers": [0] * layers, "alibi_max_bias": c.get("alibi_max_bias", 8.0),
+                "embedding_norm": True, "tie_word_embeddings": c.get("tie_word_embeddings", True)}
 
 
 # DBRX's config names by Llama's (a GGUF file's config has Llama's already)

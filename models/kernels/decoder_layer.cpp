@@ -253,6 +253,7 @@ struct Layer {
     // each head's q/k norm a LayerNorm by weights of its own (q_norm, k_norm a row a head: StableLM 2 12B's,
     // Command R+'s; 0: an RMSNorm of weights every head shares)
     int64_t head_layer_norms;
+    const T* slopes;  // each query head's ALiBi slope (BLOOM's, MPT's; null elsewhere), decode_attention_rows'
 
     // the K/V heads the layer's qkv product gives and it stores (none where it reads another layer's)
     int64_t stored_kv_heads() const { return reads_kv ? 0 : kv_heads; }
@@ -1046,7 +1047,7 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
                               s.slots, rows, l.k_cache, l.v_cache, turns ? q : nullptr, l.heads, stored, l.dim);
         decode_attention_rows(turns ? q : qkv, turns ? q_width : qkv_width, l.k_cache, l.v_cache, s.tables,
                               s.max_blocks, s.lens, attn, q_width, rows, l.heads, l.kv_heads, l.dim, s.block_size,
-                              l.window, l.scale, l.softcap, l.sinks);
+                              l.window, l.scale, l.softcap, l.sinks, l.slopes);
         if (l.gated) gate_rows(attn, qkv + q_width, qkv_width, rows, q_width);
         multiply(attn, q_width, q_width, l.out, l.out_bias, hidden, delta);
     }

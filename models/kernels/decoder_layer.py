@@ -138,7 +138,7 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
         "rotates", "norms_across_heads", "conv_taps", "gated", "values_are_keys", "value_norm", "reads_kv",
         "per_layer_offset", "per_layer_width", "parallel", "norms_after_rotation")]
     _fields_ += [(name, _double) for name in ("eps", "scale", "softcap", "residual_scale", "layer_scale")]
-    _fields_ += [("xielu", _double * 4), ("clip_qkv", _double), ("head_layer_norms", _int64)]
+    _fields_ += [("xielu", _double * 4), ("clip_qkv", _double), ("head_layer_norms", _int64), ("slopes", _pointer)]
 
 
 class _AltUpLayer(ctypes.Structure):  # decoder_layer.cpp's AltUpLayer
@@ -401,6 +401,7 @@ class DecoderLayers:
             layer.xielu = (ctypes.c_double * 4)(*block.mlp.factors())
         self._route(layer, block.mlp)
         layer.sinks = None if mixer else self._in_dtype(attn.sinks)
+        layer.slopes = None if mixer else self._in_dtype(getattr(attn, "slopes", None))  # (BLOOM's, MPT's ALiBi)
         return layer
 
     def _lfm2_layer(self, block, spec) -> _Layer:

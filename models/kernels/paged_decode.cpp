@@ -22,11 +22,11 @@ LOOM_POOL_TYPES(LOOM_ROTATE_AND_STORE)
         const T* q, int64_t q_stride, const C* k_cache, const C* v_cache, const int64_t* block_tables,  \
         int64_t max_blocks, const int64_t* context_lens, T* out, int64_t out_stride, int64_t num_seqs,  \
         int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size, int64_t window, double scale, \
-        double softcap, const T* sinks) {                                                                \
+        double softcap, const T* sinks, const T* slopes) {                                               \
         _Pragma("omp parallel")                                                                         \
         decode_attention_rows<T, C>(q, q_stride, k_cache, v_cache, block_tables, max_blocks,            \
                                     context_lens, out, out_stride, num_seqs, heads, kv_heads, dim,      \
-                                    block_size, window, scale, softcap, sinks);                         \
+                                    block_size, window, scale, softcap, sinks, slopes);                 \
     }
 
 LOOM_POOL_TYPES(LOOM_DECODE_ATTENTION)

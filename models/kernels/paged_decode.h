@@ -217,7 +217,9 @@ void weigh_values(const T* p, int64_t stride, int64_t group, int64_t n, const C*
 // 3.1-3.8 ms). Shorter rows keep a head at a time (with the default model's 3 K/V heads and a 7B's
 // 4, the blocks ran level to 4% slower). A ``softcap`` above 0 soft-caps each score (soft_cap)
 // before the softmax; a ``window`` above 0 reads a sequence's last ``window`` keys only; ``sinks``
-// (a logit a query head, gpt-oss's; null: none) join each head's softmax denominator and weigh no value.
+// (a logit a query head, gpt-oss's; null: none) join each head's softmax denominator and weigh no value;
+// ``slopes`` (a query head's ALiBi slope, BLOOM's and MPT's; null: none) add slope x (key's position - query's)
+// to each score, the query the row's last key.
 constexpr int64_t SCORE_TOKENS = 16, SCORE_BLOCKS_FROM_BYTES = 4096;
 
 template <typename T, typename C>
@@ -225,7 +227,7 @@ void decode_attention_rows(const T* q, int64_t q_stride, const C* k_cache, const
                       const int64_t* block_tables, int64_t max_blocks, const int64_t* context_lens,
                       T* out, int64_t out_stride, int64_t num_seqs, int64_t heads, int64_t kv_heads,
                       int64_t dim, int64_t block_size, int64_t window, double scale, double softcap,
-                      const T* sinks = nullptr) {
+                      const T* sinks = nullptr, const T* slopes = nullptr) {
     const int64_t group = heads / kv_heads;  // query heads sharing one K/V head (GQA)
     const int64_t slot_stride = kv_heads * dim;
     // A task is a sequence, a run of its KV heads and a run of each one's query heads. Whole sequences keep
@@ -292,6 +294,10 @@ void decode_attention_rows(const T* q, int64_t q_stride, const C* k_cache, const
                         for (int64_t h = 0; h < run; ++h) {
                             T* row = head_scores + h * width;
                             if (softcap > 0) soft_cap(row, n, static_cast<T>(softcap));
+                            if (slopes != nullptr) {  // (the row's keys from first, its query at end - 1)
+                                const T slope = slopes[g * group + h_first + h];
+                                for (int64_t i = 0; i < n; ++i) row[i] += slope * T(first + i - (end - 1));
+                            }
                             std::fill(row + n, row + width, -std::numeric_limits<T>::infinity());
                             // a head's sink (gpt-oss's) joins the peak and the sum, and weighs no value
                             const T sink = sinks ? sinks[g * group + h_first + h] : -std::numeric_limits<T>::infinity();

@@ -17,7 +17,7 @@ from . import native
 
 _int64, _pointer = ctypes.c_int64, ctypes.c_void_p
 ARGTYPES = [_pointer, _int64, _pointer, _pointer, _pointer, _int64, _pointer, _pointer, _int64,
-            _int64, _int64, _int64, _int64, _int64, _int64, ctypes.c_double, ctypes.c_double, _pointer]
+            _int64, _int64, _int64, _int64, _int64, _int64, ctypes.c_double, ctypes.c_double, _pointer, _pointer]
 STORE_ARGTYPES = [_pointer, _int64, _pointer, _int64, _pointer, _int64, _pointer, _pointer, _int64, _pointer, _int64,
                   _pointer, _pointer, _pointer, _int64, _int64, _int64]
 
@@ -58,11 +58,13 @@ def rotate_and_store(q, k, v, cos, sin, slots, k_cache, v_cache) -> torch.Tensor
 
 
 def decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, scale: float, window: int | None,
-                     softcap: float | None = None, sinks: torch.Tensor | None = None):
+                     softcap: float | None = None, sinks: torch.Tensor | None = None,
+                     slopes: torch.Tensor | None = None):
     """out[s] = attention of q[s] ([heads, dim]) over the first context_lens[s] keys of sequence
     s (its last ``window`` only, if given), found through block_tables[s], each score soft-capped
     (softcap tanh(score / softcap), Gemma 2's) if ``softcap`` is given, each head's softmax taking
-    its sink's logit in its denominator if ``sinks`` ([heads], gpt-oss's) are. k_cache, v_cache:
+    its sink's logit in its denominator if ``sinks`` ([heads], gpt-oss's) are, each score plus its
+    head's ALiBi slope times the key's position less the query's if ``slopes`` ([heads]) are. k_cache, v_cache:
     [blocks, block_size, kv_heads, dim] of one layer (of q's dtype, or 16-bit as rotate_and_store
     writes them); q and out may be row slices of larger
     tensors, as long as each row's heads and dims are contiguous."""
@@ -72,10 +74,10 @@ def decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, scale
     _check_pool("decode_attention", k_cache, v_cache)
     tables = block_tables.to(torch.int64).contiguous()
     lens = context_lens.to(torch.int64).contiguous()
-    if sinks is not None:
-        sinks = sinks.to(q.dtype).contiguous()
+    sinks, slopes = (None if t is None else t.to(q.dtype).contiguous() for t in (sinks, slopes))
     native.function("loom_decode_attention", q.dtype, ARGTYPES, k_cache.dtype)(
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
         lens.data_ptr(), out.data_ptr(), out.stride(0), num_seqs, heads, kv_heads, dim, block_size,
-        window or 0, ctypes.c_double(scale), ctypes.c_double(softcap or 0), None if sinks is None else sinks.data_ptr())
+        window or 0, ctypes.c_double(scale), ctypes.c_double(softcap or 0), None if sinks is None else sinks.data_ptr(),
+        None if slopes is None else slopes.data_ptr())
     return out

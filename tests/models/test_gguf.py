@@ -324,12 +324,12 @@ def test_an_exaone4_file_equals_its_transformers_model(tmp_path):
     ("stablelm", "stablelm", {"use_parallel_residual": True, "qk_layernorm": True}), ("phi", "phi2", {}),
     ("cohere", "command-r", {}), ("cohere", "command-r", {"use_qk_norm": True}),
     ("cohere2", "cohere2", {}), ("olmo", "olmo", {}), ("nemotron", "nemotron", {}), ("apertus", "apertus", {}),
-    ("jais2", "jais2", {}), ("llama", "xverse", {}), ("llama", "baichuan", {}),
+    ("jais2", "jais2", {}), ("bloom", "bloom", {}), ("llama", "xverse", {}), ("llama", "baichuan", {}),
     ("qwen2", "qwen", {"num_key_value_heads": 4, "tie_word_embeddings": False}),
     ("stablelm", "orion", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                                "partial_rotary_factor": 1.0}})],
     ids=["exaone", "arcee", "seed_oss", "internlm2", "hunyuan-dense", "starcoder2", "stablelm", "stablelm-2-12b",
-         "phi2", "command-r", "command-r-plus", "cohere2", "olmo", "nemotron", "apertus", "jais2", "xverse",
+         "phi2", "command-r", "command-r-plus", "cohere2", "olmo", "nemotron", "apertus", "jais2", "bloom", "xverse",
          "baichuan", "qwen", "orion"])
 def test_files_of_llamas_kin_equal_their_transformers_models(tmp_path, arch, file_arch, settings):
     """Files of the Llama module's kin, as llama.cpp's converters write them (conftest's LLAMA_KIN says what each
@@ -342,7 +342,8 @@ def test_files_of_llamas_kin_equal_their_transformers_models(tmp_path, arch, fil
     logit_scale; Command R+'s q/k LayerNorms a head, their weights in the checkpoint's order), Command R7B's (its window, three layers in
     four, those alone rotating), OLMo 1's (no norm tensors: LayerNorms without weights), Nemotron-4's (its norms'
     weights stored as 1 + the checkpoint's, half of each head rotated), Apertus's (xIELU's numbers a layer in the
-    metadata), Jais-2's (LayerNorms, relu(up)^2, biases everywhere), and files of Llama's, Qwen2's and StableLM's
+    metadata), Jais-2's (LayerNorms, relu(up)^2, biases everywhere), BLOOM's (ALiBi in the rotary's place, its
+    embeddings LayerNormed, token_embd_norm; a head's q/k/v rows together in its checkpoints), and files of Llama's, Qwen2's and StableLM's
     math under other names (XVERSE's and Baichuan 7B's as Llama's; Qwen 1's, its q/k/v one attn_qkv and its
     feed_forward_length twice its MLP's width; Orion's as StableLM's, every value of a head rotated) equal their
     transformers models on the native layers and on the torch layers, and so do their checkpoints. Their norms' weights and every bias drawn
