@@ -549,6 +549,10 @@ LLAMA_KIN = {
     # BLOOM: ALiBi in the rotary's place, its embeddings LayerNormed, a head's q/k/v rows together, gelu_tanh(up)
     "bloom": lambda: transformers.BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4,
                                               eos_token_id=EOS, bos_token_id=1, pad_token_id=0),
+    # MPT: ALiBi, LayerNorms without biases (but the final one's), q/k/v one product clamped, an MLP of gelu(up)
+    "mpt": lambda: transformers.MptConfig(vocab_size=VOCAB, d_model=64, n_heads=4, n_layers=2, max_seq_len=256,
+                                          eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
+                                          attn_config={"clip_qkv": 0.3, "alibi_bias_max": 8}),
     # Jais-2: LayerNorms, an MLP of relu(up)^2, biases on every product
     "jais2": lambda: transformers.Jais2Config(**KIN_SIZES, head_dim=16),
     # GPT-NeoX (Pythia's: the MLP beside the attention on a norm of its own, biases everywhere, a quarter of each head
@@ -747,7 +751,9 @@ GGUF_LAYER_NAMES = {
     "ln_attn": "attn_norm_2", "ln_mlp": "attn_norm",
     # GPT-2's (its MLP's c_fc and c_proj StarCoder2's above)
     "ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output",
-    "attention_layernorm": "attn_norm", "feedforward_layernorm": "ffn_norm"}  # (Apertus's)
+    "attention_layernorm": "attn_norm", "feedforward_layernorm": "ffn_norm",  # (Apertus's)
+    "norm_1": "attn_norm", "attn.Wqkv": "attn_qkv", "attn.out_proj": "attn_output", "norm_2": "ffn_norm",  # (MPT's)
+    "ffn.up_proj": "ffn_up", "ffn.down_proj": "ffn_down"}
 GGUF_GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                      "lm_head.weight": "output.weight", "model.embedding_norm.weight": "token_embd_norm.weight",
                      # (LayerNorm models' biases: StarCoder2's, StableLM's, Phi-2's, and Phi-2's output layer's)
@@ -761,7 +767,8 @@ GGUF_GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.no
                      "transformer.ln_f.weight": "output_norm.weight",
                      "transformer.ln_f.bias": "output_norm.bias",
                      "transformer.wte.weight": "token_embd.weight", "transformer.wpe.weight": "position_embd.weight",
-                     "transformer.norm_f.weight": "output_norm.weight",  # (DBRX's)
+                     "transformer.norm_f.weight": "output_norm.weight",  # (DBRX's, MPT's)
+                     "transformer.norm_f.bias": "output_norm.bias",
                      "transformer.word_embeddings_layernorm.weight": "token_embd_norm.weight",  # (BLOOM's)
                      "transformer.word_embeddings_layernorm.bias": "token_embd_norm.bias"}
 GGUF_LFM2_NAMES = {"operator_norm": "attn_norm", "ffn_norm": "ffn_norm", "self_attn.out_proj": "attn_output",
@@ -959,7 +966,7 @@ def _falcon_h1_state(hf) -> dict:
 def _kv_heads(c) -> int:
     """A config's K/V heads: Llama's name; GPT-NeoX's its query heads; Falcon's num_kv_heads, or one where it is
     multi-query in the old layout."""
-    if c.model_type in ("gpt_neox", "gpt2", "bloom"):
+    if c.model_type in ("gpt_neox", "gpt2", "bloom", "mpt"):
         return c.num_attention_heads
     if c.model_type == "gpt_bigcode":
         return 1 if c.multi_query else c.num_attention_heads
@@ -1118,6 +1125,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                                    c.ffn_config.ffn_hidden_size if arch == "dbrx" else
                                    2 * c.intermediate_size if arch == "qwen" else  # (Qwen 1's config's, as written)
                                    4 * c.hidden_size if arch == "bloom" else
+                                   c.expansion_ratio * c.d_model if arch == "mpt" else
                                    c.to_dict().get("intermediate_size") or getattr(c, "ffn_hidden_size", None) or
                                    c.moe_intermediate_size)
     writer.add_head_count(heads)
@@ -1150,7 +1158,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     if not (deepseek or state_only) and getattr(c, "head_dim", None) not in (None, c.hidden_size // heads):
         writer.add_key_length(c.head_dim)
     layer_norms = arch in ("starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo", "nemotron", "gptneox",
-                           "falcon", "gpt2", "starcoder", "dbrx", "jais2", "orion", "bloom")
+                           "falcon", "gpt2", "starcoder", "dbrx", "jais2", "orion", "bloom", "mpt")
     if layer_norms:  # (LayerNorms' epsilon; OLMo 1's fixed, as its converter writes it)
         writer.add_layer_norm_eps(getattr(c, "norm_epsilon", None) or getattr(c, "layer_norm_eps", None) or
                                   getattr(c, "norm_eps", None) or getattr(c, "layer_norm_epsilon", None) or 1e-5)
@@ -1161,7 +1169,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
             writer.add_rope_dimension_count(int(rotary * c.hidden_size // c.num_attention_heads))
     else:
         writer.add_layer_norm_rms_eps(c.norm_eps if lfm2 else c.layer_norm_epsilon if nemotron else c.rms_norm_eps)
-    if not nemotron and arch not in ("gpt2", "starcoder", "bloom"):  # (no positions, learned ones, or ALiBi)
+    if not nemotron and arch not in ("gpt2", "starcoder", "bloom", "mpt"):  # (no positions, learned ones, or ALiBi)
         rope = c.rope_parameters
         base = (rope.get("full_attention") or rope)["rope_theta"]  # (OLMo 3's: its global layers')
         if arch in ("hunyuan-dense", "hunyuan-moe") and rope.get("alpha"):  # (its converter folds the alpha into the base)
@@ -1200,7 +1208,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         if name.startswith("model.visual."):
             continue
         name = name.replace("model.language_model.", "model.", 1).replace("backbone.", "model.", 1)
-        converters_leave_out = state_only or arch in ("falcon", "gpt2", "starcoder", "bloom")
+        converters_leave_out = state_only or arch in ("falcon", "gpt2", "starcoder", "bloom", "mpt")
         if name == "lm_head.weight" and converters_leave_out and c.tie_word_embeddings:
             continue  # (their converters leave it out)
         if ".act_fn." in name:  # (Apertus's xIELU numbers: the metadata's, a value a layer, as its converter writes)

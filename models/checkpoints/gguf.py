@@ -562,7 +562,7 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "afmoe": "llama",
                        "apertus": "llama", "dbrx": "llama", "exaone-moe": "llama",
                        "jais2": "llama", "xverse": "llama", "baichuan": "llama", "qwen": "llama", "orion": "llama",
-                       "mistral4": "llama", "granite-swa": "llama", "bloom": "llama"}
+                       "mistral4": "llama", "granite-swa": "llama", "bloom": "llama", "mpt": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

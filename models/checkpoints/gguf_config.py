@@ -45,6 +45,7 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "nemotron": "nemotron",  # (Nemotron-4's and Minitron's: of 1 + their weights, an MLP of relu(up)^2)
                  "jais2": "jais2",  # (Jais-2's: LayerNorms, an MLP of relu(up)^2, biases everywhere)
                  "bloom": "bloom",  # (BLOOM's: ALiBi in the rotary's place, its embeddings LayerNormed)
+                 "mpt": "mpt",  # (MPT's: ALiBi, LayerNorms, its q/k/v clamped where the file says)
                  # GPT-NeoX's (Pythia's) and Falcon's (their MLPs' GELU by tanh, as llama.cpp runs them)
                  "gptneox": "gpt_neox", "falcon": "falcon",
                  "gpt2": "gpt2", "starcoder": "gpt_bigcode",  # (GPT-2's module: learned positions; _gpt2_model)
@@ -93,7 +94,7 @@ LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "graniteh
 # the architectures whose norms are LayerNorms (their epsilon attention.layer_norm_epsilon), their biases and
 # which of their layers' products add one told by the file's tensors (_layer_norm_layers)
 LAYER_NORM_ARCHITECTURES = frozenset({"starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo", "nemotron",
-                                      "gptneox", "falcon", "dbrx", "jais2", "orion", "bloom"})
+                                      "gptneox", "falcon", "dbrx", "jais2", "orion", "bloom", "mpt"})
 # SmolLM3: every fourth layer attends without rotary, as llama.cpp fixes it (the files do not say); AFMoE's too
 SMOLLM3_NO_ROPE_STEP = AFMOE_NO_ROPE_STEP = 4
 # EXAONE 4: llama.cpp gives only the 32B's 64 layers a window (three layers in four, 4096 tokens where the file
@@ -718,9 +719,15 @@ def _layer_norm_layers(arch: str, key, tensors: dict[str, TensorInfo], config: d
     if arch in ("stablelm", "orion"):  # (StableLM 2 12B's: each head's q/k LayerNorm, its MLP beside the attention)
         out |= {"use_qkv_bias": out.pop("attention_bias"), "use_parallel_residual": not has("ffn_norm.weight"),
                 "qk_layernorm": has("attn_q_norm.weight")}
-    if arch in ("gptneox", "falcon", "bloom"):  # (llama.cpp's GELU is tanh's; the rows come as queries', keys',
-        # values')
+    if arch in ("gptneox", "falcon", "bloom", "mpt"):  # (llama.cpp's GELU is tanh's; the rows come as queries',
+        # keys', values')
         out |= {"hidden_act": "gelu_pytorch_tanh", "qkv_layout": None}
+    if arch == "mpt":  # (ALiBi by the file's maximum bias, no rotary; its final norm's bias where it has one)
+        if "position_embd.weight" in tensors or not key("attention.max_alibi_bias"):
+            raise ValueError(f"{file_name} is an mpt model with learned positions (position_embd) or without "
+                             "attention.max_alibi_bias: Loom runs MPT's ALiBi alone")
+        out |= {"alibi_max_bias": key("attention.max_alibi_bias"), "final_norm_bias": "output_norm.bias" in tensors,
+                "no_rope_layers": [0] * config["num_hidden_layers"]}
     if arch == "gptneox":  # (its MLP beside the attention on a norm of its own where the file says, as llama.cpp's)
         out |= {"use_parallel_residual": bool(key("use_parallel_residual", True)), "mlp_bias": has("ffn_up.bias")}
     if arch == "falcon":  # (a norm for the attention and one for the MLP where the file has two, attn_norm_2 the first;

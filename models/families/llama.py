@@ -158,10 +158,11 @@ class Block(nn.Module):
         return output * self.residual_scale if self.residual_scale != 1.0 else output
 
 
-def norm_of(s: LlamaSpec):
-    """The spec's norm, (width, eps) -> the module: RMSNorm, or a LayerNorm (with its bias where norm_bias)."""
+def norm_of(s: LlamaSpec, final: bool = False):
+    """The spec's norm, (width, eps) -> the module: RMSNorm, or a LayerNorm (with its bias where norm_bias, or for
+    the ``final`` norm where final_norm_bias: MPT's)."""
     if s.layer_norm:
-        return lambda width, eps: nn.LayerNorm(width, eps, bias=s.norm_bias)
+        return lambda width, eps: nn.LayerNorm(width, eps, bias=s.norm_bias or (final and s.final_norm_bias))
     return RMSNorm
 
 
@@ -178,7 +179,7 @@ def _llama_named(hf: dict[str, torch.Tensor], renames: tuple = ()) -> dict[str, 
 
 class Llama(DecoderModel):
     def __init__(self, s: LlamaSpec):
-        super().__init__(s, Block, norm_of(s))
+        super().__init__(s, Block, norm_of(s, final=True))
         self.embed_norm = norm_of(s)(s.hidden_size, s.rms_norm_eps) if s.embedding_norm else None  # (BLOOM's)
         if s.lm_head_bias:
             self.lm_head = nn.Linear(s.hidden_size, s.vocab_size)
@@ -224,6 +225,8 @@ class Llama(DecoderModel):
                                                                        ("lm_head", s.lm_head_bias)) if kept}
         if s.embedding_norm:
             out |= {f"embed_norm.{kind}": hf[f"embedding_norm.{kind}"] for kind in ("weight", "bias")}
+        if s.final_norm_bias and not s.norm_bias:  # (MPT's: a hub checkpoint and a file may leave it out, zeros)
+            out["norm.bias"] = hf.get("norm.bias", torch.zeros(s.hidden_size))
         norms = (("input_norm", "input_layernorm"),) + (
             () if s.parallel and not s.parallel_norm else (("post_norm", "post_attention_layernorm"),))
         for i in range(s.num_layers):

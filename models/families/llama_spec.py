@@ -15,7 +15,7 @@ FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi
             "glm4", "exaone", "arcee", "seed_oss", "hunyuan_v1_dense", "starcoder2", "stablelm", "phi", "cohere",
             "cohere2", "olmo", "nemotron", "gpt_neox", "falcon", "mixtral", "qwen2_moe", "qwen3_moe", "granitemoe",
             "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss", "glm4_moe", "dots1", "hunyuan_v1_moe", "minimax_m2",
-            "afmoe", "apertus", "dbrx", "exaone_moe", "jais2", "granite_swa", "granitemoe_swa", "bloom")
+            "afmoe", "apertus", "dbrx", "exaone_moe", "jais2", "granite_swa", "granitemoe_swa", "bloom", "mpt")
 # AFMoE's checkpoint names by Llama's, in this order: its norm of the attention's output is GLM-4's (post_norm's
 # name in Llama's checkpoints), the norm before its MLP Llama's post_norm, its router's gate the router
 AFMOE_NAMES = ((".post_attention_layernorm.", ".post_self_attn_layernorm."),
@@ -28,14 +28,14 @@ HUNYUAN = ("hunyuan_v1_dense", "hunyuan_v1_moe")
 # Arcee's, Nemotron's and Jais-2's relu(up)^2, StarCoder2's and Phi-2's gelu_tanh(up), GPT-NeoX's and Falcon's gelu(up) by erf
 # (no gate)
 ACTIVATIONS = {"arcee": "relu2", "nemotron": "relu2", "jais2": "relu2", "bloom": "gelu_pytorch_tanh", "starcoder2": "gelu_pytorch_tanh", "phi": "gelu_new",
-               "gpt_neox": "gelu", "falcon": "gelu", "apertus": "xielu"}
+               "gpt_neox": "gelu", "falcon": "gelu", "apertus": "xielu", "mpt": "gelu"}
 # the families whose configs name their GELU, exact or by tanh (GPT-NeoX-20B's gelu_fast; llama.cpp's files tanh's)
-NAMED_GELUS = ("gpt_neox", "falcon")
+NAMED_GELUS = ("gpt_neox", "falcon", "mpt")
 # the families whose norms are LayerNorms (the mean removed; with biases but Cohere's and OLMo 1's; OLMo 1's
 # without a weight either, which its checkpoints do not hold: ones here)
 LAYER_NORMS = ("starcoder2", "stablelm", "phi", "cohere", "cohere2", "olmo", "nemotron", "gpt_neox", "falcon", "dbrx",
-               "jais2", "bloom")
-UNBIASED_LAYER_NORMS, WEIGHTLESS_LAYER_NORMS = ("cohere", "cohere2", "olmo", "dbrx"), ("olmo",)
+               "jais2", "bloom", "mpt")
+UNBIASED_LAYER_NORMS, WEIGHTLESS_LAYER_NORMS = ("cohere", "cohere2", "olmo", "dbrx", "mpt"), ("olmo",)
 # checkpoint names of Llama's parameters in other families, in this order of replacement: EXAONE 3.5's (the hub's,
 # and transformers' saved ones) after GPT-2's (its output product before the other attention products), StarCoder2's
 # MLP's, Phi-2's, HunYuan's q/k norms, Hunyuan-A13B's router and shared MLP (by DeepSeek's names)
@@ -66,7 +66,11 @@ HUB_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.ln_f.", 
              (".norm_attn_norm.norm_2.", ".post_attention_layernorm."),
              (".norm_attn_norm.attn.Wqkv.", ".self_attn.qkv_proj."),
              (".norm_attn_norm.attn.out_proj.", ".self_attn.o_proj."),
-             (".ffn.router.layer.", ".mlp.gate."), (".ffn.experts.mlp.", ".mlp.experts."))
+             (".ffn.router.layer.", ".mlp.gate."), (".ffn.experts.mlp.", ".mlp.experts."),
+             # MPT's (after DBRX's, whose names hold some of them)
+             (".norm_1.", ".input_layernorm."), (".norm_2.", ".post_attention_layernorm."),
+             (".attn.Wqkv.", ".self_attn.qkv_proj."), (".attn.out_proj.", ".self_attn.o_proj."),
+             (".ffn.up_proj.", ".mlp.up_proj."), (".ffn.down_proj.", ".mlp.down_proj."))
 
 
 @dataclass
@@ -122,6 +126,7 @@ class LlamaSpec(DecoderShape):
     # from this maximum bias (layers.alibi_slopes)
     alibi_max_bias: float | None = None
     embedding_norm: bool = False  # the embeddings LayerNormed before the first layer (BLOOM's)
+    final_norm_bias: bool = False  # the final LayerNorm's bias where the others have none (MPT's)
     # gpt-oss's attention sinks: a learned logit a head, in each softmax's denominator and no value's weight
     attention_sinks: bool = False
     # Granite's multipliers: of the embeddings, of each attention's and MLP's output before it is
@@ -220,6 +225,7 @@ class LlamaSpec(DecoderShape):
             clip_qkv=c.get("clip_qkv"),
             alibi_max_bias=c.get("alibi_max_bias"),
             embedding_norm=bool(c.get("embedding_norm")),
+            final_norm_bias=bool(c.get("final_norm_bias")),
             attention_sinks=kind in ("gpt_oss", *GRANITE_SWA),
             # (AFMoE's muP: its embeddings times sqrt(hidden))
             embedding_scale=float(c.get("embedding_multiplier",
@@ -249,6 +255,8 @@ def _llama_config(kind: str, c: dict) -> dict:
         return _dbrx_config(c)
     if kind == "bloom":
         return _bloom_config(c)
+    if kind == "mpt":
+        return _mpt_config(c)
     if kind != "falcon":
         return c
     if c.get("alibi"):
@@ -269,6 +277,31 @@ def _llama_config(kind: str, c: dict) -> dict:
                 "qkv_layout": c.get("qkv_layout", "groups" if new else None if c.get("multi_query", True) else "heads")}
 
 
+def _mpt_config(c: dict) -> dict:
+    """MPT's config in Llama's names: its MLP expansion_ratio times the hidden size, no biases but its final norm's,
+    every head its own K/V, its q/k/v clamped where clip_qkv says, no rotary but ALiBi (alibi_bias_max), an exact
+    GELU. A ValueError for what transformers' MPT and llama.cpp do not run: q/k LayerNorms (qk_ln), another softmax
+    scale, no ALiBi, grouped K/V heads."""
+    attention = c.get("attn_config") or {}
+    named = {MOSAIC_NAMES.get(name, name): value for name, value in c.items()}
+    if not attention:  # (a GGUF file's: Llama's names already)
+        return named
+    for field, refused in (("qk_ln", True), ("prefix_lm", True), ("alibi", False)):
+        if bool(attention.get(field, not refused)) == refused:
+            raise ValueError(f"mpt with attn_config.{field} {refused} is not supported")
+    if attention.get("softmax_scale") is not None or attention.get("attn_type", "multihead_attention") != \
+            "multihead_attention":
+        raise ValueError("mpt with a softmax_scale of its own or grouped K/V heads (attn_type) is not supported")
+    hidden, layers = named["hidden_size"], named["num_hidden_layers"]
+    return named | {"num_key_value_heads": named["num_attention_heads"],
+                    "intermediate_size": int(c.get("expansion_ratio", 4) * hidden), "clip_qkv": attention.get(
+                        "clip_qkv"), "alibi_max_bias": float(attention.get("alibi_bias_max", 8)),
+                    "no_rope_layers": [0] * layers, "final_norm_bias": True, "hidden_act": "gelu",
+                    "logit_scale": 1.0,  # (transformers' MPT scales no logits, whatever logit_scale says)
+                    "layer_norm_epsilon": c.get("layer_norm_epsilon", 1e-5),
+                    "tie_word_embeddings": c.get("tie_word_embeddings", True)}
+
+
 def _bloom_config(c: dict) -> dict:
     """BLOOM's config in Llama's names: its MLP four times the hidden size, biases everywhere, every head its own
     K/V, a head's query, key and value rows together (its fused q/k/v's layout), no rotary but ALiBi (its slopes' 8),
@@ -286,8 +319,8 @@ def _bloom_config(c: dict) -> dict:
                 "embedding_norm": True, "tie_word_embeddings": c.get("tie_word_embeddings", True)}
 
 
-# DBRX's config names by Llama's (a GGUF file's config has Llama's already)
-DBRX_NAMES = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_layers": "num_hidden_layers",
+# MosaicML's config names (DBRX's, MPT's) by Llama's (a GGUF file's config has Llama's already)
+MOSAIC_NAMES = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_layers": "num_hidden_layers",
               "max_seq_len": "max_position_embeddings"}
 
 
@@ -300,7 +333,7 @@ def _dbrx_config(c: dict) -> dict:
     if norm not in (None, 1, 1.0):
         raise ValueError(f"dbrx with its experts' weights normalised by their L{norm} norm (moe_normalize_expert_"
                          "weights) is not supported: 1 (their sum) or None")
-    named = {DBRX_NAMES.get(name, name): value for name, value in c.items()}
+    named = {MOSAIC_NAMES.get(name, name): value for name, value in c.items()}
     if not experts:  # (a GGUF file's: Mixtral's names already)
         return named
     return named | {"num_key_value_heads": attention.get("kv_n_heads", 1), "clip_qkv": attention.get("clip_qkv"),

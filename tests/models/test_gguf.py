@@ -5,6 +5,7 @@ Granite's multipliers, the tokens that end a turn), each against transformers' m
 weights;
 and files that must be refused with a clear error."""
 
+import copy
 import importlib.util
 import math
 import random
@@ -324,12 +325,14 @@ def test_an_exaone4_file_equals_its_transformers_model(tmp_path):
     ("stablelm", "stablelm", {"use_parallel_residual": True, "qk_layernorm": True}), ("phi", "phi2", {}),
     ("cohere", "command-r", {}), ("cohere", "command-r", {"use_qk_norm": True}),
     ("cohere2", "cohere2", {}), ("olmo", "olmo", {}), ("nemotron", "nemotron", {}), ("apertus", "apertus", {}),
-    ("jais2", "jais2", {}), ("bloom", "bloom", {}), ("llama", "xverse", {}), ("llama", "baichuan", {}),
+    ("jais2", "jais2", {}), ("bloom", "bloom", {}), ("mpt", "mpt", {}), ("llama", "xverse", {}),
+    ("llama", "baichuan", {}),
     ("qwen2", "qwen", {"num_key_value_heads": 4, "tie_word_embeddings": False}),
     ("stablelm", "orion", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                                "partial_rotary_factor": 1.0}})],
     ids=["exaone", "arcee", "seed_oss", "internlm2", "hunyuan-dense", "starcoder2", "stablelm", "stablelm-2-12b",
-         "phi2", "command-r", "command-r-plus", "cohere2", "olmo", "nemotron", "apertus", "jais2", "bloom", "xverse",
+         "phi2", "command-r", "command-r-plus", "cohere2", "olmo", "nemotron", "apertus", "jais2", "bloom", "mpt",
+         "xverse",
          "baichuan", "qwen", "orion"])
 def test_files_of_llamas_kin_equal_their_transformers_models(tmp_path, arch, file_arch, settings):
     """Files of the Llama module's kin, as llama.cpp's converters write them (conftest's LLAMA_KIN says what each
@@ -343,7 +346,9 @@ def test_files_of_llamas_kin_equal_their_transformers_models(tmp_path, arch, fil
     four, those alone rotating), OLMo 1's (no norm tensors: LayerNorms without weights), Nemotron-4's (its norms'
     weights stored as 1 + the checkpoint's, half of each head rotated), Apertus's (xIELU's numbers a layer in the
     metadata), Jais-2's (LayerNorms, relu(up)^2, biases everywhere), BLOOM's (ALiBi in the rotary's place, its
-    embeddings LayerNormed, token_embd_norm; a head's q/k/v rows together in its checkpoints), and files of Llama's, Qwen2's and StableLM's
+    embeddings LayerNormed, token_embd_norm; a head's q/k/v rows together in its checkpoints), MPT's (ALiBi by the
+    file's attention.max_alibi_bias, q/k/v clamped, its final norm's bias alone; its GELU by tanh in the file, as
+    llama.cpp runs it), and files of Llama's, Qwen2's and StableLM's
     math under other names (XVERSE's and Baichuan 7B's as Llama's; Qwen 1's, its q/k/v one attn_qkv and its
     feed_forward_length twice its MLP's width; Orion's as StableLM's, every value of a head rotated) equal their
     transformers models on the native layers and on the torch layers, and so do their checkpoints. Their norms' weights and every bias drawn
@@ -357,12 +362,21 @@ def test_files_of_llamas_kin_equal_their_transformers_models(tmp_path, arch, fil
         metadata["logit_scale"] = c.logit_scale
     if arch == "cohere2":
         metadata["attention.sliding_window"] = c.sliding_window
+    if arch == "mpt":
+        metadata |= {"attention.max_alibi_bias": float(c.attn_config.alibi_bias_max),
+                     "attention.clamp_kqv": c.attn_config.clip_qkv}
     rng = random.Random(15)
     prompts = [random_prompt(rng, 5, 10), random_prompt(rng, 30, 40)]
     expected = [greedy_with_logprobs(hf, p, 16) for p in prompts]
     written = write_gguf_of(hf, tmp_path / f"{file_arch}.gguf", file_arch, metadata)
-    assert_same_answers(greedy(written, prompts), expected)
-    assert_same_answers(greedy(written, prompts, native_layers=False), expected)
+    in_file = expected
+    if arch == "mpt":  # (its file's GELU is tanh's, as llama.cpp runs it: the same weights' answers so)
+        by_tanh = copy.deepcopy(hf)
+        for block in by_tanh.transformer.blocks:
+            block.ffn.act = torch.nn.GELU(approximate="tanh")
+        in_file = [greedy_with_logprobs(by_tanh, p, 16) for p in prompts]
+    assert_same_answers(greedy(written, prompts), in_file)
+    assert_same_answers(greedy(written, prompts, native_layers=False), in_file)
     hf.save_pretrained(tmp_path / "checkpoint")
     assert_same_answers(greedy(tmp_path / "checkpoint", prompts), expected)
 

@@ -281,7 +281,7 @@ def with_random_norms(hf):
 # beside the attention on norms of their own, their exact GELU; AFMoE's gated attention; Apertus's xIELU; DBRX's
 # clamped q/k/v beside experts; EXAONE-MoE's window layers alone rotating beside DeepSeek-V3's routing; StableLM 2
 # 12B's and Command R+'s q/k LayerNorms a head; Mistral 4's latent attention with its queries' temperature; Granite
-# SWA's windows beside sinks, its global layers unrotated; BLOOM's ALiBi
+# SWA's windows beside sinks, its global layers unrotated; BLOOM's and MPT's ALiBi
 NATIVE_FAMILIES = ["llama", "qwen2", "qwen2_sliding", "mistral", "ministral3", "phi3", "qwen3", "smollm3", "granite",
                    "mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "gemma", "gemma2", "gemma3", "olmo2", "olmo3",
                    "exaone4", "lfm2", "lfm2_moe", "qwen3_5", "qwen3_next", "granitemoehybrid", "nemotron_h",
@@ -289,7 +289,7 @@ NATIVE_FAMILIES = ["llama", "qwen2", "qwen2_sliding", "mistral", "ministral3", "
                    "mamba", "falcon_mamba", "gemma4", "gemma4_moe", "gemma3n", "gpt2", "phi", "cohere2", "hunyuan_v1_dense",
                    "olmo", "nemotron", "dots1", "hunyuan_v1_moe", "minimax_m2", "gpt_neox", "falcon", "afmoe",
                    "apertus", "gpt_bigcode", "dbrx", "exaone_moe", "jais2", "stablelm", "cohere", "mistral4",
-                   "granite_swa", "granitemoe_swa", "bloom"]
+                   "granite_swa", "granitemoe_swa", "bloom", "mpt"]
 # the families whose native layers take short prefill chunks (the others' steps with prefill chunks are the torch
 # layers')
 CHUNKED_FAMILIES = ["llama", "qwen2_sliding", "mistral", "ministral3", "qwen3", "smollm3", "granite", "gemma", "gemma2",
