@@ -270,7 +270,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         config["intermediate_size"] //= 2
     if arch == "baichuan" and config["num_hidden_layers"] == BAICHUAN_13B_LAYERS:
         raise ValueError(f"{file_name} is a baichuan model of {BAICHUAN_13B_LAYERS} layers (Baichuan 13B's), which "
-                         "llama.cpp runs with ALiBi's positions: Loom does not run ALiBi")
+                         "llama.cpp runs with ALiBi's positions over Llama's layers: Loom runs ALiBi in BLOOM's and "
+                         "MPT's layers alone")
     if arch in LAYER_NORM_ARCHITECTURES:
         config |= _layer_norm_layers(arch, key, tensors, config, file_name)
     if arch in ("exaone", "seed_oss"):  # q/k/v biases where the file has them, none after (as llama.cpp loads them)

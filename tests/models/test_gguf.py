@@ -502,13 +502,15 @@ def test_falcons_loom_does_not_run_are_refused():
 
 
 def test_a_baichuan_13b_file_is_refused_naming_alibi():
-    """llama.cpp runs a Baichuan file of 40 layers (13B's) with ALiBi's positions, which Loom does not run: such a
-    file is refused from its metadata, before any tensor is read, saying so."""
+    """llama.cpp runs a Baichuan file of 40 layers (13B's) with ALiBi's positions over Llama's layers, which Loom does
+    not run (its ALiBi is BLOOM's and MPT's, tested against their transformers models; there is no transformers
+    Baichuan to test this one against): such a file is refused from its metadata, before any tensor is read."""
     from models.checkpoints.gguf_config import gguf_config
     sizes = {"attention.head_count": 40, "embedding_length": 5120, "feed_forward_length": 13696, "vocab_size": 125696,
              "block_count": 40}
     with pytest.raises(ValueError, match=r"b.gguf is a baichuan model of 40 layers \(Baichuan 13B's\), which llama.cpp "
-                                         "runs with ALiBi's positions: Loom does not run ALiBi"):
+                                         "runs with ALiBi's positions over Llama's layers: Loom runs ALiBi in "
+                                         "BLOOM's and MPT's layers alone"):
         gguf_config("baichuan", {f"baichuan.{k}": v for k, v in sizes.items()}, {}, "b.gguf")
 
 
