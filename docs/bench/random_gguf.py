@@ -40,6 +40,8 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape stablelm2-12b --format q4_k_m --vocab 100352 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape dbrx-132b-2l --format q4_k_m --vocab 100352 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape kexaone-236b-a23b-3l --format q4_k_m --vocab 153600 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape bloom-7b1 --format q4_k_m --vocab 250880 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape mpt-7b --format q4_k_m --vocab 50432 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape glm45air-106b-a12b-6l --format q4_k_m --vocab 151552 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape qwen3next-80b-a3b-8l --format q4_k_m --vocab 151936 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape falcon-h1-0.5b --format q4_k_m --out /tmp/gguf
@@ -167,7 +169,11 @@ q/k/v one attn_qkv clamped at 8, LayerNorms without biases, the norm before the 
 10752 rows, 4 a token by softmax), the -2l one its first two of 40 layers; the kexaone ones as K-EXAONE-236B-A23B's
 (architecture exaone-moe: 64 query heads over 8 K/V heads of 128, each head's q/k norms, three 128-token window
 layers in four, those alone rotating; a dense first layer of 18432, then 128 experts of 2048 rows, 8 a token,
-DeepSeek-V3's routing, beside a shared one), the -3l one its first three of 48 layers;
+DeepSeek-V3's routing, beside a shared one), the -3l one its first three of 48 layers; the bloom one as
+BLOOM-7b1's (architecture bloom: 30 layers of 4096, 32 heads of 128, ALiBi, its embeddings LayerNormed,
+token_embd_norm, LayerNorms and biases everywhere, q/k/v one attn_qkv, an MLP of gelu(up) 16384 wide, its table
+tied); the mpt one as MPT-7B's (architecture mpt: 32 layers of 4096, 32 heads, ALiBi of 8, LayerNorms and
+products without biases, q/k/v one attn_qkv, its table tied);
 the qwen3moe one as a Qwen3-MoE (Qwen3's layout, 128 experts of 768 rows, 8 a token, each layer's
 three expert products a stack of all 128 experts' matrices, its router in F32 as llama-quantize leaves it);
 the ministral3 ones as Ministral 3's (architecture mistral3: Llama's layout, 128-wide heads, its yarn
@@ -282,7 +288,9 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "chatglm-9b": (4096, 13696, 40, 32, 2), "stablelm2-12b": (5120, 13824, 40, 32, 8),
           # Databricks' DBRX and LG's K-EXAONE-236B-A23B, as I recall their configs, and their first few layers
           "dbrx-132b": (6144, 10752, 40, 48, 8), "dbrx-132b-2l": (6144, 10752, 2, 48, 8),
-          "kexaone-236b-a23b": (6144, 18432, 48, 64, 8), "kexaone-236b-a23b-3l": (6144, 18432, 3, 64, 8)}
+          "kexaone-236b-a23b": (6144, 18432, 48, 64, 8), "kexaone-236b-a23b-3l": (6144, 18432, 3, 64, 8),
+          # BigScience's BLOOM-7b1 and MosaicML's MPT-7B (ALiBi)
+          "bloom-7b1": (4096, 16384, 30, 32, 32), "mpt-7b": (4096, 16384, 32, 32, 32)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
 UNTIED = {"phi2-2.7b", "qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
           "qwen2moe-a2.7b", "qwen35-9b", "qwen3vl-8b", "qwen3vlmoe-30b-a3b", "nemotronh-4b", "nemotronh-8b",
@@ -351,6 +359,8 @@ class Layout:
     positions: bool = False  # learned positions, a table of ``context`` rows (position_embd: StarCoder's, GPT-2's)
     head_layer_norms: bool = False  # each head's q/k LayerNorm, a weight a head (StableLM 2 12B's attn_q_norm)
     clamp_kqv: float | None = None  # the queries, keys and values clamped (DBRX's)
+    embedding_norm: bool = False  # the embeddings LayerNormed, token_embd_norm (BLOOM's)
+    alibi_max_bias: float | None = None  # ALiBi's maximum bias in the metadata (MPT's; BLOOM's fixed by llama.cpp)
     window_pattern: int | None = None  # every n-th layer global, the others through ``window`` (Command R7B's 4)
     # GLM-4's: its rotary over this share of a head, gate and up one ffn_up
     rotary_share: float = 1.0
@@ -472,6 +482,12 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
            "stablelm2": Layout("stablelm", rope_base=10000.0, eps=1e-5, context=4096, layer_norm="biased",
                                parallel=True, rotary_share=0.25, head_layer_norms=True),
            # (DBRX's: LayerNorms without biases, q/k/v one product clamped at 8, 16 experts, 4 a token by softmax)
+           # (BLOOM's: ALiBi, its embeddings LayerNormed, LayerNorms and biases everywhere, q/k/v one attn_qkv, an MLP
+           # of gelu(up); MPT's: ALiBi, LayerNorms without biases, no biases at all)
+           "bloom": Layout("bloom", eps=1e-5, context=2048, biases=True, layer_norm="biased", gelu_mlp=True,
+                           all_biases=True, fused_qkv=True, embedding_norm=True),
+           "mpt": Layout("mpt", eps=1e-5, context=2048, layer_norm="unbiased", gelu_mlp=True, fused_qkv=True,
+                         alibi_max_bias=8.0),
            "dbrx": Layout("dbrx", head=128, rope_base=500000.0, eps=1e-5, context=32768, layer_norm="unbiased",
                           fused_qkv=True, experts=(16, 4, 10752), mlp_norm="attn_output_norm", clamp_kqv=8.0),
            # (K-EXAONE's: each head's q/k norms, three window layers of 128 tokens in four, those alone rotating; a
@@ -745,6 +761,9 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
         mlp += ((("ffn_gate_inp_shexp", (hidden,)),) if family.shared_gate else ()) + (
             ("ffn_gate_shexp", (width, hidden)), ("ffn_up_shexp", (width, hidden)), ("ffn_down_shexp", (hidden, width)))
     yield "token_embd.weight", -1, (vocab, hidden)
+    if family.embedding_norm:
+        yield "token_embd_norm.weight", -1, (hidden,)
+        yield "token_embd_norm.bias", -1, (hidden,)
     if family.positions:
         yield "position_embd.weight", -1, (family.context, hidden)
     if family.gemma3n:
@@ -960,6 +979,8 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_logit_scale(family.logit_scale)
     if family.clamp_kqv:
         writer.add_clamp_kqv(family.clamp_kqv)
+    if family.alibi_max_bias:
+        writer.add_max_alibi_bias(family.alibi_max_bias)
     if family.soft_caps:  # (an attention cap of 0: none, Gemma 4's)
         if family.soft_caps[0]:
             writer.add_attn_logit_softcapping(family.soft_caps[0])

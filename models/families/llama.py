@@ -24,7 +24,8 @@ from torch import nn
 
 from .layers import (GATE_UP, QKV, AttentionMasks, DecoderModel, ExactGeluMLP, GeluMLP, HeadLayerNorm, RMSNorm,
                      SquaredReLU, SwiGLU, XieluMLP, alibi_slopes, decoder_tensors, fused, paged_attention)
-from .llama_spec import HUB_NAMES, LlamaSpec
+from .llama_kin import HUB_NAMES
+from .llama_spec import LlamaSpec
 from .moe import SparseMoE
 from .rope import Rotary, apply_rotary, halves_from_pairs, query_temperature, sequence_ends
 

@@ -1,13 +1,13 @@
 """How each family's config reads as the Llama module's options (llama.py): LlamaSpec, from transformers' configs
-(their hub names too: GPT-NeoX's, Falcon's, MiniMax-M2's) and from GGUF files' configs made like them (gguf_config.py),
-with each family's defaults where its config says nothing; and the checkpoint names other families give Llama's
-parameters (HUB_NAMES, AFMOE_NAMES)."""
+(their hub names too, in Llama's terms first: llama_kin.py) and from GGUF files' configs made like them
+(gguf_config.py), with each family's defaults where its config says nothing: which layers slide, which rotate."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from .layers import DecoderShape
+from .llama_kin import AFMOE_NAMES, in_llama_terms
 from .moe import MoESpec
 from .rope import rope_type, temperature_of
 
@@ -16,10 +16,6 @@ FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi
             "cohere2", "olmo", "nemotron", "gpt_neox", "falcon", "mixtral", "qwen2_moe", "qwen3_moe", "granitemoe",
             "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss", "glm4_moe", "dots1", "hunyuan_v1_moe", "minimax_m2",
             "afmoe", "apertus", "dbrx", "exaone_moe", "jais2", "granite_swa", "granitemoe_swa", "bloom", "mpt")
-# AFMoE's checkpoint names by Llama's, in this order: its norm of the attention's output is GLM-4's (post_norm's
-# name in Llama's checkpoints), the norm before its MLP Llama's post_norm, its router's gate the router
-AFMOE_NAMES = ((".post_attention_layernorm.", ".post_self_attn_layernorm."),
-               (".pre_mlp_layernorm.", ".post_attention_layernorm."), (".mlp.router.gate.", ".mlp.gate."))
 # Granite's with sliding-window layers (one global in four by default) and a sink a head, dense or with experts
 GRANITE_SWA = ("granite_swa", "granitemoe_swa")
 # HunYuan's: each head's q/k norm after the rotation, NTK by a fixed alpha (a larger base)
@@ -36,43 +32,6 @@ NAMED_GELUS = ("gpt_neox", "falcon", "mpt")
 LAYER_NORMS = ("starcoder2", "stablelm", "phi", "cohere", "cohere2", "olmo", "nemotron", "gpt_neox", "falcon", "dbrx",
                "jais2", "bloom", "mpt")
 UNBIASED_LAYER_NORMS, WEIGHTLESS_LAYER_NORMS = ("cohere", "cohere2", "olmo", "dbrx", "mpt"), ("olmo",)
-# checkpoint names of Llama's parameters in other families, in this order of replacement: EXAONE 3.5's (the hub's,
-# and transformers' saved ones) after GPT-2's (its output product before the other attention products), StarCoder2's
-# MLP's, Phi-2's, HunYuan's q/k norms, Hunyuan-A13B's router and shared MLP (by DeepSeek's names)
-HUB_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.ln_f.", "model.norm."),
-             ("transformer.h.", "model.layers."), (".attn.attention.out_proj.", ".self_attn.o_proj."),
-             (".attn.attention.", ".self_attn."), (".ln_1.", ".input_layernorm."),
-             (".ln_2.", ".post_attention_layernorm."), (".mlp.c_fc_0.", ".mlp.gate_proj."),
-             (".mlp.c_fc_1.", ".mlp.up_proj."), (".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj."),
-             (".mlp.fc1.", ".mlp.up_proj."), (".mlp.fc2.", ".mlp.down_proj."),
-             (".self_attn.dense.", ".self_attn.o_proj."), ("model.final_layernorm.", "model.norm."),
-             (".self_attn.query_layernorm.", ".self_attn.q_norm."), (".self_attn.key_layernorm.", ".self_attn.k_norm."),
-             (".mlp.gate.wg.", ".mlp.gate."), (".mlp.shared_mlp.", ".mlp.shared_experts."),
-             # GPT-NeoX's (its output layer the hub's embed_out), Falcon's (its two norms the attention's and the MLP's)
-             ("gpt_neox.embed_in.", "model.embed_tokens."), ("gpt_neox.layers.", "model.layers."),
-             ("gpt_neox.final_layer_norm.", "model.norm."), ("embed_out.", "lm_head."),
-             (".attention.query_key_value.", ".self_attn.qkv_proj."), (".attention.dense.", ".self_attn.o_proj."),
-             (".mlp.dense_h_to_4h.", ".mlp.up_proj."), (".mlp.dense_4h_to_h.", ".mlp.down_proj."),
-             ("transformer.word_embeddings.", "model.embed_tokens."),
-             (".self_attention.query_key_value.", ".self_attn.qkv_proj."),
-             (".self_attention.dense.", ".self_attn.o_proj."),
-             (".ln_attn.", ".input_layernorm."), (".ln_mlp.", ".post_attention_layernorm."),
-             # BLOOM's (its embeddings' norm), Apertus's
-             ("transformer.word_embeddings_layernorm.", "model.embedding_norm."),
-             (".attention_layernorm.", ".input_layernorm."), (".feedforward_layernorm.", ".post_attention_layernorm."),
-             # DBRX's (its experts' three stacks, a matrix of every expert's rows each: moe.py's _routed_experts)
-             ("transformer.blocks.", "model.layers."), ("transformer.norm_f.", "model.norm."),
-             (".norm_attn_norm.norm_1.", ".input_layernorm."),
-             (".norm_attn_norm.norm_2.", ".post_attention_layernorm."),
-             (".norm_attn_norm.attn.Wqkv.", ".self_attn.qkv_proj."),
-             (".norm_attn_norm.attn.out_proj.", ".self_attn.o_proj."),
-             (".ffn.router.layer.", ".mlp.gate."), (".ffn.experts.mlp.", ".mlp.experts."),
-             # MPT's (after DBRX's, whose names hold some of them)
-             (".norm_1.", ".input_layernorm."), (".norm_2.", ".post_attention_layernorm."),
-             (".attn.Wqkv.", ".self_attn.qkv_proj."), (".attn.out_proj.", ".self_attn.o_proj."),
-             (".ffn.up_proj.", ".mlp.up_proj."), (".ffn.down_proj.", ".mlp.down_proj."))
-
-
 @dataclass
 class LlamaSpec(DecoderShape):
     rope_theta: float
@@ -143,7 +102,7 @@ class LlamaSpec(DecoderShape):
     @classmethod
     def from_hf(cls, c: dict) -> "LlamaSpec":
         kind = c["model_type"]
-        c = _llama_config(kind, c)
+        c = in_llama_terms(kind, c)
         heads = c["num_attention_heads"]
         rope = dict(c.get("rope_parameters") or c.get("rope_scaling") or {})
         theta = _one_theta(kind, c) or c.get("rope_theta") or rope.get("rope_theta") or 10000.0
@@ -235,112 +194,6 @@ class LlamaSpec(DecoderShape):
             # (Cohere's logits times its logit_scale)
             logits_divisor=float(c.get("logits_scaling", 1.0)) / float(c.get("logit_scale", 1.0)),
         )
-
-
-def _llama_config(kind: str, c: dict) -> dict:
-    """GPT-NeoX's and Falcon's configs (their hub configs' names, transformers', or a GGUF file's, which come in
-    Llama's) in Llama's names: biases, the MLP's width and activation, K/V heads (Falcon's one where it is
-    multi-query), the rotary's base and share, the MLP's norm beside the attention's, the fused q/k/v rows' layout. A
-    ValueError for a Falcon with ALiBi or its MLP after the attention (Falcon-RW's), which llama.cpp does not run
-    either. Other families' as they are."""
-    if kind == "gpt_neox":
-        extra = {"mlp_bias": c.get("mlp_bias", True), "parallel_mlp_norm": c.get("use_parallel_residual", True),
-                 "qkv_layout": c.get("qkv_layout", "heads"), "num_key_value_heads": c["num_attention_heads"]}
-        if c.get("rotary_emb_base"):  # (the hub's names; transformers 5's rope_parameters)
-            extra["rope_theta"] = c["rotary_emb_base"]
-        if c.get("rotary_pct"):
-            extra["partial_rotary_factor"] = c["rotary_pct"]
-        return {"use_parallel_residual": True} | c | extra
-    if kind == "dbrx":
-        return _dbrx_config(c)
-    if kind == "bloom":
-        return _bloom_config(c)
-    if kind == "mpt":
-        return _mpt_config(c)
-    if kind != "falcon":
-        return c
-    if c.get("alibi"):
-        raise ValueError("falcon with alibi (ALiBi's positions, Falcon-RW's) is not supported")
-    if not c.get("parallel_attn", True):
-        raise ValueError("falcon with its MLP after the attention (parallel_attn false, Falcon-RW's) is not supported")
-    heads = c.get("num_attention_heads") or c["n_head"]
-    new = bool(c.get("new_decoder_architecture"))
-    # (as transformers' attention counts them, whatever num_key_value_heads a saved config says)
-    kv = c.get("num_kv_heads") or c.get("n_head_kv") or heads if new or not c.get("multi_query", True) else 1
-    return c | {"num_attention_heads": heads, "num_key_value_heads": kv,
-                "intermediate_size": c.get("intermediate_size") or c.get("ffn_hidden_size") or 4 * c["hidden_size"],
-                "hidden_act": c.get("hidden_act") or c.get("activation", "gelu"),
-                "attention_bias": c.get("attention_bias", c.get("bias", False)),
-                "mlp_bias": c.get("mlp_bias", c.get("bias", False)),
-                "parallel_mlp_norm": c.get("parallel_mlp_norm", (c.get("num_ln_in_parallel_attn") or (2 if new else 1))
-                                           == 2),
-                "qkv_layout": c.get("qkv_layout", "groups" if new else None if c.get("multi_query", True) else "heads")}
-
-
-def _mpt_config(c: dict) -> dict:
-    """MPT's config in Llama's names: its MLP expansion_ratio times the hidden size, no biases but its final norm's,
-    every head its own K/V, its q/k/v clamped where clip_qkv says, no rotary but ALiBi (alibi_bias_max), an exact
-    GELU. A ValueError for what transformers' MPT and llama.cpp do not run: q/k LayerNorms (qk_ln), another softmax
-    scale, no ALiBi, grouped K/V heads."""
-    attention = c.get("attn_config") or {}
-    named = {MOSAIC_NAMES.get(name, name): value for name, value in c.items()}
-    if not attention:  # (a GGUF file's: Llama's names already)
-        return named
-    for field, refused in (("qk_ln", True), ("prefix_lm", True), ("alibi", False)):
-        if bool(attention.get(field, not refused)) == refused:
-            raise ValueError(f"mpt with attn_config.{field} {refused} is not supported")
-    if attention.get("softmax_scale") is not None or attention.get("attn_type", "multihead_attention") != \
-            "multihead_attention":
-        raise ValueError("mpt with a softmax_scale of its own or grouped K/V heads (attn_type) is not supported")
-    hidden, layers = named["hidden_size"], named["num_hidden_layers"]
-    return named | {"num_key_value_heads": named["num_attention_heads"],
-                    "intermediate_size": int(c.get("expansion_ratio", 4) * hidden), "clip_qkv": attention.get(
-                        "clip_qkv"), "alibi_max_bias": float(attention.get("alibi_bias_max", 8)),
-                    "no_rope_layers": [0] * layers, "final_norm_bias": True, "hidden_act": "gelu",
-                    "logit_scale": 1.0,  # (transformers' MPT scales no logits, whatever logit_scale says)
-                    "layer_norm_epsilon": c.get("layer_norm_epsilon", 1e-5),
-                    "tie_word_embeddings": c.get("tie_word_embeddings", True)}
-
-
-def _bloom_config(c: dict) -> dict:
-    """BLOOM's config in Llama's names: its MLP four times the hidden size, biases everywhere, every head its own
-    K/V, a head's query, key and value rows together (its fused q/k/v's layout), no rotary but ALiBi (its slopes' 8),
-    its embeddings LayerNormed. A ValueError for the residual taken after the norms
-    (apply_residual_connection_post_layernorm), which llama.cpp does not run either."""
-    if c.get("apply_residual_connection_post_layernorm"):
-        raise ValueError("bloom with its residual taken after the norms (apply_residual_connection_post_layernorm) "
-                         "is not supported")
-    hidden = c.get("hidden_size") or c["n_embed"]
-    heads, layers = c.get("num_attention_heads") or c["n_head"], c.get("num_hidden_layers") or c["n_layer"]
-    return c | {"hidden_size": hidden, "num_attention_heads": heads, "num_key_value_heads": heads,
-                "num_hidden_layers": layers, "intermediate_size": c.get("intermediate_size") or 4 * hidden,
-                "attention_bias": True, "mlp_bias": True, "qkv_layout": c.get("qkv_layout", "heads"),
-                "no_rope_layers": [0] * layers, "alibi_max_bias": c.get("alibi_max_bias", 8.0),
-                "embedding_norm": True, "tie_word_embeddings": c.get("tie_word_embeddings", True)}
-
-
-# MosaicML's config names (DBRX's, MPT's) by Llama's (a GGUF file's config has Llama's already)
-MOSAIC_NAMES = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_layers": "num_hidden_layers",
-              "max_seq_len": "max_position_embeddings"}
-
-
-def _dbrx_config(c: dict) -> dict:
-    """DBRX's config in Llama's and Mixtral's names: its attention's (K/V heads, the clamp of q/k/v, the rotary's
-    base) and its experts' (their count, width, top-k), the chosen weights renormalised (their L1 norm, its
-    moe_normalize_expert_weights of 1) or not (None). A ValueError for another norm, which llama.cpp does not run."""
-    attention, experts = c.get("attn_config") or {}, c.get("ffn_config") or {}
-    norm = experts.get("moe_normalize_expert_weights", 1.0)
-    if norm not in (None, 1, 1.0):
-        raise ValueError(f"dbrx with its experts' weights normalised by their L{norm} norm (moe_normalize_expert_"
-                         "weights) is not supported: 1 (their sum) or None")
-    named = {MOSAIC_NAMES.get(name, name): value for name, value in c.items()}
-    if not experts:  # (a GGUF file's: Mixtral's names already)
-        return named
-    return named | {"num_key_value_heads": attention.get("kv_n_heads", 1), "clip_qkv": attention.get("clip_qkv"),
-                    "rope_theta": attention.get("rope_theta", 10000.0),
-                    "intermediate_size": experts["ffn_hidden_size"], "num_local_experts": experts["moe_num_experts"],
-                    "num_experts_per_tok": experts["moe_top_k"], "norm_topk_prob": norm is not None,
-                    "hidden_act": (experts.get("ffn_act_fn") or {}).get("name", "silu")}
 
 
 def _one_theta(kind: str, c: dict) -> float | None:
