@@ -27,7 +27,7 @@ from ..kernels.block_formats import FLOATS, NATIVE, block_format, to_blocks, to_
 from ..kernels.block_linear import (FLOAT32, FLOAT32_PADDED, GROUP, ROWS16, padded_rows, pads_rows, row_bytes,
                                     runs_as_stored, stored_format)
 from .gguf_config import (DELTA_RULE_HYBRIDS, LATENT_ATTENTION, LLAMA_LAYOUT, ROPE_TENSORS, check_architecture,
-                          end_tokens, gguf_config)
+                          end_tokens, gguf_config, per_layer)
 from .gguf_file import GGUFFile, TensorInfo
 from .tokenizer import Tokenizer
 
@@ -265,8 +265,8 @@ def _xielu_tensors(meta: dict, config: dict, file_name: str) -> dict[str, torch.
         values = meta.get(f"xielu.{name}")
         if values is None:
             raise ValueError(f"{file_name} is an apertus file without xielu.{name}, its MLPs' activation")
-        values = [float(values)] * layers if np.ndim(values) == 0 else [float(v) for v in values]
-        out |= {f"model.layers.{i}.mlp.act_fn.{name}": torch.tensor([v]) for i, v in enumerate(values[:layers])}
+        out |= {f"model.layers.{i}.mlp.act_fn.{name}": torch.tensor([v])
+                for i, v in enumerate(per_layer(values, layers, kind=float)[:layers])}
     return out
 
 
@@ -547,22 +547,20 @@ def read_tokenizer(path: Path, arch: str | None = None) -> Tokenizer:
 # converts their tokenizers (a BPE one by tokenizer.ggml.model and .pre alone; its SentencePiece builders
 # differ only for Gemma and Phi-3): it reads the tokenizer of a copy of the file's tokenizer metadata under
 # Llama's name (Gemma 1's under Gemma 2's, for Gemma's SentencePiece build).
-TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "llama", "mistral3": "llama",
-                       "ernie4_5": "llama", "ernie4_5-moe": "llama", "olmo2": "llama", "olmoe": "llama",
-                       "gpt-oss": "llama", "lfm2": "llama", "lfm2moe": "llama", "exaone4": "llama", "gemma": "gemma2",
-                       "qwen35": "llama", "qwen35moe": "llama", "qwen3next": "llama", "granitehybrid": "llama",
-                       "qwen2vl": "qwen2", "qwen3vl": "qwen3",
-                       "qwen3vlmoe": "qwen3", "nemotron_h": "llama", "nemotron_h_moe": "llama", "glm4": "llama",
-                       "chatglm": "llama", "glm4moe": "llama", "falcon-h1": "llama", "mamba2": "llama", "mamba": "llama",
-                       "deepseek2": "llama", "gemma4": "llama", "gemma3n": "gemma3", "exaone": "llama", "arcee": "llama",
-                       "seed_oss": "llama", "internlm2": "llama", "minicpm": "llama", "command-r": "llama",
-                       "cohere2": "llama", "phi2": "llama", "hunyuan-dense": "llama",
-                       "olmo": "llama", "nemotron": "llama", "dots1": "llama", "hunyuan-moe": "llama",
-                       "minimax-m2": "llama", "gptneox": "llama", "falcon": "llama", "gpt2": "llama", "starcoder": "llama",
-                       "afmoe": "llama",
-                       "apertus": "llama", "dbrx": "llama", "exaone-moe": "llama",
-                       "jais2": "llama", "xverse": "llama", "baichuan": "llama", "qwen": "llama", "orion": "llama",
-                       "mistral4": "llama", "granite-swa": "llama", "bloom": "llama", "mpt": "llama"}
+TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "llama", "mistral3": "llama", "ernie4_5":
+                       "llama", "ernie4_5-moe": "llama", "olmo2": "llama", "olmoe": "llama", "gpt-oss": "llama",
+                       "lfm2": "llama", "lfm2moe": "llama", "exaone4": "llama", "gemma": "gemma2", "qwen35": "llama",
+                       "qwen35moe": "llama", "qwen3next": "llama", "granitehybrid": "llama", "qwen2vl": "qwen2",
+                       "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3", "nemotron_h": "llama", "nemotron_h_moe": "llama",
+                       "glm4": "llama", "chatglm": "llama", "glm4moe": "llama", "falcon-h1": "llama", "mamba2":
+                       "llama", "mamba": "llama", "deepseek2": "llama", "gemma4": "llama", "gemma3n": "gemma3",
+                       "exaone": "llama", "arcee": "llama", "seed_oss": "llama", "internlm2": "llama", "minicpm":
+                       "llama", "command-r": "llama", "cohere2": "llama", "phi2": "llama", "hunyuan-dense": "llama",
+                       "olmo": "llama", "nemotron": "llama", "dots1": "llama", "hunyuan-moe": "llama", "minimax-m2":
+                       "llama", "gptneox": "llama", "falcon": "llama", "gpt2": "llama", "starcoder": "llama", "afmoe":
+                       "llama", "apertus": "llama", "dbrx": "llama", "exaone-moe": "llama", "jais2": "llama",
+                       "xverse": "llama", "baichuan": "llama", "qwen": "llama", "orion": "llama", "mistral4": "llama",
+                       "granite-swa": "llama", "bloom": "llama", "mpt": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

@@ -5,6 +5,8 @@ factors); and the tokens that end a turn, as llama.cpp picks them."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from .gguf_file import TensorInfo
 from ..families.olmo import EXAONE4_GLOBAL_EVERY
 from ..families.recurrent import UNBOUNDED_CONTEXT
@@ -20,7 +22,8 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "ernie4_5-moe": "ernie4_5_moe", "lfm2": "lfm2", "lfm2moe": "lfm2_moe", "exaone4": "exaone4",
                  "qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text", "qwen3next": "qwen3_next",
                  "granitehybrid": "granitemoehybrid",
-                 "granite-swa": "granite_swa",  # (Granite's with window layers and a sink a head; with experts: MIXTURES)
+                 # (Granite's with window layers and a sink a head; with experts: MIXTURES)
+                 "granite-swa": "granite_swa",
                  # vision-language models' text (vision_language.py says why they are their text families')
                  "qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3_moe", "nemotron_h": "nemotron_h",
                  "nemotron_h_moe": "nemotron_h",  # (Nemotron 3's mixtures: its experts' layers told by their widths)
@@ -73,9 +76,8 @@ MIXTURES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"
 # not say)
 GATING = {1: "softmax", 2: "sigmoid"}
 EXPERT_SCORES = {"lfm2moe": ("sigmoid",), "deepseek2": ("softmax", "sigmoid"), "mistral4": ("softmax",),
-                 "nemotron_h_moe": ("sigmoid",),
-                 "glm4moe": ("sigmoid",), "dots1": ("sigmoid",), "minimax-m2": ("sigmoid",), "afmoe": ("sigmoid",),
-                 "exaone-moe": ("sigmoid",)}
+                 "nemotron_h_moe": ("sigmoid",), "glm4moe": ("sigmoid",), "dots1": ("sigmoid",),
+                 "minimax-m2": ("sigmoid",), "afmoe": ("sigmoid",), "exaone-moe": ("sigmoid",)}
 # the mixtures whose files may scale their chosen experts' weights (expert_weights_scale)
 SCALED_MIXTURES = frozenset({"lfm2moe", "deepseek2", "mistral4", "nemotron_h_moe", "glm4moe", "dots1", "afmoe",
                              "exaone-moe"})
@@ -266,7 +268,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
                                         for rotates in ([True] * layers if rotating is None else rotating)]}
     if arch == "minicpm":
         config |= _minicpm_scales(key, config)
-    if arch == "qwen":  # (its converter writes Qwen 1's intermediate_size, twice its MLP's width, as llama.cpp reads it)
+    if arch == "qwen":  # (its converter writes Qwen 1's intermediate_size, twice its MLP's width, as llama.cpp
+        # reads it)
         config["intermediate_size"] //= 2
     if arch == "baichuan" and config["num_hidden_layers"] == BAICHUAN_13B_LAYERS:
         raise ValueError(f"{file_name} is a baichuan model of {BAICHUAN_13B_LAYERS} layers (Baichuan 13B's), which "
@@ -337,7 +340,7 @@ def _gemma4_layers(key, tensors: dict[str, TensorInfo], config: dict, file_name:
     types = _sliding_layers(key, layers, file_name)
     if types is None:
         raise ValueError(f"{file_name} names no attention.sliding_window_pattern, which Gemma 4's files carry")
-    kv_heads, widths = (_per_layer(key(k), layers) for k in ("attention.head_count_kv", "feed_forward_length"))
+    kv_heads, widths = (per_layer(key(k), layers) for k in ("attention.head_count_kv", "feed_forward_length"))
     first_shared = layers - (key("attention.shared_kv_layers") or 0)
     local, wide = key("attention.key_length_swa"), key("attention.key_length")
     if key("rope.dimension_count_swa") not in (None, local):
@@ -385,7 +388,7 @@ def _gemma3n_layers(key, tensors: dict[str, TensorInfo], config: dict, file_name
     required = ("altup_proj.weight", "blk.0.laurel_l.weight", "per_layer_token_embd.weight")
     if missing := [name for name in required if name not in tensors]:
         raise ValueError(f"{file_name} is a gemma3n file without {', '.join(missing)}")
-    return {"intermediate_size": _per_layer(key("feed_forward_length"), layers),
+    return {"intermediate_size": per_layer(key("feed_forward_length"), layers),
             "layer_types": _sliding_layers(key, layers, file_name, default_pattern=5),
             "num_kv_shared_layers": key("attention.shared_kv_layers", max(0, layers - GEMMA3N_KV_LAYERS)),
             "activation_sparsity_stds": [float(v) for v in stds],
@@ -545,7 +548,7 @@ def _nemotron_h_experts(key, used: int, inner: int | None, shared: int | None) -
         raise ValueError("a Nemotron-H file whose layers take different numbers of experts, or experts of different "
                          "widths (NVIDIA's Puzzle models), is not supported; Loom runs mixtures whose layers share "
                          "them")
-    return _v3_routing(key) | {"moe_intermediate_size": inner or max(_per_layer(key("feed_forward_length"), 1)) // used,
+    return _v3_routing(key) | {"moe_intermediate_size": inner or max(per_layer(key("feed_forward_length"), 1)) // used,
                                "moe_shared_expert_intermediate_size": shared or 0,
                                "moe_latent_size": key("moe_latent_size") or None}
 
@@ -581,7 +584,7 @@ def _kv_heads_by_layer(key, heads: int, layers: int, file_name: str, family: str
     """Each layer's K/V heads as a hybrid's file lists them (none: a layer that does not attend, as llama.cpp
     reads LFM2's and Granite 4's), and the one count its attention layers share (``heads`` where none
     attends), or a ValueError where they differ."""
-    counts = _per_layer(key("attention.head_count_kv", heads), layers, key("nextn_predict_layers") or 0)
+    counts = per_layer(key("attention.head_count_kv", heads), layers, key("nextn_predict_layers") or 0)
     if len(counts) != layers:
         raise ValueError(f"{file_name} lists K/V heads for {len(counts)} layers of {layers}")
     kv_heads = {n for n in counts if n}
@@ -669,7 +672,7 @@ def _nemotron_h_layers(arch: str, key, heads: int, config: dict, file_name: str)
     counts, kv_heads = _kv_heads_by_layer(key, heads, layers, file_name, "Nemotron-H")
     if key("feed_forward_length") is None:
         raise ValueError(f"{file_name} leaves out {arch}.feed_forward_length, which tells its MLP layers apart")
-    widths = _per_layer(key("feed_forward_length"), layers, key("nextn_predict_layers") or 0)
+    widths = per_layer(key("feed_forward_length"), layers, key("nextn_predict_layers") or 0)
     if len(widths) != layers:
         raise ValueError(f"{file_name} lists MLP widths for {len(widths)} layers of {layers}")
     experts = bool(key("expert_count"))
@@ -756,12 +759,12 @@ def _gpt2_model(key, tensors: dict[str, TensorInfo], config: dict) -> dict:
             "multi_query": config["num_key_value_heads"] == 1}
 
 
-def _per_layer(value, layers: int, predicting: int = 0) -> list[int]:
-    """A size a file may give once or a layer at a time, as a list a layer (a list's last ``predicting``
-    entries left out where it goes on for the file's next-token prediction layers)."""
-    if isinstance(value, (int, float)):
-        return [int(value)] * layers
-    values = [int(v) for v in value]
+def per_layer(value, layers: int, predicting: int = 0, kind: type = int) -> list:
+    """A size (or another number: ``kind``) a file may give once or a layer at a time, as a list a layer (a list's
+    last ``predicting`` entries left out where it goes on for the file's next-token prediction layers)."""
+    if np.ndim(value) == 0:
+        return [kind(value)] * layers
+    values = [kind(v) for v in value]
     return values[:layers] if predicting and len(values) == layers + predicting else values
 
 

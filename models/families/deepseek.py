@@ -1,13 +1,13 @@
 """DeepSeek's family over the paged KV cache: DeepSeek-V2 (and V2-Lite), V3 and the models built on it (Kimi K2,
-Moonlight), GLM-4.7-Flash, Mistral 4 (softmax routing, Llama 4's attention temperature). Its multi-head latent attention keeps one latent a token, not keys and values a
-head: the token's hidden state projected down to kv_lora_rank values (normed) beside a key part that rotates
-(rope_dim values, one for all heads). Each head's key and value are that latent projected up (kv_b_proj's rows),
-so a head's score q . k_up(latent) is (k_up^T q) . latent: the queries are taken into the latent's space, the
-attention runs as one key head of kv_lora_rank + rope_dim values that every head reads (its values the latents
-themselves), and each head's output is projected up from the latent after. The cache holds the latent and the
-rotated key part, in that key head (and again as its value: the pool keeps K and V alike); the queries' and
-keys' rotary parts come first in it, where paged_attention rotates them. The mixtures are moe.py's (DeepSeek's
-group-limited routing, its shared experts)."""
+Moonlight), GLM-4.7-Flash, Mistral 4 (softmax routing, Llama 4's attention temperature). Its multi-head latent
+attention keeps one latent a token, not keys and values a head: the token's hidden state projected down to
+kv_lora_rank values (normed) beside a key part that rotates (rope_dim values, one for all heads). Each head's key and
+value are that latent projected up (kv_b_proj's rows), so a head's score q . k_up(latent) is (k_up^T q) . latent: the
+queries are taken into the latent's space, the attention runs as one key head of kv_lora_rank + rope_dim values that
+every head reads (its values the latents themselves), and each head's output is projected up from the latent after.
+The cache holds the latent and the rotated key part, in that key head (and again as its value: the pool keeps K and V
+alike); the queries' and keys' rotary parts come first in it, where paged_attention rotates them. The mixtures are
+moe.py's (DeepSeek's group-limited routing, its shared experts)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from ..kernels.block_heads import HeadProducts
 from .layers import (GATE_UP, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, SwiGLU, block_norms, decoder_tensors,
                      fused, paged_attention)
 from .moe import DEEPSEEK_KINDS, MoESpec, SparseMoE
-from .rope import Rotary, halves_from_pairs, query_temperature, rope_type, temperature_of, yarn_mscale
+from .rope import Rotary, halves_from_pairs, query_scales_at, rope_type, temperature_of, yarn_mscale
 
 FAMILIES = DEEPSEEK_KINDS
 LATENT_NORM_EPS = 1e-6
@@ -183,8 +183,7 @@ class DeepSeek(DecoderModel):
         """Logits [S, vocab] for the step's sampled positions only."""
         x = self.embed(step.input_ids)
         cos, sin = self.rotary(step.positions, x.dtype)
-        temperature = self.spec.query_temperature
-        scales = None if temperature is None else query_temperature(step.positions, *temperature).to(x.dtype)
+        scales = query_scales_at(step.positions, self.spec.query_temperature, x.dtype)
         logits = self.native_decode(x, cos, sin, step, kv_cache, query_scales=scales)
         if logits is not None:
             return logits

@@ -133,9 +133,10 @@ def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, 
         keys = kv_cache.gather(k_cache, chunk.block_table, 0, q.dtype).flatten(0, 1)[:length].transpose(0, 1)[None]
         values = kv_cache.gather(v_cache, chunk.block_table, 1, q.dtype).flatten(0, 1)[:length].transpose(0, 1)[None]
         queries = q[chunk.start:chunk.end].transpose(0, 1)[None]
-        positions = torch.arange(chunk.first_position, length, device=q.device)
-        bias = None if slopes is None else slopes[:, None, None] * (
-            torch.arange(length, device=q.device) - positions[:, None])
+        bias = None
+        if slopes is not None:  # (the chunk's queries from first_position, its keys from 0)
+            positions = torch.arange(length, device=q.device)
+            bias = slopes[:, None, None] * (positions - positions[chunk.first_position:, None])
         out[chunk.start:chunk.end] = attend(queries, keys, values, mask, scale, softcap, sinks,
                                             bias)[0].transpose(0, 1)
     return out

@@ -27,7 +27,7 @@ from .layers import (GATE_UP, QKV, AttentionMasks, DecoderModel, ExactGeluMLP, G
 from .llama_kin import HUB_NAMES
 from .llama_spec import LlamaSpec
 from .moe import SparseMoE
-from .rope import Rotary, apply_rotary, halves_from_pairs, query_temperature, sequence_ends
+from .rope import Rotary, apply_rotary, halves_from_pairs, query_scales_at, sequence_ends
 
 # each activation a config names (LlamaSpec.mlp_activation) and the MLP it makes
 MLPS = {"silu": SwiGLU, "relu2": SquaredReLU, "gelu_pytorch_tanh": GeluMLP, "gelu_new": GeluMLP, "gelu_fast": GeluMLP,
@@ -92,11 +92,12 @@ class Attention(nn.Module):
         self.norms_across_heads = s.qk_norm_across_heads
         q_width, k_width = (s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim) if self.norms_across_heads else (
             s.head_dim, s.head_dim)
-        self.q_norm = norm(q_width, s.rms_norm_eps) if s.qk_norm else None
-        self.k_norm = norm(k_width, s.rms_norm_eps) if s.qk_norm else None
         if getattr(s, "qk_head_layer_norms", False):  # (StableLM 2 12B's, Command R+'s: a weight a head)
             self.q_norm = HeadLayerNorm(s.num_heads, s.head_dim, s.rms_norm_eps)
             self.k_norm = HeadLayerNorm(s.num_kv_heads, s.head_dim, s.rms_norm_eps)
+        else:
+            self.q_norm = norm(q_width, s.rms_norm_eps) if s.qk_norm else None
+            self.k_norm = norm(k_width, s.rms_norm_eps) if s.qk_norm else None
         self.scale = scale if scale is not None else s.head_dim ** -0.5
         self.softcap = softcap
         self.sinks = nn.Parameter(torch.zeros(s.num_heads)) if s.attention_sinks else None
@@ -199,8 +200,7 @@ class Llama(DecoderModel):
             x = self.embed_norm(x)
         ends = sequence_ends(step) if self.rotary.per_sequence else None
         cos, sin = self.rotary(step.positions, x.dtype, ends)
-        temperature = self.spec.query_temperature
-        scales = None if temperature is None else query_temperature(step.positions, *temperature).to(x.dtype)
+        scales = query_scales_at(step.positions, self.spec.query_temperature, x.dtype)
         logits = self.native_decode(x, cos, sin, step, kv_cache, query_scales=scales)
         if logits is None:
             masks = {w: AttentionMasks(step, x.dtype, kv_cache, w) for w in set(self.spec.layer_windows)}

@@ -21,10 +21,11 @@ GRANITE_SWA = ("granite_swa", "granitemoe_swa")
 # HunYuan's: each head's q/k norm after the rotation, NTK by a fixed alpha (a larger base)
 HUNYUAN = ("hunyuan_v1_dense", "hunyuan_v1_moe")
 # each family's MLP activation (its config's hidden_act) where it is not SwiGLU's silu (llama.py's MLPS makes its MLP):
-# Arcee's, Nemotron's and Jais-2's relu(up)^2, StarCoder2's and Phi-2's gelu_tanh(up), GPT-NeoX's and Falcon's gelu(up) by erf
-# (no gate)
-ACTIVATIONS = {"arcee": "relu2", "nemotron": "relu2", "jais2": "relu2", "bloom": "gelu_pytorch_tanh", "starcoder2": "gelu_pytorch_tanh", "phi": "gelu_new",
-               "gpt_neox": "gelu", "falcon": "gelu", "apertus": "xielu", "mpt": "gelu"}
+# Arcee's, Nemotron's and Jais-2's relu(up)^2, StarCoder2's, Phi-2's and BLOOM's gelu_tanh(up), GPT-NeoX's, Falcon's and
+# MPT's gelu(up) by erf (no gate), Apertus's xIELU(up)
+ACTIVATIONS = {"arcee": "relu2", "nemotron": "relu2", "jais2": "relu2", "bloom": "gelu_pytorch_tanh",
+               "starcoder2": "gelu_pytorch_tanh", "phi": "gelu_new", "gpt_neox": "gelu", "falcon": "gelu",
+               "apertus": "xielu", "mpt": "gelu"}
 # the families whose configs name their GELU, exact or by tanh (GPT-NeoX-20B's gelu_fast; llama.cpp's files tanh's)
 NAMED_GELUS = ("gpt_neox", "falcon", "mpt")
 # the families whose norms are LayerNorms (the mean removed; with biases but Cohere's and OLMo 1's; OLMo 1's

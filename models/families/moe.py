@@ -1,8 +1,8 @@
 """Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE and MoE Shared, OLMoE, ERNIE 4.5,
-gpt-oss, LFM2-MoE, DeepSeek's, GLM-4.5's, Nemotron 3's, dots.llm1's, Hunyuan-A13B's, MiniMax-M2's, AFMoE's,
-DBRX's, EXAONE-MoE's): a router picks each token's top-k experts; the step's tokens are grouped by expert so that every expert runs one matrix product per step on all the tokens routed to it, however
-many requests the flat batch holds. Some mixtures add a shared expert every token takes (Qwen2-MoE's weighted by a
-router of its own)."""
+gpt-oss, LFM2-MoE, DeepSeek's, GLM-4.5's, Nemotron 3's, dots.llm1's, Hunyuan-A13B's, MiniMax-M2's, AFMoE's, DBRX's,
+EXAONE-MoE's): a router picks each token's top-k experts; the step's tokens are grouped by expert so that every expert
+runs one matrix product per step on all the tokens routed to it, however many requests the flat batch holds. Some
+mixtures add a shared expert every token takes (Qwen2-MoE's weighted by a router of its own)."""
 
 from __future__ import annotations
 
@@ -335,16 +335,15 @@ def _shared_expert(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
 
 def _routed_experts(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
     """The router and experts under ``prefix`` in any of the nine layouts: gpt-oss's (mlp.router;
-    mlp.experts.gate_up_proj [experts, hidden, 2 x inner], each expert's gate and up columns
-    interleaved, down_proj [experts, inner, hidden], their biases), transformers 5's
-    fused tensors (mlp.experts.gate_up_proj; Granite MoE's under block_sparse_moe), Granite MoE's
-    files (block_sparse_moe.input_linear, output_linear: already stacks), Mixtral's files
-    (block_sparse_moe.experts.E.w1/w3/w2), LFM2-MoE's (mlp.experts.E.w1/w3/w2), Qwen3-MoE's files
-    (mlp.experts.E.gate_proj/up_proj/down_proj), DBRX's (mlp.experts.w1/v1/w2 as llama.py renames them: [experts
-    x inner, hidden] each, w2 the down product's transpose), and a GGUF file's stacks
-    (mlp.experts.gate_proj/up_proj/down_proj.weight, or gate_up_proj.weight where it keeps the two as one, each expert's gate rows then its up rows: float
-    [experts, rows, width], or blocks of experts x rows rows, which stay three,
-    kernels/block_experts.py's)."""
+    mlp.experts.gate_up_proj [experts, hidden, 2 x inner], each expert's gate and up columns interleaved, down_proj
+    [experts, inner, hidden], their biases), transformers 5's fused tensors (mlp.experts.gate_up_proj; Granite MoE's
+    under block_sparse_moe), Granite MoE's files (block_sparse_moe.input_linear, output_linear: already stacks),
+    Mixtral's files (block_sparse_moe.experts.E.w1/w3/w2), LFM2-MoE's (mlp.experts.E.w1/w3/w2), Qwen3-MoE's files
+    (mlp.experts.E.gate_proj/up_proj/down_proj), DBRX's (mlp.experts.w1/v1/w2 as llama.py renames them: [experts x
+    inner, hidden] each, w2 the down product's transpose), and a GGUF file's stacks
+    (mlp.experts.gate_proj/up_proj/down_proj.weight, or gate_up_proj.weight where it keeps the two as one, each
+    expert's gate rows then its up rows: float [experts, rows, width], or blocks of experts x rows rows, which stay
+    three, kernels/block_experts.py's)."""
     experts = out_prefix + "experts."
     if prefix + "mlp.router.weight" in hf:
         return _gpt_oss_experts(hf, prefix, out_prefix)

@@ -120,6 +120,12 @@ def query_temperature(positions: torch.Tensor, beta: float, original_context: in
     return 1 + beta * torch.log(1 + torch.floor(positions / original_context))
 
 
+def query_scales_at(positions: torch.Tensor, temperature: tuple[float, int] | None,
+                    dtype: torch.dtype) -> torch.Tensor | None:
+    """Each position's query scale in ``dtype`` for a spec's ``temperature`` (temperature_of's; None: none)."""
+    return None if temperature is None else query_temperature(positions, *temperature).to(dtype)
+
+
 def temperature_of(rope: dict) -> tuple[float, int] | None:
     """(beta, the original context) of a rope that scales the queries by position (Ministral 3's
     llama_4_scaling_beta), or None."""
