@@ -365,6 +365,16 @@ CONFIGS = {
     # MiniMax-M2: q/k norms across all heads, half of each head rotated, experts chosen by sigmoid and bias, renormalised
     # DBRX: LayerNorms without biases, q/k/v one product clamped at 0.2 (about one value in eight reaches past it),
     # four experts of 32 rows, two a token by softmax, renormalised
+    # Llama 4: three layers in four rotating, in chunks of 8 positions, each head's q/k RMS-normed after the rotation
+    # without weights; the fourth unrotated, its queries scaled by temperature from position 3 (floor_scale 4); every
+    # other layer's experts (sigmoid of the top two logits weighing their inputs) beside a shared one, the others' MLPs
+    # twice as wide (its temperature 2.0, not 0.1, for it to tell in a few tokens)
+    "llama4_text": lambda: transformers.Llama4TextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=32, intermediate_size_mlp=64, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+        interleave_moe_layer_step=2, attention_chunk_size=8, floor_scale=4, attn_scale=2.0,
+        max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0, initializer_range=0.15,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
     "dbrx": lambda: transformers.DbrxConfig(
         vocab_size=VOCAB, d_model=64, n_heads=4, n_layers=2, max_seq_len=256, eos_token_id=EOS, bos_token_id=1,
         pad_token_id=0, attn_config={"kv_n_heads": 2, "clip_qkv": 0.2, "rope_theta": 10000.0},
@@ -485,7 +495,8 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "glm4_moe_lite": transformers.Glm4MoeLiteForCausalLM, "glm4_moe": transformers.Glm4MoeForCausalLM,
                  "dots1": transformers.Dots1ForCausalLM, "hunyuan_v1_moe": transformers.HunYuanMoEV1ForCausalLM,
                  "minimax_m2": transformers.MiniMaxM2ForCausalLM, "afmoe": transformers.AfmoeForCausalLM,
-                 "dbrx": transformers.DbrxForCausalLM, "exaone_moe": transformers.ExaoneMoeForCausalLM,
+                 "dbrx": transformers.DbrxForCausalLM, "llama4_text": transformers.Llama4ForCausalLM,
+                 "exaone_moe": transformers.ExaoneMoeForCausalLM,
                  "mistral4": transformers.Mistral4ForCausalLM, "granite_swa": transformers.GraniteSWAForCausalLM,
                  "granitemoe_swa": transformers.GraniteMoeSWAForCausalLM}
 
@@ -1126,6 +1137,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                                    2 * c.intermediate_size if arch == "qwen" else  # (Qwen 1's config's, as written)
                                    4 * c.hidden_size if arch == "bloom" else
                                    c.expansion_ratio * c.d_model if arch == "mpt" else
+                                   c.intermediate_size_mlp if arch == "llama4" else
                                    c.to_dict().get("intermediate_size") or getattr(c, "ffn_hidden_size", None) or
                                    c.moe_intermediate_size)
     writer.add_head_count(heads)
@@ -1276,6 +1288,10 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                     "mlp.expert_bias"):  # AFMoE's
             add(f"blk.{layer}.exp_probs_b.bias", values.reshape(-1))
             continue
+        if arch == "llama4" and rest.startswith("feed_forward."):  # (its experts' stacks bmm's, [experts, in, out])
+            rest = rest.replace("feed_forward.", "mlp.", 1).replace("mlp.router.", "mlp.gate.")
+            if rest.startswith("mlp.experts."):
+                values = np.ascontiguousarray(values.swapaxes(1, 2))
         if rest.startswith("feed_forward.experts.") or rest == "feed_forward.gate.weight":  # LFM2-MoE's: as a mixture's
             rest = rest.replace("feed_forward.", "mlp.", 1)
         if rest == "self_attn.sinks":  # (Granite SWA's, gpt-oss's name)

@@ -42,6 +42,7 @@ for measuring Loom and llama.cpp on the files users have without a model hub.
     python docs/bench/random_gguf.py --shape kexaone-236b-a23b-3l --format q4_k_m --vocab 153600 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape bloom-7b1 --format q4_k_m --vocab 250880 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape mpt-7b --format q4_k_m --vocab 50432 --out /tmp/gguf
+    python docs/bench/random_gguf.py --shape llama4-scout-17b-16e-4l --format q4_k_m --vocab 202048 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape glm45air-106b-a12b-6l --format q4_k_m --vocab 151552 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape qwen3next-80b-a3b-8l --format q4_k_m --vocab 151936 --out /tmp/gguf
     python docs/bench/random_gguf.py --shape falcon-h1-0.5b --format q4_k_m --out /tmp/gguf
@@ -173,7 +174,10 @@ DeepSeek-V3's routing, beside a shared one), the -3l one its first three of 48 l
 BLOOM-7b1's (architecture bloom: 30 layers of 4096, 32 heads of 128, ALiBi, its embeddings LayerNormed,
 token_embd_norm, LayerNorms and biases everywhere, q/k/v one attn_qkv, an MLP of gelu(up) 16384 wide, its table
 tied); the mpt one as MPT-7B's (architecture mpt: 32 layers of 4096, 32 heads, ALiBi of 8, LayerNorms and
-products without biases, q/k/v one attn_qkv, its table tied);
+products without biases, q/k/v one attn_qkv, its table tied); the llama4 ones as Llama 4 Scout's (architecture llama4:
+40 query heads over 8 K/V heads of 128, no q/k norm tensors, 16 experts of 8192 rows, one a token by sigmoid, beside a
+shared one as wide, every layer; llama.cpp's fixed chunks of 8192 in three layers of four, the fourth unrotated), the
+-4l one its first four of 48 layers;
 the qwen3moe one as a Qwen3-MoE (Qwen3's layout, 128 experts of 768 rows, 8 a token, each layer's
 three expert products a stack of all 128 experts' matrices, its router in F32 as llama-quantize leaves it);
 the ministral3 ones as Ministral 3's (architecture mistral3: Llama's layout, 128-wide heads, its yarn
@@ -290,7 +294,10 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "dbrx-132b": (6144, 10752, 40, 48, 8), "dbrx-132b-2l": (6144, 10752, 2, 48, 8),
           "kexaone-236b-a23b": (6144, 18432, 48, 64, 8), "kexaone-236b-a23b-3l": (6144, 18432, 3, 64, 8),
           # BigScience's BLOOM-7b1 and MosaicML's MPT-7B (ALiBi)
-          "bloom-7b1": (4096, 16384, 30, 32, 32), "mpt-7b": (4096, 16384, 32, 32, 32)}
+          "bloom-7b1": (4096, 16384, 30, 32, 32), "mpt-7b": (4096, 16384, 32, 32, 32),
+          # Meta's Llama 4 Scout (its dense MLPs' width, which it does not use: every layer routes), and its first four
+          # layers (three in chunks, the fourth unrotated)
+          "llama4-scout-17b-16e": (5120, 16384, 48, 40, 8), "llama4-scout-17b-16e-4l": (5120, 16384, 4, 40, 8)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
 UNTIED = {"phi2-2.7b", "qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
           "qwen2moe-a2.7b", "qwen35-9b", "qwen3vl-8b", "qwen3vlmoe-30b-a3b", "nemotronh-4b", "nemotronh-8b",
@@ -301,7 +308,7 @@ UNTIED = {"phi2-2.7b", "qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3
           "nemotronh-nano-9b", "mamba2-codestral-7b", "falcon-mamba-7b", "minitron-4b", "pythia-1.4b", "afmoe-18b",
           "afmoe-18b-8l", "dots1-142b-a14b", "dots1-142b-a14b-4l", "minimax-m2", "minimax-m2-3l",
           "apertus-8b", "chatglm-9b", "stablelm2-12b", "dbrx-132b", "dbrx-132b-2l", "kexaone-236b-a23b",
-          "kexaone-236b-a23b-3l"}  # the shapes whose output layer
+          "kexaone-236b-a23b-3l", "llama4-scout-17b-16e", "llama4-scout-17b-16e-4l"}  # the shapes whose output layer
 # is a tensor of its own
 
 
@@ -495,6 +502,10 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
            "kexaone": Layout("exaone-moe", head=128, rope_base=1e6, eps=1e-5, context=262144, head_norms=True,
                              window=128, window_pattern=4, experts=(128, 8, 2048), shared_experts=1, dense_lead=1,
                              selection_bias=True, sigmoid=(2.5, True)),
+           # (Llama 4's: 16 experts of 8192 rows, one a token by sigmoid, beside a shared one as wide; no q/k norm
+           # tensors, its chunks and unrotated layers llama.cpp's fixed pattern)
+           "llama4": Layout("llama4", head=128, rope_base=500000.0, eps=1e-5, context=10485760, experts=(16, 1, 8192),
+                            shared_experts=1),
            # (DeepSeek-V2-Lite's YaRN: a factor of 40 over 4,096 tokens, mscale_all_dim 0.707)
            "deepseek2": Layout("deepseek2", rope_base=10000.0, eps=1e-6, context=163840, experts=(64, 6, 1408),
                                dense_lead=1, shared_experts=2, yarn=(40.0, 4096, 0.0707), latent=(None, 512, 128, 64, 128)),
@@ -1007,6 +1018,8 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
             writer.add_moe_latent_size(family.expert_latent)
     if family.arch == "ernie4_5-moe":  # (llama.cpp requires the step)
         writer.add_leading_dense_block_count(family.dense_lead)
+        writer.add_interleave_moe_layer_step(1)
+    if family.arch == "llama4":  # (llama.cpp requires the step: Scout's every layer)
         writer.add_interleave_moe_layer_step(1)
     # (llama.cpp requires DeepSeek's, GLM-4.5's and dots.llm1's shared count; the gating function where it is not
     # V2's softmax)

@@ -60,7 +60,10 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "dbrx": "dbrx",  # (LayerNorms without biases, q/k/v clamped and one product, softmax-routed experts)
                  # (K-EXAONE's: Qwen3's attention, three window layers in four, those alone rotating, DeepSeek-V3's
                  # routing beside a shared expert)
-                 "exaone-moe": "exaone_moe"}
+                 "exaone-moe": "exaone_moe",
+                 # (Llama 4's: experts every interleave_moe_layer_step-th layer, weighing their inputs, beside a
+                 # shared one; its rotating layers in chunks, q/k-normed without weights; the others' temperature)
+                 "llama4": "llama4_text"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
 # Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
@@ -70,14 +73,16 @@ MIXTURES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"
             "deepseek2": "deepseek_v3", "mistral4": "mistral4", "nemotron_h_moe": "nemotron_h", "glm4moe": "glm4_moe",
             "granite-swa": "granitemoe_swa",
             "qwen3next": "qwen3_next", "gemma4": "gemma4_text", "dots1": "dots1", "hunyuan-moe": "hunyuan_v1_moe",
-            "minimax-m2": "minimax_m2", "afmoe": "afmoe", "dbrx": "dbrx", "exaone-moe": "exaone_moe"}
+            "minimax-m2": "minimax_m2", "afmoe": "afmoe", "dbrx": "dbrx", "exaone-moe": "exaone_moe",
+            "llama4": "llama4_text"}
 # llama.cpp's expert_gating_func: how an architecture's experts are scored where the file says (LFM2-MoE's
 # sigmoid, Nemotron 3's; DeepSeek's either, V2's softmax, V3's sigmoid; the others' softmax, which their files need
 # not say)
 GATING = {1: "softmax", 2: "sigmoid"}
 EXPERT_SCORES = {"lfm2moe": ("sigmoid",), "deepseek2": ("softmax", "sigmoid"), "mistral4": ("softmax",),
                  "nemotron_h_moe": ("sigmoid",), "glm4moe": ("sigmoid",), "dots1": ("sigmoid",),
-                 "minimax-m2": ("sigmoid",), "afmoe": ("sigmoid",), "exaone-moe": ("sigmoid",)}
+                 "minimax-m2": ("sigmoid",), "afmoe": ("sigmoid",), "exaone-moe": ("sigmoid",),
+                 "llama4": ("sigmoid",)}
 # the mixtures whose files may scale their chosen experts' weights (expert_weights_scale)
 SCALED_MIXTURES = frozenset({"lfm2moe", "deepseek2", "mistral4", "nemotron_h_moe", "glm4moe", "dots1", "afmoe",
                              "exaone-moe"})
@@ -85,14 +90,14 @@ SCALED_MIXTURES = frozenset({"lfm2moe", "deepseek2", "mistral4", "nemotron_h_moe
 # router of its own; Granite MoE Shared's, a granitemoe file with expert_shared_feed_forward_length; ERNIE 4.5's)
 SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe", "granitehybrid", "qwen35moe", "deepseek2",
                             "mistral4", "nemotron_h_moe", "glm4moe", "qwen3next", "dots1", "hunyuan-moe", "afmoe",
-                            "exaone-moe", "granite-swa"})
+                            "exaone-moe", "granite-swa", "llama4"})
 # architectures whose files keep Llama's layout: Q/K rows in the interleaved rotary's order (llama.cpp's
 # converter permutes Llama's; ERNIE 4.5's and GLM-4's checkpoints hold them so: their files are Llama's from
 # there, GLM-4's over the rotary's half of each head), attention biases where the model has them; gguf.py puts
 # the rows in halves as it reads them
 LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "granitehybrid", "granite-swa", "mistral3",
                           "ernie4_5", "ernie4_5-moe", "glm4", "chatglm", "arcee", "internlm2", "minicpm", "command-r",
-                          "cohere2", "olmo", "xverse", "baichuan"})
+                          "cohere2", "olmo", "xverse", "baichuan", "llama4"})
 # the architectures whose norms are LayerNorms (their epsilon attention.layer_norm_epsilon), their biases and
 # which of their layers' products add one told by the file's tensors (_layer_norm_layers)
 LAYER_NORM_ARCHITECTURES = frozenset({"starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo", "nemotron",
@@ -107,6 +112,9 @@ LATENT_ATTENTION = ("deepseek2", "mistral4")
 # llama.cpp's Baichuan of 40 layers (13B) attends by ALiBi, its 7B by rotary
 BAICHUAN_13B_LAYERS = 40
 EXAONE_MOE_WINDOW = 128  # (EXAONE-MoE's window where a file names none, as llama.cpp fixes it)
+# Llama 4: llama.cpp's fixed numbers, which its files do not say: chunks of 8192 positions in three layers of four
+# (those rotating), the fourth's temperature 0.1 from 8192 positions; no q/k norms in files of 128 experts (Maverick's)
+LLAMA4_CHUNK, LLAMA4_NO_ROPE_STEP, LLAMA4_TEMPERATURE, LLAMA4_UNNORMED_EXPERTS = 8192, 4, (0.1, 8192), 128
 # the architectures whose layers may be short convolutions (LFM2's) or Mamba2 layers (Granite 4's hybrids), told
 # apart by having no K/V heads
 CONVOLVING = frozenset({"lfm2", "lfm2moe"})
@@ -154,7 +162,8 @@ def check_architecture(meta: dict, file_name: str) -> str:
                              f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, "
                              "OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, Qwen3.5's, "
                              "Qwen3-Next's, DeepSeek's, Nemotron 3's, GLM-4.5's, Gemma 4's, dots.llm1's, Hunyuan-A13B's, "
-                             "MiniMax-M2's, Arcee's Trinity's, DBRX's, EXAONE-MoE's, Mistral 4's and Granite SWA's)")
+                             "MiniMax-M2's, Arcee's Trinity's, DBRX's, EXAONE-MoE's, Mistral 4's, Granite SWA's and "
+                             "Llama 4's)")
         if key("expert_shared_feed_forward_length") and arch not in SHARED_EXPERTS:
             raise ValueError(f"{file_name} is a {arch} model with a shared expert, which Loom runs in "
                              f"{', '.join(sorted(SHARED_EXPERTS))} files only")
@@ -303,6 +312,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
     if arch in DELTA_RULE_HYBRIDS:  # (a head's width the hidden size's share where the file says none, as llama.cpp's)
         config |= _qwen35_layers(arch, key, config["num_hidden_layers"], file_name)
         config["head_dim"] = config["head_dim"] or config["hidden_size"] // heads
+    if arch == "llama4":
+        config |= _llama4_attention(key, config["num_hidden_layers"], file_name)
     if arch in ("gpt2", "starcoder"):
         return _gpt2_model(key, tensors, config)
     if arch == "gemma4":  # (its rotary and rope_freqs are its global layers': _gemma4_layers reads them)
@@ -431,6 +442,14 @@ def _experts(arch: str, key, config: dict) -> dict:
         return {"enable_moe_block": True, "num_experts": experts, "top_k_experts": used, "moe_intermediate_size": inner}
     if arch == "ernie4_5-moe":
         return _ernie_experts(key, config, experts, used, inner, shared)
+    if arch == "llama4":  # (every interleave_moe_layer_step-th layer's, beside a shared one as wide; the other layers'
+        # MLPs feed_forward_length wide)
+        if not inner:
+            raise ValueError("a llama4 file needs expert_feed_forward_length, as llama.cpp does")
+        return {"intermediate_size_mlp": config["intermediate_size"], "intermediate_size": inner,
+                "num_local_experts": experts, "num_experts_per_tok": used,
+                "interleave_moe_layer_step": key("interleave_moe_layer_step") or 1,
+                "use_qk_norm": experts != LLAMA4_UNNORMED_EXPERTS}
     if arch == "lfm2moe":  # (llama.cpp requires its bias, renormalises; its dense layers feed_forward_length wide)
         return {"num_experts": experts, "num_experts_per_tok": used, "moe_intermediate_size": inner,
                 "num_dense_layers": key("leading_dense_block_count") or 0, "use_expert_bias": True,
@@ -480,6 +499,20 @@ def _experts(arch: str, key, config: dict) -> dict:
     if arch in ("qwen35moe", "qwen3next"):  # (a shared expert gated by its own router, as Qwen2-MoE's; renormalised)
         fields["shared_expert_intermediate_size"] = shared or config["intermediate_size"] or 0  # (llama.cpp's fallback)
     return fields
+
+
+def _llama4_attention(key, layers: int, file_name: str) -> dict:
+    """A Llama 4 file's attention as llama.cpp runs it, in transformers' names (llama_kin's _llama4_config reads
+    them): every fourth layer unrotated, its queries scaled by temperature, the others attending in chunks (as
+    attention.sliding_window_pattern says where the file has one); unless the file names a sliding window of 0
+    (MobileLLM's: every layer rotating but the last, as llama.cpp's pattern has it, none in chunks, no temperature)."""
+    if key("attention.sliding_window") == 0:
+        return {"no_rope_layer_interval": layers, "attention_chunk_size": None, "attn_temperature_tuning": False}
+    types = _sliding_layers(key, layers, file_name, default_pattern=LLAMA4_NO_ROPE_STEP)
+    scale, floor = LLAMA4_TEMPERATURE
+    return {"no_rope_layer_interval": LLAMA4_NO_ROPE_STEP, "attention_chunk_size": LLAMA4_CHUNK,
+            "layer_types": ["chunked_attention" if t == "sliding_attention" else t for t in types],
+            "attn_temperature_tuning": True, "attn_scale": scale, "floor_scale": floor}
 
 
 def _deepseek2(key, config: dict) -> dict:

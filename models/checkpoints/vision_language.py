@@ -2,7 +2,7 @@
 tower's and projector's left out. Loom takes token prompts, and on text alone these models are their text
 families' (Gemma 3's, Mistral 3's and Ministral 3's outright): Qwen2-VL's and Qwen3-VL's multimodal rotary gives every text token three equal positions (time, height,
 width), which rotate as the text model's rope, and Qwen3-VL's deepstack adds image features to image
-tokens only. (llama.cpp's Qwen3-VL leaves two of a head's 64 rotary pairs, the slowest, unrotated for text:
+tokens only; Llama 4's text is its own (llama4_text). (llama.cpp's Qwen3-VL leaves two of a head's 64 rotary pairs, the slowest, unrotated for text:
 about 4e-7 radians a position; Loom rotates them, as transformers does.)"""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 # a vision-language model_type -> the text family its language model is (None: as its text_config says)
 TEXT_MODELS = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "qwen3_vl_moe": "qwen3_moe",
-               "gemma3": None, "gemma4": None, "gemma3n": None, "mistral3": None}
+               "gemma3": None, "gemma4": None, "gemma3n": None, "mistral3": None, "llama4": None}
 # what transformers' vision-language model does whatever its text config says: Qwen3-VL-MoE renormalises its
 # chosen experts' weights always (its config has no norm_topk_prob); Gemma 3's caps no logits (its text model
 # would, by final_logit_softcapping)
@@ -20,7 +20,8 @@ FIXED = {"qwen3_vl_moe": {"norm_topk_prob": True}, "gemma3": {"final_logit_softc
 VISION_PREFIXES = ("model.visual.", "visual.", "model.vision_tower.", "vision_tower.", "model.multi_modal_projector.",
                    "multi_modal_projector.",
                    # (Gemma 4's and Gemma 3n's towers and their projections, the audio's too)
-                   "model.embed_vision.", "model.audio_tower.", "model.embed_audio.")
+                   "model.embed_vision.", "model.audio_tower.", "model.embed_audio.",
+                   "vision_model.", "model.vision_model.")  # (Llama 4's)
 # where checkpoints keep the language model -> its text family's names: transformers 5's, and the hub's older
 # Gemma 3 and Mistral 3 files' (the hub's Qwen2-VL files keep it under model already)
 LANGUAGE_MODEL_PREFIXES = {"model.language_model.": "model.", "language_model.model.": "model.",

@@ -45,8 +45,8 @@ class DeepSeekSpec(DecoderShape):
     # the epsilon of the latent's and the low-rank queries' norms: DeepSeek's code and transformers fix 1e-6
     # whatever rms_norm_eps says (GLM-4.7-Flash's 1e-5); llama.cpp takes the file's one epsilon (gguf_config's)
     latent_norm_eps: float = LATENT_NORM_EPS
-    # Mistral 4's (Llama 4's) attention temperature: (beta, the original context), rope.query_temperature
-    query_temperature: tuple[float, int] | None = None
+    # Mistral 4's (Llama 4's) attention temperature: rope.query_temperature's (beta, the original context, 0)
+    query_temperature: tuple[float, int, int] | None = None
 
     @classmethod
     def from_hf(cls, c: dict) -> "DeepSeekSpec":

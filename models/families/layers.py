@@ -26,15 +26,36 @@ from ..step import DecodeGroup, PrefillChunk
 SHORT_PREFILL_KEYS = 4096
 
 
+@dataclass(frozen=True)
+class Chunked:
+    """A layer's window that is Llama 4's chunks rather than a sliding window: a query reads the keys from the start
+    of its own chunk of ``size`` positions (the last multiple of size at or before it) up to itself."""
+    size: int
+
+
+def first_keys(window: "int | Chunked", ends):
+    """The first key each query reads under ``window`` (a sliding window's width, or Chunked), for queries that read
+    ``ends`` keys (their positions + 1); ints or tensors alike."""
+    if isinstance(window, Chunked):
+        return (ends - 1) // window.size * window.size
+    return ends - window
+
+
+def kernel_window(window: "int | Chunked | None") -> int:
+    """A layer's window as the kernels take it (paged_decode.h's decode_attention_rows): 0 for none, a sliding
+    window's width, or minus a chunk's size."""
+    return 0 if window is None else -window.size if isinstance(window, Chunked) else window
+
+
 class AttentionMasks:
     """The masks of one step, built once per forward and shared by every layer.
 
-    Decode tokens attend to their whole context (or its last ``window`` keys); a prefill chunk
-    attends causally to everything before it, including earlier chunks and cached prefixes. On the
-    CPU kernels, short chunks go with the decode groups, as more of them (``prefill_rows``).
+    Decode tokens attend to their whole context (or its last ``window`` keys, or their chunk's where the window is
+    Chunked); a prefill chunk attends causally to everything before it, including earlier chunks and cached
+    prefixes. On the CPU kernels, short chunks go with the decode groups, as more of them (``prefill_rows``).
     """
 
-    def __init__(self, step, dtype: torch.dtype, kv_cache, window: int | None = None):
+    def __init__(self, step, dtype: torch.dtype, kv_cache, window: int | Chunked | None = None):
         self.window = window
         # The CPU kernels bound each context themselves; the torch path needs padded masks.
         self.on_kernel = native.supports(step.positions.device, dtype, kv_cache.dtype)
@@ -45,7 +66,7 @@ class AttentionMasks:
             lens = group.context_lens[:, None]
             mask = keys < lens
             if window is not None:
-                mask &= keys >= lens - window
+                mask &= keys >= first_keys(window, lens)
             self.decode.append(mask[:, None, None, :])
         self.prefill = []  # (chunk, its mask) for SDPA
         self.prefill_rows: list[DecodeGroup] = []  # runs of short chunks, a row per token (kernel only)
@@ -65,7 +86,7 @@ class AttentionMasks:
             keys = torch.arange(chunk.first_position + n, device=step.positions.device)
             mask = keys[None, :] <= queries[:, None]
             if window is not None:
-                mask &= keys[None, :] > queries[:, None] - window
+                mask &= keys[None, :] >= first_keys(window, queries[:, None] + 1)
             self.prefill.append((chunk, mask))
         if short:
             self.prefill_rows.append(chunk_rows(short))
@@ -117,7 +138,8 @@ def paged_attention(q, k, v, kv_cache, layer: int, step, masks: AttentionMasks, 
         for group in step.decode_groups + masks.prefill_rows:
             rows = slice(group.start, group.end)
             paged_decode.decode_attention(q[rows], k_cache, v_cache, group.block_tables, group.context_lens,
-                                          out[rows], scale, masks.window, softcap, sinks, slopes)
+                                          out[rows], scale, kernel_window(masks.window), softcap, sinks,
+                                          slopes)
     for group, mask in zip(step.decode_groups, masks.decode):  # the torch path
         rows = slice(group.start, group.end)
         # index_select copies whole blocks; advanced indexing (cache[tables]) measured 8x slower.

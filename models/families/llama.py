@@ -82,8 +82,10 @@ class Attention(nn.Module):
     and sinks (gpt-oss); Gemma passes its own norm, scale and soft cap."""
 
     def __init__(self, s, norm=RMSNorm, scale: float | None = None, softcap: float | None = None,
-                 norms_after_rotation: bool = False):
+                 norms_after_rotation: bool = False, qk_norm: bool | None = None):
+        """``qk_norm``: whether this layer's queries and keys are normed (None: as the spec says)."""
         super().__init__()
+        qk_norm = s.qk_norm if qk_norm is None else qk_norm
         self.heads, self.kv_heads, self.dim = s.num_heads, s.num_kv_heads, s.head_dim
         self.gated = getattr(s, "gated_attention", False)  # (its gates' rows after the queries': [q | gates | k | v])
         self.qkv = nn.Linear(s.hidden_size, ((2 if self.gated else 1) * s.num_heads + 2 * s.num_kv_heads) * s.head_dim,
@@ -96,8 +98,8 @@ class Attention(nn.Module):
             self.q_norm = HeadLayerNorm(s.num_heads, s.head_dim, s.rms_norm_eps)
             self.k_norm = HeadLayerNorm(s.num_kv_heads, s.head_dim, s.rms_norm_eps)
         else:
-            self.q_norm = norm(q_width, s.rms_norm_eps) if s.qk_norm else None
-            self.k_norm = norm(k_width, s.rms_norm_eps) if s.qk_norm else None
+            self.q_norm = norm(q_width, s.rms_norm_eps) if qk_norm else None
+            self.k_norm = norm(k_width, s.rms_norm_eps) if qk_norm else None
         self.scale = scale if scale is not None else s.head_dim ** -0.5
         self.softcap = softcap
         self.sinks = nn.Parameter(torch.zeros(s.num_heads)) if s.attention_sinks else None
@@ -115,7 +117,7 @@ class Attention(nn.Module):
         if self.norms_across_heads:  # all heads' queries (keys) normalised as one, before the rotation
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.view(-1, self.heads, self.dim), k.view(-1, self.kv_heads, self.dim)
-        if self.norms_after_rotation:  # rotated here, normalised, then stored as they are
+        if self.norms_after_rotation and self.q_norm is not None:  # rotated here, normalised, then stored as they are
             if cos is not None:
                 q, k, cos, sin = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), None, None
             q, k = self.q_norm(q), self.k_norm(k)
@@ -133,8 +135,11 @@ class Block(nn.Module):
         super().__init__()
         self.window, self.rotates = s.layer_windows[index], s.layer_rotates[index]
         self.residual_scale, self.parallel = s.residual_scale, s.parallel
+        # whether the step's query scales apply here (Llama 4's in its unrotated layers alone)
+        self.scales_queries = not (s.temperature_where_unrotated and self.rotates)
         self.input_norm = norm_of(s)(s.hidden_size, s.rms_norm_eps)
-        self.attn = Attention(s, scale=s.attention_scale, norms_after_rotation=s.qk_norm_after_rotation)
+        self.attn = Attention(s, scale=s.attention_scale, norms_after_rotation=s.qk_norm_after_rotation,
+                              qk_norm=_normed_queries(s, index))
         self.post_norm = None if s.parallel and not s.parallel_norm else norm_of(s)(s.hidden_size, s.rms_norm_eps)
         self.mlp = SparseMoE(s.hidden_size, s.moe) if s.moe and s.moe.routes(index) else \
             MLPS[s.mlp_activation](s.hidden_size, s.intermediate_size, s.mlp_bias)
@@ -145,8 +150,8 @@ class Block(nn.Module):
         if not self.rotates:
             cos = sin = None
         h = self.input_norm(x)
-        attended = self.scaled(self.attn(h, cos, sin, kv_cache, layer, step, masks[self.window], query_scales),
-                               self.attn_out_norm)
+        attended = self.scaled(self.attn(h, cos, sin, kv_cache, layer, step, masks[self.window],
+                                         query_scales if self.scales_queries else None), self.attn_out_norm)
         if self.parallel:  # (the MLP beside the attention, on its input or a norm of its own of x)
             return x + attended + self.scaled(self.mlp(h if self.post_norm is None else self.post_norm(x)),
                                               self.mlp_out_norm)
@@ -158,6 +163,11 @@ class Block(nn.Module):
         (Granite's)."""
         output = output if norm is None else norm(output)
         return output * self.residual_scale if self.residual_scale != 1.0 else output
+
+
+def _normed_queries(s: LlamaSpec, layer: int) -> bool:
+    """Whether ``layer`` norms its queries and keys (Llama 4's in its rotating layers alone)."""
+    return s.qk_norm and (s.layer_rotates[layer] or not s.l2_qk_norms)
 
 
 def norm_of(s: LlamaSpec, final: bool = False):
@@ -249,9 +259,9 @@ class Llama(DecoderModel):
                 out[o + f"attn.out.{kind}"] = hf[p + f"self_attn.o_proj.{kind}"]
             if s.attention_sinks:
                 out[o + "attn.sinks"] = hf[p + "self_attn.sinks"]
-            if s.qk_norm:
-                out[o + "attn.q_norm.weight"] = _head_norm(hf, p, "q", s)
-                out[o + "attn.k_norm.weight"] = _head_norm(hf, p, "k", s)
+            if _normed_queries(s, i):  # (Llama 4's without weights: ones)
+                out |= {f"{o}attn.{n}_norm.weight": torch.ones(s.head_dim) if s.l2_qk_norms else _head_norm(hf, p, n, s)
+                        for n in ("q", "k")}
             if s.moe and s.moe.routes(i):
                 out.update(SparseMoE.convert(hf, p, o + "mlp.", s.moe))
                 continue

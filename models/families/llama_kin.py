@@ -1,7 +1,7 @@
 """The Llama module's kin in Llama's terms: how other families' configs (the hub's names, transformers', a GGUF file's,
 which come in Llama's already) read as Llama's config fields (in_llama_terms: GPT-NeoX's, Falcon's, DBRX's, MPT's,
-BLOOM's), and the names their checkpoints give Llama's parameters (HUB_NAMES, AFMOE_NAMES). llama_spec.py reads the
-result as LlamaSpec."""
+BLOOM's, Llama 4's), and the names their checkpoints give Llama's parameters (HUB_NAMES, AFMOE_NAMES, LLAMA4_NAMES).
+llama_spec.py reads the result as LlamaSpec."""
 
 from __future__ import annotations
 
@@ -9,6 +9,11 @@ from __future__ import annotations
 # name in Llama's checkpoints), the norm before its MLP Llama's post_norm, its router's gate the router
 AFMOE_NAMES = ((".post_attention_layernorm.", ".post_self_attn_layernorm."),
                (".pre_mlp_layernorm.", ".post_attention_layernorm."), (".mlp.router.gate.", ".mlp.gate."))
+# Llama 4's checkpoint names by Llama's: its feed_forward the MLP (its experts' stacks keep their names: moe.py reads
+# them as they are), its router the gate
+LLAMA4_NAMES = ((".feed_forward.router.", ".mlp.gate."), (".feed_forward.shared_expert.", ".mlp.shared_expert."),
+                (".feed_forward.gate_proj.", ".mlp.gate_proj."), (".feed_forward.up_proj.", ".mlp.up_proj."),
+                (".feed_forward.down_proj.", ".mlp.down_proj."))
 # checkpoint names of Llama's parameters in other families, in this order of replacement: EXAONE 3.5's (the hub's,
 # and transformers' saved ones) after GPT-2's (its output product before the other attention products), StarCoder2's
 # MLP's, Phi-2's, HunYuan's q/k norms, Hunyuan-A13B's router and shared MLP (by DeepSeek's names)
@@ -154,5 +159,29 @@ def _dbrx_config(c: dict) -> dict:
                     "hidden_act": (experts.get("ffn_act_fn") or {}).get("name", "silu")}
 
 
+def _llama4_config(c: dict) -> dict:
+    """Llama 4's text config (transformers', or a GGUF file's made like it) in Llama's and the mixtures' names: its
+    dense MLPs intermediate_size_mlp wide, its experts intermediate_size; the layers that route (moe_layers, else every
+    interleave_moe_layer_step-th), that rotate (no_rope_layers, 1 where a layer does; else all but every
+    no_rope_layer_interval-th) and that attend in chunks (layer_types' chunked_attention: the rotating ones, of
+    attention_chunk_size, where it names one); its unrotated layers' attention temperature (attn_scale, floor_scale,
+    positions from 1: rope.query_temperature's) where attn_temperature_tuning says."""
+    if "intermediate_size_mlp" not in c:  # (read already)
+        return c
+    c = dict(c)
+    mlp, inner = c.pop("intermediate_size_mlp"), c["intermediate_size"]
+    layers, step = c["num_hidden_layers"], c.get("interleave_moe_layer_step") or 1
+    interval = c.get("no_rope_layer_interval") or 4
+    rotates = c.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]
+    chunk = c.get("attention_chunk_size")
+    types = c.get("layer_types") or ["chunked_attention" if r and chunk else "full_attention" for r in rotates]
+    return c | {"intermediate_size": mlp, "moe_intermediate_size": inner,
+                "moe_layers": list(range(step - 1, layers, step)) if c.get("moe_layers") is None else c["moe_layers"],
+                "no_rope_layers": rotates,
+                "layer_types": types,
+                "query_temperature": (float(c.get("attn_scale", 0.1)), int(c.get("floor_scale", 8192)), 1)
+                if c.get("attn_temperature_tuning", True) else None}
+
+
 CONFIGS_OF_KIN = {"gpt_neox": _gpt_neox_config, "falcon": _falcon_config, "dbrx": _dbrx_config, "mpt": _mpt_config,
-                  "bloom": _bloom_config}
+                  "bloom": _bloom_config, "llama4_text": _llama4_config}

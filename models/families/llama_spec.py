@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .layers import DecoderShape
-from .llama_kin import AFMOE_NAMES, in_llama_terms
+from .layers import Chunked, DecoderShape
+from .llama_kin import AFMOE_NAMES, LLAMA4_NAMES, in_llama_terms
 from .moe import MoESpec
 from .rope import rope_type, temperature_of
 
@@ -15,7 +15,8 @@ FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi
             "glm4", "exaone", "arcee", "seed_oss", "hunyuan_v1_dense", "starcoder2", "stablelm", "phi", "cohere",
             "cohere2", "olmo", "nemotron", "gpt_neox", "falcon", "mixtral", "qwen2_moe", "qwen3_moe", "granitemoe",
             "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss", "glm4_moe", "dots1", "hunyuan_v1_moe", "minimax_m2",
-            "afmoe", "apertus", "dbrx", "exaone_moe", "jais2", "granite_swa", "granitemoe_swa", "bloom", "mpt")
+            "afmoe", "apertus", "dbrx", "exaone_moe", "jais2", "granite_swa", "granitemoe_swa", "bloom", "mpt",
+            "llama4_text")
 # Granite's with sliding-window layers (one global in four by default) and a sink a head, dense or with experts
 GRANITE_SWA = ("granite_swa", "granitemoe_swa")
 # HunYuan's: each head's q/k norm after the rotation, NTK by a fixed alpha (a larger base)
@@ -46,7 +47,7 @@ class LlamaSpec(DecoderShape):
     mlp_bias: bool
     qk_norm: bool
     qk_norm_across_heads: bool  # the q/k norms over all heads at once (OLMoE's), not a head at a time
-    layer_windows: tuple[int | None, ...]  # each layer's sliding window, None for full attention
+    layer_windows: tuple[int | Chunked | None, ...]  # each layer's sliding window (or chunks), None for full attention
     layer_rotates: tuple[bool, ...]  # whether each layer rotates its queries and keys (SmolLM3: 3 in 4)
     moe: MoESpec | None
     qk_norm_after_rotation: bool = False  # each head's q/k norm after the rotation (HunYuan's), not before
@@ -70,8 +71,12 @@ class LlamaSpec(DecoderShape):
     # Falcon 40B's); reordered at load
     qkv_layout: str | None = None
     lm_head_bias: bool = False  # (Phi-2's)
-    # Ministral 3's (Llama 4's) attention temperature: (beta, the original context), rope.query_temperature
-    query_temperature: tuple[float, int] | None = None
+    # Ministral 3's and Llama 4's attention temperature: rope.query_temperature's (beta, the original context, offset)
+    query_temperature: tuple[float, int, int] | None = None
+    temperature_where_unrotated: bool = False  # that temperature in the unrotated layers alone (Llama 4's)
+    # Llama 4's q/k norms: each head's query and key RMS-normed without a weight (none in its checkpoints: ones) after
+    # the rotation, in its rotating layers alone
+    l2_qk_norms: bool = False
     # ERNIE 4.5's and GLM-4's checkpoints keep each head's rotary pairs side by side (GLM's rotation): their
     # query and key rows are reordered at load into the halves apply_rotary takes
     interleaved_rotary: bool = False
@@ -158,10 +163,12 @@ class LlamaSpec(DecoderShape):
             mlp_bias=bool(c.get("mlp_bias", c.get("use_bias", kind == "phi"))),
             qk_norm=kind in ("qwen3", "qwen3_moe", "olmoe", "dots1", "minimax_m2", "afmoe", "apertus", "exaone_moe",
                              *HUNYUAN) or (
-                kind == "glm4_moe" and bool(c.get("use_qk_norm"))) or head_layer_norms,
+                kind in ("glm4_moe", "llama4_text") and bool(c.get("use_qk_norm", kind == "llama4_text"))) or
+            head_layer_norms,
             qk_head_layer_norms=head_layer_norms,
             qk_norm_across_heads=kind in ("olmoe", "minimax_m2"),
-            qk_norm_after_rotation=kind in HUNYUAN,
+            qk_norm_after_rotation=kind in (*HUNYUAN, "llama4_text"),
+            l2_qk_norms=kind == "llama4_text" and bool(c.get("use_qk_norm", True)),
             layer_windows=_layer_windows(kind, c, layers),
             layer_rotates=_layer_rotates(kind, c, layers),
             moe=MoESpec.from_hf(c),
@@ -174,14 +181,15 @@ class LlamaSpec(DecoderShape):
             parallel_norm=bool(c.get("parallel_mlp_norm")),
             qkv_layout=c.get("qkv_layout"),
             lm_head_bias=kind == "phi",
-            query_temperature=temperature_of(rope),
+            query_temperature=c.get("query_temperature") if kind == "llama4_text" else temperature_of(rope),
+            temperature_where_unrotated=kind == "llama4_text",
             # (a GGUF file's rows are put in halves as they are read: gguf_config says so)
             # (Cohere's too)
-            interleaved_rotary=kind in ("ernie4_5", "ernie4_5_moe", "glm", "glm4", "cohere", "cohere2") and
+            interleaved_rotary=kind in ("ernie4_5", "ernie4_5_moe", "glm", "glm4", "cohere", "cohere2", "llama4_text") and
             not c.get("rotary_rows_in_halves", False),
             output_norms=kind in ("glm4", "afmoe"),
             gated_attention=kind == "afmoe",
-            renames=AFMOE_NAMES if kind == "afmoe" else (),
+            renames=AFMOE_NAMES if kind == "afmoe" else LLAMA4_NAMES if kind == "llama4_text" else (),
             clip_qkv=c.get("clip_qkv"),
             alibi_max_bias=c.get("alibi_max_bias"),
             embedding_norm=bool(c.get("embedding_norm")),
@@ -226,9 +234,12 @@ def _layer_rotates(kind: str, c: dict, layers: int) -> tuple[bool, ...]:
     return tuple(bool(r) for r in rotates)
 
 
-def _layer_windows(kind: str, c: dict, layers: int) -> tuple[int | None, ...]:
-    """Which layers attend through a sliding window, as transformers decides it for each family."""
+def _layer_windows(kind: str, c: dict, layers: int) -> tuple[int | Chunked | None, ...]:
+    """Which layers attend through a sliding window (or in chunks: Llama 4's), as transformers decides it for each
+    family."""
     window = c.get("sliding_window")
+    if kind == "llama4_text":  # (its layer_types, as llama_kin reads them)
+        return tuple(Chunked(c["attention_chunk_size"]) if t == "chunked_attention" else None for t in c["layer_types"])
     if kind in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "smollm3"):
         if not c.get("use_sliding_window"):
             return (None,) * layers

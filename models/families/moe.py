@@ -55,6 +55,9 @@ class MoESpec:
     # their weighted sum back up after (Nemotron 3 Super's latent mixtures; the router and the shared expert read
     # the hidden state itself)
     latent_size: int = 0
+    # each chosen expert reads the token times its weight, and its output is added as it is (Llama 4's); else its
+    # output is weighted
+    weights_inputs: bool = False
 
     @classmethod
     def from_hf(cls, c: dict) -> "MoESpec | None":
@@ -110,6 +113,11 @@ class MoESpec:
                        frozenset(range(c.get("num_dense_layers") or 0)), 1,
                        shared_intermediate_size=inner * (c.get("num_shared_experts") or 0), selection_bias=True,
                        sigmoid=True, routed_scale=float(c.get("route_scale") or 1.0))
+        if kind == "llama4_text":  # (sigmoid scores of the top-k logits, not renormalised, weighing the inputs)
+            inner, layers = c["moe_intermediate_size"], c["num_hidden_layers"]
+            return cls(c["num_local_experts"], c["num_experts_per_tok"], inner, False,
+                       frozenset(range(layers)) - frozenset(c["moe_layers"]), 1, shared_intermediate_size=inner,
+                       sigmoid=True, weights_inputs=True)
         if kind == "minimax_m2":  # (sigmoid scores, a bias each to choose by, the chosen renormalised)
             return cls(c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"], True, frozenset(), 1,
                        selection_bias=True, sigmoid=True)
@@ -239,9 +247,11 @@ class SharedExpert(SwiGLU):
         return y * torch.sigmoid(self.gate(x)) if self.gate is not None else y
 
 
-def run_experts(experts: nn.Module, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, count: int):
-    """Each token's chosen experts' outputs (``chosen``, ``weights``: [tokens, top_k]) weighted and summed: each
-    expert of ``experts`` (Experts or BlockExperts) once over all the step's tokens routed to it."""
+def run_experts(experts: nn.Module, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, count: int,
+                weights_inputs: bool = False):
+    """Each token's chosen experts' outputs (``chosen``, ``weights``: [tokens, top_k]) weighted and summed (their
+    inputs weighted where ``weights_inputs``: Llama 4's): each expert of ``experts`` (Experts or BlockExperts) once
+    over all the step's tokens routed to it."""
     top_k = chosen.shape[-1]
     weights, chosen = weights.flatten(), chosen.flatten()
     order = chosen.argsort(stable=True)  # (token, choice) pairs grouped by expert
@@ -251,7 +261,10 @@ def run_experts(experts: nn.Module, x: torch.Tensor, weights: torch.Tensor, chos
         if routed:
             pairs = order[start:start + routed]
             tokens = pairs // top_k
-            out.index_add_(0, tokens, experts(expert, x[tokens]).to(x.dtype) * weights[pairs, None])
+            if weights_inputs:
+                out.index_add_(0, tokens, experts(expert, x[tokens] * weights[pairs, None]).to(x.dtype))
+            else:
+                out.index_add_(0, tokens, experts(expert, x[tokens]).to(x.dtype) * weights[pairs, None])
             start += routed
     return out
 
@@ -285,7 +298,8 @@ class SparseMoE(nn.Module):
         if self.spec.routed_scale != 1.0:
             weights = weights * self.spec.routed_scale
         routed = x if self.latent_down is None else self.latent_down(x)
-        out = run_experts(self.experts, routed, weights.to(x.dtype), experts, self.spec.num_experts)
+        out = run_experts(self.experts, routed, weights.to(x.dtype), experts, self.spec.num_experts,
+                          self.spec.weights_inputs)
         if self.latent_up is not None:
             out = self.latent_up(out)
         return out + self.shared(x) if self.shared is not None else out
@@ -334,7 +348,9 @@ def _shared_expert(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
 
 
 def _routed_experts(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
-    """The router and experts under ``prefix`` in any of the nine layouts: gpt-oss's (mlp.router;
+    """The router and experts under ``prefix`` in any of the ten layouts: Llama 4's (feed_forward.experts.gate_up_proj
+    [experts, hidden, 2 x inner], each expert's gate columns then its up columns, down_proj [experts, inner, hidden]:
+    bmm's stacks, the router as llama.py renames it), gpt-oss's (mlp.router;
     mlp.experts.gate_up_proj [experts, hidden, 2 x inner], each expert's gate and up columns interleaved, down_proj
     [experts, inner, hidden], their biases), transformers 5's fused tensors (mlp.experts.gate_up_proj; Granite MoE's
     under block_sparse_moe), Granite MoE's files (block_sparse_moe.input_linear, output_linear: already stacks),
@@ -345,6 +361,10 @@ def _routed_experts(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
     expert's gate rows then its up rows: float [experts, rows, width], or blocks of experts x rows rows, which stay
     three, kernels/block_experts.py's)."""
     experts = out_prefix + "experts."
+    if prefix + "feed_forward.experts.gate_up_proj" in hf:  # (Llama 4's: bmm's stacks, [experts, in, out])
+        stack = lambda name: hf.pop(prefix + "feed_forward.experts." + name).transpose(1, 2).contiguous()
+        return {out_prefix + "router.weight": hf[prefix + "mlp.gate.weight"], experts + "gate_up": stack("gate_up_proj"),
+                experts + "down": stack("down_proj")}
     if prefix + "mlp.router.weight" in hf:
         return _gpt_oss_experts(hf, prefix, out_prefix)
     if prefix + "mlp.experts.w1" in hf:  # (DBRX's: every expert's rows one matrix a product, the down's transposed)

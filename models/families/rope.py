@@ -112,30 +112,30 @@ def sequence_ends(step) -> torch.Tensor:
     return ends
 
 
-def query_temperature(positions: torch.Tensor, beta: float, original_context: int) -> torch.Tensor:
+def query_temperature(positions: torch.Tensor, beta: float, original_context: int, offset: int = 0) -> torch.Tensor:
     """Llama 4's attention temperature, which Ministral 3 keeps: each position's query scale,
-    1 + beta ln(1 + floor(position / original_context)), exactly 1 within the original context,
-    growing by steps past it so that long contexts do not flatten the scores. In float32, as
-    transformers computes it."""
-    return 1 + beta * torch.log(1 + torch.floor(positions / original_context))
+    1 + beta ln(1 + floor((position + offset) / original_context)), exactly 1 within the original context,
+    growing by steps past it so that long contexts do not flatten the scores (Llama 4's positions counted from 1:
+    ``offset`` 1). In float32, as transformers computes it."""
+    return 1 + beta * torch.log(1 + torch.floor((positions + offset) / original_context))
 
 
-def query_scales_at(positions: torch.Tensor, temperature: tuple[float, int] | None,
+def query_scales_at(positions: torch.Tensor, temperature: tuple[float, int, int] | None,
                     dtype: torch.dtype) -> torch.Tensor | None:
     """Each position's query scale in ``dtype`` for a spec's ``temperature`` (temperature_of's; None: none)."""
     return None if temperature is None else query_temperature(positions, *temperature).to(dtype)
 
 
-def temperature_of(rope: dict) -> tuple[float, int] | None:
-    """(beta, the original context) of a rope that scales the queries by position (Ministral 3's
-    llama_4_scaling_beta), or None."""
+def temperature_of(rope: dict) -> tuple[float, int, int] | None:
+    """(beta, the original context, 0: query_temperature's arguments) of a rope that scales the queries by position
+    (Ministral 3's llama_4_scaling_beta), or None."""
     beta = rope.get("llama_4_scaling_beta")
     if not beta:
         return None
     if not rope.get("original_max_position_embeddings"):
         raise ValueError("llama_4_scaling_beta needs the rope's original_max_position_embeddings, from which the "
                          "queries' scale grows")
-    return float(beta), int(rope["original_max_position_embeddings"])
+    return float(beta), int(rope["original_max_position_embeddings"]), 0
 
 
 def halves_from_pairs(rows: int, heads: int, rotary: int | None = None, start: int = 0) -> torch.Tensor:

@@ -84,7 +84,8 @@ inline bool ungated(int64_t activation) {
 // normed with ``dense_norm``; all four in the model's type; an expert ``intermediate`` wide, the MLP the layer's.
 // With ``latent`` (Nemotron 3 Super's; 0 elsewhere) the routed experts work ``latent`` values wide: their input
 // the rows through ``latent_down``, their weighted sum back through ``latent_up`` (the router and the shared
-// expert read the rows themselves).
+// expert read the rows themselves). With ``weights_inputs`` (Llama 4's) each chosen expert reads its row times its
+// weight, and its output is added as it is.
 struct Experts {
     const Weights* router;
     const Weights* gate_up;  // count of them
@@ -97,6 +98,7 @@ struct Experts {
     int64_t intermediate;  // an expert's width where it is not the layer's (beside an MLP of its own; else 0)
     int64_t latent;
     double alpha, limit, routed_scale;
+    int64_t weights_inputs;  // 1: the chosen weights scale the experts' inputs, not their outputs (Llama 4's)
 };
 
 // Qwen3.5's and Qwen3-Next's gated delta rule in the attention's place (delta_rule.h; decoder_layer.py fills
@@ -254,6 +256,9 @@ struct Layer {
     // Command R+'s; 0: an RMSNorm of weights every head shares)
     int64_t head_layer_norms;
     const T* slopes;  // each query head's ALiBi slope (BLOOM's, MPT's; null elsewhere), decode_attention_rows'
+    // 1: the step's query scales not applied in this layer (Llama 4's rotating layers: its temperature is its
+    // unrotated layers'); 0 where they are
+    int64_t unscaled_queries;
 
     // the K/V heads the layer's qkv product gives and it stores (none where it reads another layer's)
     int64_t stored_kv_heads() const { return reads_kv ? 0 : kv_heads; }
@@ -748,8 +753,14 @@ void expert_phases(const T* h, const Layer<T, C>& l, int64_t rows, const Interme
         for (int64_t p = 0; p < pairs; ++p) b.pair_places[p] = next[b.pair_experts[p]]++;
     }
 #pragma omp for
-    for (int64_t p = 0; p < pairs; ++p)
-        std::copy_n(routed + p / e.top_k * width, width, b.pair_rows + b.pair_places[p] * width);
+    for (int64_t p = 0; p < pairs; ++p) {
+        const T *row = routed + p / e.top_k * width, weight = b.pair_weights[p];
+        T* pair_row = b.pair_rows + b.pair_places[p] * width;
+        if (e.weights_inputs)
+            for (int64_t c = 0; c < width; ++c) pair_row[c] = weight * row[c];
+        else
+            std::copy_n(row, width, pair_row);
+    }
     for (int64_t i = 0; i < e.count; ++i) {
         const int64_t first = b.expert_starts[i], count = b.expert_starts[i + 1] - first;
         if (count > 0)
@@ -781,7 +792,8 @@ void expert_phases(const T* h, const Layer<T, C>& l, int64_t rows, const Interme
         std::fill_n(y, width, T(0));
         for (int64_t j = 0; j < e.top_k; ++j) {
             const int64_t p = r * e.top_k + j;
-            const T weight = b.pair_weights[p], *expert_out = b.pair_outputs + b.pair_places[p] * width;
+            const T weight = e.weights_inputs ? T(1) : b.pair_weights[p];
+            const T* expert_out = b.pair_outputs + b.pair_places[p] * width;
             for (int64_t c = 0; c < width; ++c) y[c] += weight * expert_out[c];
         }
     }
@@ -1035,7 +1047,8 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
             norm_spans(qkv, qkv_width, rows, l.heads, stored, l.dim, l.dim, l.q_norm, l.k_norm, l.eps,
                        l.head_layer_norms != 0);
         }
-        if (s.query_scales != nullptr) scale_queries(qkv, qkv_width, q_width, s.query_scales, rows);
+        if (s.query_scales != nullptr && !l.unscaled_queries)
+            scale_queries(qkv, qkv_width, q_width, s.query_scales, rows);
         const T *cos = l.window_angles ? s.window_cos : s.cos, *sin = l.window_angles ? s.window_sin : s.sin;
         const int64_t rotary_dim = l.window_angles ? s.window_rotary_dim : s.rotary_dim;
         if (norm_rotated) {  // (the keys follow the queries in qkv)

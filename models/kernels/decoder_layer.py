@@ -40,7 +40,7 @@ from ..families.gpt2 import GPT2
 from ..families.falcon_h1 import FalconH1
 from ..families.granite_hybrid import GraniteHybrid
 from ..families.layers import (ExactGeluMLP, GeluMLP, HeadLayerNorm, NativeDecoding, RMSNorm, SquaredReLU,
-                               UngatedMLP, XieluMLP, chunk_rows, prefill_keys)
+                               UngatedMLP, XieluMLP, chunk_rows, kernel_window, prefill_keys)
 from ..families.lfm2 import Lfm2
 from ..families.mamba import Mamba, MambaMixer
 from ..families.llama import Llama
@@ -125,6 +125,7 @@ class _Experts(ctypes.Structure):  # decoder_layer.cpp's Experts
     _fields_ += [(name, _int64) for name in ("count", "top_k", "normalize", "activation", "shared_intermediate",
                                               "sigmoid", "beside", "intermediate", "latent")]
     _fields_ += [(name, _double) for name in ("alpha", "limit", "routed_scale")]
+    _fields_ += [("weights_inputs", _int64)]
 
 
 class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
@@ -138,7 +139,8 @@ class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
         "rotates", "norms_across_heads", "conv_taps", "gated", "values_are_keys", "value_norm", "reads_kv",
         "per_layer_offset", "per_layer_width", "parallel", "norms_after_rotation")]
     _fields_ += [(name, _double) for name in ("eps", "scale", "softcap", "residual_scale", "layer_scale")]
-    _fields_ += [("xielu", _double * 4), ("clip_qkv", _double), ("head_layer_norms", _int64), ("slopes", _pointer)]
+    _fields_ += [("xielu", _double * 4), ("clip_qkv", _double), ("head_layer_norms", _int64), ("slopes", _pointer),
+                 ("unscaled_queries", _int64)]
 
 
 class _AltUpLayer(ctypes.Structure):  # decoder_layer.cpp's AltUpLayer
@@ -386,7 +388,7 @@ class DecoderLayers:
                                                                     getattr(block, "attn_out_norm", None),
                                                                     getattr(block, "mlp_out_norm", None)),
                             hidden=spec.hidden_size, intermediate=inner, heads=spec.num_heads,
-                            kv_heads=spec.num_kv_heads, dim=spec.head_dim, window=block.window or 0,
+                            kv_heads=spec.num_kv_heads, dim=spec.head_dim, window=kernel_window(block.window),
                             activation=activation, rotates=block.rotates,
                             norms_across_heads=not mixer and attn.norms_across_heads, eps=spec.rms_norm_eps,
                             scale=1.0 if mixer else attn.scale, residual_scale=spec.residual_scale,
@@ -402,6 +404,7 @@ class DecoderLayers:
         self._route(layer, block.mlp)
         layer.sinks = None if mixer else self._in_dtype(attn.sinks)
         layer.slopes = None if mixer else self._in_dtype(getattr(attn, "slopes", None))  # (BLOOM's, MPT's ALiBi)
+        layer.unscaled_queries = not getattr(block, "scales_queries", True)  # (Llama 4's rotating layers)
         return layer
 
     def _lfm2_layer(self, block, spec) -> _Layer:
@@ -540,7 +543,8 @@ class DecoderLayers:
                            self._in_dtype(moe.experts.down_bias), self._in_dtype(getattr(moe, "selection_bias", None)),
                            *map(address, shared), *norms, *map(address, latent), s.num_experts,
                            s.top_k, s.normalize, activation, s.shared_intermediate_size, s.sigmoid, beside,
-                           s.intermediate_size if beside else 0, s.latent_size, alpha, limit, s.routed_scale)
+                           s.intermediate_size if beside else 0, s.latent_size, alpha, limit, s.routed_scale,
+                           s.weights_inputs)
         self.weights.append((moe, router, gate_up, down, shared, latent, experts))
         return experts
 
@@ -551,7 +555,7 @@ class DecoderLayers:
         return self._layer((block.input_norm, block.pre_mlp_norm), attn.qkv, attn.out, block.gate_up, block.down,
                            (attn.q_norm, attn.k_norm, block.post_attn_norm, block.post_mlp_norm),
                            hidden=spec.hidden_size, intermediate=spec.intermediate_size, heads=spec.num_heads,
-                           kv_heads=spec.num_kv_heads, dim=spec.head_dim, window=block.window or 0,
+                           kv_heads=spec.num_kv_heads, dim=spec.head_dim, window=kernel_window(block.window),
                            activation=GELU_TANH_GATED,
                            window_angles=block.window is not None and spec.local_theta is not None,
                            eps=spec.rms_norm_eps, scale=attn.scale, softcap=attn.softcap or 0.0)
@@ -565,7 +569,7 @@ class DecoderLayers:
         layer = self._layer((block.input_norm, block.pre_mlp_norm), attn.qkv, attn.out, block.gate_up, block.down,
                             (attn.q_norm, attn.k_norm, block.post_attn_norm, block.post_mlp_norm),
                             hidden=spec.hidden_size, intermediate=block.down.in_features, heads=spec.num_heads,
-                            kv_heads=attn.kv_heads, dim=attn.head_dim, window=block.window or 0,
+                            kv_heads=attn.kv_heads, dim=attn.head_dim, window=kernel_window(block.window),
                             activation=GELU_TANH_GATED, window_angles=block.window is not None,
                             values_are_keys=attn.values_are_keys, value_norm=True, reads_kv=attn.shares,
                             eps=spec.rms_norm_eps, scale=1.0, layer_scale=float(getattr(block, "scalar", 1.0)))
@@ -602,7 +606,7 @@ class DecoderLayers:
         return self._layer((None, None), attn.qkv, attn.out, block.mlp.gate_up, block.mlp.down,
                            (attn.q_norm, attn.k_norm, block.post_attn_norm, block.post_mlp_norm),
                            hidden=spec.hidden_size, intermediate=spec.intermediate_size, heads=spec.num_heads,
-                           kv_heads=spec.num_kv_heads, dim=spec.head_dim, window=block.window or 0,
+                           kv_heads=spec.num_kv_heads, dim=spec.head_dim, window=kernel_window(block.window),
                            activation=SILU_GATED, window_angles=block.window is not None and spec.local_rotation,
                            rotates=block.rotates, norms_across_heads=attn.norms_across_heads, eps=spec.rms_norm_eps,
                            scale=attn.scale)

@@ -216,7 +216,8 @@ void weigh_values(const T* p, int64_t stride, int64_t group, int64_t n, const C*
 // heads, 24 layers' pools, two Zen 5 threads: 3.9-5.2 -> 3.2-3.7 ms a layer, AVX2 build 4.7-6.0 ->
 // 3.1-3.8 ms). Shorter rows keep a head at a time (with the default model's 3 K/V heads and a 7B's
 // 4, the blocks ran level to 4% slower). A ``softcap`` above 0 soft-caps each score (soft_cap)
-// before the softmax; a ``window`` above 0 reads a sequence's last ``window`` keys only; ``sinks``
+// before the softmax; a ``window`` above 0 reads a sequence's last ``window`` keys only, one below 0 the keys of
+// its last key's chunk of -window positions (Llama 4's chunked attention: from the last multiple of -window); ``sinks``
 // (a logit a query head, gpt-oss's; null: none) join each head's softmax denominator and weigh no value;
 // ``slopes`` (a query head's ALiBi slope, BLOOM's and MPT's; null: none) add slope x (key's position - query's)
 // to each score, the query the row's last key.
@@ -255,7 +256,9 @@ void decode_attention_rows(const T* q, int64_t q_stride, const C* k_cache, const
                     const int64_t h_first = head_split * group / head_splits;
                     const int64_t run = (head_split + 1) * group / head_splits - h_first;
                     const int64_t end = context_lens[s];
-                    const int64_t first = window > 0 ? std::max<int64_t>(0, end - window) : 0;
+                    const int64_t first = window > 0   ? std::max<int64_t>(0, end - window)
+                                          : window < 0 ? (end - 1) / -window * -window
+                                                       : 0;
                     const int64_t n = end - first;
                     const int64_t* table = block_tables + s * max_blocks;
                     offsets.resize(n);

@@ -61,7 +61,8 @@ def decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, scale
                      softcap: float | None = None, sinks: torch.Tensor | None = None,
                      slopes: torch.Tensor | None = None):
     """out[s] = attention of q[s] ([heads, dim]) over the first context_lens[s] keys of sequence
-    s (its last ``window`` only, if given), found through block_tables[s], each score soft-capped
+    s (its last ``window`` only, if above 0; its last key's chunk of -window positions, if below: layers'
+    kernel_window), found through block_tables[s], each score soft-capped
     (softcap tanh(score / softcap), Gemma 2's) if ``softcap`` is given, each head's softmax taking
     its sink's logit in its denominator if ``sinks`` ([heads], gpt-oss's) are, each score plus its
     head's ALiBi slope times the key's position less the query's if ``slopes`` ([heads]) are. k_cache, v_cache:

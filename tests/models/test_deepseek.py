@@ -95,7 +95,7 @@ def test_a_latent_attentions_temperature_is_read_as_llama_cpp_reads_it():
     rope = of(**{"attention.temperature_scale": 0.1, "attention.temperature_length": 16})["rope_scaling"]
     assert rope["llama_4_scaling_beta"] == pytest.approx(0.1) and rope["original_max_position_embeddings"] == 16
     assert DeepSeekSpec.from_hf(of(**{"attention.temperature_scale": 0.1, "attention.temperature_length": 16}) | {
-        "model_type": "mistral4"}).query_temperature == (pytest.approx(0.1), 16)
+        "model_type": "mistral4"}).query_temperature == (pytest.approx(0.1), 16, 0)
     with pytest.raises(ValueError, match="m.gguf: attention.temperature_scale without attention.temperature_length"):
         of(**{"attention.temperature_scale": 0.1})
     with pytest.raises(ValueError, match="m.gguf: attention.temperature_length 32 differs from the yarn's original "

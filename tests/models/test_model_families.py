@@ -254,6 +254,22 @@ def test_longrope_prefix_cache_keeps_the_factor_sets_apart():
         assert run(long[:52] + [7, 8, 9], 30) == 52
 
 
+@pytest.mark.parametrize("native_layers", [True, False], ids=["native-layers", "torch-layers"])
+def test_llama4_streams_across_its_chunks_match_transformers(tmp_path, native_layers):
+    """Llama 4 (conftest's tiny one: chunks of 8 positions, its fourth layer's temperature from position 3) over
+    prompts of 3 to 90 tokens and 24 new tokens each: chunk boundaries crossed in prefill rows on the kernel, in an
+    SDPA prefill (90 tokens, past SHORT_PREFILL_KEYS' bound) and in decode, on the native layers and on the torch
+    layers: tokens and log-probabilities equal transformers'."""
+    from .test_gguf import assert_same_answers, greedy
+
+    hf = tiny_model("llama4_text", seed=7)
+    hf.save_pretrained(tmp_path)
+    rng = random.Random(11)
+    prompts = [random_prompt(rng, 3, 6), random_prompt(rng, 20, 30), random_prompt(rng, 90, 91)]
+    assert_same_answers(greedy(tmp_path, prompts, 24, native_layers),
+                        [greedy_with_logprobs(hf, p, 24) for p in prompts])
+
+
 @pytest.fixture(scope="module")
 def gemma_gguf():
     package = pytest.importorskip(GEMMA_PACKAGE, reason="Gemma 3 270M is optional (Gemma terms of use): "

@@ -45,6 +45,9 @@ MODELS = {
     "mistral3": (transformers.Mistral3Config, lambda: CONFIGS["ministral3"]().to_dict(),
                  dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                       num_attention_heads=2, head_dim=16, image_size=28, patch_size=14)),
+    "llama4": (transformers.Llama4Config, lambda: CONFIGS["llama4_text"]().to_dict(),
+               dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                    patch_size=14, vision_output_dim=32, projector_input_dim=32, projector_output_dim=64)),
 }
 GGUF_ARCHITECTURES = {"qwen2_vl": "qwen2vl", "qwen3_vl": "qwen3vl", "qwen3_vl_moe": "qwen3vlmoe"}
 
