@@ -313,6 +313,9 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         config |= _qwen35_layers(arch, key, config["num_hidden_layers"], file_name)
         config["head_dim"] = config["head_dim"] or config["hidden_size"] // heads
     if arch == "llama4":
+        if not key("expert_count"):
+            raise ValueError(f"{file_name} is a llama4 model without experts (MobileLLM-R1's file), which llama.cpp "
+                             "does not run either; load its Hugging Face checkpoint")
         config |= _llama4_attention(key, config["num_hidden_layers"], file_name)
     if arch in ("gpt2", "starcoder"):
         return _gpt2_model(key, tensors, config)

@@ -1,9 +1,10 @@
 """Vision-language checkpoints read for their text: the language model's config and tensors, the vision
 tower's and projector's left out. Loom takes token prompts, and on text alone these models are their text
-families' (Gemma 3's, Mistral 3's and Ministral 3's outright): Qwen2-VL's and Qwen3-VL's multimodal rotary gives every text token three equal positions (time, height,
-width), which rotate as the text model's rope, and Qwen3-VL's deepstack adds image features to image
-tokens only; Llama 4's text is its own (llama4_text). (llama.cpp's Qwen3-VL leaves two of a head's 64 rotary pairs, the slowest, unrotated for text:
-about 4e-7 radians a position; Loom rotates them, as transformers does.)"""
+families' (Gemma 3's, Mistral 3's, Ministral 3's and Llama 4's outright): Qwen2-VL's and Qwen3-VL's multimodal
+rotary gives every text token three equal positions (time, height, width), which rotate as the text model's rope,
+and Qwen3-VL's deepstack adds image features to image tokens only. (llama.cpp's Qwen3-VL leaves two of a head's 64
+rotary pairs, the slowest, unrotated for text: about 4e-7 radians a position; Loom rotates them, as transformers
+does.)"""
 
 from __future__ import annotations
 

@@ -185,8 +185,8 @@ class LlamaSpec(DecoderShape):
             temperature_where_unrotated=kind == "llama4_text",
             # (a GGUF file's rows are put in halves as they are read: gguf_config says so)
             # (Cohere's too)
-            interleaved_rotary=kind in ("ernie4_5", "ernie4_5_moe", "glm", "glm4", "cohere", "cohere2", "llama4_text") and
-            not c.get("rotary_rows_in_halves", False),
+            interleaved_rotary=kind in ("ernie4_5", "ernie4_5_moe", "glm", "glm4", "cohere", "cohere2",
+                                        "llama4_text") and not c.get("rotary_rows_in_halves", False),
             output_norms=kind in ("glm4", "afmoe"),
             gated_attention=kind == "afmoe",
             renames=AFMOE_NAMES if kind == "afmoe" else LLAMA4_NAMES if kind == "llama4_text" else (),

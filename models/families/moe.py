@@ -1,6 +1,6 @@
 """Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE and MoE Shared, OLMoE, ERNIE 4.5,
 gpt-oss, LFM2-MoE, DeepSeek's, GLM-4.5's, Nemotron 3's, dots.llm1's, Hunyuan-A13B's, MiniMax-M2's, AFMoE's, DBRX's,
-EXAONE-MoE's): a router picks each token's top-k experts; the step's tokens are grouped by expert so that every expert
+EXAONE-MoE's, Llama 4's): a router picks each token's top-k experts; the step's tokens are grouped by expert so that every expert
 runs one matrix product per step on all the tokens routed to it, however many requests the flat batch holds. Some
 mixtures add a shared expert every token takes (Qwen2-MoE's weighted by a router of its own)."""
 
@@ -115,6 +115,8 @@ class MoESpec:
                        sigmoid=True, routed_scale=float(c.get("route_scale") or 1.0))
         if kind == "llama4_text":  # (sigmoid scores of the top-k logits, not renormalised, weighing the inputs)
             inner, layers = c["moe_intermediate_size"], c["num_hidden_layers"]
+            if not c.get("num_local_experts") or not c["moe_layers"]:  # (MobileLLM-R1's: every layer dense)
+                return None
             return cls(c["num_local_experts"], c["num_experts_per_tok"], inner, False,
                        frozenset(range(layers)) - frozenset(c["moe_layers"]), 1, shared_intermediate_size=inner,
                        sigmoid=True, weights_inputs=True)
@@ -363,8 +365,8 @@ def _routed_experts(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:
     experts = out_prefix + "experts."
     if prefix + "feed_forward.experts.gate_up_proj" in hf:  # (Llama 4's: bmm's stacks, [experts, in, out])
         stack = lambda name: hf.pop(prefix + "feed_forward.experts." + name).transpose(1, 2).contiguous()
-        return {out_prefix + "router.weight": hf[prefix + "mlp.gate.weight"], experts + "gate_up": stack("gate_up_proj"),
-                experts + "down": stack("down_proj")}
+        return {out_prefix + "router.weight": hf[prefix + "mlp.gate.weight"],
+                experts + "gate_up": stack("gate_up_proj"), experts + "down": stack("down_proj")}
     if prefix + "mlp.router.weight" in hf:
         return _gpt_oss_experts(hf, prefix, out_prefix)
     if prefix + "mlp.experts.w1" in hf:  # (DBRX's: every expert's rows one matrix a product, the down's transposed)

@@ -747,6 +747,8 @@ def test_unsupported_architecture(tmp_path):
     ("ernie4_5-moe", {"ernie4_5-moe.expert_count": 8, "ernie4_5-moe.expert_feed_forward_length": 64,
                       "ernie4_5-moe.expert_shared_feed_forward_length": 96},
      "ERNIE 4.5's shared expert is a whole number of experts wide; the file's is 96 wide, its experts 64"),
+    ("llama4", {"llama4.block_count": 1, "llama4.embedding_length": 64, "llama4.attention.head_count": 4},
+     "m.gguf is a llama4 model without experts \\(MobileLLM-R1's file\\), which llama.cpp does not run either"),
 ])
 def test_a_mixture_loom_does_not_run_is_refused_saying_which_it_does(tmp_path, arch, metadata, message):
     with pytest.raises(ValueError, match=message):

@@ -270,6 +270,17 @@ def test_llama4_streams_across_its_chunks_match_transformers(tmp_path, native_la
                         [greedy_with_logprobs(hf, p, 24) for p in prompts])
 
 
+def test_a_llama4_model_without_experts_runs_dense_as_transformers_does(tmp_path):
+    """MobileLLM-R1's Llama 4 (no experts: every layer's MLP intermediate_size_mlp wide; every layer global): its
+    saved checkpoint's tokens and log-probabilities equal transformers'."""
+    from .test_gguf import assert_same_answers, greedy
+
+    hf = tiny_model("llama4_text", seed=4, num_local_experts=0, moe_layers=[], layer_types=["full_attention"] * 4)
+    hf.save_pretrained(tmp_path)
+    prompts = [random_prompt(random.Random(i), 10, 40) for i in range(2)]
+    assert_same_answers(greedy(tmp_path, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
+
+
 @pytest.fixture(scope="module")
 def gemma_gguf():
     package = pytest.importorskip(GEMMA_PACKAGE, reason="Gemma 3 270M is optional (Gemma terms of use): "
