@@ -1297,7 +1297,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         if rest == "self_attn.sinks":  # (Granite SWA's, gpt-oss's name)
             add(f"blk.{layer}.attn_sinks.weight", values)
             continue
-        if rest == "shared_mlp.input_linear.weight" and arch == "granite-swa":  # (kept one, gate and up rows)
+        if rest == "shared_mlp.input_linear.weight" and arch == "granite_swa":  # (kept one, gate and up rows)
             add(f"blk.{layer}.ffn_up_shexp.weight", values)
             continue
         if rest == "shared_mlp.input_linear.weight":  # Granite MoE Shared's gate and up rows together
@@ -1318,7 +1318,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                 add(f"blk.{layer}.ffn_down_exps.weight", values)
             continue
         part, kind = rest.rsplit(".", 1)
-        if arch in ("llama", "smollm3", "granite", "granitemoe", "granitehybrid", "granite-swa", "mistral3", "arcee",
+        if arch in ("llama", "smollm3", "granite", "granitemoe", "granitehybrid", "granite_swa", "mistral3", "arcee",
                     "internlm2", "minicpm", "olmo", "xverse", "baichuan") and part in ("self_attn.q_proj",
                                                                                    "self_attn.k_proj"):
             count = heads if part == "self_attn.q_proj" else kv_heads

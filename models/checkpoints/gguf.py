@@ -146,7 +146,7 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES, "g
                     "gpt2": GPT2_LAYER_NAMES, "starcoder": GPT2_LAYER_NAMES,
                     "dbrx": {"attn_output_norm": "post_attention_layernorm"},  # (DBRX's norm before its experts)
                     # (Granite SWA's sinks, gpt-oss's name; its shared expert's gate and up rows one ffn_up_shexp)
-                    "granite-swa": {"attn_sinks": "self_attn.sinks", "ffn_up_shexp": SHARED_GATE_UP[0]},
+                    "granite_swa": {"attn_sinks": "self_attn.sinks", "ffn_up_shexp": SHARED_GATE_UP[0]},
                     "mamba2": GRANITE_HYBRID_LAYER_NAMES, "mamba": MAMBA_LAYER_NAMES}
 # Falcon 40B's two norms a layer (Falcon 7B's one is attn_norm, Llama's name)
 FALCON_TWO_NORMS = {"attn_norm_2": "input_layernorm", "attn_norm": "post_attention_layernorm"}
@@ -560,7 +560,7 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "llama", "gptneox": "llama", "falcon": "llama", "gpt2": "llama", "starcoder": "llama", "afmoe":
                        "llama", "apertus": "llama", "dbrx": "llama", "exaone-moe": "llama", "jais2": "llama",
                        "xverse": "llama", "baichuan": "llama", "qwen": "llama", "orion": "llama", "mistral4": "llama",
-                       "granite-swa": "llama", "bloom": "llama", "mpt": "llama", "llama4": "llama"}
+                       "granite_swa": "llama", "bloom": "llama", "mpt": "llama", "llama4": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

@@ -23,7 +23,7 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text", "qwen3next": "qwen3_next",
                  "granitehybrid": "granitemoehybrid",
                  # (Granite's with window layers and a sink a head; with experts: MIXTURES)
-                 "granite-swa": "granite_swa",
+                 "granite_swa": "granite_swa",
                  # vision-language models' text (vision_language.py says why they are their text families')
                  "qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3_moe", "nemotron_h": "nemotron_h",
                  "nemotron_h_moe": "nemotron_h",  # (Nemotron 3's mixtures: its experts' layers told by their widths)
@@ -71,7 +71,7 @@ MIXTURES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"
             "olmoe": "olmoe", "ernie4_5-moe": "ernie4_5_moe", "gpt-oss": "gpt_oss", "lfm2moe": "lfm2_moe",
             "granitehybrid": "granitemoehybrid", "qwen3vlmoe": "qwen3_moe", "qwen35moe": "qwen3_5_moe_text",
             "deepseek2": "deepseek_v3", "mistral4": "mistral4", "nemotron_h_moe": "nemotron_h", "glm4moe": "glm4_moe",
-            "granite-swa": "granitemoe_swa",
+            "granite_swa": "granitemoe_swa",
             "qwen3next": "qwen3_next", "gemma4": "gemma4_text", "dots1": "dots1", "hunyuan-moe": "hunyuan_v1_moe",
             "minimax-m2": "minimax_m2", "afmoe": "afmoe", "dbrx": "dbrx", "exaone-moe": "exaone_moe",
             "llama4": "llama4_text"}
@@ -90,12 +90,12 @@ SCALED_MIXTURES = frozenset({"lfm2moe", "deepseek2", "mistral4", "nemotron_h_moe
 # router of its own; Granite MoE Shared's, a granitemoe file with expert_shared_feed_forward_length; ERNIE 4.5's)
 SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe", "granitehybrid", "qwen35moe", "deepseek2",
                             "mistral4", "nemotron_h_moe", "glm4moe", "qwen3next", "dots1", "hunyuan-moe", "afmoe",
-                            "exaone-moe", "granite-swa", "llama4"})
+                            "exaone-moe", "granite_swa", "llama4"})
 # architectures whose files keep Llama's layout: Q/K rows in the interleaved rotary's order (llama.cpp's
 # converter permutes Llama's; ERNIE 4.5's and GLM-4's checkpoints hold them so: their files are Llama's from
 # there, GLM-4's over the rotary's half of each head), attention biases where the model has them; gguf.py puts
 # the rows in halves as it reads them
-LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "granitehybrid", "granite-swa", "mistral3",
+LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "granitehybrid", "granite_swa", "mistral3",
                           "ernie4_5", "ernie4_5-moe", "glm4", "chatglm", "arcee", "internlm2", "minicpm", "command-r",
                           "cohere2", "olmo", "xverse", "baichuan", "llama4"})
 # the architectures whose norms are LayerNorms (their epsilon attention.layer_norm_epsilon), their biases and
@@ -263,12 +263,12 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         layers = config["num_hidden_layers"]
         config["no_rope_layers"] = [int((i + 1) % SMOLLM3_NO_ROPE_STEP != 0) for i in range(layers)]
     # Granite's scales: a scale of 0 or none is 1, or the head size's for the attention, as llama.cpp reads it
-    if arch in ("granite", "granitemoe", "granitehybrid", "granite-swa"):
+    if arch in ("granite", "granitemoe", "granitehybrid", "granite_swa"):
         config |= {name: key(field) for field, name in GRANITE_SCALES.items() if key(field)}
         config.setdefault("attention_multiplier", (config["head_dim"] or config["hidden_size"] // heads) ** -0.5)
         if key("rope.scaling.finetuned") is False:  # llama.cpp's switch for Granite's rotary: off, every layer
             config["no_rope_layers"] = [0] * config["num_hidden_layers"]
-    if arch == "granite-swa":  # (its window layers as the file lists them, its rotating layers where it says: no
+    if arch == "granite_swa":  # (its window layers as the file lists them, its rotating layers where it says: no
         # rope_pattern, every layer)
         layers, rotating = config["num_hidden_layers"], key("attention.rope_pattern")
         config |= {"sliding_window": key("attention.sliding_window"),
