@@ -375,6 +375,16 @@ CONFIGS = {
         interleave_moe_layer_step=2, attention_chunk_size=8, floor_scale=4, attn_scale=2.0,
         max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0, initializer_range=0.15,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+    # Cohere2-MoE (Command A's mixture): Cohere2's layers (LayerNorms without biases, the MLP beside the attention,
+    # rotary pairs side by side, three window layers in four, those alone rotating, logits scaled); a dense first layer
+    # (rotating, its MLP 96 wide), then four experts of 32 rows, two a token by the softmax of their logits, averaged
+    # with a shared expert
+    "cohere2_moe": lambda: transformers.Cohere2MoeConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=32, prefix_dense_intermediate_size=96, num_hidden_layers=5,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=2,
+        num_shared_experts=1, sliding_window=12, sliding_window_pattern=4, first_k_dense_replace=1, logit_scale=0.25,
+        max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0, initializer_range=0.15,
+        experts_implementation="eager"),
     "dbrx": lambda: transformers.DbrxConfig(
         vocab_size=VOCAB, d_model=64, n_heads=4, n_layers=2, max_seq_len=256, eos_token_id=EOS, bos_token_id=1,
         pad_token_id=0, attn_config={"kv_n_heads": 2, "clip_qkv": 0.2, "rope_theta": 10000.0},
@@ -496,6 +506,7 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "dots1": transformers.Dots1ForCausalLM, "hunyuan_v1_moe": transformers.HunYuanMoEV1ForCausalLM,
                  "minimax_m2": transformers.MiniMaxM2ForCausalLM, "afmoe": transformers.AfmoeForCausalLM,
                  "dbrx": transformers.DbrxForCausalLM, "llama4_text": transformers.Llama4ForCausalLM,
+                 "cohere2_moe": transformers.Cohere2MoeForCausalLM,
                  "exaone_moe": transformers.ExaoneMoeForCausalLM,
                  "mistral4": transformers.Mistral4ForCausalLM, "granite_swa": transformers.GraniteSWAForCausalLM,
                  "granitemoe_swa": transformers.GraniteMoeSWAForCausalLM}
@@ -1138,6 +1149,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                                    4 * c.hidden_size if arch == "bloom" else
                                    c.expansion_ratio * c.d_model if arch == "mpt" else
                                    c.intermediate_size_mlp if arch == "llama4" else
+                                   c.prefix_dense_intermediate_size if arch == "cohere2moe" else
                                    c.to_dict().get("intermediate_size") or getattr(c, "ffn_hidden_size", None) or
                                    c.moe_intermediate_size)
     writer.add_head_count(heads)
@@ -1170,7 +1182,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     if not (deepseek or state_only) and getattr(c, "head_dim", None) not in (None, c.hidden_size // heads):
         writer.add_key_length(c.head_dim)
     layer_norms = arch in ("starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo", "nemotron", "gptneox",
-                           "falcon", "gpt2", "starcoder", "dbrx", "jais2", "orion", "bloom", "mpt")
+                           "falcon", "gpt2", "starcoder", "dbrx", "jais2", "orion", "bloom", "mpt") or (
+        arch == "cohere2moe" and c.rms_norm_eps is None)  # (Cohere2-MoE's RMSNorms where its config names their eps)
     if layer_norms:  # (LayerNorms' epsilon; OLMo 1's fixed, as its converter writes it)
         writer.add_layer_norm_eps(getattr(c, "norm_epsilon", None) or getattr(c, "layer_norm_eps", None) or
                                   getattr(c, "norm_eps", None) or getattr(c, "layer_norm_epsilon", None) or 1e-5)

@@ -560,7 +560,8 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "llama", "gptneox": "llama", "falcon": "llama", "gpt2": "llama", "starcoder": "llama", "afmoe":
                        "llama", "apertus": "llama", "dbrx": "llama", "exaone-moe": "llama", "jais2": "llama",
                        "xverse": "llama", "baichuan": "llama", "qwen": "llama", "orion": "llama", "mistral4": "llama",
-                       "granite_swa": "llama", "bloom": "llama", "mpt": "llama", "llama4": "llama"}
+                       "granite_swa": "llama", "bloom": "llama", "mpt": "llama", "llama4": "llama",
+                       "cohere2moe": "llama"}
 
 
 def _converted_tokenizer(path: Path, arch: str):

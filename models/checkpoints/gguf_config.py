@@ -63,7 +63,10 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "exaone-moe": "exaone_moe",
                  # (Llama 4's: experts every interleave_moe_layer_step-th layer, weighing their inputs, beside a
                  # shared one; its rotating layers in chunks, q/k-normed without weights; the others' temperature)
-                 "llama4": "llama4_text"}
+                 "llama4": "llama4_text",
+                 # (Cohere's Command A mixture: Cohere2's parallel layers, RMSNorms or LayerNorms, a dense prefix, then
+                 # experts averaged with shared ones)
+                 "cohere2moe": "cohere2_moe"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
 # Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
@@ -74,7 +77,7 @@ MIXTURES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"
             "granite_swa": "granitemoe_swa",
             "qwen3next": "qwen3_next", "gemma4": "gemma4_text", "dots1": "dots1", "hunyuan-moe": "hunyuan_v1_moe",
             "minimax-m2": "minimax_m2", "afmoe": "afmoe", "dbrx": "dbrx", "exaone-moe": "exaone_moe",
-            "llama4": "llama4_text"}
+            "llama4": "llama4_text", "cohere2moe": "cohere2_moe"}
 # llama.cpp's expert_gating_func: how an architecture's experts are scored where the file says (LFM2-MoE's
 # sigmoid, Nemotron 3's; DeepSeek's either, V2's softmax, V3's sigmoid; the others' softmax, which their files need
 # not say)
@@ -82,22 +85,22 @@ GATING = {1: "softmax", 2: "sigmoid"}
 EXPERT_SCORES = {"lfm2moe": ("sigmoid",), "deepseek2": ("softmax", "sigmoid"), "mistral4": ("softmax",),
                  "nemotron_h_moe": ("sigmoid",), "glm4moe": ("sigmoid",), "dots1": ("sigmoid",),
                  "minimax-m2": ("sigmoid",), "afmoe": ("sigmoid",), "exaone-moe": ("sigmoid",),
-                 "llama4": ("sigmoid",)}
+                 "llama4": ("sigmoid",), "cohere2moe": ("sigmoid", "softmax")}
 # the mixtures whose files may scale their chosen experts' weights (expert_weights_scale)
 SCALED_MIXTURES = frozenset({"lfm2moe", "deepseek2", "mistral4", "nemotron_h_moe", "glm4moe", "dots1", "afmoe",
-                             "exaone-moe"})
+                             "exaone-moe", "cohere2moe"})
 # the mixtures whose files may add a shared expert every token takes (Qwen2-MoE's always, weighted by a
 # router of its own; Granite MoE Shared's, a granitemoe file with expert_shared_feed_forward_length; ERNIE 4.5's)
 SHARED_EXPERTS = frozenset({"qwen2moe", "granitemoe", "ernie4_5-moe", "granitehybrid", "qwen35moe", "deepseek2",
                             "mistral4", "nemotron_h_moe", "glm4moe", "qwen3next", "dots1", "hunyuan-moe", "afmoe",
-                            "exaone-moe", "granite_swa", "llama4"})
+                            "exaone-moe", "granite_swa", "llama4", "cohere2moe"})
 # architectures whose files keep Llama's layout: Q/K rows in the interleaved rotary's order (llama.cpp's
 # converter permutes Llama's; ERNIE 4.5's and GLM-4's checkpoints hold them so: their files are Llama's from
 # there, GLM-4's over the rotary's half of each head), attention biases where the model has them; gguf.py puts
 # the rows in halves as it reads them
 LLAMA_LAYOUT = frozenset({"llama", "smollm3", "granite", "granitemoe", "granitehybrid", "granite_swa", "mistral3",
                           "ernie4_5", "ernie4_5-moe", "glm4", "chatglm", "arcee", "internlm2", "minicpm", "command-r",
-                          "cohere2", "olmo", "xverse", "baichuan", "llama4"})
+                          "cohere2", "olmo", "xverse", "baichuan", "llama4", "cohere2moe"})
 # the architectures whose norms are LayerNorms (their epsilon attention.layer_norm_epsilon), their biases and
 # which of their layers' products add one told by the file's tensors (_layer_norm_layers)
 LAYER_NORM_ARCHITECTURES = frozenset({"starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo", "nemotron",
@@ -162,8 +165,8 @@ def check_architecture(meta: dict, file_name: str) -> str:
                              f"in {', '.join(MIXTURES)} files (Mixtral's, Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, "
                              "OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, Qwen3.5's, "
                              "Qwen3-Next's, DeepSeek's, Nemotron 3's, GLM-4.5's, Gemma 4's, dots.llm1's, Hunyuan-A13B's, "
-                             "MiniMax-M2's, Arcee's Trinity's, DBRX's, EXAONE-MoE's, Mistral 4's, Granite SWA's and "
-                             "Llama 4's)")
+                             "MiniMax-M2's, Arcee's Trinity's, DBRX's, EXAONE-MoE's, Mistral 4's, Granite SWA's, "
+                             "Llama 4's and Cohere2-MoE's)")
         if key("expert_shared_feed_forward_length") and arch not in SHARED_EXPERTS:
             raise ValueError(f"{file_name} is a {arch} model with a shared expert, which Loom runs in "
                              f"{', '.join(sorted(SHARED_EXPERTS))} files only")
@@ -312,6 +315,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
     if arch in DELTA_RULE_HYBRIDS:  # (a head's width the hidden size's share where the file says none, as llama.cpp's)
         config |= _qwen35_layers(arch, key, config["num_hidden_layers"], file_name)
         config["head_dim"] = config["head_dim"] or config["hidden_size"] // heads
+    if arch == "cohere2moe":
+        config |= _cohere2moe_layers(key, config, file_name)
     if arch == "llama4":
         if not key("expert_count"):
             raise ValueError(f"{file_name} is a llama4 model without experts (MobileLLM-R1's file), which llama.cpp "
@@ -445,6 +450,15 @@ def _experts(arch: str, key, config: dict) -> dict:
         return {"enable_moe_block": True, "num_experts": experts, "top_k_experts": used, "moe_intermediate_size": inner}
     if arch == "ernie4_5-moe":
         return _ernie_experts(key, config, experts, used, inner, shared)
+    if arch == "cohere2moe":  # (its dense prefix's MLPs feed_forward_length wide, its experts' and shared ones'
+        # expert_feed_forward_length; llama.cpp averages the two)
+        if shared and shared != inner * (key("expert_shared_count") or 0):
+            raise ValueError(f"a cohere2moe file's shared experts are {key('expert_shared_count')} experts wide "
+                             f"({inner} each), as Cohere2-MoE's; the file's expert_shared_feed_forward_length is {shared}")
+        return {"prefix_dense_intermediate_size": config["intermediate_size"], "num_experts": experts,
+                "num_experts_per_tok": used, "intermediate_size": inner or config["intermediate_size"],
+                "num_shared_experts": key("expert_shared_count") or 0, "shared_expert_combination_strategy": "average",
+                "routed_scaling_factor": key("expert_weights_scale") or 1.0}
     if arch == "llama4":  # (every interleave_moe_layer_step-th layer's, beside a shared one as wide; the other layers'
         # MLPs feed_forward_length wide)
         if not inner:
@@ -502,6 +516,26 @@ def _experts(arch: str, key, config: dict) -> dict:
     if arch in ("qwen35moe", "qwen3next"):  # (a shared expert gated by its own router, as Qwen2-MoE's; renormalised)
         fields["shared_expert_intermediate_size"] = shared or config["intermediate_size"] or 0  # (llama.cpp's fallback)
     return fields
+
+
+def _cohere2moe_layers(key, config: dict, file_name: str) -> dict:
+    """A Cohere2-MoE file's layers as llama.cpp runs them, in transformers' names (llama_kin's _cohere2_moe_config
+    reads them): RMSNorms where the file names their epsilon, else LayerNorms; its window layers (a flag a layer) and
+    its dense prefix (leading_dense_block_count) rotating; its experts scored by sigmoid unless the file says softmax,
+    renormalised where it says (a softmax not renormalised, which transformers' model does not run, refused)."""
+    layers, lead = config["num_hidden_layers"], key("leading_dense_block_count") or 0
+    softmax = GATING.get(key("expert_gating_func")) == "softmax"
+    if softmax and not key("expert_weights_norm"):
+        raise ValueError(f"{file_name} scores its experts by a softmax over all of them and does not renormalise the "
+                         "chosen ones (expert_weights_norm), which transformers' Cohere2-MoE does not run: Loom runs "
+                         "cohere2moe files by sigmoid, or by softmax renormalised")
+    return {"rms_norm_eps": key("attention.layer_norm_rms_epsilon"), "layer_norm_eps": key(
+                "attention.layer_norm_epsilon", 1e-5), "logit_scale": key("logit_scale", 1.0),
+            "sliding_window": key("attention.sliding_window"),
+            "layer_types": _sliding_layers(key, layers, file_name, default_pattern=4),
+            "mlp_layer_types": ["dense" if i < lead else "sparse" for i in range(layers)],
+            "prefix_dense_sliding_window_pattern": 1, "expert_selection_fn": "softmax" if softmax else "sigmoid",
+            "norm_topk_prob": bool(key("expert_weights_norm"))}
 
 
 def _llama4_attention(key, layers: int, file_name: str) -> dict:

@@ -7,7 +7,8 @@ DeepSeek-V3's routing), dots.llm1 (Qwen3's attention, DeepSeek-V3's routing), Hu
 shared MLP beside its experts), MiniMax-M2 (q/k norms across heads, sigmoid routing), Arcee's Trinity (AFMoE: gated
 attention, norms before and after the attention and the MLP, global layers unrotated), DBRX (clamped q/k/v),
 K-EXAONE (window layers alone rotating) and Llama 4 (chunked attention in its rotating layers, their q/k normed without
-weights after the rotation, its unrotated layers' temperature, experts weighing their inputs beside a shared one). GQA, RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k norms (per head:
+weights after the rotation, its unrotated layers' temperature, experts weighing their inputs beside a shared one) and
+Cohere2-MoE (Cohere2's parallel layers, a dense prefix, then experts averaged with shared ones). GQA, RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k norms (per head:
 Qwen3; across heads: OLMoE; per head after the rotation: HunYuan; LayerNorms a head with weights of their own:
 StableLM 2 12B, Command R+), sliding windows for all or some layers, layers without rotary (SmolLM3's every fourth),
 queries scaled by position past the original context (Ministral 3), fused checkpoint tensors (Phi-3; GPT-NeoX's and

@@ -1,6 +1,6 @@
 """The Llama module's kin in Llama's terms: how other families' configs (the hub's names, transformers', a GGUF file's,
 which come in Llama's already) read as Llama's config fields (in_llama_terms: GPT-NeoX's, Falcon's, DBRX's, MPT's,
-BLOOM's, Llama 4's), and the names their checkpoints give Llama's parameters (HUB_NAMES, AFMOE_NAMES, LLAMA4_NAMES).
+BLOOM's, Llama 4's, Cohere2-MoE's), and the names their checkpoints give Llama's parameters (HUB_NAMES, AFMOE_NAMES, LLAMA4_NAMES).
 llama_spec.py reads the result as LlamaSpec."""
 
 from __future__ import annotations
@@ -183,5 +183,20 @@ def _llama4_config(c: dict) -> dict:
                 if c.get("attn_temperature_tuning", True) else None}
 
 
+def _cohere2_moe_config(c: dict) -> dict:
+    """Cohere2-MoE's config (transformers', or a GGUF file's made like it) in Llama's and the mixtures' names: its
+    dense prefix's MLPs prefix_dense_intermediate_size wide (its experts intermediate_size); its window layers
+    rotating, and its dense prefix's too where prefix_dense_sliding_window_pattern is 1 (transformers'; a file's
+    always, as llama.cpp runs them)."""
+    if "prefix_dense_intermediate_size" not in c:  # (read already)
+        return c
+    c = dict(c)
+    inner, dense = c["intermediate_size"], c.pop("prefix_dense_intermediate_size") or c["intermediate_size"]
+    types, mlps = c["layer_types"], c["mlp_layer_types"]
+    prefix_rotates = (c.get("prefix_dense_sliding_window_pattern") or 1) == 1
+    rotates = [int(t == "sliding_attention" or (m == "dense" and prefix_rotates)) for t, m in zip(types, mlps)]
+    return c | {"intermediate_size": dense, "moe_intermediate_size": inner, "no_rope_layers": rotates}
+
+
 CONFIGS_OF_KIN = {"gpt_neox": _gpt_neox_config, "falcon": _falcon_config, "dbrx": _dbrx_config, "mpt": _mpt_config,
-                  "bloom": _bloom_config, "llama4_text": _llama4_config}
+                  "bloom": _bloom_config, "llama4_text": _llama4_config, "cohere2_moe": _cohere2_moe_config}

@@ -16,7 +16,7 @@ FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "ministral3", "ernie4_5", "phi
             "cohere2", "olmo", "nemotron", "gpt_neox", "falcon", "mixtral", "qwen2_moe", "qwen3_moe", "granitemoe",
             "granitemoeshared", "olmoe", "ernie4_5_moe", "gpt_oss", "glm4_moe", "dots1", "hunyuan_v1_moe", "minimax_m2",
             "afmoe", "apertus", "dbrx", "exaone_moe", "jais2", "granite_swa", "granitemoe_swa", "bloom", "mpt",
-            "llama4_text")
+            "llama4_text", "cohere2_moe")
 # Granite's with sliding-window layers (one global in four by default) and a sink a head, dense or with experts
 GRANITE_SWA = ("granite_swa", "granitemoe_swa")
 # HunYuan's: each head's q/k norm after the rotation, NTK by a fixed alpha (a larger base)
@@ -155,7 +155,7 @@ class LlamaSpec(DecoderShape):
             rope_max_position=trained,
             # (transformers' default where a config saved with it leaves the key out)
             tie_word_embeddings=bool(c.get("tie_word_embeddings", kind in (
-                "smollm3", "ernie4_5", "ernie4_5_moe", "starcoder2", "cohere", "cohere2", "falcon"))),
+                "smollm3", "ernie4_5", "ernie4_5_moe", "starcoder2", "cohere", "cohere2", "cohere2_moe", "falcon"))),
             qkv_bias=kind == "qwen2" or (kind == "qwen2_moe" and c.get("qkv_bias", True)) or bias or
             bool(c.get("use_qkv_bias")),  # (StableLM's)
             # (GLM-4's output product has none; Seed-OSS's says whether it has)
@@ -173,11 +173,13 @@ class LlamaSpec(DecoderShape):
             layer_rotates=_layer_rotates(kind, c, layers),
             moe=MoESpec.from_hf(c),
             mlp_activation=activation,
-            layer_norm=kind in LAYER_NORMS,
+            # (Cohere2-MoE's RMSNorms where its config names rms_norm_eps, else Cohere's LayerNorms)
+            layer_norm=kind in LAYER_NORMS or (kind == "cohere2_moe" and c.get("rms_norm_eps") is None),
             norm_bias=kind in LAYER_NORMS and kind not in UNBIASED_LAYER_NORMS,
             norm_weight=kind not in WEIGHTLESS_LAYER_NORMS,
             norm_plus_one=kind == "nemotron",
-            parallel=kind in ("phi", "cohere", "cohere2", "falcon") or bool(c.get("use_parallel_residual")),
+            parallel=kind in ("phi", "cohere", "cohere2", "cohere2_moe", "falcon") or bool(
+                c.get("use_parallel_residual")),
             parallel_norm=bool(c.get("parallel_mlp_norm")),
             qkv_layout=c.get("qkv_layout"),
             lm_head_bias=kind == "phi",
@@ -185,7 +187,7 @@ class LlamaSpec(DecoderShape):
             temperature_where_unrotated=kind == "llama4_text",
             # (a GGUF file's rows are put in halves as they are read: gguf_config says so)
             # (Cohere's too)
-            interleaved_rotary=kind in ("ernie4_5", "ernie4_5_moe", "glm", "glm4", "cohere", "cohere2",
+            interleaved_rotary=kind in ("ernie4_5", "ernie4_5_moe", "glm", "glm4", "cohere", "cohere2", "cohere2_moe",
                                         "llama4_text") and not c.get("rotary_rows_in_halves", False),
             output_norms=kind in ("glm4", "afmoe"),
             gated_attention=kind == "afmoe",
@@ -238,6 +240,8 @@ def _layer_windows(kind: str, c: dict, layers: int) -> tuple[int | Chunked | Non
     """Which layers attend through a sliding window (or in chunks: Llama 4's), as transformers decides it for each
     family."""
     window = c.get("sliding_window")
+    if kind == "cohere2_moe":  # (its config lists them, its dense prefix's too)
+        return tuple(window if t == "sliding_attention" else None for t in c["layer_types"])
     if kind == "llama4_text":  # (its layer_types, as llama_kin reads them)
         return tuple(Chunked(c["attention_chunk_size"]) if t == "chunked_attention" else None for t in c["layer_types"])
     if kind in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "smollm3"):

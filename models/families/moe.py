@@ -1,6 +1,6 @@
 """Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE and MoE Shared, OLMoE, ERNIE 4.5,
 gpt-oss, LFM2-MoE, DeepSeek's, GLM-4.5's, Nemotron 3's, dots.llm1's, Hunyuan-A13B's, MiniMax-M2's, AFMoE's, DBRX's,
-EXAONE-MoE's, Llama 4's): a router picks each token's top-k experts; the step's tokens are grouped by expert so that every expert
+EXAONE-MoE's, Llama 4's, Cohere2-MoE's): a router picks each token's top-k experts; the step's tokens are grouped by expert so that every expert
 runs one matrix product per step on all the tokens routed to it, however many requests the flat batch holds. Some
 mixtures add a shared expert every token takes (Qwen2-MoE's weighted by a router of its own)."""
 
@@ -58,6 +58,7 @@ class MoESpec:
     # each chosen expert reads the token times its weight, and its output is added as it is (Llama 4's); else its
     # output is weighted
     weights_inputs: bool = False
+    shared_scale: float = 1.0  # the shared expert's output times this (Cohere2-MoE's average: 0.5, routed_scale too)
 
     @classmethod
     def from_hf(cls, c: dict) -> "MoESpec | None":
@@ -120,6 +121,20 @@ class MoESpec:
             return cls(c["num_local_experts"], c["num_experts_per_tok"], inner, False,
                        frozenset(range(layers)) - frozenset(c["moe_layers"]), 1, shared_intermediate_size=inner,
                        sigmoid=True, weights_inputs=True)
+        if kind == "cohere2_moe":  # (the top-k logits' softmax, or their sigmoid renormalised where norm_topk_prob
+            # says, beside shared experts summed or averaged with them; its dense prefix's layers: mlp_layer_types)
+            inner, shared = c["moe_intermediate_size"], c.get("num_shared_experts") or 0
+            sigmoid = c.get("expert_selection_fn", "softmax") == "sigmoid"
+            average = bool(shared) and c.get("shared_expert_combination_strategy", "average") == "average"
+            if c.get("shared_expert_combination_strategy", "average") not in ("sum", "average"):
+                raise ValueError("cohere2_moe's shared_expert_combination_strategy is sum or average; the config says "
+                                 f"{c['shared_expert_combination_strategy']!r}")
+            return cls(c["num_experts"], c["num_experts_per_tok"], inner, not sigmoid or bool(c.get("norm_topk_prob")),
+                       frozenset(i for i, t in enumerate(c["mlp_layer_types"]) if t == "dense"), 1,
+                       shared_intermediate_size=inner * shared, sigmoid=sigmoid,
+                       # (a file's expert_weights_scale too, as llama.cpp runs it: routed_scaling_factor)
+                       routed_scale=(0.5 if average else 1.0) * float(c.get("routed_scaling_factor") or 1.0),
+                       shared_scale=0.5 if average else 1.0)
         if kind == "minimax_m2":  # (sigmoid scores, a bias each to choose by, the chosen renormalised)
             return cls(c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"], True, frozenset(), 1,
                        selection_bias=True, sigmoid=True)
@@ -304,7 +319,10 @@ class SparseMoE(nn.Module):
                           self.spec.weights_inputs)
         if self.latent_up is not None:
             out = self.latent_up(out)
-        return out + self.shared(x) if self.shared is not None else out
+        if self.shared is None:
+            return out
+        shared = self.shared(x)
+        return out + (shared * self.spec.shared_scale if self.spec.shared_scale != 1.0 else shared)
 
     @staticmethod
     def convert(hf: dict, prefix: str, out_prefix: str, s: MoESpec) -> dict:

@@ -73,9 +73,9 @@ inline bool ungated(int64_t activation) {
 // 3's: gate_up[e] gives the up outputs alone). A shared expert (Qwen2-MoE's, Granite MoE Shared's; shared_gate_up
 // null elsewhere) is a SwiGLU every row takes (a squared ReLU where the routed ones are), shared_intermediate
 // wide, added to the routed ones' output: weighted by the sigmoid of shared_gate's one logit where that is not
-// null (Qwen2-MoE's), as it is otherwise. ``selection_bias`` (ERNIE 4.5's;
-// null elsewhere): an expert's bias [count], in the model's type, added to its probability to choose
-// a row's top_k, not to weigh them. With ``sigmoid`` (LFM2-MoE's) an expert's probability is the
+// null (Qwen2-MoE's), as it is otherwise; times ``shared_scale`` (Cohere2-MoE's average: 0.5).
+// ``selection_bias`` (ERNIE 4.5's; null elsewhere): an expert's bias [count], in the model's type, added to its
+// probability to choose a row's top_k, not to weigh them. With ``sigmoid`` (LFM2-MoE's) an expert's probability is the
 // sigmoid of its logit, not their softmax. The chosen weights are multiplied by ``routed_scale``, and by
 // their expert's ``expert_scales`` where that is not null (Gemma 4's). With ``beside`` (Gemma 4's 26B-A4B)
 // the experts sit beside the layer's MLP, over its input (the residual after the attention): routed on
@@ -99,6 +99,7 @@ struct Experts {
     int64_t latent;
     double alpha, limit, routed_scale;
     int64_t weights_inputs;  // 1: the chosen weights scale the experts' inputs, not their outputs (Llama 4's)
+    double shared_scale;     // the shared expert's output times this (Cohere2-MoE's average: 0.5; 1 elsewhere)
 };
 
 // Qwen3.5's and Qwen3-Next's gated delta rule in the attention's place (delta_rule.h; decoder_layer.py fills
@@ -801,7 +802,8 @@ void expert_phases(const T* h, const Layer<T, C>& l, int64_t rows, const Interme
     if (shares) {
 #pragma omp for
         for (int64_t r = 0; r < rows; ++r) {
-            const T weight = e.shared_gate == nullptr ? T(1) : T(1) / (T(1) + std::exp(-b.logits[r]));
+            const T gate = e.shared_gate == nullptr ? T(1) : T(1) / (T(1) + std::exp(-b.logits[r]));
+            const T weight = T(e.shared_scale) * gate;
             const T* shared_out = b.pair_rows + r * hidden;
             T* y = out + r * hidden;
             for (int64_t c = 0; c < hidden; ++c) y[c] += weight * shared_out[c];

@@ -125,7 +125,7 @@ class _Experts(ctypes.Structure):  # decoder_layer.cpp's Experts
     _fields_ += [(name, _int64) for name in ("count", "top_k", "normalize", "activation", "shared_intermediate",
                                               "sigmoid", "beside", "intermediate", "latent")]
     _fields_ += [(name, _double) for name in ("alpha", "limit", "routed_scale")]
-    _fields_ += [("weights_inputs", _int64)]
+    _fields_ += [("weights_inputs", _int64), ("shared_scale", _double)]
 
 
 class _Layer(ctypes.Structure):  # decoder_layer.cpp's Layer<T, C>
@@ -544,7 +544,7 @@ class DecoderLayers:
                            *map(address, shared), *norms, *map(address, latent), s.num_experts,
                            s.top_k, s.normalize, activation, s.shared_intermediate_size, s.sigmoid, beside,
                            s.intermediate_size if beside else 0, s.latent_size, alpha, limit, s.routed_scale,
-                           s.weights_inputs)
+                           s.weights_inputs, s.shared_scale)
         self.weights.append((moe, router, gate_up, down, shared, latent, experts))
         return experts
 

@@ -108,8 +108,8 @@ def test_bad_sources(tmp_path, llama):
     with pytest.raises(FileNotFoundError, match="has no config.json"):
         Engine.from_pretrained(tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "bert"}')
-    supported = ("afmoe, apertus, arcee, bloom, cohere, cohere2, dbrx, deepseek_v2, deepseek_v3, dots1, ernie4_5, "
-                 "ernie4_5_moe, exaone, exaone4, exaone_moe, falcon, falcon_h1, falcon_mamba, gemma, gemma2, "
+    supported = ("afmoe, apertus, arcee, bloom, cohere, cohere2, cohere2_moe, dbrx, deepseek_v2, deepseek_v3, dots1, "
+                 "ernie4_5, ernie4_5_moe, exaone, exaone4, exaone_moe, falcon, falcon_h1, falcon_mamba, gemma, gemma2, "
                  "gemma3_text, gemma3n_text, gemma4_text, glm, glm4, glm4_moe, glm4_moe_lite, gpt2, gpt_bigcode, "
                  "gpt_neox, gpt_oss, granite, granite_swa, granitemoe, granitemoe_swa, granitemoehybrid, "
                  "granitemoeshared, hunyuan_v1_dense, hunyuan_v1_moe, jais2, lfm2, lfm2_moe, llama, llama4_text, mamba, "

@@ -757,22 +757,23 @@ def test_unsupported_architecture(tmp_path):
     ("qwen2", {"qwen2.expert_count": 8},
      r"m.gguf is a qwen2 model with 8 experts; Loom runs experts in llama, qwen2moe, qwen3moe, granitemoe, olmoe, "
      r"ernie4_5-moe, gpt-oss, lfm2moe, granitehybrid, qwen3vlmoe, qwen35moe, deepseek2, mistral4, nemotron_h_moe, "
-     r"glm4moe, granite_swa, qwen3next, gemma4, dots1, hunyuan-moe, minimax-m2, afmoe, dbrx, exaone-moe, llama4 files "
-     r"\(Mixtral's, "
+     r"glm4moe, granite_swa, qwen3next, gemma4, dots1, hunyuan-moe, minimax-m2, afmoe, dbrx, exaone-moe, llama4, "
+     r"cohere2moe files \(Mixtral's, "
      r"Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, "
      r"Qwen3.5's, Qwen3-Next's, DeepSeek's, Nemotron 3's, GLM-4.5's, Gemma 4's, dots.llm1's, Hunyuan-A13B's, "
-     r"MiniMax-M2's, Arcee's Trinity's, DBRX's, EXAONE-MoE's, Mistral 4's, Granite SWA's and Llama 4's\)"),
+     r"MiniMax-M2's, Arcee's Trinity's, DBRX's, EXAONE-MoE's, Mistral 4's, Granite SWA's, Llama 4's and "
+     r"Cohere2-MoE's\)"),
     ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_weights_scale": 2.5},
-     "m.gguf scales its experts' weights by 2.5, which Loom runs in afmoe, deepseek2, dots1, exaone-moe, glm4moe, "
-     "lfm2moe, mistral4, nemotron_h_moe files only"),
+     "m.gguf scales its experts' weights by 2.5, which Loom runs in afmoe, cohere2moe, deepseek2, dots1, exaone-moe, "
+     "glm4moe, lfm2moe, mistral4, nemotron_h_moe files only"),
     ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_gating_func": 2},
      "m.gguf scores its experts by sigmoid, which Loom does not run for qwen3moe"),
     ("lfm2moe", {"lfm2moe.expert_count": 8, "lfm2moe.expert_gating_func": 1},
      "m.gguf scores its experts by softmax, which Loom does not run for lfm2moe"),
     ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_shared_feed_forward_length": 1024},
-     "m.gguf is a qwen3moe model with a shared expert, which Loom runs in afmoe, deepseek2, dots1, ernie4_5-moe, "
-     "exaone-moe, glm4moe, granite_swa, granitehybrid, granitemoe, hunyuan-moe, llama4, mistral4, nemotron_h_moe, "
-     "qwen2moe, qwen35moe, qwen3next files only"),
+     "m.gguf is a qwen3moe model with a shared expert, which Loom runs in afmoe, cohere2moe, deepseek2, dots1, "
+     "ernie4_5-moe, exaone-moe, glm4moe, granite_swa, granitehybrid, granitemoe, hunyuan-moe, llama4, mistral4, "
+     "nemotron_h_moe, qwen2moe, qwen35moe, qwen3next files only"),
     ("ernie4_5-moe", {"ernie4_5-moe.expert_count": 8, "ernie4_5-moe.expert_feed_forward_length": 64,
                       "ernie4_5-moe.expert_shared_feed_forward_length": 96},
      "ERNIE 4.5's shared expert is a whole number of experts wide; the file's is 96 wide, its experts 64"),

@@ -114,7 +114,16 @@ MIXTURES = {"mixtral": ("llama", lambda c: {"expert_count": c.num_local_experts,
             "llama4_text": ("llama4", lambda c: {"expert_count": c.num_local_experts,
                                                  "expert_used_count": c.num_experts_per_tok,
                                                  "expert_feed_forward_length": c.intermediate_size,
-                                                 "interleave_moe_layer_step": c.interleave_moe_layer_step})}
+                                                 "interleave_moe_layer_step": c.interleave_moe_layer_step}),
+            # (as its converter writes it: no gating function, which llama.cpp reads as sigmoid; its window layers a
+            # flag a layer; SETTINGS' sigmoid and RMSNorms)
+            "cohere2_moe": ("cohere2moe", lambda c: {
+                "expert_count": c.num_experts, "expert_used_count": c.num_experts_per_tok,
+                "expert_feed_forward_length": c.intermediate_size, "expert_shared_count": c.num_shared_experts,
+                "expert_shared_feed_forward_length": c.intermediate_size * c.num_shared_experts,
+                "leading_dense_block_count": 1, "expert_weights_norm": c.norm_topk_prob, "logit_scale": c.logit_scale,
+                "attention.sliding_window": c.sliding_window,
+                "attention.sliding_window_pattern": [t == "sliding_attention" for t in c.layer_types]})}
 # gpt-oss: llama.cpp's yarn rounds its correction range (transformers' truncate), and its clamp is
 # the model's 7.0 (the files do not say)
 SETTINGS = {"mixtral": {}, "qwen3_moe": {"mlp_only_layers": [], "moe_intermediate_size": 64}, "granitemoe": {},
@@ -123,6 +132,7 @@ SETTINGS = {"mixtral": {}, "qwen3_moe": {"mlp_only_layers": [], "moe_intermediat
             "olmoe": {}, "lfm2_moe": {}, "glm4_moe": {}, "dots1": {}, "hunyuan_v1_moe": {}, "minimax_m2": {},
             "afmoe": {}, "dbrx": {}, "exaone_moe": {},
             "llama4_text": {"attention_chunk_size": 8192, "attn_scale": 0.1, "floor_scale": 8192},
+            "cohere2_moe": {"expert_selection_fn": "sigmoid", "norm_topk_prob": True, "rms_norm_eps": 1e-5},
             "gpt_oss": {"swiglu_limit": 7.0, "intermediate_size": 64, "rope_parameters": {
                 "rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
                 "truncate": True, "original_max_position_embeddings": 64}}}

@@ -289,7 +289,7 @@ NATIVE_FAMILIES = ["llama", "qwen2", "qwen2_sliding", "mistral", "ministral3", "
                    "mamba", "falcon_mamba", "gemma4", "gemma4_moe", "gemma3n", "gpt2", "phi", "cohere2", "hunyuan_v1_dense",
                    "olmo", "nemotron", "dots1", "hunyuan_v1_moe", "minimax_m2", "gpt_neox", "falcon", "afmoe",
                    "apertus", "gpt_bigcode", "dbrx", "exaone_moe", "jais2", "stablelm", "cohere", "mistral4",
-                   "granite_swa", "granitemoe_swa", "bloom", "mpt", "llama4_text"]
+                   "granite_swa", "granitemoe_swa", "bloom", "mpt", "llama4_text", "cohere2_moe"]
 # the families whose native layers take short prefill chunks (the others' steps with prefill chunks are the torch
 # layers')
 CHUNKED_FAMILIES = ["llama", "qwen2_sliding", "mistral", "ministral3", "qwen3", "smollm3", "granite", "gemma", "gemma2",
@@ -348,7 +348,8 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, 
     # (experts weighted in float32 whatever the dtype, as transformers does)
     if arch in ("mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "lfm2_moe", "granitemoehybrid", "deepseek_v2",
                 "deepseek_v3", "glm4_moe_lite", "nemotron_h_moe", "glm4_moe", "gemma4_moe", "dots1", "hunyuan_v1_moe",
-                "minimax_m2", "afmoe", "dbrx", "exaone_moe", "mistral4", "granitemoe_swa", "llama4_text"):
+                "minimax_m2", "afmoe", "dbrx", "exaone_moe", "mistral4", "granitemoe_swa", "llama4_text",
+                "cohere2_moe"):
         tolerance = max(tolerance, 1e-5)
     torch.testing.assert_close(native_logits, torch_logits, atol=tolerance, rtol=tolerance)
     torch.testing.assert_close(native_cache, torch_cache, atol=tolerance, rtol=tolerance)
