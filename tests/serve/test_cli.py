@@ -143,7 +143,10 @@ def test_a_missing_extra_is_named_with_its_install_command(command, monkeypatch)
 
 
 def test_chat_streams_answers_until_an_empty_line():
-    done = subprocess.run([sys.executable, "-m", "runtime", "chat", "--max-new-tokens", "16"],
+    """In float32: the default model's stored Q4_1 blocks answer this question by instruction set (its first token a
+    near tie, "L" over "The" by 0.19 in log-probability with AVX2's kernels, "The" with AVX-512's), float32 "The
+    capital of France is Paris." on either (2026-12-07, a Zen 3)."""
+    done = subprocess.run([sys.executable, "-m", "runtime", "chat", "--max-new-tokens", "16", "--weights", "float32"],
                           input="What is the capital of France?\n\n", capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "bot> " in done.stdout and "Paris" in done.stdout
