@@ -453,8 +453,8 @@ def _experts(arch: str, key, config: dict) -> dict:
     if arch == "cohere2moe":  # (its dense prefix's MLPs feed_forward_length wide, its experts' and shared ones'
         # expert_feed_forward_length; llama.cpp averages the two)
         if shared and shared != inner * (key("expert_shared_count") or 0):
-            raise ValueError(f"a cohere2moe file's shared experts are {key('expert_shared_count')} experts wide "
-                             f"({inner} each), as Cohere2-MoE's; the file's expert_shared_feed_forward_length is {shared}")
+            raise ValueError(f"a cohere2moe file's shared experts are {key('expert_shared_count') or 0} experts wide "
+                             f"({inner} each), as Cohere2-MoE's; its expert_shared_feed_forward_length is {shared}")
         return {"prefix_dense_intermediate_size": config["intermediate_size"], "num_experts": experts,
                 "num_experts_per_tok": used, "intermediate_size": inner or config["intermediate_size"],
                 "num_shared_experts": key("expert_shared_count") or 0, "shared_expert_combination_strategy": "average",

@@ -1,23 +1,23 @@
-"""The Llama family over the paged KV cache: Llama, Qwen2, Qwen3, Mistral, Ministral 3, ERNIE 4.5, Phi-3,
-SmolLM3, Granite, GLM and GLM-4, EXAONE 3.5, Arcee's AFM, Seed-OSS, HunYuan's dense models, StarCoder2, StableLM,
-Phi-2, Cohere's Command R and R7B, OLMo 1, Nemotron-4 (Minitron), GPT-NeoX (Pythia), Falcon, Jais-2 and Apertus (an
-MLP of xIELU(up)), and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE (and MoE Shared), OLMoE,
-ERNIE 4.5's, gpt-oss and GLM-4.5 (and 4.6: GQA over half of each head rotated, q/k/v biases, q/k norms in some,
-DeepSeek-V3's routing), dots.llm1 (Qwen3's attention, DeepSeek-V3's routing), Hunyuan-A13B (HunYuan's attention, a
-shared MLP beside its experts), MiniMax-M2 (q/k norms across heads, sigmoid routing), Arcee's Trinity (AFMoE: gated
-attention, norms before and after the attention and the MLP, global layers unrotated), DBRX (clamped q/k/v),
-K-EXAONE (window layers alone rotating) and Llama 4 (chunked attention in its rotating layers, their q/k normed without
-weights after the rotation, its unrotated layers' temperature, experts weighing their inputs beside a shared one) and
-Cohere2-MoE (Cohere2's parallel layers, a dense prefix, then experts averaged with shared ones). GQA, RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k norms (per head:
-Qwen3; across heads: OLMoE; per head after the rotation: HunYuan; LayerNorms a head with weights of their own:
+"""The Llama family over the paged KV cache: Llama, Qwen2, Qwen3, Mistral, Ministral 3, ERNIE 4.5, Phi-3, SmolLM3,
+Granite, GLM and GLM-4, EXAONE 3.5, Arcee's AFM, Seed-OSS, HunYuan's dense models, StarCoder2, StableLM, Phi-2, Cohere's
+Command R and R7B, OLMo 1, Nemotron-4 (Minitron), GPT-NeoX (Pythia), Falcon, Jais-2 and Apertus (an MLP of xIELU(up)),
+and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE (and MoE Shared), OLMoE, ERNIE 4.5's, gpt-oss and
+GLM-4.5 (and 4.6: GQA over half of each head rotated, q/k/v biases, q/k norms in some, DeepSeek-V3's routing), dots.llm1
+(Qwen3's attention, DeepSeek-V3's routing), Hunyuan-A13B (HunYuan's attention, a shared MLP beside its experts),
+MiniMax-M2 (q/k norms across heads, sigmoid routing), Arcee's Trinity (AFMoE: gated attention, norms before and after
+the attention and the MLP, global layers unrotated), DBRX (clamped q/k/v), K-EXAONE (window layers alone rotating),
+Llama 4 (chunked attention in its rotating layers, their q/k normed without weights after the rotation, its unrotated
+layers' temperature, experts weighing their inputs beside a shared one) and Cohere2-MoE (Cohere2's parallel layers, a
+dense prefix, then experts averaged with shared ones). GQA, RoPE (rope.py), RMSNorm, SwiGLU; per family: q/k norms (per
+head: Qwen3; across heads: OLMoE; per head after the rotation: HunYuan; LayerNorms a head with weights of their own:
 StableLM 2 12B, Command R+), sliding windows for all or some layers, layers without rotary (SmolLM3's every fourth),
 queries scaled by position past the original context (Ministral 3), fused checkpoint tensors (Phi-3; GPT-NeoX's and
-Falcon's in their own orders), rotary pairs side by side in the checkpoint (ERNIE 4.5), scaled embeddings, residuals
-and logits (Granite), attention sinks (gpt-oss), an MLP of relu(up)^2 or gelu(up) and no gate (Arcee's, Nemotron's,
+Falcon's in their own orders), rotary pairs side by side in the checkpoint (ERNIE 4.5), scaled embeddings, residuals and
+logits (Granite), attention sinks (gpt-oss), an MLP of relu(up)^2 or gelu(up) and no gate (Arcee's, Nemotron's,
 Jais-2's; StarCoder2's, Phi-2's, GPT-NeoX's, Falcon's), LayerNorms (StarCoder2's, StableLM's, Phi-2's, Cohere's,
-GPT-NeoX's, Falcon's, DBRX's, Jais-2's; Nemotron's of 1 + their weights), the attention and the MLP beside each other
-on one normed input (Phi-2's, Cohere's) or on norms of their own (GPT-NeoX's, Falcon 40B's), routed and shared
-experts (moe.py). Which of these a family takes, its config says: llama_spec.py."""
+GPT-NeoX's, Falcon's, DBRX's, Jais-2's; Nemotron's of 1 + their weights), the attention and the MLP beside each other on
+one normed input (Phi-2's, Cohere's) or on norms of their own (GPT-NeoX's, Falcon 40B's), routed and shared experts
+(moe.py). Which of these a family takes, its config says: llama_spec.py."""
 
 from __future__ import annotations
 

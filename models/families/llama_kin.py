@@ -1,7 +1,7 @@
 """The Llama module's kin in Llama's terms: how other families' configs (the hub's names, transformers', a GGUF file's,
 which come in Llama's already) read as Llama's config fields (in_llama_terms: GPT-NeoX's, Falcon's, DBRX's, MPT's,
-BLOOM's, Llama 4's, Cohere2-MoE's), and the names their checkpoints give Llama's parameters (HUB_NAMES, AFMOE_NAMES, LLAMA4_NAMES).
-llama_spec.py reads the result as LlamaSpec."""
+BLOOM's, Llama 4's, Cohere2-MoE's), and the names their checkpoints give Llama's parameters (HUB_NAMES, AFMOE_NAMES,
+LLAMA4_NAMES). llama_spec.py reads the result as LlamaSpec."""
 
 from __future__ import annotations
 
@@ -166,9 +166,9 @@ def _llama4_config(c: dict) -> dict:
     no_rope_layer_interval-th) and that attend in chunks (layer_types' chunked_attention: the rotating ones, of
     attention_chunk_size, where it names one); its unrotated layers' attention temperature (attn_scale, floor_scale,
     positions from 1: rope.query_temperature's) where attn_temperature_tuning says."""
-    if "intermediate_size_mlp" not in c:  # (read already)
+    if "moe_intermediate_size" in c:  # (read already)
         return c
-    c = dict(c)
+    c = _with_defaults(c, ("intermediate_size_mlp",))
     mlp, inner = c.pop("intermediate_size_mlp"), c["intermediate_size"]
     layers, step = c["num_hidden_layers"], c.get("interleave_moe_layer_step") or 1
     interval = c.get("no_rope_layer_interval") or 4
@@ -188,14 +188,24 @@ def _cohere2_moe_config(c: dict) -> dict:
     dense prefix's MLPs prefix_dense_intermediate_size wide (its experts intermediate_size); its window layers
     rotating, and its dense prefix's too where prefix_dense_sliding_window_pattern is 1 (transformers'; a file's
     always, as llama.cpp runs them)."""
-    if "prefix_dense_intermediate_size" not in c:  # (read already)
+    if "moe_intermediate_size" in c:  # (read already)
         return c
-    c = dict(c)
+    c = _with_defaults(c, ("layer_types", "mlp_layer_types"))
     inner, dense = c["intermediate_size"], c.pop("prefix_dense_intermediate_size") or c["intermediate_size"]
     types, mlps = c["layer_types"], c["mlp_layer_types"]
     prefix_rotates = (c.get("prefix_dense_sliding_window_pattern") or 1) == 1
     rotates = [int(t == "sliding_attention" or (m == "dense" and prefix_rotates)) for t, m in zip(types, mlps)]
     return c | {"intermediate_size": dense, "moe_intermediate_size": inner, "no_rope_layers": rotates}
+
+
+def _with_defaults(c: dict, needed: tuple[str, ...]) -> dict:
+    """A copy of ``c``, completed as transformers' config class completes it (its defaults; the lists it derives, as
+    Cohere2-MoE's layer types from first_k_dense_replace) where a hub config.json leaves out one of ``needed``."""
+    if all(c.get(name) is not None for name in needed):
+        return dict(c)
+    from transformers import CONFIG_MAPPING
+
+    return CONFIG_MAPPING[c["model_type"]](**{k: v for k, v in c.items() if k != "model_type"}).to_dict()
 
 
 CONFIGS_OF_KIN = {"gpt_neox": _gpt_neox_config, "falcon": _falcon_config, "dbrx": _dbrx_config, "mpt": _mpt_config,

@@ -103,7 +103,7 @@ class LlamaSpec(DecoderShape):
 
     @property
     def sliding_window(self) -> int | None:
-        return next((w for w in self.layer_windows if w is not None), None)
+        return next((w for w in self.layer_windows if isinstance(w, int)), None)
 
     @classmethod
     def from_hf(cls, c: dict) -> "LlamaSpec":
@@ -240,11 +240,11 @@ def _layer_windows(kind: str, c: dict, layers: int) -> tuple[int | Chunked | Non
     """Which layers attend through a sliding window (or in chunks: Llama 4's), as transformers decides it for each
     family."""
     window = c.get("sliding_window")
-    if kind == "cohere2_moe":  # (its config lists them, its dense prefix's too)
-        return tuple(window if t == "sliding_attention" else None for t in c["layer_types"])
-    if kind == "llama4_text":  # (its layer_types, as llama_kin reads them)
-        return tuple(Chunked(c["attention_chunk_size"]) if t == "chunked_attention" else None for t in c["layer_types"])
-    if kind in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "smollm3"):
+    if kind in ("cohere2_moe", "llama4_text"):  # (their layer_types, as llama_kin reads them: Llama 4's chunked)
+        types = c["layer_types"]
+        if "chunked_attention" in types and not c.get("attention_chunk_size"):
+            raise ValueError(f"{kind} with chunked_attention layers needs attention_chunk_size")
+    elif kind in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "smollm3"):
         if not c.get("use_sliding_window"):
             return (None,) * layers
         types = c.get("layer_types") or ["sliding_attention" if i >= c.get("max_window_layers", layers)
@@ -265,7 +265,8 @@ def _layer_windows(kind: str, c: dict, layers: int) -> tuple[int | Chunked | Non
         return (window,) * layers  # llama, granite (None), mistral, mixtral, phi3: one window for every layer
     if len(types) != layers:
         raise ValueError(f"layer_types lists {len(types)} layers of {layers}")
-    return tuple(window if t == "sliding_attention" else None for t in types)
+    return tuple(window if t == "sliding_attention" else Chunked(c["attention_chunk_size"]) if t == "chunked_attention"
+                 else None for t in types)
 
 
 # the families whose configs may name a layer global every n-th layer (its fourth where they do not say), the others

@@ -1,8 +1,8 @@
 """Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE and MoE Shared, OLMoE, ERNIE 4.5,
 gpt-oss, LFM2-MoE, DeepSeek's, GLM-4.5's, Nemotron 3's, dots.llm1's, Hunyuan-A13B's, MiniMax-M2's, AFMoE's, DBRX's,
-EXAONE-MoE's, Llama 4's, Cohere2-MoE's): a router picks each token's top-k experts; the step's tokens are grouped by expert so that every expert
-runs one matrix product per step on all the tokens routed to it, however many requests the flat batch holds. Some
-mixtures add a shared expert every token takes (Qwen2-MoE's weighted by a router of its own)."""
+EXAONE-MoE's, Llama 4's, Cohere2-MoE's): a router picks each token's top-k experts; the step's tokens are grouped by
+expert so that every expert runs one matrix product per step on all the tokens routed to it, however many requests the
+flat batch holds. Some mixtures add a shared expert every token takes (Qwen2-MoE's weighted by a router of its own)."""
 
 from __future__ import annotations
 

@@ -116,8 +116,8 @@ def test_bad_sources(tmp_path, llama):
                  "mamba2, minimax_m2, ministral3, mistral, mistral4, mixtral, mpt, nemotron, nemotron_h, olmo, olmo2, "
                  "olmo3, olmoe, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
                  "qwen3_5_text, qwen3_moe, qwen3_next, seed_oss, smollm3, stablelm, starcoder2 "
-                 r"\(and, for their text, qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, gemma3, gemma4, gemma3n, mistral3, "
-                 r"llama4\)")
+                 r"\(and, for their text, qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, gemma3, gemma4, gemma3n, "
+                 r"mistral3, llama4\)")
     with pytest.raises(ValueError, match=f"unsupported model_type 'bert'; supported: {supported}") as refused:
         Engine.from_pretrained(tmp_path)
     assert str(refused.value) in (Path(__file__).parents[2] / "docs" / "reliability.md").read_text()  # as quoted
