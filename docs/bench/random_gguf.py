@@ -297,7 +297,10 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "bloom-7b1": (4096, 16384, 30, 32, 32), "mpt-7b": (4096, 16384, 32, 32, 32),
           # Meta's Llama 4 Scout (its dense MLPs' width, which it does not use: every layer routes), and its first four
           # layers (three in chunks, the fourth unrotated)
-          "llama4-scout-17b-16e": (5120, 16384, 48, 40, 8), "llama4-scout-17b-16e-4l": (5120, 16384, 4, 40, 8)}
+          "llama4-scout-17b-16e": (5120, 16384, 48, 40, 8), "llama4-scout-17b-16e-4l": (5120, 16384, 4, 40, 8),
+          # a Cohere2-MoE of made-up sizes (Command A's mixture's not at hand): for checking Loom's reading of the
+          # architecture against llama-server's, not for speed figures
+          "cohere2moe-check-8l": (2048, 4096, 8, 16, 4)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
 UNTIED = {"phi2-2.7b", "qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
           "qwen2moe-a2.7b", "qwen35-9b", "qwen3vl-8b", "qwen3vlmoe-30b-a3b", "nemotronh-4b", "nemotronh-8b",
@@ -506,6 +509,11 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
            # tensors, its chunks and unrotated layers llama.cpp's fixed pattern)
            "llama4": Layout("llama4", head=128, rope_base=500000.0, eps=1e-5, context=10485760, experts=(16, 1, 8192),
                             shared_experts=1),
+           # (Cohere2-MoE's: Command R7B's layers with RMSNorms, its window layers a flag a layer (three in four, as
+           # its converter lists them), a dense first layer, then 32 experts of 512 rows, 4 a token by sigmoid, averaged
+           # with a shared one)
+           "cohere2moe": Layout("cohere2moe", head=128, rope_base=50000.0, eps=1e-5, context=131072, parallel=True,
+                                window=4096, logit_scale=0.25, experts=(32, 4, 512), shared_experts=1, dense_lead=1),
            # (DeepSeek-V2-Lite's YaRN: a factor of 40 over 4,096 tokens, mscale_all_dim 0.707)
            "deepseek2": Layout("deepseek2", rope_base=10000.0, eps=1e-6, context=163840, experts=(64, 6, 1408),
                                dense_lead=1, shared_experts=2, yarn=(40.0, 4096, 0.0707), latent=(None, 512, 128, 64, 128)),
@@ -1021,6 +1029,10 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_interleave_moe_layer_step(1)
     if family.arch == "llama4":  # (llama.cpp requires the step: Scout's every layer)
         writer.add_interleave_moe_layer_step(1)
+    if family.arch == "cohere2moe":  # (its converter's: the window layers a flag a layer; llama.cpp requires the rest)
+        writer.add_sliding_window_pattern([(i + 1) % 4 != 0 for i in range(layers)])
+        writer.add_leading_dense_block_count(family.dense_lead)
+        writer.add_expert_shared_count(family.shared_experts)
     # (llama.cpp requires DeepSeek's, GLM-4.5's and dots.llm1's shared count; the gating function where it is not
     # V2's softmax)
     if family.latent or family.arch in ("glm4moe", "dots1", "afmoe", "exaone-moe"):
