@@ -541,8 +541,9 @@ def _cohere2moe_layers(key, config: dict, file_name: str) -> dict:
 def _llama4_attention(key, layers: int, file_name: str) -> dict:
     """A Llama 4 file's attention as llama.cpp runs it, in transformers' names (llama_kin's _llama4_config reads
     them): every fourth layer unrotated, its queries scaled by temperature, the others attending in chunks (as
-    attention.sliding_window_pattern says where the file has one); unless the file names a sliding window of 0
-    (MobileLLM's: every layer rotating but the last, as llama.cpp's pattern has it, none in chunks, no temperature)."""
+    attention.sliding_window_pattern says where the file has one); unless the file names a sliding window of 0 (its
+    converter's for a model of global layers alone: then every layer rotates but the last, as llama.cpp's pattern has
+    it, none in chunks, no temperature)."""
     if key("attention.sliding_window") == 0:
         return {"no_rope_layer_interval": layers, "attention_chunk_size": None, "attn_temperature_tuning": False}
     types = _sliding_layers(key, layers, file_name, default_pattern=LLAMA4_NO_ROPE_STEP)

@@ -125,10 +125,11 @@ class MoESpec:
             # says, beside shared experts summed or averaged with them; its dense prefix's layers: mlp_layer_types)
             inner, shared = c["moe_intermediate_size"], c.get("num_shared_experts") or 0
             sigmoid = c.get("expert_selection_fn", "softmax") == "sigmoid"
-            average = bool(shared) and c.get("shared_expert_combination_strategy", "average") == "average"
-            if c.get("shared_expert_combination_strategy", "average") not in ("sum", "average"):
+            strategy = c.get("shared_expert_combination_strategy", "average")
+            if strategy not in ("sum", "average"):
                 raise ValueError("cohere2_moe's shared_expert_combination_strategy is sum or average; the config says "
-                                 f"{c['shared_expert_combination_strategy']!r}")
+                                 f"{strategy!r}")
+            average = bool(shared) and strategy == "average"
             return cls(c["num_experts"], c["num_experts_per_tok"], inner, not sigmoid or bool(c.get("norm_topk_prob")),
                        frozenset(i for i, t in enumerate(c["mlp_layer_types"]) if t == "dense"), 1,
                        shared_intermediate_size=inner * shared, sigmoid=sigmoid,
