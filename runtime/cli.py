@@ -362,9 +362,11 @@ def serve(args) -> int:
         from runtime.serve import ray_app
         ray_app.run(args)
         return 0
-    from runtime import serve as server
-    server.run(load_engine(args, max_waiting=args.max_waiting), args.host, args.port, args.model_name, args.api_key,
-               args.drain_timeout)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        # FastAPI and uvicorn import (half a second) while the weights are laid out (native code, free of the GIL)
+        server = pool.submit(importlib.import_module, "runtime.serve.app")
+        engine = load_engine(args, max_waiting=args.max_waiting)
+    server.result().run(engine, args.host, args.port, args.model_name, args.api_key, args.drain_timeout)
     return 0
 
 
