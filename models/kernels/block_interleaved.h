@@ -53,6 +53,44 @@ namespace {
 // GGUF_Q5_0_ROWS16's: bit b for value b of the quad's low nibbles, with ``high`` bit 4 + b for the high ones')
 inline int fifth_of(uint8_t fifths, bool high, int b) { return (fifths >> (4 * high + b) & 1) << 4; }
 
+#if LOOM_ROWS16
+// The layouts' codes are sixteen rows' 4-byte words side by side, which a load makes from each row's
+// words in turn: eight rows' eight words a step, transposed in registers (a 4-byte copy a word, as
+// before, laid out a Q4_K matrix at 1.6-2.3 GB/s on a Zen 3 thread, this at 3.0; Q6_K's 0.8-1.1 at 3.0).
+// words[r] (r < 8) holds eight words of row r; word w of the eight rows goes side by side to out + w * stride.
+inline void store_words_transposed(const __m256i words[8], uint8_t* out, int64_t stride) {
+    __m256i pairs[8], quads[8];
+    for (int i = 0; i < 4; ++i) {  // rows 2i, 2i + 1: words 0, 1 and 4, 5 interleaved (lo), 2, 3 and 6, 7 (hi)
+        pairs[2 * i] = _mm256_unpacklo_epi32(words[2 * i], words[2 * i + 1]);
+        pairs[2 * i + 1] = _mm256_unpackhi_epi32(words[2 * i], words[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i)  // rows 4i to 4i + 3: words 0 and 4 (quads[4i]), 1 and 5, 2 and 6, 3 and 7
+        for (int h = 0; h < 2; ++h) {
+            quads[4 * i + 2 * h] = _mm256_unpacklo_epi64(pairs[4 * i + h], pairs[4 * i + 2 + h]);
+            quads[4 * i + 2 * h + 1] = _mm256_unpackhi_epi64(pairs[4 * i + h], pairs[4 * i + 2 + h]);
+        }
+    for (int w = 0; w < 4; ++w) {  // each 128-bit lane a word of four rows: rows 0-3 beside rows 4-7
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + w * stride), _mm256_permute2x128_si256(quads[w], quads[4 + w], 0x20));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (w + 4) * stride),
+                            _mm256_permute2x128_si256(quads[w], quads[4 + w], 0x31));
+    }
+}
+
+// Sixteen rows' code words side by side, [word][row]: word w of row r (from rows r * row_bytes apart)
+// as make(row pointer, group g) returns it, words 8 g to 8 g + 7 a vector, ``groups`` vectors a row.
+template <typename Make>
+inline void lay_out_words(const uint8_t* first, int64_t row_bytes, int groups, uint8_t* out, Make&& make) {
+    for (int half = 0; half < 2; ++half)
+        for (int g = 0; g < groups; ++g) {
+            __m256i words[8];
+            for (int r = 0; r < 8; ++r) words[r] = make(first + (8 * half + r) * row_bytes, g);
+            store_words_transposed(words, out + (8 * g * 16 + 8 * half) * 4, 16 * 4);
+        }
+}
+
+template <typename V>
+inline __m256i load_bytes(const V* at) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)); }
+
 // Rows [16 k, 16 k + 16) of a Q4_K (HIGH: Q5_K) matrix of rows of ``in`` values (the file's layout)
 // into ``dst``, the same rows' bytes in GGUF_Q4_K_ROWS16 (GGUF_Q5_K_ROWS16).
 template <bool HIGH>
@@ -61,31 +99,30 @@ inline void repack_rows16(KRows16<HIGH>, const uint8_t* src, int64_t in, uint8_t
     const int64_t row_bytes = L::From::row_bytes(in);
     for (int64_t s = 0; s < in / L::VALUES; ++s) {
         uint8_t* block = dst + s * L::BLOCK_BYTES;
+        const uint8_t* first = src + s * L::From::BYTES;
+        // the nibbles' 32 words (value pairs c of 64, quads q of them) as the file has them: word 8 c + q
+        lay_out_words(first + (HIGH ? 48 : 16), row_bytes, 4, block, [](const uint8_t* qs, int g) { return load_bytes(qs + 32 * g); });
         for (int r = 0; r < L::ROWS; ++r) {
-            const uint8_t* row = src + r * row_bytes;
-            const typename L::From::Super super(row, in, s);  // its 6-bit scales and minimums decoded
-            for (int c = 0; c < 4; ++c)
-                for (int q = 0; q < 8; ++q) {
-                    std::memcpy(block + ((c * 8 + q) * L::ROWS + r) * 4, super.qs + 32 * c + 4 * q, 4);
-                    if constexpr (HIGH) {  // bit j of the file's byte l: value l of sub-block j's
+            const uint8_t* row = first + r * row_bytes;
+            const typename L::From::Super super(src + r * row_bytes, in, s);  // its 6-bit scales and minimums decoded
+            if constexpr (HIGH)  // bit j of the file's byte l: value l of sub-block j's
+                for (int c = 0; c < 4; ++c)
+                    for (int q = 0; q < 8; ++q) {
                         uint8_t fifths = 0;
                         for (int b = 0; b < 4; ++b)
                             for (int h = 0; h < 2; ++h) fifths |= (super.qh[4 * q + b] >> (2 * c + h) & 1) << (4 * h + b);
                         block[L::FIFTHS_AT + (c * 8 + q) * L::ROWS + r] = fifths;
                     }
-                }
             for (int j = 0; j < 8; ++j) {
                 block[L::SCALES + j * L::ROWS + r] = uint8_t(super.sc[j]);
                 block[L::min_at(j, r)] = uint8_t(super.min_codes >> (8 * j));
             }
-            const uint8_t* halves = row + s * L::From::BYTES;  // d and dmin, the file's float16s as they are
-            std::memcpy(block + L::D + 2 * r, halves, 2);
-            std::memcpy(block + L::DMIN + 2 * r, halves + 2, 2);
+            std::memcpy(block + L::D + 2 * r, row, 2);  // d and dmin, the file's float16s as they are
+            std::memcpy(block + L::DMIN + 2 * r, row + 2, 2);
         }
     }
 }
 
-#if LOOM_ROWS16
 // f(block, row, b, r) for each block b of sixteen rows of layout L's source format (rows of ``in``
 // values from ``src``) and each row r of them: ``block`` the layout's bytes of block b in ``dst``, ``row``
 // the source row (a layout of 32-value blocks' repack_rows16).
@@ -165,27 +202,37 @@ inline void repack_rows16(MXFP4Rows16, const uint8_t* src, int64_t in, uint8_t* 
 
 #if LOOM_BLOCKS_ROWS16
 // Rows [16 k, 16 k + 16) of a Q6_K matrix (the file's layout) into ``dst``, the same rows' bytes in
-// GGUF_Q6_K_ROWS16.
+// GGUF_Q6_K_ROWS16. A row's 256 codes are 128 bytes of low nibbles (ql) and 64 of bit pairs (qh) in
+// the file: code 128 n + 32 k + l has the low (k < 2) or high nibble of ql[64 n + 32 (k % 2) + l] and
+// bits 2 k, 2 k + 1 of qh[32 n + l]. The layout's low word m holds codes 4 m to 4 m + 3 (low nibbles)
+// and 128 more (high: groups G and G + 8), its high word m' codes 4 m' to 4 m' + 3 and 64, 128 and
+// 192 more (bits 0-1 to 6-7: groups G, G + 4, G + 8, G + 12), so each is a few shifts and masks of
+// 32 of the file's bytes.
 inline void repack_rows16(Q6KRows16, const uint8_t* src, int64_t in, uint8_t* dst) {
     using L = Q6KRows16;
     const int64_t row_bytes = L::From::row_bytes(in);
-    std::memset(dst, 0, size_t(in / L::VALUES * L::BLOCK_BYTES));  // (the codes are ored in)
+    const __m256i low4 = _mm256_set1_epi8(0x0F), high4 = _mm256_set1_epi8(char(0xF0));
+    const auto bits = [](__m256i v, int shift, int at) {  // v's bit pairs at ``shift`` moved to bits ``at``, at + 1
+        const __m256i moved = shift > at ? _mm256_srli_epi16(v, shift - at) : _mm256_slli_epi16(v, at - shift);
+        return _mm256_and_si256(moved, _mm256_set1_epi8(char(3 << at)));
+    };
     for (int64_t s = 0; s < in / L::VALUES; ++s) {
         uint8_t* block = dst + s * L::BLOCK_BYTES;
+        const uint8_t* first = src + s * Q6K::BYTES;
+        // low words 0-15 (codes 0-63 and 128-191), then 16-31 (codes 64-127 and 192-255)
+        lay_out_words(first, row_bytes, 4, block + L::low_at(0, 0, 0), [&](const uint8_t* ql, int g) {
+            const __m256i a = load_bytes(ql + 32 * (g % 2)), b = load_bytes(ql + 64 + 32 * (g % 2));
+            return g < 2 ? _mm256_or_si256(_mm256_and_si256(a, low4), _mm256_and_si256(_mm256_slli_epi16(b, 4), high4))
+                         : _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low4), _mm256_and_si256(b, high4));
+        });
+        // high words 0-7 (codes 0-31, 64-95, 128-159, 192-223: qh's bits 0-1 and 4-5 of either half), then 8-15
+        lay_out_words(first, row_bytes, 2, block + L::high_at(0, 0, 0), [&](const uint8_t* row, int g) {
+            const __m256i h0 = load_bytes(row + 128), h1 = load_bytes(row + 160);
+            return _mm256_or_si256(_mm256_or_si256(bits(h0, 2 * g, 0), bits(h0, 2 * g + 4, 2)),
+                                   _mm256_or_si256(bits(h1, 2 * g, 4), bits(h1, 2 * g + 4, 6)));
+        });
         for (int r = 0; r < L::ROWS; ++r) {
-            const uint8_t* from = src + r * row_bytes + s * Q6K::BYTES;
-            const Q6K::Super super(src + r * row_bytes, in, s);
-            for (int j = 0; j < 8; ++j) {
-                const Bytes codes = super.codes(j);
-                for (int v = 0; v < 32; v += 4) {  // a quad of codes at a time, its four bytes as one word
-                    const int G = 2 * j + v / 16, t = v % 16 / 4;
-                    const uint32_t quad = load<uint32_t>(reinterpret_cast<const uint8_t*>(&codes) + v);
-                    uint8_t* low = block + L::low_at(G, t, 0) + 4 * r;
-                    uint8_t* high = block + L::high_at(G, t, 0) + 4 * r;
-                    store(low, load<uint32_t>(low) | (quad & 0x0F0F0F0Fu) << 4 * (G / 8));
-                    store(high, load<uint32_t>(high) | (quad >> 4 & 0x03030303u) << 2 * (G / 4));
-                }
-            }
+            const uint8_t* from = first + r * row_bytes;
             for (int G = 0; G < 16; ++G) block[L::SCALES + G * L::ROWS + r] = from[192 + G];
             const float d = half_to_float(from + 208);
             std::memcpy(block + L::D + 4 * r, &d, 4);
