@@ -4,7 +4,9 @@ fresh process, ``--rounds`` times, and, with --llama-server, both servers' time 
 /health, taking turns. Then Loom in-process at 1 and 16 streams (--tokens new tokens each).
 
     python docs/bench/gguf_load.py FILE.gguf [FILE.gguf ...] [--weights stored] [--rounds 2]
-        [--llama-server PATH/llama-server] [--tokens 32]
+        [--llama-server PATH/llama-server [--starts-only]] [--tokens 32]
+
+With --starts-only, the servers' starts alone (each round's pair, then the medians).
 """
 
 import argparse
@@ -65,6 +67,20 @@ def healthy_after(server: peers.OpenAIServer) -> float:
     return seconds
 
 
+def start_times(path: Path, args, each_round: bool = False) -> tuple[float, float]:
+    """The medians of both servers' times to a healthy /health on ``path``, taking turns (with
+    ``each_round``, a line a round printed too)."""
+    args.model = str(path)
+    loom, llama = [], []
+    for round_ in range(args.rounds):
+        loom.append(healthy_after(peers.loom_server(args, args.weights)))
+        llama.append(healthy_after(peers.llama_server(path, path.stem, 1, args)))
+        if each_round:
+            print(f"{path.name} round {round_ + 1}: Loom's server {loom[-1]:.2f} s, llama-server {llama[-1]:.2f} s "
+                  f"({loom[-1] / llama[-1]:.2f}x)", flush=True)
+    return statistics.median(loom), statistics.median(llama)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="+", type=Path)
@@ -72,24 +88,28 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--llama-server", default=None)
+    parser.add_argument("--starts-only", action="store_true", help="time the two servers' starts alone")
     args = parser.parse_args()
+    if args.starts_only and not args.llama_server:
+        parser.error("--starts-only compares Loom's server with llama-server's: give --llama-server")
     args.kv_dtype, args.llama_kv_type = None, "f16"
-    print("| file | size | Loom load (import apart) | peak RSS | RSS after load | after 1 / 16 streams "
-          "| 1 / 16 streams tok/s |" + (" Loom serve healthy | llama-server healthy |" if args.llama_server else ""))
-    print("| --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- |" if args.llama_server else ""))
+    if not args.starts_only:
+        print("| file | size | Loom load (import apart) | peak RSS | RSS after load | after 1 / 16 streams "
+              "| 1 / 16 streams tok/s |" + (" Loom serve healthy | llama-server healthy |" if args.llama_server else ""))
+        print("| --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- |" if args.llama_server else ""))
     for path in args.files:
+        if args.starts_only:
+            loom, llama = start_times(path, args, each_round=True)
+            print(f"{path.name} medians: Loom's server {loom:.2f} s, llama-server {llama:.2f} s ({loom / llama:.2f}x)")
+            continue
         runs = [loom_load(path, args.weights, args.tokens) for _ in range(args.rounds)]
         median = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
         row = (f"| {path.name} | {path.stat().st_size / 1e9:.2f} GB | {median['load_s']:.1f} s | "
                f"{median['peak_gb']:.2f} GB | {median['rss_after_gb']:.2f} GB | {median['rss_after_run_gb']:.2f} GB | "
                f"{median['tok_s_1']:.1f} / {median['tok_s_16']:.1f} |")
         if args.llama_server:
-            args.model = str(path)
-            loom, llama = [], []
-            for _ in range(args.rounds):  # taking turns
-                loom.append(healthy_after(peers.loom_server(args, args.weights)))
-                llama.append(healthy_after(peers.llama_server(path, path.stem, 1, args)))
-            row += f" {statistics.median(loom):.1f} s | {statistics.median(llama):.1f} s |"
+            loom, llama = start_times(path, args)
+            row += f" {loom:.1f} s | {llama:.1f} s |"
         print(row, flush=True)
 
 
