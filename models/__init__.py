@@ -25,6 +25,7 @@ from .families.gemma3n import FAMILIES as GEMMA3N_FAMILIES, Gemma3n, Gemma3nSpec
 from .families.gemma4 import FAMILIES as GEMMA4_FAMILIES, Gemma4, Gemma4Spec
 from .families.gpt2 import GPT2, GPT2Spec
 from .families.granite_hybrid import FAMILIES as GRANITE_HYBRID_FAMILIES, GraniteHybrid, GraniteHybridSpec
+from .families.jamba import FAMILIES as JAMBA_FAMILIES, Jamba, JambaSpec
 from .families.lfm2 import FAMILIES as LFM2_FAMILIES, Lfm2, Lfm2Spec
 from .families.llama import Llama
 from .families.llama_spec import FAMILIES as LLAMA_FAMILIES, LlamaSpec
@@ -50,6 +51,7 @@ ARCHITECTURES = {"gpt2": (GPT2Spec, GPT2), "gpt_bigcode": (GPT2Spec, GPT2), "gem
                  **{family: (Lfm2Spec, Lfm2) for family in LFM2_FAMILIES},
                  **{family: (Qwen35Spec, Qwen35) for family in QWEN35_FAMILIES},
                  **{family: (GraniteHybridSpec, GraniteHybrid) for family in GRANITE_HYBRID_FAMILIES},
+                 **{family: (JambaSpec, Jamba) for family in JAMBA_FAMILIES},
                  **{family: (NemotronHSpec, NemotronH) for family in NEMOTRON_H_FAMILIES},
                  **{family: (FalconH1Spec, FalconH1) for family in FALCON_H1_FAMILIES},
                  **{family: (MambaSpec, Mamba) for family in MAMBA_FAMILIES},

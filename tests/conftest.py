@@ -83,6 +83,7 @@ def _mamba_scan_in_float64(module, hidden_states, time_step, B, C, gate, cache, 
 
 transformers.models.mamba.modeling_mamba.mamba_scan_forward = _mamba_scan_in_float64
 transformers.models.falcon_mamba.modeling_falcon_mamba.mamba_scan_forward = _mamba_scan_in_float64
+transformers.models.jamba.modeling_jamba.mamba_scan_forward = _mamba_scan_in_float64  # (Jamba's Mamba layers too)
 
 
 def _gemma4_norm_in_dtype(self, hidden_states):
@@ -319,6 +320,15 @@ CONFIGS = {
         vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, state_size=8, expand=2, conv_kernel=4,
         time_step_rank=8, eos_token_id=EOS, bos_token_id=1, pad_token_id=0, initializer_range=0.15,
         layer_norm_epsilon=1e-2, mixer_rms_eps=1e-3, tie_word_embeddings=True),
+    # Jamba: Mamba layers (their time step, B and C RMS-normed with weights; an epsilon large enough that a wrong one
+    # shows) and an attention layer in three without positions, experts every other layer (the top two's softmax
+    # probabilities as they are), SwiGLU MLPs between
+    "jamba": lambda: transformers.JambaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
+        attn_layer_period=3, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, num_experts=4,
+        num_experts_per_tok=2, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=8, rms_norm_eps=1e-2,
+        use_mamba_kernels=False, initializer_range=0.15, experts_implementation="eager"),
     # Nemotron 3 (Nano's layout): Mamba2 and attention layers each followed by a mixture of squared-ReLU experts
     # beside a shared one, chosen by sigmoid and bias, renormalised and scaled
     "nemotron_h_moe": lambda: transformers.NemotronHConfig(
@@ -497,7 +507,7 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "granitemoehybrid": transformers.GraniteMoeHybridForCausalLM, "gemma3": transformers.Gemma3ForCausalLM,
                  "nemotron_h": transformers.NemotronHForCausalLM, "nemotron_h_moe": transformers.NemotronHForCausalLM,
                  "mamba2": transformers.Mamba2ForCausalLM, "mamba": transformers.MambaForCausalLM,
-                 "falcon_mamba": transformers.FalconMambaForCausalLM, "gemma4": transformers.Gemma4ForCausalLM,
+                 "falcon_mamba": transformers.FalconMambaForCausalLM, "jamba": transformers.JambaForCausalLM, "gemma4": transformers.Gemma4ForCausalLM,
                  "gemma3n": transformers.Gemma3nForCausalLM,
                  "gemma4_moe": transformers.Gemma4ForCausalLM,
                  "glm4": transformers.Glm4ForCausalLM, "glm": transformers.GlmForCausalLM,
@@ -614,7 +624,8 @@ def tiny_model(arch: str, seed: int = 0, **config):
                               "correct_output_scale")) or (
                     arch in ("glm", "glm4", "glm4_moe") and name.endswith("proj.bias")):
                 tensor.normal_(0.0, 0.5)
-            if arch in LLAMA_KIN and ("norm" in name or ".ln_" in name or name.endswith("bias")):  # (at 1 and 0)
+            # (at 1 and 0; Jamba's norms of its time steps, B and C too)
+            if (arch in LLAMA_KIN or arch == "jamba") and ("norm" in name or ".ln_" in name or name.endswith("bias")):
                 tensor.normal_(0.0 if name.endswith("bias") else 1.0, 0.3)
             if name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # (Apertus's xIELU: each layer its own)
                 tensor.normal_(0.0, 0.5)
@@ -938,7 +949,9 @@ def _nemotron_h_metadata(c) -> dict:
 
 # Mamba's mixer's parameters by llama.cpp's names (A_log written as -exp(A_log))
 GGUF_MAMBA_NAMES = {"in_proj": "ssm_in", "conv1d": "ssm_conv1d", "x_proj": "ssm_x", "dt_proj": "ssm_dt",
-                    "A_log": "ssm_a", "D": "ssm_d", "out_proj": "ssm_out"}
+                    "A_log": "ssm_a", "D": "ssm_d", "out_proj": "ssm_out",
+                    # (Jamba's norms of the time step, B and C)
+                    "dt_layernorm": "ssm_dt_norm", "b_layernorm": "ssm_b_norm", "c_layernorm": "ssm_c_norm"}
 
 
 def _mamba_tensor_name(rest: str) -> str:
@@ -951,6 +964,14 @@ def _mamba_metadata(c) -> dict:
     """The metadata llama.cpp's converter writes for a Mamba (a Falcon-Mamba: its time steps, B and C normed)."""
     return {"ssm.conv_kernel": c.conv_kernel, "ssm.state_size": c.state_size, "ssm.time_step_rank": c.time_step_rank,
             "ssm.inner_size": c.intermediate_size, "ssm.dt_b_c_rms": c.model_type == "falcon_mamba"}
+
+
+def _jamba_metadata(c) -> dict:
+    """The metadata llama.cpp's converter writes for a Jamba: its Mamba sizes, its experts (a layer routes where it
+    has a router)."""
+    return {"ssm.conv_kernel": c.mamba_d_conv, "ssm.state_size": c.mamba_d_state, "ssm.time_step_rank": c.mamba_dt_rank,
+            "ssm.inner_size": c.mamba_expand * c.hidden_size, "expert_count": c.num_experts,
+            "expert_used_count": c.num_experts_per_tok}
 
 
 def _mamba2_metadata(c) -> dict:
@@ -1137,7 +1158,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     # Granite 4's hybrids' and Nemotron-H's: Mamba2 layers, no K/V heads in them; Nemotron-H's an MLP's width a
     # layer (none in a mixer layer)
     lfm2, nemotron = arch in ("lfm2", "lfm2moe"), arch in ("nemotron_h", "nemotron_h_moe") or state_only
-    hybrid = arch == "granitehybrid" or nemotron
+    hybrid, jamba = arch == "granitehybrid" or nemotron, arch == "jamba"
     types = c.layers_block_type if nemotron and not state_only else getattr(c, "layer_types", None)
     writer.add_feed_forward_length(0 if state_only else hf.model.layers[0].feed_forward.w1.out_features if lfm2 else
                                    [c.intermediate_size if t == "mlp" else c.moe_intermediate_size if t == "moe" else 0
@@ -1156,7 +1177,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     deepseek = arch in ("deepseek2", "mistral4")  # (Mistral 4's files are DeepSeek's under a name of their own)
     if not state_only:
         writer.add_head_count_kv([kv_heads if t in ("attention", "full_attention") else 0 for t in types]
-                                 if lfm2 or hybrid else 1 if deepseek else kv_heads)
+                                 if lfm2 or hybrid or jamba else 1 if deepseek else kv_heads)
     if deepseek:
         metadata = _deepseek2_metadata(c) | (metadata or {})
     if arch == "glm4moe":
@@ -1164,6 +1185,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
     if hybrid:
         metadata = (_mamba_metadata(c) if arch == "mamba" else _mamba2_metadata(c) if mamba2 else
                     _nemotron_h_metadata(c) if nemotron else _granite_hybrid_metadata(c)) | (metadata or {})
+    if jamba:
+        metadata = _jamba_metadata(c) | (metadata or {})
     if lfm2:
         writer.add_uint32(f"{arch}.shortconv.l_cache", c.conv_L_cache)
     falcon = arch == "falcon-h1"
@@ -1194,7 +1217,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
             writer.add_rope_dimension_count(int(rotary * c.hidden_size // c.num_attention_heads))
     else:
         writer.add_layer_norm_rms_eps(c.norm_eps if lfm2 else c.layer_norm_epsilon if nemotron else c.rms_norm_eps)
-    if not nemotron and arch not in ("gpt2", "starcoder", "bloom", "mpt"):  # (no positions, learned ones, or ALiBi)
+    if not nemotron and arch not in ("gpt2", "starcoder", "bloom", "mpt", "jamba"):  # (no positions, learned ones, ALiBi)
         rope = c.rope_parameters
         base = (rope.get("full_attention") or rope)["rope_theta"]  # (OLMo 3's: its global layers')
         if arch in ("hunyuan-dense", "hunyuan-moe") and rope.get("alpha"):  # (its converter folds the alpha into the base)
@@ -1260,7 +1283,10 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         if qwen35 and (written := _qwen35_tensor(rest, values, c)) is not None:
             add(f"blk.{layer}.{written[0]}", written[1])
             continue
-        if arch == "mamba" and rest.startswith("mamba."):
+        if jamba:  # (its MLPs, router and experts by Llama's and Mixtral's names, as its converter writes them)
+            rest = rest.replace("pre_ff_layernorm", "post_attention_layernorm").replace(
+                "feed_forward.router.", "mlp.gate.").replace("feed_forward.", "mlp.")
+        if arch in ("mamba", "jamba") and rest.startswith("mamba."):
             add(f"blk.{layer}.{_mamba_tensor_name(rest)}", -np.exp(values) if rest == "mamba.A_log" else
                 values.reshape(values.shape[0], -1) if rest == "mamba.conv1d.weight" else values)
             continue

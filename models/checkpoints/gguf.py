@@ -82,6 +82,9 @@ QWEN3NEXT_LAYER_NAMES = {**QWEN35_LAYER_NAMES, "ssm_in": "linear_attn.in_proj_qk
 # Mamba's (and Falcon-Mamba's) layers by transformers' names (their ssm_a, -exp(A_log), by a name of its own)
 MAMBA_LAYER_NAMES = {"ssm_in": "mamba.in_proj", "ssm_conv1d": "mamba.conv1d", "ssm_x": "mamba.x_proj",
                      "ssm_dt": "mamba.dt_proj", "ssm_a": "mamba.ssm_a", "ssm_d": "mamba.D", "ssm_out": "mamba.out_proj"}
+# Jamba's Mamba layers: Mamba's, with its time step's, B's and C's norms
+JAMBA_LAYER_NAMES = {**MAMBA_LAYER_NAMES, "ssm_dt_norm": "mamba.dt_layernorm", "ssm_b_norm": "mamba.b_layernorm",
+                     "ssm_c_norm": "mamba.c_layernorm"}
 # Granite 4's hybrids' Mamba2 layers by transformers' names (their ssm_a, -exp(A_log), by a name of its own)
 GRANITE_HYBRID_LAYER_NAMES = {"ssm_in": "mamba.in_proj", "ssm_conv1d": "mamba.conv1d", "ssm_dt": "mamba.dt_bias",
                               "ssm_a": "mamba.ssm_a", "ssm_d": "mamba.D", "ssm_norm": "mamba.norm",
@@ -147,7 +150,7 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES, "g
                     "dbrx": {"attn_output_norm": "post_attention_layernorm"},  # (DBRX's norm before its experts)
                     # (Granite SWA's sinks, gpt-oss's name; its shared expert's gate and up rows one ffn_up_shexp)
                     "granite_swa": {"attn_sinks": "self_attn.sinks", "ffn_up_shexp": SHARED_GATE_UP[0]},
-                    "mamba2": GRANITE_HYBRID_LAYER_NAMES, "mamba": MAMBA_LAYER_NAMES}
+                    "mamba2": GRANITE_HYBRID_LAYER_NAMES, "mamba": MAMBA_LAYER_NAMES, "jamba": JAMBA_LAYER_NAMES}
 # Falcon 40B's two norms a layer (Falcon 7B's one is attn_norm, Llama's name)
 FALCON_TWO_NORMS = {"attn_norm_2": "input_layernorm", "attn_norm": "post_attention_layernorm"}
 # parameters transformers names without a kind (gpt-oss's sinks: llama.cpp's converter adds ".weight";
@@ -553,7 +556,7 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "qwen35moe": "llama", "qwen3next": "llama", "granitehybrid": "llama", "qwen2vl": "qwen2",
                        "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3", "nemotron_h": "llama", "nemotron_h_moe": "llama",
                        "glm4": "llama", "chatglm": "llama", "glm4moe": "llama", "falcon-h1": "llama", "mamba2":
-                       "llama", "mamba": "llama", "deepseek2": "llama", "gemma4": "llama", "gemma3n": "gemma3",
+                       "llama", "mamba": "llama", "jamba": "llama", "deepseek2": "llama", "gemma4": "llama", "gemma3n": "gemma3",
                        "exaone": "llama", "arcee": "llama", "seed_oss": "llama", "internlm2": "llama", "minicpm":
                        "llama", "command-r": "llama", "cohere2": "llama", "phi2": "llama", "hunyuan-dense": "llama",
                        "olmo": "llama", "nemotron": "llama", "dots1": "llama", "hunyuan-moe": "llama", "minimax-m2":

@@ -66,7 +66,9 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  "llama4": "llama4_text",
                  # (Cohere's Command A mixture: Cohere2's parallel layers, RMSNorms or LayerNorms, a dense prefix, then
                  # experts averaged with shared ones)
-                 "cohere2moe": "cohere2_moe"}
+                 "cohere2moe": "cohere2_moe",
+                 # (AI21's Jamba: Mamba layers and attention layers without positions, experts every other layer)
+                 "jamba": "jamba"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
 # files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
 # Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
@@ -77,7 +79,7 @@ MIXTURES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"
             "granite_swa": "granitemoe_swa",
             "qwen3next": "qwen3_next", "gemma4": "gemma4_text", "dots1": "dots1", "hunyuan-moe": "hunyuan_v1_moe",
             "minimax-m2": "minimax_m2", "afmoe": "afmoe", "dbrx": "dbrx", "exaone-moe": "exaone_moe",
-            "llama4": "llama4_text", "cohere2moe": "cohere2_moe"}
+            "llama4": "llama4_text", "cohere2moe": "cohere2_moe", "jamba": "jamba"}
 # llama.cpp's expert_gating_func: how an architecture's experts are scored where the file says (LFM2-MoE's
 # sigmoid, Nemotron 3's; DeepSeek's either, V2's softmax, V3's sigmoid; the others' softmax, which their files need
 # not say)
@@ -121,7 +123,7 @@ LLAMA4_CHUNK, LLAMA4_NO_ROPE_STEP, LLAMA4_TEMPERATURE, LLAMA4_UNNORMED_EXPERTS =
 # the architectures whose layers may be short convolutions (LFM2's) or Mamba2 layers (Granite 4's hybrids), told
 # apart by having no K/V heads
 CONVOLVING = frozenset({"lfm2", "lfm2moe"})
-MAMBA_HYBRIDS = frozenset({"granitehybrid", "nemotron_h", "nemotron_h_moe"})
+MAMBA_HYBRIDS = frozenset({"granitehybrid", "nemotron_h", "nemotron_h_moe", "jamba"})
 # the architectures whose layers are gated delta-rule layers where they are not attention layers (qwen35.py's)
 DELTA_RULE_HYBRIDS = frozenset({"qwen35", "qwen35moe", "qwen3next"})
 # Nemotron-H's layers are a Mamba2 layer, an attention layer or an MLP (in a Nemotron 3 file, a mixture of
@@ -166,7 +168,7 @@ def check_architecture(meta: dict, file_name: str) -> str:
                              "OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, Qwen3.5's, "
                              "Qwen3-Next's, DeepSeek's, Nemotron 3's, GLM-4.5's, Gemma 4's, dots.llm1's, Hunyuan-A13B's, "
                              "MiniMax-M2's, Arcee's Trinity's, DBRX's, EXAONE-MoE's, Mistral 4's, Granite SWA's, "
-                             "Llama 4's and Cohere2-MoE's)")
+                             "Llama 4's, Cohere2-MoE's and Jamba's)")
         if key("expert_shared_feed_forward_length") and arch not in SHARED_EXPERTS:
             raise ValueError(f"{file_name} is a {arch} model with a shared expert, which Loom runs in "
                              f"{', '.join(sorted(SHARED_EXPERTS))} files only")
@@ -241,6 +243,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
         config |= _mamba2_model(arch, key, tensors, config, file_name)
     if arch == "mamba":
         config |= _mamba_model(arch, key, tensors, config, file_name)
+    if arch == "jamba":
+        config |= _jamba_layers(arch, key, tensors, heads, config, file_name)
     if arch == "glm4moe":  # (its q/k norms where the file has them: GLM-4.5's, not Air's)
         config["use_qk_norm"] = "blk.0.attn_q_norm.weight" in tensors
     if arch == "qwen2moe":  # (llama.cpp's adds the biases a file has)
@@ -459,6 +463,8 @@ def _experts(arch: str, key, config: dict) -> dict:
                 "num_experts_per_tok": used, "intermediate_size": inner or config["intermediate_size"],
                 "num_shared_experts": key("expert_shared_count") or 0, "shared_expert_combination_strategy": "average",
                 "routed_scaling_factor": key("expert_weights_scale") or 1.0}
+    if arch == "jamba":  # (its experts as wide as its MLPs: feed_forward_length, as llama.cpp reads them)
+        return {"num_experts": experts, "num_experts_per_tok": used}
     if arch == "llama4":  # (every interleave_moe_layer_step-th layer's, beside a shared one as wide; the other layers'
         # MLPs feed_forward_length wide)
         if not inner:
@@ -707,6 +713,24 @@ def _mamba_model(arch: str, key, tensors: dict, config: dict, file_name: str) ->
             **({"dt_b_c_eps": config["rms_norm_eps"]} if falcon else {}),
             "max_position_embeddings": key("context_length", UNBOUNDED_CONTEXT),
             "use_conv_bias": any(name.endswith(".ssm_conv1d.bias") for name in tensors)}
+
+
+def _jamba_layers(arch: str, key, tensors: dict, heads: int, config: dict, file_name: str) -> dict:
+    """A Jamba file's layers as transformers' JambaConfig lists them, read as llama.cpp reads them: a layer without
+    K/V heads is a Mamba layer, one with a router routes to the file's experts (the others' MLPs as wide); its Mamba
+    sizes (inner_size twice the hidden size, as llama.cpp requires: mamba_expand)."""
+    layers = config["num_hidden_layers"]
+    counts, kv_heads = _kv_heads_by_layer(key, heads, layers, file_name, "Jamba")
+    sizes = _ssm_sizes(arch, key, file_name, MAMBA_SIZES, "Mamba")
+    if sizes["inner_size"] != 2 * config["hidden_size"]:
+        raise ValueError(f"{file_name}'s Mamba layers are {sizes['inner_size']} wide, not twice its hidden size "
+                         f"({config['hidden_size']}), as llama.cpp runs Jamba")
+    experts = key("expert_count") or 1
+    return {"layers_block_type": ["attention" if n else "mamba" for n in counts], "num_key_value_heads": kv_heads,
+            "layers_num_experts": [experts if f"blk.{i}.ffn_gate_inp.weight" in tensors else 1 for i in range(layers)],
+            "mamba_d_conv": sizes["conv_kernel"], "mamba_d_state": sizes["state_size"],
+            "mamba_dt_rank": sizes["time_step_rank"], "mamba_expand": 2,
+            "mamba_conv_bias": any(name.endswith(".ssm_conv1d.bias") for name in tensors), "mamba_proj_bias": False}
 
 
 def _granite_hybrid_layers(arch: str, key, heads: int, config: dict, file_name: str) -> dict:

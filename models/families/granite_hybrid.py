@@ -61,7 +61,7 @@ class Block(nn.Module):
         self.pool_layer = s.layer_recurrent[:index].count(self.recurrent)
         self.residual_scale = s.residual_scale
         self.input_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.mamba = Mamba2Mixer(s.hidden_size, s.mamba) if self.recurrent else None
+        self.mamba = self.mixer(s) if self.recurrent else None
         self.attn = None if self.recurrent else Attention(s, scale=s.attention_scale)
         self.post_norm, self.mlp = None, None
         if not s.layer_mlp or s.layer_mlp[index]:
@@ -71,6 +71,11 @@ class Block(nn.Module):
                 self.mlp = SparseMoE(s.hidden_size, s.moe)
             else:
                 self.mlp = mlp(s.hidden_size, s.intermediate_size, s.mlp_bias)
+
+    @staticmethod
+    def mixer(s: GraniteHybridSpec) -> nn.Module:
+        """A recurrent layer's mixer (Jamba's blocks take Mamba's)."""
+        return Mamba2Mixer(s.hidden_size, s.mamba)
 
     def forward(self, x, cos, sin, kv_cache, step, masks, runs):
         h = self.input_norm(x)
@@ -112,9 +117,10 @@ class GraniteHybrid(DecoderModel):
         return logits / self.spec.logits_divisor
 
     @staticmethod
-    def convert(hf: dict[str, torch.Tensor], s: GraniteHybridSpec) -> dict[str, torch.Tensor]:
+    def convert(hf: dict[str, torch.Tensor], s: GraniteHybridSpec, mixer=Mamba2Mixer) -> dict[str, torch.Tensor]:
         """Transformers' parameter names (or a GGUF file's, as gguf.py names them: its MLP as Llama's, its
-        experts as Qwen2-MoE's, -exp(A_log) as ssm_a) -> this module's."""
+        experts as Qwen2-MoE's, -exp(A_log) as ssm_a) -> this module's; the recurrent layers' by ``mixer``'s
+        convert (Jamba's: Mamba's)."""
         hf = {k.removeprefix("model."): v for k, v in hf.items()}
         out = {"embed.weight": hf["embed_tokens.weight"], "norm.weight": hf["norm.weight"]}
         out["lm_head.weight"] = hf["embed_tokens.weight"] if s.tie_word_embeddings else hf["lm_head.weight"]
@@ -123,7 +129,7 @@ class GraniteHybrid(DecoderModel):
             p = o = f"layers.{i}."
             out[o + "input_norm.weight"] = hf[p + "input_layernorm.weight"]
             out[o + "post_norm.weight"] = hf[p + "post_attention_layernorm.weight"]
-            if s.moe:
+            if s.moe and s.moe.routes(i):
                 out.update(SparseMoE.convert(hf, p, o + "mlp.", s.moe))
             else:  # (its shared MLP's gate and up rows in one product; a GGUF file's as Llama's)
                 gate_up, down = p + "shared_mlp.input_linear.weight", p + "shared_mlp.output_linear.weight"
@@ -133,5 +139,5 @@ class GraniteHybrid(DecoderModel):
                 out[o + "attn.qkv.weight"] = fused(hf, p, QKV)
                 out[o + "attn.out.weight"] = hf[p + "self_attn.o_proj.weight"]
                 continue
-            out.update(Mamba2Mixer.convert(hf, p + "mamba.", o + "mamba.", m))
+            out.update(mixer.convert(hf, p + "mamba.", o + "mamba.", m))
         return out

@@ -36,6 +36,7 @@ class MambaSpec(DecoderShape):
     conv_size: int = 4        # the inputs a convolution reads: this token's and conv_size - 1 before
     time_step_rank: int = 48  # the time step's width before its product widens it to a channel each
     dt_b_c_eps: float | None = None  # Falcon-Mamba's weightless RMS norms of the time step, B and C (None: none)
+    dt_b_c_weights: bool = False  # those norms with weights of their own (Jamba's dt_layernorm, b_ and c_layernorm)
     bias: bool = False        # the input and output products add biases
     conv_bias: bool = True
     tie_word_embeddings: bool = True
@@ -83,6 +84,14 @@ class MambaMixer(nn.Module):
         self.decay = nn.Parameter(torch.empty(s.state_size, inner))
         self.skip = nn.Parameter(torch.empty(inner))  # D
         self.out = nn.Linear(inner, s.hidden_size, bias=s.bias)
+        # Jamba's norms of the time step's low rank, B and C (Falcon-Mamba's have no weights: time_steps)
+        self.step_norms = nn.ModuleList(RMSNorm(width, s.dt_b_c_eps) for width in self.step_widths) \
+            if s.dt_b_c_weights else None
+
+    @property
+    def step_widths(self) -> tuple[int, int, int]:
+        """The widths of the time step's low rank, B and C in x_proj's output."""
+        return self.spec.time_step_rank, self.spec.state_size, self.spec.state_size
 
     @staticmethod
     def convert(hf: dict[str, torch.Tensor], prefix: str, out_prefix: str, s: MambaSpec) -> dict[str, torch.Tensor]:
@@ -100,6 +109,9 @@ class MambaMixer(nn.Module):
         decay = prefix + "ssm_a"
         out[out_prefix + "decay"] = (hf[decay] if decay in hf else -torch.exp(hf[prefix + "A_log"])).t().contiguous()
         out[out_prefix + "skip"] = hf[prefix + "D"].reshape(-1)
+        if s.dt_b_c_weights:
+            out |= {f"{out_prefix}step_norms.{i}.weight": hf[f"{prefix}{name}_layernorm.weight"]
+                    for i, name in enumerate(("dt", "b", "c"))}
         return out
 
     def forward(self, x, states: list[torch.Tensor], runs: StateRuns) -> torch.Tensor:
@@ -112,14 +124,16 @@ class MambaMixer(nn.Module):
         return self.out(self.mix(projected, states, runs))
 
     def time_steps(self, xs):
-        """The time steps' low-rank part, B and C of the convolved inputs (normed: Falcon-Mamba's), as one tensor
-        [rows, rank + 2 x state width]."""
+        """The time steps' low-rank part, B and C of the convolved inputs (normed: Falcon-Mamba's without weights,
+        Jamba's with), as one tensor [rows, rank + 2 x state width]."""
         s = self.spec
         bc = self.x_proj(xs)
         if s.dt_b_c_eps is None:
             return bc.contiguous()
-        return torch.cat([weightless_norm(t, s.dt_b_c_eps)
-                          for t in bc.split([s.time_step_rank, s.state_size, s.state_size], -1)], -1)
+        parts = bc.split(self.step_widths, -1)
+        if self.step_norms is not None:
+            return torch.cat([norm(t) for norm, t in zip(self.step_norms, parts)], -1)
+        return torch.cat([weightless_norm(t, s.dt_b_c_eps) for t in parts], -1)
 
     def mix_on_kernels(self, projected, states, runs: StateRuns) -> torch.Tensor:
         """[rows, inner]: the gated answers before the output product, the convolution and the scan on the
@@ -138,7 +152,7 @@ class MambaMixer(nn.Module):
         conv_states, matrices = states
         xs, z = projected.chunk(2, dim=-1)
         xs = convolve(xs, self.conv, self.conv_bias, conv_states, runs)
-        dt, b, c = self.time_steps(xs).split([s.time_step_rank, s.state_size, s.state_size], -1)
+        dt, b, c = self.time_steps(xs).split(self.step_widths, -1)
         y = scan(xs, F.softplus(self.dt_proj(dt)), self.decay, b, c, matrices, runs) + xs * self.skip
         return y * F.silu(z)
 

@@ -136,6 +136,14 @@ class MoESpec:
                        # (a file's expert_weights_scale too, as llama.cpp runs it: routed_scaling_factor)
                        routed_scale=(0.5 if average else 1.0) * float(c.get("routed_scaling_factor") or 1.0),
                        shared_scale=0.5 if average else 1.0)
+        if kind == "jamba":  # (the top-k softmax probabilities as they are; its layers' expert counts: jamba.py's)
+            counts = c["layers_num_experts"]
+            if all(n <= 1 for n in counts):
+                return None
+            if len({n for n in counts if n > 1}) > 1:
+                raise ValueError(f"Jamba with expert counts differing by layer ({sorted(set(counts))}) is not supported")
+            return cls(max(counts), c["num_experts_per_tok"], c["intermediate_size"], False,
+                       frozenset(i for i, n in enumerate(counts) if n <= 1), 1)
         if kind == "minimax_m2":  # (sigmoid scores, a bias each to choose by, the chosen renormalised)
             return cls(c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"], True, frozenset(), 1,
                        selection_bias=True, sigmoid=True)

@@ -141,6 +141,7 @@ struct MambaLayer {
 struct SelectiveLayer {
     const Weights *x_proj, *dt_proj;
     const void *conv, *conv_bias, *dt_bias, *decay, *skip;
+    const void *dt_norm, *b_norm, *c_norm;  // where ``normed``, the norms' weights (Jamba's; null: none, Falcon-Mamba's)
     void *conv_states, *states;
     int64_t inner, state_size, rank, taps, normed;
     double eps;
@@ -974,10 +975,11 @@ void layer_phases(T* x, const Layer<T, C>& l, const Step<T>& s, T* scratch, int6
         convolve_runs(qkv, 2 * inner, static_cast<const T*>(m.conv), static_cast<const T*>(m.conv_bias),
                       static_cast<T*>(m.conv_states), buffers.convolved, s.state_slots, s.lens, rows, inner, m.taps);
         multiply(buffers.convolved, inner, inner, m.x_proj, nullptr, width, steps);
-        if (m.normed) {  // the time step's low rank, B and C, each normed without a weight
+        if (m.normed) {  // the time step's low rank, B and C, each normed (by its own weights, where it has them)
             const T* none = nullptr;
-            norm_spans(steps, width, rows, 1, 0, m.rank, m.rank, none, none, m.eps);
-            norm_spans(steps + m.rank, width, rows, 2, 0, m.state_size, m.state_size, none, none, m.eps);
+            norm_spans(steps, width, rows, 1, 0, m.rank, m.rank, static_cast<const T*>(m.dt_norm), none, m.eps);
+            norm_spans(steps + m.rank, width, rows, 1, 1, m.state_size, m.state_size, static_cast<const T*>(m.b_norm),
+                       static_cast<const T*>(m.c_norm), m.eps);
         }
         multiply(steps, width, m.rank, m.dt_proj, static_cast<const T*>(m.dt_bias), inner, dt);
 #pragma omp for

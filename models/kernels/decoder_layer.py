@@ -171,7 +171,8 @@ class _MambaLayer(ctypes.Structure):  # decoder_layer.cpp's MambaLayer
 
 class _SelectiveLayer(ctypes.Structure):  # decoder_layer.cpp's SelectiveLayer
     _fields_ = [(name, _pointer) for name in (
-        "x_proj", "dt_proj", "conv", "conv_bias", "dt_bias", "decay", "skip", "conv_states", "states")]
+        "x_proj", "dt_proj", "conv", "conv_bias", "dt_bias", "decay", "skip", "dt_norm", "b_norm", "c_norm",
+        "conv_states", "states")]
     _fields_ += [(name, _int64) for name in ("inner", "state_size", "rank", "taps", "normed")]
     _fields_ += [("eps", _double)]
 
@@ -441,11 +442,15 @@ class DecoderLayers:
 
     def _granite_hybrid_layer(self, block, spec) -> _Layer:
         """An attention layer as Granite's; a Mamba2 layer with its input and output products in the q/k/v's
-        and the output's places, its parameters (in the layers' dtype) and states in a MambaLayer."""
+        and the output's places, its parameters (in the layers' dtype) and states in a MambaLayer (Jamba's Mamba
+        layer: in a SelectiveLayer)."""
         if not block.recurrent:
             return self._llama_layer(block, spec)
         layer = self._llama_layer(block, spec, mixer=(block.mamba.in_proj, block.mamba.out))
-        layer.mamba = self._mamba(block.mamba, spec.mamba)
+        if isinstance(block.mamba, MambaMixer):
+            layer.selective = self._selective(block.mamba)
+        else:
+            layer.mamba = self._mamba(block.mamba, spec.mamba)
         return layer
 
     def _falcon_h1_layer(self, block, spec) -> _Layer:
@@ -462,15 +467,22 @@ class DecoderLayers:
         mixer = block.mixer
         layer = self._layer((block.norm, None), mixer.in_proj, mixer.out, None, None, (None, None, None, None),
                             hidden=spec.hidden_size, eps=spec.rms_norm_eps)
-        products = [_weights(m) for m in (mixer.x_proj, mixer.dt_proj)]
+        layer.selective = self._selective(mixer)
+        return layer
+
+    def _selective(self, mixer: MambaMixer) -> int:
+        """The address of a Mamba mixer's SelectiveLayer: its x and dt products, its parameters (and its time step's,
+        B's and C's norm weights: Jamba's) in the layers' dtype; its states set where the pool is bound."""
+        m = mixer.spec
+        products = [_weights(p) for p in (mixer.x_proj, mixer.dt_proj)]
+        norms = [n.weight for n in mixer.step_norms] if mixer.step_norms is not None else [None] * 3
         selective = _SelectiveLayer(*(ctypes.addressof(w) for w in products),
                                     *(self._in_dtype(t) for t in (mixer.conv, mixer.conv_bias, mixer.dt_proj.bias,
-                                                                  mixer.decay, mixer.skip)),
-                                    None, None, spec.intermediate_size, spec.state_size, spec.time_step_rank,
-                                    spec.conv_size, spec.dt_b_c_eps is not None, spec.dt_b_c_eps or 0.0)
+                                                                  mixer.decay, mixer.skip, *norms)),
+                                    None, None, m.intermediate_size, m.state_size, m.time_step_rank, m.conv_size,
+                                    m.dt_b_c_eps is not None, m.dt_b_c_eps or 0.0)
         self.weights.append((mixer, products, selective))
-        layer.selective = ctypes.addressof(selective)
-        return layer
+        return ctypes.addressof(selective)
 
     def _mamba(self, mixer, m, products: tuple = ()) -> int:
         """The address of a Mamba2 mixer's MambaLayer: its parameters in the layers' dtype, its ``products`` (input,

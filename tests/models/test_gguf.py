@@ -758,11 +758,11 @@ def test_unsupported_architecture(tmp_path):
      r"m.gguf is a qwen2 model with 8 experts; Loom runs experts in llama, qwen2moe, qwen3moe, granitemoe, olmoe, "
      r"ernie4_5-moe, gpt-oss, lfm2moe, granitehybrid, qwen3vlmoe, qwen35moe, deepseek2, mistral4, nemotron_h_moe, "
      r"glm4moe, granite_swa, qwen3next, gemma4, dots1, hunyuan-moe, minimax-m2, afmoe, dbrx, exaone-moe, llama4, "
-     r"cohere2moe files \(Mixtral's, "
+     r"cohere2moe, jamba files \(Mixtral's, "
      r"Qwen2-MoE's, Qwen3-MoE's, Granite MoE's, OLMoE's, ERNIE 4.5's, gpt-oss's, LFM2-MoE's, Granite 4's, Qwen3-VL's, "
      r"Qwen3.5's, Qwen3-Next's, DeepSeek's, Nemotron 3's, GLM-4.5's, Gemma 4's, dots.llm1's, Hunyuan-A13B's, "
-     r"MiniMax-M2's, Arcee's Trinity's, DBRX's, EXAONE-MoE's, Mistral 4's, Granite SWA's, Llama 4's and "
-     r"Cohere2-MoE's\)"),
+     r"MiniMax-M2's, Arcee's Trinity's, DBRX's, EXAONE-MoE's, Mistral 4's, Granite SWA's, Llama 4's, "
+     r"Cohere2-MoE's and Jamba's\)"),
     ("qwen3moe", {"qwen3moe.expert_count": 8, "qwen3moe.expert_weights_scale": 2.5},
      "m.gguf scales its experts' weights by 2.5, which Loom runs in afmoe, cohere2moe, deepseek2, dots1, exaone-moe, "
      "glm4moe, lfm2moe, mistral4, nemotron_h_moe files only"),

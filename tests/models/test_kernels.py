@@ -289,13 +289,13 @@ NATIVE_FAMILIES = ["llama", "qwen2", "qwen2_sliding", "mistral", "ministral3", "
                    "mamba", "falcon_mamba", "gemma4", "gemma4_moe", "gemma3n", "gpt2", "phi", "cohere2", "hunyuan_v1_dense",
                    "olmo", "nemotron", "dots1", "hunyuan_v1_moe", "minimax_m2", "gpt_neox", "falcon", "afmoe",
                    "apertus", "gpt_bigcode", "dbrx", "exaone_moe", "jais2", "stablelm", "cohere", "mistral4",
-                   "granite_swa", "granitemoe_swa", "bloom", "mpt", "llama4_text", "cohere2_moe"]
+                   "granite_swa", "granitemoe_swa", "bloom", "mpt", "llama4_text", "cohere2_moe", "jamba"]
 # the families whose native layers take short prefill chunks (the others' steps with prefill chunks are the torch
 # layers')
 CHUNKED_FAMILIES = ["llama", "qwen2_sliding", "mistral", "ministral3", "qwen3", "smollm3", "granite", "gemma", "gemma2",
                     "gemma3", "olmo3", "exaone4", "lfm2", "qwen3_5", "qwen3_next", "granitemoehybrid", "nemotron_h",
                     "falcon_h1", "mamba2", "mamba", "falcon_mamba", "gemma4", "gemma3n", "gpt2", "hunyuan_v1_dense",
-                    "bloom", "llama4_text"]
+                    "bloom", "llama4_text", "jamba"]
 
 
 def pytest_generate_tests(metafunc):
@@ -349,7 +349,7 @@ def test_native_decoder_layers_match_the_torch_layers(arch, dtype, cache_dtype, 
     if arch in ("mixtral", "qwen3_moe", "granitemoe", "olmoe", "gpt_oss", "lfm2_moe", "granitemoehybrid", "deepseek_v2",
                 "deepseek_v3", "glm4_moe_lite", "nemotron_h_moe", "glm4_moe", "gemma4_moe", "dots1", "hunyuan_v1_moe",
                 "minimax_m2", "afmoe", "dbrx", "exaone_moe", "mistral4", "granitemoe_swa", "llama4_text",
-                "cohere2_moe"):
+                "cohere2_moe", "jamba"):
         tolerance = max(tolerance, 1e-5)
     torch.testing.assert_close(native_logits, torch_logits, atol=tolerance, rtol=tolerance)
     torch.testing.assert_close(native_cache, torch_cache, atol=tolerance, rtol=tolerance)
@@ -452,9 +452,9 @@ def test_native_decoder_layers_take_short_prefill_chunks(arch, dtype, cache_dtyp
     if arch.startswith(("gemma", "qwen3_5", "qwen3_next")) and not arch.startswith(("gemma4", "gemma3n")) and dtype == torch.float64:
         pytest.skip("Gemma's, Qwen3.5's and Qwen3-Next's native layers run in float32 only")
     # (Granite 4's dense hybrid: a model with routed experts keeps its rows on the team, and weighs them in float32)
-    # (Qwen3-Next's every layer dense: mlp_only_layers; Llama 4's: moe_layers)
+    # (Qwen3-Next's every layer dense: mlp_only_layers; Llama 4's: moe_layers; Jamba's: one expert a layer)
     dense = {"granitemoehybrid": {"num_local_experts": 0}, "qwen3_next": {"mlp_only_layers": [0, 1, 2, 3]},
-             "llama4_text": {"moe_layers": []}}
+             "llama4_text": {"moe_layers": []}, "jamba": {"num_experts": 1}}
     model = models.load(with_random_norms(tiny_model(arch, **dense.get(arch, {}))), dtype=dtype).model
     layers = model.decoder_layers
     gen = torch.Generator().manual_seed(7)

@@ -1,0 +1,85 @@
+"""AI21's Jamba (Jamba-v0.1, Jamba 1.5 and 1.6 Mini and Large, Jamba Reasoning 3B) over the paged KV cache and a
+state a sequence: Granite 4's hybrid layers (granite_hybrid.py) with Mamba's selective-scan mixer (mamba.py) in the
+recurrent layers, its time step, B and C RMS-normed with weights of their own, and no positions anywhere (the
+attention layers, one in ``attn_layer_period``, do not rotate). Every layer then takes a SwiGLU MLP, or, one layer
+in ``expert_layer_period``, a mixture of experts weighted by the chosen experts' softmax probabilities as they are
+(not renormalised)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from .granite_hybrid import Block as HybridBlock, GraniteHybrid, GraniteHybridSpec
+from .llama_spec import LlamaSpec
+from .mamba import MambaMixer, MambaSpec
+
+FAMILIES = ("jamba",)
+# transformers' JambaConfig defaults, for a config that leaves them out
+DEFAULTS = {"attn_layer_period": 8, "attn_layer_offset": 4, "expert_layer_period": 2, "expert_layer_offset": 1,
+            "num_experts": 16, "num_experts_per_tok": 2, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
+            "mamba_dt_rank": "auto", "mamba_conv_bias": True, "mamba_proj_bias": False, "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": False, "max_position_embeddings": 262144}
+
+
+def layer_kinds(c: dict) -> tuple[list[str], list[int]]:
+    """Each layer's kind ("attention" or "mamba") and expert count (1: a plain MLP), as transformers' JambaConfig
+    derives them from the periods and offsets (a GGUF file's config lists them: gguf_config.py)."""
+    layers = range(c["num_hidden_layers"])
+    kinds = c.get("layers_block_type") or [
+        "attention" if i % c["attn_layer_period"] == c["attn_layer_offset"] else "mamba" for i in layers]
+    experts = c.get("layers_num_experts") or [
+        c["num_experts"] if i % c["expert_layer_period"] == c["expert_layer_offset"] else 1 for i in layers]
+    if len(kinds) != len(layers) or len(experts) != len(layers):
+        raise ValueError(f"a Jamba config lists {len(kinds)} layer kinds and {len(experts)} expert counts for "
+                         f"{len(layers)} layers")
+    if unknown := set(kinds) - {"attention", "mamba"}:
+        raise ValueError(f"Jamba layer kinds {sorted(unknown)} are not supported; supported: attention, mamba")
+    return kinds, experts
+
+
+@dataclass
+class JambaSpec(GraniteHybridSpec):
+    @classmethod
+    def from_hf(cls, c: dict) -> "JambaSpec":
+        c = {**DEFAULTS, **c}
+        kinds, experts = layer_kinds(c)
+        if c.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"Jamba with hidden_act {c['hidden_act']!r} is not supported; supported: silu")
+        layers, hidden = c["num_hidden_layers"], c["hidden_size"]
+        rank = c["mamba_dt_rank"]
+        mamba = MambaSpec(vocab_size=c["vocab_size"], hidden_size=hidden, intermediate_size=c["mamba_expand"] * hidden,
+                          num_layers=layers, num_heads=0, num_kv_heads=0, head_dim=0, rms_norm_eps=c["rms_norm_eps"],
+                          state_size=c["mamba_d_state"], conv_size=c["mamba_d_conv"],
+                          time_step_rank=-(-hidden // 16) if rank == "auto" else int(rank),
+                          dt_b_c_eps=c["rms_norm_eps"], dt_b_c_weights=True, bias=bool(c["mamba_proj_bias"]),
+                          conv_bias=bool(c["mamba_conv_bias"]))
+        # (no layer rotates; the experts' layers by their counts: moe.py's MoESpec)
+        base = LlamaSpec.from_hf({**c, "no_rope_layers": [0] * layers, "layers_num_experts": experts})
+        return cls(**{f.name: getattr(base, f.name) for f in fields(LlamaSpec)},
+                   layer_recurrent=tuple(kind == "mamba" for kind in kinds), mamba=mamba)
+
+
+class Block(HybridBlock):
+    @staticmethod
+    def mixer(s: JambaSpec) -> MambaMixer:
+        return MambaMixer(s.mamba)
+
+
+class Jamba(GraniteHybrid):
+    BLOCK = Block
+
+    @staticmethod
+    def convert(hf: dict[str, torch.Tensor], s: JambaSpec) -> dict[str, torch.Tensor]:
+        """Transformers' parameter names (or a GGUF file's, as gguf.py names them: Mamba's, with the time step's,
+        B's and C's norms) -> this module's: Granite 4's once Jamba's feed_forward reads as Llama's mlp (its
+        router as the gate) and its pre_ff_layernorm as the post-attention norm."""
+        renames = (("final_layernorm.", "norm."), (".pre_ff_layernorm.", ".post_attention_layernorm."),
+                   (".feed_forward.router.", ".mlp.gate."), (".feed_forward.", ".mlp."))
+        named = {}
+        for name, tensor in hf.items():
+            for theirs, ours in renames:
+                name = name.replace(theirs, ours)
+            named[name] = tensor
+        return GraniteHybrid.convert(named, s, mixer=MambaMixer)
