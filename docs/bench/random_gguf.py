@@ -300,7 +300,10 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "llama4-scout-17b-16e": (5120, 16384, 48, 40, 8), "llama4-scout-17b-16e-4l": (5120, 16384, 4, 40, 8),
           # a Cohere2-MoE of made-up sizes (Command A's mixture's not at hand): for checking Loom's reading of the
           # architecture against llama-server's, not for speed figures
-          "cohere2moe-check-8l": (2048, 4096, 8, 16, 4)}
+          "cohere2moe-check-8l": (2048, 4096, 8, 16, 4),
+          # a Jamba of made-up sizes (its published ones' 8-layer blocks, narrower: Jamba Mini's experts would be
+          # 11 GB in four layers), for checking Loom's reading of the architecture against llama-server's
+          "jamba-check-8l": (2048, 5632, 8, 16, 4)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
 UNTIED = {"phi2-2.7b", "qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
           "qwen2moe-a2.7b", "qwen35-9b", "qwen3vl-8b", "qwen3vlmoe-30b-a3b", "nemotronh-4b", "nemotronh-8b",
@@ -382,6 +385,9 @@ class Layout:
     sigmoid: tuple[float, bool] | None = None  # DeepSeek-V3's sigmoid scores: the chosen weights' scale, renormalised
     # Mamba's selective-scan layers: their inner width, state, time step's rank, whether the step, B and C are normed
     selective: tuple[int, int, int, bool] | None = None
+    # Jamba's: the layers that attend (one every this many, from this one; the others Mamba's, ``selective``'s, their
+    # time step, B and C normed by weights), and those that route to ``experts`` (likewise), the others' MLPs dense
+    jamba: tuple[int, int, int, int] | None = None
     # Gemma 4's: its global layers' head size and K/V heads (None: the others'), whether their values are their keys,
     # the last layers reading earlier ones' K/V (their MLPs twice as wide where double_wide), the per-layer inputs'
     # width, and a global layer every this many
@@ -544,6 +550,9 @@ SHAPE_LAYOUTS = {"gemma3-4b": replace(LAYOUTS["gemma3"], window=1024, linear_rop
                  "mamba2-codestral-7b": replace(LAYOUTS["mamba2"], mamba=(128, 64, 128, 8)),
                  "mamba-2.8b": Layout("mamba", head=64, eps=1e-5, context=1 << 20, selective=(5120, 16, 160, False)),
                  "falcon-mamba-7b": Layout("mamba", head=64, eps=1e-5, context=1 << 20, selective=(8192, 16, 256, True)),
+                 # (Jamba Mini's periods: an attention layer in eight from the fifth, experts every other layer)
+                 "jamba-check-8l": Layout("jamba", eps=1e-6, context=262144, selective=(4096, 16, 128, False),
+                                          experts=(8, 2, 5632), jamba=(8, 4, 2, 1), attending=(4,)),
                  "gemma3n-e4b": replace(LAYOUTS["gemma3n"], gemma3n=(256, 64, 4, 15, 5)),
                  "gemma4-e4b": replace(LAYOUTS["gemma4"], gemma4=(512, None, False, 18, False, 256, 6)),
                  **{shape: replace(LAYOUTS["gemma4"], window=1024, gemma4=(512, 4, True, 0, False, 0, 6))
@@ -795,6 +804,22 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
         return
     q_rows = 2 * q if family.delta else q  # (Qwen3.5's query product gives a gate a head too)
     for i in range(layers):
+        if family.jamba:  # a norm, an attention or Mamba's mixer with its norms, a norm, an MLP or experts
+            every, at, routes_every, routes_at = family.jamba
+            inner_width, state, rank, _ = family.selective
+            mixer = (("attn_q", (q, hidden)), ("attn_k", (kv, hidden)), ("attn_v", (kv, hidden)),
+                     ("attn_output", (hidden, q))) if i % every == at else (
+                ("ssm_in", (2 * inner_width, hidden)), ("ssm_conv1d", (inner_width, QWEN35_CONV_TAPS)),
+                ("ssm_conv1d.bias", (inner_width,)), ("ssm_x", (rank + 2 * state, inner_width)),
+                ("ssm_dt_norm", (rank,)), ("ssm_dt", (inner_width, rank)), ("ssm_dt.bias", (inner_width,)),
+                ("ssm_b_norm", (state,)), ("ssm_c_norm", (state,)), ("ssm_a", None), ("ssm_d", None),
+                ("ssm_out", (hidden, inner_width)))
+            for name, shape in (("attn_norm", (hidden,)), *mixer, ("ffn_norm", (hidden,)),
+                                *(mlp if i % routes_every == routes_at else dense)):
+                bare = name in ("ssm_a", "ssm_d")  # (their names have no kind)
+                shape = shape or ((inner_width, state) if name == "ssm_a" else (inner_width,))
+                yield f"blk.{i}.{name}" + ("" if bare or name.endswith(".bias") else ".weight"), i, shape
+            continue
         if family.selective:  # a norm, then Mamba's selective-scan mixer
             inner_width, state, rank, _ = family.selective
             for name, shape in (("attn_norm.weight", (hidden,)), ("ssm_in.weight", (2 * inner_width, hidden)),
@@ -870,7 +895,8 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
                 yield f"blk.{i}.{name}_norm.weight", i, (heads if name == "attn_q" else kv_heads, head)
             if family.output_norms and name in ("attn_output", "ffn_down", "ffn_down_exps"):
                 yield f"blk.{i}.{'post_attention_norm' if name == 'attn_output' else 'post_ffw_norm'}.weight", i, (hidden,)
-    lfm2 = family.attending is not None and not family.mamba  # (LFM2's final norm by llama.cpp's name for it)
+    # (LFM2's final norm by llama.cpp's name for it)
+    lfm2 = family.attending is not None and not family.mamba and not family.jamba
     yield "token_embd_norm.weight" if lfm2 else "output_norm.weight", -1, (hidden,)
     if family.layer_norm == "biased":
         yield "output_norm.bias", -1, (hidden,)
@@ -964,7 +990,7 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_head_count_kv([kv_heads if c == "*" else 0 for c in family.pattern[:layers]])
     elif family.attending is not None:  # (none in a convolution or Mamba2 layer: how llama.cpp tells them apart)
         writer.add_head_count_kv([kv_heads if i in family.attending else 0 for i in range(layers)])
-        if not family.mamba:
+        if not family.mamba and not family.jamba:
             writer.add_uint32(f"{family.arch}.shortconv.l_cache", CONV_TAPS)
     else:
         writer.add_head_count_kv(kv_heads)
