@@ -320,6 +320,14 @@ CONFIGS = {
         vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, state_size=8, expand=2, conv_kernel=4,
         time_step_rank=8, eos_token_id=EOS, bos_token_id=1, pad_token_id=0, initializer_range=0.15,
         layer_norm_epsilon=1e-2, mixer_rms_eps=1e-3, tie_word_embeddings=True),
+    # MiniCPM3: DeepSeek's latent attention (low-rank queries, a value narrower than the hidden size over the heads),
+    # its rotary in halves over the last part of each head, a dense SwiGLU MLP, MiniCPM's scales of the embeddings,
+    # the residual branches and the logits (each far from 1, so that a scale left out shows)
+    "minicpm3": lambda: transformers.MiniCPM3Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12,
+        max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1, pad_token_id=0, scale_emb=3.0,
+        scale_depth=2.5, dim_model_base=16, tie_word_embeddings=False),
     # Jamba: Mamba layers (their time step, B and C RMS-normed with weights; an epsilon large enough that a wrong one
     # shows) and an attention layer in three without positions, experts every other layer (the top two's softmax
     # probabilities as they are), SwiGLU MLPs between
@@ -507,7 +515,8 @@ MODEL_CLASSES = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.Lla
                  "granitemoehybrid": transformers.GraniteMoeHybridForCausalLM, "gemma3": transformers.Gemma3ForCausalLM,
                  "nemotron_h": transformers.NemotronHForCausalLM, "nemotron_h_moe": transformers.NemotronHForCausalLM,
                  "mamba2": transformers.Mamba2ForCausalLM, "mamba": transformers.MambaForCausalLM,
-                 "falcon_mamba": transformers.FalconMambaForCausalLM, "jamba": transformers.JambaForCausalLM, "gemma4": transformers.Gemma4ForCausalLM,
+                 "falcon_mamba": transformers.FalconMambaForCausalLM, "jamba": transformers.JambaForCausalLM,
+                 "minicpm3": transformers.MiniCPM3ForCausalLM, "gemma4": transformers.Gemma4ForCausalLM,
                  "gemma3n": transformers.Gemma3nForCausalLM,
                  "gemma4_moe": transformers.Gemma4ForCausalLM,
                  "glm4": transformers.Glm4ForCausalLM, "glm": transformers.GlmForCausalLM,
@@ -1175,6 +1184,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                                    c.moe_intermediate_size)
     writer.add_head_count(heads)
     deepseek = arch in ("deepseek2", "mistral4")  # (Mistral 4's files are DeepSeek's under a name of their own)
+    minicpm3 = arch == "minicpm3"  # (DeepSeek's latent attention, its kv_b whole, its key length a query head's)
     if not state_only:
         writer.add_head_count_kv([kv_heads if t in ("attention", "full_attention") else 0 for t in types]
                                  if lfm2 or hybrid or jamba else 1 if deepseek else kv_heads)
@@ -1182,6 +1192,10 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
         metadata = _deepseek2_metadata(c) | (metadata or {})
     if arch == "glm4moe":
         metadata = _glm4_moe_metadata(c) | (metadata or {})
+    if minicpm3:
+        metadata = {"attention.kv_lora_rank": c.kv_lora_rank, "attention.q_lora_rank": c.q_lora_rank,
+                    "attention.key_length": c.qk_nope_head_dim + c.qk_rope_head_dim,
+                    "rope.dimension_count": c.qk_rope_head_dim} | (metadata or {})
     if hybrid:
         metadata = (_mamba_metadata(c) if arch == "mamba" else _mamba2_metadata(c) if mamba2 else
                     _nemotron_h_metadata(c) if nemotron else _granite_hybrid_metadata(c)) | (metadata or {})
@@ -1202,7 +1216,7 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
                     "attention.recurrent_layers": [t == "linear_attention" for t in c.layer_types],
                     "rope.dimension_count": int(c.head_dim * c.rope_parameters["partial_rotary_factor"]),
                     **(metadata or {})}
-    if not (deepseek or state_only) and getattr(c, "head_dim", None) not in (None, c.hidden_size // heads):
+    if not (deepseek or minicpm3 or state_only) and getattr(c, "head_dim", None) not in (None, c.hidden_size // heads):
         writer.add_key_length(c.head_dim)
     layer_norms = arch in ("starcoder2", "stablelm", "phi2", "command-r", "cohere2", "olmo", "nemotron", "gptneox",
                            "falcon", "gpt2", "starcoder", "dbrx", "jais2", "orion", "bloom", "mpt") or (
@@ -1249,7 +1263,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
              **(GGUF_GEMMA_NAMES if arch in ("gemma2", "gemma3", "olmo2", "gpt-oss", "exaone4") else {}),
              **(GGUF_LFM2_NAMES if lfm2 else {}), **(GGUF_QWEN35_NAMES if qwen35 else {}),
              **({"post_self_attn_layernorm": "post_attention_norm", "post_mlp_layernorm": "post_ffw_norm"}
-                if arch == "glm4" else {}), **(GGUF_DEEPSEEK2_NAMES if deepseek else {}),
+                if arch == "glm4" else {}), **(GGUF_DEEPSEEK2_NAMES if deepseek or minicpm3 else {}),
+             **({"self_attn.kv_b_proj": "attn_kv_b"} if minicpm3 else {}),
              **({"post_attention_layernorm": "post_attention_norm"} if arch in ("glm4moe", "seed_oss") else {}),
              **(GGUF_AFMOE_NAMES if arch == "afmoe" else {})}
     for name, tensor in (_falcon_h1_state(hf) if falcon else hf.state_dict()).items():

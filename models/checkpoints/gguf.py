@@ -142,6 +142,7 @@ ARCH_LAYER_NAMES = {"gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES, "g
                     "glm4moe": {"post_attention_norm": "post_attention_layernorm"},
                     "seed_oss": {"post_attention_norm": "post_attention_layernorm"},  # (Seed-OSS's likewise)
                     "deepseek2": DEEPSEEK_LAYER_NAMES, "mistral4": DEEPSEEK_LAYER_NAMES,
+                    "minicpm3": DEEPSEEK_LAYER_NAMES,
                     "falcon-h1": GRANITE_HYBRID_LAYER_NAMES,
                     # (AFMoE's norms of the attention's output and the MLP's, before the MLP, and its attention's gate)
                     "afmoe": {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_mlp_layernorm",
@@ -556,7 +557,7 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "qwen35moe": "llama", "qwen3next": "llama", "granitehybrid": "llama", "qwen2vl": "qwen2",
                        "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3", "nemotron_h": "llama", "nemotron_h_moe": "llama",
                        "glm4": "llama", "chatglm": "llama", "glm4moe": "llama", "falcon-h1": "llama", "mamba2":
-                       "llama", "mamba": "llama", "jamba": "llama", "deepseek2": "llama", "gemma4": "llama", "gemma3n": "gemma3",
+                       "llama", "mamba": "llama", "jamba": "llama", "minicpm3": "llama", "deepseek2": "llama", "gemma4": "llama", "gemma3n": "gemma3",
                        "exaone": "llama", "arcee": "llama", "seed_oss": "llama", "internlm2": "llama", "minicpm":
                        "llama", "command-r": "llama", "cohere2": "llama", "phi2": "llama", "hunyuan-dense": "llama",
                        "olmo": "llama", "nemotron": "llama", "dots1": "llama", "hunyuan-moe": "llama", "minimax-m2":

@@ -33,6 +33,8 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  # DeepSeek-V2 and V3, Kimi K2, Moonlight, GLM-4.7-Flash (V2's softmax, V3's sigmoid: _deepseek2)
                  "deepseek2": "deepseek_v3",
                  "mistral4": "mistral4",  # (Mistral 4's: DeepSeek-V3's latent attention, softmax routing)
+                 # (MiniCPM3's: DeepSeek's latent attention, its rotary in halves, a dense MLP, MiniCPM's scales)
+                 "minicpm3": "minicpm3",
                  # Llama's math under names of their own: EXAONE 3.5, Arcee's AFM (an MLP without a gate), Seed-OSS;
                  # InternLM2 and MiniCPM (Granite's multipliers: _minicpm_scales) as their files hold them, Llama's
                  "exaone": "exaone", "arcee": "arcee", "seed_oss": "seed_oss", "internlm2": "llama", "minicpm": "llama",
@@ -237,6 +239,8 @@ def gguf_config(arch: str, meta: dict, tensors: dict[str, TensorInfo], file_name
                    "mlp_bias": any(name.endswith(".ffn_up.bias") for name in tensors)}
     if arch in LATENT_ATTENTION:
         config |= _deepseek2(key, config)
+    if arch == "minicpm3":
+        config |= _minicpm3(key, config)
     if arch == "falcon-h1":
         config |= _falcon_h1_layers(arch, key, tensors, file_name)
     if arch == "mamba2":
@@ -581,6 +585,18 @@ def _deepseek2(key, config: dict) -> dict:
     if key("expert_count"):
         fields |= _v3_routing(key) | {"moe_intermediate_size": key("expert_feed_forward_length")}
     return fields
+
+
+def _minicpm3(key, config: dict) -> dict:
+    """A MiniCPM3 file's latent attention as transformers' MiniCPM3Config names it (DeepSeek's fields, a head's value
+    the hidden size over the heads where the file does not say, as llama.cpp reads it), and the scales llama.cpp
+    fixes, which the files do not keep: MiniCPM3-4B's embeddings times 12, residual branches times 1.4 over the root
+    of the layers, logits over the hidden size in 256s."""
+    fields = _deepseek2(key, config)
+    return {name: fields[name] for name in ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+                                            "head_dim", "latent_norm_eps")} | {
+        "v_head_dim": fields["v_head_dim"] or config["hidden_size"] // config["num_attention_heads"],
+        "scale_emb": 12.0, "scale_depth": 1.4, "dim_model_base": 256}
 
 
 def _v3_routing(key) -> dict:

@@ -1,5 +1,6 @@
 """DeepSeek's family over the paged KV cache: DeepSeek-V2 (and V2-Lite), V3 and the models built on it (Kimi K2,
-Moonlight), GLM-4.7-Flash, Mistral 4 (softmax routing, Llama 4's attention temperature). Its multi-head latent
+Moonlight), GLM-4.7-Flash, Mistral 4 (softmax routing, Llama 4's attention temperature), and MiniCPM3 (a dense MLP,
+MiniCPM's scales of the embeddings, the residual branches and the logits). Its multi-head latent
 attention keeps one latent a token, not keys and values a head: the token's hidden state projected down to
 kv_lora_rank values (normed) beside a key part that rotates (rope_dim values, one for all heads). Each head's key and
 value are that latent projected up (kv_b_proj's rows), so a head's score q . k_up(latent) is (k_up^T q) . latent: the
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
 import torch
 from torch import nn
 
@@ -22,7 +25,7 @@ from .layers import (GATE_UP, AttentionMasks, DecoderModel, DecoderShape, RMSNor
 from .moe import DEEPSEEK_KINDS, MoESpec, SparseMoE
 from .rope import Rotary, halves_from_pairs, query_scales_at, rope_type, temperature_of, yarn_mscale
 
-FAMILIES = DEEPSEEK_KINDS
+FAMILIES = DEEPSEEK_KINDS + ("minicpm3",)
 LATENT_NORM_EPS = 1e-6
 
 
@@ -47,6 +50,11 @@ class DeepSeekSpec(DecoderShape):
     latent_norm_eps: float = LATENT_NORM_EPS
     # Mistral 4's (Llama 4's) attention temperature: rope.query_temperature's (beta, the original context, 0)
     query_temperature: tuple[float, int, int] | None = None
+    # MiniCPM3's scales (Granite's names, llama_spec's): the embeddings times embedding_scale, each residual branch
+    # times residual_scale, the logits over logits_divisor
+    embedding_scale: float = 1.0
+    residual_scale: float = 1.0
+    logits_divisor: float = 1.0
 
     @classmethod
     def from_hf(cls, c: dict) -> "DeepSeekSpec":
@@ -58,6 +66,11 @@ class DeepSeekSpec(DecoderShape):
         rope = dict(c.get("rope_parameters") or c.get("rope_scaling") or {})
         nope, rotary, latent = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["kv_lora_rank"]
         trained = c.get("max_position_embeddings", 4096)
+        minicpm3 = kind == "minicpm3"
+        # (MiniCPM3's: scale_depth over the root of the layers, its config's defaults where it leaves them out)
+        scales = {"embedding_scale": float(c.get("scale_emb", 12)),
+                  "residual_scale": c.get("scale_depth", 1.4) / math.sqrt(c["num_hidden_layers"]),
+                  "logits_divisor": c["hidden_size"] / (c.get("dim_model_base") or 256)} if minicpm3 else {}
         return cls(
             vocab_size=c["vocab_size"],
             hidden_size=c["hidden_size"],
@@ -71,7 +84,7 @@ class DeepSeekSpec(DecoderShape):
             kv_lora_rank=latent,
             nope_dim=nope,
             rope_dim=rotary,
-            value_dim=c["v_head_dim"],
+            value_dim=c.get("v_head_dim") or c["hidden_size"] // c["num_attention_heads"],  # (MiniCPM3's default)
             rope_theta=float(c.get("rope_theta") or rope.get("rope_theta") or 10000.0),
             rope_scaling=rope if rope_type(rope) != "default" else None,
             max_position=trained,
@@ -79,12 +92,13 @@ class DeepSeekSpec(DecoderShape):
             attention_scale=_attention_scale(nope + rotary, rope),
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
             # (V2's rotation is complex numbers of pairs side by side; V3's too, unless rope_interleave says not;
-            # a GGUF file's rows are put in halves as they are read)
-            interleaved_rotary=(kind == "deepseek_v2" or c.get("rope_interleave", True))
+            # a GGUF file's rows are put in halves as they are read; MiniCPM3's rotates halves)
+            interleaved_rotary=not minicpm3 and (kind == "deepseek_v2" or c.get("rope_interleave", True))
                                and not c.get("rotary_rows_in_halves", False),
             moe=MoESpec.from_hf(c),
             latent_norm_eps=c.get("latent_norm_eps", LATENT_NORM_EPS),
             query_temperature=temperature_of(rope),
+            **scales,
         )
 
 
@@ -163,6 +177,7 @@ class LatentAttention(nn.Module):
 class Block(nn.Module):
     def __init__(self, s: DeepSeekSpec, index: int):
         super().__init__()
+        self.residual_scale = s.residual_scale
         self.input_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.attn = LatentAttention(s)
         self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
@@ -170,8 +185,8 @@ class Block(nn.Module):
             SwiGLU(s.hidden_size, s.intermediate_size)
 
     def forward(self, x, cos, sin, kv_cache, layer, step, masks, query_scales=None):
-        x = x + self.attn(self.input_norm(x), cos, sin, kv_cache, layer, step, masks, query_scales)
-        return x + self.mlp(self.post_norm(x))
+        x = x + self.attn(self.input_norm(x), cos, sin, kv_cache, layer, step, masks, query_scales) * self.residual_scale
+        return x + self.mlp(self.post_norm(x)) * self.residual_scale
 
 
 class DeepSeek(DecoderModel):
@@ -181,16 +196,16 @@ class DeepSeek(DecoderModel):
 
     def forward(self, step, kv_cache) -> torch.Tensor:
         """Logits [S, vocab] for the step's sampled positions only."""
-        x = self.embed(step.input_ids)
+        x = self.embed(step.input_ids) * self.spec.embedding_scale
         cos, sin = self.rotary(step.positions, x.dtype)
         scales = query_scales_at(step.positions, self.spec.query_temperature, x.dtype)
         logits = self.native_decode(x, cos, sin, step, kv_cache, query_scales=scales)
-        if logits is not None:
-            return logits
-        masks = AttentionMasks(step, x.dtype, kv_cache)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, kv_cache, i, step, masks, scales)
-        return self.lm_head(self.norm(x[step.sample_indices]))
+        if logits is None:
+            masks = AttentionMasks(step, x.dtype, kv_cache)
+            for i, layer in enumerate(self.layers):
+                x = layer(x, cos, sin, kv_cache, i, step, masks, scales)
+            logits = self.lm_head(self.norm(x[step.sample_indices]))
+        return logits / self.spec.logits_divisor
 
     @staticmethod
     def convert(hf: dict[str, torch.Tensor], s: DeepSeekSpec) -> dict[str, torch.Tensor]:

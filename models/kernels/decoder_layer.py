@@ -504,7 +504,8 @@ class DecoderLayers:
         layer = self._layer((block.input_norm, block.post_norm), attn.q if attn.q is not None else attn.q_down,
                             attn.out, up, down, (None, None, None, None), hidden=spec.hidden_size,
                             intermediate=inner, heads=spec.num_heads, kv_heads=1, dim=spec.head_dim,
-                            activation=activation, eps=spec.rms_norm_eps, scale=attn.scale)
+                            activation=activation, eps=spec.rms_norm_eps, scale=attn.scale,
+                            residual_scale=spec.residual_scale)  # (MiniCPM3's)
         self._route(layer, block.mlp)
         products = [None if m is None else _weights(m) for m in (attn.q_up, attn.kv_down)]
         products += [_head_weights(attn.k_up), _head_weights(attn.v_up)]

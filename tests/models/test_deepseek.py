@@ -222,3 +222,38 @@ def test_configs_loom_does_not_run_are_refused(tmp_path):
     with pytest.raises(ValueError, match="scores its experts by 3, which Loom does not run for deepseek2"):
         Engine.from_pretrained(path)
 
+
+
+def test_a_minicpm3_model_answers_as_transformers_does():
+    """MiniCPM3 in memory, in float64 (its norms in float32, as transformers computes them), prompts long and short:
+    transformers' greedy tokens and log-probabilities; its rotary in halves, no pair reordered. The scales matter
+    here: with any one of them left at 1, Loom's first logits move away from transformers'."""
+    hf = tiny_model("minicpm3", seed=4)
+    asked = prompts(12)
+    with Engine.from_pretrained(hf, dtype=torch.float64) as engine:
+        spec = engine.model.spec
+        assert not spec.interleaved_rotary and spec.moe is None and spec.value_dim == 12
+        assert (spec.embedding_scale, spec.logits_divisor) == (3.0, 4.0)
+        assert spec.residual_scale == pytest.approx(2.5 / 3 ** 0.5)
+    assert_same_answers(greedy(hf, asked), [greedy_with_logprobs(hf, p, 16) for p in asked])
+    prompt = torch.tensor([asked[1]])
+    with torch.no_grad():
+        expected = hf(prompt).logits[0, -1]
+        for name in ("scale_emb", "scale_depth", "dim_model_base"):
+            changed = tiny_model("minicpm3", seed=4, **{name: {"scale_emb": 1.0, "scale_depth": 3 ** 0.5,
+                                                                "dim_model_base": 64}[name]})
+            assert (changed(prompt).logits[0, -1] - expected).abs().max() > 1e-2, name
+
+
+def test_a_minicpm3_file_equals_its_transformers_model(tmp_path):
+    """A minicpm3 file as llama.cpp's converter writes it (DeepSeek's tensor names, kv_b whole, its key length a query
+    head's, no value length), in float64: transformers' answers, with the scales llama.cpp fixes (MiniCPM3-4B's,
+    which the file does not keep) set in the model."""
+    hf = float32_weights(tiny_model("minicpm3", seed=5, scale_emb=12.0, scale_depth=1.4, dim_model_base=256,
+                                    v_head_dim=16))
+    for layer in hf.model.layers:  # (llama.cpp norms the latent and the queries' low rank by the file's one epsilon)
+        for norm in (layer.self_attn.q_a_layernorm, layer.self_attn.kv_a_layernorm):
+            norm.variance_epsilon = hf.config.rms_norm_eps
+    path = write_gguf_of(hf, tmp_path / "minicpm3.gguf", "minicpm3", {"tokenizer.ggml.eos_token_id": EOS})
+    asked = prompts(13)
+    assert_same_answers(greedy(path, asked), [greedy_with_logprobs(hf, p, 16) for p in asked])
