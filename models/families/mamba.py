@@ -148,7 +148,6 @@ class MambaMixer(nn.Module):
 
     def mix(self, projected, states, runs: StateRuns) -> torch.Tensor:
         """The kernels' work on torch operators: [rows, inner]."""
-        s = self.spec
         conv_states, matrices = states
         xs, z = projected.chunk(2, dim=-1)
         xs = convolve(xs, self.conv, self.conv_bias, conv_states, runs)
