@@ -303,7 +303,9 @@ SHAPES = {"135m": (576, 1536, 30, 9, 3), "360m": (960, 2560, 32, 15, 5), "1b": (
           "cohere2moe-check-8l": (2048, 4096, 8, 16, 4),
           # a Jamba of made-up sizes (its published ones' 8-layer blocks, narrower: Jamba Mini's experts would be
           # 11 GB in four layers), for checking Loom's reading of the architecture against llama-server's
-          "jamba-check-8l": (2048, 5632, 8, 16, 4)}
+          "jamba-check-8l": (2048, 5632, 8, 16, 4),
+          # openbmb's MiniCPM3-4B (DeepSeek's latent attention, a dense MLP, its rotary's longrope factors)
+          "minicpm3-4b": (2560, 6400, 62, 40, 40)}
 CONV_TAPS = 3  # LFM2's convolutions: this token and two before
 UNTIED = {"phi2-2.7b", "qwen2.5-7b", "qwen3-8b", "qwen3moe-30b-a3b", "ministral3-8b", "olmo3-7b", "gpt-oss-20b",
           "qwen2moe-a2.7b", "qwen35-9b", "qwen3vl-8b", "qwen3vlmoe-30b-a3b", "nemotronh-4b", "nemotronh-8b",
@@ -383,6 +385,7 @@ class Layout:
     latent: tuple[int | None, int, int, int, int] | None = None
     shared_experts: int = 0  # DeepSeek's experts every token takes, as one shared expert (ffn_*_shexp)
     sigmoid: tuple[float, bool] | None = None  # DeepSeek-V3's sigmoid scores: the chosen weights' scale, renormalised
+    longrope: bool = False  # rope_factors_long and _short (MiniCPM3's; a factor a rotary pair, drawn in [1, 4])
     # Mamba's selective-scan layers: their inner width, state, time step's rank, whether the step, B and C are normed
     selective: tuple[int, int, int, bool] | None = None
     # Jamba's: the layers that attend (one every this many, from this one; the others Mamba's, ``selective``'s, their
@@ -523,6 +526,9 @@ LAYOUTS = {"smollm3": Layout("smollm3", rope_base=5e6, eps=1e-6, context=65536),
            # (DeepSeek-V2-Lite's YaRN: a factor of 40 over 4,096 tokens, mscale_all_dim 0.707)
            "deepseek2": Layout("deepseek2", rope_base=10000.0, eps=1e-6, context=163840, experts=(64, 6, 1408),
                                dense_lead=1, shared_experts=2, yarn=(40.0, 4096, 0.0707), latent=(None, 512, 128, 64, 128)),
+           # (its file: DeepSeek's tensors with kv_b whole, longrope's short and long factors over 32,768 tokens)
+           "minicpm3": Layout("minicpm3", rope_base=10000.0, eps=1e-5, context=32768,
+                              latent=(768, 256, 64, 32, 64), longrope=True),
            "glm47flash": Layout("deepseek2", rope_base=1e6, eps=1e-5, context=202752, experts=(64, 4, 1536),
                                 dense_lead=1, shared_experts=1, selection_bias=True, sigmoid=(1.8, True),
                                 latent=(768, 512, 192, 64, 256)),
@@ -603,7 +609,8 @@ HALF_RANGE = {Q.Q2_K: (1.5e-3, 3e-3), Q.Q3_K: (5e-4, 1e-3), Q.Q4_K: (2e-4, 6e-4)
 def tensor_type(name: str, layer: int, layers: int, fmt: str, width: int, tied: bool, shared_heads: int) -> Q:
     if name.endswith(("norm.weight", ".bias", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight",
                       "attn_sinks.weight", "shortconv.conv.weight", "ssm_conv1d.weight", ".ssm_a", ".ssm_d",
-                      ".ffn_norm", "rope_freqs.weight", "layer_output_scale.weight", ".scale", "_norm_1.weight",
+                      ".ffn_norm", "rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight",
+                      "layer_output_scale.weight", ".scale", "_norm_1.weight",
                       "_norm_2.weight", "altup_correct_scale.weight")):
         # (nor any router, nor a convolution's taps, nor the recurrent layers' decay rates and skips; Falcon-H1's
         # MLP norm has no kind in its name)
@@ -694,14 +701,15 @@ def single_purpose_layer(letter: str, hidden: int, inner: int, q: int, kv: int, 
     return (("attn_norm.weight", (hidden,)), *parts)
 
 
-def latent_attention(hidden: int, heads: int, latent: tuple[int | None, int, int, int, int]):
+def latent_attention(hidden: int, heads: int, latent: tuple[int | None, int, int, int, int], whole: bool = False):
     """DeepSeek's latent attention's tensors as llama.cpp's converter writes them (kv_b_proj split into k_b, each
-    head's key rows transposed, and v_b), by name without their kind."""
+    head's key rows transposed, and v_b; ``whole``: kv_b as it is, MiniCPM3's), by name without their kind."""
     q_rank, kv_rank, nope, rotary, value = latent
     queries = (("attn_q", (heads * (nope + rotary), hidden)),) if q_rank is None else (
         ("attn_q_a", (q_rank, hidden)), ("attn_q_a_norm", (q_rank,)), ("attn_q_b", (heads * (nope + rotary), q_rank)))
-    return (*queries, ("attn_kv_a_mqa", (kv_rank + rotary, hidden)), ("attn_kv_a_norm", (kv_rank,)),
-            ("attn_k_b", (heads, kv_rank, nope)), ("attn_v_b", (heads, value, kv_rank)),
+    up = (("attn_kv_b", (heads * (nope + value), kv_rank)),) if whole else (
+        ("attn_k_b", (heads, kv_rank, nope)), ("attn_v_b", (heads, value, kv_rank)))
+    return (*queries, ("attn_kv_a_mqa", (kv_rank + rotary, hidden)), ("attn_kv_a_norm", (kv_rank,)), *up,
             ("attn_output", (hidden, heads * value)))
 
 
@@ -802,6 +810,9 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
         if not tied:
             yield "output.weight", -1, (vocab, hidden)
         return
+    if family.longrope:  # (a factor a rotary pair of the latent attention's rotary part)
+        for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
+            yield name, -1, (family.latent[3] // 2,)
     q_rows = 2 * q if family.delta else q  # (Qwen3.5's query product gives a gate a head too)
     for i in range(layers):
         if family.jamba:  # a norm, an attention or Mamba's mixer with its norms, a norm, an MLP or experts
@@ -867,7 +878,8 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
                 yield f"blk.{i}.{name}.{'bias' if name == 'exp_probs_b' else 'weight'}", i, shape
             continue
         if family.latent:  # DeepSeek's latent attention, then the MLP
-            for name, shape in (("attn_norm", (hidden,)), *latent_attention(hidden, heads, family.latent),
+            for name, shape in (("attn_norm", (hidden,)),
+                                *latent_attention(hidden, heads, family.latent, whole=family.arch == "minicpm3"),
                                 (family.mlp_norm, (hidden,)), *(dense if i < family.dense_lead else mlp)):
                 yield f"blk.{i}.{name}.{'bias' if name == 'exp_probs_b' else 'weight'}", i, shape
             continue
@@ -999,10 +1011,13 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         if q_rank is not None:
             writer.add_q_lora_rank(q_rank)
         writer.add_kv_lora_rank(kv_rank)
-        writer.add_key_length(kv_rank + rotary)
-        writer.add_value_length(kv_rank)
-        writer.add_key_length_mla(nope + rotary)
-        writer.add_value_length_mla(value)
+        if family.arch == "minicpm3":  # (its converter's: a query head's width as the key length, no value length)
+            writer.add_key_length(nope + rotary)
+        else:
+            writer.add_key_length(kv_rank + rotary)
+            writer.add_value_length(kv_rank)
+            writer.add_key_length_mla(nope + rotary)
+            writer.add_value_length_mla(value)
         writer.add_rope_dimension_count(rotary)
     else:  # (Gemma 4's: its global layers' heads, which rotate whole, some pairs by a frequency of nearly 0)
         key_length = family.gemma4[0] if family.gemma4 else head
@@ -1061,7 +1076,7 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_expert_shared_count(family.shared_experts)
     # (llama.cpp requires DeepSeek's, GLM-4.5's and dots.llm1's shared count; the gating function where it is not
     # V2's softmax)
-    if family.latent or family.arch in ("glm4moe", "dots1", "afmoe", "exaone-moe"):
+    if family.latent and family.arch != "minicpm3" or family.arch in ("glm4moe", "dots1", "afmoe", "exaone-moe"):
         writer.add_leading_dense_block_count(family.dense_lead)
         writer.add_expert_shared_count(family.shared_experts)
         if family.sigmoid:
@@ -1121,6 +1136,9 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         # (Mamba's time steps as trained ones are, small: its input-dependent part a tenth of the usual weights',
         # its bias as initialised; the usual sizes make steps of 50 and activations past float32's range)
         selective = family.selective is not None
+        if name.startswith("rope_factors_"):  # (longrope's: a rotary pair's wavelength stretched by 1 to 4)
+            writer.write_tensor_data(rng.uniform(1.0, 4.0, size).astype(np.float32))
+            continue
         if name == "rope_freqs.weight":  # (Gemma 4's proportional rope: a quarter of the pairs turn, 1e30 stills the rest)
             turning = size[0] // 4
             writer.write_tensor_data(np.array([1.0] * turning + [1e30] * (size[0] - turning), np.float32))

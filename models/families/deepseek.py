@@ -23,7 +23,7 @@ from ..kernels.block_heads import HeadProducts
 from .layers import (GATE_UP, AttentionMasks, DecoderModel, DecoderShape, RMSNorm, SwiGLU, block_norms, decoder_tensors,
                      fused, paged_attention)
 from .moe import DEEPSEEK_KINDS, MoESpec, SparseMoE
-from .rope import Rotary, halves_from_pairs, query_scales_at, rope_type, temperature_of, yarn_mscale
+from .rope import Rotary, halves_from_pairs, query_scales_at, rope_type, sequence_ends, temperature_of, yarn_mscale
 
 FAMILIES = DEEPSEEK_KINDS + ("minicpm3",)
 LATENT_NORM_EPS = 1e-6
@@ -193,11 +193,14 @@ class DeepSeek(DecoderModel):
     def __init__(self, s: DeepSeekSpec):
         super().__init__(s, Block, RMSNorm)
         self.rotary = Rotary(s.rope_dim, s.rope_theta, s.rope_scaling, 1.0, s.rope_max_position)
+        # longrope (MiniCPM3's): a sequence that grows past the original context is recomputed from its first token
+        # with the long factors, as Llama's (models/step.py)
+        self.recompute_past = self.rotary.long_from
 
     def forward(self, step, kv_cache) -> torch.Tensor:
         """Logits [S, vocab] for the step's sampled positions only."""
         x = self.embed(step.input_ids) * self.spec.embedding_scale
-        cos, sin = self.rotary(step.positions, x.dtype)
+        cos, sin = self.rotary(step.positions, x.dtype, sequence_ends(step) if self.rotary.per_sequence else None)
         scales = query_scales_at(step.positions, self.spec.query_temperature, x.dtype)
         logits = self.native_decode(x, cos, sin, step, kv_cache, query_scales=scales)
         if logits is None:

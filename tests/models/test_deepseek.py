@@ -245,6 +245,20 @@ def test_a_minicpm3_model_answers_as_transformers_does():
             assert (changed(prompt).logits[0, -1] - expected).abs().max() > 1e-2, name
 
 
+def test_a_minicpm3_with_longrope_recomputes_a_sequence_past_its_original_context():
+    """MiniCPM3-4B's rope is longrope's: its short factors within the original context, its long ones past it, where
+    transformers rotates the whole sequence anew. Prompts on either side of 32 positions, and one that decodes across
+    them: transformers' tokens and log-probabilities."""
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 32,
+            "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 4.0, 6.0, 9.0]}
+    hf = tiny_model("minicpm3", seed=6, rope_parameters=rope, max_position_embeddings=128)
+    rng = random.Random(14)
+    asked = [random_prompt(rng, 5, 10), random_prompt(rng, 24, 26), random_prompt(rng, 40, 60)]
+    with Engine.from_pretrained(hf, dtype=torch.float64) as engine:
+        assert engine.model.recompute_past == 32
+    assert_same_answers(greedy(hf, asked, new_tokens=12), [greedy_with_logprobs(hf, p, 12) for p in asked])
+
+
 def test_a_minicpm3_file_equals_its_transformers_model(tmp_path):
     """A minicpm3 file as llama.cpp's converter writes it (DeepSeek's tensor names, kv_b whole, its key length a query
     head's, no value length), in float64: transformers' answers, with the scales llama.cpp fixes (MiniCPM3-4B's,
