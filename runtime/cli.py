@@ -363,11 +363,18 @@ def serve(args) -> int:
         ray_app.run(args)
         return 0
     with ThreadPoolExecutor(max_workers=1) as pool:
-        # FastAPI and uvicorn import (half a second) while the weights are laid out (native code, free of the GIL)
-        server = pool.submit(importlib.import_module, "runtime.serve.app")
+        # The server's modules import (half a second) while the weights are laid out (native code, free of the
+        # GIL); require_extra found them installed, so a failure here (a broken install) shows after the load.
+        server = pool.submit(server_modules)
         engine = load_engine(args, max_waiting=args.max_waiting)
     server.result().run(engine, args.host, args.port, args.model_name, args.api_key, args.drain_timeout)
     return 0
+
+
+def server_modules():
+    """runtime.serve.app, uvicorn (which its run() imports) imported first."""
+    importlib.import_module("uvicorn")
+    return importlib.import_module("runtime.serve.app")
 
 
 def check_port(host: str, port: int) -> None:

@@ -1231,7 +1231,8 @@ def write_gguf_of(hf, path, arch: str, metadata: dict | None = None, tensors: di
             writer.add_rope_dimension_count(int(rotary * c.hidden_size // c.num_attention_heads))
     else:
         writer.add_layer_norm_rms_eps(c.norm_eps if lfm2 else c.layer_norm_epsilon if nemotron else c.rms_norm_eps)
-    if not nemotron and arch not in ("gpt2", "starcoder", "bloom", "mpt", "jamba"):  # (no positions, learned ones, ALiBi)
+    # (no positions: Nemotron's, Jamba's; learned ones; ALiBi)
+    if not nemotron and arch not in ("gpt2", "starcoder", "bloom", "mpt", "jamba"):
         rope = c.rope_parameters
         base = (rope.get("full_attention") or rope)["rope_theta"]  # (OLMo 3's: its global layers')
         if arch in ("hunyuan-dense", "hunyuan-moe") and rope.get("alpha"):  # (its converter folds the alpha into the base)

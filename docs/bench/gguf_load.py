@@ -95,7 +95,8 @@ def main() -> None:
     args.kv_dtype, args.llama_kv_type = None, "f16"
     if not args.starts_only:
         print("| file | size | Loom load (import apart) | peak RSS | RSS after load | after 1 / 16 streams "
-              "| 1 / 16 streams tok/s |" + (" Loom serve healthy | llama-server healthy |" if args.llama_server else ""))
+              "| 1 / 16 streams tok/s |" + (" Loom serve healthy | llama-server healthy |" if args.llama_server
+                                             else ""))
         print("| --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- |" if args.llama_server else ""))
     for path in args.files:
         if args.starts_only:

@@ -558,7 +558,7 @@ SHAPE_LAYOUTS = {"gemma3-4b": replace(LAYOUTS["gemma3"], window=1024, linear_rop
                  "falcon-mamba-7b": Layout("mamba", head=64, eps=1e-5, context=1 << 20, selective=(8192, 16, 256, True)),
                  # (Jamba Mini's periods: an attention layer in eight from the fifth, experts every other layer)
                  "jamba-check-8l": Layout("jamba", eps=1e-6, context=262144, selective=(4096, 16, 128, False),
-                                          experts=(8, 2, 5632), jamba=(8, 4, 2, 1), attending=(4,)),
+                                          experts=(8, 2, 5632), jamba=(8, 4, 2, 1)),
                  "gemma3n-e4b": replace(LAYOUTS["gemma3n"], gemma3n=(256, 64, 4, 15, 5)),
                  "gemma4-e4b": replace(LAYOUTS["gemma4"], gemma4=(512, None, False, 18, False, 256, 6)),
                  **{shape: replace(LAYOUTS["gemma4"], window=1024, gemma4=(512, 4, True, 0, False, 0, 6))
@@ -907,8 +907,7 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
                 yield f"blk.{i}.{name}_norm.weight", i, (heads if name == "attn_q" else kv_heads, head)
             if family.output_norms and name in ("attn_output", "ffn_down", "ffn_down_exps"):
                 yield f"blk.{i}.{'post_attention_norm' if name == 'attn_output' else 'post_ffw_norm'}.weight", i, (hidden,)
-    # (LFM2's final norm by llama.cpp's name for it)
-    lfm2 = family.attending is not None and not family.mamba and not family.jamba
+    lfm2 = family.attending is not None and not family.mamba  # (LFM2's final norm by llama.cpp's name for it)
     yield "token_embd_norm.weight" if lfm2 else "output_norm.weight", -1, (hidden,)
     if family.layer_norm == "biased":
         yield "output_norm.bias", -1, (hidden,)
@@ -1000,9 +999,12 @@ def write(shape: str, fmt: str, out: Path, seed: int = 0, vocab: int | None = No
         writer.add_activation_sparsity_scale([1.6448533535003662] * min(10, layers) + [float("-inf")] * (layers - 10))
     elif family.pattern:  # K/V heads in the attention layers alone
         writer.add_head_count_kv([kv_heads if c == "*" else 0 for c in family.pattern[:layers]])
+    elif family.jamba:  # (none in a Mamba layer, as for LFM2's and Granite 4's below)
+        every, at, _, _ = family.jamba
+        writer.add_head_count_kv([kv_heads if i % every == at else 0 for i in range(layers)])
     elif family.attending is not None:  # (none in a convolution or Mamba2 layer: how llama.cpp tells them apart)
         writer.add_head_count_kv([kv_heads if i in family.attending else 0 for i in range(layers)])
-        if not family.mamba and not family.jamba:
+        if not family.mamba:
             writer.add_uint32(f"{family.arch}.shortconv.l_cache", CONV_TAPS)
     else:
         writer.add_head_count_kv(kv_heads)

@@ -29,7 +29,8 @@ void measure(const char* name, int64_t in, int64_t rows) {
         double best = 1e9;
         for (int pass = 0; pass < 7; ++pass) {
             const auto start = std::chrono::steady_clock::now();
-            for (int64_t k = 0; k < rows / L::ROWS; ++k) repack_rows16(L{}, src.data() + k * from, in, dst.data() + k * to);
+            for (int64_t k = 0; k < rows / L::ROWS; ++k)
+                repack_rows16(L{}, src.data() + k * from, in, dst.data() + k * to);
             best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
         }
         std::printf("%s %lld x %lld: %.2f GB/s\n", name, (long long)rows, (long long)in, src.size() / best / 1e9);

@@ -557,7 +557,8 @@ TOKENIZER_STAND_INS = {"smollm3": "llama", "granite": "llama", "granitemoe": "ll
                        "qwen35moe": "llama", "qwen3next": "llama", "granitehybrid": "llama", "qwen2vl": "qwen2",
                        "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3", "nemotron_h": "llama", "nemotron_h_moe": "llama",
                        "glm4": "llama", "chatglm": "llama", "glm4moe": "llama", "falcon-h1": "llama", "mamba2":
-                       "llama", "mamba": "llama", "jamba": "llama", "minicpm3": "llama", "deepseek2": "llama", "gemma4": "llama", "gemma3n": "gemma3",
+                       "llama", "mamba": "llama", "jamba": "llama", "minicpm3": "llama", "deepseek2": "llama",
+                       "gemma4": "llama", "gemma3n": "gemma3",
                        "exaone": "llama", "arcee": "llama", "seed_oss": "llama", "internlm2": "llama", "minicpm":
                        "llama", "command-r": "llama", "cohere2": "llama", "phi2": "llama", "hunyuan-dense": "llama",
                        "olmo": "llama", "nemotron": "llama", "dots1": "llama", "hunyuan-moe": "llama", "minimax-m2":

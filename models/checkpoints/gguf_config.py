@@ -72,8 +72,8 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
                  # (AI21's Jamba: Mamba layers and attention layers without positions, experts every other layer)
                  "jamba": "jamba"}
 # the architectures whose files may route to experts, and the model_type of such a file (Mixtral's
-# files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's and
-# Qwen2-MoE's (gpt-oss's softmax over the chosen logits: the same weights)
+# files say "llama"): llama.cpp renormalises the chosen experts' softmax weights in all but OLMoE's,
+# Qwen2-MoE's and Jamba's (gpt-oss's softmax over the chosen logits: the same weights)
 MIXTURES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe",
             "olmoe": "olmoe", "ernie4_5-moe": "ernie4_5_moe", "gpt-oss": "gpt_oss", "lfm2moe": "lfm2_moe",
             "granitehybrid": "granitemoehybrid", "qwen3vlmoe": "qwen3_moe", "qwen35moe": "qwen3_5_moe_text",
@@ -741,9 +741,11 @@ def _jamba_layers(arch: str, key, tensors: dict, heads: int, config: dict, file_
     if sizes["inner_size"] != 2 * config["hidden_size"]:
         raise ValueError(f"{file_name}'s Mamba layers are {sizes['inner_size']} wide, not twice its hidden size "
                          f"({config['hidden_size']}), as llama.cpp runs Jamba")
-    experts = key("expert_count") or 1
+    routes = [f"blk.{i}.ffn_gate_inp.weight" in tensors for i in range(layers)]
+    if any(routes) and not key("expert_count"):
+        raise ValueError(f"{file_name} has routers but no {arch}.expert_count, which llama.cpp requires")
     return {"layers_block_type": ["attention" if n else "mamba" for n in counts], "num_key_value_heads": kv_heads,
-            "layers_num_experts": [experts if f"blk.{i}.ffn_gate_inp.weight" in tensors else 1 for i in range(layers)],
+            "layers_num_experts": [key("expert_count") if routed else 1 for routed in routes],
             "mamba_d_conv": sizes["conv_kernel"], "mamba_d_state": sizes["state_size"],
             "mamba_dt_rank": sizes["time_step_rank"], "mamba_expand": 2,
             "mamba_conv_bias": any(name.endswith(".ssm_conv1d.bias") for name in tensors), "mamba_proj_bias": False}

@@ -12,9 +12,8 @@ moe.py's (DeepSeek's group-limited routing, its shared experts)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -67,10 +66,7 @@ class DeepSeekSpec(DecoderShape):
         nope, rotary, latent = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["kv_lora_rank"]
         trained = c.get("max_position_embeddings", 4096)
         minicpm3 = kind == "minicpm3"
-        # (MiniCPM3's: scale_depth over the root of the layers, its config's defaults where it leaves them out)
-        scales = {"embedding_scale": float(c.get("scale_emb", 12)),
-                  "residual_scale": c.get("scale_depth", 1.4) / math.sqrt(c["num_hidden_layers"]),
-                  "logits_divisor": c["hidden_size"] / (c.get("dim_model_base") or 256)} if minicpm3 else {}
+        scales = _minicpm3_scales(c) if minicpm3 else {}
         return cls(
             vocab_size=c["vocab_size"],
             hidden_size=c["hidden_size"],
@@ -84,13 +80,15 @@ class DeepSeekSpec(DecoderShape):
             kv_lora_rank=latent,
             nope_dim=nope,
             rope_dim=rotary,
-            value_dim=c.get("v_head_dim") or c["hidden_size"] // c["num_attention_heads"],  # (MiniCPM3's default)
+            # (MiniCPM3's config may leave it out: the hidden size over the heads, as transformers reads it)
+            value_dim=c.get("v_head_dim") or c["hidden_size"] // c["num_attention_heads"] if minicpm3 else
+            c["v_head_dim"],
             rope_theta=float(c.get("rope_theta") or rope.get("rope_theta") or 10000.0),
             rope_scaling=rope if rope_type(rope) != "default" else None,
             max_position=trained,
             rope_max_position=trained,
             attention_scale=_attention_scale(nope + rotary, rope),
-            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", minicpm3)),  # (transformers' defaults)
             # (V2's rotation is complex numbers of pairs side by side; V3's too, unless rope_interleave says not;
             # a GGUF file's rows are put in halves as they are read; MiniCPM3's rotates halves)
             interleaved_rotary=not minicpm3 and (kind == "deepseek_v2" or c.get("rope_interleave", True))
@@ -100,6 +98,17 @@ class DeepSeekSpec(DecoderShape):
             query_temperature=temperature_of(rope),
             **scales,
         )
+
+
+def _minicpm3_scales(c: dict) -> dict:
+    """MiniCPM3's scales as transformers' MiniCPM3Config reads them: the embeddings times scale_emb, each residual
+    branch times scale_depth over the root of the layers, the logits over hidden_size / dim_model_base (a scale_depth
+    of None: the root of the layers; a dim_model_base of None: the hidden size), MiniCPM3-4B's where it says nothing."""
+    layers, hidden = c["num_hidden_layers"], c["hidden_size"]
+    depth, base = c.get("scale_depth", 1.4), c.get("dim_model_base", 256)
+    return {"embedding_scale": float(c.get("scale_emb", 12)),
+            "residual_scale": (math.sqrt(layers) if depth is None else depth) / math.sqrt(layers),
+            "logits_divisor": hidden / (hidden if base is None else base)}
 
 
 def _attention_scale(query_dim: int, rope: dict) -> float:
@@ -185,8 +194,12 @@ class Block(nn.Module):
             SwiGLU(s.hidden_size, s.intermediate_size)
 
     def forward(self, x, cos, sin, kv_cache, layer, step, masks, query_scales=None):
-        x = x + self.attn(self.input_norm(x), cos, sin, kv_cache, layer, step, masks, query_scales) * self.residual_scale
-        return x + self.mlp(self.post_norm(x)) * self.residual_scale
+        x = x + self.scaled(self.attn(self.input_norm(x), cos, sin, kv_cache, layer, step, masks, query_scales))
+        return x + self.scaled(self.mlp(self.post_norm(x)))
+
+    def scaled(self, branch: torch.Tensor) -> torch.Tensor:
+        """A residual branch times MiniCPM3's scale (the others': as it is, no copy)."""
+        return branch * self.residual_scale if self.residual_scale != 1.0 else branch
 
 
 class DeepSeek(DecoderModel):
@@ -199,7 +212,9 @@ class DeepSeek(DecoderModel):
 
     def forward(self, step, kv_cache) -> torch.Tensor:
         """Logits [S, vocab] for the step's sampled positions only."""
-        x = self.embed(step.input_ids) * self.spec.embedding_scale
+        x = self.embed(step.input_ids)
+        if self.spec.embedding_scale != 1.0:  # (MiniCPM3's)
+            x = x * self.spec.embedding_scale
         cos, sin = self.rotary(step.positions, x.dtype, sequence_ends(step) if self.rotary.per_sequence else None)
         scales = query_scales_at(step.positions, self.spec.query_temperature, x.dtype)
         logits = self.native_decode(x, cos, sin, step, kv_cache, query_scales=scales)
@@ -208,7 +223,7 @@ class DeepSeek(DecoderModel):
             for i, layer in enumerate(self.layers):
                 x = layer(x, cos, sin, kv_cache, i, step, masks, scales)
             logits = self.lm_head(self.norm(x[step.sample_indices]))
-        return logits / self.spec.logits_divisor
+        return logits / self.spec.logits_divisor if self.spec.logits_divisor != 1.0 else logits
 
     @staticmethod
     def convert(hf: dict[str, torch.Tensor], s: DeepSeekSpec) -> dict[str, torch.Tensor]:

@@ -14,6 +14,7 @@ from torch import nn
 from .layers import GATE_UP, QKV, AttentionMasks, DecoderModel, RMSNorm, fused
 from .llama import MLPS, Attention
 from .llama_spec import LlamaSpec
+from .mamba import MambaSpec
 from .mamba2 import Mamba2Mixer, Mamba2Shape
 from .moe import SparseMoE
 from .recurrent import StateRuns, check_state_slots
@@ -28,8 +29,8 @@ DEFAULT_EXPERTS, DEFAULT_SHARED_WIDTH = 8, 1024
 
 @dataclass
 class GraniteHybridSpec(LlamaSpec):
-    layer_recurrent: tuple[bool, ...] = ()  # whether each layer is a Mamba2 layer (else it attends)
-    mamba: Mamba2Shape | None = None
+    layer_recurrent: tuple[bool, ...] = ()  # whether each layer is a Mamba2 layer (Jamba's: Mamba's; else it attends)
+    mamba: Mamba2Shape | MambaSpec | None = None  # the recurrent layers' sizes (MambaSpec: Jamba's)
     layer_mlp: tuple[bool, ...] = ()  # whether each layer ends with an MLP (empty: every one; Nemotron-H's)
 
     @classmethod
@@ -61,7 +62,7 @@ class Block(nn.Module):
         self.pool_layer = s.layer_recurrent[:index].count(self.recurrent)
         self.residual_scale = s.residual_scale
         self.input_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.mamba = self.mixer(s) if self.recurrent else None
+        self.mamba = self.make_mixer(s) if self.recurrent else None
         self.attn = None if self.recurrent else Attention(s, scale=s.attention_scale)
         self.post_norm, self.mlp = None, None
         if not s.layer_mlp or s.layer_mlp[index]:
@@ -73,7 +74,7 @@ class Block(nn.Module):
                 self.mlp = mlp(s.hidden_size, s.intermediate_size, s.mlp_bias)
 
     @staticmethod
-    def mixer(s: GraniteHybridSpec) -> nn.Module:
+    def make_mixer(s: GraniteHybridSpec) -> nn.Module:
         """A recurrent layer's mixer (Jamba's blocks take Mamba's)."""
         return Mamba2Mixer(s.hidden_size, s.mamba)
 

@@ -13,7 +13,7 @@ import torch
 
 from .granite_hybrid import Block as HybridBlock, GraniteHybrid, GraniteHybridSpec
 from .llama_spec import LlamaSpec
-from .mamba import MambaMixer, MambaSpec
+from .mamba import MambaMixer, MambaSpec, step_rank_of
 
 FAMILIES = ("jamba",)
 # transformers' JambaConfig defaults, for a config that leaves them out
@@ -27,6 +27,9 @@ def layer_kinds(c: dict) -> tuple[list[str], list[int]]:
     """Each layer's kind ("attention" or "mamba") and expert count (1: a plain MLP), as transformers' JambaConfig
     derives them from the periods and offsets (a GGUF file's config lists them: gguf_config.py)."""
     layers = range(c["num_hidden_layers"])
+    for period in ("attn_layer_period", "expert_layer_period"):
+        if not c.get("layers_block_type" if period.startswith("attn") else "layers_num_experts") and c[period] < 1:
+            raise ValueError(f"a Jamba config's {period} is {c[period]}; it is the layers a period, 1 or more")
     kinds = c.get("layers_block_type") or [
         "attention" if i % c["attn_layer_period"] == c["attn_layer_offset"] else "mamba" for i in layers]
     experts = c.get("layers_num_experts") or [
@@ -52,7 +55,7 @@ class JambaSpec(GraniteHybridSpec):
         mamba = MambaSpec(vocab_size=c["vocab_size"], hidden_size=hidden, intermediate_size=c["mamba_expand"] * hidden,
                           num_layers=layers, num_heads=0, num_kv_heads=0, head_dim=0, rms_norm_eps=c["rms_norm_eps"],
                           state_size=c["mamba_d_state"], conv_size=c["mamba_d_conv"],
-                          time_step_rank=-(-hidden // 16) if rank == "auto" else int(rank),
+                          time_step_rank=step_rank_of(hidden, rank),
                           dt_b_c_eps=c["rms_norm_eps"], dt_b_c_weights=True, bias=bool(c["mamba_proj_bias"]),
                           conv_bias=bool(c["mamba_conv_bias"]))
         # (no layer rotates; the experts' layers by their counts: moe.py's MoESpec)
@@ -63,7 +66,7 @@ class JambaSpec(GraniteHybridSpec):
 
 class Block(HybridBlock):
     @staticmethod
-    def mixer(s: JambaSpec) -> MambaMixer:
+    def make_mixer(s: JambaSpec) -> MambaMixer:
         return MambaMixer(s.mamba)
 
 

@@ -30,6 +30,11 @@ DEFAULTS = {"state_size": 16, "expand": 2, "conv_kernel": 4, "use_bias": False, 
             "mixer_rms_eps": 1e-6}
 
 
+def step_rank_of(hidden: int, rank) -> int:
+    """A config's time_step_rank (Jamba's mamba_dt_rank): "auto" for the hidden size over 16, rounded up."""
+    return -(-hidden // 16) if rank == "auto" else int(rank)
+
+
 @dataclass
 class MambaSpec(DecoderShape):
     state_size: int = 16
@@ -54,7 +59,7 @@ class MambaSpec(DecoderShape):
         return cls(vocab_size=c["vocab_size"], hidden_size=hidden, intermediate_size=inner,
                    num_layers=c["num_hidden_layers"], num_heads=0, num_kv_heads=0, head_dim=0,
                    rms_norm_eps=c["layer_norm_epsilon"], state_size=c["state_size"], conv_size=c["conv_kernel"],
-                   time_step_rank=-(-hidden // 16) if rank == "auto" else int(rank),
+                   time_step_rank=step_rank_of(hidden, rank),
                    # (a GGUF file's: its norms' epsilon, as llama.cpp reads it)
                    dt_b_c_eps=c.get("dt_b_c_eps", c["mixer_rms_eps"]) if falcon else None,
                    bias=bool(c["use_bias"]), conv_bias=bool(c["use_conv_bias"]),

@@ -140,9 +140,8 @@ class MoESpec:
             counts = c["layers_num_experts"]
             if all(n <= 1 for n in counts):
                 return None
-            if len({n for n in counts if n > 1}) > 1:
-                raise ValueError(f"Jamba with expert counts differing by layer ({sorted(set(counts))}) is not supported")
-            return cls(max(counts), c["num_experts_per_tok"], c["intermediate_size"], False,
+            return cls(_one_per_model(kind, "layers_num_experts", [n for n in counts if n > 1]),
+                       c["num_experts_per_tok"], c["intermediate_size"], False,
                        frozenset(i for i, n in enumerate(counts) if n <= 1), 1)
         if kind == "minimax_m2":  # (sigmoid scores, a bias each to choose by, the chosen renormalised)
             return cls(c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"], True, frozenset(), 1,

@@ -88,8 +88,9 @@ class Rotary(nn.Module):
         if self.long_from is not None:
             # transformers rotates a whole forward with the long factors once its sequence passes the
             # original context, and recomputes the cache with them when a sequence first does (Loom's
-            # runtime does, asked by Llama.recompute_past). So every position of a sequence holding
-            # more tokens than the original context rotates long, in whatever chunks it is computed.
+            # runtime does, asked by the model's recompute_past: Llama's, DeepSeek's). So every position
+            # of a sequence holding more tokens than the original context rotates long, in whatever
+            # chunks it is computed.
             long = (sequence_ends >= self.long_from)[:, None]
             inv_freq = torch.where(long, self.long_freq.float()[None, :], inv_freq)
         freqs = positions[:, None].float() * inv_freq

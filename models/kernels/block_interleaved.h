@@ -55,8 +55,9 @@ inline int fifth_of(uint8_t fifths, bool high, int b) { return (fifths >> (4 * h
 
 #if LOOM_ROWS16
 // The layouts' codes are sixteen rows' 4-byte words side by side, which a load makes from each row's
-// words in turn: eight rows' eight words a step, transposed in registers (a 4-byte copy a word, as
-// before, laid out a Q4_K matrix at 1.6-2.3 GB/s on a Zen 3 thread, this at 3.0; Q6_K's 0.8-1.1 at 3.0).
+// words in turn: eight rows' eight words a step, transposed in registers. A 4-byte copy a word took
+// most of a load: one Zen 3 thread laid out Q4_K at 2.33 GB/s so, 3.08 this way; Q6_K, whose words
+// were or-ed together a quad at a time, 1.02 against 4.68 (docs/bench/rows16_layout.cpp).
 // words[r] (r < 8) holds eight words of row r; word w of the eight rows goes side by side to out + w * stride.
 inline void store_words_transposed(const __m256i words[8], uint8_t* out, int64_t stride) {
     __m256i pairs[8], quads[8];
@@ -70,7 +71,8 @@ inline void store_words_transposed(const __m256i words[8], uint8_t* out, int64_t
             quads[4 * i + 2 * h + 1] = _mm256_unpackhi_epi64(pairs[4 * i + h], pairs[4 * i + 2 + h]);
         }
     for (int w = 0; w < 4; ++w) {  // each 128-bit lane a word of four rows: rows 0-3 beside rows 4-7
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + w * stride), _mm256_permute2x128_si256(quads[w], quads[4 + w], 0x20));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + w * stride),
+                            _mm256_permute2x128_si256(quads[w], quads[4 + w], 0x20));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (w + 4) * stride),
                             _mm256_permute2x128_si256(quads[w], quads[4 + w], 0x31));
     }
@@ -101,7 +103,8 @@ inline void repack_rows16(KRows16<HIGH>, const uint8_t* src, int64_t in, uint8_t
         uint8_t* block = dst + s * L::BLOCK_BYTES;
         const uint8_t* first = src + s * L::From::BYTES;
         // the nibbles' 32 words (value pairs c of 64, quads q of them) as the file has them: word 8 c + q
-        lay_out_words(first + (HIGH ? 48 : 16), row_bytes, 4, block, [](const uint8_t* qs, int g) { return load_bytes(qs + 32 * g); });
+        lay_out_words(first + (HIGH ? 48 : 16), row_bytes, 4, block,
+                      [](const uint8_t* qs, int g) { return load_bytes(qs + 32 * g); });
         for (int r = 0; r < L::ROWS; ++r) {
             const uint8_t* row = first + r * row_bytes;
             const typename L::From::Super super(src + r * row_bytes, in, s);  // its 6-bit scales and minimums decoded

@@ -136,12 +136,13 @@ struct MambaLayer {
 // Mamba's selective-scan mixer in the attention's place (families/mamba.py; decoder_layer.py fills it): the qkv
 // product is its input product ([x | z], inner each), the out product its output product; x convolved through a
 // SiLU (``taps`` inputs, the last ones a sequence's in ``conv_states``), its x_proj product [time step's low rank |
-// B | C] (each normed without a weight where ``normed``: Falcon-Mamba's), the time steps widened by dt_proj (plus
-// dt_bias) through a softplus, the scan over ``states`` (selective_scan.h), its answers gated by SiLU(z).
+// B | C] (each normed where ``normed``: Falcon-Mamba's without weights, Jamba's with), the time steps widened by
+// dt_proj (plus dt_bias) through a softplus, the scan over ``states`` (selective_scan.h), its answers gated by
+// SiLU(z). (Jamba's layers take an MLP or experts after it; Mamba's none.)
 struct SelectiveLayer {
     const Weights *x_proj, *dt_proj;
     const void *conv, *conv_bias, *dt_bias, *decay, *skip;
-    const void *dt_norm, *b_norm, *c_norm;  // where ``normed``, the norms' weights (Jamba's; null: none, Falcon-Mamba's)
+    const void *dt_norm, *b_norm, *c_norm;  // where ``normed``, the norms' weights (Jamba's; null: Falcon-Mamba's)
     void *conv_states, *states;
     int64_t inner, state_size, rank, taps, normed;
     double eps;

@@ -8,7 +8,8 @@ and 6 ctypes calls, which was a quarter of a one-stream step (docs/benchmarks-hi
 float32, Gemma 4 and Gemma 3n (its AltUp streams around the layer), OLMo 2 and 3, LFM2 (its short convolutions in
 the attention's place, and LFM2-MoE's experts), Qwen3.5 and Qwen3-Next in float32 (their gated delta rule in the
 attention's place, their other layers' attention gated), Granite 4's hybrids (Mamba2 in the attention's place),
-Falcon-H1 (Mamba2 beside it), Mamba and Falcon-Mamba (the selective scan in the attention's place, no MLP),
+Jamba (Mamba's selective scan there, an MLP or experts after), Falcon-H1 (Mamba2 beside the attention), Mamba and
+Falcon-Mamba (the selective scan in the attention's place, no MLP), DeepSeek's latent attention (MiniCPM3's scaled),
 or a Llama-family model (Qwen3's per-head q/k norms and OLMoE's across heads, Ministral 3's queries scaled by position, SmolLM3's layers without rotary, Granite's scaled residuals,
 gpt-oss's sinks and the mixtures' routed and shared experts, biases and clamped SwiGLU included) whose linear layers,
 the output layer's too, are CpuLinear or BlockLinear. A prefill chunk within PREFILL_KEYS (a prompt of up to
@@ -228,9 +229,11 @@ def _products(model: Llama | Gemma | Olmo | Lfm2 | GPT2) -> list:
     elif isinstance(model, FalconH1):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.mamba.in_proj, b.mamba.out,
                                                     *_mlp_products(b.mlp))]
-    elif isinstance(model, GraniteHybrid):
+    elif isinstance(model, GraniteHybrid):  # (Jamba's Mamba mixers' x and dt products too)
         layers = [m for b in model.layers for m in (
-            (b.mamba.in_proj, b.mamba.out) if b.recurrent else (b.attn.qkv, b.attn.out)) + _mlp_products(b.mlp)]
+            ((b.mamba.in_proj, b.mamba.out) + ((b.mamba.x_proj, b.mamba.dt_proj) if isinstance(b.mamba, MambaMixer)
+                                               else ()) if b.recurrent else (b.attn.qkv, b.attn.out))
+            + _mlp_products(b.mlp))]
     elif isinstance(model, (Llama, Olmo)):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, *_mlp_products(b.mlp))]
     elif isinstance(model, DeepSeek):  # (its heads' own matrices beside: HeadProducts or BlockHeadProducts)

@@ -112,10 +112,11 @@ def test_bad_sources(tmp_path, llama):
                  "ernie4_5, ernie4_5_moe, exaone, exaone4, exaone_moe, falcon, falcon_h1, falcon_mamba, gemma, gemma2, "
                  "gemma3_text, gemma3n_text, gemma4_text, glm, glm4, glm4_moe, glm4_moe_lite, gpt2, gpt_bigcode, "
                  "gpt_neox, gpt_oss, granite, granite_swa, granitemoe, granitemoe_swa, granitemoehybrid, "
-                 "granitemoeshared, hunyuan_v1_dense, hunyuan_v1_moe, jais2, jamba, lfm2, lfm2_moe, llama, llama4_text, "
-                 "mamba, mamba2, minicpm3, minimax_m2, ministral3, mistral, mistral4, mixtral, mpt, nemotron, nemotron_h, "
-                 "olmo, olmo2, olmo3, olmoe, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
-                 "qwen3_5_text, qwen3_moe, qwen3_next, seed_oss, smollm3, stablelm, starcoder2 "
+                 "granitemoeshared, hunyuan_v1_dense, hunyuan_v1_moe, jais2, jamba, lfm2, lfm2_moe, llama, "
+                 "llama4_text, mamba, mamba2, minicpm3, minimax_m2, ministral3, mistral, mistral4, mixtral, mpt, "
+                 "nemotron, nemotron_h, olmo, olmo2, olmo3, olmoe, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, "
+                 "qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next, seed_oss, smollm3, stablelm, "
+                 "starcoder2 "
                  r"\(and, for their text, qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, gemma3, gemma4, gemma3n, "
                  r"mistral3, llama4\)")
     with pytest.raises(ValueError, match=f"unsupported model_type 'bert'; supported: {supported}") as refused:

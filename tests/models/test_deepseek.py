@@ -223,7 +223,6 @@ def test_configs_loom_does_not_run_are_refused(tmp_path):
         Engine.from_pretrained(path)
 
 
-
 def test_a_minicpm3_model_answers_as_transformers_does():
     """MiniCPM3 in memory, in float64 (its norms in float32, as transformers computes them), prompts long and short:
     transformers' greedy tokens and log-probabilities; its rotary in halves, no pair reordered. The scales matter
