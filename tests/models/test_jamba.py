@@ -1,13 +1,12 @@
 """AI21's Jamba (Mamba layers with normed time steps, B and C beside attention layers without positions, experts
-every other layer): checkpoints and GGUF files against transformers' models, its Mamba layers on the kernels and
-on torch operators, a pool holding both states and K/V; the configs and files Loom refuses. (The engine's threaded,
-preemption and native-layer tests run it among the other families.)"""
+every other layer): checkpoints and GGUF files against transformers' models (its 8-bit files: test_mamba.py), its
+Mamba layers on the kernels and on torch operators, a pool holding both states and K/V; the configs and files Loom
+refuses. (The engine's threaded, preemption and native-layer tests run it among the other families.)"""
 
 import random
 
 import pytest
 import torch
-from gguf.constants import GGMLQuantizationType as Q
 
 from models.families.jamba import JambaSpec
 from models.families.mamba import MambaMixer
@@ -15,7 +14,7 @@ from models.kernels import selective_scan
 from runtime import Engine
 
 from ..conftest import CONFIGS, greedy_with_logprobs, random_prompt, tiny_model, write_gguf_of
-from .test_falcon_h1 import alone_and_together, answers, tensor_kinds
+from .test_falcon_h1 import answers, tensor_kinds
 from .test_gguf import assert_same_answers, greedy
 from .test_qwen35 import assert_mixing_alike, float32_weights
 
@@ -78,20 +77,6 @@ def test_a_jamba_file_equals_its_transformers_model(tmp_path, settings):
     assert_same_answers(greedy(path, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
 
 
-def test_a_quantized_jamba_file_runs_in_its_blocks(tmp_path):
-    """A file of 8-bit blocks: every request's greedy answer equals the one it gets alone (the state slots and the
-    K/V kept apart across requests, more requests than slots waiting their turn)."""
-    from models.kernels.block_linear import BlockLinear
-    hf = tiny_model("jamba", seed=6)
-    path = write_gguf_of(hf, tmp_path / "jamba-q8.gguf", "jamba", matrices=Q.Q8_0)
-    prompts = [random_prompt(random.Random(i), 3, 30) for i in range(7)]
-    with Engine.from_pretrained(path, max_batch_size=4) as engine:
-        mixer = engine.model.layers[0].mamba
-        assert all(isinstance(m, BlockLinear) for m in (mixer.in_proj, mixer.x_proj, mixer.out))
-        alone, together = alone_and_together(engine, prompts)
-    assert together == alone
-
-
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "torch"])
 def test_the_jamba_mamba_layers_answer_alike_on_the_kernels_and_on_torch_operators(kernel, monkeypatch):
     """The convolution and the scan on selective_scan.h or on torch operators, over prompts, chunked prefills and
@@ -107,9 +92,14 @@ def test_jamba_configs_and_files_loom_does_not_run_are_refused(tmp_path):
         JambaSpec.from_hf(config | {"layers_num_experts": [1, 4]})
     with pytest.raises(ValueError, match=r"Jamba layer kinds \['conv'\] are not supported"):
         JambaSpec.from_hf(config | {"layers_block_type": ["mamba", "conv"] * 3})
+    with pytest.raises(ValueError, match="attn_layer_period is 0; it is the layers a period, 1 or more"):
+        JambaSpec.from_hf(config | {"attn_layer_period": 0})
     hf = tiny_model("jamba")
     path = write_gguf_of(hf, tmp_path / "bare.gguf", "jamba", {"ssm.time_step_rank": None})
     with pytest.raises(ValueError, match=r"leaves out the Mamba layers' sizes \(jamba.ssm.time_step_rank\)"):
+        Engine.from_pretrained(path)
+    path = write_gguf_of(hf, tmp_path / "unsized.gguf", "jamba", {"expert_count": None, "expert_used_count": None})
+    with pytest.raises(ValueError, match="has routers but no jamba.expert_count, which llama.cpp requires"):
         Engine.from_pretrained(path)
     path = write_gguf_of(hf, tmp_path / "wide.gguf", "jamba", {"ssm.inner_size": 3 * hf.config.hidden_size})
     with pytest.raises(ValueError, match="Mamba layers are 192 wide, not twice its hidden size"):

@@ -61,15 +61,17 @@ def test_a_mamba_file_equals_its_transformers_model(tmp_path, arch):
     assert_same_answers(greedy(path, prompts), [greedy_with_logprobs(hf, p, 16) for p in prompts])
 
 
-def test_a_quantized_mamba_file_runs_in_its_blocks(tmp_path):
-    """A file of 8-bit blocks: its products run in them, and every request's greedy answer equals the one it gets
-    alone (the state slots kept apart across requests, more requests than slots waiting their turn)."""
+@pytest.mark.parametrize("arch, mixer", [("mamba", "mixer"), ("jamba", "mamba")])
+def test_a_quantized_mamba_file_runs_in_its_blocks(tmp_path, arch, mixer):
+    """A file of 8-bit blocks (Mamba's; Jamba's, Mamba's mixers beside attention and experts): its mixers' products
+    run in them, and every request's greedy answer equals the one it gets alone (the state slots, and Jamba's K/V,
+    kept apart across requests, more requests than slots waiting their turn)."""
     from models.kernels.block_linear import BlockLinear
-    hf = tiny_model("mamba", seed=6)
-    path = write_gguf_of(hf, tmp_path / "mamba-q8.gguf", "mamba", matrices=Q.Q8_0)
+    hf = tiny_model(arch, seed=6)
+    path = write_gguf_of(hf, tmp_path / f"{arch}-q8.gguf", arch, matrices=Q.Q8_0)
     prompts = [random_prompt(random.Random(i), 3, 30) for i in range(7)]
     with Engine.from_pretrained(path, max_batch_size=4) as engine:
-        mixer = engine.model.layers[0].mixer
+        mixer = getattr(engine.model.layers[0], mixer)
         assert all(isinstance(m, BlockLinear) for m in (mixer.in_proj, mixer.x_proj, mixer.out))
         alone, together = alone_and_together(engine, prompts)
     assert together == alone
