@@ -122,7 +122,10 @@ def test_two_replicas_serve_the_same_routes_and_answers(replicas, checkpoint):
         except Exception as error:  # noqa: BLE001 - reported below
             errors.append(error)
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(32)]
+    # one request first, alone: the SDK builds its response models on the first parse, and 32 threads racing
+    # there raised pydantic's "BaseModel cannot be instantiated directly" in two of them (once in a full run)
+    one(0)
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(1, 32)]
     for t in threads:
         t.start()
     for t in threads:
