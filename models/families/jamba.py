@@ -12,10 +12,14 @@ from dataclasses import dataclass, fields
 import torch
 
 from .granite_hybrid import Block as HybridBlock, GraniteHybrid, GraniteHybridSpec
+from .layers import renamed
 from .llama_spec import LlamaSpec
 from .mamba import MambaMixer, MambaSpec, step_rank_of
 
 FAMILIES = ("jamba",)
+# Jamba's checkpoint names by Granite 4's (Llama's), in this order
+JAMBA_NAMES = (("final_layernorm.", "norm."), (".pre_ff_layernorm.", ".post_attention_layernorm."),
+               (".feed_forward.router.", ".mlp.gate."), (".feed_forward.", ".mlp."))
 # transformers' JambaConfig defaults, for a config that leaves them out
 DEFAULTS = {"attn_layer_period": 8, "attn_layer_offset": 4, "expert_layer_period": 2, "expert_layer_offset": 1,
             "num_experts": 16, "num_experts_per_tok": 2, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
@@ -27,19 +31,25 @@ def layer_kinds(c: dict) -> tuple[list[str], list[int]]:
     """Each layer's kind ("attention" or "mamba") and expert count (1: a plain MLP), as transformers' JambaConfig
     derives them from the periods and offsets (a GGUF file's config lists them: gguf_config.py)."""
     layers = range(c["num_hidden_layers"])
-    for period in ("attn_layer_period", "expert_layer_period"):
-        if not c.get("layers_block_type" if period.startswith("attn") else "layers_num_experts") and c[period] < 1:
-            raise ValueError(f"a Jamba config's {period} is {c[period]}; it is the layers a period, 1 or more")
-    kinds = c.get("layers_block_type") or [
-        "attention" if i % c["attn_layer_period"] == c["attn_layer_offset"] else "mamba" for i in layers]
-    experts = c.get("layers_num_experts") or [
-        c["num_experts"] if i % c["expert_layer_period"] == c["expert_layer_offset"] else 1 for i in layers]
+    kinds = _every(c, "layers_block_type", "attn_layer", "attention", "mamba")
+    experts = _every(c, "layers_num_experts", "expert_layer", c["num_experts"], 1)
     if len(kinds) != len(layers) or len(experts) != len(layers):
         raise ValueError(f"a Jamba config lists {len(kinds)} layer kinds and {len(experts)} expert counts for "
                          f"{len(layers)} layers")
     if unknown := set(kinds) - {"attention", "mamba"}:
         raise ValueError(f"Jamba layer kinds {sorted(unknown)} are not supported; supported: attention, mamba")
     return kinds, experts
+
+
+def _every(c: dict, listed: str, kind: str, on, off) -> list:
+    """The config's list ``listed`` where it has one, else a layer's ``on`` every ``kind``_period layers from
+    ``kind``_offset, ``off`` between, as JambaConfig derives it."""
+    if c.get(listed):
+        return c[listed]
+    period, offset = c[f"{kind}_period"], c[f"{kind}_offset"]
+    if period < 1:
+        raise ValueError(f"a Jamba config's {kind}_period is {period}; it is the layers a period, 1 or more")
+    return [on if i % period == offset else off for i in range(c["num_hidden_layers"])]
 
 
 @dataclass
@@ -78,11 +88,4 @@ class Jamba(GraniteHybrid):
         """Transformers' parameter names (or a GGUF file's, as gguf.py names them: Mamba's, with the time step's,
         B's and C's norms) -> this module's: Granite 4's once Jamba's feed_forward reads as Llama's mlp (its
         router as the gate) and its pre_ff_layernorm as the post-attention norm."""
-        renames = (("final_layernorm.", "norm."), (".pre_ff_layernorm.", ".post_attention_layernorm."),
-                   (".feed_forward.router.", ".mlp.gate."), (".feed_forward.", ".mlp."))
-        named = {}
-        for name, tensor in hf.items():
-            for theirs, ours in renames:
-                name = name.replace(theirs, ours)
-            named[name] = tensor
-        return GraniteHybrid.convert(named, s, mixer=MambaMixer)
+        return GraniteHybrid.convert(renamed(hf, JAMBA_NAMES), s, mixer=MambaMixer)

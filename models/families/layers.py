@@ -271,6 +271,16 @@ QKV = ("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn
 GATE_UP = ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj"))
 
 
+def renamed(hf: dict[str, torch.Tensor], renames: tuple[tuple[str, str], ...]) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors with each (theirs, ours) of ``renames`` replaced in their names, in that order."""
+    named = {}
+    for name, tensor in hf.items():
+        for theirs, ours in renames:
+            name = name.replace(theirs, ours)
+        named[name] = tensor
+    return named
+
+
 def fused(hf: dict, prefix: str, product: tuple[str, tuple[str, ...]], kind: str = "weight") -> torch.Tensor:
     """A fused product's ``kind`` tensor under ``prefix`` (QKV, GATE_UP): the checkpoint's own (Phi-3's;
     a GGUF file's blocks, which gguf.py fuses), or its parts' rows one after another, popped from ``hf``

@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from .layers import (GATE_UP, QKV, AttentionMasks, DecoderModel, ExactGeluMLP, GeluMLP, HeadLayerNorm, RMSNorm,
-                     SquaredReLU, SwiGLU, XieluMLP, alibi_slopes, decoder_tensors, fused, paged_attention)
+                     SquaredReLU, SwiGLU, XieluMLP, alibi_slopes, decoder_tensors, fused, paged_attention,
+                     renamed)
 from .llama_kin import HUB_NAMES
 from .llama_spec import LlamaSpec
 from .moe import SparseMoE
@@ -183,12 +184,7 @@ def norm_of(s: LlamaSpec, final: bool = False):
 def _llama_named(hf: dict[str, torch.Tensor], renames: tuple = ()) -> dict[str, torch.Tensor]:
     """A checkpoint's tensors by Llama's names (the family's ``renames`` first, then HUB_NAMES: EXAONE 3.5's,
     StarCoder2's and Phi-2's renamed)."""
-    named = {}
-    for name, tensor in hf.items():
-        for old, new in renames + HUB_NAMES:
-            name = name.replace(old, new)
-        named[name] = tensor
-    return named
+    return renamed(hf, renames + HUB_NAMES)
 
 
 class Llama(DecoderModel):

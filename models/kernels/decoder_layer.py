@@ -227,13 +227,11 @@ def _products(model: Llama | Gemma | Olmo | Lfm2 | GPT2) -> list:
             (b.mixer.qkv, b.mixer.z, b.mixer.beta, b.mixer.alpha, b.mixer.out) if b.recurrent
             else (b.mixer.qkv, b.mixer.out)) + _mlp_products(b.mlp)]
     elif isinstance(model, FalconH1):
-        layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.mamba.in_proj, b.mamba.out,
+        layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, *_mixer_products(b.mamba),
                                                     *_mlp_products(b.mlp))]
-    elif isinstance(model, GraniteHybrid):  # (Jamba's Mamba mixers' x and dt products too)
+    elif isinstance(model, GraniteHybrid):
         layers = [m for b in model.layers for m in (
-            ((b.mamba.in_proj, b.mamba.out) + ((b.mamba.x_proj, b.mamba.dt_proj) if isinstance(b.mamba, MambaMixer)
-                                               else ()) if b.recurrent else (b.attn.qkv, b.attn.out))
-            + _mlp_products(b.mlp))]
+            _mixer_products(b.mamba) if b.recurrent else (b.attn.qkv, b.attn.out)) + _mlp_products(b.mlp)]
     elif isinstance(model, (Llama, Olmo)):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, *_mlp_products(b.mlp))]
     elif isinstance(model, DeepSeek):  # (its heads' own matrices beside: HeadProducts or BlockHeadProducts)
@@ -243,7 +241,7 @@ def _products(model: Llama | Gemma | Olmo | Lfm2 | GPT2) -> list:
     elif isinstance(model, Gemma):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.gate_up, b.down)]
     elif isinstance(model, Mamba):
-        layers = [m for b in model.layers for m in (b.mixer.in_proj, b.mixer.out, b.mixer.x_proj, b.mixer.dt_proj)]
+        layers = [m for b in model.layers for m in _mixer_products(b.mixer)]
     elif isinstance(model, Gemma3n):
         layers = [m for b in model.layers for m in (b.attn.qkv, b.attn.out, b.gate_up, b.down, b.per_layer_gate,
                                                     b.per_layer_out, b.altup.router, b.laurel_left, b.laurel_right)]
@@ -256,6 +254,11 @@ def _products(model: Llama | Gemma | Olmo | Lfm2 | GPT2) -> list:
     else:
         layers = [m for b in model.layers for m in (b.qkv, b.attn_out, b.fc, b.proj)]
     return layers + [model.lm_head]
+
+
+def _mixer_products(mixer: nn.Module) -> tuple:
+    """A Mamba2 or Mamba mixer's linear layers: its input and output products, and Mamba's x and dt products."""
+    return (mixer.in_proj, mixer.out) + ((mixer.x_proj, mixer.dt_proj) if isinstance(mixer, MambaMixer) else ())
 
 
 def _mlp_products(mlp: nn.Module | None) -> tuple:
