@@ -823,13 +823,12 @@ def tensors(hidden: int, inner: int, layers: int, heads: int, kv_heads: int, hea
                 ("ssm_in", (2 * inner_width, hidden)), ("ssm_conv1d", (inner_width, QWEN35_CONV_TAPS)),
                 ("ssm_conv1d.bias", (inner_width,)), ("ssm_x", (rank + 2 * state, inner_width)),
                 ("ssm_dt_norm", (rank,)), ("ssm_dt", (inner_width, rank)), ("ssm_dt.bias", (inner_width,)),
-                ("ssm_b_norm", (state,)), ("ssm_c_norm", (state,)), ("ssm_a", None), ("ssm_d", None),
-                ("ssm_out", (hidden, inner_width)))
+                ("ssm_b_norm", (state,)), ("ssm_c_norm", (state,)), ("ssm_a", (inner_width, state)),
+                ("ssm_d", (inner_width,)), ("ssm_out", (hidden, inner_width)))
             for name, shape in (("attn_norm", (hidden,)), *mixer, ("ffn_norm", (hidden,)),
                                 *(mlp if i % routes_every == routes_at else dense)):
-                bare = name in ("ssm_a", "ssm_d")  # (their names have no kind)
-                shape = shape or ((inner_width, state) if name == "ssm_a" else (inner_width,))
-                yield f"blk.{i}.{name}" + ("" if bare or name.endswith(".bias") else ".weight"), i, shape
+                kindless = name in ("ssm_a", "ssm_d") or name.endswith(".bias")  # (ssm_a's and ssm_d's have none)
+                yield f"blk.{i}.{name}" + ("" if kindless else ".weight"), i, shape
             continue
         if family.selective:  # a norm, then Mamba's selective-scan mixer
             inner_width, state, rank, _ = family.selective
